@@ -1,0 +1,332 @@
+//! [`Strategy::Classic`](crate::Strategy::Classic): the legacy SETNX + GETSET timestamp lock,
+//! wire-compatible with the Java lockers described in the seed documents.
+//!
+//! The value at the key is the lock's expiry in epoch milliseconds by the client's clock,
+//! `now + ttl + 1 (+ clock_skew)`, as decimal ASCII or an 8-byte big-endian integer. Wire:
+//! 1. `SETNX key <expiry>` (or `SET key <expiry> NX PX <ttl>` with the `key_ttl` option) → won;
+//! 2. otherwise `GET key`; an expiry still in the future → held (sleep and retry);
+//! 3. a past expiry → take over: `GETSET key <expiry>`, won if the old value equals the one read
+//!    (plus `PEXPIRE` with `key_ttl`), or with [`Takeover::CompareAndSet`] one `EVALSHA` of
+//!    `compare_and_set.lua` that writes only if the value is still the one read;
+//! 4. release: `EVALSHA unlock.lua key <our expiry>` (deletes only our exact value; the legacy
+//!    lockers' plain `DEL` could delete a lock another client had since taken over).
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::Value;
+
+use crate::client::LockClient;
+use crate::error::{LockError, Result};
+use crate::lock::{self, printable, DistributedLock, Lease, LockGuard};
+use crate::retry::{Attempts, RetryPolicy};
+use crate::strategy::{check_duration, ClassicOptions, Encoding, Takeover};
+
+/// How often one attempt goes back to `SETNX` when the key vanished between our commands (a
+/// holder released it): bounded, so a flapping key cannot spin us.
+const VANISHED_RETRIES: u32 = 3;
+
+/// A lock of [`Strategy::Classic`](crate::Strategy::Classic). Build it with
+/// [`LockBuilder`](crate::LockBuilder).
+#[derive(Debug)]
+pub struct ClassicLock {
+    client: LockClient,
+    key: String,
+    ttl: Duration,
+    retry: RetryPolicy,
+    opts: ClassicOptions,
+}
+
+/// An encoded expiry: at most 20 decimal digits (with sign) or 8 bytes.
+struct Encoded {
+    buf: [u8; 20],
+    len: usize,
+}
+
+impl Encoded {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Encodes an expiry timestamp.
+fn encode(encoding: Encoding, expiry_ms: i64) -> Encoded {
+    let mut buf = [0u8; 20];
+    let len = match encoding {
+        Encoding::BigEndian => {
+            buf[..8].copy_from_slice(&expiry_ms.to_be_bytes());
+            8
+        }
+        Encoding::Decimal => {
+            use std::io::Write;
+            let mut cursor = std::io::Cursor::new(&mut buf[..]);
+            // 20 bytes hold any i64 in decimal, so this cannot fail.
+            let _ = write!(cursor, "{expiry_ms}");
+            cursor.position() as usize
+        }
+    };
+    Encoded { buf, len }
+}
+
+/// Decodes a stored expiry, or says why it is not one.
+fn decode(encoding: Encoding, value: &[u8]) -> std::result::Result<i64, &'static str> {
+    match encoding {
+        Encoding::BigEndian => <[u8; 8]>::try_from(value)
+            .map(i64::from_be_bytes)
+            .map_err(|_| "expected 8 bytes (big-endian encoding)"),
+        Encoding::Decimal => std::str::from_utf8(value)
+            .ok()
+            .filter(|s| !s.is_empty() && s.len() <= 20)
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or("expected a decimal integer (decimal encoding)"),
+    }
+}
+
+/// Wall-clock epoch milliseconds: the legacy format is defined by the client's clock.
+fn now_epoch_ms(key: &str) -> Result<i64> {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .map_err(|_| LockError::invalid(key, "the system clock is before 1970"))
+}
+
+impl ClassicLock {
+    pub(crate) fn new(
+        client: LockClient,
+        key: String,
+        ttl: Duration,
+        retry: RetryPolicy,
+        opts: ClassicOptions,
+    ) -> Self {
+        ClassicLock {
+            client,
+            key,
+            ttl,
+            retry,
+            opts,
+        }
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &ClassicOptions {
+        &self.opts
+    }
+
+    /// The value to store for a hold of `ttl` starting now: `now + ttl + 1 + skew`.
+    fn expiry_value(&self, ttl: Duration) -> Result<Encoded> {
+        let expiry = now_epoch_ms(&self.key)?
+            + ttl.as_millis() as i64
+            + 1
+            + self.opts.clock_skew.as_millis() as i64;
+        Ok(encode(self.opts.encoding, expiry))
+    }
+
+    fn decode(&self, value: &[u8]) -> Result<i64> {
+        decode(self.opts.encoding, value).map_err(|reason| LockError::Corrupt {
+            key: self.key.clone(),
+            value: printable(value),
+            reason,
+        })
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.ttl.as_millis() as u64
+    }
+
+    /// The first step: SETNX, or with `key_ttl` an atomic `SET NX PX` (the legacy SETNX then
+    /// EXPIRE left a key without TTL forever if the client died in between).
+    fn set_if_absent(&self, con: &mut redis::Connection, value: &[u8]) -> redis::RedisResult<bool> {
+        if self.opts.key_ttl {
+            let reply: Value = redis::cmd("SET")
+                .arg(&self.key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.ttl_ms())
+                .query(con)?;
+            Ok(reply == Value::Okay)
+        } else {
+            let set: i64 = redis::cmd("SETNX").arg(&self.key).arg(value).query(con)?;
+            Ok(set == 1)
+        }
+    }
+
+    /// Takes over a stale lock whose value we read as `seen`. True if we won.
+    fn take_over(
+        &self,
+        con: &mut redis::Connection,
+        scripts: &crate::scripts::Scripts,
+        seen: &[u8],
+        value: &[u8],
+    ) -> redis::RedisResult<bool> {
+        match self.opts.takeover {
+            Takeover::CompareAndSet => {
+                let ttl = if self.opts.key_ttl { self.ttl_ms() } else { 0 };
+                let won: i64 = scripts
+                    .compare_and_set
+                    .eval(con, &self.key, (seen, value, ttl))?;
+                Ok(won == 1)
+            }
+            Takeover::GetSet => {
+                let old: Option<Vec<u8>> =
+                    redis::cmd("GETSET").arg(&self.key).arg(value).query(con)?;
+                // `None`: the key vanished just before our GETSET, which then created it: as
+                // good as a SETNX win. A different value: another contender won first, and we
+                // have just overwritten its expiry (the legacy GETSET flaw, see Takeover).
+                let won = old.as_deref().is_none_or(|old| old == seen);
+                if !won {
+                    log::debug!(
+                        "lock {:?}: lost a GETSET takeover race and overwrote the winner's expiry",
+                        self.key
+                    );
+                }
+                if won && self.opts.key_ttl {
+                    let _: i64 = redis::cmd("PEXPIRE")
+                        .arg(&self.key)
+                        .arg(self.ttl_ms())
+                        .query(con)?;
+                }
+                Ok(won)
+            }
+        }
+    }
+}
+
+impl DistributedLock for ClassicLock {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    fn try_acquire(&self) -> Result<Option<Lease>> {
+        let start = Instant::now();
+        let value = self.expiry_value(self.ttl)?;
+        let value = value.as_bytes();
+        let now_ms = now_epoch_ms(&self.key)?;
+        let mut conn = self.client.conn(&self.key)?;
+        let redis_err = |e| LockError::from_redis(&self.key, e);
+        for _ in 0..VANISHED_RETRIES {
+            if self.set_if_absent(&mut conn, value).map_err(redis_err)? {
+                return Ok(Some(Lease::new(value, start, self.ttl)));
+            }
+            let seen: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(&self.key)
+                .query(&mut *conn)
+                .map_err(redis_err)?;
+            let Some(seen) = seen else {
+                continue; // released between SETNX and GET: try SETNX again at once
+            };
+            let expiry = self.decode(&seen)?;
+            if expiry >= now_ms {
+                return Ok(None);
+            }
+            let scripts = self.client.scripts();
+            if self
+                .take_over(&mut conn, scripts, &seen, value)
+                .map_err(redis_err)?
+            {
+                log::info!(
+                    "lock {:?}: took over a stale lock that expired {} ms ago",
+                    self.key,
+                    now_ms - expiry
+                );
+                return Ok(Some(Lease::new(value, start, self.ttl)));
+            }
+            return Ok(None);
+        }
+        Ok(None)
+    }
+
+    fn release(&self, lease: &Lease) -> Result<bool> {
+        let deleted: i64 = self.client.with_conn(&self.key, |con, s| {
+            s.unlock.eval(con, &self.key, lease.value())
+        })?;
+        Ok(lock::note_release(&self.key, deleted == 1))
+    }
+
+    fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
+        check_duration(&self.key, "ttl", ttl, false)?;
+        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        let start = Instant::now();
+        let value = self.expiry_value(ttl)?;
+        let redis_ttl = if self.opts.key_ttl {
+            ttl.as_millis() as u64
+        } else {
+            0
+        };
+        let swapped: i64 = self.client.with_conn(&self.key, |con, s| {
+            s.compare_and_set
+                .eval(con, &self.key, (lease.value(), value.as_bytes(), redis_ttl))
+        })?;
+        if swapped == 1 {
+            lease.renew(Some(value.as_bytes()), start, ttl);
+            log::debug!("lock {:?}: extended by {ttl:?}", self.key);
+            Ok(())
+        } else {
+            log::warn!(
+                "lock {:?}: lost, extend found another owner or none",
+                self.key
+            );
+            Err(LockError::Lost {
+                key: self.key.clone(),
+            })
+        }
+    }
+
+    fn is_held(&self, lease: &Lease) -> Result<bool> {
+        let current: Option<Vec<u8>> = self.client.with_conn(&self.key, |con, _| {
+            redis::cmd("GET").arg(&self.key).query(con)
+        })?;
+        Ok(!lease.is_expired() && current.as_deref() == Some(lease.value()))
+    }
+
+    fn try_lock(&self) -> Result<LockGuard<'_>> {
+        lock::acquire_once(self)
+    }
+
+    fn lock(&self) -> Result<LockGuard<'_>> {
+        lock::acquire_blocking(self, Attempts::new(&self.retry), || Ok(()))
+    }
+
+    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
+        lock::acquire_blocking(self, Attempts::for_duration(&self.retry, wait), || Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_round_trip() {
+        for ms in [0i64, 1, 1_700_000_000_123, i64::MAX, -5] {
+            for enc in [Encoding::Decimal, Encoding::BigEndian] {
+                assert_eq!(decode(enc, encode(enc, ms).as_bytes()), Ok(ms));
+            }
+        }
+        assert_eq!(
+            encode(Encoding::Decimal, 1_700_000_000_123).as_bytes(),
+            b"1700000000123"
+        );
+        assert_eq!(
+            encode(Encoding::BigEndian, 1).as_bytes(),
+            &[0, 0, 0, 0, 0, 0, 0, 1]
+        );
+    }
+
+    #[test]
+    fn garbage_is_rejected() {
+        assert!(decode(Encoding::Decimal, b"").is_err());
+        assert!(decode(Encoding::Decimal, b"12ab").is_err());
+        assert!(decode(Encoding::Decimal, b"123456789012345678901234").is_err());
+        assert!(decode(Encoding::BigEndian, b"1234567").is_err());
+        // A decimal value read with the big-endian encoding is 13 bytes, not 8: rejected.
+        assert!(decode(Encoding::BigEndian, b"1700000000123").is_err());
+    }
+}

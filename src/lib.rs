@@ -1,0 +1,59 @@
+//! # redis-dlock
+//!
+//! Blocking distributed locks on Redis for thread-based (non-async) services.
+//!
+//! One object-safe trait, [`DistributedLock`], and a [`Strategy`] that picks the algorithm:
+//!
+//! - [`Strategy::Token`] (default): `SET key <random token> NX PX <ttl>`, released and extended
+//!   by Lua compare-and-delete / compare-and-pexpire scripts. One round trip to acquire, one to
+//!   release.
+//! - [`Strategy::Classic`]: the SETNX + GETSET timestamp lock of the legacy Java lockers,
+//!   wire-compatible with them on the same keys (value = expiry in epoch milliseconds), with an
+//!   owner-checked release and an optional atomic takeover that fixes GETSET's overwrite flaw.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redis_dlock::{LockClient, Strategy};
+//!
+//! # fn main() -> Result<(), redis_dlock::LockError> {
+//! let client = LockClient::open("redis://127.0.0.1:6379/")?;
+//! let lock = client
+//!     .lock("jobs:nightly-report")
+//!     .strategy(Strategy::Token)
+//!     .ttl(Duration::from_secs(30))
+//!     .build()?;
+//!
+//! let mut guard = lock.try_lock_for(Duration::from_secs(5))?;
+//! // ... work; extend before the lifetime runs out ...
+//! guard.extend(Duration::from_secs(30))?; // Err(LockError::Lost) if it expired meanwhile
+//! if !guard.unlock()? {
+//!     eprintln!("the lock expired before we released it: the work was not exclusive");
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! What a lock on one Redis server does and does not guarantee is in the README and `docs/`.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod classic;
+mod client;
+mod error;
+mod lock;
+mod retry;
+mod scripts;
+mod strategy;
+mod token;
+
+pub use classic::ClassicLock;
+pub use client::{
+    ClientBuilder, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
+};
+pub use error::{LockError, Result};
+pub use lock::{DistributedLock, Lease, LockGuard};
+pub use retry::RetryPolicy;
+pub use strategy::{
+    ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,
+    TOKEN_DEFAULT_TTL,
+};
+pub use token::TokenLock;

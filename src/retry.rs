@@ -1,0 +1,264 @@
+//! When and how long a blocking acquire waits between attempts.
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+/// How a blocking [`lock`](crate::DistributedLock::lock) retries.
+///
+/// An acquire makes one attempt, then sleeps and retries until the lock is taken, `max_retries`
+/// retries have been made, or `max_wait` has passed since the call, whichever comes first.
+/// [`try_lock_for`](crate::DistributedLock::try_lock_for) uses the caller's duration instead of
+/// both limits. Sleeps start at `delay`, grow by `backoff` after each failed attempt up to
+/// `max_delay`, and with `jitter` each sleep is drawn uniformly from `[d/2, d]` so waiters that
+/// started together spread out. A sleep never runs past the deadline; the last attempt is made
+/// at the deadline.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// Retries after the first attempt; `None` means no count limit.
+    pub max_retries: Option<u32>,
+    /// Longest total wait; `None` means no time limit.
+    pub max_wait: Option<Duration>,
+    /// First sleep between attempts.
+    pub delay: Duration,
+    /// Longest sleep between attempts.
+    pub max_delay: Duration,
+    /// Factor applied to the sleep after each failed attempt (1 = constant).
+    pub backoff: u32,
+    /// Randomise each sleep within `[d/2, d]`.
+    pub jitter: bool,
+}
+
+impl RetryPolicy {
+    /// The legacy lockers' policy (seed documents): 5 retries, a constant 200 ms sleep, no
+    /// jitter; about one second of waiting in all. The default for
+    /// [`Strategy::Classic`](crate::Strategy::Classic).
+    pub fn legacy() -> Self {
+        RetryPolicy {
+            max_retries: Some(5),
+            max_wait: None,
+            delay: Duration::from_millis(200),
+            max_delay: Duration::from_millis(200),
+            backoff: 1,
+            jitter: false,
+        }
+    }
+
+    /// Waits up to 10 s, sleeping 4 ms at first, doubling to at most 32 ms, with jitter. The
+    /// default for [`Strategy::Token`](crate::Strategy::Token): a released lock is seen within
+    /// ~32 ms by every waiter.
+    pub fn standard() -> Self {
+        RetryPolicy {
+            max_retries: None,
+            max_wait: Some(Duration::from_secs(10)),
+            delay: Duration::from_millis(4),
+            max_delay: Duration::from_millis(32),
+            backoff: 2,
+            jitter: true,
+        }
+    }
+
+    /// Only ever one attempt: `lock()` behaves like `try_lock()`.
+    pub fn no_wait() -> Self {
+        RetryPolicy {
+            max_retries: Some(0),
+            ..Self::standard()
+        }
+    }
+
+    /// Sets the retry count limit (`None` for none).
+    #[must_use]
+    pub fn max_retries(mut self, n: Option<u32>) -> Self {
+        self.max_retries = n;
+        self
+    }
+
+    /// Sets the total wait limit (`None` for none).
+    #[must_use]
+    pub fn max_wait(mut self, d: Option<Duration>) -> Self {
+        self.max_wait = d;
+        self
+    }
+
+    /// Sets a constant sleep `d` between attempts (no backoff).
+    #[must_use]
+    pub fn fixed_delay(mut self, d: Duration) -> Self {
+        self.delay = d;
+        self.max_delay = d;
+        self.backoff = 1;
+        self
+    }
+
+    /// Sets exponential backoff from `first` to `max` by `factor`.
+    #[must_use]
+    pub fn backoff(mut self, first: Duration, max: Duration, factor: u32) -> Self {
+        self.delay = first;
+        self.max_delay = max;
+        self.backoff = factor;
+        self
+    }
+
+    /// Turns jitter on or off.
+    #[must_use]
+    pub fn jitter(mut self, on: bool) -> Self {
+        self.jitter = on;
+        self
+    }
+
+    /// True when the policy could wait forever.
+    pub fn is_unbounded(&self) -> bool {
+        self.max_retries.is_none() && self.max_wait.is_none()
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.max_delay < self.delay {
+            return Err("retry max_delay is shorter than delay".into());
+        }
+        if self.backoff == 0 {
+            return Err("retry backoff factor must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// The state of one blocking acquire: attempts made, time left, next sleep.
+#[derive(Debug)]
+pub(crate) struct Attempts<'a> {
+    policy: &'a RetryPolicy,
+    started: Instant,
+    deadline: Option<Instant>,
+    max_retries: Option<u32>,
+    made: u32,
+    next_delay: Duration,
+}
+
+impl<'a> Attempts<'a> {
+    /// Limits from the policy.
+    pub(crate) fn new(policy: &'a RetryPolicy) -> Self {
+        let started = Instant::now();
+        let deadline = policy.max_wait.and_then(|w| started.checked_add(w));
+        Self::with_limits(policy, started, deadline, policy.max_retries)
+    }
+
+    /// The caller's wait instead of the policy's limits.
+    pub(crate) fn for_duration(policy: &'a RetryPolicy, wait: Duration) -> Self {
+        let started = Instant::now();
+        Self::with_limits(policy, started, started.checked_add(wait), None)
+    }
+
+    fn with_limits(
+        policy: &'a RetryPolicy,
+        started: Instant,
+        deadline: Option<Instant>,
+        max_retries: Option<u32>,
+    ) -> Self {
+        Attempts {
+            policy,
+            started,
+            deadline,
+            max_retries,
+            made: 0,
+            next_delay: policy.delay,
+        }
+    }
+
+    /// Counts an attempt about to be made.
+    pub(crate) fn record(&mut self) {
+        self.made = self.made.saturating_add(1);
+    }
+
+    /// Attempts made so far.
+    pub(crate) fn made(&self) -> u32 {
+        self.made
+    }
+
+    /// Time since the acquire started.
+    pub(crate) fn waited(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// After a failed attempt: how long to sleep before the next one, or `None` to give up.
+    pub(crate) fn next_sleep(&mut self) -> Option<Duration> {
+        let retries_made = self.made.saturating_sub(1);
+        if self.max_retries.is_some_and(|max| retries_made >= max) {
+            return None;
+        }
+        let mut sleep = self.next_delay;
+        if self.policy.jitter && !sleep.is_zero() {
+            let half = sleep / 2;
+            sleep = half + rand::rng().random_range(Duration::ZERO..=sleep - half);
+        }
+        self.next_delay = self
+            .next_delay
+            .saturating_mul(self.policy.backoff)
+            .min(self.policy.max_delay);
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            sleep = sleep.min(left);
+        }
+        Some(sleep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_allows_five_retries_at_200ms() {
+        let p = RetryPolicy::legacy();
+        let mut a = Attempts::new(&p);
+        let mut sleeps = vec![];
+        loop {
+            a.record();
+            match a.next_sleep() {
+                Some(d) => sleeps.push(d),
+                None => break,
+            }
+        }
+        assert_eq!(a.made(), 6);
+        assert_eq!(sleeps, vec![Duration::from_millis(200); 5]);
+    }
+
+    #[test]
+    fn backoff_grows_to_max_and_jitter_stays_in_range() {
+        let p = RetryPolicy::standard().max_wait(None).max_retries(Some(20));
+        let mut a = Attempts::new(&p);
+        let mut last = Duration::ZERO;
+        for i in 0..20 {
+            a.record();
+            let d = a.next_sleep().expect("within retry limit");
+            let nominal = (p.delay * 2u32.pow(i.min(3))).min(p.max_delay);
+            assert!(d >= nominal / 2 && d <= nominal, "{d:?} vs {nominal:?}");
+            last = d;
+        }
+        assert!(last <= p.max_delay);
+        a.record();
+        assert_eq!(a.next_sleep(), None);
+    }
+
+    #[test]
+    fn deadline_caps_sleep() {
+        let p = RetryPolicy::legacy();
+        let mut a = Attempts::for_duration(&p, Duration::from_millis(50));
+        a.record();
+        let d = a.next_sleep().expect("deadline not reached");
+        assert!(d <= Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(60));
+        a.record();
+        assert_eq!(a.next_sleep(), None);
+    }
+
+    #[test]
+    fn validation() {
+        assert!(RetryPolicy::standard().validate().is_ok());
+        let bad =
+            RetryPolicy::standard().backoff(Duration::from_millis(10), Duration::from_millis(1), 2);
+        assert!(bad.validate().is_err());
+        assert!(RetryPolicy::standard().max_wait(None).is_unbounded());
+    }
+}

@@ -1,0 +1,89 @@
+//! The Lua scripts under `lua/`, compiled into the binary, and how they are run.
+//!
+//! Every script is sent as `EVALSHA` with its SHA1 computed once, when the client is built.
+//! When the server does not know the script (`NOSCRIPT`: after `SCRIPT FLUSH`, a restart or a
+//! failover) it is loaded with `SCRIPT LOAD` and the same `EVALSHA` is sent again, so the common
+//! case costs one round trip and the recovery two.
+
+use redis::{Connection, FromRedisValue, RedisResult, ToRedisArgs};
+
+/// One Lua script with its precomputed SHA1.
+#[derive(Debug, Clone)]
+pub(crate) struct LuaScript {
+    name: &'static str,
+    script: redis::Script,
+}
+
+impl LuaScript {
+    fn new(name: &'static str, code: &'static str) -> Self {
+        LuaScript {
+            name,
+            script: redis::Script::new(code),
+        }
+    }
+
+    /// Runs the script on one key with `args` (a tuple writes one ARGV per element).
+    pub(crate) fn eval<T: FromRedisValue>(
+        &self,
+        con: &mut Connection,
+        key: &str,
+        args: impl ToRedisArgs,
+    ) -> RedisResult<T> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash()).arg(1).arg(key).arg(args);
+        match cmd.query(con) {
+            Err(err)
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                log::info!(
+                    "lock {key:?}: script {} not on the server (NOSCRIPT), loading it",
+                    self.name
+                );
+                self.script.load(con)?;
+                cmd.query(con)
+            }
+            other => other,
+        }
+    }
+}
+
+/// All scripts of the crate, built once per client.
+#[derive(Debug, Clone)]
+pub(crate) struct Scripts {
+    /// `lua/unlock.lua`: compare-and-delete.
+    pub(crate) unlock: LuaScript,
+    /// `lua/extend.lua`: compare-and-pexpire.
+    pub(crate) extend: LuaScript,
+    /// `lua/compare_and_set.lua`: Classic takeover and extend.
+    pub(crate) compare_and_set: LuaScript,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Scripts {
+            unlock: LuaScript::new("unlock", include_str!("../lua/unlock.lua")),
+            extend: LuaScript::new("extend", include_str!("../lua/extend.lua")),
+            compare_and_set: LuaScript::new(
+                "compare_and_set",
+                include_str!("../lua/compare_and_set.lua"),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shas_are_distinct_hex() {
+        let s = Scripts::new();
+        let shas = [&s.unlock, &s.extend, &s.compare_and_set].map(|l| l.script.get_hash());
+        for sha in shas {
+            assert_eq!(sha.len(), 40);
+            assert!(sha.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+        assert_ne!(shas[0], shas[1]);
+        assert_ne!(shas[1], shas[2]);
+    }
+}
