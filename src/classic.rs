@@ -247,7 +247,7 @@ impl DistributedLock for ClassicLock {
         let deleted: i64 = self.client.with_conn(&self.key, |con, s| {
             s.unlock.eval(con, &self.key, lease.value())
         })?;
-        Ok(lock::note_release(&self.key, deleted == 1))
+        Ok(lock::note_release(&self.client, &self.key, deleted == 1))
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -291,11 +291,21 @@ impl DistributedLock for ClassicLock {
     }
 
     fn lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(self, Attempts::new(&self.retry), || Ok(()))
+        lock::acquire_blocking(
+            self,
+            self.client.waiters(),
+            Attempts::new(&self.retry),
+            || Ok(()),
+        )
     }
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(self, Attempts::for_duration(&self.retry, wait), || Ok(()))
+        lock::acquire_blocking(
+            self,
+            self.client.waiters(),
+            Attempts::for_duration(&self.retry, wait),
+            || Ok(()),
+        )
     }
 }
 

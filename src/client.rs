@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::error::{LockError, Result};
 use crate::scripts::Scripts;
 use crate::strategy::LockBuilder;
+use crate::waiters::WaitQueues;
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
@@ -38,6 +39,7 @@ pub struct LockClient {
 struct Inner {
     pool: Pool,
     scripts: Scripts,
+    waiters: WaitQueues,
 }
 
 impl std::fmt::Debug for LockClient {
@@ -81,6 +83,7 @@ impl LockClient {
             inner: Arc::new(Inner {
                 pool,
                 scripts: Scripts::new(),
+                waiters: WaitQueues::default(),
             }),
         }
     }
@@ -96,6 +99,11 @@ impl LockClient {
             Pool::Managed(p) => p.state(),
             Pool::External(p) => p.state(),
         }
+    }
+
+    /// The in-process waiter lines of this client.
+    pub(crate) fn waiters(&self) -> &WaitQueues {
+        &self.inner.waiters
     }
 
     pub(crate) fn scripts(&self) -> &Scripts {

@@ -44,6 +44,7 @@ mod retry;
 mod scripts;
 mod strategy;
 mod token;
+mod waiters;
 
 pub use classic::ClassicLock;
 pub use client::{

@@ -3,8 +3,10 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::waiters::WaitQueues;
 
 /// A lock on one Redis key, shared by threads (`Send + Sync`) and usable as
 /// `Box<dyn DistributedLock>` / `Arc<dyn DistributedLock>`.
@@ -251,51 +253,65 @@ impl Drop for LockGuard<'_> {
     }
 }
 
-/// The blocking acquire loop shared by the strategies. `on_give_up` may turn the final
-/// [`LockError::Timeout`] into a more precise error (e.g. a wrong-type key).
+/// The blocking acquire loop shared by the strategies.
+///
+/// The first attempt goes straight to Redis unless other threads of this client already wait
+/// for the key; then the thread joins the in-process FIFO line ([`WaitQueues`]) and only the
+/// head of the line polls Redis, waking early when a local holder releases. `on_give_up` may
+/// turn the final [`LockError::Timeout`] into a more precise error (e.g. a wrong-type key).
 pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
     lock: &'a L,
+    queues: &WaitQueues,
     mut attempts: Attempts<'_>,
     on_give_up: impl FnOnce() -> Result<()>,
 ) -> Result<LockGuard<'a>> {
-    loop {
+    let key = lock.key();
+    if !queues.has_waiters(key) {
         attempts.record();
         if let Some(lease) = lock.try_acquire()? {
-            if attempts.made() > 1 {
-                log::debug!(
-                    "lock {:?}: acquired after {} attempts in {:?}",
-                    lock.key(),
-                    attempts.made(),
-                    attempts.waited()
-                );
-            }
             return Ok(LockGuard::new(lock, lease));
         }
-        match attempts.next_sleep() {
-            Some(sleep) => {
-                log::debug!(
-                    "lock {:?}: held by another owner, attempt {} failed, retrying in {sleep:?}",
-                    lock.key(),
-                    attempts.made()
-                );
-                std::thread::sleep(sleep);
-            }
-            None => {
-                on_give_up()?;
-                log::info!(
-                    "lock {:?}: gave up after {} attempts in {:?}",
-                    lock.key(),
-                    attempts.made(),
-                    attempts.waited()
-                );
-                return Err(LockError::Timeout {
-                    key: lock.key().to_owned(),
-                    attempts: attempts.made(),
-                    waited: attempts.waited(),
-                });
-            }
+    }
+    let mut ticket = queues.enqueue(key);
+    log::trace!("lock {key:?}: waiting behind {} threads of this process", ticket.ahead());
+    let deadline = attempts.queue_deadline();
+    loop {
+        if attempts.made() > 0 {
+            let Some(sleep) = attempts.next_sleep() else {
+                break;
+            };
+            log::debug!(
+                "lock {key:?}: held by another owner, attempt {} failed, retrying in {sleep:?}",
+                attempts.made()
+            );
+            ticket.sleep(sleep);
+        }
+        if !ticket.wait_turn(deadline) {
+            break;
+        }
+        ticket.mark();
+        attempts.record();
+        if let Some(lease) = lock.try_acquire()? {
+            log::debug!(
+                "lock {key:?}: acquired after {} attempts in {:?}",
+                attempts.made(),
+                attempts.waited()
+            );
+            return Ok(LockGuard::new(lock, lease));
         }
     }
+    drop(ticket);
+    on_give_up()?;
+    log::info!(
+        "lock {key:?}: gave up after {} attempts in {:?}",
+        attempts.made(),
+        attempts.waited()
+    );
+    Err(LockError::Timeout {
+        key: key.to_owned(),
+        attempts: attempts.made(),
+        waited: attempts.waited(),
+    })
 }
 
 /// `try_lock` in terms of `try_acquire`.
@@ -308,9 +324,11 @@ pub(crate) fn acquire_once<L: DistributedLock>(lock: &L) -> Result<LockGuard<'_>
     }
 }
 
-/// Logs a lock found lost at release and passes the outcome through.
-pub(crate) fn note_release(key: &str, ours: bool) -> bool {
-    if !ours {
+/// After a release: wakes this process's waiters, or logs a lock found lost. Passes `ours` on.
+pub(crate) fn note_release(client: &LockClient, key: &str, ours: bool) -> bool {
+    if ours {
+        client.waiters().notify_release(key);
+    } else {
         log::warn!(
             "lock {key:?}: lost before release (it expired, or another owner took it over); \
              nothing was deleted"

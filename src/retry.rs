@@ -178,6 +178,19 @@ impl<'a> Attempts<'a> {
         self.started.elapsed()
     }
 
+    /// How long a thread may wait in the in-process line before its first own attempt: the
+    /// deadline, or for a count-limited policy the longest its retries could take.
+    pub(crate) fn queue_deadline(&self) -> Option<Instant> {
+        self.deadline.or_else(|| {
+            let retries = self.max_retries?;
+            let longest = self
+                .policy
+                .max_delay
+                .saturating_mul(retries.saturating_add(1));
+            self.started.checked_add(longest)
+        })
+    }
+
     /// After a failed attempt: how long to sleep before the next one, or `None` to give up.
     pub(crate) fn next_sleep(&mut self) -> Option<Duration> {
         let retries_made = self.made.saturating_sub(1);

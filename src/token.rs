@@ -100,7 +100,7 @@ impl DistributedLock for TokenLock {
         let deleted: i64 = self.client.with_conn(&self.key, |con, s| {
             s.unlock.eval(con, &self.key, lease.value())
         })?;
-        Ok(lock::note_release(&self.key, deleted == 1))
+        Ok(lock::note_release(&self.client, &self.key, deleted == 1))
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -138,13 +138,21 @@ impl DistributedLock for TokenLock {
     }
 
     fn lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(self, Attempts::new(&self.retry), || self.check_type())
+        lock::acquire_blocking(
+            self,
+            self.client.waiters(),
+            Attempts::new(&self.retry),
+            || self.check_type(),
+        )
     }
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(self, Attempts::for_duration(&self.retry, wait), || {
-            self.check_type()
-        })
+        lock::acquire_blocking(
+            self,
+            self.client.waiters(),
+            Attempts::for_duration(&self.retry, wait),
+            || self.check_type(),
+        )
     }
 }
 

@@ -1,0 +1,208 @@
+//! In-process waiter queues: threads of one [`LockClient`](crate::LockClient) that wait for the
+//! same key line up FIFO, and only the head of the line polls Redis.
+//!
+//! Why: with plain polling, a thread that releases a lock and asks for it again wins the race
+//! against waiters that are asleep between attempts, so they starve; and every waiter's poll is
+//! a round trip. Here a releasing thread also wakes the head waiter of this process at once
+//! (the head does not sleep out its backoff), so a local handoff costs one round trip. Waiters
+//! in other processes still compete through Redis with their own retry policies.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The queues of one client, by key. A queue exists only while some thread waits on its key.
+#[derive(Debug, Default)]
+pub(crate) struct WaitQueues {
+    map: Mutex<HashMap<String, Arc<Queue>>>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Tickets in arrival order; the front one is the head.
+    order: VecDeque<u64>,
+    next_ticket: u64,
+    /// Bumped by every local release of the key.
+    releases: u64,
+}
+
+/// Mutex poisoning only means another thread panicked while holding it; the state (a queue of
+/// numbers) is still consistent, so carry on rather than panic too.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl WaitQueues {
+    /// True if a thread of this client is waiting for `key`.
+    pub(crate) fn has_waiters(&self, key: &str) -> bool {
+        lock(&self.map).contains_key(key)
+    }
+
+    /// Joins the line for `key`. The ticket leaves the line when dropped.
+    pub(crate) fn enqueue<'a>(&'a self, key: &'a str) -> Ticket<'a> {
+        let queue = Arc::clone(lock(&self.map).entry(key.to_owned()).or_default());
+        let (id, releases) = {
+            let mut st = lock(&queue.state);
+            let id = st.next_ticket;
+            st.next_ticket += 1;
+            st.order.push_back(id);
+            (id, st.releases)
+        };
+        Ticket {
+            queues: self,
+            key,
+            queue,
+            id,
+            seen_releases: releases,
+        }
+    }
+
+    /// A holder of this process released `key`: wake its waiters.
+    pub(crate) fn notify_release(&self, key: &str) {
+        let queue = match lock(&self.map).get(key) {
+            Some(q) => Arc::clone(q),
+            None => return,
+        };
+        lock(&queue.state).releases += 1;
+        queue.cv.notify_all();
+    }
+}
+
+/// One thread's place in the line for a key.
+#[derive(Debug)]
+pub(crate) struct Ticket<'a> {
+    queues: &'a WaitQueues,
+    key: &'a str,
+    queue: Arc<Queue>,
+    id: u64,
+    seen_releases: u64,
+}
+
+impl Ticket<'_> {
+    /// How many threads are ahead of this one.
+    pub(crate) fn ahead(&self) -> usize {
+        let st = lock(&self.queue.state);
+        st.order.iter().take_while(|&&t| t != self.id).count()
+    }
+
+    /// Waits until this ticket is the head of the line. False if `deadline` passed first.
+    pub(crate) fn wait_turn(&mut self, deadline: Option<Instant>) -> bool {
+        let mut st = lock(&self.queue.state);
+        loop {
+            if st.order.front() == Some(&self.id) {
+                self.seen_releases = st.releases;
+                return true;
+            }
+            st = match deadline {
+                None => self.queue.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    let (st, _) = self
+                        .queue
+                        .cv
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(|p| p.into_inner());
+                    st
+                }
+            };
+        }
+    }
+
+    /// Remembers the release count before an attempt, so a release that happens while the
+    /// attempt is on the wire still cuts the following sleep short.
+    pub(crate) fn mark(&mut self) {
+        self.seen_releases = lock(&self.queue.state).releases;
+    }
+
+    /// Sleeps up to `d`, returning early if a local holder released the key since [`mark`].
+    ///
+    /// [`mark`]: Self::mark
+    pub(crate) fn sleep(&self, d: Duration) {
+        let until = Instant::now() + d;
+        let mut st = lock(&self.queue.state);
+        while st.releases == self.seen_releases {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            st = self
+                .queue
+                .cv
+                .wait_timeout(st, left)
+                .map(|(st, _)| st)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        // Lock order everywhere: map, then queue.
+        let mut map = lock(&self.queues.map);
+        let empty = {
+            let mut st = lock(&self.queue.state);
+            st.order.retain(|&t| t != self.id);
+            st.order.is_empty()
+        };
+        if empty {
+            map.remove(self.key);
+        }
+        drop(map);
+        // The next ticket may be the head now.
+        self.queue.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn fifo_order_and_cleanup() {
+        let q = WaitQueues::default();
+        assert!(!q.has_waiters("k"));
+        let mut a = q.enqueue("k");
+        let mut b = q.enqueue("k");
+        assert!(q.has_waiters("k"));
+        assert_eq!(a.ahead(), 0);
+        assert_eq!(b.ahead(), 1);
+        assert!(a.wait_turn(Some(Instant::now())));
+        assert!(!b.wait_turn(Some(Instant::now() + Duration::from_millis(20))));
+        drop(a);
+        assert!(b.wait_turn(Some(Instant::now())));
+        drop(b);
+        assert!(!q.has_waiters("k"));
+    }
+
+    #[test]
+    fn release_cuts_sleep_short() {
+        let q = Arc::new(WaitQueues::default());
+        let woke = Arc::new(AtomicUsize::new(0));
+        let (q2, woke2) = (Arc::clone(&q), Arc::clone(&woke));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let mut tk = q2.enqueue("k");
+            tk.mark();
+            tx.send(()).ok();
+            let start = Instant::now();
+            tk.sleep(Duration::from_secs(30));
+            woke2.store(1, Ordering::SeqCst);
+            start.elapsed()
+        });
+        rx.recv().ok();
+        q.notify_release("k");
+        let slept = t.join().expect("sleeper thread");
+        assert_eq!(woke.load(Ordering::SeqCst), 1);
+        assert!(slept < Duration::from_secs(30));
+    }
+}
