@@ -134,7 +134,11 @@ impl ClassicLock {
 
     /// The first step: SETNX, or with `key_ttl` an atomic `SET NX PX` (the legacy SETNX then
     /// EXPIRE left a key without TTL forever if the client died in between).
-    fn set_if_absent(&self, con: &mut redis::Connection, value: &[u8]) -> redis::RedisResult<bool> {
+    fn set_if_absent(
+        &self,
+        con: &mut dyn redis::ConnectionLike,
+        value: &[u8],
+    ) -> redis::RedisResult<bool> {
         if self.opts.key_ttl {
             let reply: Value = redis::cmd("SET")
                 .arg(&self.key)
@@ -153,7 +157,7 @@ impl ClassicLock {
     /// Takes over a stale lock whose value we read as `seen`. True if we won.
     fn take_over(
         &self,
-        con: &mut redis::Connection,
+        con: &mut dyn redis::ConnectionLike,
         scripts: &crate::scripts::Scripts,
         seen: &[u8],
         value: &[u8],
@@ -217,7 +221,7 @@ impl DistributedLock for ClassicLock {
             }
             let seen: Option<Vec<u8>> = redis::cmd("GET")
                 .arg(&self.key)
-                .query(&mut *conn)
+                .query(&mut conn)
                 .map_err(redis_err)?;
             let Some(seen) = seen else {
                 continue; // released between SETNX and GET: try SETNX again at once
@@ -247,7 +251,11 @@ impl DistributedLock for ClassicLock {
         let deleted: i64 = self.client.with_conn(&self.key, |con, s| {
             s.unlock.eval(con, &self.key, lease.value())
         })?;
-        Ok(lock::note_release(&self.client, &self.key, deleted == 1))
+        Ok(lock::note_release(
+            self.client.waiters(),
+            &self.key,
+            deleted == 1,
+        ))
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {

@@ -1,8 +1,14 @@
 //! [`LockClient`]: the connection pool and shared state that locks are built from.
+//!
+//! One client talks to one deployment: a single server, a Redis Cluster, or the master that
+//! Sentinel names. Its pool hands out [`Conn`]s; a connection that saw an I/O error, a timeout
+//! or a `READONLY` reply (a master demoted by a failover) marks itself broken and is replaced,
+//! so a client recovers from restarts and failovers without being rebuilt.
 
-use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::error::{LockError, Result};
 use crate::scripts::Scripts;
@@ -16,7 +22,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default time allowed for Redis to answer one command.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A handle to one Redis server: a pool of connections plus the Lua scripts' SHAs.
+/// A handle to one Redis deployment: a pool of connections, the Lua scripts' SHAs and the
+/// in-process waiter lines.
 ///
 /// Cheap to clone (an `Arc`); build it once per process and make locks from it with
 /// [`LockClient::lock`].
@@ -58,14 +65,27 @@ impl LockClient {
         Self::builder(url).build()
     }
 
-    /// A builder to tune the pool and timeouts before connecting.
+    /// A builder for one server at `url`, to tune the pool and timeouts.
     pub fn builder(url: &str) -> ClientBuilder {
-        ClientBuilder {
-            url: url.to_owned(),
-            pool_size: DEFAULT_POOL_SIZE,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            command_timeout: Some(DEFAULT_COMMAND_TIMEOUT),
-        }
+        ClientBuilder::new(TargetSpec::Single(url.to_owned()))
+    }
+
+    /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`).
+    /// Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
+    pub fn cluster_builder<S: AsRef<str>>(nodes: &[S]) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Cluster(
+            nodes.iter().map(|n| n.as_ref().to_owned()).collect(),
+        ))
+    }
+
+    /// A builder for the master that the Sentinels at `sentinels` name for `service`. After a
+    /// failover, new connections go to the new master; connections to the old one are dropped
+    /// on their first `READONLY` or I/O error.
+    pub fn sentinel_builder<S: AsRef<str>>(sentinels: &[S], service: &str) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Sentinel {
+            sentinels: sentinels.iter().map(|n| n.as_ref().to_owned()).collect(),
+            service: service.to_owned(),
+        })
     }
 
     /// Uses a pool the application already has.
@@ -126,7 +146,7 @@ impl LockClient {
     pub(crate) fn with_conn<T>(
         &self,
         key: &str,
-        f: impl FnOnce(&mut redis::Connection, &Scripts) -> redis::RedisResult<T>,
+        f: impl FnOnce(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
         let mut conn = self.conn(key)?;
         f(&mut conn, &self.inner.scripts).map_err(|e| LockError::from_redis(key, e))
@@ -137,13 +157,32 @@ impl LockClient {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ClientBuilder {
-    url: String,
+    target: TargetSpec,
     pool_size: u32,
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
 }
 
+#[derive(Debug, Clone)]
+enum TargetSpec {
+    Single(String),
+    Cluster(Vec<String>),
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+    },
+}
+
 impl ClientBuilder {
+    fn new(target: TargetSpec) -> Self {
+        ClientBuilder {
+            target,
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: Some(DEFAULT_COMMAND_TIMEOUT),
+        }
+    }
+
     /// Most connections the pool opens (default [`DEFAULT_POOL_SIZE`]). A thread waiting on a
     /// lock holds no connection while it sleeps, so this bounds concurrent commands, not waiters.
     pub fn pool_size(mut self, n: u32) -> Self {
@@ -159,8 +198,7 @@ impl ClientBuilder {
     }
 
     /// Time allowed for one reply from Redis (default [`DEFAULT_COMMAND_TIMEOUT`]); `None` waits
-    /// without limit. After a timeout the connection stays in the pool and skips the late reply
-    /// (redis-rs tracks it), so it never answers the wrong command.
+    /// without limit. A connection that timed out is dropped from the pool, never reused.
     pub fn command_timeout(mut self, d: Option<Duration>) -> Self {
         self.command_timeout = d;
         self
@@ -176,17 +214,39 @@ impl ClientBuilder {
         if self.connect_timeout.is_zero() || self.command_timeout.is_some_and(|d| d.is_zero()) {
             return Err(setup("timeouts must be greater than zero".into()));
         }
-        let client = redis::Client::open(self.url.as_str()).map_err(|e| setup(Box::new(e)))?;
+        let target = match self.target {
+            TargetSpec::Single(url) => {
+                Target::Single(redis::Client::open(url.as_str()).map_err(|e| setup(Box::new(e)))?)
+            }
+            TargetSpec::Cluster(nodes) => {
+                let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
+                    .connection_timeout(self.connect_timeout);
+                if let Some(t) = self.command_timeout {
+                    b = b.response_timeout(t);
+                }
+                Target::Cluster(b.build().map_err(|e| setup(Box::new(e)))?)
+            }
+            TargetSpec::Sentinel { sentinels, service } => {
+                let client = redis::sentinel::SentinelClient::build(
+                    sentinels,
+                    service,
+                    None,
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .map_err(|e| setup(Box::new(e)))?;
+                Target::Sentinel(Mutex::new(client))
+            }
+        };
         let manager = Manager {
-            client,
+            target,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
         };
         let pool = r2d2::Pool::builder()
             .max_size(self.pool_size)
             .min_idle(Some(0))
-            // A checkout PING would double every lock operation's cost; broken connections are
-            // detected by `has_broken` instead and retried by the caller's retry policy.
+            // A checkout PING would double every lock operation's cost; broken connections mark
+            // themselves (see `Conn`) and are replaced instead.
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
             .build_unchecked(manager);
@@ -194,33 +254,150 @@ impl ClientBuilder {
     }
 }
 
-/// r2d2 manager that sets connect and command timeouts, which `redis::Client`'s own does not.
-#[derive(Debug)]
+/// Where connections go.
+enum Target {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+    /// `SentinelClient::get_client` needs `&mut`; connecting is rare, so a mutex is fine.
+    Sentinel(Mutex<redis::sentinel::SentinelClient>),
+}
+
+/// r2d2 manager that sets connect and command timeouts (which `redis::Client`'s own does not)
+/// and drops connections that marked themselves broken.
 pub(crate) struct Manager {
-    client: redis::Client,
+    target: Target,
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
 }
 
-impl r2d2::ManageConnection for Manager {
-    type Connection = redis::Connection;
-    type Error = redis::RedisError;
-
-    fn connect(&self) -> redis::RedisResult<redis::Connection> {
-        let con = self
-            .client
-            .get_connection_with_timeout(self.connect_timeout)?;
+impl Manager {
+    fn single(&self, client: &redis::Client) -> RedisResult<Link> {
+        let con = client.get_connection_with_timeout(self.connect_timeout)?;
         con.set_read_timeout(self.command_timeout)?;
         con.set_write_timeout(self.command_timeout)?;
-        Ok(con)
+        Ok(Link::new(Node::Single(con)))
+    }
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Link;
+    type Error = redis::RedisError;
+
+    fn connect(&self) -> RedisResult<Link> {
+        match &self.target {
+            Target::Single(client) => self.single(client),
+            Target::Cluster(client) => {
+                Ok(Link::new(Node::Cluster(Box::new(client.get_connection()?))))
+            }
+            Target::Sentinel(sentinel) => {
+                // Ask the Sentinels for the current master each time: after a failover the next
+                // connection goes to the new one.
+                let client = sentinel
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_client()?;
+                self.single(&client)
+            }
+        }
     }
 
-    fn is_valid(&self, con: &mut redis::Connection) -> redis::RedisResult<()> {
+    fn is_valid(&self, con: &mut Link) -> RedisResult<()> {
         redis::cmd("PING").query(con)
     }
 
-    fn has_broken(&self, con: &mut redis::Connection) -> bool {
-        !redis::ConnectionLike::is_open(con)
+    fn has_broken(&self, con: &mut Link) -> bool {
+        con.broken || !con.node.is_open()
+    }
+}
+
+/// A connection of the managed pool: one server's or a cluster's.
+pub(crate) struct Link {
+    node: Node,
+    broken: bool,
+}
+
+enum Node {
+    Single(redis::Connection),
+    /// Boxed: a cluster connection is four times the size of a single one.
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+impl Node {
+    fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Node::Single(c) => c,
+            Node::Cluster(c) => c.as_mut(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Node::Single(c) => c.is_open(),
+            Node::Cluster(c) => c.is_open(),
+        }
+    }
+}
+
+impl Link {
+    fn new(node: Node) -> Self {
+        Link {
+            node,
+            broken: false,
+        }
+    }
+
+    /// Marks the connection for replacement after an error that leaves it unusable or pointed
+    /// at the wrong server: I/O failure or timeout (a late reply could still arrive), or
+    /// `READONLY` (the server is a replica now, after a failover).
+    fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &result {
+            if e.is_io_error()
+                || e.is_timeout()
+                || e.is_connection_dropped()
+                || e.is_unrecoverable_error()
+                || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+            {
+                self.broken = true;
+            }
+        }
+        result
+    }
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        let r = self.node.as_dyn().req_packed_command(cmd);
+        self.note(r)
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let r = self.node.as_dyn().req_packed_commands(cmd, offset, count);
+        self.note(r)
+    }
+
+    fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        let r = self.node.as_dyn().req_command(cmd);
+        self.note(r)
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.node {
+            Node::Single(c) => c.get_db(),
+            Node::Cluster(c) => c.get_db(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.node.as_dyn().check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        !self.broken && self.node.is_open()
     }
 }
 
@@ -235,21 +412,51 @@ pub(crate) enum Conn {
     External(r2d2::PooledConnection<redis::Client>),
 }
 
-impl Deref for Conn {
-    type Target = redis::Connection;
-    fn deref(&self) -> &redis::Connection {
+impl ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         match self {
-            Conn::Managed(c) => c,
-            Conn::External(c) => c,
+            Conn::Managed(c) => c.req_packed_command(cmd),
+            Conn::External(c) => c.req_packed_command(cmd),
         }
     }
-}
 
-impl DerefMut for Conn {
-    fn deref_mut(&mut self) -> &mut redis::Connection {
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
         match self {
-            Conn::Managed(c) => c,
-            Conn::External(c) => c,
+            Conn::Managed(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::External(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Managed(c) => c.req_command(cmd),
+            Conn::External(c) => c.req_command(cmd),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Managed(c) => c.get_db(),
+            Conn::External(c) => c.get_db(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match self {
+            Conn::Managed(c) => c.check_connection(),
+            Conn::External(c) => c.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Conn::Managed(c) => c.is_open(),
+            Conn::External(c) => c.is_open(),
         }
     }
 }

@@ -3,7 +3,6 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::waiters::WaitQueues;
@@ -273,7 +272,10 @@ pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
         }
     }
     let mut ticket = queues.enqueue(key);
-    log::trace!("lock {key:?}: waiting behind {} threads of this process", ticket.ahead());
+    log::trace!(
+        "lock {key:?}: waiting behind {} threads of this process",
+        ticket.ahead()
+    );
     let deadline = attempts.queue_deadline();
     loop {
         if attempts.made() > 0 {
@@ -325,9 +327,9 @@ pub(crate) fn acquire_once<L: DistributedLock>(lock: &L) -> Result<LockGuard<'_>
 }
 
 /// After a release: wakes this process's waiters, or logs a lock found lost. Passes `ours` on.
-pub(crate) fn note_release(client: &LockClient, key: &str, ours: bool) -> bool {
+pub(crate) fn note_release(waiters: &WaitQueues, key: &str, ours: bool) -> bool {
     if ours {
-        client.waiters().notify_release(key);
+        waiters.notify_release(key);
     } else {
         log::warn!(
             "lock {key:?}: lost before release (it expired, or another owner took it over); \

@@ -2,15 +2,18 @@
 //!
 //! Every script is sent as `EVALSHA` with its SHA1 computed once, when the client is built.
 //! When the server does not know the script (`NOSCRIPT`: after `SCRIPT FLUSH`, a restart or a
-//! failover) it is loaded with `SCRIPT LOAD` and the same `EVALSHA` is sent again, so the common
-//! case costs one round trip and the recovery two.
+//! failover) the same call is sent once as `EVAL` with the script's text, which runs it and
+//! caches it on that server. The common case costs one round trip and the recovery two; `EVAL`
+//! is routed by key like `EVALSHA`, so in a Redis Cluster it loads the script on the node that
+//! owns the key (a `SCRIPT LOAD` has no key to route by).
 
-use redis::{Connection, FromRedisValue, RedisResult, ToRedisArgs};
+use redis::{ConnectionLike, FromRedisValue, RedisResult, ToRedisArgs};
 
 /// One Lua script with its precomputed SHA1.
 #[derive(Debug, Clone)]
 pub(crate) struct LuaScript {
     name: &'static str,
+    code: &'static str,
     script: redis::Script,
 }
 
@@ -18,6 +21,7 @@ impl LuaScript {
     fn new(name: &'static str, code: &'static str) -> Self {
         LuaScript {
             name,
+            code,
             script: redis::Script::new(code),
         }
     }
@@ -25,22 +29,26 @@ impl LuaScript {
     /// Runs the script on one key with `args` (a tuple writes one ARGV per element).
     pub(crate) fn eval<T: FromRedisValue>(
         &self,
-        con: &mut Connection,
+        con: &mut dyn ConnectionLike,
         key: &str,
         args: impl ToRedisArgs,
     ) -> RedisResult<T> {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash()).arg(1).arg(key).arg(args);
+        cmd.arg(self.script.get_hash()).arg(1).arg(key).arg(&args);
         match cmd.query(con) {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 log::info!(
-                    "lock {key:?}: script {} not on the server (NOSCRIPT), loading it",
+                    "lock {key:?}: script {} not on the server (NOSCRIPT), sending it with EVAL",
                     self.name
                 );
-                self.script.load(con)?;
-                cmd.query(con)
+                redis::cmd("EVAL")
+                    .arg(self.code)
+                    .arg(1)
+                    .arg(key)
+                    .arg(&args)
+                    .query(con)
             }
             other => other,
         }

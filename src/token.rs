@@ -100,7 +100,11 @@ impl DistributedLock for TokenLock {
         let deleted: i64 = self.client.with_conn(&self.key, |con, s| {
             s.unlock.eval(con, &self.key, lease.value())
         })?;
-        Ok(lock::note_release(&self.client, &self.key, deleted == 1))
+        Ok(lock::note_release(
+            self.client.waiters(),
+            &self.key,
+            deleted == 1,
+        ))
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
