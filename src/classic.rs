@@ -36,6 +36,17 @@ pub struct ClassicLock {
     opts: ClassicOptions,
 }
 
+/// What one acquire attempt found.
+enum Attempt {
+    Won,
+    TookOver {
+        expired_ms_ago: i64,
+    },
+    Held,
+    /// The value at the key is not an expiry in our encoding; it is left alone.
+    Corrupt(Vec<u8>, &'static str),
+}
+
 /// An encoded expiry: at most 20 decimal digits (with sign) or 8 bytes.
 struct Encoded {
     buf: [u8; 20],
@@ -67,8 +78,21 @@ fn encode(encoding: Encoding, expiry_ms: i64) -> Encoded {
     Encoded { buf, len }
 }
 
+/// 2000-01-01T00:00:00Z in epoch milliseconds. No legacy locker ever wrote an expiry before it,
+/// but seed 001's later Lua locker writes the value `1` (with a TTL): read as a timestamp it
+/// would look long expired and a live lock would be taken over. Such values are `Corrupt`.
+const OLDEST_PLAUSIBLE_EXPIRY_MS: i64 = 946_684_800_000;
+
 /// Decodes a stored expiry, or says why it is not one.
 fn decode(encoding: Encoding, value: &[u8]) -> std::result::Result<i64, &'static str> {
+    let expiry = decode_raw(encoding, value)?;
+    if expiry < OLDEST_PLAUSIBLE_EXPIRY_MS {
+        return Err("a timestamp before the year 2000, so not a legacy expiry");
+    }
+    Ok(expiry)
+}
+
+fn decode_raw(encoding: Encoding, value: &[u8]) -> std::result::Result<i64, &'static str> {
     match encoding {
         Encoding::BigEndian => <[u8; 8]>::try_from(value)
             .map(i64::from_be_bytes)
@@ -120,12 +144,38 @@ impl ClassicLock {
         Ok(encode(self.opts.encoding, expiry))
     }
 
-    fn decode(&self, value: &[u8]) -> Result<i64> {
-        decode(self.opts.encoding, value).map_err(|reason| LockError::Corrupt {
-            key: self.key.clone(),
-            value: printable(value),
-            reason,
-        })
+    /// One acquire attempt on one connection: SETNX, then GET and a takeover if stale.
+    fn attempt(
+        &self,
+        con: &mut dyn redis::ConnectionLike,
+        scripts: &crate::scripts::Scripts,
+        value: &[u8],
+        now_ms: i64,
+    ) -> redis::RedisResult<Attempt> {
+        for _ in 0..VANISHED_RETRIES {
+            if self.set_if_absent(con, value)? {
+                return Ok(Attempt::Won);
+            }
+            let seen: Option<Vec<u8>> = redis::cmd("GET").arg(&self.key).query(con)?;
+            let Some(seen) = seen else {
+                continue; // released between SETNX and GET: try SETNX again at once
+            };
+            let expiry = match decode(self.opts.encoding, &seen) {
+                Ok(expiry) => expiry,
+                Err(reason) => return Ok(Attempt::Corrupt(seen, reason)),
+            };
+            if expiry >= now_ms {
+                return Ok(Attempt::Held);
+            }
+            return Ok(if self.take_over(con, scripts, &seen, value)? {
+                Attempt::TookOver {
+                    expired_ms_ago: now_ms - expiry,
+                }
+            } else {
+                Attempt::Held
+            });
+        }
+        Ok(Attempt::Held)
     }
 
     fn ttl_ms(&self) -> u64 {
@@ -213,38 +263,25 @@ impl DistributedLock for ClassicLock {
         let value = self.expiry_value(self.ttl)?;
         let value = value.as_bytes();
         let now_ms = now_epoch_ms(&self.key)?;
-        let mut conn = self.client.conn(&self.key)?;
-        let redis_err = |e| LockError::from_redis(&self.key, e);
-        for _ in 0..VANISHED_RETRIES {
-            if self.set_if_absent(&mut conn, value).map_err(redis_err)? {
-                return Ok(Some(Lease::new(value, start, self.ttl)));
-            }
-            let seen: Option<Vec<u8>> = redis::cmd("GET")
-                .arg(&self.key)
-                .query(&mut conn)
-                .map_err(redis_err)?;
-            let Some(seen) = seen else {
-                continue; // released between SETNX and GET: try SETNX again at once
-            };
-            let expiry = self.decode(&seen)?;
-            if expiry >= now_ms {
-                return Ok(None);
-            }
-            let scripts = self.client.scripts();
-            if self
-                .take_over(&mut conn, scripts, &seen, value)
-                .map_err(redis_err)?
-            {
+        let outcome = self.client.with_conn(&self.key, |con, scripts| {
+            self.attempt(con, scripts, value, now_ms)
+        })?;
+        match outcome {
+            Attempt::Won => Ok(Some(Lease::new(value, start, self.ttl))),
+            Attempt::TookOver { expired_ms_ago } => {
                 log::info!(
-                    "lock {:?}: took over a stale lock that expired {} ms ago",
-                    self.key,
-                    now_ms - expiry
+                    "lock {:?}: took over a stale lock that expired {expired_ms_ago} ms ago",
+                    self.key
                 );
-                return Ok(Some(Lease::new(value, start, self.ttl)));
+                Ok(Some(Lease::new(value, start, self.ttl)))
             }
-            return Ok(None);
+            Attempt::Held => Ok(None),
+            Attempt::Corrupt(seen, reason) => Err(LockError::Corrupt {
+                key: self.key.clone(),
+                value: printable(&seen),
+                reason,
+            }),
         }
-        Ok(None)
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
@@ -325,9 +362,13 @@ mod tests {
     fn encodings_round_trip() {
         for ms in [0i64, 1, 1_700_000_000_123, i64::MAX, -5] {
             for enc in [Encoding::Decimal, Encoding::BigEndian] {
-                assert_eq!(decode(enc, encode(enc, ms).as_bytes()), Ok(ms));
+                assert_eq!(decode_raw(enc, encode(enc, ms).as_bytes()), Ok(ms));
             }
         }
+        assert_eq!(
+            decode(Encoding::Decimal, b"1700000000123"),
+            Ok(1_700_000_000_123)
+        );
         assert_eq!(
             encode(Encoding::Decimal, 1_700_000_000_123).as_bytes(),
             b"1700000000123"
@@ -346,5 +387,8 @@ mod tests {
         assert!(decode(Encoding::BigEndian, b"1234567").is_err());
         // A decimal value read with the big-endian encoding is 13 bytes, not 8: rejected.
         assert!(decode(Encoding::BigEndian, b"1700000000123").is_err());
+        // Seed 001's Lua locker stores "1": not an expiry, never taken over as a stale one.
+        assert!(decode(Encoding::Decimal, b"1").is_err());
+        assert!(decode(Encoding::BigEndian, &1i64.to_be_bytes()).is_err());
     }
 }

@@ -126,12 +126,8 @@ impl LockClient {
         &self.inner.waiters
     }
 
-    pub(crate) fn scripts(&self) -> &Scripts {
-        &self.inner.scripts
-    }
-
     /// A pooled connection; failures are reported against `key`.
-    pub(crate) fn conn(&self, key: &str) -> Result<Conn> {
+    fn conn(&self, key: &str) -> Result<Conn> {
         let got = match &self.inner.pool {
             Pool::Managed(p) => p.get().map(Conn::Managed),
             Pool::External(p) => p.get().map(Conn::External),
@@ -143,14 +139,36 @@ impl LockClient {
     }
 
     /// Runs `f` on a pooled connection, mapping Redis errors to [`LockError`] for `key`.
+    ///
+    /// A connection that sat idle in the pool while Redis restarted fails its next command with
+    /// "connection dropped" (EOF, reset, broken pipe) although the server is back. Such a
+    /// connection is discarded and `f` runs again on another one, up to once per pooled
+    /// connection; a fresh connection that fails is a real outage and is reported. The old
+    /// socket belonged to a server process that is gone, so `f` never ran twice on one server.
     pub(crate) fn with_conn<T>(
         &self,
         key: &str,
-        f: impl FnOnce(&mut Conn, &Scripts) -> RedisResult<T>,
+        mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
-        let mut conn = self.conn(key)?;
-        f(&mut conn, &self.inner.scripts).map_err(|e| LockError::from_redis(key, e))
+        let mut stale_left = self.pool_state().connections.saturating_add(1);
+        loop {
+            let mut conn = self.conn(key)?;
+            let reused = conn.was_used();
+            match f(&mut conn, &self.inner.scripts) {
+                Err(e) if reused && stale_left > 0 && is_dropped(&e) => {
+                    log::info!("lock {key:?}: pooled connection was dropped ({e}), retrying");
+                    stale_left -= 1;
+                }
+                other => return other.map_err(|e| LockError::from_redis(key, e)),
+            }
+        }
     }
+}
+
+/// An error that says the socket is dead (the peer closed or reset it), as opposed to a timeout
+/// after which the command may still run.
+fn is_dropped(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() && !e.is_timeout()
 }
 
 /// Settings for [`LockClient`], with documented defaults.
@@ -314,6 +332,8 @@ impl r2d2::ManageConnection for Manager {
 pub(crate) struct Link {
     node: Node,
     broken: bool,
+    /// Has carried a command: such a connection may have gone stale while idle in the pool.
+    used: bool,
 }
 
 enum Node {
@@ -343,6 +363,7 @@ impl Link {
         Link {
             node,
             broken: false,
+            used: false,
         }
     }
 
@@ -350,6 +371,7 @@ impl Link {
     /// at the wrong server: I/O failure or timeout (a late reply could still arrive), or
     /// `READONLY` (the server is a replica now, after a failover).
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
+        self.used = true;
         if let Err(e) = &result {
             if e.is_io_error()
                 || e.is_timeout()
@@ -410,6 +432,17 @@ pub(crate) enum Pool {
 pub(crate) enum Conn {
     Managed(r2d2::PooledConnection<Manager>),
     External(r2d2::PooledConnection<redis::Client>),
+}
+
+impl Conn {
+    /// True if the connection carried commands before this checkout. Connections of an
+    /// application's own pool are not tracked: they count as fresh, so never retried.
+    fn was_used(&self) -> bool {
+        match self {
+            Conn::Managed(c) => c.used,
+            Conn::External(_) => false,
+        }
+    }
 }
 
 impl ConnectionLike for Conn {
