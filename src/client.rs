@@ -5,7 +5,8 @@
 //! or a `READONLY` reply (a master demoted by a failover) marks itself broken and is replaced,
 //! so a client recovers from restarts and failovers without being rebuilt.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{ConnectionLike, RedisResult, Value};
@@ -81,6 +82,11 @@ impl LockClient {
     /// A builder for the master that the Sentinels at `sentinels` name for `service`. After a
     /// failover, new connections go to the new master; connections to the old one are dropped
     /// on their first `READONLY` or I/O error.
+    ///
+    /// Every new connection asks the Sentinels in turn (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and
+    /// checks with `ROLE` that the server named is a master. Each of these steps is bounded by
+    /// the connect and command timeouts (the connect timeout if the command timeout is `None`),
+    /// so a frozen Sentinel or old master delays a reconnection but never blocks it.
     pub fn sentinel_builder<S: AsRef<str>>(sentinels: &[S], service: &str) -> ClientBuilder {
         ClientBuilder::new(TargetSpec::Sentinel {
             sentinels: sentinels.iter().map(|n| n.as_ref().to_owned()).collect(),
@@ -143,8 +149,13 @@ impl LockClient {
     /// A connection that sat idle in the pool while Redis restarted fails its next command with
     /// "connection dropped" (EOF, reset, broken pipe) although the server is back. Such a
     /// connection is discarded and `f` runs again on another one, up to once per pooled
-    /// connection; a fresh connection that fails is a real outage and is reported. The old
-    /// socket belonged to a server process that is gone, so `f` never ran twice on one server.
+    /// connection; a fresh connection that fails is a real outage and is reported.
+    ///
+    /// Repeating `f` is safe for every lock operation even in the rare case where the server
+    /// ran the command and then closed the socket itself (`CLIENT KILL`, idle `timeout`): a
+    /// repeated acquire finds its own value and reports the lock held (our orphan expires by
+    /// itself), a repeated release or extend finds its work done and reports the lock lost.
+    /// Either way nobody else's lock is touched.
     pub(crate) fn with_conn<T>(
         &self,
         key: &str,
@@ -245,14 +256,19 @@ impl ClientBuilder {
                 Target::Cluster(b.build().map_err(|e| setup(Box::new(e)))?)
             }
             TargetSpec::Sentinel { sentinels, service } => {
-                let client = redis::sentinel::SentinelClient::build(
+                if sentinels.is_empty() {
+                    return Err(setup("at least one Sentinel address is required".into()));
+                }
+                let sentinels = sentinels
+                    .iter()
+                    .map(|url| redis::Client::open(url.as_str()))
+                    .collect::<RedisResult<Vec<_>>>()
+                    .map_err(|e| setup(Box::new(e)))?;
+                Target::Sentinel {
                     sentinels,
                     service,
-                    None,
-                    redis::sentinel::SentinelServerType::Master,
-                )
-                .map_err(|e| setup(Box::new(e)))?;
-                Target::Sentinel(Mutex::new(client))
+                    first: AtomicUsize::new(0),
+                }
             }
         };
         let manager = Manager {
@@ -276,8 +292,17 @@ impl ClientBuilder {
 enum Target {
     Single(redis::Client),
     Cluster(redis::cluster::ClusterClient),
-    /// `SentinelClient::get_client` needs `&mut`; connecting is rare, so a mutex is fine.
-    Sentinel(Mutex<redis::sentinel::SentinelClient>),
+    /// Sentinels asked for the current master of `service` on every new connection. Not
+    /// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the
+    /// Sentinel connections nor on its `ROLE` check of the master, so one frozen server hung
+    /// every later reconnection of the pool for good.
+    Sentinel {
+        sentinels: Vec<redis::Client>,
+        service: String,
+        /// The Sentinel that answered last, asked first next time (the Sentinel clients
+        /// guideline), so a dead or frozen one costs one timeout, not one per connection.
+        first: AtomicUsize,
+    },
 }
 
 /// r2d2 manager that sets connect and command timeouts (which `redis::Client`'s own does not)
@@ -295,6 +320,82 @@ impl Manager {
         con.set_write_timeout(self.command_timeout)?;
         Ok(Link::new(Node::Single(con)))
     }
+
+    /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout.
+    fn discovery(&self, client: &redis::Client) -> RedisResult<redis::Connection> {
+        let timeout = Some(self.command_timeout.unwrap_or(self.connect_timeout));
+        let con = client.get_connection_with_timeout(self.connect_timeout)?;
+        con.set_read_timeout(timeout)?;
+        con.set_write_timeout(timeout)?;
+        Ok(con)
+    }
+
+    /// Asks each Sentinel in turn for `service`'s master and connects to the first one named
+    /// that answers `ROLE` as a master. An address is tried once per call even if several
+    /// Sentinels name it, so a frozen old master costs one timeout, not one per Sentinel.
+    fn sentinel_master(
+        &self,
+        sentinels: &[redis::Client],
+        service: &str,
+        first: &AtomicUsize,
+    ) -> RedisResult<Link> {
+        let mut tried: Vec<(String, u16)> = Vec::new();
+        let mut last_err = None;
+        let start = first.load(Ordering::Relaxed);
+        for i in (0..sentinels.len()).map(|k| (start + k) % sentinels.len()) {
+            let sentinel = &sentinels[i];
+            let named: RedisResult<Option<(String, u16)>> =
+                self.discovery(sentinel).and_then(|mut con| {
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(service)
+                        .query(&mut con)
+                });
+            let addr = match named {
+                Ok(Some(addr)) => addr,
+                Ok(None) => {
+                    last_err = Some(redis::RedisError::from((
+                        redis::ErrorKind::MasterNameNotFoundBySentinel,
+                        "the Sentinel does not know the service",
+                        service.to_owned(),
+                    )));
+                    continue;
+                }
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            if tried.contains(&addr) {
+                continue;
+            }
+            tried.push(addr.clone());
+            let master = redis::Client::open(addr.clone()).and_then(|client| {
+                let mut con = self.discovery(&client)?;
+                let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
+                if !matches!(role, redis::Role::Primary { .. }) {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "the server the Sentinel named is not a master (failover under way?)",
+                        format!("{}:{}", addr.0, addr.1),
+                    )));
+                }
+                con.set_read_timeout(self.command_timeout)?;
+                con.set_write_timeout(self.command_timeout)?;
+                Ok(Link::new(Node::Single(con)))
+            });
+            match master {
+                Ok(link) => {
+                    first.store(i, Ordering::Relaxed);
+                    return Ok(link);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel to ask"))
+        }))
+    }
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -307,15 +408,13 @@ impl r2d2::ManageConnection for Manager {
             Target::Cluster(client) => {
                 Ok(Link::new(Node::Cluster(Box::new(client.get_connection()?))))
             }
-            Target::Sentinel(sentinel) => {
-                // Ask the Sentinels for the current master each time: after a failover the next
-                // connection goes to the new one.
-                let client = sentinel
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get_client()?;
-                self.single(&client)
-            }
+            // Ask the Sentinels for the current master each time: after a failover the next
+            // connection goes to the new one.
+            Target::Sentinel {
+                sentinels,
+                service,
+                first,
+            } => self.sentinel_master(sentinels, service, first),
         }
     }
 

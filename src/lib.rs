@@ -40,6 +40,7 @@ mod classic;
 mod client;
 mod error;
 mod lock;
+mod redlock;
 mod retry;
 mod scripts;
 mod strategy;
@@ -52,6 +53,10 @@ pub use client::{
 };
 pub use error::{LockError, Result};
 pub use lock::{DistributedLock, Lease, LockGuard};
+pub use redlock::{
+    RedLock, RedLockBuilder, RedLockClient, RedLockClientBuilder, REDLOCK_DEFAULT_NODE_TIMEOUT,
+    REDLOCK_DEFAULT_TTL, REDLOCK_DEFAULT_WORKERS,
+};
 pub use retry::RetryPolicy;
 pub use strategy::{
     ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,

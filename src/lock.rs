@@ -218,7 +218,7 @@ impl<'a> LockGuard<'a> {
     }
 
     /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost
-    /// (expired, or taken over by another owner), in which case nothing was deleted.
+    /// (expired, or taken over by another owner), in which case no other owner's lock was deleted.
     pub fn unlock(mut self) -> Result<bool> {
         self.armed = false;
         self.lock.release(&self.lease)
@@ -333,7 +333,7 @@ pub(crate) fn note_release(waiters: &WaitQueues, key: &str, ours: bool) -> bool 
     } else {
         log::warn!(
             "lock {key:?}: lost before release (it expired, or another owner took it over); \
-             nothing was deleted"
+             no other owner's lock was deleted"
         );
     }
     ours

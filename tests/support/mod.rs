@@ -39,6 +39,20 @@ pub struct RedisServer {
     child: Mutex<Option<Child>>,
     pid: u32,
     paused: AtomicBool,
+    /// How this server is launched (also on `restart()`).
+    launch: Launch,
+}
+
+/// Extra launch settings of a server: an optional config file (passed first, as
+/// `redis-server` requires) and extra command-line arguments, appended after the
+/// fixture's own (`--port`, `--bind`, no persistence, `--dir`, `--logfile`).
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// Config file given as the first argument (e.g. a Sentinel config, which
+    /// Sentinel rewrites, so it must live in the server's directory).
+    pub conf: Option<PathBuf>,
+    /// Extra arguments, e.g. `["--replicaof", "127.0.0.1", "7000"]`.
+    pub args: Vec<String>,
 }
 
 /// Why one attempt at bringing a server up failed.
@@ -56,11 +70,31 @@ impl RedisServer {
     ///
     /// Panics if `redis-server` is not on PATH or if no server could be started.
     pub fn start() -> RedisServer {
+        Self::start_custom(|_, _| Launch::default())
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments (each flag and
+    /// value a separate element: `&["--replicaof", "127.0.0.1", "7000"]`). They are
+    /// kept for `restart()`.
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        let args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+        Self::start_custom(move |_, _| Launch {
+            conf: None,
+            args: args.clone(),
+        })
+    }
+
+    /// Like [`start`](Self::start), with launch settings made per attempt by `make`
+    /// from the chosen port and the server's directory (for settings that name more
+    /// ports, like a cluster bus port, or a config file to write). The settings of the
+    /// attempt that succeeded are kept for `restart()`.
+    pub fn start_custom(make: impl Fn(u16, &Path) -> Launch) -> RedisServer {
         let dir = fresh_dir();
         let mut last_error = String::new();
         for attempt in 1..=START_ATTEMPTS {
             let port = free_port();
-            match spawn_and_wait(port, &dir) {
+            let launch = make(port, &dir);
+            match spawn_and_wait(port, &dir, &launch) {
                 Ok(child) => {
                     let pid = child.id();
                     return RedisServer {
@@ -69,6 +103,7 @@ impl RedisServer {
                         child: Mutex::new(Some(child)),
                         pid,
                         paused: AtomicBool::new(false),
+                        launch,
                     };
                 }
                 Err(SpawnFailure::Spawn(msg)) => {
@@ -174,7 +209,7 @@ impl RedisServer {
         self.stop();
         let mut last_error = String::new();
         for attempt in 1..=RESTART_ATTEMPTS {
-            match spawn_and_wait(self.port, &self.dir) {
+            match spawn_and_wait(self.port, &self.dir, &self.launch) {
                 Ok(child) => {
                     self.pid = child.id();
                     *lock(&self.child) = Some(child);
@@ -337,11 +372,15 @@ fn reap(child: &mut Child) {
 }
 
 /// Spawns `redis-server` on `port` and waits until it answers PING.
-fn spawn_and_wait(port: u16, dir: &Path) -> Result<Child, SpawnFailure> {
+fn spawn_and_wait(port: u16, dir: &Path, launch: &Launch) -> Result<Child, SpawnFailure> {
     let logfile = dir.join("redis.log");
     // Start each attempt with an empty log so failures show the right reason.
     let _ = std::fs::remove_file(&logfile);
-    let spawned = Command::new("redis-server")
+    let mut command = Command::new("redis-server");
+    if let Some(conf) = &launch.conf {
+        command.arg(conf);
+    }
+    let spawned = command
         .arg("--port")
         .arg(port.to_string())
         .arg("--bind")
@@ -356,6 +395,7 @@ fn spawn_and_wait(port: u16, dir: &Path) -> Result<Child, SpawnFailure> {
         .arg(dir)
         .arg("--logfile")
         .arg(&logfile)
+        .args(&launch.args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -436,4 +476,422 @@ fn log_tail(path: &Path) -> String {
     }
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
+}
+
+// ---------------------------------------------------------------------------
+// Redis Cluster
+
+/// `cluster-node-timeout` of test clusters: short enough for quick agreement, long
+/// enough that a busy 2-core machine does not get nodes flagged as failing.
+pub const CLUSTER_NODE_TIMEOUT_MS: u64 = 5_000;
+/// Number of hash slots of a Redis Cluster.
+pub const CLUSTER_SLOTS: usize = 16_384;
+/// How long `Cluster::start` waits for `redis-cli --cluster create` and agreement.
+const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A real Redis Cluster of masters only (no replicas), each a [`RedisServer`] with
+/// `cluster-enabled yes`, its own `nodes.conf` in its temporary directory, and a
+/// free cluster-bus port (`cluster-port`) chosen like its data port. Dropping the
+/// cluster kills every node.
+pub struct Cluster {
+    nodes: Vec<RedisServer>,
+    ids: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts `masters` (at least 3) nodes, joins them with
+    /// `redis-cli --cluster create ... --cluster-replicas 0 --cluster-yes` and waits
+    /// until every node reports `cluster_state:ok`, knows all nodes and sees all slots
+    /// assigned.
+    pub fn start(masters: usize) -> Cluster {
+        assert!(
+            masters >= 3,
+            "redis-cli --cluster create needs 3 masters or more"
+        );
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| {
+                RedisServer::start_custom(|port, dir| {
+                    let bus = loop {
+                        let p = free_port();
+                        if p != port {
+                            break p;
+                        }
+                    };
+                    Launch {
+                        conf: None,
+                        args: vec![
+                            "--cluster-enabled".into(),
+                            "yes".into(),
+                            "--cluster-config-file".into(),
+                            dir.join(format!("nodes-{port}.conf"))
+                                .to_string_lossy()
+                                .into_owned(),
+                            "--cluster-node-timeout".into(),
+                            CLUSTER_NODE_TIMEOUT_MS.to_string(),
+                            "--cluster-port".into(),
+                            bus.to_string(),
+                        ],
+                    }
+                })
+            })
+            .collect();
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        run_tool("redis-cli", &args, nodes[0].dir(), CLUSTER_READY_TIMEOUT);
+        let ids = nodes
+            .iter()
+            .map(|n| {
+                redis::cmd("CLUSTER")
+                    .arg("MYID")
+                    .query(&mut n.conn())
+                    .expect("CLUSTER MYID")
+            })
+            .collect();
+        let cluster = Cluster { nodes, ids };
+        assert!(
+            cluster.wait_ready(CLUSTER_READY_TIMEOUT),
+            "the cluster did not reach cluster_state:ok on all nodes: {:?}",
+            cluster
+                .nodes
+                .iter()
+                .map(|n| cluster_info(n).unwrap_or_default())
+                .collect::<Vec<_>>()
+        );
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok`, knows every node and has all
+    /// slots assigned.
+    pub fn wait_ready(&self, timeout: Duration) -> bool {
+        let n = self.nodes.len().to_string();
+        wait_until(timeout, || {
+            self.nodes.iter().all(|node| {
+                cluster_info(node).is_some_and(|info| {
+                    let field = |name: &str| {
+                        info.lines()
+                            .find_map(|l| l.strip_prefix(name))
+                            .map(|v| v.trim().to_owned())
+                    };
+                    field("cluster_state:").as_deref() == Some("ok")
+                        && field("cluster_known_nodes:").as_deref() == Some(n.as_str())
+                        && field("cluster_slots_assigned:").as_deref() == Some("16384")
+                })
+            })
+        })
+    }
+
+    /// The nodes, in start order.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Node `i`.
+    pub fn node(&self, i: usize) -> &RedisServer {
+        &self.nodes[i]
+    }
+
+    /// Every node's `redis://127.0.0.1:P/` (seed list for a cluster client).
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Node `i`'s cluster node id.
+    pub fn node_id(&self, i: usize) -> &str {
+        &self.ids[i]
+    }
+
+    /// `CLUSTER KEYSLOT key`.
+    pub fn keyslot(&self, key: &str) -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.nodes[0].conn())
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// For every slot, the index of the node that serves it, each node speaking for
+    /// itself (the `myself` line of its own `CLUSTER NODES`; migration markers such
+    /// as `[123->-id]` are not ownership and are skipped).
+    pub fn slot_owners(&self) -> Vec<Option<usize>> {
+        let mut owners = vec![None; CLUSTER_SLOTS];
+        for (i, node) in self.nodes.iter().enumerate() {
+            let text: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query(&mut node.conn())
+                .expect("CLUSTER NODES");
+            let me = text
+                .lines()
+                .find(|l| l.split(' ').nth(2).is_some_and(|f| f.contains("myself")))
+                .expect("a myself line in CLUSTER NODES");
+            for range in me.split(' ').skip(8).filter(|r| !r.starts_with('[')) {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                let (lo, hi): (usize, usize) = (lo.parse().unwrap(), hi.parse().unwrap());
+                for slot in owners.iter_mut().take(hi + 1).skip(lo) {
+                    *slot = Some(i);
+                }
+            }
+        }
+        owners
+    }
+
+    /// The index of the node that serves `slot` by its own account.
+    pub fn slot_owner(&self, slot: u16) -> usize {
+        self.slot_owners()[usize::from(slot)]
+            .unwrap_or_else(|| panic!("no node claims slot {slot}"))
+    }
+
+    /// The first key `"{prefix}:{n}"` (n = 0, 1, ...) whose slot node `node` serves.
+    pub fn key_on(&self, node: usize, prefix: &str) -> String {
+        let owners = self.slot_owners();
+        let mut conn = self.nodes[0].conn();
+        (0..100_000)
+            .map(|n| format!("{prefix}:{n}"))
+            .find(|key| {
+                let slot: u16 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(key)
+                    .query(&mut conn)
+                    .expect("CLUSTER KEYSLOT");
+                owners[usize::from(slot)] == Some(node)
+            })
+            .expect("some key hashes to every node")
+    }
+
+    /// A raw connection to the node that serves `key`'s slot.
+    pub fn conn_for_key(&self, key: &str) -> redis::Connection {
+        self.nodes[self.slot_owner(self.keyslot(key))].conn()
+    }
+}
+
+/// `CLUSTER INFO` of one node, or `None` if it does not answer.
+fn cluster_info(node: &RedisServer) -> Option<String> {
+    let client = node.client();
+    let timeout = Duration::from_millis(500);
+    let mut conn = client.get_connection_with_timeout(timeout).ok()?;
+    conn.set_read_timeout(Some(timeout)).ok()?;
+    redis::cmd("CLUSTER").arg("INFO").query(&mut conn).ok()
+}
+
+/// Runs a helper program (e.g. `redis-cli`) to completion, with its output in
+/// `dir`; panics with that output if it fails or takes longer than `timeout`.
+fn run_tool(program: &str, args: &[String], dir: &Path, timeout: Duration) {
+    let out_path = dir.join(format!("{program}.out"));
+    let out = std::fs::File::create(&out_path).expect("create tool output file");
+    let err = out.try_clone().expect("clone file handle");
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            reap(&mut child);
+            break None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    if status.is_none_or(|s| !s.success()) {
+        let output = std::fs::read_to_string(&out_path).unwrap_or_default();
+        panic!("{program} {args:?} failed ({status:?}):\n{output}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sentinel
+
+/// The service name the test Sentinels monitor.
+pub const SENTINEL_SERVICE: &str = "mymaster";
+/// `sentinel down-after-milliseconds` of the test Sentinels.
+pub const SENTINEL_DOWN_AFTER_MS: u64 = 1_000;
+/// How long `Sentinel::start` waits for replication and for the Sentinels to see
+/// the replica (and each other).
+const SENTINEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A Sentinel deployment: a master, one replica of it (`--replicaof`), and Sentinels
+/// (`redis-server <conf> --sentinel`, each with its own config file in its own
+/// directory) monitoring the master as [`SENTINEL_SERVICE`], with
+/// `down-after-milliseconds` [`SENTINEL_DOWN_AFTER_MS`] and `failover-timeout` 5 s.
+/// Every process is a [`RedisServer`], so pause/kill/Drop work as for one server.
+pub struct Sentinel {
+    /// `[initial master, initial replica]`; roles change on failover.
+    data: Vec<RedisServer>,
+    sentinels: Vec<RedisServer>,
+}
+
+impl Sentinel {
+    /// Starts the master, the replica (waits for `master_link_status:up`) and
+    /// `sentinels` Sentinels with `quorum`, and waits until every Sentinel sees the
+    /// replica and the other Sentinels.
+    pub fn start(sentinels: usize, quorum: usize) -> Sentinel {
+        assert!(sentinels >= 1 && (1..=sentinels).contains(&quorum));
+        let master = RedisServer::start();
+        let master_port = master.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master_port]);
+        let mut rconn = replica.conn();
+        assert!(
+            wait_until(SENTINEL_READY_TIMEOUT, || {
+                info_field(&mut rconn, "replication", "master_link_status").as_deref() == Some("up")
+            }),
+            "the replica did not sync with the master"
+        );
+        let sentinels: Vec<RedisServer> = (0..sentinels)
+            .map(|_| {
+                RedisServer::start_custom(|port, dir| {
+                    let conf = dir.join(format!("sentinel-{port}.conf"));
+                    let text = format!(
+                        "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {master_port} {quorum}\n\
+                         sentinel down-after-milliseconds {SENTINEL_SERVICE} {SENTINEL_DOWN_AFTER_MS}\n\
+                         sentinel failover-timeout {SENTINEL_SERVICE} 5000\n\
+                         sentinel parallel-syncs {SENTINEL_SERVICE} 1\n\
+                         sentinel resolve-hostnames no\n"
+                    );
+                    std::fs::write(&conf, text).expect("write sentinel config");
+                    Launch {
+                        conf: Some(conf),
+                        args: vec!["--sentinel".into()],
+                    }
+                })
+            })
+            .collect();
+        let set = Sentinel {
+            data: vec![master, replica],
+            sentinels,
+        };
+        let others = set.sentinels.len() - 1;
+        let ready = wait_until(SENTINEL_READY_TIMEOUT, || {
+            set.sentinels.iter().all(|s| {
+                let Some(mut conn) = quick_conn(s) else {
+                    return false;
+                };
+                let replicas: Vec<std::collections::HashMap<String, String>> =
+                    redis::cmd("SENTINEL")
+                        .arg("REPLICAS")
+                        .arg(SENTINEL_SERVICE)
+                        .query(&mut conn)
+                        .unwrap_or_default();
+                let peers: Vec<std::collections::HashMap<String, String>> = redis::cmd("SENTINEL")
+                    .arg("SENTINELS")
+                    .arg(SENTINEL_SERVICE)
+                    .query(&mut conn)
+                    .unwrap_or_default();
+                replicas.len() == 1
+                    && replicas[0].get("flags").is_some_and(|f| f == "slave")
+                    && peers.len() == others
+            })
+        });
+        assert!(
+            ready,
+            "the Sentinels did not discover the replica and each other"
+        );
+        set
+    }
+
+    /// The data node that started as master (index 0) or replica (index 1).
+    pub fn server(&self, i: usize) -> &RedisServer {
+        &self.data[i]
+    }
+
+    /// Mutable access to a data node, for `kill()`/`stop()`/`restart()`.
+    pub fn server_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.data[i]
+    }
+
+    /// The index of the data node listening on `port`.
+    pub fn server_index(&self, port: u16) -> Option<usize> {
+        self.data.iter().position(|s| s.port() == port)
+    }
+
+    /// The Sentinel processes.
+    pub fn sentinels(&self) -> &[RedisServer] {
+        &self.sentinels
+    }
+
+    /// Sentinel `i`, mutable (to pause or kill it).
+    pub fn sentinel_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.sentinels[i]
+    }
+
+    /// Every Sentinel's `redis://127.0.0.1:P/`.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// Each Sentinel's answer to `SENTINEL get-master-addr-by-name` (the port; `None`
+    /// for a Sentinel that did not answer).
+    pub fn master_ports(&self) -> Vec<Option<u16>> {
+        self.sentinels
+            .iter()
+            .map(|s| {
+                let mut conn = quick_conn(s)?;
+                let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(SENTINEL_SERVICE)
+                    .query(&mut conn)
+                    .ok()?;
+                addr.map(|(_, port)| port)
+            })
+            .collect()
+    }
+
+    /// Waits until every Sentinel that answers (at least one) names the same master,
+    /// other than `old_port`, and that server answers `ROLE` as a master; returns its
+    /// data-node index. Paused or killed Sentinels are left out.
+    pub fn wait_for_failover(&self, old_port: u16, timeout: Duration) -> Option<usize> {
+        let mut found = None;
+        wait_until(timeout, || {
+            let ports: Vec<u16> = self.master_ports().into_iter().flatten().collect();
+            let Some(port) = ports.first().copied() else {
+                return false;
+            };
+            if port == old_port || ports.iter().any(|p| *p != port) {
+                return false;
+            }
+            let Some(i) = self.server_index(port) else {
+                return false;
+            };
+            if role(&self.data[i]).as_deref() == Some("master") {
+                found = Some(i);
+                return true;
+            }
+            false
+        });
+        found
+    }
+}
+
+/// The first element of `ROLE` ("master", "slave", "sentinel"), if the server answers.
+pub fn role(server: &RedisServer) -> Option<String> {
+    let mut conn = quick_conn(server)?;
+    let reply: Vec<redis::Value> = redis::cmd("ROLE").query(&mut conn).ok()?;
+    match reply.first()? {
+        redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// One field of `INFO <section>`, e.g. `info_field(conn, "replication", "role")`.
+pub fn info_field(conn: &mut redis::Connection, section: &str, field: &str) -> Option<String> {
+    let info: String = redis::cmd("INFO").arg(section).query(conn).ok()?;
+    let prefix = format!("{field}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(|v| v.trim().to_owned())
+}
+
+/// A connection with 500 ms timeouts, or `None` if the server does not accept one
+/// (for polling servers that may be down or paused).
+fn quick_conn(server: &RedisServer) -> Option<redis::Connection> {
+    let timeout = Duration::from_millis(500);
+    let conn = server.client().get_connection_with_timeout(timeout).ok()?;
+    conn.set_read_timeout(Some(timeout)).ok()?;
+    conn.set_write_timeout(Some(timeout)).ok()?;
+    Some(conn)
 }

@@ -1,0 +1,1022 @@
+//! RedLock: one lock over N independent Redis masters, the algorithm of the Redis page
+//! "Distributed Locks with Redis". See `docs/redlock.md` for the algorithm step by step and
+//! what it does and does not guarantee.
+//!
+//! Wire, per node (every operation goes to all N nodes at once, one worker thread per node):
+//! - acquire: `SET key <32 hex chars> NX PX <ttl ms>` → `OK` (a yes vote) or nil (no);
+//! - release, and cleanup after a failed acquire: `EVALSHA <unlock.lua> 1 key <token>`;
+//! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>`;
+//! - check: `GET key`, compared with our token.
+//!
+//! A node that errors or does not answer within the node timeout casts a failed vote; the
+//! operation itself only fails when too few nodes vote yes.
+//!
+//! ## Why per-node worker threads
+//!
+//! Each node has a few long-lived worker threads ("lanes"), each with a FIFO job channel; all
+//! operations on one key go to the same lane of every node. Compared with spawning N threads
+//! per attempt (`std::thread::scope`), this
+//! - costs no thread spawn per operation (a channel send and a wake-up instead);
+//! - lets the caller return as soon as the outcome is decided (a majority said yes, or a
+//!   majority can no longer be reached) instead of joining every thread: with a node paused,
+//!   operations still finish in about one round trip of the fast nodes, not the node timeout;
+//! - keeps the commands of one key in order on each node, so the cleanup `unlock` of a failed
+//!   attempt always runs after that attempt's `SET` on the same node, even when the caller has
+//!   stopped waiting for it (a `SET` that lands late is still deleted).
+//!
+//! A job that has not started by the time its caller stopped waiting is skipped, not sent, so a
+//! paused node's lane never builds an unbounded backlog. The one exception are deletes of a
+//! token that this lane may have written to its node (a `SET` or extend that succeeded, or
+//! failed without a definite answer, e.g. timed out on a paused node): they are always sent,
+//! even late, and if the node is unreachable they are sent again after the lane's next
+//! successful command to it. A paused node executes the writes it buffered when it resumes;
+//! without this it would keep those stale tokens, and vote no, for a whole TTL. Each such
+//! delete follows one write that was really sent, so these stay bounded too.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::client::LockClient;
+use crate::error::{LockError, Result};
+use crate::lock::{self, DistributedLock, Lease, LockGuard};
+use crate::retry::{Attempts, RetryPolicy};
+use crate::strategy::check_duration;
+use crate::token::new_token;
+use crate::waiters::WaitQueues;
+
+/// Default lifetime of a [`RedLock`] (as for [`Strategy::Token`](crate::Strategy::Token)).
+pub const REDLOCK_DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+/// Default per-node timeout: how long an operation waits for each node's answer, and the
+/// connect and command timeouts of nodes built from URLs. The Redis page suggests 5–50 ms for a
+/// 10 s lock: far shorter than the lifetime, so a dead node costs little of it.
+pub const REDLOCK_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Default number of worker threads (and pooled connections, for nodes built from URLs) per
+/// node. Operations on one key use one of them per node; different keys spread over them.
+pub const REDLOCK_DEFAULT_WORKERS: u32 = 4;
+
+/// A job run by a node's worker thread.
+type Job = Box<dyn FnOnce(&mut Lane) + Send + 'static>;
+
+/// The state of one worker thread of one node.
+struct Lane {
+    client: LockClient,
+    /// Tokens this lane may have left on its node (a write that succeeded or got no definite
+    /// answer), with when they expire there at the latest. A delete of one of them is never
+    /// skipped.
+    written: HashMap<Box<[u8]>, Instant>,
+    /// Deletes that failed (node unreachable) for tokens that may still be on the node: key,
+    /// token, expiry. Resent after the lane's next successful command, i.e. once the node
+    /// answers again, and after any writes it buffered while it was paused.
+    redo: Vec<(String, Box<[u8]>, Instant)>,
+}
+
+/// Most failed deletes a lane keeps for resending (each one cost a node timeout to fail, so
+/// this is only reached after minutes of a node being down; the tokens expire there anyway).
+const MAX_REDO: usize = 1024;
+
+impl Lane {
+    /// Tracks a token written (or maybe written) with lifetime `ttl`.
+    fn wrote(&mut self, token: &[u8], ttl: Duration) {
+        let now = Instant::now();
+        if self.written.len() >= 64 {
+            self.written.retain(|_, until| *until > now);
+        }
+        self.written.insert(token.into(), now + ttl);
+    }
+
+    fn may_hold(&self, token: &[u8]) -> bool {
+        self.written
+            .get(token)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
+    fn forget(&mut self, token: &[u8]) {
+        self.written.remove(token);
+    }
+
+    /// Compare-and-delete of `token`. Once the node answered, the lane forgets the token; if
+    /// it did not and the token may be there, the delete is kept for [`redo`](Self::redo).
+    fn delete(&mut self, key: &str, token: &[u8]) -> Result<bool> {
+        match self
+            .client
+            .with_conn(key, |con, s| s.unlock.eval::<i64>(con, key, token))
+        {
+            Ok(deleted) => {
+                self.forget(token);
+                Ok(deleted == 1)
+            }
+            Err(e) => {
+                let now = Instant::now();
+                if let Some(&until) = self.written.get(token).filter(|u| **u > now) {
+                    if self.redo.len() >= MAX_REDO {
+                        self.redo.retain(|(_, _, u)| *u > now);
+                    }
+                    if self.redo.len() < MAX_REDO {
+                        self.redo.push((key.to_owned(), token.into(), until));
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// After a successful command: resends the deletes that failed while the node was
+    /// unreachable (stops at the first failure; drops those whose token has expired).
+    fn redo(&mut self) {
+        if self.redo.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut pending = std::mem::take(&mut self.redo);
+        pending.retain(|(_, _, until)| *until > now);
+        let mut rest = pending.into_iter();
+        for (key, token, until) in rest.by_ref() {
+            match self
+                .client
+                .with_conn(&key, |con, s| s.unlock.eval::<i64>(con, &key, &token[..]))
+            {
+                Ok(deleted) => {
+                    self.forget(&token);
+                    log::debug!(
+                        "lock {key:?}: RedLock resent a delete that had failed ({})",
+                        if deleted == 1 {
+                            "deleted"
+                        } else {
+                            "already gone"
+                        }
+                    );
+                }
+                Err(_) => {
+                    self.redo.push((key, token, until));
+                    break;
+                }
+            }
+        }
+        self.redo.extend(rest);
+    }
+}
+
+/// What a broadcast operation does to our token on a node, for [`Lane::written`].
+#[derive(Clone)]
+enum Effect {
+    /// Reads only.
+    Read,
+    /// `SET NX PX` / extend: a yes vote, or no definite answer, may leave `token` for `ttl`; a
+    /// definite no means it is not (or no longer) there.
+    Write { token: Arc<[u8]>, ttl: Duration },
+    /// Compare-and-delete of `token`: sent even after the deadline where the lane may have
+    /// written it.
+    Delete { token: Arc<[u8]> },
+}
+
+/// A handle to N independent Redis masters for [`RedLock`]s: one [`LockClient`] per node, the
+/// per-node worker threads, and the in-process waiter lines.
+///
+/// Cheap to clone (an `Arc`). The worker threads stop when the last clone (and the last lock
+/// made from it) is dropped, after finishing the jobs already queued.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redis_dlock::{DistributedLock, RedLockClient};
+///
+/// # fn main() -> Result<(), redis_dlock::LockError> {
+/// let client = RedLockClient::builder(&[
+///     "redis://10.0.0.1:6379/",
+///     "redis://10.0.0.2:6379/",
+///     "redis://10.0.0.3:6379/",
+///     "redis://10.0.0.4:6379/",
+///     "redis://10.0.0.5:6379/",
+/// ])
+/// .node_timeout(Duration::from_millis(50))
+/// .build()?;
+/// let lock = client.lock("jobs:nightly-report").ttl(Duration::from_secs(30)).build()?;
+/// let guard = lock.lock()?; // Err(Timeout) if no majority could be had in time
+/// // ... work, finished well before guard.valid_until() ...
+/// if !guard.unlock()? {
+///     eprintln!("a majority of nodes no longer had our token: the work was not exclusive");
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedLockClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<NodeHandle>,
+    quorum: usize,
+    node_timeout: Duration,
+    waiters: WaitQueues,
+}
+
+struct NodeHandle {
+    client: LockClient,
+    /// One job channel per worker thread of this node.
+    lanes: Vec<Sender<Job>>,
+}
+
+impl fmt::Debug for RedLockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedLockClient")
+            .field("nodes", &self.inner.nodes.len())
+            .field("quorum", &self.inner.quorum)
+            .field("node_timeout", &self.inner.node_timeout)
+            .field("workers_per_node", &self.workers())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedLockClient {
+    /// Connects to the independent masters at `urls` (`redis://host:port/db`) with the default
+    /// settings ([`REDLOCK_DEFAULT_NODE_TIMEOUT`], [`REDLOCK_DEFAULT_WORKERS`]).
+    pub fn open<S: AsRef<str>>(urls: &[S]) -> Result<Self> {
+        Self::builder(urls).build()
+    }
+
+    /// A builder for the independent masters at `urls`, to tune the node timeout and workers.
+    /// Each node gets its own [`LockClient`] with connect and command timeouts equal to the node
+    /// timeout and a pool of one connection per worker.
+    pub fn builder<S: AsRef<str>>(urls: &[S]) -> RedLockClientBuilder {
+        RedLockClientBuilder::new(NodeSpec::Urls(
+            urls.iter().map(|u| u.as_ref().to_owned()).collect(),
+        ))
+    }
+
+    /// Uses clients the application already has, one per independent master, with the default
+    /// settings. Their own pool settings and timeouts apply to their commands: build them with
+    /// short timeouts (e.g. `LockClient::builder(url).connect_timeout(t).command_timeout(Some(t))`)
+    /// or a dead node holds a worker thread for the client's full timeout (the operation itself
+    /// still only waits [`REDLOCK_DEFAULT_NODE_TIMEOUT`] for each node).
+    pub fn new(nodes: Vec<LockClient>) -> Result<Self> {
+        Self::from_clients(nodes).build()
+    }
+
+    /// A builder over clients the application already has; see [`new`](Self::new).
+    pub fn from_clients(nodes: Vec<LockClient>) -> RedLockClientBuilder {
+        RedLockClientBuilder::new(NodeSpec::Clients(nodes))
+    }
+
+    /// Starts building a lock on `key`. See [`RedLockBuilder`] for the options and defaults.
+    pub fn lock(&self, key: impl Into<String>) -> RedLockBuilder {
+        RedLockBuilder {
+            client: self.clone(),
+            key: key.into(),
+            ttl: None,
+            retry: None,
+        }
+    }
+
+    /// Number of nodes, N.
+    pub fn node_count(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// Votes needed to win: N/2 + 1 (3 of 5, 2 of 3, 2 of 2, 3 of 4).
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// How long an operation waits for each node's answer.
+    pub fn node_timeout(&self) -> Duration {
+        self.inner.node_timeout
+    }
+
+    /// The client of node `index` (in the order given), if there is one.
+    pub fn node(&self, index: usize) -> Option<&LockClient> {
+        self.inner.nodes.get(index).map(|n| &n.client)
+    }
+
+    fn workers(&self) -> usize {
+        self.inner.nodes.first().map_or(0, |n| n.lanes.len())
+    }
+}
+
+/// Settings for [`RedLockClient`], with documented defaults.
+///
+/// | option | default |
+/// | --- | --- |
+/// | [`node_timeout`](Self::node_timeout) | [`REDLOCK_DEFAULT_NODE_TIMEOUT`] (50 ms) |
+/// | [`workers_per_node`](Self::workers_per_node) | [`REDLOCK_DEFAULT_WORKERS`] (4) |
+///
+/// N = 0 nodes is rejected with [`LockError::InvalidArgument`]. Any N ≥ 1 works, but an odd N
+/// is recommended: an even N tolerates no more failed nodes than N − 1 (4 nodes need 3 votes
+/// and survive 1 failure, like 3 nodes), and N = 2 needs both.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedLockClientBuilder {
+    nodes: NodeSpec,
+    node_timeout: Duration,
+    workers: u32,
+}
+
+#[derive(Debug, Clone)]
+enum NodeSpec {
+    Urls(Vec<String>),
+    Clients(Vec<LockClient>),
+}
+
+impl RedLockClientBuilder {
+    fn new(nodes: NodeSpec) -> Self {
+        RedLockClientBuilder {
+            nodes,
+            node_timeout: REDLOCK_DEFAULT_NODE_TIMEOUT,
+            workers: REDLOCK_DEFAULT_WORKERS,
+        }
+    }
+
+    /// How long an operation waits for each node's answer before counting it as a failed vote
+    /// (default [`REDLOCK_DEFAULT_NODE_TIMEOUT`]). For nodes given as URLs it is also each
+    /// connection's connect and command timeout. Keep it far below the lock's lifetime: every
+    /// millisecond an acquire waits is taken off the validity.
+    pub fn node_timeout(mut self, d: Duration) -> Self {
+        self.node_timeout = d;
+        self
+    }
+
+    /// Worker threads per node (default [`REDLOCK_DEFAULT_WORKERS`]); for nodes given as URLs
+    /// also the connection pool size. Each key is served by one worker per node, so this bounds
+    /// how many different keys are worked on at once, not how many threads may wait.
+    pub fn workers_per_node(mut self, n: u32) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// Creates the node clients (they connect lazily: a node that is down now just votes no
+    /// until it comes up) and starts the worker threads.
+    ///
+    /// Errors: [`LockError::InvalidArgument`] for zero nodes; [`LockError::Setup`] for a zero
+    /// node timeout or worker count, a bad URL, or a worker thread that could not be started.
+    pub fn build(self) -> Result<RedLockClient> {
+        let setup = |msg: String| LockError::Setup { source: msg.into() };
+        let count = match &self.nodes {
+            NodeSpec::Urls(u) => u.len(),
+            NodeSpec::Clients(c) => c.len(),
+        };
+        if count == 0 {
+            return Err(LockError::invalid(
+                "",
+                "RedLock needs at least one Redis master (an odd number, e.g. 5, is recommended)",
+            ));
+        }
+        if self.node_timeout.is_zero() {
+            return Err(setup(
+                "the RedLock node timeout must be greater than zero".into(),
+            ));
+        }
+        if self.workers == 0 {
+            return Err(setup("RedLock needs at least one worker per node".into()));
+        }
+        let clients = match self.nodes {
+            NodeSpec::Clients(c) => c,
+            NodeSpec::Urls(urls) => urls
+                .iter()
+                .map(|url| {
+                    LockClient::builder(url)
+                        .pool_size(self.workers)
+                        .connect_timeout(self.node_timeout)
+                        .command_timeout(Some(self.node_timeout))
+                        .build()
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let mut nodes = Vec::with_capacity(clients.len());
+        for (index, client) in clients.into_iter().enumerate() {
+            let lanes = (0..self.workers)
+                .map(|lane| spawn_worker(index, lane, client.clone()))
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| setup(format!("could not start a RedLock worker thread: {e}")))?;
+            nodes.push(NodeHandle { client, lanes });
+        }
+        if count % 2 == 0 {
+            log::info!(
+                "RedLock over {count} nodes: an even count tolerates no more failures than \
+                 {} nodes; an odd count is recommended",
+                count - 1
+            );
+        }
+        Ok(RedLockClient {
+            inner: Arc::new(Inner {
+                nodes,
+                quorum: count / 2 + 1,
+                node_timeout: self.node_timeout,
+                waiters: WaitQueues::default(),
+            }),
+        })
+    }
+}
+
+/// Starts one worker thread of node `node`. It runs jobs in arrival order until every sender
+/// is gone; a panicking job is logged and the worker carries on.
+fn spawn_worker(node: usize, lane: u32, client: LockClient) -> std::io::Result<Sender<Job>> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    let mut state = Lane {
+        client,
+        written: HashMap::new(),
+        redo: Vec::new(),
+    };
+    thread::Builder::new()
+        .name(format!("redlock-{node}.{lane}"))
+        .spawn(move || {
+            for job in rx {
+                if panic::catch_unwind(AssertUnwindSafe(|| job(&mut state))).is_err() {
+                    log::error!("RedLock worker {node}.{lane}: a job panicked; carrying on");
+                }
+            }
+        })?;
+    Ok(tx)
+}
+
+/// One node's answer.
+enum Vote {
+    /// The command took effect (acquired, deleted, extended, or our token is there).
+    Yes,
+    /// The node answered: not ours / held by another owner.
+    No,
+    /// The node returned an error or could not be reached.
+    Failed(LockError),
+    /// The job had not started when the caller stopped waiting; nothing was sent.
+    Skipped,
+}
+
+/// The votes of one operation.
+#[derive(Debug, Default)]
+struct Tally {
+    nodes: usize,
+    yes: usize,
+    no: usize,
+    failed: usize,
+    /// Not answered: the deadline passed (or the job was skipped because the node's worker was
+    /// still busy), or the outcome was decided before the answer came.
+    unanswered: usize,
+    first_error: Option<LockError>,
+}
+
+impl Tally {
+    fn answered(&self) -> usize {
+        self.yes + self.no + self.failed
+    }
+
+    fn add(&mut self, vote: Vote) {
+        match vote {
+            Vote::Yes => self.yes += 1,
+            Vote::No => self.no += 1,
+            Vote::Failed(e) => {
+                self.failed += 1;
+                self.first_error.get_or_insert(e);
+            }
+            Vote::Skipped => self.unanswered += 1,
+        }
+    }
+
+    /// Nodes that did not give a real answer.
+    fn unreachable(&self) -> usize {
+        self.failed + self.unanswered
+    }
+}
+
+impl fmt::Display for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} yes, {} no, {} failed, {} not answered of {} nodes",
+            self.yes, self.no, self.failed, self.unanswered, self.nodes
+        )?;
+        if let Some(e) = &self.first_error {
+            write!(f, " (first error: {e})")?;
+        }
+        Ok(())
+    }
+}
+
+/// The votes of one broadcast, arriving.
+struct Ballot {
+    rx: Receiver<(usize, Vote)>,
+    deadline: Instant,
+}
+
+impl Ballot {
+    /// Collects votes until the outcome is decided (`quorum` yes votes, or too few nodes left
+    /// to reach it), every node answered, or the deadline passed. Nodes still out count as
+    /// unanswered.
+    fn count(&self, nodes: usize, quorum: usize) -> Tally {
+        let mut tally = Tally {
+            nodes,
+            ..Tally::default()
+        };
+        loop {
+            let settled = tally.answered() + tally.unanswered;
+            if tally.yes >= quorum || settled == nodes || tally.yes + (nodes - settled) < quorum {
+                break;
+            }
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match self.rx.recv_timeout(left) {
+                Ok((_, vote)) => tally.add(vote),
+                Err(_) => break,
+            }
+        }
+        tally.unanswered = nodes - tally.answered();
+        tally
+    }
+}
+
+impl Inner {
+    /// Sends `op` to every node, on the key's lane; a node's job that has not started by
+    /// `deadline` is skipped (except deletes of a token the lane may have written, see
+    /// [`Effect`]). `op` returns the node's vote: `Ok(true)` yes, `Ok(false)` no.
+    fn broadcast<F>(
+        &self,
+        key: &str,
+        lane: usize,
+        deadline: Instant,
+        effect: Effect,
+        op: F,
+    ) -> Ballot
+    where
+        F: Fn(&mut Lane) -> Result<bool> + Send + Sync + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        let op = Arc::new(op);
+        for (i, node) in self.nodes.iter().enumerate() {
+            let (reply, op, effect) = (tx.clone(), Arc::clone(&op), effect.clone());
+            let job: Job = Box::new(move |lane| {
+                let must_send = matches!(&effect, Effect::Delete { token } if lane.may_hold(token));
+                let vote = if Instant::now() >= deadline && !must_send {
+                    Vote::Skipped
+                } else {
+                    let result = op(lane);
+                    if let Effect::Write { token, ttl } = &effect {
+                        match result {
+                            Ok(true) | Err(_) => lane.wrote(token, *ttl),
+                            Ok(false) => lane.forget(token),
+                        }
+                    }
+                    match result {
+                        Ok(true) => Vote::Yes,
+                        Ok(false) => Vote::No,
+                        Err(e) => Vote::Failed(e),
+                    }
+                };
+                let answered = matches!(vote, Vote::Yes | Vote::No);
+                // The caller may have stopped waiting; then nobody needs the vote.
+                let _ = reply.send((i, vote));
+                if answered {
+                    lane.redo();
+                }
+            });
+            if node.lanes[lane].send(job).is_err() {
+                let _ = tx.send((i, Vote::Failed(worker_gone(key, i))));
+            }
+        }
+        Ballot { rx, deadline }
+    }
+
+    /// Fire and forget: compare-and-delete `token` on every node whose lane may have written
+    /// it, and on the others only until `deadline` (never, if `None`). Runs in the key's lane,
+    /// so after any earlier command of this key on that node.
+    fn release_everywhere(&self, key: &str, lane: usize, token: &[u8], deadline: Option<Instant>) {
+        let token: Arc<[u8]> = Arc::from(token);
+        for (i, node) in self.nodes.iter().enumerate() {
+            let (token, key_owned) = (Arc::clone(&token), key.to_owned());
+            let job: Job = Box::new(move |lane| {
+                let in_time = deadline.is_some_and(|d| Instant::now() < d);
+                if !(in_time || lane.may_hold(&token)) {
+                    return;
+                }
+                match lane.delete(&key_owned, &token) {
+                    Ok(_) => lane.redo(),
+                    Err(e) => log::debug!(
+                        "lock {key_owned:?}: RedLock cleanup on node {i} failed (resent once \
+                         the node answers again; else the key expires by its TTL there): {e}"
+                    ),
+                }
+            });
+            if node.lanes[lane].send(job).is_err() {
+                log::error!("lock {key:?}: RedLock worker of node {i} is gone");
+            }
+        }
+    }
+}
+
+fn worker_gone(key: &str, node: usize) -> LockError {
+    LockError::Connection {
+        key: key.to_owned(),
+        source: format!("the RedLock worker thread of node {node} is gone").into(),
+    }
+}
+
+/// Settings of one [`RedLock`]. Start from [`RedLockClient::lock`].
+///
+/// | option | default |
+/// | --- | --- |
+/// | [`ttl`](Self::ttl) (lifetime) | [`REDLOCK_DEFAULT_TTL`] (10 s) |
+/// | [`retry`](Self::retry) | [`RedLock::default_retry_policy`] (up to 10 s, random 12–25 ms growing to 100–200 ms) |
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedLockBuilder {
+    client: RedLockClient,
+    key: String,
+    ttl: Option<Duration>,
+    retry: Option<RetryPolicy>,
+}
+
+impl RedLockBuilder {
+    /// The lifetime of a hold: the `PX` sent to every node. Whole milliseconds count; it must
+    /// exceed the clock-drift allowance ([`RedLock::clock_drift`], at least 3 ms in all) and
+    /// should be far longer than the node timeout.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How [`DistributedLock::lock`] waits between attempts.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+
+    /// Checks the options and builds the lock. Sends nothing to Redis.
+    pub fn build(self) -> Result<Box<dyn DistributedLock>> {
+        Ok(Box::new(self.build_redlock()?))
+    }
+
+    /// Like [`build`](Self::build), returning the concrete [`RedLock`].
+    pub fn build_redlock(self) -> Result<RedLock> {
+        if self.key.is_empty() {
+            return Err(LockError::invalid("", "the lock key is empty"));
+        }
+        let ttl = self.ttl.unwrap_or(REDLOCK_DEFAULT_TTL);
+        let ttl = checked_ttl(&self.key, ttl)?;
+        let retry = self.retry.unwrap_or_else(RedLock::default_retry_policy);
+        retry
+            .validate()
+            .map_err(|reason| LockError::invalid(&self.key, reason))?;
+        let workers = self.client.workers().max(1);
+        let mut h = DefaultHasher::new();
+        self.key.hash(&mut h);
+        let lane = (h.finish() % workers as u64) as usize;
+        Ok(RedLock {
+            client: self.client,
+            key: self.key,
+            ttl,
+            drift: RedLock::clock_drift(ttl),
+            retry,
+            lane,
+        })
+    }
+}
+
+/// A lifetime in whole milliseconds that leaves a positive validity after the drift allowance.
+fn checked_ttl(key: &str, ttl: Duration) -> Result<Duration> {
+    check_duration(key, "ttl", ttl, false)?;
+    let ttl = Duration::from_millis(ttl.as_millis() as u64);
+    let drift = RedLock::clock_drift(ttl);
+    if ttl <= drift {
+        return Err(LockError::invalid(
+            key,
+            format!("RedLock ttl {ttl:?} must exceed its clock-drift allowance {drift:?}"),
+        ));
+    }
+    Ok(ttl)
+}
+
+/// A lock held by a majority of N independent Redis masters (RedLock). Build it with
+/// [`RedLockClient::lock`].
+///
+/// - **Acquire**: the same key and a fresh random token go to all N nodes at once as
+///   `SET key token NX PX ttl`. The lock is won iff at least N/2 + 1 nodes said `OK` and the
+///   validity `ttl − elapsed − drift` is still positive, where `elapsed` runs from before the
+///   commands were sent until the votes decided and `drift` is [`RedLock::clock_drift`]. The
+///   lease is then valid until `start + ttl − drift` (monotonic clock); at the moment of return
+///   its [`remaining`](Lease::remaining) time is the validity. A lost attempt deletes its token
+///   (compare-and-delete) on every node where its `SET` may have landed: those that said `OK`,
+///   failed or did not answer in time (a node that answered nil has nothing of ours). Then
+///   [`lock`](DistributedLock::lock) sleeps a random delay ([`RetryPolicy`]) and tries again.
+/// - **Release**: compare-and-delete on all nodes; `Ok(true)` iff a majority deleted our token.
+///   `Ok(false)` means fewer than N/2 + 1 nodes confirmed it (it had expired or been replaced
+///   there, or those nodes did not answer): the hold may not have been exclusive up to the end,
+///   and any copies left expire by their TTL.
+/// - **Extend**: compare-and-pexpire on all nodes; succeeds iff a majority extended and the
+///   new validity (`ttl − elapsed − drift`, from before the commands were sent) is positive.
+///   Otherwise [`LockError::Lost`], and the token is deleted everywhere (best effort): once
+///   reported lost, a hold only keeps others out.
+/// - **Check** ([`is_held`](DistributedLock::is_held)): the lease has not expired locally and
+///   a majority of nodes still hold our token.
+///
+/// Every operation sends its N commands at once (each node has its own worker threads, see the
+/// module notes in `docs/redlock.md`) and returns as soon as the outcome is decided, so a slow
+/// or paused minority costs nothing once a majority has answered.
+///
+/// A node that returns an error or does not answer within the node timeout is a failed vote,
+/// never an error of the call: with too few nodes up, [`try_lock`](DistributedLock::try_lock)
+/// gives [`LockError::Held`] and [`lock`](DistributedLock::lock) [`LockError::Timeout`] (a
+/// warning is logged with the vote counts).
+#[derive(Debug)]
+pub struct RedLock {
+    client: RedLockClient,
+    key: String,
+    ttl: Duration,
+    drift: Duration,
+    retry: RetryPolicy,
+    /// The worker of each node that serves this key.
+    lane: usize,
+}
+
+impl RedLock {
+    /// The clock-drift allowance for a lifetime of `ttl`: 1% of it plus 2 ms, as in the Redis
+    /// page. Subtracted from every validity, it covers the nodes' clocks running up to 1% fast
+    /// relative to ours, plus the millisecond granularity of `PX`.
+    pub fn clock_drift(ttl: Duration) -> Duration {
+        ttl / 100 + Duration::from_millis(2)
+    }
+
+    /// The default retry policy: wait up to 10 s, sleeping a random delay between attempts
+    /// (uniform in `[d/2, d]`, `d` from 25 ms doubling to 200 ms), so clients that collided
+    /// spread out as the Redis page asks. Waiters of the same client are also woken at once by
+    /// a local release.
+    pub fn default_retry_policy() -> RetryPolicy {
+        RetryPolicy::standard()
+            .backoff(Duration::from_millis(25), Duration::from_millis(200), 2)
+            .jitter(true)
+            .max_wait(Some(Duration::from_secs(10)))
+    }
+
+    /// The clock-drift allowance of this lock's lifetime.
+    pub fn drift(&self) -> Duration {
+        self.drift
+    }
+
+    /// The client (nodes) this lock runs on.
+    pub fn client(&self) -> &RedLockClient {
+        &self.client
+    }
+
+    fn inner(&self) -> &Inner {
+        &self.client.inner
+    }
+
+    /// Broadcasts `op` with this lock's key and lane; returns the ballot and the instant
+    /// before anything was sent.
+    fn broadcast<F>(&self, effect: Effect, op: F) -> (Ballot, Instant)
+    where
+        F: Fn(&mut Lane) -> Result<bool> + Send + Sync + 'static,
+    {
+        let start = Instant::now();
+        let deadline = start + self.inner().node_timeout;
+        let ballot = self
+            .inner()
+            .broadcast(&self.key, self.lane, deadline, effect, op);
+        (ballot, start)
+    }
+
+    fn count(&self, ballot: &Ballot) -> Tally {
+        ballot.count(self.inner().nodes.len(), self.inner().quorum)
+    }
+
+    /// Logs an operation that failed because too few nodes answered at all.
+    fn note_unreachable(&self, what: &str, tally: &Tally) {
+        let inner = self.inner();
+        if inner.nodes.len() - tally.unreachable() < inner.quorum {
+            log::warn!(
+                "lock {:?}: RedLock {what}: fewer than {} of {} nodes reachable: {tally}",
+                self.key,
+                inner.quorum,
+                inner.nodes.len()
+            );
+        } else {
+            log::debug!("lock {:?}: RedLock {what} not won: {tally}", self.key);
+        }
+    }
+}
+
+impl DistributedLock for RedLock {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    fn try_acquire(&self) -> Result<Option<Lease>> {
+        let token = new_token();
+        let key = self.key.clone();
+        let ttl_ms = self.ttl.as_millis() as u64;
+        let effect = Effect::Write {
+            token: Arc::from(&token[..]),
+            ttl: self.ttl,
+        };
+        let (ballot, start) = self.broadcast(effect, move |lane| {
+            let reply: Value = lane.client.with_conn(&key, |con, _| {
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg(&token[..])
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .query(con)
+            })?;
+            Ok(matches!(reply, Value::Okay))
+        });
+        let tally = self.count(&ballot);
+        // validity = ttl − elapsed − drift > 0  ⇔  now < start + ttl − drift
+        let lifetime = self.ttl - self.drift;
+        let valid = Instant::now() < start + lifetime;
+        if tally.yes >= self.inner().quorum && valid {
+            log::trace!("lock {:?}: RedLock acquired: {tally}", self.key);
+            return Ok(Some(Lease::new(&token, start, lifetime)));
+        }
+        if tally.yes >= self.inner().quorum {
+            log::warn!(
+                "lock {:?}: RedLock majority reached too late (after {:?}, ttl {:?}): no validity \
+                 left; releasing",
+                self.key,
+                start.elapsed(),
+                self.ttl
+            );
+        } else {
+            self.note_unreachable("acquire", &tally);
+        }
+        // Delete our token wherever the SET may have landed (nodes that said OK, failed or
+        // did not answer in time); queued behind the SETs, so one still in flight is deleted
+        // after it lands.
+        self.inner()
+            .release_everywhere(&self.key, self.lane, &token, None);
+        Ok(None)
+    }
+
+    fn release(&self, lease: &Lease) -> Result<bool> {
+        let key = self.key.clone();
+        let value: Arc<[u8]> = Arc::from(lease.value());
+        let effect = Effect::Delete {
+            token: Arc::clone(&value),
+        };
+        let (ballot, _) = self.broadcast(effect, move |lane| lane.delete(&key, &value));
+        let tally = self.count(&ballot);
+        let ours = tally.yes >= self.inner().quorum;
+        if !ours {
+            self.note_unreachable("release", &tally);
+        }
+        Ok(lock::note_release(&self.inner().waiters, &self.key, ours))
+    }
+
+    fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
+        let ttl = checked_ttl(&self.key, ttl)?;
+        let lifetime = ttl - RedLock::clock_drift(ttl);
+        let key = self.key.clone();
+        let value: Arc<[u8]> = Arc::from(lease.value());
+        let ttl_ms = ttl.as_millis() as u64;
+        let effect = Effect::Write {
+            token: Arc::clone(&value),
+            ttl,
+        };
+        let (ballot, start) = self.broadcast(effect, move |lane| {
+            let extended: i64 = lane.client.with_conn(&key, |con, s| {
+                s.extend.eval(con, &key, (&value[..], ttl_ms))
+            })?;
+            Ok(extended == 1)
+        });
+        let tally = self.count(&ballot);
+        if tally.yes >= self.inner().quorum && Instant::now() < start + lifetime {
+            lease.renew(None, start, lifetime);
+            log::debug!("lock {:?}: RedLock extended by {ttl:?}: {tally}", self.key);
+            return Ok(());
+        }
+        log::warn!(
+            "lock {:?}: RedLock lost, extend not confirmed by a majority in time: {tally}",
+            self.key
+        );
+        self.inner().release_everywhere(
+            &self.key,
+            self.lane,
+            lease.value(),
+            Some(Instant::now() + self.inner().node_timeout),
+        );
+        Err(LockError::Lost {
+            key: self.key.clone(),
+        })
+    }
+
+    fn is_held(&self, lease: &Lease) -> Result<bool> {
+        if lease.is_expired() {
+            return Ok(false);
+        }
+        let key = self.key.clone();
+        let value: Arc<[u8]> = Arc::from(lease.value());
+        let (ballot, _) = self.broadcast(Effect::Read, move |lane| {
+            let current: Option<Vec<u8>> = lane
+                .client
+                .with_conn(&key, |con, _| redis::cmd("GET").arg(&key).query(con))?;
+            Ok(current.as_deref() == Some(&value[..]))
+        });
+        let tally = self.count(&ballot);
+        Ok(tally.yes >= self.inner().quorum && !lease.is_expired())
+    }
+
+    fn try_lock(&self) -> Result<LockGuard<'_>> {
+        lock::acquire_once(self)
+    }
+
+    fn lock(&self) -> Result<LockGuard<'_>> {
+        lock::acquire_blocking(
+            self,
+            &self.inner().waiters,
+            Attempts::new(&self.retry),
+            || Ok(()),
+        )
+    }
+
+    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
+        lock::acquire_blocking(
+            self,
+            &self.inner().waiters,
+            Attempts::for_duration(&self.retry, wait),
+            || Ok(()),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_is_one_percent_plus_two_ms() {
+        assert_eq!(
+            RedLock::clock_drift(Duration::from_secs(10)),
+            Duration::from_millis(102)
+        );
+        assert_eq!(
+            RedLock::clock_drift(Duration::from_millis(3)),
+            Duration::from_micros(2_030)
+        );
+    }
+
+    #[test]
+    fn ttl_must_exceed_drift() {
+        assert!(checked_ttl("k", Duration::from_millis(2)).is_err());
+        assert!(checked_ttl("k", Duration::ZERO).is_err());
+        assert_eq!(
+            checked_ttl("k", Duration::from_micros(3_900)).unwrap(),
+            Duration::from_millis(3)
+        );
+    }
+
+    #[test]
+    fn zero_nodes_is_invalid() {
+        let err = RedLockClient::new(vec![]).unwrap_err();
+        assert!(matches!(err, LockError::InvalidArgument { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn quorum_is_majority() {
+        let urls = |n: usize| -> Vec<String> {
+            (0..n)
+                .map(|i| format!("redis://127.0.0.1:{}/", 1 + i))
+                .collect()
+        };
+        for (n, q) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (7, 4)] {
+            let c = RedLockClient::builder(&urls(n))
+                .workers_per_node(1)
+                .build()
+                .unwrap();
+            assert_eq!((c.node_count(), c.quorum()), (n, q));
+        }
+    }
+
+    #[test]
+    fn tally_stops_when_decided() {
+        let (tx, rx) = mpsc::channel();
+        let ballot = Ballot {
+            rx,
+            deadline: Instant::now() + Duration::from_secs(30),
+        };
+        // 3 of 5 no: the outcome is decided without waiting for the other two.
+        for i in 0..3 {
+            tx.send((i, Vote::No)).unwrap();
+        }
+        let t = ballot.count(5, 3);
+        assert_eq!((t.yes, t.no, t.unanswered), (0, 3, 2));
+        for i in 0..3 {
+            tx.send((i, Vote::Yes)).unwrap();
+        }
+        let t = ballot.count(5, 3);
+        assert_eq!((t.yes, t.unanswered), (3, 2));
+    }
+}

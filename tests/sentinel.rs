@@ -1,0 +1,416 @@
+//! Every strategy through Redis Sentinel (`LockClient::sentinel_builder`), against real local
+//! processes: a master, one replica and Sentinels (`redis-server <conf> --sentinel`), then
+//! failovers:
+//!
+//! - the master is killed: the same `LockClient` (never rebuilt) works again once the Sentinels
+//!   have promoted the replica, every call in between returns an error within its timeouts, and
+//!   a lock that had reached the replica is still held, by its owner, after the failover;
+//! - the master freezes (SIGSTOP) and stays frozen, as a partitioned-away master would, and so
+//!   does the first Sentinel the client asks: the same client must recover too, although both
+//!   accept connections and never answer;
+//! - the non-guarantee: a lock acknowledged by the master but not yet replicated is lost by the
+//!   failover, and another client acquires the same lock while the first one still holds a
+//!   valid lease. The test makes this deterministic by cutting the replica off first.
+//!
+//! Each test starts its own deployment, so the tests run in parallel without interfering.
+
+mod support;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis_dlock::{
+    DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
+};
+use support::{init_logging, RedisServer, Sentinel, SENTINEL_SERVICE};
+
+/// Client timeouts: connect (and pool checkout) and one command.
+const TIMEOUT: Duration = Duration::from_millis(500);
+/// Longest any single lock call may take while the deployment is failing over: one checkout or
+/// one command timeout plus generous slack for a busy 2-core machine.
+const MAX_CALL: Duration = Duration::from_secs(4);
+/// How long the same client may take to work again after the master fails: Sentinel needs
+/// `down-after-milliseconds` (1 s) plus an election and a promotion.
+const RECOVERY: Duration = Duration::from_secs(20);
+
+fn client(set: &Sentinel) -> LockClient {
+    LockClient::sentinel_builder(&set.sentinel_urls(), SENTINEL_SERVICE)
+        .pool_size(4)
+        .connect_timeout(TIMEOUT)
+        .command_timeout(Some(TIMEOUT))
+        .build()
+        .expect("sentinel client")
+}
+
+fn raw_get(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("GET").arg(key).query(conn).expect("GET")
+}
+
+#[track_caller]
+fn assert_held<T: std::fmt::Debug>(r: Result<T, LockError>, what: &str) {
+    match r {
+        Err(LockError::Held { .. }) => {}
+        other => panic!("{what}: expected Err(Held), got {other:?}"),
+    }
+}
+
+/// A lock of every strategy and Classic variant, on keys `{prefix}:<variant>`.
+fn variants(client: &LockClient, prefix: &str, ttl: Duration) -> Vec<Box<dyn DistributedLock>> {
+    let classic = |name: &str, enc, takeover, key_ttl: bool| {
+        let b = client
+            .lock(format!("{prefix}:{name}"))
+            .strategy(Strategy::Classic)
+            .ttl(ttl)
+            .retry(RetryPolicy::no_wait())
+            .encoding(enc)
+            .takeover(takeover);
+        if key_ttl { b.key_ttl() } else { b }.build().unwrap()
+    };
+    vec![
+        client
+            .lock(format!("{prefix}:token"))
+            .ttl(ttl)
+            .retry(RetryPolicy::no_wait())
+            .build()
+            .unwrap(),
+        classic("dec-getset", Encoding::Decimal, Takeover::GetSet, false),
+        classic("be-getset-ttl", Encoding::BigEndian, Takeover::GetSet, true),
+        classic(
+            "dec-cas-ttl",
+            Encoding::Decimal,
+            Takeover::CompareAndSet,
+            true,
+        ),
+        classic(
+            "be-cas",
+            Encoding::BigEndian,
+            Takeover::CompareAndSet,
+            false,
+        ),
+    ]
+}
+
+/// Acquire, contend, extend and release every variant through Sentinel, checked on `master`.
+fn every_variant_works(master: &RedisServer, a: &LockClient, b: &LockClient, prefix: &str) {
+    let mut raw = master.conn();
+    let ttl = Duration::from_secs(5);
+    for (la, lb) in variants(a, prefix, ttl)
+        .into_iter()
+        .zip(variants(b, prefix, ttl))
+    {
+        let key = la.key().to_owned();
+        let mut g = la
+            .try_lock()
+            .unwrap_or_else(|e| panic!("{key}: try_lock: {e}"));
+        assert_eq!(raw_get(&mut raw, &key).as_deref(), Some(g.value()), "{key}");
+        assert_held(lb.try_lock(), &key);
+        g.extend(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{key}: extend: {e}"));
+        assert_eq!(raw_get(&mut raw, &key).as_deref(), Some(g.value()), "{key}");
+        assert!(g.is_held().unwrap(), "{key}");
+        assert!(g.unlock().unwrap(), "{key}: unlock");
+        assert_eq!(raw_get(&mut raw, &key), None, "{key}");
+        let gb = lb.try_lock().unwrap_or_else(|e| panic!("{key}: b: {e}"));
+        assert!(gb.unlock().unwrap(), "{key}: b unlock");
+    }
+}
+
+/// `WAIT 1 <ms>` on `server`: how many replicas acknowledged the writes so far.
+fn wait_replicas(server: &RedisServer, ms: u64) -> i64 {
+    redis::cmd("WAIT")
+        .arg(1)
+        .arg(ms)
+        .query(&mut server.conn())
+        .expect("WAIT")
+}
+
+/// What the same client saw while the deployment failed over.
+#[derive(Debug)]
+struct Recovery {
+    took: Duration,
+    errors: Vec<String>,
+    slowest_call: Duration,
+}
+
+/// Calls `try_lock` + `unlock` on `lock` every 50 ms until a full cycle succeeds. Every failure
+/// must be an error (never a panic, never contention on this private key) returned within
+/// [`MAX_CALL`]; gives up after [`RECOVERY`].
+fn until_it_works_again(lock: &dyn DistributedLock) -> Recovery {
+    let start = Instant::now();
+    let mut errors = Vec::new();
+    let mut slowest_call = Duration::ZERO;
+    loop {
+        let t = Instant::now();
+        let result = lock.try_lock().and_then(|g| g.unlock());
+        let took = t.elapsed();
+        slowest_call = slowest_call.max(took);
+        assert!(
+            took <= MAX_CALL,
+            "a lock call took {took:?} during the failover ({result:?})"
+        );
+        match result {
+            Ok(true) => {
+                return Recovery {
+                    took: start.elapsed(),
+                    errors,
+                    slowest_call,
+                }
+            }
+            Ok(false) => panic!("a fresh lock was lost before its unlock"),
+            Err(e @ (LockError::Connection { .. } | LockError::Redis { .. })) => {
+                errors.push(e.to_string())
+            }
+            Err(e) => panic!("unexpected error during the failover: {e:?}"),
+        }
+        assert!(
+            start.elapsed() < RECOVERY,
+            "the client did not work again within {RECOVERY:?}; last errors: {:#?}",
+            &errors[errors.len().saturating_sub(3)..]
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn locks_work_through_sentinel_and_again_after_the_master_is_killed() {
+    init_logging();
+    let mut set = Sentinel::start(3, 2);
+    let (a, b) = (client(&set), client(&set));
+    every_variant_works(set.server(0), &a, &b, "before");
+
+    // Locks that reached the replica before the crash (WAIT confirms it).
+    let ttl = Duration::from_secs(60);
+    let token = a.lock("replicated:token").ttl(ttl).build().unwrap();
+    let classic = a
+        .lock("replicated:classic")
+        .strategy(Strategy::Classic)
+        .takeover(Takeover::CompareAndSet)
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    let token_b = b
+        .lock("replicated:token")
+        .retry(RetryPolicy::no_wait())
+        .build()
+        .unwrap();
+    let classic_b = b
+        .lock("replicated:classic")
+        .strategy(Strategy::Classic)
+        .retry(RetryPolicy::no_wait())
+        .build()
+        .unwrap();
+    let mut held = vec![token.try_lock().unwrap(), classic.try_lock().unwrap()];
+    assert_eq!(wait_replicas(set.server(0), 5_000), 1, "replicated");
+    for g in &held {
+        assert_eq!(
+            raw_get(&mut set.server(1).conn(), g.key()).as_deref(),
+            Some(g.value()),
+            "{} on the replica",
+            g.key()
+        );
+    }
+
+    // Crash the master. The same client, never rebuilt, must work again.
+    let old_port = set.server(0).port();
+    set.server_mut(0).kill();
+    let probe = a
+        .lock("probe")
+        .retry(RetryPolicy::no_wait())
+        .build()
+        .unwrap();
+    let recovery = until_it_works_again(probe.as_ref());
+    eprintln!(
+        "master killed: the same client worked again after {:?}, {} errors in between, slowest call {:?}; first error: {:?}",
+        recovery.took,
+        recovery.errors.len(),
+        recovery.slowest_call,
+        recovery.errors.first()
+    );
+    assert!(!recovery.errors.is_empty(), "the failover was noticed");
+    assert_eq!(
+        set.wait_for_failover(old_port, RECOVERY),
+        Some(1),
+        "the Sentinels promoted the replica"
+    );
+
+    // What held: the replicated locks are still there, and still their owner's.
+    for g in &mut held {
+        let key = g.key().to_owned();
+        assert!(g.is_held().unwrap(), "{key} survived the failover");
+        g.extend(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{key}: extend on the new master: {e}"));
+    }
+    assert_held(token_b.try_lock(), "token after failover");
+    assert_held(classic_b.try_lock(), "classic after failover");
+    for g in held {
+        let key = g.key().to_owned();
+        assert!(g.unlock().unwrap(), "{key}: unlock on the new master");
+        assert_eq!(raw_get(&mut set.server(1).conn(), &key), None);
+    }
+    every_variant_works(set.server(1), &a, &b, "after");
+}
+
+#[test]
+fn the_same_client_recovers_when_the_old_master_freezes() {
+    init_logging();
+    let set = Sentinel::start(3, 2);
+    let a = client(&set);
+    let (server0, server1) = (set.server(0), set.server(1));
+    every_variant_works(server0, &a, &client(&set), "before");
+
+    // A master that stops answering but keeps its port open (a stopped VM, a partition seen from
+    // here): connections to it are accepted by the kernel and then nothing is answered. It stays
+    // frozen for the rest of the test, and so does the first Sentinel the client asks (the other
+    // two still make a majority, so they can fail over).
+    let old_port = server0.port();
+    set.sentinels()[0].pause();
+    server0.pause();
+    let probe = a
+        .lock("probe")
+        .retry(RetryPolicy::no_wait())
+        .build()
+        .unwrap();
+    let recovery = until_it_works_again(probe.as_ref());
+    eprintln!(
+        "master frozen: the same client worked again after {:?}, {} errors in between, slowest call {:?}; first error: {:?}",
+        recovery.took,
+        recovery.errors.len(),
+        recovery.slowest_call,
+        recovery.errors.first()
+    );
+    assert_eq!(set.wait_for_failover(old_port, RECOVERY), Some(1));
+    let mut raw = server1.conn();
+    let g = probe.try_lock().unwrap();
+    assert_eq!(
+        raw_get(&mut raw, "probe").as_deref(),
+        Some(g.value()),
+        "on the promoted replica"
+    );
+    assert!(g.unlock().unwrap());
+    // A new client asks the frozen Sentinel first: its first connection costs a discovery
+    // timeout (and may fail that first call); then it works.
+    let b = client(&set);
+    let probe_b = b
+        .lock("probe-b")
+        .retry(RetryPolicy::no_wait())
+        .build()
+        .unwrap();
+    until_it_works_again(probe_b.as_ref());
+    every_variant_works(server1, &a, &b, "after");
+}
+
+#[test]
+fn a_failover_before_replication_grants_the_same_lock_twice() {
+    init_logging();
+    let mut set = Sentinel::start(1, 1);
+    let (a, b) = (client(&set), client(&set));
+    let ttl = Duration::from_secs(60);
+    let token_a = a.lock("double:token").ttl(ttl).build().unwrap();
+    let classic_a = a
+        .lock("double:classic")
+        .strategy(Strategy::Classic)
+        .takeover(Takeover::CompareAndSet)
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    let token_b = b
+        .lock("double:token")
+        .ttl(ttl)
+        .retry(RetryPolicy::no_wait())
+        .build()
+        .unwrap();
+    let classic_b = b
+        .lock("double:classic")
+        .strategy(Strategy::Classic)
+        .ttl(ttl)
+        .retry(RetryPolicy::no_wait())
+        .build()
+        .unwrap();
+    // Warm up a's pool on the current master.
+    every_variant_works(set.server(0), &a, &b, "warmup");
+
+    // Cut the replica off: freeze it, then close its replication link from the master's side.
+    // Frozen, it cannot reconnect, so what the master acknowledges next never reaches it.
+    set.server(1).pause();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut set.server(0).conn())
+        .unwrap();
+    assert_eq!(killed, 1, "the replica's link was closed");
+
+    // Client a acquires: the master acknowledges, a holds valid leases.
+    let held = [token_a.try_lock().unwrap(), classic_a.try_lock().unwrap()];
+    let mut master = set.server(0).conn();
+    for g in &held {
+        assert_eq!(raw_get(&mut master, g.key()).as_deref(), Some(g.value()));
+    }
+    assert_eq!(wait_replicas(set.server(0), 100), 0, "no replica has them");
+
+    // The master dies before replicating; the replica comes back and is promoted.
+    let old_port = set.server(0).port();
+    set.server_mut(0).kill();
+    set.server(1).resume();
+    assert_eq!(
+        set.wait_for_failover(old_port, RECOVERY),
+        Some(1),
+        "the Sentinel promoted the replica"
+    );
+    let mut new_master = set.server(1).conn();
+    for g in &held {
+        assert_eq!(
+            raw_get(&mut new_master, g.key()),
+            None,
+            "{} was lost",
+            g.key()
+        );
+    }
+
+    // Client b acquires the same locks while a's leases are still valid: two holders at once.
+    let deadline = Instant::now() + RECOVERY;
+    let granted_b = loop {
+        match (token_b.try_lock(), classic_b.try_lock()) {
+            (Ok(t), Ok(c)) => break [t, c],
+            (t, c) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "b never got the locks: {t:?} {c:?}"
+                );
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    for (ga, gb) in held.iter().zip(&granted_b) {
+        assert!(
+            ga.remaining() > Duration::from_secs(30),
+            "a's lease on {} is still valid",
+            ga.key()
+        );
+        assert_ne!(ga.value(), gb.value());
+        assert_eq!(
+            raw_get(&mut new_master, gb.key()).as_deref(),
+            Some(gb.value())
+        );
+    }
+    eprintln!(
+        "double grant: a and b both hold {:?}, a's leases valid for {:?} more",
+        held.iter().map(|g| g.key()).collect::<Vec<_>>(),
+        held[0].remaining()
+    );
+
+    // a can find out only by asking Redis; its release deletes nothing of b's.
+    for ga in held {
+        let key = ga.key().to_owned();
+        assert!(
+            !ga.is_held().unwrap(),
+            "{key}: a sees the loss when it asks"
+        );
+        assert!(matches!(ga.check(), Err(LockError::Lost { .. })), "{key}");
+        assert!(!ga.unlock().unwrap(), "{key}: a's unlock finds b's value");
+    }
+    for gb in granted_b {
+        let key = gb.key().to_owned();
+        assert!(gb.unlock().unwrap(), "{key}: b's hold was intact");
+    }
+}
