@@ -67,7 +67,9 @@ pub enum LockError {
         /// The lock key.
         key: String,
     },
-    /// Bad input, rejected before any command was sent.
+    /// Bad input or a request the lock cannot grant by design (e.g. upgrading a read hold of a
+    /// [`ReadWriteLock`](crate::ReadWriteLock) to write). Input errors are found before any
+    /// command is sent.
     #[error("lock {key:?}: invalid argument: {reason}")]
     InvalidArgument {
         /// The lock key (may be empty when the key itself is the problem).

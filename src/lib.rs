@@ -42,6 +42,7 @@ mod error;
 mod lock;
 mod redlock;
 mod retry;
+mod rwlock;
 mod scripts;
 mod strategy;
 mod token;
@@ -58,6 +59,9 @@ pub use redlock::{
     REDLOCK_DEFAULT_TTL, REDLOCK_DEFAULT_WORKERS,
 };
 pub use retry::RetryPolicy;
+pub use rwlock::{
+    ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_DEFAULT_TTL, RW_MIN_WRITER_INTENT,
+};
 pub use strategy::{
     ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,
     TOKEN_DEFAULT_TTL,

@@ -58,8 +58,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>>;
 }
 
-/// The longest value a lock stores: a 128-bit token in hex.
-const VALUE_CAPACITY: usize = 32;
+/// The longest owner value a lease stores inline (no allocation per acquire): room for a
+/// 128-bit token in hex, or an owner id `<128-bit instance in hex>:<thread number>`.
+const VALUE_CAPACITY: usize = 64;
 
 /// One successful acquire: the owner value written to Redis and how long the hold is valid.
 #[derive(Clone, PartialEq, Eq)]

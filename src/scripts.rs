@@ -64,6 +64,14 @@ pub(crate) struct Scripts {
     pub(crate) extend: LuaScript,
     /// `lua/compare_and_set.lua`: Classic takeover and extend.
     pub(crate) compare_and_set: LuaScript,
+    /// `lua/rw_acquire.lua`: read-write lock, take a read or write hold.
+    pub(crate) rw_acquire: LuaScript,
+    /// `lua/rw_release.lua`: read-write lock, give back a hold or withdraw a writer intent.
+    pub(crate) rw_release: LuaScript,
+    /// `lua/rw_extend.lua`: read-write lock, renew the owner's own entry.
+    pub(crate) rw_extend: LuaScript,
+    /// `lua/rw_held.lua`: read-write lock, does the owner hold it.
+    pub(crate) rw_held: LuaScript,
 }
 
 impl Scripts {
@@ -75,6 +83,10 @@ impl Scripts {
                 "compare_and_set",
                 include_str!("../lua/compare_and_set.lua"),
             ),
+            rw_acquire: LuaScript::new("rw_acquire", include_str!("../lua/rw_acquire.lua")),
+            rw_release: LuaScript::new("rw_release", include_str!("../lua/rw_release.lua")),
+            rw_extend: LuaScript::new("rw_extend", include_str!("../lua/rw_extend.lua")),
+            rw_held: LuaScript::new("rw_held", include_str!("../lua/rw_held.lua")),
         }
     }
 }

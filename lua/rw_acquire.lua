@@ -1,0 +1,182 @@
+-- Read-write lock: take one read or write hold. All state is the hash at KEYS[1]; the layout,
+-- the rules and the fairness policy are described in docs/rwlock.md.
+-- KEYS[1] lock key (a hash, or absent)
+-- ARGV[1] 'read' or 'write'
+-- ARGV[2] owner id '<instance hex>:<thread hex>'
+-- ARGV[3] lifetime of the hold in milliseconds (>= 1)
+-- ARGV[4] write only: lifetime in milliseconds of the "writer waiting" intent left when the
+--         attempt is refused (0 leaves none; a single try_lock passes 0)
+-- Returns {code, holds}; holds = the owner's read + write holds afterwards, and code:
+--    1  acquired (a first hold, or one more for the same owner);
+--    0  refused: read: another owner holds write; write: other owners hold read or write
+--       (the intent, if asked for, is left or refreshed);
+--   -1  read refused: a writer waits (an unexpired intent of another owner) and this owner
+--       holds nothing yet; owners already holding read or write may always re-enter;
+--   -2  write refused: the owner holds read but not write (no upgrades; nothing is changed).
+-- Returns the bulk string '<field>=<value>' when the hash holds an entry this lock did not write
+-- (then nothing is changed). A key of another type fails with WRONGTYPE.
+local mode, owner = ARGV[1], ARGV[2]
+local ttl, intent = tonumber(ARGV[3]), tonumber(ARGV[4])
+if (mode ~= 'read' and mode ~= 'write') or owner == nil or owner == ''
+    or ttl == nil or ttl < 1 or intent == nil or intent < 0 then
+    return redis.error_reply('ERR rw_acquire.lua: bad arguments')
+end
+
+-- ---- shared prelude: identical in every lua/rw_*.lua (a unit test checks it) -------------
+-- Reads the whole hash, refuses anything it did not write, drops expired entries.
+-- holds.r / holds.w / holds.wait map owner -> { count = n, exp = server ms } (live only).
+if redis.replicate_commands then redis.replicate_commands() end
+local key = KEYS[1]
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local holds = { r = {}, w = {}, wait = {} }
+local dirty = false
+do
+    local flat = redis.call('HGETALL', key)
+    local expired = {}
+    for i = 1, #flat, 2 do
+        local field, value = flat[i], flat[i + 1]
+        if field == 'mode' then
+            if value ~= 'read' and value ~= 'write' then
+                return field .. '=' .. value
+            end
+        else
+            local sep = string.find(field, ':', 1, true)
+            local tag = sep and string.sub(field, 1, sep - 1)
+            local owner = sep and string.sub(field, sep + 1)
+            local count, exp
+            if tag == 'wait' then
+                count, exp = 1, tonumber(string.match(value, '^%d+$'))
+            elseif tag == 'r' or tag == 'w' then
+                local c, e = string.match(value, '^(%d+):(%d+)$')
+                count, exp = tonumber(c), tonumber(e)
+            end
+            if count == nil or exp == nil or count < 1 or owner == nil or owner == '' then
+                return field .. '=' .. value
+            end
+            if exp <= now then
+                expired[#expired + 1] = field
+            else
+                holds[tag][owner] = { count = count, exp = exp }
+            end
+        end
+    end
+    for _, field in ipairs(expired) do
+        redis.call('HDEL', key, field)
+        dirty = true
+    end
+end
+
+-- Sets owner's entry under tag (count 0 deletes it).
+local function put(tag, owner, count, exp)
+    local field = tag .. ':' .. owner
+    if count < 1 then
+        holds[tag][owner] = nil
+        redis.call('HDEL', key, field)
+    else
+        holds[tag][owner] = { count = count, exp = exp }
+        if tag == 'wait' then
+            redis.call('HSET', key, field, string.format('%d', exp))
+        else
+            redis.call('HSET', key, field, string.format('%d:%d', count, exp))
+        end
+    end
+    dirty = true
+end
+
+-- After any change: 'mode' follows the live holds and the key expires with the latest entry.
+local function finish()
+    if not dirty then
+        return
+    end
+    local latest = 0
+    for _, owners in pairs(holds) do
+        for _, h in pairs(owners) do
+            if h.exp > latest then
+                latest = h.exp
+            end
+        end
+    end
+    if latest == 0 then
+        redis.call('DEL', key)
+        return
+    end
+    if next(holds.w) then
+        redis.call('HSET', key, 'mode', 'write')
+    elseif next(holds.r) then
+        redis.call('HSET', key, 'mode', 'read')
+    else
+        redis.call('HDEL', key, 'mode')
+    end
+    redis.call('PEXPIREAT', key, string.format('%d', latest))
+end
+
+-- The owner's holds in both modes.
+local function total(owner)
+    local n = 0
+    if holds.r[owner] then
+        n = n + holds.r[owner].count
+    end
+    if holds.w[owner] then
+        n = n + holds.w[owner].count
+    end
+    return n
+end
+-- ---- end of shared prelude -------------------------------------------------------------
+
+-- True if an owner other than ours is in the set.
+local function others(set)
+    for o in pairs(set) do
+        if o ~= owner then
+            return true
+        end
+    end
+    return false
+end
+
+-- One more hold for the owner under tag; the entry lives until the later of its expiry and
+-- now + ttl.
+local function take(tag)
+    local exp = now + ttl
+    local h = holds[tag][owner]
+    if h then
+        put(tag, owner, h.count + 1, math.max(h.exp, exp))
+    else
+        put(tag, owner, 1, exp)
+    end
+end
+
+local code
+if mode == 'read' then
+    if others(holds.w) then
+        code = 0
+    elseif holds.r[owner] or holds.w[owner] then
+        take('r') -- re-entry, or the writer taking read (downgrade)
+        code = 1
+    elseif others(holds.wait) then
+        code = -1
+    else
+        take('r')
+        code = 1
+    end
+else
+    if holds.w[owner] then
+        take('w') -- re-entry
+        code = 1
+    elseif holds.r[owner] then
+        code = -2
+    elseif next(holds.w) or next(holds.r) then
+        if intent > 0 then
+            put('wait', owner, 1, now + intent)
+        end
+        code = 0
+    else
+        take('w')
+        code = 1
+    end
+    if code == 1 and holds.wait[owner] then
+        put('wait', owner, 0, 0)
+    end
+end
+finish()
+return { code, total(owner) }

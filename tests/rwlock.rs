@@ -1,0 +1,1106 @@
+//! The distributed read-write lock ([`ReadWriteLock`]) against real `redis-server` processes:
+//!
+//! - many readers at once, a writer excluding readers and writers, checked in the hash itself;
+//! - re-entry per owner (also past a writer waiting in this client's line), owner-only release
+//!   (the seed's shared `read` field bug), downgrade, and the refused upgrade;
+//! - 8 reader + 2 writer threads hammering one lock with a probe: zero violations;
+//! - deaths: a reader process and a writer process SIGKILLed while holding, a writer process
+//!   SIGKILLed while waiting (its intent must not keep readers out for long), per-owner expiry
+//!   while other owners renew, and the key disappearing with its last entry;
+//! - a writer not starved by a continuous stream of overlapping readers;
+//! - wrong types, foreign hashes and bad input;
+//! - a short run on a local 3-master Redis Cluster.
+//!
+//! Dead holders are this test binary re-run as a child process ([`rw_holder_process`]), which
+//! takes the lock, prints a marker line with its owner id and blocks reading its stdin until
+//! the parent kills it.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use redis_dlock::{
+    DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL, RW_DEFAULT_TTL,
+};
+use support::{init_logging, wait_until, Cluster, RedisServer};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn client(server: &RedisServer) -> LockClient {
+    LockClient::builder(&server.url())
+        .pool_size(8)
+        .build()
+        .expect("client")
+}
+
+fn rw(client: &LockClient, key: &str, ttl: Duration) -> ReadWriteLock {
+    ReadWriteLock::builder(client, key)
+        .ttl(ttl)
+        .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(20))))
+        .build()
+        .expect("read-write lock")
+}
+
+/// The lock's hash, field by field.
+fn hash(conn: &mut redis::Connection, key: &str) -> BTreeMap<String, String> {
+    redis::cmd("HGETALL").arg(key).query(conn).expect("HGETALL")
+}
+
+fn fields_with(h: &BTreeMap<String, String>, prefix: &str) -> Vec<String> {
+    h.keys()
+        .filter(|f| f.starts_with(prefix))
+        .cloned()
+        .collect()
+}
+
+/// The hold count in an `r:`/`w:` entry ("<count>:<expiry ms>").
+fn count(h: &BTreeMap<String, String>, field: &str) -> Option<u64> {
+    h.get(field)
+        .and_then(|v| v.split(':').next())
+        .map(|c| c.parse().expect("count"))
+}
+
+fn exists(conn: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<i64>(conn)
+        .expect("EXISTS")
+        == 1
+}
+
+fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(conn).expect("PTTL")
+}
+
+fn owner_of(lease_value: &[u8]) -> String {
+    String::from_utf8(lease_value.to_vec()).expect("owner ids are ASCII")
+}
+
+#[track_caller]
+fn assert_held<T: std::fmt::Debug>(r: Result<T, LockError>) {
+    match r {
+        Err(LockError::Held { .. }) => {}
+        other => panic!("expected Held, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn assert_invalid<T: std::fmt::Debug>(r: Result<T, LockError>, mentions: &str) {
+    match r {
+        Err(LockError::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains(mentions), "{reason:?} vs {mentions:?}")
+        }
+        other => panic!("expected InvalidArgument ({mentions}), got {other:?}"),
+    }
+}
+
+/// Detects a reader overlapping a writer or two writers overlapping: readers add 1, a writer
+/// adds a big negative sentinel.
+#[derive(Default)]
+struct Probe {
+    state: AtomicIsize,
+    violations: AtomicUsize,
+    max_readers: AtomicIsize,
+    reads: AtomicUsize,
+    writes: AtomicUsize,
+}
+
+const WRITER: isize = -1_000_000;
+
+impl Probe {
+    fn enter_read(&self) {
+        let prev = self.state.fetch_add(1, Ordering::SeqCst);
+        if prev < 0 {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.max_readers.fetch_max(prev + 1, Ordering::SeqCst);
+        }
+    }
+
+    fn leave_read(&self) {
+        if self.state.fetch_sub(1, Ordering::SeqCst) < 1 {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        self.reads.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn enter_write(&self) {
+        if self.state.fetch_add(WRITER, Ordering::SeqCst) != 0 {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn leave_write(&self) {
+        if self.state.fetch_sub(WRITER, Ordering::SeqCst) != WRITER {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        self.writes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// `readers` reader threads and `writers` writer threads, on `locks[i % locks.len()]`, until
+/// `holds` holds in all or `limit` has passed. Returns the longest a writer waited.
+fn hammer(
+    locks: &[ReadWriteLock],
+    readers: usize,
+    writers: usize,
+    probe: &Arc<Probe>,
+    holds: usize,
+    limit: Duration,
+) -> Duration {
+    let stop = Arc::new(AtomicBool::new(false));
+    let longest_write_wait = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut threads = Vec::new();
+    for i in 0..readers + writers {
+        let lock = locks[i % locks.len()].clone();
+        let (probe, stop, longest) = (
+            Arc::clone(probe),
+            Arc::clone(&stop),
+            Arc::clone(&longest_write_wait),
+        );
+        let writer = i >= readers;
+        threads.push(thread::spawn(move || {
+            let mut rng = rand::rng();
+            while !stop.load(Ordering::SeqCst) {
+                if writer {
+                    let asked = Instant::now();
+                    let guard = lock.write_lock().lock().expect("write lock");
+                    longest.fetch_max(asked.elapsed().as_micros() as u64, Ordering::SeqCst);
+                    probe.enter_write();
+                    thread::sleep(Duration::from_micros(rng.random_range(100..600)));
+                    probe.leave_write();
+                    assert!(guard.unlock().expect("write unlock"), "write hold lost");
+                    thread::sleep(Duration::from_micros(rng.random_range(1000..6000)));
+                } else {
+                    let guard = lock.read_lock().lock().expect("read lock");
+                    probe.enter_read();
+                    thread::sleep(Duration::from_micros(rng.random_range(100..1500)));
+                    probe.leave_read();
+                    assert!(guard.unlock().expect("read unlock"), "read hold lost");
+                    thread::sleep(Duration::from_micros(rng.random_range(0..500)));
+                }
+            }
+        }));
+    }
+    while start.elapsed() < limit {
+        let done = probe.reads.load(Ordering::SeqCst) + probe.writes.load(Ordering::SeqCst);
+        if done >= holds {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().expect("hammer thread");
+    }
+    Duration::from_micros(longest_write_wait.load(Ordering::SeqCst))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dead holders: this binary re-run as a child process
+
+const WORKER_ENV: &str = "DLOCK_RW_WORKER";
+const WORKER_TEST: &str = "rw_holder_process";
+const MARKER: &str = "DLOCK-RW-MARK";
+
+/// The child side: does nothing unless [`WORKER_ENV`] is set (`read`, `write`: take that hold
+/// and report it; `wait-write`: report, then block in a write `lock()`), so it passes at once
+/// in a normal run.
+#[test]
+fn rw_holder_process() {
+    let Some(mode) = std::env::var_os(WORKER_ENV) else {
+        return;
+    };
+    init_logging();
+    let url = std::env::var("DLOCK_URL").expect("DLOCK_URL");
+    let key = std::env::var("DLOCK_KEY").expect("DLOCK_KEY");
+    let ttl_ms: u64 = std::env::var("DLOCK_TTL_MS").unwrap().parse().unwrap();
+    let client = LockClient::open(&url).unwrap();
+    let rw = rw(&client, &key, Duration::from_millis(ttl_ms));
+    let report = |what: &str| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "\n{MARKER} {what}").unwrap();
+        out.flush().unwrap();
+    };
+    match mode.to_str().unwrap() {
+        "read" => report(&owner_of(
+            rw.read_lock().try_lock().unwrap().into_lease().value(),
+        )),
+        "write" => report(&owner_of(
+            rw.write_lock().try_lock().unwrap().into_lease().value(),
+        )),
+        "wait-write" => {
+            report(&rw.owner_id());
+            let _ = rw.write_lock().lock();
+        }
+        other => panic!("unknown worker mode {other}"),
+    }
+    // "Sleep forever": until killed, or until the parent goes away and closes our stdin.
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    std::process::exit(0);
+}
+
+/// A running child; killed and reaped on drop.
+struct Holder {
+    child: Child,
+    _stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Holder {
+    fn spawn(url: &str, key: &str, mode: &str, ttl: Duration) -> Holder {
+        let exe = std::env::current_exe().expect("current test binary");
+        let mut child = Command::new(exe)
+            .args(["--exact", WORKER_TEST, "--nocapture", "--test-threads=1"])
+            .env(WORKER_ENV, mode)
+            .env("DLOCK_URL", url)
+            .env("DLOCK_KEY", key)
+            .env("DLOCK_TTL_MS", ttl.as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn holder process");
+        let stdin = child.stdin.take().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Holder {
+            child,
+            _stdin: stdin,
+            lines: rx,
+        }
+    }
+
+    /// Waits for the marker line; returns the owner id it carries.
+    fn wait_marker(&mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => match line.strip_prefix(MARKER) {
+                    Some(rest) => return rest.trim().to_owned(),
+                    None => seen.push(line),
+                },
+                Err(e) => panic!("no marker from the child ({e:?}); output:\n{seen:?}"),
+            }
+        }
+    }
+
+    /// SIGKILL, then reap.
+    fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL the child");
+        let status = self.child.wait().expect("reap the child");
+        assert!(!status.success(), "the child exited on its own: {status}");
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharing and exclusion
+
+#[test]
+fn many_readers_hold_at_once_and_a_writer_excludes_everyone() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:share";
+    let c = client(&server);
+    let shared = Arc::new(rw(&c, key, Duration::from_secs(10)));
+    const READERS: usize = 6;
+    let all_in = Arc::new(Barrier::new(READERS + 1));
+    let go = Arc::new(Barrier::new(READERS + 1));
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| {
+            let (rw, all_in, go) = (Arc::clone(&shared), Arc::clone(&all_in), Arc::clone(&go));
+            thread::spawn(move || {
+                let guard = rw.read_lock().lock().expect("read lock");
+                all_in.wait();
+                go.wait();
+                assert!(guard.unlock().expect("unlock"), "read hold lost");
+            })
+        })
+        .collect();
+    all_in.wait();
+    let h = hash(&mut conn, key);
+    assert_eq!(h.get("mode").map(String::as_str), Some("read"), "{h:?}");
+    let entries = fields_with(&h, "r:");
+    assert_eq!(entries.len(), READERS, "one entry per reader thread: {h:?}");
+    assert!(entries.iter().all(|f| count(&h, f) == Some(1)), "{h:?}");
+    assert!(
+        pttl(&mut conn, key) > 5_000,
+        "the key expires with the holds"
+    );
+
+    // A writer (other client) is refused, and a bounded wait times out and withdraws its
+    // intent.
+    let other = client(&server);
+    let writer = rw(&other, key, Duration::from_secs(10));
+    assert_held(writer.write_lock().try_lock());
+    match writer.write_lock().try_lock_for(Duration::from_millis(150)) {
+        Err(LockError::Timeout { attempts, .. }) => assert!(attempts >= 2),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    let h = hash(&mut conn, key);
+    assert!(
+        fields_with(&h, "wait:").is_empty(),
+        "intent withdrawn: {h:?}"
+    );
+    // One more reader still gets in.
+    let extra = rw(&other, key, Duration::from_secs(10));
+    let extra_guard = extra.read_lock().try_lock().expect("another reader");
+    go.wait();
+    for t in readers {
+        t.join().expect("reader");
+    }
+    assert!(extra_guard.unlock().unwrap());
+    assert!(!exists(&mut conn, key), "the last release deletes the key");
+
+    // A writer excludes readers and writers.
+    let wguard = writer.write_lock().lock().expect("write lock");
+    let h = hash(&mut conn, key);
+    assert_eq!(h.get("mode").map(String::as_str), Some("write"), "{h:?}");
+    assert_eq!(
+        fields_with(&h, "w:"),
+        vec![format!("w:{}", owner_of(wguard.value()))]
+    );
+    assert!(fields_with(&h, "r:").is_empty());
+    assert_held(shared.read_lock().try_lock());
+    assert_held(extra.write_lock().try_lock());
+    assert!(matches!(
+        shared.read_lock().try_lock_for(Duration::from_millis(150)),
+        Err(LockError::Timeout { .. })
+    ));
+    // Readers blocked behind the writer, all of one client, get in together once it leaves.
+    let blocked: Vec<_> = (0..3)
+        .map(|_| {
+            let rw = Arc::clone(&shared);
+            thread::spawn(move || {
+                let g = rw.read_lock().lock().expect("read after writer");
+                let at = Instant::now();
+                thread::sleep(Duration::from_millis(300));
+                assert!(g.unlock().unwrap());
+                at
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(100));
+    let released = Instant::now();
+    assert!(wguard.unlock().expect("write unlock"));
+    let got: Vec<Instant> = blocked.into_iter().map(|t| t.join().unwrap()).collect();
+    let spread = got
+        .iter()
+        .max()
+        .unwrap()
+        .duration_since(*got.iter().min().unwrap());
+    eprintln!(
+        "rwlock/share: 3 blocked readers in after {:?}, spread {spread:?}",
+        got.iter().max().unwrap().duration_since(released)
+    );
+    assert!(spread < Duration::from_millis(300), "readers overlapped");
+    assert!(!exists(&mut conn, key));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Re-entry, owner-only release, downgrade, upgrade
+
+#[test]
+fn reads_and_writes_are_reentrant_per_owner() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:reentrant";
+    let c = client(&server);
+    let lock = Arc::new(rw(&c, key, Duration::from_secs(10)));
+    let owner = lock.owner_id();
+    let rfield = format!("r:{owner}");
+    let wfield = format!("w:{owner}");
+    let stranger = rw(&client(&server), key, Duration::from_secs(10));
+
+    // Reads.
+    let r1 = lock.read_lock().try_lock().expect("first read");
+    assert_eq!(owner_of(r1.value()), owner);
+    let r2 = lock.read_lock().lock().expect("second read");
+    assert_eq!(count(&hash(&mut conn, key), &rfield), Some(2));
+    assert!(r1.unlock().unwrap());
+    assert_eq!(count(&hash(&mut conn, key), &rfield), Some(1));
+    assert_held(stranger.write_lock().try_lock());
+    assert!(r2.is_held().unwrap());
+    assert!(r2.unlock().unwrap());
+    assert!(!exists(&mut conn, key));
+
+    // Writes, also while another thread of the same handle waits in this client's line for
+    // write: the holder must not queue behind a writer that waits for it.
+    let w1 = lock.write_lock().lock().expect("first write");
+    let w2 = lock.write_lock().try_lock().expect("second write");
+    let waiter = {
+        let lock = Arc::clone(&lock);
+        thread::spawn(move || {
+            let g = lock.write_lock().lock().expect("waiting writer");
+            let other = owner_of(g.value());
+            assert!(g.unlock().unwrap());
+            other
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || !fields_with(
+            &hash(&mut conn, key),
+            "wait:"
+        )
+        .is_empty()),
+        "the waiting writer leaves an intent"
+    );
+    let t = Instant::now();
+    let w3 = lock
+        .write_lock()
+        .lock()
+        .expect("third write, past the line");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(count(&hash(&mut conn, key), &wfield), Some(3));
+    // Re-entrant read while other writers wait (the writer may always take read).
+    let r = lock.read_lock().lock().expect("read while writing");
+    for g in [w1, w2, w3, r] {
+        assert!(g.unlock().unwrap());
+    }
+    let other = waiter.join().unwrap();
+    assert_ne!(other, owner, "threads of one handle are distinct owners");
+    assert!(!exists(&mut conn, key));
+
+    // Re-entrant read while a writer waits: refused to newcomers, granted to holders.
+    let r1 = lock.read_lock().lock().unwrap();
+    let writer = {
+        let stranger = stranger.clone();
+        thread::spawn(move || {
+            let g = stranger.write_lock().lock().expect("writer after readers");
+            assert!(g.unlock().unwrap());
+        })
+    };
+    assert!(wait_until(Duration::from_secs(5), || !fields_with(
+        &hash(&mut conn, key),
+        "wait:"
+    )
+    .is_empty()));
+    let fresh = rw(&c, key, Duration::from_secs(10));
+    assert_held(fresh.read_lock().try_lock());
+    let r2 = lock
+        .read_lock()
+        .try_lock()
+        .expect("re-entry past the intent");
+    assert_eq!(count(&hash(&mut conn, key), &rfield), Some(2));
+    assert!(r1.unlock().unwrap() && r2.unlock().unwrap());
+    writer.join().unwrap();
+    assert!(!exists(&mut conn, key));
+}
+
+#[test]
+fn only_the_owner_releases_its_hold() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:owner";
+    let c = client(&server);
+    let a = rw(&c, key, Duration::from_secs(10));
+    let b = rw(&c, key, Duration::from_secs(10));
+    let ga = a.read_lock().lock().unwrap();
+    let gb = b.read_lock().lock().unwrap();
+    let lease_a = ga.lease().clone();
+    let lease_b = gb.into_lease();
+    let before = hash(&mut conn, key);
+    assert_eq!(fields_with(&before, "r:").len(), 2, "{before:?}");
+
+    // A lease of another lock (a Token lock's random token) releases nothing here.
+    let token = c.lock("rw:owner:token").build_token().unwrap();
+    let foreign = token.try_lock().unwrap().into_lease();
+    assert!(!b.read_lock().release(&foreign).unwrap());
+    assert!(!b.write_lock().release(&foreign).unwrap());
+    // A's read lease through the write side: A holds no write.
+    assert!(!a.write_lock().release(&lease_a).unwrap());
+    assert!(!a.write_lock().is_held(&lease_a).unwrap());
+    assert_eq!(hash(&mut conn, key), before, "nothing changed");
+
+    // B releases its own hold, once; the second release (a stale lease) changes nothing:
+    // A's entry is exactly as it was (the seed's single `read` field lost it here).
+    assert!(b.read_lock().release(&lease_b).unwrap());
+    let after = hash(&mut conn, key);
+    assert!(!b.read_lock().release(&lease_b).unwrap());
+    assert_eq!(hash(&mut conn, key), after);
+    let a_field = format!("r:{}", owner_of(lease_a.value()));
+    assert_eq!(after.get(&a_field), before.get(&a_field));
+    assert_eq!(fields_with(&after, "r:"), vec![a_field]);
+    let mut stale = lease_b.clone();
+    assert!(matches!(
+        b.read_lock().extend(&mut stale, Duration::from_secs(5)),
+        Err(LockError::Lost { .. })
+    ));
+    assert!(!b.read_lock().is_held(&lease_b).unwrap());
+    assert_eq!(hash(&mut conn, key), after);
+    assert!(ga.is_held().unwrap());
+    assert!(ga.unlock().unwrap());
+    assert!(!exists(&mut conn, key));
+}
+
+#[test]
+fn the_writer_downgrades_and_readers_cannot_upgrade() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:downgrade";
+    let c = client(&server);
+    let lock = rw(&c, key, Duration::from_secs(10));
+    let other = rw(&client(&server), key, Duration::from_secs(10));
+    let owner = lock.owner_id();
+
+    let w = lock.write_lock().lock().unwrap();
+    let r = lock.read_lock().try_lock().expect("the writer takes read");
+    let h = hash(&mut conn, key);
+    assert_eq!(h.get("mode").map(String::as_str), Some("write"));
+    assert_eq!(count(&h, &format!("w:{owner}")), Some(1));
+    assert_eq!(count(&h, &format!("r:{owner}")), Some(1));
+    assert_held(other.read_lock().try_lock());
+    assert!(w.unlock().unwrap());
+    let h = hash(&mut conn, key);
+    assert_eq!(h.get("mode").map(String::as_str), Some("read"), "{h:?}");
+    assert_eq!(
+        h.keys().cloned().collect::<Vec<_>>(),
+        vec!["mode".to_owned(), format!("r:{owner}")]
+    );
+    // Now a plain reader: others read along, writers wait.
+    let r2 = other
+        .read_lock()
+        .try_lock()
+        .expect("readers after the downgrade");
+    let third = rw(&client(&server), key, Duration::from_secs(10));
+    assert_held(third.write_lock().try_lock());
+    assert!(r2.unlock().unwrap());
+
+    // No upgrade: refused at once, nothing left behind, with either call.
+    assert_invalid(lock.write_lock().try_lock(), "upgrade");
+    let t = Instant::now();
+    assert_invalid(lock.write_lock().lock(), "upgrade");
+    assert_invalid(
+        lock.write_lock().try_lock_for(Duration::from_secs(5)),
+        "upgrade",
+    );
+    assert!(t.elapsed() < Duration::from_secs(1));
+    let h = hash(&mut conn, key);
+    assert!(fields_with(&h, "w:").is_empty() && fields_with(&h, "wait:").is_empty());
+    assert!(r.unlock().unwrap());
+    // Having released its read, the same thread may write.
+    let w = lock
+        .write_lock()
+        .try_lock()
+        .expect("write after the read is gone");
+    assert!(w.unlock().unwrap());
+    assert!(!exists(&mut conn, key));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Concurrency
+
+#[test]
+fn eight_readers_and_two_writers_never_overlap() {
+    init_logging();
+    let server = RedisServer::start();
+    let key = "rw:hammer";
+    // Two clients, each shared by 4 readers and 1 writer (mixed lines in one process), plus
+    // one lock handle per client: owners differ by thread.
+    let locks: Vec<ReadWriteLock> = (0..2)
+        .map(|_| rw(&client(&server), key, Duration::from_secs(5)))
+        .collect();
+    let probe = Arc::new(Probe::default());
+    let start = Instant::now();
+    let longest = hammer(&locks, 8, 2, &probe, 3_000, Duration::from_secs(12));
+    let (reads, writes) = (
+        probe.reads.load(Ordering::SeqCst),
+        probe.writes.load(Ordering::SeqCst),
+    );
+    eprintln!(
+        "rwlock/hammer: {reads} reads + {writes} writes in {:?}, up to {} readers at once, \
+         longest writer wait {longest:?}, {} violations",
+        start.elapsed(),
+        probe.max_readers.load(Ordering::SeqCst),
+        probe.violations.load(Ordering::SeqCst)
+    );
+    assert_eq!(probe.violations.load(Ordering::SeqCst), 0);
+    assert!(reads + writes >= 1_000, "too few holds: {reads} + {writes}");
+    assert!(writes >= 20, "writers starved: {writes} writes");
+    assert!(reads >= 50, "readers starved: {reads} reads");
+    assert!(
+        probe.max_readers.load(Ordering::SeqCst) >= 2,
+        "readers shared"
+    );
+    assert!(!exists(&mut server.conn(), key));
+}
+
+#[test]
+fn a_writer_is_not_starved_by_overlapping_readers() {
+    init_logging();
+    let server = RedisServer::start();
+    let key = "rw:starve";
+    let run = |intent: Option<Duration>, wait: Duration| -> (Result<Duration, LockError>, isize) {
+        let probe = Arc::new(Probe::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        // 4 readers, each with its own client, holding 30 ms, staggered so holds overlap.
+        let readers: Vec<_> = (0..4)
+            .map(|i| {
+                let c = client(&server);
+                let lock = rw(&c, key, Duration::from_secs(5));
+                let (probe, stop) = (Arc::clone(&probe), Arc::clone(&stop));
+                thread::spawn(move || {
+                    thread::sleep(Duration::from_millis(8 * i));
+                    while !stop.load(Ordering::SeqCst) {
+                        let g = lock.read_lock().lock().expect("reader");
+                        probe.enter_read();
+                        thread::sleep(Duration::from_millis(30));
+                        probe.leave_read();
+                        assert!(g.unlock().unwrap());
+                    }
+                })
+            })
+            .collect();
+        thread::sleep(Duration::from_millis(300));
+        let c = client(&server);
+        let mut b = ReadWriteLock::builder(&c, key).ttl(Duration::from_secs(5));
+        if let Some(intent) = intent {
+            b = b.writer_intent(intent);
+        }
+        let writer = b.build().unwrap();
+        let asked = Instant::now();
+        let got = writer.write_lock().try_lock_for(wait).map(|g| {
+            let waited = asked.elapsed();
+            probe.enter_write();
+            thread::sleep(Duration::from_millis(5));
+            probe.leave_write();
+            assert!(g.unlock().unwrap());
+            waited
+        });
+        stop.store(true, Ordering::SeqCst);
+        for t in readers {
+            t.join().unwrap();
+        }
+        assert_eq!(probe.violations.load(Ordering::SeqCst), 0);
+        (got, probe.max_readers.load(Ordering::SeqCst))
+    };
+    let (got, overlap) = run(None, Duration::from_secs(15));
+    let waited = got.expect("the writer gets in despite the reader stream");
+    eprintln!("rwlock/starve: with writer preference the writer waited {waited:?} ({overlap} readers at once)");
+    assert!(overlap >= 2, "the readers overlapped");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    // For the record (no assertion: timing): the same stream without writer preference.
+    let (got, _) = run(Some(Duration::ZERO), Duration::from_secs(2));
+    eprintln!("rwlock/starve: without writer preference (intent 0): {got:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deaths and expiry
+
+#[test]
+fn a_killed_reader_expires_while_another_reader_renews() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:dead-reader";
+    let ttl = Duration::from_secs(1);
+    let mut child = Holder::spawn(&server.url(), key, "read", ttl);
+    let dead = child.wait_marker();
+    let marked = Instant::now();
+    let c = client(&server);
+    let live = rw(&c, key, ttl);
+    let mut guard = live.read_lock().lock().expect("a second reader");
+    child.kill();
+    let dead_field = format!("r:{dead}");
+    let live_field = format!("r:{}", owner_of(guard.value()));
+    assert!(hash(&mut conn, key).contains_key(&dead_field));
+
+    // A writer waits meanwhile.
+    let writer = rw(&client(&server), key, ttl);
+    let (tx, rx) = mpsc::channel();
+    let wt = thread::spawn(move || {
+        let g = writer
+            .write_lock()
+            .try_lock_for(Duration::from_secs(15))
+            .expect("the writer gets in");
+        tx.send(Instant::now()).unwrap();
+        assert!(g.unlock().unwrap());
+    });
+
+    // The live reader renews every 200 ms for 2.5 ttl; the dead one's entry goes by its own
+    // lifetime, although the key is kept alive.
+    let mut gone_at = None;
+    while marked.elapsed() < ttl * 5 / 2 {
+        guard.extend(ttl).expect("the live reader renews");
+        let h = hash(&mut conn, key);
+        assert!(h.contains_key(&live_field), "{h:?}");
+        if gone_at.is_none() && !h.contains_key(&dead_field) {
+            gone_at = Some(marked.elapsed());
+        }
+        assert!(
+            rx.try_recv().is_err(),
+            "the writer got in past a live reader"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    let gone_at = gone_at.expect("the dead reader's entry expired");
+    eprintln!(
+        "rwlock/dead-reader: dead reader's entry gone {gone_at:?} after its marker (ttl {ttl:?})"
+    );
+    assert!(gone_at <= ttl + Duration::from_secs(1), "{gone_at:?}");
+    assert_eq!(fields_with(&hash(&mut conn, key), "r:"), vec![live_field]);
+    let released = Instant::now();
+    assert!(guard.unlock().unwrap());
+    let got = rx.recv_timeout(Duration::from_secs(5)).expect("writer in");
+    eprintln!(
+        "rwlock/dead-reader: writer in {:?} after the live reader left",
+        got.duration_since(released)
+    );
+    assert!(got >= released);
+    wt.join().unwrap();
+}
+
+#[test]
+fn a_killed_writer_expires_and_readers_get_in() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:dead-writer";
+    let ttl = Duration::from_secs(1);
+    let spawned = Instant::now();
+    let mut child = Holder::spawn(&server.url(), key, "write", ttl);
+    let dead = child.wait_marker();
+    let marked = Instant::now();
+    child.kill();
+    let h = hash(&mut conn, key);
+    assert_eq!(h.get("mode").map(String::as_str), Some("write"));
+    assert!(h.contains_key(&format!("w:{dead}")), "{h:?}");
+    let c = client(&server);
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let lock = rw(&c, key, Duration::from_secs(5));
+            thread::spawn(move || {
+                let g = lock
+                    .read_lock()
+                    .try_lock_for(Duration::from_secs(10))
+                    .expect("readers after the dead writer");
+                let at = Instant::now();
+                thread::sleep(Duration::from_millis(100));
+                assert!(g.unlock().unwrap());
+                at
+            })
+        })
+        .collect();
+    let got: Vec<Instant> = readers.into_iter().map(|t| t.join().unwrap()).collect();
+    let first = *got.iter().min().unwrap();
+    eprintln!(
+        "rwlock/dead-writer: readers in {:?} after the marker (ttl {ttl:?})",
+        first.duration_since(marked)
+    );
+    assert!(first.duration_since(spawned) >= ttl - Duration::from_millis(50));
+    assert!(first.duration_since(marked) <= ttl + Duration::from_secs(2));
+    assert!(!exists(&mut conn, key));
+}
+
+#[test]
+fn a_writer_killed_while_waiting_keeps_readers_out_only_briefly() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:dead-waiter";
+    let c = client(&server);
+    let holder = rw(&c, key, Duration::from_secs(10));
+    let intent = holder.writer_intent();
+    assert_eq!(
+        intent,
+        Duration::from_millis(128),
+        "default with the standard policy"
+    );
+    let held = holder.read_lock().lock().unwrap();
+    let mut child = Holder::spawn(&server.url(), key, "wait-write", Duration::from_secs(10));
+    let waiter = child.wait_marker();
+    let wait_field = format!("wait:{waiter}");
+    assert!(
+        wait_until(Duration::from_secs(10), || hash(&mut conn, key)
+            .contains_key(&wait_field)),
+        "the waiting writer's intent"
+    );
+    // Writer preference: while it waits, newcomers are refused.
+    let newcomer = rw(&client(&server), key, Duration::from_secs(10));
+    assert_held(newcomer.read_lock().try_lock());
+    child.kill();
+    let killed = Instant::now();
+    let g = newcomer
+        .read_lock()
+        .try_lock_for(Duration::from_secs(10))
+        .expect("readers get in once the dead writer's intent expires");
+    let after = killed.elapsed();
+    eprintln!("rwlock/dead-waiter: a new reader got in {after:?} after the waiting writer was killed (intent {intent:?})");
+    assert!(after <= intent + Duration::from_secs(2), "{after:?}");
+    assert!(!hash(&mut conn, key).contains_key(&wait_field));
+    assert!(g.unlock().unwrap() && held.unlock().unwrap());
+    assert!(!exists(&mut conn, key));
+}
+
+#[test]
+fn each_hold_expires_by_itself_and_the_key_with_the_last() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:expiry";
+    let c = client(&server);
+    let short = rw(&c, key, Duration::from_millis(400));
+    let long = rw(&c, key, Duration::from_secs(3));
+
+    // An in-process dead writer (its lease is dropped without release) blocks readers for its
+    // lifetime only.
+    let t = Instant::now();
+    let leaked = short.write_lock().try_lock().unwrap().into_lease();
+    let g = long
+        .read_lock()
+        .try_lock_for(Duration::from_secs(5))
+        .expect("reader after the leaked writer");
+    assert!(
+        t.elapsed() >= Duration::from_millis(350),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(!short.write_lock().is_held(&leaked).unwrap());
+    assert!(g.unlock().unwrap());
+
+    // The key expires with its latest entry: a leaked short reader and a long one.
+    let leaked = short.read_lock().try_lock().unwrap().into_lease();
+    let mut lg = long.read_lock().try_lock().unwrap();
+    assert!(pttl(&mut conn, key) > 2_000);
+    assert!(short.read_lock().is_held(&leaked).unwrap());
+    lg.extend(Duration::from_secs(3)).unwrap();
+    assert!(lg.unlock().unwrap());
+    let left = pttl(&mut conn, key);
+    assert!(
+        (1..=400).contains(&left),
+        "PTTL follows the short entry: {left}"
+    );
+    // Nothing runs now: Redis alone removes the abandoned lock.
+    assert!(
+        wait_until(Duration::from_secs(2), || !exists(&mut conn, key)),
+        "the abandoned key disappears"
+    );
+    assert!(!short.read_lock().is_held(&leaked).unwrap());
+    assert!(!short.read_lock().release(&leaked).unwrap());
+}
+
+#[test]
+fn guards_check_extend_and_report_loss() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:guard";
+    let c = client(&server);
+    let lock = ReadWriteLock::new(&c, key).unwrap();
+    assert_eq!(lock.ttl(), RW_DEFAULT_TTL);
+    assert_eq!(lock.key(), key);
+    assert_eq!(lock.instance_id().len(), 32);
+    assert!(lock
+        .owner_id()
+        .starts_with(&format!("{}:", lock.instance_id())));
+    let as_dyn: &dyn DistributedLock = lock.write_lock();
+    let mut g = as_dyn.try_lock().unwrap();
+    g.check().unwrap();
+    let before: i64 = pttl(&mut conn, key);
+    g.extend(Duration::from_secs(60)).unwrap();
+    assert!(pttl(&mut conn, key) > before.max(50_000));
+    // Extend never shortens.
+    g.extend(Duration::from_secs(1)).unwrap();
+    assert!(pttl(&mut conn, key) > 50_000);
+    let _: () = redis::cmd("DEL").arg(key).query(&mut conn).unwrap();
+    assert!(!g.is_held().unwrap());
+    assert!(matches!(g.check(), Err(LockError::Lost { .. })));
+    assert!(matches!(
+        g.extend(Duration::from_secs(1)),
+        Err(LockError::Lost { .. })
+    ));
+    assert!(!g.unlock().unwrap());
+    assert!(!exists(&mut conn, key));
+
+    // For the record (no assertion): uncontended cycles, next to a Token lock's.
+    const CYCLES: u32 = 300;
+    let t = Instant::now();
+    for _ in 0..CYCLES {
+        assert!(lock.read_lock().try_lock().unwrap().unlock().unwrap());
+    }
+    let read = t.elapsed() / CYCLES;
+    let t = Instant::now();
+    for _ in 0..CYCLES {
+        assert!(lock.write_lock().try_lock().unwrap().unlock().unwrap());
+    }
+    let write = t.elapsed() / CYCLES;
+    let token = c.lock("rw:guard:token").build_token().unwrap();
+    let t = Instant::now();
+    for _ in 0..CYCLES {
+        assert!(token.try_lock().unwrap().unlock().unwrap());
+    }
+    let tok = t.elapsed() / CYCLES;
+    eprintln!("rwlock/cost: acquire+release read {read:?}, write {write:?}, token lock {tok:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wrong types, foreign hashes, bad input
+
+#[test]
+fn wrong_types_foreign_hashes_and_bad_input_are_errors() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let c = client(&server);
+
+    let _: () = redis::cmd("SET")
+        .arg("rw:string")
+        .arg("x")
+        .query(&mut conn)
+        .unwrap();
+    let lock = rw(&c, "rw:string", Duration::from_secs(1));
+    assert!(matches!(
+        lock.read_lock().try_lock(),
+        Err(LockError::WrongType { .. })
+    ));
+    let t = Instant::now();
+    assert!(matches!(
+        lock.write_lock().lock(),
+        Err(LockError::WrongType { .. })
+    ));
+    assert!(t.elapsed() < Duration::from_secs(1));
+
+    // A hash in another lock's layout (Redisson's: mode + "<uuid>:<thread>" counts) is never
+    // taken or changed.
+    let _: () = redis::cmd("HSET")
+        .arg("rw:foreign")
+        .arg("mode")
+        .arg("read")
+        .arg("8a1f-uuid:1")
+        .arg("1")
+        .query(&mut conn)
+        .unwrap();
+    let before = hash(&mut conn, "rw:foreign");
+    let lock = rw(&c, "rw:foreign", Duration::from_secs(1));
+    for r in [
+        lock.read_lock().try_lock().map(|_| ()),
+        lock.write_lock().try_lock().map(|_| ()),
+    ] {
+        match r {
+            Err(LockError::Corrupt { value, .. }) => assert!(value.contains("8a1f-uuid:1")),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+    assert_eq!(hash(&mut conn, "rw:foreign"), before);
+
+    // Bad input, before anything is sent.
+    assert_invalid(ReadWriteLock::new(&c, ""), "empty");
+    assert_invalid(
+        ReadWriteLock::builder(&c, "k").ttl(Duration::ZERO).build(),
+        "ttl",
+    );
+    assert_invalid(
+        ReadWriteLock::builder(&c, "k")
+            .ttl(MAX_TTL + Duration::from_secs(1))
+            .build(),
+        "MAX_TTL",
+    );
+    assert_invalid(
+        ReadWriteLock::builder(&c, "k")
+            .writer_intent(MAX_TTL * 2)
+            .build(),
+        "writer_intent",
+    );
+    assert_invalid(
+        ReadWriteLock::builder(&c, "k")
+            .retry(RetryPolicy::standard().backoff(
+                Duration::from_millis(10),
+                Duration::from_millis(1),
+                2,
+            ))
+            .build(),
+        "max_delay",
+    );
+    let ok = rw(&c, "rw:valid", Duration::from_secs(1));
+    let mut g = ok.read_lock().try_lock().unwrap();
+    assert_invalid(g.extend(Duration::ZERO), "ttl");
+    assert!(g.unlock().unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis Cluster
+
+#[test]
+fn works_on_a_three_master_cluster() {
+    init_logging();
+    let cluster = Cluster::start(3);
+    let c = LockClient::cluster_builder(&cluster.urls())
+        .pool_size(8)
+        .build()
+        .expect("cluster client");
+    for node in 0..3 {
+        let key = cluster.key_on(node, "rw:cluster");
+        let mut conn = cluster.conn_for_key(&key);
+        let a = rw(&c, &key, Duration::from_secs(5));
+        let b = rw(&c, &key, Duration::from_secs(5));
+        let ra = a.read_lock().try_lock().unwrap();
+        let rb = b.read_lock().try_lock().unwrap();
+        let h = hash(&mut conn, &key);
+        assert_eq!(h.get("mode").map(String::as_str), Some("read"), "{h:?}");
+        assert_eq!(fields_with(&h, "r:").len(), 2);
+        // Not `a` or `b`: this thread holds read through them, so they refuse the upgrade.
+        let third = rw(&c, &key, Duration::from_secs(5));
+        assert_held(third.write_lock().try_lock());
+        assert!(ra.unlock().unwrap() && rb.unlock().unwrap());
+        let w = b.write_lock().lock().unwrap();
+        assert_eq!(
+            hash(&mut conn, &key).get("mode").map(String::as_str),
+            Some("write")
+        );
+        assert_held(a.read_lock().try_lock());
+        assert!(w.unlock().unwrap());
+        assert!(!exists(&mut conn, &key));
+    }
+    // A short hammer on one key.
+    let key = cluster.key_on(1, "rw:cluster-hammer");
+    let locks: Vec<ReadWriteLock> = (0..2)
+        .map(|_| rw(&c, &key, Duration::from_secs(5)))
+        .collect();
+    let probe = Arc::new(Probe::default());
+    let longest = hammer(&locks, 4, 1, &probe, 600, Duration::from_secs(4));
+    let (reads, writes) = (
+        probe.reads.load(Ordering::SeqCst),
+        probe.writes.load(Ordering::SeqCst),
+    );
+    eprintln!(
+        "rwlock/cluster: {reads} reads + {writes} writes, longest writer wait {longest:?}, {} \
+         violations",
+        probe.violations.load(Ordering::SeqCst)
+    );
+    assert_eq!(probe.violations.load(Ordering::SeqCst), 0);
+    assert!(writes >= 5 && reads >= 50, "{reads} + {writes}");
+    assert!(!exists(&mut cluster.conn_for_key(&key), &key));
+}
