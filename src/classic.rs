@@ -20,6 +20,7 @@ use crate::error::{LockError, Result};
 use crate::lock::{self, printable, DistributedLock, Lease, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::strategy::{check_duration, ClassicOptions, Encoding, Takeover};
+use crate::string_value;
 
 /// How often one attempt goes back to `SETNX` when the key vanished between our commands (a
 /// holder released it): bounded, so a flapping key cannot spin us.
@@ -285,14 +286,7 @@ impl DistributedLock for ClassicLock {
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
-        let deleted: i64 = self.client.with_conn(&self.key, |con, s| {
-            s.unlock.eval(con, &self.key, lease.value())
-        })?;
-        Ok(lock::note_release(
-            self.client.waiters(),
-            &self.key,
-            deleted == 1,
-        ))
+        string_value::release(&self.client, &self.key, lease)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -309,26 +303,18 @@ impl DistributedLock for ClassicLock {
             s.compare_and_set
                 .eval(con, &self.key, (lease.value(), value.as_bytes(), redis_ttl))
         })?;
-        if swapped == 1 {
-            lease.renew(Some(value.as_bytes()), start, ttl);
-            log::debug!("lock {:?}: extended by {ttl:?}", self.key);
-            Ok(())
-        } else {
-            log::warn!(
-                "lock {:?}: lost, extend found another owner or none",
-                self.key
-            );
-            Err(LockError::Lost {
-                key: self.key.clone(),
-            })
-        }
+        string_value::extended(
+            &self.key,
+            swapped == 1,
+            lease,
+            Some(value.as_bytes()),
+            start,
+            ttl,
+        )
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
-        let current: Option<Vec<u8>> = self.client.with_conn(&self.key, |con, _| {
-            redis::cmd("GET").arg(&self.key).query(con)
-        })?;
-        Ok(!lease.is_expired() && current.as_deref() == Some(lease.value()))
+        string_value::is_held(&self.client, &self.key, lease)
     }
 
     fn try_lock(&self) -> Result<LockGuard<'_>> {

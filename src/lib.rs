@@ -45,6 +45,7 @@ mod retry;
 mod rwlock;
 mod scripts;
 mod strategy;
+mod string_value;
 mod token;
 mod waiters;
 

@@ -671,24 +671,31 @@ mod tests {
         ("rw_held", include_str!("../lua/rw_held.lua")),
     ];
 
-    fn prelude(code: &str) -> &str {
-        let start = code.find("-- ---- shared prelude").unwrap_or(0);
-        let end = code
-            .find("-- ---- end of shared prelude")
-            .unwrap_or(code.len());
-        &code[start..end]
-    }
-
     #[test]
-    fn scripts_share_one_prelude() {
-        let first = prelude(SCRIPTS[0].1);
-        assert!(first.len() > 500, "prelude markers missing in rw_acquire");
+    fn scripts_include_the_shared_prelude_once() {
+        let prelude = include_str!("../lua/rw_prelude.lua");
+        assert!(prelude.contains("KEYS[1]"));
         for (name, code) in SCRIPTS {
-            assert_eq!(prelude(code), first, "{name}.lua's prelude differs");
-            assert!(
-                code.contains("KEYS[1]") && !code.contains("KEYS[2]"),
-                "{name}"
+            assert_eq!(
+                code.matches("-- #include rw_prelude.lua\n").count(),
+                1,
+                "{name}.lua must include the prelude exactly once"
             );
+            assert!(
+                code.contains("local owner") || code.contains("owner ="),
+                "{name}.lua must set owner before the prelude"
+            );
+            assert!(!code.contains("KEYS[2]"), "{name}");
+        }
+        let built = crate::scripts::Scripts::new();
+        for s in [
+            &built.rw_acquire,
+            &built.rw_release,
+            &built.rw_extend,
+            &built.rw_held,
+        ] {
+            assert!(s.code().contains(prelude));
+            assert!(!s.code().contains("-- #include rw_prelude.lua\n"));
         }
     }
 

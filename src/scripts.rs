@@ -13,17 +13,30 @@ use redis::{ConnectionLike, FromRedisValue, RedisResult, ToRedisArgs};
 #[derive(Debug, Clone)]
 pub(crate) struct LuaScript {
     name: &'static str,
-    code: &'static str,
+    /// The text sent by `EVAL` after a `NOSCRIPT`: owned, as some scripts are assembled.
+    code: String,
     script: redis::Script,
 }
 
 impl LuaScript {
-    fn new(name: &'static str, code: &'static str) -> Self {
+    fn new(name: &'static str, code: &str) -> Self {
         LuaScript {
             name,
-            code,
+            code: code.to_owned(),
             script: redis::Script::new(code),
         }
+    }
+
+    /// The script's full text.
+    #[cfg(test)]
+    pub(crate) fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// A read-write lock script: its `-- #include rw_prelude.lua` line replaced by the shared
+    /// opening in `lua/rw_prelude.lua` (Redis scripts cannot load one another).
+    fn with_rw_prelude(name: &'static str, code: &str) -> Self {
+        Self::new(name, &code.replacen(RW_INCLUDE, RW_PRELUDE, 1))
     }
 
     /// Runs the script on one key with `args` (a tuple writes one ARGV per element).
@@ -44,7 +57,7 @@ impl LuaScript {
                     self.name
                 );
                 redis::cmd("EVAL")
-                    .arg(self.code)
+                    .arg(&self.code)
                     .arg(1)
                     .arg(key)
                     .arg(&args)
@@ -54,6 +67,11 @@ impl LuaScript {
         }
     }
 }
+
+/// The line of a `lua/rw_*.lua` script that stands for [`RW_PRELUDE`].
+const RW_INCLUDE: &str = "-- #include rw_prelude.lua\n";
+/// The opening shared by the read-write lock scripts.
+const RW_PRELUDE: &str = include_str!("../lua/rw_prelude.lua");
 
 /// All scripts of the crate, built once per client.
 #[derive(Debug, Clone)]
@@ -83,10 +101,19 @@ impl Scripts {
                 "compare_and_set",
                 include_str!("../lua/compare_and_set.lua"),
             ),
-            rw_acquire: LuaScript::new("rw_acquire", include_str!("../lua/rw_acquire.lua")),
-            rw_release: LuaScript::new("rw_release", include_str!("../lua/rw_release.lua")),
-            rw_extend: LuaScript::new("rw_extend", include_str!("../lua/rw_extend.lua")),
-            rw_held: LuaScript::new("rw_held", include_str!("../lua/rw_held.lua")),
+            rw_acquire: LuaScript::with_rw_prelude(
+                "rw_acquire",
+                include_str!("../lua/rw_acquire.lua"),
+            ),
+            rw_release: LuaScript::with_rw_prelude(
+                "rw_release",
+                include_str!("../lua/rw_release.lua"),
+            ),
+            rw_extend: LuaScript::with_rw_prelude(
+                "rw_extend",
+                include_str!("../lua/rw_extend.lua"),
+            ),
+            rw_held: LuaScript::with_rw_prelude("rw_held", include_str!("../lua/rw_held.lua")),
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::error::{LockError, Result};
 use crate::lock::{self, DistributedLock, Lease, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::strategy::check_duration;
+use crate::string_value;
 
 /// A lock of [`Strategy::Token`](crate::Strategy::Token). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
@@ -97,14 +98,7 @@ impl DistributedLock for TokenLock {
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
-        let deleted: i64 = self.client.with_conn(&self.key, |con, s| {
-            s.unlock.eval(con, &self.key, lease.value())
-        })?;
-        Ok(lock::note_release(
-            self.client.waiters(),
-            &self.key,
-            deleted == 1,
-        ))
+        string_value::release(&self.client, &self.key, lease)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -115,26 +109,11 @@ impl DistributedLock for TokenLock {
             s.extend
                 .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
         })?;
-        if extended == 1 {
-            lease.renew(None, start, ttl);
-            log::debug!("lock {:?}: extended by {ttl:?}", self.key);
-            Ok(())
-        } else {
-            log::warn!(
-                "lock {:?}: lost, extend found another owner or none",
-                self.key
-            );
-            Err(LockError::Lost {
-                key: self.key.clone(),
-            })
-        }
+        string_value::extended(&self.key, extended == 1, lease, None, start, ttl)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
-        let current: Option<Vec<u8>> = self.client.with_conn(&self.key, |con, _| {
-            redis::cmd("GET").arg(&self.key).query(con)
-        })?;
-        Ok(!lease.is_expired() && current.as_deref() == Some(lease.value()))
+        string_value::is_held(&self.client, &self.key, lease)
     }
 
     fn try_lock(&self) -> Result<LockGuard<'_>> {

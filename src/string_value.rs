@@ -1,0 +1,45 @@
+//! What Token and Classic locks share: the lock is one string value at the key, and the owner
+//! is whoever wrote that exact value. Release is compare-and-delete (`lua/unlock.lua`), the
+//! check is a `GET` compared with our value, and an extend either renews the lease or reports
+//! the lock lost.
+
+use std::time::{Duration, Instant};
+
+use crate::client::LockClient;
+use crate::error::{LockError, Result};
+use crate::lock::{self, Lease};
+
+/// Deletes the key if it still holds our value: `Ok(true)` if it did.
+pub(crate) fn release(client: &LockClient, key: &str, lease: &Lease) -> Result<bool> {
+    let deleted: i64 = client.with_conn(key, |con, s| s.unlock.eval(con, key, lease.value()))?;
+    Ok(lock::note_release(client.waiters(), key, deleted == 1))
+}
+
+/// True if the key holds our value and the lease has not run out locally.
+pub(crate) fn is_held(client: &LockClient, key: &str, lease: &Lease) -> Result<bool> {
+    let current: Option<Vec<u8>> =
+        client.with_conn(key, |con, _| redis::cmd("GET").arg(key).query(con))?;
+    Ok(!lease.is_expired() && current.as_deref() == Some(lease.value()))
+}
+
+/// Applies the answer of an extend script: renews the lease (with the new value, if the
+/// strategy wrote one) when `done`, else reports the lock lost.
+pub(crate) fn extended(
+    key: &str,
+    done: bool,
+    lease: &mut Lease,
+    new_value: Option<&[u8]>,
+    start: Instant,
+    ttl: Duration,
+) -> Result<()> {
+    if done {
+        lease.renew(new_value, start, ttl);
+        log::debug!("lock {key:?}: extended by {ttl:?}");
+        Ok(())
+    } else {
+        log::warn!("lock {key:?}: lost, extend found another owner or none");
+        Err(LockError::Lost {
+            key: key.to_owned(),
+        })
+    }
+}
