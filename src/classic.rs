@@ -49,13 +49,13 @@ enum Attempt {
 }
 
 /// An encoded expiry: at most 20 decimal digits (with sign) or 8 bytes.
-struct Encoded {
+pub(crate) struct Encoded {
     buf: [u8; 20],
     len: usize,
 }
 
 impl Encoded {
-    fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
 }
@@ -114,6 +114,17 @@ fn now_epoch_ms(key: &str) -> Result<i64> {
         .map_err(|_| LockError::invalid(key, "the system clock is before 1970"))
 }
 
+/// The value for a hold of `ttl` starting now: `now + ttl + 1 + skew` in epoch ms, encoded.
+pub(crate) fn expiry_value(
+    key: &str,
+    encoding: Encoding,
+    ttl: Duration,
+    skew: Duration,
+) -> Result<Encoded> {
+    let expiry = now_epoch_ms(key)? + ttl.as_millis() as i64 + 1 + skew.as_millis() as i64;
+    Ok(encode(encoding, expiry))
+}
+
 impl ClassicLock {
     pub(crate) fn new(
         client: LockClient,
@@ -138,11 +149,7 @@ impl ClassicLock {
 
     /// The value to store for a hold of `ttl` starting now: `now + ttl + 1 + skew`.
     fn expiry_value(&self, ttl: Duration) -> Result<Encoded> {
-        let expiry = now_epoch_ms(&self.key)?
-            + ttl.as_millis() as i64
-            + 1
-            + self.opts.clock_skew.as_millis() as i64;
-        Ok(encode(self.opts.encoding, expiry))
+        expiry_value(&self.key, self.opts.encoding, ttl, self.opts.clock_skew)
     }
 
     /// One acquire attempt on one connection: SETNX, then GET and a takeover if stale.
@@ -191,16 +198,11 @@ impl ClassicLock {
         value: &[u8],
     ) -> redis::RedisResult<bool> {
         if self.opts.key_ttl {
-            let reply: Value = redis::cmd("SET")
-                .arg(&self.key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(self.ttl_ms())
-                .query(con)?;
+            let reply: Value =
+                string_value::set_nx_px(&self.key, value, self.ttl_ms()).query(con)?;
             Ok(reply == Value::Okay)
         } else {
-            let set: i64 = redis::cmd("SETNX").arg(&self.key).arg(value).query(con)?;
+            let set: i64 = string_value::setnx(&self.key, value).query(con)?;
             Ok(set == 1)
         }
     }

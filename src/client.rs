@@ -161,14 +161,16 @@ impl LockClient {
         key: &str,
         mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
-        let mut stale_left = self.pool_state().connections.saturating_add(1);
+        // Sized on the first dropped connection only: the pool's state takes its mutex.
+        let mut stale_left: Option<u32> = None;
         loop {
             let mut conn = self.conn(key)?;
             let reused = conn.was_used();
             match f(&mut conn, &self.inner.scripts) {
-                Err(e) if reused && stale_left > 0 && is_dropped(&e) => {
+                Err(e) if reused && is_dropped(&e) && stale_left != Some(0) => {
                     log::info!("lock {key:?}: pooled connection was dropped ({e}), retrying");
-                    stale_left -= 1;
+                    let left = stale_left.unwrap_or_else(|| self.pool_state().connections + 1);
+                    stale_left = Some(left - 1);
                 }
                 other => return other.map_err(|e| LockError::from_redis(key, e)),
             }

@@ -36,6 +36,8 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+#[doc(hidden)]
+pub mod bench_hooks;
 mod classic;
 mod client;
 mod error;

@@ -27,6 +27,18 @@ impl LuaScript {
         }
     }
 
+    /// `EVALSHA <sha> 1 key args…`, its buffer sized once for the usual arguments (a value of
+    /// up to 64 bytes and two numbers).
+    pub(crate) fn evalsha(&self, key: &str, args: &impl ToRedisArgs) -> redis::Cmd {
+        let mut cmd = redis::Cmd::with_capacity(7, 160 + key.len());
+        cmd.arg("EVALSHA")
+            .arg(self.script.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(args);
+        cmd
+    }
+
     /// The script's full text.
     #[cfg(test)]
     pub(crate) fn code(&self) -> &str {
@@ -46,9 +58,7 @@ impl LuaScript {
         key: &str,
         args: impl ToRedisArgs,
     ) -> RedisResult<T> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash()).arg(1).arg(key).arg(&args);
-        match cmd.query(con) {
+        match self.evalsha(key, &args).query(con) {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {

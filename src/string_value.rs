@@ -9,6 +9,30 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{self, Lease};
 
+/// Bytes a command needs beyond its key and value: the command name, short arguments and
+/// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
+const CMD_OVERHEAD: usize = 48;
+
+/// `SET key value NX PX ttl_ms`: the one-round-trip acquire of Token (and of Classic with
+/// `key_ttl`). Replies `OK` when set, nil when the key exists.
+pub(crate) fn set_nx_px(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(6, CMD_OVERHEAD + key.len() + value.len());
+    cmd.arg("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms);
+    cmd
+}
+
+/// `SETNX key value`: the legacy Classic acquire. Replies 1 when set.
+pub(crate) fn setnx(key: &str, value: &[u8]) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(3, CMD_OVERHEAD + key.len() + value.len());
+    cmd.arg("SETNX").arg(key).arg(value);
+    cmd
+}
+
 /// Deletes the key if it still holds our value: `Ok(true)` if it did.
 pub(crate) fn release(client: &LockClient, key: &str, lease: &Lease) -> Result<bool> {
     let deleted: i64 = client.with_conn(key, |con, s| s.unlock.eval(con, key, lease.value()))?;

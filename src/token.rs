@@ -83,13 +83,7 @@ impl DistributedLock for TokenLock {
         let token = new_token();
         let start = Instant::now();
         let reply: Value = self.client.with_conn(&self.key, |con, _| {
-            redis::cmd("SET")
-                .arg(&self.key)
-                .arg(&token[..])
-                .arg("NX")
-                .arg("PX")
-                .arg(self.ttl_ms)
-                .query(con)
+            string_value::set_nx_px(&self.key, &token, self.ttl_ms).query(con)
         })?;
         Ok(match reply {
             Value::Okay => Some(Lease::new(&token, start, self.ttl)),
