@@ -300,10 +300,11 @@ impl Report<'_> {
              This file and `docs/img/*.svg` are written by `examples/bench_report.rs` from \
              `target/dlock-bench/*.csv` and criterion's estimates; edit the generator, not this \
              file.\n\n\
-             > **Work in progress on the blocking path.** The blocking acquire (`lock()`, \
-             `try_lock_for()`) is being reworked (an in-process waiter queue for fairness and \
-             handoff latency, then pub/sub wake-ups). The contended figures below are those of \
-             the code at `{}` as benchmarked on {}; rerun the command above after such changes.\n\n\
+             > **Blocking path.** Threads of one `LockClient` wait for a key in an in-process \
+             FIFO queue (a local release wakes the next one at once); threads of different \
+             clients or processes still poll Redis under their retry policy until pub/sub \
+             wake-ups arrive (issue 4). The figures below are those of the code at `{}` as \
+             benchmarked on {}; rerun the command above after changes.\n\n\
              **How to read the figures.** One loopback round trip on these machines is either \
              ~12–20 µs (client and server on one core) or ~75–80 µs (different cores), and which \
              one a run gets can flip from run to run. So every figure is a **ratio to a floor \
@@ -1086,7 +1087,7 @@ impl Report<'_> {
                 }
             }
         }
-        let (w, h, left, right, top, bottom) = (800.0, 480.0, 75.0, 230.0, 45.0, 60.0);
+        let (w, h, left, right, top, bottom) = (840.0, 480.0, 75.0, 270.0, 45.0, 60.0);
         let pw = w - left - right;
         let ph = h - top - bottom;
         let values = series.iter().flat_map(|s| s.3.iter().map(|p| p.1));
