@@ -6,13 +6,14 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use redis_dlock::{
     ClassicLock, DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
     CLASSIC_DEFAULT_TTL,
 };
-use support::{init_logging, RedisServer};
+use support::expiry::{decode, encode, epoch_ms};
+use support::{init_logging, raw, RedisServer};
 
 /// The script the library runs for a CompareAndSet takeover, to play a contender with it.
 const COMPARE_AND_SET_LUA: &str = include_str!("../lua/compare_and_set.lua");
@@ -47,72 +48,9 @@ fn classic(
     b.build_classic().expect("build classic lock")
 }
 
-fn epoch_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn encode(encoding: Encoding, ms: i64) -> Vec<u8> {
-    match encoding {
-        Encoding::BigEndian => ms.to_be_bytes().to_vec(),
-        _ => ms.to_string().into_bytes(),
-    }
-}
-
-fn decode(encoding: Encoding, v: &[u8]) -> i64 {
-    match encoding {
-        Encoding::BigEndian => {
-            i64::from_be_bytes(v.try_into().unwrap_or_else(|_| panic!("8 bytes: {v:?}")))
-        }
-        _ => std::str::from_utf8(v)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("decimal: {:?}", String::from_utf8_lossy(v))),
-    }
-}
-
-fn raw_get(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("GET").arg(key).query(conn).expect("GET")
-}
-
-fn raw_set(conn: &mut redis::Connection, key: &str, value: &[u8]) {
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg(value)
-        .query(conn)
-        .expect("SET");
-}
-
-fn raw_del(conn: &mut redis::Connection, key: &str) {
-    let _: i64 = redis::cmd("DEL").arg(key).query(conn).expect("DEL");
-}
-
-fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(conn).expect("PTTL")
-}
-
-fn make_hash(conn: &mut redis::Connection, key: &str) {
-    let _: i64 = redis::cmd("HSET")
-        .arg(key)
-        .arg("field")
-        .arg("value")
-        .query(conn)
-        .expect("HSET");
-}
-
-fn hash_field(conn: &mut redis::Connection, key: &str) -> Option<String> {
-    redis::cmd("HGET")
-        .arg(key)
-        .arg("field")
-        .query(conn)
-        .expect("HGET")
-}
-
 /// Checks the Redis TTL of a Classic lock key: none without `key_ttl`, at most `ttl` with it.
 fn assert_key_ttl(conn: &mut redis::Connection, key: &str, key_ttl: bool, ttl: Duration) {
-    let p = pttl(conn, key);
+    let p = raw::pttl(conn, key);
     if key_ttl {
         assert!(
             p > 0 && p <= ttl.as_millis() as i64,
@@ -164,7 +102,7 @@ fn acquire_held_timeout_release() {
             .unwrap();
 
         let guard = a.try_lock().unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(guard.value()));
+        assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
         let err = b.try_lock().expect_err("held");
         assert!(
             matches!(&err, LockError::Held { key: k } if *k == key),
@@ -186,10 +124,10 @@ fn acquire_held_timeout_release() {
         assert!(b.try_acquire().unwrap().is_none());
 
         assert!(guard.unlock().unwrap(), "{name}");
-        assert_eq!(raw_get(&mut conn, &key), None, "{name}: key deleted");
+        assert_eq!(raw::get(&mut conn, &key), None, "{name}: key deleted");
         let g = b.try_lock().expect("free again");
         assert!(g.unlock().unwrap());
-        assert_eq!(raw_get(&mut conn, &key), None);
+        assert_eq!(raw::get(&mut conn, &key), None);
     }
 }
 
@@ -204,10 +142,10 @@ fn release_after_takeover_returns_false_and_keeps_the_other_value() {
         let lock = classic(&c, &key, Duration::from_secs(10), enc, key_ttl);
         let guard = lock.try_lock().unwrap();
         let other = encode(enc, epoch_ms() + 60_000);
-        raw_set(&mut conn, &key, &other);
+        raw::set(&mut conn, &key, &other);
         assert!(!guard.unlock().unwrap(), "{name}");
-        assert_eq!(raw_get(&mut conn, &key), Some(other), "{name}");
-        raw_del(&mut conn, &key);
+        assert_eq!(raw::get(&mut conn, &key), Some(other), "{name}");
+        raw::del(&mut conn, &key);
 
         // Lost via the low-level API too, and release twice finds nothing.
         let lease = lock.try_acquire().unwrap().expect("free");
@@ -237,7 +175,7 @@ fn extend_stores_a_later_expiry() {
             .extend(new_ttl)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let after = epoch_ms();
-        let stored = raw_get(&mut conn, &key).expect("still there");
+        let stored = raw::get(&mut conn, &key).expect("still there");
         assert_eq!(stored, guard.value(), "{name}: the lease has the new value");
         let new = decode(enc, &stored);
         assert!(new > old, "{name}: {new} <= {old}");
@@ -248,16 +186,16 @@ fn extend_stores_a_later_expiry() {
             after + 30_001
         );
         if key_ttl {
-            let p = pttl(&mut conn, &key);
+            let p = raw::pttl(&mut conn, &key);
             assert!(p > 1_000 && p <= 30_000, "{name}: PTTL {p}");
         } else {
-            assert_eq!(pttl(&mut conn, &key), -1, "{name}");
+            assert_eq!(raw::pttl(&mut conn, &key), -1, "{name}");
         }
         assert!(guard.valid_until() > old_until);
         assert!(guard.valid_until() <= Instant::now() + new_ttl);
         assert!(guard.is_held().unwrap());
         assert!(guard.unlock().unwrap(), "{name}: unlock after extend");
-        assert_eq!(raw_get(&mut conn, &key), None);
+        assert_eq!(raw::get(&mut conn, &key), None);
     }
 }
 
@@ -271,20 +209,20 @@ fn extend_after_loss_is_lost() {
         let key = format!("cl:extend-lost:{name}");
         let lock = classic(&c, &key, Duration::from_secs(10), enc, key_ttl);
         let mut guard = lock.try_lock().unwrap();
-        raw_del(&mut conn, &key);
+        raw::del(&mut conn, &key);
         let err = guard.extend(Duration::from_secs(10)).expect_err("lost");
         assert!(
             matches!(&err, LockError::Lost { key: k } if *k == key),
             "{name}: {err:?}"
         );
-        assert_eq!(raw_get(&mut conn, &key), None, "{name}: not recreated");
+        assert_eq!(raw::get(&mut conn, &key), None, "{name}: not recreated");
 
         let other = encode(enc, epoch_ms() + 60_000);
-        raw_set(&mut conn, &key, &other);
+        raw::set(&mut conn, &key, &other);
         let err = guard.extend(Duration::from_secs(10)).expect_err("lost");
         assert!(matches!(err, LockError::Lost { .. }), "{name}: {err:?}");
-        assert_eq!(raw_get(&mut conn, &key), Some(other), "{name}");
-        assert_eq!(pttl(&mut conn, &key), -1, "{name}: no TTL added");
+        assert_eq!(raw::get(&mut conn, &key), Some(other), "{name}");
+        assert_eq!(raw::pttl(&mut conn, &key), -1, "{name}: no TTL added");
         assert!(!guard.unlock().unwrap());
     }
 }
@@ -301,13 +239,13 @@ fn is_held_and_check() {
         let guard = lock.try_lock().unwrap();
         assert!(guard.is_held().unwrap(), "{name}");
         guard.check().unwrap();
-        raw_set(&mut conn, &key, &encode(enc, epoch_ms() + 60_000));
+        raw::set(&mut conn, &key, &encode(enc, epoch_ms() + 60_000));
         assert!(!guard.is_held().unwrap(), "{name}");
         assert!(
             matches!(guard.check(), Err(LockError::Lost { key: k }) if k == key),
             "{name}"
         );
-        raw_del(&mut conn, &key);
+        raw::del(&mut conn, &key);
         assert!(!guard.is_held().unwrap());
         assert!(!guard.unlock().unwrap());
     }
@@ -358,12 +296,12 @@ fn expired_lock_goes_to_another_owner_and_first_unlock_is_false() {
 
             assert!(!guard.unlock().unwrap(), "{name}/{takeover:?}");
             assert_eq!(
-                raw_get(&mut conn, &key),
+                raw::get(&mut conn, &key),
                 Some(v2),
                 "{name}/{takeover:?}: the new owner's lock survives"
             );
             assert!(g2.unlock().unwrap());
-            assert_eq!(raw_get(&mut conn, &key), None);
+            assert_eq!(raw::get(&mut conn, &key), None);
         }
     }
 }
@@ -385,10 +323,10 @@ fn without_key_ttl_a_stale_key_stays_until_taken_over() {
     thread::sleep(Duration::from_millis(120));
     // Legacy behaviour: no Redis TTL, the timestamp alone says the lock is free.
     assert_eq!(
-        raw_get(&mut conn, "cl:stale-stays").as_deref(),
+        raw::get(&mut conn, "cl:stale-stays").as_deref(),
         Some(lease.value())
     );
-    assert_eq!(pttl(&mut conn, "cl:stale-stays"), -1);
+    assert_eq!(raw::pttl(&mut conn, "cl:stale-stays"), -1);
     assert!(!lock.is_held(&lease).unwrap(), "past its lifetime");
     // The stale lock is taken over by a single attempt.
     let g = lock.try_lock().expect("takeover of our own stale lock");
@@ -408,27 +346,27 @@ fn drop_releases_and_into_lease_keeps() {
         let lock = classic(&c, &key, Duration::from_secs(10), enc, key_ttl);
         {
             let g = lock.try_lock().unwrap();
-            assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(g.value()));
+            assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(g.value()));
         }
-        assert_eq!(raw_get(&mut conn, &key), None, "{name}: drop released");
+        assert_eq!(raw::get(&mut conn, &key), None, "{name}: drop released");
 
         {
             let _g = lock.try_lock().unwrap();
-            raw_set(&mut conn, &key, b"foreign");
+            raw::set(&mut conn, &key, b"foreign");
         }
         assert_eq!(
-            raw_get(&mut conn, &key).as_deref(),
+            raw::get(&mut conn, &key).as_deref(),
             Some(&b"foreign"[..]),
             "{name}: a lost guard's drop deletes nothing"
         );
-        raw_del(&mut conn, &key);
+        raw::del(&mut conn, &key);
 
         let lease = lock.try_lock().unwrap().into_lease();
-        assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(lease.value()));
+        assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(lease.value()));
         assert!(matches!(lock.try_lock(), Err(LockError::Held { .. })));
         assert!(lock.is_held(&lease).unwrap());
         assert!(lock.release(&lease).unwrap());
-        assert_eq!(raw_get(&mut conn, &key), None);
+        assert_eq!(raw::get(&mut conn, &key), None);
     }
 }
 
@@ -489,7 +427,7 @@ fn usable_as_box_and_arc_dyn_across_threads() {
             h.join().expect("worker panicked");
         }
         assert_eq!(entries.load(Ordering::SeqCst), 40, "{name}");
-        assert_eq!(raw_get(&mut server.conn(), &key), None);
+        assert_eq!(raw::get(&mut server.conn(), &key), None);
     }
 }
 
@@ -516,7 +454,7 @@ fn wire_values() {
             let before = epoch_ms();
             let guard = lock.try_lock().unwrap();
             let after = epoch_ms();
-            let stored = raw_get(&mut conn, &key).expect("set");
+            let stored = raw::get(&mut conn, &key).expect("set");
             assert_eq!(stored, guard.value());
             match enc {
                 Encoding::BigEndian => assert_eq!(stored.len(), 8, "{name}"),
@@ -577,7 +515,7 @@ fn corrupt_values_are_reported_and_left_alone() {
     for (i, (enc, key_ttl, bad, printable)) in cases.into_iter().enumerate() {
         for takeover in [Takeover::GetSet, Takeover::CompareAndSet] {
             let key = format!("cl:corrupt:{i}:{takeover:?}");
-            raw_set(&mut conn, &key, bad);
+            raw::set(&mut conn, &key, bad);
             let mut b = c
                 .lock(&key)
                 .strategy(Strategy::Classic)
@@ -606,8 +544,8 @@ fn corrupt_values_are_reported_and_left_alone() {
                 "case {i}"
             );
             assert!(started.elapsed() < Duration::from_millis(500));
-            assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(bad), "case {i}");
-            assert_eq!(pttl(&mut conn, &key), -1, "case {i}: no TTL added");
+            assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(bad), "case {i}");
+            assert_eq!(raw::pttl(&mut conn, &key), -1, "case {i}: no TTL added");
         }
     }
 }
@@ -620,7 +558,7 @@ fn wrong_type_key() {
     let mut conn = server.conn();
     for (enc, key_ttl, name) in VARIANTS {
         let key = format!("cl:hash:{name}");
-        make_hash(&mut conn, &key);
+        raw::make_hash(&mut conn, &key);
         let lock = classic(&c, &key, Duration::from_secs(10), enc, key_ttl);
         let err = lock.try_lock().expect_err("hash");
         assert!(
@@ -634,8 +572,8 @@ fn wrong_type_key() {
         let key2 = format!("cl:becomes-hash:{name}");
         let lock2 = classic(&c, &key2, Duration::from_secs(10), enc, key_ttl);
         let mut lease = lock2.try_lock().unwrap().into_lease();
-        raw_del(&mut conn, &key2);
-        make_hash(&mut conn, &key2);
+        raw::del(&mut conn, &key2);
+        raw::make_hash(&mut conn, &key2);
         assert!(
             matches!(lock2.release(&lease), Err(LockError::WrongType { .. })),
             "{name}: release"
@@ -651,8 +589,8 @@ fn wrong_type_key() {
             ),
             "{name}: extend"
         );
-        assert_eq!(hash_field(&mut conn, &key).as_deref(), Some("value"));
-        assert_eq!(hash_field(&mut conn, &key2).as_deref(), Some("value"));
+        assert_eq!(raw::hash_field(&mut conn, &key).as_deref(), Some("value"));
+        assert_eq!(raw::hash_field(&mut conn, &key2).as_deref(), Some("value"));
     }
 }
 
@@ -666,7 +604,7 @@ fn takeover_sets_the_redis_ttl_with_key_ttl() {
         for takeover in [Takeover::GetSet, Takeover::CompareAndSet] {
             let key = format!("cl:takeover-ttl:{name}:{takeover:?}");
             // A stale legacy value without TTL, as the legacy lockers leave it.
-            raw_set(&mut conn, &key, &encode(enc, epoch_ms() - 1_000));
+            raw::set(&mut conn, &key, &encode(enc, epoch_ms() - 1_000));
             let mut b = c
                 .lock(&key)
                 .strategy(Strategy::Classic)
@@ -678,7 +616,7 @@ fn takeover_sets_the_redis_ttl_with_key_ttl() {
             }
             let lock = b.build_classic().unwrap();
             let g = lock.try_lock().unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(g.value()));
+            assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(g.value()));
             assert_key_ttl(&mut conn, &key, key_ttl, Duration::from_secs(5));
             assert!(g.unlock().unwrap());
         }
@@ -694,7 +632,7 @@ fn getset_takeover_flaw_loser_overwrites_winner() {
     for enc in [Encoding::Decimal, Encoding::BigEndian] {
         let key = format!("cl:getset-flaw:{enc:?}");
         let stale = encode(enc, epoch_ms() - 1_000);
-        raw_set(&mut conn, &key, &stale);
+        raw::set(&mut conn, &key, &stale);
 
         // A takes the stale lock over with GETSET.
         let a = c
@@ -705,7 +643,7 @@ fn getset_takeover_flaw_loser_overwrites_winner() {
             .build_classic()
             .unwrap();
         let guard = a.try_lock().expect("takeover");
-        assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(guard.value()));
+        assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
 
         // A legacy contender that had read the same stale value now sends its GETSET.
         let contender = encode(enc, epoch_ms() + 5_000);
@@ -725,7 +663,7 @@ fn getset_takeover_flaw_loser_overwrites_winner() {
         assert!(!guard.is_held().unwrap());
         assert!(!guard.unlock().unwrap(), "the documented GETSET flaw");
         assert_eq!(
-            raw_get(&mut conn, &key),
+            raw::get(&mut conn, &key),
             Some(contender),
             "the key stays locked for the loser's lifetime"
         );
@@ -741,7 +679,7 @@ fn compare_and_set_takeover_loser_writes_nothing() {
     for (enc, key_ttl, name) in VARIANTS {
         let key = format!("cl:cas:{name}");
         let stale = encode(enc, epoch_ms() - 1_000);
-        raw_set(&mut conn, &key, &stale);
+        raw::set(&mut conn, &key, &stale);
         let mut b = c
             .lock(&key)
             .strategy(Strategy::Classic)
@@ -752,7 +690,7 @@ fn compare_and_set_takeover_loser_writes_nothing() {
         }
         let a = b.build_classic().unwrap();
         let guard = a.try_lock().expect("takeover");
-        assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(guard.value()));
+        assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
 
         // A contender that had read the same stale value runs the same compare-and-set.
         let contender = encode(enc, epoch_ms() + 5_000);
@@ -766,10 +704,10 @@ fn compare_and_set_takeover_loser_writes_nothing() {
             .query(&mut conn)
             .unwrap();
         assert_eq!(won, 0, "{name}: the loser must not write");
-        assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(guard.value()));
+        assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
         assert!(guard.is_held().unwrap());
         assert!(guard.unlock().unwrap(), "{name}: the winner's unlock works");
-        assert_eq!(raw_get(&mut conn, &key), None);
+        assert_eq!(raw::get(&mut conn, &key), None);
     }
 }
 
@@ -789,7 +727,7 @@ fn race_round(
     vary_ttl: bool,
 ) -> RaceRound {
     let mut conn = server.conn();
-    raw_set(
+    raw::set(
         &mut conn,
         key,
         &encode(Encoding::Decimal, epoch_ms() - 5_000),
@@ -868,7 +806,7 @@ fn compare_and_set_race_of_8_threads_has_one_winner_whose_unlock_works() {
                 r.winner_unlock,
                 "round {round}: a CompareAndSet loser overwrote the winner"
             );
-            assert_eq!(raw_get(&mut conn, "cl:race-cas"), None, "round {round}");
+            assert_eq!(raw::get(&mut conn, "cl:race-cas"), None, "round {round}");
         }
     }
 }
@@ -890,7 +828,7 @@ fn getset_race_of_8_threads_has_one_winner() {
                 Takeover::GetSet,
                 vary_ttl,
             );
-            let left = raw_get(&mut conn, "cl:race-getset");
+            let left = raw::get(&mut conn, "cl:race-getset");
             if r.winner_unlock {
                 assert_eq!(left, None, "round {round}");
             } else {
@@ -899,7 +837,7 @@ fn getset_race_of_8_threads_has_one_winner() {
                 let left = left.expect("the loser's value stays");
                 assert_ne!(left, r.winner_value);
                 assert!(decode(Encoding::Decimal, &left) > epoch_ms());
-                raw_del(&mut conn, "cl:race-getset");
+                raw::del(&mut conn, "cl:race-getset");
             }
         }
         eprintln!(
@@ -940,10 +878,10 @@ fn max_ttl_and_skew_are_accepted() {
         let expiry = decode(enc, guard.value());
         assert!(expiry > before + 2 * max_ms, "{name}: {expiry}");
         if key_ttl {
-            let p = pttl(&mut conn, &key);
+            let p = raw::pttl(&mut conn, &key);
             assert!(p > max_ms - 60_000 && p <= max_ms, "{name}: PTTL {p}");
         } else {
-            assert_eq!(pttl(&mut conn, &key), -1);
+            assert_eq!(raw::pttl(&mut conn, &key), -1);
         }
         guard
             .extend(redis_dlock::MAX_TTL)

@@ -16,12 +16,13 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use redis_dlock::{
     DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
 };
-use support::{init_logging, wait_until, Cluster, RedisServer};
+use support::expiry::{decode, encode, epoch_ms};
+use support::{init_logging, raw, wait_until, Cluster, RedisServer};
 
 const MASTERS: usize = 3;
 
@@ -103,35 +104,6 @@ impl Variant {
     }
 }
 
-fn epoch_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn decode(encoding: Encoding, v: &[u8]) -> i64 {
-    match encoding {
-        Encoding::BigEndian => i64::from_be_bytes(v.try_into().expect("8 bytes")),
-        _ => std::str::from_utf8(v).unwrap().parse().unwrap(),
-    }
-}
-
-fn encode(encoding: Encoding, ms: i64) -> Vec<u8> {
-    match encoding {
-        Encoding::BigEndian => ms.to_be_bytes().to_vec(),
-        _ => ms.to_string().into_bytes(),
-    }
-}
-
-fn raw_get(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("GET").arg(key).query(conn).expect("GET")
-}
-
-fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(conn).expect("PTTL")
-}
-
 /// `ASKING` then `cmd` on one connection: reads a key from a node that is importing its slot.
 fn asking<T: redis::FromRedisValue>(conn: &mut redis::Connection, cmd: &redis::Cmd) -> T {
     let _: () = redis::cmd("ASKING").query(conn).expect("ASKING");
@@ -145,13 +117,6 @@ fn keys_in_slot(node: &RedisServer, slot: u16) -> Vec<String> {
         .arg(1000)
         .query(&mut node.conn())
         .expect("CLUSTER GETKEYSINSLOT")
-}
-
-fn cached_scripts(node: &RedisServer) -> usize {
-    let mut conn = node.conn();
-    support::info_field(&mut conn, "memory", "number_of_cached_scripts")
-        .and_then(|n| n.parse().ok())
-        .expect("number_of_cached_scripts")
 }
 
 /// One key per master, as a hash tag (`{n:K}`) whose slot that master serves, so every lock of a
@@ -183,7 +148,7 @@ fn assert_held<T: std::fmt::Debug>(r: Result<T, LockError>, what: &str) {
 /// every step checked on the master that owns the key.
 fn checked_cycle(owner: &RedisServer, a: &LockClient, b: &LockClient, key: &str, variant: Variant) {
     let what = format!("{} on {key} (node :{})", variant.name(), owner.port());
-    let mut raw = owner.conn();
+    let mut conn = owner.conn();
     let ttl = Duration::from_secs(5);
     let la = variant.build(a, key, ttl, RetryPolicy::no_wait());
     let lb = variant.build(b, key, ttl, RetryPolicy::no_wait());
@@ -192,12 +157,16 @@ fn checked_cycle(owner: &RedisServer, a: &LockClient, b: &LockClient, key: &str,
     let mut g = la
         .try_lock()
         .unwrap_or_else(|e| panic!("{what}: try_lock: {e}"));
-    assert_eq!(raw_get(&mut raw, key).as_deref(), Some(g.value()), "{what}");
+    assert_eq!(
+        raw::get(&mut conn, key).as_deref(),
+        Some(g.value()),
+        "{what}"
+    );
     let now = epoch_ms();
     match variant {
         Variant::Token => {
             assert_eq!(g.value().len(), 32, "{what}: a 128-bit hex token");
-            let t = pttl(&mut raw, key);
+            let t = raw::pttl(&mut conn, key);
             assert!(t > 0 && t <= 5_000, "{what}: PTTL {t}");
         }
         Variant::Classic {
@@ -208,7 +177,7 @@ fn checked_cycle(owner: &RedisServer, a: &LockClient, b: &LockClient, key: &str,
                 expiry > now && expiry <= now + 5_100,
                 "{what}: expiry {expiry} vs now {now}"
             );
-            let t = pttl(&mut raw, key);
+            let t = raw::pttl(&mut conn, key);
             if key_ttl {
                 assert!(t > 0 && t <= 5_000, "{what}: PTTL {t}");
             } else {
@@ -224,15 +193,25 @@ fn checked_cycle(owner: &RedisServer, a: &LockClient, b: &LockClient, key: &str,
     // Extend: a longer life, visible on the owning node.
     g.extend(Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("{what}: extend: {e}"));
-    assert_eq!(raw_get(&mut raw, key).as_deref(), Some(g.value()), "{what}");
+    assert_eq!(
+        raw::get(&mut conn, key).as_deref(),
+        Some(g.value()),
+        "{what}"
+    );
     match variant {
-        Variant::Token => assert!(pttl(&mut raw, key) > 5_000, "{what}: PTTL after extend"),
+        Variant::Token => assert!(
+            raw::pttl(&mut conn, key) > 5_000,
+            "{what}: PTTL after extend"
+        ),
         Variant::Classic {
             encoding, key_ttl, ..
         } => {
             assert!(decode(encoding, g.value()) > epoch_ms() + 15_000, "{what}");
             if key_ttl {
-                assert!(pttl(&mut raw, key) > 5_000, "{what}: PTTL after extend");
+                assert!(
+                    raw::pttl(&mut conn, key) > 5_000,
+                    "{what}: PTTL after extend"
+                );
             }
         }
     }
@@ -240,7 +219,7 @@ fn checked_cycle(owner: &RedisServer, a: &LockClient, b: &LockClient, key: &str,
 
     // Release: gone from the owning node, and the other client gets it.
     assert!(g.unlock().unwrap(), "{what}: unlock of a held lock");
-    assert_eq!(raw_get(&mut raw, key), None, "{what}: released");
+    assert_eq!(raw::get(&mut conn, key), None, "{what}: released");
     let lease = la.try_acquire().unwrap().expect("free again");
     assert!(la.release(&lease).unwrap(), "{what}: release");
     // A Classic value is the expiry timestamp: a hold taken in the same millisecond with the
@@ -253,7 +232,7 @@ fn checked_cycle(owner: &RedisServer, a: &LockClient, b: &LockClient, key: &str,
     // Owner-checked release: a's old lease does not delete b's hold.
     assert!(!la.release(&lease).unwrap(), "{what}: stale release");
     assert_eq!(
-        raw_get(&mut raw, key).as_deref(),
+        raw::get(&mut conn, key).as_deref(),
         Some(gb.value()),
         "{what}"
     );
@@ -265,22 +244,25 @@ fn checked_cycle(owner: &RedisServer, a: &LockClient, b: &LockClient, key: &str,
     } = variant
     {
         let stale = encode(encoding, epoch_ms() - 10_000);
-        let _: () = redis::cmd("SET")
-            .arg(key)
-            .arg(&stale)
-            .query(&mut raw)
-            .unwrap();
+        raw::set(&mut conn, key, &stale);
         let g = lb
             .try_lock()
             .unwrap_or_else(|e| panic!("{what}: takeover: {e}"));
-        assert_eq!(raw_get(&mut raw, key).as_deref(), Some(g.value()), "{what}");
+        assert_eq!(
+            raw::get(&mut conn, key).as_deref(),
+            Some(g.value()),
+            "{what}"
+        );
         assert!(decode(encoding, g.value()) > epoch_ms(), "{what}");
         if key_ttl {
-            assert!(pttl(&mut raw, key) > 0, "{what}: takeover sets the TTL");
+            assert!(
+                raw::pttl(&mut conn, key) > 0,
+                "{what}: takeover sets the TTL"
+            );
         }
         assert_held(la.try_lock(), &what);
         assert!(g.unlock().unwrap(), "{what}: unlock after takeover");
-        assert_eq!(raw_get(&mut raw, key), None, "{what}");
+        assert_eq!(raw::get(&mut conn, key), None, "{what}");
     }
 }
 
@@ -340,7 +322,11 @@ fn noscript_recovery_on_every_node_after_script_flush() {
         assert!(g.unlock().unwrap());
     }
     for node in cluster.nodes() {
-        assert_eq!(cached_scripts(node), 3, "unlock, extend, compare_and_set");
+        assert_eq!(
+            raw::cached_scripts(&mut node.conn()),
+            3,
+            "unlock, extend, compare_and_set"
+        );
     }
 
     // Hold a lock of each kind on each node, then flush every node's script cache.
@@ -350,11 +336,8 @@ fn noscript_recovery_on_every_node_after_script_flush() {
         .map(|l| l.try_lock().unwrap())
         .collect();
     for node in cluster.nodes() {
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query(&mut node.conn())
-            .unwrap();
-        assert_eq!(cached_scripts(node), 0);
+        raw::script_flush(&mut node.conn());
+        assert_eq!(raw::cached_scripts(&mut node.conn()), 0);
     }
 
     // Every script-backed operation still works (EVALSHA -> NOSCRIPT -> EVAL on the owner).
@@ -366,33 +349,30 @@ fn noscript_recovery_on_every_node_after_script_flush() {
     for g in held {
         let key = g.key().to_owned();
         let value = g.value().to_vec();
-        let mut raw = cluster.conn_for_key(&key);
-        assert_eq!(raw_get(&mut raw, &key), Some(value));
+        let mut conn = cluster.conn_for_key(&key);
+        assert_eq!(raw::get(&mut conn, &key), Some(value));
         assert!(g.unlock().unwrap(), "unlock {key} after SCRIPT FLUSH");
-        assert_eq!(raw_get(&mut raw, &key), None);
+        assert_eq!(raw::get(&mut conn, &key), None);
     }
     for node in cluster.nodes() {
-        assert_eq!(cached_scripts(node), 3, "EVAL cached the scripts again");
+        assert_eq!(
+            raw::cached_scripts(&mut node.conn()),
+            3,
+            "EVAL cached the scripts again"
+        );
     }
 
     // The fallback keeps the owner check: a lock taken over by someone else is not deleted.
     for lock in &token_locks {
         let g = lock.try_lock().unwrap();
-        let mut raw = cluster.conn_for_key(lock.key());
-        let _: () = redis::cmd("SET")
-            .arg(lock.key())
-            .arg("someone-else")
-            .query(&mut raw)
-            .unwrap();
+        let mut conn = cluster.conn_for_key(lock.key());
+        raw::set(&mut conn, lock.key(), b"someone-else");
         for node in cluster.nodes() {
-            let _: () = redis::cmd("SCRIPT")
-                .arg("FLUSH")
-                .query(&mut node.conn())
-                .unwrap();
+            raw::script_flush(&mut node.conn());
         }
         assert!(!g.unlock().unwrap(), "not ours any more");
         assert_eq!(
-            raw_get(&mut raw, lock.key()).as_deref(),
+            raw::get(&mut conn, lock.key()).as_deref(),
             Some(&b"someone-else"[..])
         );
     }
@@ -541,8 +521,8 @@ fn mutual_exclusion_of_four_threads_across_the_masters() {
     let entries = contenders.finish();
     for ((key, _), n) in locks.iter().zip(&entries) {
         assert!(*n >= 20, "{key}: only {n} critical sections");
-        let mut raw = cluster.conn_for_key(key);
-        assert_eq!(raw_get(&mut raw, key), None, "{key} left behind");
+        let mut conn = cluster.conn_for_key(key);
+        assert_eq!(raw::get(&mut conn, key), None, "{key} left behind");
     }
 }
 
@@ -724,7 +704,7 @@ fn locks_work_while_their_slot_migrates() {
         for (g, (_, lb)) in guards.iter_mut().zip(&held) {
             let k = g.key().to_owned();
             assert_eq!(
-                raw_get(&mut cluster.node(to).conn(), &k).as_deref(),
+                raw::get(&mut cluster.node(to).conn(), &k).as_deref(),
                 Some(g.value()),
                 "{k} on node {to}"
             );
@@ -749,7 +729,7 @@ fn locks_work_while_their_slot_migrates() {
     for (g, (_, lb)) in guards.into_iter().zip(&held) {
         let k = g.key().to_owned();
         assert!(g.unlock().unwrap(), "unlock {k} after three moves");
-        assert_eq!(raw_get(&mut owner.conn(), &k), None, "{k} released");
+        assert_eq!(raw::get(&mut owner.conn(), &k), None, "{k} released");
         let gb = lb.try_lock().expect("free for the other client");
         assert!(gb.unlock().unwrap());
     }

@@ -12,15 +12,15 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Barrier, Mutex};
+use std::sync::{Barrier, Mutex};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use redis_dlock::{DistributedLock, Encoding, LockClient, RetryPolicy, Strategy, Takeover};
-use support::{init_logging, RedisServer};
+use support::expiry::{decode, epoch_ms};
+use support::worker::{self, WorkerProcess};
+use support::{init_logging, raw, RedisServer};
 
 const KEY: &str = "crash:lock";
 /// The lifetime of the dead holder's lock (and of ours).
@@ -104,28 +104,6 @@ fn build_lock_with(
     .expect("valid lock options")
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-/// Decodes a legacy expiry timestamp the way the legacy lockers do.
-fn decode(encoding: Encoding, value: &[u8]) -> i64 {
-    match encoding {
-        Encoding::BigEndian => i64::from_be_bytes(
-            value
-                .try_into()
-                .unwrap_or_else(|_| panic!("not 8 bytes: {value:?}")),
-        ),
-        _ => std::str::from_utf8(value)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("not a decimal timestamp: {value:?}")),
-    }
-}
-
 fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -135,25 +113,6 @@ fn from_hex(s: &str) -> Vec<u8> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
         .collect()
-}
-
-fn get(conn: &mut redis::Connection) -> Option<Vec<u8>> {
-    redis::cmd("GET").arg(KEY).query(conn).unwrap()
-}
-
-fn pttl(conn: &mut redis::Connection) -> i64 {
-    redis::cmd("PTTL").arg(KEY).query(conn).unwrap()
-}
-
-/// How many calls of `command` Redis has served (INFO commandstats).
-fn command_calls(conn: &mut redis::Connection, command: &str) -> i64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -172,92 +131,38 @@ fn crash_holder_process() {
     let client = LockClient::open(&url).unwrap();
     let lock = build_lock(&client, kind);
     let guard = lock.try_lock().expect("the holder takes a free lock");
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "\n{LOCKED_MARKER} {}", to_hex(guard.value())).unwrap();
-    out.flush().unwrap();
-    drop(out);
-    // "Sleep forever": until killed, or until the parent goes away and closes our stdin.
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut sink);
-    // Leave without releasing, like a crash.
-    std::process::exit(0);
+    worker::report(LOCKED_MARKER, &to_hex(guard.value()));
+    // Until killed; leaves without releasing, like a crash.
+    worker::hold_until_killed()
 }
 
-/// A running holder process; killed and reaped on drop.
-struct Holder {
-    child: Child,
-    _stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
+/// Runs [`crash_holder_process`] as a child process that takes the lock of `kind` on `url`.
+fn spawn_holder(url: &str, kind: Kind) -> WorkerProcess {
+    WorkerProcess::spawn(
+        WORKER_TEST,
+        &[
+            (WORKER_ENV, "1".to_owned()),
+            ("DLOCK_URL", url.to_owned()),
+            ("DLOCK_STRATEGY", kind.to_env()),
+        ],
+    )
 }
 
-impl Holder {
-    fn spawn(url: &str, kind: Kind) -> Holder {
-        let exe = std::env::current_exe().expect("current test binary");
-        let mut child = Command::new(exe)
-            .args(["--exact", WORKER_TEST, "--nocapture", "--test-threads=1"])
-            .env(WORKER_ENV, "1")
-            .env("DLOCK_URL", url)
-            .env("DLOCK_STRATEGY", kind.to_env())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn holder process");
-        let stdin = child.stdin.take().unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Holder {
-            child,
-            _stdin: stdin,
-            lines: rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits for the marker line and returns the value the holder stored.
-    fn wait_locked(&mut self, timeout: Duration) -> Vec<u8> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix(LOCKED_MARKER) {
-                        return from_hex(rest.trim());
-                    }
-                    self.seen.push(line);
-                }
-                Err(e) => panic!(
-                    "the holder did not report the lock ({e:?}); its output:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-
-    /// SIGKILL, then reap.
-    fn kill(&mut self) {
-        self.child.kill().expect("SIGKILL the holder");
-        let status = self.child.wait().expect("reap the holder");
-        assert!(!status.success(), "the holder exited on its own: {status}");
+/// Waits for the holder's marker line and returns the value it stored.
+fn wait_locked(holder: &mut WorkerProcess, timeout: Duration) -> Vec<u8> {
+    match holder.wait_marker(LOCKED_MARKER, timeout) {
+        Ok(hex) => from_hex(&hex),
+        Err(e) => panic!(
+            "the holder did not report the lock ({e:?}); its output:\n{}",
+            holder.seen().join("\n")
+        ),
     }
 }
 
-impl Drop for Holder {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
+/// SIGKILL, then reap.
+fn kill_holder(holder: &mut WorkerProcess) {
+    let status = holder.kill();
+    assert!(!status.success(), "the holder exited on its own: {status}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -270,17 +175,17 @@ fn crash_and_recover(kind: Kind) {
     let client = LockClient::open(&server.url()).unwrap();
     let lock = build_lock(&client, kind);
 
-    let mut holder = Holder::spawn(&server.url(), kind);
-    let dead_value = holder.wait_locked(Duration::from_secs(30));
+    let mut holder = spawn_holder(&server.url(), kind);
+    let dead_value = wait_locked(&mut holder, Duration::from_secs(30));
     assert_eq!(
-        get(&mut conn).as_deref(),
+        raw::get(&mut conn, KEY).as_deref(),
         Some(&dead_value[..]),
         "the holder's value is at the key"
     );
     match kind {
-        Kind::Classic(..) => assert_eq!(pttl(&mut conn), -1, "Classic sets no Redis TTL"),
+        Kind::Classic(..) => assert_eq!(raw::pttl(&mut conn, KEY), -1, "Classic sets no Redis TTL"),
         Kind::Token => {
-            let pttl = pttl(&mut conn);
+            let pttl = raw::pttl(&mut conn, KEY);
             assert!(
                 pttl > 0 && pttl <= TTL.as_millis() as i64,
                 "Token key TTL {pttl}"
@@ -289,10 +194,10 @@ fn crash_and_recover(kind: Kind) {
     }
 
     let killed = Instant::now();
-    holder.kill();
+    kill_holder(&mut holder);
     if let Kind::Classic(..) = kind {
         // Nothing removes it: no TTL, and the holder is dead.
-        assert_eq!(get(&mut conn).as_deref(), Some(&dead_value[..]));
+        assert_eq!(raw::get(&mut conn, KEY).as_deref(), Some(&dead_value[..]));
     }
     let guard = match kind {
         Kind::Token => lock.lock(),
@@ -300,14 +205,14 @@ fn crash_and_recover(kind: Kind) {
     }
     .unwrap_or_else(|e| panic!("{kind:?}: the dead holder's lock was not recovered: {e}"));
     let recovery = killed.elapsed();
-    let acquired_wall_ms = now_ms();
+    let acquired_wall_ms = epoch_ms();
     eprintln!("crash/{kind:?}: recovered {recovery:.2?} after SIGKILL of the holder (ttl {TTL:?})");
     assert!(
         recovery <= TTL + MARGIN,
         "{kind:?}: recovery took {recovery:?}, more than ttl {TTL:?} + {MARGIN:?}"
     );
 
-    let stored = get(&mut conn).expect("the key holds our lock");
+    let stored = raw::get(&mut conn, KEY).expect("the key holds our lock");
     assert_eq!(stored, guard.value(), "the stored value is ours");
     assert_ne!(stored, dead_value, "the dead holder's value was replaced");
 
@@ -319,30 +224,34 @@ fn crash_and_recover(kind: Kind) {
                 "taken over before the dead holder's expiry ({dead_expiry}, now {acquired_wall_ms})"
             );
             let our_expiry = decode(encoding, &stored);
-            let now = now_ms();
+            let now = epoch_ms();
             assert!(
                 our_expiry > now && our_expiry <= now + TTL.as_millis() as i64 + 1,
                 "our stored expiry {our_expiry} is not now ({now}) + ttl"
             );
-            assert_eq!(pttl(&mut conn), -1, "still no Redis TTL after the takeover");
+            assert_eq!(
+                raw::pttl(&mut conn, KEY),
+                -1,
+                "still no Redis TTL after the takeover"
+            );
             // The key never went away, so only the stale-timestamp takeover can have replaced it.
-            let getsets = command_calls(&mut conn, "getset");
+            let getsets = raw::command_calls(&mut conn, "getset");
             match takeover {
                 Takeover::GetSet => assert!(getsets >= 1, "no GETSET was sent"),
                 _ => {
                     assert_eq!(getsets, 0, "compare-and-set mode sent GETSET");
-                    assert!(command_calls(&mut conn, "evalsha") >= 1);
+                    assert!(raw::command_calls(&mut conn, "evalsha") >= 1);
                 }
             }
         }
         Kind::Token => {
-            let pttl = pttl(&mut conn);
+            let pttl = raw::pttl(&mut conn, KEY);
             assert!(pttl > 0 && pttl <= TTL.as_millis() as i64, "our TTL {pttl}");
         }
     }
 
     assert!(guard.unlock().unwrap(), "our recovered lock is released");
-    assert_eq!(get(&mut conn), None);
+    assert_eq!(raw::get(&mut conn, KEY), None);
 }
 
 #[test]
@@ -383,8 +292,8 @@ fn crash_then_contenders(kind: Kind) {
     init_logging();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let mut holder = Holder::spawn(&server.url(), kind);
-    let dead_value = holder.wait_locked(Duration::from_secs(30));
+    let mut holder = spawn_holder(&server.url(), kind);
+    let dead_value = wait_locked(&mut holder, Duration::from_secs(30));
     let clients: Vec<LockClient> = (0..CONTENDERS)
         .map(|_| LockClient::open(&server.url()).unwrap())
         .collect();
@@ -436,14 +345,14 @@ fn crash_then_contenders(kind: Kind) {
                 };
             });
         }
-        holder.kill();
+        kill_holder(&mut holder);
         barrier.wait();
         Instant::now()
     });
     let total = killed.elapsed();
     let mut times = acquired_after.into_inner().unwrap();
     times.sort();
-    let getsets = command_calls(&mut conn, "getset");
+    let getsets = raw::command_calls(&mut conn, "getset");
     eprintln!(
         "crash/contenders/{kind:?}: {CONTENDERS} contenders after SIGKILL: first got the lock \
          after {:.2?}, all done in {total:.2?} (acquired after {times:.2?}); released {}, found \
@@ -459,7 +368,7 @@ fn crash_then_contenders(kind: Kind) {
         "{kind:?}: first recovery after {:?}",
         times[0]
     );
-    let value = get(&mut conn);
+    let value = raw::get(&mut conn, KEY);
     assert_ne!(value.as_deref(), Some(&dead_value[..]));
     match kind {
         Kind::Classic(_, Takeover::GetSet) => {

@@ -15,15 +15,14 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Barrier, Mutex};
+use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::{DistributedLock, LockClient, RetryPolicy, Strategy};
-use support::{init_logging, RedisServer};
+use support::worker::WorkerProcess;
+use support::{init_logging, raw, RedisServer};
 
 /// The lock key every contender uses.
 const LOCK_KEY: &str = "exclusion:lock";
@@ -111,38 +110,10 @@ fn raw_conn(url: &str) -> redis::Connection {
     conn
 }
 
-/// The unprotected read-modify-write that only mutual exclusion keeps correct: GET, a pause
-/// that widens the race window, SET to the value read plus one.
-fn bump_counter(conn: &mut redis::Connection) {
-    let value: Option<i64> = redis::cmd("GET").arg(COUNTER_KEY).query(conn).unwrap();
-    thread::sleep(Duration::from_micros(50));
-    let _: () = redis::cmd("SET")
-        .arg(COUNTER_KEY)
-        .arg(value.unwrap_or(0) + 1)
-        .query(conn)
-        .unwrap();
-}
-
 /// Work outside the critical section: gives the waiters a chance to take the lock, so that
 /// holds change hands often instead of one thread re-acquiring in a burst.
 fn outside_work() {
     thread::sleep(Duration::from_micros(OUTSIDE_WORK_MICROS));
-}
-
-fn get_i64(conn: &mut redis::Connection, key: &str) -> i64 {
-    let v: Option<i64> = redis::cmd("GET").arg(key).query(conn).unwrap();
-    v.unwrap_or(0)
-}
-
-/// How many calls of `command` Redis has served (INFO commandstats).
-fn command_calls(conn: &mut redis::Connection, command: &str) -> i64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
 }
 
 /// Acquire attempts that found the lock held: every attempt sends one `SET .. NX` (Token) or
@@ -150,14 +121,9 @@ fn command_calls(conn: &mut redis::Connection, command: &str) -> i64 {
 fn failed_attempts(conn: &mut redis::Connection, kind: Kind, sections: usize) -> i64 {
     let sections = sections as i64;
     match kind {
-        Kind::Token => command_calls(conn, "set") - 2 * sections,
-        Kind::Classic => command_calls(conn, "setnx") - sections,
+        Kind::Token => raw::command_calls(conn, "set") - 2 * sections,
+        Kind::Classic => raw::command_calls(conn, "setnx") - sections,
     }
-}
-
-fn exists(conn: &mut redis::Connection, key: &str) -> bool {
-    let n: i64 = redis::cmd("EXISTS").arg(key).query(conn).unwrap();
-    n == 1
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -218,7 +184,7 @@ fn threads_on_one_key(kind: Kind) {
                         if last_client.swap(c, Ordering::SeqCst) != c {
                             client_handoffs.fetch_add(1, Ordering::SeqCst);
                         }
-                        bump_counter(&mut conn);
+                        raw::bump_counter(&mut conn, COUNTER_KEY);
                         if probe.fetch_sub(1, Ordering::SeqCst) != 1 {
                             violations.fetch_add(1, Ordering::SeqCst);
                         }
@@ -244,7 +210,7 @@ fn threads_on_one_key(kind: Kind) {
 
     let total = THREADS * SECTIONS_PER_THREAD;
     let mut conn = server.conn();
-    let counter = get_i64(&mut conn, COUNTER_KEY);
+    let counter = raw::get_i64(&mut conn, COUNTER_KEY);
     let contended = failed_attempts(&mut conn, kind, total);
     eprintln!(
         "exclusion/threads/{}: {THREADS} threads ({CLIENTS} clients) x {SECTIONS_PER_THREAD} = {} \
@@ -273,7 +239,7 @@ fn threads_on_one_key(kind: Kind) {
     );
     assert_eq!(counter, total as i64, "lost updates: exclusion was broken");
     assert!(
-        !exists(&mut conn, LOCK_KEY),
+        !raw::exists(&mut conn, LOCK_KEY),
         "the lock key must be gone after the last release"
     );
 }
@@ -290,97 +256,6 @@ fn classic_threads_exclusive_on_one_key() {
 
 // ---------------------------------------------------------------------------------------------
 // 4 processes
-
-/// A child process running this test binary's [`exclusion_worker_process`] test. Killed and
-/// reaped on drop if still running.
-struct Worker {
-    child: Child,
-    stdout: Option<mpsc::Receiver<String>>,
-    stderr: Option<thread::JoinHandle<String>>,
-}
-
-impl Worker {
-    fn spawn(envs: &[(&str, String)]) -> Worker {
-        let exe = std::env::current_exe().expect("current test binary");
-        let mut cmd = Command::new(exe);
-        cmd.args(["--exact", WORKER_TEST, "--nocapture", "--test-threads=1"])
-            .env(WORKER_ENV, "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn worker process");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut err = child.stderr.take().unwrap();
-        let stderr = thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        });
-        Worker {
-            child,
-            stdout: Some(rx),
-            stderr: Some(stderr),
-        }
-    }
-
-    /// Waits for the child to exit (killing it after `timeout`); its status, stdout and stderr.
-    fn finish(mut self, timeout: Duration) -> (ExitStatus, String, String) {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let status = self.child.wait().expect("wait");
-                let (out, err) = self.output();
-                panic!(
-                    "worker {} did not finish within {timeout:?} ({status})\n\
-                     --- stdout\n{out}\n--- stderr\n{err}",
-                    self.child.id()
-                );
-            }
-            thread::sleep(Duration::from_millis(10));
-        };
-        let (out, err) = self.output();
-        (status, out, err)
-    }
-
-    fn output(&mut self) -> (String, String) {
-        let err = self
-            .stderr
-            .take()
-            .map(|h| h.join().unwrap_or_default())
-            .unwrap_or_default();
-        let out = self
-            .stdout
-            .take()
-            .map(|rx| rx.iter().collect::<Vec<_>>().join("\n"))
-            .unwrap_or_default();
-        (out, err)
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
 
 /// The worker side of the multi-process tests. Does nothing unless [`WORKER_ENV`] is set: in a
 /// normal test run it passes at once.
@@ -404,8 +279,9 @@ fn exclusion_worker_process() {
     // Start together, so that every section is contended.
     let _: i64 = redis::cmd("INCR").arg(READY_KEY).query(&mut conn).unwrap();
     assert!(
-        support::wait_until(Duration::from_secs(30), || get_i64(&mut conn, READY_KEY)
-            >= workers),
+        support::wait_until(Duration::from_secs(30), || raw::get_i64(
+            &mut conn, READY_KEY
+        ) >= workers),
         "worker {me}: the other workers did not start"
     );
 
@@ -436,7 +312,7 @@ fn exclusion_worker_process() {
                 .query(&mut conn)
                 .unwrap();
         }
-        bump_counter(&mut conn);
+        raw::bump_counter(&mut conn, COUNTER_KEY);
         let holders: i64 = redis::cmd("DECR")
             .arg(HOLDERS_KEY)
             .query(&mut conn)
@@ -467,13 +343,16 @@ fn processes_on_one_key(kind: Kind) {
     let _serial = serial();
     let server = RedisServer::start();
     let envs = [
+        (WORKER_ENV, "1".to_owned()),
         ("DLOCK_URL", server.url()),
         ("DLOCK_STRATEGY", kind.name().to_owned()),
         ("DLOCK_SECTIONS", SECTIONS_PER_PROCESS.to_string()),
         ("DLOCK_WORKERS", PROCESSES.to_string()),
     ];
     let started = Instant::now();
-    let workers: Vec<Worker> = (0..PROCESSES).map(|_| Worker::spawn(&envs)).collect();
+    let workers: Vec<WorkerProcess> = (0..PROCESSES)
+        .map(|_| WorkerProcess::spawn_captured(WORKER_TEST, &envs))
+        .collect();
     let mut reports = Vec::new();
     for w in workers {
         let (status, out, err) = w.finish(Duration::from_secs(150));
@@ -495,10 +374,10 @@ fn processes_on_one_key(kind: Kind) {
 
     let total = PROCESSES * SECTIONS_PER_PROCESS;
     let mut conn = server.conn();
-    let counter = get_i64(&mut conn, COUNTER_KEY);
-    let violations = get_i64(&mut conn, VIOLATIONS_KEY);
-    let holders = get_i64(&mut conn, HOLDERS_KEY);
-    let handoffs = get_i64(&mut conn, HANDOFFS_KEY);
+    let counter = raw::get_i64(&mut conn, COUNTER_KEY);
+    let violations = raw::get_i64(&mut conn, VIOLATIONS_KEY);
+    let holders = raw::get_i64(&mut conn, HOLDERS_KEY);
+    let handoffs = raw::get_i64(&mut conn, HANDOFFS_KEY);
     let contended = failed_attempts(&mut conn, kind, total);
     eprintln!(
         "exclusion/processes/{}: {PROCESSES} processes x {SECTIONS_PER_PROCESS} = {total} critical \
@@ -512,7 +391,7 @@ fn processes_on_one_key(kind: Kind) {
     assert_eq!(holders, 0);
     assert_eq!(counter, total as i64, "lost updates: exclusion was broken");
     assert!(
-        !exists(&mut conn, LOCK_KEY),
+        !raw::exists(&mut conn, LOCK_KEY),
         "the lock key must be gone after the last release"
     );
 }

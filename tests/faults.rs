@@ -5,10 +5,11 @@ mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, Takeover};
-use support::{init_logging, wait_until, RedisServer};
+use support::expiry::epoch_ms;
+use support::{init_logging, raw, wait_until, RedisServer};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 /// Slack on top of a timeout for a slow, busy CI machine.
@@ -28,36 +29,6 @@ fn impatient_client(server: &RedisServer, pool_size: u32) -> LockClient {
         .expect("client")
 }
 
-fn epoch_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn raw_get(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("GET").arg(key).query(conn).expect("GET")
-}
-
-fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(conn).expect("PTTL")
-}
-
-fn script_flush(conn: &mut redis::Connection) {
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query(conn)
-        .expect("SCRIPT FLUSH");
-}
-
-fn scripts_loaded(conn: &mut redis::Connection) -> usize {
-    let info: String = redis::cmd("INFO").arg("memory").query(conn).expect("INFO");
-    info.lines()
-        .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("number_of_cached_scripts in INFO memory")
-}
-
 /// Asserts `err` is a Connection error about `key`.
 #[track_caller]
 fn assert_connection_error<T: std::fmt::Debug>(result: Result<T, LockError>, key: &str) {
@@ -75,20 +46,20 @@ fn checked_token_cycle(server: &RedisServer, lock: &dyn DistributedLock, round: 
         .try_lock()
         .unwrap_or_else(|e| panic!("round {round}: try_lock: {e}"));
     assert_eq!(
-        raw_get(&mut conn, &key).as_deref(),
+        raw::get(&mut conn, &key).as_deref(),
         Some(guard.value()),
         "round {round}: the lock in Redis holds our token"
     );
     assert!(guard.is_held().unwrap(), "round {round}");
     guard.extend(Duration::from_secs(20)).unwrap();
-    let p = pttl(&mut conn, &key);
+    let p = raw::pttl(&mut conn, &key);
     assert!(p > 10_000 && p <= 20_000, "round {round}: PTTL {p}");
     assert!(
         matches!(lock.try_lock(), Err(LockError::Held { .. })),
         "round {round}"
     );
     assert!(guard.unlock().unwrap(), "round {round}: unlock");
-    assert_eq!(raw_get(&mut conn, &key), None, "round {round}");
+    assert_eq!(raw::get(&mut conn, &key), None, "round {round}");
 }
 
 #[test]
@@ -106,39 +77,35 @@ fn noscript_recovery_token() {
     // Release after a flush.
     let guard = lock.try_lock().unwrap();
     assert!(guard.unlock().unwrap());
-    script_flush(&mut conn);
-    assert_eq!(scripts_loaded(&mut conn), 0);
+    raw::script_flush(&mut conn);
+    assert_eq!(raw::cached_scripts(&mut conn), 0);
     let guard = lock.try_lock().unwrap();
     assert!(guard.unlock().expect("unlock after SCRIPT FLUSH"));
-    assert_eq!(raw_get(&mut conn, "f:noscript"), None);
+    assert_eq!(raw::get(&mut conn, "f:noscript"), None);
     assert!(
-        scripts_loaded(&mut conn) >= 1,
+        raw::cached_scripts(&mut conn) >= 1,
         "the script was loaded again"
     );
 
     // Extend after a flush.
     let mut guard = lock.try_lock().unwrap();
-    script_flush(&mut conn);
+    raw::script_flush(&mut conn);
     guard
         .extend(Duration::from_secs(30))
         .expect("extend after SCRIPT FLUSH");
-    assert!(pttl(&mut conn, "f:noscript") > 5_000);
+    assert!(raw::pttl(&mut conn, "f:noscript") > 5_000);
 
     // A lost lock after a flush is still reported as lost, not as an error.
-    let _: () = redis::cmd("SET")
-        .arg("f:noscript")
-        .arg("other")
-        .query(&mut conn)
-        .unwrap();
-    script_flush(&mut conn);
+    raw::set(&mut conn, "f:noscript", b"other");
+    raw::script_flush(&mut conn);
     assert!(matches!(
         guard.extend(Duration::from_secs(1)),
         Err(LockError::Lost { .. })
     ));
-    script_flush(&mut conn);
+    raw::script_flush(&mut conn);
     assert!(!guard.unlock().unwrap());
     assert_eq!(
-        raw_get(&mut conn, "f:noscript").as_deref(),
+        raw::get(&mut conn, "f:noscript").as_deref(),
         Some(&b"other"[..])
     );
 }
@@ -162,26 +129,22 @@ fn noscript_recovery_classic() {
         let lock = b.build_classic().unwrap();
 
         // Takeover of a stale lock with compare_and_set.lua after a flush.
-        let _: () = redis::cmd("SET")
-            .arg(&key)
-            .arg((epoch_ms() - 1_000).to_string())
-            .query(&mut conn)
-            .unwrap();
-        script_flush(&mut conn);
+        raw::set(&mut conn, &key, (epoch_ms() - 1_000).to_string().as_bytes());
+        raw::script_flush(&mut conn);
         let mut guard = lock.try_lock().expect("CompareAndSet takeover after FLUSH");
-        assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(guard.value()));
+        assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
 
         // Extend (compare_and_set.lua) and release (unlock.lua) after flushes.
-        script_flush(&mut conn);
+        raw::script_flush(&mut conn);
         let before = guard.value().to_vec();
         guard
             .extend(Duration::from_secs(30))
             .expect("extend after FLUSH");
         assert_ne!(guard.value(), &before[..]);
-        assert_eq!(raw_get(&mut conn, &key).as_deref(), Some(guard.value()));
-        script_flush(&mut conn);
+        assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
+        raw::script_flush(&mut conn);
         assert!(guard.unlock().expect("unlock after FLUSH"));
-        assert_eq!(raw_get(&mut conn, &key), None);
+        assert_eq!(raw::get(&mut conn, &key), None);
     }
 }
 
@@ -196,7 +159,7 @@ fn noscript_recovery_under_concurrent_flushes() {
             let mut conn = server.conn();
             let mut flushes = 0u32;
             while !stop.load(Ordering::SeqCst) {
-                script_flush(&mut conn);
+                raw::script_flush(&mut conn);
                 flushes += 1;
                 thread::sleep(Duration::from_millis(5));
             }
@@ -427,12 +390,12 @@ fn pause_times_out_then_same_client_answers_the_right_commands() {
     assert!(held.is_held().expect("is_held after resume"));
     assert!(held.unlock().expect("unlock after resume"));
     let mut conn = server.conn();
-    assert_eq!(raw_get(&mut conn, "f:pause"), None);
+    assert_eq!(raw::get(&mut conn, "f:pause"), None);
     for round in 0..10 {
         checked_token_cycle(&server, &lock, round);
         let g = classic.try_lock().expect("classic after resume");
         assert_eq!(
-            raw_get(&mut conn, "f:pause-classic").as_deref(),
+            raw::get(&mut conn, "f:pause-classic").as_deref(),
             Some(g.value())
         );
         assert!(g.unlock().unwrap());
@@ -440,9 +403,9 @@ fn pause_times_out_then_same_client_answers_the_right_commands() {
 
     // The timed-out acquire may still have been applied once Redis woke up, with a token
     // nobody knows: it must carry the lock's TTL, so it frees itself.
-    if let Some(v) = raw_get(&mut conn, "f:orphan") {
+    if let Some(v) = raw::get(&mut conn, "f:orphan") {
         assert_eq!(v.len(), 32);
-        let p = pttl(&mut conn, "f:orphan");
+        let p = raw::pttl(&mut conn, "f:orphan");
         assert!(
             p == -2 || (p > 0 && p <= orphan_ttl.as_millis() as i64),
             "PTTL {p}"

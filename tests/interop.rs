@@ -20,24 +20,18 @@ mod support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use redis_dlock::{
     DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
 };
-use support::{init_logging, RedisServer};
+use support::expiry::epoch_ms;
+use support::{init_logging, raw, RedisServer};
 
 const KEY: &str = "interop:lock";
 const COUNTER_KEY: &str = "interop:counter";
 /// The clock-skew allowance of the seed-001 locker, also given to its Classic peers.
 const SEED_001_SKEW: Duration = Duration::from_secs(1);
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 // ---------------------------------------------------------------------------------------------
 // The legacy lockers
@@ -107,7 +101,7 @@ impl Legacy {
 
     /// One `tryLock`.
     fn try_lock(&mut self) -> Option<Won> {
-        let now = now_ms();
+        let now = epoch_ms();
         let value = match self.flavour {
             Flavour::Seed000 { timeout_ms } => self.encode(now + timeout_ms + 1),
             Flavour::Seed001 { lock_seconds, .. } => self.encode(now + lock_seconds * 1000 + 1000),
@@ -129,7 +123,7 @@ impl Legacy {
         // Seed 000 compares with a fresh currentTimeMillis(), seed 001 with the time taken at the
         // start of the attempt.
         let now = match self.flavour {
-            Flavour::Seed000 { .. } => now_ms(),
+            Flavour::Seed000 { .. } => epoch_ms(),
             Flavour::Seed001 { .. } => now,
         };
         if self.parse(&current)? >= now {
@@ -197,6 +191,15 @@ fn legacy_parse(encoding: Encoding, value: &[u8]) -> Option<i64> {
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
+/// A fresh server, a raw connection to it, and a lock client for it.
+fn setup() -> (RedisServer, redis::Connection, LockClient) {
+    init_logging();
+    let server = RedisServer::start();
+    let conn = server.conn();
+    let client = LockClient::open(&server.url()).unwrap();
+    (server, conn, client)
+}
+
 /// The legacy locker of an encoding, holding for about `secs` seconds.
 fn flavour(encoding: Encoding, secs: i64, expire: bool) -> Flavour {
     match encoding {
@@ -234,25 +237,6 @@ fn classic(
     builder.build().expect("valid lock options")
 }
 
-fn get(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("GET").arg(key).query(conn).unwrap()
-}
-
-fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(conn).unwrap()
-}
-
-/// How many calls of `command` Redis has served (INFO commandstats).
-fn command_calls(conn: &mut redis::Connection, command: &str) -> i64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
-}
-
 fn assert_held<T: std::fmt::Debug>(result: Result<T, LockError>, what: &str) {
     match result {
         Err(LockError::Held { .. }) => {}
@@ -264,10 +248,7 @@ fn assert_held<T: std::fmt::Debug>(result: Result<T, LockError>, what: &str) {
 // (a) legacy holds → Classic is refused; legacy releases → Classic acquires
 
 fn legacy_holds_then_classic_acquires(encoding: Encoding) {
-    init_logging();
-    let server = RedisServer::start();
-    let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let (server, mut conn, client) = setup();
     let lock = classic(
         &client,
         KEY,
@@ -288,7 +269,7 @@ fn legacy_holds_then_classic_acquires(encoding: Encoding) {
         other => panic!("expected Timeout, got {other:?}"),
     }
     assert_eq!(
-        get(&mut conn, KEY).as_deref(),
+        raw::get(&mut conn, KEY).as_deref(),
         Some(won.value()),
         "Classic must not have touched the legacy locker's value"
     );
@@ -297,15 +278,15 @@ fn legacy_holds_then_classic_acquires(encoding: Encoding) {
     let guard = lock
         .try_lock()
         .expect("Classic takes the lock the legacy locker released");
-    let stored = get(&mut conn, KEY).expect("our lock is stored");
+    let stored = raw::get(&mut conn, KEY).expect("our lock is stored");
     assert_eq!(stored, guard.value());
     let expiry = legacy_parse(encoding, &stored).expect("the legacy locker can read our value");
-    assert!(expiry > now_ms(), "our expiry {expiry} is in the future");
+    assert!(expiry > epoch_ms(), "our expiry {expiry} is in the future");
     // The legacy locker now sees a live lock.
     assert_eq!(legacy.try_lock(), None);
-    assert_eq!(get(&mut conn, KEY), Some(stored));
+    assert_eq!(raw::get(&mut conn, KEY), Some(stored));
     assert!(guard.unlock().unwrap());
-    assert_eq!(get(&mut conn, KEY), None);
+    assert_eq!(raw::get(&mut conn, KEY), None);
 }
 
 #[test]
@@ -322,10 +303,7 @@ fn big_endian_legacy_holds_then_classic_acquires() {
 // (b) Classic holds → legacy is refused
 
 fn classic_holds_legacy_is_refused(encoding: Encoding) {
-    init_logging();
-    let server = RedisServer::start();
-    let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let (server, mut conn, client) = setup();
     let lock = classic(
         &client,
         KEY,
@@ -338,20 +316,20 @@ fn classic_holds_legacy_is_refused(encoding: Encoding) {
     let guard = lock.try_lock().expect("Classic takes a free key");
     let expiry = legacy.parse(guard.value()).expect("legacy format");
     assert!(
-        expiry > now_ms() + 3_000,
+        expiry > epoch_ms() + 3_000,
         "a 5 s Classic lock reads as a live lock to the legacy locker ({expiry})"
     );
     for _ in 0..3 {
         assert_eq!(legacy.try_lock(), None, "legacy locker got a held lock");
     }
-    assert_eq!(get(&mut conn, KEY).as_deref(), Some(guard.value()));
+    assert_eq!(raw::get(&mut conn, KEY).as_deref(), Some(guard.value()));
     assert_eq!(
-        command_calls(&mut conn, "getset"),
+        raw::command_calls(&mut conn, "getset"),
         0,
         "the legacy locker must not have tried a takeover of a live lock"
     );
     assert_eq!(
-        pttl(&mut conn, KEY),
+        raw::pttl(&mut conn, KEY),
         -1,
         "Classic sets no Redis TTL by default"
     );
@@ -362,7 +340,7 @@ fn classic_holds_legacy_is_refused(encoding: Encoding) {
         .expect("legacy locker takes the released lock");
     assert!(matches!(won, Won::Setnx(_)), "{won:?}");
     legacy.unlock();
-    assert_eq!(get(&mut conn, KEY), None);
+    assert_eq!(raw::get(&mut conn, KEY), None);
 }
 
 #[test]
@@ -379,10 +357,7 @@ fn big_endian_classic_holds_legacy_is_refused() {
 // (c) legacy abandons a lock → Classic takes it over once its expiry passed (both modes)
 
 fn classic_takes_over_abandoned_legacy_lock(encoding: Encoding) {
-    init_logging();
-    let server = RedisServer::start();
-    let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let (server, mut conn, client) = setup();
     let modes = [
         ("interop:abandoned:getset", Takeover::GetSet),
         ("interop:abandoned:cas", Takeover::CompareAndSet),
@@ -393,7 +368,7 @@ fn classic_takes_over_abandoned_legacy_lock(encoding: Encoding) {
     for (key, _) in modes {
         let mut legacy = Legacy::new(&server, key, flavour(encoding, 1, false));
         let won = legacy.try_lock().expect("free key");
-        assert_eq!(pttl(&mut conn, key), -1, "no TTL on the abandoned key");
+        assert_eq!(raw::pttl(&mut conn, key), -1, "no TTL on the abandoned key");
         abandoned.push(won.value().to_vec());
     }
     let locks: Vec<_> = modes
@@ -410,30 +385,30 @@ fn classic_takes_over_abandoned_legacy_lock(encoding: Encoding) {
         .map(|v| legacy_parse(encoding, v).unwrap())
         .max()
         .unwrap();
-    while now_ms() <= latest_expiry + 5 {
+    while epoch_ms() <= latest_expiry + 5 {
         thread::sleep(Duration::from_millis(10));
     }
 
     for (i, ((key, takeover), lock)) in modes.iter().zip(&locks).enumerate() {
         assert_eq!(
-            get(&mut conn, key).as_deref(),
+            raw::get(&mut conn, key).as_deref(),
             Some(&abandoned[i][..]),
             "the abandoned value is still there"
         );
-        let getsets_before = command_calls(&mut conn, "getset");
+        let getsets_before = raw::command_calls(&mut conn, "getset");
         let guard = lock
             .try_lock()
             .unwrap_or_else(|e| panic!("{takeover:?}: no takeover of the stale lock: {e}"));
-        let stored = get(&mut conn, key).expect("our lock is stored");
+        let stored = raw::get(&mut conn, key).expect("our lock is stored");
         assert_eq!(
             stored,
             guard.value(),
             "{takeover:?}: the stored value is ours"
         );
         assert_ne!(stored, abandoned[i]);
-        assert!(legacy_parse(encoding, &stored).unwrap() > now_ms());
-        assert_eq!(pttl(&mut conn, key), -1);
-        let getsets = command_calls(&mut conn, "getset") - getsets_before;
+        assert!(legacy_parse(encoding, &stored).unwrap() > epoch_ms());
+        assert_eq!(raw::pttl(&mut conn, key), -1);
+        let getsets = raw::command_calls(&mut conn, "getset") - getsets_before;
         match takeover {
             Takeover::GetSet => assert_eq!(getsets, 1, "one GETSET takeover"),
             _ => assert_eq!(getsets, 0, "compare-and-set mode sent GETSET"),
@@ -442,7 +417,7 @@ fn classic_takes_over_abandoned_legacy_lock(encoding: Encoding) {
         let mut other = Legacy::new(&server, key, flavour(encoding, 1, false));
         assert_eq!(other.try_lock(), None);
         assert!(guard.unlock().unwrap(), "{takeover:?}: release");
-        assert_eq!(get(&mut conn, key), None);
+        assert_eq!(raw::get(&mut conn, key), None);
     }
 }
 
@@ -460,10 +435,7 @@ fn big_endian_classic_takes_over_abandoned_legacy_lock() {
 // (d) Classic abandons → legacy takes over by GETSET; Classic's stale release deletes nothing
 
 fn legacy_takes_over_abandoned_classic_lock(encoding: Encoding, takeover: Takeover) {
-    init_logging();
-    let server = RedisServer::start();
-    let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let (server, mut conn, client) = setup();
     let lock = classic(&client, KEY, encoding, Duration::from_secs(1), takeover);
     let mut legacy = Legacy::new(&server, KEY, flavour(encoding, 5, true));
 
@@ -476,7 +448,7 @@ fn legacy_takes_over_abandoned_classic_lock(encoding: Encoding, takeover: Takeov
     );
 
     let won = legacy.lock_polling(Duration::from_millis(5), Duration::from_secs(10));
-    let won_at = now_ms();
+    let won_at = epoch_ms();
     let Won::GetSet(legacy_value) = won else {
         panic!("the key never went away, yet the legacy locker won by {won:?}")
     };
@@ -484,7 +456,7 @@ fn legacy_takes_over_abandoned_classic_lock(encoding: Encoding, takeover: Takeov
         won_at > classic_expiry,
         "the legacy locker took over before the Classic expiry ({classic_expiry} vs {won_at})"
     );
-    assert_eq!(get(&mut conn, KEY), Some(legacy_value.clone()));
+    assert_eq!(raw::get(&mut conn, KEY), Some(legacy_value.clone()));
 
     // The old Classic lease is dead, and must not hurt the legacy locker's lock.
     assert!(!lock.is_held(&lease).unwrap());
@@ -493,7 +465,7 @@ fn legacy_takes_over_abandoned_classic_lock(encoding: Encoding, takeover: Takeov
         "release of the lost lease must report false"
     );
     assert_eq!(
-        get(&mut conn, KEY),
+        raw::get(&mut conn, KEY),
         Some(legacy_value.clone()),
         "Classic's stale release deleted the legacy locker's lock"
     );
@@ -501,14 +473,14 @@ fn legacy_takes_over_abandoned_classic_lock(encoding: Encoding, takeover: Takeov
         Err(LockError::Lost { .. }) => {}
         other => panic!("extend of the lost lease: expected Lost, got {other:?}"),
     }
-    assert_eq!(get(&mut conn, KEY), Some(legacy_value.clone()));
+    assert_eq!(raw::get(&mut conn, KEY), Some(legacy_value.clone()));
     assert_held(lock.try_lock(), "Classic while the legacy locker holds");
-    assert_eq!(get(&mut conn, KEY), Some(legacy_value));
+    assert_eq!(raw::get(&mut conn, KEY), Some(legacy_value));
 
     legacy.unlock();
     let guard = lock.try_lock().expect("free again");
     assert!(guard.unlock().unwrap());
-    assert_eq!(get(&mut conn, KEY), None);
+    assert_eq!(raw::get(&mut conn, KEY), None);
 }
 
 #[test]
@@ -527,16 +499,6 @@ fn big_endian_legacy_takes_over_abandoned_classic_lock() {
 const LEGACY_THREADS: usize = 4;
 const CLASSIC_THREADS: usize = 4;
 const SECTIONS_PER_THREAD: usize = 400;
-
-fn bump_counter(conn: &mut redis::Connection) {
-    let value: Option<i64> = redis::cmd("GET").arg(COUNTER_KEY).query(conn).unwrap();
-    thread::sleep(Duration::from_micros(50));
-    let _: () = redis::cmd("SET")
-        .arg(COUNTER_KEY)
-        .arg(value.unwrap_or(0) + 1)
-        .query(conn)
-        .unwrap();
-}
 
 fn mixed_contention(encoding: Encoding, takeover: Takeover) {
     init_logging();
@@ -562,7 +524,7 @@ fn mixed_contention(encoding: Encoding, takeover: Takeover) {
         if last_side.swap(side, Ordering::SeqCst) != side {
             side_changes.fetch_add(1, Ordering::SeqCst);
         }
-        bump_counter(conn);
+        raw::bump_counter(conn, COUNTER_KEY);
         if probe.fetch_sub(1, Ordering::SeqCst) != 1 {
             violations.fetch_add(1, Ordering::SeqCst);
         }
@@ -609,7 +571,7 @@ fn mixed_contention(encoding: Encoding, takeover: Takeover) {
     let mut conn = server.conn();
     let counter: i64 = redis::cmd("GET").arg(COUNTER_KEY).query(&mut conn).unwrap();
     let total = (LEGACY_THREADS + CLASSIC_THREADS) * SECTIONS_PER_THREAD;
-    let getsets = command_calls(&mut conn, "getset");
+    let getsets = raw::command_calls(&mut conn, "getset");
     eprintln!(
         "interop/contention/{encoding:?}/{takeover:?}: {} legacy + {} Classic = {total} critical \
          sections in {elapsed:.2?}, {} hand-offs between legacy and Classic; violations {}, \
@@ -631,7 +593,7 @@ fn mixed_contention(encoding: Encoding, takeover: Takeover) {
         getsets, 0,
         "nobody may have found an expired lock (the run's premise)"
     );
-    assert_eq!(get(&mut conn, KEY), None);
+    assert_eq!(raw::get(&mut conn, KEY), None);
 }
 
 #[test]

@@ -13,7 +13,7 @@ use redis_dlock::{
     DistributedLock, LockClient, LockError, RedLock, RedLockClient, RetryPolicy,
     REDLOCK_DEFAULT_NODE_TIMEOUT,
 };
-use support::{init_logging, wait_until, RedisServer};
+use support::{init_logging, raw, wait_until, RedisServer};
 
 const KEY: &str = "redlock:test";
 /// Slack on top of a computed bound, for a slow, busy CI machine.
@@ -75,17 +75,11 @@ fn eventually_all_hold(nodes: &[RedisServer], which: &[usize], lock: &dyn Distri
 
 /// `GET key` on one (running, unpaused) node.
 fn get(node: &RedisServer, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("GET")
-        .arg(key)
-        .query(&mut node.conn())
-        .expect("GET")
+    raw::get(&mut node.conn(), key)
 }
 
 fn pttl(node: &RedisServer, key: &str) -> i64 {
-    redis::cmd("PTTL")
-        .arg(key)
-        .query(&mut node.conn())
-        .expect("PTTL")
+    raw::pttl(&mut node.conn(), key)
 }
 
 /// Another owner's lock on one node, written directly.
@@ -100,10 +94,19 @@ fn set_foreign(node: &RedisServer, key: &str, value: &str) {
 }
 
 fn del(node: &RedisServer, key: &str) {
-    let _: i64 = redis::cmd("DEL")
-        .arg(key)
-        .query(&mut node.conn())
-        .expect("DEL");
+    raw::del(&mut node.conn(), key);
+}
+
+/// `KEY` with lifetime `ttl` and the default retry policy.
+fn lock_with_ttl(client: &RedLockClient, ttl: Duration) -> RedLock {
+    client.lock(KEY).ttl(ttl).build_redlock().expect("lock")
+}
+
+/// Whether every node of `which` holds `token` at `KEY` within [`MARGIN`].
+fn soon_held_by(nodes: &[RedisServer], which: &[usize], token: &[u8]) -> bool {
+    wait_until(MARGIN, || {
+        holding(nodes, which, KEY, token).len() == which.len()
+    })
 }
 
 /// Indices of the nodes (among `which`) whose `key` holds `value`.
@@ -162,7 +165,7 @@ fn acquire_extend_release_on_every_node() {
     let client = patient_client(&nodes);
     assert_eq!((client.node_count(), client.quorum()), (5, 3));
     let ttl = Duration::from_secs(5);
-    let lock = client.lock(KEY).ttl(ttl).build_redlock().expect("lock");
+    let lock = lock_with_ttl(&client, ttl);
     let drift = RedLock::clock_drift(ttl);
     assert_eq!(lock.drift(), Duration::from_millis(52));
 
@@ -178,9 +181,7 @@ fn acquire_extend_release_on_every_node() {
     assert!(guard.remaining() <= ttl - drift);
     assert!(guard.remaining() > Duration::ZERO);
     // The same token on all five nodes (the decision may come before the last replies).
-    assert!(wait_until(MARGIN, || holding(&nodes, &all, KEY, &token)
-        .len()
-        == 5));
+    assert!(soon_held_by(&nodes, &all, &token));
     for node in &nodes {
         let left = pttl(node, KEY);
         assert!(left > 3_000 && left <= 5_000, "PTTL {left}");
@@ -194,9 +195,7 @@ fn acquire_extend_release_on_every_node() {
     let remote = elsewhere.lock(KEY).build().expect("lock");
     assert!(matches!(remote.try_lock(), Err(LockError::Held { .. })));
     // The failed attempts left nothing behind: still our token everywhere.
-    assert!(wait_until(MARGIN, || holding(&nodes, &all, KEY, &token)
-        .len()
-        == 5));
+    assert!(soon_held_by(&nodes, &all, &token));
 
     // Extend: new PX on every node, new validity.
     let before = Instant::now();
@@ -251,14 +250,7 @@ fn majority_wins_minority_loses_and_a_lost_attempt_cleans_up() {
     set_foreign(&nodes[1], KEY, "other-1");
     let guard = lock.try_lock().expect("3 of 5 free");
     let token = guard.value().to_vec();
-    assert!(wait_until(MARGIN, || holding(
-        &nodes,
-        &[2, 3, 4],
-        KEY,
-        &token
-    )
-    .len()
-        == 3));
+    assert!(soon_held_by(&nodes, &[2, 3, 4], &token));
     assert!(guard.is_held().expect("is_held"));
     assert!(guard.unlock().expect("a majority deleted our token"));
     assert_eq!(get(&nodes[0], KEY).as_deref(), Some(&b"other-0"[..]));
@@ -312,7 +304,7 @@ fn validity_subtracts_elapsed_time_and_drift() {
     // pause began, and that time is taken off the validity.
     let ttl = Duration::from_secs(2);
     let drift = RedLock::clock_drift(ttl);
-    let lock = client.lock(KEY).ttl(ttl).build_redlock().expect("lock");
+    let lock = lock_with_ttl(&client, ttl);
     let paused_at = Instant::now();
     pause_writes(&mut conns, 150);
     let lease = lock.try_acquire().expect("acquire").expect("won");
@@ -326,11 +318,7 @@ fn validity_subtracts_elapsed_time_and_drift() {
     assert!(lock.release(&lease).expect("release"));
 
     // A majority that arrives after ttl − drift is no lock at all.
-    let short = client
-        .lock(KEY)
-        .ttl(Duration::from_millis(100))
-        .build_redlock()
-        .expect("lock");
+    let short = lock_with_ttl(&client, Duration::from_millis(100));
     pause_writes(&mut conns, 250);
     assert!(
         short.try_acquire().expect("acquire").is_none(),
@@ -373,11 +361,7 @@ fn cycles(nodes: &[RedisServer], live: &[usize], lock: &dyn DistributedLock, rou
 fn works_with_one_and_two_nodes_paused() {
     let nodes = start_nodes(5);
     let client = client_with_timeout(&nodes, FAULT_TIMEOUT);
-    let lock = client
-        .lock(KEY)
-        .ttl(Duration::from_secs(3))
-        .build_redlock()
-        .expect("lock");
+    let lock = lock_with_ttl(&client, Duration::from_secs(3));
     cycles(&nodes, &[0, 1, 2, 3, 4], &lock, 3);
 
     nodes[0].pause();
@@ -399,17 +383,8 @@ fn works_with_one_and_two_nodes_paused() {
 }
 
 /// Calls of `command` a node has executed (INFO commandstats).
-fn calls(node: &RedisServer, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut node.conn())
-        .expect("INFO");
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+fn calls(node: &RedisServer, command: &str) -> i64 {
+    raw::command_calls(&mut node.conn(), command)
 }
 
 /// A paused node executes the writes it buffered when it resumes. Our deletes for those tokens
@@ -420,7 +395,7 @@ fn resumed_node_loses_the_stale_writes_it_buffered() {
     let nodes = start_nodes(5);
     let client = client_with_timeout(&nodes, FAULT_TIMEOUT);
     let ttl = Duration::from_secs(10);
-    let lock = client.lock(KEY).ttl(ttl).build_redlock().expect("lock");
+    let lock = lock_with_ttl(&client, ttl);
     cycles(&nodes, &[0, 1, 2, 3, 4], &lock, 3);
     let sets = calls(&nodes[0], "set");
 
@@ -455,11 +430,7 @@ fn resumed_node_loses_the_stale_writes_it_buffered() {
 fn works_with_one_and_two_nodes_killed() {
     let mut nodes = start_nodes(5);
     let client = client_with_timeout(&nodes, FAULT_TIMEOUT);
-    let lock = client
-        .lock(KEY)
-        .ttl(Duration::from_secs(3))
-        .build_redlock()
-        .expect("lock");
+    let lock = lock_with_ttl(&client, Duration::from_secs(3));
     cycles(&nodes, &[0, 1, 2, 3, 4], &lock, 3);
 
     nodes[3].kill();
@@ -516,11 +487,7 @@ fn check_three_down(client: &RedLockClient) {
 fn fails_cleanly_and_fast_with_three_nodes_paused() {
     let nodes = start_nodes(5);
     let client = client(&nodes);
-    let lock = client
-        .lock(KEY)
-        .ttl(Duration::from_secs(1))
-        .build_redlock()
-        .expect("lock");
+    let lock = lock_with_ttl(&client, Duration::from_secs(1));
     let mut held = lock.try_lock_for(Duration::from_secs(5)).expect("lock");
 
     for n in &nodes[..3] {
@@ -552,11 +519,7 @@ fn fails_cleanly_and_fast_with_three_nodes_paused() {
 fn fails_cleanly_and_fast_with_three_nodes_killed() {
     let mut nodes = start_nodes(5);
     let client = client(&nodes);
-    let lock = client
-        .lock(KEY)
-        .ttl(Duration::from_secs(1))
-        .build_redlock()
-        .expect("lock");
+    let lock = lock_with_ttl(&client, Duration::from_secs(1));
     let held = lock.try_lock_for(Duration::from_secs(5)).expect("lock");
     for n in &mut nodes[2..] {
         n.kill();
@@ -586,9 +549,7 @@ fn extend_and_release_need_a_majority() {
     // Our key replaced on 2 nodes (expired there and taken): still a majority.
     let mut guard = lock.try_lock().expect("lock");
     let token = guard.value().to_vec();
-    assert!(wait_until(MARGIN, || holding(&nodes, &all, KEY, &token)
-        .len()
-        == 5));
+    assert!(soon_held_by(&nodes, &all, &token));
     set_foreign(&nodes[0], KEY, "other-0");
     set_foreign(&nodes[1], KEY, "other-1");
     assert!(guard.is_held().expect("is_held"));
@@ -604,9 +565,7 @@ fn extend_and_release_need_a_majority() {
     // Replaced on 3 nodes: lost. Extend says so and deletes our token on the other two.
     let mut guard = lock.try_lock().expect("lock");
     let token = guard.value().to_vec();
-    assert!(wait_until(MARGIN, || holding(&nodes, &all, KEY, &token)
-        .len()
-        == 5));
+    assert!(soon_held_by(&nodes, &all, &token));
     for n in &nodes[..3] {
         set_foreign(n, KEY, "other");
     }
@@ -632,9 +591,7 @@ fn extend_and_release_need_a_majority() {
     }
     let guard = lock.try_lock().expect("lock");
     let token = guard.value().to_vec();
-    assert!(wait_until(MARGIN, || holding(&nodes, &all, KEY, &token)
-        .len()
-        == 5));
+    assert!(soon_held_by(&nodes, &all, &token));
     for n in &nodes[2..] {
         set_foreign(n, KEY, "other");
     }
@@ -692,7 +649,7 @@ fn mutual_exclusion_across_8_threads_under_faults() {
                 &errors,
             );
             s.spawn(move || {
-                let lock = client.lock(KEY).ttl(ttl).build_redlock().expect("lock");
+                let lock = lock_with_ttl(client, ttl);
                 loop {
                     let p = phase.load(Ordering::SeqCst);
                     if p >= PHASES {
@@ -797,11 +754,7 @@ fn mutual_exclusion_across_8_threads_under_faults() {
 fn node_restarted_mid_run_operation_continues() {
     let mut nodes = start_nodes(5);
     let client = client(&nodes);
-    let lock = client
-        .lock(KEY)
-        .ttl(Duration::from_secs(2))
-        .build_redlock()
-        .expect("lock");
+    let lock = lock_with_ttl(&client, Duration::from_secs(2));
     let done = AtomicUsize::new(0);
     let stop = AtomicUsize::new(0);
     let errors = Mutex::new(Vec::<String>::new());
@@ -855,8 +808,8 @@ fn restart_without_persistence_immediate_vs_delayed() {
     let ttl = Duration::from_secs(1);
     let a_client = patient_client(&nodes);
     let b_client = patient_client(&nodes);
-    let a = a_client.lock(KEY).ttl(ttl).build_redlock().expect("lock");
-    let b = b_client.lock(KEY).ttl(ttl).build_redlock().expect("lock");
+    let a = lock_with_ttl(&a_client, ttl);
+    let b = lock_with_ttl(&b_client, ttl);
 
     // A wins a bare majority {0, 1, 2}: nodes 3 and 4 are busy with another owner.
     set_foreign(&nodes[3], KEY, "other");
@@ -930,13 +883,6 @@ fn from_existing_clients() {
     let lock = red.lock(KEY).build().expect("lock");
     let guard = lock.try_lock().expect("lock");
     let token = guard.value().to_vec();
-    assert!(wait_until(MARGIN, || holding(
-        &nodes,
-        &[0, 1, 2],
-        KEY,
-        &token
-    )
-    .len()
-        == 3));
+    assert!(soon_held_by(&nodes, &[0, 1, 2], &token));
     assert!(guard.unlock().expect("unlock"));
 }

@@ -18,8 +18,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
@@ -29,7 +27,8 @@ use rand::Rng;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL, RW_DEFAULT_TTL,
 };
-use support::{init_logging, wait_until, Cluster, RedisServer};
+use support::worker::{self, WorkerProcess};
+use support::{init_logging, raw, wait_until, Cluster, RedisServer};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -66,18 +65,6 @@ fn count(h: &BTreeMap<String, String>, field: &str) -> Option<u64> {
     h.get(field)
         .and_then(|v| v.split(':').next())
         .map(|c| c.parse().expect("count"))
-}
-
-fn exists(conn: &mut redis::Connection, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query::<i64>(conn)
-        .expect("EXISTS")
-        == 1
-}
-
-fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(conn).expect("PTTL")
 }
 
 fn owner_of(lease_value: &[u8]) -> String {
@@ -226,11 +213,7 @@ fn rw_holder_process() {
     let ttl_ms: u64 = std::env::var("DLOCK_TTL_MS").unwrap().parse().unwrap();
     let client = LockClient::open(&url).unwrap();
     let rw = rw(&client, &key, Duration::from_millis(ttl_ms));
-    let report = |what: &str| {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "\n{MARKER} {what}").unwrap();
-        out.flush().unwrap();
-    };
+    let report = |what: &str| worker::report(MARKER, what);
     match mode.to_str().unwrap() {
         "read" => report(&owner_of(
             rw.read_lock().try_lock().unwrap().into_lease().value(),
@@ -244,82 +227,38 @@ fn rw_holder_process() {
         }
         other => panic!("unknown worker mode {other}"),
     }
-    // "Sleep forever": until killed, or until the parent goes away and closes our stdin.
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut sink);
-    std::process::exit(0);
+    worker::hold_until_killed()
 }
 
-/// A running child; killed and reaped on drop.
-struct Holder {
-    child: Child,
-    _stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
+/// Runs [`rw_holder_process`] as a child process in `mode` on the lock `key` at `url`.
+fn spawn_holder(url: &str, key: &str, mode: &str, ttl: Duration) -> WorkerProcess {
+    WorkerProcess::spawn(
+        WORKER_TEST,
+        &[
+            (WORKER_ENV, mode.to_owned()),
+            ("DLOCK_URL", url.to_owned()),
+            ("DLOCK_KEY", key.to_owned()),
+            ("DLOCK_TTL_MS", ttl.as_millis().to_string()),
+        ],
+    )
 }
 
-impl Holder {
-    fn spawn(url: &str, key: &str, mode: &str, ttl: Duration) -> Holder {
-        let exe = std::env::current_exe().expect("current test binary");
-        let mut child = Command::new(exe)
-            .args(["--exact", WORKER_TEST, "--nocapture", "--test-threads=1"])
-            .env(WORKER_ENV, mode)
-            .env("DLOCK_URL", url)
-            .env("DLOCK_KEY", key)
-            .env("DLOCK_TTL_MS", ttl.as_millis().to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn holder process");
-        let stdin = child.stdin.take().unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Holder {
-            child,
-            _stdin: stdin,
-            lines: rx,
-        }
-    }
-
-    /// Waits for the marker line; returns the owner id it carries.
-    fn wait_marker(&mut self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut seen = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => match line.strip_prefix(MARKER) {
-                    Some(rest) => return rest.trim().to_owned(),
-                    None => seen.push(line),
-                },
-                Err(e) => panic!("no marker from the child ({e:?}); output:\n{seen:?}"),
-            }
-        }
-    }
-
-    /// SIGKILL, then reap.
-    fn kill(&mut self) {
-        self.child.kill().expect("SIGKILL the child");
-        let status = self.child.wait().expect("reap the child");
-        assert!(!status.success(), "the child exited on its own: {status}");
-    }
+/// Waits for the child's marker line; returns the owner id it carries.
+fn wait_marker(child: &mut WorkerProcess) -> String {
+    child
+        .wait_marker(MARKER, Duration::from_secs(20))
+        .unwrap_or_else(|e| {
+            panic!(
+                "no marker from the child ({e:?}); output:\n{:?}",
+                child.seen()
+            )
+        })
 }
 
-impl Drop for Holder {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
+/// SIGKILL, then reap.
+fn kill_holder(child: &mut WorkerProcess) {
+    let status = child.kill();
+    assert!(!status.success(), "the child exited on its own: {status}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -354,7 +293,7 @@ fn many_readers_hold_at_once_and_a_writer_excludes_everyone() {
     assert_eq!(entries.len(), READERS, "one entry per reader thread: {h:?}");
     assert!(entries.iter().all(|f| count(&h, f) == Some(1)), "{h:?}");
     assert!(
-        pttl(&mut conn, key) > 5_000,
+        raw::pttl(&mut conn, key) > 5_000,
         "the key expires with the holds"
     );
 
@@ -380,7 +319,10 @@ fn many_readers_hold_at_once_and_a_writer_excludes_everyone() {
         t.join().expect("reader");
     }
     assert!(extra_guard.unlock().unwrap());
-    assert!(!exists(&mut conn, key), "the last release deletes the key");
+    assert!(
+        !raw::exists(&mut conn, key),
+        "the last release deletes the key"
+    );
 
     // A writer excludes readers and writers.
     let wguard = writer.write_lock().lock().expect("write lock");
@@ -424,7 +366,7 @@ fn many_readers_hold_at_once_and_a_writer_excludes_everyone() {
         got.iter().max().unwrap().duration_since(released)
     );
     assert!(spread < Duration::from_millis(300), "readers overlapped");
-    assert!(!exists(&mut conn, key));
+    assert!(!raw::exists(&mut conn, key));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,7 +395,7 @@ fn reads_and_writes_are_reentrant_per_owner() {
     assert_held(stranger.write_lock().try_lock());
     assert!(r2.is_held().unwrap());
     assert!(r2.unlock().unwrap());
-    assert!(!exists(&mut conn, key));
+    assert!(!raw::exists(&mut conn, key));
 
     // Writes, also while another thread of the same handle waits in this client's line for
     // write: the holder must not queue behind a writer that waits for it.
@@ -490,7 +432,7 @@ fn reads_and_writes_are_reentrant_per_owner() {
     }
     let other = waiter.join().unwrap();
     assert_ne!(other, owner, "threads of one handle are distinct owners");
-    assert!(!exists(&mut conn, key));
+    assert!(!raw::exists(&mut conn, key));
 
     // Re-entrant read while a writer waits: refused to newcomers, granted to holders.
     let r1 = lock.read_lock().lock().unwrap();
@@ -515,7 +457,7 @@ fn reads_and_writes_are_reentrant_per_owner() {
     assert_eq!(count(&hash(&mut conn, key), &rfield), Some(2));
     assert!(r1.unlock().unwrap() && r2.unlock().unwrap());
     writer.join().unwrap();
-    assert!(!exists(&mut conn, key));
+    assert!(!raw::exists(&mut conn, key));
 }
 
 #[test]
@@ -562,7 +504,7 @@ fn only_the_owner_releases_its_hold() {
     assert_eq!(hash(&mut conn, key), after);
     assert!(ga.is_held().unwrap());
     assert!(ga.unlock().unwrap());
-    assert!(!exists(&mut conn, key));
+    assert!(!raw::exists(&mut conn, key));
 }
 
 #[test]
@@ -617,7 +559,7 @@ fn the_writer_downgrades_and_readers_cannot_upgrade() {
         .try_lock()
         .expect("write after the read is gone");
     assert!(w.unlock().unwrap());
-    assert!(!exists(&mut conn, key));
+    assert!(!raw::exists(&mut conn, key));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -655,7 +597,7 @@ fn eight_readers_and_two_writers_never_overlap() {
         probe.max_readers.load(Ordering::SeqCst) >= 2,
         "readers shared"
     );
-    assert!(!exists(&mut server.conn(), key));
+    assert!(!raw::exists(&mut server.conn(), key));
 }
 
 #[test]
@@ -727,13 +669,13 @@ fn a_killed_reader_expires_while_another_reader_renews() {
     let mut conn = server.conn();
     let key = "rw:dead-reader";
     let ttl = Duration::from_secs(1);
-    let mut child = Holder::spawn(&server.url(), key, "read", ttl);
-    let dead = child.wait_marker();
+    let mut child = spawn_holder(&server.url(), key, "read", ttl);
+    let dead = wait_marker(&mut child);
     let marked = Instant::now();
     let c = client(&server);
     let live = rw(&c, key, ttl);
     let mut guard = live.read_lock().lock().expect("a second reader");
-    child.kill();
+    kill_holder(&mut child);
     let dead_field = format!("r:{dead}");
     let live_field = format!("r:{}", owner_of(guard.value()));
     assert!(hash(&mut conn, key).contains_key(&dead_field));
@@ -791,10 +733,10 @@ fn a_killed_writer_expires_and_readers_get_in() {
     let key = "rw:dead-writer";
     let ttl = Duration::from_secs(1);
     let spawned = Instant::now();
-    let mut child = Holder::spawn(&server.url(), key, "write", ttl);
-    let dead = child.wait_marker();
+    let mut child = spawn_holder(&server.url(), key, "write", ttl);
+    let dead = wait_marker(&mut child);
     let marked = Instant::now();
-    child.kill();
+    kill_holder(&mut child);
     let h = hash(&mut conn, key);
     assert_eq!(h.get("mode").map(String::as_str), Some("write"));
     assert!(h.contains_key(&format!("w:{dead}")), "{h:?}");
@@ -822,7 +764,7 @@ fn a_killed_writer_expires_and_readers_get_in() {
     );
     assert!(first.duration_since(spawned) >= ttl - Duration::from_millis(50));
     assert!(first.duration_since(marked) <= ttl + Duration::from_secs(2));
-    assert!(!exists(&mut conn, key));
+    assert!(!raw::exists(&mut conn, key));
 }
 
 #[test]
@@ -840,8 +782,8 @@ fn a_writer_killed_while_waiting_keeps_readers_out_only_briefly() {
         "default with the standard policy"
     );
     let held = holder.read_lock().lock().unwrap();
-    let mut child = Holder::spawn(&server.url(), key, "wait-write", Duration::from_secs(10));
-    let waiter = child.wait_marker();
+    let mut child = spawn_holder(&server.url(), key, "wait-write", Duration::from_secs(10));
+    let waiter = wait_marker(&mut child);
     let wait_field = format!("wait:{waiter}");
     assert!(
         wait_until(Duration::from_secs(10), || hash(&mut conn, key)
@@ -851,7 +793,7 @@ fn a_writer_killed_while_waiting_keeps_readers_out_only_briefly() {
     // Writer preference: while it waits, newcomers are refused.
     let newcomer = rw(&client(&server), key, Duration::from_secs(10));
     assert_held(newcomer.read_lock().try_lock());
-    child.kill();
+    kill_holder(&mut child);
     let killed = Instant::now();
     let g = newcomer
         .read_lock()
@@ -862,7 +804,7 @@ fn a_writer_killed_while_waiting_keeps_readers_out_only_briefly() {
     assert!(after <= intent + Duration::from_secs(2), "{after:?}");
     assert!(!hash(&mut conn, key).contains_key(&wait_field));
     assert!(g.unlock().unwrap() && held.unlock().unwrap());
-    assert!(!exists(&mut conn, key));
+    assert!(!raw::exists(&mut conn, key));
 }
 
 #[test]
@@ -894,18 +836,18 @@ fn each_hold_expires_by_itself_and_the_key_with_the_last() {
     // The key expires with its latest entry: a leaked short reader and a long one.
     let leaked = short.read_lock().try_lock().unwrap().into_lease();
     let mut lg = long.read_lock().try_lock().unwrap();
-    assert!(pttl(&mut conn, key) > 2_000);
+    assert!(raw::pttl(&mut conn, key) > 2_000);
     assert!(short.read_lock().is_held(&leaked).unwrap());
     lg.extend(Duration::from_secs(3)).unwrap();
     assert!(lg.unlock().unwrap());
-    let left = pttl(&mut conn, key);
+    let left = raw::pttl(&mut conn, key);
     assert!(
         (1..=400).contains(&left),
         "PTTL follows the short entry: {left}"
     );
     // Nothing runs now: Redis alone removes the abandoned lock.
     assert!(
-        wait_until(Duration::from_secs(2), || !exists(&mut conn, key)),
+        wait_until(Duration::from_secs(2), || !raw::exists(&mut conn, key)),
         "the abandoned key disappears"
     );
     assert!(!short.read_lock().is_held(&leaked).unwrap());
@@ -929,12 +871,12 @@ fn guards_check_extend_and_report_loss() {
     let as_dyn: &dyn DistributedLock = lock.write_lock();
     let mut g = as_dyn.try_lock().unwrap();
     g.check().unwrap();
-    let before: i64 = pttl(&mut conn, key);
+    let before: i64 = raw::pttl(&mut conn, key);
     g.extend(Duration::from_secs(60)).unwrap();
-    assert!(pttl(&mut conn, key) > before.max(50_000));
+    assert!(raw::pttl(&mut conn, key) > before.max(50_000));
     // Extend never shortens.
     g.extend(Duration::from_secs(1)).unwrap();
-    assert!(pttl(&mut conn, key) > 50_000);
+    assert!(raw::pttl(&mut conn, key) > 50_000);
     let _: () = redis::cmd("DEL").arg(key).query(&mut conn).unwrap();
     assert!(!g.is_held().unwrap());
     assert!(matches!(g.check(), Err(LockError::Lost { .. })));
@@ -943,7 +885,7 @@ fn guards_check_extend_and_report_loss() {
         Err(LockError::Lost { .. })
     ));
     assert!(!g.unlock().unwrap());
-    assert!(!exists(&mut conn, key));
+    assert!(!raw::exists(&mut conn, key));
 
     // For the record (no assertion): uncontended cycles, next to a Token lock's.
     const CYCLES: u32 = 300;
@@ -1082,7 +1024,7 @@ fn works_on_a_three_master_cluster() {
         );
         assert_held(a.read_lock().try_lock());
         assert!(w.unlock().unwrap());
-        assert!(!exists(&mut conn, &key));
+        assert!(!raw::exists(&mut conn, &key));
     }
     // A short hammer on one key.
     let key = cluster.key_on(1, "rw:cluster-hammer");
@@ -1102,5 +1044,5 @@ fn works_on_a_three_master_cluster() {
     );
     assert_eq!(probe.violations.load(Ordering::SeqCst), 0);
     assert!(writes >= 5 && reads >= 50, "{reads} + {writes}");
-    assert!(!exists(&mut cluster.conn_for_key(&key), &key));
+    assert!(!raw::exists(&mut cluster.conn_for_key(&key), &key));
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use redis_dlock::{
     DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
 };
-use support::{init_logging, RedisServer, Sentinel, SENTINEL_SERVICE};
+use support::{init_logging, raw, RedisServer, Sentinel, SENTINEL_SERVICE};
 
 /// Client timeouts: connect (and pool checkout) and one command.
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -40,10 +40,6 @@ fn client(set: &Sentinel) -> LockClient {
         .command_timeout(Some(TIMEOUT))
         .build()
         .expect("sentinel client")
-}
-
-fn raw_get(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("GET").arg(key).query(conn).expect("GET")
 }
 
 #[track_caller]
@@ -90,9 +86,64 @@ fn variants(client: &LockClient, prefix: &str, ttl: Duration) -> Vec<Box<dyn Dis
     ]
 }
 
+/// A lock of `client` on `key` that does not wait (the default lifetime).
+fn no_wait_lock(client: &LockClient, key: &str) -> Box<dyn DistributedLock> {
+    client
+        .lock(key)
+        .retry(RetryPolicy::no_wait())
+        .build()
+        .unwrap()
+}
+
+/// The holder's side: a Token lock on `{prefix}:token` and a Classic lock (compare-and-set
+/// takeover) on `{prefix}:classic`, both with lifetime `ttl`.
+fn holder_locks(
+    client: &LockClient,
+    prefix: &str,
+    ttl: Duration,
+) -> (Box<dyn DistributedLock>, Box<dyn DistributedLock>) {
+    let token = client
+        .lock(format!("{prefix}:token"))
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    let classic = client
+        .lock(format!("{prefix}:classic"))
+        .strategy(Strategy::Classic)
+        .takeover(Takeover::CompareAndSet)
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    (token, classic)
+}
+
+/// The contender's side: Token and Classic (default takeover) locks on the keys of
+/// [`holder_locks`] that do not wait, with lifetime `ttl` (`None`: each strategy's default).
+fn contender_locks(
+    client: &LockClient,
+    prefix: &str,
+    ttl: Option<Duration>,
+) -> (Box<dyn DistributedLock>, Box<dyn DistributedLock>) {
+    let build = |builder: redis_dlock::LockBuilder| {
+        let builder = match ttl {
+            Some(ttl) => builder.ttl(ttl),
+            None => builder,
+        };
+        builder.retry(RetryPolicy::no_wait()).build().unwrap()
+    };
+    (
+        build(client.lock(format!("{prefix}:token"))),
+        build(
+            client
+                .lock(format!("{prefix}:classic"))
+                .strategy(Strategy::Classic),
+        ),
+    )
+}
+
 /// Acquire, contend, extend and release every variant through Sentinel, checked on `master`.
 fn every_variant_works(master: &RedisServer, a: &LockClient, b: &LockClient, prefix: &str) {
-    let mut raw = master.conn();
+    let mut conn = master.conn();
     let ttl = Duration::from_secs(5);
     for (la, lb) in variants(a, prefix, ttl)
         .into_iter()
@@ -102,14 +153,22 @@ fn every_variant_works(master: &RedisServer, a: &LockClient, b: &LockClient, pre
         let mut g = la
             .try_lock()
             .unwrap_or_else(|e| panic!("{key}: try_lock: {e}"));
-        assert_eq!(raw_get(&mut raw, &key).as_deref(), Some(g.value()), "{key}");
+        assert_eq!(
+            raw::get(&mut conn, &key).as_deref(),
+            Some(g.value()),
+            "{key}"
+        );
         assert_held(lb.try_lock(), &key);
         g.extend(Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("{key}: extend: {e}"));
-        assert_eq!(raw_get(&mut raw, &key).as_deref(), Some(g.value()), "{key}");
+        assert_eq!(
+            raw::get(&mut conn, &key).as_deref(),
+            Some(g.value()),
+            "{key}"
+        );
         assert!(g.is_held().unwrap(), "{key}");
         assert!(g.unlock().unwrap(), "{key}: unlock");
-        assert_eq!(raw_get(&mut raw, &key), None, "{key}");
+        assert_eq!(raw::get(&mut conn, &key), None, "{key}");
         let gb = lb.try_lock().unwrap_or_else(|e| panic!("{key}: b: {e}"));
         assert!(gb.unlock().unwrap(), "{key}: b unlock");
     }
@@ -130,6 +189,19 @@ struct Recovery {
     took: Duration,
     errors: Vec<String>,
     slowest_call: Duration,
+}
+
+impl Recovery {
+    /// Prints what the same client saw after `what` happened.
+    fn report(&self, what: &str) {
+        eprintln!(
+            "{what}: the same client worked again after {:?}, {} errors in between, slowest call {:?}; first error: {:?}",
+            self.took,
+            self.errors.len(),
+            self.slowest_call,
+            self.errors.first()
+        );
+    }
 }
 
 /// Calls `try_lock` + `unlock` on `lock` every 50 ms until a full cycle succeeds. Every failure
@@ -179,31 +251,13 @@ fn locks_work_through_sentinel_and_again_after_the_master_is_killed() {
     every_variant_works(set.server(0), &a, &b, "before");
 
     // Locks that reached the replica before the crash (WAIT confirms it).
-    let ttl = Duration::from_secs(60);
-    let token = a.lock("replicated:token").ttl(ttl).build().unwrap();
-    let classic = a
-        .lock("replicated:classic")
-        .strategy(Strategy::Classic)
-        .takeover(Takeover::CompareAndSet)
-        .ttl(ttl)
-        .build()
-        .unwrap();
-    let token_b = b
-        .lock("replicated:token")
-        .retry(RetryPolicy::no_wait())
-        .build()
-        .unwrap();
-    let classic_b = b
-        .lock("replicated:classic")
-        .strategy(Strategy::Classic)
-        .retry(RetryPolicy::no_wait())
-        .build()
-        .unwrap();
+    let (token, classic) = holder_locks(&a, "replicated", Duration::from_secs(60));
+    let (token_b, classic_b) = contender_locks(&b, "replicated", None);
     let mut held = vec![token.try_lock().unwrap(), classic.try_lock().unwrap()];
     assert_eq!(wait_replicas(set.server(0), 5_000), 1, "replicated");
     for g in &held {
         assert_eq!(
-            raw_get(&mut set.server(1).conn(), g.key()).as_deref(),
+            raw::get(&mut set.server(1).conn(), g.key()).as_deref(),
             Some(g.value()),
             "{} on the replica",
             g.key()
@@ -213,19 +267,9 @@ fn locks_work_through_sentinel_and_again_after_the_master_is_killed() {
     // Crash the master. The same client, never rebuilt, must work again.
     let old_port = set.server(0).port();
     set.server_mut(0).kill();
-    let probe = a
-        .lock("probe")
-        .retry(RetryPolicy::no_wait())
-        .build()
-        .unwrap();
+    let probe = no_wait_lock(&a, "probe");
     let recovery = until_it_works_again(probe.as_ref());
-    eprintln!(
-        "master killed: the same client worked again after {:?}, {} errors in between, slowest call {:?}; first error: {:?}",
-        recovery.took,
-        recovery.errors.len(),
-        recovery.slowest_call,
-        recovery.errors.first()
-    );
+    recovery.report("master killed");
     assert!(!recovery.errors.is_empty(), "the failover was noticed");
     assert_eq!(
         set.wait_for_failover(old_port, RECOVERY),
@@ -245,7 +289,7 @@ fn locks_work_through_sentinel_and_again_after_the_master_is_killed() {
     for g in held {
         let key = g.key().to_owned();
         assert!(g.unlock().unwrap(), "{key}: unlock on the new master");
-        assert_eq!(raw_get(&mut set.server(1).conn(), &key), None);
+        assert_eq!(raw::get(&mut set.server(1).conn(), &key), None);
     }
     every_variant_works(set.server(1), &a, &b, "after");
 }
@@ -265,24 +309,14 @@ fn the_same_client_recovers_when_the_old_master_freezes() {
     let old_port = server0.port();
     set.sentinels()[0].pause();
     server0.pause();
-    let probe = a
-        .lock("probe")
-        .retry(RetryPolicy::no_wait())
-        .build()
-        .unwrap();
+    let probe = no_wait_lock(&a, "probe");
     let recovery = until_it_works_again(probe.as_ref());
-    eprintln!(
-        "master frozen: the same client worked again after {:?}, {} errors in between, slowest call {:?}; first error: {:?}",
-        recovery.took,
-        recovery.errors.len(),
-        recovery.slowest_call,
-        recovery.errors.first()
-    );
+    recovery.report("master frozen");
     assert_eq!(set.wait_for_failover(old_port, RECOVERY), Some(1));
-    let mut raw = server1.conn();
+    let mut conn = server1.conn();
     let g = probe.try_lock().unwrap();
     assert_eq!(
-        raw_get(&mut raw, "probe").as_deref(),
+        raw::get(&mut conn, "probe").as_deref(),
         Some(g.value()),
         "on the promoted replica"
     );
@@ -290,11 +324,7 @@ fn the_same_client_recovers_when_the_old_master_freezes() {
     // A new client asks the frozen Sentinel first: its first connection costs a discovery
     // timeout (and may fail that first call); then it works.
     let b = client(&set);
-    let probe_b = b
-        .lock("probe-b")
-        .retry(RetryPolicy::no_wait())
-        .build()
-        .unwrap();
+    let probe_b = no_wait_lock(&b, "probe-b");
     until_it_works_again(probe_b.as_ref());
     every_variant_works(server1, &a, &b, "after");
 }
@@ -305,27 +335,8 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
     let mut set = Sentinel::start(1, 1);
     let (a, b) = (client(&set), client(&set));
     let ttl = Duration::from_secs(60);
-    let token_a = a.lock("double:token").ttl(ttl).build().unwrap();
-    let classic_a = a
-        .lock("double:classic")
-        .strategy(Strategy::Classic)
-        .takeover(Takeover::CompareAndSet)
-        .ttl(ttl)
-        .build()
-        .unwrap();
-    let token_b = b
-        .lock("double:token")
-        .ttl(ttl)
-        .retry(RetryPolicy::no_wait())
-        .build()
-        .unwrap();
-    let classic_b = b
-        .lock("double:classic")
-        .strategy(Strategy::Classic)
-        .ttl(ttl)
-        .retry(RetryPolicy::no_wait())
-        .build()
-        .unwrap();
+    let (token_a, classic_a) = holder_locks(&a, "double", ttl);
+    let (token_b, classic_b) = contender_locks(&b, "double", Some(ttl));
     // Warm up a's pool on the current master.
     every_variant_works(set.server(0), &a, &b, "warmup");
 
@@ -344,7 +355,7 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
     let held = [token_a.try_lock().unwrap(), classic_a.try_lock().unwrap()];
     let mut master = set.server(0).conn();
     for g in &held {
-        assert_eq!(raw_get(&mut master, g.key()).as_deref(), Some(g.value()));
+        assert_eq!(raw::get(&mut master, g.key()).as_deref(), Some(g.value()));
     }
     assert_eq!(wait_replicas(set.server(0), 100), 0, "no replica has them");
 
@@ -360,7 +371,7 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
     let mut new_master = set.server(1).conn();
     for g in &held {
         assert_eq!(
-            raw_get(&mut new_master, g.key()),
+            raw::get(&mut new_master, g.key()),
             None,
             "{} was lost",
             g.key()
@@ -389,7 +400,7 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
         );
         assert_ne!(ga.value(), gb.value());
         assert_eq!(
-            raw_get(&mut new_master, gb.key()).as_deref(),
+            raw::get(&mut new_master, gb.key()).as_deref(),
             Some(gb.value())
         );
     }

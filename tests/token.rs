@@ -11,7 +11,7 @@ use redis_dlock::{
     DistributedLock, LockClient, LockError, RetryPolicy, Strategy, TokenLock, MAX_TTL,
     TOKEN_DEFAULT_TTL,
 };
-use support::{init_logging, RedisServer};
+use support::{init_logging, raw, RedisServer};
 
 fn client(server: &RedisServer) -> LockClient {
     LockClient::open(&server.url()).expect("client")
@@ -23,43 +23,6 @@ fn token_lock(client: &LockClient, key: &str, ttl: Duration) -> TokenLock {
         .ttl(ttl)
         .build_token()
         .expect("build token lock")
-}
-
-fn raw_get(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("GET").arg(key).query(conn).expect("GET")
-}
-
-fn raw_set(conn: &mut redis::Connection, key: &str, value: &[u8]) {
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg(value)
-        .query(conn)
-        .expect("SET");
-}
-
-fn raw_del(conn: &mut redis::Connection, key: &str) {
-    let _: i64 = redis::cmd("DEL").arg(key).query(conn).expect("DEL");
-}
-
-fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(conn).expect("PTTL")
-}
-
-fn make_hash(conn: &mut redis::Connection, key: &str) {
-    let _: i64 = redis::cmd("HSET")
-        .arg(key)
-        .arg("field")
-        .arg("value")
-        .query(conn)
-        .expect("HSET");
-}
-
-fn hash_field(conn: &mut redis::Connection, key: &str) -> Option<String> {
-    redis::cmd("HGET")
-        .arg(key)
-        .arg("field")
-        .query(conn)
-        .expect("HGET")
 }
 
 fn is_lower_hex_token(v: &[u8]) -> bool {
@@ -93,7 +56,7 @@ fn acquire_then_second_try_lock_is_held() {
 
     let mut conn = server.conn();
     assert_eq!(
-        raw_get(&mut conn, "tok:held").as_deref(),
+        raw::get(&mut conn, "tok:held").as_deref(),
         Some(guard.value())
     );
     assert!(guard.unlock().expect("unlock"));
@@ -210,15 +173,15 @@ fn release_returns_true_and_deletes_the_key() {
     let mut conn = server.conn();
 
     let guard = lock.try_lock().unwrap();
-    assert!(raw_get(&mut conn, "tok:release").is_some());
+    assert!(raw::get(&mut conn, "tok:release").is_some());
     assert!(guard.unlock().expect("unlock"));
-    assert_eq!(raw_get(&mut conn, "tok:release"), None);
+    assert_eq!(raw::get(&mut conn, "tok:release"), None);
 
     // Low-level API: release twice, the second finds nothing.
     let lease = lock.try_acquire().unwrap().expect("free");
     assert!(lock.release(&lease).unwrap());
     assert!(!lock.release(&lease).unwrap());
-    assert_eq!(raw_get(&mut conn, "tok:release"), None);
+    assert_eq!(raw::get(&mut conn, "tok:release"), None);
 }
 
 #[test]
@@ -231,22 +194,22 @@ fn release_after_takeover_returns_false_and_keeps_the_other_value() {
 
     // Someone else overwrote the key (e.g. after our lock expired).
     let guard = lock.try_lock().unwrap();
-    raw_set(&mut conn, "tok:stolen", b"someone-else");
+    raw::set(&mut conn, "tok:stolen", b"someone-else");
     assert!(!guard.unlock().expect("unlock"), "not ours any more");
     assert_eq!(
-        raw_get(&mut conn, "tok:stolen").as_deref(),
+        raw::get(&mut conn, "tok:stolen").as_deref(),
         Some(&b"someone-else"[..])
     );
 
     // Our key expired/was deleted and another TokenLock took it.
-    raw_del(&mut conn, "tok:stolen");
+    raw::del(&mut conn, "tok:stolen");
     let guard = lock.try_lock().unwrap();
-    raw_del(&mut conn, "tok:stolen");
+    raw::del(&mut conn, "tok:stolen");
     let other = token_lock(&c, "tok:stolen", Duration::from_secs(10));
     let other_guard = other.try_lock().expect("free again");
     assert!(!guard.unlock().unwrap());
     assert_eq!(
-        raw_get(&mut conn, "tok:stolen").as_deref(),
+        raw::get(&mut conn, "tok:stolen").as_deref(),
         Some(other_guard.value()),
         "the other owner's lock must survive our release"
     );
@@ -263,23 +226,23 @@ fn extend_grows_the_redis_ttl() {
     let mut conn = server.conn();
 
     let mut guard = lock.try_lock().unwrap();
-    let before = pttl(&mut conn, "tok:extend");
+    let before = raw::pttl(&mut conn, "tok:extend");
     assert!(before > 0 && before <= 2_000, "{before}");
     let old_until = guard.valid_until();
     let value = guard.value().to_vec();
 
     guard.extend(Duration::from_secs(30)).expect("extend");
-    let after = pttl(&mut conn, "tok:extend");
+    let after = raw::pttl(&mut conn, "tok:extend");
     assert!(after > 2_000 && after <= 30_000, "{after}");
     assert!(guard.valid_until() > old_until);
     assert!(guard.remaining() > Duration::from_secs(2));
     assert!(guard.valid_until() <= Instant::now() + Duration::from_secs(30));
     assert_eq!(guard.value(), &value[..], "a token lock keeps its token");
-    assert_eq!(raw_get(&mut conn, "tok:extend"), Some(value));
+    assert_eq!(raw::get(&mut conn, "tok:extend"), Some(value));
 
     // Shorter works too: extend sets the lifetime, it does not add.
     guard.extend(Duration::from_millis(1500)).unwrap();
-    let shorter = pttl(&mut conn, "tok:extend");
+    let shorter = raw::pttl(&mut conn, "tok:extend");
     assert!(shorter > 0 && shorter <= 1_500, "{shorter}");
     assert!(guard.unlock().unwrap());
 }
@@ -293,7 +256,7 @@ fn extend_after_loss_is_lost_and_touches_nothing() {
     let mut conn = server.conn();
 
     let mut guard = lock.try_lock().unwrap();
-    raw_del(&mut conn, "tok:extend-lost");
+    raw::del(&mut conn, "tok:extend-lost");
     let err = guard.extend(Duration::from_secs(10)).expect_err("lost");
     assert!(
         matches!(&err, LockError::Lost { key } if key == "tok:extend-lost"),
@@ -301,20 +264,24 @@ fn extend_after_loss_is_lost_and_touches_nothing() {
     );
     assert!(!err.is_contention());
     assert!(err.to_string().contains("tok:extend-lost"));
-    assert_eq!(raw_get(&mut conn, "tok:extend-lost"), None, "not recreated");
+    assert_eq!(
+        raw::get(&mut conn, "tok:extend-lost"),
+        None,
+        "not recreated"
+    );
 
     // Another owner's value (without TTL) is neither overwritten nor given a TTL.
-    raw_set(&mut conn, "tok:extend-lost", b"other");
+    raw::set(&mut conn, "tok:extend-lost", b"other");
     let err = guard.extend(Duration::from_secs(10)).expect_err("lost");
     assert!(matches!(err, LockError::Lost { .. }), "{err:?}");
     assert_eq!(
-        raw_get(&mut conn, "tok:extend-lost").as_deref(),
+        raw::get(&mut conn, "tok:extend-lost").as_deref(),
         Some(&b"other"[..])
     );
-    assert_eq!(pttl(&mut conn, "tok:extend-lost"), -1);
+    assert_eq!(raw::pttl(&mut conn, "tok:extend-lost"), -1);
     assert!(!guard.unlock().unwrap());
     assert_eq!(
-        raw_get(&mut conn, "tok:extend-lost").as_deref(),
+        raw::get(&mut conn, "tok:extend-lost").as_deref(),
         Some(&b"other"[..])
     );
 }
@@ -333,14 +300,14 @@ fn is_held_and_check() {
     assert!(lock.is_held(guard.lease()).unwrap());
     assert!(!guard.is_expired());
 
-    raw_set(&mut conn, "tok:check", b"intruder");
+    raw::set(&mut conn, "tok:check", b"intruder");
     assert!(!guard.is_held().unwrap());
     let err = guard.check().expect_err("lost");
     assert!(
         matches!(&err, LockError::Lost { key } if key == "tok:check"),
         "{err:?}"
     );
-    raw_del(&mut conn, "tok:check");
+    raw::del(&mut conn, "tok:check");
     assert!(!guard.is_held().unwrap());
     assert!(!guard.unlock().unwrap());
 }
@@ -380,7 +347,7 @@ fn expired_lock_goes_to_another_owner_and_first_unlock_is_false() {
 
     assert!(!guard.unlock().unwrap(), "the first owner lost the lock");
     assert_eq!(
-        raw_get(&mut conn, "tok:expiry"),
+        raw::get(&mut conn, "tok:expiry"),
         Some(value2),
         "the second owner's lock survives the first owner's unlock"
     );
@@ -411,19 +378,19 @@ fn drop_releases_the_lock() {
     {
         let guard = lock.try_lock().unwrap();
         assert_eq!(
-            raw_get(&mut conn, "tok:drop").as_deref(),
+            raw::get(&mut conn, "tok:drop").as_deref(),
             Some(guard.value())
         );
     }
-    assert_eq!(raw_get(&mut conn, "tok:drop"), None);
+    assert_eq!(raw::get(&mut conn, "tok:drop"), None);
 
     // Dropping a lost guard deletes nothing.
     {
         let _guard = lock.try_lock().unwrap();
-        raw_set(&mut conn, "tok:drop", b"other");
+        raw::set(&mut conn, "tok:drop", b"other");
     }
     assert_eq!(
-        raw_get(&mut conn, "tok:drop").as_deref(),
+        raw::get(&mut conn, "tok:drop").as_deref(),
         Some(&b"other"[..])
     );
 }
@@ -441,15 +408,15 @@ fn into_lease_keeps_the_lock() {
     let mut lease = guard.into_lease();
     assert_eq!(lease.valid_until(), until);
     assert_eq!(
-        raw_get(&mut conn, "tok:lease").as_deref(),
+        raw::get(&mut conn, "tok:lease").as_deref(),
         Some(lease.value())
     );
     assert!(matches!(lock.try_lock(), Err(LockError::Held { .. })));
     assert!(lock.is_held(&lease).unwrap());
     lock.extend(&mut lease, Duration::from_secs(20)).unwrap();
-    assert!(pttl(&mut conn, "tok:lease") > 10_000);
+    assert!(raw::pttl(&mut conn, "tok:lease") > 10_000);
     assert!(lock.release(&lease).unwrap());
-    assert_eq!(raw_get(&mut conn, "tok:lease"), None);
+    assert_eq!(raw::get(&mut conn, "tok:lease"), None);
 }
 
 #[test]
@@ -502,7 +469,7 @@ fn usable_as_box_and_arc_dyn_across_threads() {
         h.join().expect("worker panicked");
     }
     assert_eq!(entries.load(Ordering::SeqCst), 60);
-    assert_eq!(raw_get(&mut server.conn(), "tok:dyn"), None);
+    assert_eq!(raw::get(&mut server.conn(), "tok:dyn"), None);
 }
 
 #[test]
@@ -517,14 +484,14 @@ fn wire_value_is_a_32_char_lowercase_hex_token_with_pttl() {
     let mut seen = std::collections::HashSet::new();
     for _ in 0..20 {
         let guard = lock.try_lock().unwrap();
-        let stored = raw_get(&mut conn, "tok:wire").expect("key set");
+        let stored = raw::get(&mut conn, "tok:wire").expect("key set");
         assert_eq!(stored, guard.value());
         assert!(
             is_lower_hex_token(&stored),
             "{:?}",
             String::from_utf8_lossy(&stored)
         );
-        let p = pttl(&mut conn, "tok:wire");
+        let p = raw::pttl(&mut conn, "tok:wire");
         assert!(p > 0 && p <= 5_000, "PTTL {p}");
         assert!(seen.insert(stored), "token reused");
         assert!(guard.unlock().unwrap());
@@ -540,7 +507,7 @@ fn defaults_and_ttl_rounding() {
     assert_eq!(lock.ttl(), TOKEN_DEFAULT_TTL);
     assert_eq!(lock.retry_policy(), &RetryPolicy::standard());
     let guard = lock.try_lock().unwrap();
-    let p = pttl(&mut server.conn(), "tok:defaults");
+    let p = raw::pttl(&mut server.conn(), "tok:defaults");
     assert!(p > 0 && p <= 10_000, "{p}");
     drop(guard);
 
@@ -561,7 +528,7 @@ fn max_ttl_is_accepted_by_redis() {
     let lock = token_lock(&c, "tok:max", MAX_TTL);
     let mut conn = server.conn();
     let mut guard = lock.try_lock().expect("MAX_TTL acquire");
-    let p = pttl(&mut conn, "tok:max");
+    let p = raw::pttl(&mut conn, "tok:max");
     let max_ms = MAX_TTL.as_millis() as i64;
     assert!(p > max_ms - 60_000 && p <= max_ms, "{p}");
     guard.extend(MAX_TTL).expect("MAX_TTL extend");
@@ -574,7 +541,7 @@ fn wrong_type_key() {
     let server = RedisServer::start();
     let c = client(&server);
     let mut conn = server.conn();
-    make_hash(&mut conn, "tok:hash");
+    raw::make_hash(&mut conn, "tok:hash");
 
     let lock = c
         .lock("tok:hash")
@@ -607,8 +574,8 @@ fn wrong_type_key() {
     let other = token_lock(&c, "tok:becomes-hash", Duration::from_secs(10));
     let guard = other.try_lock().unwrap();
     let mut lease = guard.into_lease();
-    raw_del(&mut conn, "tok:becomes-hash");
-    make_hash(&mut conn, "tok:becomes-hash");
+    raw::del(&mut conn, "tok:becomes-hash");
+    raw::make_hash(&mut conn, "tok:becomes-hash");
     assert!(
         matches!(other.release(&lease), Err(LockError::WrongType { .. })),
         "release"
@@ -622,9 +589,12 @@ fn wrong_type_key() {
         .expect_err("extend on a hash");
     assert!(matches!(err, LockError::WrongType { .. }), "{err:?}");
 
-    assert_eq!(hash_field(&mut conn, "tok:hash").as_deref(), Some("value"));
     assert_eq!(
-        hash_field(&mut conn, "tok:becomes-hash").as_deref(),
+        raw::hash_field(&mut conn, "tok:hash").as_deref(),
+        Some("value")
+    );
+    assert_eq!(
+        raw::hash_field(&mut conn, "tok:becomes-hash").as_deref(),
         Some("value")
     );
 }

@@ -5,7 +5,15 @@
 //! injection (pause/resume/stop/kill/restart) only ever signals this
 //! server's own pid, and `Drop` always kills the child and removes its
 //! directory, also when a test panics.
+//!
+//! Shared by the test files as well: [`raw`] (raw Redis commands to set up and check keys),
+//! [`expiry`] (the wall clock and Classic expiry-timestamp values) and [`worker`] (this test
+//! binary re-run as a child process). Each test binary uses a subset, hence `dead_code`.
 #![allow(dead_code)]
+
+pub mod expiry;
+pub mod raw;
+pub mod worker;
 
 use std::io::{ErrorKind, Read};
 use std::net::TcpListener;
