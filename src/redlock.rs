@@ -48,7 +48,7 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{self, DistributedLock, Lease, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
-use crate::strategy::check_duration;
+use crate::strategy::{check_duration, check_lock_options};
 use crate::token::new_token;
 use crate::waiters::WaitQueues;
 
@@ -654,15 +654,12 @@ impl RedLockBuilder {
 
     /// Like [`build`](Self::build), returning the concrete [`RedLock`].
     pub fn build_redlock(self) -> Result<RedLock> {
-        if self.key.is_empty() {
-            return Err(LockError::invalid("", "the lock key is empty"));
-        }
-        let ttl = self.ttl.unwrap_or(REDLOCK_DEFAULT_TTL);
+        let (ttl, retry) = check_lock_options(
+            &self.key,
+            self.ttl.unwrap_or(REDLOCK_DEFAULT_TTL),
+            self.retry.unwrap_or_else(RedLock::default_retry_policy),
+        )?;
         let ttl = checked_ttl(&self.key, ttl)?;
-        let retry = self.retry.unwrap_or_else(RedLock::default_retry_policy);
-        retry
-            .validate()
-            .map_err(|reason| LockError::invalid(&self.key, reason))?;
         let workers = self.client.workers().max(1);
         let mut h = DefaultHasher::new();
         self.key.hash(&mut h);

@@ -26,7 +26,7 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{self, printable, DistributedLock, Lease, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
-use crate::strategy::{check_duration, TOKEN_DEFAULT_TTL};
+use crate::strategy::{check_duration, check_lock_options, TOKEN_DEFAULT_TTL};
 
 /// Default lifetime of a read or write hold of a [`ReadWriteLock`] (10 s, as for
 /// [`Strategy::Token`](crate::Strategy::Token)).
@@ -255,15 +255,11 @@ impl ReadWriteLockBuilder {
 
     /// Checks the options and builds the lock. Sends nothing to Redis.
     pub fn build(self) -> Result<ReadWriteLock> {
-        if self.key.is_empty() {
-            return Err(LockError::invalid("", "the lock key is empty"));
-        }
-        let ttl = self.ttl.unwrap_or(RW_DEFAULT_TTL);
-        check_duration(&self.key, "ttl", ttl, false)?;
-        let retry = self.retry.unwrap_or_else(RetryPolicy::standard);
-        retry
-            .validate()
-            .map_err(|reason| LockError::invalid(&self.key, reason))?;
+        let (ttl, retry) = check_lock_options(
+            &self.key,
+            self.ttl.unwrap_or(RW_DEFAULT_TTL),
+            self.retry.unwrap_or_else(RetryPolicy::standard),
+        )?;
         let intent = self.intent.unwrap_or_else(|| {
             retry
                 .max_delay
@@ -271,7 +267,6 @@ impl ReadWriteLockBuilder {
                 .max(RW_MIN_WRITER_INTENT)
         });
         check_duration(&self.key, "writer_intent", intent, true)?;
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
         let intent = Duration::from_millis(intent.as_millis() as u64);
         let shared = Arc::new(Shared {
             read_line: format!("{}\0read", self.key),

@@ -197,17 +197,29 @@ impl LockBuilder {
         default_ttl: Duration,
         default_retry: RetryPolicy,
     ) -> Result<(Duration, RetryPolicy)> {
-        if self.key.is_empty() {
-            return Err(LockError::invalid("", "the lock key is empty"));
-        }
-        let ttl = self.ttl.unwrap_or(default_ttl);
-        check_duration(&self.key, "ttl", ttl, false)?;
-        let retry = self.retry.clone().unwrap_or(default_retry);
-        retry
-            .validate()
-            .map_err(|reason| LockError::invalid(&self.key, reason))?;
-        Ok((Duration::from_millis(ttl.as_millis() as u64), retry))
+        check_lock_options(
+            &self.key,
+            self.ttl.unwrap_or(default_ttl),
+            self.retry.clone().unwrap_or(default_retry),
+        )
     }
+}
+
+/// The checks every lock builder makes before anything is sent: a key, a lifetime of whole
+/// milliseconds within [`MAX_TTL`] (returned truncated to them), a consistent retry policy.
+pub(crate) fn check_lock_options(
+    key: &str,
+    ttl: Duration,
+    retry: RetryPolicy,
+) -> Result<(Duration, RetryPolicy)> {
+    if key.is_empty() {
+        return Err(LockError::invalid("", "the lock key is empty"));
+    }
+    check_duration(key, "ttl", ttl, false)?;
+    retry
+        .validate()
+        .map_err(|reason| LockError::invalid(key, reason))?;
+    Ok((Duration::from_millis(ttl.as_millis() as u64), retry))
 }
 
 /// Checks a lifetime-like duration: whole milliseconds count, at most [`MAX_TTL`].
