@@ -253,26 +253,66 @@ impl Drop for LockGuard<'_> {
     }
 }
 
-/// The blocking acquire loop shared by the strategies.
-///
-/// The first attempt goes straight to Redis unless other threads of this client already wait
-/// for the key; then the thread joins the in-process FIFO line ([`WaitQueues`]) and only the
-/// head of the line polls Redis, waking early when a local holder releases. `on_give_up` may
-/// turn the final [`LockError::Timeout`] into a more precise error (e.g. a wrong-type key).
+/// The blocking acquire of a lock that waits in the in-process line named by its key, FIFO,
+/// with `try_acquire` as the attempt. `on_give_up` may turn the final [`LockError::Timeout`]
+/// into a more precise error (e.g. a wrong-type key).
 pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
     lock: &'a L,
     queues: &WaitQueues,
-    mut attempts: Attempts<'_>,
+    attempts: Attempts<'_>,
     on_give_up: impl FnOnce() -> Result<()>,
 ) -> Result<LockGuard<'a>> {
+    let line = Line {
+        queues,
+        name: lock.key(),
+        fifo: true,
+        barge: false,
+    };
+    acquire_in_line(
+        lock,
+        line,
+        attempts,
+        || lock.try_acquire(),
+        |_| on_give_up(),
+    )
+}
+
+/// Where a blocking acquire waits in this process, and how.
+pub(crate) struct Line<'q> {
+    /// The client's waiter lines.
+    pub(crate) queues: &'q WaitQueues,
+    /// The line's name: the lock key, or one name per mode of a read-write lock.
+    pub(crate) name: &'q str,
+    /// Wait to be the head of the line before each attempt. Without it the line only wakes
+    /// the thread early when a local holder releases (readers, who may all get in together).
+    pub(crate) fifo: bool,
+    /// Make the first attempt even if others wait in the line (a thread that already holds
+    /// the lock and would otherwise wait behind a thread waiting for it).
+    pub(crate) barge: bool,
+}
+
+/// The blocking acquire loop shared by every lock.
+///
+/// The first attempt goes straight to Redis unless other threads of this client already wait
+/// in the line (and `barge` is off); then the thread joins the line ([`WaitQueues`]): only its
+/// head polls Redis (with `fifo`), sleeping by the retry policy and waking early when a local
+/// holder releases. `on_give_up` gets the number of attempts made and may replace the final
+/// [`LockError::Timeout`] with a more precise error.
+pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
+    lock: &'a L,
+    line: Line<'_>,
+    mut attempts: Attempts<'_>,
+    mut attempt: impl FnMut() -> Result<Option<Lease>>,
+    on_give_up: impl FnOnce(u32) -> Result<()>,
+) -> Result<LockGuard<'a>> {
     let key = lock.key();
-    if !queues.has_waiters(key) {
+    if line.barge || !line.queues.has_waiters(line.name) {
         attempts.record();
-        if let Some(lease) = lock.try_acquire()? {
+        if let Some(lease) = attempt()? {
             return Ok(LockGuard::new(lock, lease));
         }
     }
-    let mut ticket = queues.enqueue(key);
+    let mut ticket = line.queues.enqueue(line.name);
     log::trace!(
         "lock {key:?}: waiting behind {} threads of this process",
         ticket.ahead()
@@ -284,17 +324,17 @@ pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
                 break;
             };
             log::debug!(
-                "lock {key:?}: held by another owner, attempt {} failed, retrying in {sleep:?}",
+                "lock {key:?}: refused, attempt {} failed, retrying in {sleep:?}",
                 attempts.made()
             );
             ticket.sleep(sleep);
         }
-        if !ticket.wait_turn(deadline) {
+        if line.fifo && !ticket.wait_turn(deadline) {
             break;
         }
         ticket.mark();
         attempts.record();
-        if let Some(lease) = lock.try_acquire()? {
+        if let Some(lease) = attempt()? {
             log::debug!(
                 "lock {key:?}: acquired after {} attempts in {:?}",
                 attempts.made(),
@@ -304,7 +344,7 @@ pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
         }
     }
     drop(ticket);
-    on_give_up()?;
+    on_give_up(attempts.made())?;
     log::info!(
         "lock {key:?}: gave up after {} attempts in {:?}",
         attempts.made(),

@@ -24,7 +24,7 @@ use redis::Value;
 
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lock::{self, printable, DistributedLock, Lease, LockGuard};
+use crate::lock::{self, printable, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::strategy::{check_duration, check_lock_options, TOKEN_DEFAULT_TTL};
 
@@ -487,10 +487,9 @@ impl Shared {
         &self,
         handle: &'a L,
         mode: Mode,
-        mut attempts: Attempts<'_>,
+        attempts: Attempts<'_>,
     ) -> Result<LockGuard<'a>> {
         let owner = self.owner();
-        let waiters = self.client.waiters();
         let (line, fifo, intent_ms) = match mode {
             Mode::Read => (self.read_line.as_str(), false, 0),
             Mode::Write => (
@@ -499,65 +498,25 @@ impl Shared {
                 self.intent.as_millis() as u64,
             ),
         };
-        if !fifo || self.holds_any(&owner) || !waiters.has_waiters(line) {
-            attempts.record();
-            if let Some(lease) = self.attempt(mode, &owner, intent_ms)? {
-                return Ok(LockGuard::new(handle, lease));
+        let line = Line {
+            queues: self.client.waiters(),
+            name: line,
+            fifo,
+            barge: !fifo || self.holds_any(&owner),
+        };
+        let attempt = || self.attempt(mode, &owner, intent_ms);
+        lock::acquire_in_line(handle, line, attempts, attempt, |made| {
+            if intent_ms > 0 && made > 0 {
+                // Withdraw our intent so that readers need not wait for it to expire.
+                if let Err(e) = self.run(|s| &s.rw_release, "wait", owner.as_bytes(), &[]) {
+                    log::warn!(
+                        "lock {:?}: could not withdraw the writer intent ({e}); it expires in {:?}",
+                        self.key,
+                        self.intent
+                    );
+                }
             }
-        }
-        let mut ticket = waiters.enqueue(line);
-        let deadline = attempts.queue_deadline();
-        loop {
-            if attempts.made() > 0 {
-                let Some(sleep) = attempts.next_sleep() else {
-                    break;
-                };
-                log::debug!(
-                    "lock {:?}: {} refused, attempt {} failed, retrying in {sleep:?}",
-                    self.key,
-                    mode.as_str(),
-                    attempts.made()
-                );
-                ticket.sleep(sleep);
-            }
-            if fifo && !ticket.wait_turn(deadline) {
-                break;
-            }
-            ticket.mark();
-            attempts.record();
-            if let Some(lease) = self.attempt(mode, &owner, intent_ms)? {
-                log::debug!(
-                    "lock {:?}: {} hold taken after {} attempts in {:?}",
-                    self.key,
-                    mode.as_str(),
-                    attempts.made(),
-                    attempts.waited()
-                );
-                return Ok(LockGuard::new(handle, lease));
-            }
-        }
-        drop(ticket);
-        if intent_ms > 0 && attempts.made() > 0 {
-            // Withdraw our intent so that readers need not wait for it to expire.
-            if let Err(e) = self.run(|s| &s.rw_release, "wait", owner.as_bytes(), &[]) {
-                log::warn!(
-                    "lock {:?}: could not withdraw the writer intent ({e}); it expires in {:?}",
-                    self.key,
-                    self.intent
-                );
-            }
-        }
-        log::info!(
-            "lock {:?}: gave up on {} after {} attempts in {:?}",
-            self.key,
-            mode.as_str(),
-            attempts.made(),
-            attempts.waited()
-        );
-        Err(LockError::Timeout {
-            key: self.key.clone(),
-            attempts: attempts.made(),
-            waited: attempts.waited(),
+            Ok(())
         })
     }
 }
