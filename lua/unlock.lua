@@ -1,10 +1,17 @@
 -- Compare-and-delete: release a lock only if it still holds our exact value.
--- Used by both strategies: Token (value = random token) and Classic (value = our expiry
--- timestamp, so a legacy peer that GETSET our expired lock is never deleted by us).
+-- Used by both string strategies: Token (value = random token) and Classic (value = our
+-- expiry timestamp, so a legacy peer that GETSET our expired lock is never deleted by us).
 -- KEYS[1] lock key
+-- KEYS[2] (Token only) the release channel, `redisson_lock__channel:{key}`, in the key's slot
 -- ARGV[1] the value we wrote when we acquired (or last extended) the lock
--- Returns 1 when the key was ours and is now deleted, 0 when it was absent or not ours.
+-- ARGV[2] (with KEYS[2]) the message to publish, "0" as Redisson's unlock message
+-- Returns 1 when the key was ours and is now deleted (and the release published), 0 when it
+-- was absent or not ours.
 if redis.call('get', KEYS[1]) == ARGV[1] then
-    return redis.call('del', KEYS[1])
+    redis.call('del', KEYS[1])
+    if #KEYS > 1 then
+        redis.call('publish', KEYS[2], ARGV[2])
+    end
+    return 1
 end
 return 0

@@ -288,7 +288,7 @@ impl DistributedLock for ClassicLock {
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
-        string_value::release(&self.client, &self.key, lease)
+        string_value::release(&self.client, &self.key, None, lease)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {

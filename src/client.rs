@@ -6,7 +6,7 @@
 //! so a client recovers from restarts and failovers without being rebuilt.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::{ConnectionLike, RedisResult, Value};
@@ -15,6 +15,8 @@ use crate::error::{LockError, Result};
 use crate::scripts::Scripts;
 use crate::strategy::LockBuilder;
 use crate::waiters::WaitQueues;
+use crate::watchdog::Watchdog;
+use crate::wakeup::{Resolve, Wakeups};
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
@@ -47,7 +49,29 @@ pub struct LockClient {
 struct Inner {
     pool: Pool,
     scripts: Scripts,
-    waiters: WaitQueues,
+    waiters: Arc<WaitQueues>,
+    /// Random UUID: the instance part of this client's owner ids (reentrant locks).
+    instance: String,
+    /// Renews this client's watched holds (one thread, started with the first).
+    watchdog: Watchdog,
+    /// The shared subscriber connection that wakes waiters (one thread, started with the
+    /// first wait).
+    wakeups: Wakeups,
+    /// Talks to a Redis Cluster: multi-key scripts must keep to one slot.
+    cluster: bool,
+}
+
+/// A reference to a client that does not keep it alive (held by its background threads).
+#[derive(Clone)]
+pub(crate) struct WeakClient {
+    inner: Weak<Inner>,
+}
+
+impl WeakClient {
+    /// The client, unless every handle to it has been dropped.
+    pub(crate) fn upgrade(&self) -> Option<LockClient> {
+        self.inner.upgrade().map(|inner| LockClient { inner })
+    }
 }
 
 impl std::fmt::Debug for LockClient {
@@ -100,18 +124,58 @@ impl LockClient {
     /// `test_on_check_out(false)`: r2d2's default sends a `PING` on every checkout, which doubles
     /// the cost of every lock operation. Set read timeouts on its connections, or a paused Redis
     /// blocks callers for as long as the OS lets a socket wait.
+    ///
+    /// Such a client has no address to open its subscriber connection to, so its waiters poll
+    /// (by their retry policy) instead of being woken by pub/sub.
     pub fn from_pool(pool: r2d2::Pool<redis::Client>) -> Self {
-        Self::with_pool(Pool::External(pool))
+        Self::with_pool(Pool::External(pool), None, false, DEFAULT_COMMAND_TIMEOUT)
     }
 
-    fn with_pool(pool: Pool) -> Self {
+    fn with_pool(pool: Pool, resolve: Option<Resolve>, cluster: bool, timeout: Duration) -> Self {
+        let waiters = Arc::new(WaitQueues::default());
         LockClient {
             inner: Arc::new(Inner {
                 pool,
                 scripts: Scripts::new(),
-                waiters: WaitQueues::default(),
+                wakeups: Wakeups::new(resolve, Arc::clone(&waiters), timeout),
+                waiters,
+                instance: crate::owner::new_uuid(),
+                watchdog: Watchdog::new(),
+                cluster,
             }),
         }
+    }
+
+    /// A reference for background threads that does not keep the client alive.
+    pub(crate) fn downgrade(&self) -> WeakClient {
+        WeakClient {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
+    /// The client's instance id (a random UUID): the first part of its owner ids.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// True for a Redis Cluster client.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.inner.cluster
+    }
+
+    /// The client's renewal thread.
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.inner.watchdog
+    }
+
+    /// The client's pub/sub subscriber.
+    pub(crate) fn wakeups(&self) -> &Wakeups {
+        &self.inner.wakeups
+    }
+
+    /// Watched holds the watchdog currently renews (for tests and monitoring).
+    pub fn watched_count(&self) -> usize {
+        self.inner.watchdog.watched()
     }
 
     /// Starts building a lock on `key`. See [`LockBuilder`] for the options and defaults.
@@ -245,11 +309,30 @@ impl ClientBuilder {
         if self.connect_timeout.is_zero() || self.command_timeout.is_some_and(|d| d.is_zero()) {
             return Err(setup("timeouts must be greater than zero".into()));
         }
+        let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
+        let (connect_timeout, cluster) = (self.connect_timeout, matches!(self.target, TargetSpec::Cluster(_)));
+        let resolve: Option<Resolve>;
         let target = match self.target {
             TargetSpec::Single(url) => {
-                Target::Single(redis::Client::open(url.as_str()).map_err(|e| setup(Box::new(e)))?)
+                let client = redis::Client::open(url.as_str()).map_err(|e| setup(Box::new(e)))?;
+                let info = client.get_connection_info().clone();
+                resolve = Some(Box::new(move || Ok(info.clone())));
+                Target::Single(client)
             }
             TargetSpec::Cluster(nodes) => {
+                // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
+                let infos = nodes
+                    .iter()
+                    .map(|n| redis::Client::open(n.as_str()).map(|c| c.get_connection_info().clone()))
+                    .collect::<RedisResult<Vec<_>>>()
+                    .map_err(|e| setup(Box::new(e)))?;
+                let next = AtomicUsize::new(0);
+                resolve = Some(Box::new(move || {
+                    let i = next.fetch_add(1, Ordering::Relaxed) % infos.len().max(1);
+                    infos.get(i).cloned().ok_or_else(|| {
+                        redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
+                    })
+                }));
                 let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(self.connect_timeout);
                 if let Some(t) = self.command_timeout {
@@ -266,6 +349,13 @@ impl ClientBuilder {
                     .map(|url| redis::Client::open(url.as_str()))
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(|e| setup(Box::new(e)))?;
+                // The subscriber follows the current master too (PUBLISH on a master reaches
+                // its replicas' subscribers as well, so a stale answer still hears releases).
+                let (asked, svc) = (sentinels.clone(), service.clone());
+                resolve = Some(Box::new(move || {
+                    let addr = sentinel_master_addr(&asked, &svc, connect_timeout, timeout)?;
+                    redis::Client::open(addr).map(|c| c.get_connection_info().clone())
+                }));
                 Target::Sentinel {
                     sentinels,
                     service,
@@ -286,8 +376,50 @@ impl ClientBuilder {
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
             .build_unchecked(manager);
-        Ok(LockClient::with_pool(Pool::Managed(pool)))
+        Ok(LockClient::with_pool(
+            Pool::Managed(pool),
+            resolve,
+            cluster,
+            timeout,
+        ))
     }
+}
+
+/// Asks each Sentinel in turn for `service`'s master address; each step bounded by the
+/// timeouts.
+fn sentinel_master_addr(
+    sentinels: &[redis::Client],
+    service: &str,
+    connect_timeout: Duration,
+    timeout: Duration,
+) -> RedisResult<(String, u16)> {
+    let mut last_err = None;
+    for sentinel in sentinels {
+        let named: RedisResult<Option<(String, u16)>> = sentinel
+            .get_connection_with_timeout(connect_timeout)
+            .and_then(|con| {
+                con.set_read_timeout(Some(timeout))?;
+                con.set_write_timeout(Some(timeout))?;
+                Ok(con)
+            })
+            .and_then(|mut con| {
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(service)
+                    .query(&mut con)
+            });
+        match named {
+            Ok(Some(addr)) => return Ok(addr),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| {
+        redis::RedisError::from((
+            redis::ErrorKind::MasterNameNotFoundBySentinel,
+            "no Sentinel named a master for the service",
+        ))
+    }))
 }
 
 /// Where connections go.

@@ -41,8 +41,12 @@ pub mod bench_hooks;
 mod classic;
 mod client;
 mod error;
+mod hold;
+mod keys;
 mod lock;
+mod owner;
 mod redlock;
+mod reentrant;
 mod retry;
 mod rwlock;
 mod scripts;
@@ -50,6 +54,8 @@ mod strategy;
 mod string_value;
 mod token;
 mod waiters;
+mod wakeup;
+mod watchdog;
 
 pub use classic::ClassicLock;
 pub use client::{
@@ -67,6 +73,8 @@ pub use rwlock::{
 };
 pub use strategy::{
     ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,
-    TOKEN_DEFAULT_TTL,
 };
+pub use hold::WakeUp;
+pub use reentrant::ReentrantLock;
 pub use token::TokenLock;
+pub use watchdog::{LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};

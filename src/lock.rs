@@ -1,11 +1,14 @@
 //! The [`DistributedLock`] trait, the [`Lease`] it hands out and the RAII [`LockGuard`].
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{LockError, Result};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::waiters::WaitQueues;
+use crate::wakeup::Wakeups;
+use crate::watchdog::WatchState;
 
 /// A lock on one Redis key, shared by threads (`Send + Sync`) and usable as
 /// `Box<dyn DistributedLock>` / `Arc<dyn DistributedLock>`.
@@ -62,20 +65,45 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
 /// 128-bit token in hex, or an owner id `<128-bit instance in hex>:<thread number>`.
 const VALUE_CAPACITY: usize = 64;
 
-/// One successful acquire: the owner value written to Redis and how long the hold is valid.
-#[derive(Clone, PartialEq, Eq)]
+/// One successful acquire: the owner value written to Redis, how long the hold is valid and,
+/// when asked for, its fencing token.
+///
+/// The lease of a *watched* lock (built without an explicit lifetime) keeps the watchdog
+/// renewing the hold for as long as the lease, or a clone of it, lives and has not been
+/// released: dropping every copy stops the renewals, and the hold then expires by itself.
+#[derive(Clone)]
 pub struct Lease {
     value: [u8; VALUE_CAPACITY],
     len: u8,
     acquired_at: Instant,
     valid_until: Instant,
+    fence: Option<u64>,
+    watch: Option<Arc<WatchState>>,
 }
+
+impl PartialEq for Lease {
+    fn eq(&self, other: &Self) -> bool {
+        self.value() == other.value()
+            && self.acquired_at == other.acquired_at
+            && self.valid_until == other.valid_until
+            && self.fence == other.fence
+            && match (&self.watch, &other.watch) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
+}
+
+impl Eq for Lease {}
 
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
             .field("value", &printable(self.value()))
             .field("remaining", &self.remaining())
+            .field("fence", &self.fence)
+            .field("watched", &self.watch.is_some())
             .finish()
     }
 }
@@ -92,6 +120,32 @@ impl Lease {
             len: len as u8,
             acquired_at: start,
             valid_until: start + ttl,
+            fence: None,
+            watch: None,
+        }
+    }
+
+    /// With the fencing token the acquire returned.
+    pub(crate) fn with_fence(mut self, fence: Option<u64>) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// Renewed by the watchdog through `watch`.
+    pub(crate) fn with_watch(mut self, watch: Arc<WatchState>) -> Self {
+        self.watch = Some(watch);
+        self
+    }
+
+    /// The watchdog's record of this hold, for a watched lock.
+    pub(crate) fn watch(&self) -> Option<&Arc<WatchState>> {
+        self.watch.as_ref()
+    }
+
+    /// The hold is being released: the watchdog must not renew it any more.
+    pub(crate) fn stop_renewal(&self) {
+        if let Some(w) = &self.watch {
+            w.stop();
         }
     }
 
@@ -104,6 +158,9 @@ impl Lease {
             self.len = fresh.len;
         }
         self.valid_until = start + ttl;
+        if let Some(w) = &self.watch {
+            w.renewed(start, ttl);
+        }
     }
 
     /// The owner value stored at the key (a token, or a legacy expiry timestamp).
@@ -117,19 +174,45 @@ impl Lease {
     }
 
     /// The monotonic instant until which the hold is valid, measured from before the acquire
-    /// command was sent.
+    /// (or the latest extend or watchdog renewal) was sent.
     pub fn valid_until(&self) -> Instant {
-        self.valid_until
+        match &self.watch {
+            Some(w) => w.valid_until(),
+            None => self.valid_until,
+        }
     }
 
     /// Time left before the hold expires (zero once expired).
     pub fn remaining(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.valid_until().saturating_duration_since(Instant::now())
     }
 
     /// True once the lifetime has passed by the local monotonic clock. Costs no round trip.
     pub fn is_expired(&self) -> bool {
-        Instant::now() >= self.valid_until
+        Instant::now() >= self.valid_until()
+    }
+
+    /// True once the hold must be taken as lost, without a round trip: its lifetime passed by
+    /// the local clock, or (watched locks) the watchdog found it gone or could not renew it in
+    /// time. False does not prove the hold is still ours (another client may have deleted the
+    /// key); [`DistributedLock::is_held`] asks Redis.
+    pub fn is_lost(&self) -> bool {
+        match &self.watch {
+            Some(w) => w.is_lost(),
+            None => self.is_expired(),
+        }
+    }
+
+    /// True if the watchdog renews this hold.
+    pub fn is_watched(&self) -> bool {
+        self.watch.is_some()
+    }
+
+    /// The fencing token of this hold, for locks built with
+    /// [`fencing`](crate::LockBuilder::fencing): strictly greater than the token of every
+    /// earlier hold of the same key (see `docs/fencing.md`). `None` for other locks.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
     }
 }
 
@@ -198,15 +281,28 @@ impl<'a> LockGuard<'a> {
         &self.lease
     }
 
+    /// The fencing token of this hold (locks built with
+    /// [`fencing`](crate::LockBuilder::fencing)); pass it to the resource the lock protects.
+    pub fn fence(&self) -> Option<u64> {
+        self.lease.fence()
+    }
+
+    /// True once the hold must be taken as lost, without a round trip: see [`Lease::is_lost`].
+    /// For a watched lock this is how the watchdog tells the holder that renewal failed.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
     /// Asks Redis whether the lock is still ours and within its lifetime.
     pub fn is_held(&self) -> Result<bool> {
         self.lock.is_held(&self.lease)
     }
 
     /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise: for `guard.check()?`
-    /// before a step that must run under the lock.
+    /// before a step that must run under the lock. A hold already known lost
+    /// ([`is_lost`](Self::is_lost)) fails without a round trip; otherwise Redis is asked.
     pub fn check(&self) -> Result<()> {
-        if self.is_held()? {
+        if !self.is_lost() && self.is_held()? {
             Ok(())
         } else {
             Err(self.lost())
@@ -226,7 +322,8 @@ impl<'a> LockGuard<'a> {
     }
 
     /// Gives up the guard without releasing: the hold stays until it expires or
-    /// [`DistributedLock::release`] is called with the returned lease.
+    /// [`DistributedLock::release`] is called with the returned lease. A watched hold stays
+    /// renewed while the returned lease (or a clone) lives.
     pub fn into_lease(mut self) -> Lease {
         self.armed = false;
         self.lease.clone()
@@ -244,11 +341,32 @@ impl Drop for LockGuard<'_> {
         if !self.armed {
             return;
         }
+        // Even if the release below fails, renewals must stop with the guard.
+        self.lease.stop_renewal();
         match self.lock.release(&self.lease) {
             Ok(true) => {}
             // release() already logged the loss with the key.
             Ok(false) => {}
             Err(e) => log::error!("lock {:?}: release on drop failed: {e}", self.key()),
+        }
+    }
+}
+
+/// The outcome of one acquire attempt.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    /// Taken.
+    Acquired(Lease),
+    /// Held by another owner; `pttl` is the hold's remaining lifetime when the attempt's reply
+    /// carried it (a waiter woken by pub/sub sleeps at most that long).
+    Held { pttl: Option<Duration> },
+}
+
+impl From<Option<Lease>> for Attempt {
+    fn from(lease: Option<Lease>) -> Self {
+        match lease {
+            Some(lease) => Attempt::Acquired(lease),
+            None => Attempt::Held { pttl: None },
         }
     }
 }
@@ -267,12 +385,13 @@ pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
         name: lock.key(),
         fifo: true,
         barge: false,
+        wake: None,
     };
     acquire_in_line(
         lock,
         line,
         attempts,
-        || lock.try_acquire(),
+        || lock.try_acquire().map(Attempt::from),
         |_| on_give_up(),
     )
 }
@@ -289,27 +408,46 @@ pub(crate) struct Line<'q> {
     /// Make the first attempt even if others wait in the line (a thread that already holds
     /// the lock and would otherwise wait behind a thread waiting for it).
     pub(crate) barge: bool,
+    /// Releases are published on this channel: wait for the message instead of polling.
+    pub(crate) wake: Option<Wake<'q>>,
+}
+
+/// Pub/sub wake-ups of a line: the client's subscriber and the lock's channel.
+pub(crate) struct Wake<'q> {
+    pub(crate) wakeups: &'q Wakeups,
+    pub(crate) channel: &'q str,
 }
 
 /// The blocking acquire loop shared by every lock.
 ///
 /// The first attempt goes straight to Redis unless other threads of this client already wait
 /// in the line (and `barge` is off); then the thread joins the line ([`WaitQueues`]): only its
-/// head polls Redis (with `fifo`), sleeping by the retry policy and waking early when a local
-/// holder releases. `on_give_up` gets the number of attempts made and may replace the final
+/// head makes attempts (with `fifo`), and a local release wakes it at once.
+///
+/// Between attempts the thread sleeps by the retry policy, unless the line has a pub/sub
+/// [`Wake`]: after its first refused attempt it subscribes to the lock's channel (confirmed by
+/// the server before the next attempt, so no release in between goes unheard) and then sleeps
+/// until a release is published, at most the holder's remaining lifetime as the refused
+/// attempt reported it, and never past the deadline. A lost message thus costs at most that
+/// lifetime. Without a confirmed subscription (pub/sub unavailable, subscriber reconnecting)
+/// or without a reported lifetime it falls back to the policy's sleeps.
+///
+/// `on_give_up` gets the number of attempts made and may replace the final
 /// [`LockError::Timeout`] with a more precise error.
 pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     lock: &'a L,
     line: Line<'_>,
     mut attempts: Attempts<'_>,
-    mut attempt: impl FnMut() -> Result<Option<Lease>>,
+    mut attempt: impl FnMut() -> Result<Attempt>,
     on_give_up: impl FnOnce(u32) -> Result<()>,
 ) -> Result<LockGuard<'a>> {
     let key = lock.key();
+    let mut pttl = None;
     if line.barge || !line.queues.has_waiters(line.name) {
         attempts.record();
-        if let Some(lease) = attempt()? {
-            return Ok(LockGuard::new(lock, lease));
+        match attempt()? {
+            Attempt::Acquired(lease) => return Ok(LockGuard::new(lock, lease)),
+            Attempt::Held { pttl: p } => pttl = p,
         }
     }
     let mut ticket = line.queues.enqueue(line.name);
@@ -318,14 +456,31 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         ticket.ahead()
     );
     let deadline = attempts.queue_deadline();
+    let mut subscription = None;
     loop {
         if attempts.made() > 0 {
-            let Some(sleep) = attempts.next_sleep() else {
+            let Some(backoff) = attempts.next_sleep() else {
                 break;
             };
+            let mut fresh = false;
+            if subscription.is_none() {
+                if let Some(wake) = &line.wake {
+                    subscription = wake.wakeups.subscribe(wake.channel, line.name, deadline);
+                    // Confirmed just now: a release since the refused attempt may have been
+                    // missed, so try again at once.
+                    fresh = subscription.as_ref().is_some_and(|s| s.is_confirmed());
+                }
+            }
+            let listening = subscription.as_ref().is_some_and(|s| s.is_confirmed());
+            let sleep = match pttl {
+                _ if fresh => Duration::ZERO,
+                Some(p) if listening => attempts.time_left().map_or(p, |left| p.min(left)),
+                _ => backoff,
+            };
             log::debug!(
-                "lock {key:?}: refused, attempt {} failed, retrying in {sleep:?}",
-                attempts.made()
+                "lock {key:?}: refused, attempt {} failed, next in at most {sleep:?}{}",
+                attempts.made(),
+                if listening { " (or when a release is published)" } else { "" }
             );
             ticket.sleep(sleep);
         }
@@ -334,15 +489,19 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         }
         ticket.mark();
         attempts.record();
-        if let Some(lease) = attempt()? {
-            log::debug!(
-                "lock {key:?}: acquired after {} attempts in {:?}",
-                attempts.made(),
-                attempts.waited()
-            );
-            return Ok(LockGuard::new(lock, lease));
+        match attempt()? {
+            Attempt::Acquired(lease) => {
+                log::debug!(
+                    "lock {key:?}: acquired after {} attempts in {:?}",
+                    attempts.made(),
+                    attempts.waited()
+                );
+                return Ok(LockGuard::new(lock, lease));
+            }
+            Attempt::Held { pttl: p } => pttl = p,
         }
     }
+    drop(subscription);
     drop(ticket);
     on_give_up(attempts.made())?;
     log::info!(

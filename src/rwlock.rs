@@ -24,13 +24,13 @@ use redis::Value;
 
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lock::{self, printable, DistributedLock, Lease, Line, LockGuard};
+use crate::lock::{Attempt, self, printable, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
-use crate::strategy::{check_duration, check_lock_options, TOKEN_DEFAULT_TTL};
+use crate::strategy::{check_duration, check_lock_options};
 
 /// Default lifetime of a read or write hold of a [`ReadWriteLock`] (10 s, as for
 /// [`Strategy::Token`](crate::Strategy::Token)).
-pub const RW_DEFAULT_TTL: Duration = TOKEN_DEFAULT_TTL;
+pub const RW_DEFAULT_TTL: Duration = Duration::from_secs(10);
 
 /// The shortest default writer intent: see [`ReadWriteLockBuilder::writer_intent`].
 pub const RW_MIN_WRITER_INTENT: Duration = Duration::from_millis(100);
@@ -503,8 +503,9 @@ impl Shared {
             name: line,
             fifo,
             barge: !fifo || self.holds_any(&owner),
+            wake: None,
         };
-        let attempt = || self.attempt(mode, &owner, intent_ms);
+        let attempt = || self.attempt(mode, &owner, intent_ms).map(Attempt::from);
         lock::acquire_in_line(handle, line, attempts, attempt, |made| {
             if intent_ms > 0 && made > 0 {
                 // Withdraw our intent so that readers need not wait for it to expire.

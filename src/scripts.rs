@@ -39,6 +39,39 @@ impl LuaScript {
         cmd
     }
 
+    /// Runs the script on several keys (all of one hash slot in a cluster) with `args`.
+    pub(crate) fn eval_keys<T: FromRedisValue>(
+        &self,
+        con: &mut dyn ConnectionLike,
+        keys: &[&str],
+        args: impl ToRedisArgs,
+    ) -> RedisResult<T> {
+        let key_bytes: usize = keys.iter().map(|k| k.len() + 16).sum();
+        let mut cmd = redis::Cmd::with_capacity(6 + keys.len(), 160 + key_bytes);
+        cmd.arg("EVALSHA")
+            .arg(self.script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(&args);
+        match cmd.query(con) {
+            Err(err)
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                log::info!(
+                    "script {} not on the server (NOSCRIPT), sending it with EVAL",
+                    self.name
+                );
+                redis::cmd("EVAL")
+                    .arg(&self.code)
+                    .arg(keys.len())
+                    .arg(keys)
+                    .arg(&args)
+                    .query(con)
+            }
+            other => other,
+        }
+    }
+
     /// The script's full text.
     #[cfg(test)]
     pub(crate) fn code(&self) -> &str {
@@ -90,6 +123,8 @@ pub(crate) struct Scripts {
     pub(crate) unlock: LuaScript,
     /// `lua/extend.lua`: compare-and-pexpire.
     pub(crate) extend: LuaScript,
+    /// `lua/token_acquire.lua`: Token acquire reporting the fence or the holder's PTTL.
+    pub(crate) token_acquire: LuaScript,
     /// `lua/compare_and_set.lua`: Classic takeover and extend.
     pub(crate) compare_and_set: LuaScript,
     /// `lua/rw_acquire.lua`: read-write lock, take a read or write hold.
@@ -100,6 +135,14 @@ pub(crate) struct Scripts {
     pub(crate) rw_extend: LuaScript,
     /// `lua/rw_held.lua`: read-write lock, does the owner hold it.
     pub(crate) rw_held: LuaScript,
+    /// `lua/renew_batch.lua`: the watchdog's renewal of many holds in one call.
+    pub(crate) renew_batch: LuaScript,
+    /// `lua/reentrant_acquire.lua`: reentrant lock (Redisson layout), take or re-enter a hold.
+    pub(crate) reentrant_acquire: LuaScript,
+    /// `lua/reentrant_release.lua`: reentrant lock, give back one hold (publish on the last).
+    pub(crate) reentrant_release: LuaScript,
+    /// `lua/reentrant_extend.lua`: reentrant lock, renew the key while the owner holds it.
+    pub(crate) reentrant_extend: LuaScript,
 }
 
 impl Scripts {
@@ -107,6 +150,7 @@ impl Scripts {
         Scripts {
             unlock: LuaScript::new("unlock", include_str!("../lua/unlock.lua")),
             extend: LuaScript::new("extend", include_str!("../lua/extend.lua")),
+            token_acquire: LuaScript::new("token_acquire", include_str!("../lua/token_acquire.lua")),
             compare_and_set: LuaScript::new(
                 "compare_and_set",
                 include_str!("../lua/compare_and_set.lua"),
@@ -124,6 +168,19 @@ impl Scripts {
                 include_str!("../lua/rw_extend.lua"),
             ),
             rw_held: LuaScript::with_rw_prelude("rw_held", include_str!("../lua/rw_held.lua")),
+            renew_batch: LuaScript::new("renew_batch", include_str!("../lua/renew_batch.lua")),
+            reentrant_acquire: LuaScript::new(
+                "reentrant_acquire",
+                include_str!("../lua/reentrant_acquire.lua"),
+            ),
+            reentrant_release: LuaScript::new(
+                "reentrant_release",
+                include_str!("../lua/reentrant_release.lua"),
+            ),
+            reentrant_extend: LuaScript::new(
+                "reentrant_extend",
+                include_str!("../lua/reentrant_extend.lua"),
+            ),
         }
     }
 }

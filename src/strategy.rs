@@ -2,12 +2,17 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use crate::classic::ClassicLock;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
+use crate::hold::{HoldOptions, WakeUp};
 use crate::lock::DistributedLock;
+use crate::reentrant::ReentrantLock;
 use crate::retry::RetryPolicy;
 use crate::token::TokenLock;
+use crate::watchdog::{LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
 
 /// The locking algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -15,18 +20,23 @@ use crate::token::TokenLock;
 pub enum Strategy {
     /// `SET key token NX PX ttl` with a random 128-bit token; release and extend by Lua
     /// compare-and-delete / compare-and-pexpire. The default, and the one to pick unless legacy
-    /// lockers share the keys. Default lifetime [`TOKEN_DEFAULT_TTL`], retry policy
-    /// [`RetryPolicy::standard`].
+    /// lockers share the keys or a thread must re-enter its own lock. Without an explicit
+    /// [`ttl`](LockBuilder::ttl) the hold is renewed by the watchdog (lease
+    /// [`WATCHDOG_DEFAULT_LEASE`]); retry policy [`RetryPolicy::standard`]; waiters woken by
+    /// pub/sub.
     #[default]
     Token,
     /// The legacy SETNX + GETSET timestamp lock, wire-compatible with Java lockers on the same
     /// keys: the value is the expiry in epoch milliseconds (`now + ttl + 1`). Default lifetime
     /// [`CLASSIC_DEFAULT_TTL`], retry policy [`RetryPolicy::legacy`]. See [`ClassicOptions`].
     Classic,
+    /// A re-entrant lock in Redisson's `RLock` layout: a hash at the key whose field is the
+    /// owner id `<client UUID>:<thread number>` and whose value is the hold count. A thread
+    /// that holds it may take it again; it is free when every hold is released. Release
+    /// publishes `0` on `redisson_lock__channel:{key}`, so Java Redisson clients and this crate
+    /// can share the lock. Same defaults as [`Strategy::Token`]. See `docs/reentrant.md`.
+    Reentrant,
 }
-
-/// Default lifetime of a [`Strategy::Token`] lock.
-pub const TOKEN_DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// Default lifetime ("timeout") of a [`Strategy::Classic`] lock, as in the legacy lockers.
 pub const CLASSIC_DEFAULT_TTL: Duration = Duration::from_secs(1);
 /// The longest lifetime accepted: far below the point where `now + ttl` in milliseconds
@@ -81,13 +91,17 @@ pub struct ClassicOptions {
 /// | option | default |
 /// | --- | --- |
 /// | [`strategy`](Self::strategy) | [`Strategy::Token`] |
-/// | [`ttl`](Self::ttl) (lifetime) | Token: [`TOKEN_DEFAULT_TTL`] (10 s); Classic: [`CLASSIC_DEFAULT_TTL`] (1 s) |
-/// | [`retry`](Self::retry) | Token: [`RetryPolicy::standard`] (up to 10 s, 4→32 ms jittered); Classic: [`RetryPolicy::legacy`] (5 retries, 200 ms) |
+/// | [`ttl`](Self::ttl) (lifetime) | Token, Reentrant: none, the watchdog renews a lease of [`WATCHDOG_DEFAULT_LEASE`] (30 s); Classic: [`CLASSIC_DEFAULT_TTL`] (1 s) |
+/// | [`watchdog_lease`](Self::watchdog_lease) (Token, Reentrant) | [`WATCHDOG_DEFAULT_LEASE`], renewed every third |
+/// | [`on_lost`](Self::on_lost) (watched locks) | none |
+/// | [`fencing`](Self::fencing) (Token, Reentrant) | off |
+/// | [`wake_up`](Self::wake_up) (Token, Reentrant) | [`WakeUp::PubSub`] |
+/// | [`retry`](Self::retry) | Token, Reentrant: [`RetryPolicy::standard`] (up to 10 s, 4→32 ms jittered); Classic: [`RetryPolicy::legacy`] (5 retries, 200 ms) |
 /// | [`encoding`](Self::encoding) (Classic) | [`Encoding::Decimal`] |
 /// | [`takeover`](Self::takeover) (Classic) | [`Takeover::GetSet`] |
 /// | [`key_ttl`](Self::key_ttl) (Classic) | off |
 /// | [`clock_skew`](Self::clock_skew) (Classic) | 0 |
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use]
 pub struct LockBuilder {
     client: LockClient,
@@ -97,6 +111,26 @@ pub struct LockBuilder {
     retry: Option<RetryPolicy>,
     classic: ClassicOptions,
     classic_set: bool,
+    watchdog_lease: Option<Duration>,
+    on_lost: Option<LostCallback>,
+    fencing: bool,
+    wake_up: Option<WakeUp>,
+}
+
+impl std::fmt::Debug for LockBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockBuilder")
+            .field("key", &self.key)
+            .field("strategy", &self.strategy)
+            .field("ttl", &self.ttl)
+            .field("retry", &self.retry)
+            .field("classic", &self.classic)
+            .field("watchdog_lease", &self.watchdog_lease)
+            .field("on_lost", &self.on_lost.is_some())
+            .field("fencing", &self.fencing)
+            .field("wake_up", &self.wake_up)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LockBuilder {
@@ -109,6 +143,10 @@ impl LockBuilder {
             retry: None,
             classic: ClassicOptions::default(),
             classic_set: false,
+            watchdog_lease: None,
+            on_lost: None,
+            fencing: false,
+            wake_up: None,
         }
     }
 
@@ -119,7 +157,8 @@ impl LockBuilder {
     }
 
     /// The lifetime of a hold (Classic calls it "timeout"). At least 1 ms, at most [`MAX_TTL`];
-    /// sub-millisecond parts are dropped.
+    /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off: the hold
+    /// expires after `ttl` unless the holder extends it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self
@@ -159,28 +198,114 @@ impl LockBuilder {
         self
     }
 
+    /// Token and Reentrant: the lease of a watched lock (one built without [`ttl`](Self::ttl)),
+    /// renewed by the client's watchdog every third of it while the hold lives. Default
+    /// [`WATCHDOG_DEFAULT_LEASE`]. A holder that dies stops renewing, so its lock frees within
+    /// one lease.
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.watchdog_lease = Some(lease);
+        self
+    }
+
+    /// Watched locks: called (on the watchdog thread) when a hold is lost: a renewal found it
+    /// gone, or renewals failed until its lease ran out. The holder's guard reports it too
+    /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost)). Keep it short; it must not block.
+    pub fn on_lost(mut self, callback: impl Fn(&LostLock) + Send + Sync + 'static) -> Self {
+        self.on_lost = Some(Arc::new(callback));
+        self
+    }
+
+    /// Token and Reentrant: each new hold gets a fencing token, a `u64` strictly greater than
+    /// every earlier hold's ([`LockGuard::fence`](crate::LockGuard::fence)), from an `INCR` of
+    /// the counter `dlock_fence:{key}` in the acquire script. See `docs/fencing.md` for how the
+    /// protected resource must check it.
+    pub fn fencing(mut self) -> Self {
+        self.fencing = true;
+        self
+    }
+
+    /// Token and Reentrant: how waiters learn of a release (default [`WakeUp::PubSub`]).
+    pub fn wake_up(mut self, wake_up: WakeUp) -> Self {
+        self.wake_up = Some(wake_up);
+        self
+    }
+
     /// Checks the options and builds the lock. Sends nothing to Redis.
     pub fn build(self) -> Result<Box<dyn DistributedLock>> {
         Ok(match self.strategy {
             Strategy::Token => Box::new(self.build_token()?),
             Strategy::Classic => Box::new(self.build_classic()?),
+            // PLACEHOLDER until ReentrantLock implements DistributedLock.
+            Strategy::Reentrant => {
+                let _ = self.build_reentrant()?;
+                return Err(LockError::invalid("", "not yet"));
+            }
         })
     }
 
     /// Builds a [`TokenLock`] whatever [`strategy`](Self::strategy) says.
     pub fn build_token(self) -> Result<TokenLock> {
+        let opts = self.hold_options()?;
+        Ok(TokenLock::new(self.client, self.key, opts))
+    }
+
+    /// Builds a [`ReentrantLock`] whatever [`strategy`](Self::strategy) says.
+    pub fn build_reentrant(self) -> Result<ReentrantLock> {
+        let opts = self.hold_options()?;
+        Ok(ReentrantLock::new(self.client, self.key, opts))
+    }
+
+    /// The checked options of a Token or reentrant lock.
+    fn hold_options(&self) -> Result<HoldOptions> {
         if self.classic_set {
             return Err(LockError::invalid(
                 &self.key,
                 "encoding, takeover, key_ttl and clock_skew apply to Strategy::Classic only",
             ));
         }
-        let (ttl, retry) = self.validate(TOKEN_DEFAULT_TTL, RetryPolicy::standard())?;
-        Ok(TokenLock::new(self.client, self.key, ttl, retry))
+        let watched = self.ttl.is_none();
+        if !watched && (self.watchdog_lease.is_some() || self.on_lost.is_some()) {
+            return Err(LockError::invalid(
+                &self.key,
+                "watchdog_lease and on_lost apply to watched locks, built without ttl",
+            ));
+        }
+        let lease = self.ttl.or(self.watchdog_lease).unwrap_or(WATCHDOG_DEFAULT_LEASE);
+        let (lease, retry) = check_lock_options(
+            &self.key,
+            lease,
+            self.retry.clone().unwrap_or_else(RetryPolicy::standard),
+        )?;
+        if watched && lease < Duration::from_millis(3) {
+            return Err(LockError::invalid(
+                &self.key,
+                "a watchdog lease must be at least 3 ms (it is renewed every third)",
+            ));
+        }
+        HoldOptions::new(
+            &self.key,
+            lease,
+            watched,
+            self.on_lost.clone(),
+            retry,
+            self.wake_up.unwrap_or_default(),
+            self.fencing,
+        )
     }
 
     /// Builds a [`ClassicLock`] whatever [`strategy`](Self::strategy) says.
     pub fn build_classic(self) -> Result<ClassicLock> {
+        if self.watchdog_lease.is_some()
+            || self.on_lost.is_some()
+            || self.fencing
+            || self.wake_up.is_some()
+        {
+            return Err(LockError::invalid(
+                &self.key,
+                "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic \
+                 (its legacy peers neither renew, count nor publish)",
+            ));
+        }
         let (ttl, retry) = self.validate(CLASSIC_DEFAULT_TTL, RetryPolicy::legacy())?;
         check_duration(&self.key, "clock_skew", self.classic.clock_skew, true)?;
         Ok(ClassicLock::new(

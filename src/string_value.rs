@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
+use crate::keys;
 use crate::lock::{self, Lease};
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
@@ -33,9 +34,21 @@ pub(crate) fn setnx(key: &str, value: &[u8]) -> redis::Cmd {
     cmd
 }
 
-/// Deletes the key if it still holds our value: `Ok(true)` if it did.
-pub(crate) fn release(client: &LockClient, key: &str, lease: &Lease) -> Result<bool> {
-    let deleted: i64 = client.with_conn(key, |con, s| s.unlock.eval(con, key, lease.value()))?;
+/// Deletes the key if it still holds our value: `Ok(true)` if it did. With a `channel`
+/// (Token) the release is published there in the same script, for waiters in other processes.
+pub(crate) fn release(
+    client: &LockClient,
+    key: &str,
+    channel: Option<&str>,
+    lease: &Lease,
+) -> Result<bool> {
+    lease.stop_renewal();
+    let deleted: i64 = client.with_conn(key, |con, s| match channel {
+        None => s.unlock.eval(con, key, lease.value()),
+        Some(ch) => s
+            .unlock
+            .eval_keys(con, &[key, ch], (lease.value(), keys::UNLOCK_MESSAGE)),
+    })?;
     Ok(lock::note_release(client.waiters(), key, deleted == 1))
 }
 

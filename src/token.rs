@@ -3,9 +3,15 @@
 //!
 //! Wire, per operation (one round trip each):
 //! - acquire: `SET key <32 hex chars> NX PX <ttl ms>` → `OK` (ours) or nil (held);
-//! - release: `EVALSHA <unlock.lua> 1 key <token>` → 1 (deleted) or 0 (not ours);
+//! - acquire while waiting, or with fencing: `EVALSHA <token_acquire.lua> 1|2 key
+//!   [dlock_fence:{key}] <token> <ttl ms>` → `{1, fence}` or `{0, pttl}`;
+//! - release: `EVALSHA <unlock.lua> 2 key redisson_lock__channel:{key} <token> 0` → 1 (deleted
+//!   and published) or 0 (not ours);
 //! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>` → 1 or 0;
 //! - check: `GET key`, compared with our token.
+//!
+//! A lock built without an explicit ttl is watched: the client's watchdog renews its holds
+//! (see [`crate::watchdog`]).
 
 use std::time::{Duration, Instant};
 
@@ -14,10 +20,12 @@ use redis::Value;
 
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lock::{self, DistributedLock, Lease, LockGuard};
+use crate::hold::{self, HoldOptions};
+use crate::lock::{self, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::strategy::check_duration;
 use crate::string_value;
+use crate::watchdog::RenewKind;
 
 /// A lock of [`Strategy::Token`](crate::Strategy::Token). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
@@ -25,9 +33,7 @@ use crate::string_value;
 pub struct TokenLock {
     client: LockClient,
     key: String,
-    ttl: Duration,
-    ttl_ms: u64,
-    retry: RetryPolicy,
+    opts: HoldOptions,
 }
 
 /// A fresh random owner token: 128 bits from the thread-local CSPRNG, as 32 lowercase hex
@@ -41,14 +47,56 @@ pub(crate) fn new_token() -> [u8; 32] {
 }
 
 impl TokenLock {
-    pub(crate) fn new(client: LockClient, key: String, ttl: Duration, retry: RetryPolicy) -> Self {
-        TokenLock {
-            client,
-            key,
-            ttl,
-            ttl_ms: ttl.as_millis() as u64,
-            retry,
-        }
+    pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Self {
+        TokenLock { client, key, opts }
+    }
+
+    /// True if the watchdog renews this lock's holds (built without an explicit ttl).
+    pub fn is_watched(&self) -> bool {
+        self.opts.watched
+    }
+
+    /// One attempt by `lua/token_acquire.lua`: also reports the fence or the holder's PTTL.
+    fn attempt_scripted(&self) -> Result<Attempt> {
+        let token = new_token();
+        let start = Instant::now();
+        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+            let args = (&token[..], self.opts.lease_ms());
+            match &self.opts.fence_key {
+                Some(fence) => s
+                    .token_acquire
+                    .eval_keys(con, &[self.key.as_str(), fence], args),
+                None => s.token_acquire.eval(con, &self.key, args),
+            }
+        })?;
+        Ok(hold::decode_acquire(&self.key, &reply)?
+            .into_attempt(|fence| self.new_lease(&token, start, fence)))
+    }
+
+    fn new_lease(&self, token: &[u8], start: Instant, fence: Option<u64>) -> Lease {
+        self.opts
+            .lease(&self.client, &self.key, RenewKind::Value, token, start, fence)
+    }
+
+    /// The blocking acquire: the first attempt is a plain `SET NX PX` (unless fencing), later
+    /// ones (made while waiting) use the script, whose refusal carries the holder's PTTL.
+    fn acquire_blocking(&self, attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
+        let line = Line {
+            queues: self.client.waiters(),
+            name: &self.key,
+            fifo: true,
+            barge: false,
+            wake: self.opts.wake(&self.client),
+        };
+        let mut first = true;
+        let attempt = || {
+            if std::mem::take(&mut first) && self.opts.fence_key.is_none() {
+                self.try_acquire().map(Attempt::from)
+            } else {
+                self.attempt_scripted()
+            }
+        };
+        lock::acquire_in_line(self, line, attempts, attempt, |_| self.check_type())
     }
 
     /// Called when a blocking acquire gives up: a key of another type can never be locked, so
@@ -72,27 +120,33 @@ impl DistributedLock for TokenLock {
     }
 
     fn ttl(&self) -> Duration {
-        self.ttl
+        self.opts.lease
     }
 
     fn retry_policy(&self) -> &RetryPolicy {
-        &self.retry
+        &self.opts.retry
     }
 
     fn try_acquire(&self) -> Result<Option<Lease>> {
+        if self.opts.fence_key.is_some() {
+            return Ok(match self.attempt_scripted()? {
+                Attempt::Acquired(lease) => Some(lease),
+                Attempt::Held { .. } => None,
+            });
+        }
         let token = new_token();
         let start = Instant::now();
         let reply: Value = self.client.with_conn(&self.key, |con, _| {
-            string_value::set_nx_px(&self.key, &token, self.ttl_ms).query(con)
+            string_value::set_nx_px(&self.key, &token, self.opts.lease_ms()).query(con)
         })?;
         Ok(match reply {
-            Value::Okay => Some(Lease::new(&token, start, self.ttl)),
+            Value::Okay => Some(self.new_lease(&token, start, None)),
             _ => None,
         })
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
-        string_value::release(&self.client, &self.key, lease)
+        string_value::release(&self.client, &self.key, Some(&self.opts.channel), lease)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -115,21 +169,11 @@ impl DistributedLock for TokenLock {
     }
 
     fn lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(
-            self,
-            self.client.waiters(),
-            Attempts::new(&self.retry),
-            || self.check_type(),
-        )
+        self.acquire_blocking(Attempts::new(&self.opts.retry))
     }
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(
-            self,
-            self.client.waiters(),
-            Attempts::for_duration(&self.retry, wait),
-            || self.check_type(),
-        )
+        self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait))
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis_dlock::{
     DistributedLock, LockClient, LockError, RetryPolicy, Strategy, TokenLock, MAX_TTL,
-    TOKEN_DEFAULT_TTL,
+    WATCHDOG_DEFAULT_LEASE,
 };
 use support::{init_logging, raw, RedisServer};
 
@@ -504,11 +504,14 @@ fn defaults_and_ttl_rounding() {
     let server = RedisServer::start();
     let c = client(&server);
     let lock = c.lock("tok:defaults").build_token().unwrap();
-    assert_eq!(lock.ttl(), TOKEN_DEFAULT_TTL);
+    // Without an explicit ttl the lock is watched, with the watchdog's lease.
+    assert_eq!(lock.ttl(), WATCHDOG_DEFAULT_LEASE);
+    assert!(lock.is_watched());
     assert_eq!(lock.retry_policy(), &RetryPolicy::standard());
     let guard = lock.try_lock().unwrap();
+    assert!(guard.lease().is_watched());
     let p = raw::pttl(&mut server.conn(), "tok:defaults");
-    assert!(p > 0 && p <= 10_000, "{p}");
+    assert!(p > 20_000 && p <= 30_000, "{p}");
     drop(guard);
 
     // Sub-millisecond parts are dropped.

@@ -1,0 +1,20 @@
+-- Reentrant release, as Redisson's unlockInnerAsync: give back one hold of the owner.
+-- KEYS[1] lock key (a hash)
+-- KEYS[2] the release channel, `redisson_lock__channel:{key}`, in the key's slot
+-- ARGV[1] the message to publish, "0" (Redisson's UNLOCK_MESSAGE)
+-- ARGV[2] lease in milliseconds, given to the holds the owner keeps
+-- ARGV[3] owner id
+-- Returns nil when the owner holds nothing (expired, or never held: nothing is changed),
+-- 0 when the owner still holds it (count decremented, lease renewed), 1 when this was the
+-- owner's last hold (key deleted, release published).
+if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+    return nil
+end
+local count = redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if count > 0 then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return 0
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], ARGV[1])
+return 1

@@ -1,0 +1,168 @@
+//! What the Token and reentrant locks share beyond their wire format: a lease that is either
+//! explicit or watched, an optional fencing token, and waits woken by pub/sub.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::client::LockClient;
+use crate::error::{LockError, Result};
+use crate::keys;
+use crate::lock::{Attempt, Lease, Wake};
+use crate::retry::RetryPolicy;
+use crate::watchdog::{LostCallback, RenewKind, WatchState};
+
+/// How blocked threads learn that a lock was released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WakeUp {
+    /// Subscribe to the lock's release channel (one shared subscriber connection per client)
+    /// and sleep until a release is published, at most the holder's remaining lifetime. The
+    /// default for [`Strategy::Token`](crate::Strategy::Token) and
+    /// [`Strategy::Reentrant`](crate::Strategy::Reentrant).
+    #[default]
+    PubSub,
+    /// Poll by the retry policy only (the only way of
+    /// [`Strategy::Classic`](crate::Strategy::Classic), whose legacy peers do not publish).
+    Polling,
+}
+
+/// The options of a Token or reentrant lock that the builder checked.
+#[derive(Clone)]
+pub(crate) struct HoldOptions {
+    /// The lifetime written with each acquire: the explicit ttl, or the watchdog lease.
+    pub(crate) lease: Duration,
+    /// Renewed by the client's watchdog (built without an explicit ttl).
+    pub(crate) watched: bool,
+    pub(crate) on_lost: Option<LostCallback>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) wake_up: WakeUp,
+    /// The lock's release channel (also published on with [`WakeUp::Polling`], for other
+    /// clients' waiters).
+    pub(crate) channel: String,
+    /// The fencing counter, when fencing tokens were asked for.
+    pub(crate) fence_key: Option<String>,
+}
+
+impl std::fmt::Debug for HoldOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HoldOptions")
+            .field("lease", &self.lease)
+            .field("watched", &self.watched)
+            .field("on_lost", &self.on_lost.is_some())
+            .field("retry", &self.retry)
+            .field("wake_up", &self.wake_up)
+            .field("fence_key", &self.fence_key)
+            .finish()
+    }
+}
+
+impl HoldOptions {
+    /// Derives the channel and fencing key names of `key` (both in its hash slot).
+    pub(crate) fn new(
+        key: &str,
+        lease: Duration,
+        watched: bool,
+        on_lost: Option<LostCallback>,
+        retry: RetryPolicy,
+        wake_up: WakeUp,
+        fencing: bool,
+    ) -> Result<Self> {
+        Ok(HoldOptions {
+            lease,
+            watched,
+            on_lost,
+            retry,
+            wake_up,
+            channel: keys::channel(key)?,
+            fence_key: if fencing {
+                Some(keys::fence_key(key)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The lease's lifetime in milliseconds, as sent.
+    pub(crate) fn lease_ms(&self) -> u64 {
+        self.lease.as_millis() as u64
+    }
+
+    /// The pub/sub wake-up of this lock's waiters, if enabled.
+    pub(crate) fn wake<'a>(&'a self, client: &'a LockClient) -> Option<Wake<'a>> {
+        (self.wake_up == WakeUp::PubSub).then(|| Wake {
+            wakeups: client.wakeups(),
+            channel: &self.channel,
+        })
+    }
+
+    /// A fresh hold: with its fencing token, and handed to the watchdog if the lock is watched.
+    pub(crate) fn lease(
+        &self,
+        client: &LockClient,
+        key: &str,
+        kind: RenewKind,
+        value: &[u8],
+        start: Instant,
+        fence: Option<u64>,
+    ) -> Lease {
+        let lease = Lease::new(value, start, self.lease).with_fence(fence);
+        if !self.watched {
+            return lease;
+        }
+        let state = WatchState::new(key, kind, value, self.lease, start, self.on_lost.clone());
+        client.watchdog().watch(client, &state);
+        lease.with_watch(Arc::clone(&state))
+    }
+}
+
+/// Decodes the reply of an acquire script: `{1, fence}` (taken; fence 0 = no fencing) or
+/// `{0, pttl}` (held; pttl as Redis's `PTTL`: -1 no expiry, -2 gone).
+pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {
+    let fields = match reply {
+        Value::Array(items) if items.len() == 2 => (&items[0], &items[1]),
+        _ => return Err(unexpected(key, reply)),
+    };
+    match fields {
+        (Value::Int(1), Value::Int(fence)) => Ok(AcquireReply::Taken {
+            fence: u64::try_from(*fence).ok().filter(|&f| f > 0),
+        }),
+        (Value::Int(0), Value::Int(pttl)) => Ok(AcquireReply::Held {
+            pttl: match *pttl {
+                -2 => Some(Duration::ZERO),
+                p if p >= 0 => Some(Duration::from_millis(p as u64)),
+                _ => None,
+            },
+        }),
+        _ => Err(unexpected(key, reply)),
+    }
+}
+
+/// An acquire script's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    Taken { fence: Option<u64> },
+    Held { pttl: Option<Duration> },
+}
+
+impl AcquireReply {
+    /// The attempt's outcome, building the lease with `make` when taken.
+    pub(crate) fn into_attempt(self, make: impl FnOnce(Option<u64>) -> Lease) -> Attempt {
+        match self {
+            AcquireReply::Taken { fence } => Attempt::Acquired(make(fence)),
+            AcquireReply::Held { pttl } => Attempt::Held { pttl },
+        }
+    }
+}
+
+fn unexpected(key: &str, reply: &Value) -> LockError {
+    LockError::Redis {
+        key: key.to_owned(),
+        source: redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "unexpected reply from an acquire script",
+            format!("{reply:?}"),
+        )),
+    }
+}

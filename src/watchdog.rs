@@ -1,0 +1,689 @@
+//! The watchdog: ONE background thread per [`LockClient`](crate::LockClient) that renews every
+//! watched hold of the client before its lease runs out, and reports the holds it fails to
+//! renew.
+//!
+//! A lock built without an explicit lifetime is *watched*: it is written with the watchdog
+//! lease (default [`WATCHDOG_DEFAULT_LEASE`], Redisson's `lockWatchdogTimeout`) and renewed
+//! every lease/3 while its holder keeps the [`Lease`](crate::Lease). The holder's lease owns
+//! the renewal: the thread keeps only a weak reference, so renewal stops when the hold is
+//! released, when its guard (or every clone of the lease) is dropped, and when the process
+//! dies. Holds due for renewal together are renewed together, one script call
+//! (`lua/renew_batch.lua`) per batch of keys of one hash slot.
+//!
+//! A renewal that finds the hold gone (expired, or taken by another owner) marks it lost at
+//! once; renewals that fail (Redis down or paused) are retried until the lease runs out by
+//! the local clock, and then the hold is marked lost. Either way the holder sees it
+//! ([`LockGuard::is_lost`](crate::LockGuard::is_lost), [`LockGuard::check`](crate::LockGuard::check))
+//! and the lock's `on_lost` callback, if any, runs once on the watchdog thread.
+
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::client::WeakClient;
+use crate::keys;
+
+/// The default lease of a watched lock, renewed every third of it: 30 s, as Redisson.
+pub const WATCHDOG_DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// A callback told that a watched hold was lost. It runs on the watchdog thread: keep it short
+/// (set a flag, send on a channel), and do not block on the lock's client in it.
+pub type LostCallback = Arc<dyn Fn(&LostLock) + Send + Sync>;
+
+/// What an `on_lost` callback is told.
+#[derive(Debug, Clone)]
+pub struct LostLock {
+    key: String,
+    reason: LossReason,
+}
+
+impl LostLock {
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Why the hold is considered lost.
+    pub fn reason(&self) -> LossReason {
+        self.reason
+    }
+}
+
+/// Why a watched hold was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A renewal found the key gone or held by another owner.
+    Gone,
+    /// Renewals failed (Redis unreachable, paused or erroring) until the lease ran out by the
+    /// local clock: the lock may have expired on the server, so it must be assumed lost.
+    Expired,
+}
+
+/// How a hold is renewed: which owner check runs before the `PEXPIRE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RenewKind {
+    /// A string value (Token): `GET key == value`.
+    Value,
+    /// A hash field (reentrant lock, Redisson's layout): `HEXISTS key value`.
+    HashField,
+}
+
+impl RenewKind {
+    /// The kind's tag in `lua/renew_batch.lua`'s arguments.
+    pub(crate) fn tag(self) -> &'static str {
+        match self {
+            RenewKind::Value => "v",
+            RenewKind::HashField => "h",
+        }
+    }
+}
+
+/// One watched hold, shared by the holder's lease (strong) and the watchdog (weak).
+pub(crate) struct WatchState {
+    key: String,
+    kind: RenewKind,
+    value: Vec<u8>,
+    lease: Duration,
+    /// Base of `valid_until_ns`.
+    base: Instant,
+    /// End of validity, in nanoseconds after `base`: renewed by the watchdog.
+    valid_until_ns: AtomicU64,
+    lost: AtomicBool,
+    stopped: AtomicBool,
+    on_lost: Option<LostCallback>,
+}
+
+impl fmt::Debug for WatchState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchState")
+            .field("key", &self.key)
+            .field("kind", &self.kind)
+            .field("lease", &self.lease)
+            .field("lost", &self.lost.load(Ordering::Relaxed))
+            .field("stopped", &self.stopped.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl WatchState {
+    /// The state of a hold of `key` by `value`, acquired with `lease` from `start` (taken
+    /// before the acquire was sent).
+    pub(crate) fn new(
+        key: &str,
+        kind: RenewKind,
+        value: &[u8],
+        lease: Duration,
+        start: Instant,
+        on_lost: Option<LostCallback>,
+    ) -> Arc<Self> {
+        Arc::new(WatchState {
+            key: key.to_owned(),
+            kind,
+            value: value.to_vec(),
+            lease,
+            base: start,
+            valid_until_ns: AtomicU64::new(nanos(lease)),
+            lost: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            on_lost,
+        })
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub(crate) fn kind(&self) -> RenewKind {
+        self.kind
+    }
+
+    pub(crate) fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The lease each renewal grants.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Until when the hold is valid by the local clock, after the latest renewal.
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.base + Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire))
+    }
+
+    /// A renewal (or an extend) sent at `start` gave the hold `ttl` more.
+    pub(crate) fn renewed(&self, start: Instant, ttl: Duration) {
+        let until = nanos(start.saturating_duration_since(self.base) + ttl);
+        self.valid_until_ns.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// Lost: marked so by the watchdog, or past its validity by the local clock.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire) || Instant::now() >= self.valid_until()
+    }
+
+    /// Marks the hold lost (once): logs it and runs the callback. Ignored after [`stop`].
+    ///
+    /// [`stop`]: Self::stop
+    pub(crate) fn mark_lost(&self, reason: LossReason) {
+        if self.is_stopped() || self.lost.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        log::warn!(
+            "lock {:?}: watched hold lost ({})",
+            self.key,
+            match reason {
+                LossReason::Gone => "the renewal found it gone or held by another owner",
+                LossReason::Expired => "renewals failed until its lease ran out",
+            }
+        );
+        if let Some(cb) = &self.on_lost {
+            cb(&LostLock {
+                key: self.key.clone(),
+                reason,
+            });
+        }
+    }
+
+    /// The holder released (or is releasing) the hold: renew it no more.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Most keys renewed by one script call: bounds how long one call keeps Redis busy (it serves
+/// nothing else while a script runs) and the size of one command.
+const BATCH_MAX: usize = 512;
+/// The name of the renewal thread (at most 15 bytes: Linux truncates thread names).
+const THREAD_NAME: &str = "dlock-watchdog";
+
+/// The renewal thread of one client: ONE thread, started by the first [`watch`](Self::watch),
+/// that renews every watched hold every lease/3.
+///
+/// The thread holds only a [`WeakClient`] between rounds, so dropping every handle of the
+/// client drops the client, and with it this struct, whose `Drop` tells the thread to exit
+/// (without joining it: the client may be dropped on the watchdog thread itself, by the
+/// round's temporary handle).
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watchdog")
+            .field("watched", &self.watched())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Watchdog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What the client's side and the thread share.
+struct Shared {
+    list: Mutex<List>,
+    /// Signalled when an entry is due before the thread's planned wake-up, and on shutdown.
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct List {
+    /// The watched holds. Only the thread removes entries, and only while no round is under
+    /// way: a round refers to entries by index, and `watch` only appends.
+    entries: Vec<Entry>,
+    thread: ThreadState,
+    /// The client is gone: the thread must exit.
+    shutdown: bool,
+}
+
+/// One watched hold.
+struct Entry {
+    state: Weak<WatchState>,
+    /// When to renew it next.
+    due: Instant,
+    /// Lost or released: to be removed at the end of the round.
+    gone: bool,
+}
+
+/// What the thread is doing, for `watch` to decide whether to wake it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum ThreadState {
+    /// Not started (or exited).
+    #[default]
+    Off,
+    /// In a round, or about to look at the entries: it sees a new entry without being woken.
+    Busy,
+    /// Waiting until this instant (`None`: until woken, no entry is watched).
+    Asleep(Option<Instant>),
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, List> {
+        // A panic elsewhere while holding the lock leaves the list consistent (every change is
+        // one assignment or push): keep going rather than stop renewing.
+        self.list.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// How one watched hold came out of a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Renew it again at this instant.
+    Due(Instant),
+    /// Lost or released: stop watching it.
+    Drop,
+}
+
+impl Watchdog {
+    /// A watchdog whose thread starts with the first watched hold.
+    pub(crate) fn new() -> Self {
+        Watchdog {
+            shared: Arc::new(Shared {
+                list: Mutex::new(List::default()),
+                wake: Condvar::new(),
+            }),
+        }
+    }
+
+    /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease() / 3`.
+    pub(crate) fn watch(&self, client: &crate::client::LockClient, state: &Arc<WatchState>) {
+        let due = Instant::now() + state.lease() / 3;
+        let mut list = self.shared.lock();
+        list.entries.push(Entry {
+            state: Arc::downgrade(state),
+            due,
+            gone: false,
+        });
+        match list.thread {
+            ThreadState::Off => {
+                let shared = Arc::clone(&self.shared);
+                let weak = client.downgrade();
+                let spawned = thread::Builder::new()
+                    .name(THREAD_NAME.to_owned())
+                    .spawn(move || run(&shared, &weak));
+                match spawned {
+                    // It looks at the entries (this one included) once we unlock.
+                    Ok(_) => list.thread = ThreadState::Busy,
+                    // Retried by the next watch; until then the hold is not renewed and its
+                    // lease reports it lost by the local clock when it runs out.
+                    Err(e) => log::error!(
+                        "lock {:?}: cannot start the watchdog thread, the hold is not renewed: {e}",
+                        state.key()
+                    ),
+                }
+            }
+            ThreadState::Asleep(None) => self.shared.wake.notify_one(),
+            ThreadState::Asleep(Some(wake_at)) if due < wake_at => self.shared.wake.notify_one(),
+            ThreadState::Asleep(Some(_)) | ThreadState::Busy => {}
+        }
+    }
+
+    /// Holds currently watched: neither released, dropped by their holder, nor lost.
+    pub(crate) fn watched(&self) -> usize {
+        self.shared
+            .lock()
+            .entries
+            .iter()
+            .filter(|e| !e.gone && e.state.upgrade().is_some_and(|s| !s.is_stopped()))
+            .count()
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // Never joins: this may run on the watchdog thread itself.
+        self.shared.lock().shutdown = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+/// Marks the thread stopped when it exits, also by a panic, so that the next `watch` starts
+/// another.
+struct OffOnExit<'a>(&'a Shared);
+
+impl Drop for OffOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.lock().thread = ThreadState::Off;
+    }
+}
+
+/// The watchdog thread: sleeps until the earliest renewal is due, then runs one round; exits
+/// when the client is gone.
+fn run(shared: &Shared, client: &WeakClient) {
+    let _off = OffOnExit(shared);
+    log::debug!("watchdog thread started");
+    while sleep_until_due(shared) {
+        // A strong handle only for the round: a client dropped meanwhile is dropped here, after
+        // the round, outside the list's lock (its Drop takes it).
+        let Some(client) = client.upgrade() else {
+            break;
+        };
+        round(shared, &client);
+    }
+    log::debug!("watchdog thread exits: its client was dropped");
+}
+
+/// Waits until some entry is due; false on shutdown.
+fn sleep_until_due(shared: &Shared) -> bool {
+    let mut list = shared.lock();
+    loop {
+        if list.shutdown {
+            return false;
+        }
+        let now = Instant::now();
+        let next = list.entries.iter().filter(|e| !e.gone).map(|e| e.due).min();
+        list = match next {
+            Some(due) if due <= now => {
+                list.thread = ThreadState::Busy;
+                return true;
+            }
+            Some(due) => {
+                list.thread = ThreadState::Asleep(Some(due));
+                shared
+                    .wake
+                    .wait_timeout(list, due - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => {
+                list.thread = ThreadState::Asleep(None);
+                shared
+                    .wake
+                    .wait(list)
+                    .unwrap_or_else(PoisonError::into_inner)
+            }
+        };
+    }
+}
+
+/// One round: renews every entry due now or soon, in as few script calls as the key slots
+/// allow.
+fn round(shared: &Shared, client: &crate::client::LockClient) {
+    let start = Instant::now();
+    let (mut due, expired) = take_due(shared, start);
+    for state in &expired {
+        lost(state, LossReason::Expired);
+    }
+    let mut outcomes = Vec::with_capacity(due.len());
+    for batch in batches(&mut due, client.is_cluster()) {
+        renew(client, start, batch, &mut outcomes);
+    }
+    let mut list = shared.lock();
+    for (i, outcome) in outcomes {
+        // Indices are stable: nothing was removed since `take_due`, only appended.
+        if let Some(entry) = list.entries.get_mut(i) {
+            match outcome {
+                Outcome::Due(at) => entry.due = at,
+                Outcome::Drop => entry.gone = true,
+            }
+        }
+    }
+    list.entries.retain(|e| !e.gone);
+}
+
+/// Removes released and dropped holds, and picks those due by `start` or within a sixth of
+/// their lease (holds acquired around the same time then renew together, in one call). Holds
+/// already past their validity (the thread was starved, or Redis slow) are returned apart, to
+/// be reported lost rather than renewed.
+#[allow(clippy::type_complexity)]
+fn take_due(
+    shared: &Shared,
+    start: Instant,
+) -> (Vec<(usize, Arc<WatchState>)>, Vec<Arc<WatchState>>) {
+    let (mut due, mut expired) = (Vec::new(), Vec::new());
+    let mut list = shared.lock();
+    list.entries
+        .retain(|e| !e.gone && e.state.upgrade().is_some_and(|s| !s.is_stopped()));
+    for (i, entry) in list.entries.iter_mut().enumerate() {
+        let Some(state) = entry.state.upgrade() else {
+            continue;
+        };
+        if entry.due > start + state.lease() / 6 {
+            continue;
+        }
+        if start >= state.valid_until() {
+            entry.gone = true;
+            expired.push(state);
+        } else {
+            due.push((i, state));
+        }
+    }
+    (due, expired)
+}
+
+/// Splits the due holds into the batches of one script call: at most [`BATCH_MAX`] keys, and
+/// in a cluster all of one hash slot (a script may only touch keys of one slot).
+fn batches<T: AsRef<WatchState>>(items: &mut [(usize, T)], cluster: bool) -> Vec<&[(usize, T)]> {
+    if !cluster {
+        return items.chunks(BATCH_MAX).collect();
+    }
+    let slot = |item: &(usize, T)| keys::hash_slot(item.1.as_ref().key().as_bytes());
+    items.sort_by_key(slot);
+    items
+        .chunk_by(|a, b| slot(a) == slot(b))
+        .flat_map(|group| group.chunks(BATCH_MAX))
+        .collect()
+}
+
+/// One `lua/renew_batch.lua` call for `batch` (sent at `start`); one outcome per hold.
+fn renew(
+    client: &crate::client::LockClient,
+    start: Instant,
+    batch: &[(usize, Arc<WatchState>)],
+    outcomes: &mut Vec<(usize, Outcome)>,
+) {
+    let Some((_, first)) = batch.first() else {
+        return;
+    };
+    let keys: Vec<&str> = batch.iter().map(|(_, s)| s.key()).collect();
+    let leases: Vec<String> = batch.iter().map(|(_, s)| lease_ms(s).to_string()).collect();
+    let mut args: Vec<&[u8]> = Vec::with_capacity(3 * batch.len());
+    for ((_, state), ms) in batch.iter().zip(&leases) {
+        args.push(state.kind().tag().as_bytes());
+        args.push(state.value());
+        args.push(ms.as_bytes());
+    }
+    let reply: crate::error::Result<Vec<i64>> = client.with_conn(first.key(), |con, scripts| {
+        scripts.renew_batch.eval_keys(con, &keys, &args)
+    });
+    let results = match reply {
+        Ok(results) if results.len() == batch.len() => results,
+        Ok(results) => {
+            log::warn!(
+                "watchdog: renewal of {} holds ({:?}, ...) answered {} results; retrying",
+                batch.len(),
+                first.key(),
+                results.len()
+            );
+            return retry_later(batch, outcomes);
+        }
+        Err(e) => {
+            log::warn!(
+                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying: {e}",
+                batch.len(),
+                first.key()
+            );
+            return retry_later(batch, outcomes);
+        }
+    };
+    let now = Instant::now();
+    let mut renewed = 0usize;
+    for ((i, state), result) in batch.iter().zip(results) {
+        let outcome = if state.is_stopped() {
+            // Released (or being released) meanwhile: the holder's release decides.
+            Outcome::Drop
+        } else if result != 1 {
+            lost(state, LossReason::Gone);
+            Outcome::Drop
+        } else if now >= state.valid_until() {
+            // Renewed, but only after its validity ran out by the local clock: the holder may
+            // already have seen it lost, and a lost hold stays lost.
+            lost(state, LossReason::Expired);
+            Outcome::Drop
+        } else {
+            state.renewed(start, state.lease());
+            log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
+            renewed += 1;
+            Outcome::Due(start + state.lease() / 3)
+        };
+        outcomes.push((*i, outcome));
+    }
+    log::debug!(
+        "watchdog: renewed {renewed} of {} holds in one call ({:?}, ...)",
+        batch.len(),
+        first.key()
+    );
+}
+
+/// After a failed call: each hold is tried again soon, unless its validity has run out by the
+/// local clock (then it is lost: Redis may have expired it).
+fn retry_later(batch: &[(usize, Arc<WatchState>)], outcomes: &mut Vec<(usize, Outcome)>) {
+    let now = Instant::now();
+    for (i, state) in batch {
+        let outcome = if state.is_stopped() {
+            Outcome::Drop
+        } else if now >= state.valid_until() {
+            lost(state, LossReason::Expired);
+            Outcome::Drop
+        } else {
+            Outcome::Due(now + retry_delay(state.lease()))
+        };
+        outcomes.push((*i, outcome));
+    }
+}
+
+/// The wait before retrying a failed renewal: a tenth of the lease, within 10 ms ..= 1 s.
+fn retry_delay(lease: Duration) -> Duration {
+    (lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// The lease in whole milliseconds as sent (at least 1: `PEXPIRE 0` would delete the key).
+fn lease_ms(state: &WatchState) -> u64 {
+    u64::try_from(state.lease().as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// Marks `state` lost (ignored if stopped), keeping the thread alive if the callback panics.
+fn lost(state: &WatchState, reason: LossReason) {
+    if panic::catch_unwind(AssertUnwindSafe(|| state.mark_lost(reason))).is_err() {
+        log::error!("lock {:?}: the on_lost callback panicked", state.key());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(key: &str) -> Arc<WatchState> {
+        WatchState::new(
+            key,
+            RenewKind::Value,
+            b"v",
+            Duration::from_secs(3),
+            Instant::now(),
+            None,
+        )
+    }
+
+    #[test]
+    fn batches_are_bounded_and_single_slot_in_a_cluster() {
+        let mut items: Vec<(usize, Arc<WatchState>)> = (0..1300)
+            .map(|i| (i, state(&format!("{{k{}}}:{i}", i % 3))))
+            .collect();
+        let single: Vec<usize> = batches(&mut items, false).iter().map(|b| b.len()).collect();
+        assert_eq!(single, [512, 512, 276]);
+
+        let cluster = batches(&mut items, true);
+        assert_eq!(cluster.iter().map(|b| b.len()).sum::<usize>(), 1300);
+        for batch in &cluster {
+            assert!(batch.len() <= BATCH_MAX);
+            let slot = keys::hash_slot(batch[0].1.key().as_bytes());
+            assert!(batch
+                .iter()
+                .all(|(_, s)| keys::hash_slot(s.key().as_bytes()) == slot));
+        }
+        // Three tags, 434 / 433 / 433 keys: one full batch and one rest each.
+        assert_eq!(cluster.len(), 3);
+        let mut indices: Vec<usize> = cluster.iter().flat_map(|b| b.iter().map(|x| x.0)).collect();
+        indices.sort_unstable();
+        assert_eq!(indices, (0..1300).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn retry_delay_is_a_tenth_within_bounds() {
+        assert_eq!(
+            retry_delay(Duration::from_millis(50)),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            retry_delay(Duration::from_secs(3)),
+            Duration::from_millis(300)
+        );
+        assert_eq!(retry_delay(Duration::from_secs(30)), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn due_entries_within_slack_are_taken_expired_ones_reported() {
+        let shared = Shared {
+            list: Mutex::new(List::default()),
+            wake: Condvar::new(),
+        };
+        let now = Instant::now();
+        let lease = Duration::from_secs(3);
+        let soon = WatchState::new("soon", RenewKind::Value, b"v", lease, now, None);
+        let later = WatchState::new("later", RenewKind::Value, b"v", lease, now, None);
+        let stale = WatchState::new(
+            "stale",
+            RenewKind::Value,
+            b"v",
+            lease,
+            now - Duration::from_secs(4),
+            None,
+        );
+        let stopped = WatchState::new("stopped", RenewKind::HashField, b"v", lease, now, None);
+        stopped.stop();
+        let dropped = WatchState::new("dropped", RenewKind::Value, b"v", lease, now, None);
+        {
+            let mut list = shared.lock();
+            for (s, due) in [
+                (&soon, now + Duration::from_millis(400)), // within lease/6 = 500 ms
+                (&later, now + Duration::from_millis(900)),
+                (&stale, now),
+                (&stopped, now),
+                (&dropped, now),
+            ] {
+                list.entries.push(Entry {
+                    state: Arc::downgrade(s),
+                    due,
+                    gone: false,
+                });
+            }
+        }
+        drop(dropped);
+        let (due, expired) = take_due(&shared, now);
+        let due: Vec<&str> = due.iter().map(|(_, s)| s.key()).collect();
+        assert_eq!(due, ["soon"]);
+        assert_eq!(expired.len(), 1);
+        assert_eq!(expired[0].key(), "stale");
+        // The stopped and dropped entries are removed, the stale one flagged.
+        let list = shared.lock();
+        assert_eq!(list.entries.len(), 3);
+        assert_eq!(list.entries.iter().filter(|e| e.gone).count(), 1);
+    }
+}
