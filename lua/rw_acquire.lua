@@ -6,7 +6,9 @@
 -- ARGV[3] lifetime of the hold in milliseconds (>= 1)
 -- ARGV[4] write only: lifetime in milliseconds of the "writer waiting" intent left when the
 --         attempt is refused (0 leaves none; a single try_lock passes 0)
--- Returns {code, holds}; holds = the owner's read + write holds afterwards, and code:
+-- Returns {code, holds, wait}; holds = the owner's read + write holds afterwards; wait = on a
+-- refusal, milliseconds until the earliest entry of another owner expires (how long a waiter
+-- woken by pub/sub may sleep if no release is published), else 0; and code:
 --    1  acquired (a first hold, or one more for the same owner);
 --    0  refused: read: another owner holds write; write: other owners hold read or write
 --       (the intent, if asked for, is left or refreshed);
@@ -79,4 +81,18 @@ else
     end
 end
 finish()
-return { code, total(owner) }
+local wait = 0
+if code ~= 1 then
+    local soonest
+    for _, owners in pairs(holds) do
+        for o, h in pairs(owners) do
+            if o ~= owner and (soonest == nil or h.exp < soonest) then
+                soonest = h.exp
+            end
+        end
+    end
+    if soonest then
+        wait = soonest - now
+    end
+end
+return { code, total(owner), wait }

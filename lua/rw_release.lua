@@ -2,6 +2,8 @@
 -- KEYS[1] (docs/rwlock.md). Only the owner's own entry is touched: a release naming an owner
 -- that holds nothing in that mode changes nothing (expired entries are still purged).
 -- KEYS[1] lock key (a hash, or absent)
+-- KEYS[2] (optional) release channel `redisson_lock__channel:{key}`: when an entry goes (its
+--         last hold released, or an intent withdrawn) "0" is published there, waking waiters
 -- ARGV[1] 'read', 'write', or 'wait' (withdraw the owner's writer intent after giving up)
 -- ARGV[2] owner id '<instance hex>:<thread hex>' (the lease value)
 -- Returns {code, holds}; holds = the owner's read + write holds afterwards, and code:
@@ -10,7 +12,6 @@
 --    0  the owner had no live entry in that mode (expired, released already, or never ours).
 -- Returns the bulk string '<field>=<value>' when the hash holds an entry this lock did not write
 -- (then nothing is changed). A key of another type fails with WRONGTYPE.
--- Pub/sub wake-ups (planned): this is where a release that lets others in will PUBLISH.
 local tags = { read = 'r', write = 'w', wait = 'wait' }
 local tag, owner = tags[ARGV[1]], ARGV[2]
 if tag == nil or owner == nil or owner == '' then
@@ -24,6 +25,9 @@ local h = holds[tag][owner]
 if h then
     put(tag, owner, h.count - 1, h.exp)
     code = 1
+    if h.count == 1 and #KEYS > 1 then
+        redis.call('PUBLISH', KEYS[2], '0')
+    end
 end
 finish()
 return { code, total(owner) }

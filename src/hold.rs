@@ -11,7 +11,8 @@ use crate::error::{LockError, Result};
 use crate::keys;
 use crate::lock::{Attempt, Lease, Wake};
 use crate::retry::RetryPolicy;
-use crate::watchdog::{LostCallback, RenewKind, WatchState};
+use crate::strategy::check_lock_options;
+use crate::watchdog::{LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
 
 /// How blocked threads learn that a lock was released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -59,8 +60,48 @@ impl std::fmt::Debug for HoldOptions {
 }
 
 impl HoldOptions {
+    /// Checks a builder's lease options: an explicit `ttl` turns the watchdog off (and then
+    /// `watchdog_lease` and `on_lost` make no sense); without one the hold is watched with
+    /// `watchdog_lease` (default [`WATCHDOG_DEFAULT_LEASE`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn checked(
+        key: &str,
+        ttl: Option<Duration>,
+        watchdog_lease: Option<Duration>,
+        on_lost: Option<LostCallback>,
+        retry: Option<RetryPolicy>,
+        wake_up: Option<WakeUp>,
+        fencing: bool,
+    ) -> Result<Self> {
+        let watched = ttl.is_none();
+        if !watched && (watchdog_lease.is_some() || on_lost.is_some()) {
+            return Err(LockError::invalid(
+                key,
+                "watchdog_lease and on_lost apply to watched locks, built without ttl",
+            ));
+        }
+        let lease = ttl.or(watchdog_lease).unwrap_or(WATCHDOG_DEFAULT_LEASE);
+        let (lease, retry) =
+            check_lock_options(key, lease, retry.unwrap_or_else(RetryPolicy::standard))?;
+        if watched && lease < Duration::from_millis(3) {
+            return Err(LockError::invalid(
+                key,
+                "a watchdog lease must be at least 3 ms (it is renewed every third)",
+            ));
+        }
+        Self::new(
+            key,
+            lease,
+            watched,
+            on_lost,
+            retry,
+            wake_up.unwrap_or_default(),
+            fencing,
+        )
+    }
+
     /// Derives the channel and fencing key names of `key` (both in its hash slot).
-    pub(crate) fn new(
+    fn new(
         key: &str,
         lease: Duration,
         watched: bool,

@@ -69,7 +69,7 @@ pub use redlock::{
 };
 pub use retry::RetryPolicy;
 pub use rwlock::{
-    ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_DEFAULT_TTL, RW_MIN_WRITER_INTENT,
+    ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_MIN_WRITER_INTENT,
 };
 pub use strategy::{
     ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,

@@ -24,13 +24,11 @@ use redis::Value;
 
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lock::{Attempt, self, printable, DistributedLock, Lease, Line, LockGuard};
+use crate::hold::{HoldOptions, WakeUp};
+use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
-use crate::strategy::{check_duration, check_lock_options};
-
-/// Default lifetime of a read or write hold of a [`ReadWriteLock`] (10 s, as for
-/// [`Strategy::Token`](crate::Strategy::Token)).
-pub const RW_DEFAULT_TTL: Duration = Duration::from_secs(10);
+use crate::strategy::check_duration;
+use crate::watchdog::{LostCallback, LostLock, RenewKind};
 
 /// The shortest default writer intent: see [`ReadWriteLockBuilder::writer_intent`].
 pub const RW_MIN_WRITER_INTENT: Duration = Duration::from_millis(100);
@@ -140,15 +138,16 @@ impl fmt::Debug for ReadWriteLock {
         f.debug_struct("ReadWriteLock")
             .field("key", &s.key)
             .field("instance", &s.instance_str())
-            .field("ttl", &s.ttl)
+            .field("ttl", &s.opts.lease)
             .field("writer_intent", &s.intent)
             .finish_non_exhaustive()
     }
 }
 
 impl ReadWriteLock {
-    /// A read-write lock on `key` with the defaults: lifetime [`RW_DEFAULT_TTL`], retry policy
-    /// [`RetryPolicy::standard`], writer intent from the policy (see
+    /// A read-write lock on `key` with the defaults: holds watched by the client's watchdog
+    /// (lease [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE)), retry policy
+    /// [`RetryPolicy::standard`], waiters woken by pub/sub, writer intent from the policy (see
     /// [`ReadWriteLockBuilder::writer_intent`]). Sends nothing to Redis.
     pub fn new(client: &LockClient, key: impl Into<String>) -> Result<Self> {
         Self::builder(client, key).build()
@@ -162,6 +161,9 @@ impl ReadWriteLock {
             ttl: None,
             retry: None,
             intent: None,
+            watchdog_lease: None,
+            on_lost: None,
+            wake_up: None,
         }
     }
 
@@ -180,14 +182,19 @@ impl ReadWriteLock {
         &self.read.shared.key
     }
 
-    /// The lifetime of a hold unless extended.
+    /// The lifetime of a hold unless extended or (watched locks) renewed.
     pub fn ttl(&self) -> Duration {
-        self.read.shared.ttl
+        self.read.shared.opts.lease
+    }
+
+    /// True if the client's watchdog renews this lock's holds (built without an explicit ttl).
+    pub fn is_watched(&self) -> bool {
+        self.read.shared.opts.watched
     }
 
     /// The policy `lock()` follows, for both modes.
     pub fn retry_policy(&self) -> &RetryPolicy {
-        &self.read.shared.retry
+        &self.read.shared.opts.retry
     }
 
     /// How long a refused blocking writer's intent keeps new readers out (zero: no writer
@@ -214,10 +221,13 @@ impl ReadWriteLock {
 ///
 /// | option | default |
 /// | --- | --- |
-/// | [`ttl`](Self::ttl) (lifetime of each hold) | [`RW_DEFAULT_TTL`] (10 s) |
+/// | [`ttl`](Self::ttl) (lifetime of each hold) | none: holds are watched, renewed by the watchdog |
+/// | [`watchdog_lease`](Self::watchdog_lease) | [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE) (30 s), renewed every third |
+/// | [`on_lost`](Self::on_lost) | none |
+/// | [`wake_up`](Self::wake_up) | [`WakeUp::PubSub`] |
 /// | [`retry`](Self::retry) | [`RetryPolicy::standard`] (up to 10 s, 4→32 ms jittered) |
 /// | [`writer_intent`](Self::writer_intent) | 4 × the policy's longest sleep, at least [`RW_MIN_WRITER_INTENT`] (100 ms; 128 ms with the standard policy) |
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use]
 pub struct ReadWriteLockBuilder {
     client: LockClient,
@@ -225,13 +235,51 @@ pub struct ReadWriteLockBuilder {
     ttl: Option<Duration>,
     retry: Option<RetryPolicy>,
     intent: Option<Duration>,
+    watchdog_lease: Option<Duration>,
+    on_lost: Option<LostCallback>,
+    wake_up: Option<WakeUp>,
+}
+
+impl fmt::Debug for ReadWriteLockBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadWriteLockBuilder")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("retry", &self.retry)
+            .field("intent", &self.intent)
+            .field("watchdog_lease", &self.watchdog_lease)
+            .field("on_lost", &self.on_lost.is_some())
+            .field("wake_up", &self.wake_up)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ReadWriteLockBuilder {
     /// The lifetime of each hold. At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);
-    /// sub-millisecond parts are dropped.
+    /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
+        self
+    }
+
+    /// The lease of watched holds (built without [`ttl`](Self::ttl)), renewed by the client's
+    /// watchdog every third of it. Default [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE).
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.watchdog_lease = Some(lease);
+        self
+    }
+
+    /// Watched holds: called on the watchdog thread when a hold is lost (see
+    /// [`LockBuilder::on_lost`](crate::LockBuilder::on_lost)).
+    pub fn on_lost(mut self, callback: impl Fn(&LostLock) + Send + Sync + 'static) -> Self {
+        self.on_lost = Some(Arc::new(callback));
+        self
+    }
+
+    /// How waiters learn of a release (default [`WakeUp::PubSub`]: every release that ends an
+    /// owner's entry publishes on `redisson_lock__channel:{key}`).
+    pub fn wake_up(mut self, wake_up: WakeUp) -> Self {
+        self.wake_up = Some(wake_up);
         self
     }
 
@@ -255,13 +303,17 @@ impl ReadWriteLockBuilder {
 
     /// Checks the options and builds the lock. Sends nothing to Redis.
     pub fn build(self) -> Result<ReadWriteLock> {
-        let (ttl, retry) = check_lock_options(
+        let opts = HoldOptions::checked(
             &self.key,
-            self.ttl.unwrap_or(RW_DEFAULT_TTL),
-            self.retry.unwrap_or_else(RetryPolicy::standard),
+            self.ttl,
+            self.watchdog_lease,
+            self.on_lost.clone(),
+            self.retry.clone(),
+            self.wake_up,
+            false,
         )?;
         let intent = self.intent.unwrap_or_else(|| {
-            retry
+            opts.retry
                 .max_delay
                 .saturating_mul(INTENT_SLEEPS)
                 .max(RW_MIN_WRITER_INTENT)
@@ -273,8 +325,7 @@ impl ReadWriteLockBuilder {
             write_line: format!("{}\0write", self.key),
             client: self.client,
             key: self.key,
-            ttl,
-            retry,
+            opts,
             intent,
             instance: new_instance(),
             holds: Mutex::new(HashMap::new()),
@@ -302,8 +353,8 @@ fn new_instance() -> [u8; INSTANCE_HEX] {
 struct Shared {
     client: LockClient,
     key: String,
-    ttl: Duration,
-    retry: RetryPolicy,
+    /// Lease or watchdog, retry policy, wake-up and the release channel.
+    opts: HoldOptions,
     intent: Duration,
     instance: [u8; INSTANCE_HEX],
     /// In-process wake-up line of blocked readers (never waited on in turn: readers do not
@@ -355,19 +406,23 @@ impl Shared {
         mode: &str,
         owner: &[u8],
         extra: &[u64],
-    ) -> Result<i64> {
+    ) -> Result<(i64, i64)> {
         let reply: Value = self.client.with_conn(&self.key, |con, s| {
             script(s).eval(con, &self.key, (mode, owner, extra))
         })?;
-        let (code, holds) = self.decode(reply)?;
+        let (code, holds, wait) = self.decode(reply)?;
         self.note_holds(owner, holds);
-        Ok(code)
+        Ok((code, wait))
     }
 
-    fn decode(&self, reply: Value) -> Result<(i64, i64)> {
+    /// `{code, holds}` or (acquire) `{code, holds, wait ms}`.
+    fn decode(&self, reply: Value) -> Result<(i64, i64, i64)> {
         match reply {
             Value::Array(items) => match items.as_slice() {
-                [Value::Int(code), Value::Int(holds)] => Ok((*code, *holds)),
+                [Value::Int(code), Value::Int(holds)] => Ok((*code, *holds, 0)),
+                [Value::Int(code), Value::Int(holds), Value::Int(wait)] => {
+                    Ok((*code, *holds, *wait))
+                }
                 _ => Err(self.unexpected(&Value::Array(items))),
             },
             Value::BulkString(entry) => Err(LockError::Corrupt {
@@ -391,16 +446,18 @@ impl Shared {
         }
     }
 
-    /// One acquire attempt: `None` when held by another owner (or, for a read, when a writer
-    /// waits). `intent_ms` > 0 leaves a writer intent when a write is refused.
-    fn attempt(&self, mode: Mode, owner: &str, intent_ms: u64) -> Result<Option<Lease>> {
+    /// One acquire attempt: held when another owner holds the lock (or, for a read, when a
+    /// writer waits), with how long the waiter may sleep if no release is published: until
+    /// the soonest other entry expires, and for a writer that leaves an intent at most half
+    /// of it (it must come back before its intent lapses, or readers slip in).
+    /// `intent_ms` > 0 leaves a writer intent when a write is refused.
+    fn attempt(&self, mode: Mode, owner: &str, intent_ms: u64) -> Result<Attempt> {
         let start = Instant::now();
-        let ttl_ms = self.ttl.as_millis() as u64;
-        let code = self.run(
+        let (code, wait) = self.run(
             |s| &s.rw_acquire,
             mode.as_str(),
             owner.as_bytes(),
-            &[ttl_ms, intent_ms],
+            &[self.opts.lease_ms(), intent_ms],
         )?;
         match code {
             1 => {
@@ -409,9 +466,22 @@ impl Shared {
                     self.key,
                     mode.as_str()
                 );
-                Ok(Some(Lease::new(owner.as_bytes(), start, self.ttl)))
+                let kind = match mode {
+                    Mode::Read => RenewKind::ReadEntry,
+                    Mode::Write => RenewKind::WriteEntry,
+                };
+                let lease =
+                    self.opts
+                        .lease(&self.client, &self.key, kind, owner.as_bytes(), start, None);
+                Ok(Attempt::Acquired(lease))
             }
-            0 | -1 => Ok(None),
+            0 | -1 => {
+                let mut wait = Duration::from_millis(u64::try_from(wait).unwrap_or(0));
+                if intent_ms > 0 {
+                    wait = wait.min(Duration::from_millis(intent_ms / 2));
+                }
+                Ok(Attempt::Held { pttl: Some(wait) })
+            }
             -2 => Err(LockError::invalid(
                 &self.key,
                 format!(
@@ -424,11 +494,24 @@ impl Shared {
     }
 
     fn try_acquire(&self, mode: Mode) -> Result<Option<Lease>> {
-        self.attempt(mode, &self.owner(), 0)
+        Ok(match self.attempt(mode, &self.owner(), 0)? {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held { .. } => None,
+        })
     }
 
     fn release(&self, mode: Mode, lease: &Lease) -> Result<bool> {
-        let code = self.run(|s| &s.rw_release, mode.as_str(), lease.value(), &[])?;
+        lease.stop_renewal();
+        // Published when the owner's entry goes, for waiters in other clients.
+        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+            s.rw_release.eval_keys(
+                con,
+                &[self.key.as_str(), self.opts.channel.as_str()],
+                (mode.as_str(), lease.value()),
+            )
+        })?;
+        let (code, holds, _) = self.decode(reply)?;
+        self.note_holds(lease.value(), holds);
         let ours = code == 1;
         if ours {
             // Any release may let the other side in: a write release (or a downgrade) frees
@@ -444,7 +527,7 @@ impl Shared {
         check_duration(&self.key, "ttl", ttl, false)?;
         let ttl = Duration::from_millis(ttl.as_millis() as u64);
         let start = Instant::now();
-        let code = self.run(
+        let (code, _) = self.run(
             |s| &s.rw_extend,
             mode.as_str(),
             lease.value(),
@@ -471,7 +554,7 @@ impl Shared {
     }
 
     fn is_held(&self, mode: Mode, lease: &Lease) -> Result<bool> {
-        let code = self.run(|s| &s.rw_held, mode.as_str(), lease.value(), &[])?;
+        let (code, _) = self.run(|s| &s.rw_held, mode.as_str(), lease.value(), &[])?;
         Ok(code == 1 && !lease.is_expired())
     }
 
@@ -503,9 +586,9 @@ impl Shared {
             name: line,
             fifo,
             barge: !fifo || self.holds_any(&owner),
-            wake: None,
+            wake: self.opts.wake(&self.client),
         };
-        let attempt = || self.attempt(mode, &owner, intent_ms).map(Attempt::from);
+        let attempt = || self.attempt(mode, &owner, intent_ms);
         lock::acquire_in_line(handle, line, attempts, attempt, |made| {
             if intent_ms > 0 && made > 0 {
                 // Withdraw our intent so that readers need not wait for it to expire.
@@ -569,11 +652,11 @@ macro_rules! side {
             }
 
             fn ttl(&self) -> Duration {
-                self.shared.ttl
+                self.shared.opts.lease
             }
 
             fn retry_policy(&self) -> &RetryPolicy {
-                &self.shared.retry
+                &self.shared.opts.retry
             }
 
             fn try_acquire(&self) -> Result<Option<Lease>> {
@@ -598,14 +681,14 @@ macro_rules! side {
 
             fn lock(&self) -> Result<LockGuard<'_>> {
                 self.shared
-                    .acquire_blocking(self, $mode, Attempts::new(&self.shared.retry))
+                    .acquire_blocking(self, $mode, Attempts::new(&self.shared.opts.retry))
             }
 
             fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
                 self.shared.acquire_blocking(
                     self,
                     $mode,
-                    Attempts::for_duration(&self.shared.retry, wait),
+                    Attempts::for_duration(&self.shared.opts.retry, wait),
                 )
             }
         }

@@ -12,7 +12,7 @@ use crate::lock::DistributedLock;
 use crate::reentrant::ReentrantLock;
 use crate::retry::RetryPolicy;
 use crate::token::TokenLock;
-use crate::watchdog::{LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
+use crate::watchdog::{LostCallback, LostLock};
 
 /// The locking algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,7 +22,7 @@ pub enum Strategy {
     /// compare-and-delete / compare-and-pexpire. The default, and the one to pick unless legacy
     /// lockers share the keys or a thread must re-enter its own lock. Without an explicit
     /// [`ttl`](LockBuilder::ttl) the hold is renewed by the watchdog (lease
-    /// [`WATCHDOG_DEFAULT_LEASE`]); retry policy [`RetryPolicy::standard`]; waiters woken by
+    /// [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE)); retry policy [`RetryPolicy::standard`]; waiters woken by
     /// pub/sub.
     #[default]
     Token,
@@ -91,8 +91,8 @@ pub struct ClassicOptions {
 /// | option | default |
 /// | --- | --- |
 /// | [`strategy`](Self::strategy) | [`Strategy::Token`] |
-/// | [`ttl`](Self::ttl) (lifetime) | Token, Reentrant: none, the watchdog renews a lease of [`WATCHDOG_DEFAULT_LEASE`] (30 s); Classic: [`CLASSIC_DEFAULT_TTL`] (1 s) |
-/// | [`watchdog_lease`](Self::watchdog_lease) (Token, Reentrant) | [`WATCHDOG_DEFAULT_LEASE`], renewed every third |
+/// | [`ttl`](Self::ttl) (lifetime) | Token, Reentrant: none, the watchdog renews a lease of [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE) (30 s); Classic: [`CLASSIC_DEFAULT_TTL`] (1 s) |
+/// | [`watchdog_lease`](Self::watchdog_lease) (Token, Reentrant) | [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), renewed every third |
 /// | [`on_lost`](Self::on_lost) (watched locks) | none |
 /// | [`fencing`](Self::fencing) (Token, Reentrant) | off |
 /// | [`wake_up`](Self::wake_up) (Token, Reentrant) | [`WakeUp::PubSub`] |
@@ -200,7 +200,7 @@ impl LockBuilder {
 
     /// Token and Reentrant: the lease of a watched lock (one built without [`ttl`](Self::ttl)),
     /// renewed by the client's watchdog every third of it while the hold lives. Default
-    /// [`WATCHDOG_DEFAULT_LEASE`]. A holder that dies stops renewing, so its lock frees within
+    /// [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE). A holder that dies stops renewing, so its lock frees within
     /// one lease.
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
         self.watchdog_lease = Some(lease);
@@ -235,11 +235,7 @@ impl LockBuilder {
         Ok(match self.strategy {
             Strategy::Token => Box::new(self.build_token()?),
             Strategy::Classic => Box::new(self.build_classic()?),
-            // PLACEHOLDER until ReentrantLock implements DistributedLock.
-            Strategy::Reentrant => {
-                let _ = self.build_reentrant()?;
-                return Err(LockError::invalid("", "not yet"));
-            }
+            Strategy::Reentrant => Box::new(self.build_reentrant()?),
         })
     }
 
@@ -263,32 +259,13 @@ impl LockBuilder {
                 "encoding, takeover, key_ttl and clock_skew apply to Strategy::Classic only",
             ));
         }
-        let watched = self.ttl.is_none();
-        if !watched && (self.watchdog_lease.is_some() || self.on_lost.is_some()) {
-            return Err(LockError::invalid(
-                &self.key,
-                "watchdog_lease and on_lost apply to watched locks, built without ttl",
-            ));
-        }
-        let lease = self.ttl.or(self.watchdog_lease).unwrap_or(WATCHDOG_DEFAULT_LEASE);
-        let (lease, retry) = check_lock_options(
+        HoldOptions::checked(
             &self.key,
-            lease,
-            self.retry.clone().unwrap_or_else(RetryPolicy::standard),
-        )?;
-        if watched && lease < Duration::from_millis(3) {
-            return Err(LockError::invalid(
-                &self.key,
-                "a watchdog lease must be at least 3 ms (it is renewed every third)",
-            ));
-        }
-        HoldOptions::new(
-            &self.key,
-            lease,
-            watched,
+            self.ttl,
+            self.watchdog_lease,
             self.on_lost.clone(),
-            retry,
-            self.wake_up.unwrap_or_default(),
+            self.retry.clone(),
+            self.wake_up,
             self.fencing,
         )
     }

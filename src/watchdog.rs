@@ -70,6 +70,10 @@ pub(crate) enum RenewKind {
     Value,
     /// A hash field (reentrant lock, Redisson's layout): `HEXISTS key value`.
     HashField,
+    /// The owner's read entry `r:<owner>` of a read-write lock (`count:expiry ms`).
+    ReadEntry,
+    /// The owner's write entry `w:<owner>` of a read-write lock.
+    WriteEntry,
 }
 
 impl RenewKind {
@@ -78,6 +82,8 @@ impl RenewKind {
         match self {
             RenewKind::Value => "v",
             RenewKind::HashField => "h",
+            RenewKind::ReadEntry => "r",
+            RenewKind::WriteEntry => "w",
         }
     }
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use redis_dlock::{
-    DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL, RW_DEFAULT_TTL,
+    DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL, WATCHDOG_DEFAULT_LEASE,
 };
 use support::worker::{self, WorkerProcess};
 use support::{init_logging, raw, wait_until, Cluster, RedisServer};
@@ -862,7 +862,9 @@ fn guards_check_extend_and_report_loss() {
     let key = "rw:guard";
     let c = client(&server);
     let lock = ReadWriteLock::new(&c, key).unwrap();
-    assert_eq!(lock.ttl(), RW_DEFAULT_TTL);
+    // Without an explicit ttl, holds are watched with the watchdog's lease.
+    assert_eq!(lock.ttl(), WATCHDOG_DEFAULT_LEASE);
+    assert!(lock.is_watched());
     assert_eq!(lock.key(), key);
     assert_eq!(lock.instance_id().len(), 32);
     assert!(lock
