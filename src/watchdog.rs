@@ -10,11 +10,27 @@
 //! dies. Holds due for renewal together are renewed together, one script call
 //! (`lua/renew_batch.lua`) per batch of keys of one hash slot.
 //!
+//! A round takes every hold due now or within a sixth of its lease, so holds acquired around
+//! the same time are renewed in the same call, and stay together afterwards (each renewal
+//! sets the next one lease/3 after the round's start). Each call carries at most 512 keys.
+//!
 //! A renewal that finds the hold gone (expired, or taken by another owner) marks it lost at
-//! once; renewals that fail (Redis down or paused) are retried until the lease runs out by
-//! the local clock, and then the hold is marked lost. Either way the holder sees it
-//! ([`LockGuard::is_lost`](crate::LockGuard::is_lost), [`LockGuard::check`](crate::LockGuard::check))
-//! and the lock's `on_lost` callback, if any, runs once on the watchdog thread.
+//! once; renewals that fail (Redis down or paused) are retried every tenth of the lease
+//! (10 ms ..= 1 s) until the lease runs out by the local clock, and then the hold is marked
+//! lost. A hold whose renewal is answered only after its lease ran out locally is marked lost
+//! too: its holder may already have seen it lost, and a lost hold stays lost. Either way the
+//! holder sees it ([`LockGuard::is_lost`](crate::LockGuard::is_lost),
+//! [`LockGuard::check`](crate::LockGuard::check)) and the lock's `on_lost` callback, if any,
+//! runs once on the watchdog thread.
+//!
+//! `is_lost` follows the local clock exactly, but the callback comes from the thread, which
+//! may be blocked in a call to an unresponsive Redis: it can run up to the client's command
+//! timeout (or connect timeout, for a new connection) after the lease ran out. The same call
+//! delays the renewal of the client's other holds, which the timeouts bound as well.
+//!
+//! The thread holds no strong reference to the client between rounds: once every handle of
+//! the client is dropped, the thread exits. A released hold (`stop`ped before its release is
+//! sent) is never renewed again, and a late renewal result for it is ignored.
 
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
@@ -249,9 +265,13 @@ struct Shared {
 
 #[derive(Default)]
 struct List {
-    /// The watched holds. Only the thread removes entries, and only while no round is under
-    /// way: a round refers to entries by index, and `watch` only appends.
+    /// The watched holds. Entries are removed only while no round is under way: a round
+    /// refers to entries by index, and meanwhile `watch` only appends.
     entries: Vec<Entry>,
+    /// The length of `entries` after its latest cleanup, to clean up again when it doubles.
+    cleaned_len: usize,
+    /// A round holds indices into `entries`: nothing may be removed.
+    in_round: bool,
     thread: ThreadState,
     /// The client is gone: the thread must exit.
     shutdown: bool,
@@ -310,6 +330,13 @@ impl Watchdog {
     pub(crate) fn watch(&self, client: &crate::client::LockClient, state: &Arc<WatchState>) {
         let due = Instant::now() + state.lease() / 3;
         let mut list = self.shared.lock();
+        // Holds taken and released at a high rate would pile up until the thread's next round
+        // (up to lease/3 away): clean up between rounds once the list has doubled.
+        if !list.in_round && list.entries.len() >= 2 * list.cleaned_len.max(64) {
+            list.entries
+                .retain(|e| !e.gone && e.state.upgrade().is_some_and(|s| !s.is_stopped()));
+            list.cleaned_len = list.entries.len();
+        }
         list.entries.push(Entry {
             state: Arc::downgrade(state),
             due,
@@ -440,6 +467,8 @@ fn round(shared: &Shared, client: &crate::client::LockClient) {
         }
     }
     list.entries.retain(|e| !e.gone);
+    list.cleaned_len = list.entries.len();
+    list.in_round = false;
 }
 
 /// Removes released and dropped holds, and picks those due by `start` or within a sixth of
@@ -455,6 +484,7 @@ fn take_due(
     let mut list = shared.lock();
     list.entries
         .retain(|e| !e.gone && e.state.upgrade().is_some_and(|s| !s.is_stopped()));
+    list.in_round = true;
     for (i, entry) in list.entries.iter_mut().enumerate() {
         let Some(state) = entry.state.upgrade() else {
             continue;
@@ -601,7 +631,7 @@ mod tests {
             key,
             RenewKind::Value,
             b"v",
-            Duration::from_secs(3),
+            Duration::from_secs(30),
             Instant::now(),
             None,
         )
@@ -629,6 +659,30 @@ mod tests {
         let mut indices: Vec<usize> = cluster.iter().flat_map(|b| b.iter().map(|x| x.0)).collect();
         indices.sort_unstable();
         assert_eq!(indices, (0..1300).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn released_holds_do_not_pile_up_between_rounds() {
+        // Connects lazily: nothing is sent within the test (the first renewal is 10 s away).
+        let client = crate::LockClient::open("redis://127.0.0.1:1/").expect("client");
+        let dog = client.watchdog();
+        let mut live = Vec::new();
+        for i in 0..1000 {
+            let s = state(&format!("k{i}"));
+            dog.watch(&client, &s);
+            if i % 100 == 0 {
+                live.push(s);
+            } else {
+                s.stop();
+            }
+        }
+        assert_eq!(dog.watched(), live.len());
+        let len = dog.shared.lock().entries.len();
+        assert!(
+            len < 200,
+            "{len} entries kept for {} live holds",
+            live.len()
+        );
     }
 
     #[test]
