@@ -1,4 +1,5 @@
-//! Contention demo: 8 threads fight over one lock, per strategy, against a real Redis.
+//! Contention demo: 8 threads fight over one lock, per strategy (Token, Reentrant, Classic),
+//! against a real Redis.
 //!
 //! ```text
 //! cargo run --example demo
@@ -81,7 +82,11 @@ fn run() -> Result<bool, BoxError> {
     );
 
     let mut ok = true;
-    for (name, strategy) in [("token", Strategy::Token), ("classic", Strategy::Classic)] {
+    for (name, strategy) in [
+        ("token", Strategy::Token),
+        ("reentrant", Strategy::Reentrant),
+        ("classic", Strategy::Classic),
+    ] {
         let report = contend(&url, name, strategy)?;
         report.print();
         ok &= report.passed();
@@ -190,7 +195,8 @@ fn contend(url: &str, name: &str, strategy: Strategy) -> Result<Report, BoxError
         .arg(&counter_key)
         .query(&mut admin)?;
 
-    // Default options of the strategy: Token 10 s / standard retry, Classic 1 s / legacy retry.
+    // Default options of the strategy: Token and Reentrant watched by the watchdog (30 s lease),
+    // standard retry, waiters woken by pub/sub; Classic 1 s / legacy retry, polling.
     let locks = (0..WORKERS)
         .map(|_| {
             let client = LockClient::builder(url).pool_size(2).build()?;

@@ -215,11 +215,14 @@ impl LockClient {
     /// connection is discarded and `f` runs again on another one, up to once per pooled
     /// connection; a fresh connection that fails is a real outage and is reported.
     ///
-    /// Repeating `f` is safe for every lock operation even in the rare case where the server
-    /// ran the command and then closed the socket itself (`CLIENT KILL`, idle `timeout`): a
-    /// repeated acquire finds its own value and reports the lock held (our orphan expires by
-    /// itself), a repeated release or extend finds its work done and reports the lock lost.
-    /// Either way nobody else's lock is touched.
+    /// Repeating `f` is safe for the single-value locks (Token, Classic, RedLock nodes) even in
+    /// the rare case where the server ran the command and then closed the socket itself
+    /// (`CLIENT KILL`, idle `timeout`): a repeated acquire finds its own value and reports the
+    /// lock held (our orphan expires by itself), a repeated release or extend finds its work
+    /// done and reports the lock lost. Counted holds (the reentrant and read-write locks) are
+    /// not idempotent: in that rare case a repeated acquire counts one hold too many (it
+    /// expires with the lease) and a repeated release gives back one too many. With a restart,
+    /// the common cause of a dropped pooled connection, the first send never reached a server.
     pub(crate) fn with_conn<T>(
         &self,
         key: &str,

@@ -32,6 +32,8 @@ pub enum WakeUp {
 /// The options of a Token or reentrant lock that the builder checked.
 #[derive(Clone)]
 pub(crate) struct HoldOptions {
+    /// The lock key, shared with the watchdog's records of its holds.
+    key: Arc<str>,
     /// The lifetime written with each acquire: the explicit ttl, or the watchdog lease.
     pub(crate) lease: Duration,
     /// Renewed by the client's watchdog (built without an explicit ttl).
@@ -111,6 +113,7 @@ impl HoldOptions {
         fencing: bool,
     ) -> Result<Self> {
         Ok(HoldOptions {
+            key: Arc::from(key),
             lease,
             watched,
             on_lost,
@@ -152,7 +155,15 @@ impl HoldOptions {
         if !self.watched {
             return lease;
         }
-        let state = WatchState::new(key, kind, value, self.lease, start, self.on_lost.clone());
+        debug_assert_eq!(key, &*self.key);
+        let state = WatchState::new(
+            Arc::clone(&self.key),
+            kind,
+            value,
+            self.lease,
+            start,
+            self.on_lost.clone(),
+        );
         client.watchdog().watch(client, &state);
         lease.with_watch(Arc::clone(&state))
     }

@@ -63,7 +63,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
 
 /// The longest owner value a lease stores inline (no allocation per acquire): room for a
 /// 128-bit token in hex, or an owner id `<128-bit instance in hex>:<thread number>`.
-const VALUE_CAPACITY: usize = 64;
+pub(crate) const VALUE_CAPACITY: usize = 64;
 
 /// One successful acquire: the owner value written to Redis, how long the hold is valid and,
 /// when asked for, its fencing token.
@@ -135,11 +135,6 @@ impl Lease {
     pub(crate) fn with_watch(mut self, watch: Arc<WatchState>) -> Self {
         self.watch = Some(watch);
         self
-    }
-
-    /// The watchdog's record of this hold, for a watched lock.
-    pub(crate) fn watch(&self) -> Option<&Arc<WatchState>> {
-        self.watch.as_ref()
     }
 
     /// The hold is being released: the watchdog must not renew it any more.

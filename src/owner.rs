@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rand::Rng;
 
 /// Length of a UUID in text form.
+#[cfg(test)]
 pub(crate) const UUID_LEN: usize = 36;
 
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);

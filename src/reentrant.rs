@@ -1,9 +1,127 @@
-//! PLACEHOLDER: the reentrant lock (Redisson RLock layout) is being implemented.
+//! [`Strategy::Reentrant`](crate::Strategy::Reentrant): a reentrant lock in Redisson's `RLock`
+//! layout, so that this crate and Java Redisson clients can share one lock.
+//!
+//! The lock is a hash at the key: the field is the owner id `<client UUID>:<thread number>`
+//! ([`ReentrantLock::owner_id`]), the value the owner's hold count, and the key's `PEXPIRE` the
+//! lease. A thread that holds the lock may take it again (the count goes up); it is free when
+//! every hold is given back. See `docs/reentrant.md`.
+//!
+//! Wire, per operation (one round trip each):
+//! - acquire: `EVALSHA <reentrant_acquire.lua> 1|2 key [dlock_fence:{key}] <lease ms> <owner>`
+//!   → `{1, fence}` (taken or re-entered) or `{0, pttl}` (held by another owner);
+//! - release: `EVALSHA <reentrant_release.lua> 2 key redisson_lock__channel:{key} 0 <lease ms>
+//!   <owner>` → 1 (last hold: deleted and published), 0 (count decremented) or nil (the owner
+//!   holds nothing; nothing changed);
+//! - extend: `EVALSHA <reentrant_extend.lua> 1 key <owner> <ttl ms>` → 1 or 0;
+//! - check: `HEXISTS key <owner>`; hold count: `HGET key <owner>`.
+//!
+//! A lock built without an explicit ttl is watched: the client's watchdog renews each hold
+//! (`HEXISTS` + `PEXPIRE`, see [`crate::watchdog`]) until that hold is released.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use redis::Value;
 
 use crate::client::LockClient;
-use crate::hold::HoldOptions;
+use crate::error::{LockError, Result};
+use crate::hold::{self, AcquireReply, HoldOptions};
+use crate::keys;
+use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
+use crate::owner;
+use crate::retry::{Attempts, RetryPolicy};
+use crate::strategy::check_duration;
+use crate::string_value;
+use crate::watchdog::RenewKind;
 
-/// A lock of [`Strategy::Reentrant`](crate::Strategy::Reentrant).
+thread_local! {
+    /// The calling thread's holds of reentrant locks as its own acquires and releases last
+    /// saw them: client instance id → key → count. Only used to let a thread that holds a lock
+    /// skip this process's line of threads waiting for it (it would otherwise wait for
+    /// itself). Kept per thread because the owner *is* the thread: no lock object or mutex
+    /// needs to be shared, and every lock object on the key sees the same holds.
+    static LOCAL_HOLDS: RefCell<HashMap<String, HashMap<String, u32>>> =
+        RefCell::new(HashMap::new());
+}
+
+/// What an operation of the calling thread learnt about its own holds of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// One more hold (taken or re-entered).
+    Taken,
+    /// One hold given back, others remain.
+    Decremented,
+    /// The thread holds nothing (refused, freed, or found lost).
+    Nothing,
+}
+
+fn note_local(instance: &str, key: &str, seen: Seen) {
+    LOCAL_HOLDS.with(|holds| {
+        let mut holds = holds.borrow_mut();
+        match seen {
+            Seen::Taken => {
+                let n = holds
+                    .entry(instance.to_owned())
+                    .or_default()
+                    .entry(key.to_owned())
+                    .or_default();
+                *n = n.saturating_add(1);
+            }
+            Seen::Decremented => {
+                // Redis said holds remain: keep at least one even if our count was off
+                // (a hold taken through another thread's lease, say).
+                if let Some(n) = holds.get_mut(instance).and_then(|m| m.get_mut(key)) {
+                    *n = n.saturating_sub(1).max(1);
+                }
+            }
+            Seen::Nothing => {
+                if let Some(keys) = holds.get_mut(instance) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        holds.remove(instance);
+                    }
+                }
+            }
+        }
+    });
+}
+
+fn holds_local(instance: &str, key: &str) -> bool {
+    LOCAL_HOLDS.with(|holds| {
+        holds
+            .borrow()
+            .get(instance)
+            .is_some_and(|keys| keys.contains_key(key))
+    })
+}
+
+/// A lock of [`Strategy::Reentrant`](crate::Strategy::Reentrant), wire-compatible with
+/// Redisson's `RLock` (`RedissonClient.getLock(key)`). Build it with
+/// [`LockBuilder`](crate::LockBuilder).
+///
+/// **Owners.** A hold belongs to the calling thread through this client: the owner id is
+/// `<client UUID>:<thread number>` ([`owner_id`](Self::owner_id)), as Redisson's
+/// `<UUID>:<thread id>`. Other threads, other clients and Java Redisson clients are other
+/// owners and are refused while the lock is held.
+///
+/// **Re-entry.** The owner may take the lock again while it holds it; each acquire returns its
+/// own guard (or [`Lease`]) and counts one hold; each release gives one back. The lock is free,
+/// its key deleted and `0` published on `redisson_lock__channel:{key}` (waking waiters here
+/// and in Redisson), when the owner's last hold is released. Holds of one owner are one count
+/// in Redis, not individual entries: release each hold once. A thread that holds the lock never
+/// waits behind this process's threads that wait for it.
+///
+/// **Release answers.** `release` returns `Ok(true)` when the lease's owner held the lock (one
+/// hold given back, whether or not it was the last), `Ok(false)` when the owner holds nothing
+/// (its hold expired, or it never held it): nothing is changed then, so a release by a
+/// non-owner can never free or decrement another owner's hold (Redisson answers such a call
+/// with `IllegalMonitorStateException`).
+///
+/// **Lifetime.** Every acquire, re-entry and partial release sets the key's expiry to the
+/// lock's lease ([`ttl`](DistributedLock::ttl)); all holds of the key share it. A watched lock
+/// (built without ttl) has each hold renewed by the client's watchdog until that hold is
+/// released, so the key lives while any hold of the owner does.
 #[derive(Debug)]
 pub struct ReentrantLock {
     client: LockClient,
@@ -14,5 +132,237 @@ pub struct ReentrantLock {
 impl ReentrantLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Self {
         ReentrantLock { client, key, opts }
+    }
+
+    /// True if the watchdog renews this lock's holds (built without an explicit ttl).
+    pub fn is_watched(&self) -> bool {
+        self.opts.watched
+    }
+
+    /// The calling thread's owner id, `<client UUID>:<thread number>`: the hash field its holds
+    /// are counted in, and the value of the leases it gets. The thread number is
+    /// process-unique and never reused (not the OS thread id).
+    pub fn owner_id(&self) -> String {
+        owner::owner_id(self.client.instance_id())
+    }
+
+    /// How many holds the calling thread has on the lock, as Redis counts them (`HGET`; 0 when
+    /// it holds none). Redisson's `getHoldCount`.
+    pub fn hold_count(&self) -> Result<u32> {
+        let owner = self.owner_id();
+        let count: Option<i64> = self.client.with_conn(&self.key, |con, _| {
+            redis::cmd("HGET").arg(&self.key).arg(&owner).query(con)
+        })?;
+        Ok(count.map_or(0, |n| u32::try_from(n).unwrap_or(0)))
+    }
+
+    /// True if `lease` belongs to the calling thread (through this lock's client).
+    fn is_callers(&self, lease: &Lease) -> bool {
+        lease.value() == self.owner_id().as_bytes()
+    }
+
+    /// One attempt by `lua/reentrant_acquire.lua`: take, re-enter, or learn the holder's PTTL.
+    fn attempt(&self) -> Result<Attempt> {
+        let owner = self.owner_id();
+        let start = Instant::now();
+        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+            let args = (self.opts.lease_ms(), owner.as_str());
+            match &self.opts.fence_key {
+                Some(fence) => {
+                    s.reentrant_acquire
+                        .eval_keys(con, &[self.key.as_str(), fence], args)
+                }
+                None => s.reentrant_acquire.eval(con, &self.key, args),
+            }
+        })?;
+        let reply = hold::decode_acquire(&self.key, &reply)?;
+        let seen = match reply {
+            AcquireReply::Taken { .. } => {
+                log::trace!("lock {:?}: hold taken by {owner}", self.key);
+                Seen::Taken
+            }
+            // Refused, so this owner holds nothing (else the script had let it re-enter).
+            AcquireReply::Held { .. } => Seen::Nothing,
+        };
+        note_local(self.client.instance_id(), &self.key, seen);
+        Ok(reply.into_attempt(|fence| {
+            self.opts.lease(
+                &self.client,
+                &self.key,
+                RenewKind::HashField,
+                owner.as_bytes(),
+                start,
+                fence,
+            )
+        }))
+    }
+
+    /// The blocking acquire: FIFO in this client's line for the key, woken by the release
+    /// channel, except that a thread already holding the lock makes its attempt at once (its
+    /// re-entry succeeds; queueing would make it wait for the threads that wait for it).
+    fn acquire_blocking(&self, attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
+        let line = Line {
+            queues: self.client.waiters(),
+            name: &self.key,
+            fifo: true,
+            barge: holds_local(self.client.instance_id(), &self.key),
+            wake: self.opts.wake(&self.client),
+        };
+        // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
+        // extra check.
+        lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()))
+    }
+
+    fn unexpected(&self, reply: i64) -> LockError {
+        LockError::Redis {
+            key: self.key.clone(),
+            source: redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "unexpected reply from the reentrant release script",
+                reply.to_string(),
+            )),
+        }
+    }
+}
+
+impl DistributedLock for ReentrantLock {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn ttl(&self) -> Duration {
+        self.opts.lease
+    }
+
+    fn retry_policy(&self) -> &RetryPolicy {
+        &self.opts.retry
+    }
+
+    fn try_acquire(&self) -> Result<Option<Lease>> {
+        Ok(match self.attempt()? {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held { .. } => None,
+        })
+    }
+
+    /// Gives back the hold of `lease`: `Ok(true)` when its owner held the lock (one hold given
+    /// back; the lock is free once the owner's last hold is), `Ok(false)` when the owner holds
+    /// nothing, in which case nothing was changed.
+    fn release(&self, lease: &Lease) -> Result<bool> {
+        // Only this hold stops being renewed: every other hold of the owner has its own
+        // renewal, and any of them keeps the shared key alive.
+        lease.stop_renewal();
+        let reply: Option<i64> = self.client.with_conn(&self.key, |con, s| {
+            s.reentrant_release.eval_keys(
+                con,
+                &[self.key.as_str(), self.opts.channel.as_str()],
+                (keys::UNLOCK_MESSAGE, self.opts.lease_ms(), lease.value()),
+            )
+        })?;
+        let (seen, ours) = match reply {
+            // The owner keeps other holds: the lock stays taken, so waiters keep waiting.
+            Some(0) => (Seen::Decremented, true),
+            Some(1) => {
+                lock::note_release(self.client.waiters(), &self.key, true);
+                (Seen::Nothing, true)
+            }
+            None => {
+                log::warn!(
+                    "lock {:?}: release by owner {} found no hold of it (it expired, or the \
+                     owner never held the lock); nothing was changed",
+                    self.key,
+                    printable(lease.value())
+                );
+                (Seen::Nothing, false)
+            }
+            Some(other) => return Err(self.unexpected(other)),
+        };
+        if self.is_callers(lease) {
+            note_local(self.client.instance_id(), &self.key, seen);
+        }
+        Ok(ours)
+    }
+
+    fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
+        check_duration(&self.key, "ttl", ttl, false)?;
+        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        let start = Instant::now();
+        let renewed: i64 = self.client.with_conn(&self.key, |con, s| {
+            s.reentrant_extend
+                .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
+        })?;
+        string_value::extended(&self.key, renewed == 1, lease, None, start, ttl)
+    }
+
+    fn is_held(&self, lease: &Lease) -> Result<bool> {
+        let held: bool = self.client.with_conn(&self.key, |con, _| {
+            redis::cmd("HEXISTS")
+                .arg(&self.key)
+                .arg(lease.value())
+                .query(con)
+        })?;
+        Ok(held && !lease.is_expired())
+    }
+
+    fn try_lock(&self) -> Result<LockGuard<'_>> {
+        lock::acquire_once(self)
+    }
+
+    fn lock(&self) -> Result<LockGuard<'_>> {
+        self.acquire_blocking(Attempts::new(&self.opts.retry))
+    }
+
+    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
+        self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_holds_count_per_instance_and_key() {
+        let (a, b) = ("instance-a", "instance-b");
+        assert!(!holds_local(a, "k"));
+        note_local(a, "k", Seen::Taken);
+        note_local(a, "k", Seen::Taken);
+        assert!(holds_local(a, "k"));
+        assert!(!holds_local(b, "k"), "another client is another owner");
+        assert!(!holds_local(a, "other"));
+        note_local(a, "k", Seen::Decremented);
+        note_local(a, "k", Seen::Decremented);
+        assert!(
+            holds_local(a, "k"),
+            "a decrement never forgets the last hold"
+        );
+        note_local(a, "k", Seen::Nothing);
+        assert!(!holds_local(a, "k"));
+        let there = std::thread::spawn(|| {
+            note_local("instance-a", "t", Seen::Taken);
+            holds_local("instance-a", "t")
+        })
+        .join()
+        .expect("thread");
+        assert!(there);
+        assert!(!holds_local(a, "t"), "holds are per thread");
+    }
+
+    #[test]
+    fn owner_ids_fit_a_lease() {
+        let id = owner::owner_id(&owner::new_uuid());
+        let longest = format!("{}:{}", owner::new_uuid(), u64::MAX);
+        assert!(longest.len() <= 64, "{longest}");
+        let lease = Lease::new(longest.as_bytes(), Instant::now(), Duration::from_secs(1));
+        assert_eq!(lease.value(), longest.as_bytes());
+        assert!(id.len() > 36 + 1, "{id}");
+    }
+
+    #[test]
+    fn scripts_are_registered() {
+        let s = crate::scripts::Scripts::new();
+        assert!(s.reentrant_acquire.code().contains("hincrby"));
+        assert!(s.reentrant_release.code().contains("publish"));
+        assert!(s.reentrant_extend.code().contains("pexpire"));
     }
 }

@@ -723,7 +723,13 @@ mod tests {
                 code.contains("local owner") || code.contains("owner ="),
                 "{name}.lua must set owner before the prelude"
             );
-            assert!(!code.contains("KEYS[2]"), "{name}");
+            // One key per script, except the release channel (in the key's slot) of rw_release.
+            if name == "rw_release" {
+                assert!(code.contains("KEYS[2] (optional) release channel"), "{name}");
+                assert!(!code.contains("KEYS[3]"), "{name}");
+            } else {
+                assert!(!code.contains("KEYS[2]"), "{name}");
+            }
         }
         let built = crate::scripts::Scripts::new();
         for s in [

@@ -12,9 +12,10 @@
 //!   connection.
 //! - A channel nobody waits on stays subscribed for [`LINGER`] (steady contention then costs
 //!   no re-subscription) and is unsubscribed lazily, by a later `subscribe`, drop or keepalive.
-//! - A lost connection makes every subscription unconfirmed (its waiters poll) and wakes them
-//!   once; the reader reconnects with backoff and re-subscribes, and wakes the waiters again
-//!   when the server confirms, since a release may have gone unheard in between.
+//! - A lost connection makes every subscription unconfirmed; the reader reconnects with
+//!   backoff and re-subscribes, and wakes the waiters when the server confirms again, since a
+//!   release may have gone unheard in between. Meanwhile they sleep at most the holder's
+//!   remaining lifetime (or poll, if they had no confirmed subscription yet).
 //! - Waits never depend on this thread for correctness: each is bounded by the holder's
 //!   remaining lifetime and the caller's deadline.
 
@@ -220,6 +221,13 @@ impl Wakeups {
                 .map(|(st, _)| st)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
+        if !st.is_confirmed(channel) {
+            // The waiter polls meanwhile: wake it once the channel is confirmed, since a
+            // release published before that went unheard.
+            if let Some(ch) = st.channels.get_mut(channel) {
+                ch.rewake = true;
+            }
+        }
         drop(st);
         Some(subscription)
     }
@@ -334,15 +342,6 @@ impl State {
                 writer.shutdown();
             }
         }
-    }
-
-    /// The lines of the channels threads wait on (to wake them all).
-    fn waited_lines(&self) -> Vec<String> {
-        self.channels
-            .values()
-            .filter(|c| c.users > 0)
-            .flat_map(|c| c.lines.iter().map(|(l, _)| l.clone()))
-            .collect()
     }
 }
 
@@ -461,8 +460,9 @@ impl Shared {
         true
     }
 
-    /// The connection is gone: nothing is confirmed any more. The waiters are woken so that
-    /// they stop counting on a message and poll until the subscriber is back.
+    /// The connection is gone: nothing is confirmed any more. The waiters are not woken now
+    /// (the server is likely down: an attempt would fail); they sleep at most the holder's
+    /// lifetime, and are woken when their channel is confirmed again.
     fn go_down(&self) {
         let mut st = lock(&self.state);
         if let Link::Up(writer) = &st.link {
@@ -474,12 +474,8 @@ impl Shared {
             c.confirmed = None;
             c.rewake = c.users > 0;
         }
-        let lines = st.waited_lines();
         drop(st);
         self.cv.notify_all();
-        for line in lines {
-            self.waiters.notify_release(&line);
-        }
     }
 
     /// Handles one push from the server.

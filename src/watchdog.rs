@@ -39,6 +39,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::lock::VALUE_CAPACITY;
+
 use crate::client::WeakClient;
 use crate::keys;
 
@@ -106,9 +108,12 @@ impl RenewKind {
 
 /// One watched hold, shared by the holder's lease (strong) and the watchdog (weak).
 pub(crate) struct WatchState {
-    key: String,
+    /// Shared with the lock (no copy per hold).
+    key: Arc<str>,
     kind: RenewKind,
-    value: Vec<u8>,
+    /// The owner value, inline (no allocation per hold beyond the state itself).
+    value: [u8; VALUE_CAPACITY],
+    value_len: u8,
     lease: Duration,
     /// Base of `valid_until_ns`.
     base: Instant,
@@ -135,17 +140,21 @@ impl WatchState {
     /// The state of a hold of `key` by `value`, acquired with `lease` from `start` (taken
     /// before the acquire was sent).
     pub(crate) fn new(
-        key: &str,
+        key: impl Into<Arc<str>>,
         kind: RenewKind,
         value: &[u8],
         lease: Duration,
         start: Instant,
         on_lost: Option<LostCallback>,
     ) -> Arc<Self> {
+        let mut inline = [0u8; VALUE_CAPACITY];
+        let len = value.len().min(VALUE_CAPACITY);
+        inline[..len].copy_from_slice(&value[..len]);
         Arc::new(WatchState {
-            key: key.to_owned(),
+            key: key.into(),
             kind,
-            value: value.to_vec(),
+            value: inline,
+            value_len: len as u8,
             lease,
             base: start,
             valid_until_ns: AtomicU64::new(nanos(lease)),
@@ -164,7 +173,7 @@ impl WatchState {
     }
 
     pub(crate) fn value(&self) -> &[u8] {
-        &self.value
+        &self.value[..usize::from(self.value_len)]
     }
 
     /// The lease each renewal grants.
@@ -205,7 +214,7 @@ impl WatchState {
         );
         if let Some(cb) = &self.on_lost {
             cb(&LostLock {
-                key: self.key.clone(),
+                key: self.key.to_string(),
                 reason,
             });
         }

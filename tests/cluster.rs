@@ -738,3 +738,112 @@ fn locks_work_while_their_slot_migrates() {
         assert!(keys_in_slot(node, slot).is_empty(), "nothing left behind");
     }
 }
+
+/// Issue #4 on a cluster: the features that add keys and channels (the fencing counter, the
+/// release channel, Redisson's hash layout, the watchdog's batched renewals) on locks served by
+/// every master, with keys that carry a hash tag and keys that do not. A script touching keys of
+/// two slots would fail with CROSSSLOT; every auxiliary key must sit on the lock key's node.
+#[test]
+fn auxiliary_keys_and_channels_stay_in_the_lock_slot() {
+    init_logging();
+    let cluster = Cluster::start(MASTERS);
+    let (a, b) = (client(&cluster), client(&cluster));
+    let mut keys: Vec<String> = tags(&cluster, "aux")
+        .iter()
+        .map(|t| format!("{t}:lock"))
+        .collect();
+    // Untagged keys, one per master: their companions get the key itself as hash tag.
+    keys.extend((0..MASTERS).map(|i| cluster.key_on(i, "plain")));
+    let node_of = |k: &str| cluster.node(cluster.slot_owner(cluster.keyslot(k)));
+    for key in &keys {
+        let what = format!("{key} (node :{})", node_of(key).port());
+
+        // Fencing: the counter is on the lock's node and holds the latest token.
+        let node = node_of(&format!("{key}:f"));
+        let fenced = a
+            .lock(format!("{key}:f"))
+            .fencing()
+            .ttl(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let f1 = fenced.try_lock().unwrap().fence().expect("fence");
+        let guard = fenced.try_lock().unwrap();
+        let f2 = guard.fence().expect("fence");
+        assert!(f2 > f1, "{what}: {f2} > {f1}");
+        let counter = if key.contains('{') {
+            format!("dlock_fence:{key}:f")
+        } else {
+            format!("dlock_fence:{{{key}:f}}")
+        };
+        let stored: Option<u64> = redis::cmd("GET")
+            .arg(&counter)
+            .query(&mut node.conn())
+            .unwrap();
+        assert_eq!(stored, Some(f2), "{what}: counter {counter} on the lock's node");
+        drop(guard);
+
+        // Reentrant (Redisson layout) with fencing: hash on the lock's node, count 2 on re-entry.
+        let rkey = format!("{key}:r");
+        let node = node_of(&rkey);
+        let reentrant = a
+            .lock(&rkey)
+            .strategy(Strategy::Reentrant)
+            .fencing()
+            .build()
+            .unwrap();
+        let outer = reentrant.lock().unwrap();
+        let inner = reentrant.lock().unwrap();
+        assert_eq!(outer.fence(), inner.fence(), "{what}: re-entry keeps the fence");
+        let field = String::from_utf8(outer.value().to_vec()).unwrap();
+        let count: Option<u64> = redis::cmd("HGET")
+            .arg(&rkey)
+            .arg(&field)
+            .query(&mut node.conn())
+            .unwrap();
+        assert_eq!(count, Some(2), "{what}: hold count on the lock's node");
+        assert!(inner.unlock().unwrap());
+        assert!(outer.unlock().unwrap());
+        assert!(!raw::exists(&mut node.conn(), &rkey), "{what}: freed");
+
+        // A watched lock is renewed past its lease (renewals grouped by slot).
+        let watched = a
+            .lock(format!("{key}:w"))
+            .watchdog_lease(Duration::from_millis(600))
+            .build()
+            .unwrap();
+        let guard = watched.try_lock().unwrap();
+        thread::sleep(Duration::from_millis(1_500));
+        assert!(!guard.is_lost(), "{what}: watched hold renewed");
+        assert!(guard.is_held().unwrap(), "{what}: still ours on the server");
+        assert!(guard.unlock().unwrap());
+
+        // A waiter of another client is woken by the release's PUBLISH (it would otherwise
+        // poll only every 5 s).
+        let wkey = format!("{key}:p");
+        let holder = a.lock(&wkey).ttl(Duration::from_secs(30)).build().unwrap();
+        let waiter = b
+            .lock(&wkey)
+            .ttl(Duration::from_secs(30))
+            .retry(
+                RetryPolicy::standard()
+                    .fixed_delay(Duration::from_secs(5))
+                    .jitter(false),
+            )
+            .build()
+            .unwrap();
+        let held = holder.try_lock().unwrap();
+        let started = Instant::now();
+        let got = thread::scope(|s| {
+            let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(20)).map(|g| g.unlock()));
+            thread::sleep(Duration::from_millis(300));
+            assert!(held.unlock().unwrap());
+            w.join().unwrap()
+        });
+        assert!(got.is_ok(), "{what}: waiter got the lock: {got:?}");
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_secs(4),
+            "{what}: woken by pub/sub, not by its 5 s poll ({waited:?})"
+        );
+    }
+}

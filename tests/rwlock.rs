@@ -1048,3 +1048,82 @@ fn works_on_a_three_master_cluster() {
     assert!(writes >= 5 && reads >= 50, "{reads} + {writes}");
     assert!(!raw::exists(&mut cluster.conn_for_key(&key), &key));
 }
+
+/// Without an explicit ttl, read and write holds are watched: the client's watchdog renews
+/// the owner's own entry past the lease while the hold lives, and stops when the lease is gone.
+#[test]
+fn watched_holds_are_renewed_while_held_and_expire_when_dropped() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:watched";
+    let c = client(&server);
+    let lock = ReadWriteLock::builder(&c, key)
+        .watchdog_lease(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    assert!(lock.is_watched());
+    let read = lock.read_lock().try_lock().unwrap();
+    assert!(read.lease().is_watched());
+    thread::sleep(Duration::from_millis(1_500));
+    assert!(!read.is_lost(), "read hold renewed past its 600 ms lease");
+    assert!(read.is_held().unwrap());
+    assert!(raw::pttl(&mut conn, key) > 0);
+    assert!(read.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key), "the only hold is gone");
+
+    let write = lock.write_lock().try_lock().unwrap();
+    thread::sleep(Duration::from_millis(1_500));
+    assert!(!write.is_lost(), "write hold renewed past its 600 ms lease");
+    assert!(write.is_held().unwrap());
+    // Dropping the lease without releasing stops the renewals: the entry expires by itself.
+    drop(write.into_lease());
+    assert!(
+        wait_until(Duration::from_secs(3), || !raw::exists(&mut conn, key)),
+        "an abandoned watched hold expires within its lease"
+    );
+}
+
+/// A writer of another client that waits for readers is woken by the release's PUBLISH, not by
+/// its retry policy (which would poll only every 5 s).
+#[test]
+fn waiting_writer_is_woken_by_the_readers_release() {
+    init_logging();
+    let server = RedisServer::start();
+    let key = "rw:wake";
+    let (a, b) = (client(&server), client(&server));
+    let readers = ReadWriteLock::builder(&a, key)
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let writers = ReadWriteLock::builder(&b, key)
+        .ttl(Duration::from_secs(30))
+        .retry(
+            RetryPolicy::standard()
+                .fixed_delay(Duration::from_secs(5))
+                .jitter(false),
+        )
+        // No writer intent: the writer must not be woken by its own intent's refresh.
+        .writer_intent(Duration::ZERO)
+        .build()
+        .unwrap();
+    let read = readers.read_lock().try_lock().unwrap();
+    let started = Instant::now();
+    let got = thread::scope(|s| {
+        let w = s.spawn(|| {
+            writers
+                .write_lock()
+                .try_lock_for(Duration::from_secs(20))
+                .map(|g| g.unlock())
+        });
+        thread::sleep(Duration::from_millis(300));
+        assert!(read.unlock().unwrap());
+        w.join().unwrap()
+    });
+    assert!(got.is_ok(), "writer got the lock: {got:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(4),
+        "woken by pub/sub, not by its 5 s poll ({waited:?})"
+    );
+}

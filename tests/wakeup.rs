@@ -1,0 +1,389 @@
+//! Waiters woken by pub/sub: one subscriber connection (and thread) per client, woken on a
+//! published release, robust to a lost connection and a restarted Redis.
+//!
+//! The waiters here poll only every 5-10 s (fixed delay, no jitter), so a wait that ends well
+//! before that was ended by a message (or a re-subscription), not by polling.
+
+mod support;
+
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, TokenLock};
+use support::{init_logging, raw, wait_until, RedisServer};
+
+/// The thread-count test takes this for writing, every other test for reading, so that no
+/// other test starts or stops subscriber threads while it counts them.
+static THREADS: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    THREADS.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn client(server: &RedisServer) -> LockClient {
+    LockClient::open(&server.url()).expect("client")
+}
+
+/// A lock with an explicit lifetime (not watched).
+fn holder_lock(client: &LockClient, key: &str, ttl: Duration) -> TokenLock {
+    client
+        .lock(key)
+        .ttl(ttl)
+        .build_token()
+        .expect("build token lock")
+}
+
+/// A lock whose waits poll only every `poll` (no jitter).
+fn slow_poller(client: &LockClient, key: &str, poll: Duration) -> TokenLock {
+    client
+        .lock(key)
+        .ttl(Duration::from_secs(30))
+        .retry(RetryPolicy::standard().fixed_delay(poll).jitter(false))
+        .build_token()
+        .expect("build token lock")
+}
+
+fn channel(key: &str) -> String {
+    format!("redisson_lock__channel:{{{key}}}")
+}
+
+/// `PUBSUB NUMSUB channel`: how many connections subscribe to it.
+fn numsub(conn: &mut redis::Connection, channel: &str) -> i64 {
+    let reply: (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(conn)
+        .expect("PUBSUB NUMSUB");
+    reply.1
+}
+
+/// Waits until `channel` has exactly `n` subscribers.
+fn wait_numsub(conn: &mut redis::Connection, channel: &str, n: i64) {
+    assert!(
+        wait_until(Duration::from_secs(5), || numsub(conn, channel) == n),
+        "{channel} never had {n} subscribers (has {})",
+        numsub(conn, channel)
+    );
+}
+
+/// The connections of `CLIENT LIST` in pub/sub mode: (name, channels subscribed).
+fn pubsub_clients(conn: &mut redis::Connection) -> Vec<(String, i64)> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(conn)
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter_map(|line| {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            let sub: i64 = field("sub").parse().unwrap_or(0);
+            (sub > 0).then(|| (field("name"), sub))
+        })
+        .collect()
+}
+
+/// Lock attempts and releases Redis has served (`SET NX` and scripts).
+fn lock_commands(conn: &mut redis::Connection) -> i64 {
+    ["set", "evalsha", "eval"]
+        .iter()
+        .map(|c| raw::command_calls(conn, c))
+        .sum()
+}
+
+/// Threads of this process named like the subscriber (the kernel keeps 15 bytes of a name).
+fn subscriber_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end().starts_with("dlock-subscrib"))
+        .count()
+}
+
+#[test]
+fn release_wakes_a_waiter_by_pubsub_not_polling() {
+    init_logging();
+    let _serial = shared();
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let mut conn = server.conn();
+    let key = "wake:pubsub";
+    let holder = holder_lock(&a, key, Duration::from_secs(30));
+    let held = holder.try_lock().expect("holder");
+    let waiter = slow_poller(&b, key, Duration::from_secs(5));
+    let before = lock_commands(&mut conn);
+
+    let started = Instant::now();
+    let waiting = thread::spawn(move || {
+        let got = waiter.try_lock_for(Duration::from_secs(10)).map(|g| {
+            assert!(g.unlock().expect("unlock"));
+        });
+        (got, started.elapsed())
+    });
+    // Release only once the waiter listens (and has had time to go to sleep).
+    wait_numsub(&mut conn, &channel(key), 1);
+    thread::sleep(Duration::from_millis(200));
+    assert!(held.unlock().expect("holder unlock"));
+
+    let (got, elapsed) = waiting.join().expect("waiter thread");
+    got.expect("the waiter gets the lock");
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "woken by the release, not by the 5 s poll: {elapsed:?}"
+    );
+    // Waiter: SET, a re-attempt once subscribed, the attempt after the message, its unlock;
+    // holder: its unlock; plus at most one EVAL per NOSCRIPT fallback. Polling every 4-32 ms
+    // (the default policy) would have made dozens.
+    let made = lock_commands(&mut conn) - before;
+    assert!(made <= 9, "{made} lock commands");
+}
+
+#[test]
+fn one_subscriber_connection_per_client() {
+    init_logging();
+    let _serial = shared();
+    let server = RedisServer::start();
+    let (holder, waiters) = (client(&server), client(&server));
+    let mut conn = server.conn();
+    assert!(pubsub_clients(&mut conn).is_empty());
+    let keys: Vec<String> = (0..16).map(|i| format!("wake:many:{i}")).collect();
+    let held: Vec<_> = keys
+        .iter()
+        .map(|k| holder_lock(&holder, k, Duration::from_secs(30)))
+        .collect();
+    let guards: Vec<_> = held.iter().map(|l| l.try_lock().expect("holder")).collect();
+
+    let threads: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let lock = slow_poller(&waiters, k, Duration::from_secs(5));
+            thread::spawn(move || {
+                lock.try_lock_for(Duration::from_secs(10)).map(|g| {
+                    assert!(g.unlock().expect("unlock"));
+                })
+            })
+        })
+        .collect();
+    for k in &keys {
+        wait_numsub(&mut conn, &channel(k), 1);
+    }
+    let subscribers = pubsub_clients(&mut conn);
+    assert_eq!(
+        subscribers,
+        vec![("dlock-subscriber".to_owned(), 16)],
+        "one connection subscribes all 16 channels"
+    );
+
+    let released = Instant::now();
+    for g in guards {
+        assert!(g.unlock().expect("holder unlock"));
+    }
+    for t in threads {
+        t.join()
+            .expect("waiter thread")
+            .expect("every waiter gets its lock");
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "woken by the releases, not by the 5 s poll: {:?}",
+        released.elapsed()
+    );
+}
+
+#[test]
+fn idle_channels_linger_then_are_unsubscribed() {
+    init_logging();
+    let _serial = shared();
+    let server = RedisServer::start();
+    let (holder, waiter) = (client(&server), client(&server));
+    let mut conn = server.conn();
+    let (k1, k2) = ("wake:linger:1", "wake:linger:2");
+    let _held: Vec<_> = [k1, k2]
+        .iter()
+        .map(|k| {
+            holder_lock(&holder, k, Duration::from_secs(30))
+                .try_lock()
+                .expect("holder")
+                .into_lease()
+        })
+        .collect();
+    let wait = |key: &str| {
+        let err = slow_poller(&waiter, key, Duration::from_secs(5))
+            .try_lock_for(Duration::from_millis(200))
+            .expect_err("held");
+        assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    };
+
+    wait(k1);
+    // Nobody waits any more, but the channel stays subscribed for the next waiter.
+    assert_eq!(numsub(&mut conn, &channel(k1)), 1);
+    thread::sleep(Duration::from_millis(2000));
+    // Past the linger: the next subscription unsubscribes it.
+    wait(k2);
+    wait_numsub(&mut conn, &channel(k1), 0);
+    assert_eq!(numsub(&mut conn, &channel(k2)), 1);
+    assert_eq!(
+        pubsub_clients(&mut conn),
+        vec![("dlock-subscriber".to_owned(), 1)]
+    );
+}
+
+#[test]
+fn lost_subscriber_connection_costs_at_most_the_holder_lifetime() {
+    init_logging();
+    let _serial = shared();
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let mut conn = server.conn();
+    let key = "wake:lost";
+    // Never released: the key expires after 1.5 s, and an expiry publishes nothing.
+    let _lease = holder_lock(&a, key, Duration::from_millis(1500))
+        .try_lock()
+        .expect("holder")
+        .into_lease();
+    let waiter = slow_poller(&b, key, Duration::from_secs(10));
+
+    let started = Instant::now();
+    let waiting = thread::spawn(move || {
+        let got = waiter.try_lock_for(Duration::from_secs(8)).map(|g| {
+            assert!(g.unlock().expect("unlock"));
+        });
+        (got, started.elapsed())
+    });
+    wait_numsub(&mut conn, &channel(key), 1);
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut conn)
+        .expect("CLIENT KILL");
+    assert_eq!(killed, 1);
+    // The subscriber reconnects and re-subscribes while the waiter waits.
+    wait_numsub(&mut conn, &channel(key), 1);
+
+    let (got, elapsed) = waiting.join().expect("waiter thread");
+    got.expect("the waiter gets the lock once the holder's key expires");
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "retried at the holder's expiry, not at the 8 s deadline: {elapsed:?}"
+    );
+}
+
+#[test]
+fn subscriber_recovers_after_a_redis_restart() {
+    init_logging();
+    let _serial = shared();
+    let mut server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let key = "wake:restart";
+    let holder = holder_lock(&a, key, Duration::from_secs(30));
+    let _lease = holder.try_lock().expect("holder").into_lease();
+    let waiter = Arc::new(slow_poller(&b, key, Duration::from_secs(20)));
+
+    let waiting = {
+        let waiter = Arc::clone(&waiter);
+        thread::spawn(move || {
+            waiter.try_lock_for(Duration::from_secs(15)).map(|g| {
+                assert!(g.unlock().expect("unlock"));
+            })
+        })
+    };
+    {
+        let mut conn = server.conn();
+        wait_numsub(&mut conn, &channel(key), 1);
+    }
+    thread::sleep(Duration::from_millis(200));
+    // The restarted server is empty: the lock is free, but no release is ever published.
+    server.restart();
+    let restarted = Instant::now();
+    waiting
+        .join()
+        .expect("waiter thread")
+        .expect("the waiter gets the lock after the restart");
+    assert!(
+        restarted.elapsed() < Duration::from_secs(8),
+        "woken when the subscriber re-subscribed, not at the 15 s deadline: {:?}",
+        restarted.elapsed()
+    );
+
+    // Later waits are woken by pub/sub again.
+    let mut conn = server.conn();
+    let held = holder.try_lock().expect("holder again");
+    let started = Instant::now();
+    let waiting = {
+        let waiter = Arc::clone(&waiter);
+        thread::spawn(move || {
+            waiter.try_lock_for(Duration::from_secs(10)).map(|g| {
+                assert!(g.unlock().expect("unlock"));
+            })
+        })
+    };
+    wait_numsub(&mut conn, &channel(key), 1);
+    thread::sleep(Duration::from_millis(200));
+    assert!(held.unlock().expect("holder unlock"));
+    waiting
+        .join()
+        .expect("waiter thread")
+        .expect("the waiter gets the lock");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "woken by the release, not by the 20 s poll: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn dropping_the_client_stops_its_subscriber() {
+    init_logging();
+    let _alone = THREADS.write().unwrap_or_else(|p| p.into_inner());
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let holder = client(&server);
+    let keys = ["wake:drop:1", "wake:drop:2"];
+    let _guards: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            holder_lock(&holder, k, Duration::from_secs(30))
+                .try_lock()
+                .expect("holder")
+                .into_lease()
+        })
+        .collect();
+    let before = subscriber_threads();
+
+    let c = client(&server);
+    assert_eq!(
+        subscriber_threads(),
+        before,
+        "no thread before the first wait"
+    );
+    for k in keys {
+        let lock = slow_poller(&c, k, Duration::from_secs(5));
+        let err = lock
+            .try_lock_for(Duration::from_millis(300))
+            .expect_err("held by the holder");
+        assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+        assert_eq!(
+            subscriber_threads(),
+            before + 1,
+            "one subscriber thread for all the waits of a client"
+        );
+    }
+    assert_eq!(pubsub_clients(&mut conn).len(), 1);
+
+    drop(c);
+    assert!(
+        wait_until(Duration::from_secs(5), || subscriber_threads() == before),
+        "the subscriber thread exits with its client ({} left)",
+        subscriber_threads() - before
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || pubsub_clients(&mut conn)
+            .is_empty()),
+        "its connection is closed"
+    );
+}
