@@ -70,8 +70,11 @@ fn tokens_strictly_increase(strategy: Strategy) {
     let mut fences = Vec::new();
     for round in 0..4 {
         let (mine, other) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
-        let guard = mine.try_lock().expect("free lock");
+        let mut guard = mine.try_lock().expect("free lock");
         let fence = guard.fence().expect("a fenced lock's guard has a fence");
+        // Extending is the same hold: the same token, no increment.
+        guard.extend(Duration::from_secs(10)).expect("extend");
+        assert_eq!(guard.fence(), Some(fence));
         // A refused attempt (try_lock, try_acquire, a timed-out wait) takes no token.
         assert!(matches!(other.try_lock(), Err(LockError::Held { .. })));
         assert!(other.try_acquire().expect("try_acquire").is_none());
@@ -187,8 +190,9 @@ fn reentrant_stale_holder_paused_past_its_lease_is_refused_by_the_resource() {
 // ---------------------------------------------------------------------------------------------
 // A SIGSTOPped holder process and a Redis resource
 
-/// The Redis Lua check of `docs/fencing.md` ("A Redis resource"), verbatim: writes `ARGV[2]` to
-/// the hash at `KEYS[1]` if the token `ARGV[1]` is at least the largest one seen.
+/// The Redis Lua check of `docs/fencing.md` ("A Redis resource"; the same lines, without its
+/// comment): writes `ARGV[2]` to the hash at `KEYS[1]` if the token `ARGV[1]` is at least the
+/// largest one seen.
 const FENCED_WRITE_LUA: &str = r"
 local highest = tonumber(redis.call('hget', KEYS[1], 'fence') or '0')
 if tonumber(ARGV[1]) < highest then

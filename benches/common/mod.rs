@@ -16,8 +16,14 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 pub use support::RedisServer;
 
-/// `lua/unlock.lua`, the compare-and-delete both strategies release with.
+/// `lua/unlock.lua`, the compare-and-delete both strategies release with (Token with 2 keys:
+/// it also publishes the release on the lock's channel).
 pub const UNLOCK_LUA: &str = include_str!("../../lua/unlock.lua");
+/// `lua/reentrant_acquire.lua` and `lua/reentrant_release.lua`: the Reentrant lock's commands.
+pub const REENTRANT_ACQUIRE_LUA: &str = include_str!("../../lua/reentrant_acquire.lua");
+pub const REENTRANT_RELEASE_LUA: &str = include_str!("../../lua/reentrant_release.lua");
+/// What a release publishes (Redisson's unlock message).
+pub const UNLOCK_MESSAGE: &str = "0";
 
 /// Same timeouts as `LockClient`'s default pool, so floors use the same kind of connection.
 pub const POOL_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -383,11 +389,86 @@ pub fn evalsha_unlock(con: &mut redis::Connection, sha: &str, key: &str, value: 
     v == 1
 }
 
-/// Loads unlock.lua on the server and returns its SHA1.
-pub fn load_unlock(con: &mut redis::Connection) -> String {
-    let script = redis::Script::new(UNLOCK_LUA);
+/// `EVALSHA <unlock.lua> 2 key channel value 0`, the Token release: compare-and-delete, then
+/// `PUBLISH channel 0`. True when deleted.
+pub fn evalsha_unlock_publish(
+    con: &mut redis::Connection,
+    sha: &str,
+    key: &str,
+    channel: &str,
+    value: &[u8],
+) -> bool {
+    let v: i64 = redis::cmd("EVALSHA")
+        .arg(sha)
+        .arg(2)
+        .arg(key)
+        .arg(channel)
+        .arg(value)
+        .arg(UNLOCK_MESSAGE)
+        .query(con)
+        .expect("EVALSHA");
+    v == 1
+}
+
+/// The release channel of a key without braces, as the library names it
+/// (`redisson_lock__channel:{key}`, Redisson's name, in the key's cluster slot).
+pub fn channel(key: &str) -> String {
+    assert!(!key.contains('{'), "bench keys carry no hash tag");
+    format!("redisson_lock__channel:{{{key}}}")
+}
+
+/// `EVALSHA <reentrant_acquire.lua> 1 key lease_ms owner`: true when taken.
+pub fn evalsha_reentrant_acquire(
+    con: &mut redis::Connection,
+    sha: &str,
+    key: &str,
+    lease_ms: u64,
+    owner: &str,
+) -> bool {
+    let v: (i64, i64) = redis::cmd("EVALSHA")
+        .arg(sha)
+        .arg(1)
+        .arg(key)
+        .arg(lease_ms)
+        .arg(owner)
+        .query(con)
+        .expect("EVALSHA reentrant_acquire");
+    v.0 == 1
+}
+
+/// `EVALSHA <reentrant_release.lua> 2 key channel 0 lease_ms owner`: true when this was the
+/// last hold (deleted and published).
+pub fn evalsha_reentrant_release(
+    con: &mut redis::Connection,
+    sha: &str,
+    key: &str,
+    channel: &str,
+    lease_ms: u64,
+    owner: &str,
+) -> bool {
+    let v: Option<i64> = redis::cmd("EVALSHA")
+        .arg(sha)
+        .arg(2)
+        .arg(key)
+        .arg(channel)
+        .arg(UNLOCK_MESSAGE)
+        .arg(lease_ms)
+        .arg(owner)
+        .query(con)
+        .expect("EVALSHA reentrant_release");
+    v == Some(1)
+}
+
+/// Loads a script on the server and returns its SHA1.
+pub fn load_script(con: &mut redis::Connection, code: &str) -> String {
+    let script = redis::Script::new(code);
     script.load(con).expect("SCRIPT LOAD");
     script.get_hash().to_owned()
+}
+
+/// Loads unlock.lua on the server and returns its SHA1.
+pub fn load_unlock(con: &mut redis::Connection) -> String {
+    load_script(con, UNLOCK_LUA)
 }
 
 /// Wall-clock epoch ms encoded in decimal: the Classic value (`now + ttl + 1`).
