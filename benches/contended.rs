@@ -1,14 +1,22 @@
 //! Contention and pool pressure.
 //!
 //! - contended: 8 threads on one key, critical section = `GET` then `SET` of a counter on the
-//!   thread's own raw connection, for a fixed wall time per configuration; each strategy at its
-//!   defaults and at tuned retry settings, with one shared `Arc<dyn DistributedLock>`, with one
-//!   lock object per thread (both served by the in-process waiter queue of one `LockClient`), and
-//!   with one `LockClient` per thread (no shared queue: the threads meet only in Redis, as
-//!   separate processes would, and hand over by polling). Sections/s, handoff latency (the releasing thread stores a timestamp
-//!   right before `unlock()`, the next acquirer measures from it to when its `lock()` returned),
-//!   fairness (min/max sections per thread), and a check that the counter equals the number of
-//!   sections (mutual exclusion held).
+//!   thread's own raw connection, for a fixed wall time per configuration: Token at its defaults
+//!   (watched, waiters woken by pub/sub), Token with `WakeUp::Polling` (waiters poll under the
+//!   retry policy: the behaviour before issue #4), Token with a tuned policy, Reentrant at its
+//!   defaults, Classic at its defaults and tuned; each with one shared
+//!   `Arc<dyn DistributedLock>`, with one lock object per thread (both served by the in-process
+//!   waiter queue of one `LockClient`), and with one `LockClient` per thread (no shared queue:
+//!   the threads meet only in Redis, as separate processes would, and learn of a release by
+//!   pub/sub or by polling); the issue #4 configurations also with one `LockClient` per thread
+//!   and a 1 ms pause after each release (so that the releaser does not take the lock straight
+//!   back and every release is handed to a waiter). Sections/s, handoff latency (the releasing thread stores a
+//!   timestamp right before `unlock()`, the next acquirer measures from it to when its `lock()`
+//!   returned), the wait of every `lock()` call, fairness (min/max sections per thread), and a
+//!   check that the counter equals the number of sections (mutual exclusion held).
+//! - bare pub/sub handoff: the same handoff with bare commands on raw connections (release
+//!   script publishing, the waiter reading its own subscriber connection, then `SET NX PX`):
+//!   what a pub/sub handoff costs without the library.
 //! - many keys: 64 threads, each cycling `try_lock` + `unlock` on its own keys (no lock
 //!   contention, only pool contention), with pool sizes 16 and 64, next to the same threads doing
 //!   two pooled PINGs per cycle through an r2d2 pool of the same size.
@@ -21,12 +29,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy};
+use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, WakeUp};
 
 const THREADS: usize = 8;
 const MANY_THREADS: usize = 64;
 const KEYS_PER_THREAD: usize = 4;
 const NO_STAMP: u64 = u64::MAX;
+/// The pause after each release in [`Sharing::NothingThink`]: longer than a section (~4 round
+/// trips), shorter than the 8 threads' sections together, so the lock stays contended.
+const THINK: Duration = Duration::from_millis(1);
 
 #[derive(Clone, Copy)]
 struct Config {
@@ -34,6 +45,10 @@ struct Config {
     strategy: Strategy,
     /// `None` = the strategy's default policy.
     retry: Option<fn() -> RetryPolicy>,
+    /// `None` = the strategy's default (pub/sub for Token and Reentrant).
+    wake: Option<WakeUp>,
+    /// The sharing modes measured.
+    sharings: &'static [Sharing],
 }
 
 fn tuned_token() -> RetryPolicy {
@@ -47,33 +62,70 @@ fn tuned_classic() -> RetryPolicy {
         .max_wait(Some(Duration::from_secs(10)))
 }
 
-const CONFIGS: [Config; 4] = [
+const ALL_SHARINGS: &[Sharing] = &[Sharing::Lock, Sharing::Client, Sharing::Nothing];
+/// The issue #4 comparison (pub/sub vs polling) also with a think time.
+const WITH_THINK: &[Sharing] = &[
+    Sharing::Lock,
+    Sharing::Client,
+    Sharing::Nothing,
+    Sharing::NothingThink,
+];
+
+const CONFIGS: [Config; 6] = [
     Config {
         name: "token_default",
         strategy: Strategy::Token,
         retry: None,
+        wake: None,
+        sharings: WITH_THINK,
+    },
+    Config {
+        name: "token_polling",
+        strategy: Strategy::Token,
+        retry: None,
+        wake: Some(WakeUp::Polling),
+        sharings: WITH_THINK,
     },
     Config {
         name: "token_tuned",
         strategy: Strategy::Token,
         retry: Some(tuned_token),
+        wake: None,
+        sharings: WITH_THINK,
+    },
+    Config {
+        name: "reentrant_default",
+        strategy: Strategy::Reentrant,
+        retry: None,
+        wake: None,
+        sharings: WITH_THINK,
     },
     Config {
         name: "classic_default",
         strategy: Strategy::Classic,
         retry: None,
+        wake: None,
+        sharings: ALL_SHARINGS,
     },
     Config {
         name: "classic_tuned",
         strategy: Strategy::Classic,
         retry: Some(tuned_classic),
+        wake: None,
+        sharings: ALL_SHARINGS,
     },
 ];
+
+/// The configurations criterion also times (shared lock).
+const CRITERION_CONFIGS: [&str; 3] = ["token_default", "token_tuned", "classic_tuned"];
 
 fn build(client: &LockClient, cfg: Config, key: &str) -> Box<dyn DistributedLock> {
     let mut b = client.lock(key).strategy(cfg.strategy);
     if let Some(retry) = cfg.retry {
         b = b.retry(retry());
+    }
+    if let Some(wake) = cfg.wake {
+        b = b.wake_up(wake);
     }
     b.build().expect("lock")
 }
@@ -89,10 +141,12 @@ fn main() {
         env.put("floor_start", "ping_pool", "p50_ns", fmt_f(start_floor));
         let dur = env.pick(Duration::from_secs(4), Duration::from_millis(300));
         for cfg in CONFIGS {
-            for sharing in [Sharing::Lock, Sharing::Client, Sharing::Nothing] {
+            for &sharing in cfg.sharings {
                 contended(&mut env, &client, cfg, sharing, dur);
             }
         }
+        let handoffs = env.pick(2_000, 20);
+        bare_handoff(&mut env, handoffs);
         let (rounds, slice) = env.pick(
             (6, Duration::from_millis(400)),
             (1, Duration::from_millis(100)),
@@ -108,7 +162,10 @@ fn main() {
     {
         let mut g = c.benchmark_group("contended");
         g.sample_size(10);
-        for cfg in [CONFIGS[0], CONFIGS[1], CONFIGS[3]] {
+        for cfg in CONFIGS
+            .into_iter()
+            .filter(|c| CRITERION_CONFIGS.contains(&c.name))
+        {
             let lock: Arc<dyn DistributedLock> =
                 Arc::from(build(&client, cfg, &format!("crit:{}", cfg.name)));
             let redis_client = env.server.client();
@@ -138,6 +195,8 @@ fn main() {
 struct ThreadOut {
     sections: u64,
     handoffs: Vec<u64>,
+    /// Every successful `lock()` call's duration.
+    waits: Vec<u64>,
     self_handoffs: u64,
     timeouts: u64,
     errors: u64,
@@ -149,7 +208,7 @@ fn stamp(base: Instant, me: usize) -> u64 {
 }
 
 /// What the 8 contending threads share.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Sharing {
     /// One `Arc<dyn DistributedLock>`.
     Lock,
@@ -157,6 +216,21 @@ enum Sharing {
     Client,
     /// A `LockClient` per thread: like 8 processes.
     Nothing,
+    /// A `LockClient` per thread, each pausing [`THINK`] after its release (outside the lock),
+    /// so that a release finds the others waiting and the releaser not competing: every
+    /// handoff goes to a waiter.
+    NothingThink,
+}
+
+impl Sharing {
+    fn label(self) -> &'static str {
+        match self {
+            Sharing::Lock => "shared",
+            Sharing::Client => "per_thread",
+            Sharing::Nothing => "client_per_thread",
+            Sharing::NothingThink => "client_per_thread_think",
+        }
+    }
 }
 
 fn contended(
@@ -166,15 +240,12 @@ fn contended(
     sharing: Sharing,
     dur: Duration,
 ) {
-    let label = format!(
-        "{}_{}",
-        cfg.name,
-        match sharing {
-            Sharing::Lock => "shared",
-            Sharing::Client => "per_thread",
-            Sharing::Nothing => "client_per_thread",
-        }
-    );
+    let label = format!("{}_{}", cfg.name, sharing.label());
+    let think = if sharing == Sharing::NothingThink {
+        THINK
+    } else {
+        Duration::ZERO
+    };
     let key = format!("cont:{label}");
     let counter_key = format!("cont:{label}:counter");
     let redis_client = env.server.client();
@@ -195,7 +266,7 @@ fn contended(
             let lock: Arc<dyn DistributedLock> = match sharing {
                 Sharing::Lock => shared_lock.clone(),
                 Sharing::Client => Arc::from(build(client, cfg, &key)),
-                Sharing::Nothing => Arc::from(build(
+                Sharing::Nothing | Sharing::NothingThink => Arc::from(build(
                     &lock_client(&env.url(), redis_dlock::DEFAULT_POOL_SIZE),
                     cfg,
                     &key,
@@ -208,6 +279,7 @@ fn contended(
                 let mut out = ThreadOut::default();
                 barrier.wait();
                 while !stop.load(Ordering::Relaxed) {
+                    let called = Instant::now();
                     let guard = match lock.lock() {
                         Ok(g) => g,
                         Err(LockError::Timeout { .. }) => {
@@ -223,6 +295,7 @@ fn contended(
                         }
                     };
                     let acquired = base.elapsed().as_nanos() as u64;
+                    out.waits.push(called.elapsed().as_nanos() as u64);
                     let prev = stamp_cell.load(Ordering::Acquire);
                     if prev != NO_STAMP {
                         let (at, who) = (prev >> 8, (prev & 0xff) as usize);
@@ -248,6 +321,9 @@ fn contended(
                         Ok(true) => {}
                         Ok(false) => out.lost += 1,
                         Err(_) => out.errors += 1,
+                    }
+                    if !think.is_zero() {
+                        thread::sleep(think);
                     }
                 }
                 out
@@ -277,6 +353,8 @@ fn contended(
     );
     let mut handoffs: Vec<u64> = outs.iter().flat_map(|o| o.handoffs.clone()).collect();
     let h = Stats::of(&mut handoffs);
+    let mut waits: Vec<u64> = outs.iter().flat_map(|o| o.waits.clone()).collect();
+    let w = Stats::of(&mut waits);
     let sum = |f: fn(&ThreadOut) -> u64| outs.iter().map(f).sum::<u64>();
     let rate = total as f64 / elapsed.as_secs_f64();
     let fairness = if max == 0 {
@@ -287,6 +365,7 @@ fn contended(
 
     let s = "contended";
     env.put(s, &label, "threads", THREADS);
+    env.put(s, &label, "think_us", think.as_micros());
     env.put(
         s,
         &label,
@@ -321,18 +400,88 @@ fn contended(
     env.put(s, &label, "counter_ok", counter == total);
     env.put_stats("handoff", &label, &h);
     env.put("handoff_pct", &label, "q_ns", percentile_points(&handoffs));
+    env.put_stats("wait", &label, &w);
     println!(
         "[contended] {label:<28} {rate:>8.0} sections/s  fairness {min}/{max} = {fairness:.2}  \
-         handoff p50 {} p99 {} max {}  (cross-thread {}, self {}, timeouts {}, errors {}, \
-         counter {})",
+         handoff p50 {} p99 {} max {}  wait p50 {} p99 {}  (cross-thread {}, self {}, \
+         timeouts {}, errors {}, counter {})",
         us(h.p50),
         us(h.p99),
         us(h.max),
+        us(w.p50),
+        us(w.p99),
         h.n,
         sum(|o| o.self_handoffs),
         sum(|o| o.timeouts),
         sum(|o| o.errors),
         if counter == total { "ok" } else { "MISMATCH" },
+    );
+}
+
+/// The pub/sub handoff with bare commands on raw connections, `n` times: thread A holds the
+/// key while thread B blocks reading its own subscriber connection; A stamps and releases with
+/// the publishing unlock script (`EVALSHA unlock 2 key channel token 0`, as the Token lock does);
+/// B, on the message, sends `SET NX PX` and measures from A's stamp to the `OK`. Then B deletes
+/// the key and A takes it again, untimed. Both threads run on the client core, like the
+/// contenders. What a pub/sub handoff costs without the library (no subscriber thread, no wait
+/// queue, no retry policy): half the release round trip until the message reaches B, plus the
+/// acquire round trip.
+fn bare_handoff(env: &mut BenchEnv, n: usize) {
+    const KEY: &str = "bare:handoff";
+    let ch = channel(KEY);
+    let sha = load_unlock(&mut env.server.conn());
+    let client = env.server.client();
+    let base = Instant::now();
+    let stamp_cell = Arc::new(AtomicU64::new(0));
+    let ready = Arc::new(Barrier::new(2));
+    let waiter = {
+        let (client, ch) = (client.clone(), ch.clone());
+        let (stamp_cell, ready) = (stamp_cell.clone(), ready.clone());
+        thread::spawn(move || {
+            let mut sub = client.get_connection().expect("subscriber connection");
+            let mut con = client.get_connection().expect("raw connection");
+            let mut ps = sub.as_pubsub();
+            ps.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("read timeout");
+            ps.subscribe(&ch).expect("SUBSCRIBE");
+            let mut lat = Vec::with_capacity(n);
+            for _ in 0..n {
+                ready.wait(); // A holds the key.
+                ps.get_message().expect("release message");
+                assert!(set_nx_px(&mut con, KEY, &token(), 10_000), "key still held");
+                let at = base.elapsed().as_nanos() as u64;
+                lat.push(at.saturating_sub(stamp_cell.load(Ordering::Acquire)));
+                let _: () = redis::cmd("DEL").arg(KEY).query(&mut con).expect("DEL");
+                ready.wait(); // The key is free again.
+            }
+            lat
+        })
+    };
+    let mut con = client.get_connection().expect("raw connection");
+    let mut release = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = token();
+        assert!(set_nx_px(&mut con, KEY, &t, 10_000), "key not freed");
+        ready.wait();
+        // Let B reach its blocking read, as a waiter asleep in lock() would be.
+        thread::sleep(Duration::from_micros(200));
+        let t0 = Instant::now();
+        stamp_cell.store(base.elapsed().as_nanos() as u64, Ordering::Release);
+        assert!(evalsha_unlock_publish(&mut con, &sha, KEY, &ch, &t));
+        release.push(t0.elapsed().as_nanos() as u64);
+        ready.wait();
+    }
+    let mut lat = waiter.join().expect("bare waiter");
+    let h = Stats::of(&mut lat);
+    let r = Stats::of(&mut release);
+    env.put_stats("bare_handoff", "pubsub", &h);
+    env.put_stats("bare_handoff", "release", &r);
+    println!(
+        "[contended] bare pub/sub handoff p50 {} p99 {} (release round trip p50 {}), {} handoffs",
+        us(h.p50),
+        us(h.p99),
+        us(r.p50),
+        h.n
     );
 }
 
@@ -343,7 +492,8 @@ enum Work {
     TokenCycle,
     /// Two PINGs, one r2d2 checkout each.
     Ping2,
-    /// The Token cycle's two commands sent bare (`SET NX PX`, `EVALSHA`), one checkout each.
+    /// The Token cycle's two commands sent bare (`SET NX PX`, `EVALSHA` of the publishing
+    /// unlock), one checkout each.
     Bare,
 }
 
@@ -378,6 +528,7 @@ fn many_keys_slice(
                 let locks: Vec<_> = (0..KEYS_PER_THREAD)
                     .map(|k| client.lock(format!("mk:{me}:{k}")).build().expect("lock"))
                     .collect();
+                let channels: Vec<String> = locks.iter().map(|l| channel(l.key())).collect();
                 let mut lat = Vec::with_capacity(1024);
                 let mut errors = 0u64;
                 barrier.wait();
@@ -395,9 +546,10 @@ fn many_keys_slice(
                             let a = pool
                                 .get()
                                 .is_ok_and(|mut c| set_nx_px(&mut c, key, &t, 10_000));
-                            a && pool
-                                .get()
-                                .is_ok_and(|mut c| evalsha_unlock(&mut c, &sha, key, &t))
+                            let ch = &channels[i % KEYS_PER_THREAD];
+                            a && pool.get().is_ok_and(|mut c| {
+                                evalsha_unlock_publish(&mut c, &sha, key, ch, &t)
+                            })
                         }
                         Work::TokenCycle => match locks[i % KEYS_PER_THREAD].try_lock() {
                             Ok(g) => matches!(g.unlock(), Ok(true)),

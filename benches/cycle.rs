@@ -1,14 +1,21 @@
-//! Uncontended acquire + release: `try_lock()` then `unlock()` on the guard, for Token and for
-//! Classic (decimal, big-endian, with the key TTL option, with the compare-and-set takeover),
-//! measured interleaved with the floors of the same run: a pooled PING and the bare commands of
-//! each algorithm sent on a raw connection.
+//! Uncontended acquire + release: `try_lock()` then `unlock()` on the guard, for Token (default:
+//! watched by the client's watchdog, release published; and with an explicit ttl: not watched,
+//! release still published), Reentrant, and Classic (decimal, big-endian, with the key TTL
+//! option, with the compare-and-set takeover), measured interleaved with the floors of the same
+//! run: a pooled PING and the bare commands of each algorithm sent on a raw connection.
 
 mod common;
+
+use std::time::Duration;
 
 use common::*;
 use redis_dlock::{DistributedLock, Encoding, LockClient, Strategy, Takeover};
 
-/// The lock configurations measured, with their minimum number of round trips per cycle.
+/// Lease of the bare Reentrant floor (the library's watched lease is 30 s; only the number's
+/// length reaches the wire).
+const REENTRANT_LEASE_MS: u64 = 30_000;
+
+/// The lock configurations measured (each needs 2 round trips per cycle).
 fn locks(client: &LockClient) -> Vec<(&'static str, Box<dyn DistributedLock>)> {
     let classic = |key: &str| client.lock(key).strategy(Strategy::Classic);
     vec![
@@ -19,6 +26,23 @@ fn locks(client: &LockClient) -> Vec<(&'static str, Box<dyn DistributedLock>)> {
                 .strategy(Strategy::Token)
                 .build()
                 .expect("token lock"),
+        ),
+        (
+            "token_ttl",
+            client
+                .lock("cycle:token:ttl")
+                .strategy(Strategy::Token)
+                .ttl(Duration::from_secs(10))
+                .build()
+                .expect("token lock"),
+        ),
+        (
+            "reentrant",
+            client
+                .lock("cycle:reentrant")
+                .strategy(Strategy::Reentrant)
+                .build()
+                .expect("reentrant lock"),
         ),
         (
             "classic_decimal",
@@ -60,10 +84,17 @@ fn main() {
     let client = lock_client(&url, redis_dlock::DEFAULT_POOL_SIZE);
     let pool = floor_pool(&url, 16, 1);
     let locks = locks(&client);
-    let sha = load_unlock(&mut env.server.conn());
+    let shas = {
+        let mut con = env.server.conn();
+        Shas {
+            unlock: load_unlock(&mut con),
+            reentrant_acquire: load_script(&mut con, REENTRANT_ACQUIRE_LUA),
+            reentrant_release: load_script(&mut con, REENTRANT_RELEASE_LUA),
+        }
+    };
 
     if env.measuring() {
-        custom(&mut env, &pool, &locks, &sha);
+        custom(&mut env, &pool, &locks, &shas);
     }
 
     let mut c = criterion();
@@ -81,15 +112,29 @@ fn main() {
     env.finish();
 }
 
+/// SHA1s of the scripts the bare floors send.
+struct Shas {
+    unlock: String,
+    reentrant_acquire: String,
+    reentrant_release: String,
+}
+
 fn custom(
     env: &mut BenchEnv,
     pool: &r2d2::Pool<redis::Client>,
     locks: &[(&'static str, Box<dyn DistributedLock>)],
-    sha: &str,
+    shas: &Shas,
 ) {
+    let sha = shas.unlock.as_str();
     let mut raw_token = env.server.conn();
+    let mut raw_token_pub = env.server.conn();
     let mut raw_classic = env.server.conn();
     let mut raw_classic_px = env.server.conn();
+    let mut raw_reentrant = env.server.conn();
+    let token_pub_channel = channel("cycle:floor:tp");
+    let reentrant_channel = channel("cycle:floor:r");
+    // A Redisson-style owner id: <uuid>:<thread number>.
+    let owner = format!("{}:1", String::from_utf8_lossy(&token()));
     let (rounds, per) = env.pick((100, 120), (2, 5));
     let mut variants = vec![
         Variant::new("floor_ping_pool", || {
@@ -99,6 +144,34 @@ fn custom(
             let t = token();
             assert!(set_nx_px(&mut raw_token, "cycle:floor:t", &t, 10_000));
             assert!(evalsha_unlock(&mut raw_token, sha, "cycle:floor:t", &t));
+        }),
+        Variant::new("floor_set_nx_px_evalsha_pub_raw", || {
+            let t = token();
+            assert!(set_nx_px(&mut raw_token_pub, "cycle:floor:tp", &t, 10_000));
+            assert!(evalsha_unlock_publish(
+                &mut raw_token_pub,
+                sha,
+                "cycle:floor:tp",
+                &token_pub_channel,
+                &t
+            ));
+        }),
+        Variant::new("floor_reentrant_raw", || {
+            assert!(evalsha_reentrant_acquire(
+                &mut raw_reentrant,
+                &shas.reentrant_acquire,
+                "cycle:floor:r",
+                REENTRANT_LEASE_MS,
+                &owner
+            ));
+            assert!(evalsha_reentrant_release(
+                &mut raw_reentrant,
+                &shas.reentrant_release,
+                "cycle:floor:r",
+                &reentrant_channel,
+                REENTRANT_LEASE_MS,
+                &owner
+            ));
         }),
         Variant::new("floor_setnx_evalsha_raw", || {
             let (buf, len) = classic_value(1000);
@@ -139,7 +212,8 @@ fn custom(
     for (i, name) in names.iter().enumerate() {
         let to_ping = paired_ratio(&samples[i], &ping, per) / 2.0;
         let bare = match *name {
-            "token" => Some("floor_set_nx_px_evalsha_raw"),
+            "token" | "token_ttl" => Some("floor_set_nx_px_evalsha_pub_raw"),
+            "reentrant" => Some("floor_reentrant_raw"),
             "classic_key_ttl" => Some("floor_classic_set_nx_px_evalsha_raw"),
             n if n.starts_with("classic") => Some("floor_setnx_evalsha_raw"),
             _ => None,

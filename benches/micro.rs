@@ -144,8 +144,29 @@ fn setnx_cmd(v: &[u8]) -> redis::Cmd {
     bench_hooks::setnx_cmd(KEY, v)
 }
 
-/// The library's release command. `sha` is the unlock script's SHA as loaded on the server,
-/// which must be the one the library computed.
+/// The release channel of [`KEY`].
+fn key_channel() -> &'static str {
+    static CHANNEL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CHANNEL.get_or_init(|| channel(KEY))
+}
+
+/// The Token release command, `EVALSHA sha 2 key channel token 0`, built the way
+/// `Scripts::eval_keys` in `src/scripts.rs` builds it (one `Cmd` with capacity for all its
+/// arguments): `bench_hooks` only exposes the 1-key form, which Classic releases with.
+fn evalsha_publish_cmd(sha: &str, t: &[u8]) -> redis::Cmd {
+    let keys = [KEY, key_channel()];
+    let key_bytes: usize = keys.iter().map(|k| k.len() + 16).sum();
+    let mut cmd = redis::Cmd::with_capacity(6 + keys.len(), 160 + key_bytes);
+    cmd.arg("EVALSHA")
+        .arg(sha)
+        .arg(keys.len())
+        .arg(&keys[..])
+        .arg((t, UNLOCK_MESSAGE));
+    cmd
+}
+
+/// The library's 1-key release command (Classic's). `sha` is the unlock script's SHA as loaded
+/// on the server, which must be the one the library computed.
 fn evalsha_cmd(sha: &str, t: &[u8]) -> redis::Cmd {
     static SCRIPTS: std::sync::OnceLock<bench_hooks::Scripts> = std::sync::OnceLock::new();
     let cmd = SCRIPTS
@@ -187,6 +208,9 @@ fn main() {
         Variant::new("evalsha_build_and_pack", || {
             black_box(evalsha_cmd(black_box(&sha), black_box(&t)).get_packed_command());
         }),
+        Variant::new("evalsha_publish_build_and_pack", || {
+            black_box(evalsha_publish_cmd(black_box(&sha), black_box(&t)).get_packed_command());
+        }),
         Variant::new("setnx_build_and_pack", || {
             black_box(setnx_cmd(black_box(&v[..len])).get_packed_command());
         }),
@@ -202,7 +226,7 @@ fn main() {
             let p1 = set_cmd(&t).get_packed_command();
             drop(c1);
             let c2 = pool.get().expect("conn");
-            let p2 = evalsha_cmd(&sha, &t).get_packed_command();
+            let p2 = evalsha_publish_cmd(&sha, &t).get_packed_command();
             drop(c2);
             black_box((p1, p2));
         }),
@@ -260,6 +284,16 @@ fn allocations(
     let io_n = env.pick(2_000, 20);
     let mut raw = env.server.conn();
     let token_lock = client.lock("micro:token").build().expect("lock");
+    let token_ttl_lock = client
+        .lock("micro:token:ttl")
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("lock");
+    let reentrant_lock = client
+        .lock("micro:reentrant")
+        .strategy(Strategy::Reentrant)
+        .build()
+        .expect("lock");
     let classic_lock = client
         .lock("micro:classic")
         .strategy(Strategy::Classic)
@@ -328,6 +362,13 @@ fn allocations(
         ),
         (
             "step",
+            "evalsha_publish_build",
+            count(n, || {
+                black_box(evalsha_publish_cmd(sha, &t));
+            }),
+        ),
+        (
+            "step",
             "pool_checkout_return",
             count(n, || {
                 black_box(pool.get().expect("conn"));
@@ -381,6 +422,21 @@ fn allocations(
         ),
         (
             "cycle",
+            "bare_set_nx_px_evalsha_pub_raw",
+            count(io_n, || {
+                let t = token();
+                assert!(set_nx_px(&mut raw, KEY, &t, TTL_MS));
+                assert!(evalsha_unlock_publish(
+                    &mut raw,
+                    sha,
+                    KEY,
+                    key_channel(),
+                    &t
+                ));
+            }),
+        ),
+        (
+            "cycle",
             "bare_set_nx_px_evalsha_pool",
             count(io_n, || {
                 let t = token();
@@ -398,6 +454,16 @@ fn allocations(
             }),
         ),
         ("cycle", "token", count(io_n, || cycle(token_lock.as_ref()))),
+        (
+            "cycle",
+            "token_ttl",
+            count(io_n, || cycle(token_ttl_lock.as_ref())),
+        ),
+        (
+            "cycle",
+            "reentrant",
+            count(io_n, || cycle(reentrant_lock.as_ref())),
+        ),
         (
             "cycle",
             "classic_decimal",
@@ -422,7 +488,12 @@ fn allocations(
         ),
     ];
     if std::env::var_os("DLOCK_BENCH_TRACE_ALLOC").is_some() {
-        for (name, lock) in [("token", &token_lock), ("classic", &classic_lock)] {
+        for (name, lock) in [
+            ("token (watched)", &token_lock),
+            ("token with ttl", &token_ttl_lock),
+            ("reentrant", &reentrant_lock),
+            ("classic", &classic_lock),
+        ] {
             eprintln!("[micro] allocations of one {name} cycle (try_lock + unlock):");
             TRACE.store(true, Ordering::SeqCst);
             cycle(lock.as_ref());

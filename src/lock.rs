@@ -469,7 +469,11 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             let listening = subscription.as_ref().is_some_and(|s| s.is_confirmed());
             let sleep = match pttl {
                 _ if fresh => Duration::ZERO,
-                Some(p) if listening => attempts.time_left().map_or(p, |left| p.min(left)),
+                // Bounded by the deadline, or for a count-limited policy by the longest its
+                // retries could take, so a retry limit still ends the wait.
+                Some(p) if listening => {
+                    deadline.map_or(p, |d| p.min(d.saturating_duration_since(Instant::now())))
+                }
                 _ => backoff,
             };
             log::debug!(

@@ -191,12 +191,6 @@ impl<'a> Attempts<'a> {
         })
     }
 
-    /// Time left before the deadline, if there is one.
-    pub(crate) fn time_left(&self) -> Option<Duration> {
-        self.deadline
-            .map(|d| d.saturating_duration_since(Instant::now()))
-    }
-
     /// After a failed attempt: how long to sleep before the next one, or `None` to give up.
     pub(crate) fn next_sleep(&mut self) -> Option<Duration> {
         let retries_made = self.made.saturating_sub(1);

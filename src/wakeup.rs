@@ -12,10 +12,11 @@
 //!   connection.
 //! - A channel nobody waits on stays subscribed for [`LINGER`] (steady contention then costs
 //!   no re-subscription) and is unsubscribed lazily, by a later `subscribe`, drop or keepalive.
-//! - A lost connection makes every subscription unconfirmed; the reader reconnects with
-//!   backoff and re-subscribes, and wakes the waiters when the server confirms again, since a
-//!   release may have gone unheard in between. Meanwhile they sleep at most the holder's
-//!   remaining lifetime (or poll, if they had no confirmed subscription yet).
+//! - A lost connection (an error, EOF, or no answer to a `PING` within the client's timeout)
+//!   makes every subscription unconfirmed and wakes the waiters: they make an attempt, which
+//!   reports an outage as polling would have, and then poll. The reader reconnects with
+//!   backoff, re-subscribes, and wakes them again when the server confirms, since a release
+//!   may have gone unheard in between.
 //! - Waits never depend on this thread for correctness: each is bounded by the holder's
 //!   remaining lifetime and the caller's deadline.
 
@@ -36,8 +37,10 @@ pub(crate) type Resolve = Box<dyn Fn() -> RedisResult<ConnectionInfo> + Send + S
 
 /// How long a channel nobody waits on stays subscribed.
 const LINGER: Duration = Duration::from_millis(1500);
-/// After this long without a byte from the server the reader sends a `PING`; a second such
-/// silence means the peer is gone (a dead link or a frozen server) and the reader reconnects.
+/// While no channel is subscribed: after this long without a byte from the server the reader
+/// sends a `PING`, and a second such silence means the peer is gone. While channels are
+/// subscribed the client's timeout is used instead, so that waiters learn of a frozen server
+/// about as soon as polling would have told them.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// First and longest pause between reconnection attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -169,7 +172,6 @@ impl Wakeups {
             st.thread = true;
             st.link = Link::Connecting;
         }
-        st.sweep(now);
         let generation = st.generation;
         let ch = st.channels.entry(channel.to_owned()).or_default();
         ch.users += 1;
@@ -179,6 +181,8 @@ impl Wakeups {
             None => ch.lines.push((line.to_owned(), 1)),
         }
         let must_send = ch.sent != Some(generation);
+        // After counting this user, so that a lingering `channel` is kept, not re-subscribed.
+        st.sweep(now);
         if must_send {
             if let Link::Up(writer) = &mut st.link {
                 let cmd = redis::cmd("SUBSCRIBE").arg(channel).get_packed_command();
@@ -460,22 +464,32 @@ impl Shared {
         true
     }
 
-    /// The connection is gone: nothing is confirmed any more. The waiters are not woken now
-    /// (the server is likely down: an attempt would fail); they sleep at most the holder's
-    /// lifetime, and are woken when their channel is confirmed again.
+    /// The connection is gone: nothing is confirmed any more. The waiters are woken: they
+    /// make an attempt (which reports the outage, as polling would have) and then poll until
+    /// their channel is confirmed again, when they are woken once more.
     fn go_down(&self) {
         let mut st = lock(&self.state);
         if let Link::Up(writer) = &st.link {
             writer.shutdown();
         }
         st.link = Link::Connecting;
+        let mut lines = Vec::new();
         for c in st.channels.values_mut() {
             c.sent = None;
             c.confirmed = None;
             c.rewake = c.users > 0;
+            if c.users > 0 {
+                lines.extend(c.lines.iter().map(|(l, _)| l.clone()));
+            }
         }
+        let shutdown = st.shutdown;
         drop(st);
         self.cv.notify_all();
+        if !shutdown {
+            for line in lines {
+                self.waiters.notify_release(&line);
+            }
+        }
     }
 
     /// Handles one push from the server.
@@ -483,9 +497,20 @@ impl Shared {
         let items = match value {
             Value::Array(items) | Value::Push { data: items, .. } => items,
             Value::ServerError(e) => {
-                // Only our SUBSCRIBE, UNSUBSCRIBE or PING can be refused: by an ACL, or a
-                // server that does not allow pub/sub here.
-                return Err(End::Unavailable(format!("the server refused: {e:?}")));
+                // Only our SUBSCRIBE, UNSUBSCRIBE or PING can be refused. A server that is
+                // loading or busy may accept them later; any other refusal (an ACL, pub/sub
+                // not allowed) will not change.
+                let why = format!(
+                    "the server refused: {} {}",
+                    e.code(),
+                    e.details().unwrap_or("")
+                );
+                return Err(match e.code() {
+                    "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" => {
+                        End::Lost(why)
+                    }
+                    _ => End::Unavailable(why),
+                });
             }
             _ => return Ok(()),
         };
@@ -540,12 +565,27 @@ fn text(v: &Value) -> Option<&str> {
     }
 }
 
-/// Reads pushes until the connection ends. A read that times out (no byte for [`KEEPALIVE`])
+/// Reads pushes until the connection ends. A read that times out (no byte for the
+/// keepalive: the client's timeout while channels are subscribed, [`KEEPALIVE`] otherwise)
 /// sends a `PING`; a second one in a row ends the connection. The parser keeps a value it
 /// was in the middle of across a timeout, so resuming is safe.
 fn read_loop(shared: &Shared, mut reader: Stream, mut parser: Parser) -> End {
     let mut pinged = false;
+    let mut keepalive = Duration::ZERO;
     loop {
+        // An idle reader blocked with the long keepalive is woken by the reply to the next
+        // SUBSCRIBE, and shortens it then.
+        let wanted = if lock(&shared.state).channels.is_empty() {
+            KEEPALIVE
+        } else {
+            shared.timeout
+        };
+        if wanted != keepalive {
+            if let Err(e) = reader.set_read_timeout(wanted) {
+                return End::Lost(format!("socket options: {e}"));
+            }
+            keepalive = wanted;
+        }
         match parser.parse_value(&mut reader) {
             Ok(value) => {
                 pinged = false;
@@ -574,7 +614,7 @@ fn read_loop(shared: &Shared, mut reader: Stream, mut parser: Parser) -> End {
                     return End::Shutdown;
                 }
                 return End::Lost(if e.is_timeout() {
-                    format!("no answer to PING in {KEEPALIVE:?}")
+                    format!("no answer to PING in {keepalive:?}")
                 } else {
                     e.to_string()
                 });
@@ -607,9 +647,6 @@ fn connect(shared: &Shared) -> Result<(Stream, Stream, Parser), End> {
     let mut parser = Parser::new();
     handshake(&mut stream, &mut parser, &info).map_err(|e| lost("handshake", &e))?;
     let writer = stream.try_clone().map_err(|e| lost("socket clone", &e))?;
-    stream
-        .set_read_timeout(KEEPALIVE)
-        .map_err(|e| lost("socket options", &e))?;
     Ok((stream, writer, parser))
 }
 
