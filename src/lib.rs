@@ -10,6 +10,19 @@
 //! - [`Strategy::Classic`]: the SETNX + GETSET timestamp lock of the legacy Java lockers,
 //!   wire-compatible with them on the same keys (value = expiry in epoch milliseconds), with an
 //!   owner-checked release and an optional atomic takeover that fixes GETSET's overwrite flaw.
+//! - [`Strategy::Reentrant`]: a lock a thread may take again, in Redisson's `RLock` layout (a
+//!   hash of `<client UUID>:<thread>` → hold count), shared with Java Redisson services.
+//!
+//! Around them, what Redisson users rely on:
+//!
+//! - a **watchdog** (one thread per [`LockClient`], `src/watchdog.rs`): a lock built without an
+//!   explicit `ttl` is renewed while its holder keeps the guard, and a hold it cannot renew is
+//!   reported ([`LockGuard::is_lost`], [`LockBuilder::on_lost`]);
+//! - **pub/sub wake-ups** (`src/wakeup.rs`): releases publish on the lock's channel and blocked
+//!   threads wait on one shared subscriber connection per client ([`WakeUp`]);
+//! - **fencing tokens** ([`LockBuilder::fencing`], [`LockGuard::fence`]);
+//! - [`ReadWriteLock`], and [`RedLock`] over independent masters; every companion key and
+//!   channel shares the lock key's hash slot (`src/keys.rs`), so all of it works on a Cluster.
 //!
 //! ```no_run
 //! use std::time::Duration;
