@@ -8,7 +8,8 @@
 //!   `Arc<dyn DistributedLock>`, with one lock object per thread (both served by the in-process
 //!   waiter queue of one `LockClient`), and with one `LockClient` per thread (no shared queue:
 //!   the threads meet only in Redis, as separate processes would, and learn of a release by
-//!   pub/sub or by polling); the issue #4 configurations also with one `LockClient` per thread
+//!   pub/sub or by polling); handoffs to a thread that was already waiting (its `lock()` call
+//!   began before the release) are also recorded apart; the issue #4 configurations also with one `LockClient` per thread
 //!   and a 1 ms pause after each release (so that the releaser does not take the lock straight
 //!   back and every release is handed to a waiter). Sections/s, handoff latency (the releasing thread stores a
 //!   timestamp right before `unlock()`, the next acquirer measures from it to when its `lock()`
@@ -195,6 +196,8 @@ fn main() {
 struct ThreadOut {
     sections: u64,
     handoffs: Vec<u64>,
+    /// The handoffs to a thread whose `lock()` call began before the release: it was waiting.
+    waiter_handoffs: Vec<u64>,
     /// Every successful `lock()` call's duration.
     waits: Vec<u64>,
     self_handoffs: u64,
@@ -280,6 +283,7 @@ fn contended(
                 barrier.wait();
                 while !stop.load(Ordering::Relaxed) {
                     let called = Instant::now();
+                    let called_at = base.elapsed().as_nanos() as u64;
                     let guard = match lock.lock() {
                         Ok(g) => g,
                         Err(LockError::Timeout { .. }) => {
@@ -302,7 +306,11 @@ fn contended(
                         if who == me {
                             out.self_handoffs += 1;
                         } else {
-                            out.handoffs.push(acquired.saturating_sub(at));
+                            let handoff = acquired.saturating_sub(at);
+                            out.handoffs.push(handoff);
+                            if called_at < at {
+                                out.waiter_handoffs.push(handoff);
+                            }
                         }
                     }
                     // The critical section: read-modify-write of a counter.
@@ -353,6 +361,11 @@ fn contended(
     );
     let mut handoffs: Vec<u64> = outs.iter().flat_map(|o| o.handoffs.clone()).collect();
     let h = Stats::of(&mut handoffs);
+    let mut to_waiters: Vec<u64> = outs
+        .iter()
+        .flat_map(|o| o.waiter_handoffs.clone())
+        .collect();
+    let hw = Stats::of(&mut to_waiters);
     let mut waits: Vec<u64> = outs.iter().flat_map(|o| o.waits.clone()).collect();
     let w = Stats::of(&mut waits);
     let sum = |f: fn(&ThreadOut) -> u64| outs.iter().map(f).sum::<u64>();
@@ -400,14 +413,24 @@ fn contended(
     env.put(s, &label, "counter_ok", counter == total);
     env.put_stats("handoff", &label, &h);
     env.put("handoff_pct", &label, "q_ns", percentile_points(&handoffs));
+    env.put_stats("handoff_waiter", &label, &hw);
+    env.put(
+        "handoff_waiter_pct",
+        &label,
+        "q_ns",
+        percentile_points(&to_waiters),
+    );
     env.put_stats("wait", &label, &w);
     println!(
         "[contended] {label:<28} {rate:>8.0} sections/s  fairness {min}/{max} = {fairness:.2}  \
-         handoff p50 {} p99 {} max {}  wait p50 {} p99 {}  (cross-thread {}, self {}, \
-         timeouts {}, errors {}, counter {})",
+         handoff p50 {} p99 {} max {}  to a waiter p50 {} p99 {} ({})  wait p50 {} p99 {}  \
+         (cross-thread {}, self {}, timeouts {}, errors {}, counter {})",
         us(h.p50),
         us(h.p99),
         us(h.max),
+        us(hw.p50),
+        us(hw.p99),
+        hw.n,
         us(w.p50),
         us(w.p99),
         h.n,
