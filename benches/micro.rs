@@ -150,31 +150,30 @@ fn key_channel() -> &'static str {
     CHANNEL.get_or_init(|| channel(KEY))
 }
 
-/// The Token release command, `EVALSHA sha 2 key channel token 0`, built the way
-/// `Scripts::eval_keys` in `src/scripts.rs` builds it (one `Cmd` with capacity for all its
-/// arguments): `bench_hooks` only exposes the 1-key form, which Classic releases with.
+/// The scripts as a client holds them, built once.
+fn scripts() -> &'static bench_hooks::Scripts {
+    static SCRIPTS: std::sync::OnceLock<bench_hooks::Scripts> = std::sync::OnceLock::new();
+    SCRIPTS.get_or_init(bench_hooks::Scripts::new)
+}
+
+/// True if `cmd` calls the script with SHA `sha` (as loaded on the server, which must be the
+/// one the library computed).
+fn calls_sha(cmd: &redis::Cmd, sha: &str) -> bool {
+    cmd.args_iter()
+        .any(|a| matches!(a, redis::Arg::Simple(b) if b == sha.as_bytes()))
+}
+
+/// The library's Token release command, `EVALSHA sha 2 key channel token 0`.
 fn evalsha_publish_cmd(sha: &str, t: &[u8]) -> redis::Cmd {
-    let keys = [KEY, key_channel()];
-    let key_bytes: usize = keys.iter().map(|k| k.len() + 16).sum();
-    let mut cmd = redis::Cmd::with_capacity(6 + keys.len(), 160 + key_bytes);
-    cmd.arg("EVALSHA")
-        .arg(sha)
-        .arg(keys.len())
-        .arg(&keys[..])
-        .arg((t, UNLOCK_MESSAGE));
+    let cmd = scripts().unlock_publish_cmd(KEY, key_channel(), t);
+    debug_assert!(calls_sha(&cmd, sha));
     cmd
 }
 
-/// The library's 1-key release command (Classic's). `sha` is the unlock script's SHA as loaded
-/// on the server, which must be the one the library computed.
+/// The library's 1-key release command (Classic's), `EVALSHA sha 1 key value`.
 fn evalsha_cmd(sha: &str, t: &[u8]) -> redis::Cmd {
-    static SCRIPTS: std::sync::OnceLock<bench_hooks::Scripts> = std::sync::OnceLock::new();
-    let cmd = SCRIPTS
-        .get_or_init(bench_hooks::Scripts::new)
-        .unlock_cmd(KEY, t);
-    debug_assert!(cmd
-        .args_iter()
-        .any(|a| matches!(a, redis::Arg::Simple(b) if b == sha.as_bytes())));
+    let cmd = scripts().unlock_cmd(KEY, t);
+    debug_assert!(calls_sha(&cmd, sha));
     cmd
 }
 

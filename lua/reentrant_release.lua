@@ -5,8 +5,10 @@
 -- ARGV[2] lease in milliseconds, given to the holds the owner keeps
 -- ARGV[3] owner id
 -- Returns nil when the owner holds nothing (expired, or never held: nothing is changed),
--- 0 when the owner still holds it (count decremented, lease renewed), 1 when this was the
--- owner's last hold (key deleted, release published).
+-- 0 when the owner still holds it (count decremented, lease renewed), and when this was the
+-- owner's last hold (key deleted, release published) 1 + the number of subscriber connections
+-- that received the message (Redisson returns 1; the count tells the releasing client whether
+-- other clients' waiters heard it).
 if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
     return nil
 end
@@ -16,5 +18,4 @@ if count > 0 then
     return 0
 end
 redis.call('del', KEYS[1])
-redis.call('publish', KEYS[2], ARGV[1])
-return 1
+return 1 + redis.call('publish', KEYS[2], ARGV[1])

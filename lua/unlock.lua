@@ -5,12 +5,13 @@
 -- KEYS[2] (Token only) the release channel, `redisson_lock__channel:{key}`, in the key's slot
 -- ARGV[1] the value we wrote when we acquired (or last extended) the lock
 -- ARGV[2] (with KEYS[2]) the message to publish, "0" as Redisson's unlock message
--- Returns 1 when the key was ours and is now deleted (and the release published), 0 when it
--- was absent or not ours.
+-- Returns 0 when the key was absent or not ours; otherwise it is now deleted and the reply is
+-- 1 + the number of subscriber connections the release was published to (0 without KEYS[2]),
+-- which tells the releasing client whether other clients' waiters heard it.
 if redis.call('get', KEYS[1]) == ARGV[1] then
     redis.call('del', KEYS[1])
     if #KEYS > 1 then
-        redis.call('publish', KEYS[2], ARGV[2])
+        return 1 + redis.call('publish', KEYS[2], ARGV[2])
     end
     return 1
 end

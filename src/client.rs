@@ -15,8 +15,8 @@ use crate::error::{LockError, Result};
 use crate::scripts::Scripts;
 use crate::strategy::LockBuilder;
 use crate::waiters::WaitQueues;
-use crate::watchdog::Watchdog;
 use crate::wakeup::{Resolve, Wakeups};
+use crate::watchdog::Watchdog;
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
@@ -24,6 +24,9 @@ pub const DEFAULT_POOL_SIZE: u32 = 16;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default time allowed for Redis to answer one command.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default head start a releasing client gives other clients' waiters: see
+/// [`ClientBuilder::handoff_courtesy`].
+pub const DEFAULT_HANDOFF_COURTESY: Duration = Duration::from_millis(3);
 
 /// A handle to one Redis deployment: a pool of connections, the Lua scripts' SHAs and the
 /// in-process waiter lines.
@@ -59,6 +62,8 @@ struct Inner {
     wakeups: Wakeups,
     /// Talks to a Redis Cluster: multi-key scripts must keep to one slot.
     cluster: bool,
+    /// See [`ClientBuilder::handoff_courtesy`].
+    courtesy: Duration,
 }
 
 /// A reference to a client that does not keep it alive (held by its background threads).
@@ -128,10 +133,22 @@ impl LockClient {
     /// Such a client has no address to open its subscriber connection to, so its waiters poll
     /// (by their retry policy) instead of being woken by pub/sub.
     pub fn from_pool(pool: r2d2::Pool<redis::Client>) -> Self {
-        Self::with_pool(Pool::External(pool), None, false, DEFAULT_COMMAND_TIMEOUT)
+        Self::with_pool(
+            Pool::External(pool),
+            None,
+            false,
+            DEFAULT_COMMAND_TIMEOUT,
+            DEFAULT_HANDOFF_COURTESY,
+        )
     }
 
-    fn with_pool(pool: Pool, resolve: Option<Resolve>, cluster: bool, timeout: Duration) -> Self {
+    fn with_pool(
+        pool: Pool,
+        resolve: Option<Resolve>,
+        cluster: bool,
+        timeout: Duration,
+        courtesy: Duration,
+    ) -> Self {
         let waiters = Arc::new(WaitQueues::default());
         LockClient {
             inner: Arc::new(Inner {
@@ -142,6 +159,7 @@ impl LockClient {
                 instance: crate::owner::new_uuid(),
                 watchdog: Watchdog::new(),
                 cluster,
+                courtesy,
             }),
         }
     }
@@ -166,6 +184,11 @@ impl LockClient {
     /// The client's renewal thread.
     pub(crate) fn watchdog(&self) -> &Watchdog {
         &self.inner.watchdog
+    }
+
+    /// See [`ClientBuilder::handoff_courtesy`].
+    pub(crate) fn handoff_courtesy(&self) -> Duration {
+        self.inner.courtesy
     }
 
     /// The client's pub/sub subscriber.
@@ -259,6 +282,7 @@ pub struct ClientBuilder {
     pool_size: u32,
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
+    courtesy: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -278,6 +302,7 @@ impl ClientBuilder {
             pool_size: DEFAULT_POOL_SIZE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             command_timeout: Some(DEFAULT_COMMAND_TIMEOUT),
+            courtesy: DEFAULT_HANDOFF_COURTESY,
         }
     }
 
@@ -302,6 +327,24 @@ impl ClientBuilder {
         self
     }
 
+    /// How long a thread of this client that just released a Token or reentrant lock waits
+    /// before taking the same lock again with a blocking call (`lock()`, `try_lock_for()`),
+    /// when the release's `PUBLISH` reached another client's subscriber (default
+    /// [`DEFAULT_HANDOFF_COURTESY`]; zero turns it off; `try_lock()` never waits).
+    ///
+    /// Why: a waiter woken by pub/sub needs a round trip and two thread wake-ups (its
+    /// subscriber's, then its own) before its attempt reaches Redis, while a thread that asks
+    /// again right after its release gets there in half a round trip. Without a head start the
+    /// releasing client wins nearly every time. Measured on 2 loaded cores with 8 clients in a
+    /// tight loop on one key, the share of the least served client relative to the most
+    /// served one was 0.01–0.07 without it, 0.15 with 1 ms, 0.3–0.6 with 2–2.5 ms and 0.98 with
+    /// 3 ms. The cost: a client that re-locks at once while another client's subscription is
+    /// still lingering on the channel (up to 1.5 s after it last waited) waits this long once.
+    pub fn handoff_courtesy(mut self, d: Duration) -> Self {
+        self.courtesy = d;
+        self
+    }
+
     /// Creates the pool. It connects lazily: a Redis that is down now is reported by the first
     /// lock operation, and the client starts working when Redis comes up.
     pub fn build(self) -> Result<LockClient> {
@@ -313,7 +356,10 @@ impl ClientBuilder {
             return Err(setup("timeouts must be greater than zero".into()));
         }
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
-        let (connect_timeout, cluster) = (self.connect_timeout, matches!(self.target, TargetSpec::Cluster(_)));
+        let (connect_timeout, cluster) = (
+            self.connect_timeout,
+            matches!(self.target, TargetSpec::Cluster(_)),
+        );
         let resolve: Option<Resolve>;
         let target = match self.target {
             TargetSpec::Single(url) => {
@@ -326,7 +372,9 @@ impl ClientBuilder {
                 // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
                 let infos = nodes
                     .iter()
-                    .map(|n| redis::Client::open(n.as_str()).map(|c| c.get_connection_info().clone()))
+                    .map(|n| {
+                        redis::Client::open(n.as_str()).map(|c| c.get_connection_info().clone())
+                    })
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(|e| setup(Box::new(e)))?;
                 let next = AtomicUsize::new(0);
@@ -384,6 +432,7 @@ impl ClientBuilder {
             resolve,
             cluster,
             timeout,
+            self.courtesy,
         ))
     }
 }

@@ -128,6 +128,11 @@ impl HoldOptions {
         })
     }
 
+    /// The lock key, shared (reentrant locks' per-thread records of holds keep it).
+    pub(crate) fn key_arc(&self) -> &Arc<str> {
+        &self.key
+    }
+
     /// The lease's lifetime in milliseconds, as sent.
     pub(crate) fn lease_ms(&self) -> u64 {
         self.lease.as_millis() as u64
@@ -166,6 +171,21 @@ impl HoldOptions {
         );
         client.watchdog().watch(client, &state);
         lease.with_watch(Arc::clone(&state))
+    }
+}
+
+/// After a release that was published to `receivers` subscriber connections: if any belongs
+/// to another client, this client's next blocking acquire of `line` first waits the client's
+/// handoff courtesy ([`ClientBuilder::handoff_courtesy`](crate::ClientBuilder::handoff_courtesy),
+/// via [`WaitQueues::yield_to`](crate::waiters::WaitQueues::yield_to)), so that a waiter woken
+/// elsewhere gets in.
+pub(crate) fn after_publish(client: &LockClient, line: &str, channel: &str, receivers: i64) {
+    let courtesy = client.handoff_courtesy();
+    if receivers <= 0 || courtesy.is_zero() {
+        return;
+    }
+    if receivers > i64::from(client.wakeups().hears(channel)) {
+        client.waiters().yield_to(line, Instant::now() + courtesy);
     }
 }
 

@@ -108,7 +108,11 @@ mod tests {
         );
         for key in ["a", "orders:42", "{user:1}:lock", "x{y}z", "a{b"] {
             let aux = fence_key(key).expect("same slot");
-            assert_eq!(hash_slot(aux.as_bytes()), hash_slot(key.as_bytes()), "{key}");
+            assert_eq!(
+                hash_slot(aux.as_bytes()),
+                hash_slot(key.as_bytes()),
+                "{key}"
+            );
         }
         assert!(channel("a{}b").is_err());
     }

@@ -72,22 +72,21 @@ mod watchdog;
 
 pub use classic::ClassicLock;
 pub use client::{
-    ClientBuilder, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
+    ClientBuilder, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_HANDOFF_COURTESY, DEFAULT_POOL_SIZE,
 };
 pub use error::{LockError, Result};
+pub use hold::WakeUp;
 pub use lock::{DistributedLock, Lease, LockGuard};
 pub use redlock::{
     RedLock, RedLockBuilder, RedLockClient, RedLockClientBuilder, REDLOCK_DEFAULT_NODE_TIMEOUT,
     REDLOCK_DEFAULT_TTL, REDLOCK_DEFAULT_WORKERS,
 };
+pub use reentrant::ReentrantLock;
 pub use retry::RetryPolicy;
-pub use rwlock::{
-    ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_MIN_WRITER_INTENT,
-};
+pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_MIN_WRITER_INTENT};
 pub use strategy::{
     ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,
 };
-pub use hold::WakeUp;
-pub use reentrant::ReentrantLock;
 pub use token::TokenLock;
 pub use watchdog::{LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};

@@ -438,6 +438,12 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
 ) -> Result<LockGuard<'a>> {
     let key = lock.key();
     let mut pttl = None;
+    if !line.barge {
+        if let Some(until) = line.queues.take_courtesy(line.name) {
+            // This client just released the lock while other clients waited: let them in.
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        }
+    }
     if line.barge || !line.queues.has_waiters(line.name) {
         attempts.record();
         match attempt()? {
@@ -479,7 +485,11 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             log::debug!(
                 "lock {key:?}: refused, attempt {} failed, next in at most {sleep:?}{}",
                 attempts.made(),
-                if listening { " (or when a release is published)" } else { "" }
+                if listening {
+                    " (or when a release is published)"
+                } else {
+                    ""
+                }
             );
             ticket.sleep(sleep);
         }

@@ -44,7 +44,99 @@ pub(crate) fn new_uuid() -> String {
 
 /// The owner id of the calling thread for the client with instance id `instance`.
 pub(crate) fn owner_id(instance: &str) -> String {
-    format!("{instance}:{}", thread_num())
+    OwnerId::new(instance).as_str().to_owned()
+}
+
+/// Room for an owner id held inline: a 36-character UUID, `:` and a `u64` (20 digits) fit, as
+/// they fit a lease's value.
+const INLINE_CAPACITY: usize = crate::lock::VALUE_CAPACITY;
+
+/// The owner id of the calling thread, `<instance>:<thread number>`, built without touching the
+/// heap (it is built on every acquire and release of a reentrant lock). Same text as
+/// [`owner_id`].
+#[derive(Clone)]
+pub(crate) struct OwnerId(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    /// The id is `buf[..len]`: always, for the UUID instance ids of clients.
+    Inline { buf: [u8; INLINE_CAPACITY], len: u8 },
+    /// An instance id too long to fit inline (none in practice; kept so that no id is ever cut).
+    Heap(String),
+}
+
+impl OwnerId {
+    /// The calling thread's owner id for the client with instance id `instance`.
+    pub(crate) fn new(instance: &str) -> Self {
+        let num = thread_num();
+        let mut buf = [0u8; INLINE_CAPACITY];
+        let mut digits = [0u8; 20];
+        let digits = decimal(num, &mut digits);
+        let len = instance.len() + 1 + digits.len();
+        if len > INLINE_CAPACITY {
+            return OwnerId(Repr::Heap(format!("{instance}:{num}")));
+        }
+        buf[..instance.len()].copy_from_slice(instance.as_bytes());
+        buf[instance.len()] = b':';
+        buf[instance.len() + 1..len].copy_from_slice(digits);
+        OwnerId(Repr::Inline {
+            buf,
+            // Fits: `len <= INLINE_CAPACITY` (64).
+            len: len as u8,
+        })
+    }
+
+    /// The id as text.
+    pub(crate) fn as_str(&self) -> &str {
+        match &self.0 {
+            // Valid UTF-8: a `&str`, an ASCII ':' and ASCII digits, cut at their end.
+            Repr::Inline { buf, len } => {
+                std::str::from_utf8(&buf[..usize::from(*len)]).unwrap_or_default()
+            }
+            Repr::Heap(s) => s,
+        }
+    }
+
+    /// The id's bytes, as stored in a lease.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { buf, len } => &buf[..usize::from(*len)],
+            Repr::Heap(s) => s.as_bytes(),
+        }
+    }
+}
+
+impl PartialEq for OwnerId {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for OwnerId {}
+
+impl std::fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `n` in decimal ASCII, written at the end of `buf` (20 digits hold any `u64`).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
 }
 
 #[cfg(test)]
@@ -59,7 +151,33 @@ mod tests {
         assert_ne!(u, new_uuid());
         let here = owner_id(&u);
         assert_eq!(here, owner_id(&u));
-        let there = std::thread::spawn(move || owner_id(&u)).join().expect("thread");
+        let there = std::thread::spawn(move || owner_id(&u))
+            .join()
+            .expect("thread");
         assert_ne!(here, there);
+    }
+
+    #[test]
+    fn inline_owner_ids_match_the_formatted_text() {
+        let u = new_uuid();
+        let id = OwnerId::new(&u);
+        assert_eq!(id.as_str(), format!("{u}:{}", thread_num()));
+        assert_eq!(id.as_bytes(), id.as_str().as_bytes());
+        assert!(matches!(id.0, Repr::Inline { .. }));
+        assert_eq!(id, OwnerId::new(&u));
+        assert_eq!(id.to_string(), owner_id(&u));
+        let long = "x".repeat(INLINE_CAPACITY);
+        let heap = OwnerId::new(&long);
+        assert!(matches!(heap.0, Repr::Heap(_)));
+        assert_eq!(heap.as_str(), format!("{long}:{}", thread_num()));
+        assert_eq!(heap.as_bytes(), heap.as_str().as_bytes());
+    }
+
+    #[test]
+    fn decimal_digits() {
+        for n in [0, 1, 9, 10, 12_345, u64::from(u32::MAX), u64::MAX] {
+            let mut buf = [0u8; 20];
+            assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
+        }
     }
 }

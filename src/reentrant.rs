@@ -19,7 +19,7 @@
 //! (`HEXISTS` + `PEXPIRE`, see [`crate::watchdog`]) until that hold is released.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -29,7 +29,7 @@ use crate::error::{LockError, Result};
 use crate::hold::{self, AcquireReply, HoldOptions};
 use crate::keys;
 use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
-use crate::owner;
+use crate::owner::{self, OwnerId};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::strategy::check_duration;
 use crate::string_value;
@@ -37,12 +37,30 @@ use crate::watchdog::RenewKind;
 
 thread_local! {
     /// The calling thread's holds of reentrant locks as its own acquires and releases last
-    /// saw them: client instance id → key → count. Only used to let a thread that holds a lock
-    /// skip this process's line of threads waiting for it (it would otherwise wait for
-    /// itself). Kept per thread because the owner *is* the thread: no lock object or mutex
-    /// needs to be shared, and every lock object on the key sees the same holds.
-    static LOCAL_HOLDS: RefCell<HashMap<String, HashMap<String, u32>>> =
-        RefCell::new(HashMap::new());
+    /// saw them. Only used to let a thread that holds a lock skip this process's line of
+    /// threads waiting for it (it would otherwise wait for itself). Kept per thread because
+    /// the owner *is* the thread: no lock object or mutex needs to be shared, and every lock
+    /// object on the key sees the same holds.
+    ///
+    /// A short list scanned linearly (a thread holds few locks at once) rather than maps of
+    /// owned strings: entries share the lock's key (`Arc`) and the list keeps its capacity when
+    /// emptied, so acquires and releases allocate nothing here in steady state.
+    static LOCAL_HOLDS: RefCell<Vec<LocalHold>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One entry of [`LOCAL_HOLDS`].
+struct LocalHold {
+    /// The thread's owner id for the client the hold is through (the thread part is the same
+    /// for every entry: it stands for the client).
+    owner: OwnerId,
+    key: Arc<str>,
+    count: u32,
+}
+
+impl LocalHold {
+    fn is(&self, owner: &OwnerId, key: &str) -> bool {
+        &*self.key == key && self.owner == *owner
+    }
 }
 
 /// What an operation of the calling thread learnt about its own holds of a key.
@@ -56,44 +74,34 @@ enum Seen {
     Nothing,
 }
 
-fn note_local(instance: &str, key: &str, seen: Seen) {
+/// Records what an operation of the calling thread, as `owner`, learnt about its holds of `key`.
+fn note_local(owner: &OwnerId, key: &Arc<str>, seen: Seen) {
     LOCAL_HOLDS.with(|holds| {
         let mut holds = holds.borrow_mut();
-        match seen {
-            Seen::Taken => {
-                let n = holds
-                    .entry(instance.to_owned())
-                    .or_default()
-                    .entry(key.to_owned())
-                    .or_default();
-                *n = n.saturating_add(1);
+        let at = holds.iter().position(|h| h.is(owner, key));
+        match (seen, at) {
+            (Seen::Taken, Some(i)) => holds[i].count = holds[i].count.saturating_add(1),
+            (Seen::Taken, None) => holds.push(LocalHold {
+                owner: owner.clone(),
+                key: Arc::clone(key),
+                count: 1,
+            }),
+            // Redis said holds remain: keep at least one even if our count was off (a hold
+            // taken through another thread's lease, say).
+            (Seen::Decremented, Some(i)) => {
+                holds[i].count = holds[i].count.saturating_sub(1).max(1);
             }
-            Seen::Decremented => {
-                // Redis said holds remain: keep at least one even if our count was off
-                // (a hold taken through another thread's lease, say).
-                if let Some(n) = holds.get_mut(instance).and_then(|m| m.get_mut(key)) {
-                    *n = n.saturating_sub(1).max(1);
-                }
+            (Seen::Nothing, Some(i)) => {
+                holds.swap_remove(i);
             }
-            Seen::Nothing => {
-                if let Some(keys) = holds.get_mut(instance) {
-                    keys.remove(key);
-                    if keys.is_empty() {
-                        holds.remove(instance);
-                    }
-                }
-            }
+            (Seen::Decremented | Seen::Nothing, None) => {}
         }
     });
 }
 
-fn holds_local(instance: &str, key: &str) -> bool {
-    LOCAL_HOLDS.with(|holds| {
-        holds
-            .borrow()
-            .get(instance)
-            .is_some_and(|keys| keys.contains_key(key))
-    })
+/// True if the calling thread, as `owner`, last saw itself holding `key`.
+fn holds_local(owner: &OwnerId, key: &str) -> bool {
+    LOCAL_HOLDS.with(|holds| holds.borrow().iter().any(|h| h.is(owner, key)))
 }
 
 /// A lock of [`Strategy::Reentrant`](crate::Strategy::Reentrant), wire-compatible with
@@ -149,21 +157,24 @@ impl ReentrantLock {
     /// How many holds the calling thread has on the lock, as Redis counts them (`HGET`; 0 when
     /// it holds none). Redisson's `getHoldCount`.
     pub fn hold_count(&self) -> Result<u32> {
-        let owner = self.owner_id();
+        let owner = self.owner();
         let count: Option<i64> = self.client.with_conn(&self.key, |con, _| {
-            redis::cmd("HGET").arg(&self.key).arg(&owner).query(con)
+            redis::cmd("HGET")
+                .arg(&self.key)
+                .arg(owner.as_bytes())
+                .query(con)
         })?;
         Ok(count.map_or(0, |n| u32::try_from(n).unwrap_or(0)))
     }
 
-    /// True if `lease` belongs to the calling thread (through this lock's client).
-    fn is_callers(&self, lease: &Lease) -> bool {
-        lease.value() == self.owner_id().as_bytes()
+    /// The calling thread's owner id, without allocating (see [`owner_id`](Self::owner_id)).
+    fn owner(&self) -> OwnerId {
+        OwnerId::new(self.client.instance_id())
     }
 
     /// One attempt by `lua/reentrant_acquire.lua`: take, re-enter, or learn the holder's PTTL.
     fn attempt(&self) -> Result<Attempt> {
-        let owner = self.owner_id();
+        let owner = self.owner();
         let start = Instant::now();
         let reply: Value = self.client.with_conn(&self.key, |con, s| {
             let args = (self.opts.lease_ms(), owner.as_str());
@@ -184,7 +195,7 @@ impl ReentrantLock {
             // Refused, so this owner holds nothing (else the script had let it re-enter).
             AcquireReply::Held { .. } => Seen::Nothing,
         };
-        note_local(self.client.instance_id(), &self.key, seen);
+        note_local(&owner, self.opts.key_arc(), seen);
         Ok(reply.into_attempt(|fence| {
             self.opts.lease(
                 &self.client,
@@ -205,7 +216,7 @@ impl ReentrantLock {
             queues: self.client.waiters(),
             name: &self.key,
             fifo: true,
-            barge: holds_local(self.client.instance_id(), &self.key),
+            barge: holds_local(&self.owner(), &self.key),
             wake: self.opts.wake(&self.client),
         };
         // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
@@ -262,7 +273,9 @@ impl DistributedLock for ReentrantLock {
         let (seen, ours) = match reply {
             // The owner keeps other holds: the lock stays taken, so waiters keep waiting.
             Some(0) => (Seen::Decremented, true),
-            Some(1) => {
+            // The last hold: 1 + the subscriber connections the release was published to.
+            Some(freed) if freed >= 1 => {
+                hold::after_publish(&self.client, &self.key, &self.opts.channel, freed - 1);
                 lock::note_release(self.client.waiters(), &self.key, true);
                 (Seen::Nothing, true)
             }
@@ -277,8 +290,10 @@ impl DistributedLock for ReentrantLock {
             }
             Some(other) => return Err(self.unexpected(other)),
         };
-        if self.is_callers(lease) {
-            note_local(self.client.instance_id(), &self.key, seen);
+        // Only the caller's own holds are recorded (a lease may be released by another thread).
+        let owner = self.owner();
+        if lease.value() == owner.as_bytes() {
+            note_local(&owner, self.opts.key_arc(), seen);
         }
         Ok(ours)
     }
@@ -323,29 +338,61 @@ mod tests {
 
     #[test]
     fn local_holds_count_per_instance_and_key() {
-        let (a, b) = ("instance-a", "instance-b");
-        assert!(!holds_local(a, "k"));
-        note_local(a, "k", Seen::Taken);
-        note_local(a, "k", Seen::Taken);
-        assert!(holds_local(a, "k"));
-        assert!(!holds_local(b, "k"), "another client is another owner");
-        assert!(!holds_local(a, "other"));
-        note_local(a, "k", Seen::Decremented);
-        note_local(a, "k", Seen::Decremented);
+        let (a, b) = (OwnerId::new("instance-a"), OwnerId::new("instance-b"));
+        let (k, other, t): (Arc<str>, Arc<str>, Arc<str>) =
+            ("k".into(), "other".into(), "t".into());
+        assert!(!holds_local(&a, "k"));
+        note_local(&a, &k, Seen::Taken);
+        // Another lock object on the key: another `Arc`, the same key.
+        note_local(&a, &Arc::from("k"), Seen::Taken);
+        assert!(holds_local(&a, "k"));
+        assert!(!holds_local(&b, "k"), "another client is another owner");
+        assert!(!holds_local(&a, "other"));
+        note_local(&b, &other, Seen::Taken);
+        note_local(&a, &k, Seen::Decremented);
+        note_local(&a, &k, Seen::Decremented);
         assert!(
-            holds_local(a, "k"),
+            holds_local(&a, "k"),
             "a decrement never forgets the last hold"
         );
-        note_local(a, "k", Seen::Nothing);
-        assert!(!holds_local(a, "k"));
-        let there = std::thread::spawn(|| {
-            note_local("instance-a", "t", Seen::Taken);
-            holds_local("instance-a", "t")
+        note_local(&a, &k, Seen::Nothing);
+        assert!(!holds_local(&a, "k"));
+        assert!(holds_local(&b, "other"), "other entries are kept");
+        note_local(&b, &other, Seen::Nothing);
+        note_local(&b, &other, Seen::Decremented);
+        assert!(!holds_local(&b, "other"), "no hold is made up");
+        let there = std::thread::spawn(move || {
+            let a = OwnerId::new("instance-a");
+            note_local(&a, &t, Seen::Taken);
+            holds_local(&a, "t")
         })
         .join()
         .expect("thread");
         assert!(there);
-        assert!(!holds_local(a, "t"), "holds are per thread");
+        assert!(!holds_local(&a, "t"), "holds are per thread");
+        assert!(LOCAL_HOLDS.with(|h| h.borrow().is_empty()));
+    }
+
+    #[test]
+    fn local_holds_count_down_to_the_last() {
+        let a = OwnerId::new("instance-a");
+        let k: Arc<str> = "count".into();
+        for _ in 0..3 {
+            note_local(&a, &k, Seen::Taken);
+        }
+        let count = || {
+            LOCAL_HOLDS.with(|h| {
+                h.borrow()
+                    .iter()
+                    .find(|h| h.is(&a, "count"))
+                    .map(|h| h.count)
+            })
+        };
+        assert_eq!(count(), Some(3));
+        note_local(&a, &k, Seen::Decremented);
+        assert_eq!(count(), Some(2));
+        note_local(&a, &k, Seen::Nothing);
+        assert_eq!(count(), None);
     }
 
     #[test]

@@ -725,7 +725,10 @@ mod tests {
             );
             // One key per script, except the release channel (in the key's slot) of rw_release.
             if name == "rw_release" {
-                assert!(code.contains("KEYS[2] (optional) release channel"), "{name}");
+                assert!(
+                    code.contains("KEYS[2] (optional) release channel"),
+                    "{name}"
+                );
                 assert!(!code.contains("KEYS[3]"), "{name}");
             } else {
                 assert!(!code.contains("KEYS[2]"), "{name}");

@@ -39,6 +39,18 @@ impl LuaScript {
         cmd
     }
 
+    /// `EVALSHA <sha> <n> keys… args…`, its buffer sized once like [`evalsha`](Self::evalsha)'s.
+    pub(crate) fn evalsha_keys(&self, keys: &[&str], args: &impl ToRedisArgs) -> redis::Cmd {
+        let key_bytes: usize = keys.iter().map(|k| k.len() + 16).sum();
+        let mut cmd = redis::Cmd::with_capacity(6 + keys.len(), 160 + key_bytes);
+        cmd.arg("EVALSHA")
+            .arg(self.script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        cmd
+    }
+
     /// Runs the script on several keys (all of one hash slot in a cluster) with `args`.
     pub(crate) fn eval_keys<T: FromRedisValue>(
         &self,
@@ -46,14 +58,7 @@ impl LuaScript {
         keys: &[&str],
         args: impl ToRedisArgs,
     ) -> RedisResult<T> {
-        let key_bytes: usize = keys.iter().map(|k| k.len() + 16).sum();
-        let mut cmd = redis::Cmd::with_capacity(6 + keys.len(), 160 + key_bytes);
-        cmd.arg("EVALSHA")
-            .arg(self.script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(&args);
-        match cmd.query(con) {
+        match self.evalsha_keys(keys, &args).query(con) {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
@@ -150,7 +155,10 @@ impl Scripts {
         Scripts {
             unlock: LuaScript::new("unlock", include_str!("../lua/unlock.lua")),
             extend: LuaScript::new("extend", include_str!("../lua/extend.lua")),
-            token_acquire: LuaScript::new("token_acquire", include_str!("../lua/token_acquire.lua")),
+            token_acquire: LuaScript::new(
+                "token_acquire",
+                include_str!("../lua/token_acquire.lua"),
+            ),
             compare_and_set: LuaScript::new(
                 "compare_and_set",
                 include_str!("../lua/compare_and_set.lua"),

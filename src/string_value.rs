@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
+use crate::hold;
 use crate::keys;
 use crate::lock::{self, Lease};
 
@@ -43,13 +44,16 @@ pub(crate) fn release(
     lease: &Lease,
 ) -> Result<bool> {
     lease.stop_renewal();
-    let deleted: i64 = client.with_conn(key, |con, s| match channel {
+    let reply: i64 = client.with_conn(key, |con, s| match channel {
         None => s.unlock.eval(con, key, lease.value()),
         Some(ch) => s
             .unlock
             .eval_keys(con, &[key, ch], (lease.value(), keys::UNLOCK_MESSAGE)),
     })?;
-    Ok(lock::note_release(client.waiters(), key, deleted == 1))
+    if let Some(ch) = channel {
+        hold::after_publish(client, key, ch, reply - 1);
+    }
+    Ok(lock::note_release(client.waiters(), key, reply >= 1))
 }
 
 /// True if the key holds our value and the lease has not run out locally.

@@ -74,8 +74,14 @@ impl TokenLock {
     }
 
     fn new_lease(&self, token: &[u8], start: Instant, fence: Option<u64>) -> Lease {
-        self.opts
-            .lease(&self.client, &self.key, RenewKind::Value, token, start, fence)
+        self.opts.lease(
+            &self.client,
+            &self.key,
+            RenewKind::Value,
+            token,
+            start,
+            fence,
+        )
     }
 
     /// The blocking acquire: the first attempt is a plain `SET NX PX` (unless fencing), later

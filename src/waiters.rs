@@ -19,6 +19,11 @@ pub(crate) struct WaitQueues {
     /// Threads waiting on any key: lets the uncontended path skip the map's mutex. A release
     /// that reads 0 while a waiter is joining only costs that waiter one backoff sleep.
     waiting: AtomicUsize,
+    /// Lines whose last release by this client was heard by other clients' waiters: until the
+    /// instant, a blocking acquire of this client lets them go first (see [`Self::yield_to`]).
+    courtesy: Mutex<HashMap<String, Instant>>,
+    /// Entries in `courtesy`: lets the uncontended path skip its mutex.
+    courtesies: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +71,38 @@ impl WaitQueues {
             id,
             seen_releases: releases,
         }
+    }
+
+    /// This client released `line` and other clients' waiters heard it (the release's
+    /// `PUBLISH` reached them): until `until`, a blocking acquire of the line by this client
+    /// waits before its first attempt, so that a woken waiter elsewhere gets in first.
+    ///
+    /// Why: a woken waiter's attempt reaches Redis a round trip and two thread wake-ups (its
+    /// subscriber's, then its own) after the release, while a thread of the releasing client
+    /// that asks again at once gets there in half a round trip and wins almost every time.
+    pub(crate) fn yield_to(&self, line: &str, until: Instant) {
+        let mut courtesy = lock(&self.courtesy);
+        let now = Instant::now();
+        courtesy.retain(|_, u| *u > now);
+        match courtesy.get_mut(line) {
+            Some(u) => *u = until,
+            None => {
+                courtesy.insert(line.to_owned(), until);
+            }
+        }
+        self.courtesies.store(courtesy.len(), Ordering::SeqCst);
+    }
+
+    /// Until when a blocking acquire of `line` should let other clients' waiters go first,
+    /// if at all. Consumed: only the first acquire after the release waits.
+    pub(crate) fn take_courtesy(&self, line: &str) -> Option<Instant> {
+        if self.courtesies.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let mut courtesy = lock(&self.courtesy);
+        let until = courtesy.remove(line);
+        self.courtesies.store(courtesy.len(), Ordering::SeqCst);
+        until.filter(|u| *u > Instant::now())
     }
 
     /// A holder of this process released `key`: wake its waiters.

@@ -236,6 +236,20 @@ impl Wakeups {
         Some(subscription)
     }
 
+    /// True if this client's subscriber connection is subscribed (or subscribing) to
+    /// `channel` on the current connection: a message published there reaches this client too,
+    /// so a `PUBLISH` reply counts it among the receivers.
+    pub(crate) fn hears(&self, channel: &str) -> bool {
+        let Some(shared) = &self.shared else {
+            return false;
+        };
+        let st = lock(&shared.state);
+        let current = Some(st.generation);
+        st.channels
+            .get(channel)
+            .is_some_and(|c| c.sent == current || c.confirmed == current)
+    }
+
     /// Channels currently subscribed (or being subscribed), lingering ones included.
     #[cfg(test)]
     pub(crate) fn subscribed_channels(&self) -> usize {

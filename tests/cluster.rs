@@ -779,7 +779,11 @@ fn auxiliary_keys_and_channels_stay_in_the_lock_slot() {
             .arg(&counter)
             .query(&mut node.conn())
             .unwrap();
-        assert_eq!(stored, Some(f2), "{what}: counter {counter} on the lock's node");
+        assert_eq!(
+            stored,
+            Some(f2),
+            "{what}: counter {counter} on the lock's node"
+        );
         drop(guard);
 
         // Reentrant (Redisson layout) with fencing: hash on the lock's node, count 2 on re-entry.
@@ -793,7 +797,11 @@ fn auxiliary_keys_and_channels_stay_in_the_lock_slot() {
             .unwrap();
         let outer = reentrant.lock().unwrap();
         let inner = reentrant.lock().unwrap();
-        assert_eq!(outer.fence(), inner.fence(), "{what}: re-entry keeps the fence");
+        assert_eq!(
+            outer.fence(),
+            inner.fence(),
+            "{what}: re-entry keeps the fence"
+        );
         let field = String::from_utf8(outer.value().to_vec()).unwrap();
         let count: Option<u64> = redis::cmd("HGET")
             .arg(&rkey)
@@ -834,7 +842,11 @@ fn auxiliary_keys_and_channels_stay_in_the_lock_slot() {
         let held = holder.try_lock().unwrap();
         let started = Instant::now();
         let got = thread::scope(|s| {
-            let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(20)).map(|g| g.unlock()));
+            let w = s.spawn(|| {
+                waiter
+                    .try_lock_for(Duration::from_secs(20))
+                    .map(|g| g.unlock())
+            });
             thread::sleep(Duration::from_millis(300));
             assert!(held.unlock().unwrap());
             w.join().unwrap()

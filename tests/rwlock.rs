@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use redis_dlock::{
-    DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL, WATCHDOG_DEFAULT_LEASE,
+    DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL,
+    WATCHDOG_DEFAULT_LEASE,
 };
 use support::worker::{self, WorkerProcess};
 use support::{init_logging, raw, wait_until, Cluster, RedisServer};

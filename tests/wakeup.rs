@@ -390,3 +390,60 @@ fn dropping_the_client_stops_its_subscriber() {
         "its connection is closed"
     );
 }
+
+/// A thread that releases and at once asks again through a blocking call gives a waiter of
+/// another client (whose subscriber heard the release) a head start, the handoff courtesy.
+/// With a courtesy of 300 ms the waiter must win; `try_lock` never waits.
+#[test]
+fn releasing_client_lets_a_woken_waiter_of_another_client_in_first() {
+    init_logging();
+    let _shared = shared();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "wake:courtesy";
+    let a = LockClient::builder(&server.url())
+        .handoff_courtesy(Duration::from_millis(300))
+        .build()
+        .expect("client");
+    let b = client(&server);
+    let mine = holder_lock(&a, key, Duration::from_secs(30));
+    let theirs = slow_poller(&b, key, Duration::from_secs(10));
+    let held = mine.try_lock().expect("A takes the free lock");
+    let (got_at, relocked_at) = thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let guard = theirs
+                .try_lock_for(Duration::from_secs(20))
+                .expect("B gets the lock");
+            let at = Instant::now();
+            thread::sleep(Duration::from_millis(50));
+            assert!(guard.unlock().expect("B's unlock"));
+            at
+        });
+        wait_numsub(&mut conn, &channel(key), 1);
+        assert!(held.unlock().expect("A's unlock"));
+        // A asks again at once: B's subscriber heard the release, so A waits its courtesy.
+        let again = mine
+            .try_lock_for(Duration::from_secs(20))
+            .expect("A again, after B");
+        let at = Instant::now();
+        assert!(again.unlock().expect("A's second unlock"));
+        (waiter.join().expect("waiter"), at)
+    });
+    assert!(got_at < relocked_at, "the waiting client went first");
+
+    // Nobody else listens any more once B's subscription lapses: no courtesy then.
+    assert!(wait_until(Duration::from_secs(5), || numsub(
+        &mut conn,
+        &channel(key)
+    ) == 0));
+    let first = mine.try_lock().expect("free");
+    assert!(first.unlock().expect("unlock"));
+    let started = Instant::now();
+    let second = mine.try_lock_for(Duration::from_secs(5)).expect("re-lock");
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "no courtesy without listeners ({:?})",
+        started.elapsed()
+    );
+    assert!(second.unlock().expect("unlock"));
+}
