@@ -390,7 +390,7 @@ pub fn evalsha_unlock(con: &mut redis::Connection, sha: &str, key: &str, value: 
 }
 
 /// `EVALSHA <unlock.lua> 2 key channel value 0`, the Token release: compare-and-delete, then
-/// `PUBLISH channel 0`. True when deleted.
+/// `PUBLISH channel 0`. True when deleted (the reply is then 1 + the message's receivers).
 pub fn evalsha_unlock_publish(
     con: &mut redis::Connection,
     sha: &str,
@@ -407,7 +407,7 @@ pub fn evalsha_unlock_publish(
         .arg(UNLOCK_MESSAGE)
         .query(con)
         .expect("EVALSHA");
-    v == 1
+    v >= 1
 }
 
 /// The release channel of a key without braces, as the library names it
@@ -437,7 +437,7 @@ pub fn evalsha_reentrant_acquire(
 }
 
 /// `EVALSHA <reentrant_release.lua> 2 key channel 0 lease_ms owner`: true when this was the
-/// last hold (deleted and published).
+/// last hold (deleted and published; the reply is then 1 + the message's receivers).
 pub fn evalsha_reentrant_release(
     con: &mut redis::Connection,
     sha: &str,
@@ -456,7 +456,8 @@ pub fn evalsha_reentrant_release(
         .arg(owner)
         .query(con)
         .expect("EVALSHA reentrant_release");
-    v == Some(1)
+    // The last hold: 1 + the receivers of the published release.
+    v.is_some_and(|n| n >= 1)
 }
 
 /// Loads a script on the server and returns its SHA1.
