@@ -900,10 +900,12 @@ impl Report<'_> {
              {TARGET_HANDOFF_RTTS:.0} RTT.\n\
              - Two loops: **1 ms pause** after each release (the releaser stays away a while, \
              the others wait: most releases are handed to a waiter; the headline) and **tight** \
-             (each thread calls `lock()` again right after `unlock()`: the releaser, whose own \
-             client has no waiter, usually takes the lock straight back before a woken waiter's \
-             attempt arrives, see the self-handoffs in the contended table; the handoffs to a \
-             waiter measured are the minority a waiter won).\n",
+             (each thread calls `lock()` again right after `unlock()`. With pub/sub the \
+             releasing client, told by its release that other clients' waiters heard it, waits \
+             its handoff courtesy (3 ms) before asking again, so a woken waiter gets the lock; \
+             with polling the releaser usually takes the lock straight back, see the \
+             self-handoffs in the contended table, and the handoffs to a waiter measured are \
+             the minority a waiter won).\n",
             us(ping),
             us(bare),
             bare / ping,
