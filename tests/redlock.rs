@@ -815,6 +815,11 @@ fn restart_without_persistence_immediate_vs_delayed() {
     set_foreign(&nodes[3], KEY, "other");
     set_foreign(&nodes[4], KEY, "other");
     let mut a_lease = a.try_acquire().expect("acquire").expect("3 of 5");
+    // A returns once it has a majority; its `SET NX` to nodes 3 and 4 may still be on the way.
+    // Let them land (refused: the key is the other owner's) before clearing those nodes, or a
+    // late one would give A node 3 or 4 after all.
+    assert!(wait_until(MARGIN, || calls(&nodes[3], "set") >= 2
+        && calls(&nodes[4], "set") >= 2));
     del(&nodes[3], KEY);
     del(&nodes[4], KEY);
 
