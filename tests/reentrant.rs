@@ -463,7 +463,8 @@ fn redisson_and_this_crate_share_the_lock() {
         })
     };
     assert!(
-        wait_until(Duration::from_secs(10), || numsub(&mut conn, &channel) >= 1),
+        wait_until(Duration::from_secs(10), || raw::numsub(&mut conn, &channel)
+            >= 1),
         "our waiter subscribes to Redisson's channel"
     );
     assert_eq!(
@@ -523,16 +524,6 @@ fn redisson_and_this_crate_share_the_lock() {
     // Free again: Java gets it.
     assert_eq!(java.lock(&mut conn, key, 30_000), None);
     assert_eq!(java.unlock(&mut conn, key, 30_000), Some(1));
-}
-
-/// `PUBSUB NUMSUB channel`.
-fn numsub(conn: &mut redis::Connection, channel: &str) -> i64 {
-    let reply: (String, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query(conn)
-        .expect("PUBSUB NUMSUB");
-    reply.1
 }
 
 #[test]

@@ -48,22 +48,12 @@ fn channel(key: &str) -> String {
     format!("redisson_lock__channel:{{{key}}}")
 }
 
-/// `PUBSUB NUMSUB channel`: how many connections subscribe to it.
-fn numsub(conn: &mut redis::Connection, channel: &str) -> i64 {
-    let reply: (String, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query(conn)
-        .expect("PUBSUB NUMSUB");
-    reply.1
-}
-
 /// Waits until `channel` has exactly `n` subscribers.
 fn wait_numsub(conn: &mut redis::Connection, channel: &str, n: i64) {
     assert!(
-        wait_until(Duration::from_secs(5), || numsub(conn, channel) == n),
+        wait_until(Duration::from_secs(5), || raw::numsub(conn, channel) == n),
         "{channel} never had {n} subscribers (has {})",
-        numsub(conn, channel)
+        raw::numsub(conn, channel)
     );
 }
 
@@ -220,12 +210,12 @@ fn idle_channels_linger_then_are_unsubscribed() {
 
     wait(k1);
     // Nobody waits any more, but the channel stays subscribed for the next waiter.
-    assert_eq!(numsub(&mut conn, &channel(k1)), 1);
+    assert_eq!(raw::numsub(&mut conn, &channel(k1)), 1);
     thread::sleep(Duration::from_millis(2000));
     // Past the linger: the next subscription unsubscribes it.
     wait(k2);
     wait_numsub(&mut conn, &channel(k1), 0);
-    assert_eq!(numsub(&mut conn, &channel(k2)), 1);
+    assert_eq!(raw::numsub(&mut conn, &channel(k2)), 1);
     assert_eq!(
         pubsub_clients(&mut conn),
         vec![("dlock-subscriber".to_owned(), 1)]
@@ -432,7 +422,7 @@ fn releasing_client_lets_a_woken_waiter_of_another_client_in_first() {
     assert!(got_at < relocked_at, "the waiting client went first");
 
     // Nobody else listens any more once B's subscription lapses: no courtesy then.
-    assert!(wait_until(Duration::from_secs(5), || numsub(
+    assert!(wait_until(Duration::from_secs(5), || raw::numsub(
         &mut conn,
         &channel(key)
     ) == 0));

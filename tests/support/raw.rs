@@ -103,3 +103,13 @@ pub fn bump_counter(conn: &mut redis::Connection, key: &str) {
         .query(conn)
         .expect("SET");
 }
+
+/// `PUBSUB NUMSUB channel`: how many connections subscribe to it.
+pub fn numsub(conn: &mut redis::Connection, channel: &str) -> i64 {
+    let reply: (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(conn)
+        .expect("PUBSUB NUMSUB");
+    reply.1
+}
