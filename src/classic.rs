@@ -269,14 +269,15 @@ impl DistributedLock for ClassicLock {
         let outcome = self.client.with_conn(&self.key, |con, scripts| {
             self.attempt(con, scripts, value, now_ms)
         })?;
+        let won = |lease| lock::checked_win(&self.key, lease, self.ttl, |l| self.release(l));
         match outcome {
-            Attempt::Won => Ok(Some(Lease::new(value, start, self.ttl))),
+            Attempt::Won => won(Lease::new(value, start, self.ttl)).map(Some),
             Attempt::TookOver { expired_ms_ago } => {
                 log::info!(
                     "lock {:?}: took over a stale lock that expired {expired_ms_ago} ms ago",
                     self.key
                 );
-                Ok(Some(Lease::new(value, start, self.ttl)))
+                won(Lease::new(value, start, self.ttl)).map(Some)
             }
             Attempt::Held => Ok(None),
             Attempt::Corrupt(seen, reason) => Err(LockError::Corrupt {

@@ -44,6 +44,28 @@ pub enum LockError {
         /// How long the caller waited in total.
         waited: Duration,
     },
+    /// An acquire won the lock, but its reply came back so late that less than the safety
+    /// margin of the lifetime was left by the local clock (a paused or overloaded server, a
+    /// stalled network). The win was released again (owner-checked) and no guard was handed
+    /// out: another client may already have taken the lock over. Not contention: the server or
+    /// the network was too slow for the lock's lifetime. A blocking acquire counts such an
+    /// attempt as refused and tries again; this error is what it returns if its last attempt
+    /// ended so. See [`DistributedLock::try_acquire`](crate::DistributedLock::try_acquire) for
+    /// the margin.
+    #[error(
+        "lock {key:?}: won, but the reply came {} ms after the acquire was sent, of a {} ms \
+         lifetime: less than the safety margin was left, so it was released again",
+        .elapsed.as_millis(),
+        .ttl.as_millis()
+    )]
+    LateReply {
+        /// The lock key.
+        key: String,
+        /// From sending the acquire until its reply (milliseconds precision).
+        elapsed: Duration,
+        /// The lifetime the acquire asked for.
+        ttl: Duration,
+    },
     /// The lock is no longer ours: it expired and was deleted or taken by another owner.
     #[error("lock {key:?} was lost: it expired or another owner holds it now")]
     Lost {
@@ -101,6 +123,7 @@ impl LockError {
             | LockError::Held { key }
             | LockError::Timeout { key, .. }
             | LockError::Lost { key }
+            | LockError::LateReply { key, .. }
             | LockError::Corrupt { key, .. }
             | LockError::WrongType { key }
             | LockError::InvalidArgument { key, .. } => Some(key),

@@ -35,6 +35,16 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     fn retry_policy(&self) -> &RetryPolicy;
 
     /// One attempt: `Ok(Some(lease))` when taken, `Ok(None)` when held by another owner.
+    ///
+    /// A win is checked against the time the command was sent: if the reply came so late that
+    /// less than a safety margin of the lifetime is left by the local clock, the hold is
+    /// released again (owner-checked) and the attempt fails with [`LockError::LateReply`]
+    /// instead of handing out a hold that may already have expired in Redis (and been taken
+    /// by another client). The margin is the larger of the time the reply took (a release or
+    /// extend may take as long) and a clock-drift allowance of 1% of the lifetime plus 2 ms.
+    /// So a hold is handed out only while `ttl − elapsed > max(elapsed, ttl/100 + 2 ms)`, e.g.
+    /// for a 1 s lifetime only if the reply came within about 495 ms. Blocking acquires count
+    /// such an attempt as refused and try again.
     fn try_acquire(&self) -> Result<Option<Lease>>;
 
     /// Releases the hold described by `lease` if it is still ours: `Ok(true)` when it was ours and
@@ -59,6 +69,62 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// Waits for the lock at most `wait` (the policy's sleeps, the caller's deadline);
     /// [`LockError::Timeout`] when the time runs out.
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>>;
+}
+
+/// The safety margin a won acquire must leave: the larger of the time its reply took and a
+/// clock-drift allowance of 1% of the lifetime plus 2 ms (RedLock's). See
+/// [`DistributedLock::try_acquire`].
+pub(crate) fn arrival_margin(ttl: Duration, elapsed: Duration) -> Duration {
+    let drift = (ttl / 100).saturating_add(Duration::from_millis(2));
+    elapsed.max(drift)
+}
+
+/// Checks a win against the time its command was sent (`lease.acquired_at()`): a hold whose
+/// lifetime `ttl` leaves less than [`arrival_margin`] by the local clock is handed back with
+/// `release` (owner-checked) and reported as [`LockError::LateReply`]; otherwise the lease is
+/// returned as it is.
+pub(crate) fn checked_win(
+    key: &str,
+    lease: Lease,
+    ttl: Duration,
+    release: impl FnOnce(&Lease) -> Result<bool>,
+) -> Result<Lease> {
+    let elapsed = lease.acquired_at().elapsed();
+    let left = ttl.saturating_sub(elapsed);
+    if left > arrival_margin(ttl, elapsed) {
+        return Ok(lease);
+    }
+    lease.stop_renewal();
+    let released = release(&lease);
+    log::warn!(
+        "lock {key:?}: acquired, but the reply came {} ms after the acquire was sent, of a {} ms \
+         lifetime; not handed out, released again ({})",
+        elapsed.as_millis(),
+        ttl.as_millis(),
+        match &released {
+            Ok(true) => "deleted".to_owned(),
+            Ok(false) => "already gone or taken over".to_owned(),
+            Err(e) => format!("release failed: {e}; it expires by itself"),
+        }
+    );
+    Err(LockError::LateReply {
+        key: key.to_owned(),
+        elapsed,
+        ttl,
+    })
+}
+
+/// [`checked_win`] for the outcome of an attempt: a refusal passes unchanged.
+pub(crate) fn checked_attempt(
+    key: &str,
+    attempt: Attempt,
+    ttl: Duration,
+    release: impl FnOnce(&Lease) -> Result<bool>,
+) -> Result<Attempt> {
+    match attempt {
+        Attempt::Acquired(lease) => checked_win(key, lease, ttl, release).map(Attempt::Acquired),
+        held => Ok(held),
+    }
 }
 
 /// The longest owner value a lease stores inline (no allocation per acquire): room for a
@@ -444,9 +510,11 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             std::thread::sleep(until.saturating_duration_since(Instant::now()));
         }
     }
+    // The last attempt won too late (a slow server): reported instead of a timeout.
+    let mut late = None;
     if line.barge || !line.queues.has_waiters(line.name) {
         attempts.record();
-        match attempt()? {
+        match refused_if_late(attempt(), &mut late)? {
             Attempt::Acquired(lease) => return Ok(LockGuard::new(lock, lease)),
             Attempt::Held { pttl: p } => pttl = p,
         }
@@ -498,7 +566,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         }
         ticket.mark();
         attempts.record();
-        match attempt()? {
+        match refused_if_late(attempt(), &mut late)? {
             Attempt::Acquired(lease) => {
                 log::debug!(
                     "lock {key:?}: acquired after {} attempts in {:?}",
@@ -513,6 +581,14 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     drop(subscription);
     drop(ticket);
     on_give_up(attempts.made())?;
+    if let Some(err) = late {
+        log::info!(
+            "lock {key:?}: gave up after {} attempts in {:?}, the last won too late",
+            attempts.made(),
+            attempts.waited()
+        );
+        return Err(err);
+    }
     log::info!(
         "lock {key:?}: gave up after {} attempts in {:?}",
         attempts.made(),
@@ -523,6 +599,21 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         attempts: attempts.made(),
         waited: attempts.waited(),
     })
+}
+
+/// An attempt that won too late ([`LockError::LateReply`], already released) counts as
+/// refused in a blocking acquire; the error is kept in `late` until an attempt ends otherwise.
+fn refused_if_late(outcome: Result<Attempt>, late: &mut Option<LockError>) -> Result<Attempt> {
+    match outcome {
+        Err(e @ LockError::LateReply { .. }) => {
+            *late = Some(e);
+            Ok(Attempt::Held { pttl: None })
+        }
+        other => {
+            *late = None;
+            other
+        }
+    }
 }
 
 /// `try_lock` in terms of `try_acquire`.
@@ -562,6 +653,55 @@ mod tests {
         let old = Lease::new(b"x", start - Duration::from_secs(2), Duration::from_secs(1));
         assert!(old.is_expired());
         assert_eq!(old.remaining(), Duration::ZERO);
+    }
+
+    #[test]
+    fn arrival_margin_is_the_reply_time_or_the_drift() {
+        let ms = Duration::from_millis;
+        // Drift: 1% of the lifetime plus 2 ms.
+        assert_eq!(arrival_margin(ms(1_000), ms(1)), ms(12));
+        assert_eq!(arrival_margin(Duration::from_secs(30), ms(1)), ms(302));
+        // A slow reply: its own duration.
+        assert_eq!(arrival_margin(ms(1_000), ms(400)), ms(400));
+        assert_eq!(
+            arrival_margin(Duration::MAX, ms(1)),
+            Duration::MAX / 100 + ms(2)
+        );
+    }
+
+    #[test]
+    fn late_wins_are_released_and_refused() {
+        let ms = Duration::from_millis;
+        let ttl = ms(1_000);
+        let fresh = Lease::new(b"a", Instant::now(), ttl);
+        let kept = checked_win("k", fresh, ttl, |_| panic!("a timely win is not released"));
+        assert!(kept.is_ok());
+        // Sent 600 ms ago: 400 ms left < 600 ms margin.
+        let Some(sent) = Instant::now().checked_sub(ms(600)) else {
+            return; // a monotonic clock this young cannot date the lease back
+        };
+        let mut released = false;
+        let late = checked_win("k", Lease::new(b"a", sent, ttl), ttl, |l| {
+            released = l.value() == b"a";
+            Ok(true)
+        });
+        assert!(released);
+        match late {
+            Err(LockError::LateReply {
+                key,
+                elapsed,
+                ttl: t,
+            }) => {
+                assert_eq!((key.as_str(), t), ("k", ttl));
+                assert!(elapsed >= ms(600));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A release that fails still refuses the win.
+        let failed = checked_win("k", Lease::new(b"a", sent, ttl), ttl, |_| {
+            Err(LockError::Lost { key: "k".into() })
+        });
+        assert!(matches!(failed, Err(LockError::LateReply { .. })));
     }
 
     #[test]

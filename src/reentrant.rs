@@ -196,7 +196,7 @@ impl ReentrantLock {
             AcquireReply::Held { .. } => Seen::Nothing,
         };
         note_local(&owner, self.opts.key_arc(), seen);
-        Ok(reply.into_attempt(|fence| {
+        let attempt = reply.into_attempt(|fence| {
             self.opts.lease(
                 &self.client,
                 &self.key,
@@ -205,7 +205,8 @@ impl ReentrantLock {
                 start,
                 fence,
             )
-        }))
+        });
+        lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l))
     }
 
     /// The blocking acquire: FIFO in this client's line for the key, woken by the release

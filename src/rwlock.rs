@@ -473,7 +473,8 @@ impl Shared {
                 let lease =
                     self.opts
                         .lease(&self.client, &self.key, kind, owner.as_bytes(), start, None);
-                Ok(Attempt::Acquired(lease))
+                lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(mode, l))
+                    .map(Attempt::Acquired)
             }
             0 | -1 => {
                 let mut wait = Duration::from_millis(u64::try_from(wait).unwrap_or(0));

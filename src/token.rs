@@ -69,8 +69,9 @@ impl TokenLock {
                 None => s.token_acquire.eval(con, &self.key, args),
             }
         })?;
-        Ok(hold::decode_acquire(&self.key, &reply)?
-            .into_attempt(|fence| self.new_lease(&token, start, fence)))
+        let attempt = hold::decode_acquire(&self.key, &reply)?
+            .into_attempt(|fence| self.new_lease(&token, start, fence));
+        lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l))
     }
 
     fn new_lease(&self, token: &[u8], start: Instant, fence: Option<u64>) -> Lease {
@@ -145,10 +146,16 @@ impl DistributedLock for TokenLock {
         let reply: Value = self.client.with_conn(&self.key, |con, _| {
             string_value::set_nx_px(&self.key, &token, self.opts.lease_ms()).query(con)
         })?;
-        Ok(match reply {
-            Value::Okay => Some(self.new_lease(&token, start, None)),
-            _ => None,
-        })
+        match reply {
+            Value::Okay => lock::checked_win(
+                &self.key,
+                self.new_lease(&token, start, None),
+                self.opts.lease,
+                |l| self.release(l),
+            )
+            .map(Some),
+            _ => Ok(None),
+        }
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
