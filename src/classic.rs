@@ -11,6 +11,7 @@
 //! 4. release: `EVALSHA unlock.lua key <our expiry>` (deletes only our exact value; the legacy
 //!    lockers' plain `DEL` could delete a lock another client had since taken over).
 
+use std::cell::Cell;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
@@ -159,6 +160,7 @@ impl ClassicLock {
         scripts: &crate::scripts::Scripts,
         value: &[u8],
         now_ms: i64,
+        getset_sent: &Cell<bool>,
     ) -> redis::RedisResult<Attempt> {
         for _ in 0..VANISHED_RETRIES {
             if self.set_if_absent(con, value)? {
@@ -174,6 +176,9 @@ impl ClassicLock {
             };
             if expiry >= now_ms {
                 return Ok(Attempt::Held);
+            }
+            if self.opts.takeover == Takeover::GetSet {
+                getset_sent.set(true);
             }
             return Ok(if self.take_over(con, scripts, &seen, value)? {
                 Attempt::TookOver {
@@ -266,9 +271,21 @@ impl DistributedLock for ClassicLock {
         let value = self.expiry_value(self.ttl)?;
         let value = value.as_bytes();
         let now_ms = now_epoch_ms(&self.key)?;
-        let outcome = self.client.with_conn(&self.key, |con, scripts| {
-            self.attempt(con, scripts, value, now_ms)
-        })?;
+        // Classic without key_ttl has no Redis expiry: after `ttl` its value is stale and the
+        // next acquirer takes it over, so a clean-up is needed until then at most.
+        let until = start.checked_add(self.ttl).unwrap_or(start);
+        // A GETSET writes our value even when it loses the race: after an unanswered GETSET,
+        // our value at the key does not prove that we won, so it is not deleted.
+        let getset_sent = Cell::new(false);
+        let outcome = string_value::acquire(
+            &self.client,
+            &self.key,
+            value,
+            None,
+            until,
+            || !getset_sent.get(),
+            |con, s| self.attempt(con, s, value, now_ms, &getset_sent),
+        )?;
         let won = |lease| lock::checked_win(&self.key, lease, self.ttl, |l| self.release(l));
         match outcome {
             Attempt::Won => won(Lease::new(value, start, self.ttl)).map(Some),

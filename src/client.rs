@@ -12,6 +12,7 @@ use std::time::Duration;
 use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::error::{LockError, Result};
+use crate::janitor::Janitor;
 use crate::scripts::Scripts;
 use crate::strategy::LockBuilder;
 use crate::waiters::WaitQueues;
@@ -64,6 +65,8 @@ struct Inner {
     cluster: bool,
     /// See [`ClientBuilder::handoff_courtesy`].
     courtesy: Duration,
+    /// Background owner-checked deletes after lost acquire replies and failed releases.
+    janitor: Janitor,
 }
 
 /// A reference to a client that does not keep it alive (held by its background threads).
@@ -160,6 +163,7 @@ impl LockClient {
                 watchdog: Watchdog::new(),
                 cluster,
                 courtesy,
+                janitor: Janitor::default(),
             }),
         }
     }
@@ -194,6 +198,19 @@ impl LockClient {
     /// The client's pub/sub subscriber.
     pub(crate) fn wakeups(&self) -> &Wakeups {
         &self.inner.wakeups
+    }
+
+    /// The client's background clean-ups.
+    pub(crate) fn janitor(&self) -> &Janitor {
+        &self.inner.janitor
+    }
+
+    /// Clean-ups the client still has to do in the background (for tests and monitoring): an
+    /// owner-checked delete of a lock whose acquire reply was lost or whose release failed on a
+    /// connection error, retried until it is answered or the lock would have expired anyway.
+    /// See `docs/production.md`.
+    pub fn pending_cleanups(&self) -> usize {
+        self.inner.janitor.pending()
     }
 
     /// Watched holds the watchdog currently renews (for tests and monitoring).

@@ -55,6 +55,7 @@ mod classic;
 mod client;
 mod error;
 mod hold;
+mod janitor;
 mod keys;
 mod lock;
 mod owner;

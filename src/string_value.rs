@@ -5,11 +5,17 @@
 
 use std::time::{Duration, Instant};
 
-use crate::client::LockClient;
+use std::cell::Cell;
+
+use redis::RedisResult;
+
+use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::hold;
+use crate::janitor::Cause;
 use crate::keys;
 use crate::lock::{self, Lease};
+use crate::scripts::Scripts;
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
@@ -35,6 +41,42 @@ pub(crate) fn setnx(key: &str, value: &[u8]) -> redis::Cmd {
     cmd
 }
 
+/// Runs an acquire that writes `value` at `key` (`f`, on a pooled connection). If it was sent
+/// but not answered (a connection error: timeout, reset, paused server), it may still run on
+/// the server and leave a lock nobody holds: the client's janitor then deletes `value` in the
+/// background, owner-checked, until `until` (when the hold would expire by itself), unless
+/// `may_forget` says that finding `value` at the key would not prove the write was ours to
+/// delete (a legacy GETSET writes even when it loses).
+pub(crate) fn acquire<T>(
+    client: &LockClient,
+    key: &str,
+    value: &[u8],
+    channel: Option<&str>,
+    until: Instant,
+    may_forget: impl Fn() -> bool,
+    mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
+) -> Result<T> {
+    let sent = Cell::new(false);
+    let reply = client.with_conn(key, |con, s| {
+        sent.set(true);
+        f(con, s)
+    });
+    if let Err(LockError::Connection { .. }) = &reply {
+        if sent.get() && may_forget() {
+            client
+                .janitor()
+                .forget(client, key, value, channel, Cause::LostAcquireReply, until);
+        } else if sent.get() {
+            log::warn!(
+                "lock {key:?}: no reply to a GETSET takeover; if it ran, the key holds our \
+                 value until it goes stale (a legacy GETSET writes even when it loses, so the \
+                 value is not deleted)"
+            );
+        }
+    }
+    reply
+}
+
 /// Deletes the key if it still holds our value: `Ok(true)` if it did. With a `channel`
 /// (Token) the release is published there in the same script, for waiters in other processes.
 pub(crate) fn release(
@@ -44,12 +86,25 @@ pub(crate) fn release(
     lease: &Lease,
 ) -> Result<bool> {
     lease.stop_renewal();
-    let reply: i64 = client.with_conn(key, |con, s| match channel {
+    let reply: Result<i64> = client.with_conn(key, |con, s| match channel {
         None => s.unlock.eval(con, key, lease.value()),
         Some(ch) => s
             .unlock
             .eval_keys(con, &[key, ch], (lease.value(), keys::UNLOCK_MESSAGE)),
-    })?;
+    });
+    // A release that failed on a connection error (a failover, a restart) would leave the lock
+    // for the rest of its lease: the janitor retries it in the background, owner-checked.
+    if let Err(LockError::Connection { .. }) = &reply {
+        client.janitor().forget(
+            client,
+            key,
+            lease.value(),
+            channel,
+            Cause::FailedRelease,
+            lease.valid_until(),
+        );
+    }
+    let reply = reply?;
     if let Some(ch) = channel {
         hold::after_publish(client, key, ch, reply - 1);
     }

@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use redis::Value;
 
-use crate::client::LockClient;
+use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::hold::{self, HoldOptions};
 use crate::lock::{self, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::scripts::Scripts;
 use crate::strategy::check_duration;
 use crate::string_value;
 use crate::watchdog::RenewKind;
@@ -60,7 +61,7 @@ impl TokenLock {
     fn attempt_scripted(&self) -> Result<Attempt> {
         let token = new_token();
         let start = Instant::now();
-        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+        let reply: Value = self.send_acquire(&token, start, |con, s| {
             let args = (&token[..], self.opts.lease_ms());
             match &self.opts.fence_key {
                 Some(fence) => s
@@ -72,6 +73,25 @@ impl TokenLock {
         let attempt = hold::decode_acquire(&self.key, &reply)?
             .into_attempt(|fence| self.new_lease(&token, start, fence));
         lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l))
+    }
+
+    /// Sends an acquire of `token`; one whose reply is lost is cleaned up in the background.
+    fn send_acquire<T>(
+        &self,
+        token: &[u8],
+        start: Instant,
+        f: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let until = start.checked_add(self.opts.lease).unwrap_or(start);
+        string_value::acquire(
+            &self.client,
+            &self.key,
+            token,
+            Some(&self.opts.channel),
+            until,
+            || true,
+            f,
+        )
     }
 
     fn new_lease(&self, token: &[u8], start: Instant, fence: Option<u64>) -> Lease {
@@ -143,7 +163,7 @@ impl DistributedLock for TokenLock {
         }
         let token = new_token();
         let start = Instant::now();
-        let reply: Value = self.client.with_conn(&self.key, |con, _| {
+        let reply: Value = self.send_acquire(&token, start, |con, _| {
             string_value::set_nx_px(&self.key, &token, self.opts.lease_ms()).query(con)
         })?;
         match reply {
