@@ -5,7 +5,7 @@
 //! or a `READONLY` reply (a master demoted by a failover) marks itself broken and is replaced,
 //! so a client recovers from restarts and failovers without being rebuilt.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -67,6 +67,8 @@ struct Inner {
     courtesy: Duration,
     /// Background owner-checked deletes after lost acquire replies and failed releases.
     janitor: Janitor,
+    /// The server takes `SET … NX PX … GET` (Redis 7.0+): until a server refuses it.
+    set_get: AtomicBool,
 }
 
 /// A reference to a client that does not keep it alive (held by its background threads).
@@ -164,6 +166,7 @@ impl LockClient {
                 cluster,
                 courtesy,
                 janitor: Janitor::default(),
+                set_get: AtomicBool::new(true),
             }),
         }
     }
@@ -198,6 +201,21 @@ impl LockClient {
     /// The client's pub/sub subscriber.
     pub(crate) fn wakeups(&self) -> &Wakeups {
         &self.inner.wakeups
+    }
+
+    /// True until a server refused `SET … NX PX … GET` (servers before Redis 7.0).
+    pub(crate) fn set_get(&self) -> bool {
+        self.inner.set_get.load(Ordering::Relaxed)
+    }
+
+    /// A server refused `SET … NX PX … GET`: use plain `SET … NX PX` from now on.
+    pub(crate) fn no_set_get(&self) {
+        if self.inner.set_get.swap(false, Ordering::Relaxed) {
+            log::info!(
+                "the server does not take SET ... NX PX ... GET (Redis < 7.0): Token acquires \
+                 use SET ... NX PX, and a key of another type is found only when a wait ends"
+            );
+        }
     }
 
     /// The client's background clean-ups.

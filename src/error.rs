@@ -2,16 +2,23 @@
 
 use std::time::Duration;
 
-/// Everything that can go wrong with a lock. Each variant names the lock key.
+/// Everything that can go wrong with a lock. Every variant about a lock names its key
+/// ([`LockError::key`]); only [`LockError::Setup`], which is about the client, has none.
 ///
 /// Contention is reported as an error too ([`LockError::Held`], [`LockError::Timeout`]) so that
-/// `?` works in the common "take the lock or give up" code; [`LockError::is_contention`] tells
-/// those apart from real failures.
+/// `?` works in the common "take the lock or give up" code. Predicates tell the kinds apart:
+/// [`is_contention`](LockError::is_contention) (someone else holds the lock),
+/// [`is_timeout`](LockError::is_timeout) (a wait or a reply ran out of time) and
+/// [`is_setup`](LockError::is_setup) (the client's configuration: retrying will not help).
+///
+/// As the Rust API guidelines ask, `Display` describes this error only; the underlying cause,
+/// if any, is its [`source`](std::error::Error::source). [`LockError::report`] gives the whole
+/// chain on one line, for logs.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
     /// The client could not reach Redis: connecting, pool checkout, I/O or a response timeout.
-    #[error("lock {key:?}: connection to Redis failed: {source}")]
+    #[error("lock {key:?}: connection to Redis failed")]
     Connection {
         /// The lock key.
         key: String,
@@ -20,7 +27,7 @@ pub enum LockError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Redis answered with an error that is not one of the more specific variants.
-    #[error("lock {key:?}: Redis error: {source}")]
+    #[error("lock {key:?}: Redis answered with an error")]
     Redis {
         /// The lock key.
         key: String,
@@ -35,7 +42,11 @@ pub enum LockError {
         key: String,
     },
     /// A blocking acquire gave up: its deadline passed or its retries ran out.
-    #[error("lock {key:?}: gave up after {attempts} attempts in {waited:?}")]
+    #[error(
+        "lock {key:?}: gave up after {attempts} attempt{} in {}",
+        plural(*.attempts),
+        Rounded(*.waited)
+    )]
     Timeout {
         /// The lock key.
         key: String,
@@ -99,8 +110,32 @@ pub enum LockError {
         /// What is wrong.
         reason: String,
     },
+    /// A RedLock acquire got no majority, and not because the lock is held: too many nodes
+    /// failed or did not answer in time. Not contention; a blocking acquire retries it and
+    /// returns it if its last attempt ended so.
+    #[error(
+        "lock {key:?}: no RedLock majority: {granted} granted, {refused} refused (held by \
+         another owner), {failed} failed or did not answer, of {nodes} nodes (a majority is {quorum})"
+    )]
+    NoQuorum {
+        /// The lock key.
+        key: String,
+        /// Nodes that granted the lock (their token was deleted again).
+        granted: usize,
+        /// Nodes where another owner holds the key.
+        refused: usize,
+        /// Nodes that failed or did not answer within the node timeout.
+        failed: usize,
+        /// All nodes.
+        nodes: usize,
+        /// Votes needed.
+        quorum: usize,
+        /// The first node error, if a node answered with one.
+        #[source]
+        source: Option<Box<LockError>>,
+    },
     /// The client could not be set up (bad URL, pool configuration).
-    #[error("redis-dlock client setup failed: {source}")]
+    #[error("redis-dlock client setup failed")]
     Setup {
         /// What went wrong.
         #[source]
@@ -115,6 +150,38 @@ impl LockError {
         matches!(self, LockError::Held { .. } | LockError::Timeout { .. })
     }
 
+    /// True when time ran out: a blocking acquire gave up ([`Timeout`](Self::Timeout)), a win
+    /// came back too late ([`LateReply`](Self::LateReply)), or Redis did not answer a command
+    /// or a connection attempt in time ([`Connection`](Self::Connection) caused by a timeout).
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            LockError::Timeout { .. } | LockError::LateReply { .. } => true,
+            LockError::Connection { source, .. } => source
+                .downcast_ref::<redis::RedisError>()
+                .is_some_and(|e| e.is_timeout()),
+            _ => false,
+        }
+    }
+
+    /// True for a fault of the client's set-up, which retrying will not fix: a bad URL or
+    /// option ([`Setup`](Self::Setup)).
+    pub fn is_setup(&self) -> bool {
+        matches!(self, LockError::Setup { .. })
+    }
+
+    /// The error and its chain of causes on one line (`error: cause: cause`), for logs: the
+    /// `Display` of this type describes this error only.
+    pub fn report(&self) -> String {
+        let mut out = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            out.push_str(": ");
+            out.push_str(&c.to_string());
+            cause = c.source();
+        }
+        out
+    }
+
     /// The lock key the error is about, if it is about one.
     pub fn key(&self) -> Option<&str> {
         match self {
@@ -124,6 +191,7 @@ impl LockError {
             | LockError::Timeout { key, .. }
             | LockError::Lost { key }
             | LockError::LateReply { key, .. }
+            | LockError::NoQuorum { key, .. }
             | LockError::Corrupt { key, .. }
             | LockError::WrongType { key }
             | LockError::InvalidArgument { key, .. } => Some(key),
@@ -161,5 +229,87 @@ impl LockError {
     }
 }
 
+/// "s" unless `n` is 1.
+fn plural(n: u32) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// A duration as people read it: `850 ms`, `1.5 s`, `12 s`.
+pub(crate) struct Rounded(pub(crate) Duration);
+
+impl std::fmt::Display for Rounded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0.as_millis();
+        if ms < 1_000 {
+            write!(f, "{ms} ms")
+        } else if ms < 10_000 {
+            let tenths = (ms + 50) / 100;
+            if tenths.is_multiple_of(10) {
+                write!(f, "{} s", tenths / 10)
+            } else {
+                write!(f, "{}.{} s", tenths / 10, tenths % 10)
+            }
+        } else {
+            write!(f, "{} s", (ms + 500) / 1_000)
+        }
+    }
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = LockError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_rounded() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            Rounded(Duration::from_nanos(1_003_142_480)).to_string(),
+            "1 s"
+        );
+        assert_eq!(Rounded(ms(0)).to_string(), "0 ms");
+        assert_eq!(Rounded(ms(850)).to_string(), "850 ms");
+        assert_eq!(Rounded(ms(1_549)).to_string(), "1.5 s");
+        assert_eq!(Rounded(ms(9_960)).to_string(), "10 s");
+        assert_eq!(Rounded(ms(12_400)).to_string(), "12 s");
+        assert!(!Rounded(Duration::MAX).to_string().is_empty());
+    }
+
+    #[test]
+    fn display_says_this_error_only_and_source_gives_the_cause() {
+        let cause = redis::RedisError::from((redis::ErrorKind::Io, "boom"));
+        let e = LockError::Connection {
+            key: "k".into(),
+            source: Box::new(cause),
+        };
+        assert_eq!(e.to_string(), "lock \"k\": connection to Redis failed");
+        let source = std::error::Error::source(&e).expect("a source");
+        assert!(source.to_string().contains("boom"));
+        assert!(e
+            .report()
+            .starts_with("lock \"k\": connection to Redis failed: "));
+        assert!(e.report().contains("boom"));
+        let t = LockError::Timeout {
+            key: "k".into(),
+            attempts: 1,
+            waited: Duration::from_nanos(1_003_142_480),
+        };
+        assert_eq!(t.to_string(), "lock \"k\": gave up after 1 attempt in 1 s");
+        assert!(t.is_contention() && t.is_timeout() && !t.is_setup());
+        let t = LockError::Timeout {
+            key: "k".into(),
+            attempts: 3,
+            waited: Duration::from_millis(20),
+        };
+        assert_eq!(
+            t.to_string(),
+            "lock \"k\": gave up after 3 attempts in 20 ms"
+        );
+    }
+}

@@ -257,14 +257,19 @@ fn attempt(client: &LockClient, mut job: Job) -> Option<Job> {
             let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
             if next >= job.until {
                 log::warn!(
-                    "lock {key:?}: gave up cleaning up after an {} ({} tries, last error: {e}); \
+                    "lock {key:?}: gave up cleaning up after an {} ({} tries, last error: {}); \
                      the lock expires with its lease",
                     job.cause.describe(),
-                    job.tries
+                    job.tries,
+                    e.report()
                 );
                 return None;
             }
-            log::debug!("lock {key:?}: clean-up try {} failed: {e}", job.tries);
+            log::debug!(
+                "lock {key:?}: clean-up try {} failed: {}",
+                job.tries,
+                e.report()
+            );
             job.next = next;
             Some(job)
         }

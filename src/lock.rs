@@ -104,7 +104,7 @@ pub(crate) fn checked_win(
         match &released {
             Ok(true) => "deleted".to_owned(),
             Ok(false) => "already gone or taken over".to_owned(),
-            Err(e) => format!("release failed: {e}; it expires by itself"),
+            Err(e) => format!("release failed: {}; it expires by itself", e.report()),
         }
     );
     Err(LockError::LateReply {
@@ -408,7 +408,11 @@ impl Drop for LockGuard<'_> {
             Ok(true) => {}
             // release() already logged the loss with the key.
             Ok(false) => {}
-            Err(e) => log::error!("lock {:?}: release on drop failed: {e}", self.key()),
+            Err(e) => log::error!(
+                "lock {:?}: release on drop failed: {}",
+                self.key(),
+                e.report()
+            ),
         }
     }
 }
@@ -583,9 +587,10 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     on_give_up(attempts.made())?;
     if let Some(err) = late {
         log::info!(
-            "lock {key:?}: gave up after {} attempts in {:?}, the last won too late",
+            "lock {key:?}: gave up after {} attempts in {:?}, the last failed: {}",
             attempts.made(),
-            attempts.waited()
+            attempts.waited(),
+            err.report()
         );
         return Err(err);
     }
@@ -601,11 +606,13 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     })
 }
 
-/// An attempt that won too late ([`LockError::LateReply`], already released) counts as
-/// refused in a blocking acquire; the error is kept in `late` until an attempt ends otherwise.
+/// An attempt that won too late ([`LockError::LateReply`], already released) or got no RedLock
+/// majority for want of answers ([`LockError::NoQuorum`]) counts as refused in a blocking
+/// acquire; the error is kept in `late` until an attempt ends otherwise, and returned instead
+/// of a timeout if it was the last.
 fn refused_if_late(outcome: Result<Attempt>, late: &mut Option<LockError>) -> Result<Attempt> {
     match outcome {
-        Err(e @ LockError::LateReply { .. }) => {
+        Err(e @ (LockError::LateReply { .. } | LockError::NoQuorum { .. })) => {
             *late = Some(e);
             Ok(Attempt::Held { pttl: None })
         }

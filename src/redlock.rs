@@ -492,7 +492,7 @@ impl fmt::Display for Tally {
             self.yes, self.no, self.failed, self.unanswered, self.nodes
         )?;
         if let Some(e) = &self.first_error {
-            write!(f, " (first error: {e})")?;
+            write!(f, " (first error: {})", e.report())?;
         }
         Ok(())
     }
@@ -599,7 +599,8 @@ impl Inner {
                     Ok(_) => lane.redo(),
                     Err(e) => log::debug!(
                         "lock {key_owned:?}: RedLock cleanup on node {i} failed (resent once \
-                         the node answers again; else the key expires by its TTL there): {e}"
+                         the node answers again; else the key expires by its TTL there): {}",
+                        e.report()
                     ),
                 }
             });
@@ -855,7 +856,30 @@ impl DistributedLock for RedLock {
         // after it lands.
         self.inner()
             .release_everywhere(&self.key, self.lane, &token, None);
-        Ok(None)
+        let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
+        if tally.yes >= quorum {
+            return Err(LockError::LateReply {
+                key: self.key.clone(),
+                elapsed: start.elapsed(),
+                ttl: self.ttl,
+            });
+        }
+        if tally.no > 0 {
+            // Some node holds it for another owner, who may hold a majority (counting nodes we
+            // could not hear): contention.
+            return Ok(None);
+        }
+        // No node refused: the majority was lost only to nodes that failed or did not
+        // answer. Nobody is known to hold the lock: a failure, not contention.
+        Err(LockError::NoQuorum {
+            key: self.key.clone(),
+            granted: tally.yes,
+            refused: tally.no,
+            failed: tally.unreachable(),
+            nodes,
+            quorum,
+            source: tally.first_error.map(Box::new),
+        })
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {

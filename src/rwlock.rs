@@ -595,8 +595,9 @@ impl Shared {
                 // Withdraw our intent so that readers need not wait for it to expire.
                 if let Err(e) = self.run(|s| &s.rw_release, "wait", owner.as_bytes(), &[]) {
                     log::warn!(
-                        "lock {:?}: could not withdraw the writer intent ({e}); it expires in {:?}",
+                        "lock {:?}: could not withdraw the writer intent ({}); it expires in {:?}",
                         self.key,
+                        e.report(),
                         self.intent
                     );
                 }

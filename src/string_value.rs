@@ -34,6 +34,22 @@ pub(crate) fn set_nx_px(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
     cmd
 }
 
+/// `SET key value NX PX ttl_ms GET` (Redis 7.0 and later): as [`set_nx_px`], but the reply
+/// tells more. Nil when set (the key was absent); the value found when the key exists (not
+/// set); a `WRONGTYPE` error when the key holds another type, so a key that can never be
+/// locked is reported on the first attempt, not after a whole wait.
+pub(crate) fn set_nx_px_get(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
+    let mut cmd = set_nx_px(key, value, ttl_ms);
+    cmd.arg("GET");
+    cmd
+}
+
+/// True for the error a server before 7.0 answers to `SET … NX … GET` (NX with GET is new in
+/// 7.0).
+pub(crate) fn is_syntax_error(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.to_string().to_ascii_lowercase().contains("syntax")
+}
+
 /// `SETNX key value`: the legacy Classic acquire. Replies 1 when set.
 pub(crate) fn setnx(key: &str, value: &[u8]) -> redis::Cmd {
     let mut cmd = redis::Cmd::with_capacity(3, CMD_OVERHEAD + key.len() + value.len());

@@ -2,7 +2,9 @@
 //! by Lua compare-and-delete / compare-and-pexpire.
 //!
 //! Wire, per operation (one round trip each):
-//! - acquire: `SET key <32 hex chars> NX PX <ttl ms>` → `OK` (ours) or nil (held);
+//! - acquire: `SET key <32 hex chars> NX PX <ttl ms> GET` → nil (ours), the value found
+//!   (held), or `WRONGTYPE` (a key of another type, reported at once); on servers before Redis
+//!   7.0, which refuse `NX` with `GET`, `SET key <token> NX PX <ttl ms>` → `OK` or nil;
 //! - acquire while waiting, or with fencing: `EVALSHA <token_acquire.lua> 1|2 key
 //!   [dlock_fence:{key}] <token> <ttl ms>` → `{1, fence}` or `{0, pttl}`;
 //! - release: `EVALSHA <unlock.lua> 2 key redisson_lock__channel:{key} <token> 0` → 1 (deleted
@@ -13,6 +15,7 @@
 //! A lock built without an explicit ttl is watched: the client's watchdog renews its holds
 //! (see [`crate::watchdog`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -35,6 +38,8 @@ pub struct TokenLock {
     client: LockClient,
     key: String,
     opts: HoldOptions,
+    /// A value without TTL was reported (see `note_no_ttl`).
+    warned_no_ttl: AtomicBool,
 }
 
 /// A fresh random owner token: 128 bits from the thread-local CSPRNG, as 32 lowercase hex
@@ -49,7 +54,12 @@ pub(crate) fn new_token() -> [u8; 32] {
 
 impl TokenLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Self {
-        TokenLock { client, key, opts }
+        TokenLock {
+            client,
+            key,
+            opts,
+            warned_no_ttl: AtomicBool::new(false),
+        }
     }
 
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
@@ -70,8 +80,13 @@ impl TokenLock {
                 None => s.token_acquire.eval(con, &self.key, args),
             }
         })?;
-        let attempt = hold::decode_acquire(&self.key, &reply)?
-            .into_attempt(|fence| self.new_lease(&token, start, fence));
+        let decoded = hold::decode_acquire(&self.key, &reply)?;
+        if let Value::Array(items) = &reply {
+            if items.as_slice() == [Value::Int(0), Value::Int(-1)] {
+                self.note_no_ttl();
+            }
+        }
+        let attempt = decoded.into_attempt(|fence| self.new_lease(&token, start, fence));
         lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l))
     }
 
@@ -92,6 +107,18 @@ impl TokenLock {
             || true,
             f,
         )
+    }
+
+    /// A refused attempt found a value without a TTL at the key: not written by a Token lock
+    /// (which always sets one), so it never expires by itself. Warned once per lock object.
+    fn note_no_ttl(&self) {
+        if !self.warned_no_ttl.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "lock {:?}: held by a value with no TTL, which no Token lock writes: it never \
+                 expires by itself, so waiters wait until someone deletes the key",
+                self.key
+            );
+        }
     }
 
     fn new_lease(&self, token: &[u8], start: Instant, fence: Option<u64>) -> Lease {
@@ -164,7 +191,19 @@ impl DistributedLock for TokenLock {
         let token = new_token();
         let start = Instant::now();
         let reply: Value = self.send_acquire(&token, start, |con, _| {
-            string_value::set_nx_px(&self.key, &token, self.opts.lease_ms()).query(con)
+            let ttl = self.opts.lease_ms();
+            if self.client.set_get() {
+                match string_value::set_nx_px_get(&self.key, &token, ttl).query(con) {
+                    Err(e) if string_value::is_syntax_error(&e) => self.client.no_set_get(),
+                    // Nil: set; the value found: held (or ours, if this is a resend of an
+                    // acquire that landed); a WRONGTYPE error: a key of another type.
+                    Ok(Value::Nil) => return Ok(Value::Okay),
+                    Ok(Value::BulkString(found)) if found == token => return Ok(Value::Okay),
+                    Ok(Value::BulkString(_)) => return Ok(Value::Nil),
+                    other => return other,
+                }
+            }
+            string_value::set_nx_px(&self.key, &token, ttl).query(con)
         })?;
         match reply {
             Value::Okay => lock::checked_win(

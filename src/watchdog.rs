@@ -559,9 +559,10 @@ fn renew(
         }
         Err(e) => {
             log::warn!(
-                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying: {e}",
+                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying: {}",
                 batch.len(),
-                first.key()
+                first.key(),
+                e.report()
             );
             return retry_later(batch, outcomes);
         }

@@ -566,12 +566,44 @@ fn wrong_type_key() {
         .try_lock_for(Duration::from_millis(50))
         .expect_err("wrong type");
     assert!(matches!(err, LockError::WrongType { .. }), "{err:?}");
-    // A single attempt cannot tell (SET NX just finds the key present): Held, or WrongType.
+    // A single attempt tells too (`SET … NX PX … GET` answers WRONGTYPE on Redis 7+), and so
+    // does the first attempt of a wait: lock() fails at once, not after its whole wait.
     let err = lock.try_lock().expect_err("not lockable");
+    assert!(matches!(err, LockError::WrongType { .. }), "{err:?}");
+    let patient = c
+        .lock("tok:hash")
+        .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(30))))
+        .build_token()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let err = patient.lock().expect_err("wrong type");
+    assert!(matches!(err, LockError::WrongType { .. }), "{err:?}");
     assert!(
-        matches!(err, LockError::Held { .. } | LockError::WrongType { .. }),
-        "{err:?}"
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}: the first attempt must tell",
+        t.elapsed()
     );
+    for make in [
+        |c: &mut redis::Connection| {
+            let _: () = redis::cmd("RPUSH")
+                .arg("tok:list")
+                .arg("x")
+                .query(c)
+                .unwrap();
+        },
+        |c: &mut redis::Connection| {
+            let _: () = redis::cmd("SADD").arg("tok:set").arg("x").query(c).unwrap();
+        },
+    ] {
+        make(&mut conn);
+    }
+    for key in ["tok:list", "tok:set"] {
+        let l = token_lock(&c, key, Duration::from_secs(1));
+        assert!(
+            matches!(l.try_lock(), Err(LockError::WrongType { .. })),
+            "{key}"
+        );
+    }
 
     // Release/is_held/extend on a lease whose key became a hash.
     let other = token_lock(&c, "tok:becomes-hash", Duration::from_secs(10));
