@@ -180,9 +180,12 @@ impl LuaScript {
 
 /// A server before Redis 7 compiling a script that starts with a shebang: "Error compiling
 /// script (new function): user_script:1: unexpected symbol near '#'".
+/// A Redis 7+ server that does not know a flag names the shebang.
 fn rejects_shebang(err: &redis::RedisError) -> bool {
     let text = err.to_string();
-    text.contains("near '#'") || (text.contains("compiling script") && text.contains('#'))
+    text.contains("near '#'")
+        || text.contains("shebang")
+        || (text.contains("compiling script") && text.contains('#'))
 }
 
 /// The line of a `lua/rw_*.lua` script that stands for [`RW_PRELUDE`].
@@ -278,5 +281,40 @@ mod tests {
         }
         assert_ne!(shas[0], shas[1]);
         assert_ne!(shas[1], shas[2]);
+    }
+
+    #[test]
+    fn compare_and_set_allows_oom_with_a_plain_fallback() {
+        let s = Scripts::new();
+        let cas = &s.compare_and_set;
+        assert!(cas.code().starts_with("#!lua flags=allow-oom\n"));
+        let plain = cas.plain.as_ref().expect("a fallback");
+        assert!(!plain.script.code().starts_with('#'));
+        assert_eq!(cas.code(), format!("{ALLOW_OOM}{}", plain.script.code()));
+        assert_ne!(cas.script.get_hash(), plain.script.script.get_hash());
+        assert!(s.unlock.plain.is_none());
+    }
+
+    #[test]
+    fn shebang_rejections_are_recognised() {
+        let err = |msg: &str| {
+            redis::RedisError::from((redis::ErrorKind::Client, "script error", msg.to_owned()))
+        };
+        // Redis 6 compiling `#!lua flags=allow-oom`.
+        assert!(rejects_shebang(&err(
+            "ERR Error compiling script (new function): user_script:1: unexpected symbol near \
+             '#'"
+        )));
+        // Redis 7 with a flag it does not know.
+        assert!(rejects_shebang(&err(
+            "ERR Unexpected flag in script shebang: allow-oom"
+        )));
+        // Other failures are passed on.
+        assert!(!rejects_shebang(&err(
+            "OOM command not allowed when used memory > 'maxmemory'."
+        )));
+        assert!(!rejects_shebang(&err(
+            "ERR Error running script (call to f_1234): @user_script:11: WRONGTYPE"
+        )));
     }
 }
