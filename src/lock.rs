@@ -440,9 +440,10 @@ pub(crate) struct Wake<'q> {
 ///
 /// The handoff courtesy ([`WaitQueues::take_courtesy`]) is slept before the first attempt,
 /// never past the deadline. A thread that reaches its deadline still waiting for its turn
-/// first waits for the outcome of the attempt on the wire ahead of it, if any; when the line's
-/// latest attempt failed to reach Redis it reports [`LockError::Connection`] naming that
-/// failure, not a contention timeout.
+/// first waits for the outcome of the attempt on the wire ahead of it, if any (at most as long
+/// as it has waited, and at least 1 s); when the line's latest attempt failed to reach Redis,
+/// or is still without a reply, it reports [`LockError::Connection`] naming that failure, not
+/// a contention timeout.
 ///
 /// `on_give_up` gets the number of attempts made and may replace the final
 /// [`LockError::Timeout`] with a more precise error.
@@ -518,7 +519,9 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         if line.fifo && !ticket.wait_turn(deadline) {
             // Gave up before its turn: because the lock is held, or because the threads
             // ahead could not reach Redis (an outage is not contention).
-            stalled = ticket.outage();
+            // The attempt ahead normally ends within the client's timeouts; without a
+            // command timeout, give it at most as long as this thread waited (1 s or more).
+            stalled = ticket.outage(attempts.waited().max(Duration::from_secs(1)));
             break;
         }
         ticket.mark();

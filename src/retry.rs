@@ -29,7 +29,8 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 ///   counts as no time limit.
 /// - with only `max_retries`, a thread waiting behind other threads of its client gives up
 ///   after `max_delay × (max_retries + 1)` (saturating); with a `delay` of `Duration::MAX`
-///   that is forever, and each sleep lasts until a release by the same client wakes the line.
+///   that is forever, and each sleep lasts until a release wakes the line (a release by the
+///   same client, or for pub/sub waiters a published one).
 /// - `max_retries(Some(u32::MAX))` is as good as no count limit.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]

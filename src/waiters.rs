@@ -44,8 +44,8 @@ struct State {
     /// The latest attempt made from the line that failed (no answer: connection error,
     /// command timeout), and when; cleared by an answered attempt.
     failed: Option<(Instant, String)>,
-    /// The ticket whose attempt is on the wire without a reply yet.
-    in_flight: Option<u64>,
+    /// The ticket whose attempt is on the wire without a reply yet, and since when.
+    in_flight: Option<(u64, Instant)>,
 }
 
 /// Mutex poisoning only means another thread panicked while holding it; the state (a queue of
@@ -177,7 +177,7 @@ impl Ticket<'_> {
 
     /// An attempt by this thread (the head of a FIFO line) is going on the wire.
     pub(crate) fn attempt_started(&self) {
-        lock(&self.queue.state).in_flight = Some(self.id);
+        lock(&self.queue.state).in_flight = Some((self.id, Instant::now()));
     }
 
     /// The attempt announced by [`attempt_started`](Self::attempt_started) came back:
@@ -185,7 +185,7 @@ impl Ticket<'_> {
     /// could not be reached or did not reply in time.
     pub(crate) fn attempt_finished(&self, failure: Option<String>) {
         let mut st = lock(&self.queue.state);
-        if st.in_flight == Some(self.id) {
+        if st.in_flight.is_some_and(|(id, _)| id == self.id) {
             st.in_flight = None;
         }
         let now = Instant::now();
@@ -203,13 +203,29 @@ impl Ticket<'_> {
 
     /// For a thread that reached its deadline still waiting for its turn: why it must not
     /// report contention, if so. First waits for the outcome of the attempt of the thread
-    /// ahead that is on the wire (bounded by the client's timeouts), then: `Some(reason)` when
-    /// the line's latest attempt failed to reach Redis and none was answered since (an
-    /// outage), `None` when the attempts were answered (the lock is held).
-    pub(crate) fn outage(&self) -> Option<String> {
+    /// ahead that is on the wire (it ends within the client's timeouts), at most `patience`
+    /// (for a client without a command timeout), then: `Some(reason)` when the line's latest
+    /// attempt failed to reach Redis and none was answered since, or when the attempt still
+    /// has no reply after `patience` (an outage); `None` when the attempts were answered (the
+    /// lock is held).
+    pub(crate) fn outage(&self, patience: Duration) -> Option<String> {
+        let until = crate::time::after(patience);
         let mut st = lock(&self.queue.state);
-        while st.in_flight.is_some() {
-            st = self.queue.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        while let Some((_, since)) = st.in_flight {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Some(format!(
+                    "an attempt of another thread of this client waiting for the lock has had \
+                     no reply from Redis for {:?}",
+                    since.elapsed()
+                ));
+            }
+            st = self
+                .queue
+                .cv
+                .wait_timeout(st, left)
+                .map(|(st, _)| st)
+                .unwrap_or_else(|p| p.into_inner().0);
         }
         let (at, err) = st.failed.as_ref()?;
         if st.answered_at.is_some_and(|answered| answered > *at) {
@@ -250,7 +266,7 @@ impl Drop for Ticket<'_> {
         let empty = {
             let mut st = lock(&self.queue.state);
             st.order.retain(|&t| t != self.id);
-            if st.in_flight == Some(self.id) {
+            if st.in_flight.is_some_and(|(id, _)| id == self.id) {
                 // Unwound mid-attempt: nobody must wait for its outcome.
                 st.in_flight = None;
             }
@@ -293,20 +309,21 @@ mod tests {
         let q = WaitQueues::default();
         let head = q.enqueue("k");
         let behind = q.enqueue("k");
+        let patience = Duration::from_secs(30);
         // Nothing known: contention.
-        assert_eq!(behind.outage(), None);
+        assert_eq!(behind.outage(patience), None);
         head.attempt_started();
         head.attempt_finished(Some("timed out".into()));
-        let why = behind.outage().expect("the head's attempt failed");
+        let why = behind.outage(patience).expect("the head's attempt failed");
         assert!(why.contains("timed out"), "{why}");
         // An answered attempt since: contention again.
         head.attempt_started();
         head.attempt_finished(None);
-        assert_eq!(behind.outage(), None);
+        assert_eq!(behind.outage(patience), None);
         // An attempt on the wire: its outcome decides, waited for.
         head.attempt_started();
         std::thread::scope(|s| {
-            let waiter = s.spawn(|| behind.outage());
+            let waiter = s.spawn(|| behind.outage(patience));
             std::thread::sleep(Duration::from_millis(30));
             assert!(
                 !waiter.is_finished(),
@@ -316,10 +333,18 @@ mod tests {
             let why = waiter.join().expect("waiter").expect("failed attempt");
             assert!(why.contains("connection refused"), "{why}");
         });
-        // A head dropped mid-attempt does not leave the others waiting forever.
+        // An attempt without a reply for longer than the patience: an outage too.
         head.attempt_started();
+        let why = behind
+            .outage(Duration::from_millis(20))
+            .expect("no reply in time");
+        assert!(why.contains("no reply"), "{why}");
+        // A head dropped mid-attempt does not leave the others waiting forever.
         drop(head);
-        assert!(behind.outage().is_some(), "the last outcome was a failure");
+        assert!(
+            behind.outage(patience).is_some(),
+            "the last outcome was a failure"
+        );
     }
 
     #[test]

@@ -595,61 +595,79 @@ fn zero_delay_polling_is_floored() {
     }
 }
 
-/// Classic waiters of one client queued behind a head whose attempt hangs on a frozen server:
-/// they give up with a failure that is not contention, naming the cause, within their
-/// deadline plus the attempt under way (the command timeout).
+/// Classic waiters of one client queued behind a head whose attempt hangs on a frozen server
+/// (SIGSTOP): they give up with a failure that is not contention, naming the cause, within
+/// their deadline plus the attempt under way (the command timeout).
 #[test]
 fn waiters_behind_an_outage_do_not_report_contention() {
+    outage(Some(Duration::from_secs(2)));
+}
+
+/// The same without a command timeout: the head's attempt never ends while the server is
+/// frozen; the queued threads still give up (deadline plus at most as long again, at least
+/// 1 s) with a failure that is not contention.
+#[test]
+fn waiters_behind_an_outage_without_command_timeout() {
+    outage(None);
+}
+
+fn outage(command_timeout: Option<Duration>) {
     init_logging();
     let server = RedisServer::start();
     let key = "xs:outage";
     let other = client(&server).c;
     let holder = other.lock(key).ttl(HOLD).build_classic().expect("lock");
     let held = holder.try_lock().expect("free");
-    let command_timeout = Duration::from_secs(2);
     let c = LockClient::builder(&server.url())
-        .command_timeout(Some(command_timeout))
+        .command_timeout(command_timeout)
         .build()
         .expect("client");
     // The legacy policy: 5 retries 200 ms apart, so a queued thread gives up after 1.2 s,
     // before the head's hanging attempt times out.
     let lock = c.lock(key).ttl(HOLD).build_classic().expect("lock");
-    let bound = Duration::from_millis(1200) + command_timeout;
-    let results = thread::scope(|s| {
-        let head = s.spawn(|| {
-            let start = Instant::now();
-            (lock.lock().map(|g| g.unlock()), start.elapsed())
-        });
+    let deadline = Duration::from_millis(1200);
+    let bound = deadline + command_timeout.unwrap_or(deadline);
+    let run = || {
+        let start = Instant::now();
+        (lock.lock().map(|g| g.unlock()), start.elapsed())
+    };
+    let (head, queued) = thread::scope(|s| {
+        let head = s.spawn(run);
         // The head's first attempt is refused (held), then it sleeps 200 ms in the line.
         thread::sleep(Duration::from_millis(60));
         server.pause();
-        let queued: Vec<_> = (0..3)
-            .map(|_| {
-                s.spawn(|| {
-                    let start = Instant::now();
-                    (lock.lock().map(|g| g.unlock()), start.elapsed())
-                })
-            })
+        let queued: Vec<_> = (0..3).map(|_| s.spawn(run)).collect();
+        let queued: Vec<_> = queued
+            .into_iter()
+            .map(|t| t.join().expect("no panic"))
             .collect();
-        let mut results = vec![head.join().expect("no panic")];
-        results.extend(queued.into_iter().map(|t| t.join().expect("no panic")));
+        // Without a command timeout the head waits for the server.
         server.resume();
-        results
+        (head.join().expect("no panic"), queued)
     });
-    for (r, took) in &results {
+    for (r, took) in &queued {
         match r {
             Err(e @ LockError::Connection { .. }) => {
                 assert!(!e.is_contention());
+                let why = e.to_string();
+                assert!(
+                    why.contains("other thread") || why.contains("timed out"),
+                    "{why}"
+                );
             }
             other => panic!("expected a connection failure, got {other:?}"),
         }
         assert!(*took <= bound + SLACK, "took {took:?}");
     }
-    let queued_reason = format!("{:?}", results[1].0);
-    assert!(
-        queued_reason.contains("other thread") || queued_reason.contains("timed out"),
-        "{queued_reason}"
-    );
+    match (command_timeout, &head.0) {
+        (Some(_), Err(e @ LockError::Connection { .. })) => {
+            assert!(!e.is_contention());
+            assert!(head.1 <= bound + SLACK, "took {:?}", head.1);
+        }
+        // Answered once the server is back: the lock is still held by the other client.
+        (None, Err(LockError::Timeout { .. })) => {}
+        (_, other) => panic!("head: {other:?}"),
+    }
     assert!(held.unlock().expect("unlock after the outage"));
 }
 
