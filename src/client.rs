@@ -28,6 +28,16 @@ pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default head start a releasing client gives other clients' waiters: see
 /// [`ClientBuilder::handoff_courtesy`].
 pub const DEFAULT_HANDOFF_COURTESY: Duration = Duration::from_millis(3);
+/// The longest handoff courtesy [`ClientBuilder::build`] accepts: the courtesy is a head start
+/// of a few round trips, and a longer one would only stall the releasing client.
+pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
+/// The longest connect or command timeout [`ClientBuilder::build`] accepts (one year; no
+/// command timeout at all is `command_timeout(None)`). Longer values overflow deadline
+/// arithmetic on some platforms' clocks and mean "never" in practice.
+pub const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Threads of each client's connection pool scheduler, which opens connections in the
+/// background and closes idle ones (r2d2's default).
+const SCHEDULER_THREADS: usize = 3;
 
 /// A handle to one Redis deployment: a pool of connections, the Lua scripts' SHAs and the
 /// in-process waiter lines.
@@ -349,7 +359,8 @@ impl ClientBuilder {
     }
 
     /// Time allowed to connect, and to wait for a free connection when all are in use
-    /// (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    /// (default [`DEFAULT_CONNECT_TIMEOUT`]). More than zero and at most
+    /// [`MAX_CLIENT_TIMEOUT`], or [`build`](Self::build) fails.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
@@ -357,6 +368,7 @@ impl ClientBuilder {
 
     /// Time allowed for one reply from Redis (default [`DEFAULT_COMMAND_TIMEOUT`]); `None` waits
     /// without limit. A connection that timed out is dropped from the pool, never reused.
+    /// More than zero and at most [`MAX_CLIENT_TIMEOUT`], or [`build`](Self::build) fails.
     pub fn command_timeout(mut self, d: Option<Duration>) -> Self {
         self.command_timeout = d;
         self
@@ -375,6 +387,10 @@ impl ClientBuilder {
     /// served one was 0.01–0.07 without it, 0.15 with 1 ms, 0.3–0.6 with 2–2.5 ms and 0.98 with
     /// 3 ms. The cost: a client that re-locks at once while another client's subscription is
     /// still lingering on the channel (up to 1.5 s after it last waited) waits this long once.
+    ///
+    /// At most [`MAX_HANDOFF_COURTESY`], or [`build`](Self::build) fails. The wait never runs
+    /// past the blocking call's deadline (`try_lock_for`'s duration, the policy's `max_wait`,
+    /// or for a count-limited policy the longest its retries could take).
     pub fn handoff_courtesy(mut self, d: Duration) -> Self {
         self.courtesy = d;
         self
@@ -389,6 +405,26 @@ impl ClientBuilder {
         }
         if self.connect_timeout.is_zero() || self.command_timeout.is_some_and(|d| d.is_zero()) {
             return Err(setup("timeouts must be greater than zero".into()));
+        }
+        if self.connect_timeout > MAX_CLIENT_TIMEOUT
+            || self.command_timeout.is_some_and(|d| d > MAX_CLIENT_TIMEOUT)
+        {
+            return Err(setup(
+                format!(
+                    "timeouts must be at most MAX_CLIENT_TIMEOUT ({MAX_CLIENT_TIMEOUT:?}); \
+                     command_timeout(None) waits without limit"
+                )
+                .into(),
+            ));
+        }
+        if self.courtesy > MAX_HANDOFF_COURTESY {
+            return Err(setup(
+                format!(
+                    "handoff courtesy {:?} is longer than MAX_HANDOFF_COURTESY ({:?})",
+                    self.courtesy, MAX_HANDOFF_COURTESY
+                )
+                .into(),
+            ));
         }
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
         let (connect_timeout, cluster) = (
@@ -454,7 +490,15 @@ impl ClientBuilder {
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
         };
+        // The pool's own scheduler, shut down with the pool: r2d2's default keeps its threads
+        // until the next idle-connection sweep (up to 30 s after the client is dropped).
+        let scheduler = scheduled_thread_pool::ScheduledThreadPool::builder()
+            .num_threads(SCHEDULER_THREADS)
+            .thread_name_pattern("redis-dlock-pool-{}")
+            .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
+            .build();
         let pool = r2d2::Pool::builder()
+            .thread_pool(Arc::new(scheduler))
             .max_size(self.pool_size)
             .min_idle(Some(0))
             // A checkout PING would double every lock operation's cost; broken connections mark

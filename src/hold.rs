@@ -185,7 +185,9 @@ pub(crate) fn after_publish(client: &LockClient, line: &str, channel: &str, rece
         return;
     }
     if receivers > i64::from(client.wakeups().hears(channel)) {
-        client.waiters().yield_to(line, Instant::now() + courtesy);
+        client
+            .waiters()
+            .yield_to(line, crate::time::after(courtesy));
     }
 }
 

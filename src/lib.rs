@@ -66,6 +66,7 @@ mod rwlock;
 mod scripts;
 mod strategy;
 mod string_value;
+mod time;
 mod token;
 mod waiters;
 mod wakeup;
@@ -74,7 +75,7 @@ mod watchdog;
 pub use classic::ClassicLock;
 pub use client::{
     ClientBuilder, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_HANDOFF_COURTESY, DEFAULT_POOL_SIZE,
+    DEFAULT_HANDOFF_COURTESY, DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
 };
 pub use error::{LockError, Result};
 pub use hold::WakeUp;
@@ -84,7 +85,7 @@ pub use redlock::{
     REDLOCK_DEFAULT_TTL, REDLOCK_DEFAULT_WORKERS,
 };
 pub use reentrant::ReentrantLock;
-pub use retry::RetryPolicy;
+pub use retry::{RetryPolicy, MIN_RETRY_DELAY};
 pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_MIN_WRITER_INTENT};
 pub use strategy::{
     ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,

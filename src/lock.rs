@@ -63,11 +63,22 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     fn try_lock(&self) -> Result<LockGuard<'_>>;
 
     /// Waits for the lock under [`retry_policy`](Self::retry_policy);
-    /// [`LockError::Timeout`] when the policy gives up.
+    /// [`LockError::Timeout`] when the policy gives up. A policy without `max_wait` and
+    /// without `max_retries` waits forever; see [`RetryPolicy`] for the bounds.
+    ///
+    /// A thread that gives up while other threads of the same client ahead of it in line
+    /// could not reach Redis gets [`LockError::Connection`] instead: an outage is not
+    /// contention.
     fn lock(&self) -> Result<LockGuard<'_>>;
 
-    /// Waits for the lock at most `wait` (the policy's sleeps, the caller's deadline);
-    /// [`LockError::Timeout`] when the time runs out.
+    /// Waits for the lock at most `wait` (the policy's sleeps, the caller's deadline; the
+    /// policy's `max_retries` and `max_wait` do not apply); [`LockError::Timeout`] when the
+    /// time runs out. The call returns within `wait` plus the time of the attempt under way at
+    /// the deadline and of one check after it: normally a round trip or two; against an
+    /// unresponsive server, bounded by the client's connect and command timeouts (RedLock: its
+    /// node timeout). A `wait` so long that the deadline
+    /// cannot be represented (e.g. `Duration::MAX`) means no deadline: wait forever.
+    /// Errors as for [`lock`](Self::lock).
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>>;
 }
 
@@ -185,7 +196,7 @@ impl Lease {
             value: buf,
             len: len as u8,
             acquired_at: start,
-            valid_until: start + ttl,
+            valid_until: crate::time::saturating_add(start, ttl),
             fence: None,
             watch: None,
         }
@@ -218,7 +229,7 @@ impl Lease {
             self.value = fresh.value;
             self.len = fresh.len;
         }
-        self.valid_until = start + ttl;
+        self.valid_until = crate::time::saturating_add(start, ttl);
         if let Some(w) = &self.watch {
             w.renewed(start, ttl);
         }
@@ -497,6 +508,13 @@ pub(crate) struct Wake<'q> {
 /// lifetime. Without a confirmed subscription (pub/sub unavailable, subscriber reconnecting)
 /// or without a reported lifetime it falls back to the policy's sleeps.
 ///
+/// The handoff courtesy ([`WaitQueues::take_courtesy`]) is slept before the first attempt,
+/// never past the deadline. A thread that reaches its deadline still waiting for its turn
+/// first waits for the outcome of the attempt on the wire ahead of it, if any (at most as long
+/// as it has waited, and at least 1 s); when the line's latest attempt failed to reach Redis,
+/// or is still without a reply, it reports [`LockError::Connection`] naming that failure, not
+/// a contention timeout.
+///
 /// `on_give_up` gets the number of attempts made and may replace the final
 /// [`LockError::Timeout`] with a more precise error.
 pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
@@ -508,9 +526,14 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
 ) -> Result<LockGuard<'a>> {
     let key = lock.key();
     let mut pttl = None;
+    // The deadline, or for a count-limited policy the longest its retries could take, so a
+    // retry limit still ends every wait; `None` only for a wait without any limit.
+    let deadline = attempts.queue_deadline();
     if !line.barge {
         if let Some(until) = line.queues.take_courtesy(line.name) {
-            // This client just released the lock while other clients waited: let them in.
+            // This client just released the lock while other clients waited: let them in,
+            // but never past the caller's deadline.
+            let until = deadline.map_or(until, |d| until.min(d));
             std::thread::sleep(until.saturating_duration_since(Instant::now()));
         }
     }
@@ -528,8 +551,8 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         "lock {key:?}: waiting behind {} threads of this process",
         ticket.ahead()
     );
-    let deadline = attempts.queue_deadline();
     let mut subscription = None;
+    let mut stalled = None;
     loop {
         if attempts.made() > 0 {
             let Some(backoff) = attempts.next_sleep() else {
@@ -566,11 +589,22 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             ticket.sleep(sleep);
         }
         if line.fifo && !ticket.wait_turn(deadline) {
+            // Gave up before its turn: because the lock is held, or because the threads
+            // ahead could not reach Redis (an outage is not contention).
+            // The attempt ahead normally ends within the client's timeouts; without a
+            // command timeout, give it at most as long as this thread waited (1 s or more).
+            stalled = ticket.outage(attempts.waited().max(Duration::from_secs(1)));
             break;
         }
         ticket.mark();
         attempts.record();
-        match refused_if_late(attempt(), &mut late)? {
+        ticket.attempt_started();
+        let result = attempt();
+        ticket.attempt_finished(match &result {
+            Err(e @ LockError::Connection { .. }) => Some(e.report()),
+            _ => None,
+        });
+        match refused_if_late(result, &mut late)? {
             Attempt::Acquired(lease) => {
                 log::debug!(
                     "lock {key:?}: acquired after {} attempts in {:?}",
@@ -584,6 +618,24 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     }
     drop(subscription);
     drop(ticket);
+    if let Some(why) = stalled {
+        log::warn!(
+            "lock {key:?}: gave up after {:?} in line behind other threads of this client \
+             without a reply from Redis: {why}",
+            attempts.waited()
+        );
+        return Err(LockError::Connection {
+            key: key.to_owned(),
+            source: format!(
+                "gave up after {} and {} own attempt{}, waiting in line behind other threads \
+                 of this client: {why}",
+                crate::error::Rounded(attempts.waited()),
+                attempts.made(),
+                if attempts.made() == 1 { "" } else { "s" }
+            )
+            .into(),
+        });
+    }
     on_give_up(attempts.made())?;
     if let Some(err) = late {
         log::info!(

@@ -91,7 +91,8 @@ impl Lane {
         if self.written.len() >= 64 {
             self.written.retain(|_, until| *until > now);
         }
-        self.written.insert(token.into(), now + ttl);
+        self.written
+            .insert(token.into(), crate::time::saturating_add(now, ttl));
     }
 
     fn may_hold(&self, token: &[u8]) -> bool {
@@ -337,7 +338,8 @@ impl RedLockClientBuilder {
     /// How long an operation waits for each node's answer before counting it as a failed vote
     /// (default [`REDLOCK_DEFAULT_NODE_TIMEOUT`]). For nodes given as URLs it is also each
     /// connection's connect and command timeout. Keep it far below the lock's lifetime: every
-    /// millisecond an acquire waits is taken off the validity.
+    /// millisecond an acquire waits is taken off the validity. More than zero and at most
+    /// [`MAX_CLIENT_TIMEOUT`](crate::MAX_CLIENT_TIMEOUT), or [`build`](Self::build) fails.
     pub fn node_timeout(mut self, d: Duration) -> Self {
         self.node_timeout = d;
         self
@@ -355,7 +357,7 @@ impl RedLockClientBuilder {
     /// until it comes up) and starts the worker threads.
     ///
     /// Errors: [`LockError::InvalidArgument`] for zero nodes; [`LockError::Setup`] for a zero
-    /// node timeout or worker count, a bad URL, or a worker thread that could not be started.
+    /// or too long node timeout, a zero worker count, a bad URL, or a worker thread that could not be started.
     pub fn build(self) -> Result<RedLockClient> {
         let setup = |msg: String| LockError::Setup { source: msg.into() };
         let count = match &self.nodes {
@@ -372,6 +374,12 @@ impl RedLockClientBuilder {
             return Err(setup(
                 "the RedLock node timeout must be greater than zero".into(),
             ));
+        }
+        if self.node_timeout > crate::MAX_CLIENT_TIMEOUT {
+            return Err(setup(format!(
+                "the RedLock node timeout must be at most MAX_CLIENT_TIMEOUT ({:?})",
+                crate::MAX_CLIENT_TIMEOUT
+            )));
         }
         if self.workers == 0 {
             return Err(setup("RedLock needs at least one worker per node".into()));
@@ -772,7 +780,7 @@ impl RedLock {
         F: Fn(&mut Lane) -> Result<bool> + Send + Sync + 'static,
     {
         let start = Instant::now();
-        let deadline = start + self.inner().node_timeout;
+        let deadline = crate::time::saturating_add(start, self.inner().node_timeout);
         let ballot = self
             .inner()
             .broadcast(&self.key, self.lane, deadline, effect, op);
@@ -835,7 +843,7 @@ impl DistributedLock for RedLock {
         let tally = self.count(&ballot);
         // validity = ttl − elapsed − drift > 0  ⇔  now < start + ttl − drift
         let lifetime = self.ttl - self.drift;
-        let valid = Instant::now() < start + lifetime;
+        let valid = Instant::now() < crate::time::saturating_add(start, lifetime);
         if tally.yes >= self.inner().quorum && valid {
             log::trace!("lock {:?}: RedLock acquired: {tally}", self.key);
             return Ok(Some(Lease::new(&token, start, lifetime)));
@@ -914,7 +922,9 @@ impl DistributedLock for RedLock {
             Ok(extended == 1)
         });
         let tally = self.count(&ballot);
-        if tally.yes >= self.inner().quorum && Instant::now() < start + lifetime {
+        if tally.yes >= self.inner().quorum
+            && Instant::now() < crate::time::saturating_add(start, lifetime)
+        {
             lease.renew(None, start, lifetime);
             log::debug!("lock {:?}: RedLock extended by {ttl:?}: {tally}", self.key);
             return Ok(());
@@ -927,7 +937,7 @@ impl DistributedLock for RedLock {
             &self.key,
             self.lane,
             lease.value(),
-            Some(Instant::now() + self.inner().node_timeout),
+            Some(crate::time::after(self.inner().node_timeout)),
         );
         Err(LockError::Lost {
             key: self.key.clone(),

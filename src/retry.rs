@@ -4,6 +4,13 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+/// The shortest sleep between two polling attempts of one waiter, whatever the policy says
+/// (`fixed_delay(Duration::ZERO)` included): without it a single waiter would send tens of
+/// thousands of commands a second. It does not delay the first attempt, a waiter woken by a
+/// release of its own client or by a published release, nor the immediate retry right after a
+/// fresh pub/sub subscription is confirmed.
+pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
+
 /// How a blocking [`lock`](crate::DistributedLock::lock) retries.
 ///
 /// An acquire makes one attempt, then sleeps and retries until the lock is taken, `max_retries`
@@ -12,7 +19,19 @@ use rand::Rng;
 /// both limits. Sleeps start at `delay`, grow by `backoff` after each failed attempt up to
 /// `max_delay`, and with `jitter` each sleep is drawn uniformly from `[d/2, d]` so waiters that
 /// started together spread out. A sleep never runs past the deadline; the last attempt is made
-/// at the deadline.
+/// at the deadline. No sleep is shorter than [`MIN_RETRY_DELAY`] (except the last one, cut by
+/// the deadline).
+///
+/// Bounds with extreme values, all accepted:
+/// - `max_wait(None)` and `max_retries(None)` together: [`lock`](crate::DistributedLock::lock)
+///   waits forever ([`is_unbounded`](Self::is_unbounded)).
+/// - a `max_wait` whose deadline the platform's clock cannot represent (e.g. `Duration::MAX`)
+///   counts as no time limit.
+/// - with only `max_retries`, a thread waiting behind other threads of its client gives up
+///   after `max_delay × (max_retries + 1)` (saturating); with a `delay` of `Duration::MAX`
+///   that is forever, and each sleep lasts until a release wakes the line (a release by the
+///   same client, or for pub/sub waiters a published one).
+/// - `max_retries(Some(u32::MAX))` is as good as no count limit.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct RetryPolicy {
@@ -141,10 +160,11 @@ impl<'a> Attempts<'a> {
         Self::with_limits(policy, started, deadline, policy.max_retries)
     }
 
-    /// The caller's wait instead of the policy's limits.
+    /// The caller's wait instead of the policy's limits (no deadline when it cannot be
+    /// represented: a wait of `Duration::MAX` is a wait forever).
     pub(crate) fn for_duration(policy: &'a RetryPolicy, wait: Duration) -> Self {
         let started = Instant::now();
-        Self::with_limits(policy, started, started.checked_add(wait), None)
+        Self::with_limits(policy, started, crate::time::deadline_after(wait), None)
     }
 
     fn with_limits(
@@ -200,8 +220,9 @@ impl<'a> Attempts<'a> {
         let mut sleep = self.next_delay;
         if self.policy.jitter && !sleep.is_zero() {
             let half = sleep / 2;
-            sleep = half + rand::rng().random_range(Duration::ZERO..=sleep - half);
+            sleep = half.saturating_add(rand::rng().random_range(Duration::ZERO..=sleep - half));
         }
+        sleep = sleep.max(MIN_RETRY_DELAY);
         self.next_delay = self
             .next_delay
             .saturating_mul(self.policy.backoff)
@@ -264,6 +285,70 @@ mod tests {
         std::thread::sleep(Duration::from_millis(60));
         a.record();
         assert_eq!(a.next_sleep(), None);
+    }
+
+    #[test]
+    fn zero_delay_is_floored() {
+        let p = RetryPolicy::standard().fixed_delay(Duration::ZERO);
+        let mut a = Attempts::new(&p);
+        for _ in 0..5 {
+            a.record();
+            assert_eq!(a.next_sleep(), Some(MIN_RETRY_DELAY));
+        }
+        // With jitter a 1 ns delay would draw 0 or 1 ns: floored as well.
+        let p = RetryPolicy::standard()
+            .fixed_delay(Duration::from_nanos(1))
+            .jitter(true);
+        let mut a = Attempts::new(&p);
+        a.record();
+        assert_eq!(a.next_sleep(), Some(MIN_RETRY_DELAY));
+    }
+
+    #[test]
+    fn extreme_values_saturate() {
+        // A deadline the clock cannot represent is no deadline.
+        let p = RetryPolicy::standard().max_wait(Some(Duration::MAX));
+        let a = Attempts::new(&p);
+        assert_eq!(a.deadline, None);
+        assert_eq!(a.queue_deadline(), None);
+        let a = Attempts::for_duration(&p, Duration::MAX);
+        assert_eq!(a.queue_deadline(), None);
+        // Sleeps of Duration::MAX, with and without jitter, and a retry limit: no overflow.
+        for jitter in [false, true] {
+            let p = RetryPolicy::standard()
+                .fixed_delay(Duration::MAX)
+                .jitter(jitter)
+                .max_wait(None)
+                .max_retries(Some(1));
+            let mut a = Attempts::new(&p);
+            // max_delay × 2 saturates to Duration::MAX: no representable deadline.
+            assert_eq!(a.queue_deadline(), None);
+            a.record();
+            let d = a.next_sleep().expect("one retry allowed");
+            assert!(d >= Duration::MAX / 2, "{d:?}");
+            a.record();
+            assert_eq!(a.next_sleep(), None);
+        }
+        // u32::MAX retries and a backoff factor of u32::MAX: the delay saturates at max_delay.
+        let p = RetryPolicy::standard()
+            .backoff(Duration::from_millis(1), Duration::MAX, u32::MAX)
+            .jitter(false)
+            .max_wait(None)
+            .max_retries(Some(u32::MAX));
+        let mut a = Attempts::new(&p);
+        let mut last = Duration::ZERO;
+        for _ in 0..4 {
+            a.record();
+            last = a.next_sleep().expect("far from the retry limit");
+        }
+        assert_eq!(last, Duration::MAX);
+        // The queue deadline of u32::MAX retries of 1 ms: about 50 days, representable.
+        let p = RetryPolicy::legacy()
+            .fixed_delay(Duration::from_millis(1))
+            .max_retries(Some(u32::MAX));
+        let a = Attempts::new(&p);
+        let qd = a.queue_deadline().expect("representable");
+        assert!(qd > Instant::now() + Duration::from_secs(40 * 24 * 3600));
     }
 
     #[test]

@@ -295,7 +295,10 @@ impl ReadWriteLockBuilder {
     /// writer's sleep between attempts plus a round trip, or readers slip in between; the
     /// longer it is, the longer a writer that dies while waiting keeps readers out. Zero turns
     /// writer preference off (readers then may starve writers). Default: 4 × the retry
-    /// policy's longest sleep, at least [`RW_MIN_WRITER_INTENT`].
+    /// policy's longest sleep, at least [`RW_MIN_WRITER_INTENT`]. At most
+    /// [`MAX_TTL`](crate::MAX_TTL), or [`build`](Self::build) fails with
+    /// [`LockError::InvalidArgument`] (also when the default is beyond it: a policy whose
+    /// `max_delay` exceeds a quarter of `MAX_TTL` needs an explicit intent).
     pub fn writer_intent(mut self, intent: Duration) -> Self {
         self.intent = Some(intent);
         self
@@ -318,7 +321,19 @@ impl ReadWriteLockBuilder {
                 .saturating_mul(INTENT_SLEEPS)
                 .max(RW_MIN_WRITER_INTENT)
         });
-        check_duration(&self.key, "writer_intent", intent, true)?;
+        check_duration(&self.key, "writer_intent", intent, true).map_err(|e| {
+            if self.intent.is_some() {
+                return e;
+            }
+            LockError::invalid(
+                &self.key,
+                format!(
+                    "the default writer_intent (4 × the retry policy's max_delay {:?}) is beyond \
+                     MAX_TTL: set writer_intent explicitly",
+                    opts.retry.max_delay
+                ),
+            )
+        })?;
         let intent = Duration::from_millis(intent.as_millis() as u64);
         let shared = Arc::new(Shared {
             read_line: format!("{}\0read", self.key),

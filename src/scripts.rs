@@ -6,8 +6,20 @@
 //! caches it on that server. The common case costs one round trip and the recovery two; `EVAL`
 //! is routed by key like `EVALSHA`, so in a Redis Cluster it loads the script on the node that
 //! owns the key (a `SCRIPT LOAD` has no key to route by).
+//!
+//! A script that must be able to write when the server is out of memory (`maxmemory` reached
+//! with the `noeviction` policy), like the Classic extend, is sent with the Redis 7 shebang
+//! `#!lua flags=allow-oom`. Servers before Redis 7 do not know shebangs and reject the text
+//! as a Lua syntax error: the client then falls back to the same script without the shebang
+//! for the rest of its life (those servers refuse the script's write under OOM, as before).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use redis::{ConnectionLike, FromRedisValue, RedisResult, ToRedisArgs};
+
+/// The Redis 7 script header that lets a script write when `maxmemory` is reached.
+const ALLOW_OOM: &str = "#!lua flags=allow-oom\n";
 
 /// One Lua script with its precomputed SHA1.
 #[derive(Debug, Clone)]
@@ -16,6 +28,16 @@ pub(crate) struct LuaScript {
     /// The text sent by `EVAL` after a `NOSCRIPT`: owned, as some scripts are assembled.
     code: String,
     script: redis::Script,
+    /// For a script with a shebang: the same script without it, for servers before Redis 7.
+    plain: Option<Arc<Plain>>,
+}
+
+/// The shebang-less variant of a script, and whether this client has seen a server reject the
+/// shebang (then only the variant is sent).
+#[derive(Debug)]
+struct Plain {
+    script: LuaScript,
+    shebang_rejected: AtomicBool,
 }
 
 impl LuaScript {
@@ -24,6 +46,19 @@ impl LuaScript {
             name,
             code: code.to_owned(),
             script: redis::Script::new(code),
+            plain: None,
+        }
+    }
+
+    /// The script with the `allow-oom` flag on Redis 7 and later (plain before).
+    fn allowing_oom(name: &'static str, code: &str) -> Self {
+        let flagged = format!("{ALLOW_OOM}{code}");
+        LuaScript {
+            plain: Some(Arc::new(Plain {
+                script: Self::new(name, code),
+                shebang_rejected: AtomicBool::new(false),
+            })),
+            ..Self::new(name, &flagged)
         }
     }
 
@@ -96,7 +131,34 @@ impl LuaScript {
         key: &str,
         args: impl ToRedisArgs,
     ) -> RedisResult<T> {
-        match self.evalsha(key, &args).query(con) {
+        let Some(plain) = &self.plain else {
+            return self.eval_one(con, key, &args);
+        };
+        if plain.shebang_rejected.load(Ordering::Relaxed) {
+            return plain.script.eval_one(con, key, &args);
+        }
+        match self.eval_one(con, key, &args) {
+            Err(err) if rejects_shebang(&err) => {
+                log::info!(
+                    "lock {key:?}: the server does not accept script flags (before Redis 7: \
+                     {err}); script {} is sent without them from now on",
+                    self.name
+                );
+                plain.shebang_rejected.store(true, Ordering::Relaxed);
+                plain.script.eval_one(con, key, &args)
+            }
+            other => other,
+        }
+    }
+
+    /// [`eval`](Self::eval) of this very text (no fallback).
+    fn eval_one<T: FromRedisValue>(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: &str,
+        args: &impl ToRedisArgs,
+    ) -> RedisResult<T> {
+        match self.evalsha(key, args).query(con) {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
@@ -108,12 +170,22 @@ impl LuaScript {
                     .arg(&self.code)
                     .arg(1)
                     .arg(key)
-                    .arg(&args)
+                    .arg(args)
                     .query(con)
             }
             other => other,
         }
     }
+}
+
+/// A server before Redis 7 compiling a script that starts with a shebang: "Error compiling
+/// script (new function): user_script:1: unexpected symbol near '#'".
+/// A Redis 7+ server that does not know a flag names the shebang.
+fn rejects_shebang(err: &redis::RedisError) -> bool {
+    let text = err.to_string();
+    text.contains("near '#'")
+        || text.contains("shebang")
+        || (text.contains("compiling script") && text.contains('#'))
 }
 
 /// The line of a `lua/rw_*.lua` script that stands for [`RW_PRELUDE`].
@@ -130,7 +202,8 @@ pub(crate) struct Scripts {
     pub(crate) extend: LuaScript,
     /// `lua/token_acquire.lua`: Token acquire reporting the fence or the holder's PTTL.
     pub(crate) token_acquire: LuaScript,
-    /// `lua/compare_and_set.lua`: Classic takeover and extend.
+    /// `lua/compare_and_set.lua`: Classic takeover and extend, allowed to write when the
+    /// server is out of memory (Redis 7+).
     pub(crate) compare_and_set: LuaScript,
     /// `lua/rw_acquire.lua`: read-write lock, take a read or write hold.
     pub(crate) rw_acquire: LuaScript,
@@ -159,7 +232,8 @@ impl Scripts {
                 "token_acquire",
                 include_str!("../lua/token_acquire.lua"),
             ),
-            compare_and_set: LuaScript::new(
+            // Classic extend must rewrite the value (it is the expiry) even on a full server.
+            compare_and_set: LuaScript::allowing_oom(
                 "compare_and_set",
                 include_str!("../lua/compare_and_set.lua"),
             ),
@@ -207,5 +281,40 @@ mod tests {
         }
         assert_ne!(shas[0], shas[1]);
         assert_ne!(shas[1], shas[2]);
+    }
+
+    #[test]
+    fn compare_and_set_allows_oom_with_a_plain_fallback() {
+        let s = Scripts::new();
+        let cas = &s.compare_and_set;
+        assert!(cas.code().starts_with("#!lua flags=allow-oom\n"));
+        let plain = cas.plain.as_ref().expect("a fallback");
+        assert!(!plain.script.code().starts_with('#'));
+        assert_eq!(cas.code(), format!("{ALLOW_OOM}{}", plain.script.code()));
+        assert_ne!(cas.script.get_hash(), plain.script.script.get_hash());
+        assert!(s.unlock.plain.is_none());
+    }
+
+    #[test]
+    fn shebang_rejections_are_recognised() {
+        let err = |msg: &str| {
+            redis::RedisError::from((redis::ErrorKind::Client, "script error", msg.to_owned()))
+        };
+        // Redis 6 compiling `#!lua flags=allow-oom`.
+        assert!(rejects_shebang(&err(
+            "ERR Error compiling script (new function): user_script:1: unexpected symbol near \
+             '#'"
+        )));
+        // Redis 7 with a flag it does not know.
+        assert!(rejects_shebang(&err(
+            "ERR Unexpected flag in script shebang: allow-oom"
+        )));
+        // Other failures are passed on.
+        assert!(!rejects_shebang(&err(
+            "OOM command not allowed when used memory > 'maxmemory'."
+        )));
+        assert!(!rejects_shebang(&err(
+            "ERR Error running script (call to f_1234): @user_script:11: WRONGTYPE"
+        )));
     }
 }

@@ -39,6 +39,13 @@ struct State {
     next_ticket: u64,
     /// Bumped by every local release of the key.
     releases: u64,
+    /// When the latest attempt made from the line got an answer from Redis (taken or held).
+    answered_at: Option<Instant>,
+    /// The latest attempt made from the line that failed (no answer: connection error,
+    /// command timeout), and when; cleared by an answered attempt.
+    failed: Option<(Instant, String)>,
+    /// The ticket whose attempt is on the wire without a reply yet, and since when.
+    in_flight: Option<(u64, Instant)>,
 }
 
 /// Mutex poisoning only means another thread panicked while holding it; the state (a queue of
@@ -168,11 +175,74 @@ impl Ticket<'_> {
         self.seen_releases = lock(&self.queue.state).releases;
     }
 
+    /// An attempt by this thread (the head of a FIFO line) is going on the wire.
+    pub(crate) fn attempt_started(&self) {
+        lock(&self.queue.state).in_flight = Some((self.id, Instant::now()));
+    }
+
+    /// The attempt announced by [`attempt_started`](Self::attempt_started) came back:
+    /// answered by Redis (`None`, whatever the answer), or with `Some(failure)` when Redis
+    /// could not be reached or did not reply in time.
+    pub(crate) fn attempt_finished(&self, failure: Option<String>) {
+        let mut st = lock(&self.queue.state);
+        if st.in_flight.is_some_and(|(id, _)| id == self.id) {
+            st.in_flight = None;
+        }
+        let now = Instant::now();
+        match failure {
+            None => {
+                st.answered_at = Some(now);
+                st.failed = None;
+            }
+            Some(err) => st.failed = Some((now, err)),
+        }
+        drop(st);
+        // Threads that gave up wait for this outcome (see `outage`).
+        self.queue.cv.notify_all();
+    }
+
+    /// For a thread that reached its deadline still waiting for its turn: why it must not
+    /// report contention, if so. First waits for the outcome of the attempt of the thread
+    /// ahead that is on the wire (it ends within the client's timeouts), at most `patience`
+    /// (for a client without a command timeout), then: `Some(reason)` when the line's latest
+    /// attempt failed to reach Redis and none was answered since, or when the attempt still
+    /// has no reply after `patience` (an outage); `None` when the attempts were answered (the
+    /// lock is held).
+    pub(crate) fn outage(&self, patience: Duration) -> Option<String> {
+        let until = crate::time::after(patience);
+        let mut st = lock(&self.queue.state);
+        while let Some((_, since)) = st.in_flight {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Some(format!(
+                    "an attempt of another thread of this client waiting for the lock has had \
+                     no reply from Redis for {:?}",
+                    since.elapsed()
+                ));
+            }
+            st = self
+                .queue
+                .cv
+                .wait_timeout(st, left)
+                .map(|(st, _)| st)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        let (at, err) = st.failed.as_ref()?;
+        if st.answered_at.is_some_and(|answered| answered > *at) {
+            return None;
+        }
+        Some(format!(
+            "the latest attempt of another thread of this client waiting for the lock failed \
+             {:?} ago: {err}",
+            at.elapsed()
+        ))
+    }
+
     /// Sleeps up to `d`, returning early if a local holder released the key since [`mark`].
     ///
     /// [`mark`]: Self::mark
     pub(crate) fn sleep(&self, d: Duration) {
-        let until = Instant::now() + d;
+        let until = crate::time::after(d);
         let mut st = lock(&self.queue.state);
         while st.releases == self.seen_releases {
             let left = until.saturating_duration_since(Instant::now());
@@ -196,6 +266,10 @@ impl Drop for Ticket<'_> {
         let empty = {
             let mut st = lock(&self.queue.state);
             st.order.retain(|&t| t != self.id);
+            if st.in_flight.is_some_and(|(id, _)| id == self.id) {
+                // Unwound mid-attempt: nobody must wait for its outcome.
+                st.in_flight = None;
+            }
             st.order.is_empty()
         };
         if empty {
@@ -228,6 +302,63 @@ mod tests {
         assert!(b.wait_turn(Some(Instant::now())));
         drop(b);
         assert!(!q.has_waiters("k"));
+    }
+
+    #[test]
+    fn outage_is_told_from_contention() {
+        let q = WaitQueues::default();
+        let head = q.enqueue("k");
+        let behind = q.enqueue("k");
+        let patience = Duration::from_secs(30);
+        // Nothing known: contention.
+        assert_eq!(behind.outage(patience), None);
+        head.attempt_started();
+        head.attempt_finished(Some("timed out".into()));
+        let why = behind.outage(patience).expect("the head's attempt failed");
+        assert!(why.contains("timed out"), "{why}");
+        // An answered attempt since: contention again.
+        head.attempt_started();
+        head.attempt_finished(None);
+        assert_eq!(behind.outage(patience), None);
+        // An attempt on the wire: its outcome decides, waited for.
+        head.attempt_started();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| behind.outage(patience));
+            std::thread::sleep(Duration::from_millis(30));
+            assert!(
+                !waiter.is_finished(),
+                "must wait for the attempt on the wire"
+            );
+            head.attempt_finished(Some("connection refused".into()));
+            let why = waiter.join().expect("waiter").expect("failed attempt");
+            assert!(why.contains("connection refused"), "{why}");
+        });
+        // An attempt without a reply for longer than the patience: an outage too.
+        head.attempt_started();
+        let why = behind
+            .outage(Duration::from_millis(20))
+            .expect("no reply in time");
+        assert!(why.contains("no reply"), "{why}");
+        // A head dropped mid-attempt does not leave the others waiting forever.
+        drop(head);
+        assert!(
+            behind.outage(patience).is_some(),
+            "the last outcome was a failure"
+        );
+    }
+
+    #[test]
+    fn huge_sleep_does_not_overflow() {
+        let q = WaitQueues::default();
+        let mut tk = q.enqueue("k");
+        tk.mark();
+        std::thread::scope(|s| {
+            let sleeper = s.spawn(|| tk.sleep(Duration::MAX));
+            std::thread::sleep(Duration::from_millis(30));
+            assert!(!sleeper.is_finished());
+            q.notify_release("k");
+            sleeper.join().expect("no panic on Duration::MAX");
+        });
     }
 
     #[test]

@@ -159,7 +159,8 @@ impl Wakeups {
     ) -> Option<Subscription<'_>> {
         let shared = self.shared.as_ref()?;
         let now = Instant::now();
-        let until = deadline.map_or(now + shared.timeout, |d| d.min(now + shared.timeout));
+        let longest = crate::time::saturating_add(now, shared.timeout);
+        let until = deadline.map_or(longest, |d| d.min(longest));
         let mut st = lock(&shared.state);
         if st.shutdown || matches!(st.link, Link::Unavailable) {
             return None;
@@ -423,7 +424,7 @@ fn run(shared: &Shared) {
             st.thread = false;
             return;
         }
-        let until = Instant::now() + backoff;
+        let until = crate::time::after(backoff);
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if st.shutdown || left.is_zero() {

@@ -183,12 +183,19 @@ impl WatchState {
 
     /// Until when the hold is valid by the local clock, after the latest renewal.
     pub(crate) fn valid_until(&self) -> Instant {
-        self.base + Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire))
+        crate::time::saturating_add(
+            self.base,
+            Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire)),
+        )
     }
 
     /// A renewal (or an extend) sent at `start` gave the hold `ttl` more.
     pub(crate) fn renewed(&self, start: Instant, ttl: Duration) {
-        let until = nanos(start.saturating_duration_since(self.base) + ttl);
+        let until = nanos(
+            start
+                .saturating_duration_since(self.base)
+                .saturating_add(ttl),
+        );
         self.valid_until_ns.fetch_max(until, Ordering::AcqRel);
     }
 
@@ -337,7 +344,7 @@ impl Watchdog {
 
     /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease() / 3`.
     pub(crate) fn watch(&self, client: &crate::client::LockClient, state: &Arc<WatchState>) {
-        let due = Instant::now() + state.lease() / 3;
+        let due = crate::time::after(state.lease() / 3);
         let mut list = self.shared.lock();
         // Holds taken and released at a high rate would pile up until the thread's next round
         // (up to lease/3 away): clean up between rounds once the list has doubled.
@@ -498,7 +505,7 @@ fn take_due(
         let Some(state) = entry.state.upgrade() else {
             continue;
         };
-        if entry.due > start + state.lease() / 6 {
+        if entry.due > crate::time::saturating_add(start, state.lease() / 6) {
             continue;
         }
         if start >= state.valid_until() {
@@ -585,7 +592,7 @@ fn renew(
             state.renewed(start, state.lease());
             log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
             renewed += 1;
-            Outcome::Due(start + state.lease() / 3)
+            Outcome::Due(crate::time::saturating_add(start, state.lease() / 3))
         };
         outcomes.push((*i, outcome));
     }
@@ -607,7 +614,7 @@ fn retry_later(batch: &[(usize, Arc<WatchState>)], outcomes: &mut Vec<(usize, Ou
             lost(state, LossReason::Expired);
             Outcome::Drop
         } else {
-            Outcome::Due(now + retry_delay(state.lease()))
+            Outcome::Due(crate::time::saturating_add(now, retry_delay(state.lease())))
         };
         outcomes.push((*i, outcome));
     }
