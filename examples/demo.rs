@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rand::Rng;
+use rand::RngExt;
 use redis_dlock::{DistributedLock, LockClient, LockError, Strategy};
 
 /// Contending worker threads per strategy.

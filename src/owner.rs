@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rand::Rng;
+use rand::RngExt;
 
 /// Length of a UUID in text form.
 #[cfg(test)]

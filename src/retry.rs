@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 
 /// The shortest sleep between two polling attempts of one waiter, whatever the policy says
 /// (`fixed_delay(Duration::ZERO)` included): without it a single waiter would send tens of

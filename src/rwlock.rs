@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 use redis::Value;
 
 use crate::client::LockClient;

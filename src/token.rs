@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 use redis::Value;
 
 use crate::client::{Conn, LockClient};

@@ -23,7 +23,7 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL,
     WATCHDOG_DEFAULT_LEASE,
