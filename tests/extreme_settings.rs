@@ -649,7 +649,7 @@ fn outage(command_timeout: Option<Duration>) {
         match r {
             Err(e @ LockError::Connection { .. }) => {
                 assert!(!e.is_contention());
-                let why = e.to_string();
+                let why = e.report();
                 assert!(
                     why.contains("other thread") || why.contains("timed out"),
                     "{why}"
