@@ -10,7 +10,9 @@
 //!   leaves at the key: each finishes at once, the server still answers, and our holds stay
 //!   (Redisson's read-unlock walks every numeric hash field; a numeric intent field in the hash
 //!   once made it loop ~1.8e12 times and froze the server);
-//! - a release sent twice with the same unlock latch gives back one hold.
+//! - a release sent twice with the same unlock latch gives back one hold, also end to end: a
+//!   proxy drops the reply of a release that ran, the client resends it on a new connection,
+//!   and the latch answers (without it, the resend gave back a second hold).
 
 mod support;
 
@@ -1084,4 +1086,121 @@ fn a_release_sent_twice_with_one_latch_gives_back_one_hold() {
         raw::pttl(&mut conn, &latch) > 0,
         "the latch expires by itself"
     );
+}
+
+/// A TCP proxy to the server that, when armed, swallows the next reply from the server and
+/// closes the client's socket instead: the server ran the command, the client never hears.
+struct DropReplyProxy {
+    port: u16,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DropReplyProxy {
+    fn start(server_port: u16) -> DropReplyProxy {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let armed2 = Arc::clone(&armed);
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)) else {
+                    return;
+                };
+                let (mut c_in, mut s_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n) = c_in.read(&mut buf) {
+                        if n == 0 || s_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = s_out.shutdown(Shutdown::Both);
+                });
+                let (mut s_in, mut c_out) = (server, client);
+                let armed = Arc::clone(&armed2);
+                thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n) = s_in.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        if armed.swap(false, Ordering::SeqCst) {
+                            // The reply is dropped and the connection closed.
+                            break;
+                        }
+                        if c_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = c_out.shutdown(Shutdown::Both);
+                    let _ = s_in.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        DropReplyProxy { port, armed }
+    }
+}
+
+#[test]
+fn a_release_resent_after_a_lost_reply_gives_back_one_hold() {
+    init_logging();
+    let server = RedisServer::start();
+    let proxy = DropReplyProxy::start(server.port());
+    // One pooled connection, so the release goes out on a connection used before (the
+    // client resends only on such a connection).
+    let c = LockClient::builder(&format!("redis://127.0.0.1:{}/", proxy.port))
+        .pool_size(1)
+        .build()
+        .expect("client through the proxy");
+    let mut conn = server.conn();
+    let key = "rwr:lost-reply";
+    let lock = rw(&c, key, Duration::from_secs(10));
+    // Load the scripts first: a dropped NOSCRIPT reply would not test the resend of a release
+    // that ran.
+    for side in [
+        lock.read_lock() as &dyn DistributedLock,
+        lock.write_lock() as &dyn DistributedLock,
+    ] {
+        assert!(side.try_lock().unwrap().unlock().unwrap());
+    }
+    for (mode, write) in [("read", false), ("write", true)] {
+        let side: &dyn DistributedLock = if write {
+            lock.write_lock()
+        } else {
+            lock.read_lock()
+        };
+        let l1 = side.try_acquire().unwrap().expect("first hold");
+        let l2 = side.try_acquire().unwrap().expect("second hold");
+        let field = if write {
+            format!("{}:write", owner_of(&l1))
+        } else {
+            owner_of(&l1)
+        };
+        assert_eq!(
+            hash(&mut conn, key).get(&field).map(String::as_str),
+            Some("2")
+        );
+        proxy.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            side.release(&l1).unwrap(),
+            "{mode}: the resent release answers from the latch"
+        );
+        assert!(
+            !proxy.armed.load(std::sync::atomic::Ordering::SeqCst),
+            "a reply was dropped"
+        );
+        assert_eq!(
+            hash(&mut conn, key).get(&field).map(String::as_str),
+            Some("1"),
+            "{mode}: one hold given back, not two"
+        );
+        assert!(side.is_held(&l2).unwrap(), "{mode}: the other hold stays");
+        assert!(side.release(&l2).unwrap());
+        assert!(!raw::exists(&mut conn, key));
+    }
 }
