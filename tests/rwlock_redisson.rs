@@ -954,6 +954,13 @@ fn redissons_scripts_finish_at_once_on_every_state_we_leave_and_keep_our_holds()
             // Optionally a Java reader holds too (where readers may), so that its unlock
             // walks the whole hash and deletes or keeps it.
             let java_holds = java_reads && java.read_lock(&mut conn, &key, 20_000).is_none();
+            if java_reads && (name == "reader-and-waiting-writer" || name == "intent-only") {
+                // Redisson's readers do not see our writer intents.
+                assert!(
+                    java_holds,
+                    "{name}: a Java reader enters past our waiting writer"
+                );
+            }
             let before: BTreeMap<String, String> = hash(&mut conn, &key)
                 .into_iter()
                 .filter(|(f, _)| *f != java.lock_name)
