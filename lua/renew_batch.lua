@@ -4,16 +4,18 @@
 -- ARGV[3i-2]   how the owner is checked and renewed:
 --              'v' a string value (Token): GET key == owner, then PEXPIRE key lease;
 --              'h' a hash field (reentrant, Redisson's layout): HEXISTS key owner, then PEXPIRE;
---              'r' / 'w' the owner's live read / write entry of a read-write lock (field
---              'r:<owner>' / 'w:<owner>' = 'count:expiry ms'): its expiry becomes the later of
---              itself and now + lease, and the key's expiry is moved out to it if earlier
---              (never shortened: other owners' entries may live longer)
+--              'r' the owner's read holds of a read-write lock (Redisson's layout: field
+--              '<owner>' = count, one key '<base>:<owner>:rwlock_timeout:<j>' per hold, <base>
+--              = the key if it contains '{', else '{key}'): while one of those keys lives,
+--              each of them lives at least lease more, and so does the hash;
+--              'w' the owner's write holds ('<owner>:write' in a hash in mode 'write'): the
+--              hash lives at least lease more
+--              ('r' and 'w' never shorten anything: other owners' holds may live longer)
 -- ARGV[3i-1]   the owner: the stored value, the hash field, or the read-write owner id
 -- ARGV[3i]     the lease in milliseconds (>= 1)
 -- Returns an array, one entry per key in KEYS order: 1 renewed, 0 absent or not this owner's.
 -- A key of the wrong type counts as not the owner's (0) instead of failing the whole batch.
-if redis.replicate_commands then redis.replicate_commands() end
-local now
+-- Every loop is bounded (a read count is at most 10000, as the read-write lock enforces).
 local out = {}
 for i = 1, #KEYS do
     local kind, owner, ms = ARGV[3 * i - 2], ARGV[3 * i - 1], tonumber(ARGV[3 * i])
@@ -31,23 +33,44 @@ for i = 1, #KEYS do
             out[i] = 1
         end
     elseif kind == 'r' or kind == 'w' then
-        local field = kind .. ':' .. owner
-        local entry = redis.pcall('hget', key, field)
-        if type(entry) == 'string' then
-            if now == nil then
-                local clock = redis.call('time')
-                now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-            end
-            local c, e = string.match(entry, '^(%d+):(%d+)$')
-            e = tonumber(e)
-            if c and e and e > now then
-                local exp = math.max(e, now + ms)
-                redis.call('hset', key, field, c .. ':' .. string.format('%d', exp))
-                local left = redis.call('pttl', key)
-                if left >= 0 and left < exp - now then
-                    redis.call('pexpireat', key, string.format('%d', exp))
-                end
+        local field = owner
+        if kind == 'w' then
+            field = owner .. ':write'
+        end
+        local c = redis.pcall('hget', key, field)
+        local n = nil
+        if type(c) == 'string' and #c <= 9 and string.match(c, '^%d+$') then
+            n = math.min(tonumber(c), 10000)
+        end
+        if n and n > 0 and kind == 'w' then
+            if redis.call('hget', key, 'mode') == 'write' then
                 out[i] = 1
+            end
+        elseif n and n > 0 then
+            local base = key
+            if not string.find(key, '{', 1, true) then
+                base = '{' .. key .. '}'
+            end
+            local prefix = base .. ':' .. owner .. ':rwlock_timeout:'
+            local lefts = {}
+            for j = 1, n do
+                lefts[j] = redis.call('pttl', prefix .. j)
+                if lefts[j] > 0 then
+                    out[i] = 1
+                end
+            end
+            if out[i] == 1 then
+                for j = 1, n do
+                    if lefts[j] ~= -1 and lefts[j] < ms then
+                        redis.call('set', prefix .. j, 1, 'px', ms)
+                    end
+                end
+            end
+        end
+        if out[i] == 1 then
+            local left = redis.call('pttl', key)
+            if left >= 0 and left < ms then
+                redis.call('pexpire', key, ms)
             end
         end
     end

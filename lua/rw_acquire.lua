@@ -1,98 +1,120 @@
--- Read-write lock: take one read or write hold. All state is the hash at KEYS[1]; the layout,
--- the rules and the fairness policy are described in docs/rwlock.md.
--- KEYS[1] lock key (a hash, or absent)
+-- Read-write lock: take one read or write hold, in Redisson's RReadWriteLock layout
+-- (docs/rwlock.md): the same tests as RedissonReadLock / RedissonWriteLock.tryLockInnerAsync,
+-- plus the library's writer preference, kept in a separate sorted set (KEYS[2]) that
+-- Redisson never reads.
+-- KEYS[1] lock key (Redisson's hash, or absent)
+-- KEYS[2] waiting writers: a sorted set, member = owner id, score = expiry of its intent
+--         (server ms); 'dlock_rwlock_writers:{name}' (name's slot)
 -- ARGV[1] 'read' or 'write'
--- ARGV[2] owner id '<instance hex>:<thread hex>'
+-- ARGV[2] owner id '<uuid>:<thread number>' (Redisson's getLockName)
 -- ARGV[3] lifetime of the hold in milliseconds (>= 1)
 -- ARGV[4] write only: lifetime in milliseconds of the "writer waiting" intent left when the
 --         attempt is refused (0 leaves none; a single try_lock passes 0)
 -- Returns {code, holds, wait}; holds = the owner's read + write holds afterwards; wait = on a
--- refusal, milliseconds until the earliest entry of another owner expires (how long a waiter
--- woken by pub/sub may sleep if no release is published), else 0; and code:
---    1  acquired (a first hold, or one more for the same owner);
---    0  refused: read: another owner holds write; write: other owners hold read or write
+-- refusal, how long a waiter may sleep if nothing is published (the hash's PTTL, or sooner
+-- the expiry of the writer intent that refused a reader; -1 unknown), else 0; and code:
+--    1  acquired (a first hold, one more for the same owner, or the writer taking read);
+--    0  refused: read: another owner holds write; write: the lock is held by others
 --       (the intent, if asked for, is left or refreshed);
---   -1  read refused: a writer waits (an unexpired intent of another owner) and this owner
---       holds nothing yet; owners already holding read or write may always re-enter;
---   -2  write refused: the owner holds read but not write (no upgrades; nothing is changed).
--- Returns the bulk string '<field>=<value>' when the hash holds an entry this lock did not write
--- (then nothing is changed). A key of another type fails with WRONGTYPE.
-local mode, owner = ARGV[1], ARGV[2]
+--   -1  read refused: a writer of this library waits (its intent lives) and this owner holds
+--       nothing; owners already holding read or write may always re-enter;
+--   -2  write refused: the owner holds read but not write (no upgrades; nothing is changed);
+--   -3  refused: the owner already holds MAX_COUNT holds in that mode.
+-- Returns the bulk string '<field>=<value>' when the hash is not a read-write lock's (then
+-- nothing is changed). A key of another type fails with WRONGTYPE.
+local want, owner = ARGV[1], ARGV[2]
 local ttl, intent = tonumber(ARGV[3]), tonumber(ARGV[4])
-if (mode ~= 'read' and mode ~= 'write') or owner == nil or owner == ''
+if (want ~= 'read' and want ~= 'write') or owner == nil or owner == ''
     or ttl == nil or ttl < 1 or intent == nil or intent < 0 then
     return redis.error_reply('ERR rw_acquire.lua: bad arguments')
 end
 
 -- #include rw_prelude.lua
 
--- True if an owner other than ours is in the set.
-local function others(set)
-    for o in pairs(set) do
-        if o ~= owner then
-            return true
-        end
-    end
-    return false
+local writers = KEYS[2]
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('zremrangebyscore', writers, '-inf', now)
+local mine = redis.call('zscore', writers, owner)
+local waiting = redis.call('zcard', writers)
+if mine then
+    waiting = waiting - 1
 end
 
--- One more hold for the owner under tag; the entry lives until the later of its expiry and
--- now + ttl.
-local function take(tag)
-    local exp = now + ttl
-    local h = holds[tag][owner]
-    if h then
-        put(tag, owner, h.count + 1, math.max(h.exp, exp))
-    else
-        put(tag, owner, 1, exp)
-    end
+-- One more read hold (Redisson's read tryLockInnerAsync: count, its timeout key, and the
+-- hash kept at least as long).
+local function take_read()
+    rcount = redis.call('hincrby', key, owner, 1)
+    redis.call('set', timeout_key(owner, rcount), 1, 'px', ttl)
+    keep_for(key, ttl)
 end
 
 local code
-if mode == 'read' then
-    if others(holds.w) then
+if want == 'read' then
+    if mode == 'write' and wcount == 0 then
         code = 0
-    elseif holds.r[owner] or holds.w[owner] then
-        take('r') -- re-entry, or the writer taking read (downgrade)
-        code = 1
-    elseif others(holds.wait) then
+    elseif rcount > 0 or wcount > 0 then
+        -- re-entry, or the writer taking read (downgrade), even while writers wait
+        if rcount >= MAX_COUNT then
+            code = -3
+        else
+            take_read()
+            code = 1
+        end
+    elseif waiting > 0 then
         code = -1
     else
-        take('r')
+        if mode == false then
+            redis.call('hset', key, 'mode', 'read')
+        end
+        take_read()
         code = 1
     end
 else
-    if holds.w[owner] then
-        take('w') -- re-entry
-        code = 1
-    elseif holds.r[owner] then
+    if wcount > 0 then
+        if wcount >= MAX_COUNT then
+            code = -3
+        else
+            wcount = redis.call('hincrby', key, owner .. ':write', 1)
+            keep_for(key, ttl)
+            code = 1
+        end
+    elseif rcount > 0 then
         code = -2
-    elseif next(holds.w) or next(holds.r) then
+    elseif mode ~= false then
         if intent > 0 then
-            put('wait', owner, 1, now + intent)
+            redis.call('zadd', writers, now + intent, owner)
+            local last = redis.call('zrange', writers, -1, -1, 'withscores')
+            redis.call('pexpireat', writers, last[2])
         end
         code = 0
     else
-        take('w')
+        redis.call('hset', key, 'mode', 'write')
+        redis.call('hset', key, owner .. ':write', 1)
+        redis.call('pexpire', key, ttl)
+        wcount = 1
         code = 1
     end
-    if code == 1 and holds.wait[owner] then
-        put('wait', owner, 0, 0)
+    if code == 1 and mine then
+        redis.call('zrem', writers, owner)
     end
 end
-finish()
+
 local wait = 0
-if code ~= 1 then
-    local soonest
-    for _, owners in pairs(holds) do
-        for o, h in pairs(owners) do
-            if o ~= owner and (soonest == nil or h.exp < soonest) then
-                soonest = h.exp
+if code == 0 or code == -1 then
+    wait = redis.call('pttl', key)
+    if code == -1 then
+        -- the soonest intent of another writer: readers may try again when it lapses
+        local first = redis.call('zrange', writers, 0, 1, 'withscores')
+        for i = 1, #first, 2 do
+            if first[i] ~= owner then
+                local left = math.max(tonumber(first[i + 1]) - now, 1)
+                if wait < 0 or left < wait then
+                    wait = left
+                end
+                break
             end
         end
     end
-    if soonest then
-        wait = soonest - now
-    end
 end
-return { code, total(owner), wait }
+return { code, rcount + wcount, wait }

@@ -1,23 +1,26 @@
--- Read-write lock: does the owner hold a live read or write entry? All state is the hash at
--- KEYS[1] (docs/rwlock.md). Changes nothing but the purge of expired entries.
--- KEYS[1] lock key (a hash, or absent)
+-- Read-write lock: does the owner hold the lock in that mode? Changes nothing.
+-- (Redisson's layout, docs/rwlock.md.)
+-- KEYS[1] lock key (Redisson's hash, or absent)
 -- ARGV[1] 'read' or 'write'
--- ARGV[2] owner id '<instance hex>:<thread hex>' (the lease value)
+-- ARGV[2] owner id (the lease value)
 -- Returns {code, holds}; holds = the owner's read + write holds, and code:
---    1  the owner holds the lock in that mode;  0  it does not.
--- Returns the bulk string '<field>=<value>' when the hash holds an entry this lock did not write.
--- A key of another type fails with WRONGTYPE.
-local tags = { read = 'r', write = 'w' }
-local tag, owner = tags[ARGV[1]], ARGV[2]
-if tag == nil or owner == nil or owner == '' then
+--    1  read: the owner's count is in the hash and one of its read timeout keys lives;
+--       write: the hash is in mode 'write' with the owner's write count;
+--    0  it does not.
+-- Returns the bulk string '<field>=<value>' when the hash is not a read-write lock's.
+local want, owner = ARGV[1], ARGV[2]
+if (want ~= 'read' and want ~= 'write') or owner == nil or owner == '' then
     return redis.error_reply('ERR rw_held.lua: bad arguments')
 end
 
 -- #include rw_prelude.lua
 
 local code = 0
-if holds[tag][owner] then
+if want == 'read' then
+    if rcount > 0 and remain(owner, math.min(rcount, MAX_COUNT)) > 0 then
+        code = 1
+    end
+elseif mode == 'write' and wcount > 0 then
     code = 1
 end
-finish()
-return { code, total(owner) }
+return { code, rcount + wcount }

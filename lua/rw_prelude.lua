@@ -1,103 +1,88 @@
--- Shared opening of every lua/rw_*.lua script (read-write lock). Not a script of its own:
--- src/scripts.rs puts it in place of the line `-- #include rw_prelude.lua` of each rw script
--- when the client is built (Redis scripts cannot load each other).
+-- Shared opening of every lua/rw_*.lua script (read-write lock in Redisson's RReadWriteLock
+-- layout, see docs/rwlock.md). Not a script of its own: src/scripts.rs puts it in place of the
+-- line `-- #include rw_prelude.lua` of each rw script when the client is built.
 -- Expects the including script to have set `owner` (the owner id) before this point.
--- Reads the whole hash, refuses anything it did not write, drops expired entries.
--- holds.r / holds.w / holds.wait map owner -> { count = n, exp = server ms } (live only).
+--
+-- The hash at KEYS[1] is Redisson's: 'mode' = 'read' | 'write'; '<owner>' = the owner's read
+-- hold count; '<owner>:write' = the owner's write hold count. Each read hold i of an owner has
+-- its own string key '<base>:<owner>:rwlock_timeout:<i>' (value 1, PEXPIRE = that hold's
+-- lifetime), where <base> is the name when it contains '{' and '{name}' otherwise (Redisson's
+-- suffixName), so every key is in the name's hash slot. The hash itself expires with the
+-- latest hold. Nothing else is ever written to the hash: Redisson's scripts walk every field
+-- with a numeric value.
+--
+-- Every loop here is bounded: no input can make a script of this library run long.
 if redis.replicate_commands then redis.replicate_commands() end
 local key = KEYS[1]
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local holds = { r = {}, w = {}, wait = {} }
-local dirty = false
+local base = key
+if not string.find(key, '{', 1, true) then
+    base = '{' .. key .. '}'
+end
+-- Deepest re-entry of one owner in one mode (acquire refuses beyond it).
+local MAX_COUNT = 10000
+-- Most PTTL calls one walk over the hash may make; past it, holds count as alive.
+local budget = 100000
+
+-- A hold count: a decimal of 1 to 9 digits, else nil (never tonumber on anything else).
+local function count_of(v)
+    if type(v) ~= 'string' or #v > 9 or not string.match(v, '^%d+$') then
+        return nil
+    end
+    return tonumber(v)
+end
+
+local function timeout_key(field, i)
+    return base .. ':' .. field .. ':rwlock_timeout:' .. i
+end
+
+-- The longest remaining lifetime (ms, PTTL) among the first c read holds of field, as
+-- Redisson's read-unlock computes it; past the walk budget the hash's own PTTL (alive).
+local function remain(field, c)
+    if c > budget then
+        budget = 0
+        return math.max(redis.call('pttl', key), 1)
+    end
+    budget = budget - c
+    local best = -3
+    for i = c, 1, -1 do
+        local left = redis.call('pttl', timeout_key(field, i))
+        if left > best then
+            best = left
+        end
+    end
+    return best
+end
+
+-- The key's expiry becomes at least ms from now (never shortened).
+local function keep_for(k, ms)
+    local left = redis.call('pttl', k)
+    if left ~= -2 and left < ms then
+        redis.call('pexpire', k, ms)
+    end
+end
+
+local mode = redis.call('hget', key, 'mode')
+if mode == false then
+    if redis.call('exists', key) == 1 then
+        return 'mode=(missing: not a read-write lock)'
+    end
+elseif mode ~= 'read' and mode ~= 'write' then
+    return 'mode=' .. mode
+end
+local rcount, wcount = 0, 0
 do
-    local flat = redis.call('HGETALL', key)
-    local expired = {}
-    for i = 1, #flat, 2 do
-        local field, value = flat[i], flat[i + 1]
-        if field == 'mode' then
-            if value ~= 'read' and value ~= 'write' then
-                return field .. '=' .. value
-            end
-        else
-            local sep = string.find(field, ':', 1, true)
-            local tag = sep and string.sub(field, 1, sep - 1)
-            local owner = sep and string.sub(field, sep + 1)
-            local count, exp
-            if tag == 'wait' then
-                count, exp = 1, tonumber(string.match(value, '^%d+$'))
-            elseif tag == 'r' or tag == 'w' then
-                local c, e = string.match(value, '^(%d+):(%d+)$')
-                count, exp = tonumber(c), tonumber(e)
-            end
-            if count == nil or exp == nil or count < 1 or owner == nil or owner == '' then
-                return field .. '=' .. value
-            end
-            if exp <= now then
-                expired[#expired + 1] = field
-            else
-                holds[tag][owner] = { count = count, exp = exp }
-            end
+    local r = redis.call('hget', key, owner)
+    local w = redis.call('hget', key, owner .. ':write')
+    if r then
+        rcount = count_of(r)
+        if rcount == nil then
+            return owner .. '=' .. r
         end
     end
-    for _, field in ipairs(expired) do
-        redis.call('HDEL', key, field)
-        dirty = true
-    end
-end
-
--- Sets owner's entry under tag (count 0 deletes it).
-local function put(tag, owner, count, exp)
-    local field = tag .. ':' .. owner
-    if count < 1 then
-        holds[tag][owner] = nil
-        redis.call('HDEL', key, field)
-    else
-        holds[tag][owner] = { count = count, exp = exp }
-        if tag == 'wait' then
-            redis.call('HSET', key, field, string.format('%d', exp))
-        else
-            redis.call('HSET', key, field, string.format('%d:%d', count, exp))
+    if w then
+        wcount = count_of(w)
+        if wcount == nil then
+            return owner .. ':write=' .. w
         end
     end
-    dirty = true
-end
-
--- After any change: 'mode' follows the live holds and the key expires with the latest entry.
-local function finish()
-    if not dirty then
-        return
-    end
-    local latest = 0
-    for _, owners in pairs(holds) do
-        for _, h in pairs(owners) do
-            if h.exp > latest then
-                latest = h.exp
-            end
-        end
-    end
-    if latest == 0 then
-        redis.call('DEL', key)
-        return
-    end
-    if next(holds.w) then
-        redis.call('HSET', key, 'mode', 'write')
-    elseif next(holds.r) then
-        redis.call('HSET', key, 'mode', 'read')
-    else
-        redis.call('HDEL', key, 'mode')
-    end
-    redis.call('PEXPIREAT', key, string.format('%d', latest))
-end
-
--- The owner's holds in both modes.
-local function total(owner)
-    local n = 0
-    if holds.r[owner] then
-        n = n + holds.r[owner].count
-    end
-    if holds.w[owner] then
-        n = n + holds.w[owner].count
-    end
-    return n
 end

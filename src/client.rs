@@ -289,8 +289,10 @@ impl LockClient {
     /// lock held (our orphan expires by itself), a repeated release or extend finds its work
     /// done and reports the lock lost. Counted holds (the reentrant and read-write locks) are
     /// not idempotent: in that rare case a repeated acquire counts one hold too many (it
-    /// expires with the lease) and a repeated release gives back one too many. With a restart,
-    /// the common cause of a dropped pooled connection, the first send never reached a server.
+    /// expires with the lease) and a repeated reentrant release gives back one too many (a
+    /// read-write release carries an unlock latch, so its resend answers from the first
+    /// run). With a restart, the common cause of a dropped pooled connection, the first send
+    /// never reached a server.
     pub(crate) fn with_conn<T>(
         &self,
         key: &str,

@@ -1,21 +1,27 @@
-//! [`ReadWriteLock`]: a distributed read-write lock kept in one Redis hash.
+//! [`ReadWriteLock`]: a distributed read-write lock in Redisson's `RReadWriteLock` layout.
 //!
-//! Many readers or one writer. Every hold belongs to an *owner* (`<instance>:<thread>`, see
-//! [`ReadWriteLock::owner_id`]), is counted per owner (re-entrant) and expires by its own
-//! lifetime, so a dead owner's hold goes away even while other owners keep renewing theirs.
-//! All state lives in the hash at the lock key and every script touches only that key, so the
-//! lock works unchanged on a Redis Cluster. The layout, the scripts step by step, the fairness
-//! policy and the failure modes are in `docs/rwlock.md`.
+//! Many readers or one writer. The state is Redisson's: a hash at the lock key (`mode` =
+//! `read`|`write`, field `<owner>` = the owner's read count, `<owner>:write` = its write count)
+//! and one string key per read hold, `{key}:<owner>:rwlock_timeout:<n>`, whose expiry is that
+//! hold's lifetime. So Java services on `redisson.getReadWriteLock(key)` and this crate
+//! interlock: readers and writers exclude each other both ways, and releases are published on
+//! Redisson's channel `redisson_rwlock:{key}` with its messages (`0` after the last read, `1`
+//! after a write). The library's writer preference lives in a separate sorted set,
+//! `dlock_rwlock_writers:{key}`, that Redisson never reads. All keys are in the lock key's hash
+//! slot. The layout, the scripts, the fairness policy and the failure modes are in
+//! `docs/rwlock.md`.
 //!
-//! Wire, per operation (one round trip each, all `EVALSHA` on the lock key):
-//! - acquire: `lua/rw_acquire.lua key read|write <owner> <ttl ms> <intent ms>`;
-//! - release: `lua/rw_release.lua key read|write <owner>` (also `wait`: withdraw an intent);
+//! Wire, per operation (one round trip each, all `EVALSHA`):
+//! - acquire: `lua/rw_acquire.lua` keys `key dlock_rwlock_writers:{key}`, args `read|write
+//!   <owner> <ttl ms> <intent ms>`;
+//! - release: `lua/rw_release.lua` keys `key dlock_rwlock_writers:{key}
+//!   redisson_unlock_latch:{key}:<request id>`, args `read|write <owner> redisson_rwlock:{key}
+//!   <lease ms> <latch ms>` (also `wait`: withdraw an intent);
 //! - extend: `lua/rw_extend.lua key read|write <owner> <ttl ms>`;
 //! - check: `lua/rw_held.lua key read|write <owner>`.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,7 +31,9 @@ use redis::Value;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::hold::{HoldOptions, WakeUp};
-use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
+use crate::keys;
+use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard, Wake};
+use crate::owner;
 use crate::retry::{Attempts, RetryPolicy};
 use crate::strategy::check_duration;
 use crate::watchdog::{LostCallback, LostLock, RenewKind};
@@ -36,23 +44,30 @@ pub const RW_MIN_WRITER_INTENT: Duration = Duration::from_millis(100);
 /// How many retry sleeps (at the policy's longest) a writer intent outlives by default.
 const INTENT_SLEEPS: u32 = 4;
 
-/// Hex digits of the random instance id: 128 bits, like a token. An owner id (32 hex digits,
-/// `:`, at most 7 hex digits of the thread number) fits a [`Lease`] value.
-const INSTANCE_HEX: usize = 32;
+/// Prefix of Redisson's read-write lock channel (`RedissonReadLock.getChannelName`).
+const CHANNEL_PREFIX: &str = "redisson_rwlock";
+/// Prefix of Redisson's unlock latch (`RedissonBaseLock.getUnlockLatchName`).
+const LATCH_PREFIX: &str = "redisson_unlock_latch";
+/// Prefix of the library's own set of waiting writers (never read by Redisson).
+const WRITERS_PREFIX: &str = "dlock_rwlock_writers";
+/// How long an unlock latch lives: longer than a release and its resend after a dropped
+/// connection (the pool's connect timeout plus a command timeout, 2 s each by default).
+const LATCH_MS: u64 = 10_000;
 
-/// Thread numbers are taken modulo 2^28 so that they print in at most 7 hex digits.
-const THREAD_MASK: u64 = 0x0FFF_FFFF;
-
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// This thread's number: process-unique, assigned on first use, never reused.
-    static THREAD_NUM: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+/// Redisson's `prefixName`: `prefix:name` when the name contains `{` anywhere, else
+/// `prefix:{name}`.
+pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
+    if name.contains('{') {
+        format!("{prefix}:{name}")
+    } else {
+        format!("{prefix}:{{{name}}}")
+    }
 }
 
-/// The calling thread's number in owner ids.
-fn thread_num() -> u64 {
-    THREAD_NUM.with(|n| *n) & THREAD_MASK
+/// A random request id for an unlock latch (128 bits in hex).
+fn request_id() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    hex::encode(bytes)
 }
 
 /// Which side of the lock a handle takes.
@@ -71,7 +86,8 @@ impl Mode {
     }
 }
 
-/// A distributed read-write lock on one Redis key: any number of readers, or one writer.
+/// A distributed read-write lock on one Redis key: any number of readers, or one writer,
+/// wire-compatible with Redisson's `RReadWriteLock` (`redisson.getReadWriteLock(key)`).
 ///
 /// Take holds through the two handles, which implement the crate's [`DistributedLock`], so
 /// `try_lock`, `lock`, `try_lock_for`, guards, `extend`, `is_held` and `check` work as for
@@ -100,32 +116,36 @@ impl Mode {
 /// ```
 ///
 /// **Owners and re-entry.** A hold belongs to the owner id of the thread that took it:
-/// `<instance>:<thread>` (see [`owner_id`](Self::owner_id)). The instance id is random per
-/// `ReadWriteLock` value, shared by its clones, so threads sharing one handle (clone it, or
-/// put it in an `Arc`) are distinct owners, and the same thread re-entering through the same
-/// handle is the same owner. Holds are counted per owner and mode: a thread may take read (or
-/// write) again while it holds it, and each hold is given back by one release. A release or
-/// extend only ever touches the entry of the owner named by its lease.
+/// `<instance>:<thread>` (see [`owner_id`](Self::owner_id)), as Redisson's
+/// `<client UUID>:<thread id>`. The instance id is a random UUID per `ReadWriteLock` value,
+/// shared by its clones, so threads sharing one handle (clone it, or put it in an `Arc`) are
+/// distinct owners, and the same thread re-entering through the same handle is the same owner.
+/// Holds are counted per owner and mode: a thread may take read (or write) again while it
+/// holds it, and each hold is given back by one release. A release or extend only ever
+/// touches the holds of the owner named by its lease.
 ///
 /// **Downgrade, no upgrade.** The writer may take read holds too (they are granted even while
-/// other writers wait); releasing its write holds then leaves it a reader. A thread that holds
-/// read but not write and asks for write gets [`LockError::InvalidArgument`] at once: waiting
-/// could never succeed while it keeps its read (two such threads would deadlock), so it must
-/// release its read holds and ask again.
+/// other writers wait), as Redisson allows; releasing its write holds then leaves it a reader.
+/// A thread that holds read but not write and asks for write gets
+/// [`LockError::InvalidArgument`] at once: waiting could never succeed while it keeps its read
+/// (Redisson's thread would wait until its timeout), so it must release its read holds and ask
+/// again.
 ///
 /// **Fairness: writer preference with an expiring intent.** A blocking write acquire that is
-/// refused leaves a "writer waiting" intent in the hash, refreshed by each of its attempts and
-/// expiring after [`writer_intent`](ReadWriteLockBuilder::writer_intent). While an intent of
-/// another owner lives, owners that hold nothing are refused read (owners holding read or
-/// write may still re-enter), so a stream of overlapping readers drains and the writer gets in.
-/// A writer that dies while waiting blocks new readers for at most one intent lifetime.
+/// refused records a "writer waiting" intent in the sorted set `dlock_rwlock_writers:{key}`,
+/// refreshed by each of its attempts and expiring after
+/// [`writer_intent`](ReadWriteLockBuilder::writer_intent). While an intent of another owner
+/// lives, this library's owners that hold nothing are refused read (owners holding read or
+/// write may still re-enter), so a stream of overlapping readers drains and the writer gets
+/// in. Redisson's readers do not know of intents: they enter whenever no writer holds, so
+/// beside Java readers a Rust writer can still be starved (see `docs/rwlock.md`).
 /// Single attempts (`try_lock`, `try_acquire`) leave no intent.
 ///
-/// **Lifetimes.** Each owner's read entry and write entry carry their own expiry (server
-/// time); a hold not renewed with `extend` expires after the lock's [`ttl`](Self::ttl) even if
-/// other owners keep renewing theirs, and the key itself expires with the latest live entry, so
-/// an abandoned lock disappears entirely. `extend` renews only the caller's own entry and
-/// never shortens it (the entry lives until the later of its expiry and now + ttl).
+/// **Lifetimes.** Each read hold has its own timeout key (Redisson's layout), and the hash
+/// lives as long as the latest hold; a write hold lives as long as the hash. A hold not
+/// renewed (with `extend`, or by the watchdog) expires after the lock's [`ttl`](Self::ttl)
+/// even if other owners keep renewing theirs. `extend` renews only the caller's own holds and
+/// never shortens anything.
 #[derive(Clone)]
 pub struct ReadWriteLock {
     read: ReadLock,
@@ -137,7 +157,7 @@ impl fmt::Debug for ReadWriteLock {
         let s = &self.read.shared;
         f.debug_struct("ReadWriteLock")
             .field("key", &s.key)
-            .field("instance", &s.instance_str())
+            .field("instance", &s.instance)
             .field("ttl", &s.opts.lease)
             .field("writer_intent", &s.intent)
             .finish_non_exhaustive()
@@ -146,9 +166,10 @@ impl fmt::Debug for ReadWriteLock {
 
 impl ReadWriteLock {
     /// A read-write lock on `key` with the defaults: holds watched by the client's watchdog
-    /// (lease [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE)), retry policy
-    /// [`RetryPolicy::standard`], waiters woken by pub/sub, writer intent from the policy (see
-    /// [`ReadWriteLockBuilder::writer_intent`]). Sends nothing to Redis.
+    /// (lease [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), Redisson's
+    /// `lockWatchdogTimeout`), retry policy [`RetryPolicy::standard`], waiters woken by pub/sub,
+    /// writer intent from the policy (see [`ReadWriteLockBuilder::writer_intent`]). Sends
+    /// nothing to Redis.
     pub fn new(client: &LockClient, key: impl Into<String>) -> Result<Self> {
         Self::builder(client, key).build()
     }
@@ -197,23 +218,30 @@ impl ReadWriteLock {
         &self.read.shared.opts.retry
     }
 
-    /// How long a refused blocking writer's intent keeps new readers out (zero: no writer
-    /// preference).
+    /// How long a refused blocking writer's intent keeps this library's new readers out
+    /// (zero: no writer preference).
     pub fn writer_intent(&self) -> Duration {
         self.read.shared.intent
     }
 
-    /// The random instance id of this handle and its clones (32 hex digits, 128 bits).
+    /// The random instance id of this handle and its clones: a UUID in text form (36
+    /// characters), like a Redisson client's id.
     pub fn instance_id(&self) -> &str {
-        self.read.shared.instance_str()
+        &self.read.shared.instance
     }
 
-    /// The calling thread's owner id, `<instance id>:<thread number in hex>`: the value of the
-    /// leases this thread gets, and the hash fields `r:<owner>` / `w:<owner>` /
-    /// `wait:<owner>` that hold its entries. The thread number is process-unique (assigned on
-    /// first use, not the OS thread id), taken modulo 2^28 so the id fits a lease's 32 bytes.
+    /// The calling thread's owner id, `<instance id>:<thread number>` (decimal): the value of
+    /// the leases this thread gets and, as in Redisson, the hash field `<owner>` of its read
+    /// count and `<owner>:write` of its write count. The thread number is process-unique
+    /// (assigned on first use, not the OS thread id).
     pub fn owner_id(&self) -> String {
         self.read.shared.owner()
+    }
+
+    /// The channel releases are published on: Redisson's `redisson_rwlock:{key}` (`prefixName`:
+    /// no braces added when the key contains `{`).
+    pub fn channel(&self) -> &str {
+        &self.read.shared.channel
     }
 }
 
@@ -276,8 +304,9 @@ impl ReadWriteLockBuilder {
         self
     }
 
-    /// How waiters learn of a release (default [`WakeUp::PubSub`]: every release that ends an
-    /// owner's entry publishes on `redisson_lock__channel:{key}`).
+    /// How waiters learn of a release (default [`WakeUp::PubSub`]: they subscribe to
+    /// Redisson's `redisson_rwlock:{key}`, on which this library and Redisson publish
+    /// releases).
     pub fn wake_up(mut self, wake_up: WakeUp) -> Self {
         self.wake_up = Some(wake_up);
         self
@@ -291,12 +320,14 @@ impl ReadWriteLockBuilder {
 
     /// How long a "writer waiting" intent lives after the waiting writer's latest attempt.
     ///
-    /// While one lives, owners that hold nothing are refused read holds. It must outlast the
-    /// writer's sleep between attempts plus a round trip, or readers slip in between; the
-    /// longer it is, the longer a writer that dies while waiting keeps readers out. Zero turns
-    /// writer preference off (readers then may starve writers). Default: 4 × the retry
-    /// policy's longest sleep, at least [`RW_MIN_WRITER_INTENT`]. At most
-    /// [`MAX_TTL`](crate::MAX_TTL), or [`build`](Self::build) fails with
+    /// While one lives, this library's owners that hold nothing are refused read holds (Java
+    /// Redisson readers do not look at intents). It must outlast the writer's sleep between
+    /// attempts plus a round trip, or readers slip in between; the longer it is, the longer a
+    /// writer that dies while waiting keeps readers out. Zero turns writer preference off
+    /// (readers then may starve writers, as in Redisson). Default: 4 × the retry policy's
+    /// longest sleep, at least [`RW_MIN_WRITER_INTENT`]. Intents are kept in the sorted set
+    /// `dlock_rwlock_writers:{key}`, never in the lock's hash.
+    /// At most [`MAX_TTL`](crate::MAX_TTL), or [`build`](Self::build) fails with
     /// [`LockError::InvalidArgument`] (also when the default is beyond it: a policy whose
     /// `max_delay` exceeds a quarter of `MAX_TTL` needs an explicit intent).
     pub fn writer_intent(mut self, intent: Duration) -> Self {
@@ -305,6 +336,10 @@ impl ReadWriteLockBuilder {
     }
 
     /// Checks the options and builds the lock. Sends nothing to Redis.
+    ///
+    /// On a Redis Cluster, a key that contains `{` without a complete, non-empty hash tag is
+    /// refused: Redisson's companion keys of it (`<key>:<owner>:rwlock_timeout:<n>`) would be
+    /// in other slots.
     pub fn build(self) -> Result<ReadWriteLock> {
         let opts = HoldOptions::checked(
             &self.key,
@@ -335,14 +370,37 @@ impl ReadWriteLockBuilder {
             )
         })?;
         let intent = Duration::from_millis(intent.as_millis() as u64);
+        let writers = prefix_name(WRITERS_PREFIX, &self.key);
+        if self.client.is_cluster() {
+            let slot = keys::hash_slot(self.key.as_bytes());
+            let timeout = format!("{}:x:rwlock_timeout:1", self.key);
+            let timeout = if self.key.contains('{') {
+                timeout
+            } else {
+                format!("{{{}}}:x:rwlock_timeout:1", self.key)
+            };
+            if keys::hash_slot(timeout.as_bytes()) != slot
+                || keys::hash_slot(writers.as_bytes()) != slot
+            {
+                return Err(LockError::invalid(
+                    &self.key,
+                    "the key contains '{' without a complete, non-empty hash tag, so the read \
+                     holds' timeout keys Redisson derives from it would be in other cluster \
+                     slots; use a key with a {tag} or without braces",
+                ));
+            }
+        }
         let shared = Arc::new(Shared {
             read_line: format!("{}\0read", self.key),
             write_line: format!("{}\0write", self.key),
+            channel: prefix_name(CHANNEL_PREFIX, &self.key),
+            latch_base: prefix_name(LATCH_PREFIX, &self.key),
+            writers,
             client: self.client,
             key: self.key,
             opts,
             intent,
-            instance: new_instance(),
+            instance: owner::new_uuid(),
             holds: Mutex::new(HashMap::new()),
         });
         Ok(ReadWriteLock {
@@ -354,24 +412,22 @@ impl ReadWriteLockBuilder {
     }
 }
 
-/// A random 128-bit instance id in hex.
-fn new_instance() -> [u8; INSTANCE_HEX] {
-    let bytes: [u8; INSTANCE_HEX / 2] = rand::rng().random();
-    let mut out = [0u8; INSTANCE_HEX];
-    // Cannot fail: 16 bytes always fill exactly 32 hex characters.
-    let _ = hex::encode_to_slice(bytes, &mut out);
-    out
-}
-
 /// The state shared by a lock's two handles and all its clones.
 #[derive(Debug)]
 struct Shared {
     client: LockClient,
     key: String,
-    /// Lease or watchdog, retry policy, wake-up and the release channel.
+    /// Lease or watchdog, retry policy, wake-up.
     opts: HoldOptions,
     intent: Duration,
-    instance: [u8; INSTANCE_HEX],
+    /// Random UUID of this handle (the first part of its owner ids).
+    instance: String,
+    /// Redisson's channel `redisson_rwlock:{key}`.
+    channel: String,
+    /// `redisson_unlock_latch:{key}`; a release appends `:<request id>`.
+    latch_base: String,
+    /// The sorted set of waiting writers' intents, `dlock_rwlock_writers:{key}`.
+    writers: String,
     /// In-process wake-up line of blocked readers (never waited on in turn: readers do not
     /// queue behind each other).
     read_line: String,
@@ -384,13 +440,8 @@ struct Shared {
 }
 
 impl Shared {
-    fn instance_str(&self) -> &str {
-        // The instance id is ASCII hex by construction.
-        std::str::from_utf8(&self.instance).unwrap_or("")
-    }
-
     fn owner(&self) -> String {
-        format!("{}:{:x}", self.instance_str(), thread_num())
+        format!("{}:{}", self.instance, owner::thread_num())
     }
 
     fn local_holds(&self) -> MutexGuard<'_, HashMap<String, i64>> {
@@ -414,37 +465,46 @@ impl Shared {
         self.local_holds().contains_key(owner)
     }
 
-    /// Runs one script and decodes its `{code, holds}` reply, recording the holds.
+    /// The pub/sub wake-up of this lock's waiters, on Redisson's channel, if enabled.
+    fn wake(&self) -> Option<Wake<'_>> {
+        (self.opts.wake_up == WakeUp::PubSub).then(|| Wake {
+            wakeups: self.client.wakeups(),
+            channel: &self.channel,
+        })
+    }
+
+    /// Runs one script on `keys` and decodes its `{code, holds[, wait]}` reply, recording the
+    /// holds of `owner`.
     fn run(
         &self,
         script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
-        mode: &str,
+        keys: &[&str],
         owner: &[u8],
-        extra: &[u64],
-    ) -> Result<(i64, i64)> {
-        let reply: Value = self.client.with_conn(&self.key, |con, s| {
-            script(s).eval(con, &self.key, (mode, owner, extra))
-        })?;
+        args: impl redis::ToRedisArgs,
+    ) -> Result<(i64, Option<i64>)> {
+        let reply: Value = self
+            .client
+            .with_conn(&self.key, |con, s| script(s).eval_keys(con, keys, &args))?;
         let (code, holds, wait) = self.decode(reply)?;
         self.note_holds(owner, holds);
         Ok((code, wait))
     }
 
     /// `{code, holds}` or (acquire) `{code, holds, wait ms}`.
-    fn decode(&self, reply: Value) -> Result<(i64, i64, i64)> {
+    fn decode(&self, reply: Value) -> Result<(i64, i64, Option<i64>)> {
         match reply {
             Value::Array(items) => match items.as_slice() {
-                [Value::Int(code), Value::Int(holds)] => Ok((*code, *holds, 0)),
+                [Value::Int(code), Value::Int(holds)] => Ok((*code, *holds, None)),
                 [Value::Int(code), Value::Int(holds), Value::Int(wait)] => {
-                    Ok((*code, *holds, *wait))
+                    Ok((*code, *holds, Some(*wait)))
                 }
                 _ => Err(self.unexpected(&Value::Array(items))),
             },
             Value::BulkString(entry) => Err(LockError::Corrupt {
                 key: self.key.clone(),
                 value: printable(&entry),
-                reason: "a hash entry the read-write lock did not write (another lock type \
-                         or a damaged hash); it is left alone",
+                reason: "a hash that is not a read-write lock's (another lock type, or a \
+                         damaged hash); it is left alone",
             }),
             other => Err(self.unexpected(&other)),
         }
@@ -462,17 +522,17 @@ impl Shared {
     }
 
     /// One acquire attempt: held when another owner holds the lock (or, for a read, when a
-    /// writer waits), with how long the waiter may sleep if no release is published: until
-    /// the soonest other entry expires, and for a writer that leaves an intent at most half
-    /// of it (it must come back before its intent lapses, or readers slip in).
-    /// `intent_ms` > 0 leaves a writer intent when a write is refused.
+    /// writer of this library waits), with how long the waiter may sleep if no release is
+    /// published: the hash's remaining lifetime (or the refusing intent's), and for a writer
+    /// that leaves an intent at most half of it (it must come back before its intent lapses,
+    /// or readers slip in). `intent_ms` > 0 leaves a writer intent when a write is refused.
     fn attempt(&self, mode: Mode, owner: &str, intent_ms: u64) -> Result<Attempt> {
         let start = Instant::now();
         let (code, wait) = self.run(
             |s| &s.rw_acquire,
-            mode.as_str(),
+            &[self.key.as_str(), self.writers.as_str()],
             owner.as_bytes(),
-            &[self.opts.lease_ms(), intent_ms],
+            (mode.as_str(), owner, self.opts.lease_ms(), intent_ms),
         )?;
         match code {
             1 => {
@@ -492,17 +552,27 @@ impl Shared {
                     .map(Attempt::Acquired)
             }
             0 | -1 => {
-                let mut wait = Duration::from_millis(u64::try_from(wait).unwrap_or(0));
+                let mut wait = wait
+                    .and_then(|w| u64::try_from(w).ok())
+                    .map(Duration::from_millis);
                 if intent_ms > 0 {
-                    wait = wait.min(Duration::from_millis(intent_ms / 2));
+                    let half = Duration::from_millis(intent_ms / 2);
+                    wait = Some(wait.map_or(half, |w| w.min(half)));
                 }
-                Ok(Attempt::Held { pttl: Some(wait) })
+                Ok(Attempt::Held { pttl: wait })
             }
             -2 => Err(LockError::invalid(
                 &self.key,
                 format!(
                     "owner {owner} holds a read lock and asked for the write lock: read holds \
                      cannot be upgraded (release them first, or take write first and downgrade)"
+                ),
+            )),
+            -3 => Err(LockError::invalid(
+                &self.key,
+                format!(
+                    "owner {owner} already holds 10000 {} holds: re-entry is limited",
+                    mode.as_str()
                 ),
             )),
             other => Err(self.unexpected(&Value::Int(other))),
@@ -516,18 +586,24 @@ impl Shared {
         })
     }
 
+    /// Gives back one hold. The unlock latch (a fresh request id, the same for the resend of
+    /// [`LockClient::with_conn`] after a dropped connection) makes a resent release answer
+    /// from the first one's outcome instead of giving back a second hold.
     fn release(&self, mode: Mode, lease: &Lease) -> Result<bool> {
         lease.stop_renewal();
-        // Published when the owner's entry goes, for waiters in other clients.
-        let reply: Value = self.client.with_conn(&self.key, |con, s| {
-            s.rw_release.eval_keys(
-                con,
-                &[self.key.as_str(), self.opts.channel.as_str()],
-                (mode.as_str(), lease.value()),
-            )
-        })?;
-        let (code, holds, _) = self.decode(reply)?;
-        self.note_holds(lease.value(), holds);
+        let latch = format!("{}:{}", self.latch_base, request_id());
+        let (code, _) = self.run(
+            |s| &s.rw_release,
+            &[self.key.as_str(), self.writers.as_str(), latch.as_str()],
+            lease.value(),
+            (
+                mode.as_str(),
+                lease.value(),
+                self.channel.as_str(),
+                self.opts.lease_ms(),
+                LATCH_MS,
+            ),
+        )?;
         let ours = code == 1;
         if ours {
             // Any release may let the other side in: a write release (or a downgrade) frees
@@ -545,9 +621,9 @@ impl Shared {
         let start = Instant::now();
         let (code, _) = self.run(
             |s| &s.rw_extend,
-            mode.as_str(),
+            &[self.key.as_str()],
             lease.value(),
-            &[ttl.as_millis() as u64],
+            (mode.as_str(), lease.value(), ttl.as_millis() as u64),
         )?;
         if code == 1 {
             lease.renew(None, start, ttl);
@@ -559,7 +635,7 @@ impl Shared {
             Ok(())
         } else {
             log::warn!(
-                "lock {:?}: {} hold lost, extend found no live entry of its owner",
+                "lock {:?}: {} hold lost, extend found no live hold of its owner",
                 self.key,
                 mode.as_str()
             );
@@ -570,7 +646,12 @@ impl Shared {
     }
 
     fn is_held(&self, mode: Mode, lease: &Lease) -> Result<bool> {
-        let (code, _) = self.run(|s| &s.rw_held, mode.as_str(), lease.value(), &[])?;
+        let (code, _) = self.run(
+            |s| &s.rw_held,
+            &[self.key.as_str()],
+            lease.value(),
+            (mode.as_str(), lease.value()),
+        )?;
         Ok(code == 1 && !lease.is_expired())
     }
 
@@ -602,13 +683,25 @@ impl Shared {
             name: line,
             fifo,
             barge: !fifo || self.holds_any(&owner),
-            wake: self.opts.wake(&self.client),
+            wake: self.wake(),
         };
         let attempt = || self.attempt(mode, &owner, intent_ms);
         lock::acquire_in_line(handle, line, attempts, attempt, |made| {
             if intent_ms > 0 && made > 0 {
                 // Withdraw our intent so that readers need not wait for it to expire.
-                if let Err(e) = self.run(|s| &s.rw_release, "wait", owner.as_bytes(), &[]) {
+                let withdrawn = self.run(
+                    |s| &s.rw_release,
+                    &[self.key.as_str(), self.writers.as_str()],
+                    owner.as_bytes(),
+                    (
+                        "wait",
+                        owner.as_str(),
+                        self.channel.as_str(),
+                        self.opts.lease_ms(),
+                        LATCH_MS,
+                    ),
+                );
+                if let Err(e) = withdrawn {
                     log::warn!(
                         "lock {:?}: could not withdraw the writer intent ({}); it expires in {:?}",
                         self.key,
@@ -646,7 +739,7 @@ impl fmt::Debug for ReadLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadLock")
             .field("key", &self.shared.key)
-            .field("instance", &self.shared.instance_str())
+            .field("instance", &self.shared.instance)
             .finish_non_exhaustive()
     }
 }
@@ -655,7 +748,7 @@ impl fmt::Debug for WriteLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WriteLock")
             .field("key", &self.shared.key)
-            .field("instance", &self.shared.instance_str())
+            .field("instance", &self.shared.instance)
             .finish_non_exhaustive()
     }
 }
@@ -737,19 +830,9 @@ mod tests {
                 "{name}.lua must include the prelude exactly once"
             );
             assert!(
-                code.contains("local owner") || code.contains("owner ="),
+                code.contains("local want, owner"),
                 "{name}.lua must set owner before the prelude"
             );
-            // One key per script, except the release channel (in the key's slot) of rw_release.
-            if name == "rw_release" {
-                assert!(
-                    code.contains("KEYS[2] (optional) release channel"),
-                    "{name}"
-                );
-                assert!(!code.contains("KEYS[3]"), "{name}");
-            } else {
-                assert!(!code.contains("KEYS[2]"), "{name}");
-            }
         }
         let built = crate::scripts::Scripts::new();
         for s in [
@@ -764,23 +847,37 @@ mod tests {
     }
 
     #[test]
-    fn owner_ids_fit_a_lease() {
-        let id = format!(
-            "{}:{:x}",
-            std::str::from_utf8(&new_instance()).unwrap(),
-            THREAD_MASK
-        );
-        assert_eq!(id.len(), 40);
-        let lease = Lease::new(id.as_bytes(), Instant::now(), Duration::from_secs(1));
-        assert_eq!(lease.value(), id.as_bytes());
-        assert_ne!(new_instance(), new_instance());
+    fn no_script_walks_without_a_bound() {
+        // Every `for` over a count read from Redis is bounded by MAX_COUNT or the budget.
+        for (name, code) in SCRIPTS
+            .into_iter()
+            .chain([("rw_prelude", include_str!("../lua/rw_prelude.lua"))])
+        {
+            assert!(!code.contains("tonumber(redis.call('hget'"), "{name}");
+        }
     }
 
     #[test]
-    fn threads_get_distinct_numbers() {
-        let here = thread_num();
-        assert_eq!(here, thread_num());
-        let there = std::thread::spawn(thread_num).join().unwrap();
-        assert_ne!(here, there);
+    fn names_follow_redissons_prefix_rule() {
+        assert_eq!(prefix_name("redisson_rwlock", "a"), "redisson_rwlock:{a}");
+        assert_eq!(
+            prefix_name("redisson_rwlock", "{u}:x"),
+            "redisson_rwlock:{u}:x"
+        );
+        assert_eq!(prefix_name("redisson_rwlock", "a{b"), "redisson_rwlock:a{b");
+        assert_eq!(
+            prefix_name("redisson_unlock_latch", "k"),
+            "redisson_unlock_latch:{k}"
+        );
+        assert_ne!(request_id(), request_id());
+        assert_eq!(request_id().len(), 32);
+    }
+
+    #[test]
+    fn owner_ids_fit_a_lease() {
+        let id = format!("{}:{}", owner::new_uuid(), u64::MAX);
+        assert!(id.len() <= crate::lock::VALUE_CAPACITY, "{}", id.len());
+        let lease = Lease::new(id.as_bytes(), Instant::now(), Duration::from_secs(1));
+        assert_eq!(lease.value(), id.as_bytes());
     }
 }

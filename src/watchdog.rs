@@ -88,9 +88,10 @@ pub(crate) enum RenewKind {
     Value,
     /// A hash field (reentrant lock, Redisson's layout): `HEXISTS key value`.
     HashField,
-    /// The owner's read entry `r:<owner>` of a read-write lock (`count:expiry ms`).
+    /// The owner's read holds of a read-write lock (Redisson's layout: the count in field
+    /// `<owner>`, one timeout key per hold).
     ReadEntry,
-    /// The owner's write entry `w:<owner>` of a read-write lock.
+    /// The owner's write holds of a read-write lock (field `<owner>:write`).
     WriteEntry,
 }
 

@@ -54,18 +54,33 @@ fn hash(conn: &mut redis::Connection, key: &str) -> BTreeMap<String, String> {
     redis::cmd("HGETALL").arg(key).query(conn).expect("HGETALL")
 }
 
-fn fields_with(h: &BTreeMap<String, String>, prefix: &str) -> Vec<String> {
+/// The fields of the hash in Redisson's layout: `"r:"` the readers' `<owner>` fields, `"w:"`
+/// the writers' `<owner>:write` fields.
+fn fields_with(h: &BTreeMap<String, String>, kind: &str) -> Vec<String> {
     h.keys()
-        .filter(|f| f.starts_with(prefix))
+        .filter(|f| *f != "mode")
+        .filter(|f| f.ends_with(":write") == (kind == "w:"))
         .cloned()
         .collect()
 }
 
-/// The hold count in an `r:`/`w:` entry ("<count>:<expiry ms>").
+/// A hold count (the value of an `<owner>` or `<owner>:write` field).
 fn count(h: &BTreeMap<String, String>, field: &str) -> Option<u64> {
-    h.get(field)
-        .and_then(|v| v.split(':').next())
-        .map(|c| c.parse().expect("count"))
+    h.get(field).map(|v| v.parse().expect("count"))
+}
+
+/// The owners with a live writer intent (the library's sorted set beside the hash).
+fn intents(conn: &mut redis::Connection, key: &str) -> Vec<String> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    redis::cmd("ZRANGEBYSCORE")
+        .arg(format!("dlock_rwlock_writers:{{{key}}}"))
+        .arg(now_ms)
+        .arg("+inf")
+        .query(conn)
+        .expect("ZRANGEBYSCORE")
 }
 
 fn owner_of(lease_value: &[u8]) -> String {
@@ -309,7 +324,7 @@ fn many_readers_hold_at_once_and_a_writer_excludes_everyone() {
     }
     let h = hash(&mut conn, key);
     assert!(
-        fields_with(&h, "wait:").is_empty(),
+        intents(&mut conn, key).is_empty(),
         "intent withdrawn: {h:?}"
     );
     // One more reader still gets in.
@@ -331,7 +346,7 @@ fn many_readers_hold_at_once_and_a_writer_excludes_everyone() {
     assert_eq!(h.get("mode").map(String::as_str), Some("write"), "{h:?}");
     assert_eq!(
         fields_with(&h, "w:"),
-        vec![format!("w:{}", owner_of(wguard.value()))]
+        vec![format!("{}:write", owner_of(wguard.value()))]
     );
     assert!(fields_with(&h, "r:").is_empty());
     assert_held(shared.read_lock().try_lock());
@@ -382,8 +397,8 @@ fn reads_and_writes_are_reentrant_per_owner() {
     let c = client(&server);
     let lock = Arc::new(rw(&c, key, Duration::from_secs(10)));
     let owner = lock.owner_id();
-    let rfield = format!("r:{owner}");
-    let wfield = format!("w:{owner}");
+    let rfield = owner.clone();
+    let wfield = format!("{owner}:write");
     let stranger = rw(&client(&server), key, Duration::from_secs(10));
 
     // Reads.
@@ -412,11 +427,8 @@ fn reads_and_writes_are_reentrant_per_owner() {
         })
     };
     assert!(
-        wait_until(Duration::from_secs(5), || !fields_with(
-            &hash(&mut conn, key),
-            "wait:"
-        )
-        .is_empty()),
+        wait_until(Duration::from_secs(5), || !intents(&mut conn, key)
+            .is_empty()),
         "the waiting writer leaves an intent"
     );
     let t = Instant::now();
@@ -444,9 +456,8 @@ fn reads_and_writes_are_reentrant_per_owner() {
             assert!(g.unlock().unwrap());
         })
     };
-    assert!(wait_until(Duration::from_secs(5), || !fields_with(
-        &hash(&mut conn, key),
-        "wait:"
+    assert!(wait_until(Duration::from_secs(5), || !intents(
+        &mut conn, key
     )
     .is_empty()));
     let fresh = rw(&c, key, Duration::from_secs(10));
@@ -493,7 +504,7 @@ fn only_the_owner_releases_its_hold() {
     let after = hash(&mut conn, key);
     assert!(!b.read_lock().release(&lease_b).unwrap());
     assert_eq!(hash(&mut conn, key), after);
-    let a_field = format!("r:{}", owner_of(lease_a.value()));
+    let a_field = owner_of(lease_a.value());
     assert_eq!(after.get(&a_field), before.get(&a_field));
     assert_eq!(fields_with(&after, "r:"), vec![a_field]);
     let mut stale = lease_b.clone();
@@ -523,15 +534,15 @@ fn the_writer_downgrades_and_readers_cannot_upgrade() {
     let r = lock.read_lock().try_lock().expect("the writer takes read");
     let h = hash(&mut conn, key);
     assert_eq!(h.get("mode").map(String::as_str), Some("write"));
-    assert_eq!(count(&h, &format!("w:{owner}")), Some(1));
-    assert_eq!(count(&h, &format!("r:{owner}")), Some(1));
+    assert_eq!(count(&h, &format!("{owner}:write")), Some(1));
+    assert_eq!(count(&h, &owner), Some(1));
     assert_held(other.read_lock().try_lock());
     assert!(w.unlock().unwrap());
     let h = hash(&mut conn, key);
     assert_eq!(h.get("mode").map(String::as_str), Some("read"), "{h:?}");
     assert_eq!(
         h.keys().cloned().collect::<Vec<_>>(),
-        vec!["mode".to_owned(), format!("r:{owner}")]
+        vec![owner.clone(), "mode".to_owned()]
     );
     // Now a plain reader: others read along, writers wait.
     let r2 = other
@@ -552,7 +563,7 @@ fn the_writer_downgrades_and_readers_cannot_upgrade() {
     );
     assert!(t.elapsed() < Duration::from_secs(1));
     let h = hash(&mut conn, key);
-    assert!(fields_with(&h, "w:").is_empty() && fields_with(&h, "wait:").is_empty());
+    assert!(fields_with(&h, "w:").is_empty() && intents(&mut conn, key).is_empty());
     assert!(r.unlock().unwrap());
     // Having released its read, the same thread may write.
     let w = lock
@@ -677,9 +688,12 @@ fn a_killed_reader_expires_while_another_reader_renews() {
     let live = rw(&c, key, ttl);
     let mut guard = live.read_lock().lock().expect("a second reader");
     kill_holder(&mut child);
-    let dead_field = format!("r:{dead}");
-    let live_field = format!("r:{}", owner_of(guard.value()));
-    assert!(hash(&mut conn, key).contains_key(&dead_field));
+    // Redisson's layout: the count in field <owner>, each hold's lifetime in its own key.
+    let dead_hold = format!("{{{key}}}:{dead}:rwlock_timeout:1");
+    let live_field = owner_of(guard.value());
+    let live_hold = format!("{{{key}}}:{live_field}:rwlock_timeout:1");
+    assert!(hash(&mut conn, key).contains_key(&dead));
+    assert!(raw::exists(&mut conn, &dead_hold));
 
     // A writer waits meanwhile.
     let writer = rw(&client(&server), key, ttl);
@@ -693,14 +707,15 @@ fn a_killed_reader_expires_while_another_reader_renews() {
         assert!(g.unlock().unwrap());
     });
 
-    // The live reader renews every 200 ms for 2.5 ttl; the dead one's entry goes by its own
+    // The live reader renews every 200 ms for 2.5 ttl; the dead one's hold goes by its own
     // lifetime, although the key is kept alive.
     let mut gone_at = None;
     while marked.elapsed() < ttl * 5 / 2 {
         guard.extend(ttl).expect("the live reader renews");
         let h = hash(&mut conn, key);
         assert!(h.contains_key(&live_field), "{h:?}");
-        if gone_at.is_none() && !h.contains_key(&dead_field) {
+        assert!(raw::exists(&mut conn, &live_hold));
+        if gone_at.is_none() && !raw::exists(&mut conn, &dead_hold) {
             gone_at = Some(marked.elapsed());
         }
         assert!(
@@ -709,12 +724,18 @@ fn a_killed_reader_expires_while_another_reader_renews() {
         );
         thread::sleep(Duration::from_millis(200));
     }
-    let gone_at = gone_at.expect("the dead reader's entry expired");
+    let gone_at = gone_at.expect("the dead reader's hold expired");
     eprintln!(
-        "rwlock/dead-reader: dead reader's entry gone {gone_at:?} after its marker (ttl {ttl:?})"
+        "rwlock/dead-reader: dead reader's hold gone {gone_at:?} after its marker (ttl {ttl:?})"
     );
     assert!(gone_at <= ttl + Duration::from_secs(1), "{gone_at:?}");
-    assert_eq!(fields_with(&hash(&mut conn, key), "r:"), vec![live_field]);
+    // As in Redisson, the dead reader's count stays in the hash until the last live reader
+    // leaves; the release then finds no live hold and deletes the key.
+    assert_eq!(
+        fields_with(&hash(&mut conn, key), "r:").len(),
+        2,
+        "dead count kept beside the live one"
+    );
     let released = Instant::now();
     assert!(guard.unlock().unwrap());
     let got = rx.recv_timeout(Duration::from_secs(5)).expect("writer in");
@@ -740,7 +761,7 @@ fn a_killed_writer_expires_and_readers_get_in() {
     kill_holder(&mut child);
     let h = hash(&mut conn, key);
     assert_eq!(h.get("mode").map(String::as_str), Some("write"));
-    assert!(h.contains_key(&format!("w:{dead}")), "{h:?}");
+    assert!(h.contains_key(&format!("{dead}:write")), "{h:?}");
     let c = client(&server);
     let readers: Vec<_> = (0..3)
         .map(|_| {
@@ -785,11 +806,14 @@ fn a_writer_killed_while_waiting_keeps_readers_out_only_briefly() {
     let held = holder.read_lock().lock().unwrap();
     let mut child = spawn_holder(&server.url(), key, "wait-write", Duration::from_secs(10));
     let waiter = wait_marker(&mut child);
-    let wait_field = format!("wait:{waiter}");
     assert!(
-        wait_until(Duration::from_secs(10), || hash(&mut conn, key)
-            .contains_key(&wait_field)),
+        wait_until(Duration::from_secs(10), || intents(&mut conn, key)
+            .contains(&waiter)),
         "the waiting writer's intent"
+    );
+    assert!(
+        !hash(&mut conn, key).values().any(|v| v.len() > 9),
+        "no timestamp in Redisson's hash"
     );
     // Writer preference: while it waits, newcomers are refused.
     let newcomer = rw(&client(&server), key, Duration::from_secs(10));
@@ -803,7 +827,7 @@ fn a_writer_killed_while_waiting_keeps_readers_out_only_briefly() {
     let after = killed.elapsed();
     eprintln!("rwlock/dead-waiter: a new reader got in {after:?} after the waiting writer was killed (intent {intent:?})");
     assert!(after <= intent + Duration::from_secs(2), "{after:?}");
-    assert!(!hash(&mut conn, key).contains_key(&wait_field));
+    assert!(!intents(&mut conn, key).contains(&waiter));
     assert!(g.unlock().unwrap() && held.unlock().unwrap());
     assert!(!raw::exists(&mut conn, key));
 }
@@ -867,7 +891,11 @@ fn guards_check_extend_and_report_loss() {
     assert_eq!(lock.ttl(), WATCHDOG_DEFAULT_LEASE);
     assert!(lock.is_watched());
     assert_eq!(lock.key(), key);
-    assert_eq!(lock.instance_id().len(), 32);
+    assert_eq!(
+        lock.instance_id().len(),
+        36,
+        "a UUID, like a Redisson client's id"
+    );
     assert!(lock
         .owner_id()
         .starts_with(&format!("{}:", lock.instance_id())));
@@ -938,28 +966,47 @@ fn wrong_types_foreign_hashes_and_bad_input_are_errors() {
     ));
     assert!(t.elapsed() < Duration::from_secs(1));
 
-    // A hash in another lock's layout (Redisson's: mode + "<uuid>:<thread>" counts) is never
-    // taken or changed.
-    let _: () = redis::cmd("HSET")
-        .arg("rw:foreign")
-        .arg("mode")
-        .arg("read")
-        .arg("8a1f-uuid:1")
-        .arg("1")
-        .query(&mut conn)
-        .unwrap();
-    let before = hash(&mut conn, "rw:foreign");
-    let lock = rw(&c, "rw:foreign", Duration::from_secs(1));
-    for r in [
-        lock.read_lock().try_lock().map(|_| ()),
-        lock.write_lock().try_lock().map(|_| ()),
-    ] {
-        match r {
-            Err(LockError::Corrupt { value, .. }) => assert!(value.contains("8a1f-uuid:1")),
-            other => panic!("expected Corrupt, got {other:?}"),
+    // A hash that is not a read-write lock's is never taken or changed: Redisson's RLock
+    // (counts without 'mode'), a 'mode' other than read/write, a count that is not a number.
+    type Fields = &'static [(&'static str, &'static str)];
+    let foreign: [(&str, Fields, &str); 3] = [
+        ("rw:rlock", &[("8a1f-uuid:1", "1")], "mode"),
+        ("rw:mode", &[("mode", "banana")], "banana"),
+        ("rw:count", &[("mode", "read")], "x1"),
+    ];
+    for (key, fields, mentions) in foreign {
+        let lock = rw(&c, key, Duration::from_secs(1));
+        for (f, v) in fields {
+            let _: () = redis::cmd("HSET")
+                .arg(key)
+                .arg(f)
+                .arg(v)
+                .query(&mut conn)
+                .unwrap();
         }
+        if key == "rw:count" {
+            // The damaged count is this very owner's field.
+            let _: () = redis::cmd("HSET")
+                .arg(key)
+                .arg(lock.owner_id())
+                .arg("x1")
+                .query(&mut conn)
+                .unwrap();
+        }
+        let before = hash(&mut conn, key);
+        for r in [
+            lock.read_lock().try_lock().map(|_| ()),
+            lock.write_lock().try_lock().map(|_| ()),
+        ] {
+            match r {
+                Err(LockError::Corrupt { value, .. }) => {
+                    assert!(value.contains(mentions), "{key}: {value}")
+                }
+                other => panic!("{key}: expected Corrupt, got {other:?}"),
+            }
+        }
+        assert_eq!(hash(&mut conn, key), before, "{key}");
     }
-    assert_eq!(hash(&mut conn, "rw:foreign"), before);
 
     // Bad input, before anything is sent.
     assert_invalid(ReadWriteLock::new(&c, ""), "empty");
@@ -1029,6 +1076,24 @@ fn works_on_a_three_master_cluster() {
         assert!(w.unlock().unwrap());
         assert!(!raw::exists(&mut conn, &key));
     }
+    // A key with a hash tag: every companion key (timeout keys, writers, latch) follows the
+    // tag, as Redisson names them; a key whose braces are not a tag is refused.
+    let key = "{rw:tag}:lock";
+    let a = rw(&c, key, Duration::from_secs(5));
+    let r = a.read_lock().try_lock().unwrap();
+    let mut conn = cluster.conn_for_key(key);
+    assert!(raw::exists(
+        &mut conn,
+        &format!("{key}:{}:rwlock_timeout:1", a.owner_id())
+    ));
+    assert_eq!(a.channel(), "redisson_rwlock:{rw:tag}:lock");
+    let third = rw(&c, key, Duration::from_secs(5));
+    assert_held(third.write_lock().try_lock());
+    assert!(r.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key));
+    assert_invalid(ReadWriteLock::new(&c, "rw{open"), "hash tag");
+    assert_invalid(ReadWriteLock::new(&c, "rw{}empty"), "hash tag");
+
     // A short hammer on one key.
     let key = cluster.key_on(1, "rw:cluster-hammer");
     let locks: Vec<ReadWriteLock> = (0..2)
@@ -1070,6 +1135,11 @@ fn watched_holds_are_renewed_while_held_and_expire_when_dropped() {
     assert!(!read.is_lost(), "read hold renewed past its 600 ms lease");
     assert!(read.is_held().unwrap());
     assert!(raw::pttl(&mut conn, key) > 0);
+    let hold = format!("{{{key}}}:{}:rwlock_timeout:1", lock.owner_id());
+    assert!(
+        raw::pttl(&mut conn, &hold) > 0,
+        "the hold's own timeout key is renewed too"
+    );
     assert!(read.unlock().unwrap());
     assert!(!raw::exists(&mut conn, key), "the only hold is gone");
 
