@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use redis::{ConnectionLike, RedisResult, Value};
 
-use crate::error::{LockError, Result};
+use crate::error::{self, Context, LockError, Result, Rounded};
 use crate::janitor::Janitor;
 use crate::scripts::Scripts;
 use crate::strategy::LockBuilder;
@@ -79,6 +79,48 @@ struct Inner {
     janitor: Janitor,
     /// The server takes `SET … NX PX … GET` (Redis 7.0+): until a server refuses it.
     set_get: AtomicBool,
+    /// Where the client connects, for error messages ("127.0.0.1:6379", ...).
+    addr: String,
+    /// The command timeout (or the connect timeout without one), for error messages.
+    timeout: Duration,
+    /// The pool's latest failure to open a connection (for errors at checkout).
+    connect_errors: Arc<ConnectErrors>,
+}
+
+/// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
+/// for connection", so its error handler keeps what actually went wrong.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectErrors {
+    last: std::sync::Mutex<Option<(bool, String)>>,
+}
+
+impl ConnectErrors {
+    fn note(&self, e: &redis::RedisError) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        *last = Some((error::is_access_denied(e), e.to_string()));
+    }
+
+    /// The latest failure: whether access was denied, and what it said.
+    fn last(&self) -> Option<(bool, String)> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl r2d2::HandleError<redis::RedisError> for ConnectErrors {
+    fn handle_error(&self, e: redis::RedisError) {
+        log::debug!("pool: opening a connection failed: {e}");
+        self.note(&e);
+    }
+}
+
+/// Lets the pool own an `Arc` of the client's [`ConnectErrors`].
+#[derive(Debug)]
+struct SharedErrors(Arc<ConnectErrors>);
+
+impl r2d2::HandleError<redis::RedisError> for SharedErrors {
+    fn handle_error(&self, e: redis::RedisError) {
+        r2d2::HandleError::handle_error(self.0.as_ref(), e);
+    }
 }
 
 /// A reference to a client that does not keep it alive (held by its background threads).
@@ -154,6 +196,7 @@ impl LockClient {
             false,
             DEFAULT_COMMAND_TIMEOUT,
             DEFAULT_HANDOFF_COURTESY,
+            ("the application's pool".to_owned(), Arc::default()),
         )
     }
 
@@ -163,6 +206,7 @@ impl LockClient {
         cluster: bool,
         timeout: Duration,
         courtesy: Duration,
+        (addr, connect_errors): (String, Arc<ConnectErrors>),
     ) -> Self {
         let waiters = Arc::new(WaitQueues::default());
         LockClient {
@@ -177,6 +221,9 @@ impl LockClient {
                 courtesy,
                 janitor: Janitor::default(),
                 set_get: AtomicBool::new(true),
+                addr,
+                timeout,
+                connect_errors,
             }),
         }
     }
@@ -270,10 +317,47 @@ impl LockClient {
             Pool::Managed(p) => p.get().map(Conn::Managed),
             Pool::External(p) => p.get().map(Conn::External),
         };
-        got.map_err(|e| LockError::Connection {
-            key: key.to_owned(),
-            source: Box::new(e),
+        got.map_err(|e| match self.inner.connect_errors.last() {
+            // A wrong password, unknown user or missing permission: not an outage.
+            Some((true, why)) => LockError::Setup {
+                source: Box::new(Context::new(
+                    format!("cannot open a connection to {}: {why}", self.inner.addr),
+                    None,
+                )),
+            },
+            Some((false, why)) => LockError::Connection {
+                key: key.to_owned(),
+                source: Box::new(Context::new(
+                    format!("no connection to {}: {why}", self.inner.addr),
+                    None,
+                )),
+            },
+            None => LockError::Connection {
+                key: key.to_owned(),
+                source: Box::new(e),
+            },
         })
+    }
+
+    /// Maps a Redis error of a command for `key`, saying which server did not answer in time.
+    fn command_error(&self, key: &str, e: redis::RedisError) -> LockError {
+        if e.is_timeout() {
+            return LockError::Connection {
+                key: key.to_owned(),
+                source: Box::new(Context::new(
+                    format!(
+                        "no reply from {} within {}",
+                        self.inner.addr,
+                        Rounded(self.inner.timeout)
+                    ),
+                    Some(e),
+                )),
+            };
+        }
+        if error::is_access_denied(&e) {
+            log::warn!("lock {key:?}: the server refused a command: {e}");
+        }
+        LockError::from_redis(key, e)
     }
 
     /// Runs `f` on a pooled connection, mapping Redis errors to [`LockError`] for `key`.
@@ -309,7 +393,7 @@ impl LockClient {
                     let left = stale_left.unwrap_or_else(|| self.pool_state().connections + 1);
                     stale_left = Some(left - 1);
                 }
-                other => return other.map_err(|e| LockError::from_redis(key, e)),
+                other => return other.map_err(|e| self.command_error(key, e)),
             }
         }
     }
@@ -330,6 +414,7 @@ pub struct ClientBuilder {
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
     courtesy: Duration,
+    lazy: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -342,6 +427,27 @@ enum TargetSpec {
     },
 }
 
+impl TargetSpec {
+    /// Where the client connects, for messages: `host:port` (no credentials).
+    fn describe(&self) -> String {
+        let addr = |url: &str| {
+            redis::Client::open(url)
+                .map(|c| c.get_connection_info().addr().to_string())
+                .unwrap_or_else(|_| "an unparsable URL".to_owned())
+        };
+        match self {
+            TargetSpec::Single(url) => addr(url),
+            TargetSpec::Cluster(nodes) => format!(
+                "the cluster ({})",
+                nodes.iter().map(|n| addr(n)).collect::<Vec<_>>().join(", ")
+            ),
+            TargetSpec::Sentinel { service, .. } => {
+                format!("the master of Sentinel service {service:?}")
+            }
+        }
+    }
+}
+
 impl ClientBuilder {
     fn new(target: TargetSpec) -> Self {
         ClientBuilder {
@@ -350,7 +456,16 @@ impl ClientBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             command_timeout: Some(DEFAULT_COMMAND_TIMEOUT),
             courtesy: DEFAULT_HANDOFF_COURTESY,
+            lazy: false,
         }
+    }
+
+    /// Builds the client without connecting: for services that start before their Redis
+    /// does. Set-up faults (a wrong password, a missing permission) then show at the first
+    /// lock operation instead of in [`build`](Self::build).
+    pub fn lazy_connect(mut self) -> Self {
+        self.lazy = true;
+        self
     }
 
     /// Most connections the pool opens (default [`DEFAULT_POOL_SIZE`]). A thread waiting on a
@@ -398,8 +513,21 @@ impl ClientBuilder {
         self
     }
 
-    /// Creates the pool. It connects lazily: a Redis that is down now is reported by the first
-    /// lock operation, and the client starts working when Redis comes up.
+    /// Creates the pool and checks the deployment, so that set-up faults fail here, fast, and
+    /// say what is wrong: it opens one connection (AUTH, SELECT and the TLS handshake, as the
+    /// URL asks) and runs a one-line script by `EVAL` and by `EVALSHA` (the release and extend
+    /// scripts need both). A wrong password or unknown ACL user, a database the server lacks,
+    /// a user without scripting permission, an unreachable server (within the connect
+    /// timeout, saying refused or timed out) are each a [`LockError::Setup`] naming the server
+    /// and the step, returned one reply after the server's answer. That connection is then
+    /// closed; the pool opens its own on demand. With [`lazy_connect`](Self::lazy_connect)
+    /// nothing is sent: a Redis that is down now is reported by the first lock operation, and
+    /// the client starts working when Redis comes up.
+    ///
+    /// At lock time, a connection that cannot be opened because access is denied is reported
+    /// as [`LockError::Setup`] too (after the connect timeout, never as contention or a
+    /// timeout), and a command without a reply as [`LockError::Connection`] whose cause reads
+    /// "no reply from host:port within 2 s".
     pub fn build(self) -> Result<LockClient> {
         let setup = |e: Box<dyn std::error::Error + Send + Sync>| LockError::Setup { source: e };
         if self.pool_size == 0 {
@@ -433,6 +561,7 @@ impl ClientBuilder {
             self.connect_timeout,
             matches!(self.target, TargetSpec::Cluster(_)),
         );
+        let addr = self.target.describe();
         let resolve: Option<Resolve>;
         let target = match self.target {
             TargetSpec::Single(url) => {
@@ -499,8 +628,13 @@ impl ClientBuilder {
             .thread_name_pattern("redis-dlock-pool-{}")
             .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
             .build();
+        if !self.lazy {
+            manager.check(&addr)?;
+        }
+        let connect_errors = Arc::new(ConnectErrors::default());
         let pool = r2d2::Pool::builder()
             .thread_pool(Arc::new(scheduler))
+            .error_handler(Box::new(SharedErrors(Arc::clone(&connect_errors))))
             .max_size(self.pool_size)
             .min_idle(Some(0))
             // A checkout PING would double every lock operation's cost; broken connections mark
@@ -514,6 +648,7 @@ impl ClientBuilder {
             cluster,
             timeout,
             self.courtesy,
+            (addr, connect_errors),
         ))
     }
 }
@@ -662,6 +797,69 @@ impl Manager {
         Err(last_err.unwrap_or_else(|| {
             redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel to ask"))
         }))
+    }
+}
+
+impl Manager {
+    /// The check of [`ClientBuilder::build`]: opens one connection (which sends AUTH, SELECT
+    /// and the TLS handshake as the URL asks) and runs a one-line script by `EVAL` and by
+    /// `EVALSHA`, the two ways the library runs its scripts. Any failure is a
+    /// [`LockError::Setup`] that names the step and the server.
+    fn check(&self, addr: &str) -> Result<()> {
+        let setup = |what: String, e: redis::RedisError| LockError::Setup {
+            source: Box::new(Context::new(what, Some(e))),
+        };
+        let mut con = r2d2::ManageConnection::connect(self).map_err(|e| {
+            let what = if error::is_access_denied(&e) {
+                format!("authentication to {addr} failed (check the user name and password)")
+            } else if e.to_string().contains("DB index") {
+                format!("{addr} has no such database (the URL's /db number)")
+            } else if e.is_timeout() {
+                format!(
+                    "no answer from {addr} within {} (connect timeout)",
+                    Rounded(self.connect_timeout)
+                )
+            } else if e.kind() == redis::ErrorKind::Io
+                && e.to_string().to_ascii_lowercase().contains("refused")
+            {
+                format!("connection to {addr} refused (is Redis running there?)")
+            } else {
+                format!("cannot connect to {addr}")
+            };
+            setup(what, e)
+        })?;
+        let probe = redis::Script::new("return 1");
+        let scripting = |e: redis::RedisError, cmd: &str| {
+            let why = if e.code() == Some("NOAUTH") {
+                "the server requires authentication (NOAUTH): give the user and password in \
+                 the URL"
+            } else if error::is_access_denied(&e) {
+                "the user may not run it (NOPERM); the locks' release and extend need EVAL and \
+                 EVALSHA (ACL category @scripting)"
+            } else {
+                "the server refused it (renamed or disabled command?); the locks' release and \
+                 extend need EVAL and EVALSHA"
+            };
+            setup(format!("{cmd} on {addr}: {why}"), e)
+        };
+        let _: i64 = redis::cmd("EVAL")
+            .arg("return 1")
+            .arg(0)
+            .query(&mut con)
+            .map_err(|e| scripting(e, "EVAL"))?;
+        // NOSCRIPT also proves that EVALSHA exists and is allowed (on a cluster the EVAL above
+        // may have gone to another node).
+        match redis::cmd("EVALSHA")
+            .arg(probe.get_hash())
+            .arg(0)
+            .query::<i64>(&mut con)
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Ok(())
+            }
+            Err(e) => Err(scripting(e, "EVALSHA")),
+        }
     }
 }
 

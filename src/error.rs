@@ -156,15 +156,21 @@ impl LockError {
     pub fn is_timeout(&self) -> bool {
         match self {
             LockError::Timeout { .. } | LockError::LateReply { .. } => true,
-            LockError::Connection { source, .. } => source
-                .downcast_ref::<redis::RedisError>()
-                .is_some_and(|e| e.is_timeout()),
+            LockError::Connection { source, .. } | LockError::Setup { source } => {
+                let redis = source
+                    .downcast_ref::<redis::RedisError>()
+                    .or_else(|| source.downcast_ref::<Context>().and_then(Context::redis));
+                redis.is_some_and(|e| e.is_timeout())
+            }
             _ => false,
         }
     }
 
-    /// True for a fault of the client's set-up, which retrying will not fix: a bad URL or
-    /// option ([`Setup`](Self::Setup)).
+    /// True for a fault of the client's set-up, which retrying will not fix
+    /// ([`Setup`](Self::Setup)): a bad URL or option, a wrong password or unknown ACL user, a
+    /// database the server lacks, a failed TLS handshake, a user not allowed to run scripts;
+    /// at open time also an unreachable server (see
+    /// [`ClientBuilder::lazy_connect`](crate::ClientBuilder::lazy_connect)).
     pub fn is_setup(&self) -> bool {
         matches!(self, LockError::Setup { .. })
     }
@@ -227,6 +233,50 @@ impl LockError {
             reason: reason.into(),
         }
     }
+}
+
+/// A cause with the context a bare Redis error lacks (which server, which step), e.g. "no
+/// reply from 127.0.0.1:6379 within 2 s", whose own source is the Redis error.
+#[derive(Debug)]
+pub(crate) struct Context {
+    what: String,
+    source: Option<redis::RedisError>,
+}
+
+impl Context {
+    pub(crate) fn new(what: impl Into<String>, source: Option<redis::RedisError>) -> Self {
+        Context {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// The Redis error behind it, if any.
+    pub(crate) fn redis(&self) -> Option<&redis::RedisError> {
+        self.source.as_ref()
+    }
+}
+
+impl std::fmt::Display for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+impl std::error::Error for Context {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// True for a Redis error that says the credentials or the user's permissions are wrong:
+/// retrying will not help.
+pub(crate) fn is_access_denied(e: &redis::RedisError) -> bool {
+    matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
 }
 
 /// "s" unless `n` is 1.

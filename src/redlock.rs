@@ -393,6 +393,7 @@ impl RedLockClientBuilder {
                         .pool_size(self.workers)
                         .connect_timeout(self.node_timeout)
                         .command_timeout(Some(self.node_timeout))
+                        .lazy_connect()
                         .build()
                 })
                 .collect::<Result<Vec<_>>>()?,

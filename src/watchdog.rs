@@ -682,7 +682,10 @@ mod tests {
     #[test]
     fn released_holds_do_not_pile_up_between_rounds() {
         // Connects lazily: nothing is sent within the test (the first renewal is 10 s away).
-        let client = crate::LockClient::open("redis://127.0.0.1:1/").expect("client");
+        let client = crate::LockClient::builder("redis://127.0.0.1:1/")
+            .lazy_connect()
+            .build()
+            .expect("client");
         let dog = client.watchdog();
         let mut live = Vec::new();
         for i in 0..1000 {

@@ -26,8 +26,9 @@ fn dead_client() -> LockClient {
     LockClient::builder(&closed_url())
         .connect_timeout(Duration::from_millis(300))
         .command_timeout(Some(Duration::from_millis(300)))
+        .lazy_connect()
         .build()
-        .expect("the pool connects lazily")
+        .expect("a lazy client does not connect in build()")
 }
 
 #[track_caller]
@@ -280,6 +281,7 @@ fn client_setup_errors() {
     LockClient::builder(&url)
         .command_timeout(None)
         .pool_size(1)
+        .lazy_connect()
         .build()
         .unwrap();
 }

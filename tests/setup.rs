@@ -1,0 +1,187 @@
+//! Set-up faults fail fast and say what is wrong: `build()` opens and checks one connection
+//! (AUTH, SELECT, scripting), and lock-time failures name their cause instead of reading as
+//! contention or a bare OS error.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis_dlock::{LockClient, LockError, RetryPolicy};
+use support::{init_logging, RedisServer};
+
+const CONNECT: Duration = Duration::from_millis(500);
+/// Slack for a loaded 2-core machine.
+const SLACK: Duration = Duration::from_millis(2_000);
+
+/// A server whose default user needs the password `secret` (set after start: the fixture's
+/// readiness check sends an unauthenticated PING).
+fn server_with_password() -> RedisServer {
+    let server = RedisServer::start();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("secret")
+        .query(&mut server.conn())
+        .expect("CONFIG SET requirepass");
+    server
+}
+
+fn url_with(server: &RedisServer, userinfo: &str, db: u32) -> String {
+    format!("redis://{userinfo}127.0.0.1:{}/{db}", server.port())
+}
+
+fn open(url: &str) -> (Result<LockClient, LockError>, Duration) {
+    let t = Instant::now();
+    let r = LockClient::builder(url)
+        .connect_timeout(CONNECT)
+        .command_timeout(Some(CONNECT))
+        .build();
+    (r, t.elapsed())
+}
+
+/// Asserts a fast `Setup` error whose report mentions every word of `mentions`.
+#[track_caller]
+fn assert_setup(r: Result<LockClient, LockError>, took: Duration, mentions: &[&str]) {
+    match r {
+        Err(e @ LockError::Setup { .. }) => {
+            assert!(e.is_setup() && !e.is_contention(), "{e:?}");
+            let report = e.report();
+            for m in mentions {
+                assert!(
+                    report.to_lowercase().contains(&m.to_lowercase()),
+                    "{report:?} should mention {m:?}"
+                );
+            }
+            assert!(
+                std::error::Error::source(&e).is_some(),
+                "the cause is the source"
+            );
+            assert!(took < CONNECT + SLACK, "took {took:?}");
+        }
+        Err(other) => panic!("expected Setup, got {other:?}"),
+        Ok(_) => panic!("expected Setup, got a client"),
+    }
+}
+
+#[test]
+fn wrong_password_unknown_user_and_noauth_fail_at_open() {
+    init_logging();
+    let server = server_with_password();
+    let (r, took) = open(&url_with(&server, ":wrong@", 0));
+    assert_setup(r, took, &["authentication", "127.0.0.1"]);
+    let (r, took) = open(&url_with(&server, "nobody:secret@", 0));
+    assert_setup(r, took, &["authentication"]);
+    let (r, took) = open(&url_with(&server, "", 0));
+    assert_setup(r, took, &["NOAUTH"]);
+    let (r, _) = open(&url_with(&server, ":secret@", 0));
+    let c = r.expect("the right password works");
+    let lock = c.lock("setup:ok").build().unwrap();
+    assert!(lock.try_lock().unwrap().unlock().unwrap());
+}
+
+#[test]
+fn missing_database_fails_at_open() {
+    init_logging();
+    let server = RedisServer::start_with(&["--databases", "2"]);
+    let (r, took) = open(&url_with(&server, "", 5));
+    assert_setup(r, took, &["database"]);
+    let (r, _) = open(&url_with(&server, "", 1));
+    r.expect("db 1 exists");
+}
+
+#[test]
+fn unreachable_server_fails_at_open_unless_lazy() {
+    init_logging();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("redis://127.0.0.1:{port}/");
+    let (r, took) = open(&url);
+    assert_setup(r, took, &["refused", &port.to_string()]);
+    let lazy = LockClient::builder(&url)
+        .connect_timeout(CONNECT)
+        .lazy_connect()
+        .build()
+        .expect("a lazy client does not connect");
+    let lock = lazy.lock("setup:lazy").build().unwrap();
+    let err = lock.try_lock().expect_err("nothing listens");
+    assert!(matches!(err, LockError::Connection { .. }), "{err:?}");
+    assert!(!err.is_contention());
+}
+
+#[test]
+fn user_without_scripting_fails_at_open() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut admin = server.conn();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("noscript")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-@scripting")
+        .query(&mut admin)
+        .unwrap();
+    let (r, took) = open(&url_with(&server, "noscript:pw@", 0));
+    assert_setup(r, took, &["EVAL", "NOPERM"]);
+}
+
+#[test]
+fn renamed_eval_fails_at_open() {
+    init_logging();
+    let server = RedisServer::start_with(&["--rename-command", "EVALSHA", "\"\""]);
+    let (r, took) = open(&server.url());
+    assert_setup(r, took, &["EVALSHA", "renamed or disabled"]);
+}
+
+/// At lock time: a command without a reply names the server and the timeout.
+#[test]
+fn no_reply_names_the_server_and_the_timeout() {
+    init_logging();
+    let server = RedisServer::start();
+    let c = LockClient::builder(&server.url())
+        .command_timeout(Some(Duration::from_millis(300)))
+        .build()
+        .unwrap();
+    let lock = c.lock("setup:noreply").build().unwrap();
+    assert!(lock.try_lock().unwrap().unlock().unwrap());
+    server.pause();
+    let err = lock.try_lock().expect_err("paused");
+    server.resume();
+    assert!(matches!(err, LockError::Connection { .. }), "{err:?}");
+    assert!(err.is_timeout() && !err.is_contention(), "{err:?}");
+    let report = err.report();
+    let expected = format!("no reply from 127.0.0.1:{} within 300 ms", server.port());
+    assert!(report.contains(&expected), "{report}");
+}
+
+/// At lock time (a lazy client): a wrong password is a set-up fault, reported once the pool
+/// gives up opening a connection, never as contention, and not retried for the whole wait.
+#[test]
+fn wrong_password_at_lock_time_is_setup_not_contention() {
+    init_logging();
+    let server = server_with_password();
+    let c = LockClient::builder(&url_with(&server, ":wrong@", 0))
+        .connect_timeout(CONNECT)
+        .lazy_connect()
+        .build()
+        .unwrap();
+    let lock = c
+        .lock("setup:lazy-auth")
+        .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(20))))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let err = lock.lock().expect_err("wrong password");
+    assert!(err.is_setup() && !err.is_contention(), "{err:?}");
+    assert!(
+        err.report().to_lowercase().contains("auth"),
+        "{}",
+        err.report()
+    );
+    assert!(t.elapsed() < CONNECT + SLACK, "took {:?}", t.elapsed());
+}
