@@ -503,6 +503,59 @@ fn signals_reach_the_command_and_its_status_passes_through() {
     }
 }
 
+/// Ctrl-C at a terminal: the terminal signals its whole foreground process group, the command
+/// included, so dlock must not forward that SIGINT a second time. The command's trap takes
+/// 0.3 s, so a second SIGINT would be recorded as a second line. Runs dlock on a pseudo
+/// terminal made by script(1) (util-linux).
+#[test]
+fn ctrl_c_at_a_terminal_reaches_the_command_once() {
+    let server = RedisServer::start();
+    let dir = Scratch::new();
+    let d = dir.path().to_str().unwrap();
+    std::fs::write(
+        dir.path().join("cmd.sh"),
+        r#"trap 'echo INT >> "$1/signals"; sleep 0.3' INT
+touch "$1/started"
+while [ ! -e "$1/signals" ]; do sleep 0.05; done
+sleep 1
+exit 42
+"#,
+    )
+    .expect("write script");
+    let line = format!("{DLOCK} run --key tty -- sh {d}/cmd.sh {d}");
+    let mut script = Command::new("script")
+        .args(["-q", "-f", "-e", "-c", &line, "/dev/null"])
+        .env("REDIS_URL", server.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script(1) from util-linux");
+    let mut keyboard = script.stdin.take().expect("stdin");
+    dir.wait_for("started");
+    keyboard.write_all(b"\x03").expect("type Ctrl-C");
+    keyboard.flush().expect("flush");
+    let deadline = Instant::now() + EXIT_BOUND;
+    let status = loop {
+        if let Some(status) = script.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dlock under script(1) did not exit"
+        );
+        thread::sleep(Duration::from_millis(10));
+    };
+    drop(keyboard);
+    assert_eq!(
+        status.code(),
+        Some(42),
+        "the command's status through script -e"
+    );
+    assert_eq!(dir.read("signals"), "INT\n", "one SIGINT, not two");
+    assert!(!raw::exists(&mut server.conn(), "tty"));
+}
+
 #[test]
 fn exit_status_and_standard_streams_pass_through() {
     let server = RedisServer::start();

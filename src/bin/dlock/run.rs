@@ -416,6 +416,11 @@ fn supervise(
             });
             match rx.recv_timeout(timeout) {
                 Ok(Event::Signal(SIGCHLD)) => {}
+                Ok(Event::Signal(sig @ (SIGINT | SIGHUP))) if in_terminal_foreground() => {
+                    // The terminal sent it to its whole foreground process group, the
+                    // command included (as for Ctrl-C): forwarding it would deliver it twice.
+                    log::debug!("signal {sig} not forwarded: the terminal signalled the command");
+                }
                 Ok(Event::Signal(sig)) => {
                     log::debug!("forwarding signal {sig} to the command (pid {pid})");
                     if let Err(e) = forward(pid, sig) {
@@ -454,6 +459,20 @@ fn exit_code(status: ExitStatus) -> u8 {
         (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
         (None, None) => code::OS,
     }
+}
+
+/// True when dlock (and so the command, which shares its process group) is in the foreground
+/// process group of the terminal on its stdin, stdout or stderr: a SIGINT (Ctrl-C) or SIGHUP
+/// (hang-up) from that terminal went to the command as well as to dlock.
+#[allow(unsafe_code)]
+fn in_terminal_foreground() -> bool {
+    // SAFETY: getpgrp(2) and tcgetpgrp(3) take and return integers and touch no memory of
+    // ours; tcgetpgrp on a descriptor that is not a terminal fails with -1.
+    let own = unsafe { libc::getpgrp() };
+    [0, 1, 2].into_iter().any(|fd| {
+        let foreground = unsafe { libc::tcgetpgrp(fd) };
+        foreground > 0 && foreground == own
+    })
 }
 
 /// Sends `sig` to the command. Only called while the command has not been reaped (the
