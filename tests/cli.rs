@@ -31,12 +31,14 @@ const USAGE: i32 = 64;
 const EXIT_BOUND: Duration = Duration::from_secs(30);
 
 /// A shell script that records the signals it gets and waits for `$1/go`:
-/// `started` once running, `signals` gets one line per signal (TERM exits 43, INT 42, HUP 41),
+/// `started` once running, `signals` gets one line per signal (TERM exits 43, INT 42, HUP 41, QUIT 40, USR1 39),
 /// `done` when told to finish.
 const HOLD: &str = r#"
 trap 'echo TERM >> "$1/signals"; exit 43' TERM
 trap 'echo INT >> "$1/signals"; exit 42' INT
 trap 'echo HUP >> "$1/signals"; exit 41' HUP
+trap 'echo QUIT >> "$1/signals"; exit 40' QUIT
+trap 'echo USR1 >> "$1/signals"; exit 39' USR1
 touch "$1/started"
 while [ ! -e "$1/go" ]; do sleep 0.05; done
 touch "$1/done"
@@ -480,7 +482,13 @@ fn a_fixed_ttl_that_passes_is_a_loss_and_sigkill_follows_an_ignored_sigterm() {
 fn signals_reach_the_command_and_its_status_passes_through() {
     let server = RedisServer::start();
     let url = server.url();
-    let cases = [("TERM", 43), ("INT", 42), ("HUP", 41)];
+    let cases = [
+        ("TERM", 43),
+        ("INT", 42),
+        ("HUP", 41),
+        ("QUIT", 40),
+        ("USR1", 39),
+    ];
     let runs: Vec<_> = cases
         .iter()
         .map(|(sig, _)| {

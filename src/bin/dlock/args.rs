@@ -119,7 +119,8 @@ pub const HELP_RUN: &str = "\
 dlock run [--url URL] --key KEY [options] -- COMMAND [ARGS...]
 
 Takes the lock, runs COMMAND while holding it, releases it, and exits with COMMAND's status.
-stdin, stdout and stderr pass through; SIGINT, SIGTERM and SIGHUP are forwarded to COMMAND.
+stdin, stdout and stderr pass through; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2
+are forwarded to COMMAND (except those its terminal already sent it, like Ctrl-C).
 
   --url URL            Redis URL (redis://[:password@]host:port/db); default $REDIS_URL
   --key KEY            the lock key

@@ -29,7 +29,7 @@ use redis_dlock::{
     DistributedLock, Encoding, Lease, LockClient, LockError, LossReason, RetryPolicy,
     Strategy as LibStrategy,
 };
-use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGTERM};
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::Signals;
 
 use crate::args::{ClassicEncoding, RunOpts, Strategy, Wait};
@@ -162,13 +162,14 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
 
     // Signals are caught from here on: before, a SIGINT or SIGTERM ends dlock as usual (no
     // command runs yet, and a lock taken just then expires within its lease).
-    let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP, SIGCHLD]) {
-        Ok(s) => s,
-        Err(e) => {
-            held.release_quietly();
-            return Err(Failure::new(code::OS, format!("cannot catch signals: {e}")));
-        }
-    };
+    let mut signals =
+        match Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD]) {
+            Ok(s) => s,
+            Err(e) => {
+                held.release_quietly();
+                return Err(Failure::new(code::OS, format!("cannot catch signals: {e}")));
+            }
+        };
     let signal_tx = tx.clone();
     let spawned = thread::Builder::new()
         .name("dlock-signals".into())
@@ -416,7 +417,9 @@ fn supervise(
             });
             match rx.recv_timeout(timeout) {
                 Ok(Event::Signal(SIGCHLD)) => {}
-                Ok(Event::Signal(sig @ (SIGINT | SIGHUP))) if in_terminal_foreground() => {
+                Ok(Event::Signal(sig @ (SIGINT | SIGQUIT | SIGHUP)))
+                    if in_terminal_foreground() =>
+                {
                     // The terminal sent it to its whole foreground process group, the
                     // command included (as for Ctrl-C): forwarding it would deliver it twice.
                     log::debug!("signal {sig} not forwarded: the terminal signalled the command");
@@ -462,8 +465,8 @@ fn exit_code(status: ExitStatus) -> u8 {
 }
 
 /// True when dlock (and so the command, which shares its process group) is in the foreground
-/// process group of the terminal on its stdin, stdout or stderr: a SIGINT (Ctrl-C) or SIGHUP
-/// (hang-up) from that terminal went to the command as well as to dlock.
+/// process group of the terminal on its stdin, stdout or stderr: a SIGINT (Ctrl-C), SIGQUIT
+/// (Ctrl-\\) or SIGHUP (hang-up) from that terminal went to the command as well as to dlock.
 #[allow(unsafe_code)]
 fn in_terminal_foreground() -> bool {
     // SAFETY: getpgrp(2) and tcgetpgrp(3) take and return integers and touch no memory of
