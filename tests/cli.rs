@@ -31,7 +31,8 @@ const USAGE: i32 = 64;
 const EXIT_BOUND: Duration = Duration::from_secs(30);
 
 /// A shell script that records the signals it gets and waits for `$1/go`:
-/// `started` once running, `signals` gets one line per signal (TERM exits 43, INT 42, HUP 41, QUIT 40, USR1 39),
+/// `started` once running (and it ends if the directory goes away),
+/// `signals` gets one line per signal (TERM exits 43, INT 42, HUP 41, QUIT 40, USR1 39),
 /// `done` when told to finish.
 const HOLD: &str = r#"
 trap 'echo TERM >> "$1/signals"; exit 43' TERM
@@ -40,7 +41,7 @@ trap 'echo HUP >> "$1/signals"; exit 41' HUP
 trap 'echo QUIT >> "$1/signals"; exit 40' QUIT
 trap 'echo USR1 >> "$1/signals"; exit 39' USR1
 touch "$1/started"
-while [ ! -e "$1/go" ]; do sleep 0.05; done
+while [ -d "$1" ] && [ ! -e "$1/go" ]; do sleep 0.05; done
 touch "$1/done"
 "#;
 
@@ -562,6 +563,31 @@ exit 42
     );
     assert_eq!(dir.read("signals"), "INT\n", "one SIGINT, not two");
     assert!(!raw::exists(&mut server.conn(), "tty"));
+}
+
+/// A dlock killed outright cannot renew any more: on Linux its command gets SIGTERM.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_command_whose_dlock_is_killed_gets_sigterm() {
+    use std::os::unix::process::ExitStatusExt;
+    let server = RedisServer::start();
+    let dir = Scratch::new();
+    let run = hold(&server.url(), "orphan", &[], &dir);
+    dir.wait_for("started");
+    let mut run = run;
+    run.signal("KILL");
+    assert!(wait_until(EXIT_BOUND, || !run.is_running()));
+    assert_eq!(run.child.wait().expect("status").signal(), Some(9));
+    // Not `run.wait()`: without the fix the command lives on and holds dlock's pipes open.
+    let got_term = wait_until(Duration::from_secs(10), || dir.read("signals") == "TERM\n");
+    if !got_term {
+        dir.touch("go"); // let the orphan end
+    }
+    assert!(
+        got_term,
+        "the command did not get SIGTERM: {:?}",
+        dir.read("signals")
+    );
 }
 
 #[test]

@@ -189,7 +189,10 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
     }
 
     let program = &o.command[0];
-    let child = match Command::new(program).args(&o.command[1..]).spawn() {
+    let mut command = Command::new(program);
+    command.args(&o.command[1..]);
+    end_with_dlock(&mut command);
+    let child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             held.release_quietly();
@@ -212,7 +215,13 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
     if let Some(m) = monitor {
         let _ = m.join();
     }
-    let (status, lost) = outcome?;
+    let (status, lost) = match outcome {
+        Ok(o) => o,
+        Err(f) => {
+            held.release_quietly();
+            return Err(f);
+        }
+    };
     let status = exit_code(status);
     if lost {
         held.release_quietly();
@@ -401,8 +410,15 @@ fn supervise(
             }
         }
         let mut loss = None;
-        if !lost && lock(&held.lease).is_lost() {
-            loss = Some(held.expiry_reason());
+        if !lost {
+            let lease = lock(&held.lease);
+            if lease.is_expired() {
+                loss = Some(held.expiry_reason());
+            } else if lease.is_lost() {
+                // Marked lost by the watchdog before its lease ran out (its `on_lost` event
+                // may still be on its way).
+                loss = Some("a renewal found the key deleted or held by another owner".into());
+            }
         }
         if let Some(at) = kill_at {
             if Instant::now() >= at {
@@ -453,6 +469,35 @@ fn supervise(
         }
     }
 }
+
+/// On Linux, the command gets SIGTERM if dlock dies without forwarding anything (SIGKILL, a
+/// crash): its renewals die with it, so the lock is about to be lost.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn end_with_dlock(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // getpid() of dlock, read before the fork: the child compares it with its parent below.
+    let dlock_pid = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: prctl(2) and getppid(2) are system calls that
+    // allocate nothing and take no lock.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // dlock died before the prctl: the signal will never come, so act now.
+            if u32::try_from(libc::getppid()).ok() != Some(dlock_pid) {
+                return Err(io::Error::other("dlock exited before the command started"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Elsewhere the command outlives a dlock that is killed outright.
+#[cfg(not(target_os = "linux"))]
+fn end_with_dlock(_: &mut Command) {}
 
 /// The shell's view of a status: the code, or 128 + the signal that killed the process.
 fn exit_code(status: ExitStatus) -> u8 {
