@@ -3,6 +3,7 @@
 //!
 //! The full reference is `docs/cli.md`. Built with the cargo feature `cli`.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 mod args;
 mod run;
@@ -39,11 +40,14 @@ pub mod code {
 /// A failure of dlock itself: its message and exit code.
 #[derive(Debug)]
 pub struct Failure {
+    /// The exit status.
     pub code: u8,
+    /// What to print after `dlock: `.
     pub message: String,
 }
 
 impl Failure {
+    /// A failure with exit status `code`.
     pub fn new(code: u8, message: impl Into<String>) -> Self {
         Failure {
             code,

@@ -188,9 +188,12 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
         ));
     }
 
-    let program = &o.command[0];
+    let Some((program, program_args)) = o.command.split_first() else {
+        held.release_quietly();
+        return Err(Failure::new(code::USAGE, "no command given"));
+    };
     let mut command = Command::new(program);
-    command.args(&o.command[1..]);
+    command.args(program_args);
     end_with_dlock(&mut command);
     let child = match command.spawn() {
         Ok(child) => child,
@@ -465,7 +468,8 @@ fn supervise(
                 }
             );
             let _ = forward(pid, SIGTERM);
-            kill_at = Some(Instant::now() + kill_after);
+            // `None` (no SIGKILL) only for a --kill-after beyond the clock's range.
+            kill_at = Instant::now().checked_add(kill_after);
         }
     }
 }
