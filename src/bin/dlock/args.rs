@@ -1,0 +1,552 @@
+//! The command line, parsed with the standard library alone (no parser crate: the grammar is
+//! three subcommands with long options, and library users should not compile a parser).
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Cmd {
+    /// `dlock run ... -- COMMAND [ARGS...]`.
+    Run(RunOpts),
+    /// `dlock status`.
+    Status(Target),
+    /// `dlock release --force`.
+    Release(Target),
+    /// `dlock help` / `--help`: the text to print.
+    Help(&'static str),
+    /// `dlock --version`.
+    Version,
+}
+
+/// The lock a subcommand is about.
+#[derive(Debug)]
+pub struct Target {
+    /// `--url`, else `$REDIS_URL`.
+    pub url: String,
+    /// `--key`.
+    pub key: String,
+}
+
+/// How long `run` waits for the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// No `--wait` nor `--no-wait`: the strategy's default retry policy.
+    Default,
+    /// `--no-wait`: one attempt.
+    No,
+    /// `--wait DUR`.
+    For(Duration),
+    /// `--wait forever`.
+    Forever,
+}
+
+/// `--strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    Token,
+    Classic,
+    Reentrant,
+}
+
+/// `--classic-encoding`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClassicEncoding {
+    Decimal,
+    BigEndian,
+}
+
+/// The options of `run`.
+#[derive(Debug)]
+pub struct RunOpts {
+    pub target: Target,
+    pub wait: Wait,
+    /// `--ttl`: a fixed lease, not renewed.
+    pub ttl: Option<Duration>,
+    /// `--lease`: the renewed lease (without `--ttl`).
+    pub lease: Duration,
+    pub strategy: Strategy,
+    pub encoding: ClassicEncoding,
+    pub kill_after: Duration,
+    pub quiet: bool,
+    /// The program and its arguments.
+    pub command: Vec<OsString>,
+}
+
+/// Lease of a renewed hold when `--lease` is not given (the library's watchdog default).
+pub const DEFAULT_LEASE: Duration = redis_dlock::WATCHDOG_DEFAULT_LEASE;
+/// Time between SIGTERM and SIGKILL after a loss when `--kill-after` is not given.
+pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
+/// The shortest lease `--lease` accepts: renewals run every third of it.
+const MIN_LEASE: Duration = Duration::from_millis(300);
+
+pub const USAGE: &str = "\
+Usage:
+  dlock run     [--url URL] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
+                [--strategy token|classic|reentrant] [--classic-encoding decimal|big-endian]
+                [--kill-after DUR] [--quiet] -- COMMAND [ARGS...]
+  dlock status  [--url URL] --key KEY
+  dlock release [--url URL] --key KEY --force
+  dlock --help | --version
+
+Run 'dlock help run', 'dlock help status' or 'dlock help release' for details.
+";
+
+pub const HELP: &str = "\
+dlock: flock(1) across hosts, on Redis.
+
+Usage:
+  dlock run     [--url URL] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
+                [--strategy token|classic|reentrant] [--classic-encoding decimal|big-endian]
+                [--kill-after DUR] [--quiet] -- COMMAND [ARGS...]
+  dlock status  [--url URL] --key KEY
+  dlock release [--url URL] --key KEY --force
+
+--url defaults to $REDIS_URL. DUR: 500ms, 10s, 1.5s, 5m, 2h, or a number of seconds.
+
+Exit status of run: the command's own (128+N if a signal N killed it), or
+  75  the lock is busy (--no-wait) or the wait timed out
+  79  the lock was lost while the command ran (the command got SIGTERM, then SIGKILL)
+  69  Redis unreachable or refusing (wrong password, ...)
+  65  the key holds something that is not a lock of the chosen strategy
+  64  usage error
+  126 / 127  the command could not be run / was not found
+status exits 0 when the lock is held, 1 when it is free; release 0 when it deleted a lock,
+1 when there was none. Full reference: docs/cli.md.
+";
+
+pub const HELP_RUN: &str = "\
+dlock run [--url URL] --key KEY [options] -- COMMAND [ARGS...]
+
+Takes the lock, runs COMMAND while holding it, releases it, and exits with COMMAND's status.
+stdin, stdout and stderr pass through; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2
+are forwarded to COMMAND (except those its terminal already sent it, like Ctrl-C).
+
+  --url URL            Redis URL (redis://[:password@]host:port/db); default $REDIS_URL
+  --key KEY            the lock key
+  --wait DUR           wait at most DUR for the lock (or 'forever'); default: the strategy's
+                       retry policy (token, reentrant: 10 s; classic: 5 retries 200 ms apart)
+  --no-wait            one attempt: exit 75 at once if the lock is busy (flock -n)
+  --lease DUR          the lease, renewed every third of it while COMMAND runs (default 30s)
+  --ttl DUR            a fixed lease instead, never renewed: COMMAND must finish within DUR;
+                       when DUR passes the lock counts as lost (exit 79)
+  --strategy S         token (default), classic (the legacy SETNX/GETSET timestamp lock) or
+                       reentrant (Redisson's RLock hash)
+  --classic-encoding E decimal (default) or big-endian (8-byte value, plus a Redis TTL on the
+                       key and 1 s of clock allowance, as the 8-byte legacy locker does)
+  --kill-after DUR     after a loss, SIGKILL this long after SIGTERM (default 10s)
+  --quiet              no message when the lock is busy or the wait timed out
+
+Exit status: COMMAND's own (128+N if signal N killed it); 75 busy or timed out; 79 lock lost;
+69 Redis unreachable; 65 the key is not a lock of this strategy; 64 usage; 126/127 COMMAND
+could not be run / not found.
+";
+
+pub const HELP_STATUS: &str = "\
+dlock status [--url URL] --key KEY
+
+Prints the holder value, the kind of lock (token, classic, hash) and its remaining time.
+Exit status: 0 held, 1 free (a classic lock whose expiry passed counts as free), 69 Redis
+unreachable, 64 usage.
+";
+
+pub const HELP_RELEASE: &str = "\
+dlock release [--url URL] --key KEY --force
+
+Deletes the lock whoever holds it (a holder's 'dlock run' then sees it lost) and wakes the
+waiters. --force is required. Exit status: 0 deleted, 1 there was no lock, 69 Redis
+unreachable, 64 usage.
+";
+
+/// A usage error: printed with a hint, exit 64.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+fn usage<T>(msg: impl Into<String>) -> Result<T, Usage> {
+    Err(Usage(msg.into()))
+}
+
+/// Parses `args` (without the program name); `env_url` is `$REDIS_URL`.
+pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Cmd, Usage> {
+    let mut it = args.into_iter();
+    let Some(sub) = it.next() else {
+        return usage("no subcommand given (run, status or release)");
+    };
+    let sub = utf8(sub)?;
+    match sub.as_str() {
+        "-h" | "--help" => return Ok(Cmd::Help(HELP)),
+        "-V" | "--version" => return Ok(Cmd::Version),
+        "help" => {
+            let topic = it.next().map(utf8).transpose()?;
+            return match topic.as_deref() {
+                None => Ok(Cmd::Help(HELP)),
+                Some("run") => Ok(Cmd::Help(HELP_RUN)),
+                Some("status") => Ok(Cmd::Help(HELP_STATUS)),
+                Some("release") => Ok(Cmd::Help(HELP_RELEASE)),
+                Some(other) => usage(format!("no help on {other:?}")),
+            };
+        }
+        "run" | "status" | "release" => {}
+        other => return usage(format!("unknown subcommand {other:?}")),
+    }
+    let mut o = Raw::default();
+    while let Some(arg) = it.next() {
+        // The command starts at `--` or at the first word that is not an option.
+        if arg == "--" {
+            o.command.extend(it.by_ref());
+            break;
+        }
+        let is_option = arg.to_str().is_some_and(|s| s.starts_with('-') && s != "-");
+        if !is_option {
+            if sub != "run" {
+                return usage(format!("unexpected argument {:?}", arg.to_string_lossy()));
+            }
+            o.command.push(arg);
+            o.command.extend(it.by_ref());
+            break;
+        }
+        let arg = utf8(arg)?;
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| -> Result<String, Usage> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => match it.next() {
+                    Some(v) => utf8(v),
+                    None => usage(format!("{name} needs a value")),
+                },
+            }
+        };
+        let flag = |name: &str| -> Result<(), Usage> {
+            if inline.is_some() {
+                usage(format!("{name} takes no value"))
+            } else {
+                Ok(())
+            }
+        };
+        let run_only = |name: &str| -> Result<(), Usage> {
+            if sub == "run" {
+                Ok(())
+            } else {
+                usage(format!(
+                    "{name} is an option of 'dlock run', not of 'dlock {sub}'"
+                ))
+            }
+        };
+        match name.as_str() {
+            "-h" | "--help" => {
+                return Ok(Cmd::Help(match sub.as_str() {
+                    "run" => HELP_RUN,
+                    "status" => HELP_STATUS,
+                    _ => HELP_RELEASE,
+                }))
+            }
+            "--url" => set(&mut o.url, &name, value(&name)?)?,
+            "--key" => set(&mut o.key, &name, value(&name)?)?,
+            "--force" => {
+                flag(&name)?;
+                if sub != "release" {
+                    return usage("--force is an option of 'dlock release'");
+                }
+                o.force = true;
+            }
+            "--wait" => {
+                run_only(&name)?;
+                let v = value(&name)?;
+                let w = if v == "forever" {
+                    Wait::Forever
+                } else {
+                    Wait::For(duration(&name, &v)?)
+                };
+                set(&mut o.wait, &name, w)?;
+            }
+            "--no-wait" => {
+                run_only(&name)?;
+                flag(&name)?;
+                set(&mut o.wait, &name, Wait::No)?;
+            }
+            "--ttl" => {
+                run_only(&name)?;
+                let d = positive(&name, &value(&name)?)?;
+                set(&mut o.ttl, &name, d)?;
+            }
+            "--lease" => {
+                run_only(&name)?;
+                let d = positive(&name, &value(&name)?)?;
+                if d < MIN_LEASE {
+                    return usage(format!("--lease must be at least {MIN_LEASE:?}"));
+                }
+                set(&mut o.lease, &name, d)?;
+            }
+            "--strategy" => {
+                run_only(&name)?;
+                let s = match value(&name)?.as_str() {
+                    "token" => Strategy::Token,
+                    "classic" => Strategy::Classic,
+                    "reentrant" => Strategy::Reentrant,
+                    other => {
+                        return usage(format!(
+                            "--strategy must be token, classic or reentrant, not {other:?}"
+                        ))
+                    }
+                };
+                set(&mut o.strategy, &name, s)?;
+            }
+            "--classic-encoding" => {
+                run_only(&name)?;
+                let e = match value(&name)?.as_str() {
+                    "decimal" => ClassicEncoding::Decimal,
+                    "big-endian" => ClassicEncoding::BigEndian,
+                    other => {
+                        return usage(format!(
+                            "--classic-encoding must be decimal or big-endian, not {other:?}"
+                        ))
+                    }
+                };
+                set(&mut o.encoding, &name, e)?;
+            }
+            "--kill-after" => {
+                run_only(&name)?;
+                let d = duration(&name, &value(&name)?)?;
+                set(&mut o.kill_after, &name, d)?;
+            }
+            "--quiet" | "-q" => {
+                run_only(&name)?;
+                flag(&name)?;
+                o.quiet = true;
+            }
+            other => return usage(format!("unknown option {other:?}")),
+        }
+    }
+    o.finish(&sub, env_url)
+}
+
+/// Options as given, before the checks that involve several of them.
+#[derive(Default)]
+struct Raw {
+    url: Option<String>,
+    key: Option<String>,
+    force: bool,
+    wait: Option<Wait>,
+    ttl: Option<Duration>,
+    lease: Option<Duration>,
+    strategy: Option<Strategy>,
+    encoding: Option<ClassicEncoding>,
+    kill_after: Option<Duration>,
+    quiet: bool,
+    command: Vec<OsString>,
+}
+
+impl Raw {
+    fn finish(self, sub: &str, env_url: Option<String>) -> Result<Cmd, Usage> {
+        let url = match self.url.or(env_url.filter(|u| !u.is_empty())) {
+            Some(url) => url,
+            None => return usage("no Redis URL: pass --url URL or set REDIS_URL"),
+        };
+        let key = match self.key {
+            Some(k) if !k.is_empty() => k,
+            Some(_) => return usage("--key is empty"),
+            None => return usage("--key KEY is required"),
+        };
+        let target = Target { url, key };
+        match sub {
+            "status" => Ok(Cmd::Status(target)),
+            "release" => {
+                if !self.force {
+                    return usage(
+                        "release deletes the lock whoever holds it: pass --force to confirm",
+                    );
+                }
+                Ok(Cmd::Release(target))
+            }
+            _ => {
+                if self.command.is_empty() {
+                    return usage("no command given: dlock run ... -- COMMAND [ARGS...]");
+                }
+                if self.ttl.is_some() && self.lease.is_some() {
+                    return usage(
+                        "--ttl (a fixed lease) and --lease (a renewed one) exclude each other",
+                    );
+                }
+                let strategy = self.strategy.unwrap_or(Strategy::Token);
+                if self.encoding.is_some() && strategy != Strategy::Classic {
+                    return usage("--classic-encoding needs --strategy classic");
+                }
+                Ok(Cmd::Run(RunOpts {
+                    target,
+                    wait: self.wait.unwrap_or(Wait::Default),
+                    ttl: self.ttl,
+                    lease: self.lease.unwrap_or(DEFAULT_LEASE),
+                    strategy,
+                    encoding: self.encoding.unwrap_or(ClassicEncoding::Decimal),
+                    kill_after: self.kill_after.unwrap_or(DEFAULT_KILL_AFTER),
+                    quiet: self.quiet,
+                    command: self.command,
+                }))
+            }
+        }
+    }
+}
+
+fn set<T>(slot: &mut Option<T>, name: &str, value: T) -> Result<(), Usage> {
+    if slot.is_some() {
+        return usage(format!(
+            "{name} given twice (or with an option it excludes)"
+        ));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn utf8(arg: OsString) -> Result<String, Usage> {
+    arg.into_string().or_else(|a| {
+        usage(format!(
+            "argument {:?} is not valid UTF-8",
+            a.to_string_lossy()
+        ))
+    })
+}
+
+fn positive(name: &str, s: &str) -> Result<Duration, Usage> {
+    let d = duration(name, s)?;
+    if d.as_millis() == 0 {
+        return usage(format!("{name} must be at least 1ms"));
+    }
+    Ok(d)
+}
+
+/// `500ms`, `10s`, `1.5s`, `5m`, `2h`, or a plain number of seconds (as flock's `-w`).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    if num.is_empty() || num.starts_with('.') && num.len() == 1 {
+        return None;
+    }
+    let n: f64 = num.parse().ok()?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    // Bounded far below what Duration holds (and below the library's MAX_TTL).
+    if !secs.is_finite() || !(0.0..=1.0e9).contains(&secs) {
+        return None;
+    }
+    Some(Duration::from_secs_f64(secs))
+}
+
+fn duration(name: &str, s: &str) -> Result<Duration, Usage> {
+    match parse_duration(s) {
+        Some(d) => Ok(d),
+        None => usage(format!(
+            "{name}: {s:?} is not a duration (examples: 500ms, 10s, 1.5s, 5m, 2h)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<OsString> {
+        a.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        for bad in ["", "s", "-1", "1x", "1e3", "ten", ".", "1.2.3"] {
+            assert_eq!(parse_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn run_line() {
+        let cmd = parse(
+            args(&[
+                "run",
+                "--key=k",
+                "--no-wait",
+                "--ttl",
+                "5s",
+                "--",
+                "echo",
+                "--key",
+                "x",
+            ]),
+            Some("redis://h/".into()),
+        )
+        .expect("valid");
+        let Cmd::Run(o) = cmd else {
+            panic!("not run: {cmd:?}")
+        };
+        assert_eq!(o.target.url, "redis://h/");
+        assert_eq!(o.target.key, "k");
+        assert_eq!(o.wait, Wait::No);
+        assert_eq!(o.ttl, Some(Duration::from_secs(5)));
+        assert_eq!(o.command, args(&["echo", "--key", "x"]));
+        // Without `--`, the first non-option word starts the command.
+        let Ok(Cmd::Run(o)) = parse(args(&["run", "--url", "u", "--key", "k", "ls", "-l"]), None)
+        else {
+            panic!("valid")
+        };
+        assert_eq!(o.command, args(&["ls", "-l"]));
+        assert_eq!(o.target.url, "u");
+    }
+
+    #[test]
+    fn usage_errors() {
+        let url = || Some("redis://h/".to_owned());
+        for bad in [
+            &["run", "--key", "k"][..],
+            &[
+                "run",
+                "--key",
+                "k",
+                "--wait",
+                "1",
+                "--no-wait",
+                "--",
+                "true",
+            ],
+            &[
+                "run", "--key", "k", "--ttl", "1", "--lease", "1", "--", "true",
+            ],
+            &[
+                "run",
+                "--key",
+                "k",
+                "--classic-encoding",
+                "decimal",
+                "--",
+                "true",
+            ],
+            &["run", "--key", "k", "--strategy", "bogus", "--", "true"],
+            &["run", "--key", "k", "--bogus", "--", "true"],
+            &["run", "--key", "k", "--wait", "soon", "--", "true"],
+            &["status"],
+            &["status", "--key", "k", "--no-wait"],
+            &["release", "--key", "k"],
+            &["frobnicate"],
+            &[],
+        ] {
+            assert!(parse(args(bad), url()).is_err(), "{bad:?}");
+        }
+        assert!(parse(args(&["status", "--key", "k"]), None).is_err());
+        assert!(matches!(
+            parse(args(&["release", "--key", "k", "--force"]), url()),
+            Ok(Cmd::Release(_))
+        ));
+    }
+}

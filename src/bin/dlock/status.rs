@@ -1,0 +1,249 @@
+//! `dlock status` and `dlock release --force`: plain Redis commands on one connection.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::{Connection, RedisError};
+
+use crate::args::Target;
+use crate::{chain, code, redact, Failure};
+
+/// Time allowed to connect and for each reply.
+const TIMEOUT: Duration = Duration::from_secs(2);
+/// 2000-01-01 and 2500-01-01 in epoch milliseconds: a stored number between them is taken for
+/// a Classic expiry timestamp.
+const PLAUSIBLE_EXPIRY_MS: std::ops::Range<i64> = 946_684_800_000..16_725_225_600_000;
+/// Prefix of the channel on which releases are announced (Redisson's, as the library's).
+const CHANNEL_PREFIX: &str = "redisson_lock__channel";
+
+fn connect(target: &Target) -> Result<Connection, Failure> {
+    let url = redact(&target.url);
+    let client = redis::Client::open(target.url.as_str())
+        .map_err(|e| Failure::new(code::USAGE, format!("bad Redis URL {url}: {e}")))?;
+    let conn = client
+        .get_connection_with_timeout(TIMEOUT)
+        .map_err(|e| unavailable(&target.url, &e))?;
+    conn.set_read_timeout(Some(TIMEOUT))
+        .and_then(|()| conn.set_write_timeout(Some(TIMEOUT)))
+        .map_err(|e| unavailable(&target.url, &e))?;
+    Ok(conn)
+}
+
+fn unavailable(url: &str, e: &RedisError) -> Failure {
+    let url = redact(url);
+    let what = if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+    {
+        "authentication failed"
+    } else if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+        "cannot reach Redis"
+    } else {
+        "Redis refused the command"
+    };
+    Failure::new(code::UNAVAILABLE, format!("{what} at {url}: {}", chain(e)))
+}
+
+fn query<T: redis::FromRedisValue>(
+    conn: &mut Connection,
+    target: &Target,
+    cmd: &redis::Cmd,
+) -> Result<T, Failure> {
+    cmd.query(conn).map_err(|e| unavailable(&target.url, &e))
+}
+
+/// What a string value at the key looks like.
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    /// 32 hex characters: a Token lock's owner token.
+    Token,
+    /// A Classic expiry timestamp in epoch ms, and whether it was big-endian.
+    Classic { expiry_ms: i64, big_endian: bool },
+    /// Anything else (another tool's lock, say).
+    Unknown,
+}
+
+fn classify(value: &[u8]) -> Kind {
+    if value.len() == 32 && value.iter().all(u8::is_ascii_hexdigit) {
+        return Kind::Token;
+    }
+    if let Ok(bytes) = <[u8; 8]>::try_from(value) {
+        let ms = i64::from_be_bytes(bytes);
+        if PLAUSIBLE_EXPIRY_MS.contains(&ms) {
+            return Kind::Classic {
+                expiry_ms: ms,
+                big_endian: true,
+            };
+        }
+    }
+    if !value.is_empty() && value.len() <= 19 && value.iter().all(u8::is_ascii_digit) {
+        if let Some(ms) = std::str::from_utf8(value)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .filter(|ms| PLAUSIBLE_EXPIRY_MS.contains(ms))
+        {
+            return Kind::Classic {
+                expiry_ms: ms,
+                big_endian: false,
+            };
+        }
+    }
+    Kind::Unknown
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn seconds(ms: i64) -> String {
+    format!("{:.3}s", ms as f64 / 1000.0)
+}
+
+/// The key's Redis TTL as a line.
+fn ttl_line(pttl: i64) -> String {
+    match pttl {
+        -1 => "ttl: none (the key has no Redis TTL)".to_owned(),
+        ms if ms >= 0 => format!("ttl: {}", seconds(ms)),
+        _ => "ttl: gone".to_owned(),
+    }
+}
+
+/// Prints what holds the lock; exit 0 when held, 1 when free.
+pub fn status(target: &Target) -> Result<u8, Failure> {
+    let mut conn = connect(target)?;
+    let key = &target.key;
+    let kind: String = query(&mut conn, target, redis::cmd("TYPE").arg(key))?;
+    println!("key: {key}");
+    match kind.as_str() {
+        "none" => {
+            println!("free");
+            Ok(code::FREE)
+        }
+        "string" => {
+            let value: Option<Vec<u8>> = query(&mut conn, target, redis::cmd("GET").arg(key))?;
+            let pttl: i64 = query(&mut conn, target, redis::cmd("PTTL").arg(key))?;
+            let Some(value) = value else {
+                println!("free");
+                return Ok(code::FREE);
+            };
+            let holder = value.escape_ascii().to_string();
+            match classify(&value) {
+                Kind::Token => {
+                    println!("kind: token\nholder: {holder}\n{}", ttl_line(pttl));
+                    Ok(0)
+                }
+                Kind::Classic {
+                    expiry_ms,
+                    big_endian,
+                } => {
+                    let left = expiry_ms - now_ms();
+                    println!(
+                        "kind: classic ({})\nholder: {holder}\nexpiry: {expiry_ms} (epoch ms)",
+                        if big_endian { "big-endian" } else { "decimal" },
+                    );
+                    if pttl != -1 {
+                        println!("key {}", ttl_line(pttl));
+                    }
+                    if left >= 0 {
+                        println!("ttl: {}", seconds(left));
+                        Ok(0)
+                    } else {
+                        println!(
+                            "expired: {} ago (stale: the next locker takes it over)",
+                            seconds(-left)
+                        );
+                        Ok(code::FREE)
+                    }
+                }
+                Kind::Unknown => {
+                    println!(
+                        "kind: string (not a format dlock knows)\nholder: {holder}\n{}",
+                        ttl_line(pttl)
+                    );
+                    Ok(0)
+                }
+            }
+        }
+        "hash" => {
+            let fields: Vec<(Vec<u8>, Vec<u8>)> =
+                query(&mut conn, target, redis::cmd("HGETALL").arg(key))?;
+            let pttl: i64 = query(&mut conn, target, redis::cmd("PTTL").arg(key))?;
+            println!("kind: hash (reentrant lock: owner -> hold count)");
+            for (field, count) in &fields {
+                println!(
+                    "holder: {} (count {})",
+                    field.escape_ascii(),
+                    count.escape_ascii()
+                );
+            }
+            println!("{}", ttl_line(pttl));
+            Ok(if fields.is_empty() { code::FREE } else { 0 })
+        }
+        other => {
+            let pttl: i64 = query(&mut conn, target, redis::cmd("PTTL").arg(key))?;
+            println!("kind: {other} (not a lock)\n{}", ttl_line(pttl));
+            Ok(0)
+        }
+    }
+}
+
+/// The release channel of `key`: `<prefix>:{key}`, or `<prefix>:key` when the key already has
+/// braces (Redisson's rule, which the library follows).
+fn channel(key: &str) -> String {
+    if key.contains('{') {
+        format!("{CHANNEL_PREFIX}:{key}")
+    } else {
+        format!("{CHANNEL_PREFIX}:{{{key}}}")
+    }
+}
+
+/// Deletes the lock whoever holds it, and announces the release to waiters.
+pub fn release(target: &Target) -> Result<u8, Failure> {
+    let mut conn = connect(target)?;
+    let key = &target.key;
+    let deleted: i64 = query(&mut conn, target, redis::cmd("DEL").arg(key))?;
+    if deleted == 0 {
+        println!("{key}: no lock to release");
+        return Ok(code::FREE);
+    }
+    // Best effort: waiters woken by pub/sub try at once instead of at their next poll.
+    let published: Result<i64, Failure> = query(
+        &mut conn,
+        target,
+        redis::cmd("PUBLISH").arg(channel(key)).arg("0"),
+    );
+    if let Err(f) = published {
+        crate::say!("released, but could not wake the waiters: {}", f.message);
+    }
+    println!("{key}: released");
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_classified() {
+        assert_eq!(classify(b"0123456789abcdef0123456789abcdef"), Kind::Token);
+        assert_eq!(
+            classify(b"1700000000123"),
+            Kind::Classic {
+                expiry_ms: 1_700_000_000_123,
+                big_endian: false
+            }
+        );
+        assert_eq!(
+            classify(&1_700_000_000_123i64.to_be_bytes()),
+            Kind::Classic {
+                expiry_ms: 1_700_000_000_123,
+                big_endian: true
+            }
+        );
+        assert_eq!(classify(b"1"), Kind::Unknown);
+        assert_eq!(classify(b"hello"), Kind::Unknown);
+        assert_eq!(channel("a"), "redisson_lock__channel:{a}");
+        assert_eq!(channel("{a}b"), "redisson_lock__channel:{a}b");
+    }
+}
