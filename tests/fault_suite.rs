@@ -22,8 +22,11 @@
 //! Asserted for every (strategy, fault): 0 lost updates, 0 overlapping sections, and recovery
 //! within a bound: every key is acquired again within one command timeout plus
 //! [`RECOVERY_SLACK`] after the fault ended (i.e. no key stays blocked longer than the fault plus
-//! one command timeout plus slack; a lease of 30 s is not an excuse). Recovery is measured from
-//! the workers' own logs: for each key, the first acquire at or after the fault's end.
+//! one command timeout plus slack; a lease of 30 s is not an excuse). Recovery is measured for each
+//! key as its first acquire at or after the fault's end, by a worker (from the workers' own
+//! logs) or by a probe in the test process that tries, every 25 ms, each key no worker has
+//! taken again yet (so that a key the workers happen not to pick for a while does not count as
+//! blocked).
 //!
 //! Also here: negative controls (no lock at all; a Token lock whose lifetime is far shorter
 //! than the section) that must make the detector report overlaps and lost updates, and a churn
@@ -553,9 +556,11 @@ struct Recovery {
     fault: String,
     /// How long the fault lasted, as measured.
     fault_ms: i64,
-    /// Per key: ms from the fault's end to the key's first acquire after it (`None`: not before
-    /// the run ended).
+    /// Per key: ms from the fault's end to the key's first acquire after it, by a worker or by
+    /// the parent's probe (`None`: not before the run ended).
     per_key: Vec<Option<i64>>,
+    /// ms from the fault's end to the first section of any worker after it.
+    first_section: Option<i64>,
 }
 
 impl Recovery {
@@ -567,10 +572,6 @@ impl Recovery {
         let mut v: Vec<i64> = self.per_key.iter().flatten().copied().collect();
         v.sort_unstable();
         v.get(v.len() / 2).copied()
-    }
-
-    fn first(&self) -> Option<i64> {
-        self.per_key.iter().flatten().min().copied()
     }
 
     fn unrecovered(&self) -> usize {
@@ -607,7 +608,7 @@ impl GroupOutcome {
                      {} of {} keys not again",
                     r.fault,
                     r.fault_ms,
-                    fmt_ms(r.first()),
+                    fmt_ms(r.first_section),
                     fmt_ms(r.median()),
                     fmt_ms(r.worst()),
                     r.unrecovered(),
@@ -673,6 +674,21 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
             >= total as i64),
         "{label}: the workers did not start"
     );
+    // The probe: after a fault, this process tries once per round every key that no worker
+    // has taken again yet, so that a key the workers happen not to pick for a while still
+    // shows when it became acquirable. It holds each key only for the round trips of a
+    // try_lock and an unlock.
+    let probe_clients: Vec<LockClient> = kinds
+        .iter()
+        .map(|_| LockClient::open(&lock_server.url()).expect("probe client"))
+        .collect();
+    let probe_locks: Vec<Option<Box<dyn DistributedLock>>> = kinds
+        .iter()
+        .zip(&probe_clients)
+        .flat_map(|(&kind, client)| {
+            (0..load.keys).map(move |k| kind.build(client, lock_key(kind, k)))
+        })
+        .collect();
     let started = Instant::now();
     thread::sleep(load.warm_up);
 
@@ -691,16 +707,30 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
             .arg(end)
             .query(&mut data)
             .expect("RPUSH fault end");
-        faults.push((fault.name(), start, end));
-        // Until every key of every kind was acquired after the fault (or well past the
-        // bound), then a little more load.
+        // Until every key of every kind was acquired after the fault, by a worker or by the
+        // probe (or well past the bound), then a little more load.
+        let mut probed: Vec<Option<i64>> = vec![None; all_acquired.len()];
         let give_up = Instant::now() + recovery_bound() + Duration::from_millis(500);
         loop {
             let acquired: Vec<Option<i64>> = redis::cmd("MGET")
                 .arg(&all_acquired)
                 .query(&mut data)
                 .expect("MGET acquired");
-            if acquired.iter().all(|a| a.is_some_and(|a| a >= end)) {
+            let mut pending = 0;
+            for (i, a) in acquired.iter().enumerate() {
+                if a.is_some_and(|a| a >= end) || probed[i].is_some() {
+                    continue;
+                }
+                if let Some(lock) = &probe_locks[i] {
+                    if let Ok(guard) = lock.try_lock() {
+                        probed[i] = Some(epoch_ms());
+                        let _ = guard.unlock();
+                        continue;
+                    }
+                }
+                pending += 1;
+            }
+            if pending == 0 {
                 break;
             }
             if Instant::now() >= give_up {
@@ -710,7 +740,9 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
                     .iter()
                     .flat_map(|&kind| (0..load.keys).map(move |k| (kind, k)))
                     .zip(&acquired)
-                    .filter(|(_, a)| a.is_none_or(|a| a < end))
+                    .zip(&probed)
+                    .filter(|((_, a), p)| a.is_none_or(|a| a < end) && p.is_none())
+                    .map(|(x, _)| x)
                     .map(|((kind, k), _)| {
                         let pttl: i64 = redis::cmd("PTTL")
                             .arg(lock_key(kind, k))
@@ -731,6 +763,7 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
             }
             thread::sleep(Duration::from_millis(25));
         }
+        faults.push((fault.name(), start, end, probed));
         thread::sleep(load.after);
     }
     let _: () = redis::cmd("SET")
@@ -741,17 +774,22 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
 
     let mut groups: Vec<GroupOutcome> = kinds
         .iter()
-        .map(|&kind| GroupOutcome {
+        .enumerate()
+        .map(|(g, &kind)| GroupOutcome {
             kind,
             tally: Tally::default(),
             counter_sum: 0,
             overlaps: 0,
             recoveries: faults
                 .iter()
-                .map(|(name, start, end)| Recovery {
+                .map(|(name, start, end, probed)| Recovery {
                     fault: name.clone(),
                     fault_ms: end - start,
-                    per_key: vec![None; load.keys],
+                    per_key: probed[g * load.keys..(g + 1) * load.keys]
+                        .iter()
+                        .map(|p| p.map(|at| at - end))
+                        .collect(),
+                    first_section: None,
                 })
                 .collect(),
         })
@@ -779,8 +817,11 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
                     .collect();
                 let (f, k, at) = (n[0] as usize, n[1] as usize, n[2]);
                 let after_end = at - faults[f].2;
-                let slot = &mut group.recoveries[f].per_key[k];
+                let recovery = &mut group.recoveries[f];
+                let slot = &mut recovery.per_key[k];
                 *slot = Some(slot.map_or(after_end, |s| s.min(after_end)));
+                let first = &mut recovery.first_section;
+                *first = Some(first.map_or(after_end, |s| s.min(after_end)));
             }
         }
         assert!(
