@@ -56,13 +56,42 @@ impl Cause {
     }
 }
 
-/// One pending owner-checked delete.
+/// What a clean-up undoes, owner-checked.
+#[derive(Debug, Clone)]
+pub(crate) enum Undo {
+    /// A string value (Token, Classic): delete the key if it holds exactly `value`, and
+    /// publish the release on `channel` (Token) when it does.
+    Value {
+        value: Vec<u8>,
+        channel: Option<String>,
+    },
+    /// One hold of a reentrant lock: give it back only if `owner`'s count is exactly `count`
+    /// (`lua/reentrant_undo.lua`); the remaining holds get `lease_ms`, and the release is
+    /// published on `channel` when the lock becomes free.
+    Hold {
+        owner: Vec<u8>,
+        count: u32,
+        lease_ms: u64,
+        channel: String,
+    },
+}
+
+impl Undo {
+    fn describe(&self) -> String {
+        match self {
+            Undo::Value { value, .. } => format!("value {}", printable(value)),
+            Undo::Hold { owner, count, .. } => {
+                format!("hold {count} of owner {}", printable(owner))
+            }
+        }
+    }
+}
+
+/// One pending owner-checked clean-up.
 #[derive(Debug)]
 struct Job {
     key: String,
-    value: Vec<u8>,
-    /// The release channel to publish on when the delete happens (Token), if any.
-    channel: Option<String>,
+    undo: Undo,
     cause: Cause,
     /// After this the hold has expired by itself (or can be taken over): no need to go on.
     until: Instant,
@@ -118,15 +147,32 @@ impl Janitor {
         cause: Cause,
         until: Instant,
     ) {
+        let undo = Undo::Value {
+            value: value.to_vec(),
+            channel: channel.map(str::to_owned),
+        };
+        self.undo(client, key, undo, cause, until);
+    }
+
+    /// Undoes `undo` at `key` in the background, owner-checked, trying until it is answered
+    /// or until `until`, when the hold expires anyway.
+    pub(crate) fn undo(
+        &self,
+        client: &LockClient,
+        key: &str,
+        undo: Undo,
+        cause: Cause,
+        until: Instant,
+    ) {
         let now = Instant::now();
         if until <= now {
             return;
         }
         log::info!(
-            "lock {key:?}: {}; deleting value {} in the background if it was written (until \
-             it would expire, in {} ms)",
+            "lock {key:?}: {}; undoing {} in the background if it is there (until it would \
+             expire, in {} ms)",
             cause.describe(),
-            printable(value),
+            undo.describe(),
             until.saturating_duration_since(now).as_millis()
         );
         let mut jobs = self.shared.lock();
@@ -140,8 +186,7 @@ impl Janitor {
         }
         jobs.list.push(Job {
             key: key.to_owned(),
-            value: value.to_vec(),
-            channel: channel.map(str::to_owned),
+            undo,
             cause,
             until,
             next: now,
@@ -226,18 +271,41 @@ fn run(shared: &Shared, client: &WeakClient) {
 fn attempt(client: &LockClient, mut job: Job) -> Option<Job> {
     job.tries = job.tries.saturating_add(1);
     let key = job.key.as_str();
-    let reply: crate::Result<i64> = client.with_conn(key, |con, s| match &job.channel {
-        None => s.unlock.eval(con, key, job.value.as_slice()),
-        Some(ch) => s.unlock.eval_keys(
+    let reply: crate::Result<i64> = client.with_conn(key, |con, s| match &job.undo {
+        Undo::Value {
+            value,
+            channel: None,
+        } => s.unlock.eval(con, key, value.as_slice()),
+        Undo::Value {
+            value,
+            channel: Some(ch),
+        } => s.unlock.eval_keys(
             con,
             &[key, ch.as_str()],
-            (job.value.as_slice(), keys::UNLOCK_MESSAGE),
+            (value.as_slice(), keys::UNLOCK_MESSAGE),
+        ),
+        Undo::Hold {
+            owner,
+            count,
+            lease_ms,
+            channel,
+        } => s.reentrant_undo.eval(
+            con,
+            key,
+            (
+                owner.as_slice(),
+                *count,
+                *lease_ms,
+                channel.as_str(),
+                keys::UNLOCK_MESSAGE,
+            ),
         ),
     });
     match reply {
         Ok(n) if n >= 1 => {
             log::warn!(
-                "lock {key:?}: deleted the lock left by an {} (try {})",
+                "lock {key:?}: undid the {} left by an {} (try {})",
+                job.undo.describe(),
                 job.cause.describe(),
                 job.tries
             );
@@ -246,8 +314,8 @@ fn attempt(client: &LockClient, mut job: Job) -> Option<Job> {
         }
         Ok(_) => {
             log::info!(
-                "lock {key:?}: nothing to clean up after the {} (the value was never written, \
-                 expired, or was taken over)",
+                "lock {key:?}: nothing to clean up after the {} (never written, expired, or \
+                 changed since)",
                 job.cause.describe()
             );
             None

@@ -18,7 +18,7 @@
 //! A lock built without an explicit ttl is watched: the client's watchdog renews each hold
 //! (`HEXISTS` + `PEXPIRE`, see [`crate::watchdog`]) until that hold is released.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,7 @@ use redis::Value;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::hold::{self, AcquireReply, HoldOptions};
+use crate::janitor::{Cause, Undo};
 use crate::keys;
 use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::owner::{self, OwnerId};
@@ -97,6 +98,17 @@ fn note_local(owner: &OwnerId, key: &Arc<str>, seen: Seen) {
             (Seen::Decremented | Seen::Nothing, None) => {}
         }
     });
+}
+
+/// The calling thread's hold count of `key` as `owner`, as its own operations last saw it.
+fn local_count(owner: &OwnerId, key: &str) -> u32 {
+    LOCAL_HOLDS.with(|holds| {
+        holds
+            .borrow()
+            .iter()
+            .find(|h| h.is(owner, key))
+            .map_or(0, |h| h.count)
+    })
 }
 
 /// True if the calling thread, as `owner`, last saw itself holding `key`.
@@ -176,7 +188,9 @@ impl ReentrantLock {
     fn attempt(&self) -> Result<Attempt> {
         let owner = self.owner();
         let start = Instant::now();
-        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+        let sent = Cell::new(false);
+        let reply: Result<Value> = self.client.with_conn(&self.key, |con, s| {
+            sent.set(true);
             let args = (self.opts.lease_ms(), owner.as_str());
             match &self.opts.fence_key {
                 Some(fence) => {
@@ -185,7 +199,26 @@ impl ReentrantLock {
                 }
                 None => s.reentrant_acquire.eval(con, &self.key, args),
             }
-        })?;
+        });
+        if let (Err(LockError::Connection { .. }), true) = (&reply, sent.get()) {
+            // The acquire may still run on the server and add a hold nobody will release:
+            // give it back in the background, but only at the count it would have made.
+            let undo = Undo::Hold {
+                owner: owner.as_bytes().to_vec(),
+                count: local_count(&owner, &self.key).saturating_add(1),
+                lease_ms: self.opts.lease_ms(),
+                channel: self.opts.channel.clone(),
+            };
+            let until = start.checked_add(self.opts.lease).unwrap_or(start);
+            self.client.janitor().undo(
+                &self.client,
+                &self.key,
+                undo,
+                Cause::LostAcquireReply,
+                until,
+            );
+        }
+        let reply = reply?;
         let reply = hold::decode_acquire(&self.key, &reply)?;
         let seen = match reply {
             AcquireReply::Taken { .. } => {

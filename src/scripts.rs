@@ -221,6 +221,9 @@ pub(crate) struct Scripts {
     pub(crate) reentrant_release: LuaScript,
     /// `lua/reentrant_extend.lua`: reentrant lock, renew the key while the owner holds it.
     pub(crate) reentrant_extend: LuaScript,
+    /// `lua/reentrant_undo.lua`: reentrant lock, give back one hold only at the expected count
+    /// (the clean-up after an acquire whose reply was lost).
+    pub(crate) reentrant_undo: LuaScript,
 }
 
 impl Scripts {
@@ -254,6 +257,10 @@ impl Scripts {
             reentrant_acquire: LuaScript::new(
                 "reentrant_acquire",
                 include_str!("../lua/reentrant_acquire.lua"),
+            ),
+            reentrant_undo: LuaScript::new(
+                "reentrant_undo",
+                include_str!("../lua/reentrant_undo.lua"),
             ),
             reentrant_release: LuaScript::new(
                 "reentrant_release",

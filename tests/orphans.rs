@@ -200,3 +200,50 @@ fn failed_release_is_retried_in_the_background() {
     );
     assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
 }
+
+/// The reentrant lock: a lost first acquire is given back (the owner's count is 1 exactly), so
+/// a second client does not wait out the 30 s lease.
+#[test]
+fn reentrant_acquire_whose_reply_was_lost_leaves_no_orphan() {
+    init_logging();
+    let server = RedisServer::start();
+    let key = "orphan:reentrant";
+    let c1 = impatient(&server);
+    let c2 = patient(&server);
+    let l1 = c1.lock(key).strategy(Strategy::Reentrant).build().unwrap();
+    let l2 = c2.lock(key).strategy(Strategy::Reentrant).build().unwrap();
+    // Once through, so the acquire script is cached on the server.
+    assert!(l1.try_lock().unwrap().unlock().unwrap());
+    let resumed = acquire_during_sigstop(&server, || l1.try_lock().map(|g| g.into_lease()));
+    let after = taken_after(l2.as_ref(), resumed);
+    assert!(after < TIMEOUT + SLACK, "waited {after:?} after resume");
+    assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+}
+
+/// A lost re-entry is given back only at the count it would have made: the thread's first
+/// hold stays, and its release frees the lock.
+#[test]
+fn reentrant_lost_reentry_keeps_the_first_hold() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "orphan:reentry";
+    let c1 = impatient(&server);
+    let l1 = c1.lock(key).strategy(Strategy::Reentrant).build().unwrap();
+    let first = l1.try_lock().unwrap();
+    let owner = String::from_utf8(first.value().to_vec()).unwrap();
+    acquire_during_sigstop(&server, || l1.try_lock().map(|g| g.into_lease()));
+    assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+    let count: Option<String> = redis::cmd("HGET")
+        .arg(key)
+        .arg(&owner)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        count.as_deref(),
+        Some("1"),
+        "the first hold stays, the lost one is gone"
+    );
+    assert!(first.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key), "the last hold freed the lock");
+}
