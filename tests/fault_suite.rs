@@ -50,7 +50,7 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 use redis_dlock::{DistributedLock, LockClient, LockError, Strategy, DEFAULT_COMMAND_TIMEOUT};
 use support::expiry::epoch_ms;
 use support::worker::{report, WorkerProcess};
