@@ -258,6 +258,45 @@ impl ReentrantLock {
         lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()))
     }
 
+    /// A release of `lease` failed on a connection error (a failover, a paused server): it
+    /// may or may not have run. When the calling thread is the lease's owner, its count before
+    /// the release is known, so the janitor gives back one hold in the background only while
+    /// the count is still that one (never twice). A lease released from another thread has no
+    /// known count: its hold expires with the lease.
+    fn retry_release_later(&self, lease: &Lease) {
+        let owner = self.owner();
+        if lease.value() != owner.as_bytes() {
+            log::warn!(
+                "lock {:?}: release failed and is not retried (released from a thread that \
+                 is not its owner); it expires with its lease",
+                self.key
+            );
+            return;
+        }
+        let count = local_count(&owner, &self.key);
+        if count == 0 {
+            return;
+        }
+        let undo = Undo::Hold {
+            owner: owner.as_bytes().to_vec(),
+            count,
+            lease_ms: self.opts.lease_ms(),
+            channel: self.opts.channel.clone(),
+        };
+        // The key's expiry was last set by an acquire or release of the owner, at most a lease
+        // ago: after a lease from now it is gone anyway.
+        let now = Instant::now();
+        let until = now.checked_add(self.opts.lease).unwrap_or(now);
+        self.client
+            .janitor()
+            .undo(&self.client, &self.key, undo, Cause::FailedRelease, until);
+        // The thread gave the hold back, as far as it is concerned.
+        note_local(&owner, self.opts.key_arc(), Seen::Decremented);
+        if count == 1 {
+            note_local(&owner, self.opts.key_arc(), Seen::Nothing);
+        }
+    }
+
     fn unexpected(&self, reply: i64) -> LockError {
         LockError::Redis {
             key: self.key.clone(),
@@ -297,13 +336,17 @@ impl DistributedLock for ReentrantLock {
         // Only this hold stops being renewed: every other hold of the owner has its own
         // renewal, and any of them keeps the shared key alive.
         lease.stop_renewal();
-        let reply: Option<i64> = self.client.with_conn(&self.key, |con, s| {
+        let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
             s.reentrant_release.eval_keys(
                 con,
                 &[self.key.as_str(), self.opts.channel.as_str()],
                 (keys::UNLOCK_MESSAGE, self.opts.lease_ms(), lease.value()),
             )
-        })?;
+        });
+        if let Err(LockError::Connection { .. }) = &reply {
+            self.retry_release_later(lease);
+        }
+        let reply = reply?;
         let (seen, ours) = match reply {
             // The owner keeps other holds: the lock stays taken, so waiters keep waiting.
             Some(0) => (Seen::Decremented, true),

@@ -247,3 +247,41 @@ fn reentrant_lost_reentry_keeps_the_first_hold() {
     assert!(first.unlock().unwrap());
     assert!(!raw::exists(&mut conn, key), "the last hold freed the lock");
 }
+
+/// The reentrant lock's release that failed on a connection error is retried in the
+/// background, at the owner's count before the release (so never twice).
+#[test]
+fn reentrant_failed_release_is_retried_in_the_background() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "orphan:reentrant-release";
+    let c1 = impatient(&server);
+    let c2 = patient(&server);
+    let l1 = c1.lock(key).strategy(Strategy::Reentrant).build().unwrap();
+    let l2 = c2.lock(key).strategy(Strategy::Reentrant).build().unwrap();
+    let guard = l1.try_lock().unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(PAUSE.as_millis() as u64)
+        .arg("WRITE")
+        .query(&mut conn)
+        .unwrap();
+    let paused = Instant::now();
+    let released = guard.unlock();
+    assert!(
+        matches!(released, Err(LockError::Connection { .. })),
+        "{released:?}"
+    );
+    assert_eq!(
+        c1.pending_cleanups(),
+        1,
+        "the release is queued for a retry"
+    );
+    let after = taken_after(l2.as_ref(), paused + PAUSE);
+    assert!(
+        after < TIMEOUT + SLACK,
+        "waited {after:?} after the pause ended"
+    );
+    assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+}
