@@ -279,10 +279,10 @@ fn attempt(client: &LockClient, mut job: Job) -> Option<Job> {
         Undo::Value {
             value,
             channel: Some(ch),
-        } => s.unlock.eval_keys(
+        } => s.unlock.eval(
             con,
-            &[key, ch.as_str()],
-            (value.as_slice(), keys::UNLOCK_MESSAGE),
+            key,
+            (value.as_slice(), ch.as_str(), keys::UNLOCK_MESSAGE),
         ),
         Undo::Hold {
             owner,

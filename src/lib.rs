@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod access;
 #[doc(hidden)]
 pub mod bench_hooks;
 mod classic;

@@ -9,8 +9,8 @@
 //! Wire, per operation (one round trip each):
 //! - acquire: `EVALSHA <reentrant_acquire.lua> 1|2 key [dlock_fence:{key}] <lease ms> <owner>`
 //!   → `{1, fence}` (taken or re-entered) or `{0, pttl}` (held by another owner);
-//! - release: `EVALSHA <reentrant_release.lua> 2 key redisson_lock__channel:{key} 0 <lease ms>
-//!   <owner>` → 1 (last hold: deleted and published), 0 (count decremented) or nil (the owner
+//! - release: `EVALSHA <reentrant_release.lua> 1 key 0 <lease ms> <owner>
+//!   redisson_lock__channel:{key}` → 1 (last hold: deleted and published), 0 (count decremented) or nil (the owner
 //!   holds nothing; nothing changed);
 //! - extend: `EVALSHA <reentrant_extend.lua> 1 key <owner> <ttl ms>` → 1 or 0;
 //! - check: `HEXISTS key <owner>`; hold count: `HGET key <owner>`.
@@ -337,10 +337,15 @@ impl DistributedLock for ReentrantLock {
         // renewal, and any of them keeps the shared key alive.
         lease.stop_renewal();
         let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
-            s.reentrant_release.eval_keys(
+            s.reentrant_release.eval(
                 con,
-                &[self.key.as_str(), self.opts.channel.as_str()],
-                (keys::UNLOCK_MESSAGE, self.opts.lease_ms(), lease.value()),
+                &self.key,
+                (
+                    keys::UNLOCK_MESSAGE,
+                    self.opts.lease_ms(),
+                    lease.value(),
+                    self.opts.channel.as_str(),
+                ),
             )
         });
         if let Err(LockError::Connection { .. }) = &reply {

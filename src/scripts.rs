@@ -224,6 +224,8 @@ pub(crate) struct Scripts {
     /// `lua/reentrant_undo.lua`: reentrant lock, give back one hold only at the expected count
     /// (the clean-up after an acquire whose reply was lost).
     pub(crate) reentrant_undo: LuaScript,
+    /// `lua/acl_check.lua`: may the user send these commands (`LockBuilder::check_access`)?
+    pub(crate) acl_check: LuaScript,
 }
 
 impl Scripts {
@@ -258,6 +260,7 @@ impl Scripts {
                 "reentrant_acquire",
                 include_str!("../lua/reentrant_acquire.lua"),
             ),
+            acl_check: LuaScript::new("acl_check", include_str!("../lua/acl_check.lua")),
             reentrant_undo: LuaScript::new(
                 "reentrant_undo",
                 include_str!("../lua/reentrant_undo.lua"),

@@ -115,6 +115,7 @@ pub struct LockBuilder {
     on_lost: Option<LostCallback>,
     fencing: bool,
     wake_up: Option<WakeUp>,
+    check_access: bool,
 }
 
 impl std::fmt::Debug for LockBuilder {
@@ -147,6 +148,7 @@ impl LockBuilder {
             on_lost: None,
             fencing: false,
             wake_up: None,
+            check_access: false,
         }
     }
 
@@ -230,7 +232,20 @@ impl LockBuilder {
         self
     }
 
-    /// Checks the options and builds the lock. Sends nothing to Redis.
+    /// [`build`](Self::build) also asks the server (one round trip, nothing run) whether the
+    /// client's ACL user may send every command this lock will send, on its key, companion
+    /// keys and channel (Redis 7.0+, `redis.acl_check_cmd`). A denied command is a
+    /// [`LockError::Setup`] naming the command, its key or channel, and NOPERM, before the
+    /// first acquire: without the check, a user who may `SET` but not run the release script or
+    /// `PUBLISH` on the channel acquires and then cannot release. Worth calling once at start-up
+    /// with a representative key; docs/production.md lists the rules.
+    pub fn check_access(mut self) -> Self {
+        self.check_access = true;
+        self
+    }
+
+    /// Checks the options and builds the lock. Sends nothing to Redis, unless
+    /// [`check_access`](Self::check_access) was asked for.
     pub fn build(self) -> Result<Box<dyn DistributedLock>> {
         Ok(match self.strategy {
             Strategy::Token => Box::new(self.build_token()?),
@@ -242,12 +257,30 @@ impl LockBuilder {
     /// Builds a [`TokenLock`] whatever [`strategy`](Self::strategy) says.
     pub fn build_token(self) -> Result<TokenLock> {
         let opts = self.hold_options()?;
+        if self.check_access {
+            let checks = crate::access::token(
+                &self.key,
+                &opts.channel,
+                opts.fence_key.as_deref(),
+                opts.wake_up == WakeUp::PubSub,
+            );
+            crate::access::verify(&self.client, &self.key, "Token", &checks)?;
+        }
         Ok(TokenLock::new(self.client, self.key, opts))
     }
 
     /// Builds a [`ReentrantLock`] whatever [`strategy`](Self::strategy) says.
     pub fn build_reentrant(self) -> Result<ReentrantLock> {
         let opts = self.hold_options()?;
+        if self.check_access {
+            let checks = crate::access::reentrant(
+                &self.key,
+                &opts.channel,
+                opts.fence_key.as_deref(),
+                opts.wake_up == WakeUp::PubSub,
+            );
+            crate::access::verify(&self.client, &self.key, "reentrant", &checks)?;
+        }
         Ok(ReentrantLock::new(self.client, self.key, opts))
     }
 
@@ -285,6 +318,10 @@ impl LockBuilder {
         }
         let (ttl, retry) = self.validate(CLASSIC_DEFAULT_TTL, RetryPolicy::legacy())?;
         check_duration(&self.key, "clock_skew", self.classic.clock_skew, true)?;
+        if self.check_access {
+            let checks = crate::access::classic(&self.key);
+            crate::access::verify(&self.client, &self.key, "Classic", &checks)?;
+        }
         Ok(ClassicLock::new(
             self.client,
             self.key,

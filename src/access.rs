@@ -1,0 +1,113 @@
+//! The least-privilege check of [`LockBuilder::check_access`](crate::LockBuilder::check_access):
+//! asks the server whether the client's ACL user may send every command a lock will send, on
+//! the lock's own keys and channel, before the first acquire (`lua/acl_check.lua`, one round
+//! trip, nothing run). Without it, a user who may `SET` but not run the release script (or
+//! not `PUBLISH` on the lock's channel) acquires fine and then cannot release: the lock stays
+//! for its whole lifetime.
+
+use crate::client::LockClient;
+use crate::error::{Context, LockError, Result};
+
+/// One command a lock sends, with its arguments (keys, channels, placeholder values).
+pub(crate) type Check = (&'static str, Vec<String>);
+
+fn check(name: &'static str, args: &[&str]) -> Check {
+    (name, args.iter().map(|a| (*a).to_owned()).collect())
+}
+
+/// What a waiter's subscriber connection sends.
+fn subscriber(channel: &str) -> Vec<Check> {
+    vec![
+        check("subscribe", &[channel]),
+        check("unsubscribe", &[channel]),
+        check("ping", &[]),
+    ]
+}
+
+/// The commands of a Token lock (see `token.rs`): acquire (`SET … NX PX … GET`, or by script
+/// `SET` + `PTTL` and `INCR` of the fencing counter), release (`GET`, `DEL`, `PUBLISH`),
+/// extend and renewal (`GET`, `PEXPIRE`), the check (`GET`), the type check of a wait that
+/// gives up (`TYPE`), and the subscriber's commands when waiters are woken by pub/sub.
+pub(crate) fn token(key: &str, channel: &str, fence: Option<&str>, pubsub: bool) -> Vec<Check> {
+    let mut c = vec![
+        check("set", &[key, "v", "NX", "PX", "1000", "GET"]),
+        check("get", &[key]),
+        check("del", &[key]),
+        check("pexpire", &[key, "1000"]),
+        check("pttl", &[key]),
+        check("type", &[key]),
+        check("publish", &[channel, "0"]),
+    ];
+    if let Some(f) = fence {
+        c.push(check("incr", &[f]));
+    }
+    if pubsub {
+        c.extend(subscriber(channel));
+    }
+    c
+}
+
+/// The commands of a Classic lock: `SETNX` (or `SET NX PX` with `key_ttl`), `GET`, `GETSET`
+/// or the compare-and-set script's `SET`, `PEXPIRE`, and the release's `GET` + `DEL`.
+pub(crate) fn classic(key: &str) -> Vec<Check> {
+    vec![
+        check("setnx", &[key, "v"]),
+        check("set", &[key, "v", "NX", "PX", "1000"]),
+        check("get", &[key]),
+        check("getset", &[key, "v"]),
+        check("pexpire", &[key, "1000"]),
+        check("del", &[key]),
+    ]
+}
+
+/// The commands of a reentrant lock (Redisson's `RLock` scripts and the library's own).
+pub(crate) fn reentrant(key: &str, channel: &str, fence: Option<&str>, pubsub: bool) -> Vec<Check> {
+    let mut c = vec![
+        check("exists", &[key]),
+        check("hexists", &[key, "owner"]),
+        check("hincrby", &[key, "owner", "1"]),
+        check("hget", &[key, "owner"]),
+        check("hdel", &[key, "owner"]),
+        check("hlen", &[key]),
+        check("pexpire", &[key, "1000"]),
+        check("pttl", &[key]),
+        check("del", &[key]),
+        check("publish", &[channel, "0"]),
+    ];
+    if let Some(f) = fence {
+        c.push(check("incr", &[f]));
+        // A re-entry reads the counter's current value.
+        c.push(check("get", &[f]));
+    }
+    if pubsub {
+        c.extend(subscriber(channel));
+    }
+    c
+}
+
+/// Sends the check for the lock on `key` (`what` names its kind): `Ok` when everything is
+/// allowed, else [`LockError::Setup`] naming the lock, each denied command with its key or
+/// channel, and NOPERM.
+pub(crate) fn verify(client: &LockClient, key: &str, what: &str, checks: &[Check]) -> Result<()> {
+    let mut args: Vec<String> = Vec::new();
+    for (name, a) in checks {
+        args.push((*name).to_owned());
+        args.push(a.len().to_string());
+        args.extend(a.iter().cloned());
+    }
+    let denied: Vec<String> =
+        client.with_conn(key, |con, s| s.acl_check.eval_keys(con, &[], &args))?;
+    if denied.is_empty() {
+        return Ok(());
+    }
+    Err(LockError::Setup {
+        source: Box::new(Context::new(
+            format!(
+                "the {what} lock on {key:?} needs commands this client's user may not send \
+                 (NOPERM): {}; see the ACL rules in docs/production.md",
+                denied.join("; ")
+            ),
+            None,
+        )),
+    })
+}
