@@ -119,7 +119,7 @@ impl HoldOptions {
             on_lost,
             retry,
             wake_up,
-            channel: keys::channel(key)?,
+            channel: keys::channel(key),
             fence_key: if fencing {
                 Some(keys::fence_key(key)?)
             } else {

@@ -48,7 +48,7 @@ pub(crate) fn release(
         None => s.unlock.eval(con, key, lease.value()),
         Some(ch) => s
             .unlock
-            .eval_keys(con, &[key, ch], (lease.value(), keys::UNLOCK_MESSAGE)),
+            .eval(con, key, (lease.value(), keys::UNLOCK_MESSAGE, ch)),
     })?;
     if let Some(ch) = channel {
         hold::after_publish(client, key, ch, reply - 1);

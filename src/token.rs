@@ -5,8 +5,9 @@
 //! - acquire: `SET key <32 hex chars> NX PX <ttl ms>` → `OK` (ours) or nil (held);
 //! - acquire while waiting, or with fencing: `EVALSHA <token_acquire.lua> 1|2 key
 //!   [dlock_fence:{key}] <token> <ttl ms>` → `{1, fence}` or `{0, pttl}`;
-//! - release: `EVALSHA <unlock.lua> 2 key redisson_lock__channel:{key} <token> 0` → 1 (deleted
-//!   and published) or 0 (not ours);
+//! - release: `EVALSHA <unlock.lua> 1 key <token> 0 redisson_lock__channel:{key}` → 1 + the
+//!   subscribers reached (deleted and published) or 0 (not ours); the channel is Redisson's
+//!   name for it (see [`crate::keys`]), passed as an argument;
 //! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>` → 1 or 0;
 //! - check: `GET key`, compared with our token.
 //!
