@@ -490,11 +490,12 @@ pub(crate) struct Wake<'q> {
 /// the server before the next attempt, so no release in between goes unheard) and then sleeps
 /// until a release is published, at most the holder's remaining lifetime as the refused
 /// attempt reported it, never past the deadline, and never longer than the poll interval
-/// ([`WaitQueues::poll_interval`]: 100–120 ms, or for a line whose lock was last freed
-/// without a published release 20–30 ms; at least the policy's longest sleep). A holder that releases without publishing (a foreign
-/// or legacy locker) is thus noticed within the poll interval, whatever its lifetime. Without
-/// a confirmed subscription (pub/sub unavailable, subscriber reconnecting) or without a
-/// reported lifetime it falls back to the policy's sleeps.
+/// ([`WaitQueues::poll_interval`]: 100–120 ms, or 20–30 ms for a line whose lock was last
+/// freed without a published release; at least the policy's longest sleep). A holder that
+/// releases without publishing (a foreign or legacy locker) is thus noticed within the poll
+/// interval, whatever its lifetime. Without a confirmed subscription (pub/sub unavailable,
+/// subscriber reconnecting) or without a reported lifetime it falls back to the policy's
+/// sleeps.
 ///
 /// `on_give_up` gets the number of attempts made and may replace the final
 /// [`LockError::Timeout`] with a more precise error.

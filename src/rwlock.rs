@@ -25,6 +25,7 @@ use redis::Value;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::hold::{HoldOptions, WakeUp};
+use crate::keys;
 use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::strategy::check_duration;
@@ -303,7 +304,7 @@ impl ReadWriteLockBuilder {
 
     /// Checks the options and builds the lock. Sends nothing to Redis.
     pub fn build(self) -> Result<ReadWriteLock> {
-        let opts = HoldOptions::checked(
+        let mut opts = HoldOptions::checked(
             &self.key,
             self.ttl,
             self.watchdog_lease,
@@ -312,6 +313,8 @@ impl ReadWriteLockBuilder {
             self.wake_up,
             false,
         )?;
+        // `lua/rw_release.lua` takes its channel as a key: keep it in the key's slot.
+        opts.channel = keys::aux_key(keys::CHANNEL_PREFIX, &self.key)?;
         let intent = self.intent.unwrap_or_else(|| {
             opts.retry
                 .max_delay
