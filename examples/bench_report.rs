@@ -336,6 +336,7 @@ impl Report<'_> {
         self.handoff(&mut md);
         self.many_keys(&mut md);
         self.micro(&mut md);
+        mixed_fleet(&mut md);
         self.method(&mut md);
         md
     }
@@ -1591,3 +1592,13 @@ fn esc(s: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
+
+/// The mixed-fleet measurement: not a criterion bench but an ignored test of
+/// `tests/mixedfleet.rs`, run by hand; its figures are recorded here.
+fn mixed_fleet(md: &mut String) {
+    let _ = writeln!(md, "{MIXED_FLEET}");
+}
+
+/// Recorded output of `cargo test --release --test mixedfleet -- --ignored --nocapture measure`
+/// (update it when the waiting path changes).
+const MIXED_FLEET: &str = include_str!("mixed_fleet.md");

@@ -21,7 +21,9 @@ if tonumber(c) > 1 then
     return 1
 end
 redis.call('hdel', KEYS[1], ARGV[1])
-if redis.call('hlen', KEYS[1]) == 0 then
+-- Free when no owner is left: nothing, or only the release latch (reentrant_release.lua).
+local left = redis.call('hlen', KEYS[1])
+if left == 0 or (left == 1 and redis.call('hexists', KEYS[1], 'dlock_unlock_latch') == 1) then
     redis.call('del', KEYS[1])
     redis.call('publish', ARGV[4], ARGV[5])
 end

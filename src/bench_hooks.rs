@@ -48,11 +48,11 @@ impl Scripts {
         self.0.unlock.evalsha(key, &value)
     }
 
-    /// The publishing release command: `EVALSHA <unlock.lua> 1 key value channel 0` (Token's;
+    /// The publishing release command: `EVALSHA <unlock.lua> 1 key value 0 channel` (Token's;
     /// `channel` is the key's release channel), built as the library builds it.
     pub fn unlock_publish_cmd(&self, key: &str, channel: &str, value: &[u8]) -> redis::Cmd {
         self.0
             .unlock
-            .evalsha(key, &(value, channel, crate::keys::UNLOCK_MESSAGE))
+            .evalsha_keys(&[key], &(value, crate::keys::UNLOCK_MESSAGE, channel))
     }
 }

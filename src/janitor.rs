@@ -282,7 +282,7 @@ fn attempt(client: &LockClient, mut job: Job) -> Option<Job> {
         } => s.unlock.eval(
             con,
             key,
-            (value.as_slice(), ch.as_str(), keys::UNLOCK_MESSAGE),
+            (value.as_slice(), keys::UNLOCK_MESSAGE, ch.as_str()),
         ),
         Undo::Hold {
             owner,

@@ -1,11 +1,20 @@
-//! Names of the auxiliary keys and channels of a lock, all in the lock key's hash slot.
+//! Names of the companion keys and channels of a lock.
 //!
 //! A lock may need more than its key: a pub/sub channel its releases are announced on, and a
-//! fencing counter. In a Redis Cluster a script may only touch keys of one slot, so every name
-//! is derived from the lock key the way Redisson derives its own (`prefixName`):
-//! `<prefix>:{<key>}`, or `<prefix>:<key>` when the key already has a hash tag, which then
-//! decides the slot of both. The channel is Redisson's, so Java Redisson waiters on the same
-//! key are woken by our releases and we by theirs.
+//! fencing counter. Two rules, one per kind of name:
+//!
+//! - **Names Redisson also uses** (the release channel `redisson_lock__channel`) follow
+//!   Redisson's `prefixName` exactly: `<prefix>:<key>` when the key contains `{` anywhere,
+//!   `<prefix>:{<key>}` otherwise. Java Redisson clients on the same key then hear our releases
+//!   and we hear theirs, for every key. For a key with a `{` that is no complete hash tag
+//!   (`a{b`, `a{}b`) that name may hash to another cluster slot than the key; the library
+//!   therefore never passes a channel as a script KEY (it goes in ARGV: `PUBLISH` inside a
+//!   script is not routed by slot, a cluster forwards it to every node).
+//! - **Names only this library uses** (the fencing counter `dlock_fence`) are always in the
+//!   key's slot, since a script touches them together with the key: `<prefix>:{<key>}`, or
+//!   `<prefix>:<key>` when the key has a hash tag, whichever lands in the key's slot; for a key
+//!   whose braces defeat both forms (`a{}b`, `}a{b`), `<prefix>:<key>:<n>` with the smallest
+//!   hexadecimal `n` that lands there.
 
 use crate::error::{LockError, Result};
 
@@ -15,41 +24,62 @@ pub(crate) const CHANNEL_PREFIX: &str = "redisson_lock__channel";
 pub(crate) const FENCE_PREFIX: &str = "dlock_fence";
 /// The message published on a release (Redisson's `UNLOCK_MESSAGE`).
 pub(crate) const UNLOCK_MESSAGE: &str = "0";
+/// The most suffixes tried for a library-only name of a key whose braces defeat both prefix
+/// forms; a slot is hit after about 16 384 on average.
+const SUFFIX_TRIES: u32 = 1 << 22;
 
-/// The channel on which releases of `key` are announced.
-pub(crate) fn channel(key: &str) -> Result<String> {
-    aux_key(CHANNEL_PREFIX, key)
+/// The channel on which releases of `key` are announced: Redisson's name for it.
+pub(crate) fn channel(key: &str) -> String {
+    redisson_name(CHANNEL_PREFIX, key)
 }
 
-/// The fencing counter of `key`.
+/// The fencing counter of `key`, in the key's slot.
 pub(crate) fn fence_key(key: &str) -> Result<String> {
     aux_key(FENCE_PREFIX, key)
 }
 
-/// `<prefix>:{<key>}`, or `<prefix>:<key>` if the key contains `{` (Redisson's rule), checked
-/// to land in the key's slot; when Redisson's form would not (`a{b`: no closing brace), the
-/// braced form is used. A key whose braces defeat both (`a{}b`) is refused.
+/// Redisson's `prefixName(prefix, name)`: `<prefix>:<key>` if the key contains `{` anywhere,
+/// else `<prefix>:{<key>}`. Not necessarily in the key's cluster slot.
+pub(crate) fn redisson_name(prefix: &str, key: &str) -> String {
+    if key.contains('{') {
+        format!("{prefix}:{key}")
+    } else {
+        format!("{prefix}:{{{key}}}")
+    }
+}
+
+/// A name for a companion key only this library uses, in the key's cluster slot:
+/// Redisson's form if it lands there, else the braced form `<prefix>:{<key>}`, else (a key
+/// whose braces defeat both, such as `a{}b`) `<prefix>:<key>:<n>` with the smallest
+/// hexadecimal `n` that lands there (such a name has no hash tag either, so it is hashed
+/// whole, like the key).
 pub(crate) fn aux_key(prefix: &str, key: &str) -> Result<String> {
     let slot = hash_slot(key.as_bytes());
+    let redisson = redisson_name(prefix, key);
+    if hash_slot(redisson.as_bytes()) == slot {
+        return Ok(redisson);
+    }
     let braced = format!("{prefix}:{{{key}}}");
-    if !key.contains('{') {
+    if hash_slot(braced.as_bytes()) == slot {
         return Ok(braced);
     }
-    let plain = format!("{prefix}:{key}");
-    if hash_slot(plain.as_bytes()) == slot {
-        return Ok(plain);
+    let mut name = String::with_capacity(redisson.len() + 8);
+    for n in 0..SUFFIX_TRIES {
+        use std::fmt::Write as _;
+        name.clear();
+        let _ = write!(name, "{redisson}:{n:x}");
+        if hash_slot(name.as_bytes()) == slot {
+            log::debug!("key {key:?}: companion {name:?} (its braces form no hash tag)");
+            return Ok(name);
+        }
     }
-    if hash_slot(braced.as_bytes()) != slot {
-        let aux = plain;
-        return Err(LockError::invalid(
-            key,
-            format!(
-                "the key's braces do not form a Redis hash tag, so its companion {aux:?} would \
-                 be in another cluster slot; use a key with a non-empty {{tag}} or no braces"
-            ),
-        ));
-    }
-    Ok(braced)
+    Err(LockError::invalid(
+        key,
+        format!(
+            "no name for its companion {prefix:?} lands in the key's cluster slot; use a key \
+             with a non-empty {{tag}} or no braces"
+        ),
+    ))
 }
 
 /// The part of a key Redis Cluster hashes: the first `{…}` if non-empty, else the whole key.
@@ -97,23 +127,51 @@ mod tests {
     }
 
     #[test]
-    fn aux_names_follow_redisson_and_share_the_slot() {
+    fn channels_follow_redisson_exactly() {
+        // Redisson's prefixName: braces anywhere in the name keep it as it is.
+        for (key, want) in [
+            ("orders:42", "redisson_lock__channel:{orders:42}"),
+            ("{tag}x", "redisson_lock__channel:{tag}x"),
+            ("a{b", "redisson_lock__channel:a{b"),
+            ("a{}b", "redisson_lock__channel:a{}b"),
+            ("x}y", "redisson_lock__channel:{x}y}"),
+        ] {
+            assert_eq!(channel(key), want, "{key}");
+        }
+    }
+
+    #[test]
+    fn library_names_share_the_slot() {
         assert_eq!(
-            channel("orders:42").expect("plain key"),
-            "redisson_lock__channel:{orders:42}"
+            fence_key("orders:42").expect("plain key"),
+            "dlock_fence:{orders:42}"
         );
         assert_eq!(
             fence_key("{user:1}:lock").expect("tagged key"),
             "dlock_fence:{user:1}:lock"
         );
-        for key in ["a", "orders:42", "{user:1}:lock", "x{y}z", "a{b"] {
+        assert_eq!(fence_key("a{b").expect("open brace"), "dlock_fence:{a{b}");
+        let odd = fence_key("a{}b").expect("empty tag");
+        assert!(odd.starts_with("dlock_fence:a{}b:"), "{odd}");
+        for key in [
+            "a",
+            "orders:42",
+            "{user:1}:lock",
+            "x{y}z",
+            "a{b",
+            "a{}b",
+            "}a{b",
+            "{}",
+            "x{}{y}",
+            "}{",
+            "",
+        ] {
             let aux = fence_key(key).expect("same slot");
             assert_eq!(
                 hash_slot(aux.as_bytes()),
                 hash_slot(key.as_bytes()),
-                "{key}"
+                "{key} -> {aux}"
             );
         }
-        assert!(channel("a{}b").is_err());
     }
 }

@@ -21,8 +21,9 @@
 //! - **pub/sub wake-ups** (`src/wakeup.rs`): releases publish on the lock's channel and blocked
 //!   threads wait on one shared subscriber connection per client ([`WakeUp`]);
 //! - **fencing tokens** ([`LockBuilder::fencing`], [`LockGuard::fence`]);
-//! - [`ReadWriteLock`], and [`RedLock`] over independent masters; every companion key and
-//!   channel shares the lock key's hash slot (`src/keys.rs`), so all of it works on a Cluster.
+//! - [`ReadWriteLock`], and [`RedLock`] over independent masters; every companion key shares
+//!   the lock key's hash slot, and release channels (Redisson's names) are script arguments
+//!   (`src/keys.rs`), so all of it works on a Cluster.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -504,9 +504,13 @@ pub(crate) struct Wake<'q> {
 /// [`Wake`]: after its first refused attempt it subscribes to the lock's channel (confirmed by
 /// the server before the next attempt, so no release in between goes unheard) and then sleeps
 /// until a release is published, at most the holder's remaining lifetime as the refused
-/// attempt reported it, and never past the deadline. A lost message thus costs at most that
-/// lifetime. Without a confirmed subscription (pub/sub unavailable, subscriber reconnecting)
-/// or without a reported lifetime it falls back to the policy's sleeps.
+/// attempt reported it, never past the deadline, and never longer than the poll interval
+/// ([`WaitQueues::poll_interval`]: 100–120 ms, or 20–30 ms for a line whose lock was last
+/// freed without a published release; at least the policy's longest sleep). A holder that
+/// releases without publishing (a foreign or legacy locker) is thus noticed within the poll
+/// interval, whatever its lifetime. Without a confirmed subscription (pub/sub unavailable,
+/// subscriber reconnecting) or without a reported lifetime it falls back to the policy's
+/// sleeps.
 ///
 /// The handoff courtesy ([`WaitQueues::take_courtesy`]) is slept before the first attempt,
 /// never past the deadline. A thread that reaches its deadline still waiting for its turn
@@ -553,6 +557,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     );
     let mut subscription = None;
     let mut stalled = None;
+    let mut polled = false;
     loop {
         if attempts.made() > 0 {
             let Some(backoff) = attempts.next_sleep() else {
@@ -568,11 +573,18 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
                 }
             }
             let listening = subscription.as_ref().is_some_and(|s| s.is_confirmed());
+            // Beside the subscription, a poll: a holder that frees the lock without
+            // publishing (a foreign or legacy locker) is noticed within the poll interval.
+            let mut poll = None;
             let sleep = match pttl {
                 _ if fresh => Duration::ZERO,
                 // Bounded by the deadline, or for a count-limited policy by the longest its
                 // retries could take, so a retry limit still ends the wait.
                 Some(p) if listening => {
+                    let floor = lock.retry_policy().max_delay;
+                    let interval = line.queues.poll_interval(line.name, floor);
+                    poll = (interval < p).then_some(interval);
+                    let p = p.min(interval);
                     deadline.map_or(p, |d| p.min(d.saturating_duration_since(Instant::now())))
                 }
                 _ => backoff,
@@ -586,7 +598,14 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
                     ""
                 }
             );
-            ticket.sleep(sleep);
+            let woken = ticket.sleep(sleep);
+            if woken && listening {
+                line.queues.heard_release(line.name);
+            }
+            // Woken by the poll, before the holder's lifetime ran out, and first in line (the
+            // attempt follows at once): a win now means the holder freed the lock without
+            // publishing.
+            polled = poll.is_some() && !woken && (!line.fifo || ticket.ahead() == 0);
         }
         if line.fifo && !ticket.wait_turn(deadline) {
             // Gave up before its turn: because the lock is held, or because the threads
@@ -606,6 +625,10 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         });
         match refused_if_late(result, &mut late)? {
             Attempt::Acquired(lease) => {
+                // Unless a release was heard while the attempt was on the wire.
+                if polled && !ticket.released_since_mark() {
+                    line.queues.mark_silent(line.name);
+                }
                 log::debug!(
                     "lock {key:?}: acquired after {} attempts in {:?}",
                     attempts.made(),

@@ -10,8 +10,11 @@
 //! - acquire: `EVALSHA <reentrant_acquire.lua> 1|2 key [dlock_fence:{key}] <lease ms> <owner>`
 //!   → `{1, fence}` (taken or re-entered) or `{0, pttl}` (held by another owner);
 //! - release: `EVALSHA <reentrant_release.lua> 1 key 0 <lease ms> <owner>
-//!   redisson_lock__channel:{key}` → 1 (last hold: deleted and published), 0 (count decremented) or nil (the owner
-//!   holds nothing; nothing changed);
+//!   redisson_lock__channel:{key} <request id>` → 1 + subscribers reached (last hold: deleted
+//!   and published), 0 (count decremented) or nil (the owner holds nothing; nothing changed).
+//!   A release that leaves holds records its request id in the hash (field
+//!   `dlock_unlock_latch`), so a copy sent again after a dropped connection gives back one
+//!   hold, not two (see `docs/reentrant.md`);
 //! - extend: `EVALSHA <reentrant_extend.lua> 1 key <owner> <ttl ms>` → 1 or 0;
 //! - check: `HEXISTS key <owner>`; hold count: `HGET key <owner>`.
 //!
@@ -336,7 +339,12 @@ impl DistributedLock for ReentrantLock {
         // Only this hold stops being renewed: every other hold of the owner has its own
         // renewal, and any of them keeps the shared key alive.
         lease.stop_renewal();
+        // One id per call: a copy of the command sent again after a dropped connection
+        // carries the same id, and the script does not give back a second hold for it.
+        let request = format!("{:032x}", rand::random::<u128>());
+        let mut sent = 0u32;
         let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
+            sent += 1;
             s.reentrant_release.eval(
                 con,
                 &self.key,
@@ -345,6 +353,7 @@ impl DistributedLock for ReentrantLock {
                     self.opts.lease_ms(),
                     lease.value(),
                     self.opts.channel.as_str(),
+                    request.as_str(),
                 ),
             )
         });
@@ -360,6 +369,16 @@ impl DistributedLock for ReentrantLock {
                 hold::after_publish(&self.client, &self.key, &self.opts.channel, freed - 1);
                 lock::note_release(self.client.waiters(), &self.key, true);
                 (Seen::Nothing, true)
+            }
+            None if sent > 1 => {
+                log::warn!(
+                    "lock {:?}: release by owner {} sent again after a dropped connection found \
+                     no hold: the first copy may have freed it (its reply was lost), or the hold \
+                     had expired; nothing was changed by the second copy",
+                    self.key,
+                    printable(lease.value())
+                );
+                (Seen::Nothing, false)
             }
             None => {
                 log::warn!(

@@ -12,6 +12,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use rand::RngExt;
+
+/// While a waiter listens for a published release, it also polls: the sleep until the
+/// holder's lifetime runs out is cut to at most this long (or the retry policy's longest
+/// sleep, if longer), plus up to a fifth at random. A holder that releases without publishing
+/// (a legacy or foreign locker) is thus noticed within about that long, whatever its lifetime.
+/// Only the head of a line polls, so a client waiting on a key sends at most 10 extra
+/// commands per second (about 9 on average) while a publishing holder keeps the lock.
+pub(crate) const POLL_BESIDE_PUBSUB: Duration = Duration::from_millis(100);
+/// The poll of a line marked silent (its lock was last freed without a published release):
+/// at most this long (or the policy's longest sleep, if longer), plus up to a half at random.
+pub(crate) const POLL_SILENT: Duration = Duration::from_millis(20);
+/// How long a line stays marked silent after its last silent release, unless a published
+/// release is heard first.
+pub(crate) const SILENT_MEMORY: Duration = Duration::from_secs(30);
+
 /// The queues of one client, by key. A queue exists only while some thread waits on its key.
 #[derive(Debug, Default)]
 pub(crate) struct WaitQueues {
@@ -24,6 +40,9 @@ pub(crate) struct WaitQueues {
     courtesy: Mutex<HashMap<String, Instant>>,
     /// Entries in `courtesy`: lets the uncontended path skip its mutex.
     courtesies: AtomicUsize,
+    /// Lines whose lock was last freed without a published release (a peer that does not
+    /// publish), until when to poll them fast (see [`Self::poll_interval`]).
+    silent: Mutex<HashMap<String, Instant>>,
 }
 
 #[derive(Debug, Default)]
@@ -110,6 +129,63 @@ impl WaitQueues {
         let until = courtesy.remove(line);
         self.courtesies.store(courtesy.len(), Ordering::SeqCst);
         until.filter(|u| *u > Instant::now())
+    }
+
+    /// How long a waiter listening for a published release of `line` sleeps at most before it
+    /// polls: `max(POLL_BESIDE_PUBSUB, floor)` plus up to a fifth at random, or while the line
+    /// is marked silent `max(POLL_SILENT, floor)` plus up to a half. `floor` is the retry
+    /// policy's longest sleep: a policy that polls slowly polls slowly here too.
+    pub(crate) fn poll_interval(&self, line: &str, floor: Duration) -> Duration {
+        let now = Instant::now();
+        let silent = {
+            let mut marks = lock(&self.silent);
+            if !marks.is_empty() {
+                marks.retain(|_, until| *until > now);
+            }
+            marks.contains_key(line)
+        };
+        let (base, spread) = if silent {
+            (POLL_SILENT.max(floor), 2)
+        } else {
+            (POLL_BESIDE_PUBSUB.max(floor), 5)
+        };
+        let extra = base / spread;
+        base.saturating_add(rand::rng().random_range(Duration::ZERO..=extra))
+    }
+
+    /// A waiter's poll found `line`'s lock free before the holder's lifetime ran out and no
+    /// release was heard: its holders free it without publishing. Poll it fast for
+    /// [`SILENT_MEMORY`].
+    pub(crate) fn mark_silent(&self, line: &str) {
+        let until = Instant::now()
+            .checked_add(SILENT_MEMORY)
+            .unwrap_or_else(Instant::now);
+        let mut marks = lock(&self.silent);
+        let fresh = marks.insert(line.to_owned(), until).is_none();
+        drop(marks);
+        if fresh {
+            log::debug!(
+                "lock {line:?}: freed without a published release; waiters poll it every \
+                 {POLL_SILENT:?} or so for {SILENT_MEMORY:?}"
+            );
+        }
+    }
+
+    /// A release of `line` was heard (published, or by a holder of this client): its holders
+    /// publish, so the line is polled slowly again.
+    pub(crate) fn heard_release(&self, line: &str) {
+        let mut marks = lock(&self.silent);
+        if !marks.is_empty() {
+            marks.remove(line);
+        }
+    }
+
+    /// True if `line` is marked silent.
+    #[cfg(test)]
+    pub(crate) fn is_silent(&self, line: &str) -> bool {
+        lock(&self.silent)
+            .get(line)
+            .is_some_and(|until| *until > Instant::now())
     }
 
     /// A holder of this process released `key`: wake its waiters.
@@ -238,16 +314,25 @@ impl Ticket<'_> {
         ))
     }
 
-    /// Sleeps up to `d`, returning early if a local holder released the key since [`mark`].
+    /// True if a release woke the line (a local holder, or a published release) since
+    /// [`mark`](Self::mark).
+    pub(crate) fn released_since_mark(&self) -> bool {
+        lock(&self.queue.state).releases != self.seen_releases
+    }
+
+    /// Sleeps up to `d`, returning early if a local holder released the key since [`mark`]
+    /// (or a published release was heard): true if so, false if the time ran out.
     ///
     /// [`mark`]: Self::mark
-    pub(crate) fn sleep(&self, d: Duration) {
-        let until = crate::time::after(d);
+    pub(crate) fn sleep(&self, d: Duration) -> bool {
+        let until = Instant::now().checked_add(d);
         let mut st = lock(&self.queue.state);
         while st.releases == self.seen_releases {
-            let left = until.saturating_duration_since(Instant::now());
+            let left = until.map_or(Duration::MAX, |u| {
+                u.saturating_duration_since(Instant::now())
+            });
             if left.is_zero() {
-                return;
+                return false;
             }
             st = self
                 .queue
@@ -256,6 +341,7 @@ impl Ticket<'_> {
                 .map(|(st, _)| st)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
+        true
     }
 }
 
@@ -372,14 +458,42 @@ mod tests {
             tk.mark();
             tx.send(()).ok();
             let start = Instant::now();
-            tk.sleep(Duration::from_secs(30));
+            let woken = tk.sleep(Duration::from_secs(30));
             woke2.store(1, Ordering::SeqCst);
-            start.elapsed()
+            (start.elapsed(), woken)
         });
         rx.recv().ok();
         q.notify_release("k");
-        let slept = t.join().expect("sleeper thread");
+        let (slept, woken) = t.join().expect("sleeper thread");
+        assert!(woken);
         assert_eq!(woke.load(Ordering::SeqCst), 1);
         assert!(slept < Duration::from_secs(30));
+        // Without a release the sleep runs out and says so.
+        let tk = q.enqueue("k");
+        assert!(!tk.sleep(Duration::from_millis(5)));
+    }
+
+    #[test]
+    fn silent_lines_poll_fast_until_a_release_is_heard() {
+        let q = WaitQueues::default();
+        let ms = Duration::from_millis;
+        let within = |d: Duration, low: u64, high: u64| ms(low) <= d && d <= ms(high);
+        let floor = ms(32);
+        for _ in 0..50 {
+            assert!(within(q.poll_interval("k", floor), 100, 120));
+        }
+        q.mark_silent("k");
+        assert!(q.is_silent("k"));
+        assert!(!q.is_silent("other"));
+        for _ in 0..50 {
+            assert!(within(q.poll_interval("k", floor), 32, 48));
+            assert!(within(q.poll_interval("k", Duration::ZERO), 20, 30));
+            assert!(within(q.poll_interval("other", floor), 100, 120));
+        }
+        // A slow policy polls slowly beside pub/sub too.
+        assert!(within(q.poll_interval("other", ms(5_000)), 5_000, 6_000));
+        q.heard_release("k");
+        assert!(!q.is_silent("k"));
+        assert!(within(q.poll_interval("k", floor), 100, 120));
     }
 }
