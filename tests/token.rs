@@ -359,9 +359,9 @@ fn is_held_is_false_once_the_local_lifetime_passed() {
     init_logging();
     let server = RedisServer::start();
     let c = client(&server);
-    let lock = token_lock(&c, "tok:local-expiry", Duration::from_millis(100));
+    let lock = token_lock(&c, "tok:local-expiry", Duration::from_millis(300));
     let guard = lock.try_lock().unwrap();
-    thread::sleep(Duration::from_millis(150));
+    thread::sleep(Duration::from_millis(400));
     assert!(guard.is_expired());
     assert_eq!(guard.remaining(), Duration::ZERO);
     assert!(!guard.is_held().unwrap());
