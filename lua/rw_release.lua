@@ -2,10 +2,12 @@
 -- KEYS[1] (docs/rwlock.md). Only the owner's own entry is touched: a release naming an owner
 -- that holds nothing in that mode changes nothing (expired entries are still purged).
 -- KEYS[1] lock key (a hash, or absent)
--- KEYS[2] (optional) release channel `redisson_lock__channel:{key}`: when an entry goes (its
---         last hold released, or an intent withdrawn) "0" is published there, waking waiters
 -- ARGV[1] 'read', 'write', or 'wait' (withdraw the owner's writer intent after giving up)
 -- ARGV[2] owner id '<instance hex>:<thread hex>' (the lease value)
+-- ARGV[3] (optional) release channel `redisson_lock__channel:{key}`: when an entry goes (its
+--         last hold released, or an intent withdrawn) "0" is published there, waking waiters.
+--         An argument, not a key: PUBLISH is not routed by slot, and a never-existing second
+--         key made a Cluster node in a slot migration answer TRYAGAIN until it ended
 -- Returns {code, holds}; holds = the owner's read + write holds afterwards, and code:
 --    1  one hold released (the entry goes when its count reaches 0; when the writer's last
 --       write hold goes while it still holds read, the mode becomes 'read': a downgrade);
@@ -25,8 +27,8 @@ local h = holds[tag][owner]
 if h then
     put(tag, owner, h.count - 1, h.exp)
     code = 1
-    if h.count == 1 and #KEYS > 1 then
-        redis.call('PUBLISH', KEYS[2], '0')
+    if h.count == 1 and ARGV[3] then
+        redis.call('PUBLISH', ARGV[3], '0')
     end
 end
 finish()

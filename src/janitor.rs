@@ -19,14 +19,24 @@
 //! [`RETRY_DELAY`] until it is answered, or until the hold would have expired by itself (the
 //! job's deadline), whichever comes first. Each outcome is logged.
 //!
+//! A reentrant lock's release is not a delete but one hold given back, so repeating it could give
+//! back two. Its job (`lua/reentrant_forget.lua`) gives back one hold only if the owner's count
+//! is still the one it had before the release that failed (the count the thread's own acquires
+//! and releases last saw): if the first try ran after all, the count is lower and nothing
+//! changes. So that the owner's next hold cannot be mistaken for the old one, the owner's next
+//! acquire of that key first finishes the job itself (or waits for the janitor's try in
+//! flight): see [`Janitor::settle`].
+//!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::{LockClient, WeakClient};
+use crate::error::Result;
 use crate::keys;
 use crate::lock::printable;
 
@@ -56,13 +66,27 @@ impl Cause {
     }
 }
 
-/// One pending owner-checked delete.
+/// What a job does.
+#[derive(Debug)]
+enum Work {
+    /// Delete the key if it holds `value` (`lua/unlock.lua`), publishing on `channel` (Token).
+    Delete { channel: Option<String> },
+    /// Give back one hold of the owner `value` if its count is still `count`
+    /// (`lua/reentrant_forget.lua`), publishing on `channel` when it was the last.
+    ReentrantRelease {
+        count: u32,
+        lease_ms: u64,
+        channel: String,
+    },
+}
+
+/// One pending owner-checked clean-up.
 #[derive(Debug)]
 struct Job {
     key: String,
+    /// The value written (Token, Classic), or the owner id (reentrant).
     value: Vec<u8>,
-    /// The release channel to publish on when the delete happens (Token), if any.
-    channel: Option<String>,
+    work: Work,
     cause: Cause,
     /// After this the hold has expired by itself (or can be taken over): no need to go on.
     until: Instant,
@@ -74,16 +98,41 @@ struct Job {
 #[derive(Debug, Default)]
 struct Jobs {
     list: Vec<Job>,
-    /// Jobs taken off `list` by the thread and being tried.
-    in_flight: usize,
+    /// Jobs taken off `list` and being tried (by the thread, or by an owner's acquire): their
+    /// key, value and deadline.
+    in_flight: Vec<(String, Vec<u8>, Instant)>,
     running: bool,
     shutdown: bool,
+}
+
+impl Jobs {
+    fn is_in_flight(&self, key: &str, value: &[u8]) -> Option<Instant> {
+        self.in_flight
+            .iter()
+            .find(|(k, v, _)| k == key && v == value)
+            .map(|(_, _, until)| *until)
+    }
+
+    fn finished(&mut self, key: &str, value: &[u8]) {
+        if let Some(i) = self
+            .in_flight
+            .iter()
+            .position(|(k, v, _)| k == key && v == value)
+        {
+            self.in_flight.swap_remove(i);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Shared {
     jobs: Mutex<Jobs>,
+    /// Wakes the thread: a new job.
     wake: Condvar,
+    /// Wakes owners waiting in [`Janitor::settle`]: a try in flight ended.
+    done: Condvar,
+    /// Reentrant jobs queued or in flight: lets [`Janitor::settle`] skip the mutex when zero.
+    reentrant: AtomicUsize,
 }
 
 impl Shared {
@@ -129,19 +178,130 @@ impl Janitor {
             printable(value),
             until.saturating_duration_since(now).as_millis()
         );
+        let work = Work::Delete {
+            channel: channel.map(str::to_owned),
+        };
+        self.push(client, key, value, work, cause, until);
+    }
+
+    /// Gives back, in the background, the hold of the reentrant lock `key` whose release by
+    /// `owner` failed on a connection error, if the owner's count is still `count` (its count
+    /// before that release); trying until it is answered or until `until`, when the hold expires
+    /// anyway. The owner's next acquire of `key` must call [`settle`](Self::settle) first.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forget_reentrant(
+        &self,
+        client: &LockClient,
+        key: &str,
+        owner: &[u8],
+        count: u32,
+        lease_ms: u64,
+        channel: &str,
+        until: Instant,
+    ) {
+        let now = Instant::now();
+        if until <= now {
+            return;
+        }
+        log::info!(
+            "lock {key:?}: {}; giving back the hold of owner {} in the background if its count \
+             is still {count} (until it would expire, in {} ms)",
+            Cause::FailedRelease.describe(),
+            printable(owner),
+            until.saturating_duration_since(now).as_millis()
+        );
+        let work = Work::ReentrantRelease {
+            count,
+            lease_ms,
+            channel: channel.to_owned(),
+        };
+        self.push(client, key, owner, work, Cause::FailedRelease, until);
+    }
+
+    /// Runs, on the caller's thread, a pending reentrant job of `owner` on `key` (and waits for
+    /// a try of it in flight on the janitor thread), so that the owner's next acquire cannot be
+    /// mistaken by a later try for the hold that job gives back. Errors of that try are
+    /// returned (the job is kept for the janitor); `Ok` when there was nothing to do or it is
+    /// done.
+    pub(crate) fn settle(&self, client: &LockClient, key: &str, owner: &[u8]) -> Result<()> {
+        if self.shared.reentrant.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        let job = {
+            let mut jobs = self.shared.lock();
+            loop {
+                if let Some(until) = jobs.is_in_flight(key, owner) {
+                    let now = Instant::now();
+                    if until <= now || jobs.shutdown {
+                        break None;
+                    }
+                    jobs = self
+                        .shared
+                        .done
+                        .wait_timeout(jobs, until.saturating_duration_since(now))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                    continue;
+                }
+                let Some(i) = jobs.list.iter().position(|j| {
+                    j.key == key && j.value == owner && matches!(j.work, Work::ReentrantRelease { .. })
+                }) else {
+                    break None;
+                };
+                let job = jobs.list.swap_remove(i);
+                jobs.in_flight
+                    .push((job.key.clone(), job.value.clone(), job.until));
+                break Some(job);
+            }
+        };
+        let Some(job) = job else {
+            return Ok(());
+        };
+        log::debug!("lock {key:?}: the owner's acquire finishes its pending clean-up first");
+        let (again, result) = attempt(client, job);
+        self.finish(key, owner, again);
+        result
+    }
+
+    /// Marks the try of the job on `key`/`value` ended; `again` is queued for another try.
+    fn finish(&self, key: &str, value: &[u8], again: Option<Job>) {
+        let mut jobs = self.shared.lock();
+        jobs.finished(key, value);
+        if let Some(job) = again {
+            jobs.list.push(job);
+            self.shared.wake.notify_one();
+        }
+        drop(jobs);
+        self.shared.done.notify_all();
+    }
+
+    fn push(
+        &self,
+        client: &LockClient,
+        key: &str,
+        value: &[u8],
+        work: Work,
+        cause: Cause,
+        until: Instant,
+    ) {
+        let now = Instant::now();
         let mut jobs = self.shared.lock();
         if jobs.list.len() >= MAX_JOBS {
             let dropped = jobs.list.remove(0);
+            dropped.gone(&self.shared);
             log::warn!(
                 "lock {:?}: too many pending clean-ups, this one is dropped (the lock expires \
                  with its lease)",
                 dropped.key
             );
         }
+        if matches!(work, Work::ReentrantRelease { .. }) {
+            self.shared.reentrant.fetch_add(1, Ordering::AcqRel);
+        }
         jobs.list.push(Job {
             key: key.to_owned(),
             value: value.to_vec(),
-            channel: channel.map(str::to_owned),
+            work,
             cause,
             until,
             next: now,
@@ -168,7 +328,27 @@ impl Janitor {
     /// Clean-ups not done yet (for tests and monitoring).
     pub(crate) fn pending(&self) -> usize {
         let jobs = self.shared.lock();
-        jobs.list.len() + jobs.in_flight
+        jobs.list.len() + jobs.in_flight.len()
+    }
+}
+
+impl Job {
+    /// The job is done or given up: no longer counted.
+    fn gone(&self, shared: &Shared) {
+        if matches!(self.work, Work::ReentrantRelease { .. }) {
+            shared.reentrant.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A job of `client`'s janitor is done or given up (reentrant ones are counted).
+fn job_gone(client: &LockClient, reentrant: bool) {
+    if reentrant {
+        client
+            .janitor()
+            .shared
+            .reentrant
+            .fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -194,8 +374,10 @@ fn run(shared: &Shared, client: &WeakClient) {
                 }
                 let now = Instant::now();
                 if let Some(i) = jobs.list.iter().position(|j| j.next <= now) {
-                    jobs.in_flight += 1;
-                    break jobs.list.swap_remove(i);
+                    let job = jobs.list.swap_remove(i);
+                    jobs.in_flight
+                        .push((job.key.clone(), job.value.clone(), job.until));
+                    break job;
                 }
                 let Some(next) = jobs.list.iter().map(|j| j.next).min() else {
                     // Nothing left: the thread ends (the next job starts a new one). Marked
@@ -213,65 +395,113 @@ fn run(shared: &Shared, client: &WeakClient) {
         let Some(client) = client.upgrade() else {
             return;
         };
-        let again = attempt(&client, due);
+        let (key, value) = (due.key.clone(), due.value.clone());
+        let (again, _) = attempt(&client, due);
         let mut jobs = shared.lock();
-        jobs.in_flight = jobs.in_flight.saturating_sub(1);
+        jobs.finished(&key, &value);
         if let Some(job) = again {
             jobs.list.push(job);
         }
+        drop(jobs);
+        shared.done.notify_all();
     }
 }
 
-/// Tries one job: `Some(job)` to try again later.
-fn attempt(client: &LockClient, mut job: Job) -> Option<Job> {
+/// Tries one job: `Some(job)` to try again later, and the try's error, if any.
+fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     job.tries = job.tries.saturating_add(1);
     let key = job.key.as_str();
-    let reply: crate::Result<i64> = client.with_conn(key, |con, s| match &job.channel {
-        None => s.unlock.eval(con, key, job.value.as_slice()),
-        Some(ch) => s.unlock.eval_keys(
+    let reply: Result<i64> = client.with_conn(key, |con, s| match &job.work {
+        Work::Delete { channel: None } => s.unlock.eval(con, key, job.value.as_slice()),
+        Work::Delete { channel: Some(ch) } => s.unlock.eval(
             con,
-            &[key, ch.as_str()],
-            (job.value.as_slice(), keys::UNLOCK_MESSAGE),
+            key,
+            (job.value.as_slice(), keys::UNLOCK_MESSAGE, ch.as_str()),
         ),
+        // nil (nothing changed) is -1 here.
+        Work::ReentrantRelease {
+            count,
+            lease_ms,
+            channel,
+        } => s
+            .reentrant_forget
+            .eval::<Option<i64>>(
+                con,
+                key,
+                (
+                    job.value.as_slice(),
+                    *count,
+                    *lease_ms,
+                    channel.as_str(),
+                    keys::UNLOCK_MESSAGE,
+                ),
+            )
+            .map(|r| r.unwrap_or(-1)),
     });
-    match reply {
-        Ok(n) if n >= 1 => {
+    let reentrant = matches!(job.work, Work::ReentrantRelease { .. });
+    let (again, result) = match reply {
+        Ok(0) if reentrant => {
+            log::warn!(
+                "lock {key:?}: gave back the hold left by a {} (try {}); the owner keeps its \
+                 other holds",
+                job.cause.describe(),
+                job.tries
+            );
+            (None, Ok(()))
+        }
+        Err(e) => (retry_later(job, &e), Err(e)),
+        Ok(n) => {
+            done(client, &job, n);
+            (None, Ok(()))
+        }
+    };
+    if again.is_none() {
+        job_gone(client, reentrant);
+    }
+    (again, result)
+}
+
+/// Logs the answer `n` of a job's script (1 or more: deleted; else nothing to do).
+fn done(client: &LockClient, job: &Job, n: i64) {
+    let key = job.key.as_str();
+    match n {
+        n if n >= 1 => {
             log::warn!(
                 "lock {key:?}: deleted the lock left by an {} (try {})",
                 job.cause.describe(),
                 job.tries
             );
             client.waiters().notify_release(key);
-            None
         }
-        Ok(_) => {
-            log::info!(
-                "lock {key:?}: nothing to clean up after the {} (the value was never written, \
-                 expired, or was taken over)",
-                job.cause.describe()
-            );
-            None
-        }
-        Err(e) => {
-            let now = Instant::now();
-            let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
-            if next >= job.until {
-                log::warn!(
-                    "lock {key:?}: gave up cleaning up after an {} ({} tries, last error: {}); \
-                     the lock expires with its lease",
-                    job.cause.describe(),
-                    job.tries,
-                    e.report()
-                );
-                return None;
-            }
-            log::debug!(
-                "lock {key:?}: clean-up try {} failed: {}",
-                job.tries,
-                e.report()
-            );
-            job.next = next;
-            Some(job)
-        }
+        _ => log::info!(
+            "lock {key:?}: nothing to clean up after the {} (it had run, was never written, \
+             expired, or was taken over)",
+            job.cause.describe()
+        ),
     }
+}
+
+/// A job whose try failed with `e`: `Some(job)` to try again after [`RETRY_DELAY`], `None` when
+/// the hold expires before that.
+fn retry_later(mut job: Job, e: &crate::LockError) -> Option<Job> {
+    let key = job.key.as_str();
+    let now = Instant::now();
+    let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
+    if next >= job.until {
+        log::warn!(
+            "lock {key:?}: gave up cleaning up after an {} ({} tries, last error: {}); the lock \
+             expires with its lease",
+            job.cause.describe(),
+            job.tries,
+            e.report()
+        );
+        return None;
+    }
+    log::debug!(
+        "lock {key:?}: clean-up try {} failed: {}",
+        job.tries,
+        e.report()
+    );
+    job.next = next;
+    Some(job)
 }

@@ -53,6 +53,7 @@
 pub mod bench_hooks;
 mod classic;
 mod client;
+mod cluster_deadline;
 mod error;
 mod hold;
 mod janitor;
@@ -64,6 +65,7 @@ mod reentrant;
 mod retry;
 mod rwlock;
 mod scripts;
+mod sentinel_watch;
 mod strategy;
 mod string_value;
 mod token;

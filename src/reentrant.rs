@@ -9,9 +9,9 @@
 //! Wire, per operation (one round trip each):
 //! - acquire: `EVALSHA <reentrant_acquire.lua> 1|2 key [dlock_fence:{key}] <lease ms> <owner>`
 //!   → `{1, fence}` (taken or re-entered) or `{0, pttl}` (held by another owner);
-//! - release: `EVALSHA <reentrant_release.lua> 2 key redisson_lock__channel:{key} 0 <lease ms>
-//!   <owner>` → 1 (last hold: deleted and published), 0 (count decremented) or nil (the owner
-//!   holds nothing; nothing changed);
+//! - release: `EVALSHA <reentrant_release.lua> 1 key 0 <lease ms> <owner>
+//!   redisson_lock__channel:{key}` → 1 (last hold: deleted and published), 0 (count
+//!   decremented) or nil (the owner holds nothing; nothing changed);
 //! - extend: `EVALSHA <reentrant_extend.lua> 1 key <owner> <ttl ms>` → 1 or 0;
 //! - check: `HEXISTS key <owner>`; hold count: `HGET key <owner>`.
 //!
@@ -99,6 +99,18 @@ fn note_local(owner: &OwnerId, key: &Arc<str>, seen: Seen) {
     });
 }
 
+/// The calling thread's hold count of `key` as `owner`, as its own acquires and releases last
+/// saw it.
+fn local_count(owner: &OwnerId, key: &str) -> Option<u32> {
+    LOCAL_HOLDS.with(|holds| {
+        holds
+            .borrow()
+            .iter()
+            .find(|h| h.is(owner, key))
+            .map(|h| h.count)
+    })
+}
+
 /// True if the calling thread, as `owner`, last saw itself holding `key`.
 fn holds_local(owner: &OwnerId, key: &str) -> bool {
     LOCAL_HOLDS.with(|holds| holds.borrow().iter().any(|h| h.is(owner, key)))
@@ -175,6 +187,11 @@ impl ReentrantLock {
     /// One attempt by `lua/reentrant_acquire.lua`: take, re-enter, or learn the holder's PTTL.
     fn attempt(&self) -> Result<Attempt> {
         let owner = self.owner();
+        // A release of ours that failed on a connection error may still be retried by the
+        // janitor: finish it first, so that a later try cannot take the new hold for the old.
+        self.client
+            .janitor()
+            .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
         let reply: Value = self.client.with_conn(&self.key, |con, s| {
             let args = (self.opts.lease_ms(), owner.as_str());
@@ -225,6 +242,45 @@ impl ReentrantLock {
         lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()))
     }
 
+    /// A release of `lease` failed on a connection error (a failover, a restart): it may or may
+    /// not have run. The janitor gives the hold back in the background if the owner's count is
+    /// still the one it had before (`lua/reentrant_forget.lua`), so the lock is not left for the
+    /// rest of its lease and a hold is never given back twice. Only the calling thread's own
+    /// holds are known well enough (their count); a lease released by another thread expires
+    /// with its lease.
+    fn forget_failed_release(&self, lease: &Lease) {
+        let owner = self.owner();
+        let count = (lease.value() == owner.as_bytes())
+            .then(|| local_count(&owner, &self.key))
+            .flatten();
+        let Some(count) = count else {
+            log::warn!(
+                "lock {:?}: a release by owner {} failed on a connection error and is not \
+                 retried (its hold count is not known on this thread); the hold expires with \
+                 its lease",
+                self.key,
+                printable(lease.value())
+            );
+            return;
+        };
+        self.client.janitor().forget_reentrant(
+            &self.client,
+            &self.key,
+            lease.value(),
+            count,
+            self.opts.lease_ms(),
+            &self.opts.channel,
+            lease.valid_until(),
+        );
+        // The janitor makes it happen (or the hold expires): count it given back.
+        let seen = if count > 1 {
+            Seen::Decremented
+        } else {
+            Seen::Nothing
+        };
+        note_local(&owner, self.opts.key_arc(), seen);
+    }
+
     fn unexpected(&self, reply: i64) -> LockError {
         LockError::Redis {
             key: self.key.clone(),
@@ -264,13 +320,22 @@ impl DistributedLock for ReentrantLock {
         // Only this hold stops being renewed: every other hold of the owner has its own
         // renewal, and any of them keeps the shared key alive.
         lease.stop_renewal();
-        let reply: Option<i64> = self.client.with_conn(&self.key, |con, s| {
-            s.reentrant_release.eval_keys(
+        let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
+            s.reentrant_release.eval(
                 con,
-                &[self.key.as_str(), self.opts.channel.as_str()],
-                (keys::UNLOCK_MESSAGE, self.opts.lease_ms(), lease.value()),
+                &self.key,
+                (
+                    keys::UNLOCK_MESSAGE,
+                    self.opts.lease_ms(),
+                    lease.value(),
+                    self.opts.channel.as_str(),
+                ),
             )
-        })?;
+        });
+        if let Err(LockError::Connection { .. }) = &reply {
+            self.forget_failed_release(lease);
+        }
+        let reply = reply?;
         let (seen, ours) = match reply {
             // The owner keeps other holds: the lock stays taken, so waiters keep waiting.
             Some(0) => (Seen::Decremented, true),

@@ -505,10 +505,10 @@ impl Shared {
         lease.stop_renewal();
         // Published when the owner's entry goes, for waiters in other clients.
         let reply: Value = self.client.with_conn(&self.key, |con, s| {
-            s.rw_release.eval_keys(
+            s.rw_release.eval(
                 con,
-                &[self.key.as_str(), self.opts.channel.as_str()],
-                (mode.as_str(), lease.value()),
+                &self.key,
+                (mode.as_str(), lease.value(), self.opts.channel.as_str()),
             )
         })?;
         let (code, holds, _) = self.decode(reply)?;
@@ -725,16 +725,14 @@ mod tests {
                 code.contains("local owner") || code.contains("owner ="),
                 "{name}.lua must set owner before the prelude"
             );
-            // One key per script, except the release channel (in the key's slot) of rw_release.
+            // One key per script: rw_release's release channel is an argument.
             if name == "rw_release" {
                 assert!(
-                    code.contains("KEYS[2] (optional) release channel"),
+                    code.contains("ARGV[3] (optional) release channel"),
                     "{name}"
                 );
-                assert!(!code.contains("KEYS[3]"), "{name}");
-            } else {
-                assert!(!code.contains("KEYS[2]"), "{name}");
             }
+            assert!(!code.contains("KEYS[2]"), "{name}");
         }
         let built = crate::scripts::Scripts::new();
         for s in [

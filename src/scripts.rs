@@ -148,6 +148,9 @@ pub(crate) struct Scripts {
     pub(crate) reentrant_release: LuaScript,
     /// `lua/reentrant_extend.lua`: reentrant lock, renew the key while the owner holds it.
     pub(crate) reentrant_extend: LuaScript,
+    /// `lua/reentrant_forget.lua`: the janitor's retry of a reentrant release that failed on a
+    /// connection error (gives back one hold only if the owner's count is unchanged).
+    pub(crate) reentrant_forget: LuaScript,
 }
 
 impl Scripts {
@@ -188,6 +191,10 @@ impl Scripts {
             reentrant_extend: LuaScript::new(
                 "reentrant_extend",
                 include_str!("../lua/reentrant_extend.lua"),
+            ),
+            reentrant_forget: LuaScript::new(
+                "reentrant_forget",
+                include_str!("../lua/reentrant_forget.lua"),
             ),
         }
     }

@@ -106,7 +106,7 @@ pub(crate) fn release(
         None => s.unlock.eval(con, key, lease.value()),
         Some(ch) => s
             .unlock
-            .eval_keys(con, &[key, ch], (lease.value(), keys::UNLOCK_MESSAGE)),
+            .eval(con, key, (lease.value(), keys::UNLOCK_MESSAGE, ch)),
     });
     // A release that failed on a connection error (a failover, a restart) would leave the lock
     // for the rest of its lease: the janitor retries it in the background, owner-checked.

@@ -7,7 +7,7 @@
 //!   7.0, which refuse `NX` with `GET`, `SET key <token> NX PX <ttl ms>` → `OK` or nil;
 //! - acquire while waiting, or with fencing: `EVALSHA <token_acquire.lua> 1|2 key
 //!   [dlock_fence:{key}] <token> <ttl ms>` → `{1, fence}` or `{0, pttl}`;
-//! - release: `EVALSHA <unlock.lua> 2 key redisson_lock__channel:{key} <token> 0` → 1 (deleted
+//! - release: `EVALSHA <unlock.lua> 1 key <token> 0 redisson_lock__channel:{key}` → 1 (deleted
 //!   and published) or 0 (not ours);
 //! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>` → 1 or 0;
 //! - check: `GET key`, compared with our token.
