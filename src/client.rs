@@ -86,6 +86,11 @@ impl WeakClient {
     pub(crate) fn upgrade(&self) -> Option<LockClient> {
         self.inner.upgrade().map(|inner| LockClient { inner })
     }
+
+    /// False once every handle to the client has been dropped.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.inner.strong_count() > 0
+    }
 }
 
 impl std::fmt::Debug for LockClient {
@@ -111,6 +116,12 @@ impl LockClient {
 
     /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`).
     /// Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
+    ///
+    /// Each command, its redirections and retries included (`TRYAGAIN`, `CLUSTERDOWN`, a
+    /// failed-over node), returns within the command timeout plus at most one retry sleep of a
+    /// tenth of it: every read, write and connect of it is cut to the time left before one
+    /// deadline. Waiting for a pooled connection and opening a new one are bounded by the
+    /// connect timeout, as for a single server. See `docs/deployments.md`.
     pub fn cluster_builder<S: AsRef<str>>(nodes: &[S]) -> ClientBuilder {
         ClientBuilder::new(TargetSpec::Cluster(
             nodes.iter().map(|n| n.as_ref().to_owned()).collect(),
@@ -118,8 +129,12 @@ impl LockClient {
     }
 
     /// A builder for the master that the Sentinels at `sentinels` name for `service`. After a
-    /// failover, new connections go to the new master; connections to the old one are dropped
-    /// on their first `READONLY` or I/O error.
+    /// failover, new connections go to the new master. The client follows the Sentinels'
+    /// `+switch-master` announcements (one background thread per client, `dlock-sentinel`):
+    /// pooled connections opened before an announced switch are discarded at their next
+    /// checkout, so a graceful failover, whose old master keeps answering as a master for a
+    /// while, is followed at once. Connections to an old master are also dropped on their first
+    /// `READONLY` or I/O error.
     ///
     /// Every new connection asks the Sentinels in turn (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and
     /// checks with `ROLE` that the server named is a master. Each of these steps is bounded by
@@ -223,6 +238,12 @@ impl LockClient {
                  use SET ... NX PX, and a key of another type is found only when a wait ends"
             );
         }
+    }
+
+    /// Sentinel clients: the master switches seen, and the recent releases to do again after
+    /// one.
+    pub(crate) fn switches(&self) -> Option<&Switches> {
+        self.inner.switches.as_deref()
     }
 
     /// The client's background clean-ups.
@@ -429,6 +450,7 @@ impl ClientBuilder {
         );
         let resolve: Option<Resolve>;
         let mut switches = None;
+        let mut watch = None;
         let target = match self.target {
             TargetSpec::Single(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(|e| setup(Box::new(e)))?;
@@ -481,15 +503,12 @@ impl ClientBuilder {
                     redis::Client::open(addr).map(|c| c.get_connection_info().clone())
                 }));
                 let found = Arc::new(Switches::default());
-                sentinel_watch::start(
-                    sentinel_watch::Watch {
-                        sentinels: sentinels.clone(),
-                        service: service.clone(),
-                        connect_timeout,
-                        timeout,
-                    },
-                    &found,
-                );
+                watch = Some(sentinel_watch::Watch {
+                    sentinels: sentinels.clone(),
+                    service: service.clone(),
+                    connect_timeout,
+                    timeout,
+                });
                 switches = Some(Arc::clone(&found));
                 Target::Sentinel {
                     sentinels,
@@ -512,14 +531,18 @@ impl ClientBuilder {
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
             .build_unchecked(manager);
-        Ok(LockClient::with_pool(
+        let client = LockClient::with_pool(
             Pool::Managed(pool),
             resolve,
             cluster,
             timeout,
             self.courtesy,
             switches,
-        ))
+        );
+        if let Some(watch) = watch {
+            sentinel_watch::start(watch, &client);
+        }
+        Ok(client)
     }
 }
 
@@ -839,9 +862,7 @@ impl ConnectionLike for Link {
     ) -> RedisResult<Vec<Value>> {
         let r = match &mut self.node {
             Node::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Node::Cluster(c, t) => {
-                with_deadline(*t, || c.req_packed_commands(cmd, offset, count))
-            }
+            Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_commands(cmd, offset, count)),
         };
         self.note(r)
     }

@@ -55,13 +55,17 @@ pub(crate) enum Cause {
     LostAcquireReply,
     /// A release that failed on a connection error.
     FailedRelease,
+    /// A release done on a Sentinel master shortly before a switch was announced: the new
+    /// master may still hold the lock (it was replicated before the promotion).
+    ReleasedBeforeSwitch,
 }
 
 impl Cause {
     fn describe(self) -> &'static str {
         match self {
-            Cause::LostAcquireReply => "acquire whose reply was lost",
-            Cause::FailedRelease => "release that failed",
+            Cause::LostAcquireReply => "an acquire whose reply was lost",
+            Cause::FailedRelease => "a release that failed",
+            Cause::ReleasedBeforeSwitch => "a release done on the old master before the switch",
         }
     }
 }
@@ -184,10 +188,11 @@ impl Janitor {
         self.push(client, key, value, work, cause, until);
     }
 
-    /// Gives back, in the background, the hold of the reentrant lock `key` whose release by
-    /// `owner` failed on a connection error, if the owner's count is still `count` (its count
-    /// before that release); trying until it is answered or until `until`, when the hold expires
-    /// anyway. The owner's next acquire of `key` must call [`settle`](Self::settle) first.
+    /// Gives back, in the background, one hold of the reentrant lock `key` of `owner` if the
+    /// owner's count is `count`: the count before a release that failed on a connection error,
+    /// or the count an acquire whose reply was lost would have left. Tried until it is answered
+    /// or until `until`, when the hold expires anyway. The owner's next acquire of `key` must
+    /// call [`settle`](Self::settle) first.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forget_reentrant(
         &self,
@@ -197,6 +202,7 @@ impl Janitor {
         count: u32,
         lease_ms: u64,
         channel: &str,
+        cause: Cause,
         until: Instant,
     ) {
         let now = Instant::now();
@@ -204,9 +210,9 @@ impl Janitor {
             return;
         }
         log::info!(
-            "lock {key:?}: {}; giving back the hold of owner {} in the background if its count \
-             is still {count} (until it would expire, in {} ms)",
-            Cause::FailedRelease.describe(),
+            "lock {key:?}: {}; giving back a hold of owner {} in the background if its count \
+             is {count} (until it would expire, in {} ms)",
+            cause.describe(),
             printable(owner),
             until.saturating_duration_since(now).as_millis()
         );
@@ -215,7 +221,7 @@ impl Janitor {
             lease_ms,
             channel: channel.to_owned(),
         };
-        self.push(client, key, owner, work, Cause::FailedRelease, until);
+        self.push(client, key, owner, work, cause, until);
     }
 
     /// Runs, on the caller's thread, a pending reentrant job of `owner` on `key` (and waits for
@@ -244,7 +250,9 @@ impl Janitor {
                     continue;
                 }
                 let Some(i) = jobs.list.iter().position(|j| {
-                    j.key == key && j.value == owner && matches!(j.work, Work::ReentrantRelease { .. })
+                    j.key == key
+                        && j.value == owner
+                        && matches!(j.work, Work::ReentrantRelease { .. })
                 }) else {
                     break None;
                 };
@@ -411,6 +419,18 @@ fn run(shared: &Shared, client: &WeakClient) {
 fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     job.tries = job.tries.saturating_add(1);
     let key = job.key.as_str();
+    let reentrant = matches!(job.work, Work::ReentrantRelease { .. });
+    // A release remembered across a Sentinel switch may have reached the new master already,
+    // and the owner may hold the lock again since: its count then matches a live hold. Such a
+    // job is dropped (the owner's next acquire cannot race it: see `settle`).
+    if reentrant
+        && job.cause == Cause::ReleasedBeforeSwitch
+        && client.watchdog().holds(key, &job.value)
+    {
+        log::debug!("lock {key:?}: the owner holds the lock again; the release is not done again");
+        job_gone(client, true);
+        return (None, Ok(()));
+    }
     let reply: Result<i64> = client.with_conn(key, |con, s| match &job.work {
         Work::Delete { channel: None } => s.unlock.eval(con, key, job.value.as_slice()),
         Work::Delete { channel: Some(ch) } => s.unlock.eval(
@@ -438,11 +458,10 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
             )
             .map(|r| r.unwrap_or(-1)),
     });
-    let reentrant = matches!(job.work, Work::ReentrantRelease { .. });
     let (again, result) = match reply {
         Ok(0) if reentrant => {
             log::warn!(
-                "lock {key:?}: gave back the hold left by a {} (try {}); the owner keeps its \
+                "lock {key:?}: gave back the hold left by {} (try {}); the owner keeps its \
                  other holds",
                 job.cause.describe(),
                 job.tries
@@ -467,14 +486,14 @@ fn done(client: &LockClient, job: &Job, n: i64) {
     match n {
         n if n >= 1 => {
             log::warn!(
-                "lock {key:?}: deleted the lock left by an {} (try {})",
+                "lock {key:?}: deleted the lock left by {} (try {})",
                 job.cause.describe(),
                 job.tries
             );
             client.waiters().notify_release(key);
         }
         _ => log::info!(
-            "lock {key:?}: nothing to clean up after the {} (it had run, was never written, \
+            "lock {key:?}: nothing to clean up after {} (it had run, was never written, \
              expired, or was taken over)",
             job.cause.describe()
         ),
@@ -489,7 +508,7 @@ fn retry_later(mut job: Job, e: &crate::LockError) -> Option<Job> {
     let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
     if next >= job.until {
         log::warn!(
-            "lock {key:?}: gave up cleaning up after an {} ({} tries, last error: {}); the lock \
+            "lock {key:?}: gave up cleaning up after {} ({} tries, last error: {}); the lock \
              expires with its lease",
             job.cause.describe(),
             job.tries,

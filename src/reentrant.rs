@@ -27,10 +27,12 @@ use redis::Value;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::hold::{self, AcquireReply, HoldOptions};
+use crate::janitor::Cause;
 use crate::keys;
 use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::owner::{self, OwnerId};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::sentinel_watch::Released;
 use crate::strategy::check_duration;
 use crate::string_value;
 use crate::watchdog::RenewKind;
@@ -193,7 +195,9 @@ impl ReentrantLock {
             .janitor()
             .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
-        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+        let sent = std::cell::Cell::new(false);
+        let reply: Result<Value> = self.client.with_conn(&self.key, |con, s| {
+            sent.set(true);
             let args = (self.opts.lease_ms(), owner.as_str());
             match &self.opts.fence_key {
                 Some(fence) => {
@@ -202,7 +206,13 @@ impl ReentrantLock {
                 }
                 None => s.reentrant_acquire.eval(con, &self.key, args),
             }
-        })?;
+        });
+        if let Err(LockError::Connection { .. }) = &reply {
+            if sent.get() {
+                self.forget_lost_acquire(&owner, start);
+            }
+        }
+        let reply = reply?;
         let reply = hold::decode_acquire(&self.key, &reply)?;
         let seen = match reply {
             AcquireReply::Taken { .. } => {
@@ -242,6 +252,57 @@ impl ReentrantLock {
         lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()))
     }
 
+    /// An acquire by the calling thread was sent but its reply was lost (a failover, a timeout):
+    /// it may have counted a hold that nobody will release, which would keep every other owner
+    /// out for the whole lease. The janitor gives that hold back in the background if the
+    /// owner's count is the one the acquire would have left (its count before, as this thread
+    /// last saw it, plus one); if the acquire never ran, the count is lower and nothing changes.
+    fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant) {
+        let before = local_count(owner, &self.key).unwrap_or(0);
+        let until = start.checked_add(self.opts.lease).unwrap_or(start);
+        self.client.janitor().forget_reentrant(
+            &self.client,
+            &self.key,
+            owner.as_bytes(),
+            before.saturating_add(1),
+            self.opts.lease_ms(),
+            &self.opts.channel,
+            Cause::LostAcquireReply,
+            until,
+        );
+    }
+
+    /// A Sentinel client remembers a release of the calling thread's own hold for a while: if a
+    /// master switch is announced meanwhile, the release may have been done on the old master
+    /// only, and is done again on the new one (see [`crate::sentinel_watch`]).
+    ///
+    /// Only watched holds: the janitor skips the release if the owner holds the lock again by
+    /// then, which only the watchdog's list of live holds tells.
+    fn remember_release(&self, lease: &Lease) {
+        let Some(switches) = self.client.switches() else {
+            return;
+        };
+        if !lease.is_watched() {
+            return;
+        }
+        let owner = self.owner();
+        if lease.value() != owner.as_bytes() {
+            return;
+        }
+        // The count before this release: the local record is updated after this call.
+        let Some(count) = local_count(&owner, &self.key) else {
+            return;
+        };
+        switches.released(Released {
+            at: Instant::now(),
+            key: self.key.clone(),
+            value: lease.value().to_vec(),
+            channel: Some(self.opts.channel.clone()),
+            reentrant: Some((count, self.opts.lease_ms())),
+            until: lease.valid_until(),
+        });
+    }
+
     /// A release of `lease` failed on a connection error (a failover, a restart): it may or may
     /// not have run. The janitor gives the hold back in the background if the owner's count is
     /// still the one it had before (`lua/reentrant_forget.lua`), so the lock is not left for the
@@ -270,6 +331,7 @@ impl ReentrantLock {
             count,
             self.opts.lease_ms(),
             &self.opts.channel,
+            Cause::FailedRelease,
             lease.valid_until(),
         );
         // The janitor makes it happen (or the hold expires): count it given back.
@@ -336,6 +398,9 @@ impl DistributedLock for ReentrantLock {
             self.forget_failed_release(lease);
         }
         let reply = reply?;
+        if matches!(reply, Some(n) if n >= 0) {
+            self.remember_release(lease);
+        }
         let (seen, ours) = match reply {
             // The owner keeps other holds: the lock stays taken, so waiters keep waiting.
             Some(0) => (Seen::Decremented, true),

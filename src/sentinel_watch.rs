@@ -10,8 +10,7 @@
 //! two clients can hold one lock.
 //!
 //! Each Sentinel client has ONE thread, `dlock-sentinel`, started with the client, holding only
-//! a weak reference to the client's [`Switches`], and ending within [`POLL`] once the client is
-//! dropped. It keeps a pub/sub connection to one Sentinel at a time, subscribed to
+//! a weak reference to the client, and ending within [`POLL`] once the client is dropped. It keeps a pub/sub connection to one Sentinel at a time, subscribed to
 //! `+switch-master` (as Redisson and Lettuce do), with a read timeout of [`POLL`] (a silent
 //! Sentinel is normal: switches are rare), and moves to the next Sentinel after any other error,
 //! [`RECONNECT_DELAY`] later. After every (re)subscription it asks a Sentinel for the current
@@ -21,13 +20,26 @@
 //! master's address: every pooled connection remembers the generation it was opened in, and a
 //! checkout discards connections of an older one (see `client.rs`); new connections go to the
 //! announced master first, after the usual `ROLE` check.
+//!
+//! A switch also loses releases. A lock held when the replica was promoted exists on the new
+//! master (it had been replicated); if its holder released it on the old master before the
+//! switch was announced, the key stays on the new master for the rest of its lease, and every
+//! other client waits that long (30 s for a watched lock). So a Sentinel client remembers its
+//! successful releases of the last [`RECENT`] (at most [`MAX_RECENT`]) and, on a switch, hands
+//! them to its janitor: the same owner-checked clean-up as for a release that failed (delete the
+//! exact value; for a reentrant hold, give one back only if the owner's count is still the one
+//! before that release), run against the new master.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Mutex, PoisonError};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::RedisResult;
+
+use crate::client::{LockClient, WeakClient};
+use crate::janitor::Cause;
 
 /// Read timeout of the subscribed connection: how often the thread checks that its client is
 /// still alive.
@@ -38,6 +50,25 @@ pub(crate) const RECONNECT_DELAY: Duration = Duration::from_millis(200);
 const SWITCH_CHANNEL: &str = "+switch-master";
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-sentinel";
+/// How long a successful release is remembered, to be done again on the new master if a switch
+/// is announced meanwhile: covers the time from a replica's promotion to its announcement.
+pub(crate) const RECENT: Duration = Duration::from_secs(10);
+/// Most releases remembered (the oldest are forgotten first).
+pub(crate) const MAX_RECENT: usize = 4_096;
+
+/// A successful release, remembered for [`RECENT`].
+#[derive(Debug)]
+pub(crate) struct Released {
+    pub(crate) at: Instant,
+    pub(crate) key: String,
+    /// The value deleted (Token, Classic) or the owner id (Reentrant).
+    pub(crate) value: Vec<u8>,
+    pub(crate) channel: Option<String>,
+    /// Reentrant: the owner's count before the release and the lease (ms).
+    pub(crate) reentrant: Option<(u32, u64)>,
+    /// When the hold would have expired by itself.
+    pub(crate) until: Instant,
+}
 
 /// The switches seen for one client's service.
 #[derive(Debug, Default)]
@@ -46,6 +77,8 @@ pub(crate) struct Switches {
     generation: AtomicU64,
     /// The master the last switch announced (or the watcher last learnt), if any.
     master: Mutex<Known>,
+    /// Releases of the last [`RECENT`], oldest first.
+    recent: Mutex<VecDeque<Released>>,
 }
 
 /// What the watcher knows of the master.
@@ -72,10 +105,34 @@ impl Switches {
             .clone()
     }
 
+    /// Remembers a successful release (see the module docs).
+    pub(crate) fn released(&self, r: Released) {
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let old = r.at.checked_sub(RECENT);
+        while recent
+            .front()
+            .is_some_and(|f| recent.len() >= MAX_RECENT || old.is_some_and(|o| f.at < o))
+        {
+            recent.pop_front();
+        }
+        recent.push_back(r);
+    }
+
+    /// The releases of the last [`RECENT`] whose holds would not have expired yet.
+    fn take_recent(&self) -> Vec<Released> {
+        let now = Instant::now();
+        let old = now.checked_sub(RECENT);
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        recent
+            .drain(..)
+            .filter(|r| r.until > now && old.is_none_or(|o| r.at >= o))
+            .collect()
+    }
+
     /// Records `master` as the current master, announced by `+switch-master` (`epoch` `None`)
     /// or named by a Sentinel whose configuration epoch is `epoch` (ignored when older than
-    /// what was learnt before). A change of master bumps the generation.
-    fn learn(&self, master: (String, u16), epoch: Option<u64>, why: &str) {
+    /// what was learnt before). A change of master bumps the generation; true if it did.
+    fn learn(&self, master: (String, u16), epoch: Option<u64>, why: &str) -> bool {
         let mut guard = self.master.lock().unwrap_or_else(PoisonError::into_inner);
         let known = &mut *guard;
         match epoch {
@@ -87,7 +144,7 @@ impl Switches {
                     master.1,
                     known.epoch
                 );
-                return;
+                return false;
             }
             Some(e) => known.epoch = e,
             // A switch raises the epoch by one at least.
@@ -95,7 +152,7 @@ impl Switches {
         }
         let known = &mut known.master;
         match known.as_ref() {
-            Some(old) if *old == master => {}
+            Some(old) if *old == master => false,
             Some(old) => {
                 let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
                 log::warn!(
@@ -107,11 +164,54 @@ impl Switches {
                     master.1
                 );
                 *known = Some(master);
+                true
             }
             None => {
                 log::debug!("Sentinel: current master {}:{} ({why})", master.0, master.1);
                 *known = Some(master);
+                false
             }
+        }
+    }
+}
+
+/// `client` learnt that the master is `master`: after a switch, its recent releases are done
+/// again on the new master, owner-checked, by its janitor.
+fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &str) {
+    let Some(switches) = client.switches() else {
+        return;
+    };
+    if !switches.learn(master, epoch, why) {
+        return;
+    }
+    let recent = switches.take_recent();
+    if !recent.is_empty() {
+        log::info!(
+            "Sentinel: {} releases of the last {RECENT:?} may have been done on the old master \
+             only; doing them again on the new master, owner-checked",
+            recent.len()
+        );
+    }
+    for r in recent {
+        match r.reentrant {
+            Some((count, lease_ms)) => client.janitor().forget_reentrant(
+                client,
+                &r.key,
+                &r.value,
+                count,
+                lease_ms,
+                r.channel.as_deref().unwrap_or_default(),
+                Cause::ReleasedBeforeSwitch,
+                r.until,
+            ),
+            None => client.janitor().forget(
+                client,
+                &r.key,
+                &r.value,
+                r.channel.as_deref(),
+                Cause::ReleasedBeforeSwitch,
+                r.until,
+            ),
         }
     }
 }
@@ -125,9 +225,9 @@ pub(crate) struct Watch {
     pub(crate) timeout: Duration,
 }
 
-/// Starts the watcher thread of a client whose switches are `switches` (held weakly).
-pub(crate) fn start(watch: Watch, switches: &Arc<Switches>) {
-    let weak = Arc::downgrade(switches);
+/// Starts the watcher thread of `client` (held weakly).
+pub(crate) fn start(watch: Watch, client: &LockClient) {
+    let weak = client.downgrade();
     if let Err(e) = thread::Builder::new()
         .name(THREAD_NAME.to_owned())
         .spawn(move || run(&watch, &weak))
@@ -139,14 +239,14 @@ pub(crate) fn start(watch: Watch, switches: &Arc<Switches>) {
     }
 }
 
-fn run(watch: &Watch, switches: &Weak<Switches>) {
+fn run(watch: &Watch, client: &WeakClient) {
     let n = watch.sentinels.len();
     let mut i = 0usize;
-    while switches.strong_count() > 0 {
+    while client.is_alive() {
         let Some(sentinel) = watch.sentinels.get(i % n.max(1)) else {
             return;
         };
-        match follow(watch, sentinel, switches) {
+        match follow(watch, sentinel, client) {
             Ok(()) => return,
             Err(e) => {
                 log::debug!(
@@ -164,7 +264,7 @@ fn run(watch: &Watch, switches: &Weak<Switches>) {
 
 /// Subscribes on `sentinel` and follows its announcements until an error (`Err`) or until the
 /// client is dropped (`Ok`).
-fn follow(watch: &Watch, sentinel: &redis::Client, switches: &Weak<Switches>) -> RedisResult<()> {
+fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> RedisResult<()> {
     let mut con = sentinel.get_connection_with_timeout(watch.connect_timeout)?;
     con.set_write_timeout(Some(watch.timeout))?;
     con.set_read_timeout(Some(watch.timeout))?;
@@ -174,15 +274,15 @@ fn follow(watch: &Watch, sentinel: &redis::Client, switches: &Weak<Switches>) ->
     // Subscribed: a switch from now on is heard. One that happened before is found by asking
     // the same Sentinel.
     let (named, epoch) = current_master(watch, sentinel)?;
-    match switches.upgrade() {
-        Some(s) => s.learn(named, Some(epoch), "named by a Sentinel"),
+    match client.upgrade() {
+        Some(c) => learn(&c, named, Some(epoch), "named by a Sentinel"),
         None => return Ok(()),
     }
     loop {
         let msg = match pubsub.get_message() {
             Ok(msg) => msg,
             Err(e) if e.is_timeout() => {
-                if switches.strong_count() == 0 {
+                if !client.is_alive() {
                     return Ok(());
                 }
                 continue;
@@ -203,8 +303,8 @@ fn follow(watch: &Watch, sentinel: &redis::Client, switches: &Weak<Switches>) ->
             log::debug!("Sentinel: unexpected +switch-master message {payload:?}");
             continue;
         };
-        match switches.upgrade() {
-            Some(s) => s.learn(((*ip).to_owned(), port), None, "+switch-master"),
+        match client.upgrade() {
+            Some(c) => learn(&c, ((*ip).to_owned(), port), None, "+switch-master"),
             None => return Ok(()),
         }
     }

@@ -16,6 +16,7 @@ use crate::janitor::Cause;
 use crate::keys;
 use crate::lock::{self, Lease};
 use crate::scripts::Scripts;
+use crate::sentinel_watch::Released;
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
@@ -121,6 +122,19 @@ pub(crate) fn release(
         );
     }
     let reply = reply?;
+    if reply >= 1 {
+        if let Some(switches) = client.switches() {
+            // Done again on the new master if a Sentinel switch is announced soon.
+            switches.released(Released {
+                at: Instant::now(),
+                key: key.to_owned(),
+                value: lease.value().to_vec(),
+                channel: channel.map(str::to_owned),
+                reentrant: None,
+                until: lease.valid_until(),
+            });
+        }
+    }
     if let Some(ch) = channel {
         hold::after_publish(client, key, ch, reply - 1);
     }

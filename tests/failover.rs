@@ -101,6 +101,7 @@ impl Load {
                             Ok(g) => g,
                             Err(e) => {
                                 if !matches!(e, redis_dlock::LockError::Timeout { .. }) {
+                                    log::debug!("LOAD {key}: lock: {}", e.report());
                                     errors.lock().unwrap().push(format!("{key}: lock: {e}"));
                                     thread::sleep(Duration::from_millis(20));
                                 }
@@ -132,6 +133,8 @@ impl Load {
                             unlock_took: t0.elapsed(),
                         });
                     }
+                    // The client's background clean-ups end with it: let them finish.
+                    wait_until(Duration::from_secs(10), || client.pending_cleanups() == 0);
                     counts
                 })
             })
@@ -222,6 +225,33 @@ impl Report {
             .collect()
     }
 
+    /// The longest time any key went without a section entered, from `since` on (what a
+    /// waiter saw), and the key.
+    fn longest_gap(&self, since: Instant) -> (Duration, String) {
+        let mut by_key: HashMap<&str, Vec<Instant>> = HashMap::new();
+        for s in &self.sections {
+            by_key.entry(s.key.as_str()).or_default().push(s.entered);
+        }
+        let mut worst = (Duration::ZERO, String::new());
+        for (k, mut times) in by_key {
+            times.sort_unstable();
+            let before = times.iter().filter(|t| **t <= since).max().copied();
+            let after: Vec<Instant> = times.into_iter().filter(|t| *t > since).collect();
+            let gaps = before
+                .into_iter()
+                .chain(after.iter().copied())
+                .collect::<Vec<_>>()
+                .windows(2)
+                .map(|w| w[1] - w[0])
+                .max()
+                .unwrap_or_default();
+            if gaps > worst.0 {
+                worst = (gaps, k.to_owned());
+            }
+        }
+        worst
+    }
+
     /// Asserts 0 lost updates and every key back within `bound` after `since`; prints the
     /// numbers. Returns the slowest key's recovery.
     fn check(&self, what: &str, keys: &[String], since: Instant, bound: Duration) -> Duration {
@@ -231,12 +261,17 @@ impl Report {
             .iter()
             .filter(|s| s.released == Some(false))
             .count();
-        let unlocks_failed = self.sections.iter().filter(|s| s.released.is_none()).count();
+        let unlocks_failed = self
+            .sections
+            .iter()
+            .filter(|s| s.released.is_none())
+            .count();
         let worst = rec.iter().filter_map(|(_, d)| *d).max().unwrap_or_default();
+        let (gap, gap_key) = self.longest_gap(since);
         eprintln!(
             "{what}: {} sections, lost updates {:?}, unlock() Ok(false) {unlocks_lost}, unlock() \
-             Err {unlocks_failed}, other errors {}; recovery per key after the fault: {:?} \
-             (bound {bound:?})",
+             Err {unlocks_failed}, other errors {}; longest time a key went without a section \
+             {gap:.2?} ({gap_key}); recovery per key after the fault: {:?} (bound {bound:?})",
             self.total(),
             self.lost,
             self.errors.len().saturating_sub(unlocks_failed),
@@ -246,11 +281,33 @@ impl Report {
         );
         assert!(self.lost.is_empty(), "{what}: lost updates {:?}", self.lost);
         for (k, d) in &rec {
-            let d = d.unwrap_or_else(|| panic!("{what}: key {k} never taken again after the fault"));
+            let d =
+                d.unwrap_or_else(|| panic!("{what}: key {k} never taken again after the fault"));
             assert!(d <= bound, "{what}: key {k} blocked {d:?} > {bound:?}");
         }
+        assert!(
+            gap <= bound,
+            "{what}: key {gap_key} went {gap:?} without a section"
+        );
         worst
     }
+}
+
+/// Once the load stopped (every guard released, every clean-up done), no lock key is left: a
+/// hold nobody releases (say, a reentrant acquire whose reply was lost in the failover) would
+/// keep other owners out for its whole lease.
+fn no_lock_left(keys: &[String], con: &mut impl redis::ConnectionLike) {
+    let left: Vec<(&String, i64)> = keys
+        .iter()
+        .filter_map(|k| {
+            let pttl: i64 = redis::cmd("PTTL").arg(k).query(con).unwrap();
+            (pttl != -2).then_some((k, pttl))
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "locks left after the load (key, pttl): {left:?}"
+    );
 }
 
 fn cluster_client(urls: &[String]) -> LockClient {
@@ -269,6 +326,13 @@ fn sentinel_client(urls: &[String]) -> LockClient {
         .pool_size(4)
         .build()
         .expect("sentinel client")
+}
+
+fn cluster_client_raw(cluster: &Cluster) -> redis::cluster::ClusterConnection {
+    redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_connection()
+        .unwrap()
 }
 
 /// `count` keys `"<prefix>:<n>"` whose slots node `node` serves.
@@ -305,7 +369,9 @@ fn cluster_primary_sigkilled_under_load() {
         .first()
         .expect("the victim has a replica");
     let other = (0..cluster.nodes().len())
-        .find(|&i| i != victim && i != replica && role(cluster.node(i)).as_deref() == Some("master"))
+        .find(|&i| {
+            i != victim && i != replica && role(cluster.node(i)).as_deref() == Some("master")
+        })
         .expect("another master");
     let mut keys = keys_on(&cluster, victim, "fo:token", 3);
     keys.extend(keys_on(&cluster, victim, "fo:reentrant", 3));
@@ -321,7 +387,8 @@ fn cluster_primary_sigkilled_under_load() {
     let killed = Instant::now();
     assert!(
         wait_until(Duration::from_secs(30), || {
-            role(cluster.node(replica)).as_deref() == Some("master") && cluster_ok(&cluster, replica)
+            role(cluster.node(replica)).as_deref() == Some("master")
+                && cluster_ok(&cluster, replica)
         }),
         "the replica was not promoted"
     );
@@ -329,6 +396,15 @@ fn cluster_primary_sigkilled_under_load() {
     load.wait_all_entered(&keys, killed, failover + TIMEOUT + SLACK);
     thread::sleep(Duration::from_millis(500));
     let report = load.stop();
+    let live: Vec<String> = (0..cluster.nodes().len())
+        .filter(|&i| i != victim)
+        .map(|i| cluster.node(i).url())
+        .collect();
+    let mut con = redis::cluster::ClusterClient::new(live)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    no_lock_left(&keys, &mut con);
     let worst = report.check(
         "cluster primary SIGKILL",
         &keys,
@@ -352,7 +428,10 @@ fn cluster_failover_release_retried_on_new_primary() {
     let client = cluster_client(&cluster.urls());
     let other = cluster_client(&cluster.urls());
     let token = client.lock(token_key.as_str()).build_token().unwrap();
-    let reentrant = client.lock(reentrant_key.as_str()).build_reentrant().unwrap();
+    let reentrant = client
+        .lock(reentrant_key.as_str())
+        .build_reentrant()
+        .unwrap();
     let t = token.try_lock().expect("token");
     let r1 = reentrant.try_lock().expect("reentrant");
     let r2 = reentrant.try_lock().expect("reentrant again");
@@ -384,9 +463,16 @@ fn cluster_failover_release_retried_on_new_primary() {
     assert_eq!(role(cluster.node(replica)).as_deref(), Some("master"));
     // The token lock is gone; the reentrant one keeps exactly one hold.
     let mut new_primary = cluster.node(replica).conn();
-    let exists: bool = redis::cmd("EXISTS").arg(&token_key).query(&mut new_primary).unwrap();
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&token_key)
+        .query(&mut new_primary)
+        .unwrap();
     assert!(!exists, "the failed Token release was not retried");
-    assert_eq!(reentrant.hold_count().unwrap(), 1, "given back once, not twice");
+    assert_eq!(
+        reentrant.hold_count().unwrap(),
+        1,
+        "given back once, not twice"
+    );
     let other_lock = other.lock(token_key.as_str()).build_token().unwrap();
     assert!(other_lock.try_lock().expect("token free").unlock().unwrap());
     assert!(r1.unlock().unwrap());
@@ -458,7 +544,10 @@ fn migrate_slot(
             during();
         }
         thread::sleep(pause);
-        assert!(started.elapsed() < Duration::from_secs(30), "migration never ends");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "migration never ends"
+        );
     }
     if !called {
         during();
@@ -512,8 +601,10 @@ fn cluster_slot_migration_with_live_locks() {
                 if asking {
                     redis::cmd("ASKING").exec(&mut con).unwrap();
                 }
-                let exists: bool = redis::cmd("EXISTS").arg(held_key).query(&mut con).unwrap();
-                if !exists {
+                // The source answers ASK for a key it no longer has.
+                let exists: redis::RedisResult<bool> =
+                    redis::cmd("EXISTS").arg(held_key).query(&mut con);
+                if !exists.unwrap_or(false) {
                     continue;
                 }
                 if asking {
@@ -526,7 +617,11 @@ fn cluster_slot_migration_with_live_locks() {
                     .arg(channel)
                     .query(&mut con);
                 let e = r.expect_err("a two-key script during a migration");
-                assert_eq!(e.code(), Some("TRYAGAIN"), "{e} (slot moving away from port {at})");
+                assert_eq!(
+                    e.code(),
+                    Some("TRYAGAIN"),
+                    "{e} (slot moving away from port {at})"
+                );
                 tryagain_seen = true;
             }
         });
@@ -534,7 +629,10 @@ fn cluster_slot_migration_with_live_locks() {
         assert_eq!(cluster.slot_owner(slot), to);
     }
     let took = start.elapsed();
-    assert!(guard.is_held().unwrap(), "the held lock moved with its slot");
+    assert!(
+        guard.is_held().unwrap(),
+        "the held lock moved with its slot"
+    );
     assert!(guard.unlock().unwrap());
     let during: Vec<Section> = load
         .sections()
@@ -543,6 +641,7 @@ fn cluster_slot_migration_with_live_locks() {
         .collect();
     thread::sleep(Duration::from_millis(300));
     let report = load.stop();
+    no_lock_left(&keys, &mut cluster_client_raw(&cluster));
     let slowest = during
         .iter()
         .map(|s| s.unlock_took)
@@ -561,8 +660,14 @@ fn cluster_slot_migration_with_live_locks() {
         during.len(),
         report.errors
     );
-    assert!(during.len() > 20, "the load kept going during the migration");
-    assert!(tryagain_seen, "the control never caught the held key mid-migration");
+    assert!(
+        during.len() > 20,
+        "the load kept going during the migration"
+    );
+    assert!(
+        tryagain_seen,
+        "the control never caught the held key mid-migration"
+    );
     assert!(report.lost.is_empty(), "lost updates {:?}", report.lost);
     assert!(
         report.sections.iter().all(|s| s.released == Some(true)),
@@ -576,7 +681,10 @@ fn cluster_slot_migration_with_live_locks() {
 /// `INFO commandstats` calls of the lock commands (`SET`, `EVALSHA`, `EVAL`) on `server`.
 fn lock_commands(server: &RedisServer) -> Option<u64> {
     let mut con = support::quick_conn(server)?;
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con).ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut con)
+        .ok()?;
     Some(
         info.lines()
             .filter(|l| {
@@ -585,7 +693,8 @@ fn lock_commands(server: &RedisServer) -> Option<u64> {
                     || l.starts_with("cmdstat_eval:")
             })
             .filter_map(|l| {
-                l.split([':', ',']).find_map(|f| f.strip_prefix("calls=")?.parse::<u64>().ok())
+                l.split([':', ','])
+                    .find_map(|f| f.strip_prefix("calls=")?.parse::<u64>().ok())
             })
             .sum(),
     )
@@ -619,6 +728,7 @@ fn sentinel_master_sigkilled_under_load() {
     load.wait_all_entered(&keys, killed, failover + TIMEOUT + SLACK);
     thread::sleep(Duration::from_millis(500));
     let report = load.stop();
+    no_lock_left(&keys, &mut set.server(1).conn());
     let worst = report.check(
         "sentinel master SIGKILL",
         &keys,
@@ -659,6 +769,7 @@ fn sentinel_graceful_failover_is_followed_at_once() {
     let still_master = role(set.server(0)).as_deref() == Some("master");
     load.wait_all_entered(&keys, asked, failover + TIMEOUT + SLACK);
     let report = load.stop();
+    no_lock_left(&keys, &mut set.server(1).conn());
     let worst = report.check(
         "sentinel graceful failover",
         &keys,
@@ -670,9 +781,38 @@ fn sentinel_graceful_failover_is_followed_at_once() {
          {worst:.2?}; lock commands on the old master 0.5-2.5 s after: {before:?} -> {after:?} \
          (still a master: {still_master})"
     );
-    assert!(still_master, "the old master was reconfigured too early for this check");
+    assert!(
+        still_master,
+        "the old master was reconfigured too early for this check"
+    );
     assert_eq!(
         before, after,
         "lock commands reached the old master after the switch"
     );
+}
+
+/// One command against a frozen Cluster node (SIGSTOP) returns within its command timeout,
+/// redis-rs's own retries included (it retries a timed-out command at once, each try with the
+/// whole read timeout, so without one deadline per command the call took 6 timeouts).
+#[test]
+fn cluster_command_bounded_by_its_timeout_on_a_frozen_node() {
+    init_logging();
+    let cluster = Cluster::start(3);
+    let client = cluster_client(&cluster.urls());
+    let key = cluster.key_on(1, "fo:frozen");
+    let lock = client.lock(key.as_str()).build_token().unwrap();
+    assert!(lock.try_lock().expect("warm-up").unlock().unwrap());
+    cluster.node(1).pause();
+    let start = Instant::now();
+    let r = lock.try_lock();
+    let took = start.elapsed();
+    cluster.node(1).resume();
+    eprintln!("try_lock on a frozen cluster node: {took:.2?} ({r:?})");
+    assert!(
+        matches!(r, Err(redis_dlock::LockError::Connection { .. })),
+        "{r:?}"
+    );
+    // The bound is the timeout plus at most one retry sleep (a tenth of it); the rest is slack
+    // for a loaded machine, far below the 6 timeouts (3 s) of unbounded retries.
+    assert!(took < TIMEOUT * 2, "took {took:?}");
 }
