@@ -30,6 +30,7 @@
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
@@ -44,6 +45,8 @@ use crate::lock::printable;
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(100);
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-janitor";
+/// Longest wait of the thread when the only due jobs wait for a try in flight of their key.
+const BLOCKED_POLL: Duration = Duration::from_millis(5);
 /// Most jobs kept at once: a client that keeps failing must not grow without bound. Past it,
 /// the oldest job is dropped (its lock expires with its lease).
 const MAX_JOBS: usize = 4_096;
@@ -97,11 +100,17 @@ struct Job {
     /// When to try next.
     next: Instant,
     tries: u32,
+    /// Creation order: jobs of one key and value run one at a time, oldest first (a reentrant
+    /// job's count check depends on the ones before it).
+    seq: u64,
 }
 
 #[derive(Debug, Default)]
 struct Jobs {
+    /// Ordered by `seq`.
     list: Vec<Job>,
+    /// The next job's `seq`.
+    next_seq: u64,
     /// Jobs taken off `list` and being tried (by the thread, or by an owner's acquire): their
     /// key, value and deadline.
     in_flight: Vec<(String, Vec<u8>, Instant)>,
@@ -115,6 +124,34 @@ impl Jobs {
             .iter()
             .find(|(k, v, _)| k == key && v == value)
             .map(|(_, _, until)| *until)
+    }
+
+    /// Puts a job back (or in) at its place in creation order.
+    fn insert(&mut self, job: Job) {
+        let at = self.list.partition_point(|j| j.seq < job.seq);
+        self.list.insert(at, job);
+    }
+
+    /// The index of the job to run next: the oldest job of its key and value, due at `now`,
+    /// none of its key and value in flight. With `only`, jobs of that key and value alone,
+    /// due or not.
+    fn pick(&self, now: Instant, only: Option<(&str, &[u8])>) -> Option<usize> {
+        let mut blocked: HashSet<(&str, &[u8])> = HashSet::new();
+        for (i, j) in self.list.iter().enumerate() {
+            let pair = (j.key.as_str(), j.value.as_slice());
+            if only.is_some_and(|o| o != pair) || blocked.contains(&pair) {
+                continue;
+            }
+            if self.is_in_flight(pair.0, pair.1).is_some() {
+                blocked.insert(pair);
+                continue;
+            }
+            if only.is_some() || j.next <= now {
+                return Some(i);
+            }
+            blocked.insert(pair);
+        }
+        None
     }
 
     fn finished(&mut self, key: &str, value: &[u8]) {
@@ -233,42 +270,41 @@ impl Janitor {
         if self.shared.reentrant.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        let job = {
-            let mut jobs = self.shared.lock();
-            loop {
-                if let Some(until) = jobs.is_in_flight(key, owner) {
-                    let now = Instant::now();
-                    if until <= now || jobs.shutdown {
-                        break None;
+        loop {
+            let job = {
+                let mut jobs = self.shared.lock();
+                loop {
+                    if let Some(until) = jobs.is_in_flight(key, owner) {
+                        let now = Instant::now();
+                        if until <= now || jobs.shutdown {
+                            break None;
+                        }
+                        jobs = self
+                            .shared
+                            .done
+                            .wait_timeout(jobs, until.saturating_duration_since(now))
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                        continue;
                     }
-                    jobs = self
-                        .shared
-                        .done
-                        .wait_timeout(jobs, until.saturating_duration_since(now))
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
-                    continue;
+                    let Some(i) = jobs.pick(Instant::now(), Some((key, owner))) else {
+                        break None;
+                    };
+                    let job = jobs.list.remove(i);
+                    jobs.in_flight
+                        .push((job.key.clone(), job.value.clone(), job.until));
+                    break Some(job);
                 }
-                let Some(i) = jobs.list.iter().position(|j| {
-                    j.key == key
-                        && j.value == owner
-                        && matches!(j.work, Work::ReentrantRelease { .. })
-                }) else {
-                    break None;
-                };
-                let job = jobs.list.swap_remove(i);
-                jobs.in_flight
-                    .push((job.key.clone(), job.value.clone(), job.until));
-                break Some(job);
-            }
-        };
-        let Some(job) = job else {
-            return Ok(());
-        };
-        log::debug!("lock {key:?}: the owner's acquire finishes its pending clean-up first");
-        let (again, result) = attempt(client, job);
-        self.finish(key, owner, again);
-        result
+            };
+            let Some(job) = job else {
+                return Ok(());
+            };
+            log::debug!("lock {key:?}: the owner's acquire finishes its pending clean-up first");
+            let (again, result) = attempt(client, job);
+            self.finish(key, owner, again);
+            // Every job of the owner runs before its acquire: stop at the first that fails.
+            result?;
+        }
     }
 
     /// Marks the try of the job on `key`/`value` ended; `again` is queued for another try.
@@ -276,10 +312,11 @@ impl Janitor {
         let mut jobs = self.shared.lock();
         jobs.finished(key, value);
         if let Some(job) = again {
-            jobs.list.push(job);
-            self.shared.wake.notify_one();
+            jobs.insert(job);
         }
         drop(jobs);
+        // The thread may wait for this key's try to end.
+        self.shared.wake.notify_one();
         self.shared.done.notify_all();
     }
 
@@ -306,6 +343,8 @@ impl Janitor {
         if matches!(work, Work::ReentrantRelease { .. }) {
             self.shared.reentrant.fetch_add(1, Ordering::AcqRel);
         }
+        let seq = jobs.next_seq;
+        jobs.next_seq = seq.wrapping_add(1);
         jobs.list.push(Job {
             key: key.to_owned(),
             value: value.to_vec(),
@@ -314,6 +353,7 @@ impl Janitor {
             until,
             next: now,
             tries: 0,
+            seq,
         });
         if jobs.running {
             self.shared.wake.notify_one();
@@ -381,8 +421,8 @@ fn run(shared: &Shared, client: &WeakClient) {
                     return;
                 }
                 let now = Instant::now();
-                if let Some(i) = jobs.list.iter().position(|j| j.next <= now) {
-                    let job = jobs.list.swap_remove(i);
+                if let Some(i) = jobs.pick(now, None) {
+                    let job = jobs.list.remove(i);
                     jobs.in_flight
                         .push((job.key.clone(), job.value.clone(), job.until));
                     break job;
@@ -393,9 +433,12 @@ fn run(shared: &Shared, client: &WeakClient) {
                     jobs.running = false;
                     return;
                 };
+                // A due job whose key is being cleaned up by its owner's acquire waits for it
+                // (woken by `finish`), or for the next due time.
+                let wait = next.saturating_duration_since(now).max(BLOCKED_POLL);
                 jobs = shared
                     .wake
-                    .wait_timeout(jobs, next.saturating_duration_since(now))
+                    .wait_timeout(jobs, wait)
                     .unwrap_or_else(PoisonError::into_inner)
                     .0;
             }
@@ -408,7 +451,7 @@ fn run(shared: &Shared, client: &WeakClient) {
         let mut jobs = shared.lock();
         jobs.finished(&key, &value);
         if let Some(job) = again {
-            jobs.list.push(job);
+            jobs.insert(job);
         }
         drop(jobs);
         shared.done.notify_all();
@@ -523,4 +566,51 @@ fn retry_later(mut job: Job, e: &crate::LockError) -> Option<Job> {
     );
     job.next = next;
     Some(job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(key: &str, value: &[u8], seq: u64, next: Instant) -> Job {
+        Job {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            work: Work::Delete { channel: None },
+            cause: Cause::FailedRelease,
+            until: next + Duration::from_secs(30),
+            next,
+            tries: 0,
+            seq,
+        }
+    }
+
+    #[test]
+    fn jobs_of_one_key_and_value_run_oldest_first_one_at_a_time() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        let mut jobs = Jobs::default();
+        // The older job of ("k", "o") is not due yet: the newer one must wait for it.
+        jobs.insert(job("k", b"o", 2, now));
+        jobs.insert(job("k", b"o", 1, later));
+        jobs.insert(job("x", b"o", 3, now));
+        assert_eq!(
+            jobs.list.iter().map(|j| j.seq).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert_eq!(jobs.pick(now, None).map(|i| jobs.list[i].seq), Some(3));
+        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(1));
+        // An owner's acquire takes its own jobs, due or not, oldest first.
+        assert_eq!(
+            jobs.pick(now, Some(("k", b"o"))).map(|i| jobs.list[i].seq),
+            Some(1)
+        );
+        // While one of ("k", "o") is in flight, none of its others is picked.
+        let first = jobs.list.remove(0);
+        jobs.in_flight.push((first.key, first.value, first.until));
+        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(3));
+        assert_eq!(jobs.pick(later, Some(("k", b"o"))), None);
+        jobs.finished("k", b"o");
+        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(2));
+    }
 }
