@@ -51,6 +51,24 @@ const BLOCKED_POLL: Duration = Duration::from_millis(5);
 /// the oldest job is dropped (its lock expires with its lease).
 const MAX_JOBS: usize = 4_096;
 
+/// True for a release error after which the release may still be needed and can be tried
+/// again: a connection error (it may or may not have run), or a server's transient refusal
+/// (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`: it did not run; a Cluster
+/// answers `CLUSTERDOWN` on every node while a failed primary is replaced).
+pub(crate) fn worth_retrying(e: &crate::LockError) -> bool {
+    use redis::ServerErrorKind as K;
+    match e {
+        crate::LockError::Connection { .. } => true,
+        crate::LockError::Redis { source, .. } => matches!(
+            source.kind(),
+            redis::ErrorKind::Server(
+                K::ClusterDown | K::TryAgain | K::MasterDown | K::BusyLoading | K::ReadOnly
+            )
+        ),
+        _ => false,
+    }
+}
+
 /// Why a clean-up job exists (for the log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cause {

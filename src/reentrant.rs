@@ -394,7 +394,7 @@ impl DistributedLock for ReentrantLock {
                 ),
             )
         });
-        if let Err(LockError::Connection { .. }) = &reply {
+        if reply.as_ref().is_err_and(crate::janitor::worth_retrying) {
             self.forget_failed_release(lease);
         }
         let reply = reply?;

@@ -335,3 +335,57 @@ fn current_master(watch: &Watch, sentinel: &redis::Client) -> RedisResult<((Stri
     let epoch = field("config-epoch")?.parse::<u64>().unwrap_or(0);
     Ok(((field("ip")?, port), epoch))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    /// Threads of this process named like the watcher (Linux only: `None` elsewhere).
+    fn watchers() -> Option<usize> {
+        let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+        Some(
+            tasks
+                .filter_map(|t| t.ok())
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|name| name.trim() == super::THREAD_NAME)
+                })
+                .count(),
+        )
+    }
+
+    fn wait(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        f()
+    }
+
+    /// One watcher thread per Sentinel client, started with it and gone once it is dropped,
+    /// also while it cannot reach any Sentinel (a port nobody listens on).
+    #[test]
+    fn the_watcher_thread_ends_with_its_client() {
+        if watchers().is_none() {
+            return;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let client =
+            crate::LockClient::sentinel_builder(&[format!("redis://127.0.0.1:{port}/")], "nobody")
+                .connect_timeout(Duration::from_millis(100))
+                .build()
+                .expect("client");
+        assert!(wait(Duration::from_secs(2), || watchers() == Some(1)));
+        drop(client);
+        assert!(
+            wait(Duration::from_secs(3), || watchers() == Some(0)),
+            "the watcher outlived its client"
+        );
+    }
+}

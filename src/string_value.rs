@@ -12,7 +12,7 @@ use redis::RedisResult;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::hold;
-use crate::janitor::Cause;
+use crate::janitor::{self, Cause};
 use crate::keys;
 use crate::lock::{self, Lease};
 use crate::scripts::Scripts;
@@ -109,9 +109,10 @@ pub(crate) fn release(
             .unlock
             .eval(con, key, (lease.value(), keys::UNLOCK_MESSAGE, ch)),
     });
-    // A release that failed on a connection error (a failover, a restart) would leave the lock
-    // for the rest of its lease: the janitor retries it in the background, owner-checked.
-    if let Err(LockError::Connection { .. }) = &reply {
+    // A release that failed on a connection error or a transient refusal (a failover, a
+    // restart) would leave the lock for the rest of its lease: the janitor retries it in the
+    // background, owner-checked.
+    if reply.as_ref().is_err_and(janitor::worth_retrying) {
         client.janitor().forget(
             client,
             key,

@@ -311,8 +311,14 @@ fn no_lock_left(keys: &[String], con: &mut impl redis::ConnectionLike) {
 }
 
 fn cluster_client(urls: &[String]) -> LockClient {
+    cluster_client_with(urls, TIMEOUT)
+}
+
+/// A cluster client with the command timeout [`TIMEOUT`] and `connect` to connect (and wait
+/// for a pooled connection).
+fn cluster_client_with(urls: &[String], connect: Duration) -> LockClient {
     LockClient::cluster_builder(urls)
-        .connect_timeout(TIMEOUT)
+        .connect_timeout(connect)
         .command_timeout(Some(TIMEOUT))
         .pool_size(4)
         .build()
@@ -436,13 +442,24 @@ fn cluster_failover_release_retried_on_new_primary() {
     let r1 = reentrant.try_lock().expect("reentrant");
     let r2 = reentrant.try_lock().expect("reentrant again");
     assert_eq!(reentrant.hold_count().unwrap(), 2);
-    // Both holds are on the replica before the primary dies.
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(2_000)
-        .query(&mut cluster.node(victim).conn())
-        .unwrap();
-    assert_eq!(acked, 1);
+    // Both holds are on the replica before the primary dies (WAIT counts only the writes of
+    // its own connection: compare replication offsets instead).
+    let offset: u64 = support::info_field(
+        &mut cluster.node(victim).conn(),
+        "replication",
+        "master_repl_offset",
+    )
+    .and_then(|v| v.parse().ok())
+    .expect("master_repl_offset");
+    let mut rconn = cluster.node(replica).conn();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            support::info_field(&mut rconn, "replication", "slave_repl_offset")
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|o| o >= offset)
+        }),
+        "the replica did not catch up"
+    );
 
     cluster.node_mut(victim).kill();
     let killed = Instant::now();
@@ -577,7 +594,13 @@ fn cluster_slot_migration_with_live_locks() {
         .collect();
     let slot = cluster.keyslot(&keys[0]);
     let urls = cluster.urls();
-    let load = Load::start(move || cluster_client(&urls), &keys, &counter);
+    // A patient pool: opening a cluster connection on a loaded machine can take a while, and
+    // this test is about the commands.
+    let load = Load::start(
+        move || cluster_client_with(&urls, Duration::from_secs(3)),
+        &keys,
+        &counter,
+    );
     load.wait_all_entered(&keys, Instant::now(), Duration::from_secs(10));
 
     // A lock the test holds through the whole migration.
