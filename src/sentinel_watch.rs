@@ -10,7 +10,9 @@
 //! two clients can hold one lock.
 //!
 //! Each Sentinel client has ONE thread, `dlock-sentinel`, started with the client, holding only
-//! a weak reference to the client, and ending within [`POLL`] once the client is dropped. It keeps a pub/sub connection to one Sentinel at a time, subscribed to
+//! a weak reference to the client, and ending once the client is dropped: within [`POLL`]
+//! while subscribed, or after the connect or lookup under way (bounded by the client's
+//! timeouts). It keeps a pub/sub connection to one Sentinel at a time, subscribed to
 //! `+switch-master` (as Redisson and Lettuce do), with a read timeout of [`POLL`] (a silent
 //! Sentinel is normal: switches are rare), and moves to the next Sentinel after any other error,
 //! [`RECONNECT_DELAY`] later. After every (re)subscription it asks a Sentinel for the current
