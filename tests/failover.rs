@@ -268,6 +268,12 @@ impl Report {
             .count();
         let worst = rec.iter().filter_map(|(_, d)| *d).max().unwrap_or_default();
         let (gap, gap_key) = self.longest_gap(since);
+        let unlock_errors: Vec<&String> = self
+            .errors
+            .iter()
+            .filter(|e| e.contains(": unlock: "))
+            .collect();
+        eprintln!("{what}: unlock errors: {unlock_errors:?}");
         eprintln!(
             "{what}: {} sections, lost updates {:?}, unlock() Ok(false) {unlocks_lost}, unlock() \
              Err {unlocks_failed}, other errors {}; longest time a key went without a section \
