@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use redis::{ConnectionLike, RedisResult, Value};
 
+use crate::cluster_deadline::{with_deadline, Deadlined};
 use crate::error::{self, Context, LockError, Result, Rounded};
 use crate::janitor::Janitor;
 use crate::scripts::Scripts;
+use crate::sentinel_watch::{self, Switches};
 use crate::strategy::LockBuilder;
 use crate::waiters::WaitQueues;
 use crate::wakeup::{Resolve, Wakeups};
@@ -85,6 +87,8 @@ struct Inner {
     timeout: Duration,
     /// The pool's latest failure to open a connection (for errors at checkout).
     connect_errors: Arc<ConnectErrors>,
+    /// Sentinel clients: the master switches seen, to discard connections to an old master.
+    switches: Option<Arc<Switches>>,
 }
 
 /// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
@@ -134,6 +138,11 @@ impl WeakClient {
     pub(crate) fn upgrade(&self) -> Option<LockClient> {
         self.inner.upgrade().map(|inner| LockClient { inner })
     }
+
+    /// False once every handle to the client has been dropped.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.inner.strong_count() > 0
+    }
 }
 
 impl std::fmt::Debug for LockClient {
@@ -159,6 +168,12 @@ impl LockClient {
 
     /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`).
     /// Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
+    ///
+    /// Each command, its redirections and retries included (`TRYAGAIN`, `CLUSTERDOWN`, a
+    /// failed-over node), returns within the command timeout plus at most one retry sleep of a
+    /// tenth of it: every read, write and connect of it is cut to the time left before one
+    /// deadline. Waiting for a pooled connection and opening a new one are bounded by the
+    /// connect timeout, as for a single server. See `docs/deployments.md`.
     pub fn cluster_builder<S: AsRef<str>>(nodes: &[S]) -> ClientBuilder {
         ClientBuilder::new(TargetSpec::Cluster(
             nodes.iter().map(|n| n.as_ref().to_owned()).collect(),
@@ -166,8 +181,12 @@ impl LockClient {
     }
 
     /// A builder for the master that the Sentinels at `sentinels` name for `service`. After a
-    /// failover, new connections go to the new master; connections to the old one are dropped
-    /// on their first `READONLY` or I/O error.
+    /// failover, new connections go to the new master. The client follows the Sentinels'
+    /// `+switch-master` announcements (one background thread per client, `dlock-sentinel`):
+    /// pooled connections opened before an announced switch are discarded at their next
+    /// checkout, so a graceful failover, whose old master keeps answering as a master for a
+    /// while, is followed at once. Connections to an old master are also dropped on their first
+    /// `READONLY` or I/O error.
     ///
     /// Every new connection asks the Sentinels in turn (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and
     /// checks with `ROLE` that the server named is a master. Each of these steps is bounded by
@@ -197,6 +216,7 @@ impl LockClient {
             DEFAULT_COMMAND_TIMEOUT,
             DEFAULT_HANDOFF_COURTESY,
             ("the application's pool".to_owned(), Arc::default()),
+            None,
         )
     }
 
@@ -207,6 +227,7 @@ impl LockClient {
         timeout: Duration,
         courtesy: Duration,
         (addr, connect_errors): (String, Arc<ConnectErrors>),
+        switches: Option<Arc<Switches>>,
     ) -> Self {
         let waiters = Arc::new(WaitQueues::default());
         LockClient {
@@ -224,6 +245,7 @@ impl LockClient {
                 addr,
                 timeout,
                 connect_errors,
+                switches,
             }),
         }
     }
@@ -275,6 +297,12 @@ impl LockClient {
         }
     }
 
+    /// Sentinel clients: the master switches seen, and the recent releases to do again after
+    /// one.
+    pub(crate) fn switches(&self) -> Option<&Switches> {
+        self.inner.switches.as_deref()
+    }
+
     /// The client's background clean-ups.
     pub(crate) fn janitor(&self) -> &Janitor {
         &self.inner.janitor
@@ -312,12 +340,43 @@ impl LockClient {
     }
 
     /// A pooled connection; failures are reported against `key`.
+    ///
+    /// A Sentinel client discards connections opened before the last master switch it heard
+    /// of (see [`crate::sentinel_watch`]): they may lead to the old master, which goes on
+    /// answering as a master until Sentinel reconfigures it. At most one per pooled connection
+    /// is discarded, then a new one is opened (to the new master, `ROLE` checked).
     fn conn(&self, key: &str) -> Result<Conn> {
-        let got = match &self.inner.pool {
-            Pool::Managed(p) => p.get().map(Conn::Managed),
-            Pool::External(p) => p.get().map(Conn::External),
-        };
-        got.map_err(|e| match self.inner.connect_errors.last() {
+        let err = |e: r2d2::Error| self.checkout_error(key, e);
+        match &self.inner.pool {
+            Pool::Managed(p) => {
+                let Some(switches) = &self.inner.switches else {
+                    return p.get().map(Conn::Managed).map_err(err);
+                };
+                let mut stale_left = p.max_size();
+                loop {
+                    let mut con = p.get().map_err(err)?;
+                    let now = switches.generation();
+                    if con.generation >= now || stale_left == 0 {
+                        return Ok(Conn::Managed(con));
+                    }
+                    log::debug!(
+                        "lock {key:?}: dropping a connection opened before the master switch \
+                         (generation {} < {now})",
+                        con.generation
+                    );
+                    // Not returned to the pool (see `has_broken`).
+                    con.broken = true;
+                    stale_left -= 1;
+                }
+            }
+            Pool::External(p) => p.get().map(Conn::External).map_err(err),
+        }
+    }
+
+    /// A failed checkout, with what the pool's latest connection attempt said: access denied
+    /// is a set-up fault, anything else an outage.
+    fn checkout_error(&self, key: &str, e: r2d2::Error) -> LockError {
+        match self.inner.connect_errors.last() {
             // A wrong password, unknown user or missing permission: not an outage.
             Some((true, why)) => LockError::Setup {
                 source: Box::new(Context::new(
@@ -336,7 +395,7 @@ impl LockClient {
                 key: key.to_owned(),
                 source: Box::new(e),
             },
-        })
+        }
     }
 
     /// Maps a Redis error of a command for `key`, saying which server did not answer in time.
@@ -563,6 +622,8 @@ impl ClientBuilder {
         );
         let addr = self.target.describe();
         let resolve: Option<Resolve>;
+        let mut switches = None;
+        let mut watch = None;
         let target = match self.target {
             TargetSpec::Single(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(|e| setup(Box::new(e)))?;
@@ -586,8 +647,13 @@ impl ClientBuilder {
                         redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
                     })
                 }));
+                let (retries, min_wait, max_wait) = cluster_retries(timeout);
                 let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
-                    .connection_timeout(self.connect_timeout);
+                    .connection_timeout(self.connect_timeout)
+                    .retries(retries)
+                    .min_retry_wait(min_wait)
+                    .max_retry_wait(max_wait)
+                    .retry_wait_formula(min_wait, 2);
                 if let Some(t) = self.command_timeout {
                     b = b.response_timeout(t);
                 }
@@ -609,10 +675,19 @@ impl ClientBuilder {
                     let addr = sentinel_master_addr(&asked, &svc, connect_timeout, timeout)?;
                     redis::Client::open(addr).map(|c| c.get_connection_info().clone())
                 }));
+                let found = Arc::new(Switches::default());
+                watch = Some(sentinel_watch::Watch {
+                    sentinels: sentinels.clone(),
+                    service: service.clone(),
+                    connect_timeout,
+                    timeout,
+                });
+                switches = Some(Arc::clone(&found));
                 Target::Sentinel {
                     sentinels,
                     service,
                     first: AtomicUsize::new(0),
+                    switches: found,
                 }
             }
         };
@@ -642,15 +717,39 @@ impl ClientBuilder {
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
             .build_unchecked(manager);
-        Ok(LockClient::with_pool(
+        let client = LockClient::with_pool(
             Pool::Managed(pool),
             resolve,
             cluster,
             timeout,
             self.courtesy,
             (addr, connect_errors),
-        ))
+            switches,
+        );
+        if let Some(watch) = watch {
+            sentinel_watch::start(watch, &client);
+        }
+        Ok(client)
     }
+}
+
+/// Retries of redis-rs's cluster connection for a command timeout `t`: the number of retries
+/// and the bounds of the sleep before a retry after `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
+/// `LOADING` or `READONLY` (in ms).
+///
+/// redis-rs sleeps a random time in `[min, min(max, min · 2^retry))` before retry number
+/// `retry` (1, 2, …). With `min = t/40` and `max = t/10` (at least 1 and 2 ms) the five sleeps
+/// of a command add up to less than `18 · t/40 = 0.45 t`, where redis-rs's defaults (16
+/// retries, 1.28 s to 655 s each) add up to minutes. Redirections (`MOVED`, `ASK`) need no
+/// sleep; five retries cover a `MOVED` and an `ASK` of a slot in migration with room to spare.
+/// The whole command, redirections and retries included, is bounded by its deadline (see
+/// [`crate::cluster_deadline`]); the short sleeps make it return at most one sleep (`t/10`)
+/// after it.
+pub(crate) fn cluster_retries(t: Duration) -> (u32, u64, u64) {
+    let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+    let min = (ms / 40).max(1);
+    let max = (ms / 10).max(min + 1);
+    (5, min, max)
 }
 
 /// Asks each Sentinel in turn for `service`'s master address; each step bounded by the
@@ -704,6 +803,8 @@ enum Target {
         /// The Sentinel that answered last, asked first next time (the Sentinel clients
         /// guideline), so a dead or frozen one costs one timeout, not one per connection.
         first: AtomicUsize,
+        /// The master switches announced by the Sentinels (`+switch-master`).
+        switches: Arc<Switches>,
     },
 }
 
@@ -735,14 +836,28 @@ impl Manager {
     /// Asks each Sentinel in turn for `service`'s master and connects to the first one named
     /// that answers `ROLE` as a master. An address is tried once per call even if several
     /// Sentinels name it, so a frozen old master costs one timeout, not one per Sentinel.
+    ///
+    /// The master the last `+switch-master` announced, if any, is tried first: a Sentinel that
+    /// has not heard of the switch yet would still name the old master, which answers `ROLE` as
+    /// a master until Sentinel reconfigures it.
     fn sentinel_master(
         &self,
         sentinels: &[redis::Client],
         service: &str,
         first: &AtomicUsize,
+        switches: &Switches,
     ) -> RedisResult<Link> {
+        // Read before asking: a switch during this connect makes the link stale at once.
+        let generation = switches.generation();
         let mut tried: Vec<(String, u16)> = Vec::new();
         let mut last_err = None;
+        if let Some(addr) = switches.announced() {
+            tried.push(addr.clone());
+            match self.checked_master(addr) {
+                Ok(link) => return Ok(link.of_generation(generation)),
+                Err(e) => last_err = Some(e),
+            }
+        }
         let start = first.load(Ordering::Relaxed);
         for i in (0..sentinels.len()).map(|k| (start + k) % sentinels.len()) {
             let sentinel = &sentinels[i];
@@ -772,24 +887,10 @@ impl Manager {
                 continue;
             }
             tried.push(addr.clone());
-            let master = redis::Client::open(addr.clone()).and_then(|client| {
-                let mut con = self.discovery(&client)?;
-                let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
-                if !matches!(role, redis::Role::Primary { .. }) {
-                    return Err(redis::RedisError::from((
-                        redis::ErrorKind::Client,
-                        "the server the Sentinel named is not a master (failover under way?)",
-                        format!("{}:{}", addr.0, addr.1),
-                    )));
-                }
-                con.set_read_timeout(self.command_timeout)?;
-                con.set_write_timeout(self.command_timeout)?;
-                Ok(Link::new(Node::Single(con)))
-            });
-            match master {
+            match self.checked_master(addr) {
                 Ok(link) => {
                     first.store(i, Ordering::Relaxed);
-                    return Ok(link);
+                    return Ok(link.of_generation(generation));
                 }
                 Err(e) => last_err = Some(e),
             }
@@ -861,6 +962,31 @@ impl Manager {
             Err(e) => Err(scripting(e, "EVALSHA")),
         }
     }
+
+    /// A connection to `addr` once `ROLE` says it is a master.
+    fn checked_master(&self, addr: (String, u16)) -> RedisResult<Link> {
+        let client = redis::Client::open(addr.clone())?;
+        let mut con = self.discovery(&client)?;
+        let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
+        if !matches!(role, redis::Role::Primary { .. }) {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "the server the Sentinel named is not a master (failover under way?)",
+                format!("{}:{}", addr.0, addr.1),
+            )));
+        }
+        con.set_read_timeout(self.command_timeout)?;
+        con.set_write_timeout(self.command_timeout)?;
+        Ok(Link::new(Node::Single(con)))
+    }
+
+    /// The generation a link must have to be used: that of the last master switch heard of.
+    fn generation(&self) -> u64 {
+        match &self.target {
+            Target::Sentinel { switches, .. } => switches.generation(),
+            _ => 0,
+        }
+    }
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -870,16 +996,20 @@ impl r2d2::ManageConnection for Manager {
     fn connect(&self) -> RedisResult<Link> {
         match &self.target {
             Target::Single(client) => self.single(client),
-            Target::Cluster(client) => {
-                Ok(Link::new(Node::Cluster(Box::new(client.get_connection()?))))
-            }
+            // `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection
+            // node connections of our own type.
+            Target::Cluster(client) => Ok(Link::new(Node::Cluster(
+                Box::new(client.get_generic_connection::<Deadlined>()?),
+                self.command_timeout,
+            ))),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
             Target::Sentinel {
                 sentinels,
                 service,
                 first,
-            } => self.sentinel_master(sentinels, service, first),
+                switches,
+            } => self.sentinel_master(sentinels, service, first, switches),
         }
     }
 
@@ -888,7 +1018,7 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, con: &mut Link) -> bool {
-        con.broken || !con.node.is_open()
+        con.broken || !con.node.is_open() || con.generation < self.generation()
     }
 }
 
@@ -898,26 +1028,33 @@ pub(crate) struct Link {
     broken: bool,
     /// Has carried a command: such a connection may have gone stale while idle in the pool.
     used: bool,
+    /// Sentinel clients: the master-switch generation the link was opened in (0 otherwise).
+    generation: u64,
 }
 
 enum Node {
     Single(redis::Connection),
-    /// Boxed: a cluster connection is four times the size of a single one.
-    Cluster(Box<redis::cluster::ClusterConnection>),
+    /// Boxed: a cluster connection is four times the size of a single one. Its node
+    /// connections keep to each command's deadline (see [`crate::cluster_deadline`]).
+    /// The second field is the command timeout: each command's deadline.
+    Cluster(
+        Box<redis::cluster::ClusterConnection<Deadlined>>,
+        Option<Duration>,
+    ),
 }
 
 impl Node {
     fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
         match self {
             Node::Single(c) => c,
-            Node::Cluster(c) => c.as_mut(),
+            Node::Cluster(c, _) => c.as_mut(),
         }
     }
 
     fn is_open(&self) -> bool {
         match self {
             Node::Single(c) => c.is_open(),
-            Node::Cluster(c) => c.is_open(),
+            Node::Cluster(c, _) => c.is_open(),
         }
     }
 }
@@ -928,7 +1065,13 @@ impl Link {
             node,
             broken: false,
             used: false,
+            generation: 0,
         }
+    }
+
+    fn of_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
     }
 
     /// Marks the connection for replacement after an error that leaves it unusable or pointed
@@ -952,7 +1095,10 @@ impl Link {
 
 impl ConnectionLike for Link {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        let r = self.node.as_dyn().req_packed_command(cmd);
+        let r = match &mut self.node {
+            Node::Single(c) => c.req_packed_command(cmd),
+            Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_command(cmd)),
+        };
         self.note(r)
     }
 
@@ -962,19 +1108,25 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        let r = self.node.as_dyn().req_packed_commands(cmd, offset, count);
+        let r = match &mut self.node {
+            Node::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_commands(cmd, offset, count)),
+        };
         self.note(r)
     }
 
     fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
-        let r = self.node.as_dyn().req_command(cmd);
+        let r = match &mut self.node {
+            Node::Single(c) => c.req_command(cmd),
+            Node::Cluster(c, t) => with_deadline(*t, || c.req_command(cmd)),
+        };
         self.note(r)
     }
 
     fn get_db(&self) -> i64 {
         match &self.node {
             Node::Single(c) => c.get_db(),
-            Node::Cluster(c) => c.get_db(),
+            Node::Cluster(c, _) => c.get_db(),
         }
     }
 

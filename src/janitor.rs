@@ -19,14 +19,25 @@
 //! [`RETRY_DELAY`] until it is answered, or until the hold would have expired by itself (the
 //! job's deadline), whichever comes first. Each outcome is logged.
 //!
+//! A reentrant lock's release is not a delete but one hold given back, so repeating it could give
+//! back two. Its job (`lua/reentrant_forget.lua`) gives back one hold only if the owner's count
+//! is still the one it had before the release that failed (the count the thread's own acquires
+//! and releases last saw): if the first try ran after all, the count is lower and nothing
+//! changes. So that the owner's next hold cannot be mistaken for the old one, the owner's next
+//! acquire of that key first finishes the job itself (or waits for the janitor's try in
+//! flight): see [`Janitor::settle`].
+//!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::{LockClient, WeakClient};
+use crate::error::Result;
 use crate::keys;
 use crate::lock::printable;
 
@@ -34,9 +45,29 @@ use crate::lock::printable;
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(100);
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-janitor";
+/// Longest wait of the thread when the only due jobs wait for a try in flight of their key.
+const BLOCKED_POLL: Duration = Duration::from_millis(5);
 /// Most jobs kept at once: a client that keeps failing must not grow without bound. Past it,
 /// the oldest job is dropped (its lock expires with its lease).
 const MAX_JOBS: usize = 4_096;
+
+/// True for a release error after which the release may still be needed and can be tried
+/// again: a connection error (it may or may not have run), or a server's transient refusal
+/// (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`: it did not run; a Cluster
+/// answers `CLUSTERDOWN` on every node while a failed primary is replaced).
+pub(crate) fn worth_retrying(e: &crate::LockError) -> bool {
+    use redis::ServerErrorKind as K;
+    match e {
+        crate::LockError::Connection { .. } => true,
+        crate::LockError::Redis { source, .. } => matches!(
+            source.kind(),
+            redis::ErrorKind::Server(
+                K::ClusterDown | K::TryAgain | K::MasterDown | K::BusyLoading | K::ReadOnly
+            )
+        ),
+        _ => false,
+    }
+}
 
 /// Why a clean-up job exists (for the log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,74 +76,122 @@ pub(crate) enum Cause {
     LostAcquireReply,
     /// A release that failed on a connection error.
     FailedRelease,
+    /// A release done on a Sentinel master shortly before a switch was announced: the new
+    /// master may still hold the lock (it was replicated before the promotion).
+    ReleasedBeforeSwitch,
 }
 
 impl Cause {
     fn describe(self) -> &'static str {
         match self {
-            Cause::LostAcquireReply => "acquire whose reply was lost",
-            Cause::FailedRelease => "release that failed",
+            Cause::LostAcquireReply => "an acquire whose reply was lost",
+            Cause::FailedRelease => "a release that failed",
+            Cause::ReleasedBeforeSwitch => "a release done on the old master before the switch",
         }
     }
 }
 
-/// What a clean-up undoes, owner-checked.
-#[derive(Debug, Clone)]
-pub(crate) enum Undo {
-    /// A string value (Token, Classic): delete the key if it holds exactly `value`, and
-    /// publish the release on `channel` (Token) when it does.
-    Value {
-        value: Vec<u8>,
-        channel: Option<String>,
-    },
-    /// One hold of a reentrant lock: give it back only if `owner`'s count is exactly `count`
-    /// (`lua/reentrant_undo.lua`); the remaining holds get `lease_ms`, and the release is
-    /// published on `channel` when the lock becomes free.
-    Hold {
-        owner: Vec<u8>,
+/// What a job does.
+#[derive(Debug)]
+enum Work {
+    /// Delete the key if it holds `value` (`lua/unlock.lua`), publishing on `channel` (Token).
+    Delete { channel: Option<String> },
+    /// Give back one hold of the owner `value` if its count is still `count`
+    /// (`lua/reentrant_forget.lua`), publishing on `channel` when it was the last.
+    ReentrantRelease {
         count: u32,
         lease_ms: u64,
         channel: String,
     },
 }
 
-impl Undo {
-    fn describe(&self) -> String {
-        match self {
-            Undo::Value { value, .. } => format!("value {}", printable(value)),
-            Undo::Hold { owner, count, .. } => {
-                format!("hold {count} of owner {}", printable(owner))
-            }
-        }
-    }
-}
-
 /// One pending owner-checked clean-up.
 #[derive(Debug)]
 struct Job {
     key: String,
-    undo: Undo,
+    /// The value written (Token, Classic), or the owner id (reentrant).
+    value: Vec<u8>,
+    work: Work,
     cause: Cause,
     /// After this the hold has expired by itself (or can be taken over): no need to go on.
     until: Instant,
     /// When to try next.
     next: Instant,
     tries: u32,
+    /// Creation order: jobs of one key and value run one at a time, oldest first (a reentrant
+    /// job's count check depends on the ones before it).
+    seq: u64,
 }
 
 #[derive(Debug, Default)]
 struct Jobs {
+    /// Ordered by `seq`.
     list: Vec<Job>,
-    /// Jobs taken off `list` by the thread and being tried.
-    in_flight: usize,
+    /// The next job's `seq`.
+    next_seq: u64,
+    /// Jobs taken off `list` and being tried (by the thread, or by an owner's acquire): their
+    /// key, value and deadline.
+    in_flight: Vec<(String, Vec<u8>, Instant)>,
     running: bool,
     shutdown: bool,
+}
+
+impl Jobs {
+    fn is_in_flight(&self, key: &str, value: &[u8]) -> Option<Instant> {
+        self.in_flight
+            .iter()
+            .find(|(k, v, _)| k == key && v == value)
+            .map(|(_, _, until)| *until)
+    }
+
+    /// Puts a job back (or in) at its place in creation order.
+    fn insert(&mut self, job: Job) {
+        let at = self.list.partition_point(|j| j.seq < job.seq);
+        self.list.insert(at, job);
+    }
+
+    /// The index of the job to run next: the oldest job of its key and value, due at `now`,
+    /// none of its key and value in flight. With `only`, jobs of that key and value alone,
+    /// due or not.
+    fn pick(&self, now: Instant, only: Option<(&str, &[u8])>) -> Option<usize> {
+        let mut blocked: HashSet<(&str, &[u8])> = HashSet::new();
+        for (i, j) in self.list.iter().enumerate() {
+            let pair = (j.key.as_str(), j.value.as_slice());
+            if only.is_some_and(|o| o != pair) || blocked.contains(&pair) {
+                continue;
+            }
+            if self.is_in_flight(pair.0, pair.1).is_some() {
+                blocked.insert(pair);
+                continue;
+            }
+            if only.is_some() || j.next <= now {
+                return Some(i);
+            }
+            blocked.insert(pair);
+        }
+        None
+    }
+
+    fn finished(&mut self, key: &str, value: &[u8]) {
+        if let Some(i) = self
+            .in_flight
+            .iter()
+            .position(|(k, v, _)| k == key && v == value)
+        {
+            self.in_flight.swap_remove(i);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Shared {
     jobs: Mutex<Jobs>,
+    /// Wakes the thread: a new job.
     wake: Condvar,
+    /// Wakes owners waiting in [`Janitor::settle`]: a try in flight ended.
+    done: Condvar,
+    /// Reentrant jobs queued or in flight: lets [`Janitor::settle`] skip the mutex when zero.
+    reentrant: AtomicUsize,
 }
 
 impl Shared {
@@ -147,20 +226,37 @@ impl Janitor {
         cause: Cause,
         until: Instant,
     ) {
-        let undo = Undo::Value {
-            value: value.to_vec(),
+        let now = Instant::now();
+        if until <= now {
+            return;
+        }
+        log::info!(
+            "lock {key:?}: {}; deleting value {} in the background if it was written (until \
+             it would expire, in {} ms)",
+            cause.describe(),
+            printable(value),
+            until.saturating_duration_since(now).as_millis()
+        );
+        let work = Work::Delete {
             channel: channel.map(str::to_owned),
         };
-        self.undo(client, key, undo, cause, until);
+        self.push(client, key, value, work, cause, until);
     }
 
-    /// Undoes `undo` at `key` in the background, owner-checked, trying until it is answered
-    /// or until `until`, when the hold expires anyway.
-    pub(crate) fn undo(
+    /// Gives back, in the background, one hold of the reentrant lock `key` of `owner` if the
+    /// owner's count is `count`: the count before a release that failed on a connection error,
+    /// or the count an acquire whose reply was lost would have left. Tried until it is answered
+    /// or until `until`, when the hold expires anyway. The owner's next acquire of `key` must
+    /// call [`settle`](Self::settle) first.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forget_reentrant(
         &self,
         client: &LockClient,
         key: &str,
-        undo: Undo,
+        owner: &[u8],
+        count: u32,
+        lease_ms: u64,
+        channel: &str,
         cause: Cause,
         until: Instant,
     ) {
@@ -169,28 +265,113 @@ impl Janitor {
             return;
         }
         log::info!(
-            "lock {key:?}: {}; undoing {} in the background if it is there (until it would \
-             expire, in {} ms)",
+            "lock {key:?}: {}; giving back a hold of owner {} in the background if its count \
+             is {count} (until it would expire, in {} ms)",
             cause.describe(),
-            undo.describe(),
+            printable(owner),
             until.saturating_duration_since(now).as_millis()
         );
+        let work = Work::ReentrantRelease {
+            count,
+            lease_ms,
+            channel: channel.to_owned(),
+        };
+        self.push(client, key, owner, work, cause, until);
+    }
+
+    /// Runs, on the caller's thread, a pending reentrant job of `owner` on `key` (and waits for
+    /// a try of it in flight on the janitor thread), so that the owner's next acquire cannot be
+    /// mistaken by a later try for the hold that job gives back. Errors of that try are
+    /// returned (the job is kept for the janitor); `Ok` when there was nothing to do or it is
+    /// done.
+    pub(crate) fn settle(&self, client: &LockClient, key: &str, owner: &[u8]) -> Result<()> {
+        if self.shared.reentrant.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        loop {
+            let job = {
+                let mut jobs = self.shared.lock();
+                loop {
+                    if let Some(until) = jobs.is_in_flight(key, owner) {
+                        let now = Instant::now();
+                        if until <= now || jobs.shutdown {
+                            break None;
+                        }
+                        jobs = self
+                            .shared
+                            .done
+                            .wait_timeout(jobs, until.saturating_duration_since(now))
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                        continue;
+                    }
+                    let Some(i) = jobs.pick(Instant::now(), Some((key, owner))) else {
+                        break None;
+                    };
+                    let job = jobs.list.remove(i);
+                    jobs.in_flight
+                        .push((job.key.clone(), job.value.clone(), job.until));
+                    break Some(job);
+                }
+            };
+            let Some(job) = job else {
+                return Ok(());
+            };
+            log::debug!("lock {key:?}: the owner's acquire finishes its pending clean-up first");
+            let (again, result) = attempt(client, job);
+            self.finish(key, owner, again);
+            // Every job of the owner runs before its acquire: stop at the first that fails.
+            result?;
+        }
+    }
+
+    /// Marks the try of the job on `key`/`value` ended; `again` is queued for another try.
+    fn finish(&self, key: &str, value: &[u8], again: Option<Job>) {
+        let mut jobs = self.shared.lock();
+        jobs.finished(key, value);
+        if let Some(job) = again {
+            jobs.insert(job);
+        }
+        drop(jobs);
+        // The thread may wait for this key's try to end.
+        self.shared.wake.notify_one();
+        self.shared.done.notify_all();
+    }
+
+    fn push(
+        &self,
+        client: &LockClient,
+        key: &str,
+        value: &[u8],
+        work: Work,
+        cause: Cause,
+        until: Instant,
+    ) {
+        let now = Instant::now();
         let mut jobs = self.shared.lock();
         if jobs.list.len() >= MAX_JOBS {
             let dropped = jobs.list.remove(0);
+            dropped.gone(&self.shared);
             log::warn!(
                 "lock {:?}: too many pending clean-ups, this one is dropped (the lock expires \
                  with its lease)",
                 dropped.key
             );
         }
+        if matches!(work, Work::ReentrantRelease { .. }) {
+            self.shared.reentrant.fetch_add(1, Ordering::AcqRel);
+        }
+        let seq = jobs.next_seq;
+        jobs.next_seq = seq.wrapping_add(1);
         jobs.list.push(Job {
             key: key.to_owned(),
-            undo,
+            value: value.to_vec(),
+            work,
             cause,
             until,
             next: now,
             tries: 0,
+            seq,
         });
         if jobs.running {
             self.shared.wake.notify_one();
@@ -213,7 +394,27 @@ impl Janitor {
     /// Clean-ups not done yet (for tests and monitoring).
     pub(crate) fn pending(&self) -> usize {
         let jobs = self.shared.lock();
-        jobs.list.len() + jobs.in_flight
+        jobs.list.len() + jobs.in_flight.len()
+    }
+}
+
+impl Job {
+    /// The job is done or given up: no longer counted.
+    fn gone(&self, shared: &Shared) {
+        if matches!(self.work, Work::ReentrantRelease { .. }) {
+            shared.reentrant.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A job of `client`'s janitor is done or given up (reentrant ones are counted).
+fn job_gone(client: &LockClient, reentrant: bool) {
+    if reentrant {
+        client
+            .janitor()
+            .shared
+            .reentrant
+            .fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -238,9 +439,11 @@ fn run(shared: &Shared, client: &WeakClient) {
                     return;
                 }
                 let now = Instant::now();
-                if let Some(i) = jobs.list.iter().position(|j| j.next <= now) {
-                    jobs.in_flight += 1;
-                    break jobs.list.swap_remove(i);
+                if let Some(i) = jobs.pick(now, None) {
+                    let job = jobs.list.remove(i);
+                    jobs.in_flight
+                        .push((job.key.clone(), job.value.clone(), job.until));
+                    break job;
                 }
                 let Some(next) = jobs.list.iter().map(|j| j.next).min() else {
                     // Nothing left: the thread ends (the next job starts a new one). Marked
@@ -248,9 +451,12 @@ fn run(shared: &Shared, client: &WeakClient) {
                     jobs.running = false;
                     return;
                 };
+                // A due job whose key is being cleaned up by its owner's acquire waits for it
+                // (woken by `finish`), or for the next due time.
+                let wait = next.saturating_duration_since(now).max(BLOCKED_POLL);
                 jobs = shared
                     .wake
-                    .wait_timeout(jobs, next.saturating_duration_since(now))
+                    .wait_timeout(jobs, wait)
                     .unwrap_or_else(PoisonError::into_inner)
                     .0;
             }
@@ -258,88 +464,171 @@ fn run(shared: &Shared, client: &WeakClient) {
         let Some(client) = client.upgrade() else {
             return;
         };
-        let again = attempt(&client, due);
+        let (key, value) = (due.key.clone(), due.value.clone());
+        let (again, _) = attempt(&client, due);
         let mut jobs = shared.lock();
-        jobs.in_flight = jobs.in_flight.saturating_sub(1);
+        jobs.finished(&key, &value);
         if let Some(job) = again {
-            jobs.list.push(job);
+            jobs.insert(job);
         }
+        drop(jobs);
+        shared.done.notify_all();
     }
 }
 
-/// Tries one job: `Some(job)` to try again later.
-fn attempt(client: &LockClient, mut job: Job) -> Option<Job> {
+/// Tries one job: `Some(job)` to try again later, and the try's error, if any.
+fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     job.tries = job.tries.saturating_add(1);
     let key = job.key.as_str();
-    let reply: crate::Result<i64> = client.with_conn(key, |con, s| match &job.undo {
-        Undo::Value {
-            value,
-            channel: None,
-        } => s.unlock.eval(con, key, value.as_slice()),
-        Undo::Value {
-            value,
-            channel: Some(ch),
-        } => s.unlock.eval(
+    let reentrant = matches!(job.work, Work::ReentrantRelease { .. });
+    // A release remembered across a Sentinel switch may have reached the new master already,
+    // and the owner may hold the lock again since: its count then matches a live hold. Such a
+    // job is dropped (the owner's next acquire cannot race it: see `settle`).
+    if reentrant
+        && job.cause == Cause::ReleasedBeforeSwitch
+        && client.watchdog().holds(key, &job.value)
+    {
+        log::debug!("lock {key:?}: the owner holds the lock again; the release is not done again");
+        job_gone(client, true);
+        return (None, Ok(()));
+    }
+    let reply: Result<i64> = client.with_conn(key, |con, s| match &job.work {
+        Work::Delete { channel: None } => s.unlock.eval(con, key, job.value.as_slice()),
+        Work::Delete { channel: Some(ch) } => s.unlock.eval(
             con,
             key,
-            (value.as_slice(), keys::UNLOCK_MESSAGE, ch.as_str()),
+            (job.value.as_slice(), keys::UNLOCK_MESSAGE, ch.as_str()),
         ),
-        Undo::Hold {
-            owner,
+        // nil (nothing changed) is -1 here.
+        Work::ReentrantRelease {
             count,
             lease_ms,
             channel,
-        } => s.reentrant_undo.eval(
-            con,
-            key,
-            (
-                owner.as_slice(),
-                *count,
-                *lease_ms,
-                channel.as_str(),
-                keys::UNLOCK_MESSAGE,
-            ),
-        ),
+        } => s
+            .reentrant_forget
+            .eval::<Option<i64>>(
+                con,
+                key,
+                (
+                    job.value.as_slice(),
+                    *count,
+                    *lease_ms,
+                    channel.as_str(),
+                    keys::UNLOCK_MESSAGE,
+                ),
+            )
+            .map(|r| r.unwrap_or(-1)),
     });
-    match reply {
-        Ok(n) if n >= 1 => {
+    let (again, result) = match reply {
+        Ok(0) if reentrant => {
             log::warn!(
-                "lock {key:?}: undid the {} left by an {} (try {})",
-                job.undo.describe(),
+                "lock {key:?}: gave back the hold left by {} (try {}); the owner keeps its \
+                 other holds",
+                job.cause.describe(),
+                job.tries
+            );
+            (None, Ok(()))
+        }
+        Err(e) => (retry_later(job, &e), Err(e)),
+        Ok(n) => {
+            done(client, &job, n);
+            (None, Ok(()))
+        }
+    };
+    if again.is_none() {
+        job_gone(client, reentrant);
+    }
+    (again, result)
+}
+
+/// Logs the answer `n` of a job's script (1 or more: deleted; else nothing to do).
+fn done(client: &LockClient, job: &Job, n: i64) {
+    let key = job.key.as_str();
+    match n {
+        n if n >= 1 => {
+            log::warn!(
+                "lock {key:?}: deleted the lock left by {} (try {})",
                 job.cause.describe(),
                 job.tries
             );
             client.waiters().notify_release(key);
-            None
         }
-        Ok(_) => {
-            log::info!(
-                "lock {key:?}: nothing to clean up after the {} (never written, expired, or \
-                 changed since)",
-                job.cause.describe()
-            );
-            None
+        _ => log::info!(
+            "lock {key:?}: nothing to clean up after {} (it had run, was never written, \
+             expired, or was taken over)",
+            job.cause.describe()
+        ),
+    }
+}
+
+/// A job whose try failed with `e`: `Some(job)` to try again after [`RETRY_DELAY`], `None` when
+/// the hold expires before that.
+fn retry_later(mut job: Job, e: &crate::LockError) -> Option<Job> {
+    let key = job.key.as_str();
+    let now = Instant::now();
+    let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
+    if next >= job.until {
+        log::warn!(
+            "lock {key:?}: gave up cleaning up after {} ({} tries, last error: {}); the lock \
+             expires with its lease",
+            job.cause.describe(),
+            job.tries,
+            e.report()
+        );
+        return None;
+    }
+    log::debug!(
+        "lock {key:?}: clean-up try {} failed: {}",
+        job.tries,
+        e.report()
+    );
+    job.next = next;
+    Some(job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(key: &str, value: &[u8], seq: u64, next: Instant) -> Job {
+        Job {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            work: Work::Delete { channel: None },
+            cause: Cause::FailedRelease,
+            until: next + Duration::from_secs(30),
+            next,
+            tries: 0,
+            seq,
         }
-        Err(e) => {
-            let now = Instant::now();
-            let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
-            if next >= job.until {
-                log::warn!(
-                    "lock {key:?}: gave up cleaning up after an {} ({} tries, last error: {}); \
-                     the lock expires with its lease",
-                    job.cause.describe(),
-                    job.tries,
-                    e.report()
-                );
-                return None;
-            }
-            log::debug!(
-                "lock {key:?}: clean-up try {} failed: {}",
-                job.tries,
-                e.report()
-            );
-            job.next = next;
-            Some(job)
-        }
+    }
+
+    #[test]
+    fn jobs_of_one_key_and_value_run_oldest_first_one_at_a_time() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        let mut jobs = Jobs::default();
+        // The older job of ("k", "o") is not due yet: the newer one must wait for it.
+        jobs.insert(job("k", b"o", 2, now));
+        jobs.insert(job("k", b"o", 1, later));
+        jobs.insert(job("x", b"o", 3, now));
+        assert_eq!(
+            jobs.list.iter().map(|j| j.seq).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert_eq!(jobs.pick(now, None).map(|i| jobs.list[i].seq), Some(3));
+        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(1));
+        // An owner's acquire takes its own jobs, due or not, oldest first.
+        assert_eq!(
+            jobs.pick(now, Some(("k", b"o"))).map(|i| jobs.list[i].seq),
+            Some(1)
+        );
+        // While one of ("k", "o") is in flight, none of its others is picked.
+        let first = jobs.list.remove(0);
+        jobs.in_flight.push((first.key, first.value, first.until));
+        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(3));
+        assert_eq!(jobs.pick(later, Some(("k", b"o"))), None);
+        jobs.finished("k", b"o");
+        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(2));
     }
 }

@@ -21,7 +21,7 @@
 //! A lock built without an explicit ttl is watched: the client's watchdog renews each hold
 //! (`HEXISTS` + `PEXPIRE`, see [`crate::watchdog`]) until that hold is released.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,11 +30,12 @@ use redis::Value;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::hold::{self, AcquireReply, HoldOptions};
-use crate::janitor::{Cause, Undo};
+use crate::janitor::Cause;
 use crate::keys;
 use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::owner::{self, OwnerId};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::sentinel_watch::Released;
 use crate::strategy::check_duration;
 use crate::string_value;
 use crate::watchdog::RenewKind;
@@ -103,14 +104,15 @@ fn note_local(owner: &OwnerId, key: &Arc<str>, seen: Seen) {
     });
 }
 
-/// The calling thread's hold count of `key` as `owner`, as its own operations last saw it.
-fn local_count(owner: &OwnerId, key: &str) -> u32 {
+/// The calling thread's hold count of `key` as `owner`, as its own acquires and releases last
+/// saw it.
+fn local_count(owner: &OwnerId, key: &str) -> Option<u32> {
     LOCAL_HOLDS.with(|holds| {
         holds
             .borrow()
             .iter()
             .find(|h| h.is(owner, key))
-            .map_or(0, |h| h.count)
+            .map(|h| h.count)
     })
 }
 
@@ -190,8 +192,13 @@ impl ReentrantLock {
     /// One attempt by `lua/reentrant_acquire.lua`: take, re-enter, or learn the holder's PTTL.
     fn attempt(&self) -> Result<Attempt> {
         let owner = self.owner();
+        // A release of ours that failed on a connection error may still be retried by the
+        // janitor: finish it first, so that a later try cannot take the new hold for the old.
+        self.client
+            .janitor()
+            .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
-        let sent = Cell::new(false);
+        let sent = std::cell::Cell::new(false);
         let reply: Result<Value> = self.client.with_conn(&self.key, |con, s| {
             sent.set(true);
             let args = (self.opts.lease_ms(), owner.as_str());
@@ -203,23 +210,10 @@ impl ReentrantLock {
                 None => s.reentrant_acquire.eval(con, &self.key, args),
             }
         });
-        if let (Err(LockError::Connection { .. }), true) = (&reply, sent.get()) {
-            // The acquire may still run on the server and add a hold nobody will release:
-            // give it back in the background, but only at the count it would have made.
-            let undo = Undo::Hold {
-                owner: owner.as_bytes().to_vec(),
-                count: local_count(&owner, &self.key).saturating_add(1),
-                lease_ms: self.opts.lease_ms(),
-                channel: self.opts.channel.clone(),
-            };
-            let until = start.checked_add(self.opts.lease).unwrap_or(start);
-            self.client.janitor().undo(
-                &self.client,
-                &self.key,
-                undo,
-                Cause::LostAcquireReply,
-                until,
-            );
+        if let Err(LockError::Connection { .. }) = &reply {
+            if sent.get() {
+                self.forget_lost_acquire(&owner, start);
+            }
         }
         let reply = reply?;
         let reply = hold::decode_acquire(&self.key, &reply)?;
@@ -261,43 +255,95 @@ impl ReentrantLock {
         lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()))
     }
 
-    /// A release of `lease` failed on a connection error (a failover, a paused server): it
-    /// may or may not have run. When the calling thread is the lease's owner, its count before
-    /// the release is known, so the janitor gives back one hold in the background only while
-    /// the count is still that one (never twice). A lease released from another thread has no
-    /// known count: its hold expires with the lease.
-    fn retry_release_later(&self, lease: &Lease) {
+    /// An acquire by the calling thread was sent but its reply was lost (a failover, a timeout):
+    /// it may have counted a hold that nobody will release, which would keep every other owner
+    /// out for the whole lease. The janitor gives that hold back in the background if the
+    /// owner's count is the one the acquire would have left (its count before, as this thread
+    /// last saw it, plus one); if the acquire never ran, the count is lower and nothing changes.
+    fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant) {
+        let before = local_count(owner, &self.key).unwrap_or(0);
+        let until = start.checked_add(self.opts.lease).unwrap_or(start);
+        self.client.janitor().forget_reentrant(
+            &self.client,
+            &self.key,
+            owner.as_bytes(),
+            before.saturating_add(1),
+            self.opts.lease_ms(),
+            &self.opts.channel,
+            Cause::LostAcquireReply,
+            until,
+        );
+    }
+
+    /// A Sentinel client remembers a release of the calling thread's own hold for a while: if a
+    /// master switch is announced meanwhile, the release may have been done on the old master
+    /// only, and is done again on the new one (see [`crate::sentinel_watch`]).
+    ///
+    /// Only watched holds: the janitor skips the release if the owner holds the lock again by
+    /// then, which only the watchdog's list of live holds tells.
+    fn remember_release(&self, lease: &Lease) {
+        let Some(switches) = self.client.switches() else {
+            return;
+        };
+        if !lease.is_watched() {
+            return;
+        }
         let owner = self.owner();
         if lease.value() != owner.as_bytes() {
+            return;
+        }
+        // The count before this release: the local record is updated after this call.
+        let Some(count) = local_count(&owner, &self.key) else {
+            return;
+        };
+        switches.released(Released {
+            at: Instant::now(),
+            key: self.key.clone(),
+            value: lease.value().to_vec(),
+            channel: Some(self.opts.channel.clone()),
+            reentrant: Some((count, self.opts.lease_ms())),
+            until: lease.valid_until(),
+        });
+    }
+
+    /// A release of `lease` failed on a connection error (a failover, a restart): it may or may
+    /// not have run. The janitor gives the hold back in the background if the owner's count is
+    /// still the one it had before (`lua/reentrant_forget.lua`), so the lock is not left for the
+    /// rest of its lease and a hold is never given back twice. Only the calling thread's own
+    /// holds are known well enough (their count); a lease released by another thread expires
+    /// with its lease.
+    fn forget_failed_release(&self, lease: &Lease) {
+        let owner = self.owner();
+        let count = (lease.value() == owner.as_bytes())
+            .then(|| local_count(&owner, &self.key))
+            .flatten();
+        let Some(count) = count else {
             log::warn!(
-                "lock {:?}: release failed and is not retried (released from a thread that \
-                 is not its owner); it expires with its lease",
-                self.key
+                "lock {:?}: a release by owner {} failed on a connection error and is not \
+                 retried (its hold count is not known on this thread); the hold expires with \
+                 its lease",
+                self.key,
+                printable(lease.value())
             );
             return;
-        }
-        let count = local_count(&owner, &self.key);
-        if count == 0 {
-            return;
-        }
-        let undo = Undo::Hold {
-            owner: owner.as_bytes().to_vec(),
-            count,
-            lease_ms: self.opts.lease_ms(),
-            channel: self.opts.channel.clone(),
         };
-        // The key's expiry was last set by an acquire or release of the owner, at most a lease
-        // ago: after a lease from now it is gone anyway.
-        let now = Instant::now();
-        let until = now.checked_add(self.opts.lease).unwrap_or(now);
-        self.client
-            .janitor()
-            .undo(&self.client, &self.key, undo, Cause::FailedRelease, until);
-        // The thread gave the hold back, as far as it is concerned.
-        note_local(&owner, self.opts.key_arc(), Seen::Decremented);
-        if count == 1 {
-            note_local(&owner, self.opts.key_arc(), Seen::Nothing);
-        }
+        self.client.janitor().forget_reentrant(
+            &self.client,
+            &self.key,
+            lease.value(),
+            count,
+            self.opts.lease_ms(),
+            &self.opts.channel,
+            Cause::FailedRelease,
+            lease.valid_until(),
+        );
+        // The janitor makes it happen (or the hold expires): count it given back.
+        let seen = if count > 1 {
+            Seen::Decremented
+        } else {
+            Seen::Nothing
+        };
+        note_local(&owner, self.opts.key_arc(), seen);
     }
 
     fn unexpected(&self, reply: i64) -> LockError {
@@ -357,10 +403,13 @@ impl DistributedLock for ReentrantLock {
                 ),
             )
         });
-        if let Err(LockError::Connection { .. }) = &reply {
-            self.retry_release_later(lease);
+        if reply.as_ref().is_err_and(crate::janitor::worth_retrying) {
+            self.forget_failed_release(lease);
         }
         let reply = reply?;
+        if matches!(reply, Some(n) if n >= 0) {
+            self.remember_release(lease);
+        }
         let (seen, ours) = match reply {
             // The owner keeps other holds: the lock stays taken, so waiters keep waiting.
             Some(0) => (Seen::Decremented, true),

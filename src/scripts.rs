@@ -221,11 +221,11 @@ pub(crate) struct Scripts {
     pub(crate) reentrant_release: LuaScript,
     /// `lua/reentrant_extend.lua`: reentrant lock, renew the key while the owner holds it.
     pub(crate) reentrant_extend: LuaScript,
-    /// `lua/reentrant_undo.lua`: reentrant lock, give back one hold only at the expected count
-    /// (the clean-up after an acquire whose reply was lost).
-    pub(crate) reentrant_undo: LuaScript,
     /// `lua/acl_check.lua`: may the user send these commands (`LockBuilder::check_access`)?
     pub(crate) acl_check: LuaScript,
+    /// `lua/reentrant_forget.lua`: the janitor's retry of a reentrant release that failed on a
+    /// connection error (gives back one hold only if the owner's count is unchanged).
+    pub(crate) reentrant_forget: LuaScript,
 }
 
 impl Scripts {
@@ -261,10 +261,6 @@ impl Scripts {
                 include_str!("../lua/reentrant_acquire.lua"),
             ),
             acl_check: LuaScript::new("acl_check", include_str!("../lua/acl_check.lua")),
-            reentrant_undo: LuaScript::new(
-                "reentrant_undo",
-                include_str!("../lua/reentrant_undo.lua"),
-            ),
             reentrant_release: LuaScript::new(
                 "reentrant_release",
                 include_str!("../lua/reentrant_release.lua"),
@@ -272,6 +268,10 @@ impl Scripts {
             reentrant_extend: LuaScript::new(
                 "reentrant_extend",
                 include_str!("../lua/reentrant_extend.lua"),
+            ),
+            reentrant_forget: LuaScript::new(
+                "reentrant_forget",
+                include_str!("../lua/reentrant_forget.lua"),
             ),
         }
     }

@@ -12,10 +12,11 @@ use redis::RedisResult;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::hold;
-use crate::janitor::Cause;
+use crate::janitor::{self, Cause};
 use crate::keys;
 use crate::lock::{self, Lease};
 use crate::scripts::Scripts;
+use crate::sentinel_watch::Released;
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
@@ -108,9 +109,10 @@ pub(crate) fn release(
             .unlock
             .eval(con, key, (lease.value(), keys::UNLOCK_MESSAGE, ch)),
     });
-    // A release that failed on a connection error (a failover, a restart) would leave the lock
-    // for the rest of its lease: the janitor retries it in the background, owner-checked.
-    if let Err(LockError::Connection { .. }) = &reply {
+    // A release that failed on a connection error or a transient refusal (a failover, a
+    // restart) would leave the lock for the rest of its lease: the janitor retries it in the
+    // background, owner-checked.
+    if reply.as_ref().is_err_and(janitor::worth_retrying) {
         client.janitor().forget(
             client,
             key,
@@ -121,6 +123,19 @@ pub(crate) fn release(
         );
     }
     let reply = reply?;
+    if reply >= 1 {
+        if let Some(switches) = client.switches() {
+            // Done again on the new master if a Sentinel switch is announced soon.
+            switches.released(Released {
+                at: Instant::now(),
+                key: key.to_owned(),
+                value: lease.value().to_vec(),
+                channel: channel.map(str::to_owned),
+                reentrant: None,
+                until: lease.valid_until(),
+            });
+        }
+    }
     if let Some(ch) = channel {
         hold::after_publish(client, key, ch, reply - 1);
     }

@@ -201,51 +201,135 @@ fn failed_release_is_retried_in_the_background() {
     assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
 }
 
-/// The reentrant lock: a lost first acquire is given back (the owner's count is 1 exactly), so
-/// a second client does not wait out the 30 s lease.
+/// A reentrant release that timed out (the server paused) but ran when the server came back is
+/// not given back a second time by the janitor's retry: the janitor gives a hold back only if
+/// the owner's count is still the one before the release (`lua/reentrant_forget.lua`).
+#[test]
+fn reentrant_release_that_ran_late_is_not_given_back_twice() {
+    init_logging();
+    let server = RedisServer::start();
+    let key = "orphan:reentrant-late";
+    let c1 = impatient(&server);
+    let lock = c1.lock(key).build_reentrant().unwrap();
+    let outer = lock.try_lock().unwrap();
+    let inner = lock.try_lock().unwrap();
+    assert_eq!(lock.hold_count().unwrap(), 2);
+    server.pause();
+    let released = inner.unlock();
+    assert!(
+        matches!(released, Err(LockError::Connection { .. })),
+        "{released:?}"
+    );
+    assert_eq!(
+        c1.pending_cleanups(),
+        1,
+        "the release is queued for a retry"
+    );
+    thread::sleep(PAUSE);
+    // The release sits in the server's socket buffer and runs now; the janitor's tries find
+    // the count already lower and change nothing.
+    server.resume();
+    assert!(wait_until(Duration::from_secs(10), || c1
+        .pending_cleanups()
+        == 0));
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        1,
+        "one hold given back, not two"
+    );
+    assert!(outer.unlock().unwrap());
+    assert!(!raw::exists(&mut server.conn(), key));
+}
+
+/// A reentrant release that failed before it reached the server (the server was down; it comes
+/// back with its data from the AOF) is given back by the janitor exactly once, also when the
+/// owner asks for the lock again meanwhile: its next acquire first finishes that job, so the new
+/// hold is never taken for the old one.
+#[test]
+fn reentrant_release_that_never_ran_is_given_back_once() {
+    init_logging();
+    let mut server = RedisServer::start_with(&["--appendonly", "yes"]);
+    let key = "orphan:reentrant-lost";
+    let c1 = impatient(&server);
+    let lock = c1.lock(key).build_reentrant().unwrap();
+    let only = lock.try_lock().unwrap();
+    raw::set(&mut server.conn(), "orphan:marker", b"1");
+    server.stop();
+    let released = only.unlock();
+    assert!(
+        matches!(released, Err(LockError::Connection { .. })),
+        "{released:?}"
+    );
+    assert_eq!(c1.pending_cleanups(), 1);
+    let again = lock.try_lock();
+    assert!(again.is_err(), "the server is down: {again:?}");
+    assert_eq!(c1.pending_cleanups(), 1, "the job is kept");
+    server.restart();
+    assert!(
+        raw::exists(&mut server.conn(), "orphan:marker"),
+        "the data came back from the AOF"
+    );
+    // The next acquire gives the old hold back first (or the janitor did), then takes a new
+    // one: count 1, not 2 (a hold nobody releases) and not 0 (a later try deleting it).
+    let fresh = lock.try_lock().expect("acquire after the restart");
+    assert_eq!(lock.hold_count().unwrap(), 1, "the old hold was given back");
+    assert_eq!(c1.pending_cleanups(), 0);
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        1,
+        "no later try took the new hold"
+    );
+    assert!(fresh.unlock().unwrap());
+    assert!(!raw::exists(&mut server.conn(), key));
+}
+
+/// A reentrant acquire whose reply was lost (it ran when the server came back) does not leave a
+/// hold nobody releases: the janitor gives it back if the owner's count is the one the acquire
+/// left, so another owner gets the lock within a command timeout, not a 30 s lease.
 #[test]
 fn reentrant_acquire_whose_reply_was_lost_leaves_no_orphan() {
     init_logging();
     let server = RedisServer::start();
-    let key = "orphan:reentrant";
+    let mut conn = server.conn();
+    let key = "orphan:reentrant-acquire";
     let c1 = impatient(&server);
     let c2 = patient(&server);
-    let l1 = c1.lock(key).strategy(Strategy::Reentrant).build().unwrap();
-    let l2 = c2.lock(key).strategy(Strategy::Reentrant).build().unwrap();
-    // Once through, so the acquire script is cached on the server.
-    assert!(l1.try_lock().unwrap().unlock().unwrap());
+    let l1 = c1.lock(key).build_reentrant().unwrap();
+    let l2 = c2
+        .lock(key)
+        .strategy(Strategy::Reentrant)
+        .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(10))))
+        .build()
+        .unwrap();
     let resumed = acquire_during_sigstop(&server, || l1.try_lock().map(|g| g.into_lease()));
     let after = taken_after(l2.as_ref(), resumed);
-    assert!(after < TIMEOUT + SLACK, "waited {after:?} after resume");
+    assert!(
+        after < TIMEOUT + SLACK,
+        "the second client waited {after:?} after the server answered again"
+    );
     assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+    assert!(!raw::exists(&mut conn, key));
 }
 
-/// A lost re-entry is given back only at the count it would have made: the thread's first
-/// hold stays, and its release frees the lock.
+/// The same with a hold already taken: the lost re-entry is given back, the first hold stays.
 #[test]
-fn reentrant_lost_reentry_keeps_the_first_hold() {
+fn reentrant_reentry_whose_reply_was_lost_is_given_back_once() {
     init_logging();
     let server = RedisServer::start();
-    let mut conn = server.conn();
-    let key = "orphan:reentry";
+    let key = "orphan:reentrant-reentry";
     let c1 = impatient(&server);
-    let l1 = c1.lock(key).strategy(Strategy::Reentrant).build().unwrap();
-    let first = l1.try_lock().unwrap();
-    let owner = String::from_utf8(first.value().to_vec()).unwrap();
-    acquire_during_sigstop(&server, || l1.try_lock().map(|g| g.into_lease()));
+    let lock = c1.lock(key).build_reentrant().unwrap();
+    let outer = lock.try_lock().unwrap();
+    acquire_during_sigstop(&server, || lock.try_lock().map(|g| g.into_lease()));
     assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
-    let count: Option<String> = redis::cmd("HGET")
-        .arg(key)
-        .arg(&owner)
-        .query(&mut conn)
-        .unwrap();
     assert_eq!(
-        count.as_deref(),
-        Some("1"),
-        "the first hold stays, the lost one is gone"
+        lock.hold_count().unwrap(),
+        1,
+        "the lost re-entry was given back"
     );
-    assert!(first.unlock().unwrap());
-    assert!(!raw::exists(&mut conn, key), "the last hold freed the lock");
+    assert!(outer.unlock().unwrap());
+    assert!(!raw::exists(&mut server.conn(), key));
 }
 
 /// The reentrant lock's release that failed on a connection error is retried in the

@@ -497,7 +497,8 @@ pub const CLUSTER_SLOTS: usize = 16_384;
 /// How long `Cluster::start` waits for `redis-cli --cluster create` and agreement.
 const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A real Redis Cluster of masters only (no replicas), each a [`RedisServer`] with
+/// A real Redis Cluster of masters ([`Cluster::start`]) or masters with replicas
+/// ([`Cluster::start_with_replicas`]), each node a [`RedisServer`] with
 /// `cluster-enabled yes`, its own `nodes.conf` in its temporary directory, and a
 /// free cluster-bus port (`cluster-port`) chosen like its data port. Dropping the
 /// cluster kills every node.
@@ -512,11 +513,19 @@ impl Cluster {
     /// until every node reports `cluster_state:ok`, knows all nodes and sees all slots
     /// assigned.
     pub fn start(masters: usize) -> Cluster {
+        Self::start_with_replicas(masters, 0, CLUSTER_NODE_TIMEOUT_MS)
+    }
+
+    /// Like [`start`](Self::start), with `replicas` replicas per master
+    /// (`--cluster-replicas`) and `cluster-node-timeout` `node_timeout_ms` (a primary that
+    /// stops answering is failed over about that long after, plus an election of about a
+    /// second). Also waits until every replica's replication link is up.
+    pub fn start_with_replicas(masters: usize, replicas: usize, node_timeout_ms: u64) -> Cluster {
         assert!(
             masters >= 3,
             "redis-cli --cluster create needs 3 masters or more"
         );
-        let nodes: Vec<RedisServer> = (0..masters)
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
                 RedisServer::start_custom(|port, dir| {
                     let bus = loop {
@@ -535,7 +544,7 @@ impl Cluster {
                                 .to_string_lossy()
                                 .into_owned(),
                             "--cluster-node-timeout".into(),
-                            CLUSTER_NODE_TIMEOUT_MS.to_string(),
+                            node_timeout_ms.to_string(),
                             "--cluster-port".into(),
                             bus.to_string(),
                         ],
@@ -545,7 +554,8 @@ impl Cluster {
             .collect();
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        args.extend(["--cluster-replicas".to_string(), replicas.to_string()]);
+        args.push("--cluster-yes".into());
         run_tool("redis-cli", &args, nodes[0].dir(), CLUSTER_READY_TIMEOUT);
         let ids = nodes
             .iter()
@@ -566,7 +576,49 @@ impl Cluster {
                 .map(|n| cluster_info(n).unwrap_or_default())
                 .collect::<Vec<_>>()
         );
+        if replicas > 0 {
+            assert!(
+                wait_until(CLUSTER_READY_TIMEOUT, || {
+                    let mut linked = 0;
+                    for n in &cluster.nodes {
+                        let Some(mut conn) = quick_conn(n) else {
+                            return false;
+                        };
+                        if info_field(&mut conn, "replication", "master_link_status").as_deref()
+                            == Some("up")
+                        {
+                            linked += 1;
+                        }
+                    }
+                    linked == masters * replicas
+                }),
+                "the cluster's replicas did not sync with their masters"
+            );
+        }
         cluster
+    }
+
+    /// Node `i`, mutable (to kill it).
+    pub fn node_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.nodes[i]
+    }
+
+    /// The indexes of the nodes that are replicas of node `master` by their own account
+    /// (`ROLE`).
+    pub fn replicas_of(&self, master: usize) -> Vec<usize> {
+        let port = i64::from(self.nodes[master].port());
+        (0..self.nodes.len())
+            .filter(|&i| {
+                let Some(mut conn) = quick_conn(&self.nodes[i]) else {
+                    return false;
+                };
+                let reply: Vec<redis::Value> =
+                    redis::cmd("ROLE").query(&mut conn).unwrap_or_default();
+                matches!(reply.as_slice(),
+                    [redis::Value::BulkString(r), _, redis::Value::Int(p), ..]
+                        if r.as_slice() == b"slave" && *p == port)
+            })
+            .collect()
     }
 
     /// Waits until every node reports `cluster_state:ok`, knows every node and has all
@@ -673,7 +725,7 @@ impl Cluster {
 }
 
 /// `CLUSTER INFO` of one node, or `None` if it does not answer.
-fn cluster_info(node: &RedisServer) -> Option<String> {
+pub fn cluster_info(node: &RedisServer) -> Option<String> {
     let client = node.client();
     let timeout = Duration::from_millis(500);
     let mut conn = client.get_connection_with_timeout(timeout).ok()?;
@@ -896,7 +948,7 @@ pub fn info_field(conn: &mut redis::Connection, section: &str, field: &str) -> O
 
 /// A connection with 500 ms timeouts, or `None` if the server does not accept one
 /// (for polling servers that may be down or paused).
-fn quick_conn(server: &RedisServer) -> Option<redis::Connection> {
+pub fn quick_conn(server: &RedisServer) -> Option<redis::Connection> {
     let timeout = Duration::from_millis(500);
     let conn = server.client().get_connection_with_timeout(timeout).ok()?;
     conn.set_read_timeout(Some(timeout)).ok()?;

@@ -1,0 +1,393 @@
+//! Follows Sentinel's `+switch-master` announcements, so that a Sentinel client stops using the
+//! old master as soon as a failover is announced, not when the old master is reconfigured.
+//!
+//! Without it, pooled connections find out about a failover only by an error: an I/O error or
+//! a timeout when the old master died, a `READONLY` reply once Sentinel has turned the old
+//! master into a replica. After a graceful failover (`SENTINEL FAILOVER`, or a master that was
+//! only partitioned away) the old master keeps answering as a master until Sentinel reconfigures
+//! it, which takes up to its 10 s `INFO` period: meanwhile connections opened before the switch
+//! take locks on the old master while connections opened after it take them on the new one, so
+//! two clients can hold one lock.
+//!
+//! Each Sentinel client has ONE thread, `dlock-sentinel`, started with the client, holding only
+//! a weak reference to the client, and ending once the client is dropped: within [`POLL`]
+//! while subscribed, or after the connect or lookup under way (bounded by the client's
+//! timeouts). It keeps a pub/sub connection to one Sentinel at a time, subscribed to
+//! `+switch-master` (as Redisson and Lettuce do), with a read timeout of [`POLL`] (a silent
+//! Sentinel is normal: switches are rare), and moves to the next Sentinel after any other error,
+//! [`RECONNECT_DELAY`] later. After every (re)subscription it asks a Sentinel for the current
+//! master, so that a switch announced while it was not subscribed is not missed.
+//!
+//! A switch for the client's service bumps the generation in [`Switches`] and records the new
+//! master's address: every pooled connection remembers the generation it was opened in, and a
+//! checkout discards connections of an older one (see `client.rs`); new connections go to the
+//! announced master first, after the usual `ROLE` check.
+//!
+//! A switch also loses releases. A lock held when the replica was promoted exists on the new
+//! master (it had been replicated); if its holder released it on the old master before the
+//! switch was announced, the key stays on the new master for the rest of its lease, and every
+//! other client waits that long (30 s for a watched lock). So a Sentinel client remembers its
+//! successful releases of the last [`RECENT`] (at most [`MAX_RECENT`]) and, on a switch, hands
+//! them to its janitor: the same owner-checked clean-up as for a release that failed (delete the
+//! exact value; for a reentrant hold, give one back only if the owner's count is still the one
+//! before that release), run against the new master.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::RedisResult;
+
+use crate::client::{LockClient, WeakClient};
+use crate::janitor::Cause;
+
+/// Read timeout of the subscribed connection: how often the thread checks that its client is
+/// still alive.
+pub(crate) const POLL: Duration = Duration::from_millis(500);
+/// Pause before subscribing again (to the next Sentinel) after an error.
+pub(crate) const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+/// The Sentinel channel that announces a completed failover.
+const SWITCH_CHANNEL: &str = "+switch-master";
+/// The thread's name (at most 15 bytes: Linux truncates thread names).
+const THREAD_NAME: &str = "dlock-sentinel";
+/// How long a successful release is remembered, to be done again on the new master if a switch
+/// is announced meanwhile: covers the time from a replica's promotion to its announcement.
+pub(crate) const RECENT: Duration = Duration::from_secs(10);
+/// Most releases remembered (the oldest are forgotten first).
+pub(crate) const MAX_RECENT: usize = 4_096;
+
+/// A successful release, remembered for [`RECENT`].
+#[derive(Debug)]
+pub(crate) struct Released {
+    pub(crate) at: Instant,
+    pub(crate) key: String,
+    /// The value deleted (Token, Classic) or the owner id (Reentrant).
+    pub(crate) value: Vec<u8>,
+    pub(crate) channel: Option<String>,
+    /// Reentrant: the owner's count before the release and the lease (ms).
+    pub(crate) reentrant: Option<(u32, u64)>,
+    /// When the hold would have expired by itself.
+    pub(crate) until: Instant,
+}
+
+/// The switches seen for one client's service.
+#[derive(Debug, Default)]
+pub(crate) struct Switches {
+    /// Bumped on every switch of the service's master.
+    generation: AtomicU64,
+    /// The master the last switch announced (or the watcher last learnt), if any.
+    master: Mutex<Known>,
+    /// Releases of the last [`RECENT`], oldest first.
+    recent: Mutex<VecDeque<Released>>,
+}
+
+/// What the watcher knows of the master.
+#[derive(Debug, Default)]
+struct Known {
+    master: Option<(String, u16)>,
+    /// Sentinel's configuration epoch of `master` is at least this: an answer with a lower one
+    /// comes from a Sentinel that has not heard of the last switch yet, and is ignored.
+    epoch: u64,
+}
+
+impl Switches {
+    /// The current generation: connections opened in an older one are discarded.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The master the Sentinels announced last, if the watcher has heard of one.
+    pub(crate) fn announced(&self) -> Option<(String, u16)> {
+        self.master
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .master
+            .clone()
+    }
+
+    /// Remembers a successful release (see the module docs).
+    pub(crate) fn released(&self, r: Released) {
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let old = r.at.checked_sub(RECENT);
+        while recent
+            .front()
+            .is_some_and(|f| recent.len() >= MAX_RECENT || old.is_some_and(|o| f.at < o))
+        {
+            recent.pop_front();
+        }
+        recent.push_back(r);
+    }
+
+    /// The releases of the last [`RECENT`] whose holds would not have expired yet.
+    fn take_recent(&self) -> Vec<Released> {
+        let now = Instant::now();
+        let old = now.checked_sub(RECENT);
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        recent
+            .drain(..)
+            .filter(|r| r.until > now && old.is_none_or(|o| r.at >= o))
+            .collect()
+    }
+
+    /// Records `master` as the current master, announced by `+switch-master` (`epoch` `None`)
+    /// or named by a Sentinel whose configuration epoch is `epoch` (ignored when older than
+    /// what was learnt before). A change of master bumps the generation; true if it did.
+    fn learn(&self, master: (String, u16), epoch: Option<u64>, why: &str) -> bool {
+        let mut guard = self.master.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = &mut *guard;
+        match epoch {
+            Some(e) if e < known.epoch => {
+                log::debug!(
+                    "Sentinel: ignoring {}:{} named with epoch {e} < {} (a Sentinel that has not \
+                     heard of the last switch)",
+                    master.0,
+                    master.1,
+                    known.epoch
+                );
+                return false;
+            }
+            Some(e) => known.epoch = e,
+            // A switch raises the epoch by one at least.
+            None => known.epoch = known.epoch.saturating_add(1),
+        }
+        let known = &mut known.master;
+        match known.as_ref() {
+            Some(old) if *old == master => false,
+            Some(old) => {
+                let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                log::warn!(
+                    "Sentinel: master switched from {}:{} to {}:{} ({why}); connections to the \
+                     old master are dropped (generation {gen})",
+                    old.0,
+                    old.1,
+                    master.0,
+                    master.1
+                );
+                *known = Some(master);
+                true
+            }
+            None => {
+                log::debug!("Sentinel: current master {}:{} ({why})", master.0, master.1);
+                *known = Some(master);
+                false
+            }
+        }
+    }
+}
+
+/// `client` learnt that the master is `master`: after a switch, its recent releases are done
+/// again on the new master, owner-checked, by its janitor.
+fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &str) {
+    let Some(switches) = client.switches() else {
+        return;
+    };
+    if !switches.learn(master, epoch, why) {
+        return;
+    }
+    let recent = switches.take_recent();
+    if !recent.is_empty() {
+        log::info!(
+            "Sentinel: {} releases of the last {RECENT:?} may have been done on the old master \
+             only; doing them again on the new master, owner-checked",
+            recent.len()
+        );
+    }
+    for r in recent {
+        match r.reentrant {
+            Some((count, lease_ms)) => client.janitor().forget_reentrant(
+                client,
+                &r.key,
+                &r.value,
+                count,
+                lease_ms,
+                r.channel.as_deref().unwrap_or_default(),
+                Cause::ReleasedBeforeSwitch,
+                r.until,
+            ),
+            None => client.janitor().forget(
+                client,
+                &r.key,
+                &r.value,
+                r.channel.as_deref(),
+                Cause::ReleasedBeforeSwitch,
+                r.until,
+            ),
+        }
+    }
+}
+
+/// Settings of the watcher thread.
+pub(crate) struct Watch {
+    pub(crate) sentinels: Vec<redis::Client>,
+    pub(crate) service: String,
+    pub(crate) connect_timeout: Duration,
+    /// For the Sentinel lookup after each subscription.
+    pub(crate) timeout: Duration,
+}
+
+/// Starts the watcher thread of `client` (held weakly).
+pub(crate) fn start(watch: Watch, client: &LockClient) {
+    let weak = client.downgrade();
+    if let Err(e) = thread::Builder::new()
+        .name(THREAD_NAME.to_owned())
+        .spawn(move || run(&watch, &weak))
+    {
+        log::error!(
+            "Sentinel: cannot start the thread that follows +switch-master ({e}); connections \
+             to an old master are dropped only on their first error"
+        );
+    }
+}
+
+fn run(watch: &Watch, client: &WeakClient) {
+    let n = watch.sentinels.len();
+    let mut i = 0usize;
+    while client.is_alive() {
+        let Some(sentinel) = watch.sentinels.get(i % n.max(1)) else {
+            return;
+        };
+        match follow(watch, sentinel, client) {
+            Ok(()) => return,
+            Err(e) => {
+                log::debug!(
+                    "Sentinel: +switch-master subscription to {:?} ended ({e}); trying the next \
+                     Sentinel",
+                    sentinel.get_connection_info().addr()
+                );
+                i = i.wrapping_add(1);
+                thread::sleep(RECONNECT_DELAY);
+            }
+        }
+    }
+    log::trace!("Sentinel: client dropped, watcher thread ends");
+}
+
+/// Subscribes on `sentinel` and follows its announcements until an error (`Err`) or until the
+/// client is dropped (`Ok`).
+fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> RedisResult<()> {
+    let mut con = sentinel.get_connection_with_timeout(watch.connect_timeout)?;
+    con.set_write_timeout(Some(watch.timeout))?;
+    con.set_read_timeout(Some(watch.timeout))?;
+    let mut pubsub = con.as_pubsub();
+    pubsub.subscribe(SWITCH_CHANNEL)?;
+    pubsub.set_read_timeout(Some(POLL))?;
+    // Subscribed: a switch from now on is heard. One that happened before is found by asking
+    // the same Sentinel.
+    let (named, epoch) = current_master(watch, sentinel)?;
+    match client.upgrade() {
+        Some(c) => learn(&c, named, Some(epoch), "named by a Sentinel"),
+        None => return Ok(()),
+    }
+    loop {
+        let msg = match pubsub.get_message() {
+            Ok(msg) => msg,
+            Err(e) if e.is_timeout() => {
+                if !client.is_alive() {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let payload: String = msg.get_payload()?;
+        // "<master name> <old ip> <old port> <new ip> <new port>"
+        let parts: Vec<&str> = payload.split(' ').collect();
+        let [name, _, _, ip, port] = parts.as_slice() else {
+            log::debug!("Sentinel: unexpected +switch-master message {payload:?}");
+            continue;
+        };
+        if *name != watch.service {
+            continue;
+        }
+        let Ok(port) = port.parse::<u16>() else {
+            log::debug!("Sentinel: unexpected +switch-master message {payload:?}");
+            continue;
+        };
+        match client.upgrade() {
+            Some(c) => learn(&c, ((*ip).to_owned(), port), None, "+switch-master"),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// The master `sentinel` names for the service, with its configuration epoch
+/// (`SENTINEL MASTER`).
+fn current_master(watch: &Watch, sentinel: &redis::Client) -> RedisResult<((String, u16), u64)> {
+    let mut con = sentinel.get_connection_with_timeout(watch.connect_timeout)?;
+    con.set_write_timeout(Some(watch.timeout))?;
+    con.set_read_timeout(Some(watch.timeout))?;
+    let fields: std::collections::HashMap<String, String> = redis::cmd("SENTINEL")
+        .arg("MASTER")
+        .arg(&watch.service)
+        .query(&mut con)?;
+    let field = |name: &str| {
+        fields.get(name).cloned().ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "SENTINEL MASTER reply without a field",
+                name.to_owned(),
+            ))
+        })
+    };
+    let port = field("port")?.parse::<u16>().map_err(|_| {
+        redis::RedisError::from((redis::ErrorKind::Client, "SENTINEL MASTER: bad port"))
+    })?;
+    let epoch = field("config-epoch")?.parse::<u64>().unwrap_or(0);
+    Ok(((field("ip")?, port), epoch))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    /// Threads of this process named like the watcher (Linux only: `None` elsewhere).
+    fn watchers() -> Option<usize> {
+        let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+        Some(
+            tasks
+                .filter_map(|t| t.ok())
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|name| name.trim() == super::THREAD_NAME)
+                })
+                .count(),
+        )
+    }
+
+    fn wait(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        f()
+    }
+
+    /// One watcher thread per Sentinel client, started with it and gone once it is dropped,
+    /// also while it cannot reach any Sentinel (a port nobody listens on).
+    #[test]
+    fn the_watcher_thread_ends_with_its_client() {
+        if watchers().is_none() {
+            return;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let client =
+            crate::LockClient::sentinel_builder(&[format!("redis://127.0.0.1:{port}/")], "nobody")
+                .connect_timeout(Duration::from_millis(100))
+                .build()
+                .expect("client");
+        assert!(wait(Duration::from_secs(2), || watchers() == Some(1)));
+        drop(client);
+        assert!(
+            wait(Duration::from_secs(3), || watchers() == Some(0)),
+            "the watcher outlived its client"
+        );
+    }
+}
