@@ -381,6 +381,7 @@ mod tests {
         let client =
             crate::LockClient::sentinel_builder(&[format!("redis://127.0.0.1:{port}/")], "nobody")
                 .connect_timeout(Duration::from_millis(100))
+                .lazy_connect()
                 .build()
                 .expect("client");
         assert!(wait(Duration::from_secs(2), || watchers() == Some(1)));
