@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redis::{ConnectionLike, RedisResult, Value};
+use redis::{
+    ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
+};
 
 use crate::error::{LockError, Result};
 use crate::scripts::Scripts;
@@ -283,6 +285,9 @@ pub struct ClientBuilder {
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
     courtesy: Duration,
+    /// Custom root certificate and client certificate for `rediss://` URLs.
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    tls: Option<redis::TlsCertificates>,
 }
 
 #[derive(Debug, Clone)]
@@ -303,7 +308,46 @@ impl ClientBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             command_timeout: Some(DEFAULT_COMMAND_TIMEOUT),
             courtesy: DEFAULT_HANDOFF_COURTESY,
+            #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+            tls: None,
         }
+    }
+
+    /// Certificates for TLS connections (`rediss://` URLs; needs the `tls-rustls` or
+    /// `tls-native-tls` feature): `root_cert`, a PEM CA certificate to trust instead of the
+    /// system's (or the compiled-in webpki) roots, and `client_tls`, a PEM certificate and key
+    /// to present when the server requires client certificates (mutual TLS, `tls-auth-clients
+    /// yes`). They apply to every connection of the client: the pool, the pub/sub subscriber,
+    /// the Sentinels and the master they name, or every node of a cluster (custom certificates
+    /// for a cluster need `tls-rustls`, as in redis-rs). Every URL must then be `rediss://`.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redis_dlock::LockError> {
+    /// let certs = redis::TlsCertificates {
+    ///     client_tls: Some(redis::ClientTlsConfig {
+    ///         client_cert: std::fs::read("client.crt").unwrap(),
+    ///         client_key: std::fs::read("client.key").unwrap(),
+    ///     }),
+    ///     root_cert: Some(std::fs::read("ca.crt").unwrap()),
+    /// };
+    /// let client = redis_dlock::LockClient::builder("rediss://redis.internal:6380/")
+    ///     .tls_certificates(certs)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
+        self.tls = Some(certificates);
+        self
+    }
+
+    /// A `redis::Client` for `url`, with the custom certificates if any.
+    fn open_client(&self, url: &str) -> RedisResult<redis::Client> {
+        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+        if let Some(certs) = &self.tls {
+            return redis::Client::build_with_tls(url, certs.clone());
+        }
+        redis::Client::open(url)
     }
 
     /// Most connections the pool opens (default [`DEFAULT_POOL_SIZE`]). A thread waiting on a
@@ -360,10 +404,28 @@ impl ClientBuilder {
             self.connect_timeout,
             matches!(self.target, TargetSpec::Cluster(_)),
         );
+        let urls: Vec<&str> = match &self.target {
+            TargetSpec::Single(url) => vec![url.as_str()],
+            TargetSpec::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+            TargetSpec::Sentinel { sentinels, .. } => {
+                sentinels.iter().map(String::as_str).collect()
+            }
+        };
+        if let Some(url) = urls.iter().find(|u| u.starts_with("rediss://")) {
+            if !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")) {
+                return Err(setup(
+                    format!(
+                        "{url}: a rediss:// (TLS) URL needs one of redis-dlock's cargo features \
+                         `tls-rustls`, `tls-rustls-webpki-roots` or `tls-native-tls`"
+                    )
+                    .into(),
+                ));
+            }
+        }
         let resolve: Option<Resolve>;
-        let target = match self.target {
+        let target = match &self.target {
             TargetSpec::Single(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(|e| setup(Box::new(e)))?;
+                let client = self.open_client(url).map_err(|e| setup(Box::new(e)))?;
                 let info = client.get_connection_info().clone();
                 resolve = Some(Box::new(move || Ok(info.clone())));
                 Target::Single(client)
@@ -372,9 +434,7 @@ impl ClientBuilder {
                 // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
                 let infos = nodes
                     .iter()
-                    .map(|n| {
-                        redis::Client::open(n.as_str()).map(|c| c.get_connection_info().clone())
-                    })
+                    .map(|n| self.open_client(n).map(|c| c.get_connection_info().clone()))
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(|e| setup(Box::new(e)))?;
                 let next = AtomicUsize::new(0);
@@ -384,8 +444,20 @@ impl ClientBuilder {
                         redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
                     })
                 }));
-                let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
+                let mut b = redis::cluster::ClusterClientBuilder::new(nodes.clone())
                     .connection_timeout(self.connect_timeout);
+                #[cfg(feature = "tls-rustls")]
+                if let Some(certs) = &self.tls {
+                    b = b.certs(certs.clone());
+                }
+                #[cfg(all(feature = "tls-native-tls", not(feature = "tls-rustls")))]
+                if self.tls.is_some() {
+                    return Err(setup(
+                        "custom TLS certificates for a cluster need the `tls-rustls` feature \
+                         (redis-rs's cluster client takes them only with rustls)"
+                            .into(),
+                    ));
+                }
                 if let Some(t) = self.command_timeout {
                     b = b.response_timeout(t);
                 }
@@ -397,20 +469,27 @@ impl ClientBuilder {
                 }
                 let sentinels = sentinels
                     .iter()
-                    .map(|url| redis::Client::open(url.as_str()))
+                    .map(|url| self.open_client(url))
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(|e| setup(Box::new(e)))?;
+                // The master is reached as the Sentinels are: over TLS, with the same
+                // certificates, when their URLs are `rediss://`.
+                let master_tls = sentinels
+                    .first()
+                    .map(|s| s.get_connection_info().addr().clone())
+                    .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
                 // The subscriber follows the current master too (PUBLISH on a master reaches
                 // its replicas' subscribers as well, so a stale answer still hears releases).
-                let (asked, svc) = (sentinels.clone(), service.clone());
+                let (asked, svc, tls) = (sentinels.clone(), service.clone(), master_tls.clone());
                 resolve = Some(Box::new(move || {
                     let addr = sentinel_master_addr(&asked, &svc, connect_timeout, timeout)?;
-                    redis::Client::open(addr).map(|c| c.get_connection_info().clone())
+                    master_info(tls.as_ref(), addr)
                 }));
                 Target::Sentinel {
                     sentinels,
-                    service,
+                    service: service.clone(),
                     first: AtomicUsize::new(0),
+                    master_tls,
                 }
             }
         };
@@ -434,6 +513,28 @@ impl ClientBuilder {
             timeout,
             self.courtesy,
         ))
+    }
+}
+
+/// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
+/// `rediss://` address, whose certificates and `insecure` flag are reused), or in plain TCP.
+fn master_info(
+    tls: Option<&ConnectionAddr>,
+    (host, port): (String, u16),
+) -> RedisResult<ConnectionInfo> {
+    match tls {
+        Some(ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        }) => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        }
+        .into_connection_info(),
+        _ => ConnectionAddr::Tcp(host, port).into_connection_info(),
     }
 }
 
@@ -488,6 +589,8 @@ enum Target {
         /// The Sentinel that answered last, asked first next time (the Sentinel clients
         /// guideline), so a dead or frozen one costs one timeout, not one per connection.
         first: AtomicUsize,
+        /// A Sentinel's TLS address when they are reached over TLS: the master is too.
+        master_tls: Option<ConnectionAddr>,
     },
 }
 
@@ -524,6 +627,7 @@ impl Manager {
         sentinels: &[redis::Client],
         service: &str,
         first: &AtomicUsize,
+        master_tls: Option<&ConnectionAddr>,
     ) -> RedisResult<Link> {
         let mut tried: Vec<(String, u16)> = Vec::new();
         let mut last_err = None;
@@ -556,20 +660,22 @@ impl Manager {
                 continue;
             }
             tried.push(addr.clone());
-            let master = redis::Client::open(addr.clone()).and_then(|client| {
-                let mut con = self.discovery(&client)?;
-                let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
-                if !matches!(role, redis::Role::Primary { .. }) {
-                    return Err(redis::RedisError::from((
-                        redis::ErrorKind::Client,
-                        "the server the Sentinel named is not a master (failover under way?)",
-                        format!("{}:{}", addr.0, addr.1),
-                    )));
-                }
-                con.set_read_timeout(self.command_timeout)?;
-                con.set_write_timeout(self.command_timeout)?;
-                Ok(Link::new(Node::Single(con)))
-            });
+            let master = master_info(master_tls, addr.clone())
+                .and_then(redis::Client::open)
+                .and_then(|client| {
+                    let mut con = self.discovery(&client)?;
+                    let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
+                    if !matches!(role, redis::Role::Primary { .. }) {
+                        return Err(redis::RedisError::from((
+                            redis::ErrorKind::Client,
+                            "the server the Sentinel named is not a master (failover under way?)",
+                            format!("{}:{}", addr.0, addr.1),
+                        )));
+                    }
+                    con.set_read_timeout(self.command_timeout)?;
+                    con.set_write_timeout(self.command_timeout)?;
+                    Ok(Link::new(Node::Single(con)))
+                });
             match master {
                 Ok(link) => {
                     first.store(i, Ordering::Relaxed);
@@ -600,7 +706,8 @@ impl r2d2::ManageConnection for Manager {
                 sentinels,
                 service,
                 first,
-            } => self.sentinel_master(sentinels, service, first),
+                master_tls,
+            } => self.sentinel_master(sentinels, service, first, master_tls.as_ref()),
         }
     }
 
