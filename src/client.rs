@@ -497,6 +497,7 @@ impl ClientBuilder {
             target,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
+            tls: urls.iter().any(|u| u.starts_with("rediss://")),
         };
         let pool = r2d2::Pool::builder()
             .max_size(self.pool_size)
@@ -600,6 +601,8 @@ pub(crate) struct Manager {
     target: Target,
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
+    /// Connects with TLS (`rediss://`): connection errors may be the handshake's.
+    tls: bool,
 }
 
 impl Manager {
@@ -695,7 +698,7 @@ impl r2d2::ManageConnection for Manager {
     type Error = redis::RedisError;
 
     fn connect(&self) -> RedisResult<Link> {
-        match &self.target {
+        let link = match &self.target {
             Target::Single(client) => self.single(client),
             Target::Cluster(client) => {
                 Ok(Link::new(Node::Cluster(Box::new(client.get_connection()?))))
@@ -708,6 +711,10 @@ impl r2d2::ManageConnection for Manager {
                 first,
                 master_tls,
             } => self.sentinel_master(sentinels, service, first, master_tls.as_ref()),
+        };
+        match link {
+            Err(e) if self.tls => Err(tls_context(e)),
+            other => other,
         }
     }
 
@@ -717,6 +724,26 @@ impl r2d2::ManageConnection for Manager {
 
     fn has_broken(&self, con: &mut Link) -> bool {
         con.broken || !con.node.is_open()
+    }
+}
+
+/// Says "TLS" in a connection error that is the TLS handshake's: an I/O failure that is not a
+/// refusal, a timeout or a closed socket (rustls reports "invalid peer certificate:
+/// UnknownIssuer", native-tls OpenSSL's "certificate verify failed"; neither names TLS).
+pub(crate) fn tls_context(e: redis::RedisError) -> redis::RedisError {
+    if e.kind() == redis::ErrorKind::Io
+        && !e.is_connection_refusal()
+        && !e.is_timeout()
+        && !e.is_connection_dropped()
+    {
+        redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "TLS handshake failed (check the CA certificate, the server name and the client \
+             certificate)",
+            e.to_string(),
+        ))
+    } else {
+        e
     }
 }
 

@@ -827,7 +827,7 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
     let client = redis::Client::open(info).map_err(|e| End::lost(format!("{addr}: {e}")))?;
     let mut con = client
         .get_connection_with_timeout(shared.timeout)
-        .map_err(|e| connect_error(&addr, &e))?;
+        .map_err(|e| connect_error(&addr, &crate::client::tls_context(e)))?;
     let timeouts = con
         .set_read_timeout(Some(shared.timeout))
         .and_then(|()| con.set_write_timeout(Some(shared.timeout)));
@@ -861,7 +861,7 @@ fn connect_error(addr: &str, e: &redis::RedisError) -> End {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redis::{ConnectionAddr, Parser};
+    use redis::Parser;
     use std::io::Read;
 
     /// Hands out its chunks one per read, with a timeout error between them.
@@ -935,6 +935,7 @@ mod tests {
     #[cfg(not(any(feature = "tls-rustls", feature = "tls-native-tls")))]
     #[test]
     fn tls_without_the_feature_makes_pubsub_unavailable() {
+        use redis::ConnectionAddr;
         // As a TLS URL resolves (this build has no TLS feature to parse one).
         let resolve: Resolve = Box::new(|| {
             redis::Client::open("redis://127.0.0.1:1/").map(|c| {

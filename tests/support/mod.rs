@@ -515,6 +515,12 @@ impl Cluster {
     /// until every node reports `cluster_state:ok`, knows all nodes and sees all slots
     /// assigned.
     pub fn start(masters: usize) -> Cluster {
+        Self::start_with(masters, |_, _| Vec::new())
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments for each node from
+    /// `extra(port, dir)` (e.g. a TLS port and certificate files).
+    pub fn start_with(masters: usize, extra: impl Fn(u16, &Path) -> Vec<String>) -> Cluster {
         assert!(
             masters >= 3,
             "redis-cli --cluster create needs 3 masters or more"
@@ -528,21 +534,20 @@ impl Cluster {
                             break p;
                         }
                     };
-                    Launch {
-                        conf: None,
-                        args: vec![
-                            "--cluster-enabled".into(),
-                            "yes".into(),
-                            "--cluster-config-file".into(),
-                            dir.join(format!("nodes-{port}.conf"))
-                                .to_string_lossy()
-                                .into_owned(),
-                            "--cluster-node-timeout".into(),
-                            CLUSTER_NODE_TIMEOUT_MS.to_string(),
-                            "--cluster-port".into(),
-                            bus.to_string(),
-                        ],
-                    }
+                    let mut args: Vec<String> = vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-config-file".into(),
+                        dir.join(format!("nodes-{port}.conf"))
+                            .to_string_lossy()
+                            .into_owned(),
+                        "--cluster-node-timeout".into(),
+                        CLUSTER_NODE_TIMEOUT_MS.to_string(),
+                        "--cluster-port".into(),
+                        bus.to_string(),
+                    ];
+                    args.extend(extra(port, dir));
+                    Launch { conf: None, args }
                 })
             })
             .collect();

@@ -37,14 +37,14 @@ impl Pki {
         let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("CA key"))
             .expect("self-signed CA");
 
-        let leaf = |sans: Vec<String>, cn: &str, usage: ExtendedKeyUsagePurpose| {
+        let leaf = |sans: Vec<String>, cn: &str, usage: Vec<ExtendedKeyUsagePurpose>| {
             let mut params = CertificateParams::new(sans).expect("leaf params");
             params.distinguished_name.push(DnType::CommonName, cn);
             params.key_usages = vec![
                 KeyUsagePurpose::DigitalSignature,
                 KeyUsagePurpose::KeyEncipherment,
             ];
-            params.extended_key_usages = vec![usage];
+            params.extended_key_usages = usage;
             let key = KeyPair::generate().expect("leaf key");
             let cert = params.signed_by(&key, &ca).expect("sign leaf");
             (cert.pem(), key.serialize_pem())
@@ -52,12 +52,16 @@ impl Pki {
         let (server_cert, server_key) = leaf(
             vec!["127.0.0.1".into(), "localhost".into()],
             "redis-server",
-            ExtendedKeyUsagePurpose::ServerAuth,
+            // Servers present it as clients too: the cluster bus, replication, Sentinel.
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
         );
         let (client_cert, client_key) = leaf(
             vec!["dlock-client".into()],
             "dlock-client",
-            ExtendedKeyUsagePurpose::ClientAuth,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
         );
         Pki {
             ca_cert: ca.pem(),
@@ -138,4 +142,10 @@ impl RedisServer {
     pub fn tls_url(&self) -> String {
         format!("rediss://127.0.0.1:{}/", self.tls_port())
     }
+}
+
+/// The arguments of [`tls_launch`] on a free TLS port, for servers started by other helpers
+/// (a cluster's nodes: add `--tls-cluster yes`).
+pub fn tls_args(pki: &Pki, dir: &Path, require_client_cert: bool) -> Vec<String> {
+    tls_launch(pki, dir, free_port(), require_client_cert).args
 }
