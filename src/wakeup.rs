@@ -919,6 +919,73 @@ mod tests {
         );
     }
 
+    /// The replies the reader matches, in RESP2 (arrays) and RESP3 (pushes).
+    #[test]
+    fn classifies_resp2_and_resp3_replies() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let subscribed = Push::Subscribed {
+            channel: "ch".into(),
+            count: 2,
+        };
+        assert_eq!(
+            classify(Value::Array(vec![
+                bulk("subscribe"),
+                bulk("ch"),
+                Value::Int(2)
+            ])),
+            subscribed
+        );
+        assert_eq!(
+            classify(Value::Push {
+                kind: PushKind::Subscribe,
+                data: vec![bulk("ch"), Value::Int(2)],
+            }),
+            subscribed
+        );
+        assert_eq!(
+            classify(Value::Array(vec![bulk("message"), bulk("ch"), bulk("0")])),
+            Push::Message("ch".into())
+        );
+        assert_eq!(
+            classify(Value::Push {
+                kind: PushKind::Message,
+                data: vec![bulk("ch"), bulk("0")],
+            }),
+            Push::Message("ch".into())
+        );
+        assert_eq!(
+            classify(Value::Array(vec![
+                bulk("unsubscribe"),
+                bulk("ch"),
+                Value::Int(0)
+            ])),
+            Push::Unsubscribed { count: 0 }
+        );
+        assert_eq!(
+            classify(Value::Array(vec![bulk("pong"), bulk("")])),
+            Push::Pong
+        );
+        assert_eq!(classify(Value::SimpleString("PONG".into())), Push::Pong);
+        assert_eq!(
+            classify(Value::Array(vec![
+                bulk("pmessage"),
+                bulk("p*"),
+                bulk("ch"),
+                bulk("0")
+            ])),
+            Push::Other
+        );
+        let refused = redis::parse_redis_value(b"-NOPERM no permissions to access a channel\r\n")
+            .expect("an error reply");
+        assert_eq!(
+            classify(refused),
+            Push::Refused {
+                code: "NOPERM".into(),
+                detail: "no permissions to access a channel".into(),
+            }
+        );
+    }
+
     #[test]
     fn without_resolver_nothing_subscribes() {
         let w = Wakeups::new(
