@@ -2,7 +2,8 @@
 //! run time (tests/support/tls.rs). A single server, mutual TLS, a wrong CA, the pub/sub
 //! subscriber, the watchdog, Sentinel, Cluster and RedLock.
 //!
-//! Run with `cargo test --features tls-rustls --test tls`.
+//! Run with `cargo test --features tls-rustls,tls-rustls-insecure --test tls` (the second
+//! feature adds the `#insecure` URL test).
 #![cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
 
 mod support;
@@ -463,4 +464,19 @@ fn redlock_over_tls() {
     for s in &servers {
         assert!(!raw::exists(&mut s.conn(), key));
     }
+}
+
+/// `tls-rustls-insecure`: the `#insecure` URL fragment skips certificate checks (for test
+/// set-ups only), so a client that does not know the CA still connects.
+#[cfg(feature = "tls-rustls-insecure")]
+#[test]
+fn insecure_fragment_skips_certificate_checks() {
+    init_logging();
+    let pki = Pki::generate("insecure");
+    let server = RedisServer::start_tls(&pki, false);
+    let client = LockClient::open(&format!("{}#insecure", server.tls_url())).expect("client");
+    let lock = client.lock("tls:insecure").build().expect("build");
+    let guard = lock.try_lock().expect("lock without checking the certificate");
+    assert!(raw::exists(&mut server.conn(), "tls:insecure"));
+    assert!(guard.unlock().expect("unlock"));
 }
