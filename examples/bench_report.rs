@@ -822,6 +822,19 @@ impl Report<'_> {
         }
         let _ = writeln!(
             md,
+            "\nThe plain-TCP row is the control: it is the cycle table's Token ratio measured \
+             again in this binary. When it is well above that table's figure the machine was \
+             busy (other jobs), and the TLS rows are inflated alike; compare the TLS rows with \
+             it, run by run. Code at `{}`, {}; load average (1, 5, 15 min) at the start {} and \
+             at the end {}.",
+            r.meta("tls", "git"),
+            r.meta("tls", "date"),
+            r.meta("tls", "loadavg"),
+            r.s("tls", "meta", "run", "loadavg_end")
+                .unwrap_or("unknown"),
+        );
+        let _ = writeln!(
+            md,
             "\nAbsolute p50 of the first run: TLS PING {}, Token over TLS {}, plain PING {}, \
              Token over plain TCP {}.\n",
             us(r.f("tls", "run0", "ping_pool_tls", "p50_ns")),

@@ -322,13 +322,13 @@ impl ClientBuilder {
     /// for a cluster need `tls-rustls`, as in redis-rs). Every URL must then be `rediss://`.
     ///
     /// ```no_run
-    /// # fn main() -> Result<(), redis_dlock::LockError> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let certs = redis::TlsCertificates {
     ///     client_tls: Some(redis::ClientTlsConfig {
-    ///         client_cert: std::fs::read("client.crt").unwrap(),
-    ///         client_key: std::fs::read("client.key").unwrap(),
+    ///         client_cert: std::fs::read("client.crt")?,
+    ///         client_key: std::fs::read("client.key")?,
     ///     }),
-    ///     root_cert: Some(std::fs::read("ca.crt").unwrap()),
+    ///     root_cert: Some(std::fs::read("ca.crt")?),
     /// };
     /// let client = redis_dlock::LockClient::builder("rediss://redis.internal:6380/")
     ///     .tls_certificates(certs)

@@ -476,7 +476,9 @@ fn insecure_fragment_skips_certificate_checks() {
     let server = RedisServer::start_tls(&pki, false);
     let client = LockClient::open(&format!("{}#insecure", server.tls_url())).expect("client");
     let lock = client.lock("tls:insecure").build().expect("build");
-    let guard = lock.try_lock().expect("lock without checking the certificate");
+    let guard = lock
+        .try_lock()
+        .expect("lock without checking the certificate");
     assert!(raw::exists(&mut server.conn(), "tls:insecure"));
     assert!(guard.unlock().expect("unlock"));
 }
