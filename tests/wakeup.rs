@@ -142,6 +142,12 @@ fn subscriber_uses_the_url_acl_user_and_resp3() {
         RedisServer::start_with(&["--user", "locker", "on", ">s3cret", "~*", "&*", "+@all"]);
     let mut conn = server.conn();
     for (n, query) in ["", "?protocol=resp3"].iter().enumerate() {
+        // The previous round's clients are dropped: their subscriber goes away.
+        assert!(
+            wait_until(Duration::from_secs(5), || pubsub_clients(&mut conn)
+                .is_empty()),
+            "a subscriber connection outlived its client"
+        );
         let url = format!("redis://locker:s3cret@127.0.0.1:{}/{query}", server.port());
         let (a, b) = (
             LockClient::open(&url).expect("client"),
