@@ -457,13 +457,21 @@ fn redlock_over_tls() {
         .build()
         .expect("build");
     let guard = lock.try_lock().expect("quorum over TLS");
-    for s in &servers {
-        assert!(raw::exists(&mut s.conn(), key), "not on {}", s.tls_port());
-    }
+    // A quorum (2 of 3) is enough to win; the third vote may still be on its way.
+    let holding = || {
+        servers
+            .iter()
+            .filter(|s| raw::exists(&mut s.conn(), key))
+            .count()
+    };
+    assert!(holding() >= 2, "held on {} of 3 nodes", holding());
     assert!(guard.unlock().expect("unlock"));
-    for s in &servers {
-        assert!(!raw::exists(&mut s.conn(), key));
-    }
+    // Each node's release follows its acquire on that node's worker.
+    assert!(
+        wait_until(Duration::from_secs(5), || holding() == 0),
+        "still held on {} nodes after unlock",
+        holding()
+    );
 }
 
 /// `tls-rustls-insecure`: the `#insecure` URL fragment skips certificate checks (for test
