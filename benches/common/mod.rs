@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 #[cfg(feature = "tls-rustls")]
+#[allow(unused_imports)] // used by benches/tls.rs only
 pub use support::tls::Pki;
 pub use support::RedisServer;
 
