@@ -9,14 +9,16 @@
 //! How it works:
 //! - A waiting thread calls [`Wakeups::subscribe`] with the lock's channel and its line name.
 //!   If the channel is not yet subscribed on the current connection, the thread queues a
-//!   `SUBSCRIBE` for the reader and waits until the server confirms it. Threads waiting on the
-//!   same channel share one subscription.
-//! - Only the reader thread touches the connection (a TLS stream cannot be split into a read
-//!   and a write half). It sends the queued `SUBSCRIBE`/`UNSUBSCRIBE` commands and reads their
-//!   confirmations, then reads pushes: a `message` wakes every line of its channel
-//!   ([`WaitQueues::notify_release`]). While channels are subscribed it reads with a short
-//!   timeout ([`TICK`]) so that a queued command waits at most that long; with nothing
-//!   subscribed nothing can arrive, and it sleeps until a command is queued.
+//!   `SUBSCRIBE` for the reader and waits until the server confirms it (or, if the reader is in
+//!   the middle of a read, polls until the confirmation wakes it). Threads waiting on the same
+//!   channel share one subscription.
+//! - Only the reader thread touches the connection (redis-rs cannot split a connection, a TLS
+//!   one least of all, into a read and a write half, nor interrupt a blocked read). It sends
+//!   the queued `SUBSCRIBE`/`UNSUBSCRIBE` commands and reads their confirmations, then reads
+//!   pushes: a `message` wakes every line of its channel ([`WaitQueues::notify_release`]).
+//!   While channels are subscribed it reads with a timeout ([`TICK`]), so that a queued
+//!   command waits at most that long; with nothing subscribed nothing can arrive, and it
+//!   sleeps until a command is queued.
 //! - A channel nobody waits on stays subscribed for [`LINGER`] (steady contention then costs
 //!   no re-subscription) and is then unsubscribed.
 //! - A lost connection (an error, EOF, or no answer to a `PING` within the client's timeout)
