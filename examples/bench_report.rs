@@ -4,6 +4,9 @@
 //! cargo bench && cargo run --release --example bench_report
 //! ```
 //!
+//! With `--tls-section` it prints only the TLS section, from `target/dlock-bench/tls.csv`
+//! (written by `cargo bench --features tls-rustls --bench tls`).
+//!
 //! Reads `target/dlock-bench/{floor,cycle,contended,micro}.csv` (written by `benches/*.rs`) and
 //! criterion's `target/criterion/<group>/<bench>/new/estimates.json`; writes
 //! `docs/benchmarks.md`, `docs/img/cycle-ratios.svg` and `docs/img/handoff-latency.svg`. No
@@ -152,7 +155,24 @@ impl Results {
             }
             files.insert(bench.to_owned(), rows);
         }
+        Self::load_tls(&mut files, dir);
         Ok(Results { files })
+    }
+
+    /// The TLS bench's results, if it ran (only with `--features tls-rustls`).
+    fn load_tls(files: &mut BTreeMap<String, BTreeMap<String, String>>, dir: &Path) {
+        if let Ok(text) = std::fs::read_to_string(dir.join("tls.csv")) {
+            let mut rows = BTreeMap::new();
+            for line in text.lines().skip(1) {
+                let mut parts = line.splitn(4, ',');
+                if let (Some(s), Some(n), Some(m), Some(v)) =
+                    (parts.next(), parts.next(), parts.next(), parts.next())
+                {
+                    rows.insert(format!("{s},{n},{m}"), v.to_owned());
+                }
+            }
+            files.insert("tls".to_owned(), rows);
+        }
     }
 
     fn s(&self, file: &str, section: &str, name: &str, metric: &str) -> Option<&str> {
@@ -234,6 +254,21 @@ fn met(ok: bool) -> &'static str {
 
 fn main() {
     let target = target_dir();
+    // `--tls-section`: print only the TLS section (from `tls.csv` alone), e.g. to refresh it
+    // without rerunning the other benches.
+    if std::env::args().any(|a| a == "--tls-section") {
+        let mut files = BTreeMap::new();
+        Results::load_tls(&mut files, &target.join("dlock-bench"));
+        let results = Results { files };
+        let report = Report {
+            r: &results,
+            target: &target,
+        };
+        let mut md = String::new();
+        report.tls(&mut md);
+        print!("{md}");
+        return;
+    }
     let results = match Results::load(&target.join("dlock-bench")) {
         Ok(r) => r,
         Err(e) => {
@@ -332,6 +367,7 @@ impl Report<'_> {
         self.machine(&mut md);
         self.floor(&mut md);
         self.cycle(&mut md);
+        self.tls(&mut md);
         self.contended(&mut md);
         self.handoff(&mut md);
         self.many_keys(&mut md);
@@ -730,6 +766,82 @@ impl Report<'_> {
         let _ = writeln!(
             md,
             "![Uncontended cycle, ratio to two pooled PINGs](img/cycle-ratios.svg)\n"
+        );
+    }
+
+    /// The TLS bench (`benches/tls.rs`), if it ran.
+    fn tls(&self, md: &mut String) {
+        let r = self.r;
+        let _ = writeln!(md, "## TLS (`benches/tls.rs`)\n");
+        if r.s("tls", "summary", "all", "runs").is_none() {
+            let _ = writeln!(
+                md,
+                "Not measured in this run: it needs the `tls-rustls` feature. Run \
+                 `cargo bench --features tls-rustls --bench tls`, then the report again.\n"
+            );
+            return;
+        }
+        let _ = writeln!(
+            md,
+            "`cargo bench --features tls-rustls --bench tls`: one `redis-server` with a plain and \
+             a TLS port (certificates generated at start with `rcgen`), a `LockClient` over TLS \
+             (rustls, `tls_certificates` with the test CA) and one over plain TCP, pools like \
+             `LockClient`'s. In each of {:.0} runs the five operations below are timed one by \
+             one in {:.0} interleaved rounds of {:.0}; each ratio is the median over the rounds \
+             of the paired medians, as in the cycle table. The TLS floor is a pooled `PING` on a \
+             TLS connection; the plain rows are the same measurement on the plain port.\n",
+            r.f("tls", "summary", "all", "runs"),
+            r.f("tls", "summary", "all", "rounds"),
+            r.f("tls", "summary", "all", "per_round"),
+        );
+        let _ = writeln!(
+            md,
+            "| ratio | median of the runs | lowest run | highest run | target |\n\
+             | --- | --- | --- | --- | --- |"
+        );
+        let labels = [
+            ("Token (watched) cycle over TLS / 2 TLS PING", true),
+            ("Token (explicit ttl) cycle over TLS / 2 TLS PING", true),
+            ("Token (watched) cycle over plain TCP / 2 plain PING", true),
+            ("TLS PING / plain PING", false),
+        ];
+        for (i, (label, target)) in labels.iter().enumerate() {
+            let name = format!("ratio{i}");
+            let median = r.f("tls", "summary", &name, "median");
+            let verdict = match (target, median <= TARGET_RATIO) {
+                (false, _) => "(reference)".to_owned(),
+                (true, true) => format!("≤ {TARGET_RATIO:.2}: ✓ met"),
+                (true, false) => format!("≤ {TARGET_RATIO:.2}: ✗ not met"),
+            };
+            let _ = writeln!(
+                md,
+                "| {label} | **{}** | {} | {} | {verdict} |",
+                x(median),
+                x(r.f("tls", "summary", &name, "min")),
+                x(r.f("tls", "summary", &name, "max")),
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nThe plain-TCP row is the control: it is the cycle table's Token ratio measured \
+             again in this binary. When it is well above that table's figure the machine was \
+             busy (other jobs), and the TLS rows are inflated alike; compare the TLS rows with \
+             it, run by run. Code at `{}`, {}; load average (1, 5, 15 min) at the start {} and \
+             at the end {}.",
+            r.meta("tls", "git"),
+            r.meta("tls", "date"),
+            r.meta("tls", "loadavg"),
+            r.s("tls", "meta", "run", "loadavg_end")
+                .unwrap_or("unknown"),
+        );
+        let _ = writeln!(
+            md,
+            "\nAbsolute p50 of the first run: TLS PING {}, Token over TLS {}, plain PING {}, \
+             Token over plain TCP {}.\n",
+            us(r.f("tls", "run0", "ping_pool_tls", "p50_ns")),
+            us(r.f("tls", "run0", "token_tls", "p50_ns")),
+            us(r.f("tls", "run0", "ping_pool_plain", "p50_ns")),
+            us(r.f("tls", "run0", "token_plain", "p50_ns")),
         );
     }
 

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redis::{ConnectionLike, RedisResult, Value};
+use redis::{
+    ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
+};
 
 use crate::cluster_deadline::{with_deadline, Deadlined};
 use crate::error::{self, Context, LockError, Result, Rounded};
@@ -474,6 +476,9 @@ pub struct ClientBuilder {
     command_timeout: Option<Duration>,
     courtesy: Duration,
     lazy: bool,
+    /// Custom root certificate and client certificate for `rediss://` URLs.
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    tls: Option<redis::TlsCertificates>,
 }
 
 #[derive(Debug, Clone)]
@@ -516,6 +521,8 @@ impl ClientBuilder {
             command_timeout: Some(DEFAULT_COMMAND_TIMEOUT),
             courtesy: DEFAULT_HANDOFF_COURTESY,
             lazy: false,
+            #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+            tls: None,
         }
     }
 
@@ -525,6 +532,43 @@ impl ClientBuilder {
     pub fn lazy_connect(mut self) -> Self {
         self.lazy = true;
         self
+    }
+
+    /// Certificates for TLS connections (`rediss://` URLs; needs the `tls-rustls` or
+    /// `tls-native-tls` feature): `root_cert`, a PEM CA certificate to trust instead of the
+    /// system's (or the compiled-in webpki) roots, and `client_tls`, a PEM certificate and key
+    /// to present when the server requires client certificates (mutual TLS, `tls-auth-clients
+    /// yes`). They apply to every connection of the client: the pool, the pub/sub subscriber,
+    /// the Sentinels and the master they name, or every node of a cluster (custom certificates
+    /// for a cluster need `tls-rustls`, as in redis-rs). Every URL must then be `rediss://`.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let certs = redis::TlsCertificates {
+    ///     client_tls: Some(redis::ClientTlsConfig {
+    ///         client_cert: std::fs::read("client.crt")?,
+    ///         client_key: std::fs::read("client.key")?,
+    ///     }),
+    ///     root_cert: Some(std::fs::read("ca.crt")?),
+    /// };
+    /// let client = redis_dlock::LockClient::builder("rediss://redis.internal:6380/")
+    ///     .tls_certificates(certs)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
+        self.tls = Some(certificates);
+        self
+    }
+
+    /// A `redis::Client` for `url`, with the custom certificates if any.
+    fn open_client(&self, url: &str) -> RedisResult<redis::Client> {
+        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+        if let Some(certs) = &self.tls {
+            return redis::Client::build_with_tls(url, certs.clone());
+        }
+        redis::Client::open(url)
     }
 
     /// Most connections the pool opens (default [`DEFAULT_POOL_SIZE`]). A thread waiting on a
@@ -620,13 +664,31 @@ impl ClientBuilder {
             self.connect_timeout,
             matches!(self.target, TargetSpec::Cluster(_)),
         );
+        let urls: Vec<&str> = match &self.target {
+            TargetSpec::Single(url) => vec![url.as_str()],
+            TargetSpec::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+            TargetSpec::Sentinel { sentinels, .. } => {
+                sentinels.iter().map(String::as_str).collect()
+            }
+        };
+        if let Some(url) = urls.iter().find(|u| u.starts_with("rediss://")) {
+            if !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")) {
+                return Err(setup(
+                    format!(
+                        "{url}: a rediss:// (TLS) URL needs one of redis-dlock's cargo features \
+                         `tls-rustls`, `tls-rustls-webpki-roots` or `tls-native-tls`"
+                    )
+                    .into(),
+                ));
+            }
+        }
         let addr = self.target.describe();
         let resolve: Option<Resolve>;
         let mut switches = None;
         let mut watch = None;
-        let target = match self.target {
+        let target = match &self.target {
             TargetSpec::Single(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(|e| setup(Box::new(e)))?;
+                let client = self.open_client(url).map_err(|e| setup(Box::new(e)))?;
                 let info = client.get_connection_info().clone();
                 resolve = Some(Box::new(move || Ok(info.clone())));
                 Target::Single(client)
@@ -635,9 +697,7 @@ impl ClientBuilder {
                 // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
                 let infos = nodes
                     .iter()
-                    .map(|n| {
-                        redis::Client::open(n.as_str()).map(|c| c.get_connection_info().clone())
-                    })
+                    .map(|n| self.open_client(n).map(|c| c.get_connection_info().clone()))
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(|e| setup(Box::new(e)))?;
                 let next = AtomicUsize::new(0);
@@ -648,12 +708,24 @@ impl ClientBuilder {
                     })
                 }));
                 let (retries, min_wait, max_wait) = cluster_retries(timeout);
-                let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
+                let mut b = redis::cluster::ClusterClientBuilder::new(nodes.clone())
                     .connection_timeout(self.connect_timeout)
                     .retries(retries)
                     .min_retry_wait(min_wait)
                     .max_retry_wait(max_wait)
                     .retry_wait_formula(min_wait, 2);
+                #[cfg(feature = "tls-rustls")]
+                if let Some(certs) = &self.tls {
+                    b = b.certs(certs.clone());
+                }
+                #[cfg(all(feature = "tls-native-tls", not(feature = "tls-rustls")))]
+                if self.tls.is_some() {
+                    return Err(setup(
+                        "custom TLS certificates for a cluster need the `tls-rustls` feature \
+                         (redis-rs's cluster client takes them only with rustls)"
+                            .into(),
+                    ));
+                }
                 if let Some(t) = self.command_timeout {
                     b = b.response_timeout(t);
                 }
@@ -665,15 +737,21 @@ impl ClientBuilder {
                 }
                 let sentinels = sentinels
                     .iter()
-                    .map(|url| redis::Client::open(url.as_str()))
+                    .map(|url| self.open_client(url))
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(|e| setup(Box::new(e)))?;
+                // The master is reached as the Sentinels are: over TLS, with the same
+                // certificates, when their URLs are `rediss://`.
+                let master_tls = sentinels
+                    .first()
+                    .map(|s| s.get_connection_info().addr().clone())
+                    .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
                 // The subscriber follows the current master too (PUBLISH on a master reaches
                 // its replicas' subscribers as well, so a stale answer still hears releases).
-                let (asked, svc) = (sentinels.clone(), service.clone());
+                let (asked, svc, tls) = (sentinels.clone(), service.clone(), master_tls.clone());
                 resolve = Some(Box::new(move || {
                     let addr = sentinel_master_addr(&asked, &svc, connect_timeout, timeout)?;
-                    redis::Client::open(addr).map(|c| c.get_connection_info().clone())
+                    master_info(tls.as_ref(), addr)
                 }));
                 let found = Arc::new(Switches::default());
                 watch = Some(sentinel_watch::Watch {
@@ -685,9 +763,10 @@ impl ClientBuilder {
                 switches = Some(Arc::clone(&found));
                 Target::Sentinel {
                     sentinels,
-                    service,
+                    service: service.clone(),
                     first: AtomicUsize::new(0),
                     switches: found,
+                    master_tls,
                 }
             }
         };
@@ -695,6 +774,7 @@ impl ClientBuilder {
             target,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
+            tls: urls.iter().any(|u| u.starts_with("rediss://")),
         };
         // The pool's own scheduler, shut down with the pool: r2d2's default keeps its threads
         // until the next idle-connection sweep (up to 30 s after the client is dropped).
@@ -752,6 +832,28 @@ pub(crate) fn cluster_retries(t: Duration) -> (u32, u64, u64) {
     (5, min, max)
 }
 
+/// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
+/// `rediss://` address, whose certificates and `insecure` flag are reused), or in plain TCP.
+fn master_info(
+    tls: Option<&ConnectionAddr>,
+    (host, port): (String, u16),
+) -> RedisResult<ConnectionInfo> {
+    match tls {
+        Some(ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        }) => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        }
+        .into_connection_info(),
+        _ => ConnectionAddr::Tcp(host, port).into_connection_info(),
+    }
+}
+
 /// Asks each Sentinel in turn for `service`'s master address; each step bounded by the
 /// timeouts.
 fn sentinel_master_addr(
@@ -805,6 +907,8 @@ enum Target {
         first: AtomicUsize,
         /// The master switches announced by the Sentinels (`+switch-master`).
         switches: Arc<Switches>,
+        /// A Sentinel's TLS address when they are reached over TLS: the master is too.
+        master_tls: Option<ConnectionAddr>,
     },
 }
 
@@ -814,6 +918,8 @@ pub(crate) struct Manager {
     target: Target,
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
+    /// Connects with TLS (`rediss://`): connection errors may be the handshake's.
+    tls: bool,
 }
 
 impl Manager {
@@ -846,6 +952,7 @@ impl Manager {
         service: &str,
         first: &AtomicUsize,
         switches: &Switches,
+        master_tls: Option<&ConnectionAddr>,
     ) -> RedisResult<Link> {
         // Read before asking: a switch during this connect makes the link stale at once.
         let generation = switches.generation();
@@ -853,7 +960,7 @@ impl Manager {
         let mut last_err = None;
         if let Some(addr) = switches.announced() {
             tried.push(addr.clone());
-            match self.checked_master(addr) {
+            match self.checked_master(addr, master_tls) {
                 Ok(link) => return Ok(link.of_generation(generation)),
                 Err(e) => last_err = Some(e),
             }
@@ -887,7 +994,7 @@ impl Manager {
                 continue;
             }
             tried.push(addr.clone());
-            match self.checked_master(addr) {
+            match self.checked_master(addr, master_tls) {
                 Ok(link) => {
                     first.store(i, Ordering::Relaxed);
                     return Ok(link.of_generation(generation));
@@ -964,8 +1071,12 @@ impl Manager {
     }
 
     /// A connection to `addr` once `ROLE` says it is a master.
-    fn checked_master(&self, addr: (String, u16)) -> RedisResult<Link> {
-        let client = redis::Client::open(addr.clone())?;
+    fn checked_master(
+        &self,
+        addr: (String, u16),
+        master_tls: Option<&ConnectionAddr>,
+    ) -> RedisResult<Link> {
+        let client = master_info(master_tls, addr.clone()).and_then(redis::Client::open)?;
         let mut con = self.discovery(&client)?;
         let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
         if !matches!(role, redis::Role::Primary { .. }) {
@@ -994,7 +1105,7 @@ impl r2d2::ManageConnection for Manager {
     type Error = redis::RedisError;
 
     fn connect(&self) -> RedisResult<Link> {
-        match &self.target {
+        let link = match &self.target {
             Target::Single(client) => self.single(client),
             // `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection
             // node connections of our own type.
@@ -1009,7 +1120,12 @@ impl r2d2::ManageConnection for Manager {
                 service,
                 first,
                 switches,
-            } => self.sentinel_master(sentinels, service, first, switches),
+                master_tls,
+            } => self.sentinel_master(sentinels, service, first, switches, master_tls.as_ref()),
+        };
+        match link {
+            Err(e) if self.tls => Err(tls_context(e)),
+            other => other,
         }
     }
 
@@ -1019,6 +1135,26 @@ impl r2d2::ManageConnection for Manager {
 
     fn has_broken(&self, con: &mut Link) -> bool {
         con.broken || !con.node.is_open() || con.generation < self.generation()
+    }
+}
+
+/// Says "TLS" in a connection error that is the TLS handshake's: an I/O failure that is not a
+/// refusal, a timeout or a closed socket (rustls reports "invalid peer certificate:
+/// UnknownIssuer", native-tls OpenSSL's "certificate verify failed"; neither names TLS).
+pub(crate) fn tls_context(e: redis::RedisError) -> redis::RedisError {
+    if e.kind() == redis::ErrorKind::Io
+        && !e.is_connection_refusal()
+        && !e.is_timeout()
+        && !e.is_connection_dropped()
+    {
+        redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "TLS handshake failed (check the CA certificate, the server name and the client \
+             certificate)",
+            e.to_string(),
+        ))
+    } else {
+        e
     }
 }
 

@@ -132,6 +132,65 @@ fn release_wakes_a_waiter_by_pubsub_not_polling() {
     assert!(made <= 9, "{made} lock commands");
 }
 
+/// The subscriber connection is redis-rs's, opened from the client's URL: an ACL user and
+/// RESP3 apply to it as to the pool. A waiter is woken by the release over it.
+#[test]
+fn subscriber_uses_the_url_acl_user_and_resp3() {
+    init_logging();
+    let _serial = shared();
+    let server =
+        RedisServer::start_with(&["--user", "locker", "on", ">s3cret", "~*", "&*", "+@all"]);
+    let mut conn = server.conn();
+    for (n, query) in ["", "?protocol=resp3"].iter().enumerate() {
+        // The previous round's clients are dropped: their subscriber goes away.
+        assert!(
+            wait_until(Duration::from_secs(5), || pubsub_clients(&mut conn)
+                .is_empty()),
+            "a subscriber connection outlived its client"
+        );
+        let url = format!("redis://locker:s3cret@127.0.0.1:{}/{query}", server.port());
+        let (a, b) = (
+            LockClient::open(&url).expect("client"),
+            LockClient::open(&url).expect("client"),
+        );
+        let key = format!("wake:acl:{n}");
+        let holder = holder_lock(&a, &key, Duration::from_secs(30));
+        let held = holder.try_lock().expect("holder");
+        let waiter = slow_poller(&b, &key, Duration::from_secs(10));
+        let waiting = thread::spawn(move || {
+            waiter
+                .try_lock_for(Duration::from_secs(15))
+                .map(|g| assert!(g.unlock().expect("unlock")))
+        });
+        wait_numsub(&mut conn, &channel(&key), 1);
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query(&mut conn)
+            .expect("CLIENT LIST");
+        let line = list
+            .lines()
+            .find(|l| l.contains("name=dlock-subscriber"))
+            .unwrap_or_else(|| panic!("no subscriber connection: {list}"));
+        assert!(line.contains(" user=locker "), "{line}");
+        let resp = if query.is_empty() { "resp=2" } else { "resp=3" };
+        assert!(line.contains(resp), "{line}");
+        thread::sleep(Duration::from_millis(200));
+        let released = Instant::now();
+        assert!(held.unlock().expect("holder unlock"));
+        waiting
+            .join()
+            .expect("waiter thread")
+            .expect("the waiter gets the lock");
+        assert!(
+            released.elapsed() < Duration::from_secs(3),
+            "woken by the release ({query:?}), not by the 10 s poll: {:?}",
+            released.elapsed()
+        );
+    }
+}
+
 #[test]
 fn one_subscriber_connection_per_client() {
     init_logging();

@@ -14,6 +14,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+#[cfg(feature = "tls-rustls")]
+#[allow(unused_imports)] // used by benches/tls.rs only
+pub use support::tls::Pki;
 pub use support::RedisServer;
 
 /// `lua/unlock.lua`, the compare-and-delete both strategies release with (Token with 2 keys:
@@ -53,6 +56,11 @@ pub struct BenchEnv {
 impl BenchEnv {
     /// Starts a redis-server for bench `name`, pins it and this process, records the machine.
     pub fn start(name: &'static str) -> BenchEnv {
+        Self::start_on(name, RedisServer::start())
+    }
+
+    /// Like [`start`](Self::start) on a server the caller started (e.g. one with a TLS port).
+    pub fn start_on(name: &'static str, server: RedisServer) -> BenchEnv {
         let args: Vec<String> = std::env::args().collect();
         let has = |flag: &str| args.iter().any(|a| a == flag);
         let mode = if has("--list") {
@@ -63,7 +71,6 @@ impl BenchEnv {
             Mode::Smoke
         };
         let started = Instant::now();
-        let server = RedisServer::start();
         let (pinned, pinning) = if std::env::var_os("DLOCK_BENCH_NO_PIN").is_some() {
             (false, "unpinned (DLOCK_BENCH_NO_PIN set)".to_owned())
         } else {
@@ -311,7 +318,11 @@ impl r2d2::CustomizeConnection<redis::Connection, redis::RedisError> for Timeout
 /// An `r2d2::Pool<redis::Client>` configured like `LockClient`'s: no checkout PING, lazy
 /// connections, 2 s command timeouts. Warmed with `warm` open connections.
 pub fn floor_pool(url: &str, size: u32, warm: u32) -> r2d2::Pool<redis::Client> {
-    let client = redis::Client::open(url).expect("valid url");
+    floor_pool_of(redis::Client::open(url).expect("valid url"), size, warm)
+}
+
+/// [`floor_pool`] of a client built by the caller (e.g. with TLS certificates).
+pub fn floor_pool_of(client: redis::Client, size: u32, warm: u32) -> r2d2::Pool<redis::Client> {
     let pool = r2d2::Pool::builder()
         .max_size(size)
         .min_idle(Some(0))

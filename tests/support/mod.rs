@@ -8,11 +8,14 @@
 //!
 //! Shared by the test files as well: [`raw`] (raw Redis commands to set up and check keys),
 //! [`expiry`] (the wall clock and Classic expiry-timestamp values) and [`worker`] (this test
-//! binary re-run as a child process). Each test binary uses a subset, hence `dead_code`.
+//! binary re-run as a child process), and with a TLS feature [`tls`] (generated certificates
+//! and servers with a TLS port). Each test binary uses a subset, hence `dead_code`.
 #![allow(dead_code)]
 
 pub mod expiry;
 pub mod raw;
+#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+pub mod tls;
 pub mod worker;
 
 use std::io::{ErrorKind, Read};
@@ -513,7 +516,13 @@ impl Cluster {
     /// until every node reports `cluster_state:ok`, knows all nodes and sees all slots
     /// assigned.
     pub fn start(masters: usize) -> Cluster {
-        Self::start_with_replicas(masters, 0, CLUSTER_NODE_TIMEOUT_MS)
+        Self::start_full(masters, 0, CLUSTER_NODE_TIMEOUT_MS, |_, _| Vec::new())
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments for each node from
+    /// `extra(port, dir)` (e.g. a TLS port and certificate files).
+    pub fn start_with(masters: usize, extra: impl Fn(u16, &Path) -> Vec<String>) -> Cluster {
+        Self::start_full(masters, 0, CLUSTER_NODE_TIMEOUT_MS, extra)
     }
 
     /// Like [`start`](Self::start), with `replicas` replicas per master
@@ -521,6 +530,17 @@ impl Cluster {
     /// stops answering is failed over about that long after, plus an election of about a
     /// second). Also waits until every replica's replication link is up.
     pub fn start_with_replicas(masters: usize, replicas: usize, node_timeout_ms: u64) -> Cluster {
+        Self::start_full(masters, replicas, node_timeout_ms, |_, _| Vec::new())
+    }
+
+    /// The general form of [`start_with`](Self::start_with) and
+    /// [`start_with_replicas`](Self::start_with_replicas).
+    pub fn start_full(
+        masters: usize,
+        replicas: usize,
+        node_timeout_ms: u64,
+        extra: impl Fn(u16, &Path) -> Vec<String>,
+    ) -> Cluster {
         assert!(
             masters >= 3,
             "redis-cli --cluster create needs 3 masters or more"
@@ -534,21 +554,20 @@ impl Cluster {
                             break p;
                         }
                     };
-                    Launch {
-                        conf: None,
-                        args: vec![
-                            "--cluster-enabled".into(),
-                            "yes".into(),
-                            "--cluster-config-file".into(),
-                            dir.join(format!("nodes-{port}.conf"))
-                                .to_string_lossy()
-                                .into_owned(),
-                            "--cluster-node-timeout".into(),
-                            node_timeout_ms.to_string(),
-                            "--cluster-port".into(),
-                            bus.to_string(),
-                        ],
-                    }
+                    let mut args: Vec<String> = vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-config-file".into(),
+                        dir.join(format!("nodes-{port}.conf"))
+                            .to_string_lossy()
+                            .into_owned(),
+                        "--cluster-node-timeout".into(),
+                        node_timeout_ms.to_string(),
+                        "--cluster-port".into(),
+                        bus.to_string(),
+                    ];
+                    args.extend(extra(port, dir));
+                    Launch { conf: None, args }
                 })
             })
             .collect();
