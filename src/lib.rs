@@ -83,7 +83,12 @@ pub use client::{
 };
 pub use error::{LockError, Result};
 pub use hold::WakeUp;
-pub use lock::{DistributedLock, Lease, LockGuard};
+pub use lock::{ArcLockExt, DistributedLock, Lease, LockGuard, OwnedLockGuard};
+/// The `r2d2` crate of [`LockClient::from_pool`] and [`LockClient::pool_state`].
+pub use r2d2;
+/// The `redis` crate this one is built on, whose types appear in its API
+/// ([`LockClient::from_pool`], `ClientBuilder::tls_certificates`).
+pub use redis;
 pub use redlock::{
     RedLock, RedLockBuilder, RedLockClient, RedLockClientBuilder, REDLOCK_DEFAULT_NODE_TIMEOUT,
     REDLOCK_DEFAULT_TTL, REDLOCK_DEFAULT_WORKERS,

@@ -80,6 +80,174 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// cannot be represented (e.g. `Duration::MAX`) means no deadline: wait forever.
     /// Errors as for [`lock`](Self::lock).
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>>;
+
+    /// Waits for the lock until `deadline` at the latest (the policy's sleeps, the caller's
+    /// deadline); [`LockError::Timeout`] when it passes. A deadline already past makes one
+    /// attempt. The same as [`try_lock_for`](Self::try_lock_for) with the time left.
+    fn try_lock_until(&self, deadline: Instant) -> Result<LockGuard<'_>> {
+        self.try_lock_for(deadline.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// Owned guards for locks behind an [`Arc`], like `lock_api`'s `lock_arc`: the guard keeps the
+/// lock alive, so a hold can cross function and thread boundaries and sit in a struct.
+/// Implemented for `Arc<dyn DistributedLock>` and for `Arc` of every lock type.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use redis_dlock::{ArcLockExt, DistributedLock, LockClient};
+/// # fn main() -> Result<(), redis_dlock::LockError> {
+/// let client = LockClient::open("redis://127.0.0.1:6379/")?;
+/// let lock: Arc<dyn DistributedLock> = Arc::from(client.lock("jobs:import").build()?);
+/// let guard = lock.lock_arc()?; // OwnedLockGuard: 'static, Send
+/// std::thread::spawn(move || {
+///     // ... work under the lock on another thread ...
+///     guard.unlock()
+/// })
+/// .join()
+/// .expect("worker")?;
+/// # Ok(()) }
+/// ```
+pub trait ArcLockExt<L: DistributedLock + ?Sized> {
+    /// [`DistributedLock::lock`], returning an owned guard.
+    fn lock_arc(&self) -> Result<OwnedLockGuard<L>>;
+    /// [`DistributedLock::try_lock`], returning an owned guard.
+    fn try_lock_arc(&self) -> Result<OwnedLockGuard<L>>;
+    /// [`DistributedLock::try_lock_for`], returning an owned guard.
+    fn try_lock_arc_for(&self, wait: Duration) -> Result<OwnedLockGuard<L>>;
+    /// [`DistributedLock::try_lock_until`], returning an owned guard.
+    fn try_lock_arc_until(&self, deadline: Instant) -> Result<OwnedLockGuard<L>>;
+}
+
+impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
+    fn lock_arc(&self) -> Result<OwnedLockGuard<L>> {
+        let lease = self.lock()?.into_lease();
+        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
+    }
+
+    fn try_lock_arc(&self) -> Result<OwnedLockGuard<L>> {
+        let lease = self.try_lock()?.into_lease();
+        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
+    }
+
+    fn try_lock_arc_for(&self, wait: Duration) -> Result<OwnedLockGuard<L>> {
+        let lease = self.try_lock_for(wait)?.into_lease();
+        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
+    }
+
+    fn try_lock_arc_until(&self, deadline: Instant) -> Result<OwnedLockGuard<L>> {
+        let lease = self.try_lock_until(deadline)?.into_lease();
+        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
+    }
+}
+
+/// A held lock that owns an `Arc` of its lock ([`ArcLockExt`]); releases it when dropped, like
+/// [`LockGuard`].
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct OwnedLockGuard<L: DistributedLock + ?Sized = dyn DistributedLock> {
+    lock: Arc<L>,
+    lease: Lease,
+    armed: bool,
+}
+
+impl<L: DistributedLock + ?Sized> fmt::Debug for OwnedLockGuard<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedLockGuard")
+            .field("key", &self.lock.key())
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
+    /// Wraps a fresh lease of `lock`.
+    pub fn new(lock: Arc<L>, lease: Lease) -> Self {
+        OwnedLockGuard {
+            lock,
+            lease,
+            armed: true,
+        }
+    }
+
+    /// The lock this guard holds.
+    pub fn lock(&self) -> &Arc<L> {
+        &self.lock
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        self.lock.key()
+    }
+
+    /// The lease behind the guard (value, validity, fencing token).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The fencing token of this hold, if the lock was built with fencing.
+    pub fn fence(&self) -> Option<u64> {
+        self.lease.fence()
+    }
+
+    /// Time left before the hold expires, by the local clock.
+    pub fn remaining(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// True once the hold must be taken as lost, without a round trip: see [`Lease::is_lost`].
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// Asks Redis whether the lock is still ours and within its lifetime.
+    pub fn is_held(&self) -> Result<bool> {
+        self.lock.is_held(&self.lease)
+    }
+
+    /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise; see
+    /// [`LockGuard::check`].
+    pub fn check(&self) -> Result<()> {
+        if !self.is_lost() && self.is_held()? {
+            Ok(())
+        } else {
+            Err(LockError::Lost {
+                key: self.key().to_owned(),
+            })
+        }
+    }
+
+    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours.
+    pub fn extend(&mut self, ttl: Duration) -> Result<()> {
+        self.lock.extend(&mut self.lease, ttl)
+    }
+
+    /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost.
+    pub fn unlock(mut self) -> Result<bool> {
+        self.armed = false;
+        self.lock.release(&self.lease)
+    }
+
+    /// Gives up the guard without releasing; see [`LockGuard::into_lease`].
+    pub fn into_lease(mut self) -> Lease {
+        self.armed = false;
+        self.lease.clone()
+    }
+}
+
+impl<L: DistributedLock + ?Sized> Drop for OwnedLockGuard<L> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.lease.stop_renewal();
+        if let Err(e) = self.lock.release(&self.lease) {
+            log::error!(
+                "lock {:?}: release on drop failed: {}",
+                self.lock.key(),
+                e.report()
+            );
+        }
+    }
 }
 
 /// The safety margin a won acquire must leave: the larger of the time its reply took and a

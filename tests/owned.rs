@@ -1,0 +1,110 @@
+//! Owned guards (`ArcLockExt`) and `try_lock_until`: a hold that crosses threads and sits in a
+//! struct, released by drop or by `unlock()` from another thread.
+
+mod support;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis_dlock::{ArcLockExt, DistributedLock, LockClient, LockError, OwnedLockGuard, Strategy};
+use support::{init_logging, raw, RedisServer};
+
+/// A worker that keeps its hold between calls, as a service object would.
+struct Job {
+    hold: Option<OwnedLockGuard>,
+}
+
+#[test]
+fn owned_guards_cross_threads_and_release() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let c = LockClient::open(&server.url()).unwrap();
+    for strategy in [Strategy::Token, Strategy::Classic] {
+        let key = format!("owned:{strategy:?}");
+        let lock: Arc<dyn DistributedLock> = Arc::from(
+            c.lock(key.as_str())
+                .strategy(strategy)
+                .ttl(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        );
+        let other = c
+            .lock(key.as_str())
+            .strategy(strategy)
+            .ttl(Duration::from_secs(10))
+            .build()
+            .unwrap();
+
+        // Taken here, kept in a struct, released on another thread by unlock().
+        let mut job = Job {
+            hold: Some(lock.lock_arc().unwrap()),
+        };
+        assert_eq!(
+            raw::get(&mut conn, &key).as_deref(),
+            job.hold.as_ref().map(|g| g.lease().value())
+        );
+        assert!(matches!(other.try_lock(), Err(LockError::Held { .. })));
+        let guard = job.hold.take().unwrap();
+        let released = thread::spawn(move || guard.unlock()).join().unwrap();
+        assert!(released.unwrap(), "{key}: unlocked from another thread");
+        assert!(!raw::exists(&mut conn, &key), "{key}");
+
+        // Dropped on another thread: released too.
+        let guard = lock.try_lock_arc().unwrap();
+        thread::spawn(move || drop(guard)).join().unwrap();
+        assert!(!raw::exists(&mut conn, &key), "{key}: released on drop");
+
+        // The guard keeps the lock object alive after the caller's Arc is gone.
+        let guard = Arc::clone(&lock)
+            .try_lock_arc_for(Duration::from_secs(1))
+            .unwrap();
+        assert!(guard.is_held().unwrap() && guard.check().is_ok());
+        assert!(Arc::strong_count(guard.lock()) >= 2);
+        drop(guard);
+    }
+}
+
+#[test]
+fn try_lock_until_honours_the_deadline() {
+    init_logging();
+    let server = RedisServer::start();
+    let c = LockClient::open(&server.url()).unwrap();
+    let lock: Arc<dyn DistributedLock> = Arc::from(
+        c.lock("owned:until")
+            .ttl(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    );
+    let held = lock.try_lock_arc().unwrap();
+    // A deadline in the past: one attempt, refused.
+    let t = Instant::now();
+    let past = lock.try_lock_until(t);
+    assert!(
+        matches!(past, Err(LockError::Timeout { attempts: 1, .. })),
+        "{past:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(1));
+    // A deadline 300 ms away: gives up after about that long.
+    let t = Instant::now();
+    let r = lock.try_lock_until(t + Duration::from_millis(300));
+    assert!(matches!(r, Err(LockError::Timeout { .. })), "{r:?}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(290),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Released meanwhile: taken before the deadline.
+    let waiter = {
+        let lock = Arc::clone(&lock);
+        thread::spawn(move || {
+            lock.try_lock_arc_until(Instant::now() + Duration::from_secs(5))
+                .map(|g| g.unlock())
+        })
+    };
+    thread::sleep(Duration::from_millis(200));
+    assert!(held.unlock().unwrap());
+    assert!(waiter.join().unwrap().unwrap().unwrap());
+}
