@@ -207,13 +207,7 @@ impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
     /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise; see
     /// [`LockGuard::check`].
     pub fn check(&self) -> Result<()> {
-        if !self.is_lost() && self.is_held()? {
-            Ok(())
-        } else {
-            Err(LockError::Lost {
-                key: self.key().to_owned(),
-            })
-        }
+        check_hold(self.lock.as_ref(), &self.lease)
     }
 
     /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours.
@@ -239,14 +233,32 @@ impl<L: DistributedLock + ?Sized> Drop for OwnedLockGuard<L> {
         if !self.armed {
             return;
         }
-        self.lease.stop_renewal();
-        if let Err(e) = self.lock.release(&self.lease) {
-            log::error!(
-                "lock {:?}: release on drop failed: {}",
-                self.lock.key(),
-                e.report()
-            );
-        }
+        release_on_drop(self.lock.as_ref(), &self.lease);
+    }
+}
+
+/// What a guard's `check()` does, for both guard kinds: a hold already known lost fails
+/// without a round trip; otherwise Redis is asked.
+fn check_hold<L: DistributedLock + ?Sized>(lock: &L, lease: &Lease) -> Result<()> {
+    if !lease.is_lost() && lock.is_held(lease)? {
+        Ok(())
+    } else {
+        Err(LockError::Lost {
+            key: lock.key().to_owned(),
+        })
+    }
+}
+
+/// What dropping an armed guard does, for both guard kinds: stop renewals even if the release
+/// fails, then release owner-checked, logging a failure (a loss is logged by `release`).
+fn release_on_drop<L: DistributedLock + ?Sized>(lock: &L, lease: &Lease) {
+    lease.stop_renewal();
+    if let Err(e) = lock.release(lease) {
+        log::error!(
+            "lock {:?}: release on drop failed: {}",
+            lock.key(),
+            e.report()
+        );
     }
 }
 
@@ -542,11 +554,7 @@ impl<'a> LockGuard<'a> {
     /// before a step that must run under the lock. A hold already known lost
     /// ([`is_lost`](Self::is_lost)) fails without a round trip; otherwise Redis is asked.
     pub fn check(&self) -> Result<()> {
-        if !self.is_lost() && self.is_held()? {
-            Ok(())
-        } else {
-            Err(self.lost())
-        }
+        check_hold(self.lock, &self.lease)
     }
 
     /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours.
@@ -568,12 +576,6 @@ impl<'a> LockGuard<'a> {
         self.armed = false;
         self.lease.clone()
     }
-
-    fn lost(&self) -> LockError {
-        LockError::Lost {
-            key: self.key().to_owned(),
-        }
-    }
 }
 
 impl Drop for LockGuard<'_> {
@@ -581,18 +583,7 @@ impl Drop for LockGuard<'_> {
         if !self.armed {
             return;
         }
-        // Even if the release below fails, renewals must stop with the guard.
-        self.lease.stop_renewal();
-        match self.lock.release(&self.lease) {
-            Ok(true) => {}
-            // release() already logged the loss with the key.
-            Ok(false) => {}
-            Err(e) => log::error!(
-                "lock {:?}: release on drop failed: {}",
-                self.key(),
-                e.report()
-            ),
-        }
+        release_on_drop(self.lock, &self.lease);
     }
 }
 
