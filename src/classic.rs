@@ -1,5 +1,6 @@
 //! [`Strategy::Classic`](crate::Strategy::Classic): the legacy SETNX + GETSET timestamp lock,
-//! wire-compatible with the Java lockers described in the seed documents.
+//! wire-compatible with the legacy Java SETNX/GETSET lockers (the "Handling deadlocks" pattern
+//! of redis.io's `SETNX` page, jedis-lock and their kin).
 //!
 //! The value at the key is the lock's expiry in epoch milliseconds by the client's clock,
 //! `now + ttl + 1 (+ clock_skew)`, as decimal ASCII or an 8-byte big-endian integer. Wire:
@@ -81,7 +82,7 @@ fn encode(encoding: Encoding, expiry_ms: i64) -> Encoded {
 }
 
 /// 2000-01-01T00:00:00Z in epoch milliseconds. No legacy locker ever wrote an expiry before it,
-/// but seed 001's later Lua locker writes the value `1` (with a TTL): read as a timestamp it
+/// but a later kind of legacy locker, written in Lua, stores the value `1` (with a TTL): read as a timestamp it
 /// would look long expired and a live lock would be taken over. Such values are `Corrupt`.
 const OLDEST_PLAUSIBLE_EXPIRY_MS: i64 = 946_684_800_000;
 
@@ -393,7 +394,7 @@ mod tests {
         assert!(decode(Encoding::BigEndian, b"1234567").is_err());
         // A decimal value read with the big-endian encoding is 13 bytes, not 8: rejected.
         assert!(decode(Encoding::BigEndian, b"1700000000123").is_err());
-        // Seed 001's Lua locker stores "1": not an expiry, never taken over as a stale one.
+        // A Lua-based legacy locker stores "1": not an expiry, never taken over as a stale one.
         assert!(decode(Encoding::Decimal, b"1").is_err());
         assert!(decode(Encoding::BigEndian, &1i64.to_be_bytes()).is_err());
     }

@@ -50,7 +50,7 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The legacy lockers' policy (seed documents): 5 retries, a constant 200 ms sleep, no
+    /// The legacy lockers' policy: 5 retries, a constant 200 ms sleep, no
     /// jitter; about one second of waiting in all. The default for
     /// [`Strategy::Classic`](crate::Strategy::Classic).
     pub fn legacy() -> Self {

@@ -77,12 +77,12 @@ pub struct ClassicOptions {
     pub encoding: Encoding,
     /// Takeover of stale locks (default [`Takeover::GetSet`]).
     pub takeover: Takeover,
-    /// Also give the key a Redis TTL equal to the lifetime when winning (seed 001's EXPIRE
-    /// after acquiring; done atomically here with `SET NX PX`). Default off: the legacy
-    /// SETNX lockers set no TTL and rely on the timestamp.
+    /// Also give the key a Redis TTL equal to the lifetime when winning (the `EXPIRE` some
+    /// legacy lockers send after acquiring; done atomically here with `SET NX PX`). Default
+    /// off: the plain legacy SETNX lockers set no TTL and rely on the timestamp.
     pub key_ttl: bool,
     /// Added to the stored expiry so peers with clocks up to this far ahead do not take the
-    /// lock over early (seed 001 used 1 s). Default zero.
+    /// lock over early (some legacy lockers use 1 s). Default zero.
     pub clock_skew: Duration,
 }
 
