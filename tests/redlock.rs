@@ -699,6 +699,15 @@ fn mutual_exclusion_across_8_threads_under_faults() {
             });
         }
 
+        // If a fault step panics (a node that cannot be restarted), the workers must still
+        // stop, or the scope would wait for them for ever: the test fails instead of hanging.
+        struct StopOnDrop<'a>(&'a AtomicUsize);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(PHASES, Ordering::SeqCst);
+            }
+        }
+        let _stop = StopOnDrop(&phase);
         let step = Duration::from_millis(700);
         let next = |p: usize| phase.store(p, Ordering::SeqCst);
         // 0: healthy

@@ -356,7 +356,30 @@ fn fresh_dir() -> PathBuf {
     dir
 }
 
+/// A free loopback port for a server, chosen below the kernel's ephemeral range: a port from
+/// that range (what binding port 0 gives) can be taken by any outgoing connection's local end
+/// while its server is down, and then `restart()` cannot bind it again.
 fn free_port() -> u16 {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| {
+            r.split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+        })
+        .unwrap_or(32768);
+    const LOW: u16 = 10_000;
+    if ephemeral_low > LOW + 1_000 {
+        for _ in 0..500 {
+            let port = LOW + rand::random::<u16>() % (ephemeral_low - LOW);
+            if port == 6379 || port == 26379 {
+                continue;
+            }
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local addr").port()
 }
