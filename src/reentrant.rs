@@ -387,7 +387,7 @@ impl DistributedLock for ReentrantLock {
         lease.stop_renewal();
         // One id per call: a copy of the command sent again after a dropped connection
         // carries the same id, and the script does not give back a second hold for it.
-        let request = format!("{:032x}", rand::random::<u128>());
+        let request = crate::token::new_token();
         let mut sent = 0u32;
         let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
             sent += 1;
@@ -399,7 +399,7 @@ impl DistributedLock for ReentrantLock {
                     self.opts.lease_ms(),
                     lease.value(),
                     self.opts.channel.as_str(),
-                    request.as_str(),
+                    &request[..],
                 ),
             )
         });

@@ -25,7 +25,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rand::RngExt;
 use redis::Value;
 
 use crate::client::LockClient;
@@ -66,8 +65,8 @@ pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
 
 /// A random request id for an unlock latch (128 bits in hex).
 fn request_id() -> String {
-    let bytes: [u8; 16] = rand::rng().random();
-    hex::encode(bytes)
+    // The Token lock's 128-bit random hex token, which is ASCII.
+    String::from_utf8_lossy(&crate::token::new_token()).into_owned()
 }
 
 /// Which side of the lock a handle takes.
