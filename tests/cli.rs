@@ -531,9 +531,13 @@ exit 42
 "#,
     )
     .expect("write script");
-    let line = format!("{DLOCK} run --key tty -- sh {d}/cmd.sh {d}");
+    // `exec`: dlock is then the terminal's foreground job alone, as when an interactive shell
+    // starts it. script(1) runs the line with $SHELL (sh when unset); a shell left waiting in
+    // the same process group would take the Ctrl-C itself and report 130, whatever dlock does.
+    let line = format!("exec {DLOCK} run --key tty -- sh {d}/cmd.sh {d}");
     let mut script = Command::new("script")
         .args(["-q", "-f", "-e", "-c", &line, "/dev/null"])
+        .env("SHELL", "/bin/sh")
         .env("REDIS_URL", server.url())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
