@@ -27,15 +27,15 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::client::watchdog::{LostCallback, LostLock, RenewKind};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::hold::{HoldOptions, WakeUp};
 use crate::keys;
 use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard, Wake};
-use crate::owner;
 use crate::retry::{Attempts, RetryPolicy};
 use crate::strategy::check_duration;
-use crate::watchdog::{LostCallback, LostLock, RenewKind};
+use crate::strategy::hold::{HoldOptions, WakeUp};
+use crate::strategy::owner;
 
 /// The shortest default writer intent: see [`ReadWriteLockBuilder::writer_intent`].
 pub const RW_MIN_WRITER_INTENT: Duration = Duration::from_millis(100);
@@ -66,7 +66,7 @@ pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
 /// A random request id for an unlock latch (128 bits in hex).
 fn request_id() -> String {
     // The Token lock's 128-bit random hex token, which is ASCII.
-    String::from_utf8_lossy(&crate::token::new_token()).into_owned()
+    String::from_utf8_lossy(&crate::strategy::token::new_token()).into_owned()
 }
 
 /// Which side of the lock a handle takes.

@@ -40,8 +40,8 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
+use crate::client::janitor::Cause;
 use crate::client::{LockClient, WeakClient};
-use crate::janitor::Cause;
 
 /// Read timeout of the subscribed connection: how often the thread checks that its client is
 /// still alive.

@@ -5,6 +5,13 @@
 //! or a `READONLY` reply (a master demoted by a failover) marks itself broken and is replaced,
 //! so a client recovers from restarts and failovers without being rebuilt.
 
+pub(crate) mod cluster_deadline;
+pub(crate) mod janitor;
+pub(crate) mod sentinel_watch;
+pub(crate) mod subscriber;
+pub(crate) mod waiters;
+pub(crate) mod watchdog;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -13,15 +20,15 @@ use redis::{
     ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
 };
 
-use crate::cluster_deadline::{with_deadline, Deadlined};
+use crate::client::cluster_deadline::{with_deadline, Deadlined};
+use crate::client::janitor::Janitor;
+use crate::client::sentinel_watch::Switches;
+use crate::client::subscriber::{Resolve, Wakeups};
+use crate::client::waiters::WaitQueues;
+use crate::client::watchdog::Watchdog;
 use crate::error::{self, Context, LockError, Result, Rounded};
-use crate::janitor::Janitor;
 use crate::scripts::Scripts;
-use crate::sentinel_watch::{self, Switches};
 use crate::strategy::LockBuilder;
-use crate::waiters::WaitQueues;
-use crate::wakeup::{Resolve, Wakeups};
-use crate::watchdog::Watchdog;
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
@@ -238,7 +245,7 @@ impl LockClient {
                 scripts: Scripts::new(),
                 wakeups: Wakeups::new(resolve, Arc::clone(&waiters), timeout),
                 waiters,
-                instance: crate::owner::new_uuid(),
+                instance: crate::strategy::owner::new_uuid(),
                 watchdog: Watchdog::new(),
                 cluster,
                 courtesy,
@@ -344,7 +351,7 @@ impl LockClient {
     /// A pooled connection; failures are reported against `key`.
     ///
     /// A Sentinel client discards connections opened before the last master switch it heard
-    /// of (see [`crate::sentinel_watch`]): they may lead to the old master, which goes on
+    /// of (see [`crate::client::sentinel_watch`]): they may lead to the old master, which goes on
     /// answering as a master until Sentinel reconfigures it. At most one per pooled connection
     /// is discarded, then a new one is opened (to the new master, `ROLE` checked).
     fn conn(&self, key: &str) -> Result<Conn> {
@@ -823,7 +830,7 @@ impl ClientBuilder {
 /// retries, 1.28 s to 655 s each) add up to minutes. Redirections (`MOVED`, `ASK`) need no
 /// sleep; five retries cover a `MOVED` and an `ASK` of a slot in migration with room to spare.
 /// The whole command, redirections and retries included, is bounded by its deadline (see
-/// [`crate::cluster_deadline`]); the short sleeps make it return at most one sleep (`t/10`)
+/// [`crate::client::cluster_deadline`]); the short sleeps make it return at most one sleep (`t/10`)
 /// after it.
 pub(crate) fn cluster_retries(t: Duration) -> (u32, u64, u64) {
     let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
@@ -1171,7 +1178,7 @@ pub(crate) struct Link {
 enum Node {
     Single(redis::Connection),
     /// Boxed: a cluster connection is four times the size of a single one. Its node
-    /// connections keep to each command's deadline (see [`crate::cluster_deadline`]).
+    /// connections keep to each command's deadline (see [`crate::client::cluster_deadline`]).
     /// The second field is the command timeout: each command's deadline.
     Cluster(
         Box<redis::cluster::ClusterConnection<Deadlined>>,
