@@ -94,20 +94,11 @@ fn hash_tag(key: &[u8]) -> &[u8] {
     key
 }
 
-/// The Redis Cluster slot of `key` (CRC16/XMODEM of its hash tag, modulo 16384).
+/// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag, modulo 16384, computed by
+/// the `crc16` crate that redis-rs uses for its own routing (redis-rs's `Slot::for_key` does
+/// not expose the number, which the watchdog sorts its batches by).
 pub(crate) fn hash_slot(key: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in hash_tag(key) {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16384
 }
 
 #[cfg(test)]
@@ -124,6 +115,31 @@ mod tests {
         assert_eq!(hash_slot(b"foo{}{bar}"), hash_slot(b"foo{}{bar}"));
         assert_ne!(hash_slot(b"foo{}{bar}"), hash_slot(b"bar"));
         assert_eq!(hash_slot(b"foo{{bar}}zap"), hash_slot(b"{bar"));
+    }
+
+    #[test]
+    fn slots_match_redis_rs_routing() {
+        use redis::cluster_routing::{Route, SlotAddr};
+        for key in [
+            "",
+            "a",
+            "foo",
+            "{user1000}.following",
+            "a{b",
+            "a{}b",
+            "}a{b",
+            "x{}{y}",
+            "{}",
+            "orders:42",
+            "dlock_fence:{orders:42}",
+            "\u{e9}t\u{e9}",
+        ] {
+            assert_eq!(
+                Route::new(hash_slot(key.as_bytes()), SlotAddr::Master),
+                Route::with_key(key, SlotAddr::Master),
+                "{key:?}"
+            );
+        }
     }
 
     #[test]
