@@ -54,6 +54,12 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
 
     /// Gives our hold a new lifetime of `ttl` from now. [`LockError::Lost`] when it is no longer
     /// ours. Updates `lease` (validity, and the value for strategies that change it).
+    ///
+    /// The new lifetime *replaces* the time left; it is not added to it. `extend(30 s)` on a
+    /// hold with 10 s left leaves 30 s, not 40 s, and a `ttl` shorter than the time left
+    /// shortens the hold (except a [`ReadWriteLock`](crate::ReadWriteLock) hold, whose extend
+    /// never shortens anything). redis-py's `Lock.extend(t)` adds `t` by default; this is its
+    /// `extend(t, replace_ttl=True)`.
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()>;
 
     /// Asks Redis whether the hold is still ours and within its lifetime.
@@ -210,7 +216,8 @@ impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
         check_hold(self.lock.as_ref(), &self.lease)
     }
 
-    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours.
+    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
+    /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<()> {
         self.lock.extend(&mut self.lease, ttl)
     }
@@ -250,15 +257,22 @@ fn check_hold<L: DistributedLock + ?Sized>(lock: &L, lease: &Lease) -> Result<()
 }
 
 /// What dropping an armed guard does, for both guard kinds: stop renewals even if the release
-/// fails, then release owner-checked, logging a failure (a loss is logged by `release`).
+/// fails, then release owner-checked. Nobody sees the outcome, so a failure and a loss are
+/// logged here (`release` itself returns them without a warning).
 fn release_on_drop<L: DistributedLock + ?Sized>(lock: &L, lease: &Lease) {
     lease.stop_renewal();
-    if let Err(e) = lock.release(lease) {
-        log::error!(
+    match lock.release(lease) {
+        Ok(true) => {}
+        Ok(false) => log::warn!(
+            "lock {:?}: guard dropped after the lock was lost (it expired, or another owner \
+             took it over); no other owner's lock was deleted",
+            lock.key()
+        ),
+        Err(e) => log::error!(
             "lock {:?}: release on drop failed: {}",
             lock.key(),
             e.report()
-        );
+        ),
     }
 }
 
@@ -557,7 +571,8 @@ impl<'a> LockGuard<'a> {
         check_hold(self.lock, &self.lease)
     }
 
-    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours.
+    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
+    /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<()> {
         self.lock.extend(&mut self.lease, ttl)
     }
@@ -748,7 +763,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
                 }
                 _ => backoff,
             };
-            log::debug!(
+            log::trace!(
                 "lock {key:?}: refused, attempt {} failed, next in at most {sleep:?}{}",
                 attempts.made(),
                 if listening {
@@ -872,7 +887,8 @@ pub(crate) fn note_release(waiters: &WaitQueues, key: &str, ours: bool) -> bool 
     if ours {
         waiters.notify_release(key);
     } else {
-        log::warn!(
+        // Returned to the caller as `Ok(false)`; a guard dropped without `unlock` warns.
+        log::debug!(
             "lock {key:?}: lost before release (it expired, or another owner took it over); \
              no other owner's lock was deleted"
         );

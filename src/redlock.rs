@@ -803,7 +803,7 @@ impl RedLock {
                 inner.nodes.len()
             );
         } else {
-            log::debug!("lock {:?}: RedLock {what} not won: {tally}", self.key);
+            log::trace!("lock {:?}: RedLock {what} not won: {tally}", self.key);
         }
     }
 }
@@ -930,7 +930,8 @@ impl DistributedLock for RedLock {
             log::debug!("lock {:?}: RedLock extended by {ttl:?}: {tally}", self.key);
             return Ok(());
         }
-        log::warn!(
+        // Returned as `LockError::Lost`: not also a warning.
+        log::debug!(
             "lock {:?}: RedLock lost, extend not confirmed by a majority in time: {tally}",
             self.key
         );

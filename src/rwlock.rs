@@ -633,7 +633,8 @@ impl Shared {
             );
             Ok(())
         } else {
-            log::warn!(
+            // Returned as `LockError::Lost`: not also a warning.
+            log::debug!(
                 "lock {:?}: {} hold lost, extend found no live hold of its owner",
                 self.key,
                 mode.as_str()

@@ -97,7 +97,7 @@ impl LuaScript {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
-                log::info!(
+                log::debug!(
                     "script {} not on the server (NOSCRIPT), sending it with EVAL",
                     self.name
                 );
@@ -162,7 +162,7 @@ impl LuaScript {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
-                log::info!(
+                log::debug!(
                     "lock {key:?}: script {} not on the server (NOSCRIPT), sending it with EVAL",
                     self.name
                 );

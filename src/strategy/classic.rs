@@ -30,7 +30,6 @@ const VANISHED_RETRIES: u32 = 3;
 
 /// A lock of [`Strategy::Classic`](crate::Strategy::Classic). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
-#[derive(Debug)]
 pub struct ClassicLock {
     client: LockClient,
     key: String,
@@ -125,6 +124,17 @@ pub(crate) fn expiry_value(
 ) -> Result<Encoded> {
     let expiry = now_epoch_ms(key)? + ttl.as_millis() as i64 + 1 + skew.as_millis() as i64;
     Ok(encode(encoding, expiry))
+}
+
+impl std::fmt::Debug for ClassicLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClassicLock")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("retry", &self.retry)
+            .field("options", &self.opts)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ClassicLock {

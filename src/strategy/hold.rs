@@ -66,6 +66,21 @@ impl std::fmt::Debug for HoldOptions {
 }
 
 impl HoldOptions {
+    /// Writes what a user set (lifetime or watchdog lease, retry policy, wake-up, fencing) into
+    /// the `Debug` of a lock, as fields of its own: the lock's `Debug` names no crate-private
+    /// type.
+    pub(crate) fn debug_fields<'a, 'b, 'c>(
+        &self,
+        d: &'a mut std::fmt::DebugStruct<'b, 'c>,
+    ) -> &'a mut std::fmt::DebugStruct<'b, 'c> {
+        d.field("ttl", &self.lease)
+            .field("watched", &self.watched)
+            .field("on_lost", &self.on_lost.is_some())
+            .field("retry", &self.retry)
+            .field("wake_up", &self.wake_up)
+            .field("fencing", &self.fence_key.is_some())
+    }
+
     /// Checks a builder's lease options: an explicit `ttl` turns the watchdog off (and then
     /// `watchdog_lease` and `on_lost` make no sense); without one the hold is watched with
     /// `watchdog_lease` (default [`WATCHDOG_DEFAULT_LEASE`]).

@@ -147,11 +147,19 @@ fn holds_local(owner: &OwnerId, key: &str) -> bool {
 /// lock's lease ([`ttl`](DistributedLock::ttl)); all holds of the key share it. A watched lock
 /// (built without ttl) has each hold renewed by the client's watchdog until that hold is
 /// released, so the key lives while any hold of the owner does.
-#[derive(Debug)]
 pub struct ReentrantLock {
     client: LockClient,
     key: String,
     opts: HoldOptions,
+}
+
+impl std::fmt::Debug for ReentrantLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("ReentrantLock");
+        d.field("key", &self.key)
+            .field("instance", &self.client.instance_id());
+        self.opts.debug_fields(&mut d).finish_non_exhaustive()
+    }
 }
 
 impl ReentrantLock {
@@ -422,8 +430,9 @@ impl DistributedLock for ReentrantLock {
                 lock::note_release(self.client.waiters(), &self.key, true);
                 (Seen::Nothing, true)
             }
+            // Returned as `Ok(false)`; a guard dropped without `unlock` warns.
             None if sent > 1 => {
-                log::warn!(
+                log::debug!(
                     "lock {:?}: release by owner {} sent again after a dropped connection found \
                      no hold: the first copy may have freed it (its reply was lost), or the hold \
                      had expired; nothing was changed by the second copy",
@@ -433,7 +442,7 @@ impl DistributedLock for ReentrantLock {
                 (Seen::Nothing, false)
             }
             None => {
-                log::warn!(
+                log::debug!(
                     "lock {:?}: release by owner {} found no hold of it (it expired, or the \
                      owner never held the lock); nothing was changed",
                     self.key,

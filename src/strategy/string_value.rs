@@ -164,7 +164,8 @@ pub(crate) fn extended(
         log::debug!("lock {key:?}: extended by {ttl:?}");
         Ok(())
     } else {
-        log::warn!("lock {key:?}: lost, extend found another owner or none");
+        // Returned as `LockError::Lost`: not also a warning.
+        log::debug!("lock {key:?}: lost, extend found another owner or none");
         Err(LockError::Lost {
             key: key.to_owned(),
         })

@@ -34,7 +34,6 @@ use crate::strategy::string_value;
 
 /// A lock of [`Strategy::Token`](crate::Strategy::Token). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
-#[derive(Debug)]
 pub struct TokenLock {
     client: LockClient,
     key: String,
@@ -51,6 +50,14 @@ pub(crate) fn new_token() -> [u8; 32] {
     // Cannot fail: 16 bytes always fill exactly 32 hex characters.
     let _ = hex::encode_to_slice(bytes, &mut out);
     out
+}
+
+impl std::fmt::Debug for TokenLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("TokenLock");
+        d.field("key", &self.key);
+        self.opts.debug_fields(&mut d).finish_non_exhaustive()
+    }
 }
 
 impl TokenLock {
