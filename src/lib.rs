@@ -51,6 +51,7 @@
 #![forbid(unsafe_code)]
 
 // The vocabulary: the trait and its guards, errors, retry policies, key names, scripts.
+mod admin;
 mod error;
 mod keys;
 mod lock;
@@ -71,6 +72,7 @@ mod rwlock;
 #[doc(hidden)]
 pub mod bench_hooks;
 
+pub use admin::LockState;
 pub use client::watchdog::{LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
 pub use client::{
     ClientBuilder, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,

@@ -93,6 +93,80 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     fn try_lock_until(&self, deadline: Instant) -> Result<LockGuard<'_>> {
         self.try_lock_for(deadline.saturating_duration_since(Instant::now()))
     }
+
+    /// Asks the server whether anyone holds the lock now, and for how long (one round trip;
+    /// RedLock: one to each node, at once). Whoever holds it: this caller, another thread,
+    /// another process. [`is_locked`](Self::is_locked) and
+    /// [`remaining_ttl`](Self::remaining_ttl) are this answer's two halves.
+    ///
+    /// Per lock type:
+    /// - Token, Reentrant: the key exists (a string, or Redisson's hash); `ttl` is its `PTTL`.
+    /// - Classic: the key holds an expiry that has not passed by this client's clock (a stale
+    ///   value is [`LockState::Unlocked`]: the next acquire takes it over); `ttl` is the time
+    ///   left until that expiry, or the key's `PTTL` if shorter (`key_ttl`). A value that is no
+    ///   expiry in the lock's encoding is [`LockError::Corrupt`].
+    /// - [`ReadLock`](crate::ReadLock) / [`WriteLock`](crate::WriteLock): the hash is in read
+    ///   (write) mode, as Redisson's `isLocked` of its read (write) lock; `ttl` is the hash's
+    ///   `PTTL` (the latest hold's lifetime).
+    /// - RedLock: a majority of the nodes hold one same value; `ttl` is the time until fewer
+    ///   than a majority of them will (the majority's shortest remaining `PTTL`, counted from
+    ///   the longest). Nodes that fail or do not answer within the node timeout count for
+    ///   nothing; when the answers cannot tell (the unanswered nodes would decide), the call
+    ///   fails with [`LockError::Connection`].
+    ///
+    /// A key of another Redis type than the lock writes is [`LockError::WrongType`], as for
+    /// its acquires. Sends `EVALSHA` of a read-only script (`TYPE`, `PTTL`, and `GET` or
+    /// `HGET`): an ACL user needs those commands on the key besides the lock's own.
+    ///
+    /// The default implementation, for lock types outside this crate, returns
+    /// [`LockError::InvalidArgument`] ("not supported"); every lock of this crate answers.
+    fn state(&self) -> Result<crate::LockState> {
+        Err(LockError::invalid(
+            self.key(),
+            "this lock type does not implement the server-side queries (state)",
+        ))
+    }
+
+    /// True when anyone holds the lock now, by asking the server: see [`state`](Self::state)
+    /// for what "held" means per lock type. Redisson's `isLocked`.
+    fn is_locked(&self) -> Result<bool> {
+        Ok(self.state()?.is_locked())
+    }
+
+    /// The time left before the current hold ends unless renewed, as the server counts it
+    /// (`PTTL`; not the local estimate of [`Lease::remaining`]), whoever holds it. `None` when
+    /// nobody holds the lock, or when the holder's key has no expiry in Redis (a value written
+    /// by another program); [`is_locked`](Self::is_locked) or [`state`](Self::state) tell the
+    /// two apart. See [`state`](Self::state) for the per-type meaning (Classic: the stored
+    /// expiry; RedLock: the majority's). Redisson's `remainTimeToLive`.
+    fn remaining_ttl(&self) -> Result<Option<Duration>> {
+        Ok(self.state()?.ttl())
+    }
+
+    /// **Dangerous, for administrators**: deletes the lock whoever holds it, and publishes the
+    /// release on the lock's channel so that waiters (here, in other processes, in Redisson)
+    /// wake at once, as Redisson's `forceUnlock`. `Ok(true)` when something was deleted,
+    /// `Ok(false)` when the lock was free.
+    ///
+    /// The holder is not told: it finds out at its next `extend`, `check`, `unlock` or (watched
+    /// locks) renewal, and until then it goes on working while another owner may already hold
+    /// the lock. Use it to clear a lock left by a holder known to be dead, not to break a live
+    /// one. Per lock type: Token and Reentrant publish Redisson's release message; Classic
+    /// publishes nothing (its legacy peers poll); a [`ReadLock`](crate::ReadLock)
+    /// ([`WriteLock`](crate::WriteLock)) deletes the hash only while it is in read (write)
+    /// mode, as Redisson's (the per-read-hold timeout keys expire by themselves); RedLock
+    /// deletes the key on every node and fails with [`LockError::Connection`] when fewer than
+    /// a majority answered (the lock may then live on). Sends `EVALSHA` of a script that
+    /// runs `DEL` and `PUBLISH` (and `TYPE`, `HGET` for the read-write lock).
+    ///
+    /// The default implementation, for lock types outside this crate, returns
+    /// [`LockError::InvalidArgument`] ("not supported").
+    fn force_unlock(&self) -> Result<bool> {
+        Err(LockError::invalid(
+            self.key(),
+            "this lock type does not implement force_unlock",
+        ))
+    }
 }
 
 /// Owned guards for locks behind an [`Arc`], like `lock_api`'s `lock_arc`: the guard keeps the

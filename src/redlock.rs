@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::admin::{KeyState, LockState};
 use crate::client::waiters::WaitQueues;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -620,6 +621,70 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Runs `op` on every node, on the key's lane, and collects the answers until `deadline`
+    /// (a job not started by then is skipped): one entry per node, `None` when it did not
+    /// answer in time.
+    fn ask<T, F>(&self, key: &str, lane: usize, deadline: Instant, op: F) -> Vec<Option<Result<T>>>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Lane) -> Result<T> + Send + Sync + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        let op = Arc::new(op);
+        for (i, node) in self.nodes.iter().enumerate() {
+            let (reply, op) = (tx.clone(), Arc::clone(&op));
+            let job: Job = Box::new(move |lane| {
+                if Instant::now() >= deadline {
+                    return;
+                }
+                let result = op(lane);
+                let answered = result.is_ok();
+                // The caller may have stopped waiting; then nobody needs the answer.
+                let _ = reply.send((i, result));
+                if answered {
+                    lane.redo();
+                }
+            });
+            if node.lanes[lane].send(job).is_err() {
+                let _ = tx.send((i, Err(worker_gone(key, i))));
+            }
+        }
+        drop(tx);
+        let mut answers: Vec<Option<Result<T>>> = self.nodes.iter().map(|_| None).collect();
+        for _ in 0..self.nodes.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((i, result)) => answers[i] = Some(result),
+                Err(_) => break,
+            }
+        }
+        answers
+    }
+}
+
+/// A query that too few nodes answered to decide.
+fn undecided(
+    key: &str,
+    what: &str,
+    answered: usize,
+    nodes: usize,
+    quorum: usize,
+    first: Option<LockError>,
+) -> LockError {
+    LockError::Connection {
+        key: key.to_owned(),
+        source: format!(
+            "RedLock {what}: {answered} of {nodes} nodes answered, too few to decide (a \
+             majority is {quorum}){}",
+            first
+                .map(|e| format!("; first error: {}", e.report()))
+                .unwrap_or_default()
+        )
+        .into(),
+    }
+}
+
 fn worker_gone(key: &str, node: usize) -> LockError {
     LockError::Connection {
         key: key.to_owned(),
@@ -982,6 +1047,119 @@ impl DistributedLock for RedLock {
             Attempts::for_duration(&self.retry, wait),
             || Ok(()),
         )
+    }
+
+    /// Locked when a majority of the nodes hold one same value: see
+    /// [`DistributedLock::state`].
+    fn state(&self) -> Result<LockState> {
+        let key = self.key.clone();
+        let deadline = crate::time::after(self.inner().node_timeout);
+        let answers = self
+            .inner()
+            .ask(&self.key, self.lane, deadline, move |lane| {
+                let reply: Value = lane
+                    .client
+                    .with_conn(&key, |con, s| s.lock_state.eval(con, &key, "value"))?;
+                KeyState::decode(&key, reply)
+            });
+        let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
+        let (mut unanswered, mut first_error) = (0, None);
+        // Each value found, with the PTTL of every node that holds it.
+        let mut held: Vec<(Vec<u8>, Vec<Option<Duration>>)> = Vec::new();
+        for answer in answers {
+            match answer {
+                None => unanswered += 1,
+                Some(Err(e)) => {
+                    unanswered += 1;
+                    first_error.get_or_insert(e);
+                }
+                Some(Ok(found)) if found.is_absent() => {}
+                Some(Ok(found)) => {
+                    // A key of another type is some value nobody else has.
+                    let value = match found.detail {
+                        Some(v) if found.kind == "string" => v,
+                        _ => format!("<{}>", found.kind).into_bytes(),
+                    };
+                    match held.iter_mut().find(|(v, _)| *v == value) {
+                        Some((_, ttls)) => ttls.push(found.pttl),
+                        None => held.push((value, vec![found.pttl])),
+                    }
+                }
+            }
+        }
+        let most = held.iter().max_by_key(|(_, ttls)| ttls.len());
+        let count = most.map_or(0, |(_, ttls)| ttls.len());
+        if let Some((_, ttls)) = most.filter(|_| count >= quorum) {
+            // The majority breaks when the quorum-th longest PTTL runs out (no expiry sorts
+            // as the longest).
+            let mut ttls = ttls.clone();
+            ttls.sort_by(|a, b| match (a, b) {
+                (None, None) => std::cmp::Ordering::Equal,
+                (None, Some(_)) => std::cmp::Ordering::Less,
+                (Some(_), None) => std::cmp::Ordering::Greater,
+                (Some(a), Some(b)) => b.cmp(a),
+            });
+            return Ok(LockState::Locked {
+                ttl: ttls.get(quorum - 1).copied().flatten(),
+            });
+        }
+        if count + unanswered < quorum {
+            return Ok(LockState::Unlocked);
+        }
+        Err(undecided(
+            &self.key,
+            "state",
+            nodes - unanswered,
+            nodes,
+            quorum,
+            first_error,
+        ))
+    }
+
+    /// Deletes the key on every node whoever holds it: see
+    /// [`DistributedLock::force_unlock`]. RedLock publishes nothing (its waiters poll); this
+    /// client's waiters are woken.
+    fn force_unlock(&self) -> Result<bool> {
+        let key = self.key.clone();
+        let deadline = crate::time::after(self.inner().node_timeout);
+        let answers = self
+            .inner()
+            .ask(&self.key, self.lane, deadline, move |lane| {
+                lane.client.with_conn(&key, |con, s| {
+                    s.force_unlock.eval::<i64>(con, &key, ("", "", ""))
+                })
+            });
+        let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
+        let (mut answered, mut deleted, mut first_error) = (0, 0, None);
+        for answer in answers.into_iter().flatten() {
+            match answer {
+                Ok(n) => {
+                    answered += 1;
+                    deleted += usize::from(n == 1);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if deleted > 0 {
+            log::info!(
+                "lock {:?}: RedLock force-unlocked (deleted on {deleted} of {nodes} nodes)",
+                self.key
+            );
+            self.inner().waiters.notify_release(&self.key);
+        }
+        if answered < quorum {
+            return Err(undecided(
+                &self.key,
+                "force unlock",
+                answered,
+                nodes,
+                quorum,
+                first_error,
+            ));
+        }
+        Ok(deleted > 0)
     }
 }
 

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::admin::{self, Detail, LockState};
 use crate::client::watchdog::{LostCallback, LostLock, RenewKind};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -645,6 +646,43 @@ impl Shared {
         }
     }
 
+    /// Locked in `mode`, as Redisson's `isLocked` of that side: the hash's field `mode`.
+    fn state(&self, mode: Mode) -> Result<LockState> {
+        let found = admin::read(&self.client, &self.key, Detail::Mode)?;
+        if found.is_absent() {
+            return Ok(LockState::Unlocked);
+        }
+        if found.kind != "hash" {
+            return Err(LockError::WrongType {
+                key: self.key.clone(),
+            });
+        }
+        Ok(
+            if found.detail.as_deref() == Some(mode.as_str().as_bytes()) {
+                LockState::Locked { ttl: found.pttl }
+            } else {
+                LockState::Unlocked
+            },
+        )
+    }
+
+    /// Deletes the hash if it is in `mode` (Redisson's `forceUnlock` of that side), publishing
+    /// Redisson's message for a release of that mode.
+    fn force_unlock(&self, mode: Mode) -> Result<bool> {
+        let message = match mode {
+            Mode::Read => "0",
+            Mode::Write => "1",
+        };
+        admin::force_delete(
+            &self.client,
+            &self.key,
+            Some(&self.channel),
+            message,
+            Some(mode.as_str()),
+            &[&self.key, &self.read_line, &self.write_line],
+        )
+    }
+
     fn is_held(&self, mode: Mode, lease: &Lease) -> Result<bool> {
         let (code, _) = self.run(
             |s| &s.rw_held,
@@ -783,6 +821,14 @@ macro_rules! side {
 
             fn is_held(&self, lease: &Lease) -> Result<bool> {
                 self.shared.is_held($mode, lease)
+            }
+
+            fn state(&self) -> Result<LockState> {
+                self.shared.state($mode)
+            }
+
+            fn force_unlock(&self) -> Result<bool> {
+                self.shared.force_unlock($mode)
             }
 
             fn try_lock(&self) -> Result<LockGuard<'_>> {

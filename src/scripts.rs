@@ -226,6 +226,10 @@ pub(crate) struct Scripts {
     /// `lua/reentrant_forget.lua`: the janitor's retry of a reentrant release that failed on a
     /// connection error (gives back one hold only if the owner's count is unchanged).
     pub(crate) reentrant_forget: LuaScript,
+    /// `lua/lock_state.lua`: the admin queries' read of a key (type, PTTL, value or mode).
+    pub(crate) lock_state: LuaScript,
+    /// `lua/force_unlock.lua`: the admin's delete-whoever-holds-it, published.
+    pub(crate) force_unlock: LuaScript,
 }
 
 impl Scripts {
@@ -273,6 +277,8 @@ impl Scripts {
                 "reentrant_forget",
                 include_str!("../lua/reentrant_forget.lua"),
             ),
+            lock_state: LuaScript::new("lock_state", include_str!("../lua/lock_state.lua")),
+            force_unlock: LuaScript::new("force_unlock", include_str!("../lua/force_unlock.lua")),
         }
     }
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
+use crate::admin::{self, Detail, LockState};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{self, printable, DistributedLock, Lease, LockGuard};
@@ -368,6 +369,39 @@ impl DistributedLock for ClassicLock {
             Attempts::for_duration(&self.retry, wait),
             || Ok(()),
         )
+    }
+
+    /// Held while the stored expiry has not passed by this client's clock (the rule its
+    /// acquires follow): see [`DistributedLock::state`].
+    fn state(&self) -> Result<LockState> {
+        let found = admin::read(&self.client, &self.key, Detail::Value)?;
+        if found.is_absent() {
+            return Ok(LockState::Unlocked);
+        }
+        if found.kind != "string" {
+            return Err(LockError::WrongType {
+                key: self.key.clone(),
+            });
+        }
+        let value = found.detail.unwrap_or_default();
+        let expiry = decode(self.opts.encoding, &value).map_err(|reason| LockError::Corrupt {
+            key: self.key.clone(),
+            value: printable(&value),
+            reason,
+        })?;
+        let now = now_epoch_ms(&self.key)?;
+        if expiry < now {
+            return Ok(LockState::Unlocked);
+        }
+        let left = Duration::from_millis(u64::try_from(expiry - now).unwrap_or(0));
+        Ok(LockState::Locked {
+            ttl: Some(found.pttl.map_or(left, |p| p.min(left))),
+        })
+    }
+
+    /// Deletes the key whoever holds it; publishes nothing (Classic peers poll).
+    fn force_unlock(&self) -> Result<bool> {
+        admin::force_delete(&self.client, &self.key, None, "", None, &[&self.key])
     }
 }
 

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::admin::{self, Detail, LockState};
 use crate::client::janitor::Cause;
 use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::RenewKind;
@@ -491,6 +492,21 @@ impl DistributedLock for ReentrantLock {
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
         self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait))
+    }
+
+    fn state(&self) -> Result<LockState> {
+        admin::read(&self.client, &self.key, Detail::None)?.plain(&self.key, "hash")
+    }
+
+    fn force_unlock(&self) -> Result<bool> {
+        admin::force_delete(
+            &self.client,
+            &self.key,
+            Some(&self.opts.channel),
+            keys::UNLOCK_MESSAGE,
+            None,
+            &[&self.key],
+        )
     }
 }
 

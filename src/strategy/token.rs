@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 use redis::Value;
 
+use crate::admin::{self, Detail, LockState};
 use crate::client::watchdog::RenewKind;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
@@ -254,6 +255,21 @@ impl DistributedLock for TokenLock {
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
         self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait))
+    }
+
+    fn state(&self) -> Result<LockState> {
+        admin::read(&self.client, &self.key, Detail::None)?.plain(&self.key, "string")
+    }
+
+    fn force_unlock(&self) -> Result<bool> {
+        admin::force_delete(
+            &self.client,
+            &self.key,
+            Some(&self.opts.channel),
+            crate::keys::UNLOCK_MESSAGE,
+            None,
+            &[&self.key],
+        )
     }
 }
 

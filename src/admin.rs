@@ -1,0 +1,211 @@
+//! The server-side queries every lock answers, whoever holds it: [`LockState`], and the
+//! one-round-trip reads and deletes behind [`DistributedLock::state`](crate::DistributedLock::state)
+//! and [`DistributedLock::force_unlock`](crate::DistributedLock::force_unlock).
+
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::client::LockClient;
+use crate::error::{LockError, Result};
+
+/// What the server says about a lock now, whoever holds it: the answer of
+/// [`DistributedLock::state`](crate::DistributedLock::state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockState {
+    /// Nobody holds the lock (for a Classic lock: also a value whose expiry has passed, which
+    /// the next acquire takes over; for a read-write lock's handle: not held in that handle's
+    /// mode).
+    Unlocked,
+    /// Someone holds the lock: this caller or any other owner.
+    Locked {
+        /// How long until the hold ends unless it is renewed, as the server counts it (the
+        /// key's `PTTL`, read now; not the local estimate of a lease). `None`: the key has no
+        /// expiry in Redis, e.g. a value written by another program. Classic: the time left
+        /// until the expiry stored in the value, by this client's wall clock (or the key's
+        /// `PTTL` with `key_ttl`, whichever is shorter). RedLock: until fewer than a majority
+        /// of nodes hold the value that a majority holds now.
+        ttl: Option<Duration>,
+    },
+}
+
+impl LockState {
+    /// True for [`LockState::Locked`].
+    pub fn is_locked(&self) -> bool {
+        matches!(self, LockState::Locked { .. })
+    }
+
+    /// The `ttl` of [`LockState::Locked`]; `None` when unlocked or held without expiry.
+    pub fn ttl(&self) -> Option<Duration> {
+        match self {
+            LockState::Locked { ttl } => *ttl,
+            LockState::Unlocked => None,
+        }
+    }
+}
+
+/// What to read besides the key's type and PTTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Detail {
+    /// Nothing.
+    None,
+    /// A string key's value.
+    Value,
+    /// A hash's field `mode` (read-write lock).
+    Mode,
+}
+
+impl Detail {
+    fn arg(self) -> &'static str {
+        match self {
+            Detail::None => "",
+            Detail::Value => "value",
+            Detail::Mode => "mode",
+        }
+    }
+}
+
+/// One `lua/lock_state.lua` reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyState {
+    /// The Redis type, `none` when the key is absent.
+    pub(crate) kind: String,
+    /// `PTTL` as a duration; `None` without expiry (or when absent).
+    pub(crate) pttl: Option<Duration>,
+    /// The value or mode asked for, if any.
+    pub(crate) detail: Option<Vec<u8>>,
+}
+
+impl KeyState {
+    /// True when the key does not exist.
+    pub(crate) fn is_absent(&self) -> bool {
+        self.kind == "none"
+    }
+
+    /// Decodes the script's `{type, pttl, detail}`.
+    pub(crate) fn decode(key: &str, reply: Value) -> Result<KeyState> {
+        let unexpected = |reply: &Value| LockError::Redis {
+            key: key.to_owned(),
+            source: redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "unexpected reply from the lock state script",
+                format!("{reply:?}"),
+            )),
+        };
+        let Value::Array(items) = &reply else {
+            return Err(unexpected(&reply));
+        };
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => Some(b.clone()),
+            Value::SimpleString(s) => Some(s.clone().into_bytes()),
+            Value::Okay => Some(b"OK".to_vec()),
+            _ => None,
+        };
+        match items.as_slice() {
+            [kind, Value::Int(pttl), detail] => {
+                let Some(kind) = text(kind).and_then(|k| String::from_utf8(k).ok()) else {
+                    return Err(unexpected(&reply));
+                };
+                Ok(KeyState {
+                    kind,
+                    pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                    detail: text(detail),
+                })
+            }
+            _ => Err(unexpected(&reply)),
+        }
+    }
+
+    /// The state of a lock whose key must be of type `want` (`string` or `hash`): absent is
+    /// unlocked, any value of that type locked with its PTTL, a key of another type
+    /// [`LockError::WrongType`] (its acquires fail the same way).
+    pub(crate) fn plain(self, key: &str, want: &str) -> Result<LockState> {
+        if self.is_absent() {
+            return Ok(LockState::Unlocked);
+        }
+        if self.kind != want {
+            return Err(LockError::WrongType {
+                key: key.to_owned(),
+            });
+        }
+        Ok(LockState::Locked { ttl: self.pttl })
+    }
+}
+
+/// Reads `key` with `lua/lock_state.lua` (one round trip).
+pub(crate) fn read(client: &LockClient, key: &str, detail: Detail) -> Result<KeyState> {
+    let reply: Value = client.with_conn(key, |con, s| s.lock_state.eval(con, key, detail.arg()))?;
+    KeyState::decode(key, reply)
+}
+
+/// Deletes `key` whoever holds it with `lua/force_unlock.lua` (one round trip), publishing
+/// `message` on `channel` if given and a key was deleted, and only when the hash's mode is
+/// `mode` if given; then wakes this client's waiters of `lines`. True if a key was deleted.
+pub(crate) fn force_delete(
+    client: &LockClient,
+    key: &str,
+    channel: Option<&str>,
+    message: &str,
+    mode: Option<&str>,
+    lines: &[&str],
+) -> Result<bool> {
+    let deleted: i64 = client.with_conn(key, |con, s| {
+        s.force_unlock.eval(
+            con,
+            key,
+            (channel.unwrap_or(""), message, mode.unwrap_or("")),
+        )
+    })?;
+    let deleted = deleted == 1;
+    if deleted {
+        log::info!("lock {key:?}: force-unlocked (deleted whoever held it)");
+        for line in lines {
+            client.waiters().notify_release(line);
+        }
+    } else {
+        log::debug!("lock {key:?}: force unlock found nothing to delete");
+    }
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_the_state_script() {
+        let reply = Value::Array(vec![
+            Value::SimpleString("string".into()),
+            Value::Int(1500),
+            Value::BulkString(b"v".to_vec()),
+        ]);
+        let s = KeyState::decode("k", reply).expect("decoded");
+        assert_eq!(s.kind, "string");
+        assert_eq!(s.pttl, Some(Duration::from_millis(1500)));
+        assert_eq!(s.detail.as_deref(), Some(&b"v"[..]));
+        assert_eq!(
+            s.clone().plain("k", "string").expect("state"),
+            LockState::Locked {
+                ttl: Some(Duration::from_millis(1500))
+            }
+        );
+        assert!(matches!(
+            s.plain("k", "hash"),
+            Err(LockError::WrongType { .. })
+        ));
+        let none = Value::Array(vec![
+            Value::BulkString(b"none".to_vec()),
+            Value::Int(-2),
+            Value::Nil,
+        ]);
+        let s = KeyState::decode("k", none).expect("decoded");
+        assert!(s.is_absent());
+        assert_eq!(s.pttl, None);
+        assert_eq!(s.plain("k", "hash").expect("state"), LockState::Unlocked);
+        assert!(KeyState::decode("k", Value::Int(1)).is_err());
+        assert_eq!(LockState::Unlocked.ttl(), None);
+        assert!(!LockState::Unlocked.is_locked());
+        assert!(LockState::Locked { ttl: None }.is_locked());
+    }
+}
