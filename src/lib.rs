@@ -75,7 +75,7 @@ pub mod bench_hooks;
 pub use admin::LockState;
 pub use client::watchdog::{LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
 pub use client::{
-    ClientBuilder, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    ClientBuilder, ConnectionTarget, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HANDOFF_COURTESY, DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
 };
 pub use error::{LockError, Result};

@@ -19,8 +19,52 @@ use super::{
 };
 use crate::error::{LockError, Result};
 
+/// What [`LockClient::open`] and [`LockClient::builder`] connect to: what redis-rs's
+/// [`IntoConnectionInfo`](redis::IntoConnectionInfo) takes — a URL as `&str` (or `&String`),
+/// a [`redis::ConnectionInfo`] (e.g. with a password set in code, or a unix socket) or a
+/// reference to one, a [`redis::ConnectionAddr`], a `(host, port)` pair.
+///
+/// An owned `String` URL is passed by reference (`LockClient::open(&url)`): taking both
+/// `String` and `&String` would make clippy flag every `open(&format!(..))` as a needless
+/// borrow. For another type that implements `IntoConnectionInfo` (a `String`, a `url::Url`),
+/// convert it first: `LockClient::open(url.into_connection_info()?)`.
+pub trait ConnectionTarget {
+    /// The connection settings, or why the input is not one (a malformed URL).
+    fn into_target_info(self) -> RedisResult<redis::ConnectionInfo>;
+}
+
+macro_rules! connection_target {
+    ($($t:ty),*) => {$(
+        impl ConnectionTarget for $t {
+            fn into_target_info(self) -> RedisResult<redis::ConnectionInfo> {
+                redis::IntoConnectionInfo::into_connection_info(self)
+            }
+        }
+    )*};
+}
+
+connection_target!(
+    &str,
+    redis::ConnectionInfo,
+    redis::ConnectionAddr,
+    (&str, u16),
+    (String, u16)
+);
+
+impl ConnectionTarget for &String {
+    fn into_target_info(self) -> RedisResult<redis::ConnectionInfo> {
+        redis::IntoConnectionInfo::into_connection_info(self.as_str())
+    }
+}
+
+impl ConnectionTarget for &redis::ConnectionInfo {
+    fn into_target_info(self) -> RedisResult<redis::ConnectionInfo> {
+        Ok(self.clone())
+    }
+}
+
 /// Settings for [`LockClient`], with documented defaults.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use]
 pub struct ClientBuilder {
     target: TargetSpec,
@@ -34,9 +78,24 @@ pub struct ClientBuilder {
     tls: Option<redis::TlsCertificates>,
 }
 
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The target as `host:port` only: a URL or connection info may carry a password.
+        f.debug_struct("ClientBuilder")
+            .field("target", &self.target.describe())
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("handoff_courtesy", &self.courtesy)
+            .field("lazy_connect", &self.lazy)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(super) enum TargetSpec {
-    Single(String),
+    /// One server; a malformed URL is reported by `build`.
+    Single(RedisResult<redis::ConnectionInfo>),
     Cluster(Vec<String>),
     Sentinel {
         sentinels: Vec<String>,
@@ -53,7 +112,8 @@ impl TargetSpec {
                 .unwrap_or_else(|_| "an unparsable URL".to_owned())
         };
         match self {
-            TargetSpec::Single(url) => addr(url),
+            TargetSpec::Single(Ok(info)) => info.addr().to_string(),
+            TargetSpec::Single(Err(_)) => "an unparsable URL".to_owned(),
             TargetSpec::Cluster(nodes) => format!(
                 "the cluster ({})",
                 nodes.iter().map(|n| addr(n)).collect::<Vec<_>>().join(", ")
@@ -116,12 +176,12 @@ impl ClientBuilder {
     }
 
     /// A `redis::Client` for `url`, with the custom certificates if any.
-    fn open_client(&self, url: &str) -> RedisResult<redis::Client> {
+    fn open_client(&self, target: impl redis::IntoConnectionInfo) -> RedisResult<redis::Client> {
         #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
         if let Some(certs) = &self.tls {
-            return redis::Client::build_with_tls(url, certs.clone());
+            return redis::Client::build_with_tls(target, certs.clone());
         }
-        redis::Client::open(url)
+        redis::Client::open(target)
     }
 
     /// Most connections the pool opens (default [`DEFAULT_POOL_SIZE`]). A thread waiting on a
@@ -218,13 +278,23 @@ impl ClientBuilder {
             matches!(self.target, TargetSpec::Cluster(_)),
         );
         let urls: Vec<&str> = match &self.target {
-            TargetSpec::Single(url) => vec![url.as_str()],
+            TargetSpec::Single(_) => Vec::new(),
             TargetSpec::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
             TargetSpec::Sentinel { sentinels, .. } => {
                 sentinels.iter().map(String::as_str).collect()
             }
         };
-        if let Some(url) = urls.iter().find(|u| u.starts_with("rediss://")) {
+        let tls_target = match &self.target {
+            TargetSpec::Single(Ok(info)) => {
+                matches!(info.addr(), ConnectionAddr::TcpTls { .. }).then(|| self.target.describe())
+            }
+            TargetSpec::Single(Err(e)) => return Err(setup(Box::new(e.clone()))),
+            _ => urls
+                .iter()
+                .find(|u| u.starts_with("rediss://"))
+                .map(|u| (*u).to_owned()),
+        };
+        if let Some(url) = &tls_target {
             if !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")) {
                 return Err(setup(
                     format!(
@@ -240,8 +310,9 @@ impl ClientBuilder {
         let mut switches = None;
         let mut watch = None;
         let target = match &self.target {
-            TargetSpec::Single(url) => {
-                let client = self.open_client(url).map_err(|e| setup(Box::new(e)))?;
+            TargetSpec::Single(info) => {
+                let info = info.clone().map_err(|e| setup(Box::new(e)))?;
+                let client = self.open_client(info).map_err(|e| setup(Box::new(e)))?;
                 let info = client.get_connection_info().clone();
                 resolve = Some(Box::new(move || Ok(info.clone())));
                 Target::Single(client)
@@ -250,7 +321,10 @@ impl ClientBuilder {
                 // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
                 let infos = nodes
                     .iter()
-                    .map(|n| self.open_client(n).map(|c| c.get_connection_info().clone()))
+                    .map(|n| {
+                        self.open_client(n.as_str())
+                            .map(|c| c.get_connection_info().clone())
+                    })
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(|e| setup(Box::new(e)))?;
                 let next = AtomicUsize::new(0);
@@ -290,7 +364,7 @@ impl ClientBuilder {
                 }
                 let sentinels = sentinels
                     .iter()
-                    .map(|url| self.open_client(url))
+                    .map(|url| self.open_client(url.as_str()))
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(|e| setup(Box::new(e)))?;
                 // The master is reached as the Sentinels are: over TLS, with the same
@@ -327,7 +401,7 @@ impl ClientBuilder {
             target,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
-            tls: urls.iter().any(|u| u.starts_with("rediss://")),
+            tls: tls_target.is_some(),
         };
         // The pool's own scheduler, shut down with the pool: r2d2's default keeps its threads
         // until the next idle-connection sweep (up to 30 s after the client is dropped).

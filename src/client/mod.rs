@@ -14,8 +14,8 @@ pub(crate) mod subscriber;
 pub(crate) mod waiters;
 pub(crate) mod watchdog;
 
-pub use builder::ClientBuilder;
 use builder::TargetSpec;
+pub use builder::{ClientBuilder, ConnectionTarget};
 pub(crate) use pool::*;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -132,14 +132,33 @@ impl std::fmt::Debug for LockClient {
 }
 
 impl LockClient {
-    /// Connects to the Redis at `url` (`redis://host:port/db`) with the default pool settings.
-    pub fn open(url: &str) -> Result<Self> {
-        Self::builder(url).build()
+    /// Connects to one Redis server with the default pool settings: a URL
+    /// (`redis://[user:password@]host:port/db`, `rediss://…`, `unix:///path`), or anything
+    /// else redis-rs's `IntoConnectionInfo` takes, such as a [`redis::ConnectionInfo`] built in
+    /// code ([`ConnectionTarget`] lists them).
+    ///
+    /// ```no_run
+    /// use redis_dlock::LockClient;
+    /// use redis_dlock::redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = LockClient::open("redis://127.0.0.1:6379/")?;
+    /// let url: String = std::env::var("REDIS_URL")?;
+    /// let client = LockClient::open(&url)?;
+    /// // Settings built in code: the password need not be written into a URL.
+    /// let info: ConnectionInfo = ConnectionAddr::Tcp("10.0.0.7".into(), 6379)
+    ///     .into_connection_info()?;
+    /// let settings = info.redis_settings().clone().set_password("s3cret");
+    /// let client = LockClient::open(info.set_redis_settings(settings))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn open(target: impl ConnectionTarget) -> Result<Self> {
+        Self::builder(target).build()
     }
 
-    /// A builder for one server at `url`, to tune the pool and timeouts.
-    pub fn builder(url: &str) -> ClientBuilder {
-        ClientBuilder::new(TargetSpec::Single(url.to_owned()))
+    /// A builder for one server, to tune the pool and timeouts; `target` as for
+    /// [`open`](Self::open). A malformed URL is reported by [`ClientBuilder::build`].
+    pub fn builder(target: impl ConnectionTarget) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Single(target.into_target_info()))
     }
 
     /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`).
