@@ -57,6 +57,7 @@ mod keys;
 mod lock;
 mod retry;
 mod scripts;
+mod stats;
 mod time;
 
 // One algorithm each, and the builder that picks one.
@@ -91,6 +92,7 @@ pub use redlock::{
 };
 pub use retry::{RetryPolicy, MIN_RETRY_DELAY};
 pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_MIN_WRITER_INTENT};
+pub use stats::Stats;
 pub use strategy::classic::ClassicLock;
 pub use strategy::hold::WakeUp;
 pub use strategy::reentrant::ReentrantLock;

@@ -374,6 +374,9 @@ pub(crate) fn checked_win(
         return Ok(lease);
     }
     lease.stop_renewal();
+    // Never handed out: a release that finds it gone is no lost hold (see `Stats`).
+    let mut lease = lease;
+    lease.loss_noted = true;
     let released = release(&lease);
     log::warn!(
         "lock {key:?}: acquired, but the reply came {} ms after the acquire was sent, of a {} ms \
@@ -424,6 +427,8 @@ pub struct Lease {
     valid_until: Instant,
     fence: Option<u64>,
     watch: Option<Arc<WatchState>>,
+    /// This lease was found lost and counted in the client's stats.
+    loss_noted: bool,
 }
 
 impl PartialEq for Lease {
@@ -467,7 +472,25 @@ impl Lease {
             valid_until: crate::time::saturating_add(start, ttl),
             fence: None,
             watch: None,
+            loss_noted: false,
         }
+    }
+
+    /// Notes that the hold was found lost; true the first time (for the stats). A watched
+    /// hold is also marked lost for the watchdog, quietly (the caller is told by an error), so
+    /// that the watchdog neither counts nor reports it again.
+    pub(crate) fn note_lost(&mut self) -> bool {
+        if self.loss_noted {
+            return false;
+        }
+        self.loss_noted = true;
+        self.watch.as_ref().is_none_or(|w| w.set_lost_quietly())
+    }
+
+    /// True once the hold's loss was noted (by this lease, or for a watched hold by the
+    /// watchdog).
+    pub(crate) fn loss_noted(&self) -> bool {
+        self.loss_noted || self.watch.as_ref().is_some_and(|w| w.marked_lost())
     }
 
     /// With the fencing token the acquire returned.

@@ -50,6 +50,7 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{self, DistributedLock, Lease, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::stats::{Counters, Kind, Stats};
 use crate::strategy::token::new_token;
 use crate::strategy::{check_duration, check_lock_options};
 
@@ -219,6 +220,8 @@ struct Inner {
     quorum: usize,
     node_timeout: Duration,
     waiters: WaitQueues,
+    /// What the RedLock operations counted ([`RedLockClient::stats`]).
+    counters: Counters,
 }
 
 struct NodeHandle {
@@ -296,6 +299,13 @@ impl RedLockClient {
     /// The client of node `index` (in the order given), if there is one.
     pub fn node(&self, index: usize) -> Option<&LockClient> {
         self.inner.nodes.get(index).map(|n| &n.client)
+    }
+
+    /// What this client's RedLock operations counted since it was built: acquires, refusals,
+    /// timeouts and lost holds of its locks (the other [`Stats`] fields stay zero; each node's
+    /// [`LockClient::stats`] counts its reconnects). See [`LockClient::stats`].
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
     }
 
     fn workers(&self) -> usize {
@@ -420,6 +430,7 @@ impl RedLockClientBuilder {
                 quorum: count / 2 + 1,
                 node_timeout: self.node_timeout,
                 waiters: WaitQueues::default(),
+                counters: Counters::default(),
             }),
         })
     }
@@ -912,6 +923,7 @@ impl DistributedLock for RedLock {
         let valid = Instant::now() < crate::time::saturating_add(start, lifetime);
         if tally.yes >= self.inner().quorum && valid {
             log::trace!("lock {:?}: RedLock acquired: {tally}", self.key);
+            self.inner().counters.attempt(Kind::RedLock, true);
             return Ok(Some(Lease::new(&token, start, lifetime)));
         }
         if tally.yes >= self.inner().quorum {
@@ -941,6 +953,7 @@ impl DistributedLock for RedLock {
         if tally.no > 0 {
             // Some node holds it for another owner, who may hold a majority (counting nodes we
             // could not hear): contention.
+            self.inner().counters.attempt(Kind::RedLock, false);
             return Ok(None);
         }
         // No node refused: the majority was lost only to nodes that failed or did not
@@ -967,6 +980,7 @@ impl DistributedLock for RedLock {
         let ours = tally.yes >= self.inner().quorum;
         if !ours {
             self.note_unreachable("release", &tally);
+            self.inner().counters.lost_on_release(Kind::RedLock, lease);
         }
         Ok(lock::note_release(&self.inner().waiters, &self.key, ours))
     }
@@ -1000,6 +1014,7 @@ impl DistributedLock for RedLock {
             "lock {:?}: RedLock lost, extend not confirmed by a majority in time: {tally}",
             self.key
         );
+        self.inner().counters.lost_on_extend(Kind::RedLock, lease);
         self.inner().release_everywhere(
             &self.key,
             self.lane,
@@ -1032,21 +1047,25 @@ impl DistributedLock for RedLock {
     }
 
     fn lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(
+        let result = lock::acquire_blocking(
             self,
             &self.inner().waiters,
             Attempts::new(&self.retry),
             || Ok(()),
-        )
+        );
+        self.inner().counters.blocking(Kind::RedLock, &result);
+        result
     }
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(
+        let result = lock::acquire_blocking(
             self,
             &self.inner().waiters,
             Attempts::for_duration(&self.retry, wait),
             || Ok(()),
-        )
+        );
+        self.inner().counters.blocking(Kind::RedLock, &result);
+        result
     }
 
     /// Locked when a majority of the nodes hold one same value: see

@@ -34,6 +34,7 @@ use crate::error::{LockError, Result};
 use crate::keys;
 use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard, Wake};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::stats::Kind;
 use crate::strategy::check_duration;
 use crate::strategy::hold::{HoldOptions, WakeUp};
 use crate::strategy::owner;
@@ -78,6 +79,14 @@ enum Mode {
 }
 
 impl Mode {
+    /// The kind of lock in the client's stats.
+    fn kind(self) -> Kind {
+        match self {
+            Mode::Read => Kind::Read,
+            Mode::Write => Kind::Write,
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Mode::Read => "read",
@@ -548,8 +557,11 @@ impl Shared {
                 let lease =
                     self.opts
                         .lease(&self.client, &self.key, kind, owner.as_bytes(), start, None);
-                lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(mode, l))
-                    .map(Attempt::Acquired)
+                let result =
+                    lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(mode, l))
+                        .map(Attempt::Acquired);
+                self.client.counters().outcome(mode.kind(), &result);
+                result
             }
             0 | -1 => {
                 let mut wait = wait
@@ -559,6 +571,7 @@ impl Shared {
                     let half = Duration::from_millis(intent_ms / 2);
                     wait = Some(wait.map_or(half, |w| w.min(half)));
                 }
+                self.client.counters().attempt(mode.kind(), false);
                 Ok(Attempt::Held { pttl: wait })
             }
             -2 => Err(LockError::invalid(
@@ -605,6 +618,9 @@ impl Shared {
             ),
         )?;
         let ours = code == 1;
+        if !ours {
+            self.client.counters().lost_on_release(mode.kind(), lease);
+        }
         if ours {
             // Any release may let the other side in: a write release (or a downgrade) frees
             // readers, a read release may free a writer.
@@ -640,6 +656,7 @@ impl Shared {
                 self.key,
                 mode.as_str()
             );
+            self.client.counters().lost_on_extend(mode.kind(), lease);
             Err(LockError::Lost {
                 key: self.key.clone(),
             })
@@ -724,7 +741,7 @@ impl Shared {
             wake: self.wake(),
         };
         let attempt = || self.attempt(mode, &owner, intent_ms);
-        lock::acquire_in_line(handle, line, attempts, attempt, |made| {
+        let result = lock::acquire_in_line(handle, line, attempts, attempt, |made| {
             if intent_ms > 0 && made > 0 {
                 // Withdraw our intent so that readers need not wait for it to expire.
                 let withdrawn = self.run(
@@ -749,7 +766,9 @@ impl Shared {
                 }
             }
             Ok(())
-        })
+        });
+        self.client.counters().blocking(mode.kind(), &result);
+        result
     }
 }
 

@@ -397,7 +397,9 @@ impl ClientBuilder {
                 }
             }
         };
+        let counters = Arc::new(crate::stats::Counters::default());
         let manager = Manager {
+            counters: Arc::clone(&counters),
             target,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
@@ -432,6 +434,7 @@ impl ClientBuilder {
             self.courtesy,
             (addr, connect_errors),
             switches,
+            counters,
         );
         if let Some(watch) = watch {
             sentinel_watch::start(watch, &client);

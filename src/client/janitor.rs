@@ -521,6 +521,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     });
     let (again, result) = match reply {
         Ok(0) if reentrant => {
+            client.counters().orphan_cleaned();
             log::warn!(
                 "lock {key:?}: gave back the hold left by {} (try {}); the owner keeps its \
                  other holds",
@@ -546,6 +547,7 @@ fn done(client: &LockClient, job: &Job, n: i64) {
     let key = job.key.as_str();
     match n {
         n if n >= 1 => {
+            client.counters().orphan_cleaned();
             log::warn!(
                 "lock {key:?}: deleted the lock left by {} (try {})",
                 job.cause.describe(),

@@ -31,6 +31,7 @@ use crate::client::waiters::WaitQueues;
 use crate::client::watchdog::Watchdog;
 use crate::error::{self, Context, LockError, Result, Rounded};
 use crate::scripts::Scripts;
+use crate::stats::{Counters, Stats};
 use crate::strategy::LockBuilder;
 
 /// Default number of pooled connections.
@@ -101,6 +102,9 @@ struct Inner {
     connect_errors: Arc<ConnectErrors>,
     /// Sentinel clients: the master switches seen, to discard connections to an old master.
     switches: Option<Arc<Switches>>,
+    /// What happened since the client was built ([`LockClient::stats`]); shared with the
+    /// pool's manager and the subscriber.
+    counters: Arc<Counters>,
 }
 
 /// A reference to a client that does not keep it alive (held by its background threads).
@@ -212,9 +216,11 @@ impl LockClient {
             DEFAULT_HANDOFF_COURTESY,
             ("the application's pool".to_owned(), Arc::default()),
             None,
+            Arc::default(),
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn with_pool(
         pool: Pool,
         resolve: Option<Resolve>,
@@ -223,13 +229,19 @@ impl LockClient {
         courtesy: Duration,
         (addr, connect_errors): (String, Arc<ConnectErrors>),
         switches: Option<Arc<Switches>>,
+        counters: Arc<Counters>,
     ) -> Self {
         let waiters = Arc::new(WaitQueues::default());
         LockClient {
             inner: Arc::new(Inner {
                 pool,
                 scripts: Scripts::new(),
-                wakeups: Wakeups::new(resolve, Arc::clone(&waiters), timeout),
+                wakeups: Wakeups::new(
+                    resolve,
+                    Arc::clone(&waiters),
+                    timeout,
+                    Arc::clone(&counters),
+                ),
                 waiters,
                 instance: crate::strategy::owner::new_uuid(),
                 watchdog: Watchdog::new(),
@@ -241,8 +253,32 @@ impl LockClient {
                 timeout,
                 connect_errors,
                 switches,
+                counters,
             }),
         }
+    }
+
+    /// What this client counted since it was built: acquires, refusals, timeouts, lost holds,
+    /// renewals, wake-ups, Classic takeovers, clean-ups and reconnects ([`Stats`] says what
+    /// each counts). Reads a few atomics; sends nothing. With the cargo feature `metrics` the
+    /// same counts are reported through the `metrics` crate.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redis_dlock::LockError> {
+    /// let client = redis_dlock::LockClient::open("redis://127.0.0.1:6379/")?;
+    /// let before = client.stats();
+    /// // ... work ...
+    /// let now = client.stats();
+    /// println!("{} holds, {} timeouts", now.acquires - before.acquires, now.timeouts - before.timeouts);
+    /// # Ok(()) }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
+    }
+
+    /// The live counters behind [`stats`](Self::stats).
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.inner.counters
     }
 
     /// A reference for background threads that does not keep the client alive.

@@ -153,6 +153,8 @@ pub(super) enum Target {
 /// and drops connections that marked themselves broken.
 pub(crate) struct Manager {
     pub(super) target: Target,
+    /// The client's counters: broken connections count as reconnects.
+    pub(super) counters: Arc<crate::stats::Counters>,
     pub(super) connect_timeout: Duration,
     pub(super) command_timeout: Option<Duration>,
     /// Connects with TLS (`rediss://`): connection errors may be the handshake's.
@@ -371,7 +373,12 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, con: &mut Link) -> bool {
-        con.broken || !con.node.is_open() || con.generation < self.generation()
+        let broken = con.broken || !con.node.is_open() || con.generation < self.generation();
+        if broken {
+            // Replaced by a new connection when next needed.
+            self.counters.reconnect();
+        }
+        broken
     }
 }
 

@@ -32,12 +32,14 @@
 use std::collections::HashMap;
 use std::io;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionInfo, PushKind, RedisResult, Value};
 
 use crate::client::waiters::WaitQueues;
+use crate::stats::Counters;
 
 /// Finds the server to subscribe on, at every (re)connection.
 pub(crate) type Resolve = Box<dyn Fn() -> RedisResult<ConnectionInfo> + Send + Sync>;
@@ -79,6 +81,10 @@ struct Shared {
     /// Signalled on every confirmation, every change of [`Link`], every queued command and at
     /// shutdown.
     cv: Condvar,
+    /// The client's counters (wake-ups, reconnects).
+    counters: Arc<Counters>,
+    /// A connection that was up has been lost: the next one is a reconnect.
+    was_lost: AtomicBool,
 }
 
 #[derive(Default)]
@@ -159,6 +165,7 @@ impl Wakeups {
         resolve: Option<Resolve>,
         waiters: Arc<WaitQueues>,
         timeout: Duration,
+        counters: Arc<Counters>,
     ) -> Self {
         Wakeups {
             shared: resolve.map(|resolve| {
@@ -168,6 +175,8 @@ impl Wakeups {
                     timeout,
                     state: Mutex::new(State::default()),
                     cv: Condvar::new(),
+                    counters,
+                    was_lost: AtomicBool::new(false),
                 })
             }),
         }
@@ -424,8 +433,14 @@ fn run(shared: &Shared) {
         let end = match connect(shared) {
             Ok(con) => match shared.go_up() {
                 true => {
+                    if shared.was_lost.swap(false, Ordering::Relaxed) {
+                        shared.counters.reconnect();
+                    }
                     let started = Instant::now();
                     let end = read_loop(shared, con);
+                    if matches!(end, End::Lost { .. }) {
+                        shared.was_lost.store(true, Ordering::Relaxed);
+                    }
                     shared.go_down();
                     // A connection that lived a while was healthy: reconnect promptly.
                     if started.elapsed() > BACKOFF_MAX {
@@ -546,11 +561,17 @@ impl Shared {
     /// A release was published on `channel`: wake its lines.
     fn message(&self, channel: &str) {
         let st = lock(&self.state);
-        let lines: Vec<String> = match st.channels.get(channel) {
-            Some(c) => c.lines.iter().map(|(l, _)| l.clone()).collect(),
+        let (lines, waiting): (Vec<String>, bool) = match st.channels.get(channel) {
+            Some(c) => (
+                c.lines.iter().map(|(l, _)| l.clone()).collect(),
+                c.users > 0,
+            ),
             None => return,
         };
         drop(st);
+        if waiting {
+            self.counters.woken();
+        }
         for line in lines {
             self.waiters.notify_release(&line);
         }
@@ -1016,6 +1037,7 @@ mod tests {
             None,
             Arc::new(WaitQueues::default()),
             Duration::from_secs(1),
+            Arc::default(),
         );
         assert!(w.subscribe("ch", "line", None).is_none());
         assert_eq!(w.subscribed_channels(), 0);
@@ -1044,6 +1066,7 @@ mod tests {
             Some(resolve),
             Arc::new(WaitQueues::default()),
             Duration::from_secs(1),
+            Arc::default(),
         );
         // The first call waits while the reader finds out; later ones return None at once.
         let first = w.subscribe("ch", "line", None);
@@ -1068,6 +1091,7 @@ mod tests {
             Some(resolve),
             Arc::new(WaitQueues::default()),
             Duration::from_secs(5),
+            Arc::default(),
         );
         let start = Instant::now();
         let s = w.subscribe("ch", "line", None).expect("pub/sub configured");

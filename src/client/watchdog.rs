@@ -43,6 +43,7 @@ use crate::lock::VALUE_CAPACITY;
 
 use crate::client::WeakClient;
 use crate::keys;
+use crate::stats::{Counters, Kind};
 
 /// The default lease of a watched lock, renewed every third of it: 30 s, as Redisson.
 pub const WATCHDOG_DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -205,12 +206,24 @@ impl WatchState {
         self.lost.load(Ordering::Acquire) || Instant::now() >= self.valid_until()
     }
 
+    /// Marks the hold lost without telling anyone (the holder learnt it from an error): the
+    /// watchdog then drops it without a report. True if it was not marked before.
+    pub(crate) fn set_lost_quietly(&self) -> bool {
+        !self.lost.swap(true, Ordering::AcqRel)
+    }
+
+    /// True once marked lost (not merely past its validity).
+    pub(crate) fn marked_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
     /// Marks the hold lost (once): logs it and runs the callback. Ignored after [`stop`].
+    /// True if this call marked it.
     ///
     /// [`stop`]: Self::stop
-    pub(crate) fn mark_lost(&self, reason: LossReason) {
+    pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
         if self.is_stopped() || self.lost.swap(true, Ordering::AcqRel) {
-            return;
+            return false;
         }
         log::warn!(
             "lock {:?}: watched hold lost ({})",
@@ -226,6 +239,7 @@ impl WatchState {
                 reason,
             });
         }
+        true
     }
 
     /// The holder released (or is releasing) the hold: renew it no more.
@@ -477,7 +491,7 @@ fn round(shared: &Shared, client: &crate::client::LockClient) {
     let start = Instant::now();
     let (mut due, expired) = take_due(shared, start);
     for state in &expired {
-        lost(state, LossReason::Expired);
+        lost(client.counters(), state, LossReason::Expired);
     }
     let mut outcomes = Vec::with_capacity(due.len());
     for batch in batches(&mut due, client.is_cluster()) {
@@ -573,7 +587,8 @@ fn renew(
                 first.key(),
                 results.len()
             );
-            return retry_later(batch, outcomes);
+            client.counters().renewals_failed(batch.len());
+            return retry_later(client, batch, outcomes);
         }
         Err(e) => {
             log::warn!(
@@ -582,7 +597,8 @@ fn renew(
                 first.key(),
                 e.report()
             );
-            return retry_later(batch, outcomes);
+            client.counters().renewals_failed(batch.len());
+            return retry_later(client, batch, outcomes);
         }
     };
     let now = Instant::now();
@@ -592,12 +608,12 @@ fn renew(
             // Released (or being released) meanwhile: the holder's release decides.
             Outcome::Drop
         } else if result != 1 {
-            lost(state, LossReason::Gone);
+            lost(client.counters(), state, LossReason::Gone);
             Outcome::Drop
         } else if now >= state.valid_until() {
             // Renewed, but only after its validity ran out by the local clock: the holder may
             // already have seen it lost, and a lost hold stays lost.
-            lost(state, LossReason::Expired);
+            lost(client.counters(), state, LossReason::Expired);
             Outcome::Drop
         } else {
             state.renewed(start, state.lease());
@@ -607,6 +623,7 @@ fn renew(
         };
         outcomes.push((*i, outcome));
     }
+    client.counters().renewed(renewed);
     log::debug!(
         "watchdog: renewed {renewed} of {} holds in one call ({:?}, ...)",
         batch.len(),
@@ -616,13 +633,17 @@ fn renew(
 
 /// After a failed call: each hold is tried again soon, unless its validity has run out by the
 /// local clock (then it is lost: Redis may have expired it).
-fn retry_later(batch: &[(usize, Arc<WatchState>)], outcomes: &mut Vec<(usize, Outcome)>) {
+fn retry_later(
+    client: &crate::client::LockClient,
+    batch: &[(usize, Arc<WatchState>)],
+    outcomes: &mut Vec<(usize, Outcome)>,
+) {
     let now = Instant::now();
     for (i, state) in batch {
         let outcome = if state.is_stopped() {
             Outcome::Drop
         } else if now >= state.valid_until() {
-            lost(state, LossReason::Expired);
+            lost(client.counters(), state, LossReason::Expired);
             Outcome::Drop
         } else {
             Outcome::Due(crate::time::saturating_add(now, retry_delay(state.lease())))
@@ -643,10 +664,24 @@ fn lease_ms(state: &WatchState) -> u64 {
         .max(1)
 }
 
-/// Marks `state` lost (ignored if stopped), keeping the thread alive if the callback panics.
-fn lost(state: &WatchState, reason: LossReason) {
-    if panic::catch_unwind(AssertUnwindSafe(|| state.mark_lost(reason))).is_err() {
-        log::error!("lock {:?}: the on_lost callback panicked", state.key());
+/// Marks `state` lost (ignored if stopped), keeping the thread alive if the callback panics;
+/// counts it in `stats` when this marked it.
+fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
+    let kind = match state.kind() {
+        RenewKind::Value => Kind::Token,
+        RenewKind::HashField => Kind::Reentrant,
+        RenewKind::ReadEntry => Kind::Read,
+        RenewKind::WriteEntry => Kind::Write,
+    };
+    // The flag is set before the callback runs: a panicking callback still counts.
+    let marked = panic::catch_unwind(AssertUnwindSafe(|| state.mark_lost(reason)));
+    match marked {
+        Ok(true) => stats.lost_watched(kind),
+        Ok(false) => {}
+        Err(_) => {
+            stats.lost_watched(kind);
+            log::error!("lock {:?}: the on_lost callback panicked", state.key());
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{self, printable, DistributedLock, Lease, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::stats::Kind;
 use crate::strategy::string_value;
 use crate::strategy::{check_duration, ClassicOptions, Encoding, Takeover};
 
@@ -238,6 +239,15 @@ impl ClassicLock {
                 let won: i64 = scripts
                     .compare_and_set
                     .eval(con, &self.key, (seen, value, ttl))?;
+                if won == 1 {
+                    self.client.counters().cas_takeover();
+                } else {
+                    log::debug!(
+                        "lock {:?}: lost a compare-and-set takeover race to another contender \
+                         (nothing written)",
+                        self.key
+                    );
+                }
                 Ok(won == 1)
             }
             Takeover::GetSet => {
@@ -247,7 +257,10 @@ impl ClassicLock {
                 // good as a SETNX win. A different value: another contender won first, and we
                 // have just overwritten its expiry (the legacy GETSET flaw, see Takeover).
                 let won = old.as_deref().is_none_or(|old| old == seen);
-                if !won {
+                if won {
+                    self.client.counters().getset_takeover();
+                } else {
+                    self.client.counters().getset_overwrite();
                     log::debug!(
                         "lock {:?}: lost a GETSET takeover race and overwrote the winner's expiry",
                         self.key
@@ -299,7 +312,7 @@ impl DistributedLock for ClassicLock {
             |con, s| self.attempt(con, s, value, now_ms, &getset_sent),
         )?;
         let won = |lease| lock::checked_win(&self.key, lease, self.ttl, |l| self.release(l));
-        match outcome {
+        let result = match outcome {
             Attempt::Won => won(Lease::new(value, start, self.ttl)).map(Some),
             Attempt::TookOver { expired_ms_ago } => {
                 log::info!(
@@ -314,11 +327,13 @@ impl DistributedLock for ClassicLock {
                 value: printable(&seen),
                 reason,
             }),
-        }
+        };
+        self.client.counters().outcome_lease(Kind::Classic, &result);
+        result
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
-        string_value::release(&self.client, &self.key, None, lease)
+        string_value::release(&self.client, Kind::Classic, &self.key, None, lease)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -335,14 +350,17 @@ impl DistributedLock for ClassicLock {
             s.compare_and_set
                 .eval(con, &self.key, (lease.value(), value.as_bytes(), redis_ttl))
         })?;
-        string_value::extended(
+        let result = string_value::extended(
             &self.key,
             swapped == 1,
             lease,
             Some(value.as_bytes()),
             start,
             ttl,
-        )
+        );
+        self.client
+            .counters()
+            .extended(Kind::Classic, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
@@ -354,21 +372,25 @@ impl DistributedLock for ClassicLock {
     }
 
     fn lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(
+        let result = lock::acquire_blocking(
             self,
             self.client.waiters(),
             Attempts::new(&self.retry),
             || Ok(()),
-        )
+        );
+        self.client.counters().blocking(Kind::Classic, &result);
+        result
     }
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        lock::acquire_blocking(
+        let result = lock::acquire_blocking(
             self,
             self.client.waiters(),
             Attempts::for_duration(&self.retry, wait),
             || Ok(()),
-        )
+        );
+        self.client.counters().blocking(Kind::Classic, &result);
+        result
     }
 
     /// Held while the stored expiry has not passed by this client's clock (the rule its

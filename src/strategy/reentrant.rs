@@ -36,6 +36,7 @@ use crate::error::{LockError, Result};
 use crate::keys;
 use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::stats::Kind;
 use crate::strategy::check_duration;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
 use crate::strategy::owner::{self, OwnerId};
@@ -245,7 +246,10 @@ impl ReentrantLock {
                 fence,
             )
         });
-        lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l))
+        let result =
+            lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
+        self.client.counters().outcome(Kind::Reentrant, &result);
+        result
     }
 
     /// The blocking acquire: FIFO in this client's line for the key, woken by the release
@@ -261,7 +265,9 @@ impl ReentrantLock {
         };
         // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
         // extra check.
-        lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()))
+        let result = lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()));
+        self.client.counters().blocking(Kind::Reentrant, &result);
+        result
     }
 
     /// An acquire by the calling thread was sent but its reply was lost (a failover, a timeout):
@@ -453,6 +459,11 @@ impl DistributedLock for ReentrantLock {
             }
             Some(other) => return Err(self.unexpected(other)),
         };
+        if !ours {
+            self.client
+                .counters()
+                .lost_on_release(Kind::Reentrant, lease);
+        }
         // Only the caller's own holds are recorded (a lease may be released by another thread).
         let owner = self.owner();
         if lease.value() == owner.as_bytes() {
@@ -469,7 +480,10 @@ impl DistributedLock for ReentrantLock {
             s.reentrant_extend
                 .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
         })?;
-        string_value::extended(&self.key, renewed == 1, lease, None, start, ttl)
+        let result = string_value::extended(&self.key, renewed == 1, lease, None, start, ttl);
+        self.client
+            .counters()
+            .extended(Kind::Reentrant, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {

@@ -16,6 +16,7 @@ use crate::error::{LockError, Result};
 use crate::keys;
 use crate::lock::{self, Lease};
 use crate::scripts::Scripts;
+use crate::stats::Kind;
 use crate::strategy::hold;
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
@@ -98,6 +99,7 @@ pub(crate) fn acquire<T>(
 /// (Token) the release is published there in the same script, for waiters in other processes.
 pub(crate) fn release(
     client: &LockClient,
+    kind: Kind,
     key: &str,
     channel: Option<&str>,
     lease: &Lease,
@@ -138,6 +140,9 @@ pub(crate) fn release(
     }
     if let Some(ch) = channel {
         hold::after_publish(client, key, ch, reply - 1);
+    }
+    if reply < 1 {
+        client.counters().lost_on_release(kind, lease);
     }
     Ok(lock::note_release(client.waiters(), key, reply >= 1))
 }

@@ -29,6 +29,7 @@ use crate::error::{LockError, Result};
 use crate::lock::{self, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
+use crate::stats::Kind;
 use crate::strategy::check_duration;
 use crate::strategy::hold::{self, HoldOptions};
 use crate::strategy::string_value;
@@ -96,7 +97,10 @@ impl TokenLock {
             }
         }
         let attempt = decoded.into_attempt(|fence| self.new_lease(&token, start, fence));
-        lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l))
+        let result =
+            lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
+        self.client.counters().outcome(Kind::Token, &result);
+        result
     }
 
     /// Sends an acquire of `token`; one whose reply is lost is cleaned up in the background.
@@ -159,7 +163,9 @@ impl TokenLock {
                 self.attempt_scripted()
             }
         };
-        lock::acquire_in_line(self, line, attempts, attempt, |_| self.check_type())
+        let result = lock::acquire_in_line(self, line, attempts, attempt, |_| self.check_type());
+        self.client.counters().blocking(Kind::Token, &result);
+        result
     }
 
     /// Called when a blocking acquire gives up: a key of another type can never be locked, so
@@ -214,7 +220,7 @@ impl DistributedLock for TokenLock {
             }
             string_value::set_nx_px(&self.key, &token, ttl).query(con)
         })?;
-        match reply {
+        let result = match reply {
             Value::Okay => lock::checked_win(
                 &self.key,
                 self.new_lease(&token, start, None),
@@ -223,11 +229,19 @@ impl DistributedLock for TokenLock {
             )
             .map(Some),
             _ => Ok(None),
-        }
+        };
+        self.client.counters().outcome_lease(Kind::Token, &result);
+        result
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
-        string_value::release(&self.client, &self.key, Some(&self.opts.channel), lease)
+        string_value::release(
+            &self.client,
+            Kind::Token,
+            &self.key,
+            Some(&self.opts.channel),
+            lease,
+        )
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -238,7 +252,8 @@ impl DistributedLock for TokenLock {
             s.extend
                 .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
         })?;
-        string_value::extended(&self.key, extended == 1, lease, None, start, ttl)
+        let result = string_value::extended(&self.key, extended == 1, lease, None, start, ttl);
+        self.client.counters().extended(Kind::Token, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
