@@ -70,6 +70,9 @@ mod client;
 mod redlock;
 mod rwlock;
 
+/// Internals for the crate's own benchmarks; cargo feature `bench-hooks`. Unstable: not part
+/// of the API, no semver promise.
+#[cfg(feature = "bench-hooks")]
 #[doc(hidden)]
 pub mod bench_hooks;
 
