@@ -21,6 +21,11 @@
 //! - **pub/sub wake-ups**: releases publish on the lock's channel and blocked
 //!   threads wait on one shared subscriber connection per client ([`WakeUp`]);
 //! - **fencing tokens** ([`LockBuilder::fencing`], [`LockGuard::fence`]);
+//! - **server-side queries** on every lock, whoever holds it
+//!   ([`is_locked`](DistributedLock::is_locked), [`remaining_ttl`](DistributedLock::remaining_ttl),
+//!   and for administrators [`force_unlock`](DistributedLock::force_unlock));
+//! - **counters** per client ([`LockClient::stats`]), also reported through the `metrics` crate
+//!   with the cargo feature `metrics`;
 //! - [`ReadWriteLock`], and [`RedLock`] over independent masters; every companion key shares
 //!   the lock key's hash slot, and release channels (Redisson's names) are script arguments,
 //!   so all of it works on a Cluster.

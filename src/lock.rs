@@ -102,7 +102,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// Per lock type:
     /// - Token, Reentrant: the key exists (a string, or Redisson's hash); `ttl` is its `PTTL`.
     /// - Classic: the key holds an expiry that has not passed by this client's clock (a stale
-    ///   value is [`LockState::Unlocked`]: the next acquire takes it over); `ttl` is the time
+    ///   value is [`LockState::Unlocked`](crate::LockState::Unlocked): the next acquire takes it over); `ttl` is the time
     ///   left until that expiry, or the key's `PTTL` if shorter (`key_ttl`). A value that is no
     ///   expiry in the lock's encoding is [`LockError::Corrupt`].
     /// - [`ReadLock`](crate::ReadLock) / [`WriteLock`](crate::WriteLock): the hash is in read
