@@ -323,7 +323,7 @@ impl RedLockClient {
 /// N = 0 nodes is rejected with [`LockError::InvalidArgument`]. Any N ≥ 1 works, but an odd N
 /// is recommended: an even N tolerates no more failed nodes than N − 1 (4 nodes need 3 votes
 /// and survive 1 failure, like 3 nodes), and N = 2 needs both.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use]
 pub struct RedLockClientBuilder {
     nodes: NodeSpec,
@@ -331,7 +331,22 @@ pub struct RedLockClientBuilder {
     workers: u32,
 }
 
-#[derive(Debug, Clone)]
+impl fmt::Debug for RedLockClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The node count only: a URL may carry a password.
+        let nodes = match &self.nodes {
+            NodeSpec::Urls(u) => u.len(),
+            NodeSpec::Clients(c) => c.len(),
+        };
+        f.debug_struct("RedLockClientBuilder")
+            .field("nodes", &nodes)
+            .field("node_timeout", &self.node_timeout)
+            .field("workers_per_node", &self.workers)
+            .finish()
+    }
+}
+
+#[derive(Clone)]
 enum NodeSpec {
     Urls(Vec<String>),
     Clients(Vec<LockClient>),
