@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::client::janitor::{self, Cause, RwRelease};
+use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::{LostCallback, LostLock, RenewKind};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -52,6 +54,10 @@ const WRITERS_PREFIX: &str = "dlock_rwlock_writers";
 /// How long an unlock latch lives: longer than a release and its resend after a dropped
 /// connection (the pool's connect timeout plus a command timeout, 2 s each by default).
 const LATCH_MS: u64 = 10_000;
+/// How long after a release was sent it may be sent again (by the janitor, or after a Sentinel
+/// switch): half the latch's lifetime, so that a resend delayed in a paused server still finds
+/// the latch.
+const LATCH_RESEND: Duration = Duration::from_millis(LATCH_MS / 2);
 
 /// Redisson's `prefixName`: `prefix:name` when the name contains `{` anywhere, else
 /// `prefix:{name}`.
@@ -588,10 +594,16 @@ impl Shared {
     /// Gives back one hold. The unlock latch (a fresh request id, the same for the resend of
     /// [`LockClient::with_conn`] after a dropped connection) makes a resent release answer
     /// from the first one's outcome instead of giving back a second hold.
+    ///
+    /// A release that fails on a connection error or a transient refusal (a failover, a
+    /// restart) is sent again by the client's janitor, with the same latch, until it is
+    /// answered; one done shortly before a Sentinel switch is announced is sent again to the
+    /// new master. Either way at most one hold is given back.
     fn release(&self, mode: Mode, lease: &Lease) -> Result<bool> {
         lease.stop_renewal();
         let latch = format!("{}:{}", self.latch_base, request_id());
-        let (code, _) = self.run(
+        let sent = Instant::now();
+        let reply = self.run(
             |s| &s.rw_release,
             &[self.key.as_str(), self.writers.as_str(), latch.as_str()],
             lease.value(),
@@ -602,8 +614,48 @@ impl Shared {
                 self.opts.lease_ms(),
                 LATCH_MS,
             ),
-        )?;
+        );
+        // Resent only while the latch is sure to live (it starts when the release first runs,
+        // which is after `sent`): a resend that found it gone could give back a second hold.
+        let resend = || {
+            let latch_lives = sent.checked_add(LATCH_RESEND).unwrap_or(sent);
+            (
+                RwRelease {
+                    mode: mode.as_str(),
+                    writers: self.writers.clone(),
+                    latch: latch.clone(),
+                    channel: self.channel.clone(),
+                    lease_ms: self.opts.lease_ms(),
+                    latch_ms: LATCH_MS,
+                },
+                lease.valid_until().min(latch_lives),
+            )
+        };
+        if reply.as_ref().is_err_and(janitor::worth_retrying) {
+            let (release, until) = resend();
+            self.client.janitor().forget_rw(
+                &self.client,
+                &self.key,
+                lease.value(),
+                release,
+                Cause::FailedRelease,
+                until,
+            );
+        }
+        let (code, _) = reply?;
         let ours = code == 1;
+        if let (true, Some(switches)) = (ours, self.client.switches()) {
+            let (release, until) = resend();
+            switches.released(Released {
+                at: Instant::now(),
+                key: self.key.clone(),
+                value: lease.value().to_vec(),
+                channel: Some(self.channel.clone()),
+                reentrant: None,
+                rw: Some(release),
+                until,
+            });
+        }
         if ours {
             // Any release may let the other side in: a write release (or a downgrade) frees
             // readers, a read release may free a writer.

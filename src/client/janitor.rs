@@ -27,6 +27,11 @@
 //! acquire of that key first finishes the job itself (or waits for the janitor's try in
 //! flight): see [`Janitor::settle`].
 //!
+//! A read-write lock's release carries an unlock latch (Redisson's `redisson_unlock_latch`, a
+//! fresh request id per release): its job sends the same release again, with the same latch,
+//! so a release that ran after all answers from the latch and gives back nothing more. Its
+//! deadline is also bounded by the latch's lifetime.
+//!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
 
@@ -103,6 +108,24 @@ enum Work {
         lease_ms: u64,
         channel: String,
     },
+    /// Send a read-write lock's release of the owner `value` again, with its unlock latch
+    /// (`lua/rw_release.lua`).
+    RwRelease(RwRelease),
+}
+
+/// A read-write lock release to send again: the arguments of `lua/rw_release.lua` but the
+/// owner id (the job's value).
+#[derive(Debug, Clone)]
+pub(crate) struct RwRelease {
+    /// `read` or `write`.
+    pub(crate) mode: &'static str,
+    /// The lock's set of waiting writers (the script's second key).
+    pub(crate) writers: String,
+    /// The release's unlock latch key, request id included (the script's third key).
+    pub(crate) latch: String,
+    pub(crate) channel: String,
+    pub(crate) lease_ms: u64,
+    pub(crate) latch_ms: u64,
 }
 
 /// One pending owner-checked clean-up.
@@ -277,6 +300,34 @@ impl Janitor {
             channel: channel.to_owned(),
         };
         self.push(client, key, owner, work, cause, until);
+    }
+
+    /// Sends, in the background, a read-write lock's release of `owner` on `key` again, with the
+    /// same unlock latch: a release that ran already answers from its latch, so at most one
+    /// hold is given back. Tried until it is answered or until `until` (the hold's expiry, or
+    /// sooner, while the latch is sure to live).
+    pub(crate) fn forget_rw(
+        &self,
+        client: &LockClient,
+        key: &str,
+        owner: &[u8],
+        release: RwRelease,
+        cause: Cause,
+        until: Instant,
+    ) {
+        let now = Instant::now();
+        if until <= now {
+            return;
+        }
+        log::info!(
+            "lock {key:?}: {}; sending the {} release of owner {} again in the background, \
+             with its unlock latch (until {} ms from now)",
+            cause.describe(),
+            release.mode,
+            printable(owner),
+            until.saturating_duration_since(now).as_millis()
+        );
+        self.push(client, key, owner, Work::RwRelease(release), cause, until);
     }
 
     /// Runs, on the caller's thread, a pending reentrant job of `owner` on `key` (and waits for
@@ -518,6 +569,28 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
                 ),
             )
             .map(|r| r.unwrap_or(-1)),
+        // {code, holds}: code 1 when a hold was given back (by this try or, answered from the
+        // latch, by the release that ran before); anything else changed nothing.
+        Work::RwRelease(rw) => s
+            .rw_release
+            .eval_keys::<redis::Value>(
+                con,
+                &[key, rw.writers.as_str(), rw.latch.as_str()],
+                &(
+                    rw.mode,
+                    job.value.as_slice(),
+                    rw.channel.as_str(),
+                    rw.lease_ms,
+                    rw.latch_ms,
+                ),
+            )
+            .map(|v| match v {
+                redis::Value::Array(items) => match items.first() {
+                    Some(redis::Value::Int(code)) => *code,
+                    _ => -1,
+                },
+                _ => -1,
+            }),
     });
     let (again, result) = match reply {
         Ok(0) if reentrant => {
@@ -544,6 +617,23 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
 /// Logs the answer `n` of a job's script (1 or more: deleted; else nothing to do).
 fn done(client: &LockClient, job: &Job, n: i64) {
     let key = job.key.as_str();
+    if let Work::RwRelease(rw) = &job.work {
+        match n {
+            1 => log::warn!(
+                "lock {key:?}: the {} release left by {} is done (try {}; it ran now, or had \
+                 run and its latch answered)",
+                rw.mode,
+                job.cause.describe(),
+                job.tries
+            ),
+            _ => log::info!(
+                "lock {key:?}: nothing to give back after {} (the hold expired or was never \
+                 ours)",
+                job.cause.describe()
+            ),
+        }
+        return;
+    }
     match n {
         n if n >= 1 => {
             log::warn!(
