@@ -20,6 +20,7 @@
 //! - extend: `lua/rw_extend.lua key read|write <owner> <ttl ms>`;
 //! - check: `lua/rw_held.lua key read|write <owner>`.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -487,9 +488,23 @@ impl Shared {
         owner: &[u8],
         args: impl redis::ToRedisArgs,
     ) -> Result<(i64, Option<i64>)> {
-        let reply: Value = self
-            .client
-            .with_conn(&self.key, |con, s| script(s).eval_keys(con, keys, &args))?;
+        self.run_sent(script, keys, owner, args, &Cell::new(false))
+    }
+
+    /// [`run`](Self::run), setting `sent` once the script was handed to a connection (an
+    /// error after that may come with the script run).
+    fn run_sent(
+        &self,
+        script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
+        keys: &[&str],
+        owner: &[u8],
+        args: impl redis::ToRedisArgs,
+        sent: &Cell<bool>,
+    ) -> Result<(i64, Option<i64>)> {
+        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+            sent.set(true);
+            script(s).eval_keys(con, keys, &args)
+        })?;
         let (code, holds, wait) = self.decode(reply)?;
         self.note_holds(owner, holds);
         Ok((code, wait))
@@ -532,13 +547,24 @@ impl Shared {
     /// that leaves an intent at most half of it (it must come back before its intent lapses,
     /// or readers slip in). `intent_ms` > 0 leaves a writer intent when a write is refused.
     fn attempt(&self, mode: Mode, owner: &str, intent_ms: u64) -> Result<Attempt> {
+        // A release or an undo of ours may still be pending with the janitor: finish it first,
+        // so that a later try cannot take the new hold for the old one.
+        self.client
+            .janitor()
+            .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
-        let (code, wait) = self.run(
+        let sent = Cell::new(false);
+        let reply = self.run_sent(
             |s| &s.rw_acquire,
             &[self.key.as_str(), self.writers.as_str()],
             owner.as_bytes(),
             (mode.as_str(), owner, self.opts.lease_ms(), intent_ms),
-        )?;
+            &sent,
+        );
+        if let (Err(LockError::Connection { .. }), true) = (&reply, sent.get()) {
+            self.forget_lost_acquire(mode, owner, start);
+        }
+        let (code, wait) = reply?;
         match code {
             1 => {
                 log::trace!(
@@ -584,6 +610,33 @@ impl Shared {
         }
     }
 
+    /// An acquire was sent but its reply was lost (a timeout, a failover): it may have counted
+    /// a hold that nobody will release, keeping every other owner out for the whole lease.
+    /// The janitor gives one hold back in the background if the owner's holds add up to what
+    /// the acquire would have left (as this lock last saw them, plus one); if the acquire
+    /// never ran, they are fewer and nothing changes.
+    fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant) {
+        let before = self.local_holds().get(owner).copied().unwrap_or(0);
+        let until = start.checked_add(self.opts.lease).unwrap_or(start);
+        let release = RwRelease {
+            mode: mode.as_str(),
+            writers: self.writers.clone(),
+            latch: format!("{}:{}", self.latch_base, request_id()),
+            channel: self.channel.clone(),
+            lease_ms: self.opts.lease_ms(),
+            latch_ms: LATCH_MS,
+            expect: Some(before.saturating_add(1)),
+        };
+        self.client.janitor().forget_rw(
+            &self.client,
+            &self.key,
+            owner.as_bytes(),
+            release,
+            Cause::LostAcquireReply,
+            until,
+        );
+    }
+
     fn try_acquire(&self, mode: Mode) -> Result<Option<Lease>> {
         Ok(match self.attempt(mode, &self.owner(), 0)? {
             Attempt::Acquired(lease) => Some(lease),
@@ -627,6 +680,7 @@ impl Shared {
                     channel: self.channel.clone(),
                     lease_ms: self.opts.lease_ms(),
                     latch_ms: LATCH_MS,
+                    expect: None,
                 },
                 lease.valid_until().min(latch_lives),
             )
@@ -641,6 +695,14 @@ impl Shared {
                 Cause::FailedRelease,
                 until,
             );
+            // The janitor makes it happen (or the hold expires): count it given back.
+            let left = self
+                .local_holds()
+                .get(&*String::from_utf8_lossy(lease.value()))
+                .map(|n| n - 1);
+            if let Some(left) = left {
+                self.note_holds(lease.value(), left);
+            }
         }
         let (code, _) = reply?;
         let ours = code == 1;

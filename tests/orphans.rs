@@ -411,11 +411,7 @@ fn rw_release_that_ran_late_is_not_given_back_twice() {
     let rw = ReadWriteLock::new(&c1, key).unwrap();
     let outer = rw.write_lock().try_lock().unwrap();
     let inner = rw.write_lock().try_lock().unwrap();
-    let count = |conn: &mut redis::Connection| -> Vec<(String, String)> {
-        let all: Vec<(String, String)> = redis::cmd("HGETALL").arg(key).query(conn).unwrap();
-        all.into_iter().filter(|(f, _)| f != "mode").collect()
-    };
-    let before = count(&mut server.conn());
+    let before = rw_holds(&server, key);
     assert_eq!(before.len(), 1, "{before:?}");
     assert_eq!(before[0].1, "2", "two write holds: {before:?}");
     server.pause();
@@ -437,9 +433,104 @@ fn rw_release_that_ran_late_is_not_given_back_twice() {
         .pending_cleanups()
         == 0));
     thread::sleep(Duration::from_millis(300));
-    let after = count(&mut server.conn());
+    let after = rw_holds(&server, key);
     assert_eq!(after.len(), 1, "{after:?}");
     assert_eq!(after[0].1, "1", "one hold given back, not two: {after:?}");
     assert!(outer.unlock().unwrap());
     assert!(!raw::exists(&mut server.conn(), key));
+}
+
+/// The owners' fields of a read-write lock's hash and their counts (`mode` left out).
+fn rw_holds(server: &RedisServer, key: &str) -> Vec<(String, String)> {
+    let all: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(key)
+        .query(&mut server.conn())
+        .unwrap();
+    all.into_iter().filter(|(f, _)| f != "mode").collect()
+}
+
+/// An impatient client whose read-write scripts are already cached on the server, so that a
+/// command sent into a stopped server runs as sent when the server is resumed.
+fn impatient_rw(server: &RedisServer) -> LockClient {
+    let c = impatient(server);
+    let warm = ReadWriteLock::new(&c, "orphan:rw-warm").unwrap();
+    assert!(warm.write_lock().try_lock().unwrap().unlock().unwrap());
+    c
+}
+
+/// A read-write lock acquire whose reply was lost (it ran when the server came back) does not
+/// leave a hold nobody releases: the janitor gives it back if the owner's holds add up to what
+/// the acquire left, so another client gets the lock within a command timeout. Both modes.
+#[test]
+fn rw_acquire_whose_reply_was_lost_leaves_no_orphan() {
+    init_logging();
+    let server = RedisServer::start();
+    for write in [true, false] {
+        let key = if write {
+            "orphan:rw-acq-w"
+        } else {
+            "orphan:rw-acq-r"
+        };
+        let c1 = impatient_rw(&server);
+        let c2 = patient(&server);
+        let rw1 = ReadWriteLock::new(&c1, key).unwrap();
+        let rw2 = ReadWriteLock::new(&c2, key).unwrap();
+        let resumed = acquire_during_sigstop(&server, || {
+            if write {
+                rw1.write_lock().try_lock().map(|g| g.into_lease())
+            } else {
+                rw1.read_lock().try_lock().map(|g| g.into_lease())
+            }
+        });
+        let after = taken_after(rw2.write_lock(), resumed);
+        assert!(
+            after < TIMEOUT + SLACK,
+            "write {write}: the second client waited {after:?} after the server answered again"
+        );
+        assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+        assert!(!raw::exists(&mut server.conn(), key), "write {write}");
+    }
+}
+
+/// The same with a write hold already taken: a lost re-entry that ran late (SIGSTOP) is given
+/// back once, and one that never ran (`CLIENT PAUSE … WRITE`, its connection dropped on the
+/// timeout) gives back nothing; either way the first hold stays, and it is the owner's last
+/// release that frees the lock.
+#[test]
+fn rw_reentry_whose_reply_was_lost_is_given_back_once() {
+    init_logging();
+    let server = RedisServer::start();
+    for ran in [true, false] {
+        let key = if ran {
+            "orphan:rw-reentry-ran"
+        } else {
+            "orphan:rw-reentry-not"
+        };
+        let c1 = impatient_rw(&server);
+        let rw = ReadWriteLock::new(&c1, key).unwrap();
+        let first = rw.write_lock().try_lock().unwrap();
+        let again = || rw.write_lock().try_lock().map(|g| g.into_lease());
+        if ran {
+            acquire_during_sigstop(&server, again);
+        } else {
+            let _: () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(PAUSE.as_millis() as u64)
+                .arg("WRITE")
+                .query(&mut server.conn())
+                .unwrap();
+            let lost = again();
+            assert!(
+                matches!(lost, Err(LockError::Connection { .. })),
+                "{lost:?}"
+            );
+            thread::sleep(PAUSE);
+        }
+        assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+        let holds = rw_holds(&server, key);
+        assert_eq!(holds.len(), 1, "ran {ran}: {holds:?}");
+        assert_eq!(holds[0].1, "1", "ran {ran}: one write hold left: {holds:?}");
+        assert!(first.unlock().unwrap(), "ran {ran}");
+        assert!(!raw::exists(&mut server.conn(), key), "ran {ran}");
+    }
 }

@@ -113,6 +113,15 @@ enum Work {
     RwRelease(RwRelease),
 }
 
+impl Work {
+    /// Gives back a hold counted in a hash (reentrant, read-write): the owner's next acquire
+    /// of the key runs it first ([`Janitor::settle`]), so that it cannot take the new hold
+    /// for the old one.
+    fn counts_holds(&self) -> bool {
+        matches!(self, Work::ReentrantRelease { .. } | Work::RwRelease(_))
+    }
+}
+
 /// A read-write lock release to send again: the arguments of `lua/rw_release.lua` but the
 /// owner id (the job's value).
 #[derive(Debug, Clone)]
@@ -126,6 +135,9 @@ pub(crate) struct RwRelease {
     pub(crate) channel: String,
     pub(crate) lease_ms: u64,
     pub(crate) latch_ms: u64,
+    /// Give the hold back only if the owner's read and write holds add up to this (the undo
+    /// of an acquire whose reply was lost: the count it would have left).
+    pub(crate) expect: Option<i64>,
 }
 
 /// One pending owner-checked clean-up.
@@ -213,8 +225,9 @@ struct Shared {
     wake: Condvar,
     /// Wakes owners waiting in [`Janitor::settle`]: a try in flight ended.
     done: Condvar,
-    /// Reentrant jobs queued or in flight: lets [`Janitor::settle`] skip the mutex when zero.
-    reentrant: AtomicUsize,
+    /// Jobs that count holds (reentrant and read-write) queued or in flight: lets
+    /// [`Janitor::settle`] skip the mutex when zero.
+    counted: AtomicUsize,
 }
 
 impl Shared {
@@ -336,7 +349,7 @@ impl Janitor {
     /// returned (the job is kept for the janitor); `Ok` when there was nothing to do or it is
     /// done.
     pub(crate) fn settle(&self, client: &LockClient, key: &str, owner: &[u8]) -> Result<()> {
-        if self.shared.reentrant.load(Ordering::Acquire) == 0 {
+        if self.shared.counted.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
         loop {
@@ -409,8 +422,8 @@ impl Janitor {
                 dropped.key
             );
         }
-        if matches!(work, Work::ReentrantRelease { .. }) {
-            self.shared.reentrant.fetch_add(1, Ordering::AcqRel);
+        if work.counts_holds() {
+            self.shared.counted.fetch_add(1, Ordering::AcqRel);
         }
         let seq = jobs.next_seq;
         jobs.next_seq = seq.wrapping_add(1);
@@ -452,19 +465,19 @@ impl Janitor {
 impl Job {
     /// The job is done or given up: no longer counted.
     fn gone(&self, shared: &Shared) {
-        if matches!(self.work, Work::ReentrantRelease { .. }) {
-            shared.reentrant.fetch_sub(1, Ordering::AcqRel);
+        if self.work.counts_holds() {
+            shared.counted.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
 /// A job of `client`'s janitor is done or given up (reentrant ones are counted).
-fn job_gone(client: &LockClient, reentrant: bool) {
-    if reentrant {
+fn job_gone(client: &LockClient, counted: bool) {
+    if counted {
         client
             .janitor()
             .shared
-            .reentrant
+            .counted
             .fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -532,6 +545,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     job.tries = job.tries.saturating_add(1);
     let key = job.key.as_str();
     let reentrant = matches!(job.work, Work::ReentrantRelease { .. });
+    let counted = job.work.counts_holds();
     // A release remembered across a Sentinel switch may have reached the new master already,
     // and the owner may hold the lock again since: its count then matches a live hold. Such a
     // job is dropped (the owner's next acquire cannot race it: see `settle`).
@@ -582,6 +596,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
                     rw.channel.as_str(),
                     rw.lease_ms,
                     rw.latch_ms,
+                    rw.expect,
                 ),
             )
             .map(|v| match v {
@@ -609,7 +624,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
         }
     };
     if again.is_none() {
-        job_gone(client, reentrant);
+        job_gone(client, counted);
     }
     (again, result)
 }
