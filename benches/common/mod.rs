@@ -463,8 +463,9 @@ pub fn evalsha_reentrant_acquire(
     v.0 == 1
 }
 
-/// `EVALSHA <reentrant_release.lua> 2 key channel 0 lease_ms owner`: true when this was the
-/// last hold (deleted and published; the reply is then 1 + the message's receivers).
+/// `EVALSHA <reentrant_release.lua> 1 key 0 lease_ms owner channel request_id`, as the library
+/// sends it (a fresh request id per call): true when this was the last hold (deleted and
+/// published; the reply is then 1 + the message's receivers).
 pub fn evalsha_reentrant_release(
     con: &mut redis::Connection,
     sha: &str,
@@ -473,14 +474,16 @@ pub fn evalsha_reentrant_release(
     lease_ms: u64,
     owner: &str,
 ) -> bool {
+    let request = token();
     let v: Option<i64> = redis::cmd("EVALSHA")
         .arg(sha)
-        .arg(2)
+        .arg(1)
         .arg(key)
-        .arg(channel)
         .arg(UNLOCK_MESSAGE)
         .arg(lease_ms)
         .arg(owner)
+        .arg(channel)
+        .arg(&request[..])
         .query(con)
         .expect("EVALSHA reentrant_release");
     // The last hold: 1 + the receivers of the published release.
