@@ -3,7 +3,7 @@
 //! run. Repeated `runs` times in one process; the median and the spread of the runs are
 //! printed and recorded in `target/dlock-bench/tls.csv`.
 //!
-//! `cargo bench --features tls-rustls --bench tls`
+//! `cargo bench -p redis-dlock-benches --features tls-rustls --bench tls`
 
 mod common;
 

@@ -15,15 +15,15 @@
 //!
 //! Around them, what Redisson users rely on:
 //!
-//! - a **watchdog** (one thread per [`LockClient`], `src/watchdog.rs`): a lock built without an
+//! - a **watchdog** (one thread per [`LockClient`]): a lock built without an
 //!   explicit `ttl` is renewed while its holder keeps the guard, and a hold it cannot renew is
 //!   reported ([`LockGuard::is_lost`], [`LockBuilder::on_lost`]);
-//! - **pub/sub wake-ups** (`src/wakeup.rs`): releases publish on the lock's channel and blocked
+//! - **pub/sub wake-ups**: releases publish on the lock's channel and blocked
 //!   threads wait on one shared subscriber connection per client ([`WakeUp`]);
 //! - **fencing tokens** ([`LockBuilder::fencing`], [`LockGuard::fence`]);
 //! - [`ReadWriteLock`], and [`RedLock`] over independent masters; every companion key shares
-//!   the lock key's hash slot, and release channels (Redisson's names) are script arguments
-//!   (`src/keys.rs`), so all of it works on a Cluster.
+//!   the lock key's hash slot, and release channels (Redisson's names) are script arguments,
+//!   so all of it works on a Cluster.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -46,7 +46,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What a lock on one Redis server does and does not guarantee is in the README and `docs/`.
+//! What a lock on one Redis server does and does not guarantee is in the README. The guides
+//! it links to (`docs/*.md`: algorithms, compatibility, deployments, production, ...) ship in
+//! the crate's package, in its `docs/` directory
+//! (<https://docs.rs/crate/redis-dlock/latest/source/docs/>).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -101,3 +104,7 @@ pub use strategy::{
 };
 pub use token::TokenLock;
 pub use watchdog::{LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
+
+// Every Rust block of README.md and docs/*.md, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+mod doctests;
