@@ -722,7 +722,7 @@ impl Report<'_> {
         let _ = writeln!(
             md,
             "\nFloors of this run: pooled PING p50 {}; bare `SET NX PX` + `EVALSHA` {} ({}), \
-             the same with the publishing release (`EVALSHA unlock 2 key channel token 0`, what \
+             the same with the publishing release (`EVALSHA unlock 1 key token 0 channel`, what \
              Token sends now) {} ({}); bare Reentrant scripts {} ({}); bare `SETNX` + `EVALSHA` \
              {} ({}).\n",
             us(ping),
@@ -1229,7 +1229,7 @@ impl Report<'_> {
             ),
             (
                 "evalsha_publish_build_and_pack",
-                "build + pack `EVALSHA sha 2 key channel token 0` (Token's publishing release, \
+                "build + pack `EVALSHA sha 1 key token 0 channel` (Token's publishing release, \
                  built as `src/scripts.rs` builds it)",
             ),
             ("setnx_build_and_pack", "build + pack `SETNX key value`"),

@@ -400,8 +400,9 @@ pub fn evalsha_unlock(con: &mut redis::Connection, sha: &str, key: &str, value: 
     v == 1
 }
 
-/// `EVALSHA <unlock.lua> 2 key channel value 0`, the Token release: compare-and-delete, then
-/// `PUBLISH channel 0`. True when deleted (the reply is then 1 + the message's receivers).
+/// `EVALSHA <unlock.lua> 1 key value 0 channel`, the Token release as the library sends it:
+/// compare-and-delete, then `PUBLISH channel 0` (the channel is an argument, not a key). True
+/// when deleted (the reply is then 1 + the message's receivers).
 pub fn evalsha_unlock_publish(
     con: &mut redis::Connection,
     sha: &str,
@@ -411,11 +412,11 @@ pub fn evalsha_unlock_publish(
 ) -> bool {
     let v: i64 = redis::cmd("EVALSHA")
         .arg(sha)
-        .arg(2)
+        .arg(1)
         .arg(key)
-        .arg(channel)
         .arg(value)
         .arg(UNLOCK_MESSAGE)
+        .arg(channel)
         .query(con)
         .expect("EVALSHA");
     v >= 1
@@ -447,8 +448,9 @@ pub fn evalsha_reentrant_acquire(
     v.0 == 1
 }
 
-/// `EVALSHA <reentrant_release.lua> 2 key channel 0 lease_ms owner`: true when this was the
-/// last hold (deleted and published; the reply is then 1 + the message's receivers).
+/// `EVALSHA <reentrant_release.lua> 1 key 0 lease_ms owner channel request_id`, as the library
+/// sends it: true when this was the last hold (deleted and published; the reply is then 1 +
+/// the message's receivers).
 pub fn evalsha_reentrant_release(
     con: &mut redis::Connection,
     sha: &str,
@@ -459,12 +461,13 @@ pub fn evalsha_reentrant_release(
 ) -> bool {
     let v: Option<i64> = redis::cmd("EVALSHA")
         .arg(sha)
-        .arg(2)
+        .arg(1)
         .arg(key)
-        .arg(channel)
         .arg(UNLOCK_MESSAGE)
         .arg(lease_ms)
         .arg(owner)
+        .arg(channel)
+        .arg(&token()[..]) // a fresh request id, as the library's
         .query(con)
         .expect("EVALSHA reentrant_release");
     // The last hold: 1 + the receivers of the published release.
