@@ -9,13 +9,13 @@ use crate::strategy::Encoding;
 
 /// A fresh Token owner value (what `try_acquire` generates).
 pub fn token() -> [u8; 32] {
-    crate::token::new_token()
+    crate::strategy::token::new_token()
 }
 
 /// A Classic value for a hold of `ttl` from now, as stored at the key: the bytes are
 /// `buf[..len]`.
 pub fn classic_value(encoding: Encoding, ttl: Duration) -> Result<([u8; 20], usize)> {
-    let encoded = crate::classic::expiry_value("bench", encoding, ttl, Duration::ZERO)?;
+    let encoded = crate::strategy::classic::expiry_value("bench", encoding, ttl, Duration::ZERO)?;
     let mut buf = [0u8; 20];
     let bytes = encoded.as_bytes();
     buf[..bytes.len()].copy_from_slice(bytes);
@@ -24,12 +24,12 @@ pub fn classic_value(encoding: Encoding, ttl: Duration) -> Result<([u8; 20], usi
 
 /// The Token acquire command (also Classic's with `key_ttl`): `SET key value NX PX ttl_ms`.
 pub fn set_nx_px_cmd(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
-    crate::string_value::set_nx_px(key, value, ttl_ms)
+    crate::strategy::string_value::set_nx_px(key, value, ttl_ms)
 }
 
 /// Classic's acquire command: `SETNX key value`.
 pub fn setnx_cmd(key: &str, value: &[u8]) -> redis::Cmd {
-    crate::string_value::setnx(key, value)
+    crate::strategy::string_value::setnx(key, value)
 }
 
 /// The scripts as a client holds them (SHAs computed once).

@@ -53,39 +53,33 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod access;
-#[doc(hidden)]
-pub mod bench_hooks;
-mod classic;
-mod client;
-mod cluster_deadline;
+// The vocabulary: the trait and its guards, errors, retry policies, key names, scripts.
 mod error;
-mod hold;
-mod janitor;
 mod keys;
 mod lock;
-mod owner;
-mod redlock;
-mod reentrant;
 mod retry;
-mod rwlock;
 mod scripts;
-mod sentinel_watch;
-mod strategy;
-mod string_value;
 mod time;
-mod token;
-mod waiters;
-mod wakeup;
-mod watchdog;
 
-pub use classic::ClassicLock;
+// One algorithm each, and the builder that picks one.
+mod strategy;
+
+// The per-client runtime: connections, subscriber, watchdog, waiter lines, janitor.
+mod client;
+
+// Locks composed from the above.
+mod redlock;
+mod rwlock;
+
+#[doc(hidden)]
+pub mod bench_hooks;
+
+pub use client::watchdog::{LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
 pub use client::{
     ClientBuilder, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HANDOFF_COURTESY, DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
 };
 pub use error::{LockError, Result};
-pub use hold::WakeUp;
 pub use lock::{ArcLockExt, DistributedLock, Lease, LockGuard, OwnedLockGuard};
 /// The `r2d2` crate of [`LockClient::from_pool`] and [`LockClient::pool_state`].
 pub use r2d2;
@@ -96,14 +90,15 @@ pub use redlock::{
     RedLock, RedLockBuilder, RedLockClient, RedLockClientBuilder, REDLOCK_DEFAULT_NODE_TIMEOUT,
     REDLOCK_DEFAULT_TTL, REDLOCK_DEFAULT_WORKERS,
 };
-pub use reentrant::ReentrantLock;
 pub use retry::{RetryPolicy, MIN_RETRY_DELAY};
 pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_MIN_WRITER_INTENT};
+pub use strategy::classic::ClassicLock;
+pub use strategy::hold::WakeUp;
+pub use strategy::reentrant::ReentrantLock;
+pub use strategy::token::TokenLock;
 pub use strategy::{
     ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,
 };
-pub use token::TokenLock;
-pub use watchdog::{LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
 
 // Every Rust block of README.md and docs/*.md, compiled by `cargo test --doc`.
 #[cfg(doctest)]

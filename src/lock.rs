@@ -4,11 +4,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::client::subscriber::Wakeups;
+use crate::client::waiters::WaitQueues;
+use crate::client::watchdog::WatchState;
 use crate::error::{LockError, Result};
 use crate::retry::{Attempts, RetryPolicy};
-use crate::waiters::WaitQueues;
-use crate::wakeup::Wakeups;
-use crate::watchdog::WatchState;
 
 /// A lock on one Redis key, shared by threads (`Send + Sync`) and usable as
 /// `Box<dyn DistributedLock>` / `Arc<dyn DistributedLock>`.

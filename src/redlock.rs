@@ -44,13 +44,13 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::client::waiters::WaitQueues;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{self, DistributedLock, Lease, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::strategy::token::new_token;
 use crate::strategy::{check_duration, check_lock_options};
-use crate::token::new_token;
-use crate::waiters::WaitQueues;
 
 /// Default lifetime of a [`RedLock`] (as for [`Strategy::Token`](crate::Strategy::Token)).
 pub const REDLOCK_DEFAULT_TTL: Duration = Duration::from_secs(10);

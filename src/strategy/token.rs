@@ -14,7 +14,7 @@
 //! - check: `GET key`, compared with our token.
 //!
 //! A lock built without an explicit ttl is watched: the client's watchdog renews its holds
-//! (see [`crate::watchdog`]).
+//! (see [`crate::client::watchdog`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -22,15 +22,15 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 use redis::Value;
 
+use crate::client::watchdog::RenewKind;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
-use crate::hold::{self, HoldOptions};
 use crate::lock::{self, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
 use crate::strategy::check_duration;
-use crate::string_value;
-use crate::watchdog::RenewKind;
+use crate::strategy::hold::{self, HoldOptions};
+use crate::strategy::string_value;
 
 /// A lock of [`Strategy::Token`](crate::Strategy::Token). Build it with
 /// [`LockBuilder`](crate::LockBuilder).

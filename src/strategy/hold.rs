@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::client::watchdog::{LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::keys;
 use crate::lock::{Attempt, Lease, Wake};
 use crate::retry::RetryPolicy;
 use crate::strategy::check_lock_options;
-use crate::watchdog::{LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
 
 /// How blocked threads learn that a lock was released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -181,7 +181,7 @@ impl HoldOptions {
 /// After a release that was published to `receivers` subscriber connections: if any belongs
 /// to another client, this client's next blocking acquire of `line` first waits the client's
 /// handoff courtesy ([`ClientBuilder::handoff_courtesy`](crate::ClientBuilder::handoff_courtesy),
-/// via [`WaitQueues::yield_to`](crate::waiters::WaitQueues::yield_to)), so that a waiter woken
+/// via [`WaitQueues::yield_to`](crate::client::waiters::WaitQueues::yield_to)), so that a waiter woken
 /// elsewhere gets in.
 pub(crate) fn after_publish(client: &LockClient, line: &str, channel: &str, receivers: i64) {
     let courtesy = client.handoff_courtesy();

@@ -9,14 +9,14 @@ use std::cell::Cell;
 
 use redis::RedisResult;
 
+use crate::client::janitor::{self, Cause};
+use crate::client::sentinel_watch::Released;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
-use crate::hold;
-use crate::janitor::{self, Cause};
 use crate::keys;
 use crate::lock::{self, Lease};
 use crate::scripts::Scripts;
-use crate::sentinel_watch::Released;
+use crate::strategy::hold;
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
@@ -132,6 +132,7 @@ pub(crate) fn release(
                 value: lease.value().to_vec(),
                 channel: channel.map(str::to_owned),
                 reentrant: None,
+                rw: None,
                 until: lease.valid_until(),
             });
         }

@@ -19,7 +19,7 @@
 //! - check: `HEXISTS key <owner>`; hold count: `HGET key <owner>`.
 //!
 //! A lock built without an explicit ttl is watched: the client's watchdog renews each hold
-//! (`HEXISTS` + `PEXPIRE`, see [`crate::watchdog`]) until that hold is released.
+//! (`HEXISTS` + `PEXPIRE`, see [`crate::client::watchdog`]) until that hold is released.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -27,18 +27,18 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::client::janitor::Cause;
+use crate::client::sentinel_watch::Released;
+use crate::client::watchdog::RenewKind;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::hold::{self, AcquireReply, HoldOptions};
-use crate::janitor::Cause;
 use crate::keys;
 use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
-use crate::owner::{self, OwnerId};
 use crate::retry::{Attempts, RetryPolicy};
-use crate::sentinel_watch::Released;
 use crate::strategy::check_duration;
-use crate::string_value;
-use crate::watchdog::RenewKind;
+use crate::strategy::hold::{self, AcquireReply, HoldOptions};
+use crate::strategy::owner::{self, OwnerId};
+use crate::strategy::string_value;
 
 thread_local! {
     /// The calling thread's holds of reentrant locks as its own acquires and releases last
@@ -277,7 +277,7 @@ impl ReentrantLock {
 
     /// A Sentinel client remembers a release of the calling thread's own hold for a while: if a
     /// master switch is announced meanwhile, the release may have been done on the old master
-    /// only, and is done again on the new one (see [`crate::sentinel_watch`]).
+    /// only, and is done again on the new one (see [`crate::client::sentinel_watch`]).
     ///
     /// Only watched holds: the janitor skips the release if the owner holds the lock again by
     /// then, which only the watchdog's list of live holds tells.
@@ -302,6 +302,7 @@ impl ReentrantLock {
             value: lease.value().to_vec(),
             channel: Some(self.opts.channel.clone()),
             reentrant: Some((count, self.opts.lease_ms())),
+            rw: None,
             until: lease.valid_until(),
         });
     }
@@ -387,7 +388,7 @@ impl DistributedLock for ReentrantLock {
         lease.stop_renewal();
         // One id per call: a copy of the command sent again after a dropped connection
         // carries the same id, and the script does not give back a second hold for it.
-        let request = crate::token::new_token();
+        let request = crate::strategy::token::new_token();
         let mut sent = 0u32;
         let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
             sent += 1;
@@ -403,7 +404,10 @@ impl DistributedLock for ReentrantLock {
                 ),
             )
         });
-        if reply.as_ref().is_err_and(crate::janitor::worth_retrying) {
+        if reply
+            .as_ref()
+            .is_err_and(crate::client::janitor::worth_retrying)
+        {
             self.forget_failed_release(lease);
         }
         let reply = reply?;

@@ -1,18 +1,26 @@
 //! [`Strategy`] picks the algorithm; [`LockBuilder`] holds every option with its default.
 
+pub(crate) mod access;
+pub(crate) mod classic;
+pub(crate) mod hold;
+pub(crate) mod owner;
+pub(crate) mod reentrant;
+pub(crate) mod string_value;
+pub(crate) mod token;
+
 use std::time::Duration;
 
 use std::sync::Arc;
 
-use crate::classic::ClassicLock;
+use crate::client::watchdog::{LostCallback, LostLock};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::hold::{HoldOptions, WakeUp};
 use crate::lock::DistributedLock;
-use crate::reentrant::ReentrantLock;
 use crate::retry::RetryPolicy;
-use crate::token::TokenLock;
-use crate::watchdog::{LostCallback, LostLock};
+use crate::strategy::classic::ClassicLock;
+use crate::strategy::hold::{HoldOptions, WakeUp};
+use crate::strategy::reentrant::ReentrantLock;
+use crate::strategy::token::TokenLock;
 
 /// The locking algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -258,13 +266,13 @@ impl LockBuilder {
     pub fn build_token(self) -> Result<TokenLock> {
         let opts = self.hold_options()?;
         if self.check_access {
-            let checks = crate::access::token(
+            let checks = crate::strategy::access::token(
                 &self.key,
                 &opts.channel,
                 opts.fence_key.as_deref(),
                 opts.wake_up == WakeUp::PubSub,
             );
-            crate::access::verify(&self.client, &self.key, "Token", &checks)?;
+            crate::strategy::access::verify(&self.client, &self.key, "Token", &checks)?;
         }
         Ok(TokenLock::new(self.client, self.key, opts))
     }
@@ -273,13 +281,13 @@ impl LockBuilder {
     pub fn build_reentrant(self) -> Result<ReentrantLock> {
         let opts = self.hold_options()?;
         if self.check_access {
-            let checks = crate::access::reentrant(
+            let checks = crate::strategy::access::reentrant(
                 &self.key,
                 &opts.channel,
                 opts.fence_key.as_deref(),
                 opts.wake_up == WakeUp::PubSub,
             );
-            crate::access::verify(&self.client, &self.key, "reentrant", &checks)?;
+            crate::strategy::access::verify(&self.client, &self.key, "reentrant", &checks)?;
         }
         Ok(ReentrantLock::new(self.client, self.key, opts))
     }
@@ -319,8 +327,8 @@ impl LockBuilder {
         let (ttl, retry) = self.validate(CLASSIC_DEFAULT_TTL, RetryPolicy::legacy())?;
         check_duration(&self.key, "clock_skew", self.classic.clock_skew, true)?;
         if self.check_access {
-            let checks = crate::access::classic(&self.key);
-            crate::access::verify(&self.client, &self.key, "Classic", &checks)?;
+            let checks = crate::strategy::access::classic(&self.key);
+            crate::strategy::access::verify(&self.client, &self.key, "Classic", &checks)?;
         }
         Ok(ClassicLock::new(
             self.client,

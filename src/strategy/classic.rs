@@ -21,8 +21,8 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{self, printable, DistributedLock, Lease, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::strategy::string_value;
 use crate::strategy::{check_duration, ClassicOptions, Encoding, Takeover};
-use crate::string_value;
 
 /// How often one attempt goes back to `SETNX` when the key vanished between our commands (a
 /// holder released it): bounded, so a flapping key cannot spin us.

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionInfo, PushKind, RedisResult, Value};
 
-use crate::waiters::WaitQueues;
+use crate::client::waiters::WaitQueues;
 
 /// Finds the server to subscribe on, at every (re)connection.
 pub(crate) type Resolve = Box<dyn Fn() -> RedisResult<ConnectionInfo> + Send + Sync>;

@@ -1,0 +1,441 @@
+//! [`LockClient`]: the connection pool and shared state that locks are built from.
+//!
+//! One client talks to one deployment: a single server, a Redis Cluster, or the master that
+//! Sentinel names. Its pool hands out [`Conn`]s; a connection that saw an I/O error, a timeout
+//! or a `READONLY` reply (a master demoted by a failover) marks itself broken and is replaced,
+//! so a client recovers from restarts and failovers without being rebuilt.
+
+mod builder;
+pub(crate) mod cluster_deadline;
+pub(crate) mod janitor;
+mod pool;
+pub(crate) mod sentinel_watch;
+pub(crate) mod subscriber;
+pub(crate) mod waiters;
+pub(crate) mod watchdog;
+
+pub use builder::ClientBuilder;
+use builder::TargetSpec;
+pub(crate) use pool::*;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use redis::RedisResult;
+
+use crate::client::janitor::Janitor;
+use crate::client::sentinel_watch::Switches;
+use crate::client::subscriber::{Resolve, Wakeups};
+use crate::client::waiters::WaitQueues;
+use crate::client::watchdog::Watchdog;
+use crate::error::{self, Context, LockError, Result, Rounded};
+use crate::scripts::Scripts;
+use crate::strategy::LockBuilder;
+
+/// Default number of pooled connections.
+pub const DEFAULT_POOL_SIZE: u32 = 16;
+/// Default time allowed to open a connection (and to wait for a free pooled one).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time allowed for Redis to answer one command.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default head start a releasing client gives other clients' waiters: see
+/// [`ClientBuilder::handoff_courtesy`].
+pub const DEFAULT_HANDOFF_COURTESY: Duration = Duration::from_millis(3);
+/// The longest handoff courtesy [`ClientBuilder::build`] accepts: the courtesy is a head start
+/// of a few round trips, and a longer one would only stall the releasing client.
+pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
+/// The longest connect or command timeout [`ClientBuilder::build`] accepts (one year; no
+/// command timeout at all is `command_timeout(None)`). Longer values overflow deadline
+/// arithmetic on some platforms' clocks and mean "never" in practice.
+pub const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Threads of each client's connection pool scheduler, which opens connections in the
+/// background and closes idle ones (r2d2's default).
+const SCHEDULER_THREADS: usize = 3;
+
+/// A handle to one Redis deployment: a pool of connections, the Lua scripts' SHAs and the
+/// in-process waiter lines.
+///
+/// Cheap to clone (an `Arc`); build it once per process and make locks from it with
+/// [`LockClient::lock`].
+///
+/// ```no_run
+/// use redis_dlock::{LockClient, Strategy};
+/// # fn main() -> Result<(), redis_dlock::LockError> {
+/// let client = LockClient::open("redis://127.0.0.1:6379/")?;
+/// let lock = client.lock("orders:42").strategy(Strategy::Token).build()?;
+/// let guard = lock.lock()?;
+/// // ... critical section ...
+/// assert!(guard.unlock()?, "the lock expired while we held it");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    scripts: Scripts,
+    waiters: Arc<WaitQueues>,
+    /// Random UUID: the instance part of this client's owner ids (reentrant locks).
+    instance: String,
+    /// Renews this client's watched holds (one thread, started with the first).
+    watchdog: Watchdog,
+    /// The shared subscriber connection that wakes waiters (one thread, started with the
+    /// first wait).
+    wakeups: Wakeups,
+    /// Talks to a Redis Cluster: multi-key scripts must keep to one slot.
+    cluster: bool,
+    /// See [`ClientBuilder::handoff_courtesy`].
+    courtesy: Duration,
+    /// Background owner-checked deletes after lost acquire replies and failed releases.
+    janitor: Janitor,
+    /// The server takes `SET … NX PX … GET` (Redis 7.0+): until a server refuses it.
+    set_get: AtomicBool,
+    /// Where the client connects, for error messages ("127.0.0.1:6379", ...).
+    addr: String,
+    /// The command timeout (or the connect timeout without one), for error messages.
+    timeout: Duration,
+    /// The pool's latest failure to open a connection (for errors at checkout).
+    connect_errors: Arc<ConnectErrors>,
+    /// Sentinel clients: the master switches seen, to discard connections to an old master.
+    switches: Option<Arc<Switches>>,
+}
+
+/// A reference to a client that does not keep it alive (held by its background threads).
+#[derive(Clone)]
+pub(crate) struct WeakClient {
+    inner: Weak<Inner>,
+}
+
+impl WeakClient {
+    /// The client, unless every handle to it has been dropped.
+    pub(crate) fn upgrade(&self) -> Option<LockClient> {
+        self.inner.upgrade().map(|inner| LockClient { inner })
+    }
+
+    /// False once every handle to the client has been dropped.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.inner.strong_count() > 0
+    }
+}
+
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.pool_state();
+        f.debug_struct("LockClient")
+            .field("connections", &state.connections)
+            .field("idle", &state.idle_connections)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockClient {
+    /// Connects to the Redis at `url` (`redis://host:port/db`) with the default pool settings.
+    pub fn open(url: &str) -> Result<Self> {
+        Self::builder(url).build()
+    }
+
+    /// A builder for one server at `url`, to tune the pool and timeouts.
+    pub fn builder(url: &str) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Single(url.to_owned()))
+    }
+
+    /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`).
+    /// Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
+    ///
+    /// Each command, its redirections and retries included (`TRYAGAIN`, `CLUSTERDOWN`, a
+    /// failed-over node), returns within the command timeout plus at most one retry sleep of a
+    /// tenth of it: every read, write and connect of it is cut to the time left before one
+    /// deadline. Waiting for a pooled connection and opening a new one are bounded by the
+    /// connect timeout, as for a single server. See `docs/deployments.md`.
+    pub fn cluster_builder<S: AsRef<str>>(nodes: &[S]) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Cluster(
+            nodes.iter().map(|n| n.as_ref().to_owned()).collect(),
+        ))
+    }
+
+    /// A builder for the master that the Sentinels at `sentinels` name for `service`. After a
+    /// failover, new connections go to the new master. The client follows the Sentinels'
+    /// `+switch-master` announcements (one background thread per client, `dlock-sentinel`):
+    /// pooled connections opened before an announced switch are discarded at their next
+    /// checkout, so a graceful failover, whose old master keeps answering as a master for a
+    /// while, is followed at once. Connections to an old master are also dropped on their first
+    /// `READONLY` or I/O error.
+    ///
+    /// Every new connection asks the Sentinels in turn (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and
+    /// checks with `ROLE` that the server named is a master. Each of these steps is bounded by
+    /// the connect and command timeouts (the connect timeout if the command timeout is `None`),
+    /// so a frozen Sentinel or old master delays a reconnection but never blocks it.
+    pub fn sentinel_builder<S: AsRef<str>>(sentinels: &[S], service: &str) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Sentinel {
+            sentinels: sentinels.iter().map(|n| n.as_ref().to_owned()).collect(),
+            service: service.to_owned(),
+        })
+    }
+
+    /// Uses a pool the application already has.
+    ///
+    /// The pool's own settings apply. For the one-round-trip hot path, build it with
+    /// `test_on_check_out(false)`: r2d2's default sends a `PING` on every checkout, which doubles
+    /// the cost of every lock operation. Set read timeouts on its connections, or a paused Redis
+    /// blocks callers for as long as the OS lets a socket wait.
+    ///
+    /// Such a client has no address to open its subscriber connection to, so its waiters poll
+    /// (by their retry policy) instead of being woken by pub/sub.
+    pub fn from_pool(pool: r2d2::Pool<redis::Client>) -> Self {
+        Self::with_pool(
+            Pool::External(pool),
+            None,
+            false,
+            DEFAULT_COMMAND_TIMEOUT,
+            DEFAULT_HANDOFF_COURTESY,
+            ("the application's pool".to_owned(), Arc::default()),
+            None,
+        )
+    }
+
+    fn with_pool(
+        pool: Pool,
+        resolve: Option<Resolve>,
+        cluster: bool,
+        timeout: Duration,
+        courtesy: Duration,
+        (addr, connect_errors): (String, Arc<ConnectErrors>),
+        switches: Option<Arc<Switches>>,
+    ) -> Self {
+        let waiters = Arc::new(WaitQueues::default());
+        LockClient {
+            inner: Arc::new(Inner {
+                pool,
+                scripts: Scripts::new(),
+                wakeups: Wakeups::new(resolve, Arc::clone(&waiters), timeout),
+                waiters,
+                instance: crate::strategy::owner::new_uuid(),
+                watchdog: Watchdog::new(),
+                cluster,
+                courtesy,
+                janitor: Janitor::default(),
+                set_get: AtomicBool::new(true),
+                addr,
+                timeout,
+                connect_errors,
+                switches,
+            }),
+        }
+    }
+
+    /// A reference for background threads that does not keep the client alive.
+    pub(crate) fn downgrade(&self) -> WeakClient {
+        WeakClient {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
+    /// The client's instance id (a random UUID): the first part of its owner ids.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// True for a Redis Cluster client.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.inner.cluster
+    }
+
+    /// The client's renewal thread.
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.inner.watchdog
+    }
+
+    /// See [`ClientBuilder::handoff_courtesy`].
+    pub(crate) fn handoff_courtesy(&self) -> Duration {
+        self.inner.courtesy
+    }
+
+    /// The client's pub/sub subscriber.
+    pub(crate) fn wakeups(&self) -> &Wakeups {
+        &self.inner.wakeups
+    }
+
+    /// True until a server refused `SET … NX PX … GET` (servers before Redis 7.0).
+    pub(crate) fn set_get(&self) -> bool {
+        self.inner.set_get.load(Ordering::Relaxed)
+    }
+
+    /// A server refused `SET … NX PX … GET`: use plain `SET … NX PX` from now on.
+    pub(crate) fn no_set_get(&self) {
+        if self.inner.set_get.swap(false, Ordering::Relaxed) {
+            log::info!(
+                "the server does not take SET ... NX PX ... GET (Redis < 7.0): Token acquires \
+                 use SET ... NX PX, and a key of another type is found only when a wait ends"
+            );
+        }
+    }
+
+    /// Sentinel clients: the master switches seen, and the recent releases to do again after
+    /// one.
+    pub(crate) fn switches(&self) -> Option<&Switches> {
+        self.inner.switches.as_deref()
+    }
+
+    /// The client's background clean-ups.
+    pub(crate) fn janitor(&self) -> &Janitor {
+        &self.inner.janitor
+    }
+
+    /// Clean-ups the client still has to do in the background (for tests and monitoring): an
+    /// owner-checked delete of a lock whose acquire reply was lost or whose release failed on a
+    /// connection error, retried until it is answered or the lock would have expired anyway.
+    /// See `docs/production.md`.
+    pub fn pending_cleanups(&self) -> usize {
+        self.inner.janitor.pending()
+    }
+
+    /// Watched holds the watchdog currently renews (for tests and monitoring).
+    pub fn watched_count(&self) -> usize {
+        self.inner.watchdog.watched()
+    }
+
+    /// Starts building a lock on `key`. See [`LockBuilder`] for the options and defaults.
+    pub fn lock(&self, key: impl Into<String>) -> LockBuilder {
+        LockBuilder::new(self.clone(), key.into())
+    }
+
+    /// Connections open and idle in the pool.
+    pub fn pool_state(&self) -> r2d2::State {
+        match &self.inner.pool {
+            Pool::Managed(p) => p.state(),
+            Pool::External(p) => p.state(),
+        }
+    }
+
+    /// The in-process waiter lines of this client.
+    pub(crate) fn waiters(&self) -> &WaitQueues {
+        &self.inner.waiters
+    }
+
+    /// A pooled connection; failures are reported against `key`.
+    ///
+    /// A Sentinel client discards connections opened before the last master switch it heard
+    /// of (see [`crate::client::sentinel_watch`]): they may lead to the old master, which goes on
+    /// answering as a master until Sentinel reconfigures it. At most one per pooled connection
+    /// is discarded, then a new one is opened (to the new master, `ROLE` checked).
+    fn conn(&self, key: &str) -> Result<Conn> {
+        let err = |e: r2d2::Error| self.checkout_error(key, e);
+        match &self.inner.pool {
+            Pool::Managed(p) => {
+                let Some(switches) = &self.inner.switches else {
+                    return p.get().map(Conn::Managed).map_err(err);
+                };
+                let mut stale_left = p.max_size();
+                loop {
+                    let mut con = p.get().map_err(err)?;
+                    let now = switches.generation();
+                    if con.generation >= now || stale_left == 0 {
+                        return Ok(Conn::Managed(con));
+                    }
+                    log::debug!(
+                        "lock {key:?}: dropping a connection opened before the master switch \
+                         (generation {} < {now})",
+                        con.generation
+                    );
+                    // Not returned to the pool (see `has_broken`).
+                    con.broken = true;
+                    stale_left -= 1;
+                }
+            }
+            Pool::External(p) => p.get().map(Conn::External).map_err(err),
+        }
+    }
+
+    /// A failed checkout, with what the pool's latest connection attempt said: access denied
+    /// is a set-up fault, anything else an outage.
+    fn checkout_error(&self, key: &str, e: r2d2::Error) -> LockError {
+        match self.inner.connect_errors.last() {
+            // A wrong password, unknown user or missing permission: not an outage.
+            Some((true, why)) => LockError::Setup {
+                source: Box::new(Context::new(
+                    format!("cannot open a connection to {}: {why}", self.inner.addr),
+                    None,
+                )),
+            },
+            Some((false, why)) => LockError::Connection {
+                key: key.to_owned(),
+                source: Box::new(Context::new(
+                    format!("no connection to {}: {why}", self.inner.addr),
+                    None,
+                )),
+            },
+            None => LockError::Connection {
+                key: key.to_owned(),
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// Maps a Redis error of a command for `key`, saying which server did not answer in time.
+    fn command_error(&self, key: &str, e: redis::RedisError) -> LockError {
+        if e.is_timeout() {
+            return LockError::Connection {
+                key: key.to_owned(),
+                source: Box::new(Context::new(
+                    format!(
+                        "no reply from {} within {}",
+                        self.inner.addr,
+                        Rounded(self.inner.timeout)
+                    ),
+                    Some(e),
+                )),
+            };
+        }
+        if error::is_access_denied(&e) {
+            log::warn!("lock {key:?}: the server refused a command: {e}");
+        }
+        LockError::from_redis(key, e)
+    }
+
+    /// Runs `f` on a pooled connection, mapping Redis errors to [`LockError`] for `key`.
+    ///
+    /// A connection that sat idle in the pool while Redis restarted fails its next command with
+    /// "connection dropped" (EOF, reset, broken pipe) although the server is back. Such a
+    /// connection is discarded and `f` runs again on another one, up to once per pooled
+    /// connection; a fresh connection that fails is a real outage and is reported.
+    ///
+    /// Repeating `f` is safe for the single-value locks (Token, Classic, RedLock nodes) even in
+    /// the rare case where the server ran the command and then closed the socket itself
+    /// (`CLIENT KILL`, idle `timeout`): a repeated acquire finds its own value and reports the
+    /// lock held (our orphan expires by itself), a repeated release or extend finds its work
+    /// done and reports the lock lost. Counted holds (the reentrant and read-write locks) are
+    /// not idempotent: in that rare case a repeated acquire counts one hold too many (it
+    /// expires with the lease) and a repeated reentrant release gives back one too many (a
+    /// read-write release carries an unlock latch, so its resend answers from the first
+    /// run). With a restart, the common cause of a dropped pooled connection, the first send
+    /// never reached a server.
+    pub(crate) fn with_conn<T>(
+        &self,
+        key: &str,
+        mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
+    ) -> Result<T> {
+        // Sized on the first dropped connection only: the pool's state takes its mutex.
+        let mut stale_left: Option<u32> = None;
+        loop {
+            let mut conn = self.conn(key)?;
+            let reused = conn.was_used();
+            match f(&mut conn, &self.inner.scripts) {
+                Err(e) if reused && is_dropped(&e) && stale_left != Some(0) => {
+                    log::info!("lock {key:?}: pooled connection was dropped ({e}), retrying");
+                    let left = stale_left.unwrap_or_else(|| self.pool_state().connections + 1);
+                    stale_left = Some(left - 1);
+                }
+                other => return other.map_err(|e| self.command_error(key, e)),
+            }
+        }
+    }
+}
+
+/// An error that says the socket is dead (the peer closed or reset it), as opposed to a timeout
+/// after which the command may still run.
+fn is_dropped(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() && !e.is_timeout()
+}

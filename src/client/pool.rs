@@ -1,0 +1,584 @@
+//! The connection pool: the one place that knows how to reach the deployment (a URL, the
+//! master that Sentinels name, a Cluster) and opens, checks and hands out connections through
+//! redis-rs, TLS and AUTH/ACL included.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{
+    ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
+};
+
+use super::cluster_deadline::{with_deadline, Deadlined};
+use super::sentinel_watch::Switches;
+use crate::error::{self, Context, LockError, Result, Rounded};
+
+/// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
+/// for connection", so its error handler keeps what actually went wrong.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectErrors {
+    last: std::sync::Mutex<Option<(bool, String)>>,
+}
+
+impl ConnectErrors {
+    fn note(&self, e: &redis::RedisError) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        *last = Some((error::is_access_denied(e), e.to_string()));
+    }
+
+    /// The latest failure: whether access was denied, and what it said.
+    pub(super) fn last(&self) -> Option<(bool, String)> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl r2d2::HandleError<redis::RedisError> for ConnectErrors {
+    fn handle_error(&self, e: redis::RedisError) {
+        log::debug!("pool: opening a connection failed: {e}");
+        self.note(&e);
+    }
+}
+
+/// Lets the pool own an `Arc` of the client's [`ConnectErrors`].
+#[derive(Debug)]
+pub(super) struct SharedErrors(pub(super) Arc<ConnectErrors>);
+
+impl r2d2::HandleError<redis::RedisError> for SharedErrors {
+    fn handle_error(&self, e: redis::RedisError) {
+        r2d2::HandleError::handle_error(self.0.as_ref(), e);
+    }
+}
+
+/// Retries of redis-rs's cluster connection for a command timeout `t`: the number of retries
+/// and the bounds of the sleep before a retry after `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
+/// `LOADING` or `READONLY` (in ms).
+///
+/// redis-rs sleeps a random time in `[min, min(max, min · 2^retry))` before retry number
+/// `retry` (1, 2, …). With `min = t/40` and `max = t/10` (at least 1 and 2 ms) the five sleeps
+/// of a command add up to less than `18 · t/40 = 0.45 t`, where redis-rs's defaults (16
+/// retries, 1.28 s to 655 s each) add up to minutes. Redirections (`MOVED`, `ASK`) need no
+/// sleep; five retries cover a `MOVED` and an `ASK` of a slot in migration with room to spare.
+/// The whole command, redirections and retries included, is bounded by its deadline (see
+/// [`crate::client::cluster_deadline`]); the short sleeps make it return at most one sleep (`t/10`)
+/// after it.
+pub(crate) fn cluster_retries(t: Duration) -> (u32, u64, u64) {
+    let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+    let min = (ms / 40).max(1);
+    let max = (ms / 10).max(min + 1);
+    (5, min, max)
+}
+
+/// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
+/// `rediss://` address, whose certificates and `insecure` flag are reused), or in plain TCP.
+pub(super) fn master_info(
+    tls: Option<&ConnectionAddr>,
+    (host, port): (String, u16),
+) -> RedisResult<ConnectionInfo> {
+    match tls {
+        Some(ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        }) => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        }
+        .into_connection_info(),
+        _ => ConnectionAddr::Tcp(host, port).into_connection_info(),
+    }
+}
+
+/// Asks each Sentinel in turn for `service`'s master address; each step bounded by the
+/// timeouts.
+pub(super) fn sentinel_master_addr(
+    sentinels: &[redis::Client],
+    service: &str,
+    connect_timeout: Duration,
+    timeout: Duration,
+) -> RedisResult<(String, u16)> {
+    let mut last_err = None;
+    for sentinel in sentinels {
+        let named: RedisResult<Option<(String, u16)>> = sentinel
+            .get_connection_with_timeout(connect_timeout)
+            .and_then(|con| {
+                con.set_read_timeout(Some(timeout))?;
+                con.set_write_timeout(Some(timeout))?;
+                Ok(con)
+            })
+            .and_then(|mut con| {
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(service)
+                    .query(&mut con)
+            });
+        match named {
+            Ok(Some(addr)) => return Ok(addr),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| {
+        redis::RedisError::from((
+            redis::ErrorKind::MasterNameNotFoundBySentinel,
+            "no Sentinel named a master for the service",
+        ))
+    }))
+}
+
+/// Where connections go.
+pub(super) enum Target {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+    /// Sentinels asked for the current master of `service` on every new connection. Not
+    /// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the
+    /// Sentinel connections nor on its `ROLE` check of the master, so one frozen server hung
+    /// every later reconnection of the pool for good.
+    Sentinel {
+        sentinels: Vec<redis::Client>,
+        service: String,
+        /// The Sentinel that answered last, asked first next time (the Sentinel clients
+        /// guideline), so a dead or frozen one costs one timeout, not one per connection.
+        first: AtomicUsize,
+        /// The master switches announced by the Sentinels (`+switch-master`).
+        switches: Arc<Switches>,
+        /// A Sentinel's TLS address when they are reached over TLS: the master is too.
+        master_tls: Option<ConnectionAddr>,
+    },
+}
+
+/// r2d2 manager that sets connect and command timeouts (which `redis::Client`'s own does not)
+/// and drops connections that marked themselves broken.
+pub(crate) struct Manager {
+    pub(super) target: Target,
+    pub(super) connect_timeout: Duration,
+    pub(super) command_timeout: Option<Duration>,
+    /// Connects with TLS (`rediss://`): connection errors may be the handshake's.
+    pub(super) tls: bool,
+}
+
+impl Manager {
+    fn single(&self, client: &redis::Client) -> RedisResult<Link> {
+        let con = client.get_connection_with_timeout(self.connect_timeout)?;
+        con.set_read_timeout(self.command_timeout)?;
+        con.set_write_timeout(self.command_timeout)?;
+        Ok(Link::new(Node::Single(con)))
+    }
+
+    /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout.
+    fn discovery(&self, client: &redis::Client) -> RedisResult<redis::Connection> {
+        let timeout = Some(self.command_timeout.unwrap_or(self.connect_timeout));
+        let con = client.get_connection_with_timeout(self.connect_timeout)?;
+        con.set_read_timeout(timeout)?;
+        con.set_write_timeout(timeout)?;
+        Ok(con)
+    }
+
+    /// Asks each Sentinel in turn for `service`'s master and connects to the first one named
+    /// that answers `ROLE` as a master. An address is tried once per call even if several
+    /// Sentinels name it, so a frozen old master costs one timeout, not one per Sentinel.
+    ///
+    /// The master the last `+switch-master` announced, if any, is tried first: a Sentinel that
+    /// has not heard of the switch yet would still name the old master, which answers `ROLE` as
+    /// a master until Sentinel reconfigures it.
+    fn sentinel_master(
+        &self,
+        sentinels: &[redis::Client],
+        service: &str,
+        first: &AtomicUsize,
+        switches: &Switches,
+        master_tls: Option<&ConnectionAddr>,
+    ) -> RedisResult<Link> {
+        // Read before asking: a switch during this connect makes the link stale at once.
+        let generation = switches.generation();
+        let mut tried: Vec<(String, u16)> = Vec::new();
+        let mut last_err = None;
+        if let Some(addr) = switches.announced() {
+            tried.push(addr.clone());
+            match self.checked_master(addr, master_tls) {
+                Ok(link) => return Ok(link.of_generation(generation)),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        let start = first.load(Ordering::Relaxed);
+        for i in (0..sentinels.len()).map(|k| (start + k) % sentinels.len()) {
+            let sentinel = &sentinels[i];
+            let named: RedisResult<Option<(String, u16)>> =
+                self.discovery(sentinel).and_then(|mut con| {
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(service)
+                        .query(&mut con)
+                });
+            let addr = match named {
+                Ok(Some(addr)) => addr,
+                Ok(None) => {
+                    last_err = Some(redis::RedisError::from((
+                        redis::ErrorKind::MasterNameNotFoundBySentinel,
+                        "the Sentinel does not know the service",
+                        service.to_owned(),
+                    )));
+                    continue;
+                }
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            if tried.contains(&addr) {
+                continue;
+            }
+            tried.push(addr.clone());
+            match self.checked_master(addr, master_tls) {
+                Ok(link) => {
+                    first.store(i, Ordering::Relaxed);
+                    return Ok(link.of_generation(generation));
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel to ask"))
+        }))
+    }
+}
+
+impl Manager {
+    /// The check of [`ClientBuilder::build`]: opens one connection (which sends AUTH, SELECT
+    /// and the TLS handshake as the URL asks) and runs a one-line script by `EVAL` and by
+    /// `EVALSHA`, the two ways the library runs its scripts. Any failure is a
+    /// [`LockError::Setup`] that names the step and the server.
+    pub(super) fn check(&self, addr: &str) -> Result<()> {
+        let setup = |what: String, e: redis::RedisError| LockError::Setup {
+            source: Box::new(Context::new(what, Some(e))),
+        };
+        let mut con = r2d2::ManageConnection::connect(self).map_err(|e| {
+            let what = if error::is_access_denied(&e) {
+                format!("authentication to {addr} failed (check the user name and password)")
+            } else if e.to_string().contains("DB index") {
+                format!("{addr} has no such database (the URL's /db number)")
+            } else if e.is_timeout() {
+                format!(
+                    "no answer from {addr} within {} (connect timeout)",
+                    Rounded(self.connect_timeout)
+                )
+            } else if e.kind() == redis::ErrorKind::Io
+                && e.to_string().to_ascii_lowercase().contains("refused")
+            {
+                format!("connection to {addr} refused (is Redis running there?)")
+            } else {
+                format!("cannot connect to {addr}")
+            };
+            setup(what, e)
+        })?;
+        let probe = redis::Script::new("return 1");
+        let scripting = |e: redis::RedisError, cmd: &str| {
+            let why = if e.code() == Some("NOAUTH") {
+                "the server requires authentication (NOAUTH): give the user and password in \
+                 the URL"
+            } else if error::is_access_denied(&e) {
+                "the user may not run it (NOPERM); the locks' release and extend need EVAL and \
+                 EVALSHA (ACL category @scripting)"
+            } else {
+                "the server refused it (renamed or disabled command?); the locks' release and \
+                 extend need EVAL and EVALSHA"
+            };
+            setup(format!("{cmd} on {addr}: {why}"), e)
+        };
+        let _: i64 = redis::cmd("EVAL")
+            .arg("return 1")
+            .arg(0)
+            .query(&mut con)
+            .map_err(|e| scripting(e, "EVAL"))?;
+        // NOSCRIPT also proves that EVALSHA exists and is allowed (on a cluster the EVAL above
+        // may have gone to another node).
+        match redis::cmd("EVALSHA")
+            .arg(probe.get_hash())
+            .arg(0)
+            .query::<i64>(&mut con)
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Ok(())
+            }
+            Err(e) => Err(scripting(e, "EVALSHA")),
+        }
+    }
+
+    /// A connection to `addr` once `ROLE` says it is a master.
+    fn checked_master(
+        &self,
+        addr: (String, u16),
+        master_tls: Option<&ConnectionAddr>,
+    ) -> RedisResult<Link> {
+        let client = master_info(master_tls, addr.clone()).and_then(redis::Client::open)?;
+        let mut con = self.discovery(&client)?;
+        let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
+        if !matches!(role, redis::Role::Primary { .. }) {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "the server the Sentinel named is not a master (failover under way?)",
+                format!("{}:{}", addr.0, addr.1),
+            )));
+        }
+        con.set_read_timeout(self.command_timeout)?;
+        con.set_write_timeout(self.command_timeout)?;
+        Ok(Link::new(Node::Single(con)))
+    }
+
+    /// The generation a link must have to be used: that of the last master switch heard of.
+    fn generation(&self) -> u64 {
+        match &self.target {
+            Target::Sentinel { switches, .. } => switches.generation(),
+            _ => 0,
+        }
+    }
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Link;
+    type Error = redis::RedisError;
+
+    fn connect(&self) -> RedisResult<Link> {
+        let link = match &self.target {
+            Target::Single(client) => self.single(client),
+            // `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection
+            // node connections of our own type.
+            Target::Cluster(client) => Ok(Link::new(Node::Cluster(
+                Box::new(client.get_generic_connection::<Deadlined>()?),
+                self.command_timeout,
+            ))),
+            // Ask the Sentinels for the current master each time: after a failover the next
+            // connection goes to the new one.
+            Target::Sentinel {
+                sentinels,
+                service,
+                first,
+                switches,
+                master_tls,
+            } => self.sentinel_master(sentinels, service, first, switches, master_tls.as_ref()),
+        };
+        match link {
+            Err(e) if self.tls => Err(tls_context(e)),
+            other => other,
+        }
+    }
+
+    fn is_valid(&self, con: &mut Link) -> RedisResult<()> {
+        redis::cmd("PING").query(con)
+    }
+
+    fn has_broken(&self, con: &mut Link) -> bool {
+        con.broken || !con.node.is_open() || con.generation < self.generation()
+    }
+}
+
+/// Says "TLS" in a connection error that is the TLS handshake's: an I/O failure that is not a
+/// refusal, a timeout or a closed socket (rustls reports "invalid peer certificate:
+/// UnknownIssuer", native-tls OpenSSL's "certificate verify failed"; neither names TLS).
+pub(crate) fn tls_context(e: redis::RedisError) -> redis::RedisError {
+    if e.kind() == redis::ErrorKind::Io
+        && !e.is_connection_refusal()
+        && !e.is_timeout()
+        && !e.is_connection_dropped()
+    {
+        redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "TLS handshake failed (check the CA certificate, the server name and the client \
+             certificate)",
+            e.to_string(),
+        ))
+    } else {
+        e
+    }
+}
+
+/// A connection of the managed pool: one server's or a cluster's.
+pub(crate) struct Link {
+    node: Node,
+    pub(super) broken: bool,
+    /// Has carried a command: such a connection may have gone stale while idle in the pool.
+    used: bool,
+    /// Sentinel clients: the master-switch generation the link was opened in (0 otherwise).
+    pub(super) generation: u64,
+}
+
+enum Node {
+    Single(redis::Connection),
+    /// Boxed: a cluster connection is four times the size of a single one. Its node
+    /// connections keep to each command's deadline (see [`crate::client::cluster_deadline`]).
+    /// The second field is the command timeout: each command's deadline.
+    Cluster(
+        Box<redis::cluster::ClusterConnection<Deadlined>>,
+        Option<Duration>,
+    ),
+}
+
+impl Node {
+    fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Node::Single(c) => c,
+            Node::Cluster(c, _) => c.as_mut(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Node::Single(c) => c.is_open(),
+            Node::Cluster(c, _) => c.is_open(),
+        }
+    }
+}
+
+impl Link {
+    fn new(node: Node) -> Self {
+        Link {
+            node,
+            broken: false,
+            used: false,
+            generation: 0,
+        }
+    }
+
+    fn of_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
+    }
+
+    /// Marks the connection for replacement after an error that leaves it unusable or pointed
+    /// at the wrong server: I/O failure or timeout (a late reply could still arrive), or
+    /// `READONLY` (the server is a replica now, after a failover).
+    fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
+        self.used = true;
+        if let Err(e) = &result {
+            if e.is_io_error()
+                || e.is_timeout()
+                || e.is_connection_dropped()
+                || e.is_unrecoverable_error()
+                || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+            {
+                self.broken = true;
+            }
+        }
+        result
+    }
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        let r = match &mut self.node {
+            Node::Single(c) => c.req_packed_command(cmd),
+            Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_command(cmd)),
+        };
+        self.note(r)
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let r = match &mut self.node {
+            Node::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_commands(cmd, offset, count)),
+        };
+        self.note(r)
+    }
+
+    fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        let r = match &mut self.node {
+            Node::Single(c) => c.req_command(cmd),
+            Node::Cluster(c, t) => with_deadline(*t, || c.req_command(cmd)),
+        };
+        self.note(r)
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.node {
+            Node::Single(c) => c.get_db(),
+            Node::Cluster(c, _) => c.get_db(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.node.as_dyn().check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        !self.broken && self.node.is_open()
+    }
+}
+
+pub(crate) enum Pool {
+    Managed(r2d2::Pool<Manager>),
+    External(r2d2::Pool<redis::Client>),
+}
+
+/// A pooled connection from either kind of pool.
+pub(crate) enum Conn {
+    Managed(r2d2::PooledConnection<Manager>),
+    External(r2d2::PooledConnection<redis::Client>),
+}
+
+impl Conn {
+    /// True if the connection carried commands before this checkout. Connections of an
+    /// application's own pool are not tracked: they count as fresh, so never retried.
+    pub(super) fn was_used(&self) -> bool {
+        match self {
+            Conn::Managed(c) => c.used,
+            Conn::External(_) => false,
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        match self {
+            Conn::Managed(c) => c.req_packed_command(cmd),
+            Conn::External(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::Managed(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::External(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Managed(c) => c.req_command(cmd),
+            Conn::External(c) => c.req_command(cmd),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Managed(c) => c.get_db(),
+            Conn::External(c) => c.get_db(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match self {
+            Conn::Managed(c) => c.check_connection(),
+            Conn::External(c) => c.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Conn::Managed(c) => c.is_open(),
+            Conn::External(c) => c.is_open(),
+        }
+    }
+}
