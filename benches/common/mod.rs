@@ -19,8 +19,8 @@ use criterion::Criterion;
 pub use support::tls::Pki;
 pub use support::RedisServer;
 
-/// `lua/unlock.lua`, the compare-and-delete both strategies release with (Token with 2 keys:
-/// it also publishes the release on the lock's channel).
+/// `lua/unlock.lua`, the compare-and-delete both strategies release with (Token with two more
+/// arguments, the message and the channel: it also publishes the release).
 pub const UNLOCK_LUA: &str = include_str!("../../lua/unlock.lua");
 /// `lua/reentrant_acquire.lua` and `lua/reentrant_release.lua`: the Reentrant lock's commands.
 pub const REENTRANT_ACQUIRE_LUA: &str = include_str!("../../lua/reentrant_acquire.lua");
@@ -378,6 +378,21 @@ pub fn set_nx_px(con: &mut redis::Connection, key: &str, value: &[u8], ttl_ms: u
     v == redis::Value::Okay
 }
 
+/// `SET key value NX PX ttl_ms GET` (what the Token lock's `try_lock` sends on Redis 7):
+/// true when set (the reply is nil: the key was absent).
+pub fn set_nx_px_get(con: &mut redis::Connection, key: &str, value: &[u8], ttl_ms: u64) -> bool {
+    let v: redis::Value = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .arg("GET")
+        .query(con)
+        .expect("SET NX PX GET");
+    v == redis::Value::Nil
+}
+
 /// `SETNX key value`: true when set.
 pub fn setnx(con: &mut redis::Connection, key: &str, value: &[u8]) -> bool {
     let v: i64 = redis::cmd("SETNX")
@@ -400,9 +415,9 @@ pub fn evalsha_unlock(con: &mut redis::Connection, sha: &str, key: &str, value: 
     v == 1
 }
 
-/// `EVALSHA <unlock.lua> 1 key value 0 channel`, the Token release as the library sends it:
-/// compare-and-delete, then `PUBLISH channel 0` (the channel is an argument, not a key). True
-/// when deleted (the reply is then 1 + the message's receivers).
+/// `EVALSHA <unlock.lua> 1 key value 0 channel`: the Token release exactly as the library
+/// sends it (compare-and-delete, then `PUBLISH channel 0`; the channel is an argument, not a
+/// key). True when deleted (the reply is then 1 + the message's receivers).
 pub fn evalsha_unlock_publish(
     con: &mut redis::Connection,
     sha: &str,
@@ -449,8 +464,8 @@ pub fn evalsha_reentrant_acquire(
 }
 
 /// `EVALSHA <reentrant_release.lua> 1 key 0 lease_ms owner channel request_id`, as the library
-/// sends it: true when this was the last hold (deleted and published; the reply is then 1 +
-/// the message's receivers).
+/// sends it (a fresh request id per call): true when this was the last hold (deleted and
+/// published; the reply is then 1 + the message's receivers).
 pub fn evalsha_reentrant_release(
     con: &mut redis::Connection,
     sha: &str,
@@ -459,6 +474,7 @@ pub fn evalsha_reentrant_release(
     lease_ms: u64,
     owner: &str,
 ) -> bool {
+    let request = token();
     let v: Option<i64> = redis::cmd("EVALSHA")
         .arg(sha)
         .arg(1)
@@ -467,7 +483,7 @@ pub fn evalsha_reentrant_release(
         .arg(lease_ms)
         .arg(owner)
         .arg(channel)
-        .arg(&token()[..]) // a fresh request id, as the library's
+        .arg(&request[..])
         .query(con)
         .expect("EVALSHA reentrant_release");
     // The last hold: 1 + the receivers of the published release.
