@@ -3,7 +3,7 @@
 //! run. Repeated `runs` times in one process; the median and the spread of the runs are
 //! printed and recorded in `target/dlock-bench/tls.csv`.
 //!
-//! `cargo bench --features tls-rustls --bench tls`
+//! `cargo bench -p redis-dlock-benches --features tls-rustls --bench tls`
 //!
 //! Where a cycle's time above two `PING`s goes is measured in the same interleaved rounds:
 //! - **bare**: the same two commands the lock sends (`SET key token NX PX ttl GET`, then

@@ -1,6 +1,6 @@
 //! Shared helpers of the bench binaries (`benches/*.rs`): the throw-away Redis server of the test
 //! fixture, CPU pinning, the round-trip floors every figure is divided by, simple statistics and
-//! the machine-readable results that `examples/bench_report.rs` turns into `docs/benchmarks.md`.
+//! the machine-readable results that `benches/bench_report.rs` turns into `docs/benchmarks.md`.
 //!
 //! Lives in a subdirectory so that cargo does not take it for a bench target of its own.
 #![allow(dead_code)]
@@ -288,7 +288,7 @@ pub fn results_dir() -> PathBuf {
         }
     });
     target
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")))
         .join("dlock-bench")
 }
 

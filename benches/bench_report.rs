@@ -1,11 +1,11 @@
 //! Turns the results of the last `cargo bench` into `docs/benchmarks.md` and its plots.
 //!
 //! ```text
-//! cargo bench && cargo run --release --example bench_report
+//! cargo bench -p redis-dlock-benches && cargo run --release -p redis-dlock-benches --example bench_report
 //! ```
 //!
 //! With `--tls-section` it prints only the TLS section, from `target/dlock-bench/tls.csv`
-//! (written by `cargo bench --features tls-rustls --bench tls`).
+//! (written by `cargo bench -p redis-dlock-benches --features tls-rustls --bench tls`).
 //!
 //! Reads `target/dlock-bench/{floor,cycle,contended,micro}.csv` (written by `benches/*.rs`) and
 //! criterion's `target/criterion/<group>/<bench>/new/estimates.json`; writes
@@ -35,7 +35,7 @@ const TLS_WIRE_NOTE: &str = "**On the wire and in the client** (measured by hand
 const TARGET_FAIRNESS: f64 = 0.3;
 const TARGET_HANDOFF_P99_MS: f64 = 20.0;
 const TARGET_CLIENT_NS: f64 = 1000.0;
-const COMMAND: &str = "cargo bench && cargo run --release --example bench_report";
+const COMMAND: &str = "cargo bench -p redis-dlock-benches && cargo run --release -p redis-dlock-benches --example bench_report";
 
 /// The uncontended cycles: (name, label, bare-command floor of the same commands).
 const CYCLES: [(&str, &str, &str, &str); 7] = [
@@ -143,7 +143,7 @@ impl Results {
             let path = dir.join(format!("{bench}.csv"));
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 format!(
-                    "{}: {e}\nRun `cargo bench` first (all four benches): {COMMAND}",
+                    "{}: {e}\nRun `cargo bench -p redis-dlock-benches` first (all four benches): {COMMAND}",
                     path.display()
                 )
             })?;
@@ -199,6 +199,11 @@ impl Results {
     }
 }
 
+/// The repository's top directory (this generator lives in its `benches/` package).
+fn workspace_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().ok();
     exe.as_deref()
@@ -207,7 +212,7 @@ fn target_dir() -> PathBuf {
             (dir.file_name()? == "examples")
                 .then(|| dir.parent()?.parent().map(Path::to_path_buf))?
         })
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .unwrap_or_else(|| workspace_dir().join("target"))
 }
 
 /// Criterion's median estimate (ns) of `group/bench` from the last run, if present.
@@ -280,7 +285,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let docs = workspace_dir().join("docs");
     let img = docs.join("img");
     if let Err(e) = std::fs::create_dir_all(&img) {
         eprintln!("bench_report: cannot create {}: {e}", img.display());
@@ -389,7 +394,7 @@ impl Report<'_> {
              **Regenerate this whole page (tables and plots) with one command** (needs `redis-server` \
              on `PATH`; each bench starts its own server on a free loopback port):\n\n\
              ```sh\n{COMMAND}\n```\n\n\
-             This file and `docs/img/*.svg` are written by `examples/bench_report.rs` from \
+             This file and `docs/img/*.svg` are written by `benches/bench_report.rs` from \
              `target/dlock-bench/*.csv` and criterion's estimates; edit the generator, not this \
              file.\n\n\
              > **Blocking path.** Threads of one `LockClient` wait for a key in an in-process \
@@ -721,7 +726,7 @@ impl Report<'_> {
         let _ = writeln!(
             md,
             "\nFloors of this run: pooled PING p50 {}; bare `SET NX PX` + `EVALSHA` {} ({}), \
-             the same with the publishing release (`EVALSHA unlock 2 key channel token 0`, what \
+             the same with the publishing release (`EVALSHA unlock 1 key token 0 channel`, what \
              Token sends now) {} ({}); bare Reentrant scripts {} ({}); bare `SETNX` + `EVALSHA` \
              {} ({}).\n",
             us(ping),
@@ -781,14 +786,14 @@ impl Report<'_> {
             let _ = writeln!(
                 md,
                 "Not measured in this run: it needs the `tls-rustls` feature. Run \
-                 `cargo bench --features tls-rustls --bench tls`, then the report again.\n"
+                 `cargo bench -p redis-dlock-benches --features tls-rustls --bench tls`, then the report again.\n"
             );
             return;
         }
         let med = |metric: &str| r.f("tls", "summary", metric, "median");
         let _ = writeln!(
             md,
-            "`cargo bench --features tls-rustls --bench tls`: one `redis-server` with a plain and \
+            "`cargo bench -p redis-dlock-benches --features tls-rustls --bench tls`: one `redis-server` with a plain and \
              a TLS port (certificates generated at start with `rcgen`), a `LockClient` over TLS \
              (rustls, `tls_certificates` with the test CA) and one over plain TCP, pools like \
              `LockClient`'s. In each of {:.0} runs (one process) ten operations are timed one by \
@@ -1382,7 +1387,7 @@ impl Report<'_> {
             ),
             (
                 "evalsha_publish_build_and_pack",
-                "build + pack `EVALSHA sha 2 key channel token 0` (Token's publishing release, \
+                "build + pack `EVALSHA sha 1 key token 0 channel` (Token's publishing release, \
                  built as `src/scripts.rs` builds it)",
             ),
             ("setnx_build_and_pack", "build + pack `SETNX key value`"),
@@ -1531,7 +1536,7 @@ impl Report<'_> {
         }
         let _ = writeln!(
             md,
-            "\nWhere they come from (`DLOCK_BENCH_TRACE_ALLOC=1 cargo bench --bench micro` prints \
+            "\nWhere they come from (`DLOCK_BENCH_TRACE_ALLOC=1 cargo bench -p redis-dlock-benches --bench micro` prints \
              the call site of every allocation of one cycle of each lock): per command, redis-rs's \
              `Cmd` allocates its data buffer and its argument index (the library sizes both up \
              front with `Cmd::with_capacity`, hence no reallocations; bare `redis::cmd(..).arg(..)` \
@@ -1568,7 +1573,7 @@ impl Report<'_> {
              results and HTML report are in `target/criterion/` (open \
              `target/criterion/report/index.html`).\n\
              - Raw results: `target/dlock-bench/*.csv` (`section,name,metric,value`).\n\
-             - `cargo test --benches` (or `cargo bench -- --test`) runs every bench path once, \
+             - `cargo test -p redis-dlock-benches --benches` (or `cargo bench -p redis-dlock-benches -- --test`) runs every bench path once, \
              briefly, without writing results.\n\
              - The machine is a shared 2-core VM: tails (p99, max) are dominated by scheduling \
              noise and vary a lot between runs; medians and ratios are the stable figures.\n"
