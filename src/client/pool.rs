@@ -295,9 +295,8 @@ impl Manager {
         // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
         // WRITE`, as during a `FAILOVER`) answers at once instead of holding the new connection
         // for the rest of the pause; servers before 7 reject the shebang and run it plain.
-        let eval = |text: &str, con: &mut Link| {
-            redis::cmd("EVAL").arg(text).arg(0).query::<i64>(con)
-        };
+        let eval =
+            |text: &str, con: &mut Link| redis::cmd("EVAL").arg(text).arg(0).query::<i64>(con);
         let text = match eval(PROBE, &mut con) {
             Ok(_) => PROBE,
             Err(e) if scripts::rejects_shebang(&e) => {
