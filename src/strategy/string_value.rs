@@ -134,6 +134,7 @@ pub(crate) fn release(
                 value: lease.value().to_vec(),
                 channel: channel.map(str::to_owned),
                 reentrant: None,
+                rw: None,
                 until: lease.valid_until(),
             });
         }
