@@ -4,7 +4,8 @@
 //! counting global allocator.
 //!
 //! `token()`, `classic_value()` and the command builders call the library's own code through
-//! its hidden `redis_dlock::bench_hooks` module, so these figures are the library's.
+//! its hidden `redis_dlock::bench_hooks` module (cargo feature `bench-hooks`, enabled in
+//! benches/Cargo.toml), so these figures are the library's.
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! Internals exposed for the crate's own benchmarks (`benches/`), so that they measure the code
 //! the locks run rather than copies of it. Only with the cargo feature `bench-hooks`, which the
-//! benches enable through their dev-dependency on this crate. Hidden from the docs; not part of
-//! the API and without any stability promise: do not enable the feature in a dependent crate.
+//! benchmarks' package (`benches/Cargo.toml`) enables. Hidden from the docs; not part of the API
+//! and without any stability promise: do not enable the feature in a dependent crate.
 
 use std::time::Duration;
 
