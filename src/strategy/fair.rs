@@ -425,11 +425,13 @@ impl FairLock {
             }
             ticket.mark();
             heard = wakeups.confirmed_on(&self.channel);
-            sent = Instant::now();
+            let at = Instant::now();
             attempts.record();
-            match self.attempt(&token, true, sent) {
+            match self.attempt(&token, true, at) {
                 Ok(Outcome::Taken(lease)) => return Ok(LockGuard::new(self, lease)),
                 Ok(Outcome::Refused { at_us, rank: r }) => {
+                    // The pair a grant's lease is counted from (see `granted_lease`).
+                    sent = at;
                     last_us = at_us;
                     rank = r;
                     late = None;
