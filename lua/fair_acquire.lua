@@ -10,7 +10,8 @@
 -- ARGV[3] 'w': join or refresh the queue when refused; 't': one try, never queue
 -- ARGV[4] how long a queue entry lives without a refresh, in milliseconds
 -- ARGV[5] the lease of a grant to a waiter, in milliseconds
--- ARGV[6] the channel grants are published on
+-- ARGV[6] the prefix of the channel a grant is published on: the channel is this prefix and
+--         the first 16 characters of the granted waiter's token (its client's id)
 -- Returns {1, fence} when the lock is ours: just taken, or granted to us earlier (its lease is
 -- then set to ARGV[2] and fence is the counter's current value); fence 0 without KEYS[4].
 -- Returns {0, pttl, rank, seconds, microseconds} when refused: the holder's PTTL, our 0-based
@@ -85,7 +86,7 @@ if not cur then
         local f = fence()
         redis.call('set', KEYS[1], head, 'px', ARGV[5])
         forget(head)
-        redis.call('publish', ARGV[6],
+        redis.call('publish', ARGV[6] .. string.sub(head, 1, 16),
             'dlock-grant:' .. head .. ':' .. f .. ':' .. t[1] .. ':' .. t[2])
     end
 end

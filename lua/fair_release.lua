@@ -10,7 +10,8 @@
 -- KEYS[4] (optional) fencing counter
 -- ARGV[1] our token
 -- ARGV[2] the lease of a grant, in milliseconds
--- ARGV[3] the channel grants are published on
+-- ARGV[3] the prefix of the channel a grant is published on: the channel is this prefix and
+--         the first 16 characters of the granted waiter's token (its client's id)
 -- Returns {0, 0, '', 0, 0, 0} when the lock was not ours (only our queue entry was removed);
 -- {1, receivers, granted token, fence, seconds, microseconds} when released: granted token ''
 -- (and receivers 0) when nobody live waited; receivers = subscriber connections the grant was
@@ -60,7 +61,7 @@ if head then
     redis.call('zrem', KEYS[2], head)
     redis.call('zrem', KEYS[3], head)
     redis.call('set', KEYS[1], head, 'px', ARGV[2])
-    local n = redis.call('publish', ARGV[3],
+    local n = redis.call('publish', ARGV[3] .. string.sub(head, 1, 16),
         'dlock-grant:' .. head .. ':' .. f .. ':' .. t[1] .. ':' .. t[2])
     return {1, n, head, f, tonumber(t[1]), tonumber(t[2])}
 end

@@ -624,7 +624,7 @@ fn enqueue_vanished(conn: &mut redis::Connection, key: &str, token: &str, entry_
         .arg("w")
         .arg(entry_ttl_ms)
         .arg(FAIR_GRANT_LEASE.as_millis() as u64)
-        .arg(format!("dlock_fair_ch:{{{key}}}"))
+        .arg("dlock_fair_ch:")
         .query(conn)
         .expect("EVAL fair_acquire.lua");
 }

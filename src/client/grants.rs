@@ -8,8 +8,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// A waiter token: 128 random bits in hex, as [`crate::strategy::token::new_token`] makes.
-pub(crate) type Token = [u8; 32];
+/// A fair lock's waiter token: the waiting client's id (16 hex characters, the first of its
+/// instance id: the grant is published on that client's channel) and 128 random bits (32 hex
+/// characters).
+pub(crate) type Token = [u8; TOKEN_LEN];
+/// The length of a [`Token`].
+pub(crate) const TOKEN_LEN: usize = 48;
+/// The length of the client id at the start of a [`Token`].
+pub(crate) const CLIENT_ID_LEN: usize = 16;
 
 /// The prefix of a grant message: `dlock-grant:<token>:<fence>:<seconds>:<microseconds>` (the
 /// server's `TIME` when it granted).
@@ -47,8 +53,8 @@ fn lock(m: &Mutex<HashMap<Token, Expected>>) -> MutexGuard<'_, HashMap<Token, Ex
 /// Parses a grant message: the token and the grant, or `None` if it is none.
 pub(crate) fn parse(payload: &[u8]) -> Option<(Token, Grant)> {
     let rest = payload.strip_prefix(GRANT_PREFIX)?;
-    let token: Token = rest.get(..32)?.try_into().ok()?;
-    let rest = std::str::from_utf8(rest.get(32..)?.strip_prefix(b":")?).ok()?;
+    let token: Token = rest.get(..TOKEN_LEN)?.try_into().ok()?;
+    let rest = std::str::from_utf8(rest.get(TOKEN_LEN..)?.strip_prefix(b":")?).ok()?;
     let mut parts = rest.split(':');
     let fence = parts.next()?.parse().ok()?;
     let secs: u64 = parts.next()?.parse().ok()?;
@@ -128,7 +134,7 @@ mod tests {
 
     #[test]
     fn grant_messages_parse() {
-        let t = [b'a'; 32];
+        let t = [b'a'; TOKEN_LEN];
         let mut msg = GRANT_PREFIX.to_vec();
         msg.extend_from_slice(&t);
         msg.extend_from_slice(b":17:1700000000:000042");
@@ -143,7 +149,7 @@ mod tests {
     #[test]
     fn only_expected_tokens_are_delivered() {
         let g = Grants::default();
-        let (a, b) = ([b'a'; 32], [b'b'; 32]);
+        let (a, b) = ([b'a'; TOKEN_LEN], [b'b'; TOKEN_LEN]);
         let grant = |f| Grant::new(f, 1, 0);
         assert_eq!(g.deliver(&a, grant(1)), None);
         g.expect(&a, "k");

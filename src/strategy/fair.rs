@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::client::grants::{Grant, Token};
+use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
 use crate::client::watchdog::{RenewKind, WatchState};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -53,7 +53,9 @@ const POLL_DEEP: Duration = Duration::from_millis(500);
 /// Prefixes of the queue's sorted sets and of the grant channel (all in the key's slot).
 const QUEUE_PREFIX: &str = "dlock_fair_q";
 const DEADLINES_PREFIX: &str = "dlock_fair_d";
-const CHANNEL_PREFIX: &str = "dlock_fair_ch";
+/// Grants to a client's waiters are published on `dlock_fair_ch:<client id>`: one channel per
+/// client (whatever the key), so a grant wakes only the subscriber of the client it is for.
+const CHANNEL_PREFIX: &str = "dlock_fair_ch:";
 
 /// A lock of [`Strategy::Fair`](crate::Strategy::Fair). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
@@ -65,6 +67,8 @@ pub struct FairLock {
     queue: String,
     deadlines: String,
     channel: String,
+    /// This client's id, the first part of its waiters' tokens.
+    id: [u8; CLIENT_ID_LEN],
     grant: Duration,
 }
 
@@ -77,6 +81,22 @@ enum Outcome {
         at_us: u64,
         rank: i64,
     },
+}
+
+/// The client's id in fair-lock tokens: the first 16 hex digits of its instance id (a random
+/// UUID).
+fn client_id(client: &LockClient) -> [u8; CLIENT_ID_LEN] {
+    let mut id = [b'0'; CLIENT_ID_LEN];
+    for (slot, b) in id.iter_mut().zip(
+        client
+            .instance_id()
+            .bytes()
+            .filter(u8::is_ascii_hexdigit)
+            .map(|b| b.to_ascii_lowercase()),
+    ) {
+        *slot = b;
+    }
+    id
 }
 
 /// Removes a thread's expected grant when it stops waiting, however it leaves.
@@ -95,7 +115,8 @@ impl FairLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Result<Self> {
         let queue = keys::aux_key(QUEUE_PREFIX, &key)?;
         let deadlines = keys::aux_key(DEADLINES_PREFIX, &key)?;
-        let channel = keys::aux_key(CHANNEL_PREFIX, &key)?;
+        let id = client_id(&client);
+        let channel = format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id));
         let grant = FAIR_GRANT_LEASE.min(opts.lease);
         Ok(FairLock {
             client,
@@ -104,6 +125,7 @@ impl FairLock {
             queue,
             deadlines,
             channel,
+            id,
             grant,
         })
     }
@@ -118,9 +140,17 @@ impl FairLock {
         &self.queue
     }
 
-    /// The channel grants are published on.
+    /// The channel grants to this client's waiters are published on.
     pub fn channel(&self) -> &str {
         &self.channel
+    }
+
+    /// A fresh owner token: this client's id, then 128 random bits in hex.
+    fn new_token(&self) -> Token {
+        let mut t = [0u8; TOKEN_LEN];
+        t[..CLIENT_ID_LEN].copy_from_slice(&self.id);
+        t[CLIENT_ID_LEN..].copy_from_slice(&new_token());
+        t
     }
 
     fn script_keys(&self) -> Vec<&str> {
@@ -142,7 +172,7 @@ impl FairLock {
             &self.client,
             &self.key,
             token,
-            Some(&self.channel),
+            None,
             until,
             || true,
             |con, s| {
@@ -155,7 +185,7 @@ impl FairLock {
                         if wait { "w" } else { "t" },
                         FAIR_QUEUE_ENTRY_TTL.as_millis() as u64,
                         self.grant_ms(),
-                        &self.channel,
+                        CHANNEL_PREFIX,
                     ),
                 )
             },
@@ -295,7 +325,7 @@ impl FairLock {
             s.fair_release.eval_keys(
                 con,
                 &self.script_keys(),
-                (value, self.grant_ms(), &self.channel),
+                (value, self.grant_ms(), CHANNEL_PREFIX),
             )
         })?;
         match reply {
@@ -358,7 +388,7 @@ impl FairLock {
         if ticket.ahead() > 0 && !ticket.wait_turn(deadline) {
             return Err(self.timeout(&attempts));
         }
-        let token = new_token();
+        let token = self.new_token();
         queues.grants.expect(&token, &self.key);
         let _expecting = Expecting {
             client: &self.client,
@@ -484,7 +514,7 @@ impl DistributedLock for FairLock {
     }
 
     fn try_acquire(&self) -> Result<Option<Lease>> {
-        let token = new_token();
+        let token = self.new_token();
         Ok(match self.attempt(&token, false, Instant::now())? {
             Outcome::Taken(lease) => Some(lease),
             Outcome::Refused { .. } => None,
@@ -504,7 +534,7 @@ impl DistributedLock for FairLock {
                 &self.client,
                 &self.key,
                 lease.value(),
-                Some(&self.channel),
+                None,
                 crate::client::janitor::Cause::FailedRelease,
                 lease.valid_until(),
             );
