@@ -329,6 +329,100 @@ fn rtt_ns(url: &str) -> f64 {
     Stats::of(&mut v).p50
 }
 
+/// The uncontended cycle (`lock()` + `unlock()`, watched) of the fair lock and of Token, timed
+/// one by one in interleaved rounds with a pooled `PING`; ratio to two PINGs as in
+/// `benches/cycle.rs` (median over rounds of the paired medians).
+fn uncontended(env: &mut BenchEnv, url: &str) {
+    let client = lock_client(url, redis_dlock::DEFAULT_POOL_SIZE);
+    let fair = client
+        .lock("fairbench:cycle:fair")
+        .strategy(Strategy::Fair)
+        .build()
+        .expect("lock");
+    let token = client.lock("fairbench:cycle:token").build().expect("lock");
+    let pool = floor_pool(url, 16, 1);
+    let (rounds, per) = env.pick((100, 120), (5, 20));
+    let (acquire_sha, release_sha) = {
+        let mut con = pool.get().expect("pooled");
+        (
+            load_script(&mut con, include_str!("../lua/fair_acquire.lua")),
+            load_script(&mut con, include_str!("../lua/fair_release.lua")),
+        )
+    };
+    let keys = [
+        "fairbench:cycle:bare",
+        "dlock_fair_q:{fairbench:cycle:bare}",
+        "dlock_fair_d:{fairbench:cycle:bare}",
+    ];
+    let mut variants = [
+        Variant::new("ping", || {
+            let mut con = pool.get().expect("pooled");
+            ping(&mut con);
+        }),
+        Variant::new("fair", || {
+            let g = fair.lock().expect("lock");
+            assert!(g.unlock().expect("unlock"));
+        }),
+        Variant::new("token", || {
+            let g = token.lock().expect("lock");
+            assert!(g.unlock().expect("unlock"));
+        }),
+        Variant::new("bare", || {
+            let mut con = pool.get().expect("pooled");
+            let t = common::token();
+            let _: redis::Value = redis::cmd("EVALSHA")
+                .arg(&acquire_sha)
+                .arg(3)
+                .arg(&keys[..])
+                .arg(&t[..])
+                .arg(30_000)
+                .arg("w")
+                .arg(2_000)
+                .arg(600)
+                .arg("dlock_fair_ch:")
+                .query(&mut *con)
+                .expect("acquire");
+            drop(con);
+            let mut con = pool.get().expect("pooled");
+            let _: redis::Value = redis::cmd("EVALSHA")
+                .arg(&release_sha)
+                .arg(3)
+                .arg(&keys[..])
+                .arg(&t[..])
+                .arg(600)
+                .arg("dlock_fair_ch:")
+                .query(&mut *con)
+                .expect("release");
+        }),
+    ];
+    let samples = interleaved(&mut variants, rounds, per);
+    let fair_ratio = paired_ratio(&samples[1], &samples[0], per) / 2.0;
+    let token_ratio = paired_ratio(&samples[2], &samples[0], per) / 2.0;
+    let bare_ratio = paired_ratio(&samples[3], &samples[0], per) / 2.0;
+    let over_bare = paired_ratio(&samples[1], &samples[3], per);
+    let p50 = |i: usize| Stats::of(&mut samples[i].clone()).p50 / 1e3;
+    println!(
+        "[fair] uncontended cycle / 2 pooled PINGs: fair {fair_ratio:.3}x, token {token_ratio:.3}x, \
+         the fair scripts sent bare {bare_ratio:.3}x, fair / bare {over_bare:.3}x \
+         (p50 fair {:.1} µs, token {:.1} µs, PING {:.1} µs; {rounds} rounds of {per})",
+        p50(1),
+        p50(2),
+        p50(0)
+    );
+    env.put(
+        "cycle",
+        "fair",
+        "ratio_to_2ping",
+        format!("{fair_ratio:.3}"),
+    );
+    env.put(
+        "cycle",
+        "token",
+        "ratio_to_2ping",
+        format!("{token_ratio:.3}"),
+    );
+}
+
 fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
     let mid = if v.is_empty() { 0.0 } else { v[v.len() / 2] };
@@ -361,6 +455,7 @@ fn main() {
         Duration::from_millis(300),
     );
     println!("[fair] load average at start: {}", loadavg());
+    uncontended(&mut env, &url);
     let layouts = ["8 threads, a LockClient each", "4 processes x 2 threads"];
     // results[layout][config] = figures per round; rtts per round.
     let mut results = vec![vec![Vec::new(); CONFIGS.len()]; layouts.len()];

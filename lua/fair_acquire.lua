@@ -23,6 +23,15 @@
 -- Bounded: a call drops at most 1,100 lapsed entries while the lock is free (live_head) and 10
 -- while it is held. While more lapsed entries than that head the queue, a free lock is neither
 -- taken nor granted by this call (the waiters' next polls go on dropping them).
+-- The uncontended case first: a free lock and no queue.
+local cur = redis.call('get', KEYS[1])
+if not cur and redis.call('exists', KEYS[2]) == 0 then
+    redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])
+    if #KEYS > 3 then
+        return {1, redis.call('incr', KEYS[4])}
+    end
+    return {1, 0}
+end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function fence()
@@ -61,7 +70,6 @@ local function live_head()
     end
     return nil, true
 end
-local cur = redis.call('get', KEYS[1])
 if cur == ARGV[1] then
     redis.call('pexpire', KEYS[1], ARGV[2])
     forget(ARGV[1])

@@ -18,9 +18,15 @@
 -- published to; fence 0 without KEYS[4]; the server's TIME of the grant.
 -- Bounded: at most 1,100 lapsed entries are dropped (live_head); when more head the queue the
 -- lock is left free and the waiters' polls go on (fair_acquire.lua).
+local ours = redis.call('get', KEYS[1]) == ARGV[1]
+if ours and redis.call('exists', KEYS[2]) == 0 then
+    -- The uncontended case: nobody queued.
+    redis.call('del', KEYS[1])
+    return {1, 0, '', 0, 0, 0}
+end
 redis.call('zrem', KEYS[2], ARGV[1])
 redis.call('zrem', KEYS[3], ARGV[1])
-if redis.call('get', KEYS[1]) ~= ARGV[1] then
+if not ours then
     return {0, 0, '', 0, 0, 0}
 end
 redis.call('del', KEYS[1])
