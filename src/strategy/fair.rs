@@ -1,24 +1,26 @@
 //! [`Strategy::Fair`](crate::Strategy::Fair): a first-come, first-served lock whose release
 //! hands the lock to the next waiter inside Redis.
 //!
-//! The lock key holds the holder's random token, as for Token. Waiters queue in two sorted
-//! sets in the key's hash slot: `dlock_fair_q:{key}` (token → arrival number: the order) and
-//! `dlock_fair_d:{key}` (token → the server time in ms at which the entry lapses unless
-//! refreshed). The release script deletes our hold and, if a live waiter heads the queue,
-//! writes that waiter's token at the key with a short grant lease ([`FAIR_GRANT_LEASE`]),
-//! increments the fencing counter if the lock is fenced, and publishes
-//! `dlock-grant:<token>:<fence>` on `dlock_fair_ch:{key}`. The client's subscriber thread
-//! hands the message to the one thread that expects it ([`crate::client::grants`]), whose
-//! `lock()` returns without another command; the client's watchdog raises the grant lease to
-//! the lock's lease (or ttl) a third of the grant lease later, unless the hold is released
-//! first.
+//! The lock key holds the holder's token: this client's id (16 hex characters) and 128 random
+//! bits. Waiters queue in two sorted sets in the key's hash slot: `dlock_fair_q:{key}` (token →
+//! arrival number: the order) and `dlock_fair_d:{key}` (token → the server time in ms at which
+//! the entry lapses unless refreshed). The release script deletes our hold and, if a live
+//! waiter heads the queue, writes that waiter's token at the key with a short grant lease
+//! ([`FAIR_GRANT_LEASE`]), increments the fencing counter if the lock is fenced, and publishes
+//! `dlock-grant:<token>:<fence>:<seconds>:<microseconds>` on `dlock_fair_ch:<grantee's client
+//! id>`. The grantee client's subscriber thread hands the message to the one thread that
+//! expects it ([`crate::client::grants`]), whose `lock()` returns without another command;
+//! the client's watchdog raises the grant lease to the lock's lease (or ttl) a third of the
+//! grant lease later, unless the hold is released first.
 //!
 //! Wire, per operation (one round trip each):
 //! - acquire: `EVALSHA <fair_acquire.lua> 3|4 key dlock_fair_q:{key} dlock_fair_d:{key}
-//!   [dlock_fence:{key}] <token> <lease ms> w|t <entry ttl ms> <grant ms> dlock_fair_ch:{key}`
-//!   → `{1, fence}` (ours) or `{0, pttl, rank}` (queued: `w`; not queued: `t`, rank -1);
+//!   [dlock_fence:{key}] <token> <lease ms> w|t <entry ttl ms> <grant ms> dlock_fair_ch:`
+//!   → `{1, fence}` (ours) or `{0, pttl, rank, seconds, microseconds}` (queued: `w`; not
+//!   queued: `t`, rank -1);
 //! - release, and a waiter's withdrawal: `EVALSHA <fair_release.lua> 3|4 … <token> <grant ms>
-//!   dlock_fair_ch:{key}` → `{1, receivers, granted token, fence}` or `{0, 0, '', 0}`;
+//!   dlock_fair_ch:` → `{1, receivers, granted token, fence, seconds, microseconds}` or
+//!   `{0, 0, '', 0, 0, 0}`;
 //! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>`; check: `GET key`.
 //!
 //! See `docs/fair.md` for the failure cases.
