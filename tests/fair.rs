@@ -1012,3 +1012,48 @@ fn works_in_a_cluster_slot() {
         );
     }
 }
+
+/// A grant whose lease cannot be raised (the server freezes right after the grant) is
+/// reported lost by the local clock within the grant lease, and the watchdog's late answer
+/// keeps it lost: `is_lost` is honest about the short grant lease.
+#[test]
+fn a_grant_that_cannot_be_raised_is_reported_lost() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let build = |c: &LockClient| {
+        c.lock("fair:lost")
+            .on_lost(|_| {})
+            .build_fair()
+            .expect("lock")
+    };
+    let (a, b) = (client(&server), client(&server));
+    let (holder, waiter) = (build(&a), build(&b));
+    let held = holder.lock().expect("free");
+    thread::scope(|s| {
+        let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(10)));
+        wait_queued(&mut conn, &waiter, 1);
+        thread::sleep(ms(300));
+        held.unlock().expect("release");
+        let guard = w.join().expect("thread").expect("granted");
+        // Freeze the server before the watchdog raises the grant lease (a third of it after
+        // the grant, 200 ms).
+        server.pause();
+        assert!(!guard.is_lost() || guard.remaining().is_zero());
+        assert!(guard.remaining() <= FAIR_GRANT_LEASE);
+        assert!(
+            support::wait_until(FAIR_GRANT_LEASE + ms(200), || guard.is_lost()),
+            "still not lost after the grant lease, remaining {:?}",
+            guard.remaining()
+        );
+        server.resume();
+        // Its key expired in Redis meanwhile: the check agrees, and it stays lost.
+        thread::sleep(ms(300));
+        assert!(guard.is_lost());
+        assert!(matches!(guard.check(), Err(LockError::Lost { .. })));
+        assert!(
+            !guard.unlock().expect("unlock"),
+            "released a lock it no longer held"
+        );
+    });
+}
