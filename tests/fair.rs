@@ -138,13 +138,25 @@ fn uncontended_cycle_is_one_command_each_way() {
         };
         // Warm up: the scripts are loaded (a NOSCRIPT + EVAL the first time).
         lock.lock().expect("lock").unlock().expect("unlock");
-        let before = total_calls(&mut conn);
+        let monitor = Monitor::start(&server);
+        thread::sleep(ms(50));
         let guard = lock.lock().expect("lock");
         assert!(guard.fence().is_some() == fenced);
         let value = guard.value().to_vec();
         assert!(guard.unlock().expect("unlock"));
-        // The INFO of `before`, then the lock's own commands: one EVALSHA each way.
-        assert_eq!(total_calls(&mut conn) - before, 1 + 2);
+        thread::sleep(ms(50));
+        let sent: Vec<String> = monitor
+            .take()
+            .into_iter()
+            .filter(|l| !l.contains("[0 lua]"))
+            .collect();
+        drop(monitor);
+        // One command each way: `SET NX PX` (fenced: the acquire script) and the release
+        // script.
+        assert_eq!(sent.len(), 2, "{sent:#?}");
+        let first = if fenced { "\"EVALSHA\"" } else { "\"SET\"" };
+        assert!(sent[0].contains(first), "{sent:#?}");
+        assert!(sent[1].contains("\"EVALSHA\""), "{sent:#?}");
         let guard = lock.lock().expect("lock");
         assert_ne!(guard.value(), &value[..]);
         assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
@@ -176,10 +188,13 @@ fn try_lock_does_not_queue_and_a_free_lock_goes_to_the_queue_head() {
             })
         });
         wait_queued(&mut conn, &lb, 1);
-        let _kept = held.into_lease(); // not released
-        raw::del(&mut conn, "fair:try");
+        // A third party that has seen the lock held (so its attempts go to the script; a lock
+        // object that has not, for a second, first sends a plain SET NX, see docs/fair.md).
         let c = client(&server);
         let third = fair(&c, "fair:try");
+        assert!(matches!(third.try_lock(), Err(LockError::Held { .. })));
+        let _kept = held.into_lease(); // not released
+        raw::del(&mut conn, "fair:try");
         assert!(
             matches!(third.try_lock(), Err(LockError::Held { .. })),
             "a try_lock jumped the queue"

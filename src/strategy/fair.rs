@@ -25,6 +25,7 @@
 //!
 //! See `docs/fair.md` for the failure cases.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -50,6 +51,9 @@ pub const FAIR_GRANT_LEASE: Duration = Duration::from_millis(600);
 /// each poll (every 100–120 ms), so the entry of a waiter that died lapses within this long and
 /// is skipped by the next grant.
 pub const FAIR_QUEUE_ENTRY_TTL: Duration = Duration::from_secs(2);
+/// How long a lock object that found the lock held sends its first attempts as the script
+/// (which queues) rather than as a plain `SET NX PX` (which cannot).
+const CONTENDED_MEMORY: Duration = Duration::from_secs(1);
 /// The poll of a waiter behind the first two in the queue (plus up to a fifth at random).
 const POLL_DEEP: Duration = Duration::from_millis(500);
 /// Prefixes of the queue's sorted sets and of the grant channel (all in the key's slot).
@@ -72,6 +76,11 @@ pub struct FairLock {
     /// This client's id, the first part of its waiters' tokens.
     id: [u8; CLIENT_ID_LEN],
     grant: Duration,
+    /// Base of `contended_until_ms`.
+    base: Instant,
+    /// Until when (ms after `base`) this lock object saw the lock held: until then attempts
+    /// go straight to the script; after it, a first attempt is a plain `SET NX PX`.
+    contended_until_ms: AtomicU64,
 }
 
 /// How one attempt came out.
@@ -129,6 +138,8 @@ impl FairLock {
             channel,
             id,
             grant,
+            base: Instant::now(),
+            contended_until_ms: AtomicU64::new(0),
         })
     }
 
@@ -161,6 +172,50 @@ impl FairLock {
             k.push(f);
         }
         k
+    }
+
+    /// True if this lock object has not found the lock held for [`CONTENDED_MEMORY`] and has
+    /// no fencing: its first attempt is then a plain `SET NX PX`, as Token's. Such an attempt
+    /// does not look at the queue, so it can take a lock that is free while waiters are queued;
+    /// that happens only after a holder or a grantee died, until the next waiter's poll.
+    fn quiet(&self) -> bool {
+        self.opts.fence_key.is_none()
+            && self.base.elapsed().as_millis() as u64
+                >= self.contended_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// The lock was found held: attempts go to the script for a while.
+    fn contended(&self) {
+        let until = (self.base.elapsed() + CONTENDED_MEMORY).as_millis() as u64;
+        self.contended_until_ms.store(until, Ordering::Relaxed);
+    }
+
+    /// One plain `SET key <token> NX PX <lease>`: the lease if taken, `None` if held.
+    fn attempt_plain(&self, token: &Token) -> Result<Option<Lease>> {
+        let start = Instant::now();
+        let until = crate::time::saturating_add(start, self.opts.lease);
+        let reply: Value = string_value::acquire(
+            &self.client,
+            &self.key,
+            token,
+            None,
+            until,
+            || true,
+            |con, _| string_value::set_nx_px(&self.key, token, self.opts.lease_ms()).query(con),
+        )?;
+        if reply != Value::Okay {
+            self.contended();
+            return Ok(None);
+        }
+        let lease = self.opts.lease(
+            &self.client,
+            &self.key,
+            RenewKind::Value,
+            token,
+            start,
+            None,
+        );
+        lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l)).map(Some)
     }
 
     fn grant_ms(&self) -> u64 {
@@ -211,6 +266,7 @@ impl FairLock {
                     .map(Outcome::Taken)
             }
             [0, _pttl, rank, secs, micros] => {
+                self.contended();
                 log::trace!(
                     "lock {:?}: refused, {rank} waiters ahead in Redis",
                     self.key
@@ -391,6 +447,12 @@ impl FairLock {
             return Err(self.timeout(&attempts));
         }
         let token = self.new_token();
+        if self.quiet() {
+            attempts.record();
+            if let Some(lease) = self.attempt_plain(&token)? {
+                return Ok(LockGuard::new(self, lease));
+            }
+        }
         queues.grants.expect(&token, &self.key);
         let _expecting = Expecting {
             client: &self.client,
@@ -517,6 +579,9 @@ impl DistributedLock for FairLock {
 
     fn try_acquire(&self) -> Result<Option<Lease>> {
         let token = self.new_token();
+        if self.quiet() {
+            return self.attempt_plain(&token);
+        }
         Ok(match self.attempt(&token, false, Instant::now())? {
             Outcome::Taken(lease) => Some(lease),
             Outcome::Refused { .. } => None,
