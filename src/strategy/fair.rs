@@ -14,6 +14,8 @@
 //! grant lease later, unless the hold is released first.
 //!
 //! Wire, per operation (one round trip each):
+//! - acquire by a lock object that has not found the lock held for a second (unfenced):
+//!   `SET key <token> NX PX <lease ms>` → `OK` or nil (then the script below at once);
 //! - acquire: `EVALSHA <fair_acquire.lua> 3|4 key dlock_fair_q:{key} dlock_fair_d:{key}
 //!   [dlock_fence:{key}] <token> <lease ms> w|t <entry ttl ms> <grant ms> dlock_fair_ch:`
 //!   → `{1, fence}` (ours) or `{0, pttl, rank, seconds, microseconds}` (queued: `w`; not
