@@ -443,7 +443,7 @@ fn contended(
 
 /// The pub/sub handoff with bare commands on raw connections, `n` times: thread A holds the
 /// key while thread B blocks reading its own subscriber connection; A stamps and releases with
-/// the publishing unlock script (`EVALSHA unlock 2 key channel token 0`, as the Token lock does);
+/// the publishing unlock script (`EVALSHA unlock 1 key token 0 channel`, as the Token lock does);
 /// B, on the message, sends `SET NX PX` and measures from A's stamp to the `OK`. Then B deletes
 /// the key and A takes it again, untimed. Both threads run on the client core, like the
 /// contenders. What a pub/sub handoff costs without the library (no subscriber thread, no wait

@@ -163,7 +163,7 @@ fn calls_sha(cmd: &redis::Cmd, sha: &str) -> bool {
         .any(|a| matches!(a, redis::Arg::Simple(b) if b == sha.as_bytes()))
 }
 
-/// The library's Token release command, `EVALSHA sha 2 key channel token 0`.
+/// The library's Token release command, `EVALSHA sha 1 key token 0 channel`.
 fn evalsha_publish_cmd(sha: &str, t: &[u8]) -> redis::Cmd {
     let cmd = scripts().unlock_publish_cmd(KEY, key_channel(), t);
     debug_assert!(calls_sha(&cmd, sha));

@@ -110,7 +110,6 @@ struct WorkerStats {
 
 /// One strategy's run.
 struct Report {
-    title: String,
     workers: Vec<WorkerStats>,
     counter: i64,
     elapsed: Duration,
@@ -132,7 +131,6 @@ impl Report {
     }
 
     fn print(&self) {
-        println!("{}", self.title);
         println!("  worker  acquired  mean wait   max wait  timeouts");
         for (i, w) in self.workers.iter().enumerate() {
             println!(
@@ -216,6 +214,8 @@ fn contend(url: &str, name: &str, strategy: Strategy) -> Result<Report, BoxError
             (None, None) => "unbounded".to_owned(),
         }
     );
+    // The heading goes out before the run, so a reader sees what the next seconds are for.
+    println!("{title}\n  running {WORKERS} threads for {RUN_FOR:?} ...");
 
     let holders = Arc::new(AtomicU32::new(0));
     let started = Instant::now();
@@ -246,7 +246,6 @@ fn contend(url: &str, name: &str, strategy: Strategy) -> Result<Report, BoxError
         .arg(&counter_key)
         .query(&mut admin)?;
     Ok(Report {
-        title,
         workers,
         counter: counter.unwrap_or(0),
         elapsed,

@@ -12,6 +12,9 @@
 -- ARGV[4] lease in milliseconds, the least lifetime left to the key after a partial write
 --         release (as Redisson's internalLockLeaseTime)
 -- ARGV[5] lifetime of the unlock latch in milliseconds
+-- ARGV[6] optional: give back a hold only if the owner's read + write holds add up to exactly
+--         this many (undoing an acquire whose reply was lost: the count it would have left;
+--         if it never ran, the count is lower and nothing changes)
 -- Publishes, as Redisson does: read: '0' when the last read hold goes and the hash is
 -- deleted; write: '1' when the owner's last write hold goes (the hash deleted, or - beyond
 -- Redisson - left in mode 'read' by a downgrade, so that readers wake); wait: '0' when an
@@ -42,6 +45,11 @@ local latch = KEYS[3]
 local done = redis.call('get', latch)
 if done then
     return { tonumber(done) or 0, rcount + wcount }
+end
+
+local expect = ARGV[6]
+if expect ~= nil and tonumber(expect) ~= rcount + wcount then
+    return { 0, rcount + wcount }
 end
 
 local code = 0

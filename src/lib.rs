@@ -48,7 +48,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What a lock on one Redis server does and does not guarantee is in the README and `docs/`.
+//! What a lock on one Redis server does and does not guarantee is in the README. The guides
+//! it links to (`docs/*.md`: algorithms, compatibility, deployments, production, ...) ship in
+//! the crate's package, in its `docs/` directory
+//! (<https://docs.rs/crate/redis-dlock/latest/source/docs/>).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -99,3 +102,7 @@ pub use strategy::token::TokenLock;
 pub use strategy::{
     ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,
 };
+
+// Every Rust block of README.md and docs/*.md, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+mod doctests;

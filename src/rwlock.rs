@@ -20,6 +20,7 @@
 //! - extend: `lua/rw_extend.lua key read|write <owner> <ttl ms>`;
 //! - check: `lua/rw_held.lua key read|write <owner>`.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::client::janitor::{self, Cause, RwRelease};
+use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::{LostCallback, LostLock, RenewKind};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -52,6 +55,10 @@ const WRITERS_PREFIX: &str = "dlock_rwlock_writers";
 /// How long an unlock latch lives: longer than a release and its resend after a dropped
 /// connection (the pool's connect timeout plus a command timeout, 2 s each by default).
 const LATCH_MS: u64 = 10_000;
+/// How long after a release was sent it may be sent again (by the janitor, or after a Sentinel
+/// switch): half the latch's lifetime, so that a resend delayed in a paused server still finds
+/// the latch.
+const LATCH_RESEND: Duration = Duration::from_millis(LATCH_MS / 2);
 
 /// Redisson's `prefixName`: `prefix:name` when the name contains `{` anywhere, else
 /// `prefix:{name}`.
@@ -481,9 +488,23 @@ impl Shared {
         owner: &[u8],
         args: impl redis::ToRedisArgs,
     ) -> Result<(i64, Option<i64>)> {
-        let reply: Value = self
-            .client
-            .with_conn(&self.key, |con, s| script(s).eval_keys(con, keys, &args))?;
+        self.run_sent(script, keys, owner, args, &Cell::new(false))
+    }
+
+    /// [`run`](Self::run), setting `sent` once the script was handed to a connection (an
+    /// error after that may come with the script run).
+    fn run_sent(
+        &self,
+        script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
+        keys: &[&str],
+        owner: &[u8],
+        args: impl redis::ToRedisArgs,
+        sent: &Cell<bool>,
+    ) -> Result<(i64, Option<i64>)> {
+        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+            sent.set(true);
+            script(s).eval_keys(con, keys, &args)
+        })?;
         let (code, holds, wait) = self.decode(reply)?;
         self.note_holds(owner, holds);
         Ok((code, wait))
@@ -526,13 +547,24 @@ impl Shared {
     /// that leaves an intent at most half of it (it must come back before its intent lapses,
     /// or readers slip in). `intent_ms` > 0 leaves a writer intent when a write is refused.
     fn attempt(&self, mode: Mode, owner: &str, intent_ms: u64) -> Result<Attempt> {
+        // A release or an undo of ours may still be pending with the janitor: finish it first,
+        // so that a later try cannot take the new hold for the old one.
+        self.client
+            .janitor()
+            .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
-        let (code, wait) = self.run(
+        let sent = Cell::new(false);
+        let reply = self.run_sent(
             |s| &s.rw_acquire,
             &[self.key.as_str(), self.writers.as_str()],
             owner.as_bytes(),
             (mode.as_str(), owner, self.opts.lease_ms(), intent_ms),
-        )?;
+            &sent,
+        );
+        if let (Err(LockError::Connection { .. }), true) = (&reply, sent.get()) {
+            self.forget_lost_acquire(mode, owner, start);
+        }
+        let (code, wait) = reply?;
         match code {
             1 => {
                 log::trace!(
@@ -578,6 +610,33 @@ impl Shared {
         }
     }
 
+    /// An acquire was sent but its reply was lost (a timeout, a failover): it may have counted
+    /// a hold that nobody will release, keeping every other owner out for the whole lease.
+    /// The janitor gives one hold back in the background if the owner's holds add up to what
+    /// the acquire would have left (as this lock last saw them, plus one); if the acquire
+    /// never ran, they are fewer and nothing changes.
+    fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant) {
+        let before = self.local_holds().get(owner).copied().unwrap_or(0);
+        let until = start.checked_add(self.opts.lease).unwrap_or(start);
+        let release = RwRelease {
+            mode: mode.as_str(),
+            writers: self.writers.clone(),
+            latch: format!("{}:{}", self.latch_base, request_id()),
+            channel: self.channel.clone(),
+            lease_ms: self.opts.lease_ms(),
+            latch_ms: LATCH_MS,
+            expect: Some(before.saturating_add(1)),
+        };
+        self.client.janitor().forget_rw(
+            &self.client,
+            &self.key,
+            owner.as_bytes(),
+            release,
+            Cause::LostAcquireReply,
+            until,
+        );
+    }
+
     fn try_acquire(&self, mode: Mode) -> Result<Option<Lease>> {
         Ok(match self.attempt(mode, &self.owner(), 0)? {
             Attempt::Acquired(lease) => Some(lease),
@@ -588,10 +647,16 @@ impl Shared {
     /// Gives back one hold. The unlock latch (a fresh request id, the same for the resend of
     /// [`LockClient::with_conn`] after a dropped connection) makes a resent release answer
     /// from the first one's outcome instead of giving back a second hold.
+    ///
+    /// A release that fails on a connection error or a transient refusal (a failover, a
+    /// restart) is sent again by the client's janitor, with the same latch, until it is
+    /// answered; one done shortly before a Sentinel switch is announced is sent again to the
+    /// new master. Either way at most one hold is given back.
     fn release(&self, mode: Mode, lease: &Lease) -> Result<bool> {
         lease.stop_renewal();
         let latch = format!("{}:{}", self.latch_base, request_id());
-        let (code, _) = self.run(
+        let sent = Instant::now();
+        let reply = self.run(
             |s| &s.rw_release,
             &[self.key.as_str(), self.writers.as_str(), latch.as_str()],
             lease.value(),
@@ -602,8 +667,57 @@ impl Shared {
                 self.opts.lease_ms(),
                 LATCH_MS,
             ),
-        )?;
+        );
+        // Resent only while the latch is sure to live (it starts when the release first runs,
+        // which is after `sent`): a resend that found it gone could give back a second hold.
+        let resend = || {
+            let latch_lives = sent.checked_add(LATCH_RESEND).unwrap_or(sent);
+            (
+                RwRelease {
+                    mode: mode.as_str(),
+                    writers: self.writers.clone(),
+                    latch: latch.clone(),
+                    channel: self.channel.clone(),
+                    lease_ms: self.opts.lease_ms(),
+                    latch_ms: LATCH_MS,
+                    expect: None,
+                },
+                lease.valid_until().min(latch_lives),
+            )
+        };
+        if reply.as_ref().is_err_and(janitor::worth_retrying) {
+            let (release, until) = resend();
+            self.client.janitor().forget_rw(
+                &self.client,
+                &self.key,
+                lease.value(),
+                release,
+                Cause::FailedRelease,
+                until,
+            );
+            // The janitor makes it happen (or the hold expires): count it given back.
+            let left = self
+                .local_holds()
+                .get(&*String::from_utf8_lossy(lease.value()))
+                .map(|n| n - 1);
+            if let Some(left) = left {
+                self.note_holds(lease.value(), left);
+            }
+        }
+        let (code, _) = reply?;
         let ours = code == 1;
+        if let (true, Some(switches)) = (ours, self.client.switches()) {
+            let (release, until) = resend();
+            switches.released(Released {
+                at: Instant::now(),
+                key: self.key.clone(),
+                value: lease.value().to_vec(),
+                channel: Some(self.channel.clone()),
+                reentrant: None,
+                rw: Some(release),
+                until,
+            });
+        }
         if ours {
             // Any release may let the other side in: a write release (or a downgrade) frees
             // readers, a read release may free a writer.

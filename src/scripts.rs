@@ -181,7 +181,7 @@ impl LuaScript {
 /// A server before Redis 7 compiling a script that starts with a shebang: "Error compiling
 /// script (new function): user_script:1: unexpected symbol near '#'".
 /// A Redis 7+ server that does not know a flag names the shebang.
-fn rejects_shebang(err: &redis::RedisError) -> bool {
+pub(crate) fn rejects_shebang(err: &redis::RedisError) -> bool {
     let text = err.to_string();
     text.contains("near '#'")
         || text.contains("shebang")

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis_dlock::{DistributedLock, LockClient, Strategy};
+use redis_dlock::{DistributedLock, LockClient, ReadWriteLock, Strategy};
 use support::{init_logging, role, wait_until, Cluster, RedisServer, Sentinel, SENTINEL_SERVICE};
 
 /// The clients' connect and command timeout.
@@ -92,11 +92,19 @@ impl Load {
                         rng ^= rng >> 7;
                         rng ^= rng << 17;
                         let key = &keys[(rng % keys.len() as u64) as usize];
-                        let lock = client
-                            .lock(key.as_str())
-                            .strategy(strategy_of(key))
-                            .build()
-                            .expect("lock");
+                        // Keys with `:rw:` take the write side of a read-write lock.
+                        let (plain, rw);
+                        let lock: &dyn DistributedLock = if key.contains(":rw:") {
+                            rw = ReadWriteLock::new(&client, key.as_str()).expect("rw lock");
+                            rw.write_lock()
+                        } else {
+                            plain = client
+                                .lock(key.as_str())
+                                .strategy(strategy_of(key))
+                                .build()
+                                .expect("lock");
+                            plain.as_ref()
+                        };
                         let guard = match lock.try_lock_for(Duration::from_millis(300)) {
                             Ok(g) => g,
                             Err(e) => {
@@ -733,6 +741,7 @@ fn sentinel_keys() -> Vec<String> {
     (0..4)
         .map(|i| format!("fo:token:{i}"))
         .chain((0..4).map(|i| format!("fo:reentrant:{i}")))
+        .chain((0..4).map(|i| format!("fo:rw:{i}")))
         .collect()
 }
 

@@ -10,7 +10,9 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, Takeover};
+use redis_dlock::{
+    DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, Strategy, Takeover,
+};
 use support::{init_logging, raw, wait_until, RedisServer};
 
 /// The impatient client's command timeout.
@@ -164,41 +166,59 @@ fn cleanup_never_deletes_another_owners_lock() {
 /// A release that fails on a connection error (writes paused past the command timeout) is
 /// retried in the background: the caller learns of the failure at once, and the key is freed
 /// soon after the server takes writes again, not at the end of the lease.
+/// Pauses the server's writes for [`PAUSE`] (`CLIENT PAUSE … WRITE`: the release blocks, and
+/// never runs once its connection is dropped on the timeout), runs `release`, which must fail
+/// on the timeout and leave one clean-up queued on `client`, and returns when the pause ends.
+fn release_during_write_pause(
+    server: &RedisServer,
+    client: &LockClient,
+    release: impl FnOnce() -> Result<bool, LockError>,
+) -> Instant {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(PAUSE.as_millis() as u64)
+        .arg("WRITE")
+        .query(&mut server.conn())
+        .unwrap();
+    let paused = Instant::now();
+    let released = release();
+    assert!(
+        matches!(released, Err(LockError::Connection { .. })),
+        "{released:?}"
+    );
+    assert_eq!(
+        client.pending_cleanups(),
+        1,
+        "the release is queued for a retry"
+    );
+    paused + PAUSE
+}
+
+/// `lock` is taken by another client within a command timeout (plus slack) of `resumed`, and
+/// `client`'s clean-ups are all done soon after.
+fn taken_soon_after(lock: &dyn DistributedLock, resumed: Instant, client: &LockClient) {
+    let after = taken_after(lock, resumed);
+    assert!(
+        after < TIMEOUT + SLACK,
+        "waited {after:?} after the pause ended"
+    );
+    assert!(wait_until(Duration::from_secs(5), || client
+        .pending_cleanups()
+        == 0));
+}
+
 #[test]
 fn failed_release_is_retried_in_the_background() {
     init_logging();
     let server = RedisServer::start();
-    let mut conn = server.conn();
     let key = "orphan:release";
     let c1 = impatient(&server);
     let c2 = patient(&server);
     let l1 = c1.lock(key).build().unwrap();
     let l2 = c2.lock(key).build().unwrap();
     let guard = l1.try_lock().unwrap();
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(PAUSE.as_millis() as u64)
-        .arg("WRITE")
-        .query(&mut conn)
-        .unwrap();
-    let paused = Instant::now();
-    let released = guard.unlock();
-    assert!(
-        matches!(released, Err(LockError::Connection { .. })),
-        "{released:?}"
-    );
-    assert_eq!(
-        c1.pending_cleanups(),
-        1,
-        "the release is queued for a retry"
-    );
-    let resumed = paused + PAUSE;
-    let after = taken_after(l2.as_ref(), resumed);
-    assert!(
-        after < TIMEOUT + SLACK,
-        "waited {after:?} after the pause ended"
-    );
-    assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+    let resumed = release_during_write_pause(&server, &c1, || guard.unlock());
+    taken_soon_after(l2.as_ref(), resumed, &c1);
 }
 
 /// A reentrant release that timed out (the server paused) but ran when the server came back is
@@ -338,21 +358,64 @@ fn reentrant_reentry_whose_reply_was_lost_is_given_back_once() {
 fn reentrant_failed_release_is_retried_in_the_background() {
     init_logging();
     let server = RedisServer::start();
-    let mut conn = server.conn();
     let key = "orphan:reentrant-release";
     let c1 = impatient(&server);
     let c2 = patient(&server);
     let l1 = c1.lock(key).strategy(Strategy::Reentrant).build().unwrap();
     let l2 = c2.lock(key).strategy(Strategy::Reentrant).build().unwrap();
     let guard = l1.try_lock().unwrap();
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(PAUSE.as_millis() as u64)
-        .arg("WRITE")
-        .query(&mut conn)
-        .unwrap();
-    let paused = Instant::now();
-    let released = guard.unlock();
+    let resumed = release_during_write_pause(&server, &c1, || guard.unlock());
+    taken_soon_after(l2.as_ref(), resumed, &c1);
+}
+
+/// A read-write lock release that failed (the server paused for writes: the command never ran
+/// and the connection was dropped) is sent again in the background with its unlock latch, so
+/// another client gets the lock within a command timeout of the pause's end, not after the
+/// 30 s lease. Both modes.
+#[test]
+fn rw_failed_release_is_retried_in_the_background() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for write in [true, false] {
+        let key = if write { "orphan:rw-w" } else { "orphan:rw-r" };
+        let c1 = impatient(&server);
+        let c2 = patient(&server);
+        let rw1 = ReadWriteLock::new(&c1, key).unwrap();
+        let rw2 = ReadWriteLock::new(&c2, key).unwrap();
+        let guard = if write {
+            rw1.write_lock().try_lock().unwrap()
+        } else {
+            rw1.read_lock().try_lock().unwrap()
+        };
+        let resumed = release_during_write_pause(&server, &c1, || guard.unlock());
+        // The other side must wait for the hold: the writer for a reader's, anyone for a
+        // writer's.
+        taken_soon_after(rw2.write_lock(), resumed, &c1);
+        assert!(!raw::exists(&mut conn, key), "write {write}: nothing left");
+    }
+}
+
+/// A read-write lock release that timed out (the server stopped with SIGSTOP) but ran when the
+/// server came back is not done twice: the janitor's resend carries the same unlock latch, and
+/// the server answers it from there. The owner's other hold stays.
+#[test]
+fn rw_release_that_ran_late_is_not_given_back_twice() {
+    init_logging();
+    let server = RedisServer::start();
+    let key = "orphan:rw-late";
+    let c1 = impatient(&server);
+    // Both scripts cached, so that the release sent into the stopped server runs as sent.
+    let warm = ReadWriteLock::new(&c1, "orphan:rw-warm").unwrap();
+    assert!(warm.write_lock().try_lock().unwrap().unlock().unwrap());
+    let rw = ReadWriteLock::new(&c1, key).unwrap();
+    let outer = rw.write_lock().try_lock().unwrap();
+    let inner = rw.write_lock().try_lock().unwrap();
+    let before = rw_holds(&server, key);
+    assert_eq!(before.len(), 1, "{before:?}");
+    assert_eq!(before[0].1, "2", "two write holds: {before:?}");
+    server.pause();
+    let released = inner.unlock();
     assert!(
         matches!(released, Err(LockError::Connection { .. })),
         "{released:?}"
@@ -362,10 +425,112 @@ fn reentrant_failed_release_is_retried_in_the_background() {
         1,
         "the release is queued for a retry"
     );
-    let after = taken_after(l2.as_ref(), paused + PAUSE);
-    assert!(
-        after < TIMEOUT + SLACK,
-        "waited {after:?} after the pause ended"
-    );
-    assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+    thread::sleep(PAUSE);
+    // The release sits in the server's socket buffer and runs now; the janitor's resend is
+    // answered from its latch.
+    server.resume();
+    assert!(wait_until(Duration::from_secs(10), || c1
+        .pending_cleanups()
+        == 0));
+    thread::sleep(Duration::from_millis(300));
+    let after = rw_holds(&server, key);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after[0].1, "1", "one hold given back, not two: {after:?}");
+    assert!(outer.unlock().unwrap());
+    assert!(!raw::exists(&mut server.conn(), key));
+}
+
+/// The owners' fields of a read-write lock's hash and their counts (`mode` left out).
+fn rw_holds(server: &RedisServer, key: &str) -> Vec<(String, String)> {
+    let all: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(key)
+        .query(&mut server.conn())
+        .unwrap();
+    all.into_iter().filter(|(f, _)| f != "mode").collect()
+}
+
+/// An impatient client whose read-write scripts are already cached on the server, so that a
+/// command sent into a stopped server runs as sent when the server is resumed.
+fn impatient_rw(server: &RedisServer) -> LockClient {
+    let c = impatient(server);
+    let warm = ReadWriteLock::new(&c, "orphan:rw-warm").unwrap();
+    assert!(warm.write_lock().try_lock().unwrap().unlock().unwrap());
+    c
+}
+
+/// A read-write lock acquire whose reply was lost (it ran when the server came back) does not
+/// leave a hold nobody releases: the janitor gives it back if the owner's holds add up to what
+/// the acquire left, so another client gets the lock within a command timeout. Both modes.
+#[test]
+fn rw_acquire_whose_reply_was_lost_leaves_no_orphan() {
+    init_logging();
+    let server = RedisServer::start();
+    for write in [true, false] {
+        let key = if write {
+            "orphan:rw-acq-w"
+        } else {
+            "orphan:rw-acq-r"
+        };
+        let c1 = impatient_rw(&server);
+        let c2 = patient(&server);
+        let rw1 = ReadWriteLock::new(&c1, key).unwrap();
+        let rw2 = ReadWriteLock::new(&c2, key).unwrap();
+        let resumed = acquire_during_sigstop(&server, || {
+            if write {
+                rw1.write_lock().try_lock().map(|g| g.into_lease())
+            } else {
+                rw1.read_lock().try_lock().map(|g| g.into_lease())
+            }
+        });
+        let after = taken_after(rw2.write_lock(), resumed);
+        assert!(
+            after < TIMEOUT + SLACK,
+            "write {write}: the second client waited {after:?} after the server answered again"
+        );
+        assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+        assert!(!raw::exists(&mut server.conn(), key), "write {write}");
+    }
+}
+
+/// The same with a write hold already taken: a lost re-entry that ran late (SIGSTOP) is given
+/// back once, and one that never ran (`CLIENT PAUSE … WRITE`, its connection dropped on the
+/// timeout) gives back nothing; either way the first hold stays, and it is the owner's last
+/// release that frees the lock.
+#[test]
+fn rw_reentry_whose_reply_was_lost_is_given_back_once() {
+    init_logging();
+    let server = RedisServer::start();
+    for ran in [true, false] {
+        let key = if ran {
+            "orphan:rw-reentry-ran"
+        } else {
+            "orphan:rw-reentry-not"
+        };
+        let c1 = impatient_rw(&server);
+        let rw = ReadWriteLock::new(&c1, key).unwrap();
+        let first = rw.write_lock().try_lock().unwrap();
+        let again = || rw.write_lock().try_lock().map(|g| g.into_lease());
+        if ran {
+            acquire_during_sigstop(&server, again);
+        } else {
+            let _: () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(PAUSE.as_millis() as u64)
+                .arg("WRITE")
+                .query(&mut server.conn())
+                .unwrap();
+            let lost = again();
+            assert!(
+                matches!(lost, Err(LockError::Connection { .. })),
+                "{lost:?}"
+            );
+            thread::sleep(PAUSE);
+        }
+        assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+        let holds = rw_holds(&server, key);
+        assert_eq!(holds.len(), 1, "ran {ran}: {holds:?}");
+        assert_eq!(holds[0].1, "1", "ran {ran}: one write hold left: {holds:?}");
+        assert!(first.unlock().unwrap(), "ran {ran}");
+        assert!(!raw::exists(&mut server.conn(), key), "ran {ran}");
+    }
 }

@@ -185,3 +185,22 @@ fn wrong_password_at_lock_time_is_setup_not_contention() {
     );
     assert!(t.elapsed() < CONNECT + SLACK, "took {:?}", t.elapsed());
 }
+
+/// A server paused for writes (`CLIENT PAUSE … WRITE`, as Redis's own `FAILOVER` does) still
+/// answers the open-time check at once: its probe script is flagged `no-writes`. Unflagged,
+/// the check waited for the rest of the pause, and past the connect timeout open failed.
+#[test]
+fn open_answers_at_once_while_the_server_is_paused_for_writes() {
+    init_logging();
+    let server = RedisServer::start();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3_000)
+        .arg("WRITE")
+        .query(&mut server.conn())
+        .unwrap();
+    let (client, took) = open(&server.url());
+    let client = client.expect("open while paused for writes");
+    assert!(took < Duration::from_millis(1_500), "open took {took:?}");
+    drop(client);
+}

@@ -1,6 +1,6 @@
 //! Shared helpers of the bench binaries (`benches/*.rs`): the throw-away Redis server of the test
 //! fixture, CPU pinning, the round-trip floors every figure is divided by, simple statistics and
-//! the machine-readable results that `examples/bench_report.rs` turns into `docs/benchmarks.md`.
+//! the machine-readable results that `benches/bench_report.rs` turns into `docs/benchmarks.md`.
 //!
 //! Lives in a subdirectory so that cargo does not take it for a bench target of its own.
 #![allow(dead_code)]
@@ -19,8 +19,8 @@ use criterion::Criterion;
 pub use support::tls::Pki;
 pub use support::RedisServer;
 
-/// `lua/unlock.lua`, the compare-and-delete both strategies release with (Token with 2 keys:
-/// it also publishes the release on the lock's channel).
+/// `lua/unlock.lua`, the compare-and-delete both strategies release with (Token with two more
+/// arguments, the message and the channel: it also publishes the release).
 pub const UNLOCK_LUA: &str = include_str!("../../lua/unlock.lua");
 /// `lua/reentrant_acquire.lua` and `lua/reentrant_release.lua`: the Reentrant lock's commands.
 pub const REENTRANT_ACQUIRE_LUA: &str = include_str!("../../lua/reentrant_acquire.lua");
@@ -288,7 +288,7 @@ pub fn results_dir() -> PathBuf {
         }
     });
     target
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")))
         .join("dlock-bench")
 }
 
@@ -378,6 +378,21 @@ pub fn set_nx_px(con: &mut redis::Connection, key: &str, value: &[u8], ttl_ms: u
     v == redis::Value::Okay
 }
 
+/// `SET key value NX PX ttl_ms GET` (what the Token lock's `try_lock` sends on Redis 7):
+/// true when set (the reply is nil: the key was absent).
+pub fn set_nx_px_get(con: &mut redis::Connection, key: &str, value: &[u8], ttl_ms: u64) -> bool {
+    let v: redis::Value = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .arg("GET")
+        .query(con)
+        .expect("SET NX PX GET");
+    v == redis::Value::Nil
+}
+
 /// `SETNX key value`: true when set.
 pub fn setnx(con: &mut redis::Connection, key: &str, value: &[u8]) -> bool {
     let v: i64 = redis::cmd("SETNX")
@@ -400,8 +415,9 @@ pub fn evalsha_unlock(con: &mut redis::Connection, sha: &str, key: &str, value: 
     v == 1
 }
 
-/// `EVALSHA <unlock.lua> 2 key channel value 0`, the Token release: compare-and-delete, then
-/// `PUBLISH channel 0`. True when deleted (the reply is then 1 + the message's receivers).
+/// `EVALSHA <unlock.lua> 1 key value 0 channel`: the Token release exactly as the library
+/// sends it (compare-and-delete, then `PUBLISH channel 0`; the channel is an argument, not a
+/// key). True when deleted (the reply is then 1 + the message's receivers).
 pub fn evalsha_unlock_publish(
     con: &mut redis::Connection,
     sha: &str,
@@ -411,11 +427,11 @@ pub fn evalsha_unlock_publish(
 ) -> bool {
     let v: i64 = redis::cmd("EVALSHA")
         .arg(sha)
-        .arg(2)
+        .arg(1)
         .arg(key)
-        .arg(channel)
         .arg(value)
         .arg(UNLOCK_MESSAGE)
+        .arg(channel)
         .query(con)
         .expect("EVALSHA");
     v >= 1
@@ -447,8 +463,9 @@ pub fn evalsha_reentrant_acquire(
     v.0 == 1
 }
 
-/// `EVALSHA <reentrant_release.lua> 2 key channel 0 lease_ms owner`: true when this was the
-/// last hold (deleted and published; the reply is then 1 + the message's receivers).
+/// `EVALSHA <reentrant_release.lua> 1 key 0 lease_ms owner channel request_id`, as the library
+/// sends it (a fresh request id per call): true when this was the last hold (deleted and
+/// published; the reply is then 1 + the message's receivers).
 pub fn evalsha_reentrant_release(
     con: &mut redis::Connection,
     sha: &str,
@@ -457,14 +474,16 @@ pub fn evalsha_reentrant_release(
     lease_ms: u64,
     owner: &str,
 ) -> bool {
+    let request = token();
     let v: Option<i64> = redis::cmd("EVALSHA")
         .arg(sha)
-        .arg(2)
+        .arg(1)
         .arg(key)
-        .arg(channel)
         .arg(UNLOCK_MESSAGE)
         .arg(lease_ms)
         .arg(owner)
+        .arg(channel)
+        .arg(&request[..])
         .query(con)
         .expect("EVALSHA reentrant_release");
     // The last hold: 1 + the receivers of the published release.

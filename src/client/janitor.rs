@@ -27,6 +27,11 @@
 //! acquire of that key first finishes the job itself (or waits for the janitor's try in
 //! flight): see [`Janitor::settle`].
 //!
+//! A read-write lock's release carries an unlock latch (Redisson's `redisson_unlock_latch`, a
+//! fresh request id per release): its job sends the same release again, with the same latch,
+//! so a release that ran after all answers from the latch and gives back nothing more. Its
+//! deadline is also bounded by the latch's lifetime.
+//!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
 
@@ -103,6 +108,36 @@ enum Work {
         lease_ms: u64,
         channel: String,
     },
+    /// Send a read-write lock's release of the owner `value` again, with its unlock latch
+    /// (`lua/rw_release.lua`).
+    RwRelease(RwRelease),
+}
+
+impl Work {
+    /// Gives back a hold counted in a hash (reentrant, read-write): the owner's next acquire
+    /// of the key runs it first ([`Janitor::settle`]), so that it cannot take the new hold
+    /// for the old one.
+    fn counts_holds(&self) -> bool {
+        matches!(self, Work::ReentrantRelease { .. } | Work::RwRelease(_))
+    }
+}
+
+/// A read-write lock release to send again: the arguments of `lua/rw_release.lua` but the
+/// owner id (the job's value).
+#[derive(Debug, Clone)]
+pub(crate) struct RwRelease {
+    /// `read` or `write`.
+    pub(crate) mode: &'static str,
+    /// The lock's set of waiting writers (the script's second key).
+    pub(crate) writers: String,
+    /// The release's unlock latch key, request id included (the script's third key).
+    pub(crate) latch: String,
+    pub(crate) channel: String,
+    pub(crate) lease_ms: u64,
+    pub(crate) latch_ms: u64,
+    /// Give the hold back only if the owner's read and write holds add up to this (the undo
+    /// of an acquire whose reply was lost: the count it would have left).
+    pub(crate) expect: Option<i64>,
 }
 
 /// One pending owner-checked clean-up.
@@ -190,8 +225,9 @@ struct Shared {
     wake: Condvar,
     /// Wakes owners waiting in [`Janitor::settle`]: a try in flight ended.
     done: Condvar,
-    /// Reentrant jobs queued or in flight: lets [`Janitor::settle`] skip the mutex when zero.
-    reentrant: AtomicUsize,
+    /// Jobs that count holds (reentrant and read-write) queued or in flight: lets
+    /// [`Janitor::settle`] skip the mutex when zero.
+    counted: AtomicUsize,
 }
 
 impl Shared {
@@ -279,13 +315,41 @@ impl Janitor {
         self.push(client, key, owner, work, cause, until);
     }
 
+    /// Sends, in the background, a read-write lock's release of `owner` on `key` again, with the
+    /// same unlock latch: a release that ran already answers from its latch, so at most one
+    /// hold is given back. Tried until it is answered or until `until` (the hold's expiry, or
+    /// sooner, while the latch is sure to live).
+    pub(crate) fn forget_rw(
+        &self,
+        client: &LockClient,
+        key: &str,
+        owner: &[u8],
+        release: RwRelease,
+        cause: Cause,
+        until: Instant,
+    ) {
+        let now = Instant::now();
+        if until <= now {
+            return;
+        }
+        log::info!(
+            "lock {key:?}: {}; sending the {} release of owner {} again in the background, \
+             with its unlock latch (until {} ms from now)",
+            cause.describe(),
+            release.mode,
+            printable(owner),
+            until.saturating_duration_since(now).as_millis()
+        );
+        self.push(client, key, owner, Work::RwRelease(release), cause, until);
+    }
+
     /// Runs, on the caller's thread, a pending reentrant job of `owner` on `key` (and waits for
     /// a try of it in flight on the janitor thread), so that the owner's next acquire cannot be
     /// mistaken by a later try for the hold that job gives back. Errors of that try are
     /// returned (the job is kept for the janitor); `Ok` when there was nothing to do or it is
     /// done.
     pub(crate) fn settle(&self, client: &LockClient, key: &str, owner: &[u8]) -> Result<()> {
-        if self.shared.reentrant.load(Ordering::Acquire) == 0 {
+        if self.shared.counted.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
         loop {
@@ -358,8 +422,8 @@ impl Janitor {
                 dropped.key
             );
         }
-        if matches!(work, Work::ReentrantRelease { .. }) {
-            self.shared.reentrant.fetch_add(1, Ordering::AcqRel);
+        if work.counts_holds() {
+            self.shared.counted.fetch_add(1, Ordering::AcqRel);
         }
         let seq = jobs.next_seq;
         jobs.next_seq = seq.wrapping_add(1);
@@ -401,19 +465,19 @@ impl Janitor {
 impl Job {
     /// The job is done or given up: no longer counted.
     fn gone(&self, shared: &Shared) {
-        if matches!(self.work, Work::ReentrantRelease { .. }) {
-            shared.reentrant.fetch_sub(1, Ordering::AcqRel);
+        if self.work.counts_holds() {
+            shared.counted.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
 /// A job of `client`'s janitor is done or given up (reentrant ones are counted).
-fn job_gone(client: &LockClient, reentrant: bool) {
-    if reentrant {
+fn job_gone(client: &LockClient, counted: bool) {
+    if counted {
         client
             .janitor()
             .shared
-            .reentrant
+            .counted
             .fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -481,6 +545,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     job.tries = job.tries.saturating_add(1);
     let key = job.key.as_str();
     let reentrant = matches!(job.work, Work::ReentrantRelease { .. });
+    let counted = job.work.counts_holds();
     // A release remembered across a Sentinel switch may have reached the new master already,
     // and the owner may hold the lock again since: its count then matches a live hold. Such a
     // job is dropped (the owner's next acquire cannot race it: see `settle`).
@@ -518,6 +583,29 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
                 ),
             )
             .map(|r| r.unwrap_or(-1)),
+        // {code, holds}: code 1 when a hold was given back (by this try or, answered from the
+        // latch, by the release that ran before); anything else changed nothing.
+        Work::RwRelease(rw) => s
+            .rw_release
+            .eval_keys::<redis::Value>(
+                con,
+                &[key, rw.writers.as_str(), rw.latch.as_str()],
+                &(
+                    rw.mode,
+                    job.value.as_slice(),
+                    rw.channel.as_str(),
+                    rw.lease_ms,
+                    rw.latch_ms,
+                    rw.expect,
+                ),
+            )
+            .map(|v| match v {
+                redis::Value::Array(items) => match items.first() {
+                    Some(redis::Value::Int(code)) => *code,
+                    _ => -1,
+                },
+                _ => -1,
+            }),
     });
     let (again, result) = match reply {
         Ok(0) if reentrant => {
@@ -536,7 +624,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
         }
     };
     if again.is_none() {
-        job_gone(client, reentrant);
+        job_gone(client, counted);
     }
     (again, result)
 }
@@ -544,6 +632,23 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
 /// Logs the answer `n` of a job's script (1 or more: deleted; else nothing to do).
 fn done(client: &LockClient, job: &Job, n: i64) {
     let key = job.key.as_str();
+    if let Work::RwRelease(rw) = &job.work {
+        match n {
+            1 => log::warn!(
+                "lock {key:?}: the {} release left by {} is done (try {}; it ran now, or had \
+                 run and its latch answered)",
+                rw.mode,
+                job.cause.describe(),
+                job.tries
+            ),
+            _ => log::info!(
+                "lock {key:?}: nothing to give back after {} (the hold expired or was never \
+                 ours)",
+                job.cause.describe()
+            ),
+        }
+        return;
+    }
     match n {
         n if n >= 1 => {
             log::warn!(

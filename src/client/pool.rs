@@ -13,6 +13,7 @@ use redis::{
 use super::cluster_deadline::{with_deadline, Deadlined};
 use super::sentinel_watch::Switches;
 use crate::error::{self, Context, LockError, Result, Rounded};
+use crate::scripts;
 
 /// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
 /// for connection", so its error handler keeps what actually went wrong.
@@ -149,6 +150,9 @@ pub(super) enum Target {
     },
 }
 
+/// The script that [`Manager::check`] runs by `EVAL` and `EVALSHA` on every new connection.
+const PROBE: &str = "#!lua flags=no-writes\nreturn 1";
+
 /// r2d2 manager that sets connect and command timeouts (which `redis::Client`'s own does not)
 /// and drops connections that marked themselves broken.
 pub(crate) struct Manager {
@@ -273,7 +277,6 @@ impl Manager {
             };
             setup(what, e)
         })?;
-        let probe = redis::Script::new("return 1");
         let scripting = |e: redis::RedisError, cmd: &str| {
             let why = if e.code() == Some("NOAUTH") {
                 "the server requires authentication (NOAUTH): give the user and password in \
@@ -281,17 +284,29 @@ impl Manager {
             } else if error::is_access_denied(&e) {
                 "the user may not run it (NOPERM); the locks' release and extend need EVAL and \
                  EVALSHA (ACL category @scripting)"
+            } else if e.is_timeout() || e.is_io_error() {
+                "no reply in time (a paused, overloaded or unreachable server?)"
             } else {
                 "the server refused it (renamed or disabled command?); the locks' release and \
                  extend need EVAL and EVALSHA"
             };
             setup(format!("{cmd} on {addr}: {why}"), e)
         };
-        let _: i64 = redis::cmd("EVAL")
-            .arg("return 1")
-            .arg(0)
-            .query(&mut con)
-            .map_err(|e| scripting(e, "EVAL"))?;
+        // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
+        // WRITE`, as during a `FAILOVER`) answers at once instead of holding the new connection
+        // for the rest of the pause; servers before 7 reject the shebang and run it plain.
+        let eval =
+            |text: &str, con: &mut Link| redis::cmd("EVAL").arg(text).arg(0).query::<i64>(con);
+        let text = match eval(PROBE, &mut con) {
+            Ok(_) => PROBE,
+            Err(e) if scripts::rejects_shebang(&e) => {
+                let plain = PROBE.lines().last().unwrap_or_default();
+                eval(plain, &mut con).map_err(|e| scripting(e, "EVAL"))?;
+                plain
+            }
+            Err(e) => return Err(scripting(e, "EVAL")),
+        };
+        let probe = redis::Script::new(text);
         // NOSCRIPT also proves that EVALSHA exists and is allowed (on a cluster the EVAL above
         // may have gone to another node).
         match redis::cmd("EVALSHA")

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::client::janitor::Cause;
+use crate::client::janitor::{Cause, RwRelease};
 use crate::client::{LockClient, WeakClient};
 
 /// Read timeout of the subscribed connection: how often the thread checks that its client is
@@ -68,6 +68,8 @@ pub(crate) struct Released {
     pub(crate) channel: Option<String>,
     /// Reentrant: the owner's count before the release and the lease (ms).
     pub(crate) reentrant: Option<(u32, u64)>,
+    /// Read-write lock: the release to send again, with its unlock latch.
+    pub(crate) rw: Option<RwRelease>,
     /// When the hold would have expired by itself.
     pub(crate) until: Instant,
 }
@@ -195,6 +197,17 @@ fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &s
         );
     }
     for r in recent {
+        if let Some(rw) = r.rw {
+            client.janitor().forget_rw(
+                client,
+                &r.key,
+                &r.value,
+                rw,
+                Cause::ReleasedBeforeSwitch,
+                r.until,
+            );
+            continue;
+        }
         match r.reentrant {
             Some((count, lease_ms)) => client.janitor().forget_reentrant(
                 client,

@@ -55,7 +55,7 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 ///
 /// Not shorter: with 5 ms, 8 clients contending for one key on one core made 3-4 times fewer
 /// sections per second, with a 10 times longer handoff p99, than with 200 ms
-/// (`cargo bench --bench contended`, client-per-thread rows).
+/// (`cargo bench -p redis-dlock-benches --bench contended`, client-per-thread rows).
 const TICK: Duration = Duration::from_millis(200);
 /// First and longest pause between reconnection attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);

@@ -302,6 +302,7 @@ impl ReentrantLock {
             value: lease.value().to_vec(),
             channel: Some(self.opts.channel.clone()),
             reentrant: Some((count, self.opts.lease_ms())),
+            rw: None,
             until: lease.valid_until(),
         });
     }

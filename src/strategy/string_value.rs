@@ -132,6 +132,7 @@ pub(crate) fn release(
                 value: lease.value().to_vec(),
                 channel: channel.map(str::to_owned),
                 reentrant: None,
+                rw: None,
                 until: lease.valid_until(),
             });
         }

@@ -1,11 +1,11 @@
 //! Turns the results of the last `cargo bench` into `docs/benchmarks.md` and its plots.
 //!
 //! ```text
-//! cargo bench && cargo run --release --example bench_report
+//! cargo bench -p redis-dlock-benches && cargo run --release -p redis-dlock-benches --example bench_report
 //! ```
 //!
 //! With `--tls-section` it prints only the TLS section, from `target/dlock-bench/tls.csv`
-//! (written by `cargo bench --features tls-rustls --bench tls`).
+//! (written by `cargo bench -p redis-dlock-benches --features tls-rustls --bench tls`).
 //!
 //! Reads `target/dlock-bench/{floor,cycle,contended,micro}.csv` (written by `benches/*.rs`) and
 //! criterion's `target/criterion/<group>/<bench>/new/estimates.json`; writes
@@ -28,10 +28,14 @@ const SHARINGS: [&str; 4] = [
 
 const BENCHES: [&str; 4] = ["floor", "cycle", "contended", "micro"];
 const TARGET_RATIO: f64 = 1.10;
+
+/// What the TLS bench's probe mode showed about the wire (measured by hand: the syscalls are
+/// not counted by `cargo bench`; update this note when the command path changes).
+const TLS_WIRE_NOTE: &str = "**On the wire and in the client** (measured by hand on 2026-11-25, library code as at `732310b`, with the bench's probe mode: `DLOCK_BENCH_NO_PIN=1 DLOCK_TLS_PROBE=<op>:<n>` running the bench binary under `strace -ff` (n = 2,000 and 12,000) and `valgrind --tool=callgrind` (n = 500 and 2,500), the difference divided by the difference in n). Per Token cycle over TLS the client makes 2 `writev` calls, one TLS record per command (125 and 195 bytes), and 2 `recvfrom` (27 and 26 bytes), and no `futex` (no other thread is woken); a TLS PING makes 1 `writev` (36 bytes) and 1 `recvfrom` (29 bytes). The server reads each record with 2 reads (header, body) and answers with 1 write, for the lock's commands as for PING. Over plain TCP each command is one send and one receive (284 bytes sent per cycle, 14 per PING). So a pool checkout sends nothing, rustls flushes once per command, and Nagle has nothing to hold back (one write per request, then the reply is awaited). Client instructions per operation (callgrind, deterministic): TLS PING 11.7 k, Token cycle over TLS 32.5 k (explicit ttl 31.5 k), the bare commands 34.0 k, SET + DEL 30.5 k; plain PING 7.6 k, cycle 23.1 k, bare commands 24.7 k. The cycle runs 9.0 k instructions more than two TLS PINGs, fewer than the same commands sent bare with `redis::cmd` (which grows its buffers where the library sizes them once); the largest single item is redis-rs's reply parser zero-filling its read buffer (combine's `extend_buf_sync`: 4.9 k instructions per lock command, 3.5 k per PING). The unlock script itself was timed against variants on a scratch `redis-server` (30,000 pipelined calls each, `usec_per_call`, two passes): the script as it is 2.28–3.96 µs, the same without its `PUBLISH` 2.98–3.11 µs, with a `#!lua` shebang 2.99–3.88 µs, `return 1` (the bare cost of a script call) 1.05–1.33 µs, `PING` 0.03–0.04 µs: no form of a compare-and-delete script comes near a PING, and Redis 7.0 has no compare-and-delete command.";
 const TARGET_FAIRNESS: f64 = 0.3;
 const TARGET_HANDOFF_P99_MS: f64 = 20.0;
 const TARGET_CLIENT_NS: f64 = 1000.0;
-const COMMAND: &str = "cargo bench && cargo run --release --example bench_report";
+const COMMAND: &str = "cargo bench -p redis-dlock-benches && cargo run --release -p redis-dlock-benches --example bench_report";
 
 /// The uncontended cycles: (name, label, bare-command floor of the same commands).
 const CYCLES: [(&str, &str, &str, &str); 7] = [
@@ -139,7 +143,7 @@ impl Results {
             let path = dir.join(format!("{bench}.csv"));
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 format!(
-                    "{}: {e}\nRun `cargo bench` first (all four benches): {COMMAND}",
+                    "{}: {e}\nRun `cargo bench -p redis-dlock-benches` first (all four benches): {COMMAND}",
                     path.display()
                 )
             })?;
@@ -195,6 +199,11 @@ impl Results {
     }
 }
 
+/// The repository's top directory (this generator lives in its `benches/` package).
+fn workspace_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().ok();
     exe.as_deref()
@@ -203,7 +212,7 @@ fn target_dir() -> PathBuf {
             (dir.file_name()? == "examples")
                 .then(|| dir.parent()?.parent().map(Path::to_path_buf))?
         })
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .unwrap_or_else(|| workspace_dir().join("target"))
 }
 
 /// Criterion's median estimate (ns) of `group/bench` from the last run, if present.
@@ -276,7 +285,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let docs = workspace_dir().join("docs");
     let img = docs.join("img");
     if let Err(e) = std::fs::create_dir_all(&img) {
         eprintln!("bench_report: cannot create {}: {e}", img.display());
@@ -386,7 +395,7 @@ impl Report<'_> {
              **Regenerate this whole page (tables and plots) with one command** (needs `redis-server` \
              on `PATH`; each bench starts its own server on a free loopback port):\n\n\
              ```sh\n{COMMAND}\n```\n\n\
-             This file and `docs/img/*.svg` are written by `examples/bench_report.rs` from \
+             This file and `docs/img/*.svg` are written by `benches/bench_report.rs` from \
              `target/dlock-bench/*.csv` and criterion's estimates; edit the generator, not this \
              file.\n\n\
              > **Blocking path.** Threads of one `LockClient` wait for a key in an in-process \
@@ -718,7 +727,7 @@ impl Report<'_> {
         let _ = writeln!(
             md,
             "\nFloors of this run: pooled PING p50 {}; bare `SET NX PX` + `EVALSHA` {} ({}), \
-             the same with the publishing release (`EVALSHA unlock 2 key channel token 0`, what \
+             the same with the publishing release (`EVALSHA unlock 1 key token 0 channel`, what \
              Token sends now) {} ({}); bare Reentrant scripts {} ({}); bare `SETNX` + `EVALSHA` \
              {} ({}).\n",
             us(ping),
@@ -778,19 +787,22 @@ impl Report<'_> {
             let _ = writeln!(
                 md,
                 "Not measured in this run: it needs the `tls-rustls` feature. Run \
-                 `cargo bench --features tls-rustls --bench tls`, then the report again.\n"
+                 `cargo bench -p redis-dlock-benches --features tls-rustls --bench tls`, then the report again.\n"
             );
             return;
         }
+        let med = |metric: &str| r.f("tls", "summary", metric, "median");
         let _ = writeln!(
             md,
-            "`cargo bench --features tls-rustls --bench tls`: one `redis-server` with a plain and \
+            "`cargo bench -p redis-dlock-benches --features tls-rustls --bench tls`: one `redis-server` with a plain and \
              a TLS port (certificates generated at start with `rcgen`), a `LockClient` over TLS \
              (rustls, `tls_certificates` with the test CA) and one over plain TCP, pools like \
-             `LockClient`'s. In each of {:.0} runs the five operations below are timed one by \
+             `LockClient`'s. In each of {:.0} runs (one process) ten operations are timed one by \
              one in {:.0} interleaved rounds of {:.0}; each ratio is the median over the rounds \
-             of the paired medians, as in the cycle table. The TLS floor is a pooled `PING` on a \
-             TLS connection; the plain rows are the same measurement on the plain port.\n",
+             of the paired medians, as in the cycle table, and the table gives the median of the \
+             runs and the lowest and highest run. The TLS floor is a pooled `PING` on a TLS \
+             connection (an `r2d2::Pool<redis::Client>` with `test_on_check_out(false)`, like \
+             the lock's); the plain rows are the same measurement on the plain port.\n",
             r.f("tls", "summary", "all", "runs"),
             r.f("tls", "summary", "all", "rounds"),
             r.f("tls", "summary", "all", "per_round"),
@@ -800,15 +812,26 @@ impl Report<'_> {
             "| ratio | median of the runs | lowest run | highest run | target |\n\
              | --- | --- | --- | --- | --- |"
         );
-        let labels = [
-            ("Token (watched) cycle over TLS / 2 TLS PING", true),
-            ("Token (explicit ttl) cycle over TLS / 2 TLS PING", true),
-            ("Token (watched) cycle over plain TCP / 2 plain PING", true),
-            ("TLS PING / plain PING", false),
+        let rows = [
+            (
+                "token_tls_2ping_tls",
+                "Token (watched) cycle over TLS / 2 TLS PING",
+                true,
+            ),
+            (
+                "token_ttl_tls_2ping_tls",
+                "Token (explicit ttl) cycle over TLS / 2 TLS PING",
+                true,
+            ),
+            (
+                "token_plain_2ping_plain",
+                "Token (watched) cycle over plain TCP / 2 plain PING",
+                true,
+            ),
+            ("ping_tls_ping_plain", "TLS PING / plain PING", false),
         ];
-        for (i, (label, target)) in labels.iter().enumerate() {
-            let name = format!("ratio{i}");
-            let median = r.f("tls", "summary", &name, "median");
+        for (metric, label, target) in rows {
+            let median = med(metric);
             let verdict = match (target, median <= TARGET_RATIO) {
                 (false, _) => "(reference)".to_owned(),
                 (true, true) => format!("≤ {TARGET_RATIO:.2}: ✓ met"),
@@ -818,32 +841,172 @@ impl Report<'_> {
                 md,
                 "| {label} | **{}** | {} | {} | {verdict} |",
                 x(median),
-                x(r.f("tls", "summary", &name, "min")),
-                x(r.f("tls", "summary", &name, "max")),
+                x(r.f("tls", "summary", metric, "min")),
+                x(r.f("tls", "summary", metric, "max")),
             );
         }
         let _ = writeln!(
             md,
-            "\nThe plain-TCP row is the control: it is the cycle table's Token ratio measured \
-             again in this binary. When it is well above that table's figure the machine was \
-             busy (other jobs), and the TLS rows are inflated alike; compare the TLS rows with \
-             it, run by run. Code at `{}`, {}; load average (1, 5, 15 min) at the start {} and \
-             at the end {}.",
+            "\nCode at `{}`, {}; load average (1, 5, 15 min) at the start {} and at the end {}. \
+             The plain-TCP row is the control: the cycle table's Token ratio measured again in \
+             this binary, interleaved with the TLS rows.\n",
             r.meta("tls", "git"),
             r.meta("tls", "date"),
             r.meta("tls", "loadavg"),
             r.s("tls", "meta", "run", "loadavg_end")
                 .unwrap_or("unknown"),
         );
+
+        let _ = writeln!(md, "### Where a cycle's time above two PINGs goes\n");
         let _ = writeln!(
             md,
-            "\nAbsolute p50 of the first run: TLS PING {}, Token over TLS {}, plain PING {}, \
-             Token over plain TCP {}.\n",
-            us(r.f("tls", "run0", "ping_pool_tls", "p50_ns")),
-            us(r.f("tls", "run0", "token_tls", "p50_ns")),
-            us(r.f("tls", "run0", "ping_pool_plain", "p50_ns")),
-            us(r.f("tls", "run0", "token_plain", "p50_ns")),
+            "Measured in the same interleaved rounds. **SET + DEL**: the lock's acquire (`SET key \
+             token NX PX ttl GET`) then a plain `DEL`: the same two round trips and about the \
+             same bytes, no Lua. **Bare commands**: the lock's two commands exactly (the acquire, \
+             then `EVALSHA <unlock.lua> 1 key token 0 channel`), built with `redis::cmd`, one \
+             checkout per command of a pool like the floor's: everything but the library. \
+             **Floor's pool**: the same Token lock on `LockClient::from_pool` of the floor's own \
+             pool (the library's pool and connection wrapper against r2d2's plain one).\n"
         );
+        let _ = writeln!(
+            md,
+            "| ratio (median of the runs; lowest–highest run) | over TLS | over plain TCP |\n\
+             | --- | --- | --- |"
+        );
+        let cell = |metric: &str| {
+            format!(
+                "{} ({}–{})",
+                x(med(metric)),
+                x(r.f("tls", "summary", metric, "min")),
+                x(r.f("tls", "summary", metric, "max"))
+            )
+        };
+        for (label, tls, plain) in [
+            (
+                "SET NX PX GET + DEL / 2 PING",
+                "set_del_tls_2ping_tls",
+                "set_del_plain_2ping_plain",
+            ),
+            (
+                "bare `SET NX PX GET` + `EVALSHA` unlock / 2 PING",
+                "bare_tls_2ping_tls",
+                "bare_plain_2ping_plain",
+            ),
+            (
+                "**Token (watched) / 2 PING**",
+                "token_tls_2ping_tls",
+                "token_plain_2ping_plain",
+            ),
+            (
+                "Token (watched) / bare commands (the library's share)",
+                "token_tls_bare_tls",
+                "token_plain_bare_plain",
+            ),
+            (
+                "Token (watched) / the same lock on the floor's own pool",
+                "token_tls_floor_pool",
+                "",
+            ),
+        ] {
+            let plain = if plain.is_empty() {
+                "–".to_owned()
+            } else {
+                cell(plain)
+            };
+            let _ = writeln!(md, "| {label} | {} | {plain} |", cell(tls));
+        }
+        let p50 = |name: &str| r.f("tls", "summary", name, "p50_ns_median");
+        let _ = writeln!(
+            md,
+            "\nAbsolute p50s (median of the runs' p50): TLS PING {}, SET + DEL {}, bare commands \
+             {}, Token cycle {}; plain PING {}, SET + DEL {}, bare commands {}, Token cycle {}.\n",
+            us(p50("ping_pool_tls")),
+            us(p50("set_del_tls")),
+            us(p50("bare_tls")),
+            us(p50("token_tls")),
+            us(p50("ping_pool_plain")),
+            us(p50("set_del_plain")),
+            us(p50("bare_plain")),
+            us(p50("token_plain")),
+        );
+        let srv = |cmd: &str| {
+            r.f(
+                "tls",
+                "summary",
+                &format!("server_{cmd}"),
+                "usec_per_call_median",
+            )
+        };
+        let srv_range = |cmd: &str| {
+            let name = format!("server_{cmd}");
+            format!(
+                "{:.2} µs ({:.2}–{:.2})",
+                srv(cmd),
+                r.f("tls", "summary", &name, "usec_per_call_min"),
+                r.f("tls", "summary", &name, "usec_per_call_max")
+            )
+        };
+        let _ = writeln!(
+            md,
+            "The server's own execution time per command (`INFO commandstats`, `usec_per_call`, \
+             reset before each run; median of the runs, lowest–highest): `PING` {}, `SET … NX \
+             PX … GET` {}, `EVALSHA` of the unlock script {} (of which its nested calls: `GET` \
+             {}, `DEL` {}, `PUBLISH` to no subscriber {}; the rest is Lua: the call, the `KEYS` \
+             and `ARGV` tables, the reply), a plain `DEL` {}. Per cycle the server executes \
+             {:.2} µs against {:.2} µs for two PINGs. These times exclude reading, parsing and \
+             answering the command and the TLS record layer, which every command pays.\n",
+            srv_range("ping"),
+            srv_range("set"),
+            srv_range("evalsha"),
+            srv_range("get"),
+            srv_range("del"),
+            srv_range("publish"),
+            srv_range("del"),
+            srv("set") + srv("evalsha"),
+            2.0 * srv("ping"),
+        );
+        let (t, b, sd, lib) = (
+            med("token_tls_2ping_tls"),
+            med("bare_tls_2ping_tls"),
+            med("set_del_tls_2ping_tls"),
+            med("token_tls_bare_tls"),
+        );
+        let _ = writeln!(
+            md,
+            "**Why the cycle costs more than two PINGs.** Over TLS the cycle's median is {:.1} % \
+             above two PINGs. The lock's two commands sent bare already cost {:.1} % above them: \
+             {:.1} points with the acquire and a plain `DEL` (the `SET`'s work and the longer \
+             messages, encrypted and decrypted at both ends), {:.1} more for the Lua release \
+             instead of the `DEL`. The library adds {:.1} % over the bare commands, and its own \
+             pool costs the same as the floor's (the control row). Nothing else is on the wire: \
+             a checkout sends nothing (`test_on_check_out(false)`), each command is one write of \
+             one TLS record and its reply one record, as for a PING (see below). \
+             The target leaves the library and the two commands 10 % of two round trips, \
+             and the commands' extra work is a fixed number of microseconds, not a share of \
+             the round trip: the server alone spends {:.1} µs more per cycle than on two PINGs, \
+             and the bare commands' p50 is {:.1} µs above two PINGs'. 10 % of two round trips \
+             covers that only with a TLS PING p50 of at least {:.0} µs; this run's was {} \
+             (the round trip of this machine changes from run to run, and a run with longer \
+             round trips, like the one of the cycle table above, divides the same microseconds \
+             by more). {}\n",
+            (t - 1.0) * 100.0,
+            (b - 1.0) * 100.0,
+            (sd - 1.0) * 100.0,
+            (b - sd) * 100.0,
+            (lib - 1.0) * 100.0,
+            srv("set") + srv("evalsha") - 2.0 * srv("ping"),
+            (p50("bare_tls") - 2.0 * p50("ping_pool_tls")) / 1e3,
+            (p50("bare_tls") - 2.0 * p50("ping_pool_tls")) / 1e3 / 0.2,
+            us(p50("ping_pool_tls")),
+            if b > TARGET_RATIO {
+                "In this run the bare commands alone are above the target: a library that \
+                 cost nothing would not meet it either."
+            } else {
+                "In this run the bare commands alone are within the target; what is left of it \
+                 is the library's share."
+            },
+        );
+        let _ = writeln!(md, "{TLS_WIRE_NOTE}");
     }
 
     /// The contended runs present in the results, in table order.
@@ -1225,7 +1388,7 @@ impl Report<'_> {
             ),
             (
                 "evalsha_publish_build_and_pack",
-                "build + pack `EVALSHA sha 2 key channel token 0` (Token's publishing release, \
+                "build + pack `EVALSHA sha 1 key token 0 channel` (Token's publishing release, \
                  built as `src/scripts.rs` builds it)",
             ),
             ("setnx_build_and_pack", "build + pack `SETNX key value`"),
@@ -1374,7 +1537,7 @@ impl Report<'_> {
         }
         let _ = writeln!(
             md,
-            "\nWhere they come from (`DLOCK_BENCH_TRACE_ALLOC=1 cargo bench --bench micro` prints \
+            "\nWhere they come from (`DLOCK_BENCH_TRACE_ALLOC=1 cargo bench -p redis-dlock-benches --bench micro` prints \
              the call site of every allocation of one cycle of each lock): per command, redis-rs's \
              `Cmd` allocates its data buffer and its argument index (the library sizes both up \
              front with `Cmd::with_capacity`, hence no reallocations; bare `redis::cmd(..).arg(..)` \
@@ -1411,7 +1574,7 @@ impl Report<'_> {
              results and HTML report are in `target/criterion/` (open \
              `target/criterion/report/index.html`).\n\
              - Raw results: `target/dlock-bench/*.csv` (`section,name,metric,value`).\n\
-             - `cargo test --benches` (or `cargo bench -- --test`) runs every bench path once, \
+             - `cargo test -p redis-dlock-benches --benches` (or `cargo bench -p redis-dlock-benches -- --test`) runs every bench path once, \
              briefly, without writing results.\n\
              - The machine is a shared 2-core VM: tails (p99, max) are dominated by scheduling \
              noise and vary a lot between runs; medians and ratios are the stable figures.\n"
@@ -1716,6 +1879,6 @@ fn mixed_fleet(md: &mut String) {
 /// (update it when the waiting path changes).
 const MIXED_FLEET: &str = include_str!("mixed_fleet.md");
 
-/// Recorded summary of three runs of `cargo bench --bench fair` (update it when the fair lock
+/// Recorded summary of three runs of `cargo bench -p redis-dlock-benches --bench fair` (update it when the fair lock
 /// or its bench changes).
 const FAIR_BENCH: &str = include_str!("fair_bench.md");
