@@ -226,6 +226,11 @@ pub(crate) struct Scripts {
     /// `lua/reentrant_forget.lua`: the janitor's retry of a reentrant release that failed on a
     /// connection error (gives back one hold only if the owner's count is unchanged).
     pub(crate) reentrant_forget: LuaScript,
+    /// `lua/fair_acquire.lua`: fair lock, take it or join (refresh) the queue.
+    pub(crate) fair_acquire: LuaScript,
+    /// `lua/fair_release.lua`: fair lock, release and grant to the next waiter, or leave the
+    /// queue.
+    pub(crate) fair_release: LuaScript,
 }
 
 impl Scripts {
@@ -273,6 +278,8 @@ impl Scripts {
                 "reentrant_forget",
                 include_str!("../lua/reentrant_forget.lua"),
             ),
+            fair_acquire: LuaScript::new("fair_acquire", include_str!("../lua/fair_acquire.lua")),
+            fair_release: LuaScript::new("fair_release", include_str!("../lua/fair_release.lua")),
         }
     }
 }
