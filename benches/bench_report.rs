@@ -382,6 +382,7 @@ impl Report<'_> {
         self.many_keys(&mut md);
         self.micro(&mut md);
         mixed_fleet(&mut md);
+        let _ = writeln!(md, "{FAIR_BENCH}");
         self.method(&mut md);
         md
     }
@@ -1877,3 +1878,7 @@ fn mixed_fleet(md: &mut String) {
 /// Recorded output of `cargo test --release --test mixedfleet -- --ignored --nocapture measure`
 /// (update it when the waiting path changes).
 const MIXED_FLEET: &str = include_str!("mixed_fleet.md");
+
+/// Recorded summary of three runs of `cargo bench -p redis-dlock-benches --bench fair` (update it when the fair lock
+/// or its bench changes).
+const FAIR_BENCH: &str = include_str!("fair_bench.md");

@@ -19,6 +19,7 @@ guides! {
     Cli = "cli.md";
     Compatibility = "compatibility.md";
     Deployments = "deployments.md";
+    Fair = "fair.md";
     Fencing = "fencing.md";
     Production = "production.md";
     Redlock = "redlock.md";

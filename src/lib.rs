@@ -12,6 +12,8 @@
 //!   owner-checked release and an optional atomic takeover that fixes GETSET's overwrite flaw.
 //! - [`Strategy::Reentrant`]: a lock a thread may take again, in Redisson's `RLock` layout (a
 //!   hash of `<client UUID>:<thread>` → hold count), shared with Java Redisson services.
+//! - [`Strategy::Fair`]: first come, first served across processes; the release grants the
+//!   lock to the next waiter inside Redis, and the waiter returns on the grant message.
 //!
 //! Around them, what Redisson users rely on:
 //!
@@ -105,6 +107,7 @@ pub use retry::{RetryPolicy, MIN_RETRY_DELAY};
 pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_MIN_WRITER_INTENT};
 pub use stats::Stats;
 pub use strategy::classic::ClassicLock;
+pub use strategy::fair::{FairLock, FAIR_GRANT_LEASE, FAIR_QUEUE_ENTRY_TTL};
 pub use strategy::hold::WakeUp;
 pub use strategy::reentrant::ReentrantLock;
 pub use strategy::token::TokenLock;

@@ -100,7 +100,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// [`remaining_ttl`](Self::remaining_ttl) are this answer's two halves.
     ///
     /// Per lock type:
-    /// - Token, Reentrant: the key exists (a string, or Redisson's hash); `ttl` is its `PTTL`.
+    /// - Token, Fair, Reentrant: the key exists (a string, or Redisson's hash); `ttl` is its
+    ///   `PTTL`.
     /// - Classic: the key holds an expiry that has not passed by this client's clock (a stale
     ///   value is [`LockState::Unlocked`](crate::LockState::Unlocked): the next acquire takes it over); `ttl` is the time
     ///   left until that expiry, or the key's `PTTL` if shorter (`key_ttl`). A value that is no
@@ -152,7 +153,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// locks) renewal, and until then it goes on working while another owner may already hold
     /// the lock. Use it to clear a lock left by a holder known to be dead, not to break a live
     /// one. Per lock type: Token and Reentrant publish Redisson's release message; Classic
-    /// publishes nothing (its legacy peers poll); a [`ReadLock`](crate::ReadLock)
+    /// publishes nothing (its legacy peers poll); Fair publishes nothing and keeps its queue
+    /// (the head waiter takes the lock at its next poll, within about 120 ms); a [`ReadLock`](crate::ReadLock)
     /// ([`WriteLock`](crate::WriteLock)) deletes the hash only while it is in read (write)
     /// mode, as Redisson's (the per-read-hold timeout keys expire by themselves); RedLock
     /// deletes the key on every node and fails with [`LockError::Connection`] when fewer than

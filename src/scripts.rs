@@ -230,6 +230,11 @@ pub(crate) struct Scripts {
     pub(crate) lock_state: LuaScript,
     /// `lua/force_unlock.lua`: the admin's delete-whoever-holds-it, published.
     pub(crate) force_unlock: LuaScript,
+    /// `lua/fair_acquire.lua`: fair lock, take it or join (refresh) the queue.
+    pub(crate) fair_acquire: LuaScript,
+    /// `lua/fair_release.lua`: fair lock, release and grant to the next waiter, or leave the
+    /// queue.
+    pub(crate) fair_release: LuaScript,
 }
 
 impl Scripts {
@@ -279,6 +284,8 @@ impl Scripts {
             ),
             lock_state: LuaScript::new("lock_state", include_str!("../lua/lock_state.lua")),
             force_unlock: LuaScript::new("force_unlock", include_str!("../lua/force_unlock.lua")),
+            fair_acquire: LuaScript::new("fair_acquire", include_str!("../lua/fair_acquire.lua")),
+            fair_release: LuaScript::new("fair_release", include_str!("../lua/fair_release.lua")),
         }
     }
 }

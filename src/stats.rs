@@ -14,7 +14,7 @@ use crate::lock::Lease;
 /// one relaxed atomic add on the path where the event happens: no lock and no round trip.
 /// With the cargo feature `metrics`, the same events are reported as `metrics` counters named
 /// `dlock_<field>_total` (e.g. `dlock_acquires_total`), with a `strategy` label (`token`,
-/// `classic`, `reentrant`, `read`, `write`, `redlock`) on acquires, refusals, timeouts and
+/// `classic`, `reentrant`, `fair`, `read`, `write`, `redlock`) on acquires, refusals, timeouts and
 /// lost holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -73,6 +73,7 @@ pub(crate) enum Kind {
     Token,
     Classic,
     Reentrant,
+    Fair,
     Read,
     Write,
     RedLock,
@@ -86,6 +87,7 @@ impl Kind {
             Kind::Token => "token",
             Kind::Classic => "classic",
             Kind::Reentrant => "reentrant",
+            Kind::Fair => "fair",
             Kind::Read => "read",
             Kind::Write => "write",
             Kind::RedLock => "redlock",

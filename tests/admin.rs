@@ -357,3 +357,40 @@ fn debug_shows_no_crate_private_types() {
     assert!(shown[0].starts_with("TokenLock {"), "{}", shown[0]);
     assert!(shown[0].contains("watched: true"), "{}", shown[0]);
 }
+
+#[test]
+fn fair_lock_answers_and_force_unlock_lets_the_queue_in() {
+    init_logging();
+    let server = RedisServer::start();
+    let (holder, waiter) = (
+        LockClient::open(&server.url()).unwrap(),
+        LockClient::open(&server.url()).unwrap(),
+    );
+    let build = |c: &LockClient| {
+        c.lock("admin:fair")
+            .strategy(Strategy::Fair)
+            .ttl(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let lock = build(&holder);
+    assert_eq!(lock.state().unwrap(), LockState::Unlocked);
+    let guard = lock.lock().unwrap();
+    let ttl = ms(lock.remaining_ttl().unwrap());
+    assert!((29_000..=30_000).contains(&ttl), "{ttl} ms");
+    let queued = thread::spawn(move || {
+        let lock = build(&waiter);
+        let start = std::time::Instant::now();
+        let got = lock
+            .try_lock_for(Duration::from_secs(20))
+            .map(|g| g.unlock());
+        (got.is_ok(), start.elapsed())
+    });
+    thread::sleep(Duration::from_millis(500));
+    assert!(lock.force_unlock().unwrap());
+    let (acquired, waited) = queued.join().unwrap();
+    assert!(acquired);
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    assert!(!guard.unlock().unwrap());
+    assert!(!lock.is_locked().unwrap());
+}

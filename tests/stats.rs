@@ -90,6 +90,28 @@ fn every_lock_type_counts() {
     let s = b.stats();
     assert_eq!((s.acquires, s.refusals), (2, 1));
 
+    // Fair: a hold, a refusal, a timeout.
+    let fair = |c: &LockClient| {
+        c.lock("stats:fair")
+            .strategy(Strategy::Fair)
+            .ttl(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    let (c, d) = (client(&servers[1]), client(&servers[1]));
+    let (fc, fd) = (fair(&c), fair(&d));
+    let held = fc.try_lock().unwrap();
+    assert!(matches!(fd.try_lock(), Err(LockError::Held { .. })));
+    assert!(matches!(
+        fd.try_lock_for(Duration::from_millis(200)),
+        Err(LockError::Timeout { .. })
+    ));
+    assert!(held.unlock().unwrap());
+    assert_eq!(c.stats().acquires, 1);
+    let s = d.stats();
+    assert_eq!((s.acquires, s.timeouts), (0, 1));
+    assert!(s.refusals >= 2, "{s:?}");
+
     // RedLock: counted on the RedLockClient.
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let red = RedLockClient::open(&urls).unwrap();

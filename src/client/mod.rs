@@ -7,6 +7,7 @@
 
 mod builder;
 pub(crate) mod cluster_deadline;
+pub(crate) mod grants;
 pub(crate) mod janitor;
 mod pool;
 pub(crate) mod sentinel_watch;

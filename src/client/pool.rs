@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{
     ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
@@ -417,12 +417,18 @@ pub(crate) fn tls_context(e: redis::RedisError) -> redis::RedisError {
     }
 }
 
+/// A connection that has waited this long in the pool since it was opened counts as used (see
+/// [`Conn::was_used`]); one opened for the checkout that takes it is younger.
+const IDLE_STALE: Duration = Duration::from_millis(10);
+
 /// A connection of the managed pool: one server's or a cluster's.
 pub(crate) struct Link {
     node: Node,
     pub(super) broken: bool,
     /// Has carried a command: such a connection may have gone stale while idle in the pool.
     used: bool,
+    /// When it was opened: one the pool opened ahead of need may have gone stale too.
+    opened: Instant,
     /// Sentinel clients: the master-switch generation the link was opened in (0 otherwise).
     pub(super) generation: u64,
 }
@@ -460,6 +466,7 @@ impl Link {
             node,
             broken: false,
             used: false,
+            opened: Instant::now(),
             generation: 0,
         }
     }
@@ -546,11 +553,14 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
-    /// True if the connection carried commands before this checkout. Connections of an
-    /// application's own pool are not tracked: they count as fresh, so never retried.
+    /// True if the connection carried commands before this checkout, or waited in the pool
+    /// since it was opened ([`IDLE_STALE`] or more): either may have gone stale meanwhile (a
+    /// restart, an idle timeout), so a dropped-connection error on it may be sent again on a
+    /// fresh one. Connections of an application's own pool are not tracked: they count as
+    /// fresh, so never retried.
     pub(super) fn was_used(&self) -> bool {
         match self {
-            Conn::Managed(c) => c.used,
+            Conn::Managed(c) => c.used || c.opened.elapsed() >= IDLE_STALE,
             Conn::External(_) => false,
         }
     }

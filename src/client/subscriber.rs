@@ -284,6 +284,14 @@ impl Wakeups {
             .is_some_and(|c| c.sent == current || c.confirmed == current)
     }
 
+    /// The connection generation on which `channel` is confirmed now, if it is: a message
+    /// published while the same generation stays confirmed was heard.
+    pub(crate) fn confirmed_on(&self, channel: &str) -> Option<u64> {
+        let shared = self.shared.as_ref()?;
+        let st = lock(&shared.state);
+        st.is_confirmed(channel).then_some(st.generation)
+    }
+
     /// Channels currently subscribed (or being subscribed), lingering ones included.
     #[cfg(test)]
     pub(crate) fn subscribed_channels(&self) -> usize {
@@ -558,6 +566,18 @@ impl Shared {
         }
     }
 
+    /// A message on a subscribed channel: a fair lock's grant goes to the one thread that
+    /// expects it (if it is one of this client's); anything else is a release.
+    fn dispatch(&self, channel: &str, payload: &[u8]) {
+        if payload.starts_with(crate::client::grants::GRANT_PREFIX) {
+            if let Some((token, grant)) = crate::client::grants::parse(payload) {
+                self.waiters.deliver_grant(&token, grant);
+            }
+            return;
+        }
+        self.message(channel);
+    }
+
     /// A release was published on `channel`: wake its lines.
     fn message(&self, channel: &str) {
         let st = lock(&self.state);
@@ -603,10 +623,20 @@ impl Shared {
 #[derive(Debug, PartialEq, Eq)]
 enum Push {
     Message(String),
-    Subscribed { channel: String, count: i64 },
-    Unsubscribed { count: i64 },
+    /// A message whose payload is a fair lock's grant: the channel and the payload.
+    Grant(String, Vec<u8>),
+    Subscribed {
+        channel: String,
+        count: i64,
+    },
+    Unsubscribed {
+        count: i64,
+    },
     Pong,
-    Refused { code: String, detail: String },
+    Refused {
+        code: String,
+        detail: String,
+    },
     Other,
 }
 
@@ -646,7 +676,14 @@ fn classify(value: Value) -> Push {
         _ => 0,
     };
     match kind.as_str() {
-        "message" => channel().map_or(Push::Other, Push::Message),
+        "message" => match (channel(), items.get(1)) {
+            (Some(channel), Some(Value::BulkString(payload)))
+                if payload.starts_with(crate::client::grants::GRANT_PREFIX) =>
+            {
+                Push::Grant(channel, payload.clone())
+            }
+            (channel, _) => channel.map_or(Push::Other, Push::Message),
+        },
         "subscribe" => channel().map_or(Push::Other, |channel| Push::Subscribed {
             channel,
             count: count(),
@@ -713,6 +750,7 @@ impl Reader {
             self.last_heard = Instant::now();
             match classify(value) {
                 Push::Message(channel) => shared.message(&channel),
+                Push::Grant(channel, payload) => shared.dispatch(&channel, &payload),
                 Push::Subscribed { channel, count } if what == "SUBSCRIBE" => {
                     self.subscribed = count;
                     shared.confirmed(&channel);
@@ -767,7 +805,7 @@ impl Reader {
         match pubsub.get_message() {
             Ok(msg) => {
                 self.last_heard = Instant::now();
-                shared.message(msg.get_channel_name());
+                shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
                 Ok(())
             }
             Err(e) if e.is_timeout() => Ok(()),

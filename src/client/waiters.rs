@@ -43,6 +43,9 @@ pub(crate) struct WaitQueues {
     /// Lines whose lock was last freed without a published release (a peer that does not
     /// publish), until when to poll them fast (see [`Self::poll_interval`]).
     silent: Mutex<HashMap<String, Instant>>,
+    /// Grants of fair locks that this client's waiting threads expect (see
+    /// [`Grants`](crate::client::grants::Grants)).
+    pub(crate) grants: crate::client::grants::Grants,
 }
 
 #[derive(Debug, Default)]
@@ -186,6 +189,18 @@ impl WaitQueues {
         lock(&self.silent)
             .get(line)
             .is_some_and(|until| *until > Instant::now())
+    }
+
+    /// A grant of a fair lock to `token` was published (or returned by this client's own
+    /// release): if a thread of this client expects it, record it and wake its line.
+    pub(crate) fn deliver_grant(&self, token: &[u8], grant: crate::client::grants::Grant) -> bool {
+        match self.grants.deliver(token, grant) {
+            Some(line) => {
+                self.notify_release(&line);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A holder of this process released `key`: wake its waiters.

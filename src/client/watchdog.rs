@@ -123,6 +123,9 @@ pub(crate) struct WatchState {
     valid_until_ns: AtomicU64,
     lost: AtomicBool,
     stopped: AtomicBool,
+    /// Renewed once, then no more (a fair lock's grant to a lock with an explicit ttl: the
+    /// short grant lease is raised to the ttl once).
+    once: AtomicBool,
     on_lost: Option<LostCallback>,
 }
 
@@ -162,6 +165,7 @@ impl WatchState {
             valid_until_ns: AtomicU64::new(nanos(lease)),
             lost: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            once: AtomicBool::new(false),
             on_lost,
         })
     }
@@ -181,6 +185,19 @@ impl WatchState {
     /// The lease each renewal grants.
     pub(crate) fn lease(&self) -> Duration {
         self.lease
+    }
+
+    /// A fair lock's grant: the hold is valid for only `valid` from its start until the first
+    /// renewal (which gives it the full lease). Call before the state is watched.
+    pub(crate) fn granted_for(&self, valid: Duration) {
+        self.valid_until_ns
+            .store(nanos(valid.min(self.lease)), Ordering::Release);
+    }
+
+    /// Renew the hold once (raising a grant's short lease to the lock's ttl), then stop
+    /// watching it. Call before the state is watched.
+    pub(crate) fn renew_once(&self) {
+        self.once.store(true, Ordering::Release);
     }
 
     /// Until when the hold is valid by the local clock, after the latest renewal.
@@ -359,7 +376,17 @@ impl Watchdog {
 
     /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease() / 3`.
     pub(crate) fn watch(&self, client: &crate::client::LockClient, state: &Arc<WatchState>) {
-        let due = crate::time::after(state.lease() / 3);
+        self.watch_from(client, state, crate::time::after(state.lease() / 3));
+    }
+
+    /// [`watch`](Self::watch), with the first renewal at `due` (a fair lock's grant, whose
+    /// short lease must be raised soon).
+    pub(crate) fn watch_from(
+        &self,
+        client: &crate::client::LockClient,
+        state: &Arc<WatchState>,
+        due: Instant,
+    ) {
         let mut list = self.shared.lock();
         // Holds taken and released at a high rate would pile up until the thread's next round
         // (up to lease/3 away): clean up between rounds once the list has doubled.
@@ -619,7 +646,11 @@ fn renew(
             state.renewed(start, state.lease());
             log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
             renewed += 1;
-            Outcome::Due(crate::time::saturating_add(start, state.lease() / 3))
+            if state.once.load(Ordering::Acquire) {
+                Outcome::Drop
+            } else {
+                Outcome::Due(crate::time::saturating_add(start, state.lease() / 3))
+            }
         };
         outcomes.push((*i, outcome));
     }

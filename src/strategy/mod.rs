@@ -2,6 +2,7 @@
 
 pub(crate) mod access;
 pub(crate) mod classic;
+pub(crate) mod fair;
 pub(crate) mod hold;
 pub(crate) mod owner;
 pub(crate) mod reentrant;
@@ -18,6 +19,7 @@ use crate::error::{LockError, Result};
 use crate::lock::DistributedLock;
 use crate::retry::RetryPolicy;
 use crate::strategy::classic::ClassicLock;
+use crate::strategy::fair::FairLock;
 use crate::strategy::hold::{HoldOptions, WakeUp};
 use crate::strategy::reentrant::ReentrantLock;
 use crate::strategy::token::TokenLock;
@@ -44,6 +46,15 @@ pub enum Strategy {
     /// publishes `0` on `redisson_lock__channel:{key}`, so Java Redisson clients and this crate
     /// can share the lock. Same defaults as [`Strategy::Token`]. See `docs/reentrant.md`.
     Reentrant,
+    /// A first-come, first-served lock whose release hands it to the next waiter inside
+    /// Redis: waiters queue in a sorted set in the key's slot, the release script writes the
+    /// head waiter's token at the key with a short grant lease
+    /// ([`FAIR_GRANT_LEASE`](crate::FAIR_GRANT_LEASE)) and publishes the grant, and the
+    /// waiter's `lock()` returns on that message without another command. Same value format,
+    /// lifetimes, watchdog and fencing as [`Strategy::Token`]; waiters are always woken by
+    /// pub/sub ([`wake_up`](LockBuilder::wake_up) does not apply). Not wire-compatible with
+    /// Token lockers or Redisson's `RFairLock` on the same key. See `docs/fair.md`.
+    Fair,
 }
 /// Default lifetime ("timeout") of a [`Strategy::Classic`] lock, as in the legacy lockers.
 pub const CLASSIC_DEFAULT_TTL: Duration = Duration::from_secs(1);
@@ -259,7 +270,21 @@ impl LockBuilder {
             Strategy::Token => Box::new(self.build_token()?),
             Strategy::Classic => Box::new(self.build_classic()?),
             Strategy::Reentrant => Box::new(self.build_reentrant()?),
+            Strategy::Fair => Box::new(self.build_fair()?),
         })
+    }
+
+    /// Builds a [`FairLock`] whatever [`strategy`](Self::strategy) says.
+    pub fn build_fair(self) -> Result<FairLock> {
+        if self.wake_up.is_some() || self.check_access {
+            return Err(LockError::invalid(
+                &self.key,
+                "wake_up and check_access do not apply to Strategy::Fair (its waiters are \
+                 always woken by the grant message)",
+            ));
+        }
+        let opts = self.hold_options()?;
+        FairLock::new(self.client, self.key, opts)
     }
 
     /// Builds a [`TokenLock`] whatever [`strategy`](Self::strategy) says.

@@ -1,0 +1,124 @@
+-- Fair lock acquire: take the lock if it is free and nobody live waits before us; otherwise
+-- (when asked to wait) join the lock's queue, or refresh our place in it. A free lock with a
+-- live waiter at the head of the queue is granted to that waiter here (as a release would).
+-- KEYS[1] lock key (a string: the holder's token)
+-- KEYS[2] queue: a sorted set, waiter token -> arrival number (1, 2, ...), in the key's slot
+-- KEYS[3] deadlines: a sorted set, waiter token -> when its entry lapses (server ms)
+-- KEYS[4] (optional) fencing counter, in the key's slot
+-- ARGV[1] our token
+-- ARGV[2] our lease in milliseconds
+-- ARGV[3] 'w': join or refresh the queue when refused; 't': one try, never queue
+-- ARGV[4] how long a queue entry lives without a refresh, in milliseconds
+-- ARGV[5] the lease of a grant to a waiter, in milliseconds
+-- ARGV[6] the prefix of the channel a grant is published on: the channel is this prefix and
+--         the first 16 characters of the granted waiter's token (its client's id)
+-- Returns {1, fence} when the lock is ours: just taken, or granted to us earlier (its lease is
+-- then set to ARGV[2] and fence is the counter's current value); fence 0 without KEYS[4].
+-- Returns {0, pttl, rank, seconds, microseconds} when refused: the holder's PTTL, our 0-based
+-- place in the queue (-1 when not queued) and the server's TIME: a grant published with an
+-- earlier time was made before this call (and had lapsed or gone, or this call would have
+-- found the lock ours), so a waiter ignores such a grant message if it comes late.
+-- A grant is published on ARGV[6] as 'dlock-grant:<token>:<fence>:<seconds>:<microseconds>'
+-- (fence 0 without KEYS[4]; the time is the server's TIME when granted).
+-- Bounded: a call drops at most 1,100 lapsed entries while the lock is free (live_head) and 10
+-- while it is held. While more lapsed entries than that head the queue, a free lock is neither
+-- taken nor granted by this call (the waiters' next polls go on dropping them).
+-- The uncontended case first: a free lock and no queue.
+local cur = redis.call('get', KEYS[1])
+if not cur and redis.call('exists', KEYS[2]) == 0 then
+    redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])
+    if #KEYS > 3 then
+        return {1, redis.call('incr', KEYS[4])}
+    end
+    return {1, 0}
+end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function fence()
+    if #KEYS > 3 then
+        return redis.call('incr', KEYS[4])
+    end
+    return 0
+end
+local function forget(w)
+    redis.call('zrem', KEYS[2], w)
+    redis.call('zrem', KEYS[3], w)
+end
+-- The live head of the queue: lapsed entries are dropped first (at most 1,000 by deadline, in
+-- batches of 100, and 100 more from the head). Returns the head's token or nil, and true when
+-- more lapsed entries are left than one call drops (the next call goes on).
+local function live_head()
+    for _ = 1, 10 do
+        local lapsed = redis.call('zrangebyscore', KEYS[3], '-inf', now - 1, 'limit', 0, 100)
+        if #lapsed == 0 then
+            break
+        end
+        redis.call('zrem', KEYS[2], unpack(lapsed))
+        redis.call('zrem', KEYS[3], unpack(lapsed))
+    end
+    for _ = 1, 100 do
+        local h = redis.call('zrange', KEYS[2], 0, 0)[1]
+        if not h then
+            return nil, false
+        end
+        local d = redis.call('zscore', KEYS[3], h)
+        if d and tonumber(d) >= now then
+            return h, false
+        end
+        redis.call('zrem', KEYS[2], h)
+        redis.call('zrem', KEYS[3], h)
+    end
+    return nil, true
+end
+if cur == ARGV[1] then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    forget(ARGV[1])
+    local f = 0
+    if #KEYS > 3 then
+        f = tonumber(redis.call('get', KEYS[4]) or '0')
+    end
+    return {1, f}
+end
+local more = false
+if not cur then
+    local head
+    head, more = live_head()
+    if (not head and not more) or head == ARGV[1] then
+        if head then
+            forget(head)
+        end
+        redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])
+        return {1, fence()}
+    end
+    if head then
+        local f = fence()
+        redis.call('set', KEYS[1], head, 'px', ARGV[5])
+        forget(head)
+        redis.call('publish', ARGV[6] .. string.sub(head, 1, 16),
+            'dlock-grant:' .. head .. ':' .. f .. ':' .. t[1] .. ':' .. t[2])
+    end
+end
+if ARGV[3] ~= 'w' then
+    return {0, redis.call('pttl', KEYS[1]), -1, tonumber(t[1]), tonumber(t[2])}
+end
+if not redis.call('zscore', KEYS[2], ARGV[1]) then
+    local last = redis.call('zrange', KEYS[2], -1, -1, 'withscores')
+    local n = 1
+    if last[2] then
+        n = tonumber(last[2]) + 1
+    end
+    redis.call('zadd', KEYS[2], n, ARGV[1])
+end
+redis.call('zadd', KEYS[3], now + tonumber(ARGV[4]), ARGV[1])
+-- The sorted sets live as long as their longest entry (never shortened).
+if redis.call('pttl', KEYS[2]) < tonumber(ARGV[4]) then
+    redis.call('pexpire', KEYS[2], ARGV[4])
+    redis.call('pexpire', KEYS[3], ARGV[4])
+end
+local lapsed = redis.call('zrangebyscore', KEYS[3], '-inf', now - 1, 'limit', 0, 10)
+if #lapsed > 0 then
+    redis.call('zrem', KEYS[2], unpack(lapsed))
+    redis.call('zrem', KEYS[3], unpack(lapsed))
+end
+return {0, redis.call('pttl', KEYS[1]), redis.call('zrank', KEYS[2], ARGV[1]), tonumber(t[1]),
+    tonumber(t[2])}

@@ -1,0 +1,74 @@
+-- Fair lock release, and a waiter's withdrawal: our queue entry (if any) is removed; if the
+-- lock holds our token it is deleted and, when a live waiter is at the head of the queue,
+-- granted to it at once: the key is set to the waiter's token with a short lease (the grant
+-- lease, which the waiter's client extends), the fencing counter is incremented, and the grant
+-- is published as 'dlock-grant:<token>:<fence>:<seconds>:<microseconds>' (the server's TIME
+-- when granted: a waiter ignores a grant older than its latest attempt, see fair_acquire.lua).
+-- KEYS[1] lock key
+-- KEYS[2] queue: a sorted set, waiter token -> arrival number
+-- KEYS[3] deadlines: a sorted set, waiter token -> when its entry lapses (server ms)
+-- KEYS[4] (optional) fencing counter
+-- ARGV[1] our token
+-- ARGV[2] the lease of a grant, in milliseconds
+-- ARGV[3] the prefix of the channel a grant is published on: the channel is this prefix and
+--         the first 16 characters of the granted waiter's token (its client's id)
+-- Returns {0, 0, '', 0, 0, 0} when the lock was not ours (only our queue entry was removed);
+-- {1, receivers, granted token, fence, seconds, microseconds} when released: granted token ''
+-- (and receivers 0) when nobody live waited; receivers = subscriber connections the grant was
+-- published to; fence 0 without KEYS[4]; the server's TIME of the grant.
+-- Bounded: at most 1,100 lapsed entries are dropped (live_head); when more head the queue the
+-- lock is left free and the waiters' polls go on (fair_acquire.lua).
+local ours = redis.call('get', KEYS[1]) == ARGV[1]
+if ours and redis.call('exists', KEYS[2]) == 0 then
+    -- The uncontended case: nobody queued.
+    redis.call('del', KEYS[1])
+    return {1, 0, '', 0, 0, 0}
+end
+redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('zrem', KEYS[3], ARGV[1])
+if not ours then
+    return {0, 0, '', 0, 0, 0}
+end
+redis.call('del', KEYS[1])
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The live head of the queue: lapsed entries are dropped first (at most 1,000 by deadline, in
+-- batches of 100, and 100 more from the head). Returns the head's token or nil, and true when
+-- more lapsed entries are left than one call drops (the next call goes on).
+local function live_head()
+    for _ = 1, 10 do
+        local lapsed = redis.call('zrangebyscore', KEYS[3], '-inf', now - 1, 'limit', 0, 100)
+        if #lapsed == 0 then
+            break
+        end
+        redis.call('zrem', KEYS[2], unpack(lapsed))
+        redis.call('zrem', KEYS[3], unpack(lapsed))
+    end
+    for _ = 1, 100 do
+        local h = redis.call('zrange', KEYS[2], 0, 0)[1]
+        if not h then
+            return nil, false
+        end
+        local d = redis.call('zscore', KEYS[3], h)
+        if d and tonumber(d) >= now then
+            return h, false
+        end
+        redis.call('zrem', KEYS[2], h)
+        redis.call('zrem', KEYS[3], h)
+    end
+    return nil, true
+end
+local head = live_head()
+if head then
+    local f = 0
+    if #KEYS > 3 then
+        f = redis.call('incr', KEYS[4])
+    end
+    redis.call('zrem', KEYS[2], head)
+    redis.call('zrem', KEYS[3], head)
+    redis.call('set', KEYS[1], head, 'px', ARGV[2])
+    local n = redis.call('publish', ARGV[3] .. string.sub(head, 1, 16),
+        'dlock-grant:' .. head .. ':' .. f .. ':' .. t[1] .. ':' .. t[2])
+    return {1, n, head, f, tonumber(t[1]), tonumber(t[2])}
+end
+return {1, 0, '', 0, 0, 0}

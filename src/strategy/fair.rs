@@ -1,0 +1,681 @@
+//! [`Strategy::Fair`](crate::Strategy::Fair): a first-come, first-served lock whose release
+//! hands the lock to the next waiter inside Redis.
+//!
+//! The lock key holds the holder's token: this client's id (16 hex characters) and 128 random
+//! bits. Waiters queue in two sorted sets in the key's hash slot: `dlock_fair_q:{key}` (token →
+//! arrival number: the order) and `dlock_fair_d:{key}` (token → the server time in ms at which
+//! the entry lapses unless refreshed). The release script deletes our hold and, if a live
+//! waiter heads the queue, writes that waiter's token at the key with a short grant lease
+//! ([`FAIR_GRANT_LEASE`]), increments the fencing counter if the lock is fenced, and publishes
+//! `dlock-grant:<token>:<fence>:<seconds>:<microseconds>` on `dlock_fair_ch:<grantee's client
+//! id>`. The grantee client's subscriber thread hands the message to the one thread that
+//! expects it ([`crate::client::grants`]), whose `lock()` returns without another command;
+//! the client's watchdog raises the grant lease to the lock's lease (or ttl) a third of the
+//! grant lease later, unless the hold is released first.
+//!
+//! Wire, per operation (one round trip each):
+//! - acquire by a lock object that has not found the lock held for a second (unfenced):
+//!   `SET key <token> NX PX <lease ms>` → `OK` or nil (then the script below at once);
+//! - acquire: `EVALSHA <fair_acquire.lua> 3|4 key dlock_fair_q:{key} dlock_fair_d:{key}
+//!   [dlock_fence:{key}] <token> <lease ms> w|t <entry ttl ms> <grant ms> dlock_fair_ch:`
+//!   → `{1, fence}` (ours) or `{0, pttl, rank, seconds, microseconds}` (queued: `w`; not
+//!   queued: `t`, rank -1);
+//! - release, and a waiter's withdrawal: `EVALSHA <fair_release.lua> 3|4 … <token> <grant ms>
+//!   dlock_fair_ch:` → `{1, receivers, granted token, fence, seconds, microseconds}` or
+//!   `{0, 0, '', 0, 0, 0}`;
+//! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>`; check: `GET key`.
+//!
+//! See `docs/fair.md` for the failure cases.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::admin::{self, Detail, LockState};
+use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
+use crate::client::watchdog::{RenewKind, WatchState};
+use crate::client::LockClient;
+use crate::error::{LockError, Result};
+use crate::keys;
+use crate::lock::{self, DistributedLock, Lease, LockGuard};
+use crate::retry::{Attempts, RetryPolicy};
+use crate::stats::Kind;
+use crate::strategy::check_duration;
+use crate::strategy::hold::HoldOptions;
+use crate::strategy::string_value;
+use crate::strategy::token::new_token;
+
+/// The lease a release writes when it grants the lock to the next waiter (shorter if the
+/// lock's own lease is shorter). A grant to a waiter that died meanwhile therefore blocks the
+/// line for at most this long (plus the next waiter's poll, 100–120 ms). A living waiter's
+/// client raises it to the lock's lease a third of it after the grant.
+pub const FAIR_GRANT_LEASE: Duration = Duration::from_millis(600);
+/// How long a waiter's queue entry lives without a refresh. A waiting thread refreshes it with
+/// each poll (every 100–120 ms), so the entry of a waiter that died lapses within this long and
+/// is skipped by the next grant.
+pub const FAIR_QUEUE_ENTRY_TTL: Duration = Duration::from_secs(2);
+/// How long a lock object that found the lock held sends its first attempts as the script
+/// (which queues) rather than as a plain `SET NX PX` (which cannot).
+const CONTENDED_MEMORY: Duration = Duration::from_secs(1);
+/// The poll of a waiter behind the first two in the queue (plus up to a fifth at random).
+const POLL_DEEP: Duration = Duration::from_millis(500);
+/// Prefixes of the queue's sorted sets and of the grant channel (all in the key's slot).
+const QUEUE_PREFIX: &str = "dlock_fair_q";
+const DEADLINES_PREFIX: &str = "dlock_fair_d";
+/// Grants to a client's waiters are published on `dlock_fair_ch:<client id>`: one channel per
+/// client (whatever the key), so a grant wakes only the subscriber of the client it is for.
+const CHANNEL_PREFIX: &str = "dlock_fair_ch:";
+
+/// A lock of [`Strategy::Fair`](crate::Strategy::Fair). Build it with
+/// [`LockBuilder`](crate::LockBuilder).
+#[derive(Debug)]
+pub struct FairLock {
+    client: LockClient,
+    key: String,
+    opts: HoldOptions,
+    queue: String,
+    deadlines: String,
+    channel: String,
+    /// This client's id, the first part of its waiters' tokens.
+    id: [u8; CLIENT_ID_LEN],
+    grant: Duration,
+    /// Base of `contended_until_ms`.
+    base: Instant,
+    /// Until when (ms after `base`) this lock object saw the lock held: until then attempts
+    /// go straight to the script; after it, a first attempt is a plain `SET NX PX`.
+    contended_until_ms: AtomicU64,
+}
+
+/// How one attempt came out.
+enum Outcome {
+    Taken(Lease),
+    /// Refused (and queued, when asked to wait): the server's time of the refusal in µs and
+    /// how many waiters are ahead of us in Redis (-1: not queued).
+    Refused {
+        at_us: u64,
+        rank: i64,
+    },
+}
+
+/// The client's id in fair-lock tokens: the first 16 hex digits of its instance id (a random
+/// UUID).
+fn client_id(client: &LockClient) -> [u8; CLIENT_ID_LEN] {
+    let mut id = [b'0'; CLIENT_ID_LEN];
+    for (slot, b) in id.iter_mut().zip(
+        client
+            .instance_id()
+            .bytes()
+            .filter(u8::is_ascii_hexdigit)
+            .map(|b| b.to_ascii_lowercase()),
+    ) {
+        *slot = b;
+    }
+    id
+}
+
+/// Removes a thread's expected grant when it stops waiting, however it leaves.
+struct Expecting<'a> {
+    client: &'a LockClient,
+    token: Token,
+}
+
+impl Drop for Expecting<'_> {
+    fn drop(&mut self) {
+        self.client.waiters().grants.forget(&self.token);
+    }
+}
+
+impl FairLock {
+    pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Result<Self> {
+        let queue = keys::aux_key(QUEUE_PREFIX, &key)?;
+        let deadlines = keys::aux_key(DEADLINES_PREFIX, &key)?;
+        let id = client_id(&client);
+        let channel = format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id));
+        let grant = FAIR_GRANT_LEASE.min(opts.lease);
+        Ok(FairLock {
+            client,
+            key,
+            opts,
+            queue,
+            deadlines,
+            channel,
+            id,
+            grant,
+            base: Instant::now(),
+            contended_until_ms: AtomicU64::new(0),
+        })
+    }
+
+    /// True if the watchdog renews this lock's holds (built without an explicit ttl).
+    pub fn is_watched(&self) -> bool {
+        self.opts.watched
+    }
+
+    /// The sorted set holding the queue's order (token → arrival number).
+    pub fn queue_key(&self) -> &str {
+        &self.queue
+    }
+
+    /// The channel grants to this client's waiters are published on.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// A fresh owner token: this client's id, then 128 random bits in hex.
+    fn new_token(&self) -> Token {
+        let mut t = [0u8; TOKEN_LEN];
+        t[..CLIENT_ID_LEN].copy_from_slice(&self.id);
+        t[CLIENT_ID_LEN..].copy_from_slice(&new_token());
+        t
+    }
+
+    fn script_keys(&self) -> Vec<&str> {
+        let mut k = vec![self.key.as_str(), &self.queue, &self.deadlines];
+        if let Some(f) = &self.opts.fence_key {
+            k.push(f);
+        }
+        k
+    }
+
+    /// True if this lock object has not found the lock held for [`CONTENDED_MEMORY`] and has
+    /// no fencing: its first attempt is then a plain `SET NX PX`, as Token's. Such an attempt
+    /// does not look at the queue, so it can take a lock that is free while waiters are queued;
+    /// that happens only after a holder or a grantee died, until the next waiter's poll.
+    fn quiet(&self) -> bool {
+        self.opts.fence_key.is_none()
+            && self.base.elapsed().as_millis() as u64
+                >= self.contended_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// The lock was found held: attempts go to the script for a while.
+    fn contended(&self) {
+        let until = (self.base.elapsed() + CONTENDED_MEMORY).as_millis() as u64;
+        self.contended_until_ms.store(until, Ordering::Relaxed);
+    }
+
+    /// One plain `SET key <token> NX PX <lease>`: the lease if taken, `None` if held.
+    fn attempt_plain(&self, token: &Token) -> Result<Option<Lease>> {
+        let start = Instant::now();
+        let until = crate::time::saturating_add(start, self.opts.lease);
+        let reply: Value = string_value::acquire(
+            &self.client,
+            &self.key,
+            token,
+            None,
+            until,
+            || true,
+            |con, _| string_value::set_nx_px(&self.key, token, self.opts.lease_ms()).query(con),
+        )?;
+        if reply != Value::Okay {
+            self.contended();
+            self.client.counters().attempt(Kind::Fair, false);
+            return Ok(None);
+        }
+        let lease = self.opts.lease(
+            &self.client,
+            &self.key,
+            RenewKind::Value,
+            token,
+            start,
+            None,
+        );
+        let result =
+            lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l)).map(Some);
+        self.client.counters().outcome_lease(Kind::Fair, &result);
+        result
+    }
+
+    fn grant_ms(&self) -> u64 {
+        self.grant.as_millis() as u64
+    }
+
+    /// One `lua/fair_acquire.lua` call; `wait`: join (or refresh) the queue when refused.
+    fn attempt(&self, token: &Token, wait: bool, start: Instant) -> Result<Outcome> {
+        let until = crate::time::saturating_add(start, self.opts.lease);
+        let reply: Vec<i64> = string_value::acquire(
+            &self.client,
+            &self.key,
+            token,
+            None,
+            until,
+            || true,
+            |con, s| {
+                s.fair_acquire.eval_keys(
+                    con,
+                    &self.script_keys(),
+                    (
+                        &token[..],
+                        self.opts.lease_ms(),
+                        if wait { "w" } else { "t" },
+                        FAIR_QUEUE_ENTRY_TTL.as_millis() as u64,
+                        self.grant_ms(),
+                        CHANNEL_PREFIX,
+                    ),
+                )
+            },
+        )?;
+        match reply.as_slice() {
+            [1, fence] => {
+                let fence = self
+                    .opts
+                    .fence_key
+                    .as_ref()
+                    .and_then(|_| u64::try_from(*fence).ok().filter(|&f| f > 0));
+                let lease = self.opts.lease(
+                    &self.client,
+                    &self.key,
+                    RenewKind::Value,
+                    token,
+                    start,
+                    fence,
+                );
+                let result =
+                    lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
+                        .map(Outcome::Taken);
+                if result.is_ok() {
+                    self.client.counters().attempt(Kind::Fair, true);
+                }
+                result
+            }
+            [0, _pttl, rank, secs, micros] => {
+                self.contended();
+                self.client.counters().attempt(Kind::Fair, false);
+                log::trace!(
+                    "lock {:?}: refused, {rank} waiters ahead in Redis",
+                    self.key
+                );
+                let at = Grant::new(
+                    0,
+                    u64::try_from(*secs).unwrap_or(0),
+                    u64::try_from(*micros).unwrap_or(0),
+                );
+                Ok(Outcome::Refused {
+                    at_us: at.at_us,
+                    rank: *rank,
+                })
+            }
+            _ => Err(LockError::Redis {
+                key: self.key.clone(),
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "unexpected reply from fair_acquire.lua",
+                    format!("{reply:?}"),
+                )),
+            }),
+        }
+    }
+
+    /// How long a listening waiter sleeps before it polls (which also refreshes its queue
+    /// entry): 100–120 ms at the head of the queue or next to it (the poll catches a lost
+    /// grant message, and a grant to a dead head that lapsed), 500–600 ms further back (well
+    /// within [`FAIR_QUEUE_ENTRY_TTL`]); at least the retry policy's longest sleep.
+    fn poll_interval(&self, rank: i64) -> Duration {
+        let floor = self.opts.retry.max_delay;
+        if rank <= 1 {
+            return self.client.waiters().poll_interval(&self.key, floor);
+        }
+        let base = POLL_DEEP.max(floor);
+        base.saturating_add(rand::RngExt::random_range(
+            &mut rand::rng(),
+            Duration::ZERO..=base / 5,
+        ))
+    }
+
+    /// The lease of a grant that arrived by message. Our latest attempt was sent at `sent`
+    /// and run by the server at its time `attempt_us`; the grant was made at the server's time
+    /// `grant.at_us`, not earlier (older grants are dropped before). So it was made at least
+    /// `grant.at_us - attempt_us` after `sent` (less 1% for the clocks' rates), and the lease
+    /// counts from there: it never outlives the grant lease in Redis. `None` if less than the
+    /// margin of [`lock::checked_win`] is left (the message took as long as what is left):
+    /// then Redis is asked.
+    fn granted_lease(
+        &self,
+        token: &Token,
+        sent: Instant,
+        attempt_us: u64,
+        grant: Grant,
+    ) -> Option<Lease> {
+        let after = Duration::from_micros(grant.at_us.saturating_sub(attempt_us));
+        let now = Instant::now();
+        let start = crate::time::saturating_add(sent, after - after / 100).min(now);
+        let elapsed = now - start;
+        let left = self.grant.saturating_sub(elapsed);
+        if left <= lock::arrival_margin(self.grant, elapsed) {
+            log::debug!(
+                "lock {:?}: grant heard {} ms after it was made; asking Redis",
+                self.key,
+                elapsed.as_millis()
+            );
+            return None;
+        }
+        let fence = grant.fence;
+        let sent = start;
+        let fence = self
+            .opts
+            .fence_key
+            .as_ref()
+            .and_then(|_| Some(fence).filter(|&f| f > 0));
+        let lease = Lease::new(token, sent, self.grant).with_fence(fence);
+        let state = WatchState::new(
+            std::sync::Arc::clone(self.opts.key_arc()),
+            RenewKind::Value,
+            token,
+            self.opts.lease,
+            sent,
+            if self.opts.watched {
+                self.opts.on_lost.clone()
+            } else {
+                None
+            },
+        );
+        state.granted_for(self.grant);
+        if !self.opts.watched {
+            state.renew_once();
+        }
+        let due = crate::time::saturating_add(sent, self.grant / 3);
+        self.client.watchdog().watch_from(&self.client, &state, due);
+        Some(lease.with_watch(state))
+    }
+
+    /// Leaves the queue (a waiter giving up): removes our entry, or releases (and passes on) a
+    /// grant that reached us meanwhile. True if there was such a grant.
+    fn leave(&self, token: &Token) -> Result<bool> {
+        let (ours, _, _, _) = self.release_script(token)?;
+        if ours {
+            log::info!(
+                "lock {:?}: granted to us as we gave up; released and passed on",
+                self.key
+            );
+        }
+        Ok(ours)
+    }
+
+    /// One `lua/fair_release.lua` call: (released, receivers, granted token, the grant).
+    fn release_script(&self, value: &[u8]) -> Result<(bool, i64, Vec<u8>, Grant)> {
+        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+            s.fair_release.eval_keys(
+                con,
+                &self.script_keys(),
+                (value, self.grant_ms(), CHANNEL_PREFIX),
+            )
+        })?;
+        match reply {
+            Value::Array(items) => match items.as_slice() {
+                [Value::Int(ok), Value::Int(n), granted, Value::Int(fence), Value::Int(secs), Value::Int(micros)] =>
+                {
+                    let granted = match granted {
+                        Value::BulkString(b) => b.clone(),
+                        _ => Vec::new(),
+                    };
+                    let u = |v: &i64| u64::try_from(*v).unwrap_or(0);
+                    Ok((
+                        *ok == 1,
+                        *n,
+                        granted,
+                        Grant::new(u(fence), u(secs), u(micros)),
+                    ))
+                }
+                _ => Err(self.unexpected(&items)),
+            },
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    fn unexpected(&self, reply: &impl std::fmt::Debug) -> LockError {
+        LockError::Redis {
+            key: self.key.clone(),
+            source: redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "unexpected reply from fair_release.lua",
+                format!("{reply:?}"),
+            )),
+        }
+    }
+
+    fn timeout(&self, attempts: &Attempts<'_>) -> LockError {
+        log::info!(
+            "lock {:?}: gave up after {} attempts in {:?}",
+            self.key,
+            attempts.made(),
+            attempts.waited()
+        );
+        LockError::Timeout {
+            key: self.key.clone(),
+            attempts: attempts.made(),
+            waited: attempts.waited(),
+        }
+    }
+
+    /// The blocking acquire: wait for our turn among this client's threads, then take the lock
+    /// or join the queue in Redis in one script call, and wait for the grant message (polling
+    /// slowly beside it, which also refreshes our queue entry).
+    fn acquire_blocking(&self, mut attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
+        let queues = self.client.waiters();
+        let wakeups = self.client.wakeups();
+        let deadline = attempts.queue_deadline();
+        // Threads of this client meet in its line first: only its head is in the queue in
+        // Redis (joined before the first attempt, so a burst of threads does not all go).
+        let mut ticket = queues.enqueue(&self.key);
+        if ticket.ahead() > 0 && !ticket.wait_turn(deadline) {
+            return Err(self.timeout(&attempts));
+        }
+        let token = self.new_token();
+        if self.quiet() {
+            attempts.record();
+            if let Some(lease) = self.attempt_plain(&token)? {
+                return Ok(LockGuard::new(self, lease));
+            }
+        }
+        queues.grants.expect(&token, &self.key);
+        let _expecting = Expecting {
+            client: &self.client,
+            token,
+        };
+        // The subscriber generation confirmed when the latest attempt was sent: a grant
+        // published later, while it stays confirmed, is heard.
+        let mut heard = wakeups.confirmed_on(&self.channel);
+        let mut sent = Instant::now();
+        attempts.record();
+        let (mut last_us, mut rank) = match self.attempt(&token, true, sent)? {
+            Outcome::Taken(lease) => return Ok(LockGuard::new(self, lease)),
+            Outcome::Refused { at_us, rank } => (at_us, rank),
+        };
+        let subscription = wakeups.subscribe(&self.channel, &self.key, deadline);
+        let mut late = None;
+        loop {
+            let mut ask = false;
+            if let Some(grant) = queues.grants.take(&token) {
+                if grant.at_us < last_us {
+                    // Made before our latest attempt, which did not find the lock ours: that
+                    // grant lapsed (or was released) already. A late message; ignored.
+                    log::debug!("lock {:?}: ignored a grant heard late", self.key);
+                } else if let Some(lease) = self.granted_lease(&token, sent, last_us, grant) {
+                    self.client.counters().attempt(Kind::Fair, true);
+                    log::debug!(
+                        "lock {:?}: granted after {} attempts in {:?}",
+                        self.key,
+                        attempts.made(),
+                        attempts.waited()
+                    );
+                    return Ok(LockGuard::new(self, lease));
+                } else {
+                    ask = true;
+                }
+            }
+            if !ask {
+                // A grant is heard only while the subscription that was confirmed at our
+                // latest attempt stays confirmed; otherwise ask Redis at once.
+                let listening = wakeups.confirmed_on(&self.channel);
+                ask = listening.is_some() && listening != heard;
+                if !ask {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        break;
+                    }
+                    let nap = if listening.is_some() {
+                        self.poll_interval(rank)
+                    } else {
+                        match attempts.next_sleep() {
+                            Some(d) => d,
+                            None => break,
+                        }
+                    };
+                    let nap = deadline.map_or(nap, |d| nap.min(d.saturating_duration_since(now)));
+                    // Woken early by a grant, or by the subscriber after a reconnection.
+                    ticket.sleep(nap);
+                    if queues.grants.is_granted(&token) {
+                        continue;
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        break;
+                    }
+                }
+            }
+            ticket.mark();
+            heard = wakeups.confirmed_on(&self.channel);
+            let at = Instant::now();
+            attempts.record();
+            match self.attempt(&token, true, at) {
+                Ok(Outcome::Taken(lease)) => return Ok(LockGuard::new(self, lease)),
+                Ok(Outcome::Refused { at_us, rank: r }) => {
+                    // The pair a grant's lease is counted from (see `granted_lease`).
+                    sent = at;
+                    last_us = at_us;
+                    rank = r;
+                    late = None;
+                }
+                Err(e @ LockError::LateReply { .. }) => late = Some(e),
+                Err(e) => {
+                    drop(subscription);
+                    if let Err(left) = self.leave(&token) {
+                        log::debug!(
+                            "lock {:?}: could not leave the queue after a failed attempt ({}); \
+                             the entry lapses within {FAIR_QUEUE_ENTRY_TTL:?}",
+                            self.key,
+                            left.report()
+                        );
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        drop(subscription);
+        drop(ticket);
+        // Withdraw: our entry goes, or a grant that reached us meanwhile is passed on.
+        if let Err(e) = self.leave(&token) {
+            log::warn!(
+                "lock {:?}: giving up, could not leave the queue ({}); the entry lapses within \
+                 {FAIR_QUEUE_ENTRY_TTL:?}, a grant to it within {:?}",
+                self.key,
+                e.report(),
+                self.grant
+            );
+        }
+        if let Some(e) = late {
+            return Err(e);
+        }
+        Err(self.timeout(&attempts))
+    }
+}
+
+impl DistributedLock for FairLock {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn ttl(&self) -> Duration {
+        self.opts.lease
+    }
+
+    fn retry_policy(&self) -> &RetryPolicy {
+        &self.opts.retry
+    }
+
+    fn try_acquire(&self) -> Result<Option<Lease>> {
+        let token = self.new_token();
+        if self.quiet() {
+            return self.attempt_plain(&token);
+        }
+        Ok(match self.attempt(&token, false, Instant::now())? {
+            Outcome::Taken(lease) => Some(lease),
+            Outcome::Refused { .. } => None,
+        })
+    }
+
+    fn release(&self, lease: &Lease) -> Result<bool> {
+        lease.stop_renewal();
+        let reply = self.release_script(lease.value());
+        if reply
+            .as_ref()
+            .is_err_and(crate::client::janitor::worth_retrying)
+        {
+            // A plain owner-checked delete, retried in the background; the waiters' polls
+            // then grant the lock to the head of the queue.
+            self.client.janitor().forget(
+                &self.client,
+                &self.key,
+                lease.value(),
+                None,
+                crate::client::janitor::Cause::FailedRelease,
+                lease.valid_until(),
+            );
+        }
+        let (ours, _receivers, granted, grant) = reply?;
+        if !granted.is_empty() && self.client.waiters().deliver_grant(&granted, grant) {
+            log::trace!("lock {:?}: granted to a thread of this client", self.key);
+        }
+        if !ours {
+            // Returned as `Ok(false)`; a guard dropped without `unlock` warns.
+            log::debug!(
+                "lock {:?}: lost before release (it expired, or another owner took it over); \
+                 no other owner's lock was deleted",
+                self.key
+            );
+            self.client.counters().lost_on_release(Kind::Fair, lease);
+        }
+        Ok(ours)
+    }
+
+    fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
+        check_duration(&self.key, "ttl", ttl, false)?;
+        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        let start = Instant::now();
+        let extended: i64 = self.client.with_conn(&self.key, |con, s| {
+            s.extend
+                .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
+        })?;
+        let result = string_value::extended(&self.key, extended == 1, lease, None, start, ttl);
+        self.client.counters().extended(Kind::Fair, lease, result)
+    }
+
+    fn is_held(&self, lease: &Lease) -> Result<bool> {
+        string_value::is_held(&self.client, &self.key, lease)
+    }
+
+    fn try_lock(&self) -> Result<LockGuard<'_>> {
+        lock::acquire_once(self)
+    }
+
+    fn lock(&self) -> Result<LockGuard<'_>> {
+        let result = self.acquire_blocking(Attempts::new(&self.opts.retry));
+        self.client.counters().blocking(Kind::Fair, &result);
+        result
+    }
+
+    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
+        let result = self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait));
+        self.client.counters().blocking(Kind::Fair, &result);
+        result
+    }
+
+    fn state(&self) -> Result<LockState> {
+        admin::read(&self.client, &self.key, Detail::None)?.plain(&self.key, "string")
+    }
+
+    /// Deletes the hold whoever has it; the queue stays, so its head takes the lock at its
+    /// next poll (fair waiters listen for grants, not releases: nothing is published).
+    fn force_unlock(&self) -> Result<bool> {
+        admin::force_delete(&self.client, &self.key, None, "", None, &[&self.key])
+    }
+}

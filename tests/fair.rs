@@ -1,0 +1,1074 @@
+//! Integration tests of `Strategy::Fair` against real `redis-server` processes started by the
+//! fixture: FIFO grants made inside Redis, the grant message as the only reply a waiter needs,
+//! and the failure cases (dead, frozen and impatient waiters, a server restart).
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis_dlock::{
+    DistributedLock, FairLock, LockClient, LockError, RetryPolicy, Strategy, FAIR_GRANT_LEASE,
+};
+use support::worker::{self, WorkerProcess};
+use support::{init_logging, raw, Cluster, RedisServer};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn client(server: &RedisServer) -> LockClient {
+    LockClient::open(&server.url()).expect("client")
+}
+
+fn fair(client: &LockClient, key: &str) -> FairLock {
+    client.lock(key).build_fair().expect("build fair lock")
+}
+
+fn fair_fenced(client: &LockClient, key: &str) -> FairLock {
+    client
+        .lock(key)
+        .fencing()
+        .build_fair()
+        .expect("build fair lock")
+}
+
+/// A retry policy whose longest sleep (the poll floor beside pub/sub) is `poll`: a waiter then
+/// sends nothing between its enqueue and its grant unless `poll` passes.
+fn slow_poll(poll: Duration) -> RetryPolicy {
+    RetryPolicy::standard().backoff(ms(4), poll, 2)
+}
+
+fn zcard(conn: &mut redis::Connection, key: &str) -> usize {
+    redis::cmd("ZCARD").arg(key).query(conn).expect("ZCARD")
+}
+
+/// Waits until the queue of `lock` has `n` entries.
+fn wait_queued(conn: &mut redis::Connection, lock: &FairLock, n: usize) {
+    assert!(
+        support::wait_until(Duration::from_secs(10), || zcard(conn, lock.queue_key())
+            == n),
+        "the queue never reached {n} entries (has {})",
+        zcard(conn, lock.queue_key())
+    );
+}
+
+/// Commands sent by clients that a lock and its subscriber send (not GET: INFO commandstats
+/// also counts the commands run inside scripts, and those are never sent on their own here),
+/// including the INFO of each earlier call of this function.
+fn total_calls(conn: &mut redis::Connection) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO commandstats");
+    let top_level = [
+        "evalsha",
+        "eval",
+        "subscribe",
+        "unsubscribe",
+        "ping",
+        "client",
+        "info",
+    ];
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| l.split_once(":calls="))
+        .filter(|(name, _)| top_level.contains(name))
+        .filter_map(|(_, rest)| rest.split(',').next())
+        .map(|n| n.parse::<i64>().expect("a call count"))
+        .sum()
+}
+
+/// Records every command the server runs (`MONITOR` on a connection of its own) until
+/// stopped: one line per command.
+struct Monitor {
+    lines: Arc<Mutex<Vec<String>>>,
+    stream: std::net::TcpStream,
+}
+
+impl Monitor {
+    fn start(server: &RedisServer) -> Monitor {
+        use std::io::{BufRead, BufReader, Write};
+        let mut stream =
+            std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
+        stream.write_all(b"MONITOR\r\n").expect("MONITOR");
+        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+        let mut ok = String::new();
+        reader.read_line(&mut ok).expect("+OK");
+        assert!(ok.starts_with("+OK"), "{ok}");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&lines);
+        thread::spawn(move || {
+            for line in reader.lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Monitor { lines, stream }
+    }
+
+    /// The lines recorded so far (and clears them).
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.lines.lock().unwrap())
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[test]
+fn uncontended_cycle_is_one_command_each_way() {
+    init_logging();
+    let server = RedisServer::start();
+    let c = client(&server);
+    let mut conn = server.conn();
+    for fenced in [false, true] {
+        let key = format!("fair:uncontended:{fenced}");
+        let lock = if fenced {
+            fair_fenced(&c, &key)
+        } else {
+            fair(&c, &key)
+        };
+        // Warm up: the scripts are loaded (a NOSCRIPT + EVAL the first time).
+        lock.lock().expect("lock").unlock().expect("unlock");
+        let monitor = Monitor::start(&server);
+        thread::sleep(ms(50));
+        let guard = lock.lock().expect("lock");
+        assert!(guard.fence().is_some() == fenced);
+        let value = guard.value().to_vec();
+        assert!(guard.unlock().expect("unlock"));
+        thread::sleep(ms(50));
+        let sent: Vec<String> = monitor
+            .take()
+            .into_iter()
+            .filter(|l| !l.contains("[0 lua]"))
+            .collect();
+        drop(monitor);
+        // One command each way: `SET NX PX` (fenced: the acquire script) and the release
+        // script.
+        assert_eq!(sent.len(), 2, "{sent:#?}");
+        let first = if fenced { "\"EVALSHA\"" } else { "\"SET\"" };
+        assert!(sent[0].contains(first), "{sent:#?}");
+        assert!(sent[1].contains("\"EVALSHA\""), "{sent:#?}");
+        let guard = lock.lock().expect("lock");
+        assert_ne!(guard.value(), &value[..]);
+        assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
+        drop(guard);
+        assert!(!raw::exists(&mut conn, &key));
+        assert_eq!(zcard(&mut conn, lock.queue_key()), 0);
+    }
+}
+
+#[test]
+fn try_lock_does_not_queue_and_a_free_lock_goes_to_the_queue_head() {
+    init_logging();
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let mut conn = server.conn();
+    let la = fair(&a, "fair:try");
+    let lb = fair(&b, "fair:try");
+    let held = la.try_lock().expect("free");
+    assert!(matches!(lb.try_lock(), Err(LockError::Held { .. })));
+    assert_eq!(zcard(&mut conn, la.queue_key()), 0, "try_lock never queues");
+    // A waiter queues; the holder's hold then vanishes without a release (as if expired):
+    // a try_lock by a third party must grant it to the waiter, not take it.
+    thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            lb.try_lock_for(Duration::from_secs(10)).map(|g| {
+                // Held a while: a third party's try_lock below finds it held, not free.
+                thread::sleep(ms(500));
+                g.unlock()
+            })
+        });
+        wait_queued(&mut conn, &lb, 1);
+        // A third party that has seen the lock held (so its attempts go to the script; a lock
+        // object that has not, for a second, first sends a plain SET NX, see docs/fair.md).
+        let c = client(&server);
+        let third = fair(&c, "fair:try");
+        assert!(matches!(third.try_lock(), Err(LockError::Held { .. })));
+        let _kept = held.into_lease(); // not released
+        raw::del(&mut conn, "fair:try");
+        assert!(
+            matches!(third.try_lock(), Err(LockError::Held { .. })),
+            "a try_lock jumped the queue"
+        );
+        let got = waiter.join().expect("waiter");
+        assert!(matches!(got, Ok(Ok(true))), "{got:?}");
+    });
+}
+
+/// The waiter returns on the grant message: no command of its own between the release and
+/// the return (its poll floor is made 5 s, so it cannot poll in between).
+#[test]
+fn a_granted_waiter_returns_without_a_command_and_gets_the_full_lease() {
+    init_logging();
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let mut conn = server.conn();
+    let holder = fair_fenced(&a, "fair:grant");
+    let waiter = b
+        .lock("fair:grant")
+        .fencing()
+        .retry(slow_poll(Duration::from_secs(5)))
+        .build_fair()
+        .expect("waiter lock");
+    let held = holder.lock().expect("free");
+    let first_fence = held.fence().expect("fenced");
+    thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = &waiter;
+        let w = s.spawn(move || {
+            let g = waiter
+                .try_lock_for(Duration::from_secs(20))
+                .expect("granted");
+            let at_return = (g.remaining(), Instant::now());
+            tx.send(()).expect("send");
+            (g, at_return)
+        });
+        wait_queued(&mut conn, waiter, 1);
+        // Let the waiter's subscription settle, then record.
+        thread::sleep(ms(300));
+        let monitor = Monitor::start(&server);
+        let released_at = Instant::now();
+        assert!(held.unlock().expect("release"));
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the waiter got the lock");
+        let handoff = released_at.elapsed();
+        thread::sleep(ms(50));
+        let seen = monitor.take();
+        // Top-level commands only (script-run ones show as "lua" in MONITOR).
+        let sent: Vec<&String> = seen.iter().filter(|l| !l.contains("[0 lua]")).collect();
+        // The release, and possibly the watchdog's raise of the grant lease (renew_batch,
+        // whose owner tag is "v"); no acquire attempt of the waiter (mode "w").
+        assert!(
+            sent.iter().all(|l| !l.contains("\"w\"")),
+            "the waiter sent an acquire: {sent:#?}"
+        );
+        let releases = sent
+            .iter()
+            .filter(|l| l.contains("\"EVALSHA\"") && l.contains("\"fair:grant\""))
+            .filter(|l| !l.contains("\"v\""))
+            .count();
+        assert_eq!(releases, 1, "{sent:#?}");
+        assert!(sent.len() <= 2, "{sent:#?}");
+        let (guard, (remaining, _)) = w.join().expect("waiter thread");
+        assert!(handoff < SECOND, "handoff took {handoff:?}");
+        let _ = total_calls;
+        assert!(
+            remaining <= FAIR_GRANT_LEASE,
+            "a fresh grant reports at most the grant lease, got {remaining:?}"
+        );
+        assert!(guard.fence().expect("fenced") > first_fence);
+        assert_eq!(
+            raw::get(&mut conn, "fair:grant").as_deref(),
+            Some(guard.value())
+        );
+        // The watchdog raises the grant lease to the watched lease (30 s) soon after.
+        assert!(
+            support::wait_until(Duration::from_secs(2), || guard.remaining() > 5 * SECOND),
+            "remaining stayed {:?}",
+            guard.remaining()
+        );
+        assert!(raw::pttl(&mut conn, "fair:grant") > 5_000);
+        assert!(!guard.is_lost());
+        thread::sleep(FAIR_GRANT_LEASE);
+        assert!(guard.is_held().expect("is_held"), "the grant lapsed");
+        assert!(guard.unlock().expect("unlock"));
+    });
+}
+
+/// A lock with an explicit ttl: the grant's short lease is raised to the ttl once.
+#[test]
+fn a_grant_of_a_ttl_lock_is_raised_to_the_ttl() {
+    init_logging();
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let mut conn = server.conn();
+    let ttl = Duration::from_secs(5);
+    let holder = a.lock("fair:ttl").ttl(ttl).build_fair().expect("lock");
+    let waiter = b.lock("fair:ttl").ttl(ttl).build_fair().expect("lock");
+    let held = holder.lock().expect("free");
+    thread::scope(|s| {
+        let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(10)));
+        wait_queued(&mut conn, &waiter, 1);
+        // Its subscription confirmed: the grant comes by message (a release before that is
+        // found by the waiter's next attempt, which sets the ttl itself).
+        thread::sleep(ms(300));
+        held.unlock().expect("release");
+        let guard = w.join().expect("thread").expect("granted");
+        assert!(guard.remaining() <= FAIR_GRANT_LEASE);
+        assert!(support::wait_until(Duration::from_secs(2), || guard
+            .remaining()
+            > 2 * SECOND));
+        assert!(guard.remaining() <= ttl);
+        let pttl = raw::pttl(&mut conn, "fair:ttl");
+        assert!(pttl > 2_000 && pttl <= 5_000, "pttl {pttl}");
+        // Raised once, not renewed: it expires after the ttl.
+        thread::sleep(ttl + ms(300));
+        assert!(guard.is_lost());
+        assert!(!raw::exists(&mut conn, "fair:ttl"));
+    });
+}
+
+/// Several clients, several threads each, one key: a non-atomic counter in Redis (GET, pause,
+/// SET) and an in-process overlap detector.
+#[test]
+fn mutual_exclusion_under_contention() {
+    init_logging();
+    let server = RedisServer::start();
+    const CLIENTS: usize = 4;
+    const THREADS: usize = 3;
+    const ROUNDS: usize = 40;
+    let inside = AtomicBool::new(false);
+    let overlaps = AtomicUsize::new(0);
+    let fences = Mutex::new(Vec::new());
+    let clients: Vec<LockClient> = (0..CLIENTS).map(|_| client(&server)).collect();
+    thread::scope(|s| {
+        for c in &clients {
+            let lock = Arc::new(fair_fenced(c, "fair:excl"));
+            for _ in 0..THREADS {
+                let (lock, inside, overlaps, fences) =
+                    (Arc::clone(&lock), &inside, &overlaps, &fences);
+                let server = &server;
+                s.spawn(move || {
+                    let mut conn = server.conn();
+                    for _ in 0..ROUNDS {
+                        let g = lock.try_lock_for(Duration::from_secs(30)).expect("lock");
+                        if inside.swap(true, Ordering::SeqCst) {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        raw::bump_counter(&mut conn, "fair:excl:counter");
+                        fences.lock().unwrap().push(g.fence().expect("fenced"));
+                        inside.store(false, Ordering::SeqCst);
+                        assert!(g.unlock().expect("unlock"), "lost a hold");
+                    }
+                });
+            }
+        }
+    });
+    let mut conn = server.conn();
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert_eq!(
+        raw::get_i64(&mut conn, "fair:excl:counter"),
+        (CLIENTS * THREADS * ROUNDS) as i64
+    );
+    // Fences in the order the sections ran strictly increase.
+    let fences = fences.into_inner().unwrap();
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not increasing"
+    );
+    assert_eq!(zcard(&mut conn, "dlock_fair_q:{fair:excl}"), 0);
+}
+
+/// Waiters in separate clients, each arriving well after the previous one is queued: grants
+/// follow arrival. Each winner records its number while it holds the lock.
+#[test]
+fn fifo_across_clients() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const N: usize = 6;
+    let holder_client = client(&server);
+    let holder = fair_fenced(&holder_client, "fair:fifo");
+    let held = holder.lock().expect("free");
+    let clients: Vec<LockClient> = (0..N).map(|_| client(&server)).collect();
+    let order = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        for (i, c) in clients.iter().enumerate() {
+            let order = &order;
+            let lock = fair_fenced(c, "fair:fifo");
+            s.spawn(move || {
+                let g = lock.try_lock_for(Duration::from_secs(30)).expect("lock");
+                order.lock().unwrap().push((i, g.fence().expect("fenced")));
+                thread::sleep(ms(5));
+                g.unlock().expect("unlock");
+            });
+            wait_queued(&mut conn, &holder, i + 1);
+        }
+        held.unlock().expect("release");
+    });
+    let order = order.into_inner().unwrap();
+    let who: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(
+        who,
+        (0..N).collect::<Vec<_>>(),
+        "grants out of arrival order"
+    );
+    assert!(order.windows(2).all(|w| w[0].1 < w[1].1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker processes: waiters in other processes
+
+const WORKER_ENV: &str = "DLOCK_FAIR_WORKER";
+const WORKER_TEST: &str = "fair_waiter_process";
+const GOT_MARKER: &str = "DLOCK-FAIR-GOT";
+
+/// The waiter side: does nothing unless [`WORKER_ENV`] is set. Waits for `DLOCK_KEY`, pushes
+/// its `DLOCK_ID` (and fence) to the list `<key>:order` while holding it, reports, holds
+/// `DLOCK_HOLD_MS`, releases and exits.
+#[test]
+fn fair_waiter_process() {
+    if std::env::var_os(WORKER_ENV).is_none() {
+        return;
+    }
+    init_logging();
+    let url = std::env::var("DLOCK_URL").expect("DLOCK_URL");
+    let key = std::env::var("DLOCK_KEY").expect("DLOCK_KEY");
+    let id = std::env::var("DLOCK_ID").expect("DLOCK_ID");
+    let hold: u64 = std::env::var("DLOCK_HOLD_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let client = LockClient::open(&url).expect("client");
+    let lock = fair_fenced(&client, &key);
+    let guard = lock.try_lock_for(Duration::from_secs(60)).expect("lock");
+    let mut conn = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("conn");
+    let entry = format!("{id}:{}", guard.fence().expect("fenced"));
+    let _: () = redis::cmd("RPUSH")
+        .arg(format!("{key}:order"))
+        .arg(&entry)
+        .query(&mut conn)
+        .expect("RPUSH");
+    worker::report(GOT_MARKER, &entry);
+    thread::sleep(ms(hold));
+    assert!(guard.unlock().expect("unlock"), "lost its hold");
+}
+
+fn spawn_waiter(server: &RedisServer, key: &str, id: usize, hold_ms: u64) -> WorkerProcess {
+    WorkerProcess::spawn(
+        WORKER_TEST,
+        &[
+            (WORKER_ENV, "1".to_owned()),
+            ("DLOCK_URL", server.url()),
+            ("DLOCK_KEY", key.to_owned()),
+            ("DLOCK_ID", id.to_string()),
+            ("DLOCK_HOLD_MS", hold_ms.to_string()),
+        ],
+    )
+}
+
+fn order_list(conn: &mut redis::Connection, key: &str) -> Vec<String> {
+    redis::cmd("LRANGE")
+        .arg(format!("{key}:order"))
+        .arg(0)
+        .arg(-1)
+        .query(conn)
+        .expect("LRANGE")
+}
+
+#[test]
+fn fifo_across_processes() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const KEY: &str = "fair:procs";
+    const N: usize = 4;
+    let c = client(&server);
+    let holder = fair_fenced(&c, KEY);
+    let held = holder.lock().expect("free");
+    let mut workers = Vec::new();
+    for i in 0..N {
+        workers.push(spawn_waiter(&server, KEY, i, 5));
+        // The next one arrives once this one is queued in Redis (arrivals far apart).
+        wait_queued(&mut conn, &holder, i + 1);
+    }
+    held.unlock().expect("release");
+    for w in workers {
+        let (status, out, _) = w.finish(Duration::from_secs(30));
+        assert!(status.success(), "worker failed: {out}");
+    }
+    let order = order_list(&mut conn, KEY);
+    let ids: Vec<usize> = order
+        .iter()
+        .map(|e| e.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    let fences: Vec<u64> = order
+        .iter()
+        .map(|e| e.split(':').nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ids, (0..N).collect::<Vec<_>>(), "grant order {order:?}");
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+}
+
+/// A waiter process SIGKILLed while queued, ahead of a live waiter: the live one gets the lock
+/// within 1 s of the release (the dead one's grant lapses after the grant lease).
+#[test]
+fn a_killed_waiter_delays_the_next_by_at_most_a_second() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const KEY: &str = "fair:killed";
+    let c = client(&server);
+    let holder = fair_fenced(&c, KEY);
+    let held = holder.lock().expect("free");
+    let mut dead = spawn_waiter(&server, KEY, 0, 5);
+    wait_queued(&mut conn, &holder, 1);
+    let live_client = client(&server);
+    let live = fair_fenced(&live_client, KEY);
+    thread::scope(|s| {
+        let w = s.spawn(|| {
+            let g = live
+                .try_lock_for(Duration::from_secs(30))
+                .expect("live waiter");
+            (Instant::now(), g)
+        });
+        wait_queued(&mut conn, &holder, 2);
+        dead.kill();
+        let released = Instant::now();
+        held.unlock().expect("release");
+        let (got_at, g) = w.join().expect("thread");
+        let delay = got_at - released;
+        eprintln!("live waiter got the lock {delay:?} after the release");
+        assert!(
+            delay <= SECOND,
+            "the dead waiter delayed the line by {delay:?}"
+        );
+        assert!(g.unlock().expect("unlock"));
+    });
+    assert!(
+        order_list(&mut conn, KEY).is_empty(),
+        "the killed waiter ran"
+    );
+}
+
+/// A queued waiter whose process is frozen (SIGSTOP) while the lock is granted to it: the next
+/// waiter gets the lock within 1 s, and when the frozen one resumes, with the stale grant
+/// message in its socket, it does not take itself for the holder.
+#[test]
+fn a_frozen_waiter_neither_stalls_the_line_nor_holds_twice() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const KEY: &str = "fair:frozen";
+    let c = client(&server);
+    let holder = fair_fenced(&c, KEY);
+    let held = holder.lock().expect("free");
+    let mut frozen = spawn_waiter(&server, KEY, 0, 5);
+    wait_queued(&mut conn, &holder, 1);
+    let live_client = client(&server);
+    let live = fair_fenced(&live_client, KEY);
+    let pid = frozen_pid(&mut frozen);
+    thread::scope(|s| {
+        let w = s.spawn(|| {
+            live.try_lock_for(Duration::from_secs(30))
+                .expect("live waiter")
+        });
+        wait_queued(&mut conn, &holder, 2);
+        signal(pid, "STOP");
+        let released = Instant::now();
+        held.unlock().expect("release");
+        let g = w.join().expect("thread");
+        let delay = released.elapsed();
+        assert!(
+            delay <= SECOND + ms(200),
+            "the frozen waiter delayed the line by {delay:?}"
+        );
+        // Resume the frozen waiter while the live one holds: it must wait its turn.
+        signal(pid, "CONT");
+        thread::sleep(SECOND);
+        assert!(
+            order_list(&mut conn, KEY).is_empty(),
+            "the resumed waiter ran while held"
+        );
+        assert!(g.is_held().expect("is_held"));
+        assert!(g.unlock().expect("unlock"));
+    });
+    let (status, out, _) = frozen.finish(Duration::from_secs(30));
+    assert!(status.success(), "{out}");
+    assert_eq!(order_list(&mut conn, KEY).len(), 1);
+}
+
+fn frozen_pid(w: &mut WorkerProcess) -> u32 {
+    // The worker's pid is not exposed; find the child whose environment names it.
+    let _ = w;
+    let me = std::process::id();
+    let out = std::process::Command::new("pgrep")
+        .args(["-P", &me.to_string()])
+        .output()
+        .expect("pgrep");
+    let pids: Vec<u32> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| {
+                    env.split(|b| *b == 0)
+                        .any(|v| v.starts_with(WORKER_ENV.as_bytes()))
+                })
+                .unwrap_or(false)
+        })
+        .collect();
+    assert_eq!(pids.len(), 1, "one worker child: {pids:?}");
+    pids[0]
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// Queues a waiter entry the way `lua/fair_acquire.lua` does for a client that then vanishes
+/// (it never refreshes the entry nor comes back for a grant).
+fn enqueue_vanished(conn: &mut redis::Connection, key: &str, token: &str, entry_ttl_ms: u64) {
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/fair_acquire.lua"))
+            .expect("script");
+    let _: redis::Value = redis::cmd("EVAL")
+        .arg(&script)
+        .arg(3)
+        .arg(key)
+        .arg(format!("dlock_fair_q:{{{key}}}"))
+        .arg(format!("dlock_fair_d:{{{key}}}"))
+        .arg(token)
+        .arg(30_000)
+        .arg("w")
+        .arg(entry_ttl_ms)
+        .arg(FAIR_GRANT_LEASE.as_millis() as u64)
+        .arg("dlock_fair_ch:")
+        .query(conn)
+        .expect("EVAL fair_acquire.lua");
+}
+
+/// A queue entry whose client is gone (it joined and never came back): once its deadline
+/// (the entry ttl, 2 s) passes it is skipped, and the next grant goes to a live waiter at once.
+#[test]
+fn an_entry_of_a_vanished_client_lapses() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const KEY: &str = "fair:vanished";
+    let c = client(&server);
+    let holder = fair(&c, KEY);
+    let held = holder.lock().expect("free");
+    enqueue_vanished(&mut conn, KEY, &"f".repeat(32), 2_000);
+    assert_eq!(zcard(&mut conn, holder.queue_key()), 1);
+    thread::sleep(redis_dlock::FAIR_QUEUE_ENTRY_TTL + ms(100));
+    let c2 = client(&server);
+    let next = fair(&c2, KEY);
+    thread::scope(|s| {
+        let w = s.spawn(|| next.try_lock_for(Duration::from_secs(10)));
+        // Queued: the lapsed entry is dropped by the waiter's own call, or still there.
+        assert!(support::wait_until(Duration::from_secs(10), || {
+            let n = zcard(&mut conn, next.queue_key());
+            let lapsed: Option<f64> = redis::cmd("ZSCORE")
+                .arg(next.queue_key())
+                .arg("f".repeat(32))
+                .query(&mut conn)
+                .expect("ZSCORE");
+            n == 2 || (n == 1 && lapsed.is_none())
+        }));
+        let released = Instant::now();
+        held.unlock().expect("release");
+        let g = w.join().expect("thread").expect("granted");
+        assert!(
+            released.elapsed() < ms(400),
+            "a grant went to the lapsed entry ({:?})",
+            released.elapsed()
+        );
+        g.unlock().expect("unlock");
+    });
+    assert_eq!(zcard(&mut conn, holder.queue_key()), 0);
+}
+
+/// A waiter that gives up leaves the queue: the next grant goes past it at once.
+#[test]
+fn a_timed_out_waiter_leaves_the_queue() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const KEY: &str = "fair:timeout";
+    let (a, b, c) = (client(&server), client(&server), client(&server));
+    let holder = fair(&a, KEY);
+    let impatient = fair(&b, KEY);
+    let patient = fair(&c, KEY);
+    let held = holder.lock().expect("free");
+    thread::scope(|s| {
+        let t = s.spawn(|| {
+            let start = Instant::now();
+            let r = impatient.try_lock_for(ms(400));
+            (r.map(|g| g.unlock()), start.elapsed())
+        });
+        wait_queued(&mut conn, &holder, 1);
+        let p = s.spawn(|| patient.try_lock_for(Duration::from_secs(10)));
+        wait_queued(&mut conn, &holder, 2);
+        let (r, took) = t.join().expect("thread");
+        assert!(
+            matches!(r, Err(LockError::Timeout { .. })),
+            "the impatient waiter: {r:?}"
+        );
+        assert!(took < ms(400) + SECOND, "gave up after {took:?}");
+        assert_eq!(zcard(&mut conn, holder.queue_key()), 1, "it left the queue");
+        let released = Instant::now();
+        held.unlock().expect("release");
+        let g = p.join().expect("thread").expect("patient waiter");
+        assert!(
+            released.elapsed() < ms(300),
+            "the grant went to the waiter that gave up ({:?})",
+            released.elapsed()
+        );
+        g.unlock().expect("unlock");
+    });
+}
+
+/// Give-up racing a grant: many short waits against a holder that releases at once. Whatever
+/// the interleaving, a grant that reached a waiter as it gave up is passed on (no lock is
+/// left behind), and nobody holds twice.
+#[test]
+fn giving_up_while_granted_passes_the_grant_on() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const KEY: &str = "fair:race";
+    let clients: Vec<LockClient> = (0..3).map(|_| client(&server)).collect();
+    let inside = AtomicBool::new(false);
+    let overlaps = AtomicUsize::new(0);
+    let wins = AtomicU32::new(0);
+    let timeouts = AtomicU32::new(0);
+    thread::scope(|s| {
+        for c in &clients {
+            let lock = fair(c, KEY);
+            let (inside, overlaps, wins, timeouts) = (&inside, &overlaps, &wins, &timeouts);
+            s.spawn(move || {
+                let end = Instant::now() + Duration::from_secs(3);
+                let mut n = 0u64;
+                while Instant::now() < end {
+                    n += 1;
+                    // Waits of 0–3 ms: most give up, some while a grant is on its way.
+                    match lock.try_lock_for(Duration::from_micros(n % 4 * 1000)) {
+                        Ok(g) => {
+                            if inside.swap(true, Ordering::SeqCst) {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            thread::sleep(Duration::from_micros(300));
+                            inside.store(false, Ordering::SeqCst);
+                            wins.fetch_add(1, Ordering::SeqCst);
+                            assert!(g.unlock().expect("unlock"));
+                        }
+                        Err(LockError::Timeout { .. }) => {
+                            timeouts.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            });
+        }
+    });
+    eprintln!(
+        "wins {}, timeouts {}",
+        wins.load(Ordering::SeqCst),
+        timeouts.load(Ordering::SeqCst)
+    );
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    assert!(wins.load(Ordering::SeqCst) > 0 && timeouts.load(Ordering::SeqCst) > 0);
+    // Nothing left behind: no hold, no queue entry (a grant given up was passed on or
+    // released; one to nobody would lapse within the grant lease).
+    thread::sleep(FAIR_GRANT_LEASE);
+    assert!(!raw::exists(&mut conn, KEY), "a lock was left behind");
+    assert_eq!(zcard(&mut conn, "dlock_fair_q:{fair:race}"), 0);
+}
+
+/// The server restarts (no persistence) while waiters are queued and a holder holds: every
+/// wait ends within its deadline plus the client's timeouts, holds never overlap, and the
+/// lock keeps working afterwards.
+#[test]
+fn server_restart_with_waiters_queued() {
+    init_logging();
+    let mut server = RedisServer::start();
+    const KEY: &str = "fair:restart";
+    const WAIT: Duration = Duration::from_secs(2);
+    // Timeouts of the client bound an attempt on a dead server.
+    let slack = Duration::from_secs(3);
+    let clients: Vec<LockClient> = (0..4)
+        .map(|_| {
+            LockClient::builder(&server.url())
+                .command_timeout(Some(SECOND))
+                .connect_timeout(SECOND)
+                .build()
+                .expect("client")
+        })
+        .collect();
+    let stop = AtomicBool::new(false);
+    let inside = AtomicBool::new(false);
+    let overlaps = AtomicUsize::new(0);
+    let late = Mutex::new(Vec::new());
+    let wins_after = AtomicU32::new(0);
+    let restarted = AtomicBool::new(false);
+    thread::scope(|s| {
+        for c in &clients {
+            let lock = fair_fenced(c, KEY);
+            let (stop, inside, overlaps, late, wins_after, restarted) =
+                (&stop, &inside, &overlaps, &late, &wins_after, &restarted);
+            s.spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let start = Instant::now();
+                    let r = lock.try_lock_for(WAIT);
+                    let took = start.elapsed();
+                    if took > WAIT + slack {
+                        late.lock().unwrap().push(took);
+                    }
+                    match r {
+                        Ok(g) => {
+                            if inside.swap(true, Ordering::SeqCst) {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            thread::sleep(ms(30));
+                            inside.store(false, Ordering::SeqCst);
+                            if restarted.load(Ordering::SeqCst) {
+                                wins_after.fetch_add(1, Ordering::SeqCst);
+                            }
+                            let _ = g.unlock();
+                        }
+                        Err(_) => thread::sleep(ms(20)),
+                    }
+                }
+            });
+        }
+        thread::sleep(SECOND);
+        let mut conn = server.conn();
+        assert!(
+            zcard(&mut conn, "dlock_fair_q:{fair:restart}") > 0,
+            "nobody queued"
+        );
+        drop(conn);
+        server.restart();
+        restarted.store(true, Ordering::SeqCst);
+        thread::sleep(Duration::from_secs(4));
+        stop.store(true, Ordering::SeqCst);
+    });
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert!(
+        late.lock().unwrap().is_empty(),
+        "waits past their deadline: {:?}",
+        late.lock().unwrap()
+    );
+    assert!(
+        wins_after.load(Ordering::SeqCst) > 0,
+        "no progress after the restart"
+    );
+}
+
+/// One client, Token locks on some keys and fair locks on others, all contended: the one
+/// subscriber connection carries both kinds of messages, and every counter is exact.
+#[test]
+fn mixed_with_token_locks_on_other_keys() {
+    init_logging();
+    let server = RedisServer::start();
+    let clients: Vec<LockClient> = (0..3).map(|_| client(&server)).collect();
+    const ROUNDS: usize = 25;
+    let keys = ["mix:token:a", "mix:token:b", "mix:fair:a", "mix:fair:b"];
+    thread::scope(|s| {
+        for c in &clients {
+            for key in keys {
+                let server = &server;
+                s.spawn(move || {
+                    let strategy = if key.contains("fair") {
+                        Strategy::Fair
+                    } else {
+                        Strategy::Token
+                    };
+                    let lock = c.lock(key).strategy(strategy).build().expect("lock");
+                    let mut conn = server.conn();
+                    for _ in 0..ROUNDS {
+                        let g = lock.try_lock_for(Duration::from_secs(30)).expect("lock");
+                        raw::bump_counter(&mut conn, &format!("{key}:n"));
+                        assert!(g.unlock().expect("unlock"));
+                    }
+                });
+            }
+        }
+    });
+    let mut conn = server.conn();
+    for key in keys {
+        assert_eq!(
+            raw::get_i64(&mut conn, &format!("{key}:n")),
+            (clients.len() * ROUNDS) as i64,
+            "{key}"
+        );
+    }
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut conn)
+        .expect("CLIENT LIST");
+    let subscribers = list
+        .lines()
+        .filter(|l| l.contains("name=dlock-subscriber"))
+        .count();
+    assert!(
+        subscribers <= clients.len(),
+        "{subscribers} subscriber connections"
+    );
+}
+
+/// 1,000 waiting threads (20 clients x 50) on one key: only each client's head waits in
+/// Redis, so the queue holds at most 20 entries; commands stay within two per section plus
+/// the polls; and 1,000 entries of vanished waiters lapse and are dropped in bounded steps.
+#[test]
+fn a_thousand_waiters_stay_bounded() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const KEY: &str = "fair:thousand";
+    const CLIENTS: usize = 20;
+    const PER_CLIENT: usize = 50;
+    let clients: Vec<LockClient> = (0..CLIENTS).map(|_| client(&server)).collect();
+    let holder_client = client(&server);
+    let holder = fair(&holder_client, KEY);
+    let held = holder.lock().expect("free");
+    // 1,000 entries of waiters that vanished at once (their tokens never come back); they
+    // lapse after 1 s, while the real waiters wait behind them.
+    for i in 0..1000 {
+        enqueue_vanished(&mut conn, KEY, &format!("{i:032x}"), 1_000);
+    }
+    assert_eq!(zcard(&mut conn, holder.queue_key()), 1000);
+    let mem_full: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(holder.queue_key())
+        .query(&mut conn)
+        .expect("MEMORY USAGE");
+    let max_queue = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let before = total_calls(&mut conn);
+    let started = Instant::now();
+    thread::scope(|s| {
+        for c in &clients {
+            let lock = Arc::new(fair(c, KEY));
+            for _ in 0..PER_CLIENT {
+                let (lock, done) = (Arc::clone(&lock), &done);
+                s.spawn(move || {
+                    let g = lock.try_lock_for(Duration::from_secs(120)).expect("lock");
+                    thread::sleep(Duration::from_micros(200));
+                    assert!(g.unlock().expect("unlock"));
+                    done.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        }
+        // The real waiters queue behind the vanished ones, which then lapse.
+        thread::sleep(ms(1_500));
+        held.unlock().expect("release");
+        let mut probe = server.conn();
+        while done.load(Ordering::SeqCst) < CLIENTS * PER_CLIENT {
+            let n = zcard(&mut probe, holder.queue_key());
+            max_queue.fetch_max(n, Ordering::SeqCst);
+            thread::sleep(ms(20));
+        }
+    });
+    let took = started.elapsed();
+    let calls = total_calls(&mut conn) - before;
+    let sections = (CLIENTS * PER_CLIENT) as i64;
+    // Per section: an acquire and a release; beside them the first two waiters in the queue
+    // poll at most 10 times a second and the others at most twice; plus the INFO.
+    let queue = max_queue.load(Ordering::SeqCst) as i64;
+    let bound = 2 * sections + (2 * 10 + queue * 2) * (took.as_secs() as i64 + 1) + 1;
+    eprintln!(
+        "1000 sections in {took:?}: {calls} commands (bound {bound}), queue at most {}, \
+         {mem_full} bytes for 1000 entries",
+        max_queue.load(Ordering::SeqCst)
+    );
+    assert!(
+        max_queue.load(Ordering::SeqCst) <= CLIENTS,
+        "queue grew past one entry per client"
+    );
+    assert!(
+        calls <= bound,
+        "{calls} commands for {sections} sections in {took:?}"
+    );
+    assert_eq!(zcard(&mut conn, holder.queue_key()), 0);
+    assert!(!raw::exists(&mut conn, "dlock_fair_d:{fair:thousand}"));
+}
+
+/// A Redis Cluster: the queue, deadlines and fence keys share the lock key's slot, and a
+/// grant works across clients.
+#[test]
+fn works_in_a_cluster_slot() {
+    init_logging();
+    let cluster = Cluster::start(3);
+    let mk = || {
+        LockClient::cluster_builder(&cluster.urls())
+            .build()
+            .expect("cluster client")
+    };
+    let (a, b) = (mk(), mk());
+    for key in ["fair:cl:{tag}", "fair:cl:plain"] {
+        let holder = fair_fenced(&a, key);
+        let waiter = fair_fenced(&b, key);
+        let held = holder.lock().expect("free");
+        let mut conn = cluster.conn_for_key(key);
+        thread::scope(|s| {
+            let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(10)));
+            wait_queued(&mut conn, &holder, 1);
+            let released = Instant::now();
+            let fence = held.fence().unwrap();
+            held.unlock().expect("release");
+            let g = w.join().expect("thread").expect("granted");
+            assert!(released.elapsed() < SECOND);
+            assert!(g.fence().unwrap() > fence);
+            assert_eq!(raw::get(&mut conn, key).as_deref(), Some(g.value()));
+            g.unlock().expect("unlock");
+        });
+        assert_eq!(
+            cluster.keyslot(holder.queue_key()),
+            cluster.keyslot(key),
+            "{key}"
+        );
+    }
+}
+
+/// A grant whose lease cannot be raised (the server freezes right after the grant) is
+/// reported lost by the local clock within the grant lease, and the watchdog's late answer
+/// keeps it lost: `is_lost` is honest about the short grant lease.
+#[test]
+fn a_grant_that_cannot_be_raised_is_reported_lost() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let build = |c: &LockClient| {
+        c.lock("fair:lost")
+            .on_lost(|_| {})
+            .build_fair()
+            .expect("lock")
+    };
+    let (a, b) = (client(&server), client(&server));
+    let (holder, waiter) = (build(&a), build(&b));
+    let held = holder.lock().expect("free");
+    thread::scope(|s| {
+        let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(10)));
+        wait_queued(&mut conn, &waiter, 1);
+        thread::sleep(ms(300));
+        held.unlock().expect("release");
+        let guard = w.join().expect("thread").expect("granted");
+        // Freeze the server before the watchdog raises the grant lease (a third of it after
+        // the grant, 200 ms).
+        server.pause();
+        assert!(!guard.is_lost() || guard.remaining().is_zero());
+        assert!(guard.remaining() <= FAIR_GRANT_LEASE);
+        assert!(
+            support::wait_until(FAIR_GRANT_LEASE + ms(200), || guard.is_lost()),
+            "still not lost after the grant lease, remaining {:?}",
+            guard.remaining()
+        );
+        server.resume();
+        // Its key expired in Redis meanwhile: the check agrees, and it stays lost.
+        thread::sleep(ms(300));
+        assert!(guard.is_lost());
+        assert!(matches!(guard.check(), Err(LockError::Lost { .. })));
+        assert!(
+            !guard.unlock().expect("unlock"),
+            "released a lock it no longer held"
+        );
+    });
+}
