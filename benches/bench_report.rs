@@ -165,7 +165,12 @@ impl Results {
 
     /// The TLS bench's results, if it ran (only with `--features tls-rustls`).
     fn load_tls(files: &mut BTreeMap<String, BTreeMap<String, String>>, dir: &Path) {
-        if let Ok(text) = std::fs::read_to_string(dir.join("tls.csv")) {
+        Self::load_one(files, dir, "tls");
+    }
+
+    /// Loads `<bench>.csv` if it is there.
+    fn load_one(files: &mut BTreeMap<String, BTreeMap<String, String>>, dir: &Path, bench: &str) {
+        if let Ok(text) = std::fs::read_to_string(dir.join(format!("{bench}.csv"))) {
             let mut rows = BTreeMap::new();
             for line in text.lines().skip(1) {
                 let mut parts = line.splitn(4, ',');
@@ -175,7 +180,7 @@ impl Results {
                     rows.insert(format!("{s},{n},{m}"), v.to_owned());
                 }
             }
-            files.insert("tls".to_owned(), rows);
+            files.insert(bench.to_owned(), rows);
         }
     }
 
@@ -278,6 +283,22 @@ fn main() {
         print!("{md}");
         return;
     }
+    // `--cycle-section`: the targets table and the uncontended-cycle section from `cycle.csv`
+    // alone (rows of other benches come out empty), to refresh them from a new cycle run.
+    if std::env::args().any(|a| a == "--cycle-section") {
+        let mut files = BTreeMap::new();
+        Results::load_one(&mut files, &target.join("dlock-bench"), "cycle");
+        let results = Results { files };
+        let report = Report {
+            r: &results,
+            target: &target,
+        };
+        let mut md = String::new();
+        report.targets(&mut md);
+        report.cycle(&mut md);
+        print!("{md}");
+        return;
+    }
     let results = match Results::load(&target.join("dlock-bench")) {
         Ok(r) => r,
         Err(e) => {
@@ -340,6 +361,22 @@ impl Report<'_> {
             self.pooled_cycle_ratio(name)
         } else {
             paired
+        }
+    }
+
+    /// `x.xxx×` for a cycle ratio, with the lowest–highest of the runs when it was repeated.
+    fn cycle_x(&self, name: &str, metric: &str) -> String {
+        let value = if metric == "paired_ratio_2ping" {
+            self.cycle_ratio(name)
+        } else {
+            self.r.f("cycle", "cycle", name, metric)
+        };
+        let lo = self.r.f("cycle", "cycle", name, &format!("{metric}_lo"));
+        let hi = self.r.f("cycle", "cycle", name, &format!("{metric}_hi"));
+        if lo.is_nan() || hi.is_nan() {
+            x(value)
+        } else {
+            format!("{} ({:.3}–{:.3})", x(value), lo, hi)
         }
     }
 
@@ -436,11 +473,11 @@ impl Report<'_> {
                 "| {label} ≤ {TARGET_RATIO:.2} × two pooled `PING`s | **{}** (p50 {} vs PING {}); \
                  the bare `SET NX PX` + publishing `EVALSHA` alone: {}; library over bare: {} | \
                  {} |",
-                x(ratio),
+                self.cycle_x(name, "paired_ratio_2ping"),
                 us(r.f("cycle", "cycle", name, "p50_ns")),
                 us(self.ping("cycle")),
-                x(self.cycle_ratio("floor_set_nx_px_evalsha_pub_raw")),
-                x(r.f("cycle", "cycle", name, "paired_ratio_bare")),
+                self.cycle_x("floor_set_nx_px_evalsha_pub_raw", "paired_ratio_2ping"),
+                self.cycle_x(name, "paired_ratio_bare"),
                 met(ratio <= TARGET_RATIO)
             );
         }
@@ -450,9 +487,9 @@ impl Report<'_> {
                 md,
                 "| {label} cycle ≤ {TARGET_RATIO:.2} × its minimum round trips (2 PINGs) | **{}**; \
                  the bare commands alone: {}; library over bare: {} | {} |",
-                x(ratio),
-                x(self.cycle_ratio(bare)),
-                x(r.f("cycle", "cycle", name, "paired_ratio_bare")),
+                self.cycle_x(name, "paired_ratio_2ping"),
+                self.cycle_x(bare, "paired_ratio_2ping"),
+                self.cycle_x(name, "paired_ratio_bare"),
                 met(ratio <= TARGET_RATIO)
             );
         }
@@ -687,15 +724,26 @@ impl Report<'_> {
             md,
             "`lock.try_lock()?` then `guard.unlock()?` on a `Box<dyn DistributedLock>` from a \
              `LockClient` built by its builder (pool of 16, no checkout PING). Every cycle and the \
-             floors are timed one by one in {:.0} interleaved rounds of {:.0}. **Ratio to 2 PING** \
-             = median over the rounds of (the cycle's median in the round / 2 × the pooled PING's \
-             median in the same round); the ratio of the whole-run medians is next to it. **Ratio \
+             floors are timed one by one in {:.0} interleaved rounds of {:.0}, and the whole \
+             measurement is repeated in {:.0} runs in one process. **Ratio to 2 PING** = median \
+             over the rounds of (the cycle's median in the round / 2 × the pooled PING's median \
+             in the same round), given as the median of the runs with the lowest and highest run \
+             in brackets; the ratio of the medians over all runs' samples is next to it. **Ratio \
              to bare** = the same paired ratio against the same two commands sent with redis-rs on \
-             a raw connection (what the library adds over the commands themselves). Criterion's \
+             a raw connection (what the library adds over the commands themselves). Latencies are \
+             over all runs' samples. Criterion's \
              median (absolute, not paired with a floor; its samples are means, so it carries the \
              tail) is for reference; criterion also measured `cycle/floor_ping_pool`: {}.\n",
             r.f("cycle", "cycle", "all", "rounds"),
             r.f("cycle", "cycle", "all", "per_round"),
+            {
+                let runs = r.f("cycle", "cycle", "all", "runs");
+                if runs.is_nan() {
+                    1.0
+                } else {
+                    runs
+                }
+            },
             us(criterion_median(self.target, "cycle", "floor_ping_pool").unwrap_or(f64::NAN)),
         );
         let _ = writeln!(
@@ -711,14 +759,14 @@ impl Report<'_> {
             let _ = writeln!(
                 md,
                 "| {label} | 2 | **{}** | {} | {} | {} | {bare_label} | {} | {} | {} |",
-                x(ratio),
+                self.cycle_x(name, "paired_ratio_2ping"),
                 if ratio <= TARGET_RATIO {
                     "✓ met"
                 } else {
                     "✗ not met"
                 },
                 x(self.pooled_cycle_ratio(name)),
-                x(r.f("cycle", "cycle", name, "paired_ratio_bare")),
+                self.cycle_x(name, "paired_ratio_bare"),
                 us(p50),
                 us(r.f("cycle", "cycle", name, "p99_ns")),
                 us(crit),

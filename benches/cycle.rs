@@ -3,6 +3,10 @@
 //! release still published), Reentrant, and Classic (decimal, big-endian, with the key TTL
 //! option, with the compare-and-set takeover), measured interleaved with the floors of the same
 //! run: a pooled PING and the bare commands of each algorithm sent on a raw connection.
+//!
+//! The interleaved measurement is repeated in `runs` runs (5; `DLOCK_CYCLE_RUNS=n` changes it):
+//! each ratio is recorded as the median of the runs with the lowest and the highest run, and
+//! the latencies over all runs' samples.
 
 mod common;
 
@@ -136,113 +140,169 @@ fn custom(
     // A Redisson-style owner id: <uuid>:<thread number>.
     let owner = format!("{}:1", String::from_utf8_lossy(&token()));
     let (rounds, per) = env.pick((100, 120), (2, 5));
-    let mut variants = vec![
-        Variant::new("floor_ping_pool", || {
-            ping(&mut pool.get().expect("pooled connection"))
-        }),
-        Variant::new("floor_set_nx_px_evalsha_raw", || {
-            let t = token();
-            assert!(set_nx_px(&mut raw_token, "cycle:floor:t", &t, 10_000));
-            assert!(evalsha_unlock(&mut raw_token, sha, "cycle:floor:t", &t));
-        }),
-        Variant::new("floor_set_nx_px_evalsha_pub_raw", || {
-            let t = token();
-            assert!(set_nx_px(&mut raw_token_pub, "cycle:floor:tp", &t, 10_000));
-            assert!(evalsha_unlock_publish(
-                &mut raw_token_pub,
-                sha,
-                "cycle:floor:tp",
-                &token_pub_channel,
-                &t
-            ));
-        }),
-        Variant::new("floor_reentrant_raw", || {
-            assert!(evalsha_reentrant_acquire(
-                &mut raw_reentrant,
-                &shas.reentrant_acquire,
-                "cycle:floor:r",
-                REENTRANT_LEASE_MS,
-                &owner
-            ));
-            assert!(evalsha_reentrant_release(
-                &mut raw_reentrant,
-                &shas.reentrant_release,
-                "cycle:floor:r",
-                &reentrant_channel,
-                REENTRANT_LEASE_MS,
-                &owner
-            ));
-        }),
-        Variant::new("floor_setnx_evalsha_raw", || {
-            let (buf, len) = classic_value(1000);
-            assert!(setnx(&mut raw_classic, "cycle:floor:c", &buf[..len]));
-            assert!(evalsha_unlock(
-                &mut raw_classic,
-                sha,
-                "cycle:floor:c",
-                &buf[..len]
-            ));
-        }),
-        Variant::new("floor_classic_set_nx_px_evalsha_raw", || {
-            let (buf, len) = classic_value(1000);
-            assert!(set_nx_px(
-                &mut raw_classic_px,
-                "cycle:floor:cp",
-                &buf[..len],
-                1000
-            ));
-            assert!(evalsha_unlock(
-                &mut raw_classic_px,
-                sha,
-                "cycle:floor:cp",
-                &buf[..len]
-            ));
-        }),
-    ];
-    for (name, lock) in locks {
-        variants.push(Variant::new(name, move || cycle(lock.as_ref())));
-    }
-    let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
-    let mut samples = interleaved(&mut variants, rounds, per);
-    drop(variants);
-    // Paired ratios first (they need the samples in time order).
-    let index = |n: &str| names.iter().position(|x| *x == n).expect("variant");
-    let ping = samples[index("floor_ping_pool")].clone();
-    let mut paired = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let to_ping = paired_ratio(&samples[i], &ping, per) / 2.0;
-        let bare = match *name {
-            "token" | "token_ttl" => Some("floor_set_nx_px_evalsha_pub_raw"),
-            "reentrant" => Some("floor_reentrant_raw"),
-            "classic_key_ttl" => Some("floor_classic_set_nx_px_evalsha_raw"),
-            n if n.starts_with("classic") => Some("floor_setnx_evalsha_raw"),
-            _ => None,
-        };
-        let to_bare = bare.map(|b| paired_ratio(&samples[i], &samples[index(b)], per));
-        paired.push((to_ping, to_bare));
+    let runs = env.pick(
+        std::env::var("DLOCK_CYCLE_RUNS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(5usize)
+            .max(1),
+        1,
+    );
+    // Per variant: every run's samples, and each run's paired ratios (to 2 PING, to bare).
+    let mut names: Vec<&str> = Vec::new();
+    let mut all: Vec<Vec<u64>> = Vec::new();
+    let mut runs_to_ping: Vec<Vec<f64>> = Vec::new();
+    let mut runs_to_bare: Vec<Vec<f64>> = Vec::new();
+    for run in 0..runs {
+        let mut variants = vec![
+            Variant::new("floor_ping_pool", || {
+                ping(&mut pool.get().expect("pooled connection"))
+            }),
+            Variant::new("floor_set_nx_px_evalsha_raw", || {
+                let t = token();
+                assert!(set_nx_px(&mut raw_token, "cycle:floor:t", &t, 10_000));
+                assert!(evalsha_unlock(&mut raw_token, sha, "cycle:floor:t", &t));
+            }),
+            Variant::new("floor_set_nx_px_evalsha_pub_raw", || {
+                let t = token();
+                assert!(set_nx_px(&mut raw_token_pub, "cycle:floor:tp", &t, 10_000));
+                assert!(evalsha_unlock_publish(
+                    &mut raw_token_pub,
+                    sha,
+                    "cycle:floor:tp",
+                    &token_pub_channel,
+                    &t
+                ));
+            }),
+            Variant::new("floor_reentrant_raw", || {
+                assert!(evalsha_reentrant_acquire(
+                    &mut raw_reentrant,
+                    &shas.reentrant_acquire,
+                    "cycle:floor:r",
+                    REENTRANT_LEASE_MS,
+                    &owner
+                ));
+                assert!(evalsha_reentrant_release(
+                    &mut raw_reentrant,
+                    &shas.reentrant_release,
+                    "cycle:floor:r",
+                    &reentrant_channel,
+                    REENTRANT_LEASE_MS,
+                    &owner
+                ));
+            }),
+            Variant::new("floor_setnx_evalsha_raw", || {
+                let (buf, len) = classic_value(1000);
+                assert!(setnx(&mut raw_classic, "cycle:floor:c", &buf[..len]));
+                assert!(evalsha_unlock(
+                    &mut raw_classic,
+                    sha,
+                    "cycle:floor:c",
+                    &buf[..len]
+                ));
+            }),
+            Variant::new("floor_classic_set_nx_px_evalsha_raw", || {
+                let (buf, len) = classic_value(1000);
+                assert!(set_nx_px(
+                    &mut raw_classic_px,
+                    "cycle:floor:cp",
+                    &buf[..len],
+                    1000
+                ));
+                assert!(evalsha_unlock(
+                    &mut raw_classic_px,
+                    sha,
+                    "cycle:floor:cp",
+                    &buf[..len]
+                ));
+            }),
+        ];
+        for (name, lock) in locks {
+            variants.push(Variant::new(name, move || cycle(lock.as_ref())));
+        }
+        names = variants.iter().map(|v| v.name).collect();
+        let samples = interleaved(&mut variants, rounds, per);
+        drop(variants);
+        // Paired ratios first (they need the samples in time order).
+        let index = |n: &str| names.iter().position(|x| *x == n).expect("variant");
+        let ping = &samples[index("floor_ping_pool")];
+        all.resize(names.len(), Vec::new());
+        runs_to_ping.resize(names.len(), Vec::new());
+        runs_to_bare.resize(names.len(), Vec::new());
+        for (i, name) in names.iter().enumerate() {
+            runs_to_ping[i].push(paired_ratio(&samples[i], ping, per) / 2.0);
+            if let Some(b) = bare_of(name) {
+                runs_to_bare[i].push(paired_ratio(&samples[i], &samples[index(b)], per));
+            }
+        }
+        let token = index("token");
+        println!(
+            "[cycle] run {}/{runs}: token {:.3} x 2 PING",
+            run + 1,
+            runs_to_ping[token][run]
+        );
+        for (a, s) in all.iter_mut().zip(samples) {
+            a.extend(s);
+        }
     }
     let mut floor = 0.0;
-    for ((name, sample), (to_ping, to_bare)) in names.iter().zip(samples.iter_mut()).zip(paired) {
-        let s = Stats::of(sample);
+    for (i, name) in names.iter().enumerate() {
+        let s = Stats::of(&mut all[i]);
         if *name == "floor_ping_pool" {
             floor = s.p50;
             env.put_stats("floor", "ping_pool", &s);
             continue;
         }
         env.put_stats("cycle", name, &s);
-        env.put("cycle", name, "paired_ratio_2ping", format!("{to_ping:.4}"));
+        let to_ping = spread(&runs_to_ping[i]);
+        put_spread(env, name, "paired_ratio_2ping", to_ping);
+        let to_bare = (!runs_to_bare[i].is_empty()).then(|| spread(&runs_to_bare[i]));
         if let Some(b) = to_bare {
-            env.put("cycle", name, "paired_ratio_bare", format!("{b:.4}"));
+            put_spread(env, name, "paired_ratio_bare", b);
         }
         println!(
-            "[cycle] {name:<38} p50 {:>10}  p99 {:>10}  = {:.3} x 2 PING (paired {:.3}, to bare {})",
+            "[cycle] {name:<38} p50 {:>10}  p99 {:>10}  = {:.3} x 2 PING (paired median of {runs} \
+             runs {:.3}, {:.3}-{:.3}; to bare {})",
             us(s.p50),
             us(s.p99),
             s.p50 / (2.0 * floor),
-            to_ping,
-            to_bare.map_or("-".to_owned(), |b| format!("{b:.3}")),
+            to_ping.0,
+            to_ping.1,
+            to_ping.2,
+            to_bare.map_or("-".to_owned(), |b| format!("{:.3}", b.0)),
         );
     }
     env.put("cycle", "all", "rounds", rounds);
     env.put("cycle", "all", "per_round", per);
+    env.put("cycle", "all", "runs", runs);
+}
+
+/// The bare commands a lock configuration is compared with.
+fn bare_of(name: &str) -> Option<&'static str> {
+    match name {
+        "token" | "token_ttl" => Some("floor_set_nx_px_evalsha_pub_raw"),
+        "reentrant" => Some("floor_reentrant_raw"),
+        "classic_key_ttl" => Some("floor_classic_set_nx_px_evalsha_raw"),
+        n if n.starts_with("classic") => Some("floor_setnx_evalsha_raw"),
+        _ => None,
+    }
+}
+
+/// The median, lowest and highest of the runs' values.
+fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let median = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    (median, v[0], v[v.len() - 1])
+}
+
+/// Records `metric` as the median of the runs, with `metric_lo` and `metric_hi`.
+fn put_spread(env: &mut BenchEnv, name: &str, metric: &str, (median, lo, hi): (f64, f64, f64)) {
+    env.put("cycle", name, metric, format!("{median:.4}"));
+    env.put("cycle", name, &format!("{metric}_lo"), format!("{lo:.4}"));
+    env.put("cycle", name, &format!("{metric}_hi"), format!("{hi:.4}"));
 }
