@@ -284,6 +284,7 @@ fn main() {
         return;
     }
     // `--cycle-section`: the targets table and the uncontended-cycle section from `cycle.csv`
+    // (printed; the section's chart is written to docs/img/cycle-ratios.svg)
     // alone (rows of other benches come out empty), to refresh them from a new cycle run.
     if std::env::args().any(|a| a == "--cycle-section") {
         let mut files = BTreeMap::new();
@@ -297,6 +298,11 @@ fn main() {
         report.targets(&mut md);
         report.cycle(&mut md);
         print!("{md}");
+        let svg = workspace_dir().join("docs/img/cycle-ratios.svg");
+        if let Err(e) = std::fs::write(&svg, report.cycle_svg()) {
+            eprintln!("bench_report: cannot write {}: {e}", svg.display());
+            std::process::exit(1);
+        }
         return;
     }
     let results = match Results::load(&target.join("dlock-bench")) {
