@@ -232,7 +232,11 @@ mod redisson {
     impl Java {
         pub fn new() -> Java {
             Java {
-                lock_name: format!("{}:{}", super::random_uuid(), 1 + rand::random::<u16>()),
+                lock_name: format!(
+                    "{}:{}",
+                    super::random_uuid(),
+                    1 + u32::from(rand::random::<u16>())
+                ),
             }
         }
 
