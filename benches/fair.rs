@@ -345,8 +345,14 @@ fn uncontended(env: &mut BenchEnv, url: &str) {
     let (acquire_sha, release_sha) = {
         let mut con = pool.get().expect("pooled");
         (
-            load_script(&mut con, include_str!("../lua/fair_acquire.lua")),
-            load_script(&mut con, include_str!("../lua/fair_release.lua")),
+            load_script(
+                &mut con,
+                &with_live_head(include_str!("../lua/fair_acquire.lua")),
+            ),
+            load_script(
+                &mut con,
+                &with_live_head(include_str!("../lua/fair_release.lua")),
+            ),
         )
     };
     let keys = [
@@ -565,4 +571,14 @@ fn main() {
         }
     }
     env.finish();
+}
+
+/// A fair lock script as the client sends it: its include line replaced by the shared queue
+/// walk (`lua/fair_live_head.lua`).
+fn with_live_head(code: &str) -> String {
+    code.replacen(
+        "-- #include fair_live_head.lua\n",
+        include_str!("../lua/fair_live_head.lua"),
+        1,
+    )
 }

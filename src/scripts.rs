@@ -124,6 +124,12 @@ impl LuaScript {
         Self::new(name, &code.replacen(RW_INCLUDE, RW_PRELUDE, 1))
     }
 
+    /// A fair lock script: its `-- #include fair_live_head.lua` line replaced by the queue walk
+    /// both fair scripts share (`lua/fair_live_head.lua`).
+    fn with_fair_live_head(name: &'static str, code: &str) -> Self {
+        Self::new(name, &code.replacen(FAIR_INCLUDE, FAIR_LIVE_HEAD, 1))
+    }
+
     /// Runs the script on one key with `args` (a tuple writes one ARGV per element).
     pub(crate) fn eval<T: FromRedisValue>(
         &self,
@@ -192,6 +198,11 @@ pub(crate) fn rejects_shebang(err: &redis::RedisError) -> bool {
 const RW_INCLUDE: &str = "-- #include rw_prelude.lua\n";
 /// The opening shared by the read-write lock scripts.
 const RW_PRELUDE: &str = include_str!("../lua/rw_prelude.lua");
+/// The line of `lua/fair_acquire.lua` and `lua/fair_release.lua` that stands for
+/// [`FAIR_LIVE_HEAD`].
+const FAIR_INCLUDE: &str = "-- #include fair_live_head.lua\n";
+/// The queue walk shared by the fair lock scripts.
+const FAIR_LIVE_HEAD: &str = include_str!("../lua/fair_live_head.lua");
 
 /// All scripts of the crate, built once per client.
 #[derive(Debug, Clone)]
@@ -284,8 +295,14 @@ impl Scripts {
             ),
             lock_state: LuaScript::new("lock_state", include_str!("../lua/lock_state.lua")),
             force_unlock: LuaScript::new("force_unlock", include_str!("../lua/force_unlock.lua")),
-            fair_acquire: LuaScript::new("fair_acquire", include_str!("../lua/fair_acquire.lua")),
-            fair_release: LuaScript::new("fair_release", include_str!("../lua/fair_release.lua")),
+            fair_acquire: LuaScript::with_fair_live_head(
+                "fair_acquire",
+                include_str!("../lua/fair_acquire.lua"),
+            ),
+            fair_release: LuaScript::with_fair_live_head(
+                "fair_release",
+                include_str!("../lua/fair_release.lua"),
+            ),
         }
     }
 }

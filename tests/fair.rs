@@ -625,9 +625,15 @@ fn signal(pid: u32, sig: &str) {
 /// Queues a waiter entry the way `lua/fair_acquire.lua` does for a client that then vanishes
 /// (it never refreshes the entry nor comes back for a grant).
 fn enqueue_vanished(conn: &mut redis::Connection, key: &str, token: &str, entry_ttl_ms: u64) {
-    let script =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/fair_acquire.lua"))
-            .expect("script");
+    let lua = |f: &str| {
+        std::fs::read_to_string(format!("{}/lua/{f}", env!("CARGO_MANIFEST_DIR"))).expect("script")
+    };
+    // The script as the client sends it: its include line replaced by the shared queue walk.
+    let script = lua("fair_acquire.lua").replacen(
+        "-- #include fair_live_head.lua\n",
+        &lua("fair_live_head.lua"),
+        1,
+    );
     let _: redis::Value = redis::cmd("EVAL")
         .arg(&script)
         .arg(3)

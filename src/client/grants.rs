@@ -77,7 +77,7 @@ impl Grant {
 
 impl Grants {
     /// Expects a grant to `token` for the waiters of `line`; forgotten when `forget` is called.
-    pub(crate) fn expect(&self, token: &Token, line: &str) {
+    pub(crate) fn register(&self, token: &Token, line: &str) {
         let mut map = lock(&self.map);
         map.insert(
             *token,
@@ -152,7 +152,7 @@ mod tests {
         let (a, b) = ([b'a'; TOKEN_LEN], [b'b'; TOKEN_LEN]);
         let grant = |f| Grant::new(f, 1, 0);
         assert_eq!(g.deliver(&a, grant(1)), None);
-        g.expect(&a, "k");
+        g.register(&a, "k");
         assert!(!g.is_granted(&a));
         assert_eq!(g.deliver(&b, grant(2)), None);
         assert_eq!(g.deliver(&a, grant(3)).as_deref(), Some("k"));

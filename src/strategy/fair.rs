@@ -467,7 +467,7 @@ impl FairLock {
                 return Ok(LockGuard::new(self, lease));
             }
         }
-        queues.grants.expect(&token, &self.key);
+        queues.grants.register(&token, &self.key);
         let _expecting = Expecting {
             client: &self.client,
             token,
