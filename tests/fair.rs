@@ -428,8 +428,22 @@ fn fair_waiter_process() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
+    // DLOCK_TTL_MS: an explicit ttl (not watched); DLOCK_EXPECT_LOST: the test freezes this
+    // process while it holds, so the hold must be found lost at release.
+    let ttl: Option<u64> = std::env::var("DLOCK_TTL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let expect_lost = std::env::var_os("DLOCK_EXPECT_LOST").is_some();
     let client = LockClient::open(&url).expect("client");
-    let lock = fair_fenced(&client, &key);
+    let lock = match ttl {
+        Some(ms) => client
+            .lock(&key)
+            .fencing()
+            .ttl(Duration::from_millis(ms))
+            .build_fair()
+            .expect("build fair lock"),
+        None => fair_fenced(&client, &key),
+    };
     let guard = lock.try_lock_for(Duration::from_secs(60)).expect("lock");
     let mut conn = redis::Client::open(url.as_str())
         .and_then(|c| c.get_connection())
@@ -442,6 +456,17 @@ fn fair_waiter_process() {
         .expect("RPUSH");
     worker::report(GOT_MARKER, &entry);
     thread::sleep(ms(hold));
+    if expect_lost {
+        assert!(
+            guard.is_lost(),
+            "a hold frozen past its ttl is not reported lost"
+        );
+        assert!(
+            !guard.unlock().expect("unlock"),
+            "released a hold it had lost"
+        );
+        return;
+    }
     assert!(guard.unlock().expect("unlock"), "lost its hold");
 }
 
@@ -554,18 +579,18 @@ fn a_frozen_waiter_neither_stalls_the_line_nor_holds_twice() {
     let c = client(&server);
     let holder = fair_fenced(&c, KEY);
     let held = holder.lock().expect("free");
-    let mut frozen = spawn_waiter(&server, KEY, 0, 5);
+    let frozen = spawn_waiter(&server, KEY, 0, 5);
     wait_queued(&mut conn, &holder, 1);
     let live_client = client(&server);
     let live = fair_fenced(&live_client, KEY);
-    let pid = frozen_pid(&mut frozen);
+    let pid = frozen.pid();
     thread::scope(|s| {
         let w = s.spawn(|| {
             live.try_lock_for(Duration::from_secs(30))
                 .expect("live waiter")
         });
         wait_queued(&mut conn, &holder, 2);
-        signal(pid, "STOP");
+        support::freeze(pid);
         let released = Instant::now();
         held.unlock().expect("release");
         let g = w.join().expect("thread");
@@ -589,30 +614,6 @@ fn a_frozen_waiter_neither_stalls_the_line_nor_holds_twice() {
     assert_eq!(order_list(&mut conn, KEY).len(), 1);
 }
 
-fn frozen_pid(w: &mut WorkerProcess) -> u32 {
-    // The worker's pid is not exposed; find the child whose environment names it.
-    let _ = w;
-    let me = std::process::id();
-    let out = std::process::Command::new("pgrep")
-        .args(["-P", &me.to_string()])
-        .output()
-        .expect("pgrep");
-    let pids: Vec<u32> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| {
-                    env.split(|b| *b == 0)
-                        .any(|v| v.starts_with(WORKER_ENV.as_bytes()))
-                })
-                .unwrap_or(false)
-        })
-        .collect();
-    assert_eq!(pids.len(), 1, "one worker child: {pids:?}");
-    pids[0]
-}
-
 fn signal(pid: u32, sig: &str) {
     let ok = std::process::Command::new("kill")
         .args([&format!("-{sig}"), &pid.to_string()])
@@ -620,6 +621,78 @@ fn signal(pid: u32, sig: &str) {
         .expect("kill")
         .success();
     assert!(ok, "kill -{sig} {pid}");
+}
+
+/// A waiter frozen (SIGSTOP) right after the lock was granted to it, as a long GC pause would:
+/// the line goes on once its hold's ttl has run out (the grant lease, 600 ms, raised to the
+/// lock's ttl by its client 200 ms after the grant), the next holder's fence is higher, and the
+/// resumed waiter's guard reports the hold lost and its `unlock()` returns `Ok(false)`.
+#[test]
+fn a_waiter_frozen_after_its_grant_loses_the_hold_and_says_so() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const KEY: &str = "fair:frozen-grantee";
+    const TTL_MS: u64 = 1_000;
+    let c = client(&server);
+    let holder = fair_fenced(&c, KEY);
+    let held = holder.lock().expect("free");
+    let mut grantee = WorkerProcess::spawn(
+        WORKER_TEST,
+        &[
+            (WORKER_ENV, "1".to_owned()),
+            ("DLOCK_URL", server.url()),
+            ("DLOCK_KEY", KEY.to_owned()),
+            ("DLOCK_ID", "0".to_owned()),
+            ("DLOCK_HOLD_MS", "1500".to_owned()),
+            ("DLOCK_TTL_MS", TTL_MS.to_string()),
+            ("DLOCK_EXPECT_LOST", "1".to_owned()),
+        ],
+    );
+    wait_queued(&mut conn, &holder, 1);
+    let pid = grantee.pid();
+    let live_client = client(&server);
+    let live = fair_fenced(&live_client, KEY);
+    thread::scope(|s| {
+        let w = s.spawn(|| {
+            live.try_lock_for(Duration::from_secs(30))
+                .expect("live waiter")
+        });
+        wait_queued(&mut conn, &holder, 2);
+        held.unlock().expect("release");
+        let got = grantee
+            .wait_marker(GOT_MARKER, Duration::from_secs(10))
+            .is_ok();
+        assert!(got, "the first waiter was not granted the lock");
+        support::freeze(pid);
+        let frozen_at = Instant::now();
+        let g = w.join().expect("thread");
+        let waited = frozen_at.elapsed();
+        assert!(
+            waited <= ms(TTL_MS + 500),
+            "the frozen grantee held up the line for {waited:?}"
+        );
+        let order = order_list(&mut conn, KEY);
+        assert_eq!(order.len(), 1, "{order:?}");
+        let stale: u64 = order[0]
+            .split(':')
+            .nth(1)
+            .and_then(|f| f.parse().ok())
+            .expect("fence");
+        let fence = g.fence().expect("fenced");
+        assert!(
+            fence > stale,
+            "fence {fence} after the frozen grantee's {stale}"
+        );
+        signal(pid, "CONT");
+        let (status, out, _) = grantee.finish(Duration::from_secs(30));
+        assert!(status.success(), "{out}");
+        assert!(
+            g.is_held().expect("is_held"),
+            "the resumed grantee took the hold back"
+        );
+        assert!(g.unlock().expect("unlock"));
+    });
 }
 
 /// Queues a waiter entry the way `lua/fair_acquire.lua` does for a client that then vanishes

@@ -282,7 +282,7 @@ fn sigstopped_holder_is_refused(strategy: &str) {
     let (fence, pid) = report.split_once(' ').expect("`fence pid`");
     let (stale_fence, pid): (u64, u32) = (fence.parse().unwrap(), pid.parse().unwrap());
     // Freeze the whole holder process (all its threads), as a long GC pause would.
-    signal(pid, "STOP");
+    support::freeze(pid);
 
     let c = client(&server);
     let lock = fenced(

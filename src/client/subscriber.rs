@@ -808,10 +808,26 @@ impl Reader {
                 shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
                 Ok(())
             }
-            Err(e) if e.is_timeout() => Ok(()),
+            // EINTR: a read with a timeout that the process's SIGSTOP / SIGCONT interrupted
+            // (Linux does not restart it; signal(7)). Nothing was read, as on a timeout.
+            Err(e) if e.is_timeout() || interrupted(&e) => Ok(()),
             Err(e) => Err(End::lost(e.to_string())),
         }
     }
+}
+
+/// True if `e` is a read that a signal interrupted before any byte arrived (`EINTR`).
+fn interrupted(e: &redis::RedisError) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    // redis-rs keeps the io::Error behind an `Arc<dyn Error>`, which `source()` returns.
+    let Some(source) = std::error::Error::source(e) else {
+        return false;
+    };
+    let io = match source.downcast_ref::<Shared>() {
+        Some(inner) => inner.downcast_ref::<std::io::Error>(),
+        None => source.downcast_ref::<std::io::Error>(),
+    };
+    io.is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
 }
 
 /// Runs one connection: sends the queued commands, reads pushes while channels are
@@ -946,6 +962,14 @@ mod tests {
     use super::*;
     use redis::Parser;
     use std::io::Read;
+
+    #[test]
+    fn an_interrupted_read_is_told_apart() {
+        let err = |kind| redis::RedisError::from(io::Error::from(kind));
+        assert!(interrupted(&err(io::ErrorKind::Interrupted)));
+        assert!(!interrupted(&err(io::ErrorKind::ConnectionReset)));
+        assert!(!interrupted(&err(io::ErrorKind::WouldBlock)));
+    }
 
     /// Hands out its chunks one per read, with a timeout error between them.
     struct Stutter {

@@ -55,12 +55,6 @@ pub enum Strategy {
     /// pub/sub ([`wake_up`](LockBuilder::wake_up) does not apply). Not wire-compatible with
     /// Token lockers or Redisson's `RFairLock` on the same key. See `docs/fair.md`.
     ///
-    /// **Experimental.** In one run of the test suite on a loaded machine, a waiter whose
-    /// process had been stopped (SIGSTOP) while the lock was granted to it returned a guard
-    /// after it was resumed, while another client held the lock (its `unlock()` then
-    /// reported the loss with `Ok(false)`). The cause is not found yet; see `docs/fair.md`.
-    /// Use fencing tokens with this strategy, and prefer [`Strategy::Token`] where mutual
-    /// exclusion must not depend on it.
     Fair,
 }
 /// Default lifetime ("timeout") of a [`Strategy::Classic`] lock, as in the legacy lockers.

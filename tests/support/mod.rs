@@ -171,7 +171,7 @@ impl RedisServer {
     /// Freezes the server with SIGSTOP: connections stay open but nothing is answered.
     pub fn pause(&self) {
         if self.is_running() {
-            signal(self.pid, "STOP");
+            freeze(self.pid);
             self.paused.store(true, Ordering::SeqCst);
         }
     }
@@ -386,6 +386,35 @@ fn free_port() -> u16 {
 
 /// Sends `SIG<name>` to `pid` with the `kill` binary. Errors are ignored
 /// (the process may already be gone).
+/// Sends SIGSTOP to `pid` and returns once every thread of it is stopped. `kill` returns as
+/// soon as the signal is queued: one thread then takes it and stops the others, and on a busy
+/// machine the process's threads were seen to go on running for up to 3.4 ms after `kill`
+/// returned (59 rounds of 100, a C probe beside a CPU hog). A test that acts "while the process
+/// is frozen" must wait for this.
+pub fn freeze(pid: u32) {
+    signal(pid, "STOP");
+    let stopped = wait_until(Duration::from_secs(10), || all_threads_stopped(pid));
+    assert!(stopped, "process {pid} did not stop within 10 s of SIGSTOP");
+}
+
+/// True if every thread of `pid` is in the stopped state (`T`, or `t` when traced), or the
+/// process is gone.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|task| {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            return true; // the thread ended
+        };
+        // `tid (comm) S ...`: the state follows the last ')' (comm may hold anything).
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].trim_start().chars().next());
+        matches!(state, Some('T' | 't' | 'Z' | 'X'))
+    })
+}
+
 fn signal(pid: u32, name: &str) {
     let _ = Command::new("kill")
         .arg(format!("-{name}"))

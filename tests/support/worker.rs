@@ -80,6 +80,11 @@ impl WorkerProcess {
         }
     }
 
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Reads the worker's stdout until `pick` accepts a line (returns its answer) or `timeout`
     /// has passed (or the output ended). The lines passed over are kept in
     /// [`seen`](Self::seen).
