@@ -993,6 +993,72 @@ fn mixed_with_token_locks_on_other_keys() {
     );
 }
 
+/// A fair-lock waiter reads its client's subscriber connection itself while it waits (the
+/// reader thread lends it). A Token waiter of the same client that starts waiting meanwhile
+/// needs its channel subscribed and its release heard: the connection is taken back for the
+/// `SUBSCRIBE`, and the release wakes the Token waiter long before its 5 s poll would.
+#[test]
+fn a_token_waiter_beside_a_waiting_fair_waiter_is_woken_by_the_release() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    // A 10 s command timeout: the subscriber's keepalive (which also takes a lent connection
+    // back) is then far beyond this test's bound.
+    let other = client(&server);
+    let shared = LockClient::builder(server.url().as_str())
+        .command_timeout(Some(Duration::from_secs(10)))
+        .build()
+        .expect("client");
+    let fair_holder = fair(&other, "lend:fair");
+    let token_holder = other.lock("lend:token").build_token().expect("token lock");
+    let fair_waiter = fair(&shared, "lend:fair");
+    let token_waiter = shared
+        .lock("lend:token")
+        .retry(
+            RetryPolicy::standard()
+                .fixed_delay(Duration::from_secs(5))
+                .jitter(false),
+        )
+        .build_token()
+        .expect("token lock");
+    let held_fair = fair_holder.lock().expect("free");
+    let held_token = token_holder.lock().expect("free");
+    thread::scope(|s| {
+        let f = s.spawn(|| {
+            fair_waiter
+                .try_lock_for(Duration::from_secs(30))
+                .expect("fair waiter")
+        });
+        wait_queued(&mut conn, &fair_holder, 1);
+        // The fair waiter now reads the subscriber connection (lent after its subscription).
+        thread::sleep(ms(300));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = s.spawn(move || {
+            let g = token_waiter
+                .try_lock_for(Duration::from_secs(30))
+                .expect("token waiter");
+            tx.send(Instant::now()).expect("send");
+            assert!(g.unlock().expect("unlock"));
+        });
+        // Its first attempt is refused at once; give its subscription time to be sent.
+        thread::sleep(ms(500));
+        let released = Instant::now();
+        assert!(held_token.unlock().expect("release"));
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the token waiter got the lock");
+        let waited = got - released;
+        assert!(
+            waited < SECOND,
+            "the token waiter was woken after {waited:?} (its poll is 5 s): the release was not heard"
+        );
+        t.join().expect("token waiter thread");
+        assert!(held_fair.unlock().expect("release"));
+        let g = f.join().expect("fair waiter thread");
+        assert!(g.unlock().expect("unlock"));
+    });
+}
+
 /// 1,000 waiting threads (20 clients x 50) on one key: only each client's head waits in
 /// Redis, so the queue holds at most 20 entries; commands stay within two per section plus
 /// the polls; and 1,000 entries of vanished waiters lapse and are dropped in bounded steps.

@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -85,6 +85,40 @@ struct Shared {
     counters: Arc<Counters>,
     /// A connection that was up has been lost: the next one is a reconnect.
     was_lost: AtomicBool,
+    /// The connection while the reader thread lends it to fair-lock waiters
+    /// ([`Wakeups::await_grant`]).
+    lend: Mutex<Lend>,
+    /// Borrowers wait here: signalled when the connection is put back while another borrower
+    /// waits for it, a grant was delivered, the link changed, or at shutdown.
+    lend_cv: Condvar,
+    /// The reader thread waits here while the connection is lent: signalled when it is
+    /// wanted back (a command queued, another kind of waiter, shutdown), when it is put back
+    /// while recalled, and when a borrower's read failed. Not on every grant: waking the
+    /// reader thread for nothing would cost the thread switch that lending saves.
+    reader_cv: Condvar,
+    /// The connection is lent (the reader thread is in `lend`).
+    lent: AtomicBool,
+    /// The reader thread wants the lent connection back: a borrower returns it after its
+    /// current read (at most [`TICK`]).
+    recall: AtomicBool,
+    /// When the server was last heard, in µs since `base` (read while the connection is lent).
+    heard_us: AtomicU64,
+    base: Instant,
+}
+
+/// The connection lent by the reader thread to the fair-lock waiters of its client: while one
+/// of them waits for a grant, that waiting thread reads the connection itself, so the grant
+/// message wakes it directly rather than the reader thread, which would then have to wake it.
+#[derive(Default)]
+struct Lend {
+    /// The connection, while lent and not being read by a borrower.
+    reader: Option<Reader>,
+    /// A borrower's read failed: the reader thread ends the connection with this.
+    broken: Option<End>,
+    /// Bumped when the link changes (lost, or a subscription confirmed): a borrower returns.
+    link_events: u64,
+    /// Borrowers blocked on `lend_cv` (another one is reading).
+    sleeping: usize,
 }
 
 #[derive(Default)]
@@ -99,8 +133,11 @@ struct State {
     thread: bool,
     /// The client is gone: the reader exits.
     shutdown: bool,
-    /// The reader is blocked reading pushes (up to [`TICK`]): a command queued now waits.
+    /// The reader is blocked reading pushes (up to [`TICK`]), or has lent the connection: a
+    /// command queued now waits.
     reading: bool,
+    /// Fair-lock waiters waiting for a grant in [`Wakeups::await_grant`].
+    borrowers: usize,
 }
 
 /// A command queued for the reader.
@@ -149,6 +186,13 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+fn lock_lend(m: &Mutex<Lend>) -> MutexGuard<'_, Lend> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The prefix of fair-lock grant channels: only their waiters borrow the connection.
+const FAIR_CHANNEL_PREFIX: &str = "dlock_fair_ch:";
+
 impl std::fmt::Debug for Wakeups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Wakeups")
@@ -177,6 +221,13 @@ impl Wakeups {
                     cv: Condvar::new(),
                     counters,
                     was_lost: AtomicBool::new(false),
+                    lend: Mutex::new(Lend::default()),
+                    lend_cv: Condvar::new(),
+                    reader_cv: Condvar::new(),
+                    lent: AtomicBool::new(false),
+                    recall: AtomicBool::new(false),
+                    heard_us: AtomicU64::new(0),
+                    base: Instant::now(),
                 })
             }),
         }
@@ -267,7 +318,80 @@ impl Wakeups {
             }
         }
         drop(st);
+        // A lent connection is taken back for this (a command to send, or a channel whose
+        // messages the reader thread dispatches).
+        shared.wake_reader();
         Some(subscription)
+    }
+
+    /// Waits until a grant to `token` is in `grants`, until `until`, or until the subscriber's
+    /// link changes (lost, or a subscription confirmed): the caller then looks again. While it
+    /// waits, this thread reads the subscriber connection itself whenever the reader thread
+    /// lends it (it does while only fair-lock waiters need it): a grant message then wakes this
+    /// thread directly, one thread switch fewer than through the reader thread. Messages for
+    /// other threads are dispatched as the reader thread would. `false` when this client has
+    /// no subscriber (the caller sleeps as it would otherwise).
+    pub(crate) fn await_grant(
+        &self,
+        grants: &crate::client::grants::Grants,
+        token: &crate::client::grants::Token,
+        until: Instant,
+    ) -> bool {
+        let Some(shared) = self.shared.as_ref() else {
+            return false;
+        };
+        lock(&shared.state).borrowers += 1;
+        let _leave = Borrowing(shared);
+        let mut l = lock_lend(&shared.lend);
+        let link = l.link_events;
+        loop {
+            if grants.is_granted(token) || l.link_events != link {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return true;
+            }
+            if !shared.recall.load(Ordering::SeqCst) {
+                if let Some(mut reader) = l.reader.take() {
+                    drop(l);
+                    let read = reader.read_for(shared, grants, token, until);
+                    l = lock_lend(&shared.lend);
+                    match read {
+                        Ok(()) => {
+                            l.reader = Some(reader);
+                            if shared.recall.load(Ordering::SeqCst) {
+                                shared.reader_cv.notify_all();
+                            }
+                            if l.sleeping > 0 {
+                                shared.lend_cv.notify_all();
+                            }
+                        }
+                        Err(end) => {
+                            l.broken = Some(end);
+                            shared.reader_cv.notify_all();
+                        }
+                    }
+                    continue;
+                }
+            }
+            l.sleeping += 1;
+            l = shared
+                .lend_cv
+                .wait_timeout(l, until - now)
+                .map(|(l, _)| l)
+                .unwrap_or_else(|p| p.into_inner().0);
+            l.sleeping -= 1;
+        }
+    }
+
+    /// A grant was delivered to a thread of this client by other means than the subscriber
+    /// (the client's own release): a borrower waiting in [`await_grant`](Self::await_grant)
+    /// looks again.
+    pub(crate) fn nudge(&self) {
+        if let Some(shared) = &self.shared {
+            shared.nudge();
+        }
     }
 
     /// True if this client's subscriber connection is subscribed (or subscribing) to
@@ -301,6 +425,16 @@ impl Wakeups {
     }
 }
 
+/// A thread inside [`Wakeups::await_grant`]; counted out when it leaves.
+struct Borrowing<'a>(&'a Shared);
+
+impl Drop for Borrowing<'_> {
+    fn drop(&mut self) {
+        let mut st = lock(&self.0.state);
+        st.borrowers = st.borrowers.saturating_sub(1);
+    }
+}
+
 impl Drop for Wakeups {
     /// Tells the reader to exit (it notices within [`TICK`], or at once if it is idle); never
     /// joins it (it may be connecting, bounded by the timeout).
@@ -308,6 +442,8 @@ impl Drop for Wakeups {
         if let Some(shared) = &self.shared {
             lock(&shared.state).shutdown = true;
             shared.cv.notify_all();
+            shared.nudge();
+            shared.wake_reader();
         }
     }
 }
@@ -516,6 +652,61 @@ fn run(shared: &Shared) {
 }
 
 impl Shared {
+    /// Wakes whoever waits on the lent connection (borrowers and the reader thread) to look
+    /// again.
+    fn nudge(&self) {
+        drop(lock_lend(&self.lend));
+        self.lend_cv.notify_all();
+    }
+
+    /// Wakes the reader thread if it is lending the connection, to see whether it wants it
+    /// back.
+    fn wake_reader(&self) {
+        if self.lent.load(Ordering::SeqCst) {
+            drop(lock_lend(&self.lend));
+            self.reader_cv.notify_all();
+        }
+    }
+
+    /// The link changed: borrowers return to their caller, which looks at the subscription.
+    fn link_event(&self) {
+        lock_lend(&self.lend).link_events += 1;
+        self.lend_cv.notify_all();
+    }
+
+    fn heard(&self) {
+        let us = self.base.elapsed().as_micros() as u64;
+        self.heard_us.store(us, Ordering::Relaxed);
+    }
+
+    fn since_heard(&self) -> Duration {
+        let us = self.heard_us.load(Ordering::Relaxed);
+        self.base
+            .elapsed()
+            .saturating_sub(Duration::from_micros(us))
+    }
+
+    /// True if the connection may be lent: fair-lock waiters wait for grants and
+    /// [`may_keep_lent`](Self::may_keep_lent).
+    fn may_lend(st: &State) -> bool {
+        st.borrowers > 0 && Self::may_keep_lent(st)
+    }
+
+    /// True if the lent connection may stay lent: nothing is to be sent, and no channel other
+    /// than fair-lock grant channels is waited on (its messages wake lines through the reader
+    /// thread). It stays lent while no borrower reads it, between one fair-lock waiter's
+    /// grant and its next wait: only grants to this client's waiters can be waited for then,
+    /// and each of those waiters reads it again when it next waits.
+    fn may_keep_lent(st: &State) -> bool {
+        st.queue.is_empty()
+            && !st.shutdown
+            && st.link == Link::Up
+            && st
+                .channels
+                .iter()
+                .all(|(name, c)| c.users == 0 || name.starts_with(FAIR_CHANNEL_PREFIX))
+    }
+
     /// A new connection is ready: bump the generation, queue a `SUBSCRIBE` of every channel
     /// waited on. False if the client is gone meanwhile.
     fn go_up(&self) -> bool {
@@ -559,6 +750,7 @@ impl Shared {
         let shutdown = st.shutdown;
         drop(st);
         self.cv.notify_all();
+        self.link_event();
         if !shutdown {
             for line in lines {
                 self.waiters.notify_release(&line);
@@ -571,7 +763,9 @@ impl Shared {
     fn dispatch(&self, channel: &str, payload: &[u8]) {
         if payload.starts_with(crate::client::grants::GRANT_PREFIX) {
             if let Some((token, grant)) = crate::client::grants::parse(payload) {
-                self.waiters.deliver_grant(&token, grant);
+                if self.waiters.deliver_grant(&token, grant) {
+                    self.nudge();
+                }
             }
             return;
         }
@@ -612,6 +806,7 @@ impl Shared {
         }
         drop(st);
         self.cv.notify_all();
+        self.link_event();
         // Heard again after an outage: a release in between may have been missed.
         for line in lines {
             self.waiters.notify_release(&line);
@@ -748,6 +943,7 @@ impl Reader {
                 })
             })?;
             self.last_heard = Instant::now();
+            shared.heard();
             match classify(value) {
                 Push::Message(channel) => shared.message(&channel),
                 Push::Grant(channel, payload) => shared.dispatch(&channel, &payload),
@@ -795,6 +991,28 @@ impl Reader {
         read
     }
 
+    /// A borrower's reads ([`Wakeups::await_grant`]): until a grant to `token` arrived,
+    /// `until`, or the reader thread wants the connection back.
+    fn read_for(
+        &mut self,
+        shared: &Shared,
+        grants: &crate::client::grants::Grants,
+        token: &crate::client::grants::Token,
+        until: Instant,
+    ) -> Result<(), End> {
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || grants.is_granted(token) || shared.recall.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            // Whole milliseconds, so that a borrower reading again and again does not set the
+            // socket's timeout for every read.
+            let ms = left.min(TICK).as_millis().max(1) as u64;
+            self.set_read_timeout(Duration::from_millis(ms))?;
+            self.read_one(shared)?;
+        }
+    }
+
     fn read_one(&mut self, shared: &Shared) -> Result<(), End> {
         // `PubSub::get_message` reads without expecting a reply, so a read timeout leaves the
         // connection as it was (the parser keeps a value it was in the middle of).
@@ -805,6 +1023,7 @@ impl Reader {
         match pubsub.get_message() {
             Ok(msg) => {
                 self.last_heard = Instant::now();
+                shared.heard();
                 shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
                 Ok(())
             }
@@ -898,6 +1117,19 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
                 return end;
             }
         }
+        if reader.subscribed > 0 && Shared::may_lend(&lock(&shared.state)) {
+            reader = match lend(shared, reader) {
+                Ok(reader) => reader,
+                Err(end) => {
+                    return if lock(&shared.state).shutdown {
+                        End::Shutdown
+                    } else {
+                        end
+                    }
+                }
+            };
+            continue;
+        }
         if reader.subscribed > 0 {
             if let Err(end) = reader.read_push(shared) {
                 return if lock(&shared.state).shutdown {
@@ -908,6 +1140,55 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
             }
         }
     }
+}
+
+/// Lends the connection to the fair-lock waiters ([`Wakeups::await_grant`]) until it is
+/// needed back: a command to send, a channel of another kind waited on, the keepalive due, or
+/// shutdown. Checked when woken and every [`TICK`]; a borrower returns the
+/// connection after its current read (at most [`TICK`]). A borrower's failed read ends the
+/// connection.
+fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
+    lock(&shared.state).reading = true;
+    shared.recall.store(false, Ordering::SeqCst);
+    let keepalive = shared.timeout;
+    let mut l = lock_lend(&shared.lend);
+    l.reader = Some(reader);
+    shared.lent.store(true, Ordering::SeqCst);
+    shared.lend_cv.notify_all();
+    let mut recalling = false;
+    let outcome = loop {
+        if let Some(end) = l.broken.take() {
+            break Err(end);
+        }
+        if recalling {
+            if let Some(reader) = l.reader.take() {
+                break Ok(reader);
+            }
+        } else {
+            drop(l);
+            let want_back = {
+                let st = lock(&shared.state);
+                !Shared::may_keep_lent(&st)
+            } || shared.since_heard() >= keepalive;
+            l = lock_lend(&shared.lend);
+            if want_back {
+                recalling = true;
+                shared.recall.store(true, Ordering::SeqCst);
+                continue;
+            }
+        }
+        l = shared
+            .reader_cv
+            .wait_timeout(l, TICK)
+            .map(|(l, _)| l)
+            .unwrap_or_else(|p| p.into_inner().0);
+    };
+    l.reader = None;
+    shared.lent.store(false, Ordering::SeqCst);
+    drop(l);
+    shared.recall.store(false, Ordering::SeqCst);
+    lock(&shared.state).reading = false;
+    outcome
 }
 
 /// Opens a connection to the server the resolver names, with redis-rs (TLS, AUTH, RESP3 and

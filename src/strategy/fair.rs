@@ -522,8 +522,14 @@ impl FairLock {
                         }
                     };
                     let nap = deadline.map_or(nap, |d| nap.min(d.saturating_duration_since(now)));
-                    // Woken early by a grant, or by the subscriber after a reconnection.
-                    ticket.sleep(nap);
+                    // Woken early by a grant, or by the subscriber after a reconnection. While
+                    // listening, this thread reads the subscriber connection itself when it
+                    // can, so that its grant wakes it directly.
+                    let until = crate::time::saturating_add(Instant::now(), nap);
+                    if !(listening.is_some() && wakeups.await_grant(&queues.grants, &token, until))
+                    {
+                        ticket.sleep(nap);
+                    }
                     if queues.grants.is_granted(&token) {
                         continue;
                     }
@@ -622,7 +628,9 @@ impl DistributedLock for FairLock {
             );
         }
         let (ours, _receivers, granted, grant) = reply?;
+
         if !granted.is_empty() && self.client.waiters().deliver_grant(&granted, grant) {
+            self.client.wakeups().nudge();
             log::trace!("lock {:?}: granted to a thread of this client", self.key);
         }
         if !ours {
