@@ -162,6 +162,30 @@ impl FairLock {
         &self.channel
     }
 
+    /// Asks the server whether this client's ACL user may send every command the lock sends
+    /// ([`LockBuilder::check_access`](crate::LockBuilder::check_access)). Its publish of a
+    /// grant is checked on this client's channel and on a representative other client's
+    /// (`dlock_fair_ch:` and an id that is not ours): a release grants to whoever heads the
+    /// queue, so the user needs the pattern `dlock_fair_ch:*`, not only its own channel.
+    pub(crate) fn check_access(&self) -> Result<()> {
+        // Every digit of our id turned into another hex digit: surely another client's id.
+        let other: String = self
+            .id
+            .iter()
+            .map(|&b| if b == b'0' { '1' } else { '0' })
+            .collect();
+        let other_channel = format!("{CHANNEL_PREFIX}{other}");
+        let checks = crate::strategy::access::fair(&crate::strategy::access::FairNames {
+            key: &self.key,
+            queue: &self.queue,
+            deadlines: &self.deadlines,
+            fence: self.opts.fence_key.as_deref(),
+            own_channel: &self.channel,
+            other_channel: &other_channel,
+        });
+        crate::strategy::access::verify(&self.client, &self.key, "fair", &checks)
+    }
+
     /// A fresh owner token: this client's id, then 128 random bits in hex.
     fn new_token(&self) -> Token {
         let mut t = [0u8; TOKEN_LEN];
