@@ -239,7 +239,7 @@ impl FairLock {
         let lease = self.opts.lease(
             &self.client,
             &self.key,
-            RenewKind::Value,
+            RenewKind::FairValue,
             token,
             start,
             None,
@@ -289,7 +289,7 @@ impl FairLock {
                 let lease = self.opts.lease(
                     &self.client,
                     &self.key,
-                    RenewKind::Value,
+                    RenewKind::FairValue,
                     token,
                     start,
                     fence,
@@ -383,7 +383,7 @@ impl FairLock {
         let lease = Lease::new(token, sent, self.grant).with_fence(fence);
         let state = WatchState::new(
             std::sync::Arc::clone(self.opts.key_arc()),
-            RenewKind::Value,
+            RenewKind::FairValue,
             token,
             self.opts.lease,
             sent,
