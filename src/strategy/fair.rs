@@ -34,6 +34,8 @@ use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
+use crate::client::janitor::FairRelease;
+use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::{RenewKind, WatchState};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -65,7 +67,7 @@ const QUEUE_PREFIX: &str = "dlock_fair_q";
 const DEADLINES_PREFIX: &str = "dlock_fair_d";
 /// Grants to a client's waiters are published on `dlock_fair_ch:<client id>`: one channel per
 /// client (whatever the key), so a grant wakes only the subscriber of the client it is for.
-const CHANNEL_PREFIX: &str = "dlock_fair_ch:";
+pub(crate) const CHANNEL_PREFIX: &str = "dlock_fair_ch:";
 
 /// A lock of [`Strategy::Fair`](crate::Strategy::Fair). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
@@ -646,6 +648,28 @@ impl DistributedLock for FairLock {
             );
         }
         let (ours, _receivers, granted, grant) = reply?;
+        if ours {
+            if let Some(switches) = self.client.switches() {
+                // Done again on the new master if a Sentinel switch is announced soon: the
+                // same script with the same token, so it deletes (and grants) only if the new
+                // master still holds our token.
+                switches.released(Released {
+                    at: Instant::now(),
+                    key: self.key.clone(),
+                    value: lease.value().to_vec(),
+                    channel: None,
+                    reentrant: None,
+                    rw: None,
+                    fair: Some(FairRelease {
+                        queue: self.queue.clone(),
+                        deadlines: self.deadlines.clone(),
+                        fence: self.opts.fence_key.clone(),
+                        grant_ms: self.grant_ms(),
+                    }),
+                    until: lease.valid_until(),
+                });
+            }
+        }
         if !granted.is_empty() && self.client.waiters().deliver_grant(&granted, grant) {
             log::trace!("lock {:?}: granted to a thread of this client", self.key);
         }
