@@ -158,8 +158,9 @@ pub const HELP_RELEASE: &str = "\
 dlock release [--url URL] --key KEY --force
 
 Deletes the lock whoever holds it (a holder's 'dlock run' then sees it lost) and wakes the
-waiters (a fair lock's queue stays: its first waiter takes the lock at its next poll). --force is required. Exit status: 0 deleted, 1 there was no lock, 69 Redis
-unreachable, 64 usage.
+waiters (a fair lock's queue stays: its first waiter takes the lock at its next poll).
+--force is required. Exit status: 0 deleted, 1 there was no lock, 69 Redis unreachable,
+64 usage.
 ";
 
 /// A usage error: printed with a hint, exit 64.
