@@ -732,6 +732,7 @@ impl Shared {
                 channel: Some(self.channel.clone()),
                 reentrant: None,
                 rw: Some(release),
+                fair: None,
                 until,
             });
         }

@@ -8,7 +8,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis_dlock::{LockClient, LockError, RetryPolicy, Strategy};
+use redis_dlock::{LockClient, LockError, RetryPolicy, Strategy, WakeUp};
 use support::{init_logging, RedisServer};
 
 /// The rules of docs/production.md for locks under `locks:*`, per strategy (kept in sync by
@@ -49,6 +49,36 @@ const REENTRANT_RULE: &[&str] = &[
     "+pttl",
     "+del",
     "+incr",
+    "+publish",
+    "+subscribe",
+    "+unsubscribe",
+    "+ping",
+    "+eval",
+    "+evalsha",
+];
+
+/// The fair lock's rule: its key, the queue's two sorted sets and the fencing counter, and
+/// every client's grant channel (a release publishes the grant on the grantee's channel).
+const FAIR_RULE: &[&str] = &[
+    "~locks:*",
+    "~dlock_fair_q:{locks:*}",
+    "~dlock_fair_d:{locks:*}",
+    "~dlock_fence:{locks:*}",
+    "&dlock_fair_ch:*",
+    "+set",
+    "+get",
+    "+exists",
+    "+del",
+    "+incr",
+    "+time",
+    "+zadd",
+    "+zrem",
+    "+zrange",
+    "+zrangebyscore",
+    "+zscore",
+    "+zrank",
+    "+pttl",
+    "+pexpire",
     "+publish",
     "+subscribe",
     "+unsubscribe",
@@ -133,17 +163,40 @@ fn documented_rules_are_enough() {
     full_use(&server, "ren", Strategy::Reentrant, true);
 }
 
+/// The fair lock with exactly its documented rule, fenced and not: the waiter in another
+/// client is granted the lock by the release, published on that client's channel.
+#[test]
+fn documented_fair_rule_is_enough() {
+    init_logging();
+    let server = RedisServer::start();
+    user(&server, "fair", FAIR_RULE);
+    user(&server, "fairplain", FAIR_RULE);
+    full_use(&server, "fair", Strategy::Fair, true);
+    full_use(&server, "fairplain", Strategy::Fair, false);
+}
+
 /// The rule minus `removed`: `check_access` refuses the lock naming what is missing.
 fn refused_without(server: &RedisServer, name: &str, removed: &str, mentions: &[&str]) {
-    let rule: Vec<&str> = TOKEN_RULE
-        .iter()
-        .copied()
-        .filter(|r| *r != removed)
-        .collect();
+    refused_without_in(server, TOKEN_RULE, Strategy::Token, name, removed, mentions);
+}
+
+/// [`refused_without`] for `strategy` with its `rule` (fenced, so that the counter is checked).
+fn refused_without_in(
+    server: &RedisServer,
+    rule: &[&str],
+    strategy: Strategy,
+    name: &str,
+    removed: &str,
+    mentions: &[&str],
+) {
+    assert!(rule.contains(&removed), "{removed} is in the rule");
+    let rule: Vec<&str> = rule.iter().copied().filter(|r| *r != removed).collect();
     user(server, name, &rule);
     let c = client(server, name).unwrap_or_else(|e| panic!("{name}: {}", e.report()));
     let err = c
         .lock(format!("locks:{name}"))
+        .strategy(strategy)
+        .fencing()
         .check_access()
         .build()
         .expect_err("a permission is missing");
@@ -189,4 +242,108 @@ fn a_missing_permission_is_named_before_the_first_acquire() {
         report.contains("EVALSHA") && report.contains("NOPERM"),
         "{report}"
     );
+}
+
+#[test]
+fn a_missing_fair_permission_is_named_before_the_first_acquire() {
+    init_logging();
+    let server = RedisServer::start();
+    refused_without_in(
+        &server,
+        FAIR_RULE,
+        Strategy::Fair,
+        "nozadd",
+        "+zadd",
+        &[
+            "ZADD dlock_fair_q:{locks:nozadd}",
+            "ZADD dlock_fair_d:{locks:nozadd}",
+            "NOPERM",
+        ],
+    );
+    refused_without_in(
+        &server,
+        FAIR_RULE,
+        Strategy::Fair,
+        "notime",
+        "+time",
+        &["TIME", "NOPERM"],
+    );
+    refused_without_in(
+        &server,
+        FAIR_RULE,
+        Strategy::Fair,
+        "noqueue",
+        "~dlock_fair_q:{locks:*}",
+        &["EVALSHA", "dlock_fair_q:{locks:noqueue}", "NOPERM"],
+    );
+    refused_without_in(
+        &server,
+        FAIR_RULE,
+        Strategy::Fair,
+        "nofence",
+        "~dlock_fence:{locks:*}",
+        &["INCR dlock_fence:{locks:nofence}", "NOPERM"],
+    );
+    refused_without_in(
+        &server,
+        FAIR_RULE,
+        Strategy::Fair,
+        "nofairch",
+        "&dlock_fair_ch:*",
+        &[
+            "PUBLISH dlock_fair_ch:",
+            "SUBSCRIBE dlock_fair_ch:",
+            "NOPERM",
+        ],
+    );
+
+    // Its own grant channel is not enough: a release publishes on the next waiter's client's
+    // channel, whoever that is.
+    user(&server, "ownch", FAIR_RULE);
+    let c = client(&server, "ownch").unwrap();
+    let own = c
+        .lock("locks:ownch")
+        .strategy(Strategy::Fair)
+        .build_fair()
+        .unwrap()
+        .channel()
+        .to_owned();
+    let own_rule = format!("&{own}");
+    let rule: Vec<&str> = FAIR_RULE
+        .iter()
+        .map(|r| {
+            if *r == "&dlock_fair_ch:*" {
+                own_rule.as_str()
+            } else {
+                *r
+            }
+        })
+        .collect();
+    user(&server, "ownch", &rule);
+    let err = c
+        .lock("locks:ownch")
+        .strategy(Strategy::Fair)
+        .check_access()
+        .build()
+        .expect_err("another client's grant channel is denied");
+    assert!(err.is_setup(), "{err:?}");
+    let report = err.report();
+    assert!(
+        report.contains("PUBLISH dlock_fair_ch:") && report.contains("NOPERM"),
+        "{report}"
+    );
+    assert!(
+        !report.contains(&format!("PUBLISH {own} ")) && !report.contains("SUBSCRIBE"),
+        "its own channel is allowed: {report}"
+    );
+
+    // wake_up stays refused for the fair lock, with or without the check.
+    let err = c
+        .lock("locks:ownch")
+        .strategy(Strategy::Fair)
+        .wake_up(WakeUp::Polling)
+        .check_access()
+        .build()
+        .expect_err("wake_up does not apply");
+    assert!(matches!(err, LockError::InvalidArgument { .. }), "{err:?}");
 }

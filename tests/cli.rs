@@ -947,3 +947,113 @@ fn usage_errors_exit_64_and_the_url_defaults_to_redis_url() {
     assert_eq!(help.code(), 0);
     assert!(help.stdout.contains("dlock run"), "{help:?}");
 }
+
+/// `--strategy fair`: a second run queues in Redis behind the first and runs its command only
+/// after the first one's has finished; `status` reports the fair holder and its queue, and
+/// `release --force` takes the lock from a fair holder (whose run then ends lost) while its
+/// queued waiter goes on.
+#[test]
+fn fair_runs_take_turns_and_status_and_forced_release_know_them() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut conn = server.conn();
+    let status = |key: &str| dlock(Some(&url), &["status", "--key", key]);
+    let queued = |conn: &mut redis::Connection, key: &str| -> i64 {
+        redis::cmd("ZCARD")
+            .arg(format!("dlock_fair_q:{{{key}}}"))
+            .query(conn)
+            .expect("ZCARD")
+    };
+
+    let (a, b) = (Scratch::new(), Scratch::new());
+    let first = hold(&url, "fair-job", &["--strategy", "fair"], &a);
+    a.wait_for("started");
+    let held = status("fair-job");
+    assert_eq!(held.code(), 0, "{held:?}");
+    let token = String::from_utf8(raw::get(&mut conn, "fair-job").expect("held")).unwrap();
+    assert!(held.stdout.contains("kind: fair"), "{held:?}");
+    assert!(
+        held.stdout.contains(&format!("holder: {token}")),
+        "{held:?}"
+    );
+    assert!(held.stdout.contains("ttl: "), "{held:?}");
+    assert!(held.stdout.contains("waiters: 0"), "{held:?}");
+
+    // The second run's command records whether the first one's had finished when it started.
+    let (a_dir, b_dir) = (
+        a.path().to_str().unwrap().to_owned(),
+        b.path().to_str().unwrap().to_owned(),
+    );
+    let mut second = Dlock::spawn(
+        Some(&url),
+        &[
+            "run",
+            "--key",
+            "fair-job",
+            "--strategy",
+            "fair",
+            "--wait",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            r#"if [ -e "$1/done" ]; then touch "$2/after"; fi; touch "$2/ran""#,
+            "sh",
+            &a_dir,
+            &b_dir,
+        ],
+    );
+    assert!(
+        wait_until(EXIT_BOUND, || queued(&mut conn, "fair-job") == 1),
+        "the second run queued in Redis"
+    );
+    let waiting = status("fair-job");
+    assert!(waiting.stdout.contains("waiters: 1"), "{waiting:?}");
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        second.is_running() && !b.has("ran"),
+        "the second run waited"
+    );
+
+    a.touch("go");
+    let first = first.wait(EXIT_BOUND);
+    assert_eq!(first.code(), 0, "{first:?}");
+    let second = second.wait(EXIT_BOUND);
+    assert_eq!(second.code(), 0, "{second:?}");
+    assert!(b.has("ran"));
+    assert!(b.has("after"), "the commands overlapped");
+    assert!(!raw::exists(&mut conn, "fair-job"), "released at the end");
+    assert_eq!(queued(&mut conn, "fair-job"), 0);
+    assert_eq!(status("fair-job").code(), 1);
+
+    // A forced release: the holder's run ends lost, and the queued waiter gets the lock.
+    let (c, d) = (Scratch::new(), Scratch::new());
+    let holder = hold(
+        &url,
+        "fair-rel",
+        &["--strategy", "fair", "--lease", "1s"],
+        &c,
+    );
+    c.wait_for("started");
+    let waiter = hold(
+        &url,
+        "fair-rel",
+        &["--strategy", "fair", "--wait", "60s"],
+        &d,
+    );
+    assert!(
+        wait_until(EXIT_BOUND, || queued(&mut conn, "fair-rel") == 1),
+        "the waiter queued"
+    );
+    let released = dlock(Some(&url), &["release", "--key", "fair-rel", "--force"]);
+    assert_eq!(released.code(), 0, "{released:?}");
+    assert_lost(holder, &c, "forced release of a fair lock");
+    d.wait_for("started");
+    let taken = String::from_utf8(raw::get(&mut conn, "fair-rel").expect("held")).unwrap();
+    let now = status("fair-rel");
+    assert!(now.stdout.contains("kind: fair"), "{now:?}");
+    assert!(now.stdout.contains(&format!("holder: {taken}")), "{now:?}");
+    d.touch("go");
+    let waiter = waiter.wait(EXIT_BOUND);
+    assert_eq!(waiter.code(), 0, "{waiter:?}");
+}

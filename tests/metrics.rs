@@ -12,7 +12,7 @@ use std::time::Duration;
 use metrics::{Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
 use redis_dlock::{Encoding, LockClient, LockError, Strategy};
 use support::expiry::{encode, epoch_ms};
-use support::{init_logging, raw, RedisServer};
+use support::{init_logging, raw, wait_until, RedisServer};
 
 /// Counters by name and sorted labels, e.g. `dlock_acquires_total{strategy=token}`.
 #[derive(Default)]
@@ -139,6 +139,25 @@ fn counters_are_reported_through_the_metrics_facade() {
         read.get("dlock_refusals_total{strategy=token}"),
         sa.refusals + sb.refusals
     );
+
+    // A watched Fair hold deleted under it: the watchdog's loss is a fair one, not a token one.
+    let fair = a
+        .lock("metrics:fair")
+        .strategy(Strategy::Fair)
+        .watchdog_lease(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let guard = fair.lock().unwrap();
+    assert_eq!(read.get("dlock_acquires_total{strategy=fair}"), 1);
+    raw::del(&mut conn, "metrics:fair");
+    assert!(
+        wait_until(Duration::from_secs(3), || guard.is_lost()),
+        "the watchdog found the loss"
+    );
+    assert!(!guard.unlock().unwrap());
+    assert_eq!(read.get("dlock_lost_holds_total{strategy=fair}"), 1);
+    assert_eq!(read.get("dlock_lost_holds_total{strategy=token}"), 0);
+    assert_eq!(a.stats().lost_holds, 1);
 }
 
 /// `set_global_recorder` takes the recorder by value: a forwarding handle to the leaked one.

@@ -11,6 +11,9 @@
 //! - the non-guarantee: a lock acknowledged by the master but not yet replicated is lost by the
 //!   failover, and another client acquires the same lock while the first one still holds a
 //!   valid lease. The test makes this deterministic by cutting the replica off first.
+//! - the other way round: a fair release acknowledged by the master but not replicated is done
+//!   again on the new master by the client (same token, so owner-checked; it grants the lock to
+//!   the head of the queue), so the next waiter does not wait out the released hold's lease.
 //!
 //! Each test starts its own deployment, so the tests run in parallel without interfering.
 
@@ -424,4 +427,135 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
         let key = gb.key().to_owned();
         assert!(gb.unlock().unwrap(), "{key}: b's hold was intact");
     }
+}
+
+/// A fair release acknowledged by the old master but not replicated, then a failover: the new
+/// master still has the hold (it had been replicated), and would keep it for the rest of its
+/// lease. The client does the release again there once its Sentinel watcher hears of the
+/// switch, as the fair release it was: owner-checked by the token, and granting the lock to
+/// the live head of the queue (the grant's fence increment and the head's removal from the
+/// queue show it was the fair script, not a plain delete). The next waiter then gets the lock
+/// within moments, not after the 60 s lease.
+#[test]
+fn a_fair_release_lost_by_a_failover_is_done_again_on_the_new_master() {
+    init_logging();
+    let mut set = Sentinel::start(1, 1);
+    let (a, b) = (client(&set), client(&set));
+    let key = "fair-switch";
+    let (queue, deadlines, fence_key) = (
+        format!("dlock_fair_q:{{{key}}}"),
+        format!("dlock_fair_d:{{{key}}}"),
+        format!("dlock_fence:{{{key}}}"),
+    );
+    let fair = |c: &LockClient| {
+        c.lock(key)
+            .strategy(Strategy::Fair)
+            .fencing()
+            .ttl(Duration::from_secs(60))
+            .build_fair()
+            .unwrap()
+    };
+    let (la, lb) = (fair(&a), fair(&b));
+    // Warm up both pools on the current master.
+    assert!(la.try_lock().unwrap().unlock().unwrap());
+    assert!(lb.try_lock().unwrap().unlock().unwrap());
+
+    let held = la.try_lock().unwrap();
+    let fence = held.fence().expect("fenced");
+    // A live waiter at the head of the queue (another client's token, an entry that lives
+    // 5 minutes), so that a fair release grants the lock to it.
+    let waiter = format!("{}{}", "f".repeat(16), "0".repeat(32));
+    let mut master = set.server(0).conn();
+    let (secs, _micros): (u64, u64) = redis::cmd("TIME").query(&mut master).unwrap();
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(&queue)
+        .arg(1)
+        .arg(&waiter)
+        .ignore()
+        .cmd("ZADD")
+        .arg(&deadlines)
+        .arg(secs * 1000 + 300_000)
+        .arg(&waiter)
+        .ignore()
+        .query(&mut master)
+        .unwrap();
+    assert_eq!(wait_replicas(set.server(0), 5_000), 1, "replicated");
+    assert_eq!(
+        raw::get(&mut set.server(1).conn(), key).as_deref(),
+        Some(held.value()),
+        "the hold is on the replica"
+    );
+
+    // Cut the replica off (as in the test above), then release: the old master acknowledges
+    // (and grants to the waiter there), the replica never hears of it.
+    set.server(1).pause();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut master)
+        .unwrap();
+    assert_eq!(killed, 1, "the replica's link was closed");
+    let ours = held.value().to_vec();
+    assert!(held.unlock().unwrap(), "released on the old master");
+    assert_eq!(
+        raw::get(&mut master, key).as_deref(),
+        Some(waiter.as_bytes())
+    );
+    assert_eq!(
+        wait_replicas(set.server(0), 100),
+        0,
+        "no replica has the release"
+    );
+
+    let old_port = set.server(0).port();
+    set.server_mut(0).kill();
+    set.server(1).resume();
+    assert_eq!(
+        set.wait_for_failover(old_port, RECOVERY),
+        Some(1),
+        "the Sentinel promoted the replica"
+    );
+    let promoted = Instant::now();
+
+    // Our hold on the new master goes within moments: the release is done again there.
+    let mut new_master = set.server(1).conn();
+    let gone = support::wait_until(Duration::from_secs(15), || {
+        raw::get(&mut new_master, key).as_deref() != Some(ours.as_slice())
+    });
+    let took = promoted.elapsed();
+    assert!(
+        gone,
+        "the new master still held our released hold {took:?} after the failover"
+    );
+    // As the fair release: the head of the queue was granted the lock (taken off the queue,
+    // the fence counter incremented once), not merely a delete.
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&queue)
+        .arg(&waiter)
+        .query(&mut new_master)
+        .unwrap();
+    assert_eq!(score, None, "the waiter was granted the lock");
+    assert_eq!(
+        raw::get_i64(&mut new_master, &fence_key),
+        i64::try_from(fence + 1).unwrap(),
+        "one grant"
+    );
+
+    // The next waiter gets the lock once that grant lapses (its holder never raises it): a
+    // grant lease and a poll, not our 60 s lease.
+    let asked = Instant::now();
+    let gb = lb
+        .try_lock_for(RECOVERY)
+        .unwrap_or_else(|e| panic!("b: {}", e.report()));
+    let waited = asked.elapsed();
+    eprintln!(
+        "fair release done again on the new master {took:?} after the failover; the next \
+         waiter got the lock after {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(5), "b waited {waited:?}");
+    assert!(gb.fence() > Some(fence + 1), "{:?}", gb.fence());
+    assert_eq!(raw::get(&mut new_master, key).as_deref(), Some(gb.value()));
+    assert!(gb.unlock().unwrap());
 }

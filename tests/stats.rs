@@ -174,6 +174,64 @@ fn lost_holds_are_counted_once_each() {
     assert_eq!(c.stats().acquires, 3);
 }
 
+/// Watched Fair holds lost under the watchdog, taken at once or granted by a release: each is
+/// counted once (under the `fair` strategy label of the `metrics` feature, not `token`: see
+/// tests/metrics.rs).
+#[test]
+fn lost_fair_holds_are_counted_once_each() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "stats:fair-lost";
+    let (c, d) = (client(&server), client(&server));
+    let build = |cl: &LockClient| {
+        cl.lock(key)
+            .strategy(Strategy::Fair)
+            .watchdog_lease(Duration::from_millis(300))
+            .build()
+            .unwrap()
+    };
+    let (lc, ld) = (build(&c), build(&d));
+
+    // Taken at once, then deleted under it: the watchdog finds it (renewal every 100 ms).
+    let guard = lc.lock().unwrap();
+    raw::del(&mut conn, key);
+    assert!(wait_until(Duration::from_secs(3), || c.stats().lost_holds == 1));
+    assert!(guard.is_lost());
+    assert!(!guard.unlock().unwrap());
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(c.stats().lost_holds, 1, "the release found the same loss");
+
+    // Granted to a waiter of another client by the release, then deleted under it.
+    let held = lc.lock().unwrap();
+    let waiter = thread::spawn(move || {
+        let lease = ld.lock().map(|g| g.into_lease());
+        (ld, lease)
+    });
+    let queued = wait_until(Duration::from_secs(5), || {
+        redis::cmd("ZCARD")
+            .arg(format!("dlock_fair_q:{{{key}}}"))
+            .query::<i64>(&mut server.conn())
+            .unwrap_or(0)
+            == 1
+    });
+    assert!(queued, "the waiter queued");
+    assert!(held.unlock().unwrap());
+    let (ld, lease) = waiter.join().unwrap();
+    let lease = lease.unwrap();
+    assert_eq!(d.stats().acquires, 1);
+    // Past the raise of the grant lease: the watchdog renews it.
+    thread::sleep(Duration::from_millis(400));
+    assert!(ld.is_held(&lease).unwrap(), "renewed past the grant lease");
+    raw::del(&mut conn, key);
+    assert!(wait_until(Duration::from_secs(3), || d.stats().lost_holds == 1));
+    assert!(lease.is_lost());
+    assert!(!ld.release(&lease).unwrap());
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(d.stats().lost_holds, 1);
+    assert_eq!(c.stats().lost_holds, 1);
+}
+
 #[test]
 fn renewals_and_failed_renewals() {
     init_logging();

@@ -32,6 +32,11 @@
 //! so a release that ran after all answers from the latch and gives back nothing more. Its
 //! deadline is also bounded by the latch's lifetime.
 //!
+//! A fair lock's release remembered across a Sentinel switch is sent again as itself
+//! (`lua/fair_release.lua` with the same token): owner-checked by the token like a delete, it
+//! also grants the lock to the live head of the queue and publishes the grant, as the release
+//! did on the old master.
+//!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
 
@@ -41,10 +46,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::client::grants::Grant;
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
 use crate::keys;
 use crate::lock::printable;
+use crate::strategy::fair::CHANNEL_PREFIX as FAIR_CHANNEL_PREFIX;
 
 /// Pause between two tries of a clean-up that failed.
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(100);
@@ -111,6 +118,10 @@ enum Work {
     /// Send a read-write lock's release of the owner `value` again, with its unlock latch
     /// (`lua/rw_release.lua`).
     RwRelease(RwRelease),
+    /// Send a fair lock's release of the token `value` again (`lua/fair_release.lua`): it
+    /// deletes the key only if it still holds that token and, if a live waiter heads the
+    /// queue, grants it the lock and publishes the grant, as the release did.
+    FairRelease(FairRelease),
 }
 
 impl Work {
@@ -138,6 +149,20 @@ pub(crate) struct RwRelease {
     /// Give the hold back only if the owner's read and write holds add up to this (the undo
     /// of an acquire whose reply was lost: the count it would have left).
     pub(crate) expect: Option<i64>,
+}
+
+/// A fair lock's release to send again: the keys and arguments of `lua/fair_release.lua` but
+/// the token (the job's value).
+#[derive(Debug, Clone)]
+pub(crate) struct FairRelease {
+    /// The queue's order (the script's second key).
+    pub(crate) queue: String,
+    /// The queue's deadlines (the script's third key).
+    pub(crate) deadlines: String,
+    /// The fencing counter, if the lock is fenced (the fourth key).
+    pub(crate) fence: Option<String>,
+    /// The lease of a grant to the next waiter, in ms.
+    pub(crate) grant_ms: u64,
 }
 
 /// One pending owner-checked clean-up.
@@ -341,6 +366,33 @@ impl Janitor {
             until.saturating_duration_since(now).as_millis()
         );
         self.push(client, key, owner, Work::RwRelease(release), cause, until);
+    }
+
+    /// Sends, in the background, a fair lock's release of the token `value` on `key` again
+    /// (owner-checked by the token; a live waiter at the head of the queue is granted the lock
+    /// and told, as by the release). Tried until it is answered or until `until`, when the hold
+    /// expires anyway.
+    pub(crate) fn forget_fair(
+        &self,
+        client: &LockClient,
+        key: &str,
+        value: &[u8],
+        release: FairRelease,
+        cause: Cause,
+        until: Instant,
+    ) {
+        let now = Instant::now();
+        if until <= now {
+            return;
+        }
+        log::info!(
+            "lock {key:?}: {}; sending the fair release of token {} again in the background \
+             (until it would expire, in {} ms)",
+            cause.describe(),
+            printable(value),
+            until.saturating_duration_since(now).as_millis()
+        );
+        self.push(client, key, value, Work::FairRelease(release), cause, until);
     }
 
     /// Runs, on the caller's thread, a pending reentrant job of `owner` on `key` (and waits for
@@ -557,6 +609,8 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
         job_gone(client, true);
         return (None, Ok(()));
     }
+    // A fair release's grant, handed to this client's own waiter if it is one of them.
+    let granted: std::cell::Cell<Option<(Vec<u8>, Grant)>> = std::cell::Cell::new(None);
     let reply: Result<i64> = client.with_conn(key, |con, s| match &job.work {
         Work::Delete { channel: None } => s.unlock.eval(con, key, job.value.as_slice()),
         Work::Delete { channel: Some(ch) } => s.unlock.eval(
@@ -606,7 +660,47 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
                 },
                 _ => -1,
             }),
+        // {1, receivers, granted token, fence, seconds, microseconds} when released (1 here),
+        // {0, …} when the key no longer held our token (0: nothing to do).
+        Work::FairRelease(f) => {
+            let mut keys = vec![key, f.queue.as_str(), f.deadlines.as_str()];
+            if let Some(fence) = &f.fence {
+                keys.push(fence.as_str());
+            }
+            s.fair_release
+                .eval_keys::<redis::Value>(
+                    con,
+                    &keys,
+                    &(job.value.as_slice(), f.grant_ms, FAIR_CHANNEL_PREFIX),
+                )
+                .map(|v| match v {
+                    redis::Value::Array(items) => match items.as_slice() {
+                        [redis::Value::Int(ok), _, token, redis::Value::Int(fence), redis::Value::Int(secs), redis::Value::Int(micros)] =>
+                        {
+                            if let redis::Value::BulkString(t) = token {
+                                if !t.is_empty() {
+                                    let u = |v: &i64| u64::try_from(*v).unwrap_or(0);
+                                    granted.set(Some((
+                                        t.clone(),
+                                        Grant::new(u(fence), u(secs), u(micros)),
+                                    )));
+                                }
+                            }
+                            *ok
+                        }
+                        _ => -1,
+                    },
+                    _ => -1,
+                })
+        }
     });
+    if let Some((token, grant)) = granted.take() {
+        // The script published the grant; a waiter of this client is also told directly.
+        if client.waiters().deliver_grant(&token, grant) {
+            client.wakeups().nudge();
+            log::trace!("lock {key:?}: granted to a thread of this client");
+        }
+    }
     let (again, result) = match reply {
         Ok(0) if reentrant => {
             client.counters().orphan_cleaned();

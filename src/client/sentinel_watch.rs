@@ -30,7 +30,9 @@
 //! successful releases of the last [`RECENT`] (at most [`MAX_RECENT`]) and, on a switch, hands
 //! them to its janitor: the same owner-checked clean-up as for a release that failed (delete the
 //! exact value; for a reentrant hold, give one back only if the owner's count is still the one
-//! before that release), run against the new master.
+//! before that release; a read-write release again with its unlock latch; a fair release again
+//! with the same token, which also grants the lock to the live head of the queue and publishes
+//! the grant), run against the new master.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::client::janitor::{Cause, RwRelease};
+use crate::client::janitor::{Cause, FairRelease, RwRelease};
 use crate::client::{LockClient, WeakClient};
 
 /// Read timeout of the subscribed connection: how often the thread checks that its client is
@@ -70,6 +72,8 @@ pub(crate) struct Released {
     pub(crate) reentrant: Option<(u32, u64)>,
     /// Read-write lock: the release to send again, with its unlock latch.
     pub(crate) rw: Option<RwRelease>,
+    /// Fair lock: the release to send again (`lua/fair_release.lua`, with the same token).
+    pub(crate) fair: Option<FairRelease>,
     /// When the hold would have expired by itself.
     pub(crate) until: Instant,
 }
@@ -197,6 +201,17 @@ fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &s
         );
     }
     for r in recent {
+        if let Some(fair) = r.fair {
+            client.janitor().forget_fair(
+                client,
+                &r.key,
+                &r.value,
+                fair,
+                Cause::ReleasedBeforeSwitch,
+                r.until,
+            );
+            continue;
+        }
         if let Some(rw) = r.rw {
             client.janitor().forget_rw(
                 client,

@@ -87,6 +87,9 @@ pub enum LossReason {
 pub(crate) enum RenewKind {
     /// A string value (Token): `GET key == value`.
     Value,
+    /// A fair lock's string value: renewed exactly as [`Value`](Self::Value) (the same `v`
+    /// check in the renewal script); a loss is counted under the `fair` kind.
+    FairValue,
     /// A hash field (reentrant lock, Redisson's layout): `HEXISTS key value`.
     HashField,
     /// The owner's read holds of a read-write lock (Redisson's layout: the count in field
@@ -100,7 +103,7 @@ impl RenewKind {
     /// The kind's tag in `lua/renew_batch.lua`'s arguments.
     pub(crate) fn tag(self) -> &'static str {
         match self {
-            RenewKind::Value => "v",
+            RenewKind::Value | RenewKind::FairValue => "v",
             RenewKind::HashField => "h",
             RenewKind::ReadEntry => "r",
             RenewKind::WriteEntry => "w",
@@ -700,6 +703,7 @@ fn lease_ms(state: &WatchState) -> u64 {
 fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
     let kind = match state.kind() {
         RenewKind::Value => Kind::Token,
+        RenewKind::FairValue => Kind::Fair,
         RenewKind::HashField => Kind::Reentrant,
         RenewKind::ReadEntry => Kind::Read,
         RenewKind::WriteEntry => Kind::Write,

@@ -85,6 +85,78 @@ pub(crate) fn reentrant(key: &str, channel: &str, fence: Option<&str>, pubsub: b
     c
 }
 
+/// The keys and channels of a fair lock, for [`fair`].
+pub(crate) struct FairNames<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) queue: &'a str,
+    pub(crate) deadlines: &'a str,
+    pub(crate) fence: Option<&'a str>,
+    /// This client's grant channel (`dlock_fair_ch:<our client id>`): subscribed to, and
+    /// published on when a release grants the lock to another thread of this client.
+    pub(crate) own_channel: &'a str,
+    /// Another client's grant channel (`dlock_fair_ch:<some other id>`): a release publishes
+    /// its grant on the grantee's channel, whoever that is, so the user needs the whole
+    /// pattern `dlock_fair_ch:*`. One representative name is checked.
+    pub(crate) other_channel: &'a str,
+}
+
+/// The commands of a fair lock (see `fair.rs`, `lua/fair_acquire.lua`, `lua/fair_release.lua`,
+/// `lua/fair_live_head.lua`): the plain acquire (`SET … NX PX`), the scripts themselves
+/// (`EVALSHA`, and `EVAL` after a `NOSCRIPT`) on their keys, and what the scripts run: `GET`,
+/// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
+/// `PTTL`, `PEXPIRE`, `DEL`, `PUBLISH` of grants (on another client's channel and on ours),
+/// `INCR` and `GET` of the fencing counter; extend and renewal (`GET`, `PEXPIRE`); the
+/// clean-up of a lost reply or failed release (`GET`, `DEL`); and the subscriber's commands on
+/// this client's own grant channel.
+pub(crate) fn fair(n: &FairNames<'_>) -> Vec<Check> {
+    let (key, q, d) = (n.key, n.queue, n.deadlines);
+    let mut script_keys = vec![key, q, d];
+    if let Some(f) = n.fence {
+        script_keys.push(f);
+    }
+    let numkeys = script_keys.len().to_string();
+    let script = |name: &'static str, body: &str| {
+        let mut args = vec![body, numkeys.as_str()];
+        args.extend_from_slice(&script_keys);
+        args.push("v");
+        check(name, &args)
+    };
+    let grant = "dlock-grant:v:0:0:0";
+    let mut c = vec![
+        check("set", &[key, "v", "NX", "PX", "1000"]),
+        script("evalsha", "0000000000000000000000000000000000000000"),
+        script("eval", "return 0"),
+        check("get", &[key]),
+        check("exists", &[q]),
+        check("set", &[key, "v", "px", "1000"]),
+        check("time", &[]),
+        check("zadd", &[q, "1", "v"]),
+        check("zadd", &[d, "1", "v"]),
+        check("zrem", &[q, "v"]),
+        check("zrem", &[d, "v"]),
+        check("zrange", &[q, "0", "0"]),
+        check("zrange", &[q, "-1", "-1", "withscores"]),
+        check("zrangebyscore", &[d, "-inf", "1", "limit", "0", "100"]),
+        check("zscore", &[q, "v"]),
+        check("zscore", &[d, "v"]),
+        check("zrank", &[q, "v"]),
+        check("pttl", &[key]),
+        check("pttl", &[q]),
+        check("pexpire", &[key, "1000"]),
+        check("pexpire", &[q, "1000"]),
+        check("pexpire", &[d, "1000"]),
+        check("del", &[key]),
+        check("publish", &[n.other_channel, grant]),
+        check("publish", &[n.own_channel, grant]),
+    ];
+    if let Some(f) = n.fence {
+        c.push(check("incr", &[f]));
+        c.push(check("get", &[f]));
+    }
+    c.extend(subscriber(n.own_channel));
+    c
+}
+
 /// Sends the check for the lock on `key` (`what` names its kind): `Ok` when everything is
 /// allowed, else [`LockError::Setup`] naming the lock, each denied command with its key or
 /// channel, and NOPERM.

@@ -34,6 +34,8 @@ use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
+use crate::client::janitor::FairRelease;
+use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::{RenewKind, WatchState};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -65,7 +67,7 @@ const QUEUE_PREFIX: &str = "dlock_fair_q";
 const DEADLINES_PREFIX: &str = "dlock_fair_d";
 /// Grants to a client's waiters are published on `dlock_fair_ch:<client id>`: one channel per
 /// client (whatever the key), so a grant wakes only the subscriber of the client it is for.
-const CHANNEL_PREFIX: &str = "dlock_fair_ch:";
+pub(crate) const CHANNEL_PREFIX: &str = "dlock_fair_ch:";
 
 /// A lock of [`Strategy::Fair`](crate::Strategy::Fair). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
@@ -162,6 +164,30 @@ impl FairLock {
         &self.channel
     }
 
+    /// Asks the server whether this client's ACL user may send every command the lock sends
+    /// ([`LockBuilder::check_access`](crate::LockBuilder::check_access)). Its publish of a
+    /// grant is checked on this client's channel and on a representative other client's
+    /// (`dlock_fair_ch:` and an id that is not ours): a release grants to whoever heads the
+    /// queue, so the user needs the pattern `dlock_fair_ch:*`, not only its own channel.
+    pub(crate) fn check_access(&self) -> Result<()> {
+        // Every digit of our id turned into another hex digit: surely another client's id.
+        let other: String = self
+            .id
+            .iter()
+            .map(|&b| if b == b'0' { '1' } else { '0' })
+            .collect();
+        let other_channel = format!("{CHANNEL_PREFIX}{other}");
+        let checks = crate::strategy::access::fair(&crate::strategy::access::FairNames {
+            key: &self.key,
+            queue: &self.queue,
+            deadlines: &self.deadlines,
+            fence: self.opts.fence_key.as_deref(),
+            own_channel: &self.channel,
+            other_channel: &other_channel,
+        });
+        crate::strategy::access::verify(&self.client, &self.key, "fair", &checks)
+    }
+
     /// A fresh owner token: this client's id, then 128 random bits in hex.
     fn new_token(&self) -> Token {
         let mut t = [0u8; TOKEN_LEN];
@@ -215,7 +241,7 @@ impl FairLock {
         let lease = self.opts.lease(
             &self.client,
             &self.key,
-            RenewKind::Value,
+            RenewKind::FairValue,
             token,
             start,
             None,
@@ -265,7 +291,7 @@ impl FairLock {
                 let lease = self.opts.lease(
                     &self.client,
                     &self.key,
-                    RenewKind::Value,
+                    RenewKind::FairValue,
                     token,
                     start,
                     fence,
@@ -359,7 +385,7 @@ impl FairLock {
         let lease = Lease::new(token, sent, self.grant).with_fence(fence);
         let state = WatchState::new(
             std::sync::Arc::clone(self.opts.key_arc()),
-            RenewKind::Value,
+            RenewKind::FairValue,
             token,
             self.opts.lease,
             sent,
@@ -628,7 +654,28 @@ impl DistributedLock for FairLock {
             );
         }
         let (ours, _receivers, granted, grant) = reply?;
-
+        if ours {
+            if let Some(switches) = self.client.switches() {
+                // Done again on the new master if a Sentinel switch is announced soon: the
+                // same script with the same token, so it deletes (and grants) only if the new
+                // master still holds our token.
+                switches.released(Released {
+                    at: Instant::now(),
+                    key: self.key.clone(),
+                    value: lease.value().to_vec(),
+                    channel: None,
+                    reentrant: None,
+                    rw: None,
+                    fair: Some(FairRelease {
+                        queue: self.queue.clone(),
+                        deadlines: self.deadlines.clone(),
+                        fence: self.opts.fence_key.clone(),
+                        grant_ms: self.grant_ms(),
+                    }),
+                    until: lease.valid_until(),
+                });
+            }
+        }
         if !granted.is_empty() && self.client.waiters().deliver_grant(&granted, grant) {
             self.client.wakeups().nudge();
             log::trace!("lock {:?}: granted to a thread of this client", self.key);

@@ -258,7 +258,10 @@ impl LockBuilder {
     /// [`LockError::Setup`] naming the command, its key or channel, and NOPERM, before the
     /// first acquire: without the check, a user who may `SET` but not run the release script or
     /// `PUBLISH` on the channel acquires and then cannot release. Worth calling once at start-up
-    /// with a representative key; docs/production.md lists the rules.
+    /// with a representative key; docs/production.md lists the rules. For
+    /// [`Strategy::Fair`], whose releases publish grants on other clients' channels, the
+    /// publish is checked on a representative other client's grant channel as well as on this
+    /// client's own (see [`build_fair`](Self::build_fair)).
     pub fn check_access(mut self) -> Self {
         self.check_access = true;
         self
@@ -276,16 +279,27 @@ impl LockBuilder {
     }
 
     /// Builds a [`FairLock`] whatever [`strategy`](Self::strategy) says.
+    ///
+    /// With [`check_access`](Self::check_access), the check covers the fair lock's key, its
+    /// queue's two sorted sets, the fencing counter, and the grant channels: this client's own
+    /// `dlock_fair_ch:<client id>`, and a representative other client's, since a release
+    /// publishes its grant on the grantee's channel (the ACL needs `&dlock_fair_ch:*`).
+    /// [`wake_up`](Self::wake_up) is refused ([`LockError::InvalidArgument`]): fair waiters
+    /// are always woken by the grant message.
     pub fn build_fair(self) -> Result<FairLock> {
-        if self.wake_up.is_some() || self.check_access {
+        if self.wake_up.is_some() {
             return Err(LockError::invalid(
                 &self.key,
-                "wake_up and check_access do not apply to Strategy::Fair (its waiters are \
-                 always woken by the grant message)",
+                "wake_up does not apply to Strategy::Fair (its waiters are always woken by the \
+                 grant message)",
             ));
         }
         let opts = self.hold_options()?;
-        FairLock::new(self.client, self.key, opts)
+        let lock = FairLock::new(self.client, self.key, opts)?;
+        if self.check_access {
+            lock.check_access()?;
+        }
+        Ok(lock)
     }
 
     /// Builds a [`TokenLock`] whatever [`strategy`](Self::strategy) says.

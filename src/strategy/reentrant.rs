@@ -318,6 +318,7 @@ impl ReentrantLock {
             channel: Some(self.opts.channel.clone()),
             reentrant: Some((count, self.opts.lease_ms())),
             rw: None,
+            fair: None,
             until: lease.valid_until(),
         });
     }

@@ -135,6 +135,7 @@ pub(crate) fn release(
                 channel: channel.map(str::to_owned),
                 reentrant: None,
                 rw: None,
+                fair: None,
                 until: lease.valid_until(),
             });
         }

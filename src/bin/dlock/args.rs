@@ -47,6 +47,7 @@ pub enum Strategy {
     Token,
     Classic,
     Reentrant,
+    Fair,
 }
 
 /// `--classic-encoding`.
@@ -83,7 +84,7 @@ const MIN_LEASE: Duration = Duration::from_millis(300);
 pub const USAGE: &str = "\
 Usage:
   dlock run     [--url URL] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
-                [--strategy token|classic|reentrant] [--classic-encoding decimal|big-endian]
+                [--strategy token|classic|reentrant|fair] [--classic-encoding decimal|big-endian]
                 [--kill-after DUR] [--quiet] -- COMMAND [ARGS...]
   dlock status  [--url URL] --key KEY
   dlock release [--url URL] --key KEY --force
@@ -97,7 +98,7 @@ dlock: flock(1) across hosts, on Redis.
 
 Usage:
   dlock run     [--url URL] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
-                [--strategy token|classic|reentrant] [--classic-encoding decimal|big-endian]
+                [--strategy token|classic|reentrant|fair] [--classic-encoding decimal|big-endian]
                 [--kill-after DUR] [--quiet] -- COMMAND [ARGS...]
   dlock status  [--url URL] --key KEY
   dlock release [--url URL] --key KEY --force
@@ -125,13 +126,15 @@ are forwarded to COMMAND (except those its terminal already sent it, like Ctrl-C
   --url URL            Redis URL (redis://[:password@]host:port/db); default $REDIS_URL
   --key KEY            the lock key
   --wait DUR           wait at most DUR for the lock (or 'forever'); default: the strategy's
-                       retry policy (token, reentrant: 10 s; classic: 5 retries 200 ms apart)
+                       retry policy (token, reentrant, fair: 10 s; classic: 5 retries 200 ms
+                       apart)
   --no-wait            one attempt: exit 75 at once if the lock is busy (flock -n)
   --lease DUR          the lease, renewed every third of it while COMMAND runs (default 30s)
   --ttl DUR            a fixed lease instead, never renewed: COMMAND must finish within DUR;
                        when DUR passes the lock counts as lost (exit 79)
-  --strategy S         token (default), classic (the legacy SETNX/GETSET timestamp lock) or
-                       reentrant (Redisson's RLock hash)
+  --strategy S         token (default), classic (the legacy SETNX/GETSET timestamp lock),
+                       reentrant (Redisson's RLock hash) or fair (first come, first served:
+                       waiters queue in Redis and a release hands the lock to the first)
   --classic-encoding E decimal (default) or big-endian (8-byte value, plus a Redis TTL on the
                        key and 1 s of clock allowance, as the 8-byte legacy locker does)
   --kill-after DUR     after a loss, SIGKILL this long after SIGTERM (default 10s)
@@ -145,7 +148,8 @@ could not be run / not found.
 pub const HELP_STATUS: &str = "\
 dlock status [--url URL] --key KEY
 
-Prints the holder value, the kind of lock (token, classic, hash) and its remaining time.
+Prints the holder value, the kind of lock (token, classic, hash, fair) and its remaining
+time; for a fair lock also how many waiters are queued.
 Exit status: 0 held, 1 free (a classic lock whose expiry passed counts as free), 69 Redis
 unreachable, 64 usage.
 ";
@@ -154,8 +158,9 @@ pub const HELP_RELEASE: &str = "\
 dlock release [--url URL] --key KEY --force
 
 Deletes the lock whoever holds it (a holder's 'dlock run' then sees it lost) and wakes the
-waiters. --force is required. Exit status: 0 deleted, 1 there was no lock, 69 Redis
-unreachable, 64 usage.
+waiters (a fair lock's queue stays: its first waiter takes the lock at its next poll).
+--force is required. Exit status: 0 deleted, 1 there was no lock, 69 Redis unreachable,
+64 usage.
 ";
 
 /// A usage error: printed with a hint, exit 64.
@@ -286,9 +291,10 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Cmd, Usage>
                     "token" => Strategy::Token,
                     "classic" => Strategy::Classic,
                     "reentrant" => Strategy::Reentrant,
+                    "fair" => Strategy::Fair,
                     other => {
                         return usage(format!(
-                            "--strategy must be token, classic or reentrant, not {other:?}"
+                            "--strategy must be token, classic, reentrant or fair, not {other:?}"
                         ))
                     }
                 };
@@ -503,6 +509,13 @@ mod tests {
         };
         assert_eq!(o.command, args(&["ls", "-l"]));
         assert_eq!(o.target.url, "u");
+        let Ok(Cmd::Run(o)) = parse(
+            args(&["run", "--key", "k", "--strategy", "fair", "--", "true"]),
+            Some("redis://h/".into()),
+        ) else {
+            panic!("valid")
+        };
+        assert_eq!(o.strategy, Strategy::Fair);
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //!
 //! How the hold is kept while the command runs:
 //!
-//! - Token and reentrant without `--ttl`: a watched lock; the library's watchdog renews the
-//!   lease every third of it and reports a loss through `on_lost` (and `Lease::is_lost`).
+//! - Token, reentrant and fair without `--ttl`: a watched lock; the library's watchdog renews
+//!   the lease every third of it and reports a loss through `on_lost` (and `Lease::is_lost`).
 //! - Classic without `--ttl`: the library has no watchdog for Classic (its legacy peers neither
 //!   renew nor publish), so a thread of dlock extends the hold every third of the lease with an
 //!   owner-checked compare-and-set of the expiry timestamp, which legacy peers read as a later
@@ -55,7 +55,7 @@ enum Event {
 /// How the hold is kept while the command runs.
 #[derive(Clone, Copy)]
 enum Keep {
-    /// The library's watchdog renews it (Token, Reentrant).
+    /// The library's watchdog renews it (Token, Reentrant, Fair).
     Watchdog,
     /// dlock's renewal thread extends it (Classic).
     Extend(Duration),
@@ -80,11 +80,11 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
 
     let mut builder = client.lock(key.clone());
     let (keep, default_retry) = match o.strategy {
-        Strategy::Token | Strategy::Reentrant => {
-            builder = builder.strategy(if o.strategy == Strategy::Token {
-                LibStrategy::Token
-            } else {
-                LibStrategy::Reentrant
+        Strategy::Token | Strategy::Reentrant | Strategy::Fair => {
+            builder = builder.strategy(match o.strategy {
+                Strategy::Reentrant => LibStrategy::Reentrant,
+                Strategy::Fair => LibStrategy::Fair,
+                _ => LibStrategy::Token,
             });
             let keep = match o.ttl {
                 Some(ttl) => {

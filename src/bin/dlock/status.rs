@@ -14,6 +14,8 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 const PLAUSIBLE_EXPIRY_MS: std::ops::Range<i64> = 946_684_800_000..16_725_225_600_000;
 /// Prefix of the channel on which releases are announced (Redisson's, as the library's).
 const CHANNEL_PREFIX: &str = "redisson_lock__channel";
+/// Prefix of a fair lock's queue (a sorted set of waiters, in the key's slot).
+const FAIR_QUEUE_PREFIX: &str = "dlock_fair_q";
 
 fn connect(target: &Target) -> Result<Connection, Failure> {
     let url = redact(&target.url);
@@ -55,6 +57,9 @@ fn query<T: redis::FromRedisValue>(
 enum Kind {
     /// 32 hex characters: a Token lock's owner token.
     Token,
+    /// 48 hex characters: a fair lock's token (the holder client's 16-character id, then 128
+    /// random bits).
+    Fair,
     /// A Classic expiry timestamp in epoch ms, and whether it was big-endian.
     Classic { expiry_ms: i64, big_endian: bool },
     /// Anything else (another tool's lock, say).
@@ -62,8 +67,12 @@ enum Kind {
 }
 
 fn classify(value: &[u8]) -> Kind {
-    if value.len() == 32 && value.iter().all(u8::is_ascii_hexdigit) {
-        return Kind::Token;
+    if value.iter().all(u8::is_ascii_hexdigit) {
+        match value.len() {
+            32 => return Kind::Token,
+            48 => return Kind::Fair,
+            _ => {}
+        }
     }
     if let Ok(bytes) = <[u8; 8]>::try_from(value) {
         let ms = i64::from_be_bytes(bytes);
@@ -133,6 +142,15 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
                     println!("kind: token\nholder: {holder}\n{}", ttl_line(pttl));
                     Ok(0)
                 }
+                Kind::Fair => {
+                    println!("kind: fair\nholder: {holder}\n{}", ttl_line(pttl));
+                    if let Some(queue) = fair_queue(key) {
+                        let waiting: i64 =
+                            query(&mut conn, target, redis::cmd("ZCARD").arg(&queue))?;
+                        println!("waiters: {waiting} (queued in {queue})");
+                    }
+                    Ok(0)
+                }
                 Kind::Classic {
                     expiry_ms,
                     big_endian,
@@ -198,6 +216,19 @@ fn channel(key: &str) -> String {
     }
 }
 
+/// The queue of the fair lock on `key`, as the library names it: `dlock_fair_q:{key}` for a
+/// key without braces, `dlock_fair_q:key` for a key with a hash tag of its own (both in the
+/// key's cluster slot). `None` for a key whose braces form no hash tag, for which the library
+/// picks another name in the key's slot.
+fn fair_queue(key: &str) -> Option<String> {
+    if !key.contains(['{', '}']) {
+        return Some(format!("{FAIR_QUEUE_PREFIX}:{{{key}}}"));
+    }
+    let open = key.find('{')?;
+    let tag_len = key.get(open + 1..)?.find('}')?;
+    (tag_len > 0).then(|| format!("{FAIR_QUEUE_PREFIX}:{key}"))
+}
+
 /// Deletes the lock whoever holds it, and announces the release to waiters.
 pub fn release(target: &Target) -> Result<u8, Failure> {
     let mut conn = connect(target)?;
@@ -241,9 +272,18 @@ mod tests {
                 big_endian: true
             }
         );
+        assert_eq!(
+            classify(b"0123456789abcdef0123456789abcdef0123456789abcdef"),
+            Kind::Fair
+        );
         assert_eq!(classify(b"1"), Kind::Unknown);
         assert_eq!(classify(b"hello"), Kind::Unknown);
         assert_eq!(channel("a"), "redisson_lock__channel:{a}");
         assert_eq!(channel("{a}b"), "redisson_lock__channel:{a}b");
+        assert_eq!(fair_queue("a").as_deref(), Some("dlock_fair_q:{a}"));
+        assert_eq!(fair_queue("x{a}b").as_deref(), Some("dlock_fair_q:x{a}b"));
+        assert_eq!(fair_queue("a{}b"), None);
+        assert_eq!(fair_queue("a}b"), None);
+        assert_eq!(fair_queue("a{b"), None);
     }
 }
