@@ -2,29 +2,36 @@
 -- place of their `-- #include fair_live_head.lua` line when the client is built (Redis scripts
 -- cannot load one another). Uses KEYS[2] (queue), KEYS[3] (deadlines) and the caller's local
 -- `now` (server time in ms).
--- The live head of the queue: lapsed entries are dropped first (at most 1,000 by deadline, in
--- batches of 100, and 100 more from the head). Returns the head's token or nil, and true when
--- more lapsed entries are left than one call drops (the next call goes on).
+-- live_head() takes the live head out of the queue: the earliest entry is read and removed
+-- from both sets; if its deadline has passed it is dropped and the next one is looked at.
+-- The first lapsed head also sweeps the lapsed entries by deadline (at most 1,000, in
+-- batches of 100), so that a crowd of dead waiters costs a few calls, not a few per waiter.
+-- Returns the head's token (no longer queued) or nil, and true when 100 lapsed heads were
+-- dropped without finding a live one (the next call goes on).
+-- Calls when a live waiter heads the queue: ZRANGE, ZSCORE, ZREM, ZREM.
 local function live_head()
-    for _ = 1, 10 do
-        local lapsed = redis.call('zrangebyscore', KEYS[3], '-inf', now - 1, 'limit', 0, 100)
-        if #lapsed == 0 then
-            break
-        end
-        redis.call('zrem', KEYS[2], unpack(lapsed))
-        redis.call('zrem', KEYS[3], unpack(lapsed))
-    end
-    for _ = 1, 100 do
+    for i = 1, 100 do
         local h = redis.call('zrange', KEYS[2], 0, 0)[1]
         if not h then
             return nil, false
         end
         local d = redis.call('zscore', KEYS[3], h)
+        redis.call('zrem', KEYS[2], h)
+        redis.call('zrem', KEYS[3], h)
         if d and tonumber(d) >= now then
             return h, false
         end
-        redis.call('zrem', KEYS[2], h)
-        redis.call('zrem', KEYS[3], h)
+        if i == 1 then
+            for _ = 1, 10 do
+                local lapsed = redis.call('zrangebyscore', KEYS[3], '-inf', now - 1, 'limit', 0,
+                    100)
+                if #lapsed == 0 then
+                    break
+                end
+                redis.call('zrem', KEYS[2], unpack(lapsed))
+                redis.call('zrem', KEYS[3], unpack(lapsed))
+            end
+        end
     end
     return nil, true
 end

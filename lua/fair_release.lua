@@ -1,11 +1,13 @@
--- Fair lock release, and a waiter's withdrawal: our queue entry (if any) is removed; if the
--- lock holds our token it is deleted and, when a live waiter is at the head of the queue,
--- granted to it at once: the key is set to the waiter's token with a short lease (the grant
--- lease, which the waiter's client extends), the fencing counter is incremented, and the grant
--- is published as 'dlock-grant:<token>:<fence>:<seconds>:<microseconds>' (the server's TIME
--- when granted: a waiter ignores a grant older than its latest attempt, see fair_acquire.lua).
+-- Fair lock release, and a waiter's withdrawal. If the lock holds our token it is released:
+-- deleted, or, when a live waiter heads the queue, granted to it at once: the key is set to
+-- the waiter's token with a short lease (the grant lease, which the waiter's client extends),
+-- the waiter leaves the queue, the fencing counter is incremented, and the grant is published
+-- as 'dlock-grant:<token>:<fence>:<seconds>:<microseconds>' (the server's TIME when granted:
+-- a waiter ignores a grant older than its latest attempt, see fair_acquire.lua). If the lock
+-- is not ours, only our queue entry (if any) is removed: a waiter giving up.
+-- A holder has no queue entry: a grant and every acquire that finds the lock ours remove it.
 -- KEYS[1] lock key
--- KEYS[2] queue: a sorted set, waiter token -> arrival number
+-- KEYS[2] queue: a sorted set, waiter token -> arrival (server time in microseconds)
 -- KEYS[3] deadlines: a sorted set, waiter token -> when its entry lapses (server ms)
 -- KEYS[4] (optional) fencing counter
 -- ARGV[1] our token
@@ -16,20 +18,20 @@
 -- {1, receivers, granted token, fence, seconds, microseconds} when released: granted token ''
 -- (and receivers 0) when nobody live waited; receivers = subscriber connections the grant was
 -- published to; fence 0 without KEYS[4]; the server's TIME of the grant.
+-- Calls: not ours GET ZREM ZREM; nobody queued GET EXISTS DEL; granted GET EXISTS TIME, the
+-- walk's four (lua/fair_live_head.lua), [INCR] SET PUBLISH.
 -- Bounded: at most 1,100 lapsed entries are dropped (live_head); when more head the queue the
 -- lock is left free and the waiters' polls go on (fair_acquire.lua).
-local ours = redis.call('get', KEYS[1]) == ARGV[1]
-if ours and redis.call('exists', KEYS[2]) == 0 then
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+    redis.call('zrem', KEYS[2], ARGV[1])
+    redis.call('zrem', KEYS[3], ARGV[1])
+    return {0, 0, '', 0, 0, 0}
+end
+if redis.call('exists', KEYS[2]) == 0 then
     -- The uncontended case: nobody queued.
     redis.call('del', KEYS[1])
     return {1, 0, '', 0, 0, 0}
 end
-redis.call('zrem', KEYS[2], ARGV[1])
-redis.call('zrem', KEYS[3], ARGV[1])
-if not ours then
-    return {0, 0, '', 0, 0, 0}
-end
-redis.call('del', KEYS[1])
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- #include fair_live_head.lua
@@ -39,11 +41,11 @@ if head then
     if #KEYS > 3 then
         f = redis.call('incr', KEYS[4])
     end
-    redis.call('zrem', KEYS[2], head)
-    redis.call('zrem', KEYS[3], head)
+    -- Overwrites our token: the hold passes without a moment in which the key is free.
     redis.call('set', KEYS[1], head, 'px', ARGV[2])
     local n = redis.call('publish', ARGV[3] .. string.sub(head, 1, 16),
         'dlock-grant:' .. head .. ':' .. f .. ':' .. t[1] .. ':' .. t[2])
     return {1, n, head, f, tonumber(t[1]), tonumber(t[2])}
 end
+redis.call('del', KEYS[1])
 return {1, 0, '', 0, 0, 0}

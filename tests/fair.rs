@@ -405,6 +405,66 @@ fn fifo_across_clients() {
     assert!(order.windows(2).all(|w| w[0].1 < w[1].1));
 }
 
+/// Waiters keep their place while they wait long enough to refresh their queue entries many
+/// times (the head polls every 100–120 ms, the others up to every 600 ms): each poll refreshes
+/// the entry's deadline but not its arrival, so grants still follow arrival.
+#[test]
+fn fifo_survives_the_waiters_refreshes() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const N: usize = 4;
+    let holder_client = client(&server);
+    let holder = fair(&holder_client, "fair:refresh");
+    let held = holder.lock().expect("free");
+    let clients: Vec<LockClient> = (0..N).map(|_| client(&server)).collect();
+    let order = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        for (i, c) in clients.iter().enumerate() {
+            let order = &order;
+            let lock = fair(c, "fair:refresh");
+            s.spawn(move || {
+                let g = lock.try_lock_for(Duration::from_secs(30)).expect("lock");
+                order.lock().unwrap().push(i);
+                g.unlock().expect("unlock");
+            });
+            wait_queued(&mut conn, &holder, i + 1);
+        }
+        // Long enough for several polls of every waiter (each one refreshes its entry).
+        let deadlines = format!("dlock_fair_d:{{{}}}", "fair:refresh");
+        let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&deadlines)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(&mut conn)
+            .expect("ZRANGE");
+        thread::sleep(ms(1_500));
+        let later: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&deadlines)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(&mut conn)
+            .expect("ZRANGE");
+        assert_eq!(later.len(), N, "every waiter still queued");
+        for (token, was) in &first {
+            let now = later.iter().find(|(t, _)| t == token).map(|(_, d)| *d);
+            assert!(
+                now.is_some_and(|d| d > *was),
+                "the entry of {token} was not refreshed while waiting"
+            );
+        }
+        held.unlock().expect("release");
+    });
+    let order = order.into_inner().unwrap();
+    assert_eq!(
+        order,
+        (0..N).collect::<Vec<_>>(),
+        "grants out of arrival order"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Worker processes: waiters in other processes
 

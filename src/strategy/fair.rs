@@ -3,7 +3,7 @@
 //!
 //! The lock key holds the holder's token: this client's id (16 hex characters) and 128 random
 //! bits. Waiters queue in two sorted sets in the key's hash slot: `dlock_fair_q:{key}` (token →
-//! arrival number: the order) and `dlock_fair_d:{key}` (token → the server time in ms at which
+//! arrival, the server's time in µs: the order) and `dlock_fair_d:{key}` (token → the server time in ms at which
 //! the entry lapses unless refreshed). The release script deletes our hold and, if a live
 //! waiter heads the queue, writes that waiter's token at the key with a short grant lease
 //! ([`FAIR_GRANT_LEASE`]), increments the fencing counter if the lock is fenced, and publishes
@@ -18,8 +18,8 @@
 //!   `SET key <token> NX PX <lease ms>` → `OK` or nil (then the script below at once);
 //! - acquire: `EVALSHA <fair_acquire.lua> 3|4 key dlock_fair_q:{key} dlock_fair_d:{key}
 //!   [dlock_fence:{key}] <token> <lease ms> w|t <entry ttl ms> <grant ms> dlock_fair_ch:`
-//!   → `{1, fence}` (ours) or `{0, pttl, rank, seconds, microseconds}` (queued: `w`; not
-//!   queued: `t`, rank -1);
+//!   → `{1, fence}` (ours) or `{0, rank, seconds, microseconds}` (queued: `w`; not queued:
+//!   `t`, rank -1);
 //! - release, and a waiter's withdrawal: `EVALSHA <fair_release.lua> 3|4 … <token> <grant ms>
 //!   dlock_fair_ch:` → `{1, receivers, granted token, fence, seconds, microseconds}` or
 //!   `{0, 0, '', 0, 0, 0}`;
@@ -154,7 +154,7 @@ impl FairLock {
         self.opts.watched
     }
 
-    /// The sorted set holding the queue's order (token → arrival number).
+    /// The sorted set holding the queue's order (token → arrival: the server's time in µs).
     pub fn queue_key(&self) -> &str {
         &self.queue
     }
@@ -304,7 +304,7 @@ impl FairLock {
                 }
                 result
             }
-            [0, _pttl, rank, secs, micros] => {
+            [0, rank, secs, micros] => {
                 self.contended();
                 self.client.counters().attempt(Kind::Fair, false);
                 log::trace!(
