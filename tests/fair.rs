@@ -405,6 +405,54 @@ fn fifo_across_clients() {
     assert!(order.windows(2).all(|w| w[0].1 < w[1].1));
 }
 
+/// A waiter whose retry policy sleeps longer than a queue entry lives (here 5 s against 2 s)
+/// still refreshes its entry in time: it keeps its place ahead of a later waiter.
+#[test]
+fn a_slow_retry_policy_does_not_let_the_queue_entry_lapse() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "fair:slow-policy";
+    let holder_client = client(&server);
+    let holder = fair(&holder_client, key);
+    let held = holder.lock().expect("free");
+    let (ca, cb) = (client(&server), client(&server));
+    let slow = ca
+        .lock(key)
+        .strategy(Strategy::Fair)
+        .retry(RetryPolicy::standard().fixed_delay(Duration::from_secs(5)))
+        .build_fair()
+        .expect("lock");
+    let later = fair(&cb, key);
+    let order = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        let order = &order;
+        let slow = &slow;
+        let later = &later;
+        s.spawn(move || {
+            let g = slow.try_lock_for(Duration::from_secs(30)).expect("slow");
+            order.lock().unwrap().push("slow");
+            g.unlock().expect("unlock");
+        });
+        wait_queued(&mut conn, &holder, 1);
+        s.spawn(move || {
+            let g = later.try_lock_for(Duration::from_secs(30)).expect("later");
+            order.lock().unwrap().push("later");
+            g.unlock().expect("unlock");
+        });
+        wait_queued(&mut conn, &holder, 2);
+        // Past the entry's lifetime (2 s); the later waiter's polls drop lapsed entries.
+        thread::sleep(ms(3_000));
+        assert_eq!(
+            zcard(&mut conn, holder.queue_key()),
+            2,
+            "both waiters still queued"
+        );
+        held.unlock().expect("release");
+    });
+    assert_eq!(order.into_inner().unwrap(), ["slow", "later"]);
+}
+
 /// Waiters keep their place while they wait long enough to refresh their queue entries many
 /// times (the head polls every 100–120 ms, the others up to every 600 ms): each poll refreshes
 /// the entry's deadline but not its arrival, so grants still follow arrival.

@@ -54,8 +54,10 @@ use crate::strategy::token::new_token;
 /// client raises it to the lock's lease a third of it after the grant.
 pub const FAIR_GRANT_LEASE: Duration = Duration::from_millis(600);
 /// How long a waiter's queue entry lives without a refresh. A waiting thread refreshes it with
-/// each poll (every 100–120 ms), so the entry of a waiter that died lapses within this long and
-/// is skipped by the next grant.
+/// each poll (every 100–600 ms), so the entry of a waiter that died lapses within this long and
+/// is skipped by the next grant. A lock whose retry policy sleeps longer polls no faster than
+/// its longest sleep (plus up to a half at random): its entries live three times that sleep
+/// instead, when that is longer, so that they never lapse between two polls.
 pub const FAIR_QUEUE_ENTRY_TTL: Duration = Duration::from_secs(2);
 /// How long a lock object that found the lock held sends its first attempts as the script
 /// (which queues) rather than as a plain `SET NX PX` (which cannot).
@@ -82,6 +84,9 @@ pub struct FairLock {
     /// This client's id, the first part of its waiters' tokens.
     id: [u8; CLIENT_ID_LEN],
     grant: Duration,
+    /// How long this lock's queue entries live without a refresh (see
+    /// [`FAIR_QUEUE_ENTRY_TTL`]).
+    entry_ttl: Duration,
     /// Base of `contended_until_ms`.
     base: Instant,
     /// Until when (ms after `base`) this lock object saw the lock held: until then attempts
@@ -116,6 +121,17 @@ fn client_id(client: &LockClient) -> [u8; CLIENT_ID_LEN] {
     id
 }
 
+/// How long the queue entries of a lock whose retry policy sleeps at most `max_delay` live
+/// without a refresh: [`FAIR_QUEUE_ENTRY_TTL`], or three times its waiters' longest poll floor
+/// (`max(POLL_DEEP, max_delay)`; a poll adds up to a half of it at random), if that is longer.
+/// At most a day (the scripts double it for the queue's own lifetime).
+fn entry_ttl(max_delay: Duration) -> Duration {
+    const LONGEST: Duration = Duration::from_secs(24 * 3600);
+    let ttl = FAIR_QUEUE_ENTRY_TTL.max(POLL_DEEP.max(max_delay).saturating_mul(3));
+    // Whole milliseconds, as sent.
+    Duration::from_millis(ttl.min(LONGEST).as_millis() as u64)
+}
+
 /// Removes a thread's expected grant when it stops waiting, however it leaves.
 struct Expecting<'a> {
     client: &'a LockClient,
@@ -135,6 +151,7 @@ impl FairLock {
         let id = client_id(&client);
         let channel = format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id));
         let grant = FAIR_GRANT_LEASE.min(opts.lease);
+        let entry_ttl = entry_ttl(opts.retry.max_delay);
         Ok(FairLock {
             client,
             key,
@@ -144,6 +161,7 @@ impl FairLock {
             channel,
             id,
             grant,
+            entry_ttl,
             base: Instant::now(),
             contended_until_ms: AtomicU64::new(0),
         })
@@ -274,7 +292,7 @@ impl FairLock {
                         &token[..],
                         self.opts.lease_ms(),
                         if wait { "w" } else { "t" },
-                        FAIR_QUEUE_ENTRY_TTL.as_millis() as u64,
+                        self.entry_ttl.as_millis() as u64,
                         self.grant_ms(),
                         CHANNEL_PREFIX,
                     ),
@@ -335,7 +353,8 @@ impl FairLock {
     /// How long a listening waiter sleeps before it polls (which also refreshes its queue
     /// entry): 100–120 ms at the head of the queue or next to it (the poll catches a lost
     /// grant message, and a grant to a dead head that lapsed), 500–600 ms further back (well
-    /// within [`FAIR_QUEUE_ENTRY_TTL`]); at least the retry policy's longest sleep.
+    /// within [`FAIR_QUEUE_ENTRY_TTL`]); at least the retry policy's longest sleep, which the
+    /// entry's lifetime then covers (`entry_ttl`).
     fn poll_interval(&self, rank: i64) -> Duration {
         let floor = self.opts.retry.max_delay;
         if rank <= 1 {
@@ -583,9 +602,10 @@ impl FairLock {
                     if let Err(left) = self.leave(&token) {
                         log::debug!(
                             "lock {:?}: could not leave the queue after a failed attempt ({}); \
-                             the entry lapses within {FAIR_QUEUE_ENTRY_TTL:?}",
+                             the entry lapses within {:?}",
                             self.key,
-                            left.report()
+                            left.report(),
+                            self.entry_ttl
                         );
                     }
                     return Err(e);
@@ -598,9 +618,10 @@ impl FairLock {
         if let Err(e) = self.leave(&token) {
             log::warn!(
                 "lock {:?}: giving up, could not leave the queue ({}); the entry lapses within \
-                 {FAIR_QUEUE_ENTRY_TTL:?}, a grant to it within {:?}",
+                 {:?}, a grant to it within {:?}",
                 self.key,
                 e.report(),
+                self.entry_ttl,
                 self.grant
             );
         }
@@ -732,5 +753,21 @@ impl DistributedLock for FairLock {
     /// next poll (fair waiters listen for grants, not releases: nothing is published).
     fn force_unlock(&self) -> Result<bool> {
         admin::force_delete(&self.client, &self.key, None, "", None, &[&self.key])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_outlive_the_longest_poll() {
+        let ms = Duration::from_millis;
+        // Defaults and short sleeps: the documented 2 s.
+        assert_eq!(entry_ttl(ms(0)), FAIR_QUEUE_ENTRY_TTL);
+        assert_eq!(entry_ttl(ms(500)), FAIR_QUEUE_ENTRY_TTL);
+        // A poll floor of 5 s polls within 7.5 s (a half more at random): 15 s.
+        assert_eq!(entry_ttl(ms(5_000)), ms(15_000));
+        assert_eq!(entry_ttl(Duration::MAX), Duration::from_secs(24 * 3600));
     }
 }
