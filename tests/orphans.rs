@@ -221,6 +221,52 @@ fn failed_release_is_retried_in_the_background() {
     taken_soon_after(l2.as_ref(), resumed, &c1);
 }
 
+/// A fair lock release that failed is sent again in the background as the same script: the
+/// waiter queued behind it is granted the lock when that retry runs, not at its next poll
+/// (made 10 s away here by its retry policy).
+#[test]
+fn fair_failed_release_is_retried_and_grants_the_next_waiter() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "orphan:fair";
+    let c1 = impatient(&server);
+    let c2 = patient(&server);
+    let l1 = c1.lock(key).build_fair().unwrap();
+    let l2 = c2
+        .lock(key)
+        .retry(RetryPolicy::standard().fixed_delay(Duration::from_secs(10)))
+        .build_fair()
+        .unwrap();
+    let guard = l1.try_lock().unwrap();
+    thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let g = l2
+                .try_lock_for(Duration::from_secs(30))
+                .expect("the waiter gets the lock");
+            let at = Instant::now();
+            assert!(g.unlock().unwrap());
+            at
+        });
+        assert!(wait_until(Duration::from_secs(5), || {
+            redis::cmd("ZCARD")
+                .arg(l2.queue_key())
+                .query::<usize>(&mut conn)
+                .unwrap()
+                == 1
+        }));
+        let resumed = release_during_write_pause(&server, &c1, || guard.unlock());
+        let got = waiter.join().unwrap();
+        let after = got.saturating_duration_since(resumed);
+        assert!(
+            after < TIMEOUT + SLACK,
+            "the waiter got the lock {after:?} after the pause ended"
+        );
+    });
+    assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
+    assert!(!raw::exists(&mut conn, key));
+}
+
 /// A reentrant release that timed out (the server paused) but ran when the server came back is
 /// not given back a second time by the janitor's retry: the janitor gives a hold back only if
 /// the owner's count is still the one before the release (`lua/reentrant_forget.lua`).

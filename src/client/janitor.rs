@@ -32,10 +32,10 @@
 //! so a release that ran after all answers from the latch and gives back nothing more. Its
 //! deadline is also bounded by the latch's lifetime.
 //!
-//! A fair lock's release remembered across a Sentinel switch is sent again as itself
-//! (`lua/fair_release.lua` with the same token): owner-checked by the token like a delete, it
-//! also grants the lock to the live head of the queue and publishes the grant, as the release
-//! did on the old master.
+//! A fair lock's release that failed, or that is remembered across a Sentinel switch, is sent
+//! again as itself (`lua/fair_release.lua` with the same token): owner-checked by the token
+//! like a delete, it also grants the lock to the live head of the queue and publishes the
+//! grant, as the release would have (or did, on the old master).
 //!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.

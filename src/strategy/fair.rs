@@ -270,6 +270,16 @@ impl FairLock {
         result
     }
 
+    /// What a release sent again needs besides the key and the token.
+    fn fair_release(&self) -> FairRelease {
+        FairRelease {
+            queue: self.queue.clone(),
+            deadlines: self.deadlines.clone(),
+            fence: self.opts.fence_key.clone(),
+            grant_ms: self.grant_ms(),
+        }
+    }
+
     fn grant_ms(&self) -> u64 {
         self.grant.as_millis() as u64
     }
@@ -663,13 +673,13 @@ impl DistributedLock for FairLock {
             .as_ref()
             .is_err_and(crate::client::janitor::worth_retrying)
         {
-            // A plain owner-checked delete, retried in the background; the waiters' polls
-            // then grant the lock to the head of the queue.
-            self.client.janitor().forget(
+            // The same release, retried in the background: owner-checked by the token, and
+            // granting the lock to the head of the queue as this one would have.
+            self.client.janitor().forget_fair(
                 &self.client,
                 &self.key,
                 lease.value(),
-                None,
+                self.fair_release(),
                 crate::client::janitor::Cause::FailedRelease,
                 lease.valid_until(),
             );
@@ -687,12 +697,7 @@ impl DistributedLock for FairLock {
                     channel: None,
                     reentrant: None,
                     rw: None,
-                    fair: Some(FairRelease {
-                        queue: self.queue.clone(),
-                        deadlines: self.deadlines.clone(),
-                        fence: self.opts.fence_key.clone(),
-                        grant_ms: self.grant_ms(),
-                    }),
+                    fair: Some(self.fair_release()),
                     until: lease.valid_until(),
                 });
             }
