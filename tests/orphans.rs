@@ -11,7 +11,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::{
-    DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, Strategy, Takeover,
+    DistributedLock, FairLock, LockClient, LockError, ReadWriteLock, RetryPolicy, Strategy,
+    Takeover,
 };
 use support::{init_logging, raw, wait_until, RedisServer};
 
@@ -221,6 +222,54 @@ fn failed_release_is_retried_in_the_background() {
     taken_soon_after(l2.as_ref(), resumed, &c1);
 }
 
+/// A fair lock on `key` whose waiters poll only every 10 s: they get the lock sooner only by
+/// a grant.
+fn slow_polling_fair(client: &LockClient, key: &str) -> FairLock {
+    client
+        .lock(key)
+        .retry(RetryPolicy::standard().fixed_delay(Duration::from_secs(10)))
+        .build_fair()
+        .unwrap()
+}
+
+/// Waits (bounded) until the queue of the fair `lock` has `n` entries.
+fn fair_queued(conn: &mut redis::Connection, lock: &FairLock, n: usize) -> bool {
+    wait_until(Duration::from_secs(5), || {
+        redis::cmd("ZCARD")
+            .arg(lock.queue_key())
+            .query::<usize>(conn)
+            .unwrap()
+            == n
+    })
+}
+
+/// A waiter got the lock at `got`, within a command timeout (plus slack) of `resumed`.
+fn granted_soon_after(got: Instant, resumed: Instant) {
+    let after = got.saturating_duration_since(resumed);
+    assert!(
+        after < TIMEOUT + SLACK,
+        "the waiter got the lock {after:?} after the server answered again"
+    );
+}
+
+/// `client`'s clean-ups are all done soon, and `key` is free.
+fn cleaned_up(client: &LockClient, conn: &mut redis::Connection, key: &str) {
+    assert!(wait_until(Duration::from_secs(5), || client
+        .pending_cleanups()
+        == 0));
+    assert!(!raw::exists(conn, key));
+}
+
+/// Waits for `lock` (up to 30 s), releases it and returns when it was taken.
+fn taken_at(lock: &FairLock) -> Instant {
+    let g = lock
+        .try_lock_for(Duration::from_secs(30))
+        .expect("the waiter gets the lock");
+    let at = Instant::now();
+    assert!(g.unlock().unwrap());
+    at
+}
+
 /// A fair lock release that failed is sent again in the background as the same script: the
 /// waiter queued behind it is granted the lock when that retry runs, not at its next poll
 /// (made 10 s away here by its retry policy).
@@ -233,38 +282,57 @@ fn fair_failed_release_is_retried_and_grants_the_next_waiter() {
     let c1 = impatient(&server);
     let c2 = patient(&server);
     let l1 = c1.lock(key).build_fair().unwrap();
-    let l2 = c2
-        .lock(key)
-        .retry(RetryPolicy::standard().fixed_delay(Duration::from_secs(10)))
-        .build_fair()
-        .unwrap();
+    let l2 = slow_polling_fair(&c2, key);
     let guard = l1.try_lock().unwrap();
     thread::scope(|s| {
-        let waiter = s.spawn(|| {
-            let g = l2
-                .try_lock_for(Duration::from_secs(30))
-                .expect("the waiter gets the lock");
-            let at = Instant::now();
-            assert!(g.unlock().unwrap());
-            at
-        });
-        assert!(wait_until(Duration::from_secs(5), || {
-            redis::cmd("ZCARD")
-                .arg(l2.queue_key())
-                .query::<usize>(&mut conn)
-                .unwrap()
-                == 1
-        }));
+        let waiter = s.spawn(|| taken_at(&l2));
+        assert!(fair_queued(&mut conn, &l2, 1));
         let resumed = release_during_write_pause(&server, &c1, || guard.unlock());
-        let got = waiter.join().unwrap();
-        let after = got.saturating_duration_since(resumed);
-        assert!(
-            after < TIMEOUT + SLACK,
-            "the waiter got the lock {after:?} after the pause ended"
-        );
+        granted_soon_after(waiter.join().unwrap(), resumed);
     });
-    assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
-    assert!(!raw::exists(&mut conn, key));
+    cleaned_up(&c1, &mut conn, key);
+}
+
+/// A fair waiter whose poll got no reply (the server stopped with SIGSTOP) gives up with the
+/// error. The poll runs when the server comes back, after or before the holder's release that
+/// was sent meanwhile, which grants the lock to that waiter: so the lock is granted to a
+/// waiter that left (and raised to the full lease if the poll ran second). The janitor sends
+/// the waiter's fair release: the lock passes to the next waiter, whose own polls are 10 s
+/// apart, within a command timeout of the server's return.
+#[test]
+fn fair_waiter_whose_poll_reply_was_lost_passes_the_lock_on() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "orphan:fair-poll";
+    let c0 = patient(&server);
+    let c1 = impatient(&server);
+    let c2 = patient(&server);
+    let holder = c0.lock(key).build_fair().unwrap();
+    let w1 = c1.lock(key).build_fair().unwrap();
+    let w2 = slow_polling_fair(&c2, key);
+    let held = holder.try_lock().unwrap();
+    thread::scope(|s| {
+        let first = s.spawn(|| w1.try_lock_for(Duration::from_secs(20)).map(|_| ()));
+        assert!(fair_queued(&mut conn, &w1, 1));
+        let second = s.spawn(|| taken_at(&w2));
+        assert!(fair_queued(&mut conn, &w1, 2));
+        server.pause();
+        let paused = Instant::now();
+        // Sent into the stopped server: runs when it is resumed.
+        let release = s.spawn(|| held.unlock());
+        let gave_up = first.join().unwrap();
+        assert!(
+            matches!(gave_up, Err(LockError::Connection { .. })),
+            "{gave_up:?}"
+        );
+        thread::sleep(PAUSE.saturating_sub(paused.elapsed()));
+        server.resume();
+        let resumed = Instant::now();
+        assert!(release.join().unwrap().unwrap(), "the holder's release");
+        granted_soon_after(second.join().unwrap(), resumed);
+    });
+    cleaned_up(&c1, &mut conn, key);
 }
 
 /// A reentrant release that timed out (the server paused) but ran when the server came back is

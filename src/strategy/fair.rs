@@ -242,14 +242,11 @@ impl FairLock {
     fn attempt_plain(&self, token: &Token) -> Result<Option<Lease>> {
         let start = Instant::now();
         let until = crate::time::saturating_add(start, self.opts.lease);
-        let reply: Value = string_value::acquire(
+        let reply: Value = string_value::acquire_undone_by(
             &self.client,
             &self.key,
-            token,
-            None,
-            until,
-            || true,
             |con, _| string_value::set_nx_px(&self.key, token, self.opts.lease_ms()).query(con),
+            || self.undo_lost(token, until),
         )?;
         if reply != Value::Okay {
             self.contended();
@@ -270,6 +267,21 @@ impl FairLock {
         result
     }
 
+    /// An acquire sent with `token` got no reply: it may still run (or have run) and leave the
+    /// lock ours, granted or taken, or our entry in the queue, with nobody waiting for either.
+    /// The janitor sends our release (`lua/fair_release.lua`) until it is answered or until
+    /// `until`: it passes the lock on to the next waiter if it is ours, else removes our entry.
+    fn undo_lost(&self, token: &Token, until: Instant) {
+        self.client.janitor().forget_fair(
+            &self.client,
+            &self.key,
+            token,
+            self.fair_release(),
+            crate::client::janitor::Cause::LostAcquireReply,
+            until,
+        );
+    }
+
     /// What a release sent again needs besides the key and the token.
     fn fair_release(&self) -> FairRelease {
         FairRelease {
@@ -287,13 +299,9 @@ impl FairLock {
     /// One `lua/fair_acquire.lua` call; `wait`: join (or refresh) the queue when refused.
     fn attempt(&self, token: &Token, wait: bool, start: Instant) -> Result<Outcome> {
         let until = crate::time::saturating_add(start, self.opts.lease);
-        let reply: Vec<i64> = string_value::acquire(
+        let reply: Vec<i64> = string_value::acquire_undone_by(
             &self.client,
             &self.key,
-            token,
-            None,
-            until,
-            || true,
             |con, s| {
                 s.fair_acquire.eval_keys(
                     con,
@@ -308,6 +316,7 @@ impl FairLock {
                     ),
                 )
             },
+            || self.undo_lost(token, until),
         )?;
         match reply.as_slice() {
             [1, fence] => {

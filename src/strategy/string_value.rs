@@ -72,7 +72,31 @@ pub(crate) fn acquire<T>(
     channel: Option<&str>,
     until: Instant,
     may_forget: impl Fn() -> bool,
+    f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
+) -> Result<T> {
+    acquire_undone_by(client, key, f, || {
+        if may_forget() {
+            client
+                .janitor()
+                .forget(client, key, value, channel, Cause::LostAcquireReply, until);
+        } else {
+            log::warn!(
+                "lock {key:?}: no reply to a GETSET takeover; if it ran, the key holds our \
+                 value until it goes stale (a legacy GETSET writes even when it loses, so the \
+                 value is not deleted)"
+            );
+        }
+    })
+}
+
+/// Runs an acquire `f` on a pooled connection; if it was sent but not answered (a connection
+/// error), calls `undo`, which hands the janitor what undoes, owner-checked, whatever the
+/// acquire may have written when it runs late.
+pub(crate) fn acquire_undone_by<T>(
+    client: &LockClient,
+    key: &str,
     mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
+    undo: impl FnOnce(),
 ) -> Result<T> {
     let sent = Cell::new(false);
     let reply = client.with_conn(key, |con, s| {
@@ -80,16 +104,8 @@ pub(crate) fn acquire<T>(
         f(con, s)
     });
     if let Err(LockError::Connection { .. }) = &reply {
-        if sent.get() && may_forget() {
-            client
-                .janitor()
-                .forget(client, key, value, channel, Cause::LostAcquireReply, until);
-        } else if sent.get() {
-            log::warn!(
-                "lock {key:?}: no reply to a GETSET takeover; if it ran, the key holds our \
-                 value until it goes stale (a legacy GETSET writes even when it loses, so the \
-                 value is not deleted)"
-            );
+        if sent.get() {
+            undo();
         }
     }
     reply
