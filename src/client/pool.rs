@@ -397,24 +397,27 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
-/// Says "TLS" in a connection error that is the TLS handshake's: an I/O failure that is not a
-/// refusal, a timeout or a closed socket (rustls reports "invalid peer certificate:
-/// UnknownIssuer", native-tls OpenSSL's "certificate verify failed"; neither names TLS).
+/// Says "TLS" in an error of opening a TLS connection (neither TLS library names TLS itself):
+/// - the handshake's: an I/O failure that is not a refusal, a timeout or a closed socket
+///   (rustls: "invalid peer certificate: UnknownIssuer", "received fatal alert:
+///   CertificateRequired"), or redis-rs's "SSL Handshake error" (native-tls: OpenSSL's
+///   "certificate verify failed"; redis-rs gives it the kind of a dropped connection);
+/// - a connection the server closed during the set-up: with TLS 1.3 the client's side of the
+///   handshake ends before the server has checked the client certificate, so a server that
+///   refuses it (or wants one) is seen by OpenSSL as a reset on the first command.
 pub(crate) fn tls_context(e: redis::RedisError) -> redis::RedisError {
-    if e.kind() == redis::ErrorKind::Io
-        && !e.is_connection_refusal()
-        && !e.is_timeout()
-        && !e.is_connection_dropped()
-    {
-        redis::RedisError::from((
-            redis::ErrorKind::Io,
-            "TLS handshake failed (check the CA certificate, the server name and the client \
-             certificate)",
-            e.to_string(),
-        ))
-    } else {
-        e
+    if e.kind() != redis::ErrorKind::Io || e.is_connection_refusal() || e.is_timeout() {
+        return e;
     }
+    let text = e.to_string();
+    let what = if text.starts_with("SSL Handshake error") || !e.is_connection_dropped() {
+        "TLS handshake failed (check the CA certificate, the server name and the client \
+         certificate)"
+    } else {
+        "the server closed the connection during the TLS set-up (a server that requires a \
+         client certificate does so when none or an unknown one is given)"
+    };
+    redis::RedisError::from((redis::ErrorKind::Io, what, text))
 }
 
 /// A connection that has waited this long in the pool since it was opened counts as used (see
@@ -611,6 +614,46 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Managed(c) => c.is_open(),
             Conn::External(c) => c.is_open(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tls_context;
+    use std::io;
+
+    fn io_error(kind: io::ErrorKind) -> redis::RedisError {
+        redis::RedisError::from(io::Error::from(kind))
+    }
+
+    #[test]
+    fn tls_errors_say_tls() {
+        // native-tls, through redis-rs: a handshake error with a dropped connection's kind.
+        let native = redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "SSL Handshake error",
+            "certificate verify failed".to_owned(),
+        ));
+        assert!(native.is_connection_dropped());
+        let said = tls_context(native).to_string();
+        assert!(said.starts_with("TLS handshake failed"), "{said}");
+        assert!(said.contains("certificate verify failed"), "{said}");
+        // rustls: an I/O error of another kind.
+        let rustls = io_error(io::ErrorKind::InvalidData);
+        let said = tls_context(rustls).to_string();
+        assert!(said.starts_with("TLS handshake failed"), "{said}");
+        // A reset during the set-up.
+        let said = tls_context(io_error(io::ErrorKind::ConnectionReset)).to_string();
+        assert!(
+            said.starts_with("the server closed the connection during the TLS set-up"),
+            "{said}"
+        );
+        // Refusals and timeouts are not the TLS layer's.
+        for kind in [io::ErrorKind::ConnectionRefused, io::ErrorKind::TimedOut] {
+            let e = io_error(kind);
+            let before = e.to_string();
+            assert_eq!(tls_context(e).to_string(), before);
         }
     }
 }
