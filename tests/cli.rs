@@ -1056,4 +1056,14 @@ fn fair_runs_take_turns_and_status_and_forced_release_know_them() {
     d.touch("go");
     let waiter = waiter.wait(EXIT_BOUND);
     assert_eq!(waiter.code(), 0, "{waiter:?}");
+
+    // A key whose braces form no hash tag: the queue has another name, which status finds.
+    let e = Scratch::new();
+    let odd = hold(&url, "odd{}job", &["--strategy", "fair"], &e);
+    e.wait_for("started");
+    let odd_status = status("odd{}job");
+    assert!(odd_status.stdout.contains("kind: fair"), "{odd_status:?}");
+    assert!(odd_status.stdout.contains("waiters: 0"), "{odd_status:?}");
+    e.touch("go");
+    assert_eq!(odd.wait(EXIT_BOUND).code(), 0);
 }

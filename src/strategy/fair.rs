@@ -146,7 +146,7 @@ impl Drop for Expecting<'_> {
 
 impl FairLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Result<Self> {
-        let queue = keys::aux_key(QUEUE_PREFIX, &key)?;
+        let queue = Self::queue_key_for(&key)?;
         let deadlines = keys::aux_key(DEADLINES_PREFIX, &key)?;
         let id = client_id(&client);
         let channel = format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id));
@@ -175,6 +175,20 @@ impl FairLock {
     /// The sorted set holding the queue's order (token → arrival: the server's time in µs).
     pub fn queue_key(&self) -> &str {
         &self.queue
+    }
+
+    /// The name of the queue of the fair lock on `key`, as every client names it (the same as
+    /// [`queue_key`](Self::queue_key) of a lock built on `key`), without a client: for
+    /// monitoring, `ZCARD` of it counts the waiters queued in Redis (one per client and key;
+    /// a client's other threads wait in its own line). `dlock_fair_q:{key}` for a key without
+    /// braces; for a key with braces, a name in the key's cluster slot.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidArgument`] for a key with whose cluster slot no such name can be
+    /// made (the same keys for which building the lock fails).
+    pub fn queue_key_for(key: &str) -> Result<String> {
+        keys::aux_key(QUEUE_PREFIX, key)
     }
 
     /// The channel grants to this client's waiters are published on.
@@ -773,6 +787,26 @@ impl DistributedLock for FairLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queue_names_stay_in_the_key_slot() {
+        assert_eq!(FairLock::queue_key_for("a").unwrap(), "dlock_fair_q:{a}");
+        assert_eq!(
+            FairLock::queue_key_for("x{a}b").unwrap(),
+            "dlock_fair_q:x{a}b"
+        );
+        // Braces that form no hash tag: another name, in the key's slot.
+        for key in ["a{}b", "a{b", "job{}x"] {
+            let q = FairLock::queue_key_for(key).unwrap();
+            assert_eq!(
+                crate::keys::hash_slot(q.as_bytes()),
+                crate::keys::hash_slot(key.as_bytes()),
+                "{key} -> {q}"
+            );
+        }
+        // No name can share the slot of "a}b" (each one's tag is "a"): no fair lock on it.
+        assert!(FairLock::queue_key_for("a}b").is_err());
+    }
 
     #[test]
     fn entries_outlive_the_longest_poll() {

@@ -14,8 +14,6 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 const PLAUSIBLE_EXPIRY_MS: std::ops::Range<i64> = 946_684_800_000..16_725_225_600_000;
 /// Prefix of the channel on which releases are announced (Redisson's, as the library's).
 const CHANNEL_PREFIX: &str = "redisson_lock__channel";
-/// Prefix of a fair lock's queue (a sorted set of waiters, in the key's slot).
-const FAIR_QUEUE_PREFIX: &str = "dlock_fair_q";
 
 fn connect(target: &Target) -> Result<Connection, Failure> {
     let url = redact(&target.url);
@@ -144,7 +142,9 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
                 }
                 Kind::Fair => {
                     println!("kind: fair\nholder: {holder}\n{}", ttl_line(pttl));
-                    if let Some(queue) = fair_queue(key) {
+                    // Named as the library names it; a key no queue can share a slot with
+                    // has no fair lock (building one fails).
+                    if let Ok(queue) = redis_dlock::FairLock::queue_key_for(key) {
                         let waiting: i64 =
                             query(&mut conn, target, redis::cmd("ZCARD").arg(&queue))?;
                         println!("waiters: {waiting} (queued in {queue})");
@@ -216,19 +216,6 @@ fn channel(key: &str) -> String {
     }
 }
 
-/// The queue of the fair lock on `key`, as the library names it: `dlock_fair_q:{key}` for a
-/// key without braces, `dlock_fair_q:key` for a key with a hash tag of its own (both in the
-/// key's cluster slot). `None` for a key whose braces form no hash tag, for which the library
-/// picks another name in the key's slot.
-fn fair_queue(key: &str) -> Option<String> {
-    if !key.contains(['{', '}']) {
-        return Some(format!("{FAIR_QUEUE_PREFIX}:{{{key}}}"));
-    }
-    let open = key.find('{')?;
-    let tag_len = key.get(open + 1..)?.find('}')?;
-    (tag_len > 0).then(|| format!("{FAIR_QUEUE_PREFIX}:{key}"))
-}
-
 /// Deletes the lock whoever holds it, and announces the release to waiters.
 pub fn release(target: &Target) -> Result<u8, Failure> {
     let mut conn = connect(target)?;
@@ -280,10 +267,5 @@ mod tests {
         assert_eq!(classify(b"hello"), Kind::Unknown);
         assert_eq!(channel("a"), "redisson_lock__channel:{a}");
         assert_eq!(channel("{a}b"), "redisson_lock__channel:{a}b");
-        assert_eq!(fair_queue("a").as_deref(), Some("dlock_fair_q:{a}"));
-        assert_eq!(fair_queue("x{a}b").as_deref(), Some("dlock_fair_q:x{a}b"));
-        assert_eq!(fair_queue("a{}b"), None);
-        assert_eq!(fair_queue("a}b"), None);
-        assert_eq!(fair_queue("a{b"), None);
     }
 }
