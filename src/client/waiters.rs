@@ -378,8 +378,11 @@ impl Drop for Ticket<'_> {
         }
         drop(map);
         self.queues.waiting.fetch_sub(1, Ordering::SeqCst);
-        // The next ticket may be the head now.
-        self.queue.cv.notify_all();
+        // The next ticket may be the head now. Only ticket holders wait on the line's condvar:
+        // an empty line has nobody to wake (and a notify costs a system call even then).
+        if !empty {
+            self.queue.cv.notify_all();
+        }
     }
 }
 

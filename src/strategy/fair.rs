@@ -532,8 +532,19 @@ impl FairLock {
         let queues = self.client.waiters();
         let wakeups = self.client.wakeups();
         let deadline = attempts.queue_deadline();
+        // Uncontended: a lock object that has not found the lock held lately, with no thread
+        // of this client waiting for it, tries at once, as the other locks do
+        // (`lock::acquire_in_line`); the line is joined only if that fails.
+        if self.quiet() && !queues.has_waiters(&self.key) {
+            let token = self.new_token();
+            attempts.record();
+            if let Some(lease) = self.attempt_plain(&token)? {
+                return Ok(LockGuard::new(self, lease));
+            }
+        }
         // Threads of this client meet in its line first: only its head is in the queue in
-        // Redis (joined before the first attempt, so a burst of threads does not all go).
+        // Redis (joined before its first attempt there, so a burst of threads does not all
+        // go).
         let mut ticket = queues.enqueue(&self.key);
         if ticket.ahead() > 0 && !ticket.wait_turn(deadline) {
             return Err(self.timeout(&attempts));
