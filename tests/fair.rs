@@ -368,6 +368,41 @@ fn mutual_exclusion_under_contention() {
     assert_eq!(zcard(&mut conn, "dlock_fair_q:{fair:excl}"), 0);
 }
 
+/// Locks `key` with `holder`, queues one waiter per client of `clients` (each once the previous
+/// one is queued; each holds for 5 ms when granted), runs `meanwhile` while they all wait,
+/// releases, and returns the clients in the order they were granted, with their fences.
+fn grant_order(
+    conn: &mut redis::Connection,
+    holder: &FairLock,
+    clients: &[LockClient],
+    fenced: bool,
+    meanwhile: impl FnOnce(&mut redis::Connection),
+) -> Vec<(usize, Option<u64>)> {
+    let key = holder.key();
+    let held = holder.lock().expect("free");
+    let order = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        for (i, c) in clients.iter().enumerate() {
+            let order = &order;
+            let lock = if fenced {
+                fair_fenced(c, key)
+            } else {
+                fair(c, key)
+            };
+            s.spawn(move || {
+                let g = lock.try_lock_for(Duration::from_secs(30)).expect("lock");
+                order.lock().unwrap().push((i, g.fence()));
+                thread::sleep(ms(5));
+                g.unlock().expect("unlock");
+            });
+            wait_queued(conn, holder, i + 1);
+        }
+        meanwhile(conn);
+        held.unlock().expect("release");
+    });
+    order.into_inner().unwrap()
+}
+
 /// Waiters in separate clients, each arriving well after the previous one is queued: grants
 /// follow arrival. Each winner records its number while it holds the lock.
 #[test]
@@ -378,31 +413,16 @@ fn fifo_across_clients() {
     const N: usize = 6;
     let holder_client = client(&server);
     let holder = fair_fenced(&holder_client, "fair:fifo");
-    let held = holder.lock().expect("free");
     let clients: Vec<LockClient> = (0..N).map(|_| client(&server)).collect();
-    let order = Mutex::new(Vec::new());
-    thread::scope(|s| {
-        for (i, c) in clients.iter().enumerate() {
-            let order = &order;
-            let lock = fair_fenced(c, "fair:fifo");
-            s.spawn(move || {
-                let g = lock.try_lock_for(Duration::from_secs(30)).expect("lock");
-                order.lock().unwrap().push((i, g.fence().expect("fenced")));
-                thread::sleep(ms(5));
-                g.unlock().expect("unlock");
-            });
-            wait_queued(&mut conn, &holder, i + 1);
-        }
-        held.unlock().expect("release");
-    });
-    let order = order.into_inner().unwrap();
+    let order = grant_order(&mut conn, &holder, &clients, true, |_| {});
     let who: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
     assert_eq!(
         who,
         (0..N).collect::<Vec<_>>(),
         "grants out of arrival order"
     );
-    assert!(order.windows(2).all(|w| w[0].1 < w[1].1));
+    let fences: Vec<u64> = order.iter().map(|(_, f)| f.expect("fenced")).collect();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]));
 }
 
 /// A waiter whose retry policy sleeps longer than a queue entry lives (here 5 s against 2 s)
@@ -453,6 +473,17 @@ fn a_slow_retry_policy_does_not_let_the_queue_entry_lapse() {
     assert_eq!(order.into_inner().unwrap(), ["slow", "later"]);
 }
 
+/// The queue's deadlines: (waiter token, when its entry lapses).
+fn deadlines(conn: &mut redis::Connection, key: &str) -> Vec<(String, f64)> {
+    redis::cmd("ZRANGE")
+        .arg(format!("dlock_fair_d:{{{key}}}"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(conn)
+        .expect("ZRANGE")
+}
+
 /// Waiters keep their place while they wait long enough to refresh their queue entries many
 /// times (the head polls every 100–120 ms, the others up to every 600 ms): each poll refreshes
 /// the entry's deadline but not its arrival, so grants still follow arrival.
@@ -462,39 +493,15 @@ fn fifo_survives_the_waiters_refreshes() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     const N: usize = 4;
+    let key = "fair:refresh";
     let holder_client = client(&server);
-    let holder = fair(&holder_client, "fair:refresh");
-    let held = holder.lock().expect("free");
+    let holder = fair(&holder_client, key);
     let clients: Vec<LockClient> = (0..N).map(|_| client(&server)).collect();
-    let order = Mutex::new(Vec::new());
-    thread::scope(|s| {
-        for (i, c) in clients.iter().enumerate() {
-            let order = &order;
-            let lock = fair(c, "fair:refresh");
-            s.spawn(move || {
-                let g = lock.try_lock_for(Duration::from_secs(30)).expect("lock");
-                order.lock().unwrap().push(i);
-                g.unlock().expect("unlock");
-            });
-            wait_queued(&mut conn, &holder, i + 1);
-        }
+    let order = grant_order(&mut conn, &holder, &clients, false, |conn| {
         // Long enough for several polls of every waiter (each one refreshes its entry).
-        let deadlines = format!("dlock_fair_d:{{{}}}", "fair:refresh");
-        let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(&deadlines)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query(&mut conn)
-            .expect("ZRANGE");
+        let first = deadlines(conn, key);
         thread::sleep(ms(1_500));
-        let later: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(&deadlines)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query(&mut conn)
-            .expect("ZRANGE");
+        let later = deadlines(conn, key);
         assert_eq!(later.len(), N, "every waiter still queued");
         for (token, was) in &first {
             let now = later.iter().find(|(t, _)| t == token).map(|(_, d)| *d);
@@ -503,11 +510,10 @@ fn fifo_survives_the_waiters_refreshes() {
                 "the entry of {token} was not refreshed while waiting"
             );
         }
-        held.unlock().expect("release");
     });
-    let order = order.into_inner().unwrap();
+    let who: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
     assert_eq!(
-        order,
+        who,
         (0..N).collect::<Vec<_>>(),
         "grants out of arrival order"
     );

@@ -3,10 +3,11 @@
 //!
 //! The lock key holds the holder's token: this client's id (16 hex characters) and 128 random
 //! bits. Waiters queue in two sorted sets in the key's hash slot: `dlock_fair_q:{key}` (token →
-//! arrival, the server's time in µs: the order) and `dlock_fair_d:{key}` (token → the server time in ms at which
-//! the entry lapses unless refreshed). The release script deletes our hold and, if a live
-//! waiter heads the queue, writes that waiter's token at the key with a short grant lease
-//! ([`FAIR_GRANT_LEASE`]), increments the fencing counter if the lock is fenced, and publishes
+//! arrival, the server's time in µs: the order) and `dlock_fair_d:{key}` (token → the server
+//! time in ms at which the entry lapses unless refreshed). The release script deletes our hold
+//! and, if a live waiter heads the queue, writes that waiter's token at the key with a short
+//! grant lease ([`FAIR_GRANT_LEASE`]), increments the fencing counter if the lock is fenced, and
+//! publishes
 //! `dlock-grant:<token>:<fence>:<seconds>:<microseconds>` on `dlock_fair_ch:<grantee's client
 //! id>`. The grantee client's subscriber thread hands the message to the one thread that
 //! expects it ([`crate::client::grants`]), whose `lock()` returns without another command;
@@ -310,6 +311,18 @@ impl FairLock {
         self.grant.as_millis() as u64
     }
 
+    /// A quiet lock object's attempt (see [`quiet`](Self::quiet)): one plain `SET NX PX`, and
+    /// the guard if it took the lock. `None` without an attempt when not quiet.
+    fn plain_if_quiet(&self, attempts: &mut Attempts<'_>) -> Result<Option<LockGuard<'_>>> {
+        if !self.quiet() {
+            return Ok(None);
+        }
+        attempts.record();
+        Ok(self
+            .attempt_plain(&self.new_token())?
+            .map(|lease| LockGuard::new(self, lease)))
+    }
+
     /// One `lua/fair_acquire.lua` call; `wait`: join (or refresh) the queue when refused.
     fn attempt(&self, token: &Token, wait: bool, start: Instant) -> Result<Outcome> {
         let until = crate::time::saturating_add(start, self.opts.lease);
@@ -535,11 +548,9 @@ impl FairLock {
         // Uncontended: a lock object that has not found the lock held lately, with no thread
         // of this client waiting for it, tries at once, as the other locks do
         // (`lock::acquire_in_line`); the line is joined only if that fails.
-        if self.quiet() && !queues.has_waiters(&self.key) {
-            let token = self.new_token();
-            attempts.record();
-            if let Some(lease) = self.attempt_plain(&token)? {
-                return Ok(LockGuard::new(self, lease));
+        if !queues.has_waiters(&self.key) {
+            if let Some(guard) = self.plain_if_quiet(&mut attempts)? {
+                return Ok(guard);
             }
         }
         // Threads of this client meet in its line first: only its head is in the queue in
@@ -549,13 +560,10 @@ impl FairLock {
         if ticket.ahead() > 0 && !ticket.wait_turn(deadline) {
             return Err(self.timeout(&attempts));
         }
-        let token = self.new_token();
-        if self.quiet() {
-            attempts.record();
-            if let Some(lease) = self.attempt_plain(&token)? {
-                return Ok(LockGuard::new(self, lease));
-            }
+        if let Some(guard) = self.plain_if_quiet(&mut attempts)? {
+            return Ok(guard);
         }
+        let token = self.new_token();
         queues.grants.register(&token, &self.key);
         let _expecting = Expecting {
             client: &self.client,
