@@ -21,8 +21,9 @@
 -- a waiter ignores such a grant message if it comes late.
 -- A grant is published on ARGV[6] as 'dlock-grant:<token>:<fence>:<seconds>:<microseconds>'
 -- (fence 0 without KEYS[4]; the time is the server's TIME when granted).
--- Calls: free, nobody queued GET EXISTS SET [INCR]; held, queued or refreshed GET TIME
--- ZADD ZADD PTTL ZRANGEBYSCORE ZRANK (and PEXPIRE twice about every ARGV[4] ms).
+-- Calls: free, nobody queued GET EXISTS SET [INCR]; held, queued GET TIME ZADD ZADD PTTL
+-- ZRANK, and ZRANGEBYSCORE too when it refreshes our entry or finds 16 or more ahead (and
+-- PEXPIRE twice about every ARGV[4] ms).
 -- Bounded: a call drops at most 1,100 lapsed entries while the lock is free (live_head) and 10
 -- while it is held. While more lapsed entries than that head the queue, a free lock is neither
 -- taken nor granted by this call (the waiters' next polls go on dropping them).
@@ -46,6 +47,8 @@ if cur == ARGV[1] then
 end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- live_head's clock(): t and now are read above.
+local function clock() end
 local function fence()
     if #KEYS > 3 then
         return redis.call('incr', KEYS[4])
@@ -71,7 +74,8 @@ if ARGV[3] ~= 'w' then
 end
 -- NX: a waiter already queued keeps its place. The arrival is written as a string of digits
 -- (seconds, then six digits of microseconds): exact, where Lua's number formatting is not.
-redis.call('zadd', KEYS[2], 'NX', t[1] .. string.format('%06d', tonumber(t[2])), ARGV[1])
+local joined = redis.call('zadd', KEYS[2], 'NX', t[1] .. string.format('%06d', tonumber(t[2])),
+    ARGV[1])
 redis.call('zadd', KEYS[3], now + tonumber(ARGV[4]), ARGV[1])
 -- The sorted sets live at least as long as their longest entry: whenever less than an entry's
 -- life is left they are given two.
@@ -79,9 +83,16 @@ if redis.call('pttl', KEYS[2]) < tonumber(ARGV[4]) then
     redis.call('pexpire', KEYS[2], 2 * tonumber(ARGV[4]))
     redis.call('pexpire', KEYS[3], 2 * tonumber(ARGV[4]))
 end
-local lapsed = redis.call('zrangebyscore', KEYS[3], '-inf', now - 1, 'limit', 0, 10)
-if #lapsed > 0 then
-    redis.call('zrem', KEYS[2], unpack(lapsed))
-    redis.call('zrem', KEYS[3], unpack(lapsed))
+-- Up to 10 lapsed entries are dropped by a waiter's refresh (not its first call), and by every
+-- call that finds 16 or more entries ahead of it, so that waiters dying faster than the
+-- refreshes sweep cannot grow the queue without bound while the lock stays held.
+local rank = redis.call('zrank', KEYS[2], ARGV[1])
+if joined == 0 or rank >= 16 then
+    local lapsed = redis.call('zrangebyscore', KEYS[3], '-inf', now - 1, 'limit', 0, 10)
+    if #lapsed > 0 then
+        redis.call('zrem', KEYS[2], unpack(lapsed))
+        redis.call('zrem', KEYS[3], unpack(lapsed))
+        rank = redis.call('zrank', KEYS[2], ARGV[1])
+    end
 end
-return {0, redis.call('zrank', KEYS[2], ARGV[1]), tonumber(t[1]), tonumber(t[2])}
+return {0, rank, tonumber(t[1]), tonumber(t[2])}

@@ -18,8 +18,8 @@
 -- {1, receivers, granted token, fence, seconds, microseconds} when released: granted token ''
 -- (and receivers 0) when nobody live waited; receivers = subscriber connections the grant was
 -- published to; fence 0 without KEYS[4]; the server's TIME of the grant.
--- Calls: not ours GET ZREM ZREM; nobody queued GET EXISTS DEL; granted GET EXISTS TIME, the
--- walk's four (lua/fair_live_head.lua), [INCR] SET PUBLISH.
+-- Calls: not ours GET ZREM ZREM; nobody queued GET ZPOPMIN DEL; granted GET, the walk's
+-- ZPOPMIN TIME ZSCORE ZREM (lua/fair_live_head.lua), [INCR] SET PUBLISH.
 -- Bounded: at most 1,100 lapsed entries are dropped (live_head); when more head the queue the
 -- lock is left free and the waiters' polls go on (fair_acquire.lua).
 if redis.call('get', KEYS[1]) ~= ARGV[1] then
@@ -27,13 +27,14 @@ if redis.call('get', KEYS[1]) ~= ARGV[1] then
     redis.call('zrem', KEYS[3], ARGV[1])
     return {0, 0, '', 0, 0, 0}
 end
-if redis.call('exists', KEYS[2]) == 0 then
-    -- The uncontended case: nobody queued.
-    redis.call('del', KEYS[1])
-    return {1, 0, '', 0, 0, 0}
+-- The server's TIME, read only when somebody is queued (by live_head's clock()).
+local t, now
+local function clock()
+    if not t then
+        t = redis.call('time')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
 end
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- #include fair_live_head.lua
 local head = live_head()
 if head then

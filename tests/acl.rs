@@ -73,7 +73,7 @@ const FAIR_RULE: &[&str] = &[
     "+time",
     "+zadd",
     "+zrem",
-    "+zrange",
+    "+zpopmin",
     "+zrangebyscore",
     "+zscore",
     "+zrank",

@@ -1250,6 +1250,43 @@ fn a_thousand_waiters_stay_bounded() {
     assert!(!raw::exists(&mut conn, "dlock_fair_d:{fair:thousand}"));
 }
 
+/// Waiters that die before their first refresh leave entries that only the refreshes, the
+/// queue walk of a release and the joins behind a long queue drop. With the lock held all along
+/// and nobody refreshing, the joins behind 16 or more entries keep such a crowd bounded: each
+/// drops up to 10 lapsed entries. (The joins are sent as the client sends them, each with a
+/// new token, so that each is exactly one first call.)
+#[test]
+fn joins_behind_a_long_queue_drop_lapsed_entries() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    const KEY: &str = "fair:crowd";
+    let holder_client = client(&server);
+    let holder = fair(&holder_client, KEY);
+    let held = holder.lock().expect("free");
+    for i in 0..100 {
+        enqueue_vanished(&mut conn, KEY, &format!("{i:032x}"), 300);
+    }
+    assert_eq!(zcard(&mut conn, holder.queue_key()), 100);
+    thread::sleep(ms(400));
+    let live = |i: usize| format!("live{i:028x}");
+    enqueue_vanished(&mut conn, KEY, &live(0), 60_000);
+    assert_eq!(zcard(&mut conn, holder.queue_key()), 91);
+    for i in 1..10 {
+        enqueue_vanished(&mut conn, KEY, &live(i), 60_000);
+    }
+    // The tenth join still had 19 ahead (10 lapsed, 9 live): every lapsed entry is gone.
+    let mut queued: Vec<String> = redis::cmd("ZRANGE")
+        .arg(holder.queue_key())
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .expect("ZRANGE");
+    queued.sort();
+    assert_eq!(queued, (0..10).map(live).collect::<Vec<_>>());
+    assert!(held.unlock().expect("release"));
+}
+
 /// A Redis Cluster: the queue, deadlines and fence keys share the lock key's slot, and a
 /// grant works across clients.
 #[test]

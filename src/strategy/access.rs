@@ -103,7 +103,7 @@ pub(crate) struct FairNames<'a> {
 /// The commands of a fair lock (see `fair.rs`, `lua/fair_acquire.lua`, `lua/fair_release.lua`,
 /// `lua/fair_live_head.lua`): the plain acquire (`SET … NX PX`), the scripts themselves
 /// (`EVALSHA`, and `EVAL` after a `NOSCRIPT`) on their keys, and what the scripts run: `GET`,
-/// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
+/// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZPOPMIN`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
 /// `PTTL`, `PEXPIRE`, `DEL`, `PUBLISH` of grants (on another client's channel and on ours),
 /// `INCR` and `GET` of the fencing counter; extend and renewal (`GET`, `PEXPIRE`); the
 /// clean-up of a lost reply or failed release (`GET`, `DEL`); and the subscriber's commands on
@@ -134,7 +134,7 @@ pub(crate) fn fair(n: &FairNames<'_>) -> Vec<Check> {
         check("zadd", &[d, "1", "v"]),
         check("zrem", &[q, "v"]),
         check("zrem", &[d, "v"]),
-        check("zrange", &[q, "0", "0"]),
+        check("zpopmin", &[q]),
         check("zrangebyscore", &[d, "-inf", "1", "limit", "0", "100"]),
         check("zscore", &[d, "v"]),
         check("zrank", &[q, "v"]),
