@@ -68,6 +68,41 @@ struct State {
     failed: Option<(Instant, String)>,
     /// The ticket whose attempt is on the wire without a reply yet, and since when.
     in_flight: Option<(u64, Instant)>,
+    /// Threads asleep on the line's condvar (see [`Queue::wait`]): a change with none asleep
+    /// notifies nobody (a notify costs a system call even then).
+    sleepers: usize,
+}
+
+impl Queue {
+    /// Waits on the line's condvar (at most `left`, or without limit), counted in
+    /// [`State::sleepers`] meanwhile.
+    fn wait<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        left: Option<Duration>,
+    ) -> MutexGuard<'a, State> {
+        st.sleepers += 1;
+        let mut st = match left {
+            None => self.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
+            Some(left) => self
+                .cv
+                .wait_timeout(st, left)
+                .map(|(st, _)| st)
+                .unwrap_or_else(|p| p.into_inner().0),
+        };
+        st.sleepers -= 1;
+        st
+    }
+
+    /// Wakes the threads asleep on the line's condvar, if any; `st` is the line's state,
+    /// changed by the caller.
+    fn wake(&self, st: MutexGuard<'_, State>) {
+        let asleep = st.sleepers > 0;
+        drop(st);
+        if asleep {
+            self.cv.notify_all();
+        }
+    }
 }
 
 /// Mutex poisoning only means another thread panicked while holding it; the state (a queue of
@@ -212,8 +247,9 @@ impl WaitQueues {
             Some(q) => Arc::clone(q),
             None => return,
         };
-        lock(&queue.state).releases += 1;
-        queue.cv.notify_all();
+        let mut st = lock(&queue.state);
+        st.releases += 1;
+        queue.wake(st);
     }
 }
 
@@ -242,21 +278,17 @@ impl Ticket<'_> {
                 self.seen_releases = st.releases;
                 return true;
             }
-            st = match deadline {
-                None => self.queue.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
+            let left = match deadline {
+                None => None,
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return false;
                     }
-                    let (st, _) = self
-                        .queue
-                        .cv
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(|p| p.into_inner());
-                    st
+                    Some(left)
                 }
             };
+            st = self.queue.wait(st, left);
         }
     }
 
@@ -287,9 +319,8 @@ impl Ticket<'_> {
             }
             Some(err) => st.failed = Some((now, err)),
         }
-        drop(st);
         // Threads that gave up wait for this outcome (see `outage`).
-        self.queue.cv.notify_all();
+        self.queue.wake(st);
     }
 
     /// For a thread that reached its deadline still waiting for its turn: why it must not
@@ -311,12 +342,7 @@ impl Ticket<'_> {
                     since.elapsed()
                 ));
             }
-            st = self
-                .queue
-                .cv
-                .wait_timeout(st, left)
-                .map(|(st, _)| st)
-                .unwrap_or_else(|p| p.into_inner().0);
+            st = self.queue.wait(st, Some(left));
         }
         let (at, err) = st.failed.as_ref()?;
         if st.answered_at.is_some_and(|answered| answered > *at) {
@@ -349,12 +375,7 @@ impl Ticket<'_> {
             if left.is_zero() {
                 return false;
             }
-            st = self
-                .queue
-                .cv
-                .wait_timeout(st, left)
-                .map(|(st, _)| st)
-                .unwrap_or_else(|p| p.into_inner().0);
+            st = self.queue.wait(st, Some(left));
         }
         true
     }
@@ -364,23 +385,25 @@ impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         // Lock order everywhere: map, then queue.
         let mut map = lock(&self.queues.map);
-        let empty = {
+        // Read with the change, under the line's mutex: a thread that sleeps after it sees
+        // the change first, and one asleep before it is counted.
+        let (empty, asleep) = {
             let mut st = lock(&self.queue.state);
             st.order.retain(|&t| t != self.id);
             if st.in_flight.is_some_and(|(id, _)| id == self.id) {
                 // Unwound mid-attempt: nobody must wait for its outcome.
                 st.in_flight = None;
             }
-            st.order.is_empty()
+            (st.order.is_empty(), st.sleepers > 0)
         };
         if empty {
             map.remove(self.key);
         }
         drop(map);
         self.queues.waiting.fetch_sub(1, Ordering::SeqCst);
-        // The next ticket may be the head now. Only ticket holders wait on the line's condvar:
-        // an empty line has nobody to wake (and a notify costs a system call even then).
-        if !empty {
+        // The next ticket may be the head now: wake the line's sleepers, if any (a notify
+        // costs a system call even with nobody to wake).
+        if asleep {
             self.queue.cv.notify_all();
         }
     }
@@ -449,6 +472,47 @@ mod tests {
             behind.outage(patience).is_some(),
             "the last outcome was a failure"
         );
+    }
+
+    /// Only counted sleepers are notified: a ticket asleep in its turn, or in a sleep, is
+    /// woken by the change it waits for, and the count is back to zero afterwards.
+    #[test]
+    fn sleepers_are_counted_and_woken() {
+        let q = WaitQueues::default();
+        let head = q.enqueue("k");
+        let mut behind = q.enqueue("k");
+        let queue = Arc::clone(&behind.queue);
+        let sleepers = || lock(&queue.state).sleepers;
+        std::thread::scope(|s| {
+            let b = &mut behind;
+            let waiter = s.spawn(move || {
+                let start = Instant::now();
+                let turn = b.wait_turn(Some(Instant::now() + Duration::from_secs(20)));
+                (turn, start.elapsed())
+            });
+            while sleepers() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(head);
+            let (turn, waited) = waiter.join().expect("waiter");
+            assert!(turn && waited < Duration::from_secs(10), "{waited:?}");
+        });
+        assert_eq!(sleepers(), 0);
+        behind.mark();
+        std::thread::scope(|s| {
+            let b = &behind;
+            let sleeper = s.spawn(move || {
+                let start = Instant::now();
+                (b.sleep(Duration::from_secs(20)), start.elapsed())
+            });
+            while sleepers() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            q.notify_release("k");
+            let (released, slept) = sleeper.join().expect("sleeper");
+            assert!(released && slept < Duration::from_secs(10), "{slept:?}");
+        });
+        assert_eq!(sleepers(), 0);
     }
 
     #[test]
