@@ -1250,6 +1250,65 @@ fn a_thousand_waiters_stay_bounded() {
     assert!(!raw::exists(&mut conn, "dlock_fair_d:{fair:thousand}"));
 }
 
+/// Two fair waiters of one client on two keys share its subscriber connection: one reads it,
+/// the other sleeps until woken. A grant read by the one for the other is handed over and
+/// wakes it, long before its 10 s poll. Both release orders are run, so that in one of them
+/// the first grant goes to the waiter that was not reading.
+#[test]
+fn a_grant_read_by_another_waiter_of_the_client_wakes_its_recipient() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let holders = client(&server);
+    let waiters = LockClient::builder(server.url().as_str())
+        .command_timeout(Some(Duration::from_secs(10)))
+        .build()
+        .expect("client");
+    let slow = |key: &str| {
+        waiters
+            .lock(key)
+            .retry(slow_poll(Duration::from_secs(10)))
+            .build_fair()
+            .expect("fair lock")
+    };
+    for (first, second) in [("cross:a", "cross:b"), ("cross:b", "cross:a")] {
+        let (ha, hb) = (fair(&holders, "cross:a"), fair(&holders, "cross:b"));
+        let (wa, wb) = (slow("cross:a"), slow("cross:b"));
+        let mut held = vec![
+            ("cross:a", ha.lock().expect("free")),
+            ("cross:b", hb.lock().expect("free")),
+        ];
+        thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            for (key, lock) in [("cross:a", &wa), ("cross:b", &wb)] {
+                let tx = tx.clone();
+                s.spawn(move || {
+                    let g = lock.try_lock_for(Duration::from_secs(30)).expect("waiter");
+                    tx.send((key, Instant::now())).expect("send");
+                    assert!(g.unlock().expect("unlock"));
+                });
+            }
+            wait_queued(&mut conn, &ha, 1);
+            wait_queued(&mut conn, &hb, 1);
+            // Both subscribed and waiting: one reads the connection, the other sleeps.
+            thread::sleep(ms(300));
+            for key in [first, second] {
+                let i = held.iter().position(|(k, _)| *k == key).expect("held");
+                let (_, guard) = held.swap_remove(i);
+                let released = Instant::now();
+                assert!(guard.unlock().expect("release"));
+                let (got, at) = rx.recv_timeout(Duration::from_secs(20)).expect("granted");
+                assert_eq!(got, key);
+                let took = at.duration_since(released);
+                assert!(
+                    took < Duration::from_secs(2),
+                    "{key} granted {took:?} after its release (the poll is 10 s)"
+                );
+            }
+        });
+    }
+}
+
 /// Waiters that die before their first refresh leave entries that only the refreshes, the
 /// queue walk of a release and the joins behind a long queue drop. With the lock held all along
 /// and nobody refreshing, the joins behind 16 or more entries keep such a crowd bounded: each

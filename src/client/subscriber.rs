@@ -656,11 +656,16 @@ fn run(shared: &Shared) {
 }
 
 impl Shared {
-    /// Wakes whoever waits on the lent connection (borrowers and the reader thread) to look
-    /// again.
+    /// Wakes the borrowers asleep on the lent connection (another one is reading it), if any,
+    /// to look again. Counted under the mutex they sleep with, so none is missed; with none
+    /// asleep (the usual case: the borrower that read a grant is its recipient) no system call
+    /// is made.
     fn nudge(&self) {
-        drop(lock_lend(&self.lend));
-        self.lend_cv.notify_all();
+        let l = lock_lend(&self.lend);
+        if l.sleeping > 0 {
+            drop(l);
+            self.lend_cv.notify_all();
+        }
     }
 
     /// Wakes the reader thread if it is lending the connection, to see whether it wants it
@@ -674,8 +679,12 @@ impl Shared {
 
     /// The link changed: borrowers return to their caller, which looks at the subscription.
     fn link_event(&self) {
-        lock_lend(&self.lend).link_events += 1;
-        self.lend_cv.notify_all();
+        let mut l = lock_lend(&self.lend);
+        l.link_events += 1;
+        if l.sleeping > 0 {
+            drop(l);
+            self.lend_cv.notify_all();
+        }
     }
 
     fn heard(&self) {
@@ -1158,7 +1167,9 @@ fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
     let mut l = lock_lend(&shared.lend);
     l.reader = Some(reader);
     shared.lent.store(true, Ordering::SeqCst);
-    shared.lend_cv.notify_all();
+    if l.sleeping > 0 {
+        shared.lend_cv.notify_all();
+    }
     let mut recalling = false;
     let outcome = loop {
         if let Some(end) = l.broken.take() {
