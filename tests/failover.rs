@@ -389,16 +389,28 @@ impl Report {
 /// hold nobody releases (say, a reentrant acquire whose reply was lost in the failover) would
 /// keep other owners out for its whole lease.
 fn no_lock_left(keys: &[String], con: &mut impl redis::ConnectionLike) {
-    let left: Vec<(&String, i64)> = keys
+    let left: Vec<(&String, i64, String)> = keys
         .iter()
         .filter_map(|k| {
             let pttl: i64 = redis::cmd("PTTL").arg(k).query(con).unwrap();
-            (pttl != -2).then_some((k, pttl))
+            (pttl != -2).then(|| {
+                // What holds it, for the report: the token, or the hash's fields.
+                let kind: String = redis::cmd("TYPE").arg(k).query(con).unwrap();
+                let content = if kind == "hash" {
+                    let fields: Vec<String> = redis::cmd("HGETALL").arg(k).query(con).unwrap();
+                    fields.join(" ")
+                } else {
+                    let v: Option<Vec<u8>> = redis::cmd("GET").arg(k).query(con).unwrap();
+                    v.map(|v| String::from_utf8_lossy(&v).into_owned())
+                        .unwrap_or_default()
+                };
+                (k, pttl, content)
+            })
         })
         .collect();
     assert!(
         left.is_empty(),
-        "locks left after the load (key, pttl): {left:?}"
+        "locks left after the load (key, pttl, holder): {left:?}"
     );
 }
 
@@ -885,7 +897,6 @@ fn sentinel_graceful_failover_is_followed_at_once() {
     let still_master = role(set.server(0)).as_deref() == Some("master");
     load.wait_all_entered(&keys, asked, failover + TIMEOUT + SLACK);
     let report = load.stop();
-    no_lock_left(&keys, &mut set.server(1).conn());
     // Until the switch was seen plus one command timeout, a section begun on the old primary
     // may overlap one on the new (the window docs/deployments.md describes); none after.
     let worst = report.check_window(
@@ -895,6 +906,7 @@ fn sentinel_graceful_failover_is_followed_at_once() {
         failover + TIMEOUT + SLACK,
         asked + failover + TIMEOUT,
     );
+    no_lock_left(&keys, &mut set.server(1).conn());
     eprintln!(
         "sentinel graceful failover: seen after {failover:.2?}, slowest key back after \
          {worst:.2?}; lock commands on the old master 0.5-2.5 s after: {before:?} -> {after:?} \

@@ -559,3 +559,56 @@ fn a_fair_release_lost_by_a_failover_is_done_again_on_the_new_master() {
     assert_eq!(raw::get(&mut new_master, key).as_deref(), Some(gb.value()));
     assert!(gb.unlock().unwrap());
 }
+
+/// The client's Sentinel names another master without announcing it (no `+switch-master`: the
+/// service is removed and monitored again at the promoted replica, as an operator would, or as
+/// an announcement that this client's connection did not deliver). The old master stays a
+/// master and answers without an error, so only the watcher's periodic check can move the
+/// client: its locks must land on the new master within a few seconds.
+#[test]
+fn a_master_named_without_an_announcement_is_followed() {
+    init_logging();
+    let set = Sentinel::start(1, 1);
+    let c = client(&set);
+    let lock = c.lock("periodic").build_token().unwrap();
+    let (mut old, mut new) = (set.server(0).conn(), set.server(1).conn());
+    let on = |con: &mut redis::Connection| raw::exists(con, "periodic");
+    let held = lock.try_lock().unwrap();
+    assert!(on(&mut old));
+    assert!(held.unlock().unwrap());
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut new)
+        .unwrap();
+    let mut sentinel = set.sentinels()[0].conn();
+    let _: () = redis::cmd("SENTINEL")
+        .arg("REMOVE")
+        .arg(SENTINEL_SERVICE)
+        .query(&mut sentinel)
+        .unwrap();
+    let _: () = redis::cmd("SENTINEL")
+        .arg("MONITOR")
+        .arg(SENTINEL_SERVICE)
+        .arg("127.0.0.1")
+        .arg(set.server(1).port())
+        .arg(1)
+        .query(&mut sentinel)
+        .unwrap();
+    let renamed = Instant::now();
+    let followed = loop {
+        let held = lock.try_lock().unwrap();
+        let (on_old, on_new) = (on(&mut old), on(&mut new));
+        assert!(held.unlock().unwrap());
+        if on_new && !on_old {
+            break renamed.elapsed();
+        }
+        assert!(
+            renamed.elapsed() < Duration::from_secs(10),
+            "the client still takes its locks on the old master"
+        );
+        thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!("followed a master named without an announcement after {followed:?}");
+    assert!(followed < Duration::from_secs(5), "{followed:?}");
+}

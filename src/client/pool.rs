@@ -237,9 +237,21 @@ impl Manager {
                 continue;
             }
             tried.push(addr.clone());
-            match self.checked_master(addr, master_tls) {
+            match self.checked_master(addr.clone(), master_tls) {
                 Ok(link) => {
                     first.store(i, Ordering::Relaxed);
+                    if let (Some(announced), Some(e)) = (tried.first(), &last_err) {
+                        if *announced != addr && switches.announced().as_ref() == Some(announced) {
+                            log::info!(
+                                "Sentinel: a new connection goes to {}:{}, which a Sentinel \
+                                 names, not to {}:{}, the master this client follows ({e})",
+                                addr.0,
+                                addr.1,
+                                announced.0,
+                                announced.1
+                            );
+                        }
+                    }
                     return Ok(link.of_generation(generation));
                 }
                 Err(e) => last_err = Some(e),

@@ -15,8 +15,12 @@
 //! timeouts). It keeps a pub/sub connection to one Sentinel at a time, subscribed to
 //! `+switch-master` (as Redisson and Lettuce do), with a read timeout of [`POLL`] (a silent
 //! Sentinel is normal: switches are rare), and moves to the next Sentinel after any other error,
-//! [`RECONNECT_DELAY`] later. After every (re)subscription it asks a Sentinel for the current
-//! master, so that a switch announced while it was not subscribed is not missed.
+//! [`RECONNECT_DELAY`] later. After every (re)subscription, and every [`CHECK_EVERY`] beside the
+//! announcements, it asks the same Sentinel for the current master (`SENTINEL MASTER`, on a
+//! second connection), so that a switch announced while it was not subscribed, or one whose
+//! announcement this connection has not delivered, is followed anyway. An answer carries
+//! Sentinel's configuration epoch: one older than a switch already followed comes from a
+//! Sentinel that has not heard of it, and is ignored.
 //!
 //! A switch for the client's service bumps the generation in [`Switches`] and records the new
 //! master's address: every pooled connection remembers the generation it was opened in, and a
@@ -50,6 +54,10 @@ use crate::client::{LockClient, WeakClient};
 pub(crate) const POLL: Duration = Duration::from_millis(500);
 /// Pause before subscribing again (to the next Sentinel) after an error.
 pub(crate) const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+/// How often the thread also asks its Sentinel for the current master, beside the
+/// announcements: a switch whose `+switch-master` this connection did not deliver is followed
+/// within about this long (Redisson's Sentinel scan runs every second too).
+pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The Sentinel channel that announces a completed failover.
 const SWITCH_CHANNEL: &str = "+switch-master";
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
@@ -155,12 +163,21 @@ impl Switches {
                 return false;
             }
             Some(e) => known.epoch = e,
-            // A switch raises the epoch by one at least.
-            None => known.epoch = known.epoch.saturating_add(1),
+            None => {}
+        }
+        let switched = match known.master.as_ref() {
+            Some(old) => *old != master,
+            None => false,
+        };
+        // An announced switch raises the epoch by one at least. An announcement of the master
+        // already known (the periodic check got there first) leaves it, so that the next check,
+        // which names that master with its real epoch, is not taken for a stale Sentinel.
+        if epoch.is_none() && switched {
+            known.epoch = known.epoch.saturating_add(1);
         }
         let known = &mut known.master;
         match known.as_ref() {
-            Some(old) if *old == master => false,
+            Some(_) if !switched => false,
             Some(old) => {
                 let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
                 log::warn!(
@@ -302,13 +319,34 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
     pubsub.subscribe(SWITCH_CHANNEL)?;
     pubsub.set_read_timeout(Some(POLL))?;
     // Subscribed: a switch from now on is heard. One that happened before is found by asking
-    // the same Sentinel.
-    let (named, epoch) = current_master(watch, sentinel)?;
+    // the same Sentinel, on a connection of its own, which is kept for the periodic check.
+    let mut query = sentinel.get_connection_with_timeout(watch.connect_timeout)?;
+    query.set_write_timeout(Some(watch.timeout))?;
+    query.set_read_timeout(Some(watch.timeout))?;
+    let (named, epoch) = current_master(&mut query, &watch.service)?;
     match client.upgrade() {
         Some(c) => learn(&c, named, Some(epoch), "named by a Sentinel"),
         None => return Ok(()),
     }
+    let mut checked = Instant::now();
     loop {
+        // Beside the announcements, ask every CHECK_EVERY: an announcement this connection
+        // did not deliver (seen in tests under load: the Sentinels named the new master while
+        // no client heard `+switch-master` for seconds) is not waited for until the old
+        // master's first READONLY.
+        if checked.elapsed() >= CHECK_EVERY {
+            checked = Instant::now();
+            let (named, epoch) = current_master(&mut query, &watch.service)?;
+            match client.upgrade() {
+                Some(c) => learn(
+                    &c,
+                    named,
+                    Some(epoch),
+                    "named by a Sentinel, periodic check",
+                ),
+                None => return Ok(()),
+            }
+        }
         let msg = match pubsub.get_message() {
             Ok(msg) => msg,
             Err(e) if e.is_timeout() => {
@@ -340,16 +378,13 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
     }
 }
 
-/// The master `sentinel` names for the service, with its configuration epoch
+/// The master the Sentinel on `con` names for `service`, with its configuration epoch
 /// (`SENTINEL MASTER`).
-fn current_master(watch: &Watch, sentinel: &redis::Client) -> RedisResult<((String, u16), u64)> {
-    let mut con = sentinel.get_connection_with_timeout(watch.connect_timeout)?;
-    con.set_write_timeout(Some(watch.timeout))?;
-    con.set_read_timeout(Some(watch.timeout))?;
+fn current_master(con: &mut redis::Connection, service: &str) -> RedisResult<((String, u16), u64)> {
     let fields: std::collections::HashMap<String, String> = redis::cmd("SENTINEL")
         .arg("MASTER")
-        .arg(&watch.service)
-        .query(&mut con)?;
+        .arg(service)
+        .query(con)?;
     let field = |name: &str| {
         fields.get(name).cloned().ok_or_else(|| {
             redis::RedisError::from((
@@ -369,6 +404,39 @@ fn current_master(watch: &Watch, sentinel: &redis::Client) -> RedisResult<((Stri
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
+
+    fn addr(port: u16) -> (String, u16) {
+        ("127.0.0.1".to_owned(), port)
+    }
+
+    /// The epochs of what the watcher learns, by announcement (`None`) and by asking a
+    /// Sentinel (`Some`): a Sentinel naming an older epoch is ignored, and an announcement of
+    /// the master the periodic check found first does not raise the epoch past the real one
+    /// (the next check would then be ignored).
+    #[test]
+    fn epochs_of_checks_and_announcements() {
+        let s = super::Switches::default();
+        let epoch = |s: &super::Switches| s.master.lock().unwrap().epoch;
+        assert!(!s.learn(addr(1), Some(0), "start"));
+        assert_eq!((s.generation(), s.announced()), (0, Some(addr(1))));
+        // The periodic check finds the new master first, then its announcement arrives.
+        assert!(s.learn(addr(2), Some(1), "check"));
+        assert!(!s.learn(addr(2), None, "+switch-master"));
+        assert_eq!((s.generation(), epoch(&s)), (1, 1));
+        // The next check names it with its real epoch: not taken for a stale Sentinel.
+        assert!(!s.learn(addr(2), Some(1), "check"));
+        assert_eq!(epoch(&s), 1);
+        // A Sentinel that has not heard of the switch names the old master: ignored.
+        assert!(!s.learn(addr(1), Some(0), "stale"));
+        assert_eq!(s.announced(), Some(addr(2)));
+        // An announced switch first: the epoch goes up by one, and a stale check is ignored.
+        assert!(s.learn(addr(3), None, "+switch-master"));
+        assert_eq!((s.generation(), epoch(&s)), (2, 2));
+        assert!(!s.learn(addr(2), Some(1), "stale"));
+        assert_eq!(s.announced(), Some(addr(3)));
+        assert!(!s.learn(addr(3), Some(2), "check"));
+        assert_eq!(s.generation(), 2);
+    }
 
     /// Threads of this process named like the watcher (Linux only: `None` elsewhere).
     fn watchers() -> Option<usize> {
