@@ -50,6 +50,7 @@ struct Section {
     /// `unlock()`: Some(true) released, Some(false) found lost, None failed.
     released: Option<bool>,
     unlock_took: Duration,
+    owner: String,
 }
 
 /// The load: [`THREADS`] threads taking locks on `keys` until stopped.
@@ -120,6 +121,7 @@ impl Load {
                             }
                         };
                         let entered = Instant::now();
+                        let owner = String::from_utf8_lossy(guard.value()).into_owned();
                         let ck = format!("counter:{key}");
                         let v: Option<i64> = redis::cmd("GET").arg(&ck).query(&mut con).unwrap();
                         thread::sleep(SECTION);
@@ -144,6 +146,7 @@ impl Load {
                             left,
                             released,
                             unlock_took: t0.elapsed(),
+                            owner,
                         });
                     }
                     // The client's background clean-ups end with it: let them finish.
@@ -219,6 +222,50 @@ struct Report {
 }
 
 impl Report {
+    /// For every write hold still on a key of `keys` (read through `con`), prints its owner's
+    /// sections, timed from `since`: when a left hold was taken and released tells which
+    /// failover step left it.
+    fn print_left_holders(
+        &self,
+        keys: &[String],
+        con: &mut impl redis::ConnectionLike,
+        since: Instant,
+    ) {
+        let ms = |t: Instant| match t.checked_duration_since(since) {
+            Some(d) => d.as_millis() as i64,
+            None => -(since.duration_since(t).as_millis() as i64),
+        };
+        for k in keys {
+            let kind: String = redis::cmd("TYPE").arg(k).query(con).unwrap();
+            let owners: Vec<String> = match kind.as_str() {
+                "hash" => {
+                    let fields: Vec<String> = redis::cmd("HKEYS").arg(k).query(con).unwrap();
+                    fields
+                        .iter()
+                        .filter_map(|f| f.strip_suffix(":write").map(str::to_owned))
+                        .collect()
+                }
+                "string" => {
+                    let v: Option<String> = redis::cmd("GET").arg(k).query(con).unwrap();
+                    v.into_iter().collect()
+                }
+                _ => Vec::new(),
+            };
+            for owner in owners {
+                for s in self.sections.iter().filter(|s| s.owner == owner) {
+                    eprintln!(
+                        "left on {k}: owner {owner} entered at {} ms, left at {} ms, unlock {:?} \
+                         in {:?}",
+                        ms(s.entered),
+                        ms(s.left),
+                        s.released,
+                        s.unlock_took
+                    );
+                }
+            }
+        }
+    }
+
     fn total(&self) -> u64 {
         self.counts.values().sum()
     }
@@ -906,6 +953,7 @@ fn sentinel_graceful_failover_is_followed_at_once() {
         failover + TIMEOUT + SLACK,
         asked + failover + TIMEOUT,
     );
+    report.print_left_holders(&keys, &mut set.server(1).conn(), asked);
     no_lock_left(&keys, &mut set.server(1).conn());
     eprintln!(
         "sentinel graceful failover: seen after {failover:.2?}, slowest key back after \
@@ -961,6 +1009,7 @@ fn overlapping_sections_are_found() {
         left: at(left),
         released: Some(true),
         unlock_took: Duration::ZERO,
+        owner: String::new(),
     };
     let report = |sections: Vec<Section>, lost: u64| Report {
         counts: HashMap::from([("k".to_owned(), sections.len() as u64)]),
