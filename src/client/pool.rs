@@ -201,11 +201,16 @@ impl Manager {
         let generation = switches.generation();
         let mut tried: Vec<(String, u16)> = Vec::new();
         let mut last_err = None;
+        // The master this client follows, and why its check failed, if it did.
+        let mut passed_over = None;
         if let Some(addr) = switches.announced() {
             tried.push(addr.clone());
-            match self.checked_master(addr, master_tls) {
+            match self.checked_master(addr.clone(), master_tls) {
                 Ok(link) => return Ok(link.of_generation(generation)),
-                Err(e) => last_err = Some(e),
+                Err(e) => {
+                    passed_over = Some((addr, e.to_string()));
+                    last_err = Some(e);
+                }
             }
         }
         let start = first.load(Ordering::Relaxed);
@@ -240,17 +245,15 @@ impl Manager {
             match self.checked_master(addr.clone(), master_tls) {
                 Ok(link) => {
                     first.store(i, Ordering::Relaxed);
-                    if let (Some(announced), Some(e)) = (tried.first(), &last_err) {
-                        if *announced != addr && switches.announced().as_ref() == Some(announced) {
-                            log::info!(
-                                "Sentinel: a new connection goes to {}:{}, which a Sentinel \
-                                 names, not to {}:{}, the master this client follows ({e})",
-                                addr.0,
-                                addr.1,
-                                announced.0,
-                                announced.1
-                            );
-                        }
+                    if let Some((followed, why)) = &passed_over {
+                        log::info!(
+                            "Sentinel: a new connection goes to {}:{}, which a Sentinel names, \
+                             not to {}:{}, the master this client follows ({why})",
+                            addr.0,
+                            addr.1,
+                            followed.0,
+                            followed.1
+                        );
                     }
                     return Ok(link.of_generation(generation));
                 }

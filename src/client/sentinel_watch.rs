@@ -163,10 +163,7 @@ impl Switches {
             Some(e) => known.epoch = e,
             None => {}
         }
-        let switched = match known.master.as_ref() {
-            Some(old) => *old != master,
-            None => false,
-        };
+        let switched = known.master.as_ref().is_some_and(|old| *old != master);
         // An announced switch raises the epoch by one at least. An announcement of the master
         // already known (the periodic check got there first) leaves it, so that the next check,
         // which names that master with its real epoch, is not taken for a stale Sentinel.
