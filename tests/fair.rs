@@ -115,6 +115,14 @@ impl Monitor {
     fn take(&self) -> Vec<String> {
         std::mem::take(&mut *self.lines.lock().unwrap())
     }
+
+    /// Stops recording and returns the commands clients sent (not those run by scripts).
+    fn sent(self) -> Vec<String> {
+        self.take()
+            .into_iter()
+            .filter(|l| !l.contains("[0 lua]"))
+            .collect()
+    }
 }
 
 impl Drop for Monitor {
@@ -145,12 +153,7 @@ fn uncontended_cycle_is_one_command_each_way() {
         let value = guard.value().to_vec();
         assert!(guard.unlock().expect("unlock"));
         thread::sleep(ms(50));
-        let sent: Vec<String> = monitor
-            .take()
-            .into_iter()
-            .filter(|l| !l.contains("[0 lua]"))
-            .collect();
-        drop(monitor);
+        let sent = monitor.sent();
         // One command each way: `SET NX PX` (fenced: the acquire script) and the release
         // script.
         assert_eq!(sent.len(), 2, "{sent:#?}");
@@ -282,6 +285,82 @@ fn a_granted_waiter_returns_without_a_command_and_gets_the_full_lease() {
         assert!(guard.is_held().expect("is_held"), "the grant lapsed");
         assert!(guard.unlock().expect("unlock"));
     });
+}
+
+/// The client address of a MONITOR line (`<time> [<db> <addr>] "CMD" ...`).
+fn monitor_addr(line: &str) -> &str {
+    line.split(['[', ']'])
+        .nth(1)
+        .and_then(|inside| inside.split_whitespace().nth(1))
+        .unwrap_or("")
+}
+
+/// A release by a lock object that found the lock held lately (others may be queued) sends a
+/// `PING` in front of its script, in the same round trip, so that Redis writes the grant
+/// before the release's reply; it still grants after a `SCRIPT FLUSH` (the `EVAL` fallback).
+/// An uncontended release sends the script alone (`uncontended_cycle_is_one_command_each_way`).
+#[test]
+fn a_release_that_may_grant_sends_a_ping_in_front() {
+    init_logging();
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let mut conn = server.conn();
+    const KEY: &str = "fair:grant-first";
+    let mine = fair(&a, KEY);
+    let theirs = b
+        .lock(KEY)
+        .retry(slow_poll(Duration::from_secs(5)))
+        .build_fair()
+        .expect("their lock");
+    for flush in [false, true] {
+        // `mine` waits behind `theirs` (so it has found the lock held), then holds while
+        // `theirs` waits.
+        let first = theirs.lock().expect("free");
+        let held = thread::scope(|s| {
+            let w = s.spawn(|| mine.try_lock_for(Duration::from_secs(10)));
+            wait_queued(&mut conn, &mine, 1);
+            assert!(first.unlock().expect("unlock"));
+            w.join().expect("waiter").expect("granted")
+        });
+        thread::scope(|s| {
+            let w = s.spawn(|| theirs.try_lock_for(Duration::from_secs(10)));
+            wait_queued(&mut conn, &theirs, 1);
+            thread::sleep(ms(100));
+            if flush {
+                raw::script_flush(&mut conn);
+            }
+            let monitor = Monitor::start(&server);
+            thread::sleep(ms(50));
+            assert!(held.unlock().expect("release"));
+            let granted = w.join().expect("waiter").expect("granted");
+            assert_eq!(raw::get(&mut conn, KEY).as_deref(), Some(granted.value()));
+            thread::sleep(ms(50));
+            let sent = monitor.sent();
+            let release = sent
+                .iter()
+                .position(|l| l.contains("\"EVALSHA\"") && l.contains(KEY) && !l.contains("\"v\""))
+                .unwrap_or_else(|| panic!("no release script: {sent:#?}"));
+            let addr = monitor_addr(&sent[release]);
+            let before: Vec<&String> = sent[..release]
+                .iter()
+                .filter(|l| monitor_addr(l) == addr)
+                .collect();
+            assert_eq!(before.len(), 1, "{sent:#?}");
+            assert!(before[0].contains("\"PING\""), "{sent:#?}");
+            if flush {
+                // NOSCRIPT, then the script sent whole.
+                assert!(
+                    sent[release + 1..]
+                        .iter()
+                        .any(|l| monitor_addr(l) == addr && l.contains("\"EVAL\"")),
+                    "{sent:#?}"
+                );
+            }
+            assert!(granted.unlock().expect("unlock"));
+        });
+    }
+    assert!(!raw::exists(&mut conn, KEY));
+    assert_eq!(zcard(&mut conn, mine.queue_key()), 0);
 }
 
 /// A lock with an explicit ttl: the grant's short lease is raised to the ttl once.
@@ -1174,8 +1253,8 @@ fn a_token_waiter_beside_a_waiting_fair_waiter_is_woken_by_the_release() {
 }
 
 /// 1,000 waiting threads (20 clients x 50) on one key: only each client's head waits in
-/// Redis, so the queue holds at most 20 entries; commands stay within two per section plus
-/// the polls; and 1,000 entries of vanished waiters lapse and are dropped in bounded steps.
+/// Redis, so the queue holds at most 20 entries; commands stay within three per section (two
+/// round trips) plus the polls; and 1,000 entries of vanished waiters lapse and are dropped in bounded steps.
 #[test]
 fn a_thousand_waiters_stay_bounded() {
     init_logging();
@@ -1229,10 +1308,11 @@ fn a_thousand_waiters_stay_bounded() {
     let took = started.elapsed();
     let calls = total_calls(&mut conn) - before;
     let sections = (CLIENTS * PER_CLIENT) as i64;
-    // Per section: an acquire and a release; beside them the first two waiters in the queue
-    // poll at most 10 times a second and the others at most twice; plus the INFO.
+    // Per section: an acquire, and a release with the PING sent in front of it (two round
+    // trips); beside them the first two waiters in the queue poll at most 10 times a second
+    // and the others at most twice; plus the INFO.
     let queue = max_queue.load(Ordering::SeqCst) as i64;
-    let bound = 2 * sections + (2 * 10 + queue * 2) * (took.as_secs() as i64 + 1) + 1;
+    let bound = 3 * sections + (2 * 10 + queue * 2) * (took.as_secs() as i64 + 1) + 1;
     eprintln!(
         "1000 sections in {took:?}: {calls} commands (bound {bound}), queue at most {}, \
          {mem_full} bytes for 1000 entries",

@@ -247,6 +247,12 @@ impl FairLock {
                 >= self.contended_until_ms.load(Ordering::Relaxed)
     }
 
+    /// True if this lock object found the lock held within [`CONTENDED_MEMORY`]: others may
+    /// be queued, so a release may grant.
+    fn seen_held(&self) -> bool {
+        (self.base.elapsed().as_millis() as u64) < self.contended_until_ms.load(Ordering::Relaxed)
+    }
+
     /// The lock was found held: attempts go to the script for a while.
     fn contended(&self) {
         let until = (self.base.elapsed() + CONTENDED_MEMORY).as_millis() as u64;
@@ -484,12 +490,30 @@ impl FairLock {
 
     /// One `lua/fair_release.lua` call: (released, receivers, granted token, the grant).
     fn release_script(&self, value: &[u8]) -> Result<(bool, i64, Vec<u8>, Grant)> {
+        let keys = self.script_keys();
+        let args = (value, self.grant_ms(), CHANNEL_PREFIX);
+        // Grant first. Redis writes what an event-loop turn produced client by client, the
+        // client that got its first output last going first (Redis 7's pending-write list),
+        // so the reply to a bare EVALSHA would leave before the grant it published. A PING in
+        // front gives our connection its first output before the grant: the grant is written
+        // first, and the next holder starts before this thread has its reply (and, in a loop,
+        // sends its next queueing call). Only when others may be queued: one command more, in
+        // the same round trip; not on a cluster connection, which routes a keyless PING apart.
+        let grant_first = self.seen_held() && !self.client.is_cluster();
         let reply: Value = self.client.with_conn(&self.key, |con, s| {
-            s.fair_release.eval_keys(
-                con,
-                &self.script_keys(),
-                (value, self.grant_ms(), CHANNEL_PREFIX),
-            )
+            if grant_first {
+                let mut pipe = redis::pipe();
+                pipe.cmd("PING")
+                    .ignore()
+                    .add_command(s.fair_release.evalsha_keys(&keys, &args));
+                match pipe.query::<(Value,)>(con) {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {}
+                    other => return other.map(|(v,)| v),
+                }
+            }
+            s.fair_release.eval_keys(con, &keys, args)
         })?;
         match reply {
             Value::Array(items) => match items.as_slice() {
