@@ -93,7 +93,29 @@ impl LuaScript {
         keys: &[&str],
         args: impl ToRedisArgs,
     ) -> RedisResult<T> {
-        match self.evalsha_keys(keys, &args).query(con) {
+        self.eval_keys_after(con, keys, args, false)
+    }
+
+    /// As [`eval_keys`](Self::eval_keys), with `PING` sent in front when `ping` (in the same
+    /// round trip): the connection then has output in Redis before anything the script
+    /// publishes (see `FairLock`'s release). On `NOSCRIPT` only the `EVAL` is sent.
+    pub(crate) fn eval_keys_after<T: FromRedisValue>(
+        &self,
+        con: &mut dyn ConnectionLike,
+        keys: &[&str],
+        args: impl ToRedisArgs,
+        ping: bool,
+    ) -> RedisResult<T> {
+        let first = if ping {
+            let mut pipe = redis::pipe();
+            pipe.cmd("PING")
+                .ignore()
+                .add_command(self.evalsha_keys(keys, &args));
+            pipe.query::<(T,)>(con).map(|(reply,)| reply)
+        } else {
+            self.evalsha_keys(keys, &args).query(con)
+        };
+        match first {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {

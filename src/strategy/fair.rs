@@ -242,9 +242,7 @@ impl FairLock {
     /// does not look at the queue, so it can take a lock that is free while waiters are queued;
     /// that happens only after a holder or a grantee died, until the next waiter's poll.
     fn quiet(&self) -> bool {
-        self.opts.fence_key.is_none()
-            && self.base.elapsed().as_millis() as u64
-                >= self.contended_until_ms.load(Ordering::Relaxed)
+        self.opts.fence_key.is_none() && !self.seen_held()
     }
 
     /// True if this lock object found the lock held within [`CONTENDED_MEMORY`]: others may
@@ -501,19 +499,8 @@ impl FairLock {
         // the same round trip; not on a cluster connection, which routes a keyless PING apart.
         let grant_first = self.seen_held() && !self.client.is_cluster();
         let reply: Value = self.client.with_conn(&self.key, |con, s| {
-            if grant_first {
-                let mut pipe = redis::pipe();
-                pipe.cmd("PING")
-                    .ignore()
-                    .add_command(s.fair_release.evalsha_keys(&keys, &args));
-                match pipe.query::<(Value,)>(con) {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {}
-                    other => return other.map(|(v,)| v),
-                }
-            }
-            s.fair_release.eval_keys(con, &keys, args)
+            s.fair_release
+                .eval_keys_after(con, &keys, args, grant_first)
         })?;
         match reply {
             Value::Array(items) => match items.as_slice() {
