@@ -63,6 +63,9 @@ pub const FAIR_QUEUE_ENTRY_TTL: Duration = Duration::from_secs(2);
 /// How long a lock object that found the lock held sends its first attempts as the script
 /// (which queues) rather than as a plain `SET NX PX` (which cannot).
 const CONTENDED_MEMORY: Duration = Duration::from_secs(1);
+/// How long after a release by a lock object granted the lock its next queueing call first
+/// yields the thread's CPU (`sched_yield`) to let the grantee run (see `acquire_blocking`).
+const GRANT_COURTESY: Duration = Duration::from_millis(1);
 /// The poll of a waiter behind the first two in the queue (plus up to a fifth at random).
 const POLL_DEEP: Duration = Duration::from_millis(500);
 /// Prefixes of the queue's sorted sets and of the grant channel (all in the key's slot).
@@ -93,6 +96,9 @@ pub struct FairLock {
     /// Until when (ms after `base`) this lock object saw the lock held: until then attempts
     /// go straight to the script; after it, a first attempt is a plain `SET NX PX`.
     contended_until_ms: AtomicU64,
+    /// When (µs after `base`, plus one: 0 is never) a release by this lock object last
+    /// granted the lock to a waiter.
+    granted_at_us: AtomicU64,
 }
 
 /// How one attempt came out.
@@ -133,6 +139,13 @@ fn entry_ttl(max_delay: Duration) -> Duration {
     Duration::from_millis(ttl.min(LONGEST).as_millis() as u64)
 }
 
+/// True if the mark `at` (µs plus one; 0: never set) is less than [`GRANT_COURTESY`] before
+/// `now` (in the same unit). A mark a little after `now` (set by another thread meanwhile)
+/// counts as lately.
+fn lately(at: u64, now: u64) -> bool {
+    at != 0 && now.saturating_sub(at) < GRANT_COURTESY.as_micros() as u64
+}
+
 /// Removes a thread's expected grant when it stops waiting, however it leaves.
 struct Expecting<'a> {
     client: &'a LockClient,
@@ -165,6 +178,7 @@ impl FairLock {
             entry_ttl,
             base: Instant::now(),
             contended_until_ms: AtomicU64::new(0),
+            granted_at_us: AtomicU64::new(0),
         })
     }
 
@@ -249,6 +263,18 @@ impl FairLock {
     /// be queued, so a release may grant.
     fn seen_held(&self) -> bool {
         (self.base.elapsed().as_millis() as u64) < self.contended_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// True if a release by this lock object granted the lock within [`GRANT_COURTESY`].
+    fn granted_lately(&self) -> bool {
+        lately(
+            self.granted_at_us.load(Ordering::Relaxed),
+            self.micros_since_base() + 1,
+        )
+    }
+
+    fn micros_since_base(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
     }
 
     /// The lock was found held: attempts go to the script for a while.
@@ -583,6 +609,12 @@ impl FairLock {
         // The subscriber generation confirmed when the latest attempt was sent: a grant
         // published later, while it stays confirmed, is heard.
         let mut heard = wakeups.confirmed_on(&self.channel);
+        // A lock object whose release granted the lock a moment ago will be refused: the
+        // grantee holds it. Its queueing call is not urgent, the grantee's first commands are:
+        // where the two threads share a core, this thread lets the grantee run first.
+        if self.granted_lately() {
+            std::thread::yield_now();
+        }
         let mut sent = Instant::now();
         attempts.record();
         let (mut last_us, mut rank) = match self.attempt(&token, true, sent)? {
@@ -738,6 +770,10 @@ impl DistributedLock for FairLock {
             );
         }
         let (ours, _receivers, granted, grant) = reply?;
+        if !granted.is_empty() {
+            self.granted_at_us
+                .store(self.micros_since_base() + 1, Ordering::Relaxed);
+        }
         if ours {
             if let Some(switches) = self.client.switches() {
                 // Done again on the new master if a Sentinel switch is announced soon: the
@@ -836,6 +872,19 @@ mod tests {
         }
         // No name can share the slot of "a}b" (each one's tag is "a"): no fair lock on it.
         assert!(FairLock::queue_key_for("a}b").is_err());
+    }
+
+    #[test]
+    fn a_grant_is_lately_for_a_millisecond() {
+        assert!(!lately(0, 5), "never granted");
+        assert!(lately(1, 1));
+        assert!(lately(1, 1_000));
+        assert!(!lately(1, 1_001));
+        assert!(!lately(10, 2_000_000));
+        assert!(
+            lately(700, 500),
+            "marked by another thread since this one read the clock"
+        );
     }
 
     #[test]
