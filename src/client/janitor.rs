@@ -660,8 +660,9 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
                 },
                 _ => -1,
             }),
-        // {1, receivers, granted token, fence, seconds, microseconds} when released (1 here),
-        // {0, …} when the key no longer held our token (0: nothing to do).
+        // {1, receivers, granted token, fence, seconds, microseconds} when released and
+        // granted, 1 when released with nobody to grant to (1 here), 0 when the key no longer
+        // held our token (0: nothing to do).
         Work::FairRelease(f) => {
             let mut keys = vec![key, f.queue.as_str(), f.deadlines.as_str()];
             if let Some(fence) = &f.fence {
@@ -673,24 +674,14 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
                     &keys,
                     &(job.value.as_slice(), f.grant_ms, FAIR_CHANNEL_PREFIX),
                 )
-                .map(|v| match v {
-                    redis::Value::Array(items) => match items.as_slice() {
-                        [redis::Value::Int(ok), _, token, redis::Value::Int(fence), redis::Value::Int(secs), redis::Value::Int(micros)] =>
-                        {
-                            if let redis::Value::BulkString(t) = token {
-                                if !t.is_empty() {
-                                    let u = |v: &i64| u64::try_from(*v).unwrap_or(0);
-                                    granted.set(Some((
-                                        t.clone(),
-                                        Grant::new(u(fence), u(secs), u(micros)),
-                                    )));
-                                }
-                            }
-                            *ok
+                .map(|v| match crate::strategy::fair::parse_release(&v) {
+                    Some(r) => {
+                        if !r.granted.is_empty() {
+                            granted.set(Some((r.granted, r.grant)));
                         }
-                        _ => -1,
-                    },
-                    _ => -1,
+                        i64::from(r.ours)
+                    }
+                    None => -1,
                 })
         }
     });

@@ -22,8 +22,8 @@
 //!   → `{1, fence}` (ours) or `{0, rank, seconds, microseconds}` (queued: `w`; not queued:
 //!   `t`, rank -1);
 //! - release, and a waiter's withdrawal: `EVALSHA <fair_release.lua> 3|4 … <token> <grant ms>
-//!   dlock_fair_ch:` → `{1, receivers, granted token, fence, seconds, microseconds}` or
-//!   `{0, 0, '', 0, 0, 0}`;
+//!   dlock_fair_ch:` → `{1, receivers, granted token, fence, seconds, microseconds}` (granted),
+//!   `1` (released, nobody to grant to) or `0` (not ours);
 //! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>`; check: `GET key`.
 //!
 //! See `docs/fair.md` for the failure cases.
@@ -144,6 +144,53 @@ fn entry_ttl(max_delay: Duration) -> Duration {
 /// counts as lately.
 fn lately(at: u64, now: u64) -> bool {
     at != 0 && now.saturating_sub(at) < GRANT_COURTESY.as_micros() as u64
+}
+
+/// A reply of `lua/fair_release.lua`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ReleaseReply {
+    /// The lock held our token (and was released or passed on).
+    pub(crate) ours: bool,
+    /// Subscriber connections the grant was published to (0 when nothing was granted).
+    pub(crate) receivers: i64,
+    /// The token the lock was granted to (empty when nothing was granted).
+    pub(crate) granted: Vec<u8>,
+    /// The grant's fence and server time (zero when nothing was granted).
+    pub(crate) grant: Grant,
+}
+
+/// Parses a reply of `lua/fair_release.lua`: `0` (not ours), `1` (released, nobody to grant
+/// to) or `{1, receivers, token, fence, seconds, microseconds}` (granted). `None` for anything
+/// else.
+pub(crate) fn parse_release(reply: &Value) -> Option<ReleaseReply> {
+    let nothing = |ours| ReleaseReply {
+        ours,
+        receivers: 0,
+        granted: Vec::new(),
+        grant: Grant::new(0, 0, 0),
+    };
+    match reply {
+        Value::Int(0) => Some(nothing(false)),
+        Value::Int(1) => Some(nothing(true)),
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(ok), Value::Int(n), granted, Value::Int(fence), Value::Int(secs), Value::Int(micros)] =>
+            {
+                let granted = match granted {
+                    Value::BulkString(b) => b.clone(),
+                    _ => Vec::new(),
+                };
+                let u = |v: &i64| u64::try_from(*v).unwrap_or(0);
+                Some(ReleaseReply {
+                    ours: *ok == 1,
+                    receivers: *n,
+                    granted,
+                    grant: Grant::new(u(fence), u(secs), u(micros)),
+                })
+            }
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// Removes a thread's expected grant when it stops waiting, however it leaves.
@@ -528,26 +575,9 @@ impl FairLock {
             s.fair_release
                 .eval_keys_after(con, &keys, args, grant_first)
         })?;
-        match reply {
-            Value::Array(items) => match items.as_slice() {
-                [Value::Int(ok), Value::Int(n), granted, Value::Int(fence), Value::Int(secs), Value::Int(micros)] =>
-                {
-                    let granted = match granted {
-                        Value::BulkString(b) => b.clone(),
-                        _ => Vec::new(),
-                    };
-                    let u = |v: &i64| u64::try_from(*v).unwrap_or(0);
-                    Ok((
-                        *ok == 1,
-                        *n,
-                        granted,
-                        Grant::new(u(fence), u(secs), u(micros)),
-                    ))
-                }
-                _ => Err(self.unexpected(&items)),
-            },
-            other => Err(self.unexpected(&other)),
-        }
+        parse_release(&reply)
+            .map(|r| (r.ours, r.receivers, r.granted, r.grant))
+            .ok_or_else(|| self.unexpected(&reply))
     }
 
     fn unexpected(&self, reply: &impl std::fmt::Debug) -> LockError {
@@ -872,6 +902,39 @@ mod tests {
         }
         // No name can share the slot of "a}b" (each one's tag is "a"): no fair lock on it.
         assert!(FairLock::queue_key_for("a}b").is_err());
+    }
+
+    #[test]
+    fn release_replies_parse() {
+        let int = Value::Int;
+        let none = |ours| ReleaseReply {
+            ours,
+            receivers: 0,
+            granted: Vec::new(),
+            grant: Grant::new(0, 0, 0),
+        };
+        assert_eq!(parse_release(&int(0)), Some(none(false)));
+        assert_eq!(parse_release(&int(1)), Some(none(true)));
+        assert_eq!(parse_release(&int(2)), None);
+        let granted = Value::Array(vec![
+            int(1),
+            int(1),
+            Value::BulkString(b"tok".to_vec()),
+            int(7),
+            int(1_700_000_000),
+            int(42),
+        ]);
+        assert_eq!(
+            parse_release(&granted),
+            Some(ReleaseReply {
+                ours: true,
+                receivers: 1,
+                granted: b"tok".to_vec(),
+                grant: Grant::new(7, 1_700_000_000, 42),
+            })
+        );
+        assert_eq!(parse_release(&Value::Array(vec![int(1), int(0)])), None);
+        assert_eq!(parse_release(&Value::Okay), None);
     }
 
     #[test]
