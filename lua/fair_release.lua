@@ -18,7 +18,7 @@
 -- and nobody live waited (the key is deleted); {1, receivers, granted token, fence, seconds,
 -- microseconds} when released and granted: receivers = subscriber connections the grant was
 -- published to; fence 0 without KEYS[4]; the server's TIME of the grant. (Plain integers where
--- nothing was granted: a table reply costs Redis about a microsecond more per call.)
+-- nothing was granted: a table reply cost Redis about 2 µs more per call, INFO commandstats.)
 -- Calls: not ours GET ZREM ZREM; nobody queued GET ZPOPMIN DEL; granted GET, the walk's
 -- ZPOPMIN TIME ZSCORE ZREM (lua/fair_live_head.lua), [INCR] SET PUBLISH.
 -- Bounded: at most 1,100 lapsed entries are dropped (live_head); when more head the queue the
