@@ -28,6 +28,12 @@ if redis.call('get', KEYS[1]) ~= ARGV[1] then
     redis.call('zrem', KEYS[3], ARGV[1])
     return 0
 end
+-- Nobody queued (the uncontended release): done before the functions below are defined.
+local first = redis.call('zpopmin', KEYS[2])[1]
+if not first then
+    redis.call('del', KEYS[1])
+    return 1
+end
 -- The server's TIME, read only when somebody is queued (by live_head's clock()).
 local t, now
 local function clock()
@@ -37,7 +43,7 @@ local function clock()
     end
 end
 -- #include fair_live_head.lua
-local head = live_head()
+local head = live_head(first)
 if head then
     local f = 0
     if #KEYS > 3 then
