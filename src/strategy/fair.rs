@@ -549,7 +549,7 @@ impl FairLock {
     /// Leaves the queue (a waiter giving up): removes our entry, or releases (and passes on) a
     /// grant that reached us meanwhile. True if there was such a grant.
     fn leave(&self, token: &Token) -> Result<bool> {
-        let (ours, _, _, _) = self.release_script(token)?;
+        let ours = self.release_script(token)?.ours;
         if ours {
             log::info!(
                 "lock {:?}: granted to us as we gave up; released and passed on",
@@ -559,8 +559,8 @@ impl FairLock {
         Ok(ours)
     }
 
-    /// One `lua/fair_release.lua` call: (released, receivers, granted token, the grant).
-    fn release_script(&self, value: &[u8]) -> Result<(bool, i64, Vec<u8>, Grant)> {
+    /// One `lua/fair_release.lua` call.
+    fn release_script(&self, value: &[u8]) -> Result<ReleaseReply> {
         let keys = self.script_keys();
         let args = (value, self.grant_ms(), CHANNEL_PREFIX);
         // Grant first. Redis writes what an event-loop turn produced client by client, the
@@ -575,9 +575,7 @@ impl FairLock {
             s.fair_release
                 .eval_keys_after(con, &keys, args, grant_first)
         })?;
-        parse_release(&reply)
-            .map(|r| (r.ours, r.receivers, r.granted, r.grant))
-            .ok_or_else(|| self.unexpected(&reply))
+        parse_release(&reply).ok_or_else(|| self.unexpected(&reply))
     }
 
     fn unexpected(&self, reply: &impl std::fmt::Debug) -> LockError {
@@ -799,7 +797,12 @@ impl DistributedLock for FairLock {
                 lease.valid_until(),
             );
         }
-        let (ours, _receivers, granted, grant) = reply?;
+        let ReleaseReply {
+            ours,
+            granted,
+            grant,
+            ..
+        } = reply?;
         if !granted.is_empty() {
             self.granted_at_us
                 .store(self.micros_since_base() + 1, Ordering::Relaxed);
