@@ -1508,3 +1508,108 @@ fn a_grant_that_cannot_be_raised_is_reported_lost() {
         );
     });
 }
+
+/// Threads of one client: the head of the client's line, waiting behind a thread of the same
+/// client that holds the lock, sends nothing. The holder's release queues it (behind the
+/// waiters of other clients, who keep their turn) or, with nobody else waiting, grants it the
+/// lock, in the release's one script; its grant then comes as any grant does.
+#[test]
+fn the_holders_release_queues_the_next_thread_of_its_client() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let (a, b) = (client(&server), client(&server));
+    let slow = |c: &LockClient| {
+        c.lock("fair:sibling")
+            .fencing()
+            .retry(slow_poll(Duration::from_secs(10)))
+            .build_fair()
+            .expect("fair lock")
+    };
+    for other_waits in [true, false] {
+        let first = slow(&b);
+        let (t1, t2, w) = (slow(&a), slow(&a), slow(&b));
+        let held = first.lock().expect("free");
+        let first_fence = held.fence().expect("fenced");
+        let order = Mutex::new(Vec::new());
+        let sent = thread::scope(|s| {
+            let (go, wait_go) = std::sync::mpsc::channel::<()>();
+            let (took, t1_took) = std::sync::mpsc::channel::<()>();
+            let order = &order;
+            let t1 = &t1;
+            s.spawn(move || {
+                let g = t1.try_lock_for(Duration::from_secs(30)).expect("t1");
+                order.lock().unwrap().push(("t1", g.fence()));
+                took.send(()).expect("send");
+                wait_go.recv().expect("go");
+                assert!(g.unlock().expect("t1 unlock"));
+            });
+            wait_queued(&mut conn, &first, 1);
+            let t2 = &t2;
+            s.spawn(move || {
+                let g = t2.try_lock_for(Duration::from_secs(30)).expect("t2");
+                order.lock().unwrap().push(("t2", g.fence()));
+                assert!(g.unlock().expect("t2 unlock"));
+            });
+            // t2 waits in its client's line, behind t1: one entry in Redis all along.
+            thread::sleep(ms(200));
+            assert_eq!(zcard(&mut conn, first.queue_key()), 1);
+            assert!(held.unlock().expect("release"));
+            t1_took
+                .recv_timeout(Duration::from_secs(5))
+                .expect("t1 granted");
+            if other_waits {
+                let w = &w;
+                s.spawn(move || {
+                    let g = w.try_lock_for(Duration::from_secs(30)).expect("w");
+                    order.lock().unwrap().push(("w", g.fence()));
+                    thread::sleep(ms(20));
+                    assert!(g.unlock().expect("w unlock"));
+                });
+                wait_queued(&mut conn, &first, 1);
+            }
+            // t2 now heads its line; t1 holds. Nothing of t2 is in Redis.
+            thread::sleep(ms(300));
+            assert_eq!(
+                zcard(&mut conn, first.queue_key()),
+                usize::from(other_waits)
+            );
+            let monitor = Monitor::start(&server);
+            go.send(()).expect("go");
+            assert!(
+                support::wait_until(Duration::from_secs(5), || order.lock().unwrap().len()
+                    == 2 + usize::from(other_waits)),
+                "not granted in turn: {:?}",
+                order.lock().unwrap()
+            );
+            thread::sleep(ms(50));
+            monitor.sent()
+        });
+        let order = order.into_inner().unwrap();
+        let names: Vec<&str> = order.iter().map(|(n, _)| *n).collect();
+        if other_waits {
+            assert_eq!(names, ["t1", "w", "t2"]);
+        } else {
+            assert_eq!(names, ["t1", "t2"]);
+        }
+        let fences: Vec<u64> = order.iter().map(|(_, f)| f.expect("fenced")).collect();
+        assert!(
+            fences.windows(2).all(|p| p[0] < p[1]) && fences[0] > first_fence,
+            "{fences:?}"
+        );
+        // Only releases (and the watchdog's raises of grant leases, owner tag "v"): no acquire
+        // (mode "w" or "t") and no SET NX from anyone after t1 began its release.
+        assert!(
+            sent.iter()
+                .all(|l| !l.contains("\"w\"") && !l.contains("\"t\"") && !l.contains("\"NX\"")),
+            "{sent:#?}"
+        );
+        let releases = sent
+            .iter()
+            .filter(|l| l.contains("\"EVALSHA\"") && !l.contains("\"v\""))
+            .count();
+        assert_eq!(releases, 2 + usize::from(other_waits), "{sent:#?}");
+        assert_eq!(zcard(&mut conn, first.queue_key()), 0);
+        assert_eq!(raw::get(&mut conn, "fair:sibling"), None);
+    }
+}

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use rand::RngExt;
 
+use crate::client::grants::Token;
+
 /// While a waiter listens for a published release, it also polls: the sleep until the
 /// holder's lifetime runs out is cut to at most this long (or the retry policy's longest
 /// sleep, if longer), plus up to a fifth at random. A holder that releases without publishing
@@ -71,6 +73,37 @@ struct State {
     /// Threads asleep on the line's condvar (see [`Queue::wait`]): a change with none asleep
     /// notifies nobody (a notify costs a system call even then).
     sleepers: usize,
+    /// Fair locks: a thread of this client took the key's lock since the line's latest
+    /// release by this client (a hint: see [`WaitQueues::offer`]).
+    fair_held: bool,
+    /// Fair locks: the head's offer to be queued by the holder's release.
+    offer: Option<Offer>,
+}
+
+/// A fair lock's hand-over between threads of one client (`FairLock`): while another thread of
+/// the client holds the lock, the head of the line does not queue itself in Redis; it offers
+/// its token, and the holder's release queues it (or grants it the lock) in the same script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Offer {
+    /// Offered; no release has taken it yet.
+    Open(Token),
+    /// A release that carries it was sent at `sent` and has no reply yet.
+    Taken { token: Token, sent: Instant },
+    /// That release came back: run by the server at its time `at_us` (µs), or failed or found
+    /// the lock not ours (`at_us` `None`: the token may or may not be queued).
+    Settled {
+        token: Token,
+        sent: Instant,
+        at_us: Option<u64>,
+    },
+}
+
+impl Offer {
+    fn token(&self) -> &Token {
+        match self {
+            Offer::Open(t) | Offer::Taken { token: t, .. } | Offer::Settled { token: t, .. } => t,
+        }
+    }
 }
 
 impl Queue {
@@ -235,6 +268,120 @@ impl WaitQueues {
                 true
             }
             None => false,
+        }
+    }
+
+    /// The line of `key`, if a thread of this client waits for it.
+    fn line(&self, key: &str) -> Option<Arc<Queue>> {
+        if self.waiting.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        lock(&self.map).get(key).map(Arc::clone)
+    }
+
+    /// Fair locks: a thread of this client took `key`'s lock. Noted only while other threads
+    /// of this client wait for it.
+    pub(crate) fn fair_took(&self, key: &str) {
+        if let Some(q) = self.line(key) {
+            lock(&q.state).fair_held = true;
+        }
+    }
+
+    /// Fair locks: the head of `key`'s line offers `token` to be queued by the release of the
+    /// thread of this client that holds the lock. False (nothing offered) when no such hold is
+    /// known: the head then queues itself. A hold that ends without a release by this client
+    /// (lost, or its guard leaked) leaves the offer open; the head's next poll queues it
+    /// (see [`reclaim_offer`](Self::reclaim_offer)).
+    pub(crate) fn offer(&self, key: &str, token: &Token) -> bool {
+        let Some(q) = self.line(key) else {
+            return false;
+        };
+        let mut st = lock(&q.state);
+        if !st.fair_held || st.offer.is_some() {
+            return false;
+        }
+        st.offer = Some(Offer::Open(*token));
+        true
+    }
+
+    /// Fair locks: a release of `key` by this client is about to be sent. Takes the open offer,
+    /// if any (its token goes with the release), and forgets the hold.
+    pub(crate) fn take_offer(&self, key: &str) -> Option<Token> {
+        let q = self.line(key)?;
+        let mut st = lock(&q.state);
+        st.fair_held = false;
+        match st.offer {
+            Some(Offer::Open(token)) => {
+                st.offer = Some(Offer::Taken {
+                    token,
+                    sent: Instant::now(),
+                });
+                Some(token)
+            }
+            _ => None,
+        }
+    }
+
+    /// Fair locks: the release that took the offer of `token` came back (see [`Offer`]).
+    pub(crate) fn offer_settled(&self, key: &str, token: &Token, at_us: Option<u64>) {
+        let Some(q) = self.line(key) else {
+            return;
+        };
+        let mut st = lock(&q.state);
+        if let Some(Offer::Taken { token: t, sent }) = st.offer {
+            if t == *token {
+                st.offer = Some(Offer::Settled {
+                    token: t,
+                    sent,
+                    at_us,
+                });
+                q.wake(st);
+            }
+        }
+    }
+
+    /// Fair locks: the offer of `token`, as it stands.
+    pub(crate) fn offer_state(&self, key: &str, token: &Token) -> Option<Offer> {
+        let q = self.line(key)?;
+        let st = lock(&q.state);
+        st.offer.filter(|o| o.token() == token)
+    }
+
+    /// Fair locks: the head that offered `token` polls Redis itself. An offer no release took
+    /// is withdrawn, and the hold it waited for is forgotten (it ended without a release by
+    /// this client, or lasts longer than a poll): the next heads queue themselves until a
+    /// thread of this client takes the lock again. True if the offer was open.
+    pub(crate) fn reclaim_offer(&self, key: &str, token: &Token) -> bool {
+        let Some(q) = self.line(key) else {
+            return false;
+        };
+        let mut st = lock(&q.state);
+        if st.offer == Some(Offer::Open(*token)) {
+            st.offer = None;
+            st.fair_held = false;
+            return true;
+        }
+        false
+    }
+
+    /// Fair locks: the head that offered `token` stops waiting. With `patience`, a release
+    /// that carries the token and has no reply yet is waited for (at most that long), so that
+    /// the head's withdrawal from the queue reaches Redis after it.
+    pub(crate) fn withdraw_offer(&self, key: &str, token: &Token, patience: Option<Duration>) {
+        let Some(q) = self.line(key) else {
+            return;
+        };
+        let until = patience.map(crate::time::after);
+        let mut st = lock(&q.state);
+        while let (Some(Offer::Taken { token: t, .. }), Some(until)) = (st.offer, until) {
+            let left = until.saturating_duration_since(Instant::now());
+            if t != *token || left.is_zero() {
+                break;
+            }
+            st = q.wait(st, Some(left));
+        }
+        if st.offer.is_some_and(|o| o.token() == token) {
+            st.offer = None;
         }
     }
 
@@ -577,5 +724,96 @@ mod tests {
         q.heard_release("k");
         assert!(!q.is_silent("k"));
         assert!(within(q.poll_interval("k", floor), 100, 120));
+    }
+
+    #[test]
+    fn a_head_offers_only_behind_a_hold_of_its_client_and_the_release_takes_it() {
+        let q = WaitQueues::default();
+        let (t1, t2) = ([b'1'; 48], [b'2'; 48]);
+        // No line: nothing is noted or offered.
+        q.fair_took("k");
+        assert_eq!(q.take_offer("k"), None);
+        let holder = q.enqueue("k");
+        let next = q.enqueue("k");
+        // No hold known: the head queues itself.
+        assert!(!q.offer("k", &t2));
+        q.fair_took("k");
+        drop(holder);
+        assert!(q.offer("k", &t2));
+        assert!(!q.offer("k", &t1), "one offer at a time");
+        assert_eq!(q.offer_state("k", &t2), Some(Offer::Open(t2)));
+        assert_eq!(q.offer_state("k", &t1), None);
+        // The release takes it, and forgets the hold.
+        let before = Instant::now();
+        assert_eq!(q.take_offer("k"), Some(t2));
+        let Some(Offer::Taken { token, sent }) = q.offer_state("k", &t2) else {
+            panic!("taken");
+        };
+        assert!(token == t2 && sent >= before);
+        assert_eq!(q.take_offer("k"), None, "taken once");
+        assert!(
+            !q.reclaim_offer("k", &t2),
+            "a taken offer stays with its release"
+        );
+        q.offer_settled("k", &t1, Some(7));
+        assert!(matches!(q.offer_state("k", &t2), Some(Offer::Taken { .. })));
+        q.offer_settled("k", &t2, Some(7));
+        assert_eq!(
+            q.offer_state("k", &t2),
+            Some(Offer::Settled {
+                token: t2,
+                sent,
+                at_us: Some(7)
+            })
+        );
+        q.withdraw_offer("k", &t2, None);
+        assert_eq!(q.offer_state("k", &t2), None);
+        // The hold was forgotten by the release: no new offer until a thread takes the lock.
+        assert!(!q.offer("k", &t1));
+        drop(next);
+    }
+
+    #[test]
+    fn an_offer_no_release_takes_is_reclaimed_and_the_hold_forgotten() {
+        let q = WaitQueues::default();
+        let t = [b'3'; 48];
+        let _head = q.enqueue("k");
+        q.fair_took("k");
+        assert!(q.offer("k", &t));
+        assert!(q.reclaim_offer("k", &t));
+        assert_eq!(q.offer_state("k", &t), None);
+        assert_eq!(q.take_offer("k"), None);
+        assert!(!q.offer("k", &t), "the hold was forgotten");
+    }
+
+    #[test]
+    fn a_waiter_giving_up_waits_for_the_release_that_carries_its_token() {
+        let q = WaitQueues::default();
+        let t = [b'4'; 48];
+        let _head = q.enqueue("k");
+        q.fair_took("k");
+        assert!(q.offer("k", &t));
+        assert_eq!(q.take_offer("k"), Some(t));
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                q.withdraw_offer("k", &t, Some(Duration::from_secs(30)));
+                start.elapsed()
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            q.offer_settled("k", &t, None);
+            let waited = waiter.join().expect("waiter");
+            assert!(waited >= Duration::from_millis(50), "{waited:?}");
+            assert!(waited < Duration::from_secs(30), "{waited:?}");
+        });
+        assert_eq!(q.offer_state("k", &t), None);
+        // With a release that never answers, at most the patience.
+        q.fair_took("k");
+        assert!(q.offer("k", &t));
+        assert_eq!(q.take_offer("k"), Some(t));
+        let start = Instant::now();
+        q.withdraw_offer("k", &t, Some(Duration::from_millis(30)));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        assert_eq!(q.offer_state("k", &t), None);
     }
 }

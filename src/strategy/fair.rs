@@ -22,8 +22,12 @@
 //!   → `{1, fence}` (ours) or `{0, rank, seconds, microseconds}` (queued: `w`; not queued:
 //!   `t`, rank -1);
 //! - release, and a waiter's withdrawal: `EVALSHA <fair_release.lua> 3|4 … <token> <grant ms>
-//!   dlock_fair_ch:` → `{1, receivers, granted token, fence, seconds, microseconds}` (granted),
-//!   `1` (released, nobody to grant to) or `0` (not ours);
+//!   dlock_fair_ch: [<successor> <entry ttl ms>]` → `{1, receivers, granted token, fence,
+//!   seconds, microseconds}` (granted, or a successor was given), `1` (released, nobody to
+//!   grant to) or `0` (not ours). The successor is the token of the thread of this client that
+//!   heads its line and waits for the lock held by another of its threads: it sends nothing
+//!   and the release queues it (or grants it the lock) in the same script
+//!   ([`WaitQueues::offer`](crate::client::waiters::WaitQueues::offer));
 //! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>`; check: `GET key`.
 //!
 //! See `docs/fair.md` for the failure cases.
@@ -37,6 +41,7 @@ use crate::admin::{self, Detail, LockState};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
 use crate::client::janitor::FairRelease;
 use crate::client::sentinel_watch::Released;
+use crate::client::waiters::Offer;
 use crate::client::watchdog::{RenewKind, WatchState};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -205,6 +210,22 @@ impl Drop for Expecting<'_> {
     }
 }
 
+/// Withdraws a thread's offer to be queued by another thread's release (see
+/// [`WaitQueues::offer`](crate::client::waiters::WaitQueues::offer)) when it stops waiting.
+struct Offering<'a> {
+    client: &'a LockClient,
+    key: &'a str,
+    token: Token,
+}
+
+impl Drop for Offering<'_> {
+    fn drop(&mut self) {
+        self.client
+            .waiters()
+            .withdraw_offer(self.key, &self.token, None);
+    }
+}
+
 impl FairLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Result<Self> {
         let queue = Self::queue_key_for(&key)?;
@@ -324,6 +345,12 @@ impl FairLock {
         u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
     }
 
+    /// The lock is ours (taken or granted): while other threads of this client wait for it,
+    /// the head of their line offers to be queued by our release (see `acquire_blocking`).
+    fn took(&self) {
+        self.client.waiters().fair_took(&self.key);
+    }
+
     /// The lock was found held: attempts go to the script for a while.
     fn contended(&self) {
         let until = (self.base.elapsed() + CONTENDED_MEMORY).as_millis() as u64;
@@ -345,6 +372,7 @@ impl FairLock {
             self.client.counters().attempt(Kind::Fair, false);
             return Ok(None);
         }
+        self.took();
         let lease = self.opts.lease(
             &self.client,
             &self.key,
@@ -424,6 +452,7 @@ impl FairLock {
         )?;
         match reply.as_slice() {
             [1, fence] => {
+                self.took();
                 let fence = self
                     .opts
                     .fence_key
@@ -504,7 +533,12 @@ impl FairLock {
         attempt_us: u64,
         grant: Grant,
     ) -> Option<Lease> {
-        let after = Duration::from_micros(grant.at_us.saturating_sub(attempt_us));
+        // attempt_us 0: no attempt of ours; `sent` is when the release that queued us was sent.
+        let after = if attempt_us == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_micros(grant.at_us.saturating_sub(attempt_us))
+        };
         let now = Instant::now();
         let start = crate::time::saturating_add(sent, after - after / 100).min(now);
         let elapsed = now - start;
@@ -524,6 +558,7 @@ impl FairLock {
             .fence_key
             .as_ref()
             .and_then(|_| Some(fence).filter(|&f| f > 0));
+        self.took();
         let lease = Lease::new(token, sent, self.grant).with_fence(fence);
         let state = WatchState::new(
             std::sync::Arc::clone(self.opts.key_arc()),
@@ -549,7 +584,7 @@ impl FairLock {
     /// Leaves the queue (a waiter giving up): removes our entry, or releases (and passes on) a
     /// grant that reached us meanwhile. True if there was such a grant.
     fn leave(&self, token: &Token) -> Result<bool> {
-        let ours = self.release_script(token)?.ours;
+        let ours = self.release_script(token, None)?.ours;
         if ours {
             log::info!(
                 "lock {:?}: granted to us as we gave up; released and passed on",
@@ -559,10 +594,17 @@ impl FairLock {
         Ok(ours)
     }
 
-    /// One `lua/fair_release.lua` call.
-    fn release_script(&self, value: &[u8]) -> Result<ReleaseReply> {
+    /// One `lua/fair_release.lua` call; `successor`: the token of this client's thread that
+    /// heads the line, to be queued (or granted the lock) by this release.
+    fn release_script(&self, value: &[u8], successor: Option<&Token>) -> Result<ReleaseReply> {
         let keys = self.script_keys();
-        let args = (value, self.grant_ms(), CHANNEL_PREFIX);
+        let args = (
+            value,
+            self.grant_ms(),
+            CHANNEL_PREFIX,
+            successor.map(|t| &t[..]),
+            successor.map(|_| self.entry_ttl.as_millis() as u64),
+        );
         // Grant first. Redis writes what an event-loop turn produced client by client, the
         // client that got its first output last going first (Redis 7's pending-write list),
         // so the reply to a bare EVALSHA would leave before the grant it published. A PING in
@@ -603,6 +645,15 @@ impl FairLock {
         }
     }
 
+    /// Before a waiter that may have offered `token` leaves the queue: a release that carries
+    /// the token and has no reply yet is waited for (at most the grant lease), so that the
+    /// withdrawal reaches Redis after it and removes what it queued or granted.
+    fn settle_offer(&self, token: &Token) {
+        self.client
+            .waiters()
+            .withdraw_offer(&self.key, token, Some(self.grant));
+    }
+
     /// The blocking acquire: wait for our turn among this client's threads, then take the lock
     /// or join the queue in Redis in one script call, and wait for the grant message (polling
     /// slowly beside it, which also refreshes our queue entry).
@@ -637,28 +688,54 @@ impl FairLock {
         // The subscriber generation confirmed when the latest attempt was sent: a grant
         // published later, while it stays confirmed, is heard.
         let mut heard = wakeups.confirmed_on(&self.channel);
-        // A lock object whose release granted the lock a moment ago will be refused: the
-        // grantee holds it. Its queueing call is not urgent, the grantee's first commands are:
-        // where the two threads share a core, this thread lets the grantee run first.
-        if self.granted_lately() {
-            std::thread::yield_now();
-        }
-        let mut sent = Instant::now();
-        attempts.record();
-        let (mut last_us, mut rank) = match self.attempt(&token, true, sent)? {
-            Outcome::Taken(lease) => return Ok(LockGuard::new(self, lease)),
-            Outcome::Refused { at_us, rank } => (at_us, rank),
+        // While another thread of this client holds the lock, its release queues us (or
+        // grants us the lock) in the same script: we offer our token and send nothing now.
+        let mut offered = queues.offer(&self.key, &token);
+        let _offer = Offering {
+            client: &self.client,
+            key: &self.key,
+            token,
         };
+        let (mut sent, mut last_us, mut rank) = (Instant::now(), 0, 0);
+        if !offered {
+            // A lock object whose release granted the lock a moment ago will be refused: the
+            // grantee holds it. Its queueing call is not urgent, the grantee's first commands
+            // are: where the two threads share a core, this thread lets the grantee run first.
+            if self.granted_lately() {
+                std::thread::yield_now();
+            }
+            sent = Instant::now();
+            attempts.record();
+            (last_us, rank) = match self.attempt(&token, true, sent)? {
+                Outcome::Taken(lease) => return Ok(LockGuard::new(self, lease)),
+                Outcome::Refused { at_us, rank } => (at_us, rank),
+            };
+        }
         let subscription = wakeups.subscribe(&self.channel, &self.key, deadline);
         let mut late = None;
         loop {
             let mut ask = false;
             if let Some(grant) = queues.grants.take(&token) {
+                // What the grant's lease is counted from: our latest attempt, or, while we
+                // have made none, the release that queued us.
+                let basis = if offered {
+                    match queues.offer_state(&self.key, &token) {
+                        Some(Offer::Taken { sent, .. }) => Some((sent, 0)),
+                        Some(Offer::Settled { sent, at_us, .. }) => {
+                            Some((sent, at_us.unwrap_or(0)))
+                        }
+                        _ => None,
+                    }
+                } else {
+                    Some((sent, last_us))
+                };
                 if grant.at_us < last_us {
                     // Made before our latest attempt, which did not find the lock ours: that
                     // grant lapsed (or was released) already. A late message; ignored.
                     log::debug!("lock {:?}: ignored a grant heard late", self.key);
-                } else if let Some(lease) = self.granted_lease(&token, sent, last_us, grant) {
+                } else if let Some(lease) = basis.and_then(|(sent, attempt_us)| {
+                    self.granted_lease(&token, sent, attempt_us, grant)
+                }) {
                     self.client.counters().attempt(Kind::Fair, true);
                     log::debug!(
                         "lock {:?}: granted after {} attempts in {:?}",
@@ -706,6 +783,12 @@ impl FairLock {
                     }
                 }
             }
+            if offered {
+                // From now on we queue ourselves (our entry, if the release queued us, keeps
+                // its place); an offer no release took yet is withdrawn.
+                queues.reclaim_offer(&self.key, &token);
+                offered = false;
+            }
             ticket.mark();
             heard = wakeups.confirmed_on(&self.channel);
             let at = Instant::now();
@@ -722,6 +805,7 @@ impl FairLock {
                 Err(e @ LockError::LateReply { .. }) => late = Some(e),
                 Err(e) => {
                     drop(subscription);
+                    self.settle_offer(&token);
                     if let Err(left) = self.leave(&token) {
                         log::debug!(
                             "lock {:?}: could not leave the queue after a failed attempt ({}); \
@@ -736,6 +820,7 @@ impl FairLock {
             }
         }
         drop(subscription);
+        self.settle_offer(&token);
         drop(ticket);
         // Withdraw: our entry goes, or a grant that reached us meanwhile is passed on.
         if let Err(e) = self.leave(&token) {
@@ -781,7 +866,18 @@ impl DistributedLock for FairLock {
 
     fn release(&self, lease: &Lease) -> Result<bool> {
         lease.stop_renewal();
-        let reply = self.release_script(lease.value());
+        let waiters = self.client.waiters();
+        let successor = waiters.take_offer(&self.key);
+        let reply = self.release_script(lease.value(), successor.as_ref());
+        if let Some(token) = &successor {
+            // The server's time of the release, which the successor's grant is counted from;
+            // none when the lock was not ours (the successor was not queued) or no reply came.
+            let at_us = match &reply {
+                Ok(r) if r.ours && r.grant.at_us > 0 => Some(r.grant.at_us),
+                _ => None,
+            };
+            waiters.offer_settled(&self.key, token, at_us);
+        }
         if reply
             .as_ref()
             .is_err_and(crate::client::janitor::worth_retrying)
