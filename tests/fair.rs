@@ -1613,3 +1613,122 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
         assert_eq!(raw::get(&mut conn, "fair:sibling"), None);
     }
 }
+
+/// Brings `t2` (a thread of client `a`) to offer its token behind `t1` (also of `a`), which
+/// holds the lock: `other` (of another client) holds first, `t1` queues, `t2` waits in its
+/// client's line, and `other`'s release grants the lock to `t1`. Runs `then` with `t1`'s
+/// guard while `t2` runs `t2_wait` in its own thread; returns what `t2_wait` returned.
+fn with_t2_offered<R: Send>(
+    conn: &mut redis::Connection,
+    other: &FairLock,
+    t1: &FairLock,
+    t2_wait: impl FnOnce() -> R + Send,
+    then: impl FnOnce(&mut redis::Connection, redis_dlock::LockGuard<'_>),
+) -> R {
+    let held = other.lock().expect("free");
+    thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t1_thread = s.spawn(move || {
+            let g = t1.try_lock_for(Duration::from_secs(30)).expect("t1");
+            tx.send(()).expect("send");
+            g
+        });
+        wait_queued(conn, other, 1);
+        let t2 = s.spawn(t2_wait);
+        // t2 waits in its client's line, behind t1.
+        thread::sleep(ms(100));
+        assert!(held.unlock().expect("release"));
+        rx.recv_timeout(Duration::from_secs(5)).expect("t1 granted");
+        let g = t1_thread.join().expect("t1 thread");
+        // t2 heads its line now and has offered its token: nothing of it is in Redis.
+        thread::sleep(ms(50));
+        then(conn, g);
+        t2.join().expect("t2 thread")
+    })
+}
+
+/// The hold of the thread ahead is lost before its release (deleted here): its release finds
+/// the lock not ours and queues nobody, and the offering thread takes the lock at its next
+/// poll (100–120 ms), not later.
+#[test]
+fn an_offering_thread_behind_a_lost_hold_takes_the_lock_at_its_poll() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let (a, b) = (client(&server), client(&server));
+    let key = "fair:offer-lost";
+    let (other, t1, t2) = (fair(&b, key), fair(&a, key), fair(&a, key));
+    let mut released = None;
+    let (guard_value, got_at) = with_t2_offered(
+        &mut conn,
+        &other,
+        &t1,
+        || {
+            let g = t2.try_lock_for(Duration::from_secs(10)).expect("t2");
+            let at = Instant::now();
+            let v = g.value().to_vec();
+            assert!(g.unlock().expect("t2 unlock"));
+            (v, at)
+        },
+        |conn, g| {
+            assert_eq!(zcard(conn, other.queue_key()), 0);
+            let _: () = redis::cmd("DEL").arg(key).query(conn).expect("DEL");
+            released = Some(Instant::now());
+            assert!(!g.unlock().expect("t1 unlock"), "the hold was lost");
+        },
+    );
+    let took = got_at.duration_since(released.expect("released"));
+    assert!(
+        took < SECOND,
+        "t2 took the lock {took:?} after the lost release"
+    );
+    assert!(!guard_value.is_empty());
+    assert_eq!(zcard(&mut conn, other.queue_key()), 0);
+    assert_eq!(raw::get(&mut conn, key), None);
+}
+
+/// A thread that gives up while its offer is still open (before its first poll) leaves
+/// nothing behind: the holder's release queues nobody and grants nothing, the key is deleted,
+/// and the next newcomer takes the lock at once.
+#[test]
+fn an_offering_thread_that_gives_up_leaves_nothing_behind() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let (a, b, c) = (client(&server), client(&server), client(&server));
+    let key = "fair:offer-give-up";
+    let (other, t1) = (fair(&b, key), fair(&a, key));
+    let t2 = a
+        .lock(key)
+        .retry(slow_poll(Duration::from_secs(10)))
+        .build_fair()
+        .expect("t2 lock");
+    let r = with_t2_offered(
+        &mut conn,
+        &other,
+        &t1,
+        || {
+            let start = Instant::now();
+            let r = t2.try_lock_for(ms(400)).map(|g| g.unlock());
+            (r, start.elapsed())
+        },
+        |conn, g| {
+            assert_eq!(zcard(conn, other.queue_key()), 0);
+            // Past t2's deadline; its poll (10 s) never came.
+            thread::sleep(ms(500));
+            assert!(g.unlock().expect("t1 unlock"));
+        },
+    );
+    let (r, took) = r;
+    assert!(matches!(r, Err(LockError::Timeout { .. })), "{r:?}");
+    assert!(took < SECOND, "gave up after {took:?}");
+    assert_eq!(zcard(&mut conn, other.queue_key()), 0);
+    assert_eq!(
+        raw::get(&mut conn, key),
+        None,
+        "granted to the thread that gave up"
+    );
+    let newcomer = fair(&c, key);
+    let g = newcomer.try_lock().expect("free at once");
+    assert!(g.unlock().expect("unlock"));
+}
