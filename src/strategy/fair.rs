@@ -655,8 +655,10 @@ impl FairLock {
     }
 
     /// The blocking acquire: wait for our turn among this client's threads, then take the lock
-    /// or join the queue in Redis in one script call, and wait for the grant message (polling
-    /// slowly beside it, which also refreshes our queue entry).
+    /// or join the queue in Redis in one script call (or, while another thread of this client
+    /// holds the lock, offer our token to be queued by its release, and send nothing), and
+    /// wait for the grant message (polling slowly beside it, which also refreshes our queue
+    /// entry).
     fn acquire_blocking(&self, mut attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
         let queues = self.client.waiters();
         let wakeups = self.client.wakeups();
