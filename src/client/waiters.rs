@@ -78,6 +78,9 @@ struct State {
     fair_held: bool,
     /// Fair locks: the head's offer to be queued by the holder's release.
     offer: Option<Offer>,
+    /// Fair locks: a head that gives up waits for the release that took its offer (see
+    /// [`WaitQueues::withdraw_offer`]); only then does the release's reply wake the line.
+    withdrawing: bool,
 }
 
 /// A fair lock's hand-over between threads of one client (`FairLock`): while another thread of
@@ -335,7 +338,9 @@ impl WaitQueues {
                     sent,
                     at_us,
                 });
-                q.wake(st);
+                if std::mem::take(&mut st.withdrawing) {
+                    q.wake(st);
+                }
             }
         }
     }
@@ -378,8 +383,10 @@ impl WaitQueues {
             if t != *token || left.is_zero() {
                 break;
             }
+            st.withdrawing = true;
             st = q.wait(st, Some(left));
         }
+        st.withdrawing = false;
         if st.offer.is_some_and(|o| o.token() == token) {
             st.offer = None;
         }
@@ -387,12 +394,8 @@ impl WaitQueues {
 
     /// A holder of this process released `key`: wake its waiters.
     pub(crate) fn notify_release(&self, key: &str) {
-        if self.waiting.load(Ordering::SeqCst) == 0 {
+        let Some(queue) = self.line(key) else {
             return;
-        }
-        let queue = match lock(&self.map).get(key) {
-            Some(q) => Arc::clone(q),
-            None => return,
         };
         let mut st = lock(&queue.state);
         st.releases += 1;

@@ -645,13 +645,15 @@ impl FairLock {
         }
     }
 
-    /// Before a waiter that may have offered `token` leaves the queue: a release that carries
+    /// Before a waiter that offered `token` (`did_offer`) leaves the queue: a release that carries
     /// the token and has no reply yet is waited for (at most the grant lease), so that the
     /// withdrawal reaches Redis after it and removes what it queued or granted.
-    fn settle_offer(&self, token: &Token) {
-        self.client
-            .waiters()
-            .withdraw_offer(&self.key, token, Some(self.grant));
+    fn settle_offer(&self, token: &Token, did_offer: bool) {
+        if did_offer {
+            self.client
+                .waiters()
+                .withdraw_offer(&self.key, token, Some(self.grant));
+        }
     }
 
     /// The blocking acquire: wait for our turn among this client's threads, then take the lock
@@ -693,11 +695,12 @@ impl FairLock {
         // While another thread of this client holds the lock, its release queues us (or
         // grants us the lock) in the same script: we offer our token and send nothing now.
         let mut offered = queues.offer(&self.key, &token);
-        let _offer = Offering {
+        let did_offer = offered;
+        let _offer = did_offer.then_some(Offering {
             client: &self.client,
             key: &self.key,
             token,
-        };
+        });
         let (mut sent, mut last_us, mut rank) = (Instant::now(), 0, 0);
         if !offered {
             // A lock object whose release granted the lock a moment ago will be refused: the
@@ -807,7 +810,7 @@ impl FairLock {
                 Err(e @ LockError::LateReply { .. }) => late = Some(e),
                 Err(e) => {
                     drop(subscription);
-                    self.settle_offer(&token);
+                    self.settle_offer(&token, did_offer);
                     if let Err(left) = self.leave(&token) {
                         log::debug!(
                             "lock {:?}: could not leave the queue after a failed attempt ({}); \
@@ -822,7 +825,7 @@ impl FairLock {
             }
         }
         drop(subscription);
-        self.settle_offer(&token);
+        self.settle_offer(&token, did_offer);
         drop(ticket);
         // Withdraw: our entry goes, or a grant that reached us meanwhile is passed on.
         if let Err(e) = self.leave(&token) {
