@@ -14,6 +14,9 @@
 //!   changed;
 //! - changed hands: the share of sections whose holder differs from the previous section's;
 //! - wait: every `lock()` call's duration; section: `lock()` return to `unlock()` call;
+//!   turn: one `lock()`'s return to the next one's (a section and the handoff after it). The
+//!   wait p99 is put against contenders × section p50 (issue 11's target) and against
+//!   contenders × turn p50 (what a line of that many waiters served in turn would wait);
 //! - violations: sections that began before the previous one ended (the counter must equal
 //!   the number of sections too).
 //!
@@ -187,6 +190,11 @@ struct Figures {
     section_p50_us: f64,
     /// wait p99 / (contenders × section p50): the target is ≤ 1.5.
     wait_ratio: f64,
+    /// The median turn: from one `lock()`'s return to the next one's (in any thread), a
+    /// section and the handoff after it.
+    turn_p50_us: f64,
+    /// wait p99 / (contenders × turn p50): the wait against a line of perfect turns.
+    wait_turn_ratio: f64,
     handoff_p50_us: f64,
     handoff_p99_us: f64,
     handoff_p50_rtt: f64,
@@ -210,6 +218,7 @@ fn analyse(
     let mut handoffs = Vec::new();
     let mut waits: Vec<u64> = recs.iter().map(|r| r.1 - r.0).collect();
     let mut sections: Vec<u64> = recs.iter().map(|r| r.2.saturating_sub(r.1)).collect();
+    let mut turns: Vec<u64> = recs.windows(2).map(|w| w[1].1 - w[0].1).collect();
     for w in recs.windows(2) {
         let (prev, cur) = (w[0], w[1]);
         if cur.1 < prev.2 {
@@ -225,12 +234,15 @@ fn analyse(
     let w = Stats::of(&mut waits);
     let s = Stats::of(&mut sections);
     let h = Stats::of(&mut handoffs);
+    let t = Stats::of(&mut turns);
     Figures {
         sections_per_s: n as f64 / dur.as_secs_f64(),
         changed_pct: 100.0 * changed as f64 / (n.max(2) - 1) as f64,
         wait_p99_us: w.p99 / 1e3,
         section_p50_us: s.p50 / 1e3,
         wait_ratio: w.p99 / (contenders as f64 * s.p50),
+        turn_p50_us: t.p50 / 1e3,
+        wait_turn_ratio: w.p99 / (contenders as f64 * t.p50),
         handoff_p50_us: h.p50 / 1e3,
         handoff_p99_us: h.p99 / 1e3,
         handoff_p50_rtt: h.p50 / rtt_ns,
@@ -480,8 +492,8 @@ fn main() {
                 };
                 println!(
                     "[fair] round {round} {layout:<29} {:<14} {:>8.0} sections/s, {:>5.1} % changed \
-                     hands, wait p99 {:>8.0} µs ({:.2} x contenders x section p50 {:.0} µs), \
-                     handoff p50 {:>6.0} µs ({:.2} RTT) p99 {:>6.0} µs; violations {}, counter {}, \
+                     hands, wait p99 {:>8.0} µs ({:.2} x contenders x section p50 {:.0} µs, \
+                     {:.2} x contenders x turn p50 {:.0} µs), handoff p50 {:>6.0} µs ({:.2} RTT) p99 {:>6.0} µs; violations {}, counter {}, \
                      errors {}",
                     cfg.name(),
                     f.sections_per_s,
@@ -489,6 +501,8 @@ fn main() {
                     f.wait_p99_us,
                     f.wait_ratio,
                     f.section_p50_us,
+                    f.wait_turn_ratio,
+                    f.turn_p50_us,
                     f.handoff_p50_us,
                     f.handoff_p50_rtt,
                     f.handoff_p99_us,
@@ -513,9 +527,9 @@ fn main() {
     for (li, layout) in layouts.iter().enumerate() {
         println!("\n{layout}: median (lowest–highest) over {rounds} rounds\n");
         println!(
-            "| lock | sections/s | vs Token polling, same round | changed hands | wait p99 / (n × section p50) | handoff p50 | handoff p50 in RTT | handoff p99 | violations | counters |"
+            "| lock | sections/s | vs Token polling, same round | changed hands | wait p99 / (n × section p50) | wait p99 / (n × turn p50) | handoff p50 | handoff p50 in RTT | handoff p99 | violations | counters |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         let base = &results[li][1];
         for (ci, cfg) in CONFIGS.iter().enumerate() {
             let rs = &results[li][ci];
@@ -526,10 +540,11 @@ fn main() {
                     .map(|(a, b)| a.sections_per_s / b.sections_per_s)
                     .collect(),
             );
-            let (sps, chg, wr, h50, h50r, h99) = (
+            let (sps, chg, wr, wt, h50, h50r, h99) = (
                 col(|f| f.sections_per_s),
                 col(|f| f.changed_pct),
                 col(|f| f.wait_ratio),
+                col(|f| f.wait_turn_ratio),
                 col(|f| f.handoff_p50_us),
                 col(|f| f.handoff_p50_rtt),
                 col(|f| f.handoff_p99_us),
@@ -538,12 +553,13 @@ fn main() {
             let exact = rs.iter().all(|f| f.counter_ok);
             let errors: u64 = rs.iter().map(|f| f.errors).sum();
             println!(
-                "| {} | {:.0} ({:.0}–{:.0}) | {:.2}× ({:.2}–{:.2}) | {:.1} % ({:.1}–{:.1}) | {:.2} ({:.2}–{:.2}) | {:.0} µs ({:.0}–{:.0}) | {:.2} ({:.2}–{:.2}) | {:.0} µs ({:.0}–{:.0}) | {} | {}{} |",
+                "| {} | {:.0} ({:.0}–{:.0}) | {:.2}× ({:.2}–{:.2}) | {:.1} % ({:.1}–{:.1}) | {:.2} ({:.2}–{:.2}) | {:.2} ({:.2}–{:.2}) | {:.0} µs ({:.0}–{:.0}) | {:.2} ({:.2}–{:.2}) | {:.0} µs ({:.0}–{:.0}) | {} | {}{} |",
                 cfg.name(),
                 sps.0, sps.1, sps.2,
                 ratio.0, ratio.1, ratio.2,
                 chg.0, chg.1, chg.2,
                 wr.0, wr.1, wr.2,
+                wt.0, wt.1, wt.2,
                 h50.0, h50.1, h50.2,
                 h50r.0, h50r.1, h50r.2,
                 h99.0, h99.1, h99.2,
@@ -565,6 +581,7 @@ fn main() {
             );
             env.put("fair", &name, "changed_pct_p50", format!("{:.1}", chg.0));
             env.put("fair", &name, "wait_ratio_p50", format!("{:.3}", wr.0));
+            env.put("fair", &name, "wait_turn_ratio_p50", format!("{:.3}", wt.0));
             env.put("fair", &name, "handoff_p50_us", format!("{:.1}", h50.0));
             env.put("fair", &name, "handoff_p99_us", format!("{:.1}", h99.0));
             env.put("fair", &name, "violations", violations);
