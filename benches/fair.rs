@@ -493,8 +493,8 @@ fn main() {
                 println!(
                     "[fair] round {round} {layout:<29} {:<14} {:>8.0} sections/s, {:>5.1} % changed \
                      hands, wait p99 {:>8.0} µs ({:.2} x contenders x section p50 {:.0} µs, \
-                     {:.2} x contenders x turn p50 {:.0} µs), handoff p50 {:>6.0} µs ({:.2} RTT) p99 {:>6.0} µs; violations {}, counter {}, \
-                     errors {}",
+                     {:.2} x contenders x turn p50 {:.0} µs), handoff p50 {:>6.0} µs ({:.2} RTT) \
+                     p99 {:>6.0} µs; violations {}, counter {}, errors {}",
                     cfg.name(),
                     f.sections_per_s,
                     f.changed_pct,
