@@ -496,3 +496,77 @@ fn releasing_client_lets_a_woken_waiter_of_another_client_in_first() {
     );
     assert!(second.unlock().expect("unlock"));
 }
+
+/// A client whose subscriber is busy reading (it listens on another channel) queues a new
+/// channel's `SUBSCRIBE` until that read ends (up to its 200 ms tick). A thread that needs
+/// the channel meanwhile polls rather than waits for the confirmation: the head of a line of
+/// this client's threads must not hold the line until the tick. Here W1 queues the
+/// `SUBSCRIBE` right after the reader began a fresh read, takes the lock at its next poll and
+/// holds it 20 ms; W2, then the head, is refused and must have the lock soon after W1's
+/// release (a local release wakes it), long before the read ends.
+#[test]
+fn a_waiter_does_not_wait_for_a_subscribe_queued_behind_a_read() {
+    init_logging();
+    let _serial = shared();
+    let server = RedisServer::start();
+    let (c, d) = (client(&server), client(&server));
+    let mut conn = server.conn();
+    // C's subscriber listens on `busy` (a waiter of C, held there by D).
+    let busy = "wake:behind-read:busy";
+    let busy_lock = holder_lock(&d, busy, Duration::from_secs(30));
+    let busy_held = busy_lock.try_lock().expect("busy");
+    let busy_waiter = slow_poller(&c, busy, Duration::from_secs(5));
+    let busy_wait = thread::spawn(move || busy_waiter.try_lock_for(Duration::from_secs(3)).is_ok());
+    wait_numsub(&mut conn, &channel(busy), 1);
+    thread::sleep(Duration::from_millis(50));
+
+    let key = "wake:behind-read";
+    let holder = holder_lock(&d, key, Duration::from_secs(30));
+    let held = holder.try_lock().expect("holder");
+    let poller = |c: &LockClient| {
+        c.lock(key)
+            .ttl(Duration::from_secs(30))
+            .retry(
+                RetryPolicy::standard()
+                    .fixed_delay(Duration::from_millis(10))
+                    .jitter(false),
+            )
+            .build_token()
+            .expect("build token lock")
+    };
+    let (w1, w2) = (poller(&c), poller(&c));
+    // A message on `busy` ends the reader's current read: the next one starts now and lasts
+    // its whole tick.
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(channel(busy))
+        .arg("nothing")
+        .query(&mut conn)
+        .expect("PUBLISH");
+    let first = thread::spawn(move || {
+        let g = w1.try_lock_for(Duration::from_secs(3)).expect("W1");
+        thread::sleep(Duration::from_millis(20));
+        assert!(g.unlock().expect("W1 unlock"));
+    });
+    thread::sleep(Duration::from_millis(5));
+    let second = thread::spawn(move || {
+        let started = Instant::now();
+        let g = w2.try_lock_for(Duration::from_secs(3)).expect("W2");
+        let waited = started.elapsed();
+        assert!(g.unlock().expect("W2 unlock"));
+        waited
+    });
+    thread::sleep(Duration::from_millis(5));
+    // Published while C is not yet subscribed to the key's channel: W1 takes the lock at a poll.
+    assert!(held.unlock().expect("holder unlock"));
+    first.join().expect("W1 thread");
+    let waited = second.join().expect("W2 thread");
+    assert!(
+        waited < Duration::from_millis(120),
+        "W2 waited {waited:?}: it waited for the SUBSCRIBE behind the subscriber's read"
+    );
+    drop(busy_held);
+    assert!(
+        busy_wait.join().expect("busy waiter"),
+        "the waiter on the other channel gets that lock once it is released"
+    );
+}

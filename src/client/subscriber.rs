@@ -283,8 +283,10 @@ impl Wakeups {
             shared.cv.notify_all();
         }
         // Sent only once the reader's current read returns (up to TICK): poll meanwhile
-        // rather than wait; the confirmation wakes this waiter (`rewake`).
-        let behind_a_read = must_send && st.reading;
+        // rather than wait; the confirmation wakes this waiter (`rewake`). So also when
+        // another thread queued the channel's `SUBSCRIBE` and it still waits behind that read
+        // (a thread at the head of its line would otherwise hold the line until the tick).
+        let behind_a_read = st.reading && st.subscribe_queued(channel);
         let subscription = Subscription {
             wakeups: self,
             channel: channel.to_owned(),
@@ -497,6 +499,14 @@ impl Drop for Subscription<'_> {
 }
 
 impl State {
+    /// True if a `SUBSCRIBE` of `channel` is queued for the reader and not sent yet.
+    fn subscribe_queued(&self, channel: &str) -> bool {
+        self.queue.iter().any(|op| match op {
+            Op::Subscribe(channels) => channels.iter().any(|c| c == channel),
+            Op::Unsubscribe(_) => false,
+        })
+    }
+
     fn is_confirmed(&self, channel: &str) -> bool {
         self.link == Link::Up
             && self
