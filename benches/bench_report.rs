@@ -38,7 +38,7 @@ const TARGET_CLIENT_NS: f64 = 1000.0;
 const COMMAND: &str = "cargo bench -p redis-dlock-benches && cargo run --release -p redis-dlock-benches --example bench_report";
 
 /// The uncontended cycles: (name, label, bare-command floor of the same commands).
-const CYCLES: [(&str, &str, &str, &str); 7] = [
+const CYCLES: [(&str, &str, &str, &str); 8] = [
     (
         "token",
         "Token, default (watched, release published)",
@@ -80,6 +80,12 @@ const CYCLES: [(&str, &str, &str, &str); 7] = [
         "Classic, Takeover::CompareAndSet",
         "floor_setnx_evalsha_raw",
         "`SETNX` + `EVALSHA`",
+    ),
+    (
+        "fair",
+        "Fair, default (watched; issue 11)",
+        "floor_fair_raw",
+        "`SET NX PX` + `EVALSHA` on 3 keys",
     ),
 ];
 
@@ -783,7 +789,8 @@ impl Report<'_> {
             "\nFloors of this run: pooled PING p50 {}; bare `SET NX PX` + `EVALSHA` {} ({}), \
              the same with the publishing release (`EVALSHA unlock 1 key token 0 channel`, what \
              Token sends now) {} ({}); bare Reentrant scripts {} ({}); bare `SETNX` + `EVALSHA` \
-             {} ({}).\n",
+             {} ({}); bare fair `SET NX PX` + `EVALSHA` on 3 keys (the fair release finding \
+             nobody queued) {} ({}).\n",
             us(ping),
             us(r.f("cycle", "cycle", "floor_set_nx_px_evalsha_raw", "p50_ns")),
             x(self.cycle_ratio("floor_set_nx_px_evalsha_raw")),
@@ -798,6 +805,8 @@ impl Report<'_> {
             x(self.cycle_ratio("floor_reentrant_raw")),
             us(r.f("cycle", "cycle", "floor_setnx_evalsha_raw", "p50_ns")),
             x(self.cycle_ratio("floor_setnx_evalsha_raw")),
+            us(r.f("cycle", "cycle", "floor_fair_raw", "p50_ns")),
+            x(self.cycle_ratio("floor_fair_raw")),
         );
         let _ = writeln!(
             md,

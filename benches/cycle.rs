@@ -1,8 +1,9 @@
 //! Uncontended acquire + release: `try_lock()` then `unlock()` on the guard, for Token (default:
 //! watched by the client's watchdog, release published; and with an explicit ttl: not watched,
-//! release still published), Reentrant, and Classic (decimal, big-endian, with the key TTL
-//! option, with the compare-and-set takeover), measured interleaved with the floors of the same
-//! run: a pooled PING and the bare commands of each algorithm sent on a raw connection.
+//! release still published), Reentrant, Classic (decimal, big-endian, with the key TTL option,
+//! with the compare-and-set takeover) and Fair (watched), measured interleaved with the floors
+//! of the same run: a pooled PING and the bare commands of each algorithm sent on a raw
+//! connection.
 //!
 //! The interleaved measurement is repeated in `runs` runs (5; `DLOCK_CYCLE_RUNS=n` changes it):
 //! each ratio is recorded as the median of the runs with the lowest and the highest run, and
@@ -73,6 +74,14 @@ fn locks(client: &LockClient) -> Vec<(&'static str, Box<dyn DistributedLock>)> {
                 .build()
                 .expect("classic"),
         ),
+        (
+            "fair",
+            client
+                .lock("cycle:fair")
+                .strategy(Strategy::Fair)
+                .build()
+                .expect("fair lock"),
+        ),
     ]
 }
 
@@ -94,6 +103,7 @@ fn main() {
             unlock: load_unlock(&mut con),
             reentrant_acquire: load_script(&mut con, REENTRANT_ACQUIRE_LUA),
             reentrant_release: load_script(&mut con, REENTRANT_RELEASE_LUA),
+            fair_release: load_script(&mut con, &with_fair_live_head(FAIR_RELEASE_LUA)),
         }
     };
 
@@ -121,6 +131,7 @@ struct Shas {
     unlock: String,
     reentrant_acquire: String,
     reentrant_release: String,
+    fair_release: String,
 }
 
 fn custom(
@@ -135,6 +146,7 @@ fn custom(
     let mut raw_classic = env.server.conn();
     let mut raw_classic_px = env.server.conn();
     let mut raw_reentrant = env.server.conn();
+    let mut raw_fair = env.server.conn();
     let token_pub_channel = channel("cycle:floor:tp");
     let reentrant_channel = channel("cycle:floor:r");
     // A Redisson-style owner id: <uuid>:<thread number>.
@@ -216,6 +228,16 @@ fn custom(
                     &buf[..len]
                 ));
             }),
+            Variant::new("floor_fair_raw", || {
+                let t = fair_token();
+                assert!(set_nx_px(&mut raw_fair, "cycle:floor:f", &t, 30_000));
+                assert!(evalsha_fair_release(
+                    &mut raw_fair,
+                    &shas.fair_release,
+                    "cycle:floor:f",
+                    &t
+                ));
+            }),
         ];
         for (name, lock) in locks {
             variants.push(Variant::new(name, move || cycle(lock.as_ref())));
@@ -282,6 +304,7 @@ fn bare_of(name: &str) -> Option<&'static str> {
     match name {
         "token" | "token_ttl" => Some("floor_set_nx_px_evalsha_pub_raw"),
         "reentrant" => Some("floor_reentrant_raw"),
+        "fair" => Some("floor_fair_raw"),
         "classic_key_ttl" => Some("floor_classic_set_nx_px_evalsha_raw"),
         n if n.starts_with("classic") => Some("floor_setnx_evalsha_raw"),
         _ => None,

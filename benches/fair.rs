@@ -357,14 +357,8 @@ fn uncontended(env: &mut BenchEnv, url: &str) {
     let (acquire_sha, release_sha) = {
         let mut con = pool.get().expect("pooled");
         (
-            load_script(
-                &mut con,
-                &with_live_head(include_str!("../lua/fair_acquire.lua")),
-            ),
-            load_script(
-                &mut con,
-                &with_live_head(include_str!("../lua/fair_release.lua")),
-            ),
+            load_script(&mut con, &with_fair_live_head(FAIR_ACQUIRE_LUA)),
+            load_script(&mut con, &with_fair_live_head(FAIR_RELEASE_LUA)),
         )
     };
     let keys = [
@@ -588,14 +582,4 @@ fn main() {
         }
     }
     env.finish();
-}
-
-/// A fair lock script as the client sends it: its include line replaced by the shared queue
-/// walk (`lua/fair_live_head.lua`).
-fn with_live_head(code: &str) -> String {
-    code.replacen(
-        "-- #include fair_live_head.lua\n",
-        include_str!("../lua/fair_live_head.lua"),
-        1,
-    )
 }

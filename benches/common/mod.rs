@@ -27,6 +27,10 @@ pub const REENTRANT_ACQUIRE_LUA: &str = include_str!("../../lua/reentrant_acquir
 pub const REENTRANT_RELEASE_LUA: &str = include_str!("../../lua/reentrant_release.lua");
 /// What a release publishes (Redisson's unlock message).
 pub const UNLOCK_MESSAGE: &str = "0";
+/// `lua/fair_release.lua` and `lua/fair_acquire.lua`: the fair lock's scripts as written (see
+/// [`with_fair_live_head`] for what the client sends).
+pub const FAIR_RELEASE_LUA: &str = include_str!("../../lua/fair_release.lua");
+pub const FAIR_ACQUIRE_LUA: &str = include_str!("../../lua/fair_acquire.lua");
 
 /// Same timeouts as `LockClient`'s default pool, so floors use the same kind of connection.
 pub const POOL_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -495,6 +499,49 @@ pub fn load_script(con: &mut redis::Connection, code: &str) -> String {
     let script = redis::Script::new(code);
     script.load(con).expect("SCRIPT LOAD");
     script.get_hash().to_owned()
+}
+
+/// A fair lock script as the client sends it: its include line replaced by the shared queue
+/// walk (`lua/fair_live_head.lua`).
+pub fn with_fair_live_head(code: &str) -> String {
+    code.replacen(
+        "-- #include fair_live_head.lua\n",
+        include_str!("../../lua/fair_live_head.lua"),
+        1,
+    )
+}
+
+/// A fair lock's token: a 16-hex-character client id and 32 random hex characters.
+pub fn fair_token() -> [u8; 48] {
+    let mut t = [b'0'; 48];
+    t[..16].copy_from_slice(b"00000000bec4c1e5");
+    t[16..].copy_from_slice(&token());
+    t
+}
+
+/// `EVALSHA <fair_release.lua> 3 key dlock_fair_q:{key} dlock_fair_d:{key} value 600
+/// dlock_fair_ch:`: the fair lock's release as the library sends it when nobody is queued (no
+/// `PING` in front: the lock object has not found the lock held). True when released (the
+/// reply is 1: deleted, nobody to grant to).
+pub fn evalsha_fair_release(
+    con: &mut redis::Connection,
+    sha: &str,
+    key: &str,
+    value: &[u8],
+) -> bool {
+    assert!(!key.contains('{'), "bench keys carry no hash tag");
+    let v: redis::Value = redis::cmd("EVALSHA")
+        .arg(sha)
+        .arg(3)
+        .arg(key)
+        .arg(format!("dlock_fair_q:{{{key}}}"))
+        .arg(format!("dlock_fair_d:{{{key}}}"))
+        .arg(value)
+        .arg(600)
+        .arg("dlock_fair_ch:")
+        .query(con)
+        .expect("EVALSHA fair_release");
+    v == redis::Value::Int(1)
 }
 
 /// Loads unlock.lua on the server and returns its SHA1.
