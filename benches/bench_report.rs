@@ -602,7 +602,7 @@ impl Report<'_> {
                 );
             }
         }
-        let _ = writeln!(md);
+        let _ = writeln!(md, "\n{EARLIER_RUNS}");
     }
 
     fn machine(&self, md: &mut String) {
@@ -1941,6 +1941,19 @@ fn mixed_fleet(md: &mut String) {
 /// Recorded output of `cargo test --release --test mixedfleet -- --ignored --nocapture measure`
 /// (update it when the waiting path changes).
 const MIXED_FLEET: &str = include_str!("mixed_fleet.md");
+
+/// The verdicts of the page's previous generation, kept by hand: the same command on another
+/// day's machine (update it when the page is regenerated on a machine of another kind).
+const EARLIER_RUNS: &str = "**The same command on other days.** The previous generation of \
+this page (code `c4b85f3`, 2026-11-21, pooled `PING` p50 55–63 µs; its cycle section rerun on \
+2026-11-25 at `9b747ab`) measured the uncontended Token cycle at 1.103× two PINGs (explicit \
+ttl 1.068×, met), Reentrant 1.153×, Classic 1.069–1.091× (met), the bare commands of those \
+cycles 0.996–1.135×, and contended handoffs to a waiter of 3.95 RTT = 247 µs (Token, \
+defaults, 1 ms pause), 4.00–4.02 RTT (Reentrant) and 1.67 RTT (Token polling, tight loop): \
+issue 4's reading A met in every row. Where a round trip is shorter, as on the machine of this page's runs (see Machine \
+and run), the same server work (a script, a thread's wake-up) weighs more in every ratio, the \
+bare commands' included: compare each row with its bare commands and with the other locks of \
+the same run, not with another day's.\n";
 
 /// Recorded summary of three runs of `cargo bench -p redis-dlock-benches --bench fair` (update it when the fair lock
 /// or its bench changes).
