@@ -103,7 +103,10 @@ fn main() {
             unlock: load_unlock(&mut con),
             reentrant_acquire: load_script(&mut con, REENTRANT_ACQUIRE_LUA),
             reentrant_release: load_script(&mut con, REENTRANT_RELEASE_LUA),
-            fair_release: load_script(&mut con, &with_fair_live_head(FAIR_RELEASE_LUA)),
+            fair_release: load_script(
+                &mut con,
+                redis_dlock::bench_hooks::Scripts::new().fair_release_code(),
+            ),
         }
     };
 

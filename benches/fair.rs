@@ -355,10 +355,11 @@ fn uncontended(env: &mut BenchEnv, url: &str) {
     let pool = floor_pool(url, 16, 1);
     let (rounds, per) = env.pick((100, 120), (5, 20));
     let (acquire_sha, release_sha) = {
+        let scripts = redis_dlock::bench_hooks::Scripts::new();
         let mut con = pool.get().expect("pooled");
         (
-            load_script(&mut con, &with_fair_live_head(FAIR_ACQUIRE_LUA)),
-            load_script(&mut con, &with_fair_live_head(FAIR_RELEASE_LUA)),
+            load_script(&mut con, scripts.fair_acquire_code()),
+            load_script(&mut con, scripts.fair_release_code()),
         )
     };
     let keys = [

@@ -49,6 +49,16 @@ impl Scripts {
         self.0.unlock.evalsha(key, &value)
     }
 
+    /// `lua/fair_acquire.lua` as the client sends it (the shared queue walk included).
+    pub fn fair_acquire_code(&self) -> &str {
+        self.0.fair_acquire.code()
+    }
+
+    /// `lua/fair_release.lua` as the client sends it (the shared queue walk included).
+    pub fn fair_release_code(&self) -> &str {
+        self.0.fair_release.code()
+    }
+
     /// The publishing release command: `EVALSHA <unlock.lua> 1 key value 0 channel` (Token's;
     /// `channel` is the key's release channel), built as the library builds it.
     pub fn unlock_publish_cmd(&self, key: &str, channel: &str, value: &[u8]) -> redis::Cmd {

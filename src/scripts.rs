@@ -135,7 +135,7 @@ impl LuaScript {
     }
 
     /// The script's full text.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "bench-hooks"))]
     pub(crate) fn code(&self) -> &str {
         &self.code
     }

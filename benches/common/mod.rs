@@ -27,10 +27,6 @@ pub const REENTRANT_ACQUIRE_LUA: &str = include_str!("../../lua/reentrant_acquir
 pub const REENTRANT_RELEASE_LUA: &str = include_str!("../../lua/reentrant_release.lua");
 /// What a release publishes (Redisson's unlock message).
 pub const UNLOCK_MESSAGE: &str = "0";
-/// `lua/fair_release.lua` and `lua/fair_acquire.lua`: the fair lock's scripts as written (see
-/// [`with_fair_live_head`] for what the client sends).
-pub const FAIR_RELEASE_LUA: &str = include_str!("../../lua/fair_release.lua");
-pub const FAIR_ACQUIRE_LUA: &str = include_str!("../../lua/fair_acquire.lua");
 
 /// Same timeouts as `LockClient`'s default pool, so floors use the same kind of connection.
 pub const POOL_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -499,16 +495,6 @@ pub fn load_script(con: &mut redis::Connection, code: &str) -> String {
     let script = redis::Script::new(code);
     script.load(con).expect("SCRIPT LOAD");
     script.get_hash().to_owned()
-}
-
-/// A fair lock script as the client sends it: its include line replaced by the shared queue
-/// walk (`lua/fair_live_head.lua`).
-pub fn with_fair_live_head(code: &str) -> String {
-    code.replacen(
-        "-- #include fair_live_head.lua\n",
-        include_str!("../../lua/fair_live_head.lua"),
-        1,
-    )
 }
 
 /// A fair lock's token: a 16-hex-character client id and 32 random hex characters.
