@@ -72,6 +72,15 @@ impl TokenLock {
         }
     }
 
+    /// A fresh owner token: the client's id (16 hex digits, see `LockClient::token_prefix`),
+    /// then 64 random bits in hex; 32 characters, as [`new_token`]'s.
+    fn new_token(&self) -> [u8; 32] {
+        let mut t = new_token();
+        let prefix = self.client.token_prefix();
+        t[..prefix.len()].copy_from_slice(&prefix);
+        t
+    }
+
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
     pub fn is_watched(&self) -> bool {
         self.opts.watched
@@ -79,7 +88,7 @@ impl TokenLock {
 
     /// One attempt by `lua/token_acquire.lua`: also reports the fence or the holder's PTTL.
     fn attempt_scripted(&self) -> Result<Attempt> {
-        let token = new_token();
+        let token = self.new_token();
         let start = Instant::now();
         let reply: Value = self.send_acquire(&token, start, |con, s| {
             let args = (&token[..], self.opts.lease_ms());
@@ -99,6 +108,9 @@ impl TokenLock {
         let attempt = decoded.into_attempt(|fence| self.new_lease(&token, start, fence));
         let result =
             lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
+        if !matches!(result, Ok(Attempt::Acquired(_))) {
+            self.client.hold_ends(&token);
+        }
         self.client.counters().outcome(Kind::Token, &result);
         result
     }
@@ -111,7 +123,9 @@ impl TokenLock {
         f: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        string_value::acquire(
+        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
+        self.client.hold_begins(token);
+        let reply = string_value::acquire(
             &self.client,
             &self.key,
             token,
@@ -119,7 +133,11 @@ impl TokenLock {
             until,
             || true,
             f,
-        )
+        );
+        if reply.is_err() {
+            self.client.hold_ends(token);
+        }
+        reply
     }
 
     /// A refused attempt found a value without a TTL at the key: not written by a Token lock
@@ -203,7 +221,7 @@ impl DistributedLock for TokenLock {
                 Attempt::Held { .. } => None,
             });
         }
-        let token = new_token();
+        let token = self.new_token();
         let start = Instant::now();
         let reply: Value = self.send_acquire(&token, start, |con, _| {
             let ttl = self.opts.lease_ms();
@@ -230,6 +248,9 @@ impl DistributedLock for TokenLock {
             .map(Some),
             _ => Ok(None),
         };
+        if !matches!(result, Ok(Some(_))) {
+            self.client.hold_ends(&token);
+        }
         self.client.counters().outcome_lease(Kind::Token, &result);
         result
     }
@@ -240,6 +261,7 @@ impl DistributedLock for TokenLock {
             Kind::Token,
             &self.key,
             Some(&self.opts.channel),
+            Some(&self.client.token_prefix()),
             lease,
         )
     }
