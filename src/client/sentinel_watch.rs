@@ -313,6 +313,8 @@ fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &s
     if !switches.learn(master, epoch, why) {
         return;
     }
+    // Releases published on the new master must reach this client's waiters.
+    client.wakeups().reconnect();
     let recent = switches.take_recent();
     if !recent.is_empty() {
         log::info!(
