@@ -9,6 +9,7 @@ mod builder;
 pub(crate) mod cluster_deadline;
 pub(crate) mod grants;
 pub(crate) mod janitor;
+mod live;
 mod pool;
 pub(crate) mod sentinel_watch;
 pub(crate) mod subscriber;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use crate::client::janitor::Janitor;
+use crate::client::live::LiveValues;
 use crate::client::sentinel_watch::Switches;
 use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::waiters::WaitQueues;
@@ -95,6 +97,8 @@ struct Inner {
     courtesy: Duration,
     /// Background owner-checked deletes after lost acquire replies and failed releases.
     janitor: Janitor,
+    /// Values this client is writing or holds (see `client/live.rs`).
+    live: LiveValues,
     /// The server takes `SET … NX PX … GET` (Redis 7.0+): until a server refuses it.
     set_get: AtomicBool,
     /// Where the client connects, for error messages ("127.0.0.1:6379", ...).
@@ -251,6 +255,7 @@ impl LockClient {
                 cluster,
                 courtesy,
                 janitor: Janitor::default(),
+                live: LiveValues::default(),
                 set_get: AtomicBool::new(true),
                 addr,
                 timeout,
@@ -359,19 +364,28 @@ impl LockClient {
         id
     }
 
-    /// `value` is being written, or is held: a Sentinel replay must not release it (see
-    /// [`Switches::hold_begins`]). No-op for other clients.
+    /// `value` (a Token or Fair token) is being written, or is held: nothing may delete it as
+    /// a stale hold of this client's (see `client/live.rs`).
     pub(crate) fn hold_begins(&self, value: &[u8]) {
-        if let Some(s) = self.switches() {
-            s.hold_begins(value);
-        }
+        self.inner.live.begin(value);
     }
 
     /// `value` is no longer held, or was not taken.
     pub(crate) fn hold_ends(&self, value: &[u8]) {
-        if let Some(s) = self.switches() {
-            s.hold_ends(value);
-        }
+        self.inner.live.end(value);
+    }
+
+    /// True while `value` is being written or held by this client.
+    pub(crate) fn is_live(&self, value: &[u8]) -> bool {
+        self.inner.live.contains(value)
+    }
+
+    /// True if `value`, found at a lock key, was written by this client (a Token or Fair
+    /// token) and is neither held nor being written by it: a hold nobody will release.
+    pub(crate) fn is_stale_own(&self, value: &[u8]) -> bool {
+        value.len() > TOKEN_PREFIX_LEN
+            && value.starts_with(&self.token_prefix())
+            && !self.is_live(value)
     }
 
     /// [`hold_begins`](Self::hold_begins) now, and [`hold_ends`](Self::hold_ends) when the

@@ -37,7 +37,7 @@
 //! release per key (and owner) while its hold could live, and on a switch [`replay`]s them on
 //! the new master: Token and Fair values start with the client's id, so the key is read and
 //! whatever value of the client's it holds is released, unless a thread of the client holds it
-//! (see [`Switches::hold_begins`]); Classic, reentrant and read-write releases are sent again as
+//! (see `client/live.rs`); Classic, reentrant and read-write releases are sent again as
 //! themselves (exact value, count check, unlock latch). Pipelined; what fails goes to the
 //! janitor. See docs/deployments.md, "the replay rule".
 
@@ -119,10 +119,6 @@ pub(crate) struct Switches {
     /// The latest release per key (and owner, for the hash layouts) whose hold would not have
     /// expired yet.
     recent: Mutex<Recent>,
-    /// Values this client wrote, or is writing, at a key under a sweep rule and still holds
-    /// (with how many holds of one value: a lock object may be asked twice): a sweep leaves
-    /// them alone.
-    live: Mutex<HashMap<Vec<u8>, u32>>,
 }
 
 #[derive(Debug, Default)]
@@ -154,31 +150,6 @@ impl Switches {
             .unwrap_or_else(PoisonError::into_inner)
             .master
             .clone()
-    }
-
-    /// `value` is about to be written at a key whose releases are replayed by a sweep, or is
-    /// held: a sweep must not release it. Call [`hold_ends`](Self::hold_ends) once it is not.
-    pub(crate) fn hold_begins(&self, value: &[u8]) {
-        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        *live.entry(value.to_vec()).or_insert(0) += 1;
-    }
-
-    /// `value` is no longer held (released, lost, or never taken).
-    pub(crate) fn hold_ends(&self, value: &[u8]) {
-        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = live.get_mut(value) {
-            *n -= 1;
-            if *n == 0 {
-                live.remove(value);
-            }
-        }
-    }
-
-    fn is_live(&self, value: &[u8]) -> bool {
-        self.live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(value)
     }
 
     /// Remembers a successful release (see the module docs): it replaces the one before of
@@ -334,9 +305,6 @@ const REPLAY_BATCH: usize = 512;
 /// as itself. Pipelined (a round trip for the reads, one for the releases); what fails is
 /// left to the janitor, which retries it until its hold would have expired.
 fn replay(client: &LockClient, releases: Vec<Released>) {
-    let Some(switches) = client.switches() else {
-        return;
-    };
     let (sweeps, exact): (Vec<Released>, Vec<Released>) =
         releases.into_iter().partition(|r| r.sweep.is_some());
     let mut jobs: Vec<Redo> = exact.into_iter().map(Redo::from).collect();
@@ -373,7 +341,7 @@ fn replay(client: &LockClient, releases: Vec<Released>) {
             let ours = r.sweep.as_deref().is_some_and(|p| value.starts_with(p));
             // Read after the value was found: a hold whose write the read saw was registered
             // before it was sent.
-            if ours && !switches.is_live(&value) {
+            if ours && !client.is_live(&value) {
                 jobs.push(Redo::exact(r, value));
             }
         }
@@ -634,7 +602,7 @@ mod tests {
 
     /// A release sent before a switch and answered after the client followed it may have gone
     /// to the old master after the replay: it is not remembered but handed back to be done
-    /// again at once. Values being written or held are live until they end.
+    /// again at once.
     #[test]
     fn a_release_sent_before_a_switch_is_replayed_at_once() {
         let s = super::Switches::default();
@@ -646,14 +614,6 @@ mod tests {
         let mut r = released(now, now + Duration::from_secs(5), "k", b"v");
         r.generation = s.generation();
         assert!(s.remember(r).is_none());
-        s.hold_begins(b"t");
-        s.hold_begins(b"t");
-        s.hold_ends(b"t");
-        assert!(s.is_live(b"t"));
-        s.hold_ends(b"t");
-        assert!(!s.is_live(b"t"));
-        s.hold_ends(b"t");
-        assert!(!s.is_live(b"t"));
     }
 
     /// Threads of this process named like the watcher (Linux only: `None` elsewhere).

@@ -28,6 +28,7 @@ use crate::client::janitor::Cause;
 use crate::client::watchdog::RenewKind;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
+use crate::keys;
 use crate::lock::{self, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
@@ -101,9 +102,21 @@ impl TokenLock {
     /// or the holder's PTTL, and takes a key that already holds the token (an earlier attempt
     /// of the same acquire whose reply was lost).
     fn attempt_scripted(&self, acq: &Acquiring) -> Result<Attempt> {
+        let attempt = self.attempt_scripted_once(acq)?;
+        match attempt {
+            (Attempt::Held { .. }, Some(holder)) if self.clear_stale(&holder) => {
+                Ok(self.attempt_scripted_once(acq)?.0)
+            }
+            (attempt, _) => Ok(attempt),
+        }
+    }
+
+    /// [`attempt_scripted`](Self::attempt_scripted) without the clean-up of a stale hold: a
+    /// refusal also returns the value held.
+    fn attempt_scripted_once(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = acq.token;
         let start = Instant::now();
-        let reply: Value = self.send_acquire(&token, start, Some(acq), |con, s| {
+        let mut reply: Value = self.send_acquire(&token, start, Some(acq), |con, s| {
             let args = (&token[..], self.opts.lease_ms());
             match &self.opts.fence_key {
                 Some(fence) => s
@@ -112,6 +125,15 @@ impl TokenLock {
                 None => s.token_acquire.eval(con, &self.key, args),
             }
         })?;
+        // A refusal's third element: the value held ('' for a key of another type).
+        let mut holder = None;
+        if let Value::Array(items) = &mut reply {
+            if items.len() == 3 {
+                if let Some(Value::BulkString(v)) = items.pop() {
+                    holder = Some(v).filter(|v| !v.is_empty());
+                }
+            }
+        }
         let decoded = hold::decode_acquire(&self.key, &reply)?;
         if let Value::Array(items) = &reply {
             if items.as_slice() == [Value::Int(0), Value::Int(-1)] {
@@ -125,7 +147,46 @@ impl TokenLock {
             self.client.hold_ends(&token);
         }
         self.client.counters().outcome(Kind::Token, &result);
-        result
+        result.map(|a| (a, holder))
+    }
+
+    /// A refused attempt found `holder` at the key: if it is a token of this client that no
+    /// thread of it holds or is writing, it is a hold nobody will release (released on a
+    /// primary that lost the release in a failover, or written by an acquire whose reply was
+    /// lost). It is deleted, owner-checked on that exact value and published, so that the
+    /// waiters need not wait out its lease. True if it was.
+    fn clear_stale(&self, holder: &[u8]) -> bool {
+        if !self.client.is_stale_own(holder) {
+            return false;
+        }
+        let reply: Result<i64> = self.client.with_conn(&self.key, |con, s| {
+            s.unlock.eval(
+                con,
+                &self.key,
+                (holder, keys::UNLOCK_MESSAGE, self.opts.channel.as_str()),
+            )
+        });
+        match reply {
+            Ok(n) if n >= 1 => {
+                self.client.counters().orphan_cleaned();
+                log::warn!(
+                    "lock {:?}: deleted a hold of this client that nobody held any more (value \
+                     {}; its release was lost in a failover, or its acquire's reply)",
+                    self.key,
+                    crate::lock::printable(holder)
+                );
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                log::debug!(
+                    "lock {:?}: could not delete a stale hold of this client: {}",
+                    self.key,
+                    e.report()
+                );
+                false
+            }
+        }
     }
 
     /// Sends an acquire of `token`. One whose reply is lost may still run (or have run) and
@@ -226,6 +287,23 @@ impl TokenLock {
     /// One `SET NX PX` attempt with `token` (see [`send_acquire`](Self::send_acquire) for
     /// `acq`).
     fn try_acquire_as(&self, token: &[u8; 32], acq: Option<&Acquiring>) -> Result<Option<Lease>> {
+        let found = Cell::new(None);
+        match self.try_acquire_once(token, acq, &found)? {
+            None if found.take().is_some_and(|holder| self.clear_stale(&holder)) => {
+                self.try_acquire_once(token, acq, &found)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// [`try_acquire_as`](Self::try_acquire_as) without the clean-up of a stale hold: a
+    /// refusal that reports the value held puts it in `found`.
+    fn try_acquire_once(
+        &self,
+        token: &[u8; 32],
+        acq: Option<&Acquiring>,
+        found: &Cell<Option<Vec<u8>>>,
+    ) -> Result<Option<Lease>> {
         let start = Instant::now();
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
             let ttl = self.opts.lease_ms();
@@ -235,8 +313,11 @@ impl TokenLock {
                     // Nil: set; the value found: held (or ours, if this is a resend of an
                     // acquire that landed); a WRONGTYPE error: a key of another type.
                     Ok(Value::Nil) => return Ok(Value::Okay),
-                    Ok(Value::BulkString(found)) if found == token => return Ok(Value::Okay),
-                    Ok(Value::BulkString(_)) => return Ok(Value::Nil),
+                    Ok(Value::BulkString(v)) if v == token => return Ok(Value::Okay),
+                    Ok(Value::BulkString(v)) => {
+                        found.set(Some(v));
+                        return Ok(Value::Nil);
+                    }
                     other => return other,
                 }
             }
