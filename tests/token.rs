@@ -651,7 +651,11 @@ fn a_stale_hold_of_this_client_is_cleared_by_its_next_acquire() {
     let ours = g.value().to_vec();
     assert!(g.unlock().unwrap());
     // What a lost release leaves: a token of client a, with its lease, that no thread holds.
-    let stale = format!("{}{}", String::from_utf8_lossy(&ours[..16]), "0123456789abcdef");
+    let stale = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ours[..16]),
+        "0123456789abcdef"
+    );
     let mut con = server.conn();
     let _: () = redis::cmd("SET")
         .arg(key)
