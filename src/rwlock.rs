@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
-use crate::client::janitor::{self, Cause, RwRelease};
+use crate::client::grants::Grant;
+use crate::client::janitor::{self, Cause, Cleanup, Done};
 use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::{LostCallback, LostLock, RenewKind};
 use crate::client::LockClient;
@@ -629,19 +630,51 @@ impl Shared {
     /// The janitor gives one hold back in the background if the owner's holds add up to what
     /// the acquire would have left (as this lock last saw them, plus one); if the acquire
     /// never ran, they are fewer and nothing changes.
+    /// The release of `owner` in `mode` sent again (`lua/rw_release.lua`) with its unlock
+    /// `latch` (the script's third key, request id included): a release that ran already
+    /// answers from the latch, so at most one hold is given back. With `expect`, the hold is
+    /// given back only if the owner's read and write holds add up to it (the undo of an
+    /// acquire whose reply was lost: the count it would have left).
+    fn release_cleanup(
+        &self,
+        mode: Mode,
+        owner: &[u8],
+        latch: &str,
+        expect: Option<i64>,
+    ) -> Cleanup {
+        let mut args = vec![
+            mode.as_str().as_bytes().to_vec(),
+            owner.to_vec(),
+            self.channel.as_bytes().to_vec(),
+            self.opts.lease_ms().to_string().into_bytes(),
+            LATCH_MS.to_string().into_bytes(),
+        ];
+        // A nil ARGV is not sent at all (as by the release's own call).
+        if let Some(e) = expect {
+            args.push(e.to_string().into_bytes());
+        }
+        Cleanup {
+            script: |s| &s.rw_release,
+            keys: vec![self.key.clone(), self.writers.clone(), latch.to_owned()],
+            args,
+            value_arg: 1,
+            read: read_release,
+            counted: true,
+            what: "the read-write release with its unlock latch",
+        }
+    }
+
     fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant) {
         let before = self.local_holds().get(owner).copied().unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        let release = RwRelease {
-            mode: mode.as_str(),
-            writers: self.writers.clone(),
-            latch: format!("{}:{}", self.latch_base, request_id()),
-            channel: self.channel.clone(),
-            lease_ms: self.opts.lease_ms(),
-            latch_ms: LATCH_MS,
-            expect: Some(before.saturating_add(1)),
-        };
-        self.client.janitor().forget_rw(
+        let latch = format!("{}:{}", self.latch_base, request_id());
+        let release = self.release_cleanup(
+            mode,
+            owner.as_bytes(),
+            &latch,
+            Some(before.saturating_add(1)),
+        );
+        self.client.janitor().forget(
             &self.client,
             &self.key,
             owner.as_bytes(),
@@ -688,21 +721,13 @@ impl Shared {
         let resend = || {
             let latch_lives = sent.checked_add(LATCH_RESEND).unwrap_or(sent);
             (
-                RwRelease {
-                    mode: mode.as_str(),
-                    writers: self.writers.clone(),
-                    latch: latch.clone(),
-                    channel: self.channel.clone(),
-                    lease_ms: self.opts.lease_ms(),
-                    latch_ms: LATCH_MS,
-                    expect: None,
-                },
+                self.release_cleanup(mode, lease.value(), &latch, None),
                 lease.valid_until().min(latch_lives),
             )
         };
         if reply.as_ref().is_err_and(janitor::worth_retrying) {
             let (release, until) = resend();
-            self.client.janitor().forget_rw(
+            self.client.janitor().forget(
                 &self.client,
                 &self.key,
                 lease.value(),
@@ -732,10 +757,7 @@ impl Shared {
                     at: Instant::now(),
                     key: self.key.clone(),
                     value: lease.value().to_vec(),
-                    channel: Some(self.channel.clone()),
-                    reentrant: None,
-                    rw: Some(release),
-                    fair: None,
+                    cleanup: release,
                     sweep: None,
                     generation,
                     until,
@@ -993,6 +1015,18 @@ macro_rules! side {
 
 side!(ReadLock, Mode::Read);
 side!(WriteLock, Mode::Write);
+
+/// Reads `lua/rw_release.lua`'s reply sent again by the janitor or a Sentinel replay:
+/// `{code, holds}`, code 1 when a hold was given back (by this try or, answered from the
+/// latch, by the release that ran before); anything else changed nothing.
+fn read_release(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
+    match v {
+        redis::Value::Array(items) if items.first() == Some(&redis::Value::Int(1)) => {
+            (Done::GaveBack, None)
+        }
+        _ => (Done::Nothing, None),
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -35,11 +35,12 @@
 //! layouts) can be left, but not necessarily the one released last: clients go on locking on
 //! the old master for seconds after the promotion. So a Sentinel client remembers its latest
 //! release per key (and owner) while its hold could live, and on a switch [`replay`]s them on
-//! the new master: Token and Fair values start with the client's id, so the key is read and
-//! whatever value of the client's it holds is released, unless a thread of the client holds it
-//! (see `client/live.rs`); Classic, reentrant and read-write releases are sent again as
-//! themselves (exact value, count check, unlock latch). Pipelined; what fails goes to the
-//! janitor. See docs/deployments.md, "the replay rule".
+//! the new master. Each is the release's own owner-checked clean-up (see
+//! [`Cleanup`]), as its strategy describes it; a release whose values carry the client's id
+//! (a sweep prefix) is done on whatever value of the client's the key holds on the new master,
+//! unless a thread of the client holds it (see `client/live.rs`), not only on the value it
+//! released. Pipelined; what fails goes to the janitor. See docs/deployments.md, "the replay
+//! rule".
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::client::janitor::{FairRelease, Redo, RwRelease};
+use crate::client::janitor::{Cleanup, Redo};
 use crate::client::{LockClient, WeakClient};
 
 /// Read timeout of the subscribed connection: how often the thread checks that its client is
@@ -75,18 +76,13 @@ pub(crate) const MAX_RECENT: usize = 65_536;
 pub(crate) struct Released {
     pub(crate) at: Instant,
     pub(crate) key: String,
-    /// The value deleted (Token, Classic, Fair) or the owner id (Reentrant, read-write).
+    /// The value deleted, or the owner id of a counted hold.
     pub(crate) value: Vec<u8>,
-    pub(crate) channel: Option<String>,
-    /// Reentrant: the owner's count before the release and the lease (ms).
-    pub(crate) reentrant: Option<(u32, u64)>,
-    /// Read-write lock: the release to send again, with its unlock latch.
-    pub(crate) rw: Option<RwRelease>,
-    /// Fair lock: the release to send again (`lua/fair_release.lua`, with the token found).
-    pub(crate) fair: Option<FairRelease>,
+    /// The release again, owner-checked, as the strategy describes it.
+    pub(crate) cleanup: Cleanup,
     /// The values this client writes at the key start with this prefix (its id): the replay
-    /// is a sweep ([`Sweep`]) that releases whatever value of this client the new master
-    /// holds, not only `value`.
+    /// is a sweep that releases whatever value of this client the new master holds there and
+    /// no thread of it holds (`cleanup` with that value), not only `value`.
     pub(crate) sweep: Option<Vec<u8>>,
     /// The switch generation when the release was sent (see [`Switches::generation`]): a
     /// release sent before a switch and answered after it was followed may have gone to the
@@ -97,15 +93,25 @@ pub(crate) struct Released {
 }
 
 impl Released {
-    /// The entry this release replaces: one per key, or per key and owner for the counted
-    /// (hash) layouts, whose owners hold the lock side by side.
+    /// The entry this release replaces: one per key, or per key and owner for counted holds,
+    /// whose owners hold the lock side by side.
     fn slot(&self) -> (String, Vec<u8>) {
-        let owner = if self.reentrant.is_some() || self.rw.is_some() {
+        let owner = if self.cleanup.counted {
             self.value.clone()
         } else {
             Vec::new()
         };
         (self.key.clone(), owner)
+    }
+
+    /// The release again, of `value`.
+    fn redo(&self, value: Vec<u8>) -> Redo {
+        Redo {
+            key: self.key.clone(),
+            cleanup: self.cleanup.with_value(&value),
+            value,
+            until: self.until,
+        }
     }
 }
 
@@ -307,7 +313,7 @@ const REPLAY_BATCH: usize = 512;
 fn replay(client: &LockClient, releases: Vec<Released>) {
     let (sweeps, exact): (Vec<Released>, Vec<Released>) =
         releases.into_iter().partition(|r| r.sweep.is_some());
-    let mut jobs: Vec<Redo> = exact.into_iter().map(Redo::from).collect();
+    let mut jobs: Vec<Redo> = exact.iter().map(|r| r.redo(r.value.clone())).collect();
     for batch in sweeps.chunks(REPLAY_BATCH) {
         let Some(first) = batch.first() else {
             continue;
@@ -330,7 +336,7 @@ fn replay(client: &LockClient, releases: Vec<Released>) {
                     batch.len(),
                     e.report()
                 );
-                jobs.extend(batch.iter().map(|r| Redo::exact(r, r.value.clone())));
+                jobs.extend(batch.iter().map(|r| r.redo(r.value.clone())));
                 continue;
             }
         };
@@ -342,7 +348,7 @@ fn replay(client: &LockClient, releases: Vec<Released>) {
             // Read after the value was found: a hold whose write the read saw was registered
             // before it was sent.
             if ours && !client.is_live(&value) {
-                jobs.push(Redo::exact(r, value));
+                jobs.push(r.redo(value));
             }
         }
     }
@@ -529,10 +535,15 @@ mod tests {
             at,
             key: key.to_owned(),
             value: value.to_vec(),
-            channel: None,
-            reentrant: None,
-            rw: None,
-            fair: None,
+            cleanup: crate::client::janitor::Cleanup {
+                script: |s| &s.unlock,
+                keys: vec![key.to_owned()],
+                args: vec![value.to_vec()],
+                value_arg: 0,
+                read: crate::client::janitor::read_delete,
+                counted: false,
+                what: "the owner-checked delete",
+            },
             sweep: Some(b"ab".to_vec()),
             generation: 0,
             until,
@@ -583,7 +594,7 @@ mod tests {
             for _ in 0..10 {
                 let mut r = released(now, later, "hash", owner);
                 r.sweep = None;
-                r.reentrant = Some((1, 30_000));
+                r.cleanup.counted = true;
                 assert!(s.remember(r).is_none());
             }
         }

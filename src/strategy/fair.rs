@@ -39,7 +39,7 @@ use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
-use crate::client::janitor::FairRelease;
+use crate::client::janitor::{Cleanup, Done};
 use crate::client::sentinel_watch::Released;
 use crate::client::waiters::Offer;
 use crate::client::watchdog::{RenewKind, WatchState};
@@ -152,6 +152,18 @@ pub(crate) struct ReleaseReply {
     pub(crate) granted: Vec<u8>,
     /// The grant's fence and server time (zero when nothing was granted).
     pub(crate) grant: Grant,
+}
+
+/// Reads a reply of `lua/fair_release.lua` sent again by the janitor or a Sentinel replay: the
+/// lock freed (and maybe granted) when the token was ours, else nothing done.
+fn read_release(v: &Value) -> (Done, Option<(Vec<u8>, Grant)>) {
+    match parse_release(v) {
+        Some(r) if r.ours => {
+            let granted = (!r.granted.is_empty()).then_some((r.granted, r.grant));
+            (Done::Freed, granted)
+        }
+        _ => (Done::Nothing, None),
+    }
 }
 
 /// Parses a reply of `lua/fair_release.lua`: `0` (not ours), `1` (released, nobody to grant
@@ -382,23 +394,37 @@ impl FairLock {
     /// The janitor sends our release (`lua/fair_release.lua`) until it is answered or until
     /// `until`: it passes the lock on to the next waiter if it is ours, else removes our entry.
     fn undo_lost(&self, token: &Token, until: Instant) {
-        self.client.janitor().forget_fair(
+        self.client.janitor().forget(
             &self.client,
             &self.key,
             token,
-            self.fair_release(),
+            self.fair_release(token),
             crate::client::janitor::Cause::LostAcquireReply,
             until,
         );
     }
 
-    /// What a release sent again needs besides the key and the token.
-    fn fair_release(&self) -> FairRelease {
-        FairRelease {
-            queue: self.queue.clone(),
-            deadlines: self.deadlines.clone(),
-            fence: self.opts.fence_key.clone(),
-            grant_ms: self.grant_ms(),
+    /// The release of `token` sent again (`lua/fair_release.lua`, owner-checked by the token):
+    /// it deletes the key only if it still holds that token and, if a live waiter heads the
+    /// queue, grants it the lock and publishes the grant, as the release did; a token that only
+    /// waited in the queue is removed from it.
+    fn fair_release(&self, token: &[u8]) -> Cleanup {
+        let mut keys = vec![self.key.clone(), self.queue.clone(), self.deadlines.clone()];
+        if let Some(fence) = &self.opts.fence_key {
+            keys.push(fence.clone());
+        }
+        Cleanup {
+            script: |s| &s.fair_release,
+            keys,
+            args: vec![
+                token.to_vec(),
+                self.grant_ms().to_string().into_bytes(),
+                CHANNEL_PREFIX.as_bytes().to_vec(),
+            ],
+            value_arg: 0,
+            read: read_release,
+            counted: false,
+            what: "the fair release, which grants the lock to the next live waiter",
         }
     }
 
@@ -920,11 +946,11 @@ impl DistributedLock for FairLock {
         {
             // The same release, retried in the background: owner-checked by the token, and
             // granting the lock to the head of the queue as this one would have.
-            self.client.janitor().forget_fair(
+            self.client.janitor().forget(
                 &self.client,
                 &self.key,
                 lease.value(),
-                self.fair_release(),
+                self.fair_release(lease.value()),
                 crate::client::janitor::Cause::FailedRelease,
                 lease.valid_until(),
             );
@@ -949,10 +975,7 @@ impl DistributedLock for FairLock {
                     at: Instant::now(),
                     key: self.key.clone(),
                     value: lease.value().to_vec(),
-                    channel: None,
-                    reentrant: None,
-                    rw: None,
-                    fair: Some(self.fair_release()),
+                    cleanup: self.fair_release(lease.value()),
                     sweep: Some(self.id.to_vec()),
                     generation,
                     until: lease.valid_until(),

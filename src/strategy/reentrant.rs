@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
-use crate::client::janitor::Cause;
+use crate::client::grants::Grant;
+use crate::client::janitor::{Cause, Cleanup, Done};
 use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::RenewKind;
 use crate::client::LockClient;
@@ -270,6 +271,26 @@ impl ReentrantLock {
         result
     }
 
+    /// Gives back one hold of `owner` if its count is still `count` (`lua/reentrant_forget.lua`):
+    /// the clean-up of a release that failed or was lost, or of an acquire whose reply was lost.
+    fn forget_cleanup(&self, owner: &[u8], count: u32) -> Cleanup {
+        Cleanup {
+            script: |s| &s.reentrant_forget,
+            keys: vec![self.key.clone()],
+            args: vec![
+                owner.to_vec(),
+                count.to_string().into_bytes(),
+                self.opts.lease_ms().to_string().into_bytes(),
+                self.opts.channel.as_bytes().to_vec(),
+                keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
+            ],
+            value_arg: 0,
+            read: read_forget,
+            counted: true,
+            what: "giving back one hold if the owner's count is unchanged",
+        }
+    }
+
     /// An acquire by the calling thread was sent but its reply was lost (a failover, a timeout):
     /// it may have counted a hold that nobody will release, which would keep every other owner
     /// out for the whole lease. The janitor gives that hold back in the background if the
@@ -278,13 +299,11 @@ impl ReentrantLock {
     fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant) {
         let before = local_count(owner, &self.key).unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        self.client.janitor().forget_reentrant(
+        self.client.janitor().forget(
             &self.client,
             &self.key,
             owner.as_bytes(),
-            before.saturating_add(1),
-            self.opts.lease_ms(),
-            &self.opts.channel,
+            self.forget_cleanup(owner.as_bytes(), before.saturating_add(1)),
             Cause::LostAcquireReply,
             until,
         );
@@ -316,10 +335,7 @@ impl ReentrantLock {
                 at: Instant::now(),
                 key: self.key.clone(),
                 value: lease.value().to_vec(),
-                channel: Some(self.opts.channel.clone()),
-                reentrant: Some((count, self.opts.lease_ms())),
-                rw: None,
-                fair: None,
+                cleanup: self.forget_cleanup(lease.value(), count),
                 sweep: None,
                 generation,
                 until: lease.valid_until(),
@@ -348,13 +364,11 @@ impl ReentrantLock {
             );
             return;
         };
-        self.client.janitor().forget_reentrant(
+        self.client.janitor().forget(
             &self.client,
             &self.key,
             lease.value(),
-            count,
-            self.opts.lease_ms(),
-            &self.opts.channel,
+            self.forget_cleanup(lease.value(), count),
             Cause::FailedRelease,
             lease.valid_until(),
         );
@@ -528,6 +542,16 @@ impl DistributedLock for ReentrantLock {
             None,
             &[&self.key],
         )
+    }
+}
+
+/// Reads `lua/reentrant_forget.lua`'s reply: 1 or more when it gave back the owner's last hold
+/// (the key is gone), 0 when it gave back one of several, nil when it changed nothing.
+fn read_forget(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
+    match v {
+        redis::Value::Int(n) if *n >= 1 => (Done::Freed, None),
+        redis::Value::Int(0) => (Done::GaveBack, None),
+        _ => (Done::Nothing, None),
     }
 }
 

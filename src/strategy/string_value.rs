@@ -9,7 +9,7 @@ use std::cell::Cell;
 
 use redis::RedisResult;
 
-use crate::client::janitor::{self, Cause};
+use crate::client::janitor::{self, Cause, Cleanup};
 use crate::client::sentinel_watch::{self, Released};
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
@@ -59,6 +59,26 @@ pub(crate) fn setnx(key: &str, value: &[u8]) -> redis::Cmd {
     cmd
 }
 
+/// The owner-checked delete of `value` at `key` (`lua/unlock.lua`), published on `channel`
+/// (Token): the clean-up of a release that failed or was lost, or of an acquire whose reply
+/// was lost.
+pub(crate) fn delete_cleanup(key: &str, value: &[u8], channel: Option<&str>) -> Cleanup {
+    let mut args = vec![value.to_vec()];
+    if let Some(ch) = channel {
+        args.push(keys::UNLOCK_MESSAGE.as_bytes().to_vec());
+        args.push(ch.as_bytes().to_vec());
+    }
+    Cleanup {
+        script: |s| &s.unlock,
+        keys: vec![key.to_owned()],
+        args,
+        value_arg: 0,
+        read: janitor::read_delete,
+        counted: false,
+        what: "the owner-checked delete",
+    }
+}
+
 /// Runs an acquire that writes `value` at `key` (`f`, on a pooled connection). If it was sent
 /// but not answered (a connection error: timeout, reset, paused server), it may still run on
 /// the server and leave a lock nobody holds: the client's janitor then deletes `value` in the
@@ -76,9 +96,14 @@ pub(crate) fn acquire<T>(
 ) -> Result<T> {
     acquire_undone_by(client, key, f, || {
         if may_forget() {
-            client
-                .janitor()
-                .forget(client, key, value, channel, Cause::LostAcquireReply, until);
+            client.janitor().forget(
+                client,
+                key,
+                value,
+                delete_cleanup(key, value, channel),
+                Cause::LostAcquireReply,
+                until,
+            );
         } else {
             log::warn!(
                 "lock {key:?}: no reply to a GETSET takeover; if it ran, the key holds our \
@@ -140,7 +165,7 @@ pub(crate) fn release(
             client,
             key,
             lease.value(),
-            channel,
+            delete_cleanup(key, lease.value(), channel),
             Cause::FailedRelease,
             lease.valid_until(),
         );
@@ -156,10 +181,7 @@ pub(crate) fn release(
                 at: Instant::now(),
                 key: key.to_owned(),
                 value: lease.value().to_vec(),
-                channel: channel.map(str::to_owned),
-                reentrant: None,
-                rw: None,
-                fair: None,
+                cleanup: delete_cleanup(key, lease.value(), channel),
                 sweep: sweep.map(<[u8]>::to_vec),
                 generation,
                 until: lease.valid_until(),

@@ -220,7 +220,7 @@ impl TokenLock {
             &self.client,
             &self.key,
             token,
-            Some(&self.opts.channel),
+            string_value::delete_cleanup(&self.key, token, Some(&self.opts.channel)),
             Cause::LostAcquireReply,
             until,
         );
