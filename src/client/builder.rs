@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::{ConnectionAddr, RedisResult};
 
+use super::native::Detected;
 use super::pool::{
     cluster_retries, master_info, sentinel_master_addr, ConnectErrors, Manager, Pool, SharedErrors,
     Target,
@@ -412,9 +413,11 @@ impl ClientBuilder {
             .thread_name_pattern("redis-dlock-pool-{}")
             .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
             .build();
-        if !self.lazy {
-            manager.check(&addr)?;
-        }
+        let detected = if self.lazy {
+            Detected::scripts_only()
+        } else {
+            manager.check(&addr)?
+        };
         let connect_errors = Arc::new(ConnectErrors::default());
         let pool = r2d2::Pool::builder()
             .thread_pool(Arc::new(scheduler))
@@ -435,6 +438,7 @@ impl ClientBuilder {
             (addr, connect_errors),
             switches,
             counters,
+            detected,
         );
         if let Some(watch) = watch {
             sentinel_watch::start(watch, &client);

@@ -9,6 +9,7 @@ mod builder;
 pub(crate) mod cluster_deadline;
 pub(crate) mod grants;
 pub(crate) mod janitor;
+pub(crate) mod native;
 mod pool;
 pub(crate) mod sentinel_watch;
 pub(crate) mod subscriber;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use crate::client::janitor::Janitor;
+use crate::client::native::{Detected, Native};
 use crate::client::sentinel_watch::Switches;
 use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::waiters::WaitQueues;
@@ -95,6 +97,11 @@ struct Inner {
     janitor: Janitor,
     /// The server takes `SET … NX PX … GET` (Redis 7.0+): until a server refuses it.
     set_get: AtomicBool,
+    /// The native commands the server has (learned at `build()`), until a server refuses one.
+    native: Native,
+    /// What `build()` learned (kept for the benchmarks' switch between native and scripts).
+    #[cfg_attr(not(feature = "bench-hooks"), allow(dead_code))]
+    detected: Detected,
     /// Where the client connects, for error messages ("127.0.0.1:6379", ...).
     addr: String,
     /// The command timeout (or the connect timeout without one), for error messages.
@@ -218,6 +225,7 @@ impl LockClient {
             ("the application's pool".to_owned(), Arc::default()),
             None,
             Arc::default(),
+            Detected::scripts_only(),
         )
     }
 
@@ -231,6 +239,7 @@ impl LockClient {
         (addr, connect_errors): (String, Arc<ConnectErrors>),
         switches: Option<Arc<Switches>>,
         counters: Arc<Counters>,
+        detected: Detected,
     ) -> Self {
         let waiters = Arc::new(WaitQueues::default());
         LockClient {
@@ -250,6 +259,8 @@ impl LockClient {
                 courtesy,
                 janitor: Janitor::default(),
                 set_get: AtomicBool::new(true),
+                native: Native::new(&detected),
+                detected,
                 addr,
                 timeout,
                 connect_errors,
@@ -327,6 +338,18 @@ impl LockClient {
                  use SET ... NX PX, and a key of another type is found only when a wait ends"
             );
         }
+    }
+
+    /// The native commands this client uses instead of scripts (see [`native`]).
+    pub(crate) fn native(&self) -> &Native {
+        &self.inner.native
+    }
+
+    /// For the benchmarks: the Token lock's scripts (`native == false`) or the native commands
+    /// the server has (`true`).
+    #[cfg(feature = "bench-hooks")]
+    pub(crate) fn force_native(&self, native: bool) {
+        self.inner.native.force(&self.inner.detected, native);
     }
 
     /// Sentinel clients: the master switches seen, and the recent releases to do again after

@@ -295,6 +295,7 @@ impl LockBuilder {
             ));
         }
         let opts = self.hold_options()?;
+        needs_scripts(&self.client, &self.key, "a fair lock")?;
         let lock = FairLock::new(self.client, self.key, opts)?;
         if self.check_access {
             lock.check_access()?;
@@ -305,8 +306,12 @@ impl LockBuilder {
     /// Builds a [`TokenLock`] whatever [`strategy`](Self::strategy) says.
     pub fn build_token(self) -> Result<TokenLock> {
         let opts = self.hold_options()?;
+        if opts.fence_key.is_some() {
+            needs_scripts(&self.client, &self.key, "a Token lock with fencing")?;
+        }
         if self.check_access {
             let checks = crate::strategy::access::token(
+                &self.client,
                 &self.key,
                 &opts.channel,
                 opts.fence_key.as_deref(),
@@ -320,6 +325,7 @@ impl LockBuilder {
     /// Builds a [`ReentrantLock`] whatever [`strategy`](Self::strategy) says.
     pub fn build_reentrant(self) -> Result<ReentrantLock> {
         let opts = self.hold_options()?;
+        needs_scripts(&self.client, &self.key, "a reentrant lock")?;
         if self.check_access {
             let checks = crate::strategy::access::reentrant(
                 &self.key,
@@ -366,8 +372,9 @@ impl LockBuilder {
         }
         let (ttl, retry) = self.validate(CLASSIC_DEFAULT_TTL, RetryPolicy::legacy())?;
         check_duration(&self.key, "clock_skew", self.classic.clock_skew, true)?;
+        needs_scripts(&self.client, &self.key, "a Classic lock")?;
         if self.check_access {
-            let checks = crate::strategy::access::classic(&self.key);
+            let checks = crate::strategy::access::classic(&self.client, &self.key);
             crate::strategy::access::verify(&self.client, &self.key, "Classic", &checks)?;
         }
         Ok(ClassicLock::new(
@@ -390,6 +397,25 @@ impl LockBuilder {
             self.retry.clone().unwrap_or(default_retry),
         )
     }
+}
+
+/// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
+/// (see [`crate::client::native`]): only a Token lock without fencing goes without.
+pub(crate) fn needs_scripts(client: &LockClient, key: &str, what: &str) -> Result<()> {
+    if client.native().scripting() {
+        return Ok(());
+    }
+    Err(LockError::Setup {
+        source: Box::new(crate::error::Context::new(
+            format!(
+                "{what} on {key:?} runs Lua scripts, which this client's user may not (NOPERM \
+                 on EVAL when the client was built); on {} only a Token lock without fencing \
+                 needs none",
+                client.native().server()
+            ),
+            None,
+        )),
+    })
 }
 
 /// The checks every lock builder makes before anything is sent: a key, a lifetime of whole

@@ -23,6 +23,7 @@ use rand::RngExt;
 use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
+use crate::client::native::Command;
 use crate::client::watchdog::RenewKind;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
@@ -31,7 +32,7 @@ use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::check_duration;
-use crate::strategy::hold::{self, HoldOptions};
+use crate::strategy::hold::{self, AcquireReply, HoldOptions};
 use crate::strategy::string_value;
 
 /// A lock of [`Strategy::Token`](crate::Strategy::Token). Build it with
@@ -96,7 +97,54 @@ impl TokenLock {
                 self.note_no_ttl();
             }
         }
-        let attempt = decoded.into_attempt(|fence| self.new_lease(&token, start, fence));
+        self.finish_attempt(&token, start, decoded)
+    }
+
+    /// One attempt without a script, where the server has the native release (so that a Token
+    /// lock without fencing sends no script at all): `SET key token NX PX ttl GET` pipelined
+    /// with `PTTL key` (one round trip), which reports the holder's PTTL as the script does.
+    fn attempt_pipelined(&self) -> Result<Attempt> {
+        let token = new_token();
+        let start = Instant::now();
+        let (set, pttl): (Value, i64) = self.send_acquire(&token, start, |con, _| {
+            let mut pipe = redis::pipe();
+            pipe.add_command(string_value::set_nx_px_get(
+                &self.key,
+                &token,
+                self.opts.lease_ms(),
+            ))
+            .cmd("PTTL")
+            .arg(&self.key);
+            pipe.query(con)
+        })?;
+        let decoded = match set {
+            // Set; or found our own token (a resend of an acquire that landed).
+            Value::Nil => AcquireReply::Taken { fence: None },
+            Value::BulkString(found) if found == token => AcquireReply::Taken { fence: None },
+            _ => {
+                if pttl == -1 {
+                    self.note_no_ttl();
+                }
+                AcquireReply::Held {
+                    pttl: match pttl {
+                        -2 => Some(Duration::ZERO),
+                        p if p >= 0 => Some(Duration::from_millis(p as u64)),
+                        _ => None,
+                    },
+                }
+            }
+        };
+        self.finish_attempt(&token, start, decoded)
+    }
+
+    /// Turns an attempt's answer into its outcome (a won hold is checked against its lease).
+    fn finish_attempt(
+        &self,
+        token: &[u8],
+        start: Instant,
+        decoded: AcquireReply,
+    ) -> Result<Attempt> {
+        let attempt = decoded.into_attempt(|fence| self.new_lease(token, start, fence));
         let result =
             lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
         self.client.counters().outcome(Kind::Token, &result);
@@ -159,6 +207,8 @@ impl TokenLock {
         let attempt = || {
             if std::mem::take(&mut first) && self.opts.fence_key.is_none() {
                 self.try_acquire().map(Attempt::from)
+            } else if self.pipelined_attempts() {
+                self.attempt_pipelined()
             } else {
                 self.attempt_scripted()
             }
@@ -166,6 +216,14 @@ impl TokenLock {
         let result = lock::acquire_in_line(self, line, attempts, attempt, |_| self.check_type());
         self.client.counters().blocking(Kind::Token, &result);
         result
+    }
+
+    /// True if attempts made while waiting go without the script: no fencing, and the server
+    /// releases natively (`DELIFEQ`) and takes `SET … NX PX … GET`.
+    fn pipelined_attempts(&self) -> bool {
+        self.opts.fence_key.is_none()
+            && self.client.set_get()
+            && self.client.native().has(Command::DelIfEq)
     }
 
     /// Called when a blocking acquire gives up: a key of another type can never be locked, so
@@ -248,11 +306,13 @@ impl DistributedLock for TokenLock {
         check_duration(&self.key, "ttl", ttl, false)?;
         let ttl = Duration::from_millis(ttl.as_millis() as u64);
         let start = Instant::now();
-        let extended: i64 = self.client.with_conn(&self.key, |con, s| {
-            s.extend
-                .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
-        })?;
-        let result = string_value::extended(&self.key, extended == 1, lease, None, start, ttl);
+        let extended = string_value::extend(
+            &self.client,
+            &self.key,
+            lease.value(),
+            ttl.as_millis() as u64,
+        )?;
+        let result = string_value::extended(&self.key, extended, lease, None, start, ttl);
         self.client.counters().extended(Kind::Token, lease, result)
     }
 
