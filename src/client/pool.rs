@@ -350,7 +350,13 @@ impl Manager {
                 eval(plain, &mut con).map_err(|e| scripting(e, "EVAL", &detected.server))?;
                 plain
             }
-            Err(e) if error::is_access_denied(&e) && detected.delifeq && detected.set_ifeq => {
+            // Not in a cluster, where the Token release's PUBLISH keeps the script.
+            Err(e)
+                if error::is_access_denied(&e)
+                    && detected.delifeq
+                    && detected.set_ifeq
+                    && !matches!(self.target, Target::Cluster(_)) =>
+            {
                 log::info!(
                     "{addr} ({}): the user may not run scripts ({e}); Token locks without \
                      fencing need none on this server, every other lock does",

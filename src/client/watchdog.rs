@@ -46,6 +46,7 @@ use crate::lock::VALUE_CAPACITY;
 
 use crate::client::native::{self, Command};
 use crate::client::WeakClient;
+use crate::error::LockError;
 use crate::keys;
 use crate::stats::{Counters, Kind};
 
@@ -674,7 +675,9 @@ fn renew_replies(
             .copied()
             .filter(|&i| batch[i].1.kind() == RenewKind::Value)
             .collect();
-        if !values.is_empty() {
+        // In a cluster one command at most: redis-rs does not follow a slot's redirection
+        // (a migration's ASK or MOVED) inside a pipeline.
+        if !values.is_empty() && (values.len() == 1 || !client.is_cluster()) {
             if let Some(renewed) = renew_natively(client, batch, &values)? {
                 for (&i, r) in values.iter().zip(renewed) {
                     results[i] = r;
@@ -721,6 +724,25 @@ fn renew_natively(
     which: &[usize],
 ) -> crate::error::Result<Option<Vec<i64>>> {
     let key = batch[which[0]].1.key();
+    if let [i] = which {
+        let state = &batch[*i].1;
+        let reply = client.with_conn(key, |con, _| {
+            native::set_ifeq_px(state.key(), state.value(), lease_ms(state))
+                .query::<redis::Value>(con)
+        });
+        return match reply {
+            Ok(redis::Value::Nil) => Ok(Some(vec![0])),
+            Ok(_) => Ok(Some(vec![1])),
+            // A key of another type counts as not the owner's, as in the script.
+            Err(LockError::WrongType { .. }) => Ok(Some(vec![0])),
+            Err(LockError::Redis { source, .. }) if native::is_unsupported(&source) => {
+                client.native().refused(Command::SetIfEq, key, &source);
+                Ok(None)
+            }
+            Err(LockError::Redis { source, .. }) if native::is_oom(&source) => Ok(None),
+            Err(e) => Err(e),
+        };
+    }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for &i in which {

@@ -122,12 +122,9 @@ pub(crate) fn release(
     lease: &Lease,
 ) -> Result<bool> {
     lease.stop_renewal();
-    // In a cluster the pipeline goes where its first command's key goes: the channel must be
-    // of the key's slot for the PUBLISH to follow the delete on the same node (it always is,
-    // but for keys with an empty hash tag).
-    let native_here = !client.is_cluster()
-        || channel
-            .is_none_or(|ch| keys::hash_slot(ch.as_bytes()) == keys::hash_slot(key.as_bytes()));
+    // In a cluster only the single command: redis-rs does not follow a slot's redirection
+    // (a migration's ASK or MOVED) inside a pipeline, so the publishing release keeps the script.
+    let native_here = !client.is_cluster() || channel.is_none();
     let reply: Result<i64> = client.with_conn(key, |con, s| {
         if native_here && client.native().has(Command::DelIfEq) {
             match native_release(con, key, lease.value(), channel) {

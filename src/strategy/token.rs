@@ -221,7 +221,9 @@ impl TokenLock {
     /// True if attempts made while waiting go without the script: no fencing, and the server
     /// releases natively (`DELIFEQ`) and takes `SET … NX PX … GET`.
     fn pipelined_attempts(&self) -> bool {
+        // Not in a cluster: redis-rs does not follow redirections inside a pipeline.
         self.opts.fence_key.is_none()
+            && !self.client.is_cluster()
             && self.client.set_get()
             && self.client.native().has(Command::DelIfEq)
     }
