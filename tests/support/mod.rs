@@ -69,6 +69,12 @@ impl ServerKind {
         matches!(self, ServerKind::Valkey(major, _) if major >= 9)
     }
 
+    /// True for Valkey 8.1 and later: `SET … IFEQ`, which the client uses to extend and renew
+    /// Token holds instead of a script.
+    pub fn has_set_ifeq(self) -> bool {
+        matches!(self, ServerKind::Valkey(major, minor) if (major, minor) >= (8, 1))
+    }
+
     /// True for servers built with TLS support (the Valkey binaries CI installs are not).
     pub fn has_tls(self) -> bool {
         matches!(self, ServerKind::Redis(..))
