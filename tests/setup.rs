@@ -160,7 +160,11 @@ fn user_without_scripting() {
     assert!(!guard.is_lost(), "renewed by the watchdog");
     guard.extend(Duration::from_secs(5)).expect("extend");
     std::thread::scope(|s| {
-        let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(5)).map(|g| g.unlock()));
+        let w = s.spawn(|| {
+            waiter
+                .try_lock_for(Duration::from_secs(5))
+                .map(|g| g.unlock())
+        });
         std::thread::sleep(Duration::from_millis(100));
         assert!(guard.unlock().expect("release"));
         let taken = w.join().unwrap().expect("the waiter takes it");

@@ -226,7 +226,10 @@ fn thousand_holds_share_one_thread_and_batched_renewals() {
     thread::sleep(Duration::from_secs(3));
     let mut renewal_calls = raw::command_calls(&mut conn, command) - before;
     if native {
-        assert!(renewal_calls >= 1000, "{renewal_calls} SET … IFEQ: every hold renewed");
+        assert!(
+            renewal_calls >= 1000,
+            "{renewal_calls} SET … IFEQ: every hold renewed"
+        );
         renewal_calls = (renewal_calls + 511) / 512;
     }
     let held = taken.elapsed();

@@ -314,6 +314,16 @@ impl RedisServer {
         );
     }
 
+    /// Like [`restart`](Self::restart), with `extra_args` added to the launch settings from now
+    /// on (e.g. `["--rename-command", "DELIFEQ", "\"\""]`: the server at this address then
+    /// lacks a command it had, as after a failover to an older server).
+    pub fn restart_with(&mut self, extra_args: &[&str]) {
+        self.launch
+            .args
+            .extend(extra_args.iter().map(|a| a.to_string()));
+        self.restart();
+    }
+
     /// Whether the child process is alive (a paused server counts as running).
     pub fn is_running(&self) -> bool {
         match lock(&self.child).as_mut() {
