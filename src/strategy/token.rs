@@ -13,6 +13,17 @@
 //! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>` → 1 or 0;
 //! - check: `GET key`, compared with our token.
 //!
+//! Where the server has them (see [`crate::client::native`]; Valkey 9.0 and later for the
+//! first two, 8.1 for the third), without scripts:
+//! - release: `DELIFEQ key <token>` pipelined with `PUBLISH redisson_lock__channel:{key} 0`
+//!   (one round trip; the `PUBLISH` goes out also when the token was not ours);
+//! - acquire while waiting, without fencing: `SET key <token> NX PX <ttl ms> GET` pipelined
+//!   with `PTTL key` (the holder's PTTL, as the script reports it);
+//! - extend: `SET key <token> IFEQ <token> PX <ttl ms>` → `OK` or nil.
+//!
+//! In a cluster only the single commands are used (redis-rs follows no redirection inside a
+//! pipeline): the release and the waiting attempts keep their scripts there.
+//!
 //! A lock built without an explicit ttl is watched: the client's watchdog renews its holds
 //! (see [`crate::client::watchdog`]).
 
