@@ -613,7 +613,7 @@ impl Report<'_> {
             ("CPU", "cpu_model"),
             ("CPUs (nproc)", "nproc"),
             ("kernel", "kernel"),
-            ("Redis", "redis_version"),
+            ("Server", "redis_version"),
             ("rustc", "rustc"),
             ("code (`git describe --dirty`)", "git"),
             ("run (UTC)", "date"),
