@@ -151,9 +151,7 @@ impl LocalRedis {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| {
-                format!("could not start {bin} ({e}); install it or set REDIS_URL")
-            })?;
+            .map_err(|e| format!("could not start {bin} ({e}); install it or set REDIS_URL"))?;
         let mut redis = LocalRedis { child, port };
         let client = redis::Client::open(redis.url())?;
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -16,9 +16,7 @@ pub fn use_scripts(client: &crate::LockClient) {
 
 /// True if `client` releases Token locks with `DELIFEQ` (learned at `build()`).
 pub fn releases_natively(client: &crate::LockClient) -> bool {
-    client
-        .native()
-        .has(crate::client::native::Command::DelIfEq)
+    client.native().has(crate::client::native::Command::DelIfEq)
 }
 
 /// A fresh Token owner value (what `try_acquire` generates).
