@@ -241,6 +241,14 @@ impl ClientBuilder {
     /// nothing is sent: a Redis that is down now is reported by the first lock operation, and
     /// the client starts working when Redis comes up.
     ///
+    /// In the round trip of the first `EVAL` it also asks `INFO server` and `COMMAND INFO
+    /// DELIFEQ`, to learn whether the server has native compare-and-delete (`DELIFEQ`, Valkey
+    /// 9.0+) and compare-and-extend (`SET … IFEQ`, Valkey 8.1+), which Token locks then use
+    /// instead of scripts (docs/production.md, "Servers"). On a server with both (not through
+    /// a Cluster client), a user without scripting permission is no fault: the client is
+    /// built, Token locks without fencing work, and the locks that run scripts are refused at
+    /// their own `build()`. A lazy client asks nothing and uses the scripts.
+    ///
     /// At lock time, a connection that cannot be opened because access is denied is reported
     /// as [`LockError::Setup`] too (after the connect timeout, never as contention or a
     /// timeout), and a command without a reply as [`LockError::Connection`] whose cause reads

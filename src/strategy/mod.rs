@@ -262,6 +262,12 @@ impl LockBuilder {
     /// [`Strategy::Fair`], whose releases publish grants on other clients' channels, the
     /// publish is checked on a representative other client's grant channel as well as on this
     /// client's own (see [`build_fair`](Self::build_fair)).
+    ///
+    /// Where the client uses native commands (Valkey: `DELIFEQ`, `SET … IFEQ`), they are
+    /// checked too. A client whose user may not run scripts (possible on Valkey 9.0 and later)
+    /// cannot ask by script: it sends each of the lock's commands once, in one pipeline, in a
+    /// form that changes nothing (the release's `PUBLISH` wakes the lock's waiters, who find it
+    /// as it was), and reports each `NOPERM`; the subscriber's `SUBSCRIBE` is not checked then.
     pub fn check_access(mut self) -> Self {
         self.check_access = true;
         self
