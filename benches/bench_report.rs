@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 /// The ways the contended benchmark shares state between its threads (the last one, a
-/// `LockClient` per thread with a 1 ms pause after each release, only for the issue #4
+/// `LockClient` per thread with a 1 ms pause after each release, only for the handoff
 /// configurations).
 const SHARINGS: [&str; 4] = [
     "shared",
@@ -83,7 +83,7 @@ const CYCLES: [(&str, &str, &str, &str); 8] = [
     ),
     (
         "fair",
-        "Fair, default (watched; issue 11)",
+        "Fair, default (watched)",
         "floor_fair_raw",
         "`SET NX PX` + `EVALSHA` on 3 keys",
     ),
@@ -101,7 +101,7 @@ const CONTENDED: [(&str, &str, &str); 6] = [
         "token_polling",
         "Token, polling",
         "as the defaults but `.wake_up(WakeUp::Polling)`: waiters of other clients poll under \
-         the retry policy (the behaviour before issue #4; releases are still published)",
+         the retry policy (the behaviour before waiters were woken by pub/sub; releases are still published)",
     ),
     (
         "token_tuned",
@@ -125,11 +125,11 @@ const CONTENDED: [(&str, &str, &str); 6] = [
     ),
 ];
 
-/// Issue #4: the median handoff should be within this many round trips of the handoff floor.
+/// The handoff target: the median handoff should be within this many round trips of the handoff floor.
 const TARGET_HANDOFF_RTTS: f64 = 3.0;
 /// The floor of a handoff in round trips: the release's and the acquire's.
 const HANDOFF_FLOOR_RTTS: f64 = 2.0;
-/// The configurations of the issue #4 comparison.
+/// The configurations of the handoff comparison (pub/sub vs polling).
 const HANDOFF_CONFIGS: [&str; 4] = [
     "token_default",
     "token_polling",
@@ -470,7 +470,7 @@ impl Report<'_> {
 
     fn targets(&self, md: &mut String) {
         let r = self.r;
-        let _ = writeln!(md, "## Targets (issue 3)\n");
+        let _ = writeln!(md, "## Targets: the uncontended cycle\n");
         let _ = writeln!(md, "| target | measured | verdict |\n| --- | --- | --- |");
         for (name, label) in [
             ("token", "uncontended Token cycle, default (watched)"),
@@ -567,11 +567,11 @@ impl Report<'_> {
                 met(fair >= TARGET_FAIRNESS && p99 <= TARGET_HANDOFF_P99_MS)
             );
         }
-        let _ = writeln!(md, "\n## Targets (issue 4)\n");
+        let _ = writeln!(md, "\n## Targets: the handoff to a waiter\n");
         let _ = writeln!(
             md,
             "\"Median handoff within 3 round trips of the floor\", 8 threads with a `LockClient` \
-             each; definitions in [Handoff: pub/sub vs polling](#handoff-pubsub-vs-polling-issue-4): \
+             each; definitions in [Handoff: pub/sub vs polling](#handoff-pubsub-vs-polling): \
              handoff = release → `lock()` returned in a thread that was already waiting; RTT = \
              pooled `PING` p50 of the run; handoff floor = {HANDOFF_FLOOR_RTTS:.0} RTT (release \
              + acquire round trip). Reading **A** (the target): p50 − floor ≤ \
@@ -613,7 +613,7 @@ impl Report<'_> {
             ("CPU", "cpu_model"),
             ("CPUs (nproc)", "nproc"),
             ("kernel", "kernel"),
-            ("Redis", "redis_version"),
+            ("Server", "redis_version"),
             ("rustc", "rustc"),
             ("code (`git describe --dirty`)", "git"),
             ("run (UTC)", "date"),
@@ -1207,10 +1207,10 @@ impl Report<'_> {
         let ping = self.contended_ping();
         let bare = r.f("contended", "bare_handoff", "pubsub", "p50_ns");
         let bare_release = r.f("contended", "bare_handoff", "release", "p50_ns");
-        let _ = writeln!(md, "## Handoff: pub/sub vs polling (issue #4)\n");
+        let _ = writeln!(md, "## Handoff: pub/sub vs polling\n");
         let _ = writeln!(
             md,
-            "Issue #4: *show the handoff time (release → next waiter holds the lock) under 8 \
+            "The handoff target: *show the handoff time (release → next waiter holds the lock) under 8 \
              contending threads against polling; target: median handoff within 3 round trips of \
              the floor.* Measured in the contended runs above with one `LockClient` per thread \
              (the threads meet only in Redis, like processes; with a shared client the \
@@ -1234,7 +1234,7 @@ impl Report<'_> {
              took {} = {:.2} RTT, more than a `PING`. The floor is kept at the round \
              {HANDOFF_FLOOR_RTTS:.0} RTT; the table also gives each median against the bare \
              handoff.)\n\
-             - **Target**, reading **A** (the issue's words, \"within 3 round trips of the \
+             - **Target**, reading **A** (the target's words, \"within 3 round trips of the \
              floor\"): p50 − floor ≤ {TARGET_HANDOFF_RTTS:.0} RTT, i.e. p50 ≤ {:.0} RTT. \
              Reading **B** (stricter, \"within 3 round trips\" counted from zero): p50 ≤ \
              {TARGET_HANDOFF_RTTS:.0} RTT.\n\
@@ -1857,7 +1857,7 @@ impl Report<'_> {
             let ty = sy(rtts * ping);
             let _ = writeln!(
                 s,
-                r##"<line x1="{left}" y1="{ty:.1}" x2="{:.1}" y2="{ty:.1}" stroke="#27ae60" stroke-dasharray="6,4" stroke-width="1.5"/><text x="{:.1}" y="{:.1}" font-size="11" fill="#27ae60">issue #4: median ≤ floor + 3 RTT = {rtts:.0} RTT ({})</text>"##,
+                r##"<line x1="{left}" y1="{ty:.1}" x2="{:.1}" y2="{ty:.1}" stroke="#27ae60" stroke-dasharray="6,4" stroke-width="1.5"/><text x="{:.1}" y="{:.1}" font-size="11" fill="#27ae60">target: median ≤ floor + 3 RTT = {rtts:.0} RTT ({})</text>"##,
                 left + pw,
                 left + 6.0,
                 ty - 5.0,
@@ -1950,7 +1950,7 @@ this page (code `c4b85f3`, 2026-11-21, pooled `PING` p50 55–63 µs; its cycle 
 ttl 1.068×, met), Reentrant 1.153×, Classic 1.069–1.091× (met), the bare commands of those \
 cycles 0.996–1.135×, and contended handoffs to a waiter of 3.95 RTT = 247 µs (Token, \
 defaults, 1 ms pause), 4.00–4.02 RTT (Reentrant) and 1.67 RTT (Token polling, tight loop): \
-issue 4's reading A met in every row. Where a round trip is shorter, as on the machine of this page's runs (see Machine \
+the handoff target's reading A met in every row. Where a round trip is shorter, as on the machine of this page's runs (see Machine \
 and run), the same server work (a script, a thread's wake-up) weighs more in every ratio, the \
 bare commands' included: compare each row with its bare commands and with the other locks of \
 the same run, not with another day's.\n";

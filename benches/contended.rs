@@ -3,13 +3,13 @@
 //! - contended: 8 threads on one key, critical section = `GET` then `SET` of a counter on the
 //!   thread's own raw connection, for a fixed wall time per configuration: Token at its defaults
 //!   (watched, waiters woken by pub/sub), Token with `WakeUp::Polling` (waiters poll under the
-//!   retry policy: the behaviour before issue #4), Token with a tuned policy, Reentrant at its
+//!   retry policy: the behaviour before waiters were woken by pub/sub), Token with a tuned policy, Reentrant at its
 //!   defaults, Classic at its defaults and tuned; each with one shared
 //!   `Arc<dyn DistributedLock>`, with one lock object per thread (both served by the in-process
 //!   waiter queue of one `LockClient`), and with one `LockClient` per thread (no shared queue:
 //!   the threads meet only in Redis, as separate processes would, and learn of a release by
 //!   pub/sub or by polling); handoffs to a thread that was already waiting (its `lock()` call
-//!   began before the release) are also recorded apart; the issue #4 configurations also with one `LockClient` per thread
+//!   began before the release) are also recorded apart; the handoff comparison's configurations also with one `LockClient` per thread
 //!   and a 1 ms pause after each release (so that the releaser does not take the lock straight
 //!   back and every release is handed to a waiter). Sections/s, handoff latency (the releasing thread stores a
 //!   timestamp right before `unlock()`, the next acquirer measures from it to when its `lock()`
@@ -64,7 +64,7 @@ fn tuned_classic() -> RetryPolicy {
 }
 
 const ALL_SHARINGS: &[Sharing] = &[Sharing::Lock, Sharing::Client, Sharing::Nothing];
-/// The issue #4 comparison (pub/sub vs polling) also with a think time.
+/// The handoff comparison (pub/sub vs polling) also with a think time.
 const WITH_THINK: &[Sharing] = &[
     Sharing::Lock,
     Sharing::Client,

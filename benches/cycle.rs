@@ -20,10 +20,32 @@ use redis_dlock::{DistributedLock, Encoding, LockClient, Strategy, Takeover};
 /// length reaches the wire).
 const REENTRANT_LEASE_MS: u64 = 30_000;
 
-/// The lock configurations measured (each needs 2 round trips per cycle).
-fn locks(client: &LockClient) -> Vec<(&'static str, Box<dyn DistributedLock>)> {
+/// The lock configurations measured (each needs 2 round trips per cycle). `scripted` is a
+/// client made to use the scripts where the server has native commands (Valkey 9: `DELIFEQ`,
+/// `SET … IFEQ`): its Token locks are the `_scripts` rows, measured beside the native ones.
+fn locks(
+    client: &LockClient,
+    scripted: &LockClient,
+) -> Vec<(&'static str, Box<dyn DistributedLock>)> {
     let classic = |key: &str| client.lock(key).strategy(Strategy::Classic);
     vec![
+        (
+            "token_scripts",
+            scripted
+                .lock("cycle:token:s")
+                .strategy(Strategy::Token)
+                .build()
+                .expect("token lock"),
+        ),
+        (
+            "token_ttl_scripts",
+            scripted
+                .lock("cycle:token:ttl:s")
+                .strategy(Strategy::Token)
+                .ttl(Duration::from_secs(10))
+                .build()
+                .expect("token lock"),
+        ),
         (
             "token",
             client
@@ -95,8 +117,17 @@ fn main() {
     let mut env = BenchEnv::start("cycle");
     let url = env.url();
     let client = lock_client(&url, redis_dlock::DEFAULT_POOL_SIZE);
+    let scripted = lock_client(&url, redis_dlock::DEFAULT_POOL_SIZE);
+    redis_dlock::bench_hooks::use_scripts(&scripted);
+    let native = redis_dlock::bench_hooks::releases_natively(&client);
+    println!(
+        "[cycle] server {}: Token release by {}",
+        env.server_version(),
+        if native { "DELIFEQ (native)" } else { "script" }
+    );
+    env.put("cycle", "all", "native_release", native);
     let pool = floor_pool(&url, 16, 1);
-    let locks = locks(&client);
+    let locks = locks(&client, &scripted);
     let shas = {
         let mut con = env.server.conn();
         Shas {
@@ -111,7 +142,7 @@ fn main() {
     };
 
     if env.measuring() {
-        custom(&mut env, &pool, &locks, &shas);
+        custom(&mut env, &pool, &locks, &shas, native);
     }
 
     let mut c = criterion();
@@ -142,6 +173,7 @@ fn custom(
     pool: &r2d2::Pool<redis::Client>,
     locks: &[(&'static str, Box<dyn DistributedLock>)],
     shas: &Shas,
+    native: bool,
 ) {
     let sha = shas.unlock.as_str();
     let mut raw_token = env.server.conn();
@@ -150,6 +182,8 @@ fn custom(
     let mut raw_classic_px = env.server.conn();
     let mut raw_reentrant = env.server.conn();
     let mut raw_fair = env.server.conn();
+    let mut raw_native = env.server.conn();
+    let native_channel = channel("cycle:floor:tn");
     let token_pub_channel = channel("cycle:floor:tp");
     let reentrant_channel = channel("cycle:floor:r");
     // A Redisson-style owner id: <uuid>:<thread number>.
@@ -242,6 +276,24 @@ fn custom(
                 ));
             }),
         ];
+        if native {
+            // The native Token cycle's bare commands: SET NX PX, then DELIFEQ + PUBLISH in one
+            // pipeline.
+            variants.push(Variant::new("floor_set_nx_px_delifeq_pub_raw", || {
+                let t = token();
+                assert!(set_nx_px(&mut raw_native, "cycle:floor:tn", &t, 10_000));
+                let (deleted, _): (i64, i64) = redis::pipe()
+                    .cmd("DELIFEQ")
+                    .arg("cycle:floor:tn")
+                    .arg(&t[..])
+                    .cmd("PUBLISH")
+                    .arg(&native_channel)
+                    .arg("0")
+                    .query(&mut raw_native)
+                    .expect("DELIFEQ + PUBLISH");
+                assert_eq!(deleted, 1);
+            }));
+        }
         for (name, lock) in locks {
             variants.push(Variant::new(name, move || cycle(lock.as_ref())));
         }
@@ -256,15 +308,16 @@ fn custom(
         runs_to_bare.resize(names.len(), Vec::new());
         for (i, name) in names.iter().enumerate() {
             runs_to_ping[i].push(paired_ratio(&samples[i], ping, per) / 2.0);
-            if let Some(b) = bare_of(name) {
+            if let Some(b) = bare_of(name, native) {
                 runs_to_bare[i].push(paired_ratio(&samples[i], &samples[index(b)], per));
             }
         }
-        let token = index("token");
+        let (token, scripts) = (index("token"), index("token_scripts"));
         println!(
-            "[cycle] run {}/{runs}: token {:.3} x 2 PING",
+            "[cycle] run {}/{runs}: token {:.3} x 2 PING, with the scripts forced {:.3}",
             run + 1,
-            runs_to_ping[token][run]
+            runs_to_ping[token][run],
+            runs_to_ping[scripts][run]
         );
         for (a, s) in all.iter_mut().zip(samples) {
             a.extend(s);
@@ -302,10 +355,14 @@ fn custom(
     env.put("cycle", "all", "runs", runs);
 }
 
-/// The bare commands a lock configuration is compared with.
-fn bare_of(name: &str) -> Option<&'static str> {
+/// The bare commands a lock configuration is compared with (`native`: the server has
+/// `DELIFEQ`, which the client's Token locks use).
+fn bare_of(name: &str, native: bool) -> Option<&'static str> {
     match name {
-        "token" | "token_ttl" => Some("floor_set_nx_px_evalsha_pub_raw"),
+        "token" | "token_ttl" if native => Some("floor_set_nx_px_delifeq_pub_raw"),
+        "token" | "token_ttl" | "token_scripts" | "token_ttl_scripts" => {
+            Some("floor_set_nx_px_evalsha_pub_raw")
+        }
         "reentrant" => Some("floor_reentrant_raw"),
         "fair" => Some("floor_fair_raw"),
         "classic_key_ttl" => Some("floor_classic_set_nx_px_evalsha_raw"),

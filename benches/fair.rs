@@ -1,4 +1,4 @@
-//! The fair lock (`Strategy::Fair`, issue 11) next to Token in the same run: the barging
+//! The fair lock (`Strategy::Fair`) next to Token in the same run: the barging
 //! baseline (Token with `WakeUp::Polling`) and Token at its defaults (pub/sub, handoff
 //! courtesy).
 //!
@@ -15,7 +15,7 @@
 //! - changed hands: the share of sections whose holder differs from the previous section's;
 //! - wait: every `lock()` call's duration; section: `lock()` return to `unlock()` call;
 //!   turn: one `lock()`'s return to the next one's (a section and the handoff after it). The
-//!   wait p99 is put against contenders × section p50 (issue 11's target) and against
+//!   wait p99 is put against contenders × section p50 (the fair lock's target) and against
 //!   contenders × turn p50 (what a line of that many waiters served in turn would wait);
 //! - violations: sections that began before the previous one ended (the counter must equal
 //!   the number of sections too).

@@ -362,7 +362,7 @@ impl LocalRedis {
         for _ in 0..3 {
             let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
             let _ = std::fs::remove_file(&log);
-            let mut child = Command::new("redis-server")
+            let mut child = Command::new(server_binary())
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
                 .arg("--dir")
@@ -381,7 +381,7 @@ impl LocalRedis {
                          REDIS_URL=redis://127.0.0.1:6379/"
                             .into()
                     } else {
-                        format!("could not start redis-server: {e}").into()
+                        format!("could not start {}: {e}", server_binary()).into()
                     }
                 })?;
             match wait_ready(&mut child, port, Duration::from_secs(5)) {
@@ -458,4 +458,13 @@ fn server_pid(client: &redis::Client) -> Option<u32> {
     info.lines()
         .find_map(|l| l.strip_prefix("process_id:"))
         .and_then(|p| p.trim().parse().ok())
+}
+
+/// The server binary the demo starts: `DLOCK_TEST_SERVER` (as the tests and benchmarks; e.g. a
+/// `valkey-server`), else `redis-server` on PATH.
+fn server_binary() -> String {
+    std::env::var("DLOCK_TEST_SERVER")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
 }

@@ -138,16 +138,20 @@ struct LocalRedis {
 impl LocalRedis {
     fn start() -> Result<LocalRedis, BoxError> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let child = Command::new("redis-server")
+        // The binary of `DLOCK_TEST_SERVER` (as the tests; e.g. a `valkey-server`), else
+        // `redis-server` on PATH.
+        let bin = std::env::var("DLOCK_TEST_SERVER")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or_else(|| "redis-server".to_owned());
+        let child = Command::new(&bin)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| {
-                format!("could not start redis-server ({e}); install it or set REDIS_URL")
-            })?;
+            .map_err(|e| format!("could not start {bin} ({e}); install it or set REDIS_URL"))?;
         let mut redis = LocalRedis { child, port };
         let client = redis::Client::open(redis.url())?;
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -8,6 +8,17 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::strategy::Encoding;
 
+/// Makes `client`'s Token (and Classic) locks use their scripts even where the server has the
+/// native commands (`DELIFEQ`, `SET … IFEQ`), to measure one against the other in one run.
+pub fn use_scripts(client: &crate::LockClient) {
+    client.force_native(false);
+}
+
+/// True if `client` releases Token locks with `DELIFEQ` (learned at `build()`).
+pub fn releases_natively(client: &crate::LockClient) -> bool {
+    client.native().has(crate::client::native::Command::DelIfEq)
+}
+
 /// A fresh Token owner value (what `try_acquire` generates).
 pub fn token() -> [u8; 32] {
     crate::strategy::token::new_token()

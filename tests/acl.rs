@@ -8,7 +8,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis_dlock::{LockClient, LockError, RetryPolicy, Strategy, WakeUp};
+use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, WakeUp};
 use support::{init_logging, RedisServer};
 
 /// The rules of docs/production.md for locks under `locks:*`, per strategy (kept in sync by
@@ -346,4 +346,41 @@ fn a_missing_fair_permission_is_named_before_the_first_acquire() {
         .build()
         .expect_err("wake_up does not apply");
     assert!(matches!(err, LockError::InvalidArgument { .. }), "{err:?}");
+}
+
+/// Differs by server: on Valkey the client learns the native commands when its user may ask
+/// (`+info +command`), and a Token lock then sends `DELIFEQ` (9.0+) and `SET … IFEQ` (8.1+):
+/// `check_access()` checks them, and names `DELIFEQ` when the rule lacks it. Where the user may
+/// not ask, or on Redis, the documented rule is enough (covered by the tests above).
+#[test]
+fn on_valkey_the_native_commands_are_checked_too() {
+    init_logging();
+    let kind = support::server_kind();
+    let server = RedisServer::start();
+    let mut rule: Vec<&str> = TOKEN_RULE.to_vec();
+    rule.extend(["+info", "+command|info"]);
+    user(&server, "asks", &rule);
+    let c = client(&server, "asks").unwrap_or_else(|e| panic!("asks: {}", e.report()));
+    let r = c.lock("locks:asks").check_access().build_token();
+    if !kind.has_native_token() {
+        // Redis 7.0 has neither command; Valkey 8.1 has SET … IFEQ, which `+set` allows.
+        r.unwrap_or_else(|e| panic!("{kind:?}: {}", e.report()));
+        return;
+    }
+    let err = r.expect_err("DELIFEQ is not in the rule");
+    assert!(
+        err.report().contains("DELIFEQ locks:asks"),
+        "{}",
+        err.report()
+    );
+    rule.push("+delifeq");
+    user(&server, "asks", &rule);
+    let c = client(&server, "asks").unwrap();
+    let lock = c
+        .lock("locks:asks")
+        .check_access()
+        .build_token()
+        .unwrap_or_else(|e| panic!("{}", e.report()));
+    let guard = lock.try_lock().expect("acquire");
+    assert!(guard.unlock().expect("a native release"));
 }

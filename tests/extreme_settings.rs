@@ -573,9 +573,12 @@ fn zero_delay_polling_is_floored() {
             RetryPolicy::standard().fixed_delay(Duration::ZERO),
         );
         let held = holder.get().try_lock().expect("holder");
-        // Classic's attempt is SETNX then GET; Token's one EVALSHA.
+        // Classic's attempt is SETNX then GET; Token's one EVALSHA, or on a server with
+        // DELIFEQ (Valkey 9.0+) SET … NX PX … GET pipelined with PTTL.
         let command = if kind == Kind::Classic {
             "setnx"
+        } else if support::server_kind().has_native_token() {
+            "pttl"
         } else {
             "evalsha"
         };

@@ -51,8 +51,13 @@ fn all_keys(conn: &mut redis::Connection) -> Vec<String> {
 }
 
 /// Script calls the server has served (`EVALSHA`, and `EVAL` for a script not yet cached).
+/// The calls of attempts made while waiting: scripts, and `PTTL`, which a Token lock without
+/// fencing sends with its `SET … NX PX … GET` instead of the script on a server with
+/// `DELIFEQ` (Valkey 9.0+; see docs/production.md, "Servers").
 fn script_calls(conn: &mut redis::Connection) -> i64 {
-    raw::command_calls(conn, "evalsha") + raw::command_calls(conn, "eval")
+    raw::command_calls(conn, "evalsha")
+        + raw::command_calls(conn, "eval")
+        + raw::command_calls(conn, "pttl")
 }
 
 // ---------------------------------------------------------------------------------------------

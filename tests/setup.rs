@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redis_dlock::{LockClient, LockError, RetryPolicy};
+use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy};
 use support::{init_logging, RedisServer};
 
 const CONNECT: Duration = Duration::from_millis(500);
@@ -110,8 +110,13 @@ fn unreachable_server_fails_at_open_unless_lazy() {
     assert!(!err.is_contention());
 }
 
+/// A user without `@scripting`. Differs by server: where the server has `DELIFEQ` and
+/// `SET … IFEQ` (Valkey 9.0+), a Token lock without fencing needs no script, so the client is
+/// built and such a lock works end to end (wait, release, extend, watchdog renewal), while the
+/// locks that run scripts are refused at their `build()`; on other servers (Redis 7.0, Valkey
+/// 8.1: no `DELIFEQ`) the client itself is refused at `build()`, saying why.
 #[test]
-fn user_without_scripting_fails_at_open() {
+fn user_without_scripting() {
     init_logging();
     let server = RedisServer::start();
     let mut admin = server.conn();
@@ -126,8 +131,73 @@ fn user_without_scripting_fails_at_open() {
         .arg("-@scripting")
         .query(&mut admin)
         .unwrap();
-    let (r, took) = open(&url_with(&server, "noscript:pw@", 0));
-    assert_setup(r, took, &["EVAL", "NOPERM"]);
+    let url = url_with(&server, "noscript:pw@", 0);
+    let kind = support::server_kind();
+    if !kind.has_native_token() {
+        let (r, took) = open(&url);
+        assert_setup(r, took, &["EVAL", "NOPERM", "DELIFEQ"]);
+        return;
+    }
+    let client = LockClient::builder(&url)
+        .connect_timeout(CONNECT)
+        .build()
+        .unwrap_or_else(|e| panic!("{kind:?}: no script is needed for Token locks: {e}"));
+    // Watched (no ttl): the watchdog renews it, natively. check_access() probes without
+    // scripts and finds everything allowed.
+    let lock = client
+        .lock("setup:noscript")
+        .watchdog_lease(Duration::from_millis(600))
+        .check_access()
+        .build_token()
+        .expect("a Token lock without fencing");
+    let waiter = client
+        .lock("setup:noscript")
+        .retry(RetryPolicy::standard().fixed_delay(Duration::from_millis(20)))
+        .build_token()
+        .unwrap();
+    let mut guard = lock.try_lock().expect("acquire");
+    std::thread::sleep(Duration::from_millis(900));
+    assert!(!guard.is_lost(), "renewed by the watchdog");
+    guard.extend(Duration::from_secs(5)).expect("extend");
+    std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            waiter
+                .try_lock_for(Duration::from_secs(5))
+                .map(|g| g.unlock())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(guard.unlock().expect("release"));
+        let taken = w.join().unwrap().expect("the waiter takes it");
+        assert!(taken.expect("and releases it"));
+    });
+    assert_eq!(support::raw::get(&mut admin, "setup:noscript"), None);
+    // The locks that run scripts say so at build().
+    let err = client
+        .lock("setup:noscript:r")
+        .strategy(redis_dlock::Strategy::Reentrant)
+        .build()
+        .expect_err("a reentrant lock runs scripts");
+    assert!(matches!(err, LockError::Setup { .. }), "{err:?}");
+    assert!(err.report().contains("scripts"), "{}", err.report());
+    let err = client
+        .lock("setup:noscript:f")
+        .fencing()
+        .build_token()
+        .expect_err("fencing runs a script");
+    assert!(matches!(err, LockError::Setup { .. }), "{err:?}");
+    // A user denied DELIFEQ as well is told so by check_access(), without scripts.
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("noscript")
+        .arg("-delifeq")
+        .query(&mut admin)
+        .unwrap();
+    let err = client
+        .lock("setup:noscript")
+        .check_access()
+        .build_token()
+        .expect_err("DELIFEQ denied");
+    assert!(err.report().contains("DELIFEQ"), "{}", err.report());
 }
 
 #[test]

@@ -706,3 +706,96 @@ fn a_stale_hold_of_this_client_is_cleared_by_its_next_acquire() {
     assert!(g.unlock().unwrap());
     assert_eq!(a.stats().orphan_cleanups, 2);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Native commands (DELIFEQ, SET … IFEQ) where the server has them
+
+/// The calls of each command a Token cycle sends, by `INFO commandstats`: acquire, extend and
+/// release of a lock with an explicit ttl, then a contended acquire (a waiter's second attempt).
+fn cycle_calls(server: &RedisServer, client: &LockClient) -> [i64; 5] {
+    let mut conn = server.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    let lock = token_lock(client, "tok:native", Duration::from_secs(5));
+    let mut guard = lock.try_lock().expect("acquire");
+    guard.extend(Duration::from_secs(5)).expect("extend");
+    assert!(guard.unlock().expect("release"));
+    let held = lock.try_lock().expect("acquire again");
+    let waiter = client
+        .lock("tok:native")
+        .ttl(Duration::from_secs(5))
+        .retry(RetryPolicy::standard().fixed_delay(Duration::from_millis(20)))
+        .build_token()
+        .unwrap();
+    let r = waiter.try_lock_for(Duration::from_millis(150));
+    assert!(matches!(r, Err(LockError::Timeout { .. })), "{r:?}");
+    assert!(held.unlock().expect("release"));
+    ["evalsha", "eval", "delifeq", "set", "pttl"].map(|c| raw::command_calls(&mut conn, c))
+}
+
+/// Differs by server, and checks which one it runs against: on a server with `DELIFEQ` and
+/// `SET … IFEQ` (Valkey 9.0+) a Token cycle (acquire, extend, release, and a waiter's
+/// attempts) sends no script at all; on the others (Redis 7.0, and Valkey 8.1 for the
+/// release) the release is `EVALSHA`.
+#[test]
+fn token_cycle_sends_no_script_where_the_server_has_native_commands() {
+    init_logging();
+    let server = RedisServer::start();
+    let c = client(&server);
+    let [evalsha, eval, delifeq, set, pttl] = cycle_calls(&server, &c);
+    let kind = support::server_kind();
+    eprintln!(
+        "{kind:?}: EVALSHA {evalsha}, EVAL {eval}, DELIFEQ {delifeq}, SET {set}, PTTL {pttl}"
+    );
+    if kind.has_native_token() {
+        assert_eq!((evalsha, eval), (0, 0), "no script on {kind:?}");
+        assert_eq!(delifeq, 2, "two releases");
+        // Two acquires, one extend, the waiter's attempts (at least its first and a second).
+        assert!(set >= 5, "{set} SET");
+        assert!(
+            pttl >= 1,
+            "the waiter's later attempts report the holder's PTTL"
+        );
+    } else {
+        assert_eq!(delifeq, 0, "{kind:?} has no DELIFEQ");
+        // Two releases, the waiter's later attempts, and the extend where SET … IFEQ is missing.
+        let extend = if kind.has_set_ifeq() { 0 } else { 1 };
+        assert!(
+            evalsha + eval >= 3 + extend,
+            "{evalsha} EVALSHA on {kind:?}"
+        );
+    }
+}
+
+/// A server that loses `DELIFEQ` after the client was built (here: restarted on the same port
+/// with the command renamed away, as after a failover to an older server): the release that
+/// meets "unknown command" is done by the script in the same call, and the client keeps to the
+/// script from then on (it does not try `DELIFEQ` again). Needs a server with `DELIFEQ`.
+#[test]
+fn a_server_that_lost_delifeq_gets_the_script_at_once_and_from_then_on() {
+    init_logging();
+    let kind = support::server_kind();
+    if !kind.has_native_token() {
+        eprintln!("skipped: {kind:?} has no DELIFEQ to lose (Valkey 9.0 and later have it)");
+        return;
+    }
+    let mut server = RedisServer::start();
+    let c = client(&server);
+    let lock = token_lock(&c, "tok:lost-delifeq", Duration::from_secs(5));
+    assert!(lock.try_lock().unwrap().unlock().unwrap());
+    server.restart_with(&["--rename-command", "DELIFEQ", "\"\""]);
+    let mut conn = server.conn();
+    for round in 0..3 {
+        let guard = lock.try_lock().expect("acquire");
+        assert!(
+            guard.unlock().expect("released by the script"),
+            "round {round}"
+        );
+        assert_eq!(raw::get(&mut conn, "tok:lost-delifeq"), None);
+    }
+    let errors = support::info_field(&mut conn, "errorstats", "errorstat_ERR").unwrap_or_default();
+    assert_eq!(errors, "count=1", "DELIFEQ was tried once");
+    assert_eq!(raw::command_calls(&mut conn, "evalsha"), 3);
+}

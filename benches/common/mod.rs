@@ -90,6 +90,15 @@ impl BenchEnv {
         env
     }
 
+    /// The server's product and version (`redis 7.0.15`, `valkey 9.1.2`), by `INFO server`.
+    pub fn server_version(&self) -> String {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.server.conn())
+            .unwrap_or_default();
+        server_version_of(&info)
+    }
+
     pub fn full(&self) -> bool {
         self.mode == Mode::Full
     }
@@ -145,12 +154,7 @@ impl BenchEnv {
             .arg("server")
             .query(&mut con)
             .unwrap_or_default();
-        let redis_version = info
-            .lines()
-            .find_map(|l| l.strip_prefix("redis_version:"))
-            .unwrap_or("unknown")
-            .trim()
-            .to_owned();
+        let redis_version = server_version_of(&info);
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_owned())
             .unwrap_or_else(|_| "unknown".to_owned());
@@ -699,4 +703,19 @@ pub fn measure_ping_floor(env: &mut BenchEnv, pool: &r2d2::Pool<redis::Client>) 
         us(raw_stats.p50)
     );
     pool_stats.p50
+}
+
+/// `valkey <valkey_version>` for Valkey, else `redis <redis_version>` (Valkey reports a
+/// `redis_version` too, for compatibility), from an `INFO server` text.
+fn server_version_of(info: &str) -> String {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+    };
+    match (field("valkey_version:"), field("redis_version:")) {
+        (Some(v), _) => format!("valkey {v}"),
+        (None, Some(v)) => format!("redis {v}"),
+        (None, None) => "unknown".to_owned(),
+    }
 }

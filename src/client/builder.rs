@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::{ConnectionAddr, RedisResult};
 
+use super::native::Detected;
 use super::pool::{
     cluster_retries, master_info, sentinel_master_addr, ConnectErrors, Manager, Pool, SharedErrors,
     Target,
@@ -240,6 +241,14 @@ impl ClientBuilder {
     /// nothing is sent: a Redis that is down now is reported by the first lock operation, and
     /// the client starts working when Redis comes up.
     ///
+    /// In the round trip of the first `EVAL` it also asks `INFO server` and `COMMAND INFO
+    /// DELIFEQ`, to learn whether the server has native compare-and-delete (`DELIFEQ`, Valkey
+    /// 9.0+) and compare-and-extend (`SET … IFEQ`, Valkey 8.1+), which Token locks then use
+    /// instead of scripts (docs/production.md, "Servers"). On a server with both (not through
+    /// a Cluster client), a user without scripting permission is no fault: the client is
+    /// built, Token locks without fencing work, and the locks that run scripts are refused at
+    /// their own `build()`. A lazy client asks nothing and uses the scripts.
+    ///
     /// At lock time, a connection that cannot be opened because access is denied is reported
     /// as [`LockError::Setup`] too (after the connect timeout, never as contention or a
     /// timeout), and a command without a reply as [`LockError::Connection`] whose cause reads
@@ -412,9 +421,11 @@ impl ClientBuilder {
             .thread_name_pattern("redis-dlock-pool-{}")
             .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
             .build();
-        if !self.lazy {
-            manager.check(&addr)?;
-        }
+        let detected = if self.lazy {
+            Detected::scripts_only()
+        } else {
+            manager.check(&addr)?
+        };
         let connect_errors = Arc::new(ConnectErrors::default());
         let pool = r2d2::Pool::builder()
             .thread_pool(Arc::new(scheduler))
@@ -435,6 +446,7 @@ impl ClientBuilder {
             (addr, connect_errors),
             switches,
             counters,
+            detected,
         );
         if let Some(watch) = watch {
             sentinel_watch::start(watch, &client);

@@ -10,6 +10,7 @@ pub(crate) mod cluster_deadline;
 pub(crate) mod grants;
 pub(crate) mod janitor;
 mod live;
+pub(crate) mod native;
 mod pool;
 pub(crate) mod sentinel_watch;
 pub(crate) mod subscriber;
@@ -28,6 +29,7 @@ use redis::RedisResult;
 
 use crate::client::janitor::Janitor;
 use crate::client::live::LiveValues;
+use crate::client::native::{Detected, Native};
 use crate::client::sentinel_watch::Switches;
 use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::waiters::WaitQueues;
@@ -101,6 +103,11 @@ struct Inner {
     live: LiveValues,
     /// The server takes `SET … NX PX … GET` (Redis 7.0+): until a server refuses it.
     set_get: AtomicBool,
+    /// The native commands the server has (learned at `build()`), until a server refuses one.
+    native: Native,
+    /// What `build()` learned (kept for the benchmarks' switch between native and scripts).
+    #[cfg_attr(not(feature = "bench-hooks"), allow(dead_code))]
+    detected: Detected,
     /// Where the client connects, for error messages ("127.0.0.1:6379", ...).
     addr: String,
     /// The command timeout (or the connect timeout without one), for error messages.
@@ -224,6 +231,7 @@ impl LockClient {
             ("the application's pool".to_owned(), Arc::default()),
             None,
             Arc::default(),
+            Detected::scripts_only(),
         )
     }
 
@@ -237,6 +245,7 @@ impl LockClient {
         (addr, connect_errors): (String, Arc<ConnectErrors>),
         switches: Option<Arc<Switches>>,
         counters: Arc<Counters>,
+        detected: Detected,
     ) -> Self {
         let waiters = Arc::new(WaitQueues::default());
         LockClient {
@@ -257,6 +266,8 @@ impl LockClient {
                 janitor: Janitor::default(),
                 live: LiveValues::default(),
                 set_get: AtomicBool::new(true),
+                native: Native::new(&detected),
+                detected,
                 addr,
                 timeout,
                 connect_errors,
@@ -334,6 +345,18 @@ impl LockClient {
                  use SET ... NX PX, and a key of another type is found only when a wait ends"
             );
         }
+    }
+
+    /// The native commands this client uses instead of scripts (see [`native`]).
+    pub(crate) fn native(&self) -> &Native {
+        &self.inner.native
+    }
+
+    /// For the benchmarks: the Token lock's scripts (`native == false`) or the native commands
+    /// the server has (`true`).
+    #[cfg(feature = "bench-hooks")]
+    pub(crate) fn force_native(&self, native: bool) {
+        self.inner.native.force(&self.inner.detected, native);
     }
 
     /// Sentinel clients: the master switches seen, and the recent releases to do again after

@@ -11,6 +11,7 @@ use redis::{
 };
 
 use super::cluster_deadline::{with_deadline, Deadlined};
+use super::native::Detected;
 use super::sentinel_watch::Switches;
 use crate::error::{self, Context, LockError, Result, Rounded};
 use crate::scripts;
@@ -269,9 +270,12 @@ impl Manager {
 impl Manager {
     /// The check of [`ClientBuilder::build`]: opens one connection (which sends AUTH, SELECT
     /// and the TLS handshake as the URL asks) and runs a one-line script by `EVAL` and by
-    /// `EVALSHA`, the two ways the library runs its scripts. Any failure is a
-    /// [`LockError::Setup`] that names the step and the server.
-    pub(super) fn check(&self, addr: &str) -> Result<()> {
+    /// `EVALSHA`, the two ways the library runs its scripts. The `EVAL` goes in one round trip
+    /// with `INFO server` and `COMMAND INFO DELIFEQ`, which tell the native commands the
+    /// server has (see [`native`](super::native)). Any failure is a [`LockError::Setup`] that
+    /// names the step and the server; a user denied scripts is no failure on a server with
+    /// both native commands (Token locks without fencing need no script there).
+    pub(super) fn check(&self, addr: &str) -> Result<Detected> {
         let setup = |what: String, e: redis::RedisError| LockError::Setup {
             source: Box::new(Context::new(what, Some(e))),
         };
@@ -294,19 +298,27 @@ impl Manager {
             };
             setup(what, e)
         })?;
-        let scripting = |e: redis::RedisError, cmd: &str| {
-            let why = if e.code() == Some("NOAUTH") {
-                "the server requires authentication (NOAUTH): give the user and password in \
+        let scripting = |e: redis::RedisError, cmd: &str, server: &str| {
+            let why =
+                if e.code() == Some("NOAUTH") {
+                    "the server requires authentication (NOAUTH): give the user and password in \
                  the URL"
-            } else if error::is_access_denied(&e) {
-                "the user may not run it (NOPERM); the locks' release and extend need EVAL and \
-                 EVALSHA (ACL category @scripting)"
-            } else if e.is_timeout() || e.is_io_error() {
-                "no reply in time (a paused, overloaded or unreachable server?)"
-            } else {
-                "the server refused it (renamed or disabled command?); the locks' release and \
+                        .to_owned()
+                } else if error::is_access_denied(&e) {
+                    format!(
+                    "the user may not run it (NOPERM); the locks' release and extend need EVAL \
+                     and EVALSHA (ACL category @scripting) on {}, which lacks DELIFEQ and \
+                     SET ... IFEQ (Valkey 9.0 and later have both: there a Token lock without \
+                     fencing needs no script)",
+                    if server.is_empty() { "this server" } else { server }
+                )
+                } else if e.is_timeout() || e.is_io_error() {
+                    "no reply in time (a paused, overloaded or unreachable server?)".to_owned()
+                } else {
+                    "the server refused it (renamed or disabled command?); the locks' release and \
                  extend need EVAL and EVALSHA"
-            };
+                        .to_owned()
+                };
             setup(format!("{cmd} on {addr}: {why}"), e)
         };
         // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
@@ -314,14 +326,46 @@ impl Manager {
         // for the rest of the pause; servers before 7 reject the shebang and run it plain.
         let eval =
             |text: &str, con: &mut Link| redis::cmd("EVAL").arg(text).arg(0).query::<i64>(con);
-        let text = match eval(PROBE, &mut con) {
+        // The capability questions ride with the first EVAL; a user denied them (no @slow) is
+        // told nothing and the client keeps to the scripts.
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("INFO").arg("server");
+        pipe.cmd("COMMAND").arg("INFO").arg("DELIFEQ");
+        pipe.cmd("EVAL").arg(PROBE).arg(0);
+        let replies: Vec<Value> = pipe.query(&mut con).map_err(|e| scripting(e, "EVAL", ""))?;
+        let (info, command_info, probe) = match replies.as_slice() {
+            [a, b, c] => (a, b, c.clone()),
+            _ => (&Value::Nil, &Value::Nil, Value::Nil),
+        };
+        let mut detected = Detected::from_replies(info, command_info);
+        let first: RedisResult<i64> = match probe {
+            Value::ServerError(e) => Err(e.into()),
+            other => redis::from_redis_value(other).map_err(redis::RedisError::from),
+        };
+        let text = match first {
             Ok(_) => PROBE,
             Err(e) if scripts::rejects_shebang(&e) => {
                 let plain = PROBE.lines().last().unwrap_or_default();
-                eval(plain, &mut con).map_err(|e| scripting(e, "EVAL"))?;
+                eval(plain, &mut con).map_err(|e| scripting(e, "EVAL", &detected.server))?;
                 plain
             }
-            Err(e) => return Err(scripting(e, "EVAL")),
+            // Not in a cluster, where the Token release's PUBLISH keeps the script.
+            Err(e)
+                if error::is_access_denied(&e)
+                    && detected.delifeq
+                    && detected.set_ifeq
+                    && !matches!(self.target, Target::Cluster(_)) =>
+            {
+                log::info!(
+                    "{addr} ({}): the user may not run scripts ({e}); Token locks without \
+                     fencing need none on this server, every other lock does",
+                    detected.server
+                );
+                detected.scripting = false;
+                return Ok(detected);
+            }
+            Err(e) => return Err(scripting(e, "EVAL", &detected.server)),
         };
         let probe = redis::Script::new(text);
         // NOSCRIPT also proves that EVALSHA exists and is allowed (on a cluster the EVAL above
@@ -331,11 +375,11 @@ impl Manager {
             .arg(0)
             .query::<i64>(&mut con)
         {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(detected),
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                Ok(())
+                Ok(detected)
             }
-            Err(e) => Err(scripting(e, "EVALSHA")),
+            Err(e) => Err(scripting(e, "EVALSHA", &detected.server)),
         }
     }
 

@@ -8,7 +8,10 @@
 //! the renewal: the thread keeps only a weak reference, so renewal stops when the hold is
 //! released, when its guard (or every clone of the lease) is dropped, and when the process
 //! dies. Holds due for renewal together are renewed together, one script call
-//! (`lua/renew_batch.lua`) per batch of keys of one hash slot.
+//! (`lua/renew_batch.lua`) per batch of keys of one hash slot; on a server with
+//! `SET … IFEQ` (Valkey 8.1 and later) the Token holds of a batch are renewed instead by a
+//! pipeline of `SET key token IFEQ token PX lease`, one round trip too (see
+//! [`native`](crate::client::native)).
 //!
 //! A round takes every hold due now or within a sixth of its lease, so holds acquired around
 //! the same time are renewed in the same call, and stay together afterwards (each renewal
@@ -41,7 +44,9 @@ use std::time::{Duration, Instant};
 
 use crate::lock::VALUE_CAPACITY;
 
+use crate::client::native::{self, Command};
 use crate::client::WeakClient;
+use crate::error::LockError;
 use crate::keys;
 use crate::stats::{Counters, Kind};
 
@@ -597,17 +602,7 @@ fn renew(
     let Some((_, first)) = batch.first() else {
         return;
     };
-    let keys: Vec<&str> = batch.iter().map(|(_, s)| s.key()).collect();
-    let leases: Vec<String> = batch.iter().map(|(_, s)| lease_ms(s).to_string()).collect();
-    let mut args: Vec<&[u8]> = Vec::with_capacity(3 * batch.len());
-    for ((_, state), ms) in batch.iter().zip(&leases) {
-        args.push(state.kind().tag().as_bytes());
-        args.push(state.value());
-        args.push(ms.as_bytes());
-    }
-    let reply: crate::error::Result<Vec<i64>> = client.with_conn(first.key(), |con, scripts| {
-        scripts.renew_batch.eval_keys(con, &keys, &args)
-    });
+    let reply = renew_replies(client, batch);
     let results = match reply {
         Ok(results) if results.len() == batch.len() => results,
         Ok(results) => {
@@ -663,6 +658,135 @@ fn renew(
         batch.len(),
         first.key()
     );
+}
+
+/// The renewal answers for `batch`, one per hold (1 renewed, 0 not the owner's): Token holds
+/// by a pipeline of `SET key token IFEQ token PX lease` where the server has it (one round
+/// trip), the others (and all of them elsewhere) by one `lua/renew_batch.lua` call.
+fn renew_replies(
+    client: &crate::client::LockClient,
+    batch: &[(usize, Arc<WatchState>)],
+) -> crate::error::Result<Vec<i64>> {
+    let mut results = vec![0i64; batch.len()];
+    let mut scripted: Vec<usize> = (0..batch.len()).collect();
+    if client.native().has(Command::SetIfEq) {
+        let values: Vec<usize> = scripted
+            .iter()
+            .copied()
+            .filter(|&i| batch[i].1.kind() == RenewKind::Value)
+            .collect();
+        // In a cluster one command at most: redis-rs does not follow a slot's redirection
+        // (a migration's ASK or MOVED) inside a pipeline.
+        if !values.is_empty() && (values.len() == 1 || !client.is_cluster()) {
+            if let Some(renewed) = renew_natively(client, batch, &values)? {
+                for (&i, r) in values.iter().zip(renewed) {
+                    results[i] = r;
+                }
+                scripted.retain(|i| batch[*i].1.kind() != RenewKind::Value);
+            }
+        }
+    }
+    if scripted.is_empty() {
+        return Ok(results);
+    }
+    let keys: Vec<&str> = scripted.iter().map(|&i| batch[i].1.key()).collect();
+    let leases: Vec<String> = scripted
+        .iter()
+        .map(|&i| lease_ms(&batch[i].1).to_string())
+        .collect();
+    let mut args: Vec<&[u8]> = Vec::with_capacity(3 * scripted.len());
+    for (&i, ms) in scripted.iter().zip(&leases) {
+        let state = &batch[i].1;
+        args.push(state.kind().tag().as_bytes());
+        args.push(state.value());
+        args.push(ms.as_bytes());
+    }
+    let replies: Vec<i64> = client.with_conn(keys[0], |con, scripts| {
+        scripts.renew_batch.eval_keys(con, &keys, &args)
+    })?;
+    if replies.len() != scripted.len() {
+        // Reported by the caller as a malformed answer.
+        return Ok(replies);
+    }
+    for (&i, r) in scripted.iter().zip(replies) {
+        results[i] = r;
+    }
+    Ok(results)
+}
+
+/// The pipelined `SET … IFEQ … PX` renewal of the holds `which` of `batch`: their answers, or
+/// `None` when the server refused the command (then the script renews them: an unknown
+/// command or syntax error from now on, a full server's `OOM` for this call). A key of another
+/// type counts as not the owner's, as in the script.
+fn renew_natively(
+    client: &crate::client::LockClient,
+    batch: &[(usize, Arc<WatchState>)],
+    which: &[usize],
+) -> crate::error::Result<Option<Vec<i64>>> {
+    let key = batch[which[0]].1.key();
+    if let [i] = which {
+        let state = &batch[*i].1;
+        let reply = client.with_conn(key, |con, _| {
+            native::set_ifeq_px(state.key(), state.value(), lease_ms(state))
+                .query::<redis::Value>(con)
+        });
+        return match reply {
+            Ok(redis::Value::Nil) => Ok(Some(vec![0])),
+            Ok(_) => Ok(Some(vec![1])),
+            // A key of another type counts as not the owner's, as in the script.
+            Err(LockError::WrongType { .. }) => Ok(Some(vec![0])),
+            Err(LockError::Redis { source, .. }) if native::is_unsupported(&source) => {
+                client.native().refused(Command::SetIfEq, key, &source);
+                Ok(None)
+            }
+            Err(LockError::Redis { source, .. }) if native::is_oom(&source) => Ok(None),
+            Err(e) => Err(e),
+        };
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for &i in which {
+        let state = &batch[i].1;
+        pipe.add_command(native::set_ifeq_px(
+            state.key(),
+            state.value(),
+            lease_ms(state),
+        ));
+    }
+    let replies: Vec<redis::Value> = client.with_conn(key, |con, _| pipe.query(con))?;
+    let mut out = Vec::with_capacity(which.len());
+    for reply in replies {
+        match reply {
+            redis::Value::Okay | redis::Value::SimpleString(_) => out.push(1),
+            redis::Value::Nil => out.push(0),
+            redis::Value::ServerError(e) => {
+                let e = redis::RedisError::from(e);
+                if native::is_unsupported(&e) {
+                    client.native().refused(Command::SetIfEq, key, &e);
+                    return Ok(None);
+                }
+                if native::is_oom(&e) {
+                    return Ok(None);
+                }
+                if e.code() == Some("WRONGTYPE") {
+                    out.push(0);
+                } else {
+                    return Err(crate::error::LockError::from_redis(key, e));
+                }
+            }
+            other => {
+                return Err(crate::error::LockError::from_redis(
+                    key,
+                    redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "unexpected reply to SET ... IFEQ",
+                        format!("{other:?}"),
+                    )),
+                ))
+            }
+        }
+    }
+    Ok(Some(out))
 }
 
 /// After a failed call: each hold is tried again soon, unless its validity has run out by the

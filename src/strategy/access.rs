@@ -5,6 +5,7 @@
 //! not `PUBLISH` on the lock's channel) acquires fine and then cannot release: the lock stays
 //! for its whole lifetime.
 
+use crate::client::native::Command;
 use crate::client::LockClient;
 use crate::error::{Context, LockError, Result};
 
@@ -28,8 +29,18 @@ fn subscriber(channel: &str) -> Vec<Check> {
 /// `SET` + `PTTL` and `INCR` of the fencing counter), release (`GET`, `DEL`, `PUBLISH`),
 /// extend and renewal (`GET`, `PEXPIRE`), the check (`GET`), the type check of a wait that
 /// gives up (`TYPE`), and the subscriber's commands when waiters are woken by pub/sub.
-pub(crate) fn token(key: &str, channel: &str, fence: Option<&str>, pubsub: bool) -> Vec<Check> {
-    let mut c = vec![
+///
+/// Where the client uses the native commands (see [`crate::client::native`]), `DELIFEQ` and
+/// `SET … IFEQ … PX` are checked too.
+pub(crate) fn token(
+    client: &LockClient,
+    key: &str,
+    channel: &str,
+    fence: Option<&str>,
+    pubsub: bool,
+) -> Vec<Check> {
+    let mut c = native(client, key);
+    c.extend([
         check("set", &[key, "v", "NX", "PX", "1000", "GET"]),
         check("get", &[key]),
         check("del", &[key]),
@@ -37,7 +48,7 @@ pub(crate) fn token(key: &str, channel: &str, fence: Option<&str>, pubsub: bool)
         check("pttl", &[key]),
         check("type", &[key]),
         check("publish", &[channel, "0"]),
-    ];
+    ]);
     if let Some(f) = fence {
         c.push(check("incr", &[f]));
     }
@@ -47,17 +58,32 @@ pub(crate) fn token(key: &str, channel: &str, fence: Option<&str>, pubsub: bool)
     c
 }
 
+/// The native commands the client sends for a string-value lock on `key` (none on a server
+/// without them).
+fn native(client: &LockClient, key: &str) -> Vec<Check> {
+    let mut c = Vec::new();
+    if client.native().has(Command::DelIfEq) {
+        c.push(check("delifeq", &[key, "v"]));
+    }
+    if client.native().has(Command::SetIfEq) {
+        c.push(check("set", &[key, "v", "IFEQ", "v", "PX", "1000"]));
+    }
+    c
+}
+
 /// The commands of a Classic lock: `SETNX` (or `SET NX PX` with `key_ttl`), `GET`, `GETSET`
 /// or the compare-and-set script's `SET`, `PEXPIRE`, and the release's `GET` + `DEL`.
-pub(crate) fn classic(key: &str) -> Vec<Check> {
-    vec![
+pub(crate) fn classic(client: &LockClient, key: &str) -> Vec<Check> {
+    let mut c = native(client, key);
+    c.extend([
         check("setnx", &[key, "v"]),
         check("set", &[key, "v", "NX", "PX", "1000"]),
         check("get", &[key]),
         check("getset", &[key, "v"]),
         check("pexpire", &[key, "1000"]),
         check("del", &[key]),
-    ]
+    ]);
+    c
 }
 
 /// The commands of a reentrant lock (Redisson's `RLock` scripts and the library's own).
@@ -159,6 +185,9 @@ pub(crate) fn fair(n: &FairNames<'_>) -> Vec<Check> {
 /// allowed, else [`LockError::Setup`] naming the lock, each denied command with its key or
 /// channel, and NOPERM.
 pub(crate) fn verify(client: &LockClient, key: &str, what: &str, checks: &[Check]) -> Result<()> {
+    if !client.native().scripting() {
+        return verify_by_probes(client, key, what, checks);
+    }
     let mut args: Vec<String> = Vec::new();
     for (name, a) in checks {
         args.push((*name).to_owned());
@@ -167,6 +196,64 @@ pub(crate) fn verify(client: &LockClient, key: &str, what: &str, checks: &[Check
     }
     let denied: Vec<String> =
         client.with_conn(key, |con, s| s.acl_check.eval_keys(con, &[], &args))?;
+    denied_error(key, what, &denied)
+}
+
+/// The check of a client whose user may not run scripts (so `lua/acl_check.lua` cannot ask
+/// for it), on a server where a Token lock without fencing needs none: each command the lock
+/// sends on its connections is sent once, in one pipeline, in a form that changes nothing,
+/// and a `NOPERM` answer marks it denied. The server checks the ACL before it looks at the
+/// options, so an acquire is sent as `SET key v NX XX …` (refused as a syntax error when
+/// allowed); `DELIFEQ` and `SET … IFEQ` compare with a random value no lock writes; the
+/// `PUBLISH` of a release is sent as it is (its waiters wake, find the lock as it was, and
+/// wait on). The subscriber's `SUBSCRIBE` cannot be sent on a pooled connection: it is not
+/// checked (a waiter that cannot subscribe polls).
+fn verify_by_probes(client: &LockClient, key: &str, what: &str, checks: &[Check]) -> Result<()> {
+    let probe_value = hex::encode(crate::strategy::token::new_token());
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    let mut sent: Vec<String> = Vec::new();
+    for (name, args) in checks {
+        if matches!(*name, "subscribe" | "unsubscribe" | "ping") {
+            continue;
+        }
+        let cmd = pipe.cmd(name);
+        match *name {
+            "set" if args.iter().any(|a| a == "NX") => {
+                // SET key v NX XX PX 1000 [GET]: checked, then refused by its syntax.
+                cmd.arg(&args[0]).arg(&probe_value).arg("NX").arg("XX");
+                cmd.arg(&args[2..]);
+            }
+            "set" | "delifeq" => {
+                let args: Vec<&str> = args
+                    .iter()
+                    .map(|a| if a == "v" { probe_value.as_str() } else { a })
+                    .collect();
+                cmd.arg(&args);
+            }
+            _ => {
+                cmd.arg(args);
+            }
+        }
+        sent.push(format!("{} {}", name.to_ascii_uppercase(), args.join(" ")));
+    }
+    let replies: Vec<redis::Value> = client.with_conn(key, |con, _| pipe.query(con))?;
+    let denied: Vec<String> = sent
+        .into_iter()
+        .zip(replies)
+        .filter_map(|(shown, reply)| match reply {
+            redis::Value::ServerError(e) => {
+                let e = redis::RedisError::from(e);
+                crate::error::is_access_denied(&e).then(|| format!("{shown} ({e})"))
+            }
+            _ => None,
+        })
+        .collect();
+    denied_error(key, what, &denied)
+}
+
+/// `Ok` when nothing was denied, else the [`LockError::Setup`] that lists what was.
+fn denied_error(key: &str, what: &str, denied: &[String]) -> Result<()> {
     if denied.is_empty() {
         return Ok(());
     }

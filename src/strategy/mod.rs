@@ -263,6 +263,12 @@ impl LockBuilder {
     /// [`Strategy::Fair`], whose releases publish grants on other clients' channels, the
     /// publish is checked on a representative other client's grant channel as well as on this
     /// client's own (see [`build_fair`](Self::build_fair)).
+    ///
+    /// Where the client uses native commands (Valkey: `DELIFEQ`, `SET … IFEQ`), they are
+    /// checked too. A client whose user may not run scripts (possible on Valkey 9.0 and later)
+    /// cannot ask by script: it sends each of the lock's commands once, in one pipeline, in a
+    /// form that changes nothing (the release's `PUBLISH` wakes the lock's waiters, who find it
+    /// as it was), and reports each `NOPERM`; the subscriber's `SUBSCRIBE` is not checked then.
     pub fn check_access(mut self) -> Self {
         self.check_access = true;
         self
@@ -296,6 +302,7 @@ impl LockBuilder {
             ));
         }
         let opts = self.hold_options()?;
+        needs_scripts(&self.client, &self.key, "a fair lock")?;
         let lock = FairLock::new(self.client, self.key, opts)?;
         if self.check_access {
             lock.check_access()?;
@@ -306,8 +313,12 @@ impl LockBuilder {
     /// Builds a [`TokenLock`] whatever [`strategy`](Self::strategy) says.
     pub fn build_token(self) -> Result<TokenLock> {
         let opts = self.hold_options()?;
+        if opts.fence_key.is_some() {
+            needs_scripts(&self.client, &self.key, "a Token lock with fencing")?;
+        }
         if self.check_access {
             let checks = crate::strategy::access::token(
+                &self.client,
                 &self.key,
                 &opts.channel,
                 opts.fence_key.as_deref(),
@@ -321,6 +332,7 @@ impl LockBuilder {
     /// Builds a [`ReentrantLock`] whatever [`strategy`](Self::strategy) says.
     pub fn build_reentrant(self) -> Result<ReentrantLock> {
         let opts = self.hold_options()?;
+        needs_scripts(&self.client, &self.key, "a reentrant lock")?;
         if self.check_access {
             let checks = crate::strategy::access::reentrant(
                 &self.key,
@@ -367,8 +379,9 @@ impl LockBuilder {
         }
         let (ttl, retry) = self.validate(CLASSIC_DEFAULT_TTL, RetryPolicy::legacy())?;
         check_duration(&self.key, "clock_skew", self.classic.clock_skew, true)?;
+        needs_scripts(&self.client, &self.key, "a Classic lock")?;
         if self.check_access {
-            let checks = crate::strategy::access::classic(&self.key);
+            let checks = crate::strategy::access::classic(&self.client, &self.key);
             crate::strategy::access::verify(&self.client, &self.key, "Classic", &checks)?;
         }
         Ok(ClassicLock::new(
@@ -391,6 +404,25 @@ impl LockBuilder {
             self.retry.clone().unwrap_or(default_retry),
         )
     }
+}
+
+/// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
+/// (see [`crate::client::native`]): only a Token lock without fencing goes without.
+pub(crate) fn needs_scripts(client: &LockClient, key: &str, what: &str) -> Result<()> {
+    if client.native().scripting() {
+        return Ok(());
+    }
+    Err(LockError::Setup {
+        source: Box::new(crate::error::Context::new(
+            format!(
+                "{what} on {key:?} runs Lua scripts, which this client's user may not (NOPERM \
+                 on EVAL when the client was built); on {} only a Token lock without fencing \
+                 needs none",
+                client.native().server()
+            ),
+            None,
+        )),
+    })
 }
 
 /// The checks every lock builder makes before anything is sent: a key, a lifetime of whole

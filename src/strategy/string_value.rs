@@ -10,6 +10,7 @@ use std::cell::Cell;
 use redis::RedisResult;
 
 use crate::client::janitor::{self, Cause, Cleanup};
+use crate::client::native::{self, Command};
 use crate::client::sentinel_watch::{self, Released};
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
@@ -151,11 +152,24 @@ pub(crate) fn release(
 ) -> Result<bool> {
     lease.stop_renewal();
     let generation = client.switch_generation();
-    let reply: Result<i64> = client.with_conn(key, |con, s| match channel {
-        None => s.unlock.eval(con, key, lease.value()),
-        Some(ch) => s
-            .unlock
-            .eval(con, key, (lease.value(), keys::UNLOCK_MESSAGE, ch)),
+    // In a cluster only the single command: redis-rs does not follow a slot's redirection
+    // (a migration's ASK or MOVED) inside a pipeline, so the publishing release keeps the script.
+    let native_here = !client.is_cluster() || channel.is_none();
+    let reply: Result<i64> = client.with_conn(key, |con, s| {
+        if native_here && client.native().has(Command::DelIfEq) {
+            match native_release(con, key, lease.value(), channel) {
+                Err(e) if native::is_unsupported(&e) => {
+                    client.native().refused(Command::DelIfEq, key, &e)
+                }
+                other => return other,
+            }
+        }
+        match channel {
+            None => s.unlock.eval(con, key, lease.value()),
+            Some(ch) => s
+                .unlock
+                .eval(con, key, (lease.value(), keys::UNLOCK_MESSAGE, ch)),
+        }
     });
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
@@ -195,6 +209,49 @@ pub(crate) fn release(
         client.counters().lost_on_release(kind, lease);
     }
     Ok(lock::note_release(client.waiters(), key, reply >= 1))
+}
+
+/// The release by `DELIFEQ key value`, with a `channel` pipelined with the `PUBLISH` of the
+/// release (one round trip): the same answer as `lua/unlock.lua`, 0 when not ours, else 1 + the
+/// subscribers reached. Unlike the script, the `PUBLISH` goes out also when the value was not
+/// ours: its waiters then wake, find the lock held and wait again.
+fn native_release(
+    con: &mut Conn,
+    key: &str,
+    value: &[u8],
+    channel: Option<&str>,
+) -> RedisResult<i64> {
+    let Some(ch) = channel else {
+        return native::delifeq(key, value).query(con);
+    };
+    let mut pipe = redis::pipe();
+    pipe.add_command(native::delifeq(key, value))
+        .cmd("PUBLISH")
+        .arg(ch)
+        .arg(keys::UNLOCK_MESSAGE);
+    let (deleted, reached): (i64, i64) = pipe.query(con)?;
+    Ok(if deleted == 1 { 1 + reached.max(0) } else { 0 })
+}
+
+/// The compare-and-extend of a string value: `SET key value IFEQ value PX ttl` where the
+/// server has it, else `lua/extend.lua` (compare-and-pexpire). True if extended. A full server
+/// (`maxmemory` reached) refuses the `SET`, so that call is sent as the script, which it takes.
+pub(crate) fn extend(client: &LockClient, key: &str, value: &[u8], ttl_ms: u64) -> Result<bool> {
+    client.with_conn(key, |con, s| {
+        if client.native().has(Command::SetIfEq) {
+            match native::set_ifeq_px(key, value, ttl_ms).query::<Option<redis::Value>>(con) {
+                Err(e) if native::is_unsupported(&e) => {
+                    client.native().refused(Command::SetIfEq, key, &e)
+                }
+                Err(e) if native::is_oom(&e) => {}
+                Ok(reply) => return Ok(reply.is_some()),
+                Err(e) => return Err(e),
+            }
+        }
+        s.extend
+            .eval::<i64>(con, key, (value, ttl_ms))
+            .map(|n| n == 1)
+    })
 }
 
 /// True if the key holds our value and the lease has not run out locally.

@@ -13,6 +13,17 @@
 //! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>` → 1 or 0;
 //! - check: `GET key`, compared with our token.
 //!
+//! Where the server has them (see [`crate::client::native`]; Valkey 9.0 and later for the
+//! first two, 8.1 for the third), without scripts:
+//! - release: `DELIFEQ key <token>` pipelined with `PUBLISH redisson_lock__channel:{key} 0`
+//!   (one round trip; the `PUBLISH` goes out also when the token was not ours);
+//! - acquire while waiting, without fencing: `SET key <token> NX PX <ttl ms> GET` pipelined
+//!   with `PTTL key` (the holder's PTTL, as the script reports it);
+//! - extend: `SET key <token> IFEQ <token> PX <ttl ms>` → `OK` or nil.
+//!
+//! In a cluster only the single commands are used (redis-rs follows no redirection inside a
+//! pipeline): the release and the waiting attempts keep their scripts there.
+//!
 //! A lock built without an explicit ttl is watched: the client's watchdog renews its holds
 //! (see [`crate::client::watchdog`]).
 
@@ -25,6 +36,7 @@ use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
 use crate::client::janitor::Cause;
+use crate::client::native::{self, Command};
 use crate::client::watchdog::RenewKind;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
@@ -34,7 +46,7 @@ use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::check_duration;
-use crate::strategy::hold::{self, HoldOptions};
+use crate::strategy::hold::{self, AcquireReply, HoldOptions};
 use crate::strategy::string_value;
 
 /// A lock of [`Strategy::Token`](crate::Strategy::Token). Build it with
@@ -98,21 +110,26 @@ impl TokenLock {
         self.opts.watched
     }
 
-    /// One attempt by `lua/token_acquire.lua` with the acquire's token: also reports the fence
-    /// or the holder's PTTL, and takes a key that already holds the token (an earlier attempt
-    /// of the same acquire whose reply was lost).
-    fn attempt_scripted(&self, acq: &Acquiring) -> Result<Attempt> {
-        let attempt = self.attempt_scripted_once(acq)?;
-        match attempt {
-            (Attempt::Held { .. }, Some(holder)) if self.clear_stale(&holder) => {
-                Ok(self.attempt_scripted_once(acq)?.0)
+    /// One attempt made while waiting, with the acquire's token: by `lua/token_acquire.lua`,
+    /// or without a script where the server releases natively ([`attempt_pipelined`]
+    /// (Self::attempt_pipelined)). Both report the fence or the holder's PTTL, and take a key
+    /// that already holds the token (an earlier attempt of the same acquire whose reply was
+    /// lost). A refusal by a stale hold of this client's own is cleared and tried again once.
+    fn attempt_waiting(&self, acq: &Acquiring) -> Result<Attempt> {
+        let once = |acq| {
+            if self.pipelined_attempts() {
+                self.attempt_pipelined(acq)
+            } else {
+                self.attempt_scripted_once(acq)
             }
+        };
+        match once(acq)? {
+            (Attempt::Held { .. }, Some(holder)) if self.clear_stale(&holder) => Ok(once(acq)?.0),
             (attempt, _) => Ok(attempt),
         }
     }
 
-    /// [`attempt_scripted`](Self::attempt_scripted) without the clean-up of a stale hold: a
-    /// refusal also returns the value held.
+    /// One attempt by `lua/token_acquire.lua`: a refusal also returns the value held.
     fn attempt_scripted_once(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = acq.token;
         let start = Instant::now();
@@ -140,14 +157,78 @@ impl TokenLock {
                 self.note_no_ttl();
             }
         }
-        let attempt = decoded.into_attempt(|fence| self.new_lease(&token, start, fence));
+        Ok((self.finish_attempt(&token, start, decoded)?, holder))
+    }
+
+    /// One attempt without a script, where the server has the native release (so that a Token
+    /// lock without fencing sends no script at all): `SET key token NX PX ttl GET` pipelined
+    /// with `PTTL key` (one round trip), which reports the holder's PTTL as the script does.
+    /// A key that holds the acquire's own token (an earlier attempt whose reply was lost) is
+    /// taken with a fresh lifetime by `SET … IFEQ … PX` (one more round trip, only then). A
+    /// refusal also returns the value held.
+    fn attempt_pipelined(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
+        let token = acq.token;
+        let start = Instant::now();
+        let ttl = self.opts.lease_ms();
+        let (set, pttl): (Value, i64) = self.send_acquire(&token, start, Some(acq), |con, _| {
+            let mut pipe = redis::pipe();
+            pipe.add_command(string_value::set_nx_px_get(&self.key, &token, ttl))
+                .cmd("PTTL")
+                .arg(&self.key);
+            let (set, pttl): (Value, i64) = pipe.query(con)?;
+            if set == Value::BulkString(token.to_vec()) {
+                // Ours already: renewed only if it still is.
+                let renewed: Option<Value> =
+                    native::set_ifeq_px(&self.key, &token, ttl).query(con)?;
+                return Ok((
+                    if renewed.is_some() {
+                        Value::Nil
+                    } else {
+                        Value::Okay
+                    },
+                    -2,
+                ));
+            }
+            Ok((set, pttl))
+        })?;
+        let mut holder = None;
+        let decoded = match set {
+            // Set (or, above, found ours and renewed).
+            Value::Nil => AcquireReply::Taken { fence: None },
+            found => {
+                if let Value::BulkString(v) = found {
+                    holder = Some(v);
+                }
+                if pttl == -1 {
+                    self.note_no_ttl();
+                }
+                AcquireReply::Held {
+                    pttl: match pttl {
+                        -2 => Some(Duration::ZERO),
+                        p if p >= 0 => Some(Duration::from_millis(p as u64)),
+                        _ => None,
+                    },
+                }
+            }
+        };
+        Ok((self.finish_attempt(&token, start, decoded)?, holder))
+    }
+
+    /// Turns an attempt's answer into its outcome (a won hold is checked against its lease).
+    fn finish_attempt(
+        &self,
+        token: &[u8],
+        start: Instant,
+        decoded: AcquireReply,
+    ) -> Result<Attempt> {
+        let attempt = decoded.into_attempt(|fence| self.new_lease(token, start, fence));
         let result =
             lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
         if !matches!(result, Ok(Attempt::Acquired(_))) {
-            self.client.hold_ends(&token);
+            self.client.hold_ends(token);
         }
         self.client.counters().outcome(Kind::Token, &result);
-        result.map(|a| (a, holder))
+        result
     }
 
     /// A refused attempt found `holder` at the key: if it is a token of this client that no
@@ -271,7 +352,7 @@ impl TokenLock {
                 self.try_acquire_as(&acq.token, Some(&acq))
                     .map(Attempt::from)
             } else {
-                self.attempt_scripted(&acq)
+                self.attempt_waiting(&acq)
             }
         };
         let result = lock::acquire_in_line(self, line, attempts, attempt, |_| self.check_type());
@@ -340,6 +421,16 @@ impl TokenLock {
         result
     }
 
+    /// True if attempts made while waiting go without the script: no fencing, and the server
+    /// releases natively (`DELIFEQ`) and takes `SET … NX PX … GET`.
+    fn pipelined_attempts(&self) -> bool {
+        // Not in a cluster: redis-rs does not follow redirections inside a pipeline.
+        self.opts.fence_key.is_none()
+            && !self.client.is_cluster()
+            && self.client.set_get()
+            && self.client.native().has(Command::DelIfEq)
+    }
+
     /// Called when a blocking acquire gives up: a key of another type can never be locked, so
     /// say that rather than "timeout". Costs one `TYPE`, only on this slow path.
     fn check_type(&self) -> Result<()> {
@@ -374,7 +465,7 @@ impl DistributedLock for TokenLock {
                 token: self.new_token(),
                 lost_until: Cell::new(None),
             };
-            let attempt = self.attempt_scripted(&acq);
+            let attempt = self.attempt_waiting(&acq);
             if let Some(until) = acq.lost_until.get() {
                 self.forget_lost(&acq.token, until);
             }
@@ -401,11 +492,13 @@ impl DistributedLock for TokenLock {
         check_duration(&self.key, "ttl", ttl, false)?;
         let ttl = Duration::from_millis(ttl.as_millis() as u64);
         let start = Instant::now();
-        let extended: i64 = self.client.with_conn(&self.key, |con, s| {
-            s.extend
-                .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
-        })?;
-        let result = string_value::extended(&self.key, extended == 1, lease, None, start, ttl);
+        let extended = string_value::extend(
+            &self.client,
+            &self.key,
+            lease.value(),
+            ttl.as_millis() as u64,
+        )?;
+        let result = string_value::extended(&self.key, extended, lease, None, start, ttl);
         self.client.counters().extended(Kind::Token, lease, result)
     }
 

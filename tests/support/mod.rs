@@ -1,6 +1,8 @@
 //! Integration-test fixture: real, throw-away `redis-server` processes.
 //!
-//! Every [`RedisServer`] runs its own `redis-server` child on a free loopback
+//! The binary is `redis-server` on PATH, or the one named in the environment variable
+//! `DLOCK_TEST_SERVER` (e.g. a `valkey-server`): see [`server_binary`] and [`server_kind`].
+//! Every [`RedisServer`] runs its own server child on a free loopback
 //! port with a private temporary directory and no persistence. Fault
 //! injection (pause/resume/stop/kill/restart) only ever signals this
 //! server's own pid, and `Drop` always kills the child and removes its
@@ -38,8 +40,81 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 /// Read/write timeout of connections returned by `conn()`.
 const CONN_TIMEOUT: Duration = Duration::from_secs(5);
 
-const NOT_FOUND_MSG: &str = "redis-server not found on PATH: install it \
-     (Debian/Ubuntu: apt-get install redis-server) and rerun";
+/// The environment variable naming the server binary the fixture starts (a path, or a name
+/// looked up on PATH): `DLOCK_TEST_SERVER=/opt/valkey/bin/valkey-server cargo test`.
+pub const SERVER_ENV: &str = "DLOCK_TEST_SERVER";
+
+/// The server binary the fixture starts: [`SERVER_ENV`] if set and not empty, else
+/// `redis-server` on PATH. Sentinels are the same binary with `--sentinel`.
+pub fn server_binary() -> String {
+    std::env::var(SERVER_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
+/// Which server [`server_binary`] is, by its `--version`: the product and its version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// `Redis server v=7.0.15 …`
+    Redis(u32, u32),
+    /// `Valkey server v=9.1.2 …`
+    Valkey(u32, u32),
+}
+
+impl ServerKind {
+    /// True for Valkey 9.0 and later: `DELIFEQ` and `SET … IFEQ`, which the client uses for
+    /// Token locks instead of scripts.
+    pub fn has_native_token(self) -> bool {
+        matches!(self, ServerKind::Valkey(major, _) if major >= 9)
+    }
+
+    /// True for Valkey 8.1 and later: `SET … IFEQ`, which the client uses to extend and renew
+    /// Token holds instead of a script.
+    pub fn has_set_ifeq(self) -> bool {
+        matches!(self, ServerKind::Valkey(major, minor) if (major, minor) >= (8, 1))
+    }
+
+    /// True for servers built with TLS support (the Valkey binaries CI installs are not).
+    pub fn has_tls(self) -> bool {
+        matches!(self, ServerKind::Redis(..))
+    }
+}
+
+/// The kind of [`server_binary`], asked once per test binary (`<server> --version`).
+pub fn server_kind() -> ServerKind {
+    static KIND: std::sync::OnceLock<ServerKind> = std::sync::OnceLock::new();
+    *KIND.get_or_init(|| {
+        let bin = server_binary();
+        let out = Command::new(&bin)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("{bin} --version: {e} ({})", not_found_msg()));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let version = text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("v="))
+            .unwrap_or("0.0");
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        if text.to_ascii_lowercase().starts_with("valkey") {
+            ServerKind::Valkey(major, minor)
+        } else {
+            ServerKind::Redis(major, minor)
+        }
+    })
+}
+
+fn not_found_msg() -> String {
+    let bin = server_binary();
+    if bin == "redis-server" {
+        "redis-server not found on PATH: install it (Debian/Ubuntu: apt-get install \
+         redis-server), or name another server binary in DLOCK_TEST_SERVER, and rerun"
+            .to_owned()
+    } else {
+        format!("{bin} (from {SERVER_ENV}) not found: give a path to a redis-server or valkey-server binary")
+    }
+}
 
 static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -237,6 +312,16 @@ impl RedisServer {
             "could not restart redis-server on port {} after {RESTART_ATTEMPTS} attempts: {last_error}",
             self.port
         );
+    }
+
+    /// Like [`restart`](Self::restart), with `extra_args` added to the launch settings from now
+    /// on (e.g. `["--rename-command", "DELIFEQ", "\"\""]`: the server at this address then
+    /// lacks a command it had, as after a failover to an older server).
+    pub fn restart_with(&mut self, extra_args: &[&str]) {
+        self.launch
+            .args
+            .extend(extra_args.iter().map(|a| a.to_string()));
+        self.restart();
     }
 
     /// Whether the child process is alive (a paused server counts as running).
@@ -439,7 +524,7 @@ fn spawn_and_wait(port: u16, dir: &Path, launch: &Launch) -> Result<Child, Spawn
     let logfile = dir.join("redis.log");
     // Start each attempt with an empty log so failures show the right reason.
     let _ = std::fs::remove_file(&logfile);
-    let mut command = Command::new("redis-server");
+    let mut command = Command::new(server_binary());
     if let Some(conf) = &launch.conf {
         command.arg(conf);
     }
@@ -466,11 +551,12 @@ fn spawn_and_wait(port: u16, dir: &Path, launch: &Launch) -> Result<Child, Spawn
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            return Err(SpawnFailure::Spawn(NOT_FOUND_MSG.to_string()))
+            return Err(SpawnFailure::Spawn(not_found_msg()))
         }
         Err(e) => {
             return Err(SpawnFailure::Spawn(format!(
-                "failed to spawn redis-server: {e}"
+                "failed to spawn {}: {e}",
+                server_binary()
             )))
         }
     };
