@@ -152,25 +152,7 @@ pub(crate) fn release(
 ) -> Result<bool> {
     lease.stop_renewal();
     let generation = client.switch_generation();
-    // In a cluster only the single command: redis-rs does not follow a slot's redirection
-    // (a migration's ASK or MOVED) inside a pipeline, so the publishing release keeps the script.
-    let native_here = !client.is_cluster() || channel.is_none();
-    let reply: Result<i64> = client.with_conn(key, |con, s| {
-        if native_here && client.native().has(Command::DelIfEq) {
-            match native_release(con, key, lease.value(), channel) {
-                Err(e) if native::is_unsupported(&e) => {
-                    client.native().refused(Command::DelIfEq, key, &e)
-                }
-                other => return other,
-            }
-        }
-        match channel {
-            None => s.unlock.eval(con, key, lease.value()),
-            Some(ch) => s
-                .unlock
-                .eval(con, key, (lease.value(), keys::UNLOCK_MESSAGE, ch)),
-        }
-    });
+    let reply = compare_and_delete(client, key, lease.value(), channel);
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
@@ -209,6 +191,34 @@ pub(crate) fn release(
         client.counters().lost_on_release(kind, lease);
     }
     Ok(lock::note_release(client.waiters(), key, reply >= 1))
+}
+
+/// Deletes `key` if it holds `value`, publishing the release on `channel` (Token): `DELIFEQ`
+/// (pipelined with the `PUBLISH`) where the server has it, else `lua/unlock.lua`. 0 when the
+/// key did not hold `value`, else 1 + the subscribers reached.
+pub(crate) fn compare_and_delete(
+    client: &LockClient,
+    key: &str,
+    value: &[u8],
+    channel: Option<&str>,
+) -> Result<i64> {
+    // In a cluster only the single command: redis-rs does not follow a slot's redirection
+    // (a migration's ASK or MOVED) inside a pipeline, so the publishing release keeps the script.
+    let native_here = !client.is_cluster() || channel.is_none();
+    client.with_conn(key, |con, s| {
+        if native_here && client.native().has(Command::DelIfEq) {
+            match native_release(con, key, value, channel) {
+                Err(e) if native::is_unsupported(&e) => {
+                    client.native().refused(Command::DelIfEq, key, &e)
+                }
+                other => return other,
+            }
+        }
+        match channel {
+            None => s.unlock.eval(con, key, value),
+            Some(ch) => s.unlock.eval(con, key, (value, keys::UNLOCK_MESSAGE, ch)),
+        }
+    })
 }
 
 /// The release by `DELIFEQ key value`, with a `channel` pipelined with the `PUBLISH` of the

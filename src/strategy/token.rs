@@ -40,7 +40,6 @@ use crate::client::native::{self, Command};
 use crate::client::watchdog::RenewKind;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
-use crate::keys;
 use crate::lock::{self, Attempt, DistributedLock, Lease, Line, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
@@ -240,13 +239,12 @@ impl TokenLock {
         if !self.client.is_stale_own(holder) {
             return false;
         }
-        let reply: Result<i64> = self.client.with_conn(&self.key, |con, s| {
-            s.unlock.eval(
-                con,
-                &self.key,
-                (holder, keys::UNLOCK_MESSAGE, self.opts.channel.as_str()),
-            )
-        });
+        let reply = string_value::compare_and_delete(
+            &self.client,
+            &self.key,
+            holder,
+            Some(&self.opts.channel),
+        );
         match reply {
             Ok(n) if n >= 1 => {
                 self.client.counters().orphan_cleaned();
