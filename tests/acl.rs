@@ -368,7 +368,11 @@ fn on_valkey_the_native_commands_are_checked_too() {
         return;
     }
     let err = r.expect_err("DELIFEQ is not in the rule");
-    assert!(err.report().contains("DELIFEQ locks:asks"), "{}", err.report());
+    assert!(
+        err.report().contains("DELIFEQ locks:asks"),
+        "{}",
+        err.report()
+    );
     rule.push("+delifeq");
     user(&server, "asks", &rule);
     let c = client(&server, "asks").unwrap();
