@@ -166,6 +166,34 @@ impl LockError {
         }
     }
 
+    /// True for a failure that a failover or a restart causes and that goes away by itself,
+    /// so that a blocking acquire retries it until its deadline: the connection was refused,
+    /// reset or dropped, or no connection could be opened (no master known yet, no node known
+    /// for a Cluster slot); or the server answered `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`,
+    /// `READONLY` or `LOADING`.
+    ///
+    /// A command that timed out is not transient: it may still run on a slow or paused server,
+    /// and the caller is told at once ([`is_timeout`](Self::is_timeout)).
+    pub fn is_transient(&self) -> bool {
+        use redis::ServerErrorKind as K;
+        match self {
+            LockError::Connection { source, .. } => {
+                let redis = source
+                    .downcast_ref::<redis::RedisError>()
+                    .or_else(|| source.downcast_ref::<Context>().and_then(Context::redis));
+                !redis.is_some_and(|e| e.is_timeout())
+            }
+            LockError::Redis { source, .. } => matches!(
+                source.kind(),
+                redis::ErrorKind::Server(
+                    K::ClusterDown | K::TryAgain | K::MasterDown | K::BusyLoading | K::ReadOnly
+                ) | redis::ErrorKind::ClusterConnectionNotFound
+                    | redis::ErrorKind::MasterNameNotFoundBySentinel
+            ),
+            _ => false,
+        }
+    }
+
     /// True for a fault of the client's set-up, which retrying will not fix
     /// ([`Setup`](Self::Setup)): a bad URL or option, a wrong password or unknown ACL user, a
     /// database the server lacks, a failed TLS handshake, a user not allowed to run scripts;

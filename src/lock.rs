@@ -954,13 +954,20 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     })
 }
 
-/// An attempt that won too late ([`LockError::LateReply`], already released) or got no RedLock
-/// majority for want of answers ([`LockError::NoQuorum`]) counts as refused in a blocking
-/// acquire; the error is kept in `late` until an attempt ends otherwise, and returned instead
-/// of a timeout if it was the last.
+/// An attempt that won too late ([`LockError::LateReply`], already released), got no RedLock
+/// majority for want of answers ([`LockError::NoQuorum`]), or met a transient failure
+/// ([`LockError::is_transient`]: a failover, a restart) counts as refused in a blocking
+/// acquire, which retries it with the policy's backoff until its deadline; the error is kept
+/// in `late` until an attempt ends otherwise, and returned instead of a timeout if it was the
+/// last.
 fn refused_if_late(outcome: Result<Attempt>, late: &mut Option<LockError>) -> Result<Attempt> {
     match outcome {
         Err(e @ (LockError::LateReply { .. } | LockError::NoQuorum { .. })) => {
+            *late = Some(e);
+            Ok(Attempt::Held { pttl: None })
+        }
+        Err(e) if e.is_transient() => {
+            log::debug!("{}; retried until the deadline", e.report());
             *late = Some(e);
             Ok(Attempt::Held { pttl: None })
         }

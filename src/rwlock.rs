@@ -671,6 +671,7 @@ impl Shared {
         lease.stop_renewal();
         let latch = format!("{}:{}", self.latch_base, request_id());
         let sent = Instant::now();
+        let generation = self.client.switch_generation();
         let reply = self.run(
             |s| &s.rw_release,
             &[self.key.as_str(), self.writers.as_str(), latch.as_str()],
@@ -724,18 +725,23 @@ impl Shared {
         if !ours {
             self.client.counters().lost_on_release(mode.kind(), lease);
         }
-        if let (true, Some(switches)) = (ours, self.client.switches()) {
+        if ours && self.client.switches().is_some() {
             let (release, until) = resend();
-            switches.released(Released {
-                at: Instant::now(),
-                key: self.key.clone(),
-                value: lease.value().to_vec(),
-                channel: Some(self.channel.clone()),
-                reentrant: None,
-                rw: Some(release),
-                fair: None,
-                until,
-            });
+            crate::client::sentinel_watch::remember(
+                &self.client,
+                Released {
+                    at: Instant::now(),
+                    key: self.key.clone(),
+                    value: lease.value().to_vec(),
+                    channel: Some(self.channel.clone()),
+                    reentrant: None,
+                    rw: Some(release),
+                    fair: None,
+                    sweep: None,
+                    generation,
+                    until,
+                },
+            );
         }
         if ours {
             // Any release may let the other side in: a write release (or a downgrade) frees

@@ -86,6 +86,19 @@ impl LuaScript {
         cmd
     }
 
+    /// The script's name (its file's, for logs).
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// `SCRIPT LOAD <code>`: caches the script on the server (for a pipeline of `EVALSHA`s on
+    /// a server that may not have it yet).
+    pub(crate) fn load_cmd(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(&self.code);
+        cmd
+    }
+
     /// Runs the script on several keys (all of one hash slot in a cluster) with `args`.
     pub(crate) fn eval_keys<T: FromRedisValue>(
         &self,

@@ -247,12 +247,17 @@ fn restart_outage_fails_fast_then_same_client_recovers() {
         &|| classic.try_lock().map(drop),
         "f:restart-classic",
     );
+    // A blocking acquire retries a refused connection until its deadline, then reports the
+    // last failure (not a contention timeout).
     let started = Instant::now();
-    let err = token.lock().expect_err("no Redis");
+    let budget = Duration::from_millis(300);
+    let err = token.try_lock_for(budget).expect_err("no Redis");
+    let took = started.elapsed();
     assert!(matches!(err, LockError::Connection { .. }), "{err:?}");
+    assert!(err.is_transient(), "{}", err.report());
     assert!(
-        started.elapsed() < TIMEOUT + MARGIN,
-        "lock() fails, not retries"
+        took >= budget && took < budget + TIMEOUT + MARGIN,
+        "try_lock_for retries until its deadline: {took:?}"
     );
     assert!(err.to_string().contains("f:restart"), "{err}");
     assert!(!err.is_contention());
@@ -452,4 +457,40 @@ fn pause_blocking_lock_fails_with_connection_error() {
         .try_lock()
         .map(|g| g.unlock().unwrap())
         .unwrap_or(false)));
+}
+
+/// A blocking `lock()` waits out an outage shorter than its wait budget: a restart (connection
+/// refused meanwhile) is retried with the policy's backoff, and the lock is taken once the
+/// server is back. `try_lock()` still fails at once.
+#[test]
+fn blocking_lock_rides_through_a_restart_within_its_budget() {
+    init_logging();
+    let mut server = RedisServer::start();
+    let c = impatient_client(&server, 2);
+    let lock = c
+        .lock("f:ride")
+        .ttl(Duration::from_secs(10))
+        .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(10))))
+        .build_token()
+        .unwrap();
+    assert!(lock.try_lock().unwrap().unlock().unwrap());
+    server.stop();
+    let started = Instant::now();
+    assert_connection_error(lock.try_lock().map(drop), "f:ride");
+    assert!(started.elapsed() < TIMEOUT + MARGIN, "try_lock fails fast");
+    let started = Instant::now();
+    thread::scope(|s| {
+        let w = s.spawn(|| lock.lock().map(|g| g.unlock()));
+        thread::sleep(Duration::from_millis(1_500));
+        assert!(!w.is_finished(), "lock() gave up during the outage");
+        server.restart();
+        let result = w.join().unwrap();
+        let took = started.elapsed();
+        eprintln!("lock() through a restart: {took:?}");
+        assert!(
+            matches!(result, Ok(Ok(true))),
+            "lock() after the restart: {result:?}"
+        );
+        assert!(took < Duration::from_secs(6), "took {took:?}");
+    });
 }

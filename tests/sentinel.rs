@@ -612,3 +612,97 @@ fn a_master_named_without_an_announcement_is_followed() {
     eprintln!("followed a master named without an announcement after {followed:?}");
     assert!(followed < Duration::from_secs(5), "{followed:?}");
 }
+
+/// A failover cuts the old master's stream of writes at some point the client cannot see: the
+/// new master holds, at each key, the last value written before the cut. After a hold of ours
+/// reached the replica, the cut, and thousands of later sections on the old master (each a new
+/// hold and its release, none replicated), the new master still holds that first value, not the
+/// last one released. The client's replay finds it by reading the key and releases it
+/// (owner-checked: the value is the client's and no thread of it holds it), within moments of
+/// the switch; a hold of the client that is still live across the switch is left alone.
+///
+/// Replaying the last release of each key would miss the stale hold here, and so would a
+/// record of the last 4,096 releases of the client: another client would wait out its 60 s
+/// lease.
+#[test]
+fn a_token_hold_released_on_the_old_master_only_is_found_after_later_sections() {
+    init_logging();
+    let mut set = Sentinel::start(1, 1);
+    let (a, b) = (client(&set), client(&set));
+    let token = |c: &LockClient, key: &str| {
+        c.lock(key)
+            .ttl(Duration::from_secs(60))
+            .build_token()
+            .unwrap()
+    };
+    let (stale_key, live_key) = ("token-switch", "token-switch-live");
+    let (la, lb) = (token(&a, stale_key), token(&b, stale_key));
+    let live = token(&a, live_key);
+    assert!(la.try_lock().unwrap().unlock().unwrap());
+    assert!(lb.try_lock().unwrap().unlock().unwrap());
+
+    let first = la.try_lock().unwrap();
+    let kept = live.try_lock().unwrap();
+    assert_eq!(wait_replicas(set.server(0), 5_000), 1, "replicated");
+    let stale = first.value().to_vec();
+    assert_eq!(
+        raw::get(&mut set.server(1).conn(), stale_key).as_deref(),
+        Some(stale.as_slice()),
+        "the hold is on the replica"
+    );
+
+    // Cut the replica off, then release and run 5,000 more sections on the old master.
+    set.server(1).pause();
+    let mut master = set.server(0).conn();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut master)
+        .unwrap();
+    assert_eq!(killed, 1, "the replica's link was closed");
+    assert!(first.unlock().unwrap(), "released on the old master");
+    for _ in 0..5_000 {
+        assert!(la.try_lock().unwrap().unlock().unwrap());
+    }
+    assert_eq!(wait_replicas(set.server(0), 100), 0, "no replica has them");
+
+    let old_port = set.server(0).port();
+    set.server_mut(0).kill();
+    set.server(1).resume();
+    assert_eq!(
+        set.wait_for_failover(old_port, RECOVERY),
+        Some(1),
+        "the Sentinel promoted the replica"
+    );
+    let promoted = Instant::now();
+    let mut new_master = set.server(1).conn();
+    assert_eq!(
+        raw::get(&mut new_master, stale_key).as_deref(),
+        Some(stale.as_slice()),
+        "the new master holds the first value, released on the old master only"
+    );
+    let gone = support::wait_until(Duration::from_secs(15), || {
+        raw::get(&mut new_master, stale_key).as_deref() != Some(stale.as_slice())
+    });
+    let took = promoted.elapsed();
+    assert!(
+        gone,
+        "the stale hold was still there {took:?} after the failover"
+    );
+    let asked = Instant::now();
+    let gb = lb
+        .try_lock_for(RECOVERY)
+        .unwrap_or_else(|e| panic!("b: {}", e.report()));
+    let waited = asked.elapsed();
+    eprintln!("stale hold released {took:?} after the failover; b got the lock after {waited:?}");
+    assert!(waited < Duration::from_secs(5), "b waited {waited:?}");
+    assert!(gb.unlock().unwrap());
+
+    // The hold that was live across the switch is still ours, on the new master.
+    assert_eq!(
+        raw::get(&mut new_master, live_key).as_deref(),
+        Some(kept.value())
+    );
+    assert!(kept.unlock().unwrap(), "the live hold was left alone");
+}

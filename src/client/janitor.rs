@@ -47,12 +47,16 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::grants::Grant;
+use crate::client::sentinel_watch::Released;
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
 use crate::keys;
 use crate::lock::printable;
+use crate::scripts::{LuaScript, Scripts};
 use crate::strategy::fair::CHANNEL_PREFIX as FAIR_CHANNEL_PREFIX;
 
+/// Most commands in one pipeline of a replay.
+const REPLAY_BATCH: usize = 512;
 /// Pause between two tries of a clean-up that failed.
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(100);
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
@@ -104,8 +108,8 @@ impl Cause {
 }
 
 /// What a job does.
-#[derive(Debug)]
-enum Work {
+#[derive(Debug, Clone)]
+pub(crate) enum Work {
     /// Delete the key if it holds `value` (`lua/unlock.lua`), publishing on `channel` (Token).
     Delete { channel: Option<String> },
     /// Give back one hold of the owner `value` if its count is still `count`
@@ -130,6 +134,146 @@ impl Work {
     /// for the old one.
     fn counts_holds(&self) -> bool {
         matches!(self, Work::ReentrantRelease { .. } | Work::RwRelease(_))
+    }
+}
+
+impl Work {
+    /// The script that does the job.
+    fn script<'s>(&self, s: &'s Scripts) -> &'s LuaScript {
+        match self {
+            Work::Delete { .. } => &s.unlock,
+            Work::ReentrantRelease { .. } => &s.reentrant_forget,
+            Work::RwRelease(_) => &s.rw_release,
+            Work::FairRelease(_) => &s.fair_release,
+        }
+    }
+
+    /// The script's keys and arguments for the job on `key` with `value`: exactly those of
+    /// the release (or acquire) it stands for.
+    fn keys_and_args(&self, key: &str, value: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) {
+        let b = |x: &str| x.as_bytes().to_vec();
+        let n = |x: u64| x.to_string().into_bytes();
+        let value = value.to_vec();
+        match self {
+            Work::Delete { channel: None } => (vec![key.to_owned()], vec![value]),
+            Work::Delete { channel: Some(ch) } => (
+                vec![key.to_owned()],
+                vec![value, b(keys::UNLOCK_MESSAGE), b(ch)],
+            ),
+            Work::ReentrantRelease {
+                count,
+                lease_ms,
+                channel,
+            } => (
+                vec![key.to_owned()],
+                vec![
+                    value,
+                    n(u64::from(*count)),
+                    n(*lease_ms),
+                    b(channel),
+                    b(keys::UNLOCK_MESSAGE),
+                ],
+            ),
+            Work::RwRelease(rw) => {
+                let mut args = vec![
+                    b(rw.mode),
+                    value,
+                    b(&rw.channel),
+                    n(rw.lease_ms),
+                    n(rw.latch_ms),
+                ];
+                // A nil ARGV is not sent at all (as by the release's own call).
+                if let Some(e) = rw.expect {
+                    args.push(e.to_string().into_bytes());
+                }
+                (
+                    vec![key.to_owned(), rw.writers.clone(), rw.latch.clone()],
+                    args,
+                )
+            }
+            Work::FairRelease(f) => {
+                let mut keys = vec![key.to_owned(), f.queue.clone(), f.deadlines.clone()];
+                if let Some(fence) = &f.fence {
+                    keys.push(fence.clone());
+                }
+                (keys, vec![value, n(f.grant_ms), b(FAIR_CHANNEL_PREFIX)])
+            }
+        }
+    }
+
+    /// Reads the script's reply: 1 or more when done (deleted, given back), 0 when there was
+    /// nothing to do (a reentrant job: the count did not match), -1 for anything else; and a
+    /// fair release's grant, if it granted the lock.
+    fn read(&self, v: &redis::Value) -> (i64, Option<(Vec<u8>, Grant)>) {
+        use redis::Value as V;
+        match self {
+            Work::Delete { .. } => (if let V::Int(n) = v { *n } else { -1 }, None),
+            // nil (nothing changed) is -1 here.
+            Work::ReentrantRelease { .. } => (if let V::Int(n) = v { *n } else { -1 }, None),
+            // {code, holds}: code 1 when a hold was given back (by this try or, answered from
+            // the latch, by the release that ran before); anything else changed nothing.
+            Work::RwRelease(_) => match v {
+                V::Array(items) => match items.first() {
+                    Some(V::Int(code)) => (*code, None),
+                    _ => (-1, None),
+                },
+                _ => (-1, None),
+            },
+            // {1, receivers, granted token, fence, seconds, microseconds} when released and
+            // granted, 1 when released with nobody to grant to, 0 when the key no longer held
+            // our token (nothing to do).
+            Work::FairRelease(_) => match crate::strategy::fair::parse_release(v) {
+                Some(r) => {
+                    let granted = (!r.granted.is_empty()).then_some((r.granted, r.grant));
+                    (i64::from(r.ours), granted)
+                }
+                None => (-1, None),
+            },
+        }
+    }
+}
+
+/// A release to do again on a new master (see `sentinel_watch`): the job's key, value and
+/// work, and until when its hold could live.
+#[derive(Debug)]
+pub(crate) struct Redo {
+    pub(crate) key: String,
+    pub(crate) value: Vec<u8>,
+    pub(crate) work: Work,
+    pub(crate) until: Instant,
+}
+
+impl Redo {
+    /// The release `r` again, of `value` (the value it deleted, or one a sweep found).
+    pub(crate) fn exact(r: &Released, value: Vec<u8>) -> Redo {
+        let work = if let Some(fair) = &r.fair {
+            Work::FairRelease(fair.clone())
+        } else if let Some(rw) = &r.rw {
+            Work::RwRelease(rw.clone())
+        } else if let Some((count, lease_ms)) = r.reentrant {
+            Work::ReentrantRelease {
+                count,
+                lease_ms,
+                channel: r.channel.clone().unwrap_or_default(),
+            }
+        } else {
+            Work::Delete {
+                channel: r.channel.clone(),
+            }
+        };
+        Redo {
+            key: r.key.clone(),
+            value,
+            work,
+            until: r.until,
+        }
+    }
+}
+
+impl From<Released> for Redo {
+    fn from(r: Released) -> Redo {
+        let value = r.value.clone();
+        Redo::exact(&r, value)
     }
 }
 
@@ -395,6 +539,132 @@ impl Janitor {
         self.push(client, key, value, Work::FairRelease(release), cause, until);
     }
 
+    /// Does `jobs` (releases done on an old master) on the current master now, pipelined on
+    /// one connection, [`REPLAY_BATCH`] commands per round trip; a job that fails, or whose
+    /// reply says nothing, is queued for the janitor thread, which retries it until `until`.
+    pub(crate) fn replay(&self, client: &LockClient, jobs: Vec<Redo>) {
+        let now = Instant::now();
+        let mut jobs: Vec<Redo> = jobs.into_iter().filter(|j| j.until > now).collect();
+        // A reentrant hold given back on the old master whose owner holds the lock again:
+        // its count now matches a live hold (see `attempt`).
+        jobs.retain(|j| {
+            !(matches!(j.work, Work::ReentrantRelease { .. })
+                && client.watchdog().holds(&j.key, &j.value))
+        });
+        let mut iter = jobs.into_iter().peekable();
+        while iter.peek().is_some() {
+            let batch: Vec<Redo> = iter.by_ref().take(REPLAY_BATCH).collect();
+            let Some(first) = batch.first().map(|j| j.key.clone()) else {
+                break;
+            };
+            // Counted holds: the owner's next acquire of the key waits for this try (see
+            // `settle`), so that it cannot add a hold the job would take for the old one.
+            let counted: Vec<(String, Vec<u8>)> = batch
+                .iter()
+                .filter(|j| j.work.counts_holds())
+                .map(|j| (j.key.clone(), j.value.clone()))
+                .collect();
+            if !counted.is_empty() {
+                let mut list = self.shared.lock();
+                for j in batch.iter().filter(|j| j.work.counts_holds()) {
+                    list.in_flight
+                        .push((j.key.clone(), j.value.clone(), j.until));
+                }
+                self.shared
+                    .counted
+                    .fetch_add(counted.len(), Ordering::AcqRel);
+            }
+            let settled = Settled {
+                janitor: self,
+                counted,
+            };
+            let replies: Result<Vec<redis::Value>> = client.with_conn(&first, |con, s| {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                // The new master may not have the scripts cached: load each one used in front
+                // (its reply is not read), so that no EVALSHA is refused.
+                let mut loaded: Vec<&str> = Vec::new();
+                for j in &batch {
+                    let script = j.work.script(s);
+                    if !loaded.contains(&script.name()) {
+                        loaded.push(script.name());
+                        pipe.add_command(script.load_cmd()).ignore();
+                    }
+                }
+                for j in &batch {
+                    let (keys, args) = j.work.keys_and_args(&j.key, &j.value);
+                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    pipe.add_command(j.work.script(s).evalsha_keys(&keys, &args));
+                }
+                pipe.query(con)
+            });
+            let replies = match replies {
+                Ok(r) if r.len() == batch.len() => r,
+                Ok(_) | Err(_) => {
+                    if let Err(e) = &replies {
+                        log::warn!(
+                            "Sentinel: {} releases could not be done again on the new master ({}); \
+                             retried in the background",
+                            batch.len(),
+                            e.report()
+                        );
+                    }
+                    for j in batch {
+                        self.queue(client, j);
+                    }
+                    continue;
+                }
+            };
+            let mut done = 0usize;
+            for (j, v) in batch.into_iter().zip(replies) {
+                if matches!(v, redis::Value::ServerError(_)) {
+                    log::debug!(
+                        "lock {:?}: replay answered {v:?}; retried in the background",
+                        j.key
+                    );
+                    self.queue(client, j);
+                    continue;
+                }
+                let (n, granted) = j.work.read(&v);
+                // A reentrant job answers 0 when it gave back a hold that was not the last.
+                let gave_back =
+                    n >= 1 || (n == 0 && matches!(j.work, Work::ReentrantRelease { .. }));
+                if let Some((token, grant)) = granted {
+                    if client.waiters().deliver_grant(&token, grant) {
+                        client.wakeups().nudge();
+                    }
+                }
+                if gave_back {
+                    done += 1;
+                    client.counters().orphan_cleaned();
+                    log::warn!(
+                        "lock {:?}: released on the new master the hold released on the old one \
+                         only (value {})",
+                        j.key,
+                        printable(&j.value)
+                    );
+                    if !matches!(j.work, Work::RwRelease(_) | Work::ReentrantRelease { .. }) {
+                        client.waiters().notify_release(&j.key);
+                    }
+                }
+            }
+            drop(settled);
+            log::info!("Sentinel: replay batch done, {done} holds released on the new master");
+        }
+    }
+
+    /// Queues a replay job for the janitor thread.
+    fn queue(&self, client: &LockClient, j: Redo) {
+        self.push(
+            client,
+            &j.key,
+            &j.value,
+            j.work,
+            Cause::ReleasedBeforeSwitch,
+            j.until,
+        );
+    }
+
     /// Runs, on the caller's thread, a pending reentrant job of `owner` on `key` (and waits for
     /// a try of it in flight on the janitor thread), so that the owner's next acquire cannot be
     /// mistaken by a later try for the hold that job gives back. Errors of that try are
@@ -466,13 +736,34 @@ impl Janitor {
         let now = Instant::now();
         let mut jobs = self.shared.lock();
         if jobs.list.len() >= MAX_JOBS {
-            let dropped = jobs.list.remove(0);
-            dropped.gone(&self.shared);
-            log::warn!(
-                "lock {:?}: too many pending clean-ups, this one is dropped (the lock expires \
-                 with its lease)",
-                dropped.key
-            );
+            // Past their holds' expiry first, then the oldest job of a key that has a newer
+            // one (the newest per key is kept), then the oldest of all.
+            jobs.list.retain(|j| {
+                let keep = j.until > now;
+                if !keep {
+                    j.gone(&self.shared);
+                }
+                keep
+            });
+            if jobs.list.len() >= MAX_JOBS {
+                let at = jobs
+                    .list
+                    .iter()
+                    .position(|j| {
+                        jobs.list
+                            .iter()
+                            .rev()
+                            .any(|later| later.key == j.key && later.seq > j.seq)
+                    })
+                    .unwrap_or(0);
+                let dropped = jobs.list.remove(at);
+                dropped.gone(&self.shared);
+                log::warn!(
+                    "lock {:?}: too many pending clean-ups, this one is dropped (the lock \
+                     expires with its lease)",
+                    dropped.key
+                );
+            }
         }
         if work.counts_holds() {
             self.shared.counted.fetch_add(1, Ordering::AcqRel);
@@ -531,6 +822,32 @@ fn job_gone(client: &LockClient, counted: bool) {
             .shared
             .counted
             .fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Ends the tries of a replay batch's counted jobs (whatever their outcome: a failed one is
+/// queued again before this is dropped) and wakes the owners waiting for them.
+struct Settled<'a> {
+    janitor: &'a Janitor,
+    counted: Vec<(String, Vec<u8>)>,
+}
+
+impl Drop for Settled<'_> {
+    fn drop(&mut self) {
+        if self.counted.is_empty() {
+            return;
+        }
+        let shared = &self.janitor.shared;
+        let mut jobs = shared.lock();
+        for (k, v) in &self.counted {
+            jobs.finished(k, v);
+        }
+        drop(jobs);
+        shared
+            .counted
+            .fetch_sub(self.counted.len(), Ordering::AcqRel);
+        shared.wake.notify_one();
+        shared.done.notify_all();
     }
 }
 
@@ -609,83 +926,20 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
         job_gone(client, true);
         return (None, Ok(()));
     }
-    // A fair release's grant, handed to this client's own waiter if it is one of them.
-    let granted: std::cell::Cell<Option<(Vec<u8>, Grant)>> = std::cell::Cell::new(None);
-    let reply: Result<i64> = client.with_conn(key, |con, s| match &job.work {
-        Work::Delete { channel: None } => s.unlock.eval(con, key, job.value.as_slice()),
-        Work::Delete { channel: Some(ch) } => s.unlock.eval(
-            con,
-            key,
-            (job.value.as_slice(), keys::UNLOCK_MESSAGE, ch.as_str()),
-        ),
-        // nil (nothing changed) is -1 here.
-        Work::ReentrantRelease {
-            count,
-            lease_ms,
-            channel,
-        } => s
-            .reentrant_forget
-            .eval::<Option<i64>>(
-                con,
-                key,
-                (
-                    job.value.as_slice(),
-                    *count,
-                    *lease_ms,
-                    channel.as_str(),
-                    keys::UNLOCK_MESSAGE,
-                ),
-            )
-            .map(|r| r.unwrap_or(-1)),
-        // {code, holds}: code 1 when a hold was given back (by this try or, answered from the
-        // latch, by the release that ran before); anything else changed nothing.
-        Work::RwRelease(rw) => s
-            .rw_release
-            .eval_keys::<redis::Value>(
-                con,
-                &[key, rw.writers.as_str(), rw.latch.as_str()],
-                &(
-                    rw.mode,
-                    job.value.as_slice(),
-                    rw.channel.as_str(),
-                    rw.lease_ms,
-                    rw.latch_ms,
-                    rw.expect,
-                ),
-            )
-            .map(|v| match v {
-                redis::Value::Array(items) => match items.first() {
-                    Some(redis::Value::Int(code)) => *code,
-                    _ => -1,
-                },
-                _ => -1,
-            }),
-        // {1, receivers, granted token, fence, seconds, microseconds} when released and
-        // granted, 1 when released with nobody to grant to (1 here), 0 when the key no longer
-        // held our token (0: nothing to do).
-        Work::FairRelease(f) => {
-            let mut keys = vec![key, f.queue.as_str(), f.deadlines.as_str()];
-            if let Some(fence) = &f.fence {
-                keys.push(fence.as_str());
-            }
-            s.fair_release
-                .eval_keys::<redis::Value>(
-                    con,
-                    &keys,
-                    &(job.value.as_slice(), f.grant_ms, FAIR_CHANNEL_PREFIX),
-                )
-                .map(|v| match crate::strategy::fair::parse_release(&v) {
-                    Some(r) => {
-                        if !r.granted.is_empty() {
-                            granted.set(Some((r.granted, r.grant)));
-                        }
-                        i64::from(r.ours)
-                    }
-                    None => -1,
-                })
-        }
+    let reply: Result<redis::Value> = client.with_conn(key, |con, s| {
+        let script = job.work.script(s);
+        let (keys, args) = job.work.keys_and_args(key, &job.value);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        script.eval_keys(con, &keys, args)
     });
-    if let Some((token, grant)) = granted.take() {
+    let (reply, granted) = match reply {
+        Ok(v) => {
+            let (n, granted) = job.work.read(&v);
+            (Ok(n), granted)
+        }
+        Err(e) => (Err(e), None),
+    };
+    if let Some((token, grant)) = granted {
         // The script published the grant; a waiter of this client is also told directly.
         if client.waiters().deliver_grant(&token, grant) {
             client.wakeups().nudge();

@@ -56,6 +56,8 @@ pub const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Threads of each client's connection pool scheduler, which opens connections in the
 /// background and closes idle ones (r2d2's default).
 const SCHEDULER_THREADS: usize = 3;
+/// Hex digits of the client's id at the start of its Token and Fair tokens.
+pub(crate) const TOKEN_PREFIX_LEN: usize = 16;
 
 /// A handle to one Redis deployment: a pool of connections, the Lua scripts' SHAs and the
 /// in-process waiter lines.
@@ -358,6 +360,55 @@ impl LockClient {
         self.inner.switches.as_deref()
     }
 
+    /// The switch generation of a Sentinel client (0 for others): taken before a release is
+    /// sent, so that one answered after a switch is replayed (see `sentinel_watch::remember`).
+    pub(crate) fn switch_generation(&self) -> u64 {
+        self.switches().map_or(0, Switches::generation)
+    }
+
+    /// The client's id as it opens the tokens its Token and Fair locks write: the first 16 hex
+    /// digits of its instance id (a random UUID). After a Sentinel switch, a value of the
+    /// client's that the new master still holds is recognised by it.
+    pub(crate) fn token_prefix(&self) -> [u8; TOKEN_PREFIX_LEN] {
+        let mut id = [b'0'; TOKEN_PREFIX_LEN];
+        for (slot, b) in id.iter_mut().zip(
+            self.instance_id()
+                .bytes()
+                .filter(u8::is_ascii_hexdigit)
+                .map(|b| b.to_ascii_lowercase()),
+        ) {
+            *slot = b;
+        }
+        id
+    }
+
+    /// `value` is being written, or is held: a Sentinel replay must not release it (see
+    /// [`Switches::hold_begins`]). No-op for other clients.
+    pub(crate) fn hold_begins(&self, value: &[u8]) {
+        if let Some(s) = self.switches() {
+            s.hold_begins(value);
+        }
+    }
+
+    /// `value` is no longer held, or was not taken.
+    pub(crate) fn hold_ends(&self, value: &[u8]) {
+        if let Some(s) = self.switches() {
+            s.hold_ends(value);
+        }
+    }
+
+    /// [`hold_begins`](Self::hold_begins) now, and [`hold_ends`](Self::hold_ends) when the
+    /// returned guard is dropped, unless it is [`kept`](LiveValue::keep) (the value became a
+    /// hold, whose release ends it).
+    pub(crate) fn live_value<'a>(&'a self, value: &'a [u8]) -> LiveValue<'a> {
+        self.hold_begins(value);
+        LiveValue {
+            client: self,
+            value,
+            kept: false,
+        }
+    }
+
     /// The client's background clean-ups.
     pub(crate) fn janitor(&self) -> &Janitor {
         &self.inner.janitor
@@ -509,6 +560,28 @@ impl LockClient {
                 }
                 other => return other.map_err(|e| self.command_error(key, e)),
             }
+        }
+    }
+}
+
+/// A value being written by an acquire (see [`LockClient::live_value`]).
+pub(crate) struct LiveValue<'a> {
+    client: &'a LockClient,
+    value: &'a [u8],
+    kept: bool,
+}
+
+impl LiveValue<'_> {
+    /// The acquire took the lock: the value stays live until its release.
+    pub(crate) fn keep(&mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for LiveValue<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.client.hold_ends(self.value);
         }
     }
 }

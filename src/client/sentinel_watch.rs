@@ -28,20 +28,20 @@
 //! announced master first, after the usual `ROLE` check.
 //!
 //! A switch also loses releases. A lock held when the replica was promoted exists on the new
-//! master (it had been replicated); if its holder released it on the old master before the
-//! switch was announced, the key stays on the new master for the rest of its lease, and every
-//! other client waits that long (30 s for a watched lock). So a Sentinel client remembers its
-//! successful releases until their holds would have expired by themselves (a read-write
-//! release only while its unlock latch lives, 10 s), at most [`MAX_RECENT`], however long the
-//! Sentinels take from the promotion to the announcement (13.8 s was seen in a test under
-//! load), and, on a switch, hands
-//! them to its janitor: the same owner-checked clean-up as for a release that failed (delete the
-//! exact value; for a reentrant hold, give one back only if the owner's count is still the one
-//! before that release; a read-write release again with its unlock latch; a fair release again
-//! with the same token, which also grants the lock to the live head of the queue and publishes
-//! the grant), run against the new master.
+//! master (it had been replicated); if its holder released it on the old master only, the key
+//! stays on the new master for the rest of its lease, and every other client waits that long
+//! (30 s for a watched lock). The new master holds, at each key, the last value written before
+//! the old master's stream was cut, so at most one hold per key (per owner for the hash
+//! layouts) can be left, but not necessarily the one released last: clients go on locking on
+//! the old master for seconds after the promotion. So a Sentinel client remembers its latest
+//! release per key (and owner) while its hold could live, and on a switch [`replay`]s them on
+//! the new master: Token and Fair values start with the client's id, so the key is read and
+//! whatever value of the client's it holds is released, unless a thread of the client holds it
+//! (see [`Switches::hold_begins`]); Classic, reentrant and read-write releases are sent again as
+//! themselves (exact value, count check, unlock latch). Pipelined; what fails goes to the
+//! janitor. See docs/deployments.md, "the replay rule".
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::thread;
@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::client::janitor::{Cause, FairRelease, RwRelease};
+use crate::client::janitor::{FairRelease, Redo, RwRelease};
 use crate::client::{LockClient, WeakClient};
 
 /// Read timeout of the subscribed connection: how often the thread checks that its client is
@@ -65,27 +65,48 @@ pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
 const SWITCH_CHANNEL: &str = "+switch-master";
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-sentinel";
-/// Most releases remembered (the oldest are forgotten first). Each is remembered until its
-/// hold would have expired by itself ([`Released::until`]): a release older than that cannot
-/// have left anything on the new master.
-pub(crate) const MAX_RECENT: usize = 4_096;
+/// Most releases remembered, a backstop: there is one entry per key (per owner, for the hash
+/// layouts) whose hold could still live, so a client that locks fewer keys never reaches it.
+/// Past it, the entries closest to their expiry are forgotten first.
+pub(crate) const MAX_RECENT: usize = 65_536;
 
-/// A successful release, remembered until `until`.
+/// A successful release, remembered until `until`: what to do again on a new master.
 #[derive(Debug)]
 pub(crate) struct Released {
     pub(crate) at: Instant,
     pub(crate) key: String,
-    /// The value deleted (Token, Classic) or the owner id (Reentrant).
+    /// The value deleted (Token, Classic, Fair) or the owner id (Reentrant, read-write).
     pub(crate) value: Vec<u8>,
     pub(crate) channel: Option<String>,
     /// Reentrant: the owner's count before the release and the lease (ms).
     pub(crate) reentrant: Option<(u32, u64)>,
     /// Read-write lock: the release to send again, with its unlock latch.
     pub(crate) rw: Option<RwRelease>,
-    /// Fair lock: the release to send again (`lua/fair_release.lua`, with the same token).
+    /// Fair lock: the release to send again (`lua/fair_release.lua`, with the token found).
     pub(crate) fair: Option<FairRelease>,
+    /// The values this client writes at the key start with this prefix (its id): the replay
+    /// is a sweep ([`Sweep`]) that releases whatever value of this client the new master
+    /// holds, not only `value`.
+    pub(crate) sweep: Option<Vec<u8>>,
+    /// The switch generation when the release was sent (see [`Switches::generation`]): a
+    /// release sent before a switch and answered after it was followed may have gone to the
+    /// old master, after the replay took the remembered releases.
+    pub(crate) generation: u64,
     /// When the hold would have expired by itself.
     pub(crate) until: Instant,
+}
+
+impl Released {
+    /// The entry this release replaces: one per key, or per key and owner for the counted
+    /// (hash) layouts, whose owners hold the lock side by side.
+    fn slot(&self) -> (String, Vec<u8>) {
+        let owner = if self.reentrant.is_some() || self.rw.is_some() {
+            self.value.clone()
+        } else {
+            Vec::new()
+        };
+        (self.key.clone(), owner)
+    }
 }
 
 /// The switches seen for one client's service.
@@ -95,8 +116,20 @@ pub(crate) struct Switches {
     generation: AtomicU64,
     /// The master the last switch announced (or the watcher last learnt), if any.
     master: Mutex<Known>,
-    /// Releases whose holds would not have expired yet, oldest first.
-    recent: Mutex<VecDeque<Released>>,
+    /// The latest release per key (and owner, for the hash layouts) whose hold would not have
+    /// expired yet.
+    recent: Mutex<Recent>,
+    /// Values this client wrote, or is writing, at a key under a sweep rule and still holds
+    /// (with how many holds of one value: a lock object may be asked twice): a sweep leaves
+    /// them alone.
+    live: Mutex<HashMap<Vec<u8>, u32>>,
+}
+
+#[derive(Debug, Default)]
+struct Recent {
+    map: HashMap<(String, Vec<u8>), Released>,
+    /// Releases recorded since the last pass over `map` that drops expired entries.
+    since_prune: usize,
 }
 
 /// What the watcher knows of the master.
@@ -123,24 +156,83 @@ impl Switches {
             .clone()
     }
 
-    /// Remembers a successful release (see the module docs).
-    pub(crate) fn released(&self, r: Released) {
+    /// `value` is about to be written at a key whose releases are replayed by a sweep, or is
+    /// held: a sweep must not release it. Call [`hold_ends`](Self::hold_ends) once it is not.
+    pub(crate) fn hold_begins(&self, value: &[u8]) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        *live.entry(value.to_vec()).or_insert(0) += 1;
+    }
+
+    /// `value` is no longer held (released, lost, or never taken).
+    pub(crate) fn hold_ends(&self, value: &[u8]) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = live.get_mut(value) {
+            *n -= 1;
+            if *n == 0 {
+                live.remove(value);
+            }
+        }
+    }
+
+    fn is_live(&self, value: &[u8]) -> bool {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(value)
+    }
+
+    /// Remembers a successful release (see the module docs): it replaces the one before of
+    /// its key (and owner). A release sent before the last switch is handed back: it may have
+    /// gone to the old master after the replay, and is to be replayed at once.
+    fn remember(&self, r: Released) -> Option<Released> {
+        if r.generation < self.generation() {
+            return Some(r);
+        }
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         let now = r.at;
-        while recent
-            .front()
-            .is_some_and(|f| recent.len() >= MAX_RECENT || f.until <= now)
-        {
-            recent.pop_front();
+        recent.since_prune += 1;
+        // Expired entries are dropped in passes, each after as many releases as there are
+        // entries: amortised O(1) per release.
+        if recent.since_prune > recent.map.len().max(64) {
+            recent.since_prune = 0;
+            recent.map.retain(|_, e| e.until > now);
         }
-        recent.push_back(r);
+        let slot = r.slot();
+        if recent.map.len() >= MAX_RECENT && !recent.map.contains_key(&slot) {
+            if let Some(first) = recent
+                .map
+                .iter()
+                .min_by_key(|(_, e)| e.until)
+                .map(|(k, _)| k.clone())
+            {
+                recent.map.remove(&first);
+            }
+        }
+        recent.map.insert(slot, r);
+        None
     }
 
     /// The releases remembered whose holds would not have expired yet.
     fn take_recent(&self) -> Vec<Released> {
         let now = Instant::now();
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-        recent.drain(..).filter(|r| r.until > now).collect()
+        recent.since_prune = 0;
+        recent
+            .map
+            .drain()
+            .map(|(_, r)| r)
+            .filter(|r| r.until > now)
+            .collect()
+    }
+
+    /// Entries remembered (for tests).
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map
+            .len()
     }
 
     /// Records `master` as the current master, announced by `+switch-master` (`epoch` `None`)
@@ -195,8 +287,25 @@ impl Switches {
     }
 }
 
+/// Remembers a successful release of `client` (see the module docs); one sent before the last
+/// switch it followed is replayed at once (it may have reached the old master after the
+/// replay).
+pub(crate) fn remember(client: &LockClient, r: Released) {
+    let Some(switches) = client.switches() else {
+        return;
+    };
+    if let Some(late) = switches.remember(r) {
+        log::debug!(
+            "lock {:?}: released on a connection of the master before the switch; done again \
+             on the new master",
+            late.key
+        );
+        replay(client, vec![late]);
+    }
+}
+
 /// `client` learnt that the master is `master`: after a switch, its recent releases are done
-/// again on the new master, owner-checked, by its janitor.
+/// again on the new master, owner-checked.
 fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &str) {
     let Some(switches) = client.switches() else {
         return;
@@ -204,58 +313,72 @@ fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &s
     if !switches.learn(master, epoch, why) {
         return;
     }
+    // Releases published on the new master must reach this client's waiters.
+    client.wakeups().reconnect();
     let recent = switches.take_recent();
     if !recent.is_empty() {
         log::info!(
-            "Sentinel: {} releases whose holds could still live may have been done on the old master \
-             only; doing them again on the new master, owner-checked",
+            "Sentinel: {} keys released while their holds could still live may hold a value \
+             of this client on the new master; releasing it there, owner-checked",
             recent.len()
         );
     }
-    for r in recent {
-        if let Some(fair) = r.fair {
-            client.janitor().forget_fair(
-                client,
-                &r.key,
-                &r.value,
-                fair,
-                Cause::ReleasedBeforeSwitch,
-                r.until,
-            );
+    replay(client, recent);
+}
+
+/// Most commands in one pipeline of a replay.
+const REPLAY_BATCH: usize = 512;
+
+/// Does `releases` again on the current master: a sweep entry reads its key and releases the
+/// value found if this client wrote it and does not hold it; any other entry is sent again
+/// as itself. Pipelined (a round trip for the reads, one for the releases); what fails is
+/// left to the janitor, which retries it until its hold would have expired.
+fn replay(client: &LockClient, releases: Vec<Released>) {
+    let Some(switches) = client.switches() else {
+        return;
+    };
+    let (sweeps, exact): (Vec<Released>, Vec<Released>) =
+        releases.into_iter().partition(|r| r.sweep.is_some());
+    let mut jobs: Vec<Redo> = exact.into_iter().map(Redo::from).collect();
+    for batch in sweeps.chunks(REPLAY_BATCH) {
+        let Some(first) = batch.first() else {
             continue;
+        };
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for r in batch {
+            pipe.cmd("GET").arg(&r.key);
         }
-        if let Some(rw) = r.rw {
-            client.janitor().forget_rw(
-                client,
-                &r.key,
-                &r.value,
-                rw,
-                Cause::ReleasedBeforeSwitch,
-                r.until,
-            );
-            continue;
-        }
-        match r.reentrant {
-            Some((count, lease_ms)) => client.janitor().forget_reentrant(
-                client,
-                &r.key,
-                &r.value,
-                count,
-                lease_ms,
-                r.channel.as_deref().unwrap_or_default(),
-                Cause::ReleasedBeforeSwitch,
-                r.until,
-            ),
-            None => client.janitor().forget(
-                client,
-                &r.key,
-                &r.value,
-                r.channel.as_deref(),
-                Cause::ReleasedBeforeSwitch,
-                r.until,
-            ),
+        let found: crate::Result<Vec<redis::Value>> =
+            client.with_conn(&first.key, |con, _| pipe.query(con));
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                // Nothing read: the value last released at each key is the best guess (the
+                // janitor retries it; a sweep cannot be, as it must read first).
+                log::warn!(
+                    "Sentinel: could not read {} keys on the new master ({}); releasing the \
+                     last value released at each, owner-checked, in the background",
+                    batch.len(),
+                    e.report()
+                );
+                jobs.extend(batch.iter().map(|r| Redo::exact(r, r.value.clone())));
+                continue;
+            }
+        };
+        for (r, v) in batch.iter().zip(found) {
+            let redis::Value::BulkString(value) = v else {
+                continue;
+            };
+            let ours = r.sweep.as_deref().is_some_and(|p| value.starts_with(p));
+            // Read after the value was found: a hold whose write the read saw was registered
+            // before it was sent.
+            if ours && !switches.is_live(&value) {
+                jobs.push(Redo::exact(r, value));
+            }
         }
     }
+    client.janitor().replay(client, jobs);
 }
 
 /// Settings of the watcher thread.
@@ -433,6 +556,21 @@ mod tests {
         assert_eq!(s.generation(), 2);
     }
 
+    fn released(at: Instant, until: Instant, key: &str, value: &[u8]) -> super::Released {
+        super::Released {
+            at,
+            key: key.to_owned(),
+            value: value.to_vec(),
+            channel: None,
+            reentrant: None,
+            rw: None,
+            fair: None,
+            sweep: Some(b"ab".to_vec()),
+            generation: 0,
+            until,
+        }
+    }
+
     /// A release is remembered until its hold would have expired by itself, however long ago
     /// it was made: the Sentinels may take longer than any fixed window from the promotion to
     /// the announcement (13.8 s in a test under load, where a 10 s window left holds behind).
@@ -443,27 +581,79 @@ mod tests {
         let Some(long_ago) = now.checked_sub(Duration::from_secs(15)) else {
             return;
         };
-        let released = |at: Instant, until: Instant, key: &str| super::Released {
-            at,
-            key: key.to_owned(),
-            value: b"v".to_vec(),
-            channel: None,
-            reentrant: None,
-            rw: None,
-            fair: None,
-            until,
-        };
         let later = now + Duration::from_secs(15);
-        s.released(released(
+        s.remember(released(
             long_ago,
             long_ago + Duration::from_secs(1),
             "expired",
+            b"v",
         ));
-        s.released(released(long_ago, later, "lives"));
-        s.released(released(now, later, "recent"));
-        let keys: Vec<String> = s.take_recent().into_iter().map(|r| r.key).collect();
+        s.remember(released(long_ago, later, "lives", b"v"));
+        s.remember(released(now, later, "recent", b"v"));
+        let mut keys: Vec<String> = s.take_recent().into_iter().map(|r| r.key).collect();
+        keys.sort();
         assert_eq!(keys, ["lives", "recent"]);
         assert!(s.take_recent().is_empty(), "taken once");
+    }
+
+    /// What is remembered is bounded by the keys, not by the rate of releases: a key's latest
+    /// release replaces the one before (per owner, for the hash layouts, whose owners hold
+    /// side by side), so 100,000 releases on 64 keys leave 64 entries.
+    #[test]
+    fn one_release_is_remembered_per_key_and_owner() {
+        let s = super::Switches::default();
+        let now = Instant::now();
+        let later = now + Duration::from_secs(30);
+        for i in 0..100_000u32 {
+            let key = format!("k{}", i % 64);
+            assert!(s
+                .remember(released(now, later, &key, &i.to_be_bytes()))
+                .is_none());
+        }
+        assert_eq!(s.remembered(), 64);
+        for owner in [b"o1", b"o2"] {
+            for _ in 0..10 {
+                let mut r = released(now, later, "hash", owner);
+                r.sweep = None;
+                r.reentrant = Some((1, 30_000));
+                assert!(s.remember(r).is_none());
+            }
+        }
+        assert_eq!(s.remembered(), 66);
+        let last = s
+            .take_recent()
+            .into_iter()
+            .find(|r| r.key == "k31")
+            .map(|r| r.value);
+        assert_eq!(
+            last,
+            Some(99_999u32.to_be_bytes().to_vec()),
+            "the latest is kept"
+        );
+    }
+
+    /// A release sent before a switch and answered after the client followed it may have gone
+    /// to the old master after the replay: it is not remembered but handed back to be done
+    /// again at once. Values being written or held are live until they end.
+    #[test]
+    fn a_release_sent_before_a_switch_is_replayed_at_once() {
+        let s = super::Switches::default();
+        assert!(!s.learn(addr(1), Some(0), "start"));
+        assert!(s.learn(addr(2), None, "+switch-master"));
+        let now = Instant::now();
+        let r = released(now, now + Duration::from_secs(5), "k", b"v");
+        assert!(s.remember(r).is_some(), "generation 0 < 1");
+        let mut r = released(now, now + Duration::from_secs(5), "k", b"v");
+        r.generation = s.generation();
+        assert!(s.remember(r).is_none());
+        s.hold_begins(b"t");
+        s.hold_begins(b"t");
+        s.hold_ends(b"t");
+        assert!(s.is_live(b"t"));
+        s.hold_ends(b"t");
+        assert!(!s.is_live(b"t"));
+        s.hold_ends(b"t");
+        assert!(!s.is_live(b"t"));
     }
 
     /// Threads of this process named like the watcher (Linux only: `None` elsewhere).

@@ -133,6 +133,9 @@ struct State {
     thread: bool,
     /// The client is gone: the reader exits.
     shutdown: bool,
+    /// The master switched (Sentinel): the reader drops its connection, which leads to the
+    /// old master, and connects again, to the master it resolves now.
+    reconnect: bool,
     /// The reader is blocked reading pushes (up to [`TICK`]), or has lent the connection: a
     /// command queued now waits.
     reading: bool,
@@ -400,6 +403,25 @@ impl Wakeups {
         }
     }
 
+    /// The master switched (a Sentinel failover): a graceful one leaves the old master up and
+    /// answering, so the subscriber connection would stay on it and hear no release published
+    /// on the new one (waiters would poll). The reader drops it and connects again at once.
+    pub(crate) fn reconnect(&self) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let mut st = lock(&shared.state);
+        if st.link != Link::Up {
+            // Not connected: the next connection resolves the new master anyway.
+            return;
+        }
+        st.reconnect = true;
+        drop(st);
+        shared.cv.notify_all();
+        shared.wake_reader();
+        shared.link_event();
+    }
+
     /// True if this client's subscriber connection is subscribed (or subscribing) to
     /// `channel` on the current connection: a message published there reaches this client too,
     /// so a `PUBLISH` reply counts it among the receivers.
@@ -568,6 +590,8 @@ enum End {
     Lost { why: String, warn: bool },
     /// Pub/sub cannot work with this server: stop.
     Unavailable(String),
+    /// The master switched: connect again at once, to the new one.
+    Switched,
     /// The client is gone.
     Shutdown,
 }
@@ -596,7 +620,7 @@ fn run(shared: &Shared) {
                     }
                     let started = Instant::now();
                     let end = read_loop(shared, con);
-                    if matches!(end, End::Lost { .. }) {
+                    if matches!(end, End::Lost { .. } | End::Switched) {
                         shared.was_lost.store(true, Ordering::Relaxed);
                     }
                     shared.go_down();
@@ -611,8 +635,15 @@ fn run(shared: &Shared) {
             Err(end) => end,
         };
         let mut st = lock(&shared.state);
+        // A switch needs no pause: the old connection was healthy.
+        let mut backoff_now = backoff;
         match end {
             End::Shutdown => {}
+            End::Switched => {
+                log::info!("pub/sub: the master switched; subscribing again on the new one");
+                st.link = Link::Backoff;
+                backoff_now = Duration::ZERO;
+            }
             _ if st.shutdown => {}
             End::Unavailable(why) => {
                 log::error!("pub/sub: {why}; waiters of this client poll instead");
@@ -639,7 +670,7 @@ fn run(shared: &Shared) {
             st.thread = false;
             return;
         }
-        let until = crate::time::after(backoff);
+        let until = crate::time::after(backoff_now);
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if st.shutdown || left.is_zero() {
@@ -723,6 +754,7 @@ impl Shared {
     fn may_keep_lent(st: &State) -> bool {
         st.queue.is_empty()
             && !st.shutdown
+            && !st.reconnect
             && st.link == Link::Up
             && st
                 .channels
@@ -1086,6 +1118,9 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
         let mut st = lock(&shared.state);
         if st.shutdown {
             return End::Shutdown;
+        }
+        if std::mem::take(&mut st.reconnect) {
+            return End::Switched;
         }
         st.sweep(Instant::now());
         if st.queue.is_empty() && reader.subscribed == 0 {

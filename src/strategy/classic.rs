@@ -333,7 +333,7 @@ impl DistributedLock for ClassicLock {
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
-        string_value::release(&self.client, Kind::Classic, &self.key, None, lease)
+        string_value::release(&self.client, Kind::Classic, &self.key, None, None, lease)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {

@@ -120,17 +120,7 @@ enum Outcome {
 /// The client's id in fair-lock tokens: the first 16 hex digits of its instance id (a random
 /// UUID).
 fn client_id(client: &LockClient) -> [u8; CLIENT_ID_LEN] {
-    let mut id = [b'0'; CLIENT_ID_LEN];
-    for (slot, b) in id.iter_mut().zip(
-        client
-            .instance_id()
-            .bytes()
-            .filter(u8::is_ascii_hexdigit)
-            .map(|b| b.to_ascii_lowercase()),
-    ) {
-        *slot = b;
-    }
-    id
+    client.token_prefix()
 }
 
 /// How long the queue entries of a lock whose retry policy sleeps at most `max_delay` live
@@ -423,9 +413,13 @@ impl FairLock {
             return Ok(None);
         }
         attempts.record();
-        Ok(self
-            .attempt_plain(&self.new_token())?
-            .map(|lease| LockGuard::new(self, lease)))
+        let token = self.new_token();
+        let mut live = self.client.live_value(&token);
+        let lease = self.attempt_plain(&token)?;
+        if lease.is_some() {
+            live.keep();
+        }
+        Ok(lease.map(|lease| LockGuard::new(self, lease)))
     }
 
     /// One `lua/fair_acquire.lua` call; `wait`: join (or refresh) the queue when refused.
@@ -661,7 +655,26 @@ impl FairLock {
     /// holds the lock, offer our token to be queued by its release, and send nothing), and
     /// wait for the grant message (polling slowly beside it, which also refreshes our queue
     /// entry).
+    ///
+    /// A transient failure ([`LockError::is_transient`]: a failover, a restart) is retried with
+    /// the policy's backoff until the deadline, the last one returned then.
     fn acquire_blocking(&self, mut attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
+        loop {
+            match self.acquire_blocking_once(&mut attempts) {
+                Err(e) if e.is_transient() => {
+                    let Some(sleep) = attempts.next_sleep() else {
+                        return Err(e);
+                    };
+                    log::debug!("{}; retried in {sleep:?}", e.report());
+                    std::thread::sleep(sleep);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One blocking acquire, until the deadline or the first failure.
+    fn acquire_blocking_once(&self, attempts: &mut Attempts<'_>) -> Result<LockGuard<'_>> {
         let queues = self.client.waiters();
         let wakeups = self.client.wakeups();
         let deadline = attempts.queue_deadline();
@@ -669,7 +682,7 @@ impl FairLock {
         // of this client waiting for it, tries at once, as the other locks do
         // (`lock::acquire_in_line`); the line is joined only if that fails.
         if !queues.has_waiters(&self.key) {
-            if let Some(guard) = self.plain_if_quiet(&mut attempts)? {
+            if let Some(guard) = self.plain_if_quiet(attempts)? {
                 return Ok(guard);
             }
         }
@@ -678,12 +691,14 @@ impl FairLock {
         // go).
         let mut ticket = queues.enqueue(&self.key);
         if ticket.ahead() > 0 && !ticket.wait_turn(deadline) {
-            return Err(self.timeout(&attempts));
+            return Err(self.timeout(attempts));
         }
-        if let Some(guard) = self.plain_if_quiet(&mut attempts)? {
+        if let Some(guard) = self.plain_if_quiet(attempts)? {
             return Ok(guard);
         }
         let token = self.new_token();
+        // Live until taken or given up: a grant to it may be written by any release.
+        let mut live = self.client.live_value(&token);
         queues.grants.register(&token, &self.key);
         let _expecting = Expecting {
             client: &self.client,
@@ -712,7 +727,10 @@ impl FairLock {
             sent = Instant::now();
             attempts.record();
             (last_us, rank) = match self.attempt(&token, true, sent)? {
-                Outcome::Taken(lease) => return Ok(LockGuard::new(self, lease)),
+                Outcome::Taken(lease) => {
+                    live.keep();
+                    return Ok(LockGuard::new(self, lease));
+                }
                 Outcome::Refused { at_us, rank } => (at_us, rank),
             };
         }
@@ -748,6 +766,7 @@ impl FairLock {
                         attempts.made(),
                         attempts.waited()
                     );
+                    live.keep();
                     return Ok(LockGuard::new(self, lease));
                 } else {
                     ask = true;
@@ -799,7 +818,10 @@ impl FairLock {
             let at = Instant::now();
             attempts.record();
             match self.attempt(&token, true, at) {
-                Ok(Outcome::Taken(lease)) => return Ok(LockGuard::new(self, lease)),
+                Ok(Outcome::Taken(lease)) => {
+                    live.keep();
+                    return Ok(LockGuard::new(self, lease));
+                }
                 Ok(Outcome::Refused { at_us, rank: r }) => {
                     // The pair a grant's lease is counted from (see `granted_lease`).
                     sent = at;
@@ -841,7 +863,7 @@ impl FairLock {
         if let Some(e) = late {
             return Err(e);
         }
-        Err(self.timeout(&attempts))
+        Err(self.timeout(attempts))
     }
 }
 
@@ -860,20 +882,29 @@ impl DistributedLock for FairLock {
 
     fn try_acquire(&self) -> Result<Option<Lease>> {
         let token = self.new_token();
-        if self.quiet() {
-            return self.attempt_plain(&token);
+        let mut live = self.client.live_value(&token);
+        let lease = if self.quiet() {
+            self.attempt_plain(&token)?
+        } else {
+            match self.attempt(&token, false, Instant::now())? {
+                Outcome::Taken(lease) => Some(lease),
+                Outcome::Refused { .. } => None,
+            }
+        };
+        if lease.is_some() {
+            live.keep();
         }
-        Ok(match self.attempt(&token, false, Instant::now())? {
-            Outcome::Taken(lease) => Some(lease),
-            Outcome::Refused { .. } => None,
-        })
+        Ok(lease)
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
         lease.stop_renewal();
         let waiters = self.client.waiters();
         let successor = waiters.take_offer(&self.key);
+        let generation = self.client.switch_generation();
         let reply = self.release_script(lease.value(), successor.as_ref());
+        // Held no longer, whatever the answer: a failed release is the janitor's now.
+        self.client.hold_ends(lease.value());
         if let Some(token) = &successor {
             // The server's time of the release, which the successor's grant is counted from;
             // none when the lock was not ours (the successor was not queued) or no reply came.
@@ -908,12 +939,13 @@ impl DistributedLock for FairLock {
             self.granted_at_us
                 .store(self.micros_since_base() + 1, Ordering::Relaxed);
         }
-        if ours {
-            if let Some(switches) = self.client.switches() {
-                // Done again on the new master if a Sentinel switch is announced soon: the
-                // same script with the same token, so it deletes (and grants) only if the new
-                // master still holds our token.
-                switches.released(Released {
+        if ours && self.client.switches().is_some() {
+            // Done again on the new master if a Sentinel switch is announced soon: the same
+            // script with the token of this client that the new master holds, if any, so it
+            // deletes (and grants) only what this client wrote and no longer holds.
+            crate::client::sentinel_watch::remember(
+                &self.client,
+                Released {
                     at: Instant::now(),
                     key: self.key.clone(),
                     value: lease.value().to_vec(),
@@ -921,9 +953,11 @@ impl DistributedLock for FairLock {
                     reentrant: None,
                     rw: None,
                     fair: Some(self.fair_release()),
+                    sweep: Some(self.id.to_vec()),
+                    generation,
                     until: lease.valid_until(),
-                });
-            }
+                },
+            );
         }
         if !granted.is_empty() && self.client.waiters().deliver_grant(&granted, grant) {
             self.client.wakeups().nudge();

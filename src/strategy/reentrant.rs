@@ -296,11 +296,10 @@ impl ReentrantLock {
     ///
     /// Only watched holds: the janitor skips the release if the owner holds the lock again by
     /// then, which only the watchdog's list of live holds tells.
-    fn remember_release(&self, lease: &Lease) {
-        let Some(switches) = self.client.switches() else {
-            return;
-        };
-        if !lease.is_watched() {
+    ///
+    /// `generation`: the switch generation when the release was sent.
+    fn remember_release(&self, lease: &Lease, generation: u64) {
+        if self.client.switches().is_none() || !lease.is_watched() {
             return;
         }
         let owner = self.owner();
@@ -311,16 +310,21 @@ impl ReentrantLock {
         let Some(count) = local_count(&owner, &self.key) else {
             return;
         };
-        switches.released(Released {
-            at: Instant::now(),
-            key: self.key.clone(),
-            value: lease.value().to_vec(),
-            channel: Some(self.opts.channel.clone()),
-            reentrant: Some((count, self.opts.lease_ms())),
-            rw: None,
-            fair: None,
-            until: lease.valid_until(),
-        });
+        crate::client::sentinel_watch::remember(
+            &self.client,
+            Released {
+                at: Instant::now(),
+                key: self.key.clone(),
+                value: lease.value().to_vec(),
+                channel: Some(self.opts.channel.clone()),
+                reentrant: Some((count, self.opts.lease_ms())),
+                rw: None,
+                fair: None,
+                sweep: None,
+                generation,
+                until: lease.valid_until(),
+            },
+        );
     }
 
     /// A release of `lease` failed on a connection error (a failover, a restart): it may or may
@@ -405,6 +409,7 @@ impl DistributedLock for ReentrantLock {
         // One id per call: a copy of the command sent again after a dropped connection
         // carries the same id, and the script does not give back a second hold for it.
         let request = crate::strategy::token::new_token();
+        let generation = self.client.switch_generation();
         let mut sent = 0u32;
         let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
             sent += 1;
@@ -428,7 +433,7 @@ impl DistributedLock for ReentrantLock {
         }
         let reply = reply?;
         if matches!(reply, Some(n) if n >= 0) {
-            self.remember_release(lease);
+            self.remember_release(lease, generation);
         }
         let (seen, ours) = match reply {
             // The owner keeps other holds: the lock stays taken, so waiters keep waiting.

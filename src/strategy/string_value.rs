@@ -11,7 +11,7 @@ use redis::RedisResult;
 
 use crate::client::janitor::{self, Cause};
 use crate::client::native::{self, Command};
-use crate::client::sentinel_watch::Released;
+use crate::client::sentinel_watch::{self, Released};
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::keys;
@@ -114,14 +114,19 @@ pub(crate) fn acquire_undone_by<T>(
 
 /// Deletes the key if it still holds our value: `Ok(true)` if it did. With a `channel`
 /// (Token) the release is published there in the same script, for waiters in other processes.
+///
+/// `sweep`: the prefix of every value this client writes at the key (Token), for the replay
+/// after a Sentinel switch; `None` when values carry no owner (Classic).
 pub(crate) fn release(
     client: &LockClient,
     kind: Kind,
     key: &str,
     channel: Option<&str>,
+    sweep: Option<&[u8]>,
     lease: &Lease,
 ) -> Result<bool> {
     lease.stop_renewal();
+    let generation = client.switch_generation();
     // In a cluster only the single command: redis-rs does not follow a slot's redirection
     // (a migration's ASK or MOVED) inside a pipeline, so the publishing release keeps the script.
     let native_here = !client.is_cluster() || channel.is_none();
@@ -154,11 +159,14 @@ pub(crate) fn release(
             lease.valid_until(),
         );
     }
+    // Held no longer, whatever the answer: a failed release is the janitor's now.
+    client.hold_ends(lease.value());
     let reply = reply?;
-    if reply >= 1 {
-        if let Some(switches) = client.switches() {
-            // Done again on the new master if a Sentinel switch is announced soon.
-            switches.released(Released {
+    if reply >= 1 && client.switches().is_some() {
+        // Done again on the new master if a Sentinel switch is announced soon.
+        sentinel_watch::remember(
+            client,
+            Released {
                 at: Instant::now(),
                 key: key.to_owned(),
                 value: lease.value().to_vec(),
@@ -166,9 +174,11 @@ pub(crate) fn release(
                 reentrant: None,
                 rw: None,
                 fair: None,
+                sweep: sweep.map(<[u8]>::to_vec),
+                generation,
                 until: lease.valid_until(),
-            });
-        }
+            },
+        );
     }
     if let Some(ch) = channel {
         hold::after_publish(client, key, ch, reply - 1);

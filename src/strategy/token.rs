@@ -27,6 +27,7 @@
 //! A lock built without an explicit ttl is watched: the client's watchdog renews its holds
 //! (see [`crate::client::watchdog`]).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,7 @@ use rand::RngExt;
 use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
+use crate::client::janitor::Cause;
 use crate::client::native::Command;
 use crate::client::watchdog::RenewKind;
 use crate::client::{Conn, LockClient};
@@ -66,6 +68,15 @@ pub(crate) fn new_token() -> [u8; 32] {
     out
 }
 
+/// What one blocking acquire carries from attempt to attempt (see
+/// `TokenLock::acquire_blocking`).
+struct Acquiring {
+    /// Sent by every attempt.
+    token: [u8; 32],
+    /// Set when an attempt's reply was lost: until when what it may have written lives.
+    lost_until: Cell<Option<Instant>>,
+}
+
 impl std::fmt::Debug for TokenLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("TokenLock");
@@ -84,16 +95,27 @@ impl TokenLock {
         }
     }
 
+    /// A fresh owner token: the client's id (16 hex digits, see `LockClient::token_prefix`),
+    /// then 64 random bits in hex; 32 characters, as [`new_token`]'s.
+    fn new_token(&self) -> [u8; 32] {
+        let mut t = new_token();
+        let prefix = self.client.token_prefix();
+        t[..prefix.len()].copy_from_slice(&prefix);
+        t
+    }
+
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
     pub fn is_watched(&self) -> bool {
         self.opts.watched
     }
 
-    /// One attempt by `lua/token_acquire.lua`: also reports the fence or the holder's PTTL.
-    fn attempt_scripted(&self) -> Result<Attempt> {
-        let token = new_token();
+    /// One attempt by `lua/token_acquire.lua` with the acquire's token: also reports the fence
+    /// or the holder's PTTL, and takes a key that already holds the token (an earlier attempt
+    /// of the same acquire whose reply was lost).
+    fn attempt_scripted(&self, acq: &Acquiring) -> Result<Attempt> {
+        let token = acq.token;
         let start = Instant::now();
-        let reply: Value = self.send_acquire(&token, start, |con, s| {
+        let reply: Value = self.send_acquire(&token, start, Some(acq), |con, s| {
             let args = (&token[..], self.opts.lease_ms());
             match &self.opts.fence_key {
                 Some(fence) => s
@@ -113,11 +135,12 @@ impl TokenLock {
 
     /// One attempt without a script, where the server has the native release (so that a Token
     /// lock without fencing sends no script at all): `SET key token NX PX ttl GET` pipelined
-    /// with `PTTL key` (one round trip), which reports the holder's PTTL as the script does.
-    fn attempt_pipelined(&self) -> Result<Attempt> {
-        let token = new_token();
+    /// with `PTTL key` (one round trip), which reports the holder's PTTL as the script does. It
+    /// sends the acquire's token, as the script does: a key found holding it is ours.
+    fn attempt_pipelined(&self, acq: &Acquiring) -> Result<Attempt> {
+        let token = acq.token;
         let start = Instant::now();
-        let (set, pttl): (Value, i64) = self.send_acquire(&token, start, |con, _| {
+        let (set, pttl): (Value, i64) = self.send_acquire(&token, start, Some(acq), |con, _| {
             let mut pipe = redis::pipe();
             pipe.add_command(string_value::set_nx_px_get(
                 &self.key,
@@ -158,27 +181,48 @@ impl TokenLock {
         let attempt = decoded.into_attempt(|fence| self.new_lease(token, start, fence));
         let result =
             lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
+        if !matches!(result, Ok(Attempt::Acquired(_))) {
+            self.client.hold_ends(token);
+        }
         self.client.counters().outcome(Kind::Token, &result);
         result
     }
 
-    /// Sends an acquire of `token`; one whose reply is lost is cleaned up in the background.
+    /// Sends an acquire of `token`. One whose reply is lost may still run (or have run) and
+    /// leave a lock nobody holds: within a blocking acquire (`acq`), the next attempt, which
+    /// sends the same token, takes it, and only an acquire that gives up leaves it to the
+    /// janitor (see `acquire_blocking`); otherwise the janitor deletes it in the background
+    /// at once, owner-checked.
     fn send_acquire<T>(
         &self,
         token: &[u8],
         start: Instant,
+        acq: Option<&Acquiring>,
         f: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        string_value::acquire(
+        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
+        self.client.hold_begins(token);
+        let reply = string_value::acquire_undone_by(&self.client, &self.key, f, || match acq {
+            Some(acq) => acq.lost_until.set(Some(until)),
+            None => self.forget_lost(token, until),
+        });
+        if reply.is_err() {
+            self.client.hold_ends(token);
+        }
+        reply
+    }
+
+    /// The janitor deletes `token` at the key if an acquire whose reply was lost wrote it.
+    fn forget_lost(&self, token: &[u8], until: Instant) {
+        self.client.janitor().forget(
             &self.client,
             &self.key,
             token,
             Some(&self.opts.channel),
+            Cause::LostAcquireReply,
             until,
-            || true,
-            f,
-        )
+        );
     }
 
     /// A refused attempt found a value without a TTL at the key: not written by a Token lock
@@ -206,6 +250,8 @@ impl TokenLock {
 
     /// The blocking acquire: the first attempt is a plain `SET NX PX` (unless fencing), later
     /// ones (made while waiting) use the script, whose refusal carries the holder's PTTL.
+    /// Every attempt sends the same token, so one whose reply was lost (a failover) and that
+    /// landed is taken by the next: the acquire leaves nothing behind unless it gives up.
     fn acquire_blocking(&self, attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
         let line = Line {
             queues: self.client.waiters(),
@@ -214,17 +260,27 @@ impl TokenLock {
             barge: false,
             wake: self.opts.wake(&self.client),
         };
+        let acq = Acquiring {
+            token: self.new_token(),
+            lost_until: Cell::new(None),
+        };
         let mut first = true;
         let attempt = || {
             if std::mem::take(&mut first) && self.opts.fence_key.is_none() {
-                self.try_acquire().map(Attempt::from)
+                self.try_acquire_as(&acq.token, Some(&acq))
+                    .map(Attempt::from)
             } else if self.pipelined_attempts() {
-                self.attempt_pipelined()
+                self.attempt_pipelined(&acq)
             } else {
-                self.attempt_scripted()
+                self.attempt_scripted(&acq)
             }
         };
         let result = lock::acquire_in_line(self, line, attempts, attempt, |_| self.check_type());
+        if result.is_err() {
+            if let Some(until) = acq.lost_until.get() {
+                self.forget_lost(&acq.token, until);
+            }
+        }
         self.client.counters().blocking(Kind::Token, &result);
         result
     }
@@ -237,6 +293,42 @@ impl TokenLock {
             && !self.client.is_cluster()
             && self.client.set_get()
             && self.client.native().has(Command::DelIfEq)
+    }
+
+    /// One `SET NX PX` attempt with `token` (see [`send_acquire`](Self::send_acquire) for
+    /// `acq`).
+    fn try_acquire_as(&self, token: &[u8; 32], acq: Option<&Acquiring>) -> Result<Option<Lease>> {
+        let start = Instant::now();
+        let reply: Value = self.send_acquire(token, start, acq, |con, _| {
+            let ttl = self.opts.lease_ms();
+            if self.client.set_get() {
+                match string_value::set_nx_px_get(&self.key, token, ttl).query(con) {
+                    Err(e) if string_value::is_syntax_error(&e) => self.client.no_set_get(),
+                    // Nil: set; the value found: held (or ours, if this is a resend of an
+                    // acquire that landed); a WRONGTYPE error: a key of another type.
+                    Ok(Value::Nil) => return Ok(Value::Okay),
+                    Ok(Value::BulkString(found)) if found == token => return Ok(Value::Okay),
+                    Ok(Value::BulkString(_)) => return Ok(Value::Nil),
+                    other => return other,
+                }
+            }
+            string_value::set_nx_px(&self.key, token, ttl).query(con)
+        })?;
+        let result = match reply {
+            Value::Okay => lock::checked_win(
+                &self.key,
+                self.new_lease(token, start, None),
+                self.opts.lease,
+                |l| self.release(l),
+            )
+            .map(Some),
+            _ => Ok(None),
+        };
+        if !matches!(result, Ok(Some(_))) {
+            self.client.hold_ends(token);
+        }
+        self.client.counters().outcome_lease(Kind::Token, &result);
+        result
     }
 
     /// Called when a blocking acquire gives up: a key of another type can never be locked, so
@@ -269,40 +361,20 @@ impl DistributedLock for TokenLock {
 
     fn try_acquire(&self) -> Result<Option<Lease>> {
         if self.opts.fence_key.is_some() {
-            return Ok(match self.attempt_scripted()? {
+            let acq = Acquiring {
+                token: self.new_token(),
+                lost_until: Cell::new(None),
+            };
+            let attempt = self.attempt_scripted(&acq);
+            if let Some(until) = acq.lost_until.get() {
+                self.forget_lost(&acq.token, until);
+            }
+            return Ok(match attempt? {
                 Attempt::Acquired(lease) => Some(lease),
                 Attempt::Held { .. } => None,
             });
         }
-        let token = new_token();
-        let start = Instant::now();
-        let reply: Value = self.send_acquire(&token, start, |con, _| {
-            let ttl = self.opts.lease_ms();
-            if self.client.set_get() {
-                match string_value::set_nx_px_get(&self.key, &token, ttl).query(con) {
-                    Err(e) if string_value::is_syntax_error(&e) => self.client.no_set_get(),
-                    // Nil: set; the value found: held (or ours, if this is a resend of an
-                    // acquire that landed); a WRONGTYPE error: a key of another type.
-                    Ok(Value::Nil) => return Ok(Value::Okay),
-                    Ok(Value::BulkString(found)) if found == token => return Ok(Value::Okay),
-                    Ok(Value::BulkString(_)) => return Ok(Value::Nil),
-                    other => return other,
-                }
-            }
-            string_value::set_nx_px(&self.key, &token, ttl).query(con)
-        })?;
-        let result = match reply {
-            Value::Okay => lock::checked_win(
-                &self.key,
-                self.new_lease(&token, start, None),
-                self.opts.lease,
-                |l| self.release(l),
-            )
-            .map(Some),
-            _ => Ok(None),
-        };
-        self.client.counters().outcome_lease(Kind::Token, &result);
-        result
+        self.try_acquire_as(&self.new_token(), None)
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
@@ -311,6 +383,7 @@ impl DistributedLock for TokenLock {
             Kind::Token,
             &self.key,
             Some(&self.opts.channel),
+            Some(&self.client.token_prefix()),
             lease,
         )
     }
