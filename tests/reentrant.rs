@@ -743,18 +743,37 @@ fn cluster_hash_tag_keeps_channel_and_fence_in_the_key_slot() {
     assert_eq!(hget(&mut node, key, &lock.owner_id()).as_deref(), Some("2"));
     assert_eq!(raw::get_i64(&mut node, fence_key), f as i64);
 
-    let mut sub = cluster.node((cluster.slot_owner(slot) + 1) % 3).conn();
-    let mut pubsub = sub.as_pubsub();
-    pubsub.subscribe(channel).expect("SUBSCRIBE");
-    pubsub
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    // A subscriber on the node that serves the slot, and one on another node.
+    let owner = cluster.slot_owner(slot);
+    let mut subs: Vec<redis::Connection> = [owner, (owner + 1) % 3]
+        .iter()
+        .map(|&i| cluster.node(i).conn())
+        .collect();
+    let mut pubsubs: Vec<_> = subs.iter_mut().map(|c| c.as_pubsub()).collect();
+    for pubsub in &mut pubsubs {
+        pubsub.subscribe(channel).expect("SUBSCRIBE");
+        pubsub
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+    }
     assert!(inner.unlock().unwrap());
     assert!(outer.unlock().unwrap());
-    // PUBLISH reaches subscribers on every node of the cluster.
-    let msg = pubsub.get_message().expect("the release is published");
+    let (mut local, mut other) = (pubsubs.remove(0), pubsubs.remove(0));
+    let msg = local.get_message().expect("the release is published");
     assert_eq!(msg.get_channel_name(), channel);
     assert_eq!(msg.get_payload::<String>().unwrap(), "0");
+    // PUBLISH reaches subscribers on every node of the cluster. Differs by server: Valkey
+    // 9.1.2 (the build CI runs) was seen, in about half of the runs, not to forward a PUBLISH
+    // to the other nodes of a freshly created cluster at all (a plain PUBLISH on the owner
+    // node neither, with every cluster link up). The library's waiters also poll (every
+    // 100-120 ms), so there they are woken by their polling instead.
+    match other.get_message() {
+        Ok(msg) => assert_eq!(msg.get_payload::<String>().unwrap(), "0"),
+        Err(e) if matches!(support::server_kind(), support::ServerKind::Valkey(9, _)) => {
+            eprintln!("the release was not forwarded to another node by this Valkey 9 ({e})")
+        }
+        Err(e) => panic!("the release is published on every node: {e}"),
+    }
     assert!(!raw::exists(&mut node, key));
 
     let again = lock.try_lock().unwrap();
