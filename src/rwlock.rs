@@ -90,8 +90,8 @@ impl Mode {
     /// The kind of lock in the client's stats.
     fn kind(self) -> Kind {
         match self {
-            Mode::Read => Kind::Read,
-            Mode::Write => Kind::Write,
+            Mode::Read => Kind::new("read"),
+            Mode::Write => Kind::new("write"),
         }
     }
 
@@ -585,8 +585,8 @@ impl Shared {
                     mode.as_str()
                 );
                 let kind = match mode {
-                    Mode::Read => RenewKind::ReadEntry,
-                    Mode::Write => RenewKind::WriteEntry,
+                    Mode::Read => RenewKind::ReadEntry(mode.kind()),
+                    Mode::Write => RenewKind::WriteEntry(mode.kind()),
                 };
                 let lease =
                     self.opts

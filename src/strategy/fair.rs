@@ -54,6 +54,9 @@ use crate::strategy::hold::HoldOptions;
 use crate::strategy::string_value;
 use crate::strategy::token::new_token;
 
+/// The stats label of fair locks.
+pub(crate) const KIND: Kind = Kind::new("fair");
+
 /// The lease a release writes when it grants the lock to the next waiter (shorter if the
 /// lock's own lease is shorter). A grant to a waiter that died meanwhile therefore blocks the
 /// line for at most this long (plus the next waiter's poll, 100–120 ms). A living waiter's
@@ -371,21 +374,21 @@ impl FairLock {
         )?;
         if reply != Value::Okay {
             self.contended();
-            self.client.counters().attempt(Kind::Fair, false);
+            self.client.counters().attempt(KIND, false);
             return Ok(None);
         }
         self.took();
         let lease = self.opts.lease(
             &self.client,
             &self.key,
-            RenewKind::FairValue,
+            RenewKind::ScriptedValue(KIND),
             token,
             start,
             None,
         );
         let result =
             lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l)).map(Some);
-        self.client.counters().outcome_lease(Kind::Fair, &result);
+        self.client.counters().outcome_lease(KIND, &result);
         result
     }
 
@@ -481,7 +484,7 @@ impl FairLock {
                 let lease = self.opts.lease(
                     &self.client,
                     &self.key,
-                    RenewKind::FairValue,
+                    RenewKind::ScriptedValue(KIND),
                     token,
                     start,
                     fence,
@@ -490,13 +493,13 @@ impl FairLock {
                     lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
                         .map(Outcome::Taken);
                 if result.is_ok() {
-                    self.client.counters().attempt(Kind::Fair, true);
+                    self.client.counters().attempt(KIND, true);
                 }
                 result
             }
             [0, rank, secs, micros] => {
                 self.contended();
-                self.client.counters().attempt(Kind::Fair, false);
+                self.client.counters().attempt(KIND, false);
                 log::trace!(
                     "lock {:?}: refused, {rank} waiters ahead in Redis",
                     self.key
@@ -582,7 +585,7 @@ impl FairLock {
         let lease = Lease::new(token, sent, self.grant).with_fence(fence);
         let state = WatchState::new(
             std::sync::Arc::clone(self.opts.key_arc()),
-            RenewKind::FairValue,
+            RenewKind::ScriptedValue(KIND),
             token,
             self.opts.lease,
             sent,
@@ -785,7 +788,7 @@ impl FairLock {
                 } else if let Some(lease) = basis.and_then(|(sent, attempt_us)| {
                     self.granted_lease(&token, sent, attempt_us, grant)
                 }) {
-                    self.client.counters().attempt(Kind::Fair, true);
+                    self.client.counters().attempt(KIND, true);
                     log::debug!(
                         "lock {:?}: granted after {} attempts in {:?}",
                         self.key,
@@ -993,7 +996,7 @@ impl DistributedLock for FairLock {
                  no other owner's lock was deleted",
                 self.key
             );
-            self.client.counters().lost_on_release(Kind::Fair, lease);
+            self.client.counters().lost_on_release(KIND, lease);
         }
         Ok(ours)
     }
@@ -1007,7 +1010,7 @@ impl DistributedLock for FairLock {
                 .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
         })?;
         let result = string_value::extended(&self.key, extended == 1, lease, None, start, ttl);
-        self.client.counters().extended(Kind::Fair, lease, result)
+        self.client.counters().extended(KIND, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
@@ -1020,13 +1023,13 @@ impl DistributedLock for FairLock {
 
     fn lock(&self) -> Result<LockGuard<'_>> {
         let result = self.acquire_blocking(Attempts::new(&self.opts.retry));
-        self.client.counters().blocking(Kind::Fair, &result);
+        self.client.counters().blocking(KIND, &result);
         result
     }
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
         let result = self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait));
-        self.client.counters().blocking(Kind::Fair, &result);
+        self.client.counters().blocking(KIND, &result);
         result
     }
 

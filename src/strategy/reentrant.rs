@@ -56,6 +56,9 @@ thread_local! {
     static LOCAL_HOLDS: RefCell<Vec<LocalHold>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The stats label of reentrant locks.
+pub(crate) const KIND: Kind = Kind::new("reentrant");
+
 /// One entry of [`LOCAL_HOLDS`].
 struct LocalHold {
     /// The thread's owner id for the client the hold is through (the thread part is the same
@@ -241,7 +244,7 @@ impl ReentrantLock {
             self.opts.lease(
                 &self.client,
                 &self.key,
-                RenewKind::HashField,
+                RenewKind::HashField(KIND),
                 owner.as_bytes(),
                 start,
                 fence,
@@ -249,7 +252,7 @@ impl ReentrantLock {
         });
         let result =
             lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
-        self.client.counters().outcome(Kind::Reentrant, &result);
+        self.client.counters().outcome(KIND, &result);
         result
     }
 
@@ -267,7 +270,7 @@ impl ReentrantLock {
         // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
         // extra check.
         let result = lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()));
-        self.client.counters().blocking(Kind::Reentrant, &result);
+        self.client.counters().blocking(KIND, &result);
         result
     }
 
@@ -481,9 +484,7 @@ impl DistributedLock for ReentrantLock {
             Some(other) => return Err(self.unexpected(other)),
         };
         if !ours {
-            self.client
-                .counters()
-                .lost_on_release(Kind::Reentrant, lease);
+            self.client.counters().lost_on_release(KIND, lease);
         }
         // Only the caller's own holds are recorded (a lease may be released by another thread).
         let owner = self.owner();
@@ -502,9 +503,7 @@ impl DistributedLock for ReentrantLock {
                 .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
         })?;
         let result = string_value::extended(&self.key, renewed == 1, lease, None, start, ttl);
-        self.client
-            .counters()
-            .extended(Kind::Reentrant, lease, result)
+        self.client.counters().extended(KIND, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {

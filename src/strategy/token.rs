@@ -48,6 +48,9 @@ use crate::strategy::check_duration;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
 use crate::strategy::string_value;
 
+/// The stats label of Token locks.
+pub(crate) const KIND: Kind = Kind::new("token");
+
 /// A lock of [`Strategy::Token`](crate::Strategy::Token). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
 pub struct TokenLock {
@@ -226,7 +229,7 @@ impl TokenLock {
         if !matches!(result, Ok(Attempt::Acquired(_))) {
             self.client.hold_ends(token);
         }
-        self.client.counters().outcome(Kind::Token, &result);
+        self.client.counters().outcome(KIND, &result);
         result
     }
 
@@ -321,7 +324,7 @@ impl TokenLock {
         self.opts.lease(
             &self.client,
             &self.key,
-            RenewKind::Value,
+            RenewKind::Value(KIND),
             token,
             start,
             fence,
@@ -359,7 +362,7 @@ impl TokenLock {
                 self.forget_lost(&acq.token, until);
             }
         }
-        self.client.counters().blocking(Kind::Token, &result);
+        self.client.counters().blocking(KIND, &result);
         result
     }
 
@@ -415,7 +418,7 @@ impl TokenLock {
         if !matches!(result, Ok(Some(_))) {
             self.client.hold_ends(token);
         }
-        self.client.counters().outcome_lease(Kind::Token, &result);
+        self.client.counters().outcome_lease(KIND, &result);
         result
     }
 
@@ -478,7 +481,7 @@ impl DistributedLock for TokenLock {
     fn release(&self, lease: &Lease) -> Result<bool> {
         string_value::release(
             &self.client,
-            Kind::Token,
+            KIND,
             &self.key,
             Some(&self.opts.channel),
             Some(&self.client.token_prefix()),
@@ -497,7 +500,7 @@ impl DistributedLock for TokenLock {
             ttl.as_millis() as u64,
         )?;
         let result = string_value::extended(&self.key, extended, lease, None, start, ttl);
-        self.client.counters().extended(Kind::Token, lease, result)
+        self.client.counters().extended(KIND, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
