@@ -559,6 +559,9 @@ impl Shared {
     /// that leaves an intent at most half of it (it must come back before its intent lapses,
     /// or readers slip in). `intent_ms` > 0 leaves a writer intent when a write is refused.
     fn attempt(&self, mode: Mode, owner: &str, intent_ms: u64) -> Result<Attempt> {
+        // Under way from before it settles: a Sentinel replay of this owner's release waits
+        // for it (see `Janitor::replay`).
+        let attempt_live = self.client.owner_attempt(&self.key, owner.as_bytes());
         // A release or an undo of ours may still be pending with the janitor: finish it first,
         // so that a later try cannot take the new hold for the old one.
         self.client
@@ -584,6 +587,7 @@ impl Shared {
                     self.key,
                     mode.as_str()
                 );
+                attempt_live.took();
                 let kind = match mode {
                     Mode::Read => RenewKind::ReadEntry(mode.kind()),
                     Mode::Write => RenewKind::WriteEntry(mode.kind()),
@@ -717,6 +721,9 @@ impl Shared {
                 LATCH_MS,
             ),
         );
+        // One hold of the owner fewer, whatever the answer (a failed release is the
+        // janitor's now).
+        self.client.owner_released(&self.key, lease.value());
         // Resent only while the latch is sure to live (it starts when the release first runs,
         // which is after `sent`): a resend that found it gone could give back a second hold.
         let resend = || {

@@ -307,18 +307,14 @@ impl Janitor {
     /// reply says nothing, is queued for the janitor thread, which retries it until `until`.
     pub(crate) fn replay(&self, client: &LockClient, jobs: Vec<Redo>) {
         let now = Instant::now();
-        let mut jobs: Vec<Redo> = jobs.into_iter().filter(|j| j.until > now).collect();
-        // A counted hold given back on the old master whose owner holds the lock again: its
-        // count now matches a live hold (see `attempt`).
-        jobs.retain(|j| !(j.cleanup.counted && client.watchdog().holds(&j.key, &j.value)));
+        let jobs: Vec<Redo> = jobs.into_iter().filter(|j| j.until > now).collect();
         let mut iter = jobs.into_iter().peekable();
         while iter.peek().is_some() {
-            let batch: Vec<Redo> = iter.by_ref().take(REPLAY_BATCH).collect();
-            let Some(first) = batch.first().map(|j| j.key.clone()) else {
-                break;
-            };
+            let mut batch: Vec<Redo> = iter.by_ref().take(REPLAY_BATCH).collect();
             // Counted holds: the owner's next acquire of the key waits for this try (see
             // `settle`), so that it cannot add a hold the job would take for the old one.
+            // Marked first, then an owner that acquires or holds the lock already (entered
+            // before its acquire settles) is left alone: its count may be its live hold's.
             let counted: Vec<(String, Vec<u8>)> = batch
                 .iter()
                 .filter(|j| j.cleanup.counted)
@@ -337,6 +333,10 @@ impl Janitor {
             let settled = Settled {
                 janitor: self,
                 counted,
+            };
+            batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value)));
+            let Some(first) = batch.first().map(|j| j.key.clone()) else {
+                continue;
             };
             let replies: Result<Vec<redis::Value>> = client.with_conn(&first, |con, s| {
                 let mut pipe = redis::pipe();
@@ -421,6 +421,8 @@ impl Janitor {
         );
     }
 
+    /// Called by an acquire of `owner` at `key` under way (see `LockClient::owner_attempt`).
+    ///
     /// Runs, on the caller's thread, a pending counted job of `owner` on `key` (and waits for
     /// a try of it in flight on the janitor thread), so that the owner's next acquire cannot be
     /// mistaken by a later try for the hold that job gives back. Errors of that try are
@@ -439,12 +441,16 @@ impl Janitor {
                         if until <= now || jobs.shutdown {
                             break None;
                         }
+                        // Not under way while it waits: the try in flight may be a replay
+                        // that waits for this owner's attempts (see `holds_again`).
+                        client.owner_attempt_pauses(key, owner);
                         jobs = self
                             .shared
                             .done
                             .wait_timeout(jobs, until.saturating_duration_since(now))
                             .unwrap_or_else(PoisonError::into_inner)
                             .0;
+                        client.owner_attempt_resumes(key, owner);
                         continue;
                     }
                     let Some(i) = jobs.pick(Instant::now(), Some((key, owner))) else {
@@ -665,6 +671,26 @@ fn run(shared: &Shared, client: &WeakClient) {
     }
 }
 
+/// Longest wait of a counted replay for the owner's acquire under way.
+const ATTEMPT_WAIT: Duration = Duration::from_secs(5);
+
+/// For a counted release done again after a Sentinel switch, whose try is marked in flight
+/// (so the owner's next acquire waits for it in [`Janitor::settle`]): waits for the owner's
+/// acquire under way, if any (it may have passed `settle` before the mark; at most
+/// [`ATTEMPT_WAIT`]), then true if the owner holds the lock again: its count on the new master
+/// may then be that live hold's, which the release must not give back.
+fn holds_again(client: &LockClient, key: &str, owner: &[u8]) -> bool {
+    let end = crate::time::after(ATTEMPT_WAIT);
+    while client.owner_attempting(key, owner) && Instant::now() < end {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let holds = client.owner_holds(key, owner);
+    if holds {
+        log::debug!("lock {key:?}: the owner holds the lock again; its release is not done again");
+    }
+    holds
+}
+
 /// Tries one job: `Some(job)` to try again later, and the try's error, if any.
 fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     job.tries = job.tries.saturating_add(1);
@@ -673,10 +699,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     // A counted release remembered across a Sentinel switch may have reached the new master
     // already, and the owner may hold the lock again since: its count then matches a live
     // hold. Such a job is dropped (the owner's next acquire cannot race it: see `settle`).
-    if counted
-        && job.cause == Cause::ReleasedBeforeSwitch
-        && client.watchdog().holds(key, &job.value)
-    {
+    if counted && job.cause == Cause::ReleasedBeforeSwitch && holds_again(client, key, &job.value) {
         log::debug!("lock {key:?}: the owner holds the lock again; the release is not done again");
         job_gone(client, true);
         return (None, Ok(()));

@@ -403,6 +403,35 @@ impl LockClient {
         self.inner.live.contains(value)
     }
 
+    /// One hold of `owner` (a counted hold: a hash field) at `key` was released (see
+    /// [`owner_attempt`](Self::owner_attempt)).
+    pub(crate) fn owner_released(&self, key: &str, owner: &[u8]) {
+        self.inner.live.end(&owner_slot(b'h', key, owner));
+    }
+
+    /// True while `owner` holds the counted lock at `key` (as far as this client knows).
+    pub(crate) fn owner_holds(&self, key: &str, owner: &[u8]) -> bool {
+        self.inner.live.contains(&owner_slot(b'h', key, owner))
+    }
+
+    /// The acquire of `owner` at `key` waits in `Janitor::settle` for a clean-up of its own
+    /// in flight (which may be a replay waiting for attempts under way): not under way
+    /// meanwhile. Paired with [`owner_attempt_resumes`](Self::owner_attempt_resumes).
+    pub(crate) fn owner_attempt_pauses(&self, key: &str, owner: &[u8]) {
+        self.inner.live.end(&owner_slot(b'a', key, owner));
+    }
+
+    /// See [`owner_attempt_pauses`](Self::owner_attempt_pauses).
+    pub(crate) fn owner_attempt_resumes(&self, key: &str, owner: &[u8]) {
+        self.inner.live.begin(&owner_slot(b'a', key, owner));
+    }
+
+    /// True while an acquire of `owner` at `key` is under way (from before it settles its
+    /// pending clean-ups until its answer is read).
+    pub(crate) fn owner_attempting(&self, key: &str, owner: &[u8]) -> bool {
+        self.inner.live.contains(&owner_slot(b'a', key, owner))
+    }
+
     /// True if `value`, found at a lock key, was written by this client (a Token or Fair
     /// token) and is neither held nor being written by it: a hold nobody will release.
     pub(crate) fn is_stale_own(&self, value: &[u8]) -> bool {
@@ -414,12 +443,26 @@ impl LockClient {
     /// [`hold_begins`](Self::hold_begins) now, and [`hold_ends`](Self::hold_ends) when the
     /// returned guard is dropped, unless it is [`kept`](LiveValue::keep) (the value became a
     /// hold, whose release ends it).
-    pub(crate) fn live_value<'a>(&'a self, value: &'a [u8]) -> LiveValue<'a> {
+    pub(crate) fn live_value(&self, value: &[u8]) -> LiveValue<'_> {
         self.hold_begins(value);
         LiveValue {
             client: self,
-            value,
+            entry: value.to_vec(),
             kept: false,
+        }
+    }
+
+    /// An acquire of a counted hold of `owner` at `key` begins: until the returned guard is
+    /// dropped, [`owner_attempting`](Self::owner_attempting) is true; [`OwnerAttempt::took`]
+    /// counts the hold it took until its [`owner_released`](Self::owner_released). A Sentinel
+    /// replay of a counted release waits for the owner's attempts under way and then leaves an
+    /// owner that holds the lock alone (see `Janitor::replay`).
+    pub(crate) fn owner_attempt<'a>(&'a self, key: &'a str, owner: &'a [u8]) -> OwnerAttempt<'a> {
+        self.inner.live.begin(&owner_slot(b'a', key, owner));
+        OwnerAttempt {
+            client: self,
+            key,
+            owner,
         }
     }
 
@@ -578,15 +621,53 @@ impl LockClient {
     }
 }
 
+/// The entry of `owner` at `key` in the client's live set, attempting (`a`) or holding (`h`)
+/// (a NUL cannot start a token).
+fn owner_slot(what: u8, key: &str, owner: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(key.len() + owner.len() + 3);
+    v.push(0);
+    v.push(what);
+    v.extend_from_slice(key.as_bytes());
+    v.push(0);
+    v.extend_from_slice(owner);
+    v
+}
+
+/// An acquire of a counted hold under way (see [`LockClient::owner_attempt`]).
+pub(crate) struct OwnerAttempt<'a> {
+    client: &'a LockClient,
+    key: &'a str,
+    owner: &'a [u8],
+}
+
+impl OwnerAttempt<'_> {
+    /// The server counted a hold for the owner: counted until its release.
+    pub(crate) fn took(&self) {
+        self.client
+            .inner
+            .live
+            .begin(&owner_slot(b'h', self.key, self.owner));
+    }
+}
+
+impl Drop for OwnerAttempt<'_> {
+    fn drop(&mut self) {
+        self.client
+            .inner
+            .live
+            .end(&owner_slot(b'a', self.key, self.owner));
+    }
+}
+
 /// A value being written by an acquire (see [`LockClient::live_value`]).
 pub(crate) struct LiveValue<'a> {
     client: &'a LockClient,
-    value: &'a [u8],
+    entry: Vec<u8>,
     kept: bool,
 }
 
 impl LiveValue<'_> {
-    /// The acquire took the lock: the value stays live until its release.
+    /// The acquire took the lock: the entry stays live until its release.
     pub(crate) fn keep(&mut self) {
         self.kept = true;
     }
@@ -595,7 +676,7 @@ impl LiveValue<'_> {
 impl Drop for LiveValue<'_> {
     fn drop(&mut self) {
         if !self.kept {
-            self.client.hold_ends(self.value);
+            self.client.inner.live.end(&self.entry);
         }
     }
 }

@@ -450,16 +450,6 @@ impl Watchdog {
         }
     }
 
-    /// True if a hold of `key` with `value` (a reentrant lock's owner id) is watched now.
-    pub(crate) fn holds(&self, key: &str, value: &[u8]) -> bool {
-        self.shared.lock().entries.iter().any(|e| {
-            !e.gone
-                && e.state
-                    .upgrade()
-                    .is_some_and(|s| !s.is_stopped() && s.key() == key && s.value() == value)
-        })
-    }
-
     /// Holds currently watched: neither released, dropped by their holder, nor lost.
     pub(crate) fn watched(&self) -> usize {
         self.shared

@@ -206,6 +206,9 @@ impl ReentrantLock {
     /// One attempt by `lua/reentrant_acquire.lua`: take, re-enter, or learn the holder's PTTL.
     fn attempt(&self) -> Result<Attempt> {
         let owner = self.owner();
+        // Under way from before it settles: a Sentinel replay of this owner's release waits
+        // for it (see `Janitor::replay`).
+        let attempt_live = self.client.owner_attempt(&self.key, owner.as_bytes());
         // A release of ours that failed on a connection error may still be retried by the
         // janitor: finish it first, so that a later try cannot take the new hold for the old.
         self.client
@@ -234,6 +237,7 @@ impl ReentrantLock {
         let seen = match reply {
             AcquireReply::Taken { .. } => {
                 log::trace!("lock {:?}: hold taken by {owner}", self.key);
+                attempt_live.took();
                 Seen::Taken
             }
             // Refused, so this owner holds nothing (else the script had let it re-enter).
@@ -316,12 +320,12 @@ impl ReentrantLock {
     /// master switch is announced meanwhile, the release may have been done on the old master
     /// only, and is done again on the new one (see [`crate::client::sentinel_watch`]).
     ///
-    /// Only watched holds: the janitor skips the release if the owner holds the lock again by
-    /// then, which only the watchdog's list of live holds tells.
+    /// The replay skips the release if the owner acquires or holds the lock again by then
+    /// (the client's live set, entered before an acquire settles: see `Janitor::replay`).
     ///
     /// `generation`: the switch generation when the release was sent.
     fn remember_release(&self, lease: &Lease, generation: u64) {
-        if self.client.switches().is_none() || !lease.is_watched() {
+        if self.client.switches().is_none() {
             return;
         }
         let owner = self.owner();
@@ -442,6 +446,9 @@ impl DistributedLock for ReentrantLock {
                 ),
             )
         });
+        // One hold of the owner fewer, whatever the answer (a failed release is the
+        // janitor's now).
+        self.client.owner_released(&self.key, lease.value());
         if reply
             .as_ref()
             .is_err_and(crate::client::janitor::worth_retrying)
