@@ -432,6 +432,7 @@ impl Report<'_> {
         self.micro(&mut md);
         mixed_fleet(&mut md);
         let _ = writeln!(md, "{FAIR_BENCH}");
+        let _ = writeln!(md, "{VALKEY_BENCH}");
         self.method(&mut md);
         md
     }
@@ -1954,6 +1955,11 @@ the handoff target's reading A met in every row. Where a round trip is shorter, 
 and run), the same server work (a script, a thread's wake-up) weighs more in every ratio, the \
 bare commands' included: compare each row with its bare commands and with the other locks of \
 the same run, not with another day's.\n";
+
+/// Recorded runs of the cycle bench against Valkey 9.1 (`DLOCK_TEST_SERVER=… cargo bench -p
+/// redis-dlock-benches --bench cycle`): the Token cycle with the native commands and with the
+/// scripts forced (update it when the Token lock's commands change).
+const VALKEY_BENCH: &str = include_str!("valkey_bench.md");
 
 /// Recorded summary of three runs of `cargo bench -p redis-dlock-benches --bench fair` (update it when the fair lock
 /// or its bench changes).
