@@ -31,7 +31,6 @@ use redis::Value;
 use crate::admin::{self, Detail, LockState};
 use crate::client::grants::Grant;
 use crate::client::janitor::{self, Cause, Cleanup, Done};
-use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::{LostCallback, LostLock, RenewKind};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -761,15 +760,12 @@ impl Shared {
             let (release, until) = resend();
             crate::client::sentinel_watch::remember(
                 &self.client,
-                Released {
-                    at: Instant::now(),
-                    key: self.key.clone(),
-                    value: lease.value().to_vec(),
-                    cleanup: release,
-                    sweep: None,
-                    generation,
-                    until,
-                },
+                &self.key,
+                lease.value(),
+                release,
+                None,
+                generation,
+                until,
             );
         }
         if ours {

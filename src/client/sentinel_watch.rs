@@ -264,12 +264,31 @@ impl Switches {
     }
 }
 
-/// Remembers a successful release of `client` (see the module docs); one sent before the last
-/// switch it followed is replayed at once (it may have reached the old master after the
+/// Remembers a successful release of `value` at `key` by `client` (see the module docs), to
+/// be done again by `cleanup` (by a sweep with the client's token prefix `sweep`, if its
+/// values carry one) until `until`; one sent in switch `generation`, before the last switch
+/// the client followed, is replayed at once (it may have reached the old master after the
 /// replay).
-pub(crate) fn remember(client: &LockClient, r: Released) {
+pub(crate) fn remember(
+    client: &LockClient,
+    key: &str,
+    value: &[u8],
+    cleanup: Cleanup,
+    sweep: Option<&[u8]>,
+    generation: u64,
+    until: Instant,
+) {
     let Some(switches) = client.switches() else {
         return;
+    };
+    let r = Released {
+        at: Instant::now(),
+        key: key.to_owned(),
+        value: value.to_vec(),
+        cleanup,
+        sweep: sweep.map(<[u8]>::to_vec),
+        generation,
+        until,
     };
     if let Some(late) = switches.remember(r) {
         log::debug!(

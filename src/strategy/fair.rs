@@ -40,7 +40,6 @@ use redis::Value;
 use crate::admin::{self, Detail, LockState};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
 use crate::client::janitor::{Cleanup, Done};
-use crate::client::sentinel_watch::Released;
 use crate::client::waiters::Offer;
 use crate::client::watchdog::{RenewKind, WatchState};
 use crate::client::LockClient;
@@ -974,15 +973,12 @@ impl DistributedLock for FairLock {
             // deletes (and grants) only what this client wrote and no longer holds.
             crate::client::sentinel_watch::remember(
                 &self.client,
-                Released {
-                    at: Instant::now(),
-                    key: self.key.clone(),
-                    value: lease.value().to_vec(),
-                    cleanup: self.fair_release(lease.value()),
-                    sweep: Some(self.id.to_vec()),
-                    generation,
-                    until: lease.valid_until(),
-                },
+                &self.key,
+                lease.value(),
+                self.fair_release(lease.value()),
+                Some(&self.id),
+                generation,
+                lease.valid_until(),
             );
         }
         if !granted.is_empty() && self.client.waiters().deliver_grant(&granted, grant) {

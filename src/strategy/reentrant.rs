@@ -30,7 +30,6 @@ use redis::Value;
 use crate::admin::{self, Detail, LockState};
 use crate::client::grants::Grant;
 use crate::client::janitor::{Cause, Cleanup, Done};
-use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::RenewKind;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -338,15 +337,12 @@ impl ReentrantLock {
         };
         crate::client::sentinel_watch::remember(
             &self.client,
-            Released {
-                at: Instant::now(),
-                key: self.key.clone(),
-                value: lease.value().to_vec(),
-                cleanup: self.forget_cleanup(lease.value(), count),
-                sweep: None,
-                generation,
-                until: lease.valid_until(),
-            },
+            &self.key,
+            lease.value(),
+            self.forget_cleanup(lease.value(), count),
+            None,
+            generation,
+            lease.valid_until(),
         );
     }
 

@@ -11,7 +11,7 @@ use redis::RedisResult;
 
 use crate::client::janitor::{self, Cause, Cleanup};
 use crate::client::native::{self, Command};
-use crate::client::sentinel_watch::{self, Released};
+use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::keys;
@@ -173,15 +173,12 @@ pub(crate) fn release(
         // Done again on the new master if a Sentinel switch is announced soon.
         sentinel_watch::remember(
             client,
-            Released {
-                at: Instant::now(),
-                key: key.to_owned(),
-                value: lease.value().to_vec(),
-                cleanup: delete_cleanup(key, lease.value(), channel),
-                sweep: sweep.map(<[u8]>::to_vec),
-                generation,
-                until: lease.valid_until(),
-            },
+            key,
+            lease.value(),
+            delete_cleanup(key, lease.value(), channel),
+            sweep,
+            generation,
+            lease.valid_until(),
         );
     }
     if let Some(ch) = channel {
