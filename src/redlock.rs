@@ -54,6 +54,9 @@ use crate::stats::{Counters, Kind, Stats};
 use crate::strategy::token::new_token;
 use crate::strategy::{check_duration, check_lock_options};
 
+/// The stats label of RedLocks.
+pub(crate) const KIND: Kind = Kind::new("redlock");
+
 /// Default lifetime of a [`RedLock`] (as for [`Strategy::Token`](crate::Strategy::Token)).
 pub const REDLOCK_DEFAULT_TTL: Duration = Duration::from_secs(10);
 
@@ -938,7 +941,7 @@ impl DistributedLock for RedLock {
         let valid = Instant::now() < crate::time::saturating_add(start, lifetime);
         if tally.yes >= self.inner().quorum && valid {
             log::trace!("lock {:?}: RedLock acquired: {tally}", self.key);
-            self.inner().counters.attempt(Kind::RedLock, true);
+            self.inner().counters.attempt(KIND, true);
             return Ok(Some(Lease::new(&token, start, lifetime)));
         }
         if tally.yes >= self.inner().quorum {
@@ -968,7 +971,7 @@ impl DistributedLock for RedLock {
         if tally.no > 0 {
             // Some node holds it for another owner, who may hold a majority (counting nodes we
             // could not hear): contention.
-            self.inner().counters.attempt(Kind::RedLock, false);
+            self.inner().counters.attempt(KIND, false);
             return Ok(None);
         }
         // No node refused: the majority was lost only to nodes that failed or did not
@@ -995,7 +998,7 @@ impl DistributedLock for RedLock {
         let ours = tally.yes >= self.inner().quorum;
         if !ours {
             self.note_unreachable("release", &tally);
-            self.inner().counters.lost_on_release(Kind::RedLock, lease);
+            self.inner().counters.lost_on_release(KIND, lease);
         }
         Ok(lock::note_release(&self.inner().waiters, &self.key, ours))
     }
@@ -1029,7 +1032,7 @@ impl DistributedLock for RedLock {
             "lock {:?}: RedLock lost, extend not confirmed by a majority in time: {tally}",
             self.key
         );
-        self.inner().counters.lost_on_extend(Kind::RedLock, lease);
+        self.inner().counters.lost_on_extend(KIND, lease);
         self.inner().release_everywhere(
             &self.key,
             self.lane,
@@ -1068,7 +1071,7 @@ impl DistributedLock for RedLock {
             Attempts::new(&self.retry),
             || Ok(()),
         );
-        self.inner().counters.blocking(Kind::RedLock, &result);
+        self.inner().counters.blocking(KIND, &result);
         result
     }
 
@@ -1079,7 +1082,7 @@ impl DistributedLock for RedLock {
             Attempts::for_duration(&self.retry, wait),
             || Ok(()),
         );
-        self.inner().counters.blocking(Kind::RedLock, &result);
+        self.inner().counters.blocking(KIND, &result);
         result
     }
 

@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
-use crate::client::janitor::{self, Cause, RwRelease};
+use crate::client::grants::Grant;
+use crate::client::janitor::{self, Cause, Cleanup, Done};
 use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::{LostCallback, LostLock, RenewKind};
 use crate::client::LockClient;
@@ -89,8 +90,8 @@ impl Mode {
     /// The kind of lock in the client's stats.
     fn kind(self) -> Kind {
         match self {
-            Mode::Read => Kind::Read,
-            Mode::Write => Kind::Write,
+            Mode::Read => Kind::new("read"),
+            Mode::Write => Kind::new("write"),
         }
     }
 
@@ -558,6 +559,9 @@ impl Shared {
     /// that leaves an intent at most half of it (it must come back before its intent lapses,
     /// or readers slip in). `intent_ms` > 0 leaves a writer intent when a write is refused.
     fn attempt(&self, mode: Mode, owner: &str, intent_ms: u64) -> Result<Attempt> {
+        // Under way from before it settles: a Sentinel replay of this owner's release waits
+        // for it (see `Janitor::replay`).
+        let attempt_live = self.client.owner_attempt(&self.key, owner.as_bytes());
         // A release or an undo of ours may still be pending with the janitor: finish it first,
         // so that a later try cannot take the new hold for the old one.
         self.client
@@ -583,9 +587,10 @@ impl Shared {
                     self.key,
                     mode.as_str()
                 );
+                attempt_live.took();
                 let kind = match mode {
-                    Mode::Read => RenewKind::ReadEntry,
-                    Mode::Write => RenewKind::WriteEntry,
+                    Mode::Read => RenewKind::ReadEntry(mode.kind()),
+                    Mode::Write => RenewKind::WriteEntry(mode.kind()),
                 };
                 let lease =
                     self.opts
@@ -630,19 +635,51 @@ impl Shared {
     /// The janitor gives one hold back in the background if the owner's holds add up to what
     /// the acquire would have left (as this lock last saw them, plus one); if the acquire
     /// never ran, they are fewer and nothing changes.
+    /// The release of `owner` in `mode` sent again (`lua/rw_release.lua`) with its unlock
+    /// `latch` (the script's third key, request id included): a release that ran already
+    /// answers from the latch, so at most one hold is given back. With `expect`, the hold is
+    /// given back only if the owner's read and write holds add up to it (the undo of an
+    /// acquire whose reply was lost: the count it would have left).
+    fn release_cleanup(
+        &self,
+        mode: Mode,
+        owner: &[u8],
+        latch: &str,
+        expect: Option<i64>,
+    ) -> Cleanup {
+        let mut args = vec![
+            mode.as_str().as_bytes().to_vec(),
+            owner.to_vec(),
+            self.channel.as_bytes().to_vec(),
+            self.opts.lease_ms().to_string().into_bytes(),
+            LATCH_MS.to_string().into_bytes(),
+        ];
+        // A nil ARGV is not sent at all (as by the release's own call).
+        if let Some(e) = expect {
+            args.push(e.to_string().into_bytes());
+        }
+        Cleanup {
+            script: |s| &s.rw_release,
+            keys: vec![self.key.clone(), self.writers.clone(), latch.to_owned()],
+            args,
+            value_arg: 1,
+            read: read_release,
+            counted: true,
+            what: "the read-write release with its unlock latch",
+        }
+    }
+
     fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant) {
         let before = self.local_holds().get(owner).copied().unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        let release = RwRelease {
-            mode: mode.as_str(),
-            writers: self.writers.clone(),
-            latch: format!("{}:{}", self.latch_base, request_id()),
-            channel: self.channel.clone(),
-            lease_ms: self.opts.lease_ms(),
-            latch_ms: LATCH_MS,
-            expect: Some(before.saturating_add(1)),
-        };
-        self.client.janitor().forget_rw(
+        let latch = format!("{}:{}", self.latch_base, request_id());
+        let release = self.release_cleanup(
+            mode,
+            owner.as_bytes(),
+            &latch,
+            Some(before.saturating_add(1)),
+        );
+        self.client.janitor().forget(
             &self.client,
             &self.key,
             owner.as_bytes(),
@@ -684,26 +721,21 @@ impl Shared {
                 LATCH_MS,
             ),
         );
+        // One hold of the owner fewer, whatever the answer (a failed release is the
+        // janitor's now).
+        self.client.owner_released(&self.key, lease.value());
         // Resent only while the latch is sure to live (it starts when the release first runs,
         // which is after `sent`): a resend that found it gone could give back a second hold.
         let resend = || {
             let latch_lives = sent.checked_add(LATCH_RESEND).unwrap_or(sent);
             (
-                RwRelease {
-                    mode: mode.as_str(),
-                    writers: self.writers.clone(),
-                    latch: latch.clone(),
-                    channel: self.channel.clone(),
-                    lease_ms: self.opts.lease_ms(),
-                    latch_ms: LATCH_MS,
-                    expect: None,
-                },
+                self.release_cleanup(mode, lease.value(), &latch, None),
                 lease.valid_until().min(latch_lives),
             )
         };
         if reply.as_ref().is_err_and(janitor::worth_retrying) {
             let (release, until) = resend();
-            self.client.janitor().forget_rw(
+            self.client.janitor().forget(
                 &self.client,
                 &self.key,
                 lease.value(),
@@ -733,10 +765,7 @@ impl Shared {
                     at: Instant::now(),
                     key: self.key.clone(),
                     value: lease.value().to_vec(),
-                    channel: Some(self.channel.clone()),
-                    reentrant: None,
-                    rw: Some(release),
-                    fair: None,
+                    cleanup: release,
                     sweep: None,
                     generation,
                     until,
@@ -994,6 +1023,18 @@ macro_rules! side {
 
 side!(ReadLock, Mode::Read);
 side!(WriteLock, Mode::Write);
+
+/// Reads `lua/rw_release.lua`'s reply sent again by the janitor or a Sentinel replay:
+/// `{code, holds}`, code 1 when a hold was given back (by this try or, answered from the
+/// latch, by the release that ran before); anything else changed nothing.
+fn read_release(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
+    match v {
+        redis::Value::Array(items) if items.first() == Some(&redis::Value::Int(1)) => {
+            (Done::GaveBack, None)
+        }
+        _ => (Done::Nothing, None),
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -67,31 +67,22 @@ pub struct Stats {
     pub reconnects: u64,
 }
 
-/// Which kind of lock an event is about: the `strategy` label of the `metrics` counters.
+/// Which kind of lock an event is about: the `strategy` label of the `metrics` counters. Each
+/// lock type defines its own (`token`, `classic`, `reentrant`, `fair`, `read`, `write`,
+/// `redlock`); the runtime passes it through without knowing the algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Token,
-    Classic,
-    Reentrant,
-    Fair,
-    Read,
-    Write,
-    RedLock,
-}
+pub(crate) struct Kind(&'static str);
 
 impl Kind {
+    /// The kind labelled `label`.
+    pub(crate) const fn new(label: &'static str) -> Kind {
+        Kind(label)
+    }
+
     /// The label value.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Kind::Token => "token",
-            Kind::Classic => "classic",
-            Kind::Reentrant => "reentrant",
-            Kind::Fair => "fair",
-            Kind::Read => "read",
-            Kind::Write => "write",
-            Kind::RedLock => "redlock",
-        }
+        self.0
     }
 }
 
@@ -270,29 +261,29 @@ mod tests {
     #[test]
     fn counts_and_snapshots() {
         let c = Counters::default();
-        c.attempt(Kind::Token, true);
-        c.attempt(Kind::Token, false);
-        c.attempt(Kind::Classic, false);
+        c.attempt(Kind::new("token"), true);
+        c.attempt(Kind::new("token"), false);
+        c.attempt(Kind::new("classic"), false);
         c.renewed(3);
         c.blocking::<()>(
-            Kind::Token,
+            Kind::new("token"),
             &Err(crate::LockError::Timeout {
                 key: "k".into(),
                 attempts: 1,
                 waited: Duration::ZERO,
             }),
         );
-        c.blocking(Kind::Token, &Ok(()));
+        c.blocking(Kind::new("token"), &Ok(()));
         let mut lease = Lease::new(b"v", Instant::now(), Duration::from_secs(1));
-        c.lost_on_extend(Kind::Token, &mut lease);
-        c.lost_on_extend(Kind::Token, &mut lease);
-        c.lost_on_release(Kind::Token, &lease);
+        c.lost_on_extend(Kind::new("token"), &mut lease);
+        c.lost_on_extend(Kind::new("token"), &mut lease);
+        c.lost_on_release(Kind::new("token"), &lease);
         let s = c.snapshot();
         assert_eq!((s.acquires, s.refusals, s.timeouts), (1, 2, 1));
         assert_eq!(s.renewals, 3);
         assert_eq!(s.lost_holds, 1, "one hold, counted once");
         let fresh = Lease::new(b"v", Instant::now(), Duration::from_secs(1));
-        c.lost_on_release(Kind::Token, &fresh);
+        c.lost_on_release(Kind::new("token"), &fresh);
         assert_eq!(c.snapshot().lost_holds, 2);
     }
 }

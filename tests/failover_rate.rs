@@ -1,8 +1,7 @@
-//! Failovers at production rates (issue 25, item 4): a Sentinel master handed over with
+//! Failovers at production rates: a Sentinel master handed over with
 //! `SENTINEL FAILOVER`, a Sentinel master SIGKILLed, and a Cluster primary SIGKILLed, each
 //! while [`PROCESSES`] processes x [`THREADS`] threads run critical sections on [`KEYS`] keys
-//! at the highest rate the machine gives (the issue asks for 10,000 sections/s in total; see
-//! [`min_rate`]). The deployments are those of the issue: Sentinel with 1 master, 1 replica and
+//! at 10,000 sections/s in total or more (see [`min_rate`]). The deployments: Sentinel with 1 master, 1 replica and
 //! 3 Sentinels (`down-after-milliseconds` 1000, `failover-timeout` 3000); Cluster with 3
 //! primaries and 3 replicas (`cluster-node-timeout` 2000). The fault comes [`WARM_UP`] after
 //! the load started, the load goes on [`AFTER`] once the deployment is back.
@@ -18,11 +17,11 @@
 //! resource saw it.
 //!
 //! Each test asserts, all at once (every failed check is listed in the panic):
-//! - at least [`min_rate`] sections/s in the second before the fault (the issue asks for
-//!   10,000; the default is what a 2-core machine reaches, `DLOCK_FAILOVER_MIN_RATE` sets it);
+//! - at least [`min_rate`] sections/s in the second before the fault (10,000 in an optimised
+//!   build; less in a debug one, whose clients cap the rate; `DLOCK_FAILOVER_MIN_RATE` sets it);
 //! - 0 lost updates;
 //! - no error at all from a `lock()` with a 10 s budget (no `Timeout`, and no `Connection` or
-//!   other error either: a failover of 1-5 s is shorter than the budget, issue 25 item 3);
+//!   other error either: a failover of 1-5 s is shorter than the budget, and transient failures are retried);
 //! - throughput back to half its rate before the fault (over 500 ms) within [`RECOVERY`] of
 //!   the deployment being back (every Sentinel naming the new master, which answers `ROLE` as
 //!   a master; the promoted replica a master and every surviving Cluster node
@@ -38,7 +37,7 @@
 //!
 //! ```text
 //! cargo test --test failover_rate -- --nocapture
-//! DLOCK_FAILOVER_MIN_RATE=10000 cargo test --test failover_rate -- --nocapture
+//! cargo test --release --test failover_rate -- --nocapture   # 10,000 sections/s asserted
 //! ```
 
 mod support;
@@ -58,19 +57,22 @@ use support::{
 
 /// Load processes, one `LockClient` each.
 const PROCESSES: usize = 2;
-/// Load threads per process (the issue's reproduction ran 8; 16 reach a higher rate on a
+/// Load threads per process (a service in production ran 8; 16 reach a higher rate on a
 /// 2-core machine, where the threads mostly wait for replies).
 const THREADS: usize = 16;
 /// Lock keys (and counters).
 const KEYS: usize = 64;
 /// Each `lock()`'s wait budget.
 const LOCK_BUDGET: Duration = Duration::from_secs(10);
-/// The rate the issue asks for at the moment of the switch, in sections/s, all processes.
-const ISSUE_RATE: u64 = 10_000;
-/// The rates asserted by default, Sentinel and Cluster: what a 2-core machine running the
-/// servers and the load (debug build) reaches reliably (see [`min_rate`]).
-const MIN_RATE_SENTINEL: u64 = 7_000;
-const MIN_RATE_CLUSTER: u64 = 5_000;
+/// The production rate the tests are about, at the moment of the switch, in sections/s, all
+/// processes: asserted by an optimised build (`cargo test --release`, as `.ci/run` runs this
+/// file).
+const PRODUCTION_RATE: u64 = 10_000;
+/// The rates asserted by a debug build (the README's test command), Sentinel and Cluster: what
+/// a 2-core machine running the servers and the load unoptimised reaches reliably (measured
+/// 6,600-9,700 and 4,400-7,700 sections/s); every other check is the same.
+const DEBUG_RATE_SENTINEL: u64 = 5_000;
+const DEBUG_RATE_CLUSTER: u64 = 3_500;
 /// Throughput must be back to half its rate before the fault within this time of the
 /// deployment being back.
 const RECOVERY: Duration = Duration::from_secs(2);
@@ -160,7 +162,7 @@ fn rate_worker() {
     let stop_file = PathBuf::from(var("RATE_STOP"));
     let epoch: u64 = var("RATE_EPOCH").parse().unwrap();
     let since_epoch = move || unix_ms().saturating_sub(epoch);
-    // Default connect and command timeouts, pool 16 (the issue's reproduction).
+    // Default connect and command timeouts, pool 16 (as a production service ran it).
     let client = match mode.as_str() {
         "sentinel" => LockClient::sentinel_builder(&urls, SENTINEL_SERVICE)
             .pool_size(16)
@@ -460,18 +462,16 @@ struct Times {
     stopped: u64,
 }
 
-/// The rate a test requires before the fault: `DLOCK_FAILOVER_MIN_RATE` if set (the issue's
-/// [`ISSUE_RATE`] on a machine that reaches it), else [`MIN_RATE_SENTINEL`] or
-/// [`MIN_RATE_CLUSTER`]. A 2-core machine that runs the servers (Sentinel: 6, Cluster: 7, with
-/// one replication stream per primary) and the load processes, in a debug build, measured
-/// 5,000-9,600 sections/s before a Sentinel fault and 4,000-7,700 before a Cluster one,
-/// depending on what else ran on it: the defaults are what it reaches reliably. The figure is
-/// printed either way.
+/// The rate a test requires before the fault: `DLOCK_FAILOVER_MIN_RATE` if set, else
+/// [`PRODUCTION_RATE`] in an optimised build and [`DEBUG_RATE_SENTINEL`] or
+/// [`DEBUG_RATE_CLUSTER`] in a debug one (the clients' own CPU time, unoptimised, caps the rate
+/// on a 2-core machine that also runs the servers). The figure is printed either way.
 fn min_rate(mode: Mode) -> u64 {
     std::env::var("DLOCK_FAILOVER_MIN_RATE").map_or(
         match mode {
-            Mode::Sentinel => MIN_RATE_SENTINEL,
-            Mode::Cluster => MIN_RATE_CLUSTER,
+            _ if !cfg!(debug_assertions) => PRODUCTION_RATE,
+            Mode::Sentinel => DEBUG_RATE_SENTINEL,
+            Mode::Cluster => DEBUG_RATE_CLUSTER,
         },
         |v| {
             v.parse()
@@ -582,8 +582,8 @@ fn check(
          counter) {lost_keys:?})"
     );
     eprintln!(
-        "{what}: rate before the fault {rate_before}/s (required {}/s, the issue's \
-         {ISSUE_RATE}/s); deployment back {} ms after the fault; \
+        "{what}: rate before the fault {rate_before}/s (required {}/s, production \
+         {PRODUCTION_RATE}/s); deployment back {} ms after the fault; \
          rate at half ({half}/s, over {WINDOW_MS} ms) {} after that; stalled again after \
          that (below a quarter): {}",
         min_rate(mode),
@@ -737,7 +737,7 @@ fn poll(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Sets every Sentinel's `failover-timeout` to the issue's 3 s (the fixture starts them with
+/// Sets every Sentinel's `failover-timeout` to 3 s (the fixture starts them with
 /// 5 s).
 fn sentinel_failover_timeout(set: &Sentinel) {
     for s in set.sentinels() {
@@ -918,7 +918,7 @@ fn rate_analysis_finds_stalls_and_lost_updates() {
         )
     });
     assert!(r.is_err(), "a stall after the fault passed the checks");
-    // Back for 600 ms, then nothing (the issue's graceful failover).
+    // Back for 600 ms, then nothing (the stall seen in a graceful failover before).
     let again: Vec<u64> = (0..60)
         .map(|b| {
             if (20..30).contains(&b) || b >= 36 {

@@ -461,36 +461,61 @@ fn pause_blocking_lock_fails_with_connection_error() {
 
 /// A blocking `lock()` waits out an outage shorter than its wait budget: a restart (connection
 /// refused meanwhile) is retried with the policy's backoff, and the lock is taken once the
-/// server is back. `try_lock()` still fails at once.
+/// server is back, by every strategy (Classic with a policy that waits as long). `try_lock()`
+/// still fails at once.
 #[test]
 fn blocking_lock_rides_through_a_restart_within_its_budget() {
     init_logging();
     let mut server = RedisServer::start();
-    let c = impatient_client(&server, 2);
-    let lock = c
-        .lock("f:ride")
-        .ttl(Duration::from_secs(10))
-        .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(10))))
-        .build_token()
-        .unwrap();
-    assert!(lock.try_lock().unwrap().unlock().unwrap());
+    let c = impatient_client(&server, 4);
+    let policy = RetryPolicy::standard().max_wait(Some(Duration::from_secs(10)));
+    let locks: Vec<Box<dyn DistributedLock>> = [
+        Strategy::Token,
+        Strategy::Reentrant,
+        Strategy::Classic,
+        Strategy::Fair,
+    ]
+    .into_iter()
+    .map(|strategy| {
+        c.lock(format!("f:ride:{strategy:?}"))
+            .strategy(strategy)
+            .ttl(Duration::from_secs(10))
+            .retry(policy.clone())
+            .build()
+            .unwrap()
+    })
+    .collect();
+    for l in &locks {
+        assert!(l.try_lock().unwrap().unlock().unwrap());
+    }
     server.stop();
-    let started = Instant::now();
-    assert_connection_error(lock.try_lock().map(drop), "f:ride");
-    assert!(started.elapsed() < TIMEOUT + MARGIN, "try_lock fails fast");
+    for l in &locks {
+        let started = Instant::now();
+        assert_connection_error(l.try_lock().map(drop), l.key());
+        assert!(started.elapsed() < TIMEOUT + MARGIN, "try_lock fails fast");
+    }
     let started = Instant::now();
     thread::scope(|s| {
-        let w = s.spawn(|| lock.lock().map(|g| g.unlock()));
+        let waiting: Vec<_> = locks
+            .iter()
+            .map(|l| s.spawn(move || l.lock().map(|g| g.unlock())))
+            .collect();
         thread::sleep(Duration::from_millis(1_500));
-        assert!(!w.is_finished(), "lock() gave up during the outage");
+        assert!(
+            waiting.iter().all(|w| !w.is_finished()),
+            "a lock() gave up during the outage"
+        );
         server.restart();
-        let result = w.join().unwrap();
+        for (w, l) in waiting.into_iter().zip(&locks) {
+            let result = w.join().unwrap();
+            assert!(
+                matches!(result, Ok(Ok(true))),
+                "{}: lock() after the restart: {result:?}",
+                l.key()
+            );
+        }
         let took = started.elapsed();
         eprintln!("lock() through a restart: {took:?}");
-        assert!(
-            matches!(result, Ok(Ok(true))),
-            "lock() after the restart: {result:?}"
-        );
         assert!(took < Duration::from_secs(6), "took {took:?}");
     });
 }

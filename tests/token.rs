@@ -634,6 +634,79 @@ fn wrong_type_key() {
     );
 }
 
+/// A hold of this client's that nobody holds any more (its release was lost with a failed
+/// primary, or its acquire's reply was lost) is recognised by the client's id at the start of
+/// the token, and deleted, owner-checked, by the next acquire it refuses, instead of being
+/// waited out: another client waits for it, and a hold that a thread of the client does hold
+/// is never taken for one.
+#[test]
+fn a_stale_hold_of_this_client_is_cleared_by_its_next_acquire() {
+    init_logging();
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let key = "tok:stale-own";
+    let la = token_lock(&a, key, Duration::from_secs(60));
+    let lb = token_lock(&b, key, Duration::from_secs(60));
+    let g = la.try_lock().unwrap();
+    let ours = g.value().to_vec();
+    assert!(g.unlock().unwrap());
+    // What a lost release leaves: a token of client a, with its lease, that no thread holds.
+    let stale = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ours[..16]),
+        "0123456789abcdef"
+    );
+    let mut con = server.conn();
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(&stale)
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    // Another client's acquire does not touch it.
+    assert!(matches!(lb.try_lock(), Err(LockError::Held { .. })));
+    assert!(matches!(
+        lb.try_lock_for(Duration::from_millis(200)),
+        Err(LockError::Timeout { .. })
+    ));
+    assert_eq!(raw::get(&mut con, key).as_deref(), Some(stale.as_bytes()));
+    // Client a's own acquire finds it stale, deletes it and takes the lock at once, by the
+    // plain attempt (try_lock) and by the waiting one's script alike.
+    let started = Instant::now();
+    let g = la.try_lock().expect("a stale hold of a's is cleared");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_ne!(g.value(), stale.as_bytes());
+    assert_eq!(a.stats().orphan_cleanups, 1);
+    // A live hold of a's own is not stale: another lock object of a is refused.
+    let la2 = token_lock(&a, key, Duration::from_secs(60));
+    assert!(matches!(la2.try_lock(), Err(LockError::Held { .. })));
+    assert!(matches!(
+        la2.try_lock_for(Duration::from_millis(200)),
+        Err(LockError::Timeout { .. })
+    ));
+    assert_eq!(raw::get(&mut con, key).as_deref(), Some(g.value()));
+    assert!(g.unlock().unwrap());
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(&stale)
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    // A fenced lock attempts by the script, whose refusal names the holder.
+    let fenced = a
+        .lock(key)
+        .ttl(Duration::from_secs(60))
+        .fencing()
+        .build_token()
+        .unwrap();
+    let g = fenced.try_lock().expect("cleared by the script's attempt");
+    assert!(g.fence().is_some());
+    assert!(g.unlock().unwrap());
+    assert_eq!(a.stats().orphan_cleanups, 2);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Native commands (DELIFEQ, SET … IFEQ) where the server has them
 

@@ -11,31 +11,23 @@
 //!   while a primary fails over. The key lives on with its lease; the caller, whose guard was
 //!   consumed, cannot retry.
 //!
-//! In both cases the caller gets its error at once, and the client hands the janitor a job: an
-//! owner-checked delete of the exact value written (`lua/unlock.lua`: deletes only if the key
-//! still holds that value, so it can never touch another owner's lock), with the release
-//! published for waiters. The janitor retries it on a pooled connection (broken connections
-//! are replaced; on Sentinel a new connection goes to the current primary) every
-//! [`RETRY_DELAY`] until it is answered, or until the hold would have expired by itself (the
-//! job's deadline), whichever comes first. Each outcome is logged.
+//! In both cases the caller gets its error at once, and the lock hands the janitor a job: a
+//! [`Cleanup`], which the lock's strategy describes as data (a script of the registry, its keys
+//! and arguments exactly as first sent, how to read its reply, and whether it gives back a
+//! counted hold); the janitor runs it without knowing whose it is. Every clean-up is
+//! owner-checked by the script: a delete of the exact value written, a hold given back only if
+//! the owner's count is still the one before, a release resent with its unlock latch, so that
+//! it can never touch another owner's lock nor give back a hold twice. The janitor retries it
+//! on a pooled connection (broken connections are replaced; on Sentinel a new connection goes
+//! to the current primary) every [`RETRY_DELAY`] until it is answered, or until the hold would
+//! have expired by itself (the job's deadline), whichever comes first. Each outcome is logged.
 //!
-//! A reentrant lock's release is not a delete but one hold given back, so repeating it could give
-//! back two. Its job (`lua/reentrant_forget.lua`) gives back one hold only if the owner's count
-//! is still the one it had before the release that failed (the count the thread's own acquires
-//! and releases last saw): if the first try ran after all, the count is lower and nothing
-//! changes. So that the owner's next hold cannot be mistaken for the old one, the owner's next
-//! acquire of that key first finishes the job itself (or waits for the janitor's try in
-//! flight): see [`Janitor::settle`].
+//! A counted clean-up (a hold given back from a hash's count) must not be mistaken for the
+//! owner's next hold: the owner's next acquire of that key first finishes the job itself (or
+//! waits for the janitor's try in flight): see [`Janitor::settle`].
 //!
-//! A read-write lock's release carries an unlock latch (Redisson's `redisson_unlock_latch`, a
-//! fresh request id per release): its job sends the same release again, with the same latch,
-//! so a release that ran after all answers from the latch and gives back nothing more. Its
-//! deadline is also bounded by the latch's lifetime.
-//!
-//! A fair lock's release that failed, or that is remembered across a Sentinel switch, is sent
-//! again as itself (`lua/fair_release.lua` with the same token): owner-checked by the token
-//! like a delete, it also grants the lock to the live head of the queue and publishes the
-//! grant, as the release would have (or did, on the old master).
+//! The Sentinel replay hands [`Janitor::replay`] the releases to do again on a new master: they
+//! are pipelined on one connection, and only the ones that fail are queued here.
 //!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
@@ -47,13 +39,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::grants::Grant;
-use crate::client::sentinel_watch::Released;
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
-use crate::keys;
 use crate::lock::printable;
 use crate::scripts::{LuaScript, Scripts};
-use crate::strategy::fair::CHANNEL_PREFIX as FAIR_CHANNEL_PREFIX;
 
 /// Most commands in one pipeline of a replay.
 const REPLAY_BATCH: usize = 512;
@@ -107,222 +96,89 @@ impl Cause {
     }
 }
 
-/// What a job does.
+/// What a clean-up's script did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Done {
+    /// It freed the lock (the key is gone): this client's waiters are woken.
+    Freed,
+    /// It gave one hold back; the lock may still be held (the owner's other holds, readers).
+    GaveBack,
+    /// Nothing to do: the release had run, the hold expired, or it was never ours.
+    Nothing,
+}
+
+/// Reads a clean-up script's reply: what it did, and a grant it made to a waiting token
+/// (handed to this client's waiter, if it is one of them).
+pub(crate) type ReadReply = fn(&redis::Value) -> (Done, Option<(Vec<u8>, Grant)>);
+
+/// A clean-up as the strategy that needs it describes it, which the janitor (and the Sentinel
+/// replay) run without knowing whose it is: a script of the registry with its keys and
+/// arguments, exactly as the release (or the undo of an acquire) sends them, and how to read
+/// its reply.
 #[derive(Debug, Clone)]
-pub(crate) enum Work {
-    /// Delete the key if it holds `value` (`lua/unlock.lua`), publishing on `channel` (Token).
-    Delete { channel: Option<String> },
-    /// Give back one hold of the owner `value` if its count is still `count`
-    /// (`lua/reentrant_forget.lua`), publishing on `channel` when it was the last.
-    ReentrantRelease {
-        count: u32,
-        lease_ms: u64,
-        channel: String,
-    },
-    /// Send a read-write lock's release of the owner `value` again, with its unlock latch
-    /// (`lua/rw_release.lua`).
-    RwRelease(RwRelease),
-    /// Send a fair lock's release of the token `value` again (`lua/fair_release.lua`): it
-    /// deletes the key only if it still holds that token and, if a live waiter heads the
-    /// queue, grants it the lock and publishes the grant, as the release did.
-    FairRelease(FairRelease),
+pub(crate) struct Cleanup {
+    /// The script, from the client's registry.
+    pub(crate) script: fn(&Scripts) -> &LuaScript,
+    /// KEYS: the lock key first, then the keys of its slot the script also touches.
+    pub(crate) keys: Vec<String>,
+    /// ARGV.
+    pub(crate) args: Vec<Vec<u8>>,
+    /// Which of `args` is the value (or owner id) the script checks: a sweep puts there the
+    /// value it found.
+    pub(crate) value_arg: usize,
+    pub(crate) read: ReadReply,
+    /// It gives back a counted hold (a hash field's count): the owner's next acquire of the
+    /// key settles it first ([`Janitor::settle`]), and one remembered across a Sentinel switch
+    /// is dropped while the owner holds the lock again (its count would match a live hold).
+    pub(crate) counted: bool,
+    /// What it does, for the log.
+    pub(crate) what: &'static str,
 }
 
-impl Work {
-    /// Gives back a hold counted in a hash (reentrant, read-write): the owner's next acquire
-    /// of the key runs it first ([`Janitor::settle`]), so that it cannot take the new hold
-    /// for the old one.
-    fn counts_holds(&self) -> bool {
-        matches!(self, Work::ReentrantRelease { .. } | Work::RwRelease(_))
-    }
-}
-
-impl Work {
-    /// The script that does the job.
-    fn script<'s>(&self, s: &'s Scripts) -> &'s LuaScript {
-        match self {
-            Work::Delete { .. } => &s.unlock,
-            Work::ReentrantRelease { .. } => &s.reentrant_forget,
-            Work::RwRelease(_) => &s.rw_release,
-            Work::FairRelease(_) => &s.fair_release,
+impl Cleanup {
+    /// The same clean-up of another value (a sweep's: the value found at the key).
+    pub(crate) fn with_value(&self, value: &[u8]) -> Cleanup {
+        let mut c = self.clone();
+        if let Some(slot) = c.args.get_mut(c.value_arg) {
+            *slot = value.to_vec();
         }
-    }
-
-    /// The script's keys and arguments for the job on `key` with `value`: exactly those of
-    /// the release (or acquire) it stands for.
-    fn keys_and_args(&self, key: &str, value: &[u8]) -> (Vec<String>, Vec<Vec<u8>>) {
-        let b = |x: &str| x.as_bytes().to_vec();
-        let n = |x: u64| x.to_string().into_bytes();
-        let value = value.to_vec();
-        match self {
-            Work::Delete { channel: None } => (vec![key.to_owned()], vec![value]),
-            Work::Delete { channel: Some(ch) } => (
-                vec![key.to_owned()],
-                vec![value, b(keys::UNLOCK_MESSAGE), b(ch)],
-            ),
-            Work::ReentrantRelease {
-                count,
-                lease_ms,
-                channel,
-            } => (
-                vec![key.to_owned()],
-                vec![
-                    value,
-                    n(u64::from(*count)),
-                    n(*lease_ms),
-                    b(channel),
-                    b(keys::UNLOCK_MESSAGE),
-                ],
-            ),
-            Work::RwRelease(rw) => {
-                let mut args = vec![
-                    b(rw.mode),
-                    value,
-                    b(&rw.channel),
-                    n(rw.lease_ms),
-                    n(rw.latch_ms),
-                ];
-                // A nil ARGV is not sent at all (as by the release's own call).
-                if let Some(e) = rw.expect {
-                    args.push(e.to_string().into_bytes());
-                }
-                (
-                    vec![key.to_owned(), rw.writers.clone(), rw.latch.clone()],
-                    args,
-                )
-            }
-            Work::FairRelease(f) => {
-                let mut keys = vec![key.to_owned(), f.queue.clone(), f.deadlines.clone()];
-                if let Some(fence) = &f.fence {
-                    keys.push(fence.clone());
-                }
-                (keys, vec![value, n(f.grant_ms), b(FAIR_CHANNEL_PREFIX)])
-            }
-        }
-    }
-
-    /// Reads the script's reply: 1 or more when done (deleted, given back), 0 when there was
-    /// nothing to do (a reentrant job: the count did not match), -1 for anything else; and a
-    /// fair release's grant, if it granted the lock.
-    fn read(&self, v: &redis::Value) -> (i64, Option<(Vec<u8>, Grant)>) {
-        use redis::Value as V;
-        match self {
-            Work::Delete { .. } => (if let V::Int(n) = v { *n } else { -1 }, None),
-            // nil (nothing changed) is -1 here.
-            Work::ReentrantRelease { .. } => (if let V::Int(n) = v { *n } else { -1 }, None),
-            // {code, holds}: code 1 when a hold was given back (by this try or, answered from
-            // the latch, by the release that ran before); anything else changed nothing.
-            Work::RwRelease(_) => match v {
-                V::Array(items) => match items.first() {
-                    Some(V::Int(code)) => (*code, None),
-                    _ => (-1, None),
-                },
-                _ => (-1, None),
-            },
-            // {1, receivers, granted token, fence, seconds, microseconds} when released and
-            // granted, 1 when released with nobody to grant to, 0 when the key no longer held
-            // our token (nothing to do).
-            Work::FairRelease(_) => match crate::strategy::fair::parse_release(v) {
-                Some(r) => {
-                    let granted = (!r.granted.is_empty()).then_some((r.granted, r.grant));
-                    (i64::from(r.ours), granted)
-                }
-                None => (-1, None),
-            },
-        }
+        c
     }
 }
 
-/// A release to do again on a new master (see `sentinel_watch`): the job's key, value and
-/// work, and until when its hold could live.
+/// The reply of a script that deletes the lock and answers 1 or more when it did
+/// (`lua/unlock.lua`: 1 + the subscribers reached).
+pub(crate) fn read_delete(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
+    match v {
+        redis::Value::Int(n) if *n >= 1 => (Done::Freed, None),
+        _ => (Done::Nothing, None),
+    }
+}
+
+/// A release to do again on a new master (see `sentinel_watch`): the key, the value (or owner)
+/// it checks, the clean-up, and until when its hold could live.
 #[derive(Debug)]
 pub(crate) struct Redo {
     pub(crate) key: String,
     pub(crate) value: Vec<u8>,
-    pub(crate) work: Work,
+    pub(crate) cleanup: Cleanup,
     pub(crate) until: Instant,
-}
-
-impl Redo {
-    /// The release `r` again, of `value` (the value it deleted, or one a sweep found).
-    pub(crate) fn exact(r: &Released, value: Vec<u8>) -> Redo {
-        let work = if let Some(fair) = &r.fair {
-            Work::FairRelease(fair.clone())
-        } else if let Some(rw) = &r.rw {
-            Work::RwRelease(rw.clone())
-        } else if let Some((count, lease_ms)) = r.reentrant {
-            Work::ReentrantRelease {
-                count,
-                lease_ms,
-                channel: r.channel.clone().unwrap_or_default(),
-            }
-        } else {
-            Work::Delete {
-                channel: r.channel.clone(),
-            }
-        };
-        Redo {
-            key: r.key.clone(),
-            value,
-            work,
-            until: r.until,
-        }
-    }
-}
-
-impl From<Released> for Redo {
-    fn from(r: Released) -> Redo {
-        let value = r.value.clone();
-        Redo::exact(&r, value)
-    }
-}
-
-/// A read-write lock release to send again: the arguments of `lua/rw_release.lua` but the
-/// owner id (the job's value).
-#[derive(Debug, Clone)]
-pub(crate) struct RwRelease {
-    /// `read` or `write`.
-    pub(crate) mode: &'static str,
-    /// The lock's set of waiting writers (the script's second key).
-    pub(crate) writers: String,
-    /// The release's unlock latch key, request id included (the script's third key).
-    pub(crate) latch: String,
-    pub(crate) channel: String,
-    pub(crate) lease_ms: u64,
-    pub(crate) latch_ms: u64,
-    /// Give the hold back only if the owner's read and write holds add up to this (the undo
-    /// of an acquire whose reply was lost: the count it would have left).
-    pub(crate) expect: Option<i64>,
-}
-
-/// A fair lock's release to send again: the keys and arguments of `lua/fair_release.lua` but
-/// the token (the job's value).
-#[derive(Debug, Clone)]
-pub(crate) struct FairRelease {
-    /// The queue's order (the script's second key).
-    pub(crate) queue: String,
-    /// The queue's deadlines (the script's third key).
-    pub(crate) deadlines: String,
-    /// The fencing counter, if the lock is fenced (the fourth key).
-    pub(crate) fence: Option<String>,
-    /// The lease of a grant to the next waiter, in ms.
-    pub(crate) grant_ms: u64,
 }
 
 /// One pending owner-checked clean-up.
 #[derive(Debug)]
 struct Job {
     key: String,
-    /// The value written (Token, Classic), or the owner id (reentrant).
+    /// The value written, or the owner id of a counted hold.
     value: Vec<u8>,
-    work: Work,
+    cleanup: Cleanup,
     cause: Cause,
     /// After this the hold has expired by itself (or can be taken over): no need to go on.
     until: Instant,
     /// When to try next.
     next: Instant,
     tries: u32,
-    /// Creation order: jobs of one key and value run one at a time, oldest first (a reentrant
+    /// Creation order: jobs of one key and value run one at a time, oldest first (a counted
     /// job's count check depends on the ones before it).
     seq: u64,
 }
@@ -394,7 +250,7 @@ struct Shared {
     wake: Condvar,
     /// Wakes owners waiting in [`Janitor::settle`]: a try in flight ended.
     done: Condvar,
-    /// Jobs that count holds (reentrant and read-write) queued or in flight: lets
+    /// Counted jobs (see [`Cleanup::counted`]) queued or in flight: lets
     /// [`Janitor::settle`] skip the mutex when zero.
     counted: AtomicUsize,
 }
@@ -420,14 +276,15 @@ impl Drop for Janitor {
 }
 
 impl Janitor {
-    /// Deletes `key` in the background if it still holds `value` (publishing on `channel` when
-    /// it does), trying until it is answered or until `until`, when the hold expires anyway.
+    /// Runs `cleanup` (of `value` at `key`) in the background, trying until it is answered or
+    /// until `until`, when the hold expires anyway. A counted clean-up must be settled by the
+    /// owner's next acquire of the key ([`settle`](Self::settle)).
     pub(crate) fn forget(
         &self,
         client: &LockClient,
         key: &str,
         value: &[u8],
-        channel: Option<&str>,
+        cleanup: Cleanup,
         cause: Cause,
         until: Instant,
     ) {
@@ -436,107 +293,13 @@ impl Janitor {
             return;
         }
         log::info!(
-            "lock {key:?}: {}; deleting value {} in the background if it was written (until \
-             it would expire, in {} ms)",
+            "lock {key:?}: {}; {} of {} in the background (until it would expire, in {} ms)",
             cause.describe(),
+            cleanup.what,
             printable(value),
             until.saturating_duration_since(now).as_millis()
         );
-        let work = Work::Delete {
-            channel: channel.map(str::to_owned),
-        };
-        self.push(client, key, value, work, cause, until);
-    }
-
-    /// Gives back, in the background, one hold of the reentrant lock `key` of `owner` if the
-    /// owner's count is `count`: the count before a release that failed on a connection error,
-    /// or the count an acquire whose reply was lost would have left. Tried until it is answered
-    /// or until `until`, when the hold expires anyway. The owner's next acquire of `key` must
-    /// call [`settle`](Self::settle) first.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forget_reentrant(
-        &self,
-        client: &LockClient,
-        key: &str,
-        owner: &[u8],
-        count: u32,
-        lease_ms: u64,
-        channel: &str,
-        cause: Cause,
-        until: Instant,
-    ) {
-        let now = Instant::now();
-        if until <= now {
-            return;
-        }
-        log::info!(
-            "lock {key:?}: {}; giving back a hold of owner {} in the background if its count \
-             is {count} (until it would expire, in {} ms)",
-            cause.describe(),
-            printable(owner),
-            until.saturating_duration_since(now).as_millis()
-        );
-        let work = Work::ReentrantRelease {
-            count,
-            lease_ms,
-            channel: channel.to_owned(),
-        };
-        self.push(client, key, owner, work, cause, until);
-    }
-
-    /// Sends, in the background, a read-write lock's release of `owner` on `key` again, with the
-    /// same unlock latch: a release that ran already answers from its latch, so at most one
-    /// hold is given back. Tried until it is answered or until `until` (the hold's expiry, or
-    /// sooner, while the latch is sure to live).
-    pub(crate) fn forget_rw(
-        &self,
-        client: &LockClient,
-        key: &str,
-        owner: &[u8],
-        release: RwRelease,
-        cause: Cause,
-        until: Instant,
-    ) {
-        let now = Instant::now();
-        if until <= now {
-            return;
-        }
-        log::info!(
-            "lock {key:?}: {}; sending the {} release of owner {} again in the background, \
-             with its unlock latch (until {} ms from now)",
-            cause.describe(),
-            release.mode,
-            printable(owner),
-            until.saturating_duration_since(now).as_millis()
-        );
-        self.push(client, key, owner, Work::RwRelease(release), cause, until);
-    }
-
-    /// Sends, in the background, a fair lock's release of the token `value` on `key` again
-    /// (owner-checked by the token; a live waiter at the head of the queue is granted the lock
-    /// and told, as by the release). Tried until it is answered or until `until`, when the hold
-    /// expires anyway.
-    pub(crate) fn forget_fair(
-        &self,
-        client: &LockClient,
-        key: &str,
-        value: &[u8],
-        release: FairRelease,
-        cause: Cause,
-        until: Instant,
-    ) {
-        let now = Instant::now();
-        if until <= now {
-            return;
-        }
-        log::info!(
-            "lock {key:?}: {}; sending the fair release of token {} again in the background \
-             (until it would expire, in {} ms)",
-            cause.describe(),
-            printable(value),
-            until.saturating_duration_since(now).as_millis()
-        );
-        self.push(client, key, value, Work::FairRelease(release), cause, until);
+        self.push(client, key, value, cleanup, cause, until);
     }
 
     /// Does `jobs` (releases done on an old master) on the current master now, pipelined on
@@ -544,29 +307,22 @@ impl Janitor {
     /// reply says nothing, is queued for the janitor thread, which retries it until `until`.
     pub(crate) fn replay(&self, client: &LockClient, jobs: Vec<Redo>) {
         let now = Instant::now();
-        let mut jobs: Vec<Redo> = jobs.into_iter().filter(|j| j.until > now).collect();
-        // A reentrant hold given back on the old master whose owner holds the lock again:
-        // its count now matches a live hold (see `attempt`).
-        jobs.retain(|j| {
-            !(matches!(j.work, Work::ReentrantRelease { .. })
-                && client.watchdog().holds(&j.key, &j.value))
-        });
+        let jobs: Vec<Redo> = jobs.into_iter().filter(|j| j.until > now).collect();
         let mut iter = jobs.into_iter().peekable();
         while iter.peek().is_some() {
-            let batch: Vec<Redo> = iter.by_ref().take(REPLAY_BATCH).collect();
-            let Some(first) = batch.first().map(|j| j.key.clone()) else {
-                break;
-            };
+            let mut batch: Vec<Redo> = iter.by_ref().take(REPLAY_BATCH).collect();
             // Counted holds: the owner's next acquire of the key waits for this try (see
             // `settle`), so that it cannot add a hold the job would take for the old one.
+            // Marked first, then an owner that acquires or holds the lock already (entered
+            // before its acquire settles) is left alone: its count may be its live hold's.
             let counted: Vec<(String, Vec<u8>)> = batch
                 .iter()
-                .filter(|j| j.work.counts_holds())
+                .filter(|j| j.cleanup.counted)
                 .map(|j| (j.key.clone(), j.value.clone()))
                 .collect();
             if !counted.is_empty() {
                 let mut list = self.shared.lock();
-                for j in batch.iter().filter(|j| j.work.counts_holds()) {
+                for j in batch.iter().filter(|j| j.cleanup.counted) {
                     list.in_flight
                         .push((j.key.clone(), j.value.clone(), j.until));
                 }
@@ -578,6 +334,10 @@ impl Janitor {
                 janitor: self,
                 counted,
             };
+            batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value)));
+            let Some(first) = batch.first().map(|j| j.key.clone()) else {
+                continue;
+            };
             let replies: Result<Vec<redis::Value>> = client.with_conn(&first, |con, s| {
                 let mut pipe = redis::pipe();
                 pipe.ignore_errors();
@@ -585,16 +345,15 @@ impl Janitor {
                 // (its reply is not read), so that no EVALSHA is refused.
                 let mut loaded: Vec<&str> = Vec::new();
                 for j in &batch {
-                    let script = j.work.script(s);
+                    let script = (j.cleanup.script)(s);
                     if !loaded.contains(&script.name()) {
                         loaded.push(script.name());
                         pipe.add_command(script.load_cmd()).ignore();
                     }
                 }
                 for j in &batch {
-                    let (keys, args) = j.work.keys_and_args(&j.key, &j.value);
-                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    pipe.add_command(j.work.script(s).evalsha_keys(&keys, &args));
+                    let keys: Vec<&str> = j.cleanup.keys.iter().map(String::as_str).collect();
+                    pipe.add_command((j.cleanup.script)(s).evalsha_keys(&keys, &j.cleanup.args));
                 }
                 pipe.query(con)
             });
@@ -625,16 +384,13 @@ impl Janitor {
                     self.queue(client, j);
                     continue;
                 }
-                let (n, granted) = j.work.read(&v);
-                // A reentrant job answers 0 when it gave back a hold that was not the last.
-                let gave_back =
-                    n >= 1 || (n == 0 && matches!(j.work, Work::ReentrantRelease { .. }));
+                let (did, granted) = (j.cleanup.read)(&v);
                 if let Some((token, grant)) = granted {
                     if client.waiters().deliver_grant(&token, grant) {
                         client.wakeups().nudge();
                     }
                 }
-                if gave_back {
+                if did != Done::Nothing {
                     done += 1;
                     client.counters().orphan_cleaned();
                     log::warn!(
@@ -643,7 +399,7 @@ impl Janitor {
                         j.key,
                         printable(&j.value)
                     );
-                    if !matches!(j.work, Work::RwRelease(_) | Work::ReentrantRelease { .. }) {
+                    if did == Done::Freed {
                         client.waiters().notify_release(&j.key);
                     }
                 }
@@ -659,13 +415,15 @@ impl Janitor {
             client,
             &j.key,
             &j.value,
-            j.work,
+            j.cleanup,
             Cause::ReleasedBeforeSwitch,
             j.until,
         );
     }
 
-    /// Runs, on the caller's thread, a pending reentrant job of `owner` on `key` (and waits for
+    /// Called by an acquire of `owner` at `key` under way (see `LockClient::owner_attempt`).
+    ///
+    /// Runs, on the caller's thread, a pending counted job of `owner` on `key` (and waits for
     /// a try of it in flight on the janitor thread), so that the owner's next acquire cannot be
     /// mistaken by a later try for the hold that job gives back. Errors of that try are
     /// returned (the job is kept for the janitor); `Ok` when there was nothing to do or it is
@@ -683,12 +441,16 @@ impl Janitor {
                         if until <= now || jobs.shutdown {
                             break None;
                         }
+                        // Not under way while it waits: the try in flight may be a replay
+                        // that waits for this owner's attempts (see `holds_again`).
+                        client.owner_attempt_pauses(key, owner);
                         jobs = self
                             .shared
                             .done
                             .wait_timeout(jobs, until.saturating_duration_since(now))
                             .unwrap_or_else(PoisonError::into_inner)
                             .0;
+                        client.owner_attempt_resumes(key, owner);
                         continue;
                     }
                     let Some(i) = jobs.pick(Instant::now(), Some((key, owner))) else {
@@ -729,7 +491,7 @@ impl Janitor {
         client: &LockClient,
         key: &str,
         value: &[u8],
-        work: Work,
+        cleanup: Cleanup,
         cause: Cause,
         until: Instant,
     ) {
@@ -765,7 +527,7 @@ impl Janitor {
                 );
             }
         }
-        if work.counts_holds() {
+        if cleanup.counted {
             self.shared.counted.fetch_add(1, Ordering::AcqRel);
         }
         let seq = jobs.next_seq;
@@ -773,7 +535,7 @@ impl Janitor {
         jobs.list.push(Job {
             key: key.to_owned(),
             value: value.to_vec(),
-            work,
+            cleanup,
             cause,
             until,
             next: now,
@@ -808,13 +570,13 @@ impl Janitor {
 impl Job {
     /// The job is done or given up: no longer counted.
     fn gone(&self, shared: &Shared) {
-        if self.work.counts_holds() {
+        if self.cleanup.counted {
             shared.counted.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
-/// A job of `client`'s janitor is done or given up (reentrant ones are counted).
+/// A job of `client`'s janitor is done or given up (counted ones are counted).
 fn job_gone(client: &LockClient, counted: bool) {
     if counted {
         client
@@ -909,59 +671,58 @@ fn run(shared: &Shared, client: &WeakClient) {
     }
 }
 
+/// Longest wait of a counted replay for the owner's acquire under way.
+const ATTEMPT_WAIT: Duration = Duration::from_secs(5);
+
+/// For a counted release done again after a Sentinel switch, whose try is marked in flight
+/// (so the owner's next acquire waits for it in [`Janitor::settle`]): waits for the owner's
+/// acquire under way, if any (it may have passed `settle` before the mark; at most
+/// [`ATTEMPT_WAIT`]), then true if the owner holds the lock again: its count on the new master
+/// may then be that live hold's, which the release must not give back.
+fn holds_again(client: &LockClient, key: &str, owner: &[u8]) -> bool {
+    let end = crate::time::after(ATTEMPT_WAIT);
+    while client.owner_attempting(key, owner) && Instant::now() < end {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let holds = client.owner_holds(key, owner);
+    if holds {
+        log::debug!("lock {key:?}: the owner holds the lock again; its release is not done again");
+    }
+    holds
+}
+
 /// Tries one job: `Some(job)` to try again later, and the try's error, if any.
 fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     job.tries = job.tries.saturating_add(1);
     let key = job.key.as_str();
-    let reentrant = matches!(job.work, Work::ReentrantRelease { .. });
-    let counted = job.work.counts_holds();
-    // A release remembered across a Sentinel switch may have reached the new master already,
-    // and the owner may hold the lock again since: its count then matches a live hold. Such a
-    // job is dropped (the owner's next acquire cannot race it: see `settle`).
-    if reentrant
-        && job.cause == Cause::ReleasedBeforeSwitch
-        && client.watchdog().holds(key, &job.value)
-    {
+    let counted = job.cleanup.counted;
+    // A counted release remembered across a Sentinel switch may have reached the new master
+    // already, and the owner may hold the lock again since: its count then matches a live
+    // hold. Such a job is dropped (the owner's next acquire cannot race it: see `settle`).
+    if counted && job.cause == Cause::ReleasedBeforeSwitch && holds_again(client, key, &job.value) {
         log::debug!("lock {key:?}: the owner holds the lock again; the release is not done again");
         job_gone(client, true);
         return (None, Ok(()));
     }
     let reply: Result<redis::Value> = client.with_conn(key, |con, s| {
-        let script = job.work.script(s);
-        let (keys, args) = job.work.keys_and_args(key, &job.value);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        script.eval_keys(con, &keys, args)
+        let keys: Vec<&str> = job.cleanup.keys.iter().map(String::as_str).collect();
+        (job.cleanup.script)(s).eval_keys(con, &keys, &job.cleanup.args)
     });
-    let (reply, granted) = match reply {
-        Ok(v) => {
-            let (n, granted) = job.work.read(&v);
-            (Ok(n), granted)
-        }
-        Err(e) => (Err(e), None),
-    };
-    if let Some((token, grant)) = granted {
-        // The script published the grant; a waiter of this client is also told directly.
-        if client.waiters().deliver_grant(&token, grant) {
-            client.wakeups().nudge();
-            log::trace!("lock {key:?}: granted to a thread of this client");
-        }
-    }
     let (again, result) = match reply {
-        Ok(0) if reentrant => {
-            client.counters().orphan_cleaned();
-            log::warn!(
-                "lock {key:?}: gave back the hold left by {} (try {}); the owner keeps its \
-                 other holds",
-                job.cause.describe(),
-                job.tries
-            );
+        Ok(v) => {
+            let (did, granted) = (job.cleanup.read)(&v);
+            if let Some((token, grant)) = granted {
+                // The script published the grant; a waiter of this client is also told
+                // directly.
+                if client.waiters().deliver_grant(&token, grant) {
+                    client.wakeups().nudge();
+                    log::trace!("lock {key:?}: granted to a thread of this client");
+                }
+            }
+            done(client, &job, did);
             (None, Ok(()))
         }
         Err(e) => (retry_later(job, &e), Err(e)),
-        Ok(n) => {
-            done(client, &job, n);
-            (None, Ok(()))
-        }
     };
     if again.is_none() {
         job_gone(client, counted);
@@ -969,40 +730,30 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     (again, result)
 }
 
-/// Logs the answer `n` of a job's script (1 or more: deleted; else nothing to do).
-fn done(client: &LockClient, job: &Job, n: i64) {
+/// Logs what a job's script did.
+fn done(client: &LockClient, job: &Job, did: Done) {
     let key = job.key.as_str();
-    if let Work::RwRelease(rw) = &job.work {
-        match n {
-            1 => {
-                client.counters().orphan_cleaned();
-                log::warn!(
-                    "lock {key:?}: the {} release left by {} is done (try {}; it ran now, or \
-                     had run and its latch answered)",
-                    rw.mode,
-                    job.cause.describe(),
-                    job.tries
-                )
-            }
-            _ => log::info!(
-                "lock {key:?}: nothing to give back after {} (the hold expired or was never \
-                 ours)",
-                job.cause.describe()
-            ),
-        }
-        return;
-    }
-    match n {
-        n if n >= 1 => {
+    match did {
+        Done::Freed => {
             client.counters().orphan_cleaned();
             log::warn!(
-                "lock {key:?}: deleted the lock left by {} (try {})",
+                "lock {key:?}: {} left by {} is done, the lock is free (try {})",
+                job.cleanup.what,
                 job.cause.describe(),
                 job.tries
             );
             client.waiters().notify_release(key);
         }
-        _ => log::info!(
+        Done::GaveBack => {
+            client.counters().orphan_cleaned();
+            log::warn!(
+                "lock {key:?}: {} left by {} is done, a hold given back (try {})",
+                job.cleanup.what,
+                job.cause.describe(),
+                job.tries
+            );
+        }
+        Done::Nothing => log::info!(
             "lock {key:?}: nothing to clean up after {} (it had run, was never written, \
              expired, or was taken over)",
             job.cause.describe()
@@ -1043,7 +794,15 @@ mod tests {
         Job {
             key: key.to_owned(),
             value: value.to_vec(),
-            work: Work::Delete { channel: None },
+            cleanup: Cleanup {
+                script: |s| &s.unlock,
+                keys: vec![key.to_owned()],
+                args: vec![value.to_vec()],
+                value_arg: 0,
+                read: read_delete,
+                counted: false,
+                what: "the owner-checked delete",
+            },
             cause: Cause::FailedRelease,
             until: next + Duration::from_secs(30),
             next,

@@ -9,6 +9,7 @@ mod builder;
 pub(crate) mod cluster_deadline;
 pub(crate) mod grants;
 pub(crate) mod janitor;
+mod live;
 pub(crate) mod native;
 mod pool;
 pub(crate) mod sentinel_watch;
@@ -27,6 +28,7 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use crate::client::janitor::Janitor;
+use crate::client::live::LiveValues;
 use crate::client::native::{Detected, Native};
 use crate::client::sentinel_watch::Switches;
 use crate::client::subscriber::{Resolve, Wakeups};
@@ -97,6 +99,8 @@ struct Inner {
     courtesy: Duration,
     /// Background owner-checked deletes after lost acquire replies and failed releases.
     janitor: Janitor,
+    /// Values this client is writing or holds (see `client/live.rs`).
+    live: LiveValues,
     /// The server takes `SET … NX PX … GET` (Redis 7.0+): until a server refuses it.
     set_get: AtomicBool,
     /// The native commands the server has (learned at `build()`), until a server refuses one.
@@ -260,6 +264,7 @@ impl LockClient {
                 cluster,
                 courtesy,
                 janitor: Janitor::default(),
+                live: LiveValues::default(),
                 set_get: AtomicBool::new(true),
                 native: Native::new(&detected),
                 detected,
@@ -382,30 +387,82 @@ impl LockClient {
         id
     }
 
-    /// `value` is being written, or is held: a Sentinel replay must not release it (see
-    /// [`Switches::hold_begins`]). No-op for other clients.
+    /// `value` (a Token or Fair token) is being written, or is held: nothing may delete it as
+    /// a stale hold of this client's (see `client/live.rs`).
     pub(crate) fn hold_begins(&self, value: &[u8]) {
-        if let Some(s) = self.switches() {
-            s.hold_begins(value);
-        }
+        self.inner.live.begin(value);
     }
 
     /// `value` is no longer held, or was not taken.
     pub(crate) fn hold_ends(&self, value: &[u8]) {
-        if let Some(s) = self.switches() {
-            s.hold_ends(value);
-        }
+        self.inner.live.end(value);
+    }
+
+    /// True while `value` is being written or held by this client.
+    pub(crate) fn is_live(&self, value: &[u8]) -> bool {
+        self.inner.live.contains(value)
+    }
+
+    /// One hold of `owner` (a counted hold: a hash field) at `key` was released (see
+    /// [`owner_attempt`](Self::owner_attempt)).
+    pub(crate) fn owner_released(&self, key: &str, owner: &[u8]) {
+        self.inner.live.end(&owner_slot(b'h', key, owner));
+    }
+
+    /// True while `owner` holds the counted lock at `key` (as far as this client knows).
+    pub(crate) fn owner_holds(&self, key: &str, owner: &[u8]) -> bool {
+        self.inner.live.contains(&owner_slot(b'h', key, owner))
+    }
+
+    /// The acquire of `owner` at `key` waits in `Janitor::settle` for a clean-up of its own
+    /// in flight (which may be a replay waiting for attempts under way): not under way
+    /// meanwhile. Paired with [`owner_attempt_resumes`](Self::owner_attempt_resumes).
+    pub(crate) fn owner_attempt_pauses(&self, key: &str, owner: &[u8]) {
+        self.inner.live.end(&owner_slot(b'a', key, owner));
+    }
+
+    /// See [`owner_attempt_pauses`](Self::owner_attempt_pauses).
+    pub(crate) fn owner_attempt_resumes(&self, key: &str, owner: &[u8]) {
+        self.inner.live.begin(&owner_slot(b'a', key, owner));
+    }
+
+    /// True while an acquire of `owner` at `key` is under way (from before it settles its
+    /// pending clean-ups until its answer is read).
+    pub(crate) fn owner_attempting(&self, key: &str, owner: &[u8]) -> bool {
+        self.inner.live.contains(&owner_slot(b'a', key, owner))
+    }
+
+    /// True if `value`, found at a lock key, was written by this client (a Token or Fair
+    /// token) and is neither held nor being written by it: a hold nobody will release.
+    pub(crate) fn is_stale_own(&self, value: &[u8]) -> bool {
+        value.len() > TOKEN_PREFIX_LEN
+            && value.starts_with(&self.token_prefix())
+            && !self.is_live(value)
     }
 
     /// [`hold_begins`](Self::hold_begins) now, and [`hold_ends`](Self::hold_ends) when the
     /// returned guard is dropped, unless it is [`kept`](LiveValue::keep) (the value became a
     /// hold, whose release ends it).
-    pub(crate) fn live_value<'a>(&'a self, value: &'a [u8]) -> LiveValue<'a> {
+    pub(crate) fn live_value(&self, value: &[u8]) -> LiveValue<'_> {
         self.hold_begins(value);
         LiveValue {
             client: self,
-            value,
+            entry: value.to_vec(),
             kept: false,
+        }
+    }
+
+    /// An acquire of a counted hold of `owner` at `key` begins: until the returned guard is
+    /// dropped, [`owner_attempting`](Self::owner_attempting) is true; [`OwnerAttempt::took`]
+    /// counts the hold it took until its [`owner_released`](Self::owner_released). A Sentinel
+    /// replay of a counted release waits for the owner's attempts under way and then leaves an
+    /// owner that holds the lock alone (see `Janitor::replay`).
+    pub(crate) fn owner_attempt<'a>(&'a self, key: &'a str, owner: &'a [u8]) -> OwnerAttempt<'a> {
+        self.inner.live.begin(&owner_slot(b'a', key, owner));
+        OwnerAttempt {
+            client: self,
+            key,
+            owner,
         }
     }
 
@@ -564,15 +621,53 @@ impl LockClient {
     }
 }
 
+/// The entry of `owner` at `key` in the client's live set, attempting (`a`) or holding (`h`)
+/// (a NUL cannot start a token).
+fn owner_slot(what: u8, key: &str, owner: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(key.len() + owner.len() + 3);
+    v.push(0);
+    v.push(what);
+    v.extend_from_slice(key.as_bytes());
+    v.push(0);
+    v.extend_from_slice(owner);
+    v
+}
+
+/// An acquire of a counted hold under way (see [`LockClient::owner_attempt`]).
+pub(crate) struct OwnerAttempt<'a> {
+    client: &'a LockClient,
+    key: &'a str,
+    owner: &'a [u8],
+}
+
+impl OwnerAttempt<'_> {
+    /// The server counted a hold for the owner: counted until its release.
+    pub(crate) fn took(&self) {
+        self.client
+            .inner
+            .live
+            .begin(&owner_slot(b'h', self.key, self.owner));
+    }
+}
+
+impl Drop for OwnerAttempt<'_> {
+    fn drop(&mut self) {
+        self.client
+            .inner
+            .live
+            .end(&owner_slot(b'a', self.key, self.owner));
+    }
+}
+
 /// A value being written by an acquire (see [`LockClient::live_value`]).
 pub(crate) struct LiveValue<'a> {
     client: &'a LockClient,
-    value: &'a [u8],
+    entry: Vec<u8>,
     kept: bool,
 }
 
 impl LiveValue<'_> {
-    /// The acquire took the lock: the value stays live until its release.
+    /// The acquire took the lock: the entry stays live until its release.
     pub(crate) fn keep(&mut self) {
         self.kept = true;
     }
@@ -581,7 +676,7 @@ impl LiveValue<'_> {
 impl Drop for LiveValue<'_> {
     fn drop(&mut self) {
         if !self.kept {
-            self.client.hold_ends(self.value);
+            self.client.inner.live.end(&self.entry);
         }
     }
 }

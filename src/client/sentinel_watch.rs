@@ -35,11 +35,12 @@
 //! layouts) can be left, but not necessarily the one released last: clients go on locking on
 //! the old master for seconds after the promotion. So a Sentinel client remembers its latest
 //! release per key (and owner) while its hold could live, and on a switch [`replay`]s them on
-//! the new master: Token and Fair values start with the client's id, so the key is read and
-//! whatever value of the client's it holds is released, unless a thread of the client holds it
-//! (see [`Switches::hold_begins`]); Classic, reentrant and read-write releases are sent again as
-//! themselves (exact value, count check, unlock latch). Pipelined; what fails goes to the
-//! janitor. See docs/deployments.md, "the replay rule".
+//! the new master. Each is the release's own owner-checked clean-up (see
+//! [`Cleanup`]), as its strategy describes it; a release whose values carry the client's id
+//! (a sweep prefix) is done on whatever value of the client's the key holds on the new master,
+//! unless a thread of the client holds it (see `client/live.rs`), not only on the value it
+//! released. Pipelined; what fails goes to the janitor. See docs/deployments.md, "the replay
+//! rule".
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::client::janitor::{FairRelease, Redo, RwRelease};
+use crate::client::janitor::{Cleanup, Redo};
 use crate::client::{LockClient, WeakClient};
 
 /// Read timeout of the subscribed connection: how often the thread checks that its client is
@@ -75,18 +76,13 @@ pub(crate) const MAX_RECENT: usize = 65_536;
 pub(crate) struct Released {
     pub(crate) at: Instant,
     pub(crate) key: String,
-    /// The value deleted (Token, Classic, Fair) or the owner id (Reentrant, read-write).
+    /// The value deleted, or the owner id of a counted hold.
     pub(crate) value: Vec<u8>,
-    pub(crate) channel: Option<String>,
-    /// Reentrant: the owner's count before the release and the lease (ms).
-    pub(crate) reentrant: Option<(u32, u64)>,
-    /// Read-write lock: the release to send again, with its unlock latch.
-    pub(crate) rw: Option<RwRelease>,
-    /// Fair lock: the release to send again (`lua/fair_release.lua`, with the token found).
-    pub(crate) fair: Option<FairRelease>,
+    /// The release again, owner-checked, as the strategy describes it.
+    pub(crate) cleanup: Cleanup,
     /// The values this client writes at the key start with this prefix (its id): the replay
-    /// is a sweep ([`Sweep`]) that releases whatever value of this client the new master
-    /// holds, not only `value`.
+    /// is a sweep that releases whatever value of this client the new master holds there and
+    /// no thread of it holds (`cleanup` with that value), not only `value`.
     pub(crate) sweep: Option<Vec<u8>>,
     /// The switch generation when the release was sent (see [`Switches::generation`]): a
     /// release sent before a switch and answered after it was followed may have gone to the
@@ -97,15 +93,25 @@ pub(crate) struct Released {
 }
 
 impl Released {
-    /// The entry this release replaces: one per key, or per key and owner for the counted
-    /// (hash) layouts, whose owners hold the lock side by side.
+    /// The entry this release replaces: one per key, or per key and owner for counted holds,
+    /// whose owners hold the lock side by side.
     fn slot(&self) -> (String, Vec<u8>) {
-        let owner = if self.reentrant.is_some() || self.rw.is_some() {
+        let owner = if self.cleanup.counted {
             self.value.clone()
         } else {
             Vec::new()
         };
         (self.key.clone(), owner)
+    }
+
+    /// The release again, of `value`.
+    fn redo(&self, value: Vec<u8>) -> Redo {
+        Redo {
+            key: self.key.clone(),
+            cleanup: self.cleanup.with_value(&value),
+            value,
+            until: self.until,
+        }
     }
 }
 
@@ -119,10 +125,6 @@ pub(crate) struct Switches {
     /// The latest release per key (and owner, for the hash layouts) whose hold would not have
     /// expired yet.
     recent: Mutex<Recent>,
-    /// Values this client wrote, or is writing, at a key under a sweep rule and still holds
-    /// (with how many holds of one value: a lock object may be asked twice): a sweep leaves
-    /// them alone.
-    live: Mutex<HashMap<Vec<u8>, u32>>,
 }
 
 #[derive(Debug, Default)]
@@ -154,31 +156,6 @@ impl Switches {
             .unwrap_or_else(PoisonError::into_inner)
             .master
             .clone()
-    }
-
-    /// `value` is about to be written at a key whose releases are replayed by a sweep, or is
-    /// held: a sweep must not release it. Call [`hold_ends`](Self::hold_ends) once it is not.
-    pub(crate) fn hold_begins(&self, value: &[u8]) {
-        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        *live.entry(value.to_vec()).or_insert(0) += 1;
-    }
-
-    /// `value` is no longer held (released, lost, or never taken).
-    pub(crate) fn hold_ends(&self, value: &[u8]) {
-        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = live.get_mut(value) {
-            *n -= 1;
-            if *n == 0 {
-                live.remove(value);
-            }
-        }
-    }
-
-    fn is_live(&self, value: &[u8]) -> bool {
-        self.live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(value)
     }
 
     /// Remembers a successful release (see the module docs): it replaces the one before of
@@ -334,12 +311,9 @@ const REPLAY_BATCH: usize = 512;
 /// as itself. Pipelined (a round trip for the reads, one for the releases); what fails is
 /// left to the janitor, which retries it until its hold would have expired.
 fn replay(client: &LockClient, releases: Vec<Released>) {
-    let Some(switches) = client.switches() else {
-        return;
-    };
     let (sweeps, exact): (Vec<Released>, Vec<Released>) =
         releases.into_iter().partition(|r| r.sweep.is_some());
-    let mut jobs: Vec<Redo> = exact.into_iter().map(Redo::from).collect();
+    let mut jobs: Vec<Redo> = exact.iter().map(|r| r.redo(r.value.clone())).collect();
     for batch in sweeps.chunks(REPLAY_BATCH) {
         let Some(first) = batch.first() else {
             continue;
@@ -362,7 +336,7 @@ fn replay(client: &LockClient, releases: Vec<Released>) {
                     batch.len(),
                     e.report()
                 );
-                jobs.extend(batch.iter().map(|r| Redo::exact(r, r.value.clone())));
+                jobs.extend(batch.iter().map(|r| r.redo(r.value.clone())));
                 continue;
             }
         };
@@ -373,8 +347,8 @@ fn replay(client: &LockClient, releases: Vec<Released>) {
             let ours = r.sweep.as_deref().is_some_and(|p| value.starts_with(p));
             // Read after the value was found: a hold whose write the read saw was registered
             // before it was sent.
-            if ours && !switches.is_live(&value) {
-                jobs.push(Redo::exact(r, value));
+            if ours && !client.is_live(&value) {
+                jobs.push(r.redo(value));
             }
         }
     }
@@ -561,10 +535,15 @@ mod tests {
             at,
             key: key.to_owned(),
             value: value.to_vec(),
-            channel: None,
-            reentrant: None,
-            rw: None,
-            fair: None,
+            cleanup: crate::client::janitor::Cleanup {
+                script: |s| &s.unlock,
+                keys: vec![key.to_owned()],
+                args: vec![value.to_vec()],
+                value_arg: 0,
+                read: crate::client::janitor::read_delete,
+                counted: false,
+                what: "the owner-checked delete",
+            },
             sweep: Some(b"ab".to_vec()),
             generation: 0,
             until,
@@ -615,7 +594,7 @@ mod tests {
             for _ in 0..10 {
                 let mut r = released(now, later, "hash", owner);
                 r.sweep = None;
-                r.reentrant = Some((1, 30_000));
+                r.cleanup.counted = true;
                 assert!(s.remember(r).is_none());
             }
         }
@@ -634,7 +613,7 @@ mod tests {
 
     /// A release sent before a switch and answered after the client followed it may have gone
     /// to the old master after the replay: it is not remembered but handed back to be done
-    /// again at once. Values being written or held are live until they end.
+    /// again at once.
     #[test]
     fn a_release_sent_before_a_switch_is_replayed_at_once() {
         let s = super::Switches::default();
@@ -646,14 +625,6 @@ mod tests {
         let mut r = released(now, now + Duration::from_secs(5), "k", b"v");
         r.generation = s.generation();
         assert!(s.remember(r).is_none());
-        s.hold_begins(b"t");
-        s.hold_begins(b"t");
-        s.hold_ends(b"t");
-        assert!(s.is_live(b"t"));
-        s.hold_ends(b"t");
-        assert!(!s.is_live(b"t"));
-        s.hold_ends(b"t");
-        assert!(!s.is_live(b"t"));
     }
 
     /// Threads of this process named like the watcher (Linux only: `None` elsewhere).

@@ -87,32 +87,50 @@ pub enum LossReason {
     Expired,
 }
 
-/// How a hold is renewed: which owner check runs before the `PEXPIRE`.
+/// How a hold is renewed: which owner check runs before the `PEXPIRE` (the layout of the
+/// hold), and the stats label its loss is counted under (the lock type's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RenewKind {
-    /// A string value (Token): `GET key == value`.
-    Value,
-    /// A fair lock's string value: renewed exactly as [`Value`](Self::Value) (the same `v`
-    /// check in the renewal script); a loss is counted under the `fair` kind.
-    FairValue,
-    /// A hash field (reentrant lock, Redisson's layout): `HEXISTS key value`.
-    HashField,
+    /// A string value: `GET key == value`; renewed by `SET … IFEQ … PX` where the server has
+    /// it.
+    Value(Kind),
+    /// A string value renewed by the script only (a lock type whose commands all stay
+    /// scripts).
+    ScriptedValue(Kind),
+    /// A hash field (Redisson's `RLock` layout): `HEXISTS key value`.
+    HashField(Kind),
     /// The owner's read holds of a read-write lock (Redisson's layout: the count in field
     /// `<owner>`, one timeout key per hold).
-    ReadEntry,
+    ReadEntry(Kind),
     /// The owner's write holds of a read-write lock (field `<owner>:write`).
-    WriteEntry,
+    WriteEntry(Kind),
 }
 
 impl RenewKind {
     /// The kind's tag in `lua/renew_batch.lua`'s arguments.
     pub(crate) fn tag(self) -> &'static str {
         match self {
-            RenewKind::Value | RenewKind::FairValue => "v",
-            RenewKind::HashField => "h",
-            RenewKind::ReadEntry => "r",
-            RenewKind::WriteEntry => "w",
+            RenewKind::Value(_) | RenewKind::ScriptedValue(_) => "v",
+            RenewKind::HashField(_) => "h",
+            RenewKind::ReadEntry(_) => "r",
+            RenewKind::WriteEntry(_) => "w",
         }
+    }
+
+    /// The stats label of the hold's lock type.
+    pub(crate) fn label(self) -> Kind {
+        match self {
+            RenewKind::Value(k)
+            | RenewKind::ScriptedValue(k)
+            | RenewKind::HashField(k)
+            | RenewKind::ReadEntry(k)
+            | RenewKind::WriteEntry(k) => k,
+        }
+    }
+
+    /// A string value (renewed natively where the server can).
+    pub(crate) fn is_value(self) -> bool {
+        matches!(self, RenewKind::Value(_))
     }
 }
 
@@ -432,16 +450,6 @@ impl Watchdog {
         }
     }
 
-    /// True if a hold of `key` with `value` (a reentrant lock's owner id) is watched now.
-    pub(crate) fn holds(&self, key: &str, value: &[u8]) -> bool {
-        self.shared.lock().entries.iter().any(|e| {
-            !e.gone
-                && e.state
-                    .upgrade()
-                    .is_some_and(|s| !s.is_stopped() && s.key() == key && s.value() == value)
-        })
-    }
-
     /// Holds currently watched: neither released, dropped by their holder, nor lost.
     pub(crate) fn watched(&self) -> usize {
         self.shared
@@ -673,7 +681,7 @@ fn renew_replies(
         let values: Vec<usize> = scripted
             .iter()
             .copied()
-            .filter(|&i| batch[i].1.kind() == RenewKind::Value)
+            .filter(|&i| batch[i].1.kind().is_value())
             .collect();
         // In a cluster one command at most: redis-rs does not follow a slot's redirection
         // (a migration's ASK or MOVED) inside a pipeline.
@@ -682,7 +690,7 @@ fn renew_replies(
                 for (&i, r) in values.iter().zip(renewed) {
                     results[i] = r;
                 }
-                scripted.retain(|i| batch[*i].1.kind() != RenewKind::Value);
+                scripted.retain(|i| !batch[*i].1.kind().is_value());
             }
         }
     }
@@ -825,13 +833,7 @@ fn lease_ms(state: &WatchState) -> u64 {
 /// Marks `state` lost (ignored if stopped), keeping the thread alive if the callback panics;
 /// counts it in `stats` when this marked it.
 fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
-    let kind = match state.kind() {
-        RenewKind::Value => Kind::Token,
-        RenewKind::FairValue => Kind::Fair,
-        RenewKind::HashField => Kind::Reentrant,
-        RenewKind::ReadEntry => Kind::Read,
-        RenewKind::WriteEntry => Kind::Write,
-    };
+    let kind = state.kind().label();
     // The flag is set before the callback runs: a panicking callback still counts.
     let marked = panic::catch_unwind(AssertUnwindSafe(|| state.mark_lost(reason)));
     match marked {
@@ -848,10 +850,12 @@ fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
 mod tests {
     use super::*;
 
+    const TEST: Kind = Kind::new("test");
+
     fn state(key: &str) -> Arc<WatchState> {
         WatchState::new(
             key,
-            RenewKind::Value,
+            RenewKind::Value(TEST),
             b"v",
             Duration::from_secs(30),
             Instant::now(),
@@ -931,19 +935,26 @@ mod tests {
         };
         let now = Instant::now();
         let lease = Duration::from_secs(3);
-        let soon = WatchState::new("soon", RenewKind::Value, b"v", lease, now, None);
-        let later = WatchState::new("later", RenewKind::Value, b"v", lease, now, None);
+        let soon = WatchState::new("soon", RenewKind::Value(TEST), b"v", lease, now, None);
+        let later = WatchState::new("later", RenewKind::Value(TEST), b"v", lease, now, None);
         let stale = WatchState::new(
             "stale",
-            RenewKind::Value,
+            RenewKind::Value(TEST),
             b"v",
             lease,
             now - Duration::from_secs(4),
             None,
         );
-        let stopped = WatchState::new("stopped", RenewKind::HashField, b"v", lease, now, None);
+        let stopped = WatchState::new(
+            "stopped",
+            RenewKind::HashField(TEST),
+            b"v",
+            lease,
+            now,
+            None,
+        );
         stopped.stop();
-        let dropped = WatchState::new("dropped", RenewKind::Value, b"v", lease, now, None);
+        let dropped = WatchState::new("dropped", RenewKind::Value(TEST), b"v", lease, now, None);
         {
             let mut list = shared.lock();
             for (s, due) in [

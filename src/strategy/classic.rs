@@ -30,6 +30,9 @@ use crate::strategy::{check_duration, ClassicOptions, Encoding, Takeover};
 /// holder released it): bounded, so a flapping key cannot spin us.
 const VANISHED_RETRIES: u32 = 3;
 
+/// The stats label of Classic locks.
+pub(crate) const KIND: Kind = Kind::new("classic");
+
 /// A lock of [`Strategy::Classic`](crate::Strategy::Classic). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
 pub struct ClassicLock {
@@ -328,12 +331,12 @@ impl DistributedLock for ClassicLock {
                 reason,
             }),
         };
-        self.client.counters().outcome_lease(Kind::Classic, &result);
+        self.client.counters().outcome_lease(KIND, &result);
         result
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
-        string_value::release(&self.client, Kind::Classic, &self.key, None, None, lease)
+        string_value::release(&self.client, KIND, &self.key, None, None, lease)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -358,9 +361,7 @@ impl DistributedLock for ClassicLock {
             start,
             ttl,
         );
-        self.client
-            .counters()
-            .extended(Kind::Classic, lease, result)
+        self.client.counters().extended(KIND, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
@@ -378,7 +379,7 @@ impl DistributedLock for ClassicLock {
             Attempts::new(&self.retry),
             || Ok(()),
         );
-        self.client.counters().blocking(Kind::Classic, &result);
+        self.client.counters().blocking(KIND, &result);
         result
     }
 
@@ -389,7 +390,7 @@ impl DistributedLock for ClassicLock {
             Attempts::for_duration(&self.retry, wait),
             || Ok(()),
         );
-        self.client.counters().blocking(Kind::Classic, &result);
+        self.client.counters().blocking(KIND, &result);
         result
     }
 

@@ -39,7 +39,7 @@ use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
-use crate::client::janitor::FairRelease;
+use crate::client::janitor::{Cleanup, Done};
 use crate::client::sentinel_watch::Released;
 use crate::client::waiters::Offer;
 use crate::client::watchdog::{RenewKind, WatchState};
@@ -53,6 +53,9 @@ use crate::strategy::check_duration;
 use crate::strategy::hold::HoldOptions;
 use crate::strategy::string_value;
 use crate::strategy::token::new_token;
+
+/// The stats label of fair locks.
+pub(crate) const KIND: Kind = Kind::new("fair");
 
 /// The lease a release writes when it grants the lock to the next waiter (shorter if the
 /// lock's own lease is shorter). A grant to a waiter that died meanwhile therefore blocks the
@@ -152,6 +155,18 @@ pub(crate) struct ReleaseReply {
     pub(crate) granted: Vec<u8>,
     /// The grant's fence and server time (zero when nothing was granted).
     pub(crate) grant: Grant,
+}
+
+/// Reads a reply of `lua/fair_release.lua` sent again by the janitor or a Sentinel replay: the
+/// lock freed (and maybe granted) when the token was ours, else nothing done.
+fn read_release(v: &Value) -> (Done, Option<(Vec<u8>, Grant)>) {
+    match parse_release(v) {
+        Some(r) if r.ours => {
+            let granted = (!r.granted.is_empty()).then_some((r.granted, r.grant));
+            (Done::Freed, granted)
+        }
+        _ => (Done::Nothing, None),
+    }
 }
 
 /// Parses a reply of `lua/fair_release.lua`: `0` (not ours), `1` (released, nobody to grant
@@ -359,21 +374,21 @@ impl FairLock {
         )?;
         if reply != Value::Okay {
             self.contended();
-            self.client.counters().attempt(Kind::Fair, false);
+            self.client.counters().attempt(KIND, false);
             return Ok(None);
         }
         self.took();
         let lease = self.opts.lease(
             &self.client,
             &self.key,
-            RenewKind::FairValue,
+            RenewKind::ScriptedValue(KIND),
             token,
             start,
             None,
         );
         let result =
             lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l)).map(Some);
-        self.client.counters().outcome_lease(Kind::Fair, &result);
+        self.client.counters().outcome_lease(KIND, &result);
         result
     }
 
@@ -382,23 +397,37 @@ impl FairLock {
     /// The janitor sends our release (`lua/fair_release.lua`) until it is answered or until
     /// `until`: it passes the lock on to the next waiter if it is ours, else removes our entry.
     fn undo_lost(&self, token: &Token, until: Instant) {
-        self.client.janitor().forget_fair(
+        self.client.janitor().forget(
             &self.client,
             &self.key,
             token,
-            self.fair_release(),
+            self.fair_release(token),
             crate::client::janitor::Cause::LostAcquireReply,
             until,
         );
     }
 
-    /// What a release sent again needs besides the key and the token.
-    fn fair_release(&self) -> FairRelease {
-        FairRelease {
-            queue: self.queue.clone(),
-            deadlines: self.deadlines.clone(),
-            fence: self.opts.fence_key.clone(),
-            grant_ms: self.grant_ms(),
+    /// The release of `token` sent again (`lua/fair_release.lua`, owner-checked by the token):
+    /// it deletes the key only if it still holds that token and, if a live waiter heads the
+    /// queue, grants it the lock and publishes the grant, as the release did; a token that only
+    /// waited in the queue is removed from it.
+    fn fair_release(&self, token: &[u8]) -> Cleanup {
+        let mut keys = vec![self.key.clone(), self.queue.clone(), self.deadlines.clone()];
+        if let Some(fence) = &self.opts.fence_key {
+            keys.push(fence.clone());
+        }
+        Cleanup {
+            script: |s| &s.fair_release,
+            keys,
+            args: vec![
+                token.to_vec(),
+                self.grant_ms().to_string().into_bytes(),
+                CHANNEL_PREFIX.as_bytes().to_vec(),
+            ],
+            value_arg: 0,
+            read: read_release,
+            counted: false,
+            what: "the fair release, which grants the lock to the next live waiter",
         }
     }
 
@@ -455,7 +484,7 @@ impl FairLock {
                 let lease = self.opts.lease(
                     &self.client,
                     &self.key,
-                    RenewKind::FairValue,
+                    RenewKind::ScriptedValue(KIND),
                     token,
                     start,
                     fence,
@@ -464,13 +493,13 @@ impl FairLock {
                     lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
                         .map(Outcome::Taken);
                 if result.is_ok() {
-                    self.client.counters().attempt(Kind::Fair, true);
+                    self.client.counters().attempt(KIND, true);
                 }
                 result
             }
             [0, rank, secs, micros] => {
                 self.contended();
-                self.client.counters().attempt(Kind::Fair, false);
+                self.client.counters().attempt(KIND, false);
                 log::trace!(
                     "lock {:?}: refused, {rank} waiters ahead in Redis",
                     self.key
@@ -556,7 +585,7 @@ impl FairLock {
         let lease = Lease::new(token, sent, self.grant).with_fence(fence);
         let state = WatchState::new(
             std::sync::Arc::clone(self.opts.key_arc()),
-            RenewKind::FairValue,
+            RenewKind::ScriptedValue(KIND),
             token,
             self.opts.lease,
             sent,
@@ -759,7 +788,7 @@ impl FairLock {
                 } else if let Some(lease) = basis.and_then(|(sent, attempt_us)| {
                     self.granted_lease(&token, sent, attempt_us, grant)
                 }) {
-                    self.client.counters().attempt(Kind::Fair, true);
+                    self.client.counters().attempt(KIND, true);
                     log::debug!(
                         "lock {:?}: granted after {} attempts in {:?}",
                         self.key,
@@ -920,11 +949,11 @@ impl DistributedLock for FairLock {
         {
             // The same release, retried in the background: owner-checked by the token, and
             // granting the lock to the head of the queue as this one would have.
-            self.client.janitor().forget_fair(
+            self.client.janitor().forget(
                 &self.client,
                 &self.key,
                 lease.value(),
-                self.fair_release(),
+                self.fair_release(lease.value()),
                 crate::client::janitor::Cause::FailedRelease,
                 lease.valid_until(),
             );
@@ -949,10 +978,7 @@ impl DistributedLock for FairLock {
                     at: Instant::now(),
                     key: self.key.clone(),
                     value: lease.value().to_vec(),
-                    channel: None,
-                    reentrant: None,
-                    rw: None,
-                    fair: Some(self.fair_release()),
+                    cleanup: self.fair_release(lease.value()),
                     sweep: Some(self.id.to_vec()),
                     generation,
                     until: lease.valid_until(),
@@ -970,7 +996,7 @@ impl DistributedLock for FairLock {
                  no other owner's lock was deleted",
                 self.key
             );
-            self.client.counters().lost_on_release(Kind::Fair, lease);
+            self.client.counters().lost_on_release(KIND, lease);
         }
         Ok(ours)
     }
@@ -984,7 +1010,7 @@ impl DistributedLock for FairLock {
                 .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
         })?;
         let result = string_value::extended(&self.key, extended == 1, lease, None, start, ttl);
-        self.client.counters().extended(Kind::Fair, lease, result)
+        self.client.counters().extended(KIND, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
@@ -997,13 +1023,13 @@ impl DistributedLock for FairLock {
 
     fn lock(&self) -> Result<LockGuard<'_>> {
         let result = self.acquire_blocking(Attempts::new(&self.opts.retry));
-        self.client.counters().blocking(Kind::Fair, &result);
+        self.client.counters().blocking(KIND, &result);
         result
     }
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
         let result = self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait));
-        self.client.counters().blocking(Kind::Fair, &result);
+        self.client.counters().blocking(KIND, &result);
         result
     }
 

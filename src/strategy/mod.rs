@@ -28,7 +28,8 @@ use crate::strategy::token::TokenLock;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Strategy {
-    /// `SET key token NX PX ttl` with a random 128-bit token; release and extend by Lua
+    /// `SET key token NX PX ttl` with a token of the client's id and 64 random bits; release
+    /// and extend by Lua
     /// compare-and-delete / compare-and-pexpire. The default, and the one to pick unless legacy
     /// lockers share the keys or a thread must re-enter its own lock. Without an explicit
     /// [`ttl`](LockBuilder::ttl) the hold is renewed by the watchdog (lease

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
-use crate::client::janitor::Cause;
+use crate::client::grants::Grant;
+use crate::client::janitor::{Cause, Cleanup, Done};
 use crate::client::sentinel_watch::Released;
 use crate::client::watchdog::RenewKind;
 use crate::client::LockClient;
@@ -54,6 +55,9 @@ thread_local! {
     /// emptied, so acquires and releases allocate nothing here in steady state.
     static LOCAL_HOLDS: RefCell<Vec<LocalHold>> = const { RefCell::new(Vec::new()) };
 }
+
+/// The stats label of reentrant locks.
+pub(crate) const KIND: Kind = Kind::new("reentrant");
 
 /// One entry of [`LOCAL_HOLDS`].
 struct LocalHold {
@@ -202,6 +206,9 @@ impl ReentrantLock {
     /// One attempt by `lua/reentrant_acquire.lua`: take, re-enter, or learn the holder's PTTL.
     fn attempt(&self) -> Result<Attempt> {
         let owner = self.owner();
+        // Under way from before it settles: a Sentinel replay of this owner's release waits
+        // for it (see `Janitor::replay`).
+        let attempt_live = self.client.owner_attempt(&self.key, owner.as_bytes());
         // A release of ours that failed on a connection error may still be retried by the
         // janitor: finish it first, so that a later try cannot take the new hold for the old.
         self.client
@@ -230,6 +237,7 @@ impl ReentrantLock {
         let seen = match reply {
             AcquireReply::Taken { .. } => {
                 log::trace!("lock {:?}: hold taken by {owner}", self.key);
+                attempt_live.took();
                 Seen::Taken
             }
             // Refused, so this owner holds nothing (else the script had let it re-enter).
@@ -240,7 +248,7 @@ impl ReentrantLock {
             self.opts.lease(
                 &self.client,
                 &self.key,
-                RenewKind::HashField,
+                RenewKind::HashField(KIND),
                 owner.as_bytes(),
                 start,
                 fence,
@@ -248,7 +256,7 @@ impl ReentrantLock {
         });
         let result =
             lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
-        self.client.counters().outcome(Kind::Reentrant, &result);
+        self.client.counters().outcome(KIND, &result);
         result
     }
 
@@ -266,8 +274,28 @@ impl ReentrantLock {
         // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
         // extra check.
         let result = lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()));
-        self.client.counters().blocking(Kind::Reentrant, &result);
+        self.client.counters().blocking(KIND, &result);
         result
+    }
+
+    /// Gives back one hold of `owner` if its count is still `count` (`lua/reentrant_forget.lua`):
+    /// the clean-up of a release that failed or was lost, or of an acquire whose reply was lost.
+    fn forget_cleanup(&self, owner: &[u8], count: u32) -> Cleanup {
+        Cleanup {
+            script: |s| &s.reentrant_forget,
+            keys: vec![self.key.clone()],
+            args: vec![
+                owner.to_vec(),
+                count.to_string().into_bytes(),
+                self.opts.lease_ms().to_string().into_bytes(),
+                self.opts.channel.as_bytes().to_vec(),
+                keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
+            ],
+            value_arg: 0,
+            read: read_forget,
+            counted: true,
+            what: "giving back one hold if the owner's count is unchanged",
+        }
     }
 
     /// An acquire by the calling thread was sent but its reply was lost (a failover, a timeout):
@@ -278,13 +306,11 @@ impl ReentrantLock {
     fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant) {
         let before = local_count(owner, &self.key).unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        self.client.janitor().forget_reentrant(
+        self.client.janitor().forget(
             &self.client,
             &self.key,
             owner.as_bytes(),
-            before.saturating_add(1),
-            self.opts.lease_ms(),
-            &self.opts.channel,
+            self.forget_cleanup(owner.as_bytes(), before.saturating_add(1)),
             Cause::LostAcquireReply,
             until,
         );
@@ -294,12 +320,12 @@ impl ReentrantLock {
     /// master switch is announced meanwhile, the release may have been done on the old master
     /// only, and is done again on the new one (see [`crate::client::sentinel_watch`]).
     ///
-    /// Only watched holds: the janitor skips the release if the owner holds the lock again by
-    /// then, which only the watchdog's list of live holds tells.
+    /// The replay skips the release if the owner acquires or holds the lock again by then
+    /// (the client's live set, entered before an acquire settles: see `Janitor::replay`).
     ///
     /// `generation`: the switch generation when the release was sent.
     fn remember_release(&self, lease: &Lease, generation: u64) {
-        if self.client.switches().is_none() || !lease.is_watched() {
+        if self.client.switches().is_none() {
             return;
         }
         let owner = self.owner();
@@ -316,10 +342,7 @@ impl ReentrantLock {
                 at: Instant::now(),
                 key: self.key.clone(),
                 value: lease.value().to_vec(),
-                channel: Some(self.opts.channel.clone()),
-                reentrant: Some((count, self.opts.lease_ms())),
-                rw: None,
-                fair: None,
+                cleanup: self.forget_cleanup(lease.value(), count),
                 sweep: None,
                 generation,
                 until: lease.valid_until(),
@@ -348,13 +371,11 @@ impl ReentrantLock {
             );
             return;
         };
-        self.client.janitor().forget_reentrant(
+        self.client.janitor().forget(
             &self.client,
             &self.key,
             lease.value(),
-            count,
-            self.opts.lease_ms(),
-            &self.opts.channel,
+            self.forget_cleanup(lease.value(), count),
             Cause::FailedRelease,
             lease.valid_until(),
         );
@@ -425,6 +446,9 @@ impl DistributedLock for ReentrantLock {
                 ),
             )
         });
+        // One hold of the owner fewer, whatever the answer (a failed release is the
+        // janitor's now).
+        self.client.owner_released(&self.key, lease.value());
         if reply
             .as_ref()
             .is_err_and(crate::client::janitor::worth_retrying)
@@ -467,9 +491,7 @@ impl DistributedLock for ReentrantLock {
             Some(other) => return Err(self.unexpected(other)),
         };
         if !ours {
-            self.client
-                .counters()
-                .lost_on_release(Kind::Reentrant, lease);
+            self.client.counters().lost_on_release(KIND, lease);
         }
         // Only the caller's own holds are recorded (a lease may be released by another thread).
         let owner = self.owner();
@@ -488,9 +510,7 @@ impl DistributedLock for ReentrantLock {
                 .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
         })?;
         let result = string_value::extended(&self.key, renewed == 1, lease, None, start, ttl);
-        self.client
-            .counters()
-            .extended(Kind::Reentrant, lease, result)
+        self.client.counters().extended(KIND, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
@@ -528,6 +548,16 @@ impl DistributedLock for ReentrantLock {
             None,
             &[&self.key],
         )
+    }
+}
+
+/// Reads `lua/reentrant_forget.lua`'s reply: 1 or more when it gave back the owner's last hold
+/// (the key is gone), 0 when it gave back one of several, nil when it changed nothing.
+fn read_forget(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
+    match v {
+        redis::Value::Int(n) if *n >= 1 => (Done::Freed, None),
+        redis::Value::Int(0) => (Done::GaveBack, None),
+        _ => (Done::Nothing, None),
     }
 }
 

@@ -9,7 +9,7 @@ use std::cell::Cell;
 
 use redis::RedisResult;
 
-use crate::client::janitor::{self, Cause};
+use crate::client::janitor::{self, Cause, Cleanup};
 use crate::client::native::{self, Command};
 use crate::client::sentinel_watch::{self, Released};
 use crate::client::{Conn, LockClient};
@@ -60,6 +60,26 @@ pub(crate) fn setnx(key: &str, value: &[u8]) -> redis::Cmd {
     cmd
 }
 
+/// The owner-checked delete of `value` at `key` (`lua/unlock.lua`), published on `channel`
+/// (Token): the clean-up of a release that failed or was lost, or of an acquire whose reply
+/// was lost.
+pub(crate) fn delete_cleanup(key: &str, value: &[u8], channel: Option<&str>) -> Cleanup {
+    let mut args = vec![value.to_vec()];
+    if let Some(ch) = channel {
+        args.push(keys::UNLOCK_MESSAGE.as_bytes().to_vec());
+        args.push(ch.as_bytes().to_vec());
+    }
+    Cleanup {
+        script: |s| &s.unlock,
+        keys: vec![key.to_owned()],
+        args,
+        value_arg: 0,
+        read: janitor::read_delete,
+        counted: false,
+        what: "the owner-checked delete",
+    }
+}
+
 /// Runs an acquire that writes `value` at `key` (`f`, on a pooled connection). If it was sent
 /// but not answered (a connection error: timeout, reset, paused server), it may still run on
 /// the server and leave a lock nobody holds: the client's janitor then deletes `value` in the
@@ -77,9 +97,14 @@ pub(crate) fn acquire<T>(
 ) -> Result<T> {
     acquire_undone_by(client, key, f, || {
         if may_forget() {
-            client
-                .janitor()
-                .forget(client, key, value, channel, Cause::LostAcquireReply, until);
+            client.janitor().forget(
+                client,
+                key,
+                value,
+                delete_cleanup(key, value, channel),
+                Cause::LostAcquireReply,
+                until,
+            );
         } else {
             log::warn!(
                 "lock {key:?}: no reply to a GETSET takeover; if it ran, the key holds our \
@@ -127,25 +152,7 @@ pub(crate) fn release(
 ) -> Result<bool> {
     lease.stop_renewal();
     let generation = client.switch_generation();
-    // In a cluster only the single command: redis-rs does not follow a slot's redirection
-    // (a migration's ASK or MOVED) inside a pipeline, so the publishing release keeps the script.
-    let native_here = !client.is_cluster() || channel.is_none();
-    let reply: Result<i64> = client.with_conn(key, |con, s| {
-        if native_here && client.native().has(Command::DelIfEq) {
-            match native_release(con, key, lease.value(), channel) {
-                Err(e) if native::is_unsupported(&e) => {
-                    client.native().refused(Command::DelIfEq, key, &e)
-                }
-                other => return other,
-            }
-        }
-        match channel {
-            None => s.unlock.eval(con, key, lease.value()),
-            Some(ch) => s
-                .unlock
-                .eval(con, key, (lease.value(), keys::UNLOCK_MESSAGE, ch)),
-        }
-    });
+    let reply = compare_and_delete(client, key, lease.value(), channel);
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
@@ -154,7 +161,7 @@ pub(crate) fn release(
             client,
             key,
             lease.value(),
-            channel,
+            delete_cleanup(key, lease.value(), channel),
             Cause::FailedRelease,
             lease.valid_until(),
         );
@@ -170,10 +177,7 @@ pub(crate) fn release(
                 at: Instant::now(),
                 key: key.to_owned(),
                 value: lease.value().to_vec(),
-                channel: channel.map(str::to_owned),
-                reentrant: None,
-                rw: None,
-                fair: None,
+                cleanup: delete_cleanup(key, lease.value(), channel),
                 sweep: sweep.map(<[u8]>::to_vec),
                 generation,
                 until: lease.valid_until(),
@@ -187,6 +191,34 @@ pub(crate) fn release(
         client.counters().lost_on_release(kind, lease);
     }
     Ok(lock::note_release(client.waiters(), key, reply >= 1))
+}
+
+/// Deletes `key` if it holds `value`, publishing the release on `channel` (Token): `DELIFEQ`
+/// (pipelined with the `PUBLISH`) where the server has it, else `lua/unlock.lua`. 0 when the
+/// key did not hold `value`, else 1 + the subscribers reached.
+pub(crate) fn compare_and_delete(
+    client: &LockClient,
+    key: &str,
+    value: &[u8],
+    channel: Option<&str>,
+) -> Result<i64> {
+    // In a cluster only the single command: redis-rs does not follow a slot's redirection
+    // (a migration's ASK or MOVED) inside a pipeline, so the publishing release keeps the script.
+    let native_here = !client.is_cluster() || channel.is_none();
+    client.with_conn(key, |con, s| {
+        if native_here && client.native().has(Command::DelIfEq) {
+            match native_release(con, key, value, channel) {
+                Err(e) if native::is_unsupported(&e) => {
+                    client.native().refused(Command::DelIfEq, key, &e)
+                }
+                other => return other,
+            }
+        }
+        match channel {
+            None => s.unlock.eval(con, key, value),
+            Some(ch) => s.unlock.eval(con, key, (value, keys::UNLOCK_MESSAGE, ch)),
+        }
+    })
 }
 
 /// The release by `DELIFEQ key value`, with a `channel` pipelined with the `PUBLISH` of the

@@ -36,7 +36,7 @@ use redis::Value;
 
 use crate::admin::{self, Detail, LockState};
 use crate::client::janitor::Cause;
-use crate::client::native::Command;
+use crate::client::native::{self, Command};
 use crate::client::watchdog::RenewKind;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
@@ -47,6 +47,9 @@ use crate::stats::Kind;
 use crate::strategy::check_duration;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
 use crate::strategy::string_value;
+
+/// The stats label of Token locks.
+pub(crate) const KIND: Kind = Kind::new("token");
 
 /// A lock of [`Strategy::Token`](crate::Strategy::Token). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
@@ -109,13 +112,30 @@ impl TokenLock {
         self.opts.watched
     }
 
-    /// One attempt by `lua/token_acquire.lua` with the acquire's token: also reports the fence
-    /// or the holder's PTTL, and takes a key that already holds the token (an earlier attempt
-    /// of the same acquire whose reply was lost).
-    fn attempt_scripted(&self, acq: &Acquiring) -> Result<Attempt> {
+    /// One attempt made while waiting, with the acquire's token: by `lua/token_acquire.lua`,
+    /// or without a script where the server releases natively ([`attempt_pipelined`]
+    /// (Self::attempt_pipelined)). Both report the fence or the holder's PTTL, and take a key
+    /// that already holds the token (an earlier attempt of the same acquire whose reply was
+    /// lost). A refusal by a stale hold of this client's own is cleared and tried again once.
+    fn attempt_waiting(&self, acq: &Acquiring) -> Result<Attempt> {
+        let once = |acq| {
+            if self.pipelined_attempts() {
+                self.attempt_pipelined(acq)
+            } else {
+                self.attempt_scripted_once(acq)
+            }
+        };
+        match once(acq)? {
+            (Attempt::Held { .. }, Some(holder)) if self.clear_stale(&holder) => Ok(once(acq)?.0),
+            (attempt, _) => Ok(attempt),
+        }
+    }
+
+    /// One attempt by `lua/token_acquire.lua`: a refusal also returns the value held.
+    fn attempt_scripted_once(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = acq.token;
         let start = Instant::now();
-        let reply: Value = self.send_acquire(&token, start, Some(acq), |con, s| {
+        let mut reply: Value = self.send_acquire(&token, start, Some(acq), |con, s| {
             let args = (&token[..], self.opts.lease_ms());
             match &self.opts.fence_key {
                 Some(fence) => s
@@ -124,38 +144,63 @@ impl TokenLock {
                 None => s.token_acquire.eval(con, &self.key, args),
             }
         })?;
+        // A refusal's third element: the value held ('' for a key of another type).
+        let mut holder = None;
+        if let Value::Array(items) = &mut reply {
+            if items.len() == 3 {
+                if let Some(Value::BulkString(v)) = items.pop() {
+                    holder = Some(v).filter(|v| !v.is_empty());
+                }
+            }
+        }
         let decoded = hold::decode_acquire(&self.key, &reply)?;
         if let Value::Array(items) = &reply {
             if items.as_slice() == [Value::Int(0), Value::Int(-1)] {
                 self.note_no_ttl();
             }
         }
-        self.finish_attempt(&token, start, decoded)
+        Ok((self.finish_attempt(&token, start, decoded)?, holder))
     }
 
     /// One attempt without a script, where the server has the native release (so that a Token
     /// lock without fencing sends no script at all): `SET key token NX PX ttl GET` pipelined
-    /// with `PTTL key` (one round trip), which reports the holder's PTTL as the script does. It
-    /// sends the acquire's token, as the script does: a key found holding it is ours.
-    fn attempt_pipelined(&self, acq: &Acquiring) -> Result<Attempt> {
+    /// with `PTTL key` (one round trip), which reports the holder's PTTL as the script does.
+    /// A key that holds the acquire's own token (an earlier attempt whose reply was lost) is
+    /// taken with a fresh lifetime by `SET … IFEQ … PX` (one more round trip, only then). A
+    /// refusal also returns the value held.
+    fn attempt_pipelined(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = acq.token;
         let start = Instant::now();
+        let ttl = self.opts.lease_ms();
         let (set, pttl): (Value, i64) = self.send_acquire(&token, start, Some(acq), |con, _| {
             let mut pipe = redis::pipe();
-            pipe.add_command(string_value::set_nx_px_get(
-                &self.key,
-                &token,
-                self.opts.lease_ms(),
-            ))
-            .cmd("PTTL")
-            .arg(&self.key);
-            pipe.query(con)
+            pipe.add_command(string_value::set_nx_px_get(&self.key, &token, ttl))
+                .cmd("PTTL")
+                .arg(&self.key);
+            let (set, pttl): (Value, i64) = pipe.query(con)?;
+            if set == Value::BulkString(token.to_vec()) {
+                // Ours already: renewed only if it still is.
+                let renewed: Option<Value> =
+                    native::set_ifeq_px(&self.key, &token, ttl).query(con)?;
+                return Ok((
+                    if renewed.is_some() {
+                        Value::Nil
+                    } else {
+                        Value::Okay
+                    },
+                    -2,
+                ));
+            }
+            Ok((set, pttl))
         })?;
+        let mut holder = None;
         let decoded = match set {
-            // Set; or found our own token (a resend of an acquire that landed).
+            // Set (or, above, found ours and renewed).
             Value::Nil => AcquireReply::Taken { fence: None },
-            Value::BulkString(found) if found == token => AcquireReply::Taken { fence: None },
-            _ => {
+            found => {
+                if let Value::BulkString(v) = found {
+                    holder = Some(v);
+                }
                 if pttl == -1 {
                     self.note_no_ttl();
                 }
@@ -168,7 +213,7 @@ impl TokenLock {
                 }
             }
         };
-        self.finish_attempt(&token, start, decoded)
+        Ok((self.finish_attempt(&token, start, decoded)?, holder))
     }
 
     /// Turns an attempt's answer into its outcome (a won hold is checked against its lease).
@@ -184,8 +229,46 @@ impl TokenLock {
         if !matches!(result, Ok(Attempt::Acquired(_))) {
             self.client.hold_ends(token);
         }
-        self.client.counters().outcome(Kind::Token, &result);
+        self.client.counters().outcome(KIND, &result);
         result
+    }
+
+    /// A refused attempt found `holder` at the key: if it is a token of this client that no
+    /// thread of it holds or is writing, it is a hold nobody will release (released on a
+    /// primary that lost the release in a failover, or written by an acquire whose reply was
+    /// lost). It is deleted, owner-checked on that exact value and published, so that the
+    /// waiters need not wait out its lease. True if it was.
+    fn clear_stale(&self, holder: &[u8]) -> bool {
+        if !self.client.is_stale_own(holder) {
+            return false;
+        }
+        let reply = string_value::compare_and_delete(
+            &self.client,
+            &self.key,
+            holder,
+            Some(&self.opts.channel),
+        );
+        match reply {
+            Ok(n) if n >= 1 => {
+                self.client.counters().orphan_cleaned();
+                log::warn!(
+                    "lock {:?}: deleted a hold of this client that nobody held any more (value \
+                     {}; its release was lost in a failover, or its acquire's reply)",
+                    self.key,
+                    crate::lock::printable(holder)
+                );
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                log::debug!(
+                    "lock {:?}: could not delete a stale hold of this client: {}",
+                    self.key,
+                    e.report()
+                );
+                false
+            }
+        }
     }
 
     /// Sends an acquire of `token`. One whose reply is lost may still run (or have run) and
@@ -219,7 +302,7 @@ impl TokenLock {
             &self.client,
             &self.key,
             token,
-            Some(&self.opts.channel),
+            string_value::delete_cleanup(&self.key, token, Some(&self.opts.channel)),
             Cause::LostAcquireReply,
             until,
         );
@@ -241,7 +324,7 @@ impl TokenLock {
         self.opts.lease(
             &self.client,
             &self.key,
-            RenewKind::Value,
+            RenewKind::Value(KIND),
             token,
             start,
             fence,
@@ -269,10 +352,8 @@ impl TokenLock {
             if std::mem::take(&mut first) && self.opts.fence_key.is_none() {
                 self.try_acquire_as(&acq.token, Some(&acq))
                     .map(Attempt::from)
-            } else if self.pipelined_attempts() {
-                self.attempt_pipelined(&acq)
             } else {
-                self.attempt_scripted(&acq)
+                self.attempt_waiting(&acq)
             }
         };
         let result = lock::acquire_in_line(self, line, attempts, attempt, |_| self.check_type());
@@ -281,23 +362,30 @@ impl TokenLock {
                 self.forget_lost(&acq.token, until);
             }
         }
-        self.client.counters().blocking(Kind::Token, &result);
+        self.client.counters().blocking(KIND, &result);
         result
-    }
-
-    /// True if attempts made while waiting go without the script: no fencing, and the server
-    /// releases natively (`DELIFEQ`) and takes `SET … NX PX … GET`.
-    fn pipelined_attempts(&self) -> bool {
-        // Not in a cluster: redis-rs does not follow redirections inside a pipeline.
-        self.opts.fence_key.is_none()
-            && !self.client.is_cluster()
-            && self.client.set_get()
-            && self.client.native().has(Command::DelIfEq)
     }
 
     /// One `SET NX PX` attempt with `token` (see [`send_acquire`](Self::send_acquire) for
     /// `acq`).
     fn try_acquire_as(&self, token: &[u8; 32], acq: Option<&Acquiring>) -> Result<Option<Lease>> {
+        let found = Cell::new(None);
+        match self.try_acquire_once(token, acq, &found)? {
+            None if found.take().is_some_and(|holder| self.clear_stale(&holder)) => {
+                self.try_acquire_once(token, acq, &found)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// [`try_acquire_as`](Self::try_acquire_as) without the clean-up of a stale hold: a
+    /// refusal that reports the value held puts it in `found`.
+    fn try_acquire_once(
+        &self,
+        token: &[u8; 32],
+        acq: Option<&Acquiring>,
+        found: &Cell<Option<Vec<u8>>>,
+    ) -> Result<Option<Lease>> {
         let start = Instant::now();
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
             let ttl = self.opts.lease_ms();
@@ -307,8 +395,11 @@ impl TokenLock {
                     // Nil: set; the value found: held (or ours, if this is a resend of an
                     // acquire that landed); a WRONGTYPE error: a key of another type.
                     Ok(Value::Nil) => return Ok(Value::Okay),
-                    Ok(Value::BulkString(found)) if found == token => return Ok(Value::Okay),
-                    Ok(Value::BulkString(_)) => return Ok(Value::Nil),
+                    Ok(Value::BulkString(v)) if v == token => return Ok(Value::Okay),
+                    Ok(Value::BulkString(v)) => {
+                        found.set(Some(v));
+                        return Ok(Value::Nil);
+                    }
                     other => return other,
                 }
             }
@@ -327,8 +418,18 @@ impl TokenLock {
         if !matches!(result, Ok(Some(_))) {
             self.client.hold_ends(token);
         }
-        self.client.counters().outcome_lease(Kind::Token, &result);
+        self.client.counters().outcome_lease(KIND, &result);
         result
+    }
+
+    /// True if attempts made while waiting go without the script: no fencing, and the server
+    /// releases natively (`DELIFEQ`) and takes `SET … NX PX … GET`.
+    fn pipelined_attempts(&self) -> bool {
+        // Not in a cluster: redis-rs does not follow redirections inside a pipeline.
+        self.opts.fence_key.is_none()
+            && !self.client.is_cluster()
+            && self.client.set_get()
+            && self.client.native().has(Command::DelIfEq)
     }
 
     /// Called when a blocking acquire gives up: a key of another type can never be locked, so
@@ -365,7 +466,7 @@ impl DistributedLock for TokenLock {
                 token: self.new_token(),
                 lost_until: Cell::new(None),
             };
-            let attempt = self.attempt_scripted(&acq);
+            let attempt = self.attempt_waiting(&acq);
             if let Some(until) = acq.lost_until.get() {
                 self.forget_lost(&acq.token, until);
             }
@@ -380,7 +481,7 @@ impl DistributedLock for TokenLock {
     fn release(&self, lease: &Lease) -> Result<bool> {
         string_value::release(
             &self.client,
-            Kind::Token,
+            KIND,
             &self.key,
             Some(&self.opts.channel),
             Some(&self.client.token_prefix()),
@@ -399,7 +500,7 @@ impl DistributedLock for TokenLock {
             ttl.as_millis() as u64,
         )?;
         let result = string_value::extended(&self.key, extended, lease, None, start, ttl);
-        self.client.counters().extended(Kind::Token, lease, result)
+        self.client.counters().extended(KIND, lease, result)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
