@@ -74,7 +74,6 @@ impl ServerKind {
     pub fn has_set_ifeq(self) -> bool {
         matches!(self, ServerKind::Valkey(major, minor) if (major, minor) >= (8, 1))
     }
-
 }
 
 /// True if [`server_binary`] was built with TLS support (Debian's `redis-server` is; the Valkey
@@ -86,7 +85,16 @@ pub fn has_tls() -> bool {
     *TLS.get_or_init(|| {
         let bin = server_binary();
         let Ok(mut child) = Command::new(&bin)
-            .args(["--port", "0", "--tls-port", "1", "--save", "", "--daemonize", "no"])
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                "1",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
