@@ -92,6 +92,9 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 #[test]
 fn lock_and_unlock_over_tls() {
+    if !support::tls_available() {
+        return;
+    }
     init_logging();
     let pki = Pki::generate("lock");
     let server = RedisServer::start_tls(&pki, false);
@@ -128,6 +131,9 @@ fn lock_and_unlock_over_tls() {
 
 #[test]
 fn pubsub_wakes_a_waiter_over_tls_on_one_subscriber_connection() {
+    if !support::tls_available() {
+        return;
+    }
     init_logging();
     let pki = Pki::generate("pubsub");
     let server = RedisServer::start_tls(&pki, false);
@@ -201,6 +207,9 @@ fn pubsub_wakes_a_waiter_over_tls_on_one_subscriber_connection() {
 
 #[test]
 fn watchdog_renews_over_tls() {
+    if !support::tls_available() {
+        return;
+    }
     init_logging();
     let pki = Pki::generate("watchdog");
     let server = RedisServer::start_tls(&pki, false);
@@ -233,6 +242,9 @@ fn watchdog_renews_over_tls() {
 
 #[test]
 fn mutual_tls_needs_the_client_certificate() {
+    if !support::tls_available() {
+        return;
+    }
     init_logging();
     let pki = Pki::generate("mtls");
     let server = RedisServer::start_tls(&pki, true);
@@ -270,6 +282,9 @@ fn mutual_tls_needs_the_client_certificate() {
 
 #[test]
 fn wrong_ca_is_a_clear_tls_error() {
+    if !support::tls_available() {
+        return;
+    }
     init_logging();
     let pki = Pki::generate("server");
     let other = Pki::generate("other");
@@ -315,6 +330,9 @@ fn wrong_ca_is_a_clear_tls_error() {
 
 #[test]
 fn sentinel_over_tls() {
+    if !support::tls_available() {
+        return;
+    }
     init_logging();
     let pki = Pki::generate("sentinel");
     let master = RedisServer::start_tls(&pki, false);
@@ -393,6 +411,9 @@ fn sentinel_over_tls() {
 #[cfg(feature = "tls-rustls")]
 #[test]
 fn cluster_over_tls() {
+    if !support::tls_available() {
+        return;
+    }
     init_logging();
     let pki = Pki::generate("cluster");
     let cluster = Cluster::start_with(3, |_, dir| {
@@ -466,6 +487,9 @@ fn cluster_over_tls() {
 
 #[test]
 fn redlock_over_tls() {
+    if !support::tls_available() {
+        return;
+    }
     init_logging();
     let pki = Pki::generate("redlock");
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_tls(&pki, true)).collect();
@@ -505,6 +529,9 @@ fn redlock_over_tls() {
 #[cfg(feature = "tls-rustls-insecure")]
 #[test]
 fn insecure_fragment_skips_certificate_checks() {
+    if !support::tls_available() {
+        return;
+    }
     init_logging();
     let pki = Pki::generate("insecure");
     let server = RedisServer::start_tls(&pki, false);

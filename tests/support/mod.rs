@@ -74,11 +74,58 @@ impl ServerKind {
     pub fn has_set_ifeq(self) -> bool {
         matches!(self, ServerKind::Valkey(major, minor) if (major, minor) >= (8, 1))
     }
+}
 
-    /// True for servers built with TLS support (the Valkey binaries CI installs are not).
-    pub fn has_tls(self) -> bool {
-        matches!(self, ServerKind::Redis(..))
+/// True if [`server_binary`] was built with TLS support (Debian's `redis-server` is; the Valkey
+/// binaries `.ci/valkey` installs are not). Asked once per test binary: the server is started
+/// with a TLS port and no certificate, and exits at once either way, saying "Failed finding
+/// TLS support" (Valkey) or "TLS not supported" when it has none.
+pub fn has_tls() -> bool {
+    static TLS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TLS.get_or_init(|| {
+        let bin = server_binary();
+        let Ok(mut child) = Command::new(&bin)
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                "1",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+        else {
+            return false;
+        };
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        reap(&mut child);
+        let mut out = String::new();
+        if let Some(mut stdout) = child.stdout.take() {
+            let _ = stdout.read_to_string(&mut out);
+        }
+        let out = out.to_ascii_lowercase();
+        !(out.contains("tls support") || out.contains("tls not supported"))
+    })
+}
+
+/// For a test that needs TLS: false (and says so) when [`server_binary`] has no TLS support.
+pub fn tls_available() -> bool {
+    let ok = has_tls();
+    if !ok {
+        eprintln!(
+            "skipped: {} is built without TLS (DLOCK_TEST_SERVER names another server)",
+            server_binary()
+        );
     }
+    ok
 }
 
 /// The kind of [`server_binary`], asked once per test binary (`<server> --version`).
