@@ -21,7 +21,7 @@ pub fn releases_natively(client: &crate::LockClient) -> bool {
 
 /// A fresh Token owner value (what `try_acquire` generates).
 pub fn token() -> [u8; 32] {
-    crate::strategy::token::new_token()
+    crate::ids::new_token()
 }
 
 /// A Classic value for a hold of `ttl` from now, as stored at the key: the bytes are

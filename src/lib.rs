@@ -61,9 +61,10 @@
 #![forbid(unsafe_code)]
 
 // The vocabulary: the trait and its guards, errors, retry policies, key names, scripts.
-mod admin;
 mod error;
+mod ids;
 mod keys;
+mod lease;
 mod lock;
 mod retry;
 mod scripts;
@@ -86,14 +87,13 @@ mod rwlock;
 #[doc(hidden)]
 pub mod bench_hooks;
 
-pub use admin::LockState;
-pub use client::watchdog::{LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
 pub use client::{
     ClientBuilder, ConnectionTarget, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HANDOFF_COURTESY, DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
 };
 pub use error::{LockError, Result};
-pub use lock::{ArcLockExt, DistributedLock, Lease, LockGuard, OwnedLockGuard};
+pub use lease::{Lease, LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
+pub use lock::{ArcLockExt, DistributedLock, LockGuard, LockState, OwnedLockGuard};
 /// The `r2d2` crate of [`LockClient::from_pool`] and [`LockClient::pool_state`].
 pub use r2d2;
 /// The `redis` crate this one is built on, whose types appear in its API
@@ -112,8 +112,9 @@ pub use strategy::hold::WakeUp;
 pub use strategy::reentrant::ReentrantLock;
 pub use strategy::token::TokenLock;
 pub use strategy::{
-    ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL, MAX_TTL,
+    ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL,
 };
+pub use time::MAX_TTL;
 
 // Every Rust block of README.md and docs/*.md, compiled by `cargo test --doc`.
 #[cfg(doctest)]

@@ -44,15 +44,18 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::admin::{KeyState, LockState};
+use crate::client::admin::KeyState;
 use crate::client::waiters::WaitQueues;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lock::{self, DistributedLock, Lease, LockGuard};
+use crate::ids::new_token;
+use crate::lease::Lease;
+use crate::lock::check_lock_options;
+use crate::lock::LockState;
+use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::stats::{Counters, Kind, Stats};
-use crate::strategy::token::new_token;
-use crate::strategy::{check_duration, check_lock_options};
+use crate::time::check_duration;
 
 /// The stats label of RedLocks.
 pub(crate) const KIND: Kind = Kind::new("redlock");
@@ -1000,7 +1003,11 @@ impl DistributedLock for RedLock {
             self.note_unreachable("release", &tally);
             self.inner().counters.lost_on_release(KIND, lease);
         }
-        Ok(lock::note_release(&self.inner().waiters, &self.key, ours))
+        Ok(crate::client::acquire::note_release(
+            &self.inner().waiters,
+            &self.key,
+            ours,
+        ))
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -1065,7 +1072,7 @@ impl DistributedLock for RedLock {
     }
 
     fn lock(&self) -> Result<LockGuard<'_>> {
-        let result = lock::acquire_blocking(
+        let result = crate::client::acquire::acquire_blocking(
             self,
             &self.inner().waiters,
             Attempts::new(&self.retry),
@@ -1076,7 +1083,7 @@ impl DistributedLock for RedLock {
     }
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        let result = lock::acquire_blocking(
+        let result = crate::client::acquire::acquire_blocking(
             self,
             &self.inner().waiters,
             Attempts::for_duration(&self.retry, wait),

@@ -28,19 +28,23 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::admin::{self, Detail, LockState};
+use crate::client::acquire::{Line, Wake};
+use crate::client::admin;
+use crate::client::admin::Detail;
 use crate::client::grants::Grant;
 use crate::client::janitor::{self, Cause, Cleanup, Done};
-use crate::client::watchdog::{LostCallback, LostLock, RenewKind};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
+use crate::ids as owner;
 use crate::keys;
-use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard, Wake};
+use crate::lease::{printable, Attempt, Lease};
+use crate::lease::{LostCallback, LostLock, RenewKind};
+use crate::lock::LockState;
+use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::stats::Kind;
-use crate::strategy::check_duration;
 use crate::strategy::hold::{HoldOptions, WakeUp};
-use crate::strategy::owner;
+use crate::time::check_duration;
 
 /// The shortest default writer intent: see [`ReadWriteLockBuilder::writer_intent`].
 pub const RW_MIN_WRITER_INTENT: Duration = Duration::from_millis(100);
@@ -75,7 +79,7 @@ pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
 /// A random request id for an unlock latch (128 bits in hex).
 fn request_id() -> String {
     // The Token lock's 128-bit random hex token, which is ASCII.
-    String::from_utf8_lossy(&crate::strategy::token::new_token()).into_owned()
+    String::from_utf8_lossy(&crate::ids::new_token()).into_owned()
 }
 
 /// Which side of the lock a handle takes.
@@ -357,7 +361,7 @@ impl ReadWriteLockBuilder {
     /// refused: Redisson's companion keys of it (`<key>:<owner>:rwlock_timeout:<n>`) would be
     /// in other slots.
     pub fn build(self) -> Result<ReadWriteLock> {
-        crate::strategy::needs_scripts(&self.client, &self.key, "a read-write lock")?;
+        crate::client::native::needs_scripts(&self.client, &self.key, "a read-write lock")?;
         let opts = HoldOptions::checked(
             &self.key,
             self.ttl,
@@ -594,9 +598,10 @@ impl Shared {
                 let lease =
                     self.opts
                         .lease(&self.client, &self.key, kind, owner.as_bytes(), start, None);
-                let result =
-                    lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(mode, l))
-                        .map(Attempt::Acquired);
+                let result = crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
+                    self.release(mode, l)
+                })
+                .map(Attempt::Acquired);
                 self.client.counters().outcome(mode.kind(), &result);
                 result
             }
@@ -775,7 +780,11 @@ impl Shared {
             waiters.notify_release(&self.read_line);
             waiters.notify_release(&self.write_line);
         }
-        Ok(lock::note_release(self.client.waiters(), &self.key, ours))
+        Ok(crate::client::acquire::note_release(
+            self.client.waiters(),
+            &self.key,
+            ours,
+        ))
     }
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -888,32 +897,33 @@ impl Shared {
             wake: self.wake(),
         };
         let attempt = || self.attempt(mode, &owner, intent_ms);
-        let result = lock::acquire_in_line(handle, line, attempts, attempt, |made| {
-            if intent_ms > 0 && made > 0 {
-                // Withdraw our intent so that readers need not wait for it to expire.
-                let withdrawn = self.run(
-                    |s| &s.rw_release,
-                    &[self.key.as_str(), self.writers.as_str()],
-                    owner.as_bytes(),
-                    (
-                        "wait",
-                        owner.as_str(),
-                        self.channel.as_str(),
-                        self.opts.lease_ms(),
-                        LATCH_MS,
-                    ),
-                );
-                if let Err(e) = withdrawn {
-                    log::warn!(
+        let result =
+            crate::client::acquire::acquire_in_line(handle, line, attempts, attempt, |made| {
+                if intent_ms > 0 && made > 0 {
+                    // Withdraw our intent so that readers need not wait for it to expire.
+                    let withdrawn = self.run(
+                        |s| &s.rw_release,
+                        &[self.key.as_str(), self.writers.as_str()],
+                        owner.as_bytes(),
+                        (
+                            "wait",
+                            owner.as_str(),
+                            self.channel.as_str(),
+                            self.opts.lease_ms(),
+                            LATCH_MS,
+                        ),
+                    );
+                    if let Err(e) = withdrawn {
+                        log::warn!(
                         "lock {:?}: could not withdraw the writer intent ({}); it expires in {:?}",
                         self.key,
                         e.report(),
                         self.intent
                     );
+                    }
                 }
-            }
-            Ok(())
-        });
+                Ok(())
+            });
         self.client.counters().blocking(mode.kind(), &result);
         result
     }
@@ -1100,7 +1110,7 @@ mod tests {
     #[test]
     fn owner_ids_fit_a_lease() {
         let id = format!("{}:{}", owner::new_uuid(), u64::MAX);
-        assert!(id.len() <= crate::lock::VALUE_CAPACITY, "{}", id.len());
+        assert!(id.len() <= crate::ids::VALUE_CAPACITY, "{}", id.len());
         let lease = Lease::new(id.as_bytes(), Instant::now(), Duration::from_secs(1));
         assert_eq!(lease.value(), id.as_bytes());
     }

@@ -268,7 +268,7 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::Lease;
+    use crate::lease::Lease;
     use std::time::{Duration, Instant};
 
     #[test]

@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::error::{LockError, Result};
+
 /// `start + d`, or the latest instant this platform can represent after `start` when the sum
 /// overflows: a deadline that far away is as good as none.
 pub(crate) fn saturating_add(start: Instant, d: Duration) -> Instant {
@@ -30,6 +32,27 @@ pub(crate) fn after(d: Duration) -> Instant {
 /// callers treat as "no deadline" (a wait of `Duration::MAX` is a wait forever).
 pub(crate) fn deadline_after(d: Duration) -> Option<Instant> {
     Instant::now().checked_add(d)
+}
+
+/// The longest lifetime accepted: far below the point where `now + ttl` in milliseconds
+/// overflows Redis's 64-bit expiry (which Redis rejects with "invalid expire time").
+pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
+
+/// Checks a lifetime-like duration: whole milliseconds count, at most [`MAX_TTL`].
+pub(crate) fn check_duration(key: &str, what: &str, d: Duration, zero_ok: bool) -> Result<()> {
+    if !zero_ok && d.as_millis() == 0 {
+        return Err(LockError::invalid(
+            key,
+            format!("{what} must be at least 1 ms, got {d:?}"),
+        ));
+    }
+    if d > MAX_TTL {
+        return Err(LockError::invalid(
+            key,
+            format!("{what} {d:?} is beyond the longest Redis accepts (MAX_TTL = {MAX_TTL:?})"),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

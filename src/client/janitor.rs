@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use crate::client::grants::Grant;
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
-use crate::lock::printable;
+use crate::lease::printable;
 use crate::scripts::{LuaScript, Scripts};
 
 /// Most commands in one pipeline of a replay.

@@ -5,6 +5,9 @@
 //! or a `READONLY` reply (a master demoted by a failover) marks itself broken and is replaced,
 //! so a client recovers from restarts and failovers without being rebuilt.
 
+pub(crate) mod access;
+pub(crate) mod acquire;
+pub(crate) mod admin;
 mod builder;
 pub(crate) mod cluster_deadline;
 pub(crate) mod grants;
@@ -37,7 +40,6 @@ use crate::client::watchdog::Watchdog;
 use crate::error::{self, Context, LockError, Result, Rounded};
 use crate::scripts::Scripts;
 use crate::stats::{Counters, Stats};
-use crate::strategy::LockBuilder;
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
@@ -259,7 +261,7 @@ impl LockClient {
                     Arc::clone(&counters),
                 ),
                 waiters,
-                instance: crate::strategy::owner::new_uuid(),
+                instance: crate::ids::new_uuid(),
                 watchdog: Watchdog::new(),
                 cluster,
                 courtesy,
@@ -482,11 +484,6 @@ impl LockClient {
     /// Watched holds the watchdog currently renews (for tests and monitoring).
     pub fn watched_count(&self) -> usize {
         self.inner.watchdog.watched()
-    }
-
-    /// Starts building a lock on `key`. See [`LockBuilder`] for the options and defaults.
-    pub fn lock(&self, key: impl Into<String>) -> LockBuilder {
-        LockBuilder::new(self.clone(), key.into())
     }
 
     /// Connections open and idle in the pool.

@@ -20,6 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::Value;
 
+use crate::client::LockClient;
+use crate::error::{LockError, Result};
+
 /// One native command of [`Native`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Command {
@@ -205,6 +208,25 @@ pub(crate) fn set_ifeq_px(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
         .arg("PX")
         .arg(ttl_ms);
     cmd
+}
+
+/// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
+/// (see [`crate::client::native`]): only a Token lock without fencing goes without.
+pub(crate) fn needs_scripts(client: &LockClient, key: &str, what: &str) -> Result<()> {
+    if client.native().scripting() {
+        return Ok(());
+    }
+    Err(LockError::Setup {
+        source: Box::new(crate::error::Context::new(
+            format!(
+                "{what} on {key:?} runs Lua scripts, which this client's user may not (NOPERM \
+                 on EVAL when the client was built); on {} only a Token lock without fencing \
+                 needs none",
+                client.native().server()
+            ),
+            None,
+        )),
+    })
 }
 
 #[cfg(test)]

@@ -37,267 +37,16 @@
 
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
-
-use crate::lock::VALUE_CAPACITY;
 
 use crate::client::native::{self, Command};
 use crate::client::WeakClient;
 use crate::error::LockError;
 use crate::keys;
-use crate::stats::{Counters, Kind};
-
-/// The default lease of a watched lock, renewed every third of it: 30 s, as Redisson.
-pub const WATCHDOG_DEFAULT_LEASE: Duration = Duration::from_secs(30);
-
-/// A callback told that a watched hold was lost. It runs on the watchdog thread: keep it short
-/// (set a flag, send on a channel), and do not block on the lock's client in it.
-pub type LostCallback = Arc<dyn Fn(&LostLock) + Send + Sync>;
-
-/// What an `on_lost` callback is told.
-#[derive(Debug, Clone)]
-pub struct LostLock {
-    key: String,
-    reason: LossReason,
-}
-
-impl LostLock {
-    /// The lock key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// Why the hold is considered lost.
-    pub fn reason(&self) -> LossReason {
-        self.reason
-    }
-}
-
-/// Why a watched hold was lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// A renewal found the key gone or held by another owner.
-    Gone,
-    /// Renewals failed (Redis unreachable, paused or erroring) until the lease ran out by the
-    /// local clock: the lock may have expired on the server, so it must be assumed lost.
-    Expired,
-}
-
-/// How a hold is renewed: which owner check runs before the `PEXPIRE` (the layout of the
-/// hold), and the stats label its loss is counted under (the lock type's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RenewKind {
-    /// A string value: `GET key == value`; renewed by `SET … IFEQ … PX` where the server has
-    /// it.
-    Value(Kind),
-    /// A string value renewed by the script only (a lock type whose commands all stay
-    /// scripts).
-    ScriptedValue(Kind),
-    /// A hash field (Redisson's `RLock` layout): `HEXISTS key value`.
-    HashField(Kind),
-    /// The owner's read holds of a read-write lock (Redisson's layout: the count in field
-    /// `<owner>`, one timeout key per hold).
-    ReadEntry(Kind),
-    /// The owner's write holds of a read-write lock (field `<owner>:write`).
-    WriteEntry(Kind),
-}
-
-impl RenewKind {
-    /// The kind's tag in `lua/renew_batch.lua`'s arguments.
-    pub(crate) fn tag(self) -> &'static str {
-        match self {
-            RenewKind::Value(_) | RenewKind::ScriptedValue(_) => "v",
-            RenewKind::HashField(_) => "h",
-            RenewKind::ReadEntry(_) => "r",
-            RenewKind::WriteEntry(_) => "w",
-        }
-    }
-
-    /// The stats label of the hold's lock type.
-    pub(crate) fn label(self) -> Kind {
-        match self {
-            RenewKind::Value(k)
-            | RenewKind::ScriptedValue(k)
-            | RenewKind::HashField(k)
-            | RenewKind::ReadEntry(k)
-            | RenewKind::WriteEntry(k) => k,
-        }
-    }
-
-    /// A string value (renewed natively where the server can).
-    pub(crate) fn is_value(self) -> bool {
-        matches!(self, RenewKind::Value(_))
-    }
-}
-
-/// One watched hold, shared by the holder's lease (strong) and the watchdog (weak).
-pub(crate) struct WatchState {
-    /// Shared with the lock (no copy per hold).
-    key: Arc<str>,
-    kind: RenewKind,
-    /// The owner value, inline (no allocation per hold beyond the state itself).
-    value: [u8; VALUE_CAPACITY],
-    value_len: u8,
-    lease: Duration,
-    /// Base of `valid_until_ns`.
-    base: Instant,
-    /// End of validity, in nanoseconds after `base`: renewed by the watchdog.
-    valid_until_ns: AtomicU64,
-    lost: AtomicBool,
-    stopped: AtomicBool,
-    /// Renewed once, then no more (a fair lock's grant to a lock with an explicit ttl: the
-    /// short grant lease is raised to the ttl once).
-    once: AtomicBool,
-    on_lost: Option<LostCallback>,
-}
-
-impl fmt::Debug for WatchState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WatchState")
-            .field("key", &self.key)
-            .field("kind", &self.kind)
-            .field("lease", &self.lease)
-            .field("lost", &self.lost.load(Ordering::Relaxed))
-            .field("stopped", &self.stopped.load(Ordering::Relaxed))
-            .finish()
-    }
-}
-
-impl WatchState {
-    /// The state of a hold of `key` by `value`, acquired with `lease` from `start` (taken
-    /// before the acquire was sent).
-    pub(crate) fn new(
-        key: impl Into<Arc<str>>,
-        kind: RenewKind,
-        value: &[u8],
-        lease: Duration,
-        start: Instant,
-        on_lost: Option<LostCallback>,
-    ) -> Arc<Self> {
-        let mut inline = [0u8; VALUE_CAPACITY];
-        let len = value.len().min(VALUE_CAPACITY);
-        inline[..len].copy_from_slice(&value[..len]);
-        Arc::new(WatchState {
-            key: key.into(),
-            kind,
-            value: inline,
-            value_len: len as u8,
-            lease,
-            base: start,
-            valid_until_ns: AtomicU64::new(nanos(lease)),
-            lost: AtomicBool::new(false),
-            stopped: AtomicBool::new(false),
-            once: AtomicBool::new(false),
-            on_lost,
-        })
-    }
-
-    pub(crate) fn key(&self) -> &str {
-        &self.key
-    }
-
-    pub(crate) fn kind(&self) -> RenewKind {
-        self.kind
-    }
-
-    pub(crate) fn value(&self) -> &[u8] {
-        &self.value[..usize::from(self.value_len)]
-    }
-
-    /// The lease each renewal grants.
-    pub(crate) fn lease(&self) -> Duration {
-        self.lease
-    }
-
-    /// A fair lock's grant: the hold is valid for only `valid` from its start until the first
-    /// renewal (which gives it the full lease). Call before the state is watched.
-    pub(crate) fn granted_for(&self, valid: Duration) {
-        self.valid_until_ns
-            .store(nanos(valid.min(self.lease)), Ordering::Release);
-    }
-
-    /// Renew the hold once (raising a grant's short lease to the lock's ttl), then stop
-    /// watching it. Call before the state is watched.
-    pub(crate) fn renew_once(&self) {
-        self.once.store(true, Ordering::Release);
-    }
-
-    /// Until when the hold is valid by the local clock, after the latest renewal.
-    pub(crate) fn valid_until(&self) -> Instant {
-        crate::time::saturating_add(
-            self.base,
-            Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire)),
-        )
-    }
-
-    /// A renewal (or an extend) sent at `start` gave the hold `ttl` more.
-    pub(crate) fn renewed(&self, start: Instant, ttl: Duration) {
-        let until = nanos(
-            start
-                .saturating_duration_since(self.base)
-                .saturating_add(ttl),
-        );
-        self.valid_until_ns.fetch_max(until, Ordering::AcqRel);
-    }
-
-    /// Lost: marked so by the watchdog, or past its validity by the local clock.
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire) || Instant::now() >= self.valid_until()
-    }
-
-    /// Marks the hold lost without telling anyone (the holder learnt it from an error): the
-    /// watchdog then drops it without a report. True if it was not marked before.
-    pub(crate) fn set_lost_quietly(&self) -> bool {
-        !self.lost.swap(true, Ordering::AcqRel)
-    }
-
-    /// True once marked lost (not merely past its validity).
-    pub(crate) fn marked_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-    }
-
-    /// Marks the hold lost (once): logs it and runs the callback. Ignored after [`stop`].
-    /// True if this call marked it.
-    ///
-    /// [`stop`]: Self::stop
-    pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
-        if self.is_stopped() || self.lost.swap(true, Ordering::AcqRel) {
-            return false;
-        }
-        log::warn!(
-            "lock {:?}: watched hold lost ({})",
-            self.key,
-            match reason {
-                LossReason::Gone => "the renewal found it gone or held by another owner",
-                LossReason::Expired => "renewals failed until its lease ran out",
-            }
-        );
-        if let Some(cb) = &self.on_lost {
-            cb(&LostLock {
-                key: self.key.to_string(),
-                reason,
-            });
-        }
-        true
-    }
-
-    /// The holder released (or is releasing) the hold: renew it no more.
-    pub(crate) fn stop(&self) {
-        self.stopped.store(true, Ordering::Release);
-    }
-
-    pub(crate) fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
-    }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
+use crate::lease::{LossReason, WatchState};
+use crate::stats::Counters;
 
 /// Most keys renewed by one script call: bounds how long one call keeps Redis busy (it serves
 /// nothing else while a script runs) and the size of one command.
@@ -652,7 +401,7 @@ fn renew(
             state.renewed(start, state.lease());
             log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
             renewed += 1;
-            if state.once.load(Ordering::Acquire) {
+            if state.renews_once() {
                 Outcome::Drop
             } else {
                 Outcome::Due(crate::time::saturating_add(start, state.lease() / 3))
@@ -849,6 +598,8 @@ fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::RenewKind;
+    use crate::stats::Kind;
 
     const TEST: Kind = Kind::new("test");
 

@@ -17,14 +17,63 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
-use crate::admin::{self, Detail, LockState};
+use crate::client::access;
+use crate::client::admin;
+use crate::client::admin::Detail;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lock::{self, printable, DistributedLock, Lease, LockGuard};
+use crate::lease::{printable, Lease};
+use crate::lock::LockState;
+use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::stats::Kind;
 use crate::strategy::string_value;
-use crate::strategy::{check_duration, ClassicOptions, Encoding, Takeover};
+use crate::time::check_duration;
+
+/// Default lifetime ("timeout") of a [`Strategy::Classic`](crate::Strategy::Classic) lock, as in the legacy lockers.
+pub const CLASSIC_DEFAULT_TTL: Duration = Duration::from_secs(1);
+/// How a Classic lock encodes its expiry timestamp (epoch milliseconds) in the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Encoding {
+    /// Decimal ASCII, e.g. `1700000000123` (the redis.io SETNX pattern; Java `String.valueOf`).
+    #[default]
+    Decimal,
+    /// 8-byte big-endian signed integer (Java `ByteBuffer.putLong`).
+    BigEndian,
+}
+
+/// How a Classic lock takes over a lock whose expiry timestamp has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Takeover {
+    /// The legacy way: `GETSET key new`, won if the old value equals the one read. Every loser
+    /// of a takeover race also overwrites the winner's value, so the winner's release finds a
+    /// foreign value and the key stays locked for one more lifetime. Exactly what the legacy
+    /// lockers send.
+    #[default]
+    GetSet,
+    /// One Lua compare-and-set: replace the value only if it still equals the one read. Losers
+    /// write nothing. Same value format, so legacy GETSET peers on the same key interoperate.
+    CompareAndSet,
+}
+
+/// Options of [`Strategy::Classic`](crate::Strategy::Classic); set through [`LockBuilder`](crate::LockBuilder).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ClassicOptions {
+    /// Value encoding (default [`Encoding::Decimal`]).
+    pub encoding: Encoding,
+    /// Takeover of stale locks (default [`Takeover::GetSet`]).
+    pub takeover: Takeover,
+    /// Also give the key a Redis TTL equal to the lifetime when winning (the `EXPIRE` some
+    /// legacy lockers send after acquiring; done atomically here with `SET NX PX`). Default
+    /// off: the plain legacy SETNX lockers set no TTL and rely on the timestamp.
+    pub key_ttl: bool,
+    /// Added to the stored expiry so peers with clocks up to this far ahead do not take the
+    /// lock over early (some legacy lockers use 1 s). Default zero.
+    pub clock_skew: Duration,
+}
 
 /// How often one attempt goes back to `SETNX` when the key vanished between our commands (a
 /// holder released it): bounded, so a flapping key cannot spin us.
@@ -314,7 +363,8 @@ impl DistributedLock for ClassicLock {
             || !getset_sent.get(),
             |con, s| self.attempt(con, s, value, now_ms, &getset_sent),
         )?;
-        let won = |lease| lock::checked_win(&self.key, lease, self.ttl, |l| self.release(l));
+        let won =
+            |lease| crate::lease::checked_win(&self.key, lease, self.ttl, |l| self.release(l));
         let result = match outcome {
             Attempt::Won => won(Lease::new(value, start, self.ttl)).map(Some),
             Attempt::TookOver { expired_ms_ago } => {
@@ -373,7 +423,7 @@ impl DistributedLock for ClassicLock {
     }
 
     fn lock(&self) -> Result<LockGuard<'_>> {
-        let result = lock::acquire_blocking(
+        let result = crate::client::acquire::acquire_blocking(
             self,
             self.client.waiters(),
             Attempts::new(&self.retry),
@@ -384,7 +434,7 @@ impl DistributedLock for ClassicLock {
     }
 
     fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        let result = lock::acquire_blocking(
+        let result = crate::client::acquire::acquire_blocking(
             self,
             self.client.waiters(),
             Attempts::for_duration(&self.retry, wait),
@@ -426,6 +476,21 @@ impl DistributedLock for ClassicLock {
     fn force_unlock(&self) -> Result<bool> {
         admin::force_delete(&self.client, &self.key, None, "", None, &[&self.key])
     }
+}
+
+/// The commands of a Classic lock: `SETNX` (or `SET NX PX` with `key_ttl`), `GET`, `GETSET`
+/// or the compare-and-set script's `SET`, `PEXPIRE`, and the release's `GET` + `DEL`.
+pub(crate) fn access_checks(client: &LockClient, key: &str) -> Vec<access::Check> {
+    let mut c = access::native(client, key);
+    c.extend([
+        access::check("setnx", &[key, "v"]),
+        access::check("set", &[key, "v", "NX", "PX", "1000"]),
+        access::check("get", &[key]),
+        access::check("getset", &[key, "v"]),
+        access::check("pexpire", &[key, "1000"]),
+        access::check("del", &[key]),
+    ]);
+    c
 }
 
 #[cfg(test)]

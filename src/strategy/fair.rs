@@ -37,21 +37,25 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::admin::{self, Detail, LockState};
+use crate::client::access;
+use crate::client::admin;
+use crate::client::admin::Detail;
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
 use crate::client::janitor::{Cleanup, Done};
 use crate::client::waiters::Offer;
-use crate::client::watchdog::{RenewKind, WatchState};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
+use crate::ids::new_token;
 use crate::keys;
-use crate::lock::{self, DistributedLock, Lease, LockGuard};
+use crate::lease::Lease;
+use crate::lease::{RenewKind, WatchState};
+use crate::lock::LockState;
+use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::stats::Kind;
-use crate::strategy::check_duration;
 use crate::strategy::hold::HoldOptions;
 use crate::strategy::string_value;
-use crate::strategy::token::new_token;
+use crate::time::check_duration;
 
 /// The stats label of fair locks.
 pub(crate) const KIND: Kind = Kind::new("fair");
@@ -296,7 +300,7 @@ impl FairLock {
             .map(|&b| if b == b'0' { '1' } else { '0' })
             .collect();
         let other_channel = format!("{CHANNEL_PREFIX}{other}");
-        let checks = crate::strategy::access::fair(&crate::strategy::access::FairNames {
+        let checks = access_checks(&FairNames {
             key: &self.key,
             queue: &self.queue,
             deadlines: &self.deadlines,
@@ -304,7 +308,7 @@ impl FairLock {
             own_channel: &self.channel,
             other_channel: &other_channel,
         });
-        crate::strategy::access::verify(&self.client, &self.key, "fair", &checks)
+        crate::client::access::verify(&self.client, &self.key, "fair", &checks)
     }
 
     /// A fresh owner token: this client's id, then 128 random bits in hex.
@@ -386,7 +390,8 @@ impl FairLock {
             None,
         );
         let result =
-            lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l)).map(Some);
+            crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
+                .map(Some);
         self.client.counters().outcome_lease(KIND, &result);
         result
     }
@@ -488,9 +493,10 @@ impl FairLock {
                     start,
                     fence,
                 );
-                let result =
-                    lock::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
-                        .map(Outcome::Taken);
+                let result = crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
+                    self.release(l)
+                })
+                .map(Outcome::Taken);
                 if result.is_ok() {
                     self.client.counters().attempt(KIND, true);
                 }
@@ -546,7 +552,7 @@ impl FairLock {
     /// `grant.at_us`, not earlier (older grants are dropped before). So it was made at least
     /// `grant.at_us - attempt_us` after `sent` (less 1% for the clocks' rates), and the lease
     /// counts from there: it never outlives the grant lease in Redis. `None` if less than the
-    /// margin of [`lock::checked_win`] is left (the message took as long as what is left):
+    /// margin of [`crate::lease::checked_win`] is left (the message took as long as what is left):
     /// then Redis is asked.
     fn granted_lease(
         &self,
@@ -565,7 +571,7 @@ impl FairLock {
         let start = crate::time::saturating_add(sent, after - after / 100).min(now);
         let elapsed = now - start;
         let left = self.grant.saturating_sub(elapsed);
-        if left <= lock::arrival_margin(self.grant, elapsed) {
+        if left <= crate::lease::arrival_margin(self.grant, elapsed) {
             log::debug!(
                 "lock {:?}: grant heard {} ms after it was made; asking Redis",
                 self.key,
@@ -708,7 +714,7 @@ impl FairLock {
         let deadline = attempts.queue_deadline();
         // Uncontended: a lock object that has not found the lock held lately, with no thread
         // of this client waiting for it, tries at once, as the other locks do
-        // (`lock::acquire_in_line`); the line is joined only if that fails.
+        // (`crate::client::acquire::acquire_in_line`); the line is joined only if that fails.
         if !queues.has_waiters(&self.key) {
             if let Some(guard) = self.plain_if_quiet(attempts)? {
                 return Ok(guard);
@@ -1038,6 +1044,76 @@ impl DistributedLock for FairLock {
     fn force_unlock(&self) -> Result<bool> {
         admin::force_delete(&self.client, &self.key, None, "", None, &[&self.key])
     }
+}
+
+/// The keys and channels of a fair lock, for [`access_checks`].
+pub(crate) struct FairNames<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) queue: &'a str,
+    pub(crate) deadlines: &'a str,
+    pub(crate) fence: Option<&'a str>,
+    /// This client's grant channel (`dlock_fair_ch:<our client id>`): subscribed to, and
+    /// published on when a release grants the lock to another thread of this client.
+    pub(crate) own_channel: &'a str,
+    /// Another client's grant channel (`dlock_fair_ch:<some other id>`): a release publishes
+    /// its grant on the grantee's channel, whoever that is, so the user needs the whole
+    /// pattern `dlock_fair_ch:*`. One representative name is checked.
+    pub(crate) other_channel: &'a str,
+}
+
+/// The commands of a fair lock (see `fair.rs`, `lua/fair_acquire.lua`, `lua/fair_release.lua`,
+/// `lua/fair_live_head.lua`): the plain acquire (`SET … NX PX`), the scripts themselves
+/// (`EVALSHA`, and `EVAL` after a `NOSCRIPT`) on their keys, and what the scripts run: `GET`,
+/// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZPOPMIN`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
+/// `PTTL`, `PEXPIRE`, `DEL`, `PUBLISH` of grants (on another client's channel and on ours),
+/// `INCR` and `GET` of the fencing counter; extend and renewal (`GET`, `PEXPIRE`); the
+/// clean-up of a lost reply or failed release (`GET`, `DEL`); and the subscriber's commands on
+/// this client's own grant channel.
+pub(crate) fn access_checks(n: &FairNames<'_>) -> Vec<access::Check> {
+    let (key, q, d) = (n.key, n.queue, n.deadlines);
+    let mut script_keys = vec![key, q, d];
+    if let Some(f) = n.fence {
+        script_keys.push(f);
+    }
+    let numkeys = script_keys.len().to_string();
+    let script = |name: &'static str, body: &str| {
+        let mut args = vec![body, numkeys.as_str()];
+        args.extend_from_slice(&script_keys);
+        args.push("v");
+        access::check(name, &args)
+    };
+    let grant = "dlock-grant:v:0:0:0";
+    let mut c = vec![
+        access::check("set", &[key, "v", "NX", "PX", "1000"]),
+        script("evalsha", "0000000000000000000000000000000000000000"),
+        script("eval", "return 0"),
+        access::check("get", &[key]),
+        access::check("exists", &[q]),
+        access::check("set", &[key, "v", "px", "1000"]),
+        access::check("time", &[]),
+        access::check("zadd", &[q, "NX", "1", "v"]),
+        access::check("zadd", &[d, "1", "v"]),
+        access::check("zrem", &[q, "v"]),
+        access::check("zrem", &[d, "v"]),
+        access::check("zpopmin", &[q]),
+        access::check("zrangebyscore", &[d, "-inf", "1", "limit", "0", "100"]),
+        access::check("zscore", &[d, "v"]),
+        access::check("zrank", &[q, "v"]),
+        access::check("pttl", &[key]),
+        access::check("pttl", &[q]),
+        access::check("pexpire", &[key, "1000"]),
+        access::check("pexpire", &[q, "1000"]),
+        access::check("pexpire", &[d, "1000"]),
+        access::check("del", &[key]),
+        access::check("publish", &[n.other_channel, grant]),
+        access::check("publish", &[n.own_channel, grant]),
+    ];
+    if let Some(f) = n.fence {
+        c.push(access::check("incr", &[f]));
+        c.push(access::check("get", &[f]));
+    }
+    c.extend(access::subscriber(n.own_channel));
+    c
 }
 
 #[cfg(test)]

@@ -6,13 +6,14 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::client::watchdog::{LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
+use crate::client::acquire::Wake;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::keys;
-use crate::lock::{Attempt, Lease, Wake};
+use crate::lease::{Attempt, Lease};
+use crate::lease::{LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
+use crate::lock::check_lock_options;
 use crate::retry::RetryPolicy;
-use crate::strategy::check_lock_options;
 
 /// How blocked threads learn that a lock was released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,10 +1,9 @@
 //! [`Strategy`] picks the algorithm; [`LockBuilder`] holds every option with its default.
 
-pub(crate) mod access;
 pub(crate) mod classic;
+pub use classic::{ClassicOptions, Encoding, Takeover, CLASSIC_DEFAULT_TTL};
 pub(crate) mod fair;
 pub(crate) mod hold;
-pub(crate) mod owner;
 pub(crate) mod reentrant;
 pub(crate) mod string_value;
 pub(crate) mod token;
@@ -13,16 +12,18 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use crate::client::watchdog::{LostCallback, LostLock};
+use crate::client::native::needs_scripts;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lock::DistributedLock;
+use crate::lease::{LostCallback, LostLock};
+use crate::lock::{check_lock_options, DistributedLock};
 use crate::retry::RetryPolicy;
 use crate::strategy::classic::ClassicLock;
 use crate::strategy::fair::FairLock;
 use crate::strategy::hold::{HoldOptions, WakeUp};
 use crate::strategy::reentrant::ReentrantLock;
 use crate::strategy::token::TokenLock;
+use crate::time::check_duration;
 
 /// The locking algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,55 +59,6 @@ pub enum Strategy {
     ///
     Fair,
 }
-/// Default lifetime ("timeout") of a [`Strategy::Classic`] lock, as in the legacy lockers.
-pub const CLASSIC_DEFAULT_TTL: Duration = Duration::from_secs(1);
-/// The longest lifetime accepted: far below the point where `now + ttl` in milliseconds
-/// overflows Redis's 64-bit expiry (which Redis rejects with "invalid expire time").
-pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
-
-/// How a Classic lock encodes its expiry timestamp (epoch milliseconds) in the value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Encoding {
-    /// Decimal ASCII, e.g. `1700000000123` (the redis.io SETNX pattern; Java `String.valueOf`).
-    #[default]
-    Decimal,
-    /// 8-byte big-endian signed integer (Java `ByteBuffer.putLong`).
-    BigEndian,
-}
-
-/// How a Classic lock takes over a lock whose expiry timestamp has passed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Takeover {
-    /// The legacy way: `GETSET key new`, won if the old value equals the one read. Every loser
-    /// of a takeover race also overwrites the winner's value, so the winner's release finds a
-    /// foreign value and the key stays locked for one more lifetime. Exactly what the legacy
-    /// lockers send.
-    #[default]
-    GetSet,
-    /// One Lua compare-and-set: replace the value only if it still equals the one read. Losers
-    /// write nothing. Same value format, so legacy GETSET peers on the same key interoperate.
-    CompareAndSet,
-}
-
-/// Options of [`Strategy::Classic`]; set through [`LockBuilder`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct ClassicOptions {
-    /// Value encoding (default [`Encoding::Decimal`]).
-    pub encoding: Encoding,
-    /// Takeover of stale locks (default [`Takeover::GetSet`]).
-    pub takeover: Takeover,
-    /// Also give the key a Redis TTL equal to the lifetime when winning (the `EXPIRE` some
-    /// legacy lockers send after acquiring; done atomically here with `SET NX PX`). Default
-    /// off: the plain legacy SETNX lockers set no TTL and rely on the timestamp.
-    pub key_ttl: bool,
-    /// Added to the stored expiry so peers with clocks up to this far ahead do not take the
-    /// lock over early (some legacy lockers use 1 s). Default zero.
-    pub clock_skew: Duration,
-}
-
 /// Builds one lock. Start from [`LockClient::lock`].
 ///
 /// | option | default |
@@ -155,6 +107,15 @@ impl std::fmt::Debug for LockBuilder {
     }
 }
 
+/// The facade's way in: the client's builder of locks. (The client itself, in `client/`, is the
+/// runtime and names no lock type.)
+impl LockClient {
+    /// Starts building a lock on `key`. See [`LockBuilder`] for the options and defaults.
+    pub fn lock(&self, key: impl Into<String>) -> LockBuilder {
+        LockBuilder::new(self.clone(), key.into())
+    }
+}
+
 impl LockBuilder {
     pub(crate) fn new(client: LockClient, key: String) -> Self {
         LockBuilder {
@@ -179,7 +140,7 @@ impl LockBuilder {
         self
     }
 
-    /// The lifetime of a hold (Classic calls it "timeout"). At least 1 ms, at most [`MAX_TTL`];
+    /// The lifetime of a hold (Classic calls it "timeout"). At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);
     /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off: the hold
     /// expires after `ttl` unless the holder extends it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
@@ -317,14 +278,14 @@ impl LockBuilder {
             needs_scripts(&self.client, &self.key, "a Token lock with fencing")?;
         }
         if self.check_access {
-            let checks = crate::strategy::access::token(
+            let checks = token::access_checks(
                 &self.client,
                 &self.key,
                 &opts.channel,
                 opts.fence_key.as_deref(),
                 opts.wake_up == WakeUp::PubSub,
             );
-            crate::strategy::access::verify(&self.client, &self.key, "Token", &checks)?;
+            crate::client::access::verify(&self.client, &self.key, "Token", &checks)?;
         }
         Ok(TokenLock::new(self.client, self.key, opts))
     }
@@ -334,13 +295,13 @@ impl LockBuilder {
         let opts = self.hold_options()?;
         needs_scripts(&self.client, &self.key, "a reentrant lock")?;
         if self.check_access {
-            let checks = crate::strategy::access::reentrant(
+            let checks = reentrant::access_checks(
                 &self.key,
                 &opts.channel,
                 opts.fence_key.as_deref(),
                 opts.wake_up == WakeUp::PubSub,
             );
-            crate::strategy::access::verify(&self.client, &self.key, "reentrant", &checks)?;
+            crate::client::access::verify(&self.client, &self.key, "reentrant", &checks)?;
         }
         Ok(ReentrantLock::new(self.client, self.key, opts))
     }
@@ -381,8 +342,8 @@ impl LockBuilder {
         check_duration(&self.key, "clock_skew", self.classic.clock_skew, true)?;
         needs_scripts(&self.client, &self.key, "a Classic lock")?;
         if self.check_access {
-            let checks = crate::strategy::access::classic(&self.client, &self.key);
-            crate::strategy::access::verify(&self.client, &self.key, "Classic", &checks)?;
+            let checks = classic::access_checks(&self.client, &self.key);
+            crate::client::access::verify(&self.client, &self.key, "Classic", &checks)?;
         }
         Ok(ClassicLock::new(
             self.client,
@@ -404,57 +365,4 @@ impl LockBuilder {
             self.retry.clone().unwrap_or(default_retry),
         )
     }
-}
-
-/// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
-/// (see [`crate::client::native`]): only a Token lock without fencing goes without.
-pub(crate) fn needs_scripts(client: &LockClient, key: &str, what: &str) -> Result<()> {
-    if client.native().scripting() {
-        return Ok(());
-    }
-    Err(LockError::Setup {
-        source: Box::new(crate::error::Context::new(
-            format!(
-                "{what} on {key:?} runs Lua scripts, which this client's user may not (NOPERM \
-                 on EVAL when the client was built); on {} only a Token lock without fencing \
-                 needs none",
-                client.native().server()
-            ),
-            None,
-        )),
-    })
-}
-
-/// The checks every lock builder makes before anything is sent: a key, a lifetime of whole
-/// milliseconds within [`MAX_TTL`] (returned truncated to them), a consistent retry policy.
-pub(crate) fn check_lock_options(
-    key: &str,
-    ttl: Duration,
-    retry: RetryPolicy,
-) -> Result<(Duration, RetryPolicy)> {
-    if key.is_empty() {
-        return Err(LockError::invalid("", "the lock key is empty"));
-    }
-    check_duration(key, "ttl", ttl, false)?;
-    retry
-        .validate()
-        .map_err(|reason| LockError::invalid(key, reason))?;
-    Ok((Duration::from_millis(ttl.as_millis() as u64), retry))
-}
-
-/// Checks a lifetime-like duration: whole milliseconds count, at most [`MAX_TTL`].
-pub(crate) fn check_duration(key: &str, what: &str, d: Duration, zero_ok: bool) -> Result<()> {
-    if !zero_ok && d.as_millis() == 0 {
-        return Err(LockError::invalid(
-            key,
-            format!("{what} must be at least 1 ms, got {d:?}"),
-        ));
-    }
-    if d > MAX_TTL {
-        return Err(LockError::invalid(
-            key,
-            format!("{what} {d:?} is beyond the longest Redis accepts (MAX_TTL = {MAX_TTL:?})"),
-        ));
-    }
-    Ok(())
 }

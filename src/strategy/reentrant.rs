@@ -27,20 +27,26 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::admin::{self, Detail, LockState};
+use crate::client::access;
+use crate::client::acquire::Line;
+use crate::client::admin;
+use crate::client::admin::Detail;
 use crate::client::grants::Grant;
 use crate::client::janitor::{Cause, Cleanup, Done};
-use crate::client::watchdog::RenewKind;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
+use crate::ids as owner;
+use crate::ids::OwnerId;
 use crate::keys;
-use crate::lock::{self, printable, Attempt, DistributedLock, Lease, Line, LockGuard};
+use crate::lease::RenewKind;
+use crate::lease::{printable, Attempt, Lease};
+use crate::lock::LockState;
+use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::stats::Kind;
-use crate::strategy::check_duration;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
-use crate::strategy::owner::{self, OwnerId};
 use crate::strategy::string_value;
+use crate::time::check_duration;
 
 thread_local! {
     /// The calling thread's holds of reentrant locks as its own acquires and releases last
@@ -254,7 +260,7 @@ impl ReentrantLock {
             )
         });
         let result =
-            lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
+            crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
         self.client.counters().outcome(KIND, &result);
         result
     }
@@ -272,7 +278,13 @@ impl ReentrantLock {
         };
         // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
         // extra check.
-        let result = lock::acquire_in_line(self, line, attempts, || self.attempt(), |_| Ok(()));
+        let result = crate::client::acquire::acquire_in_line(
+            self,
+            line,
+            attempts,
+            || self.attempt(),
+            |_| Ok(()),
+        );
         self.client.counters().blocking(KIND, &result);
         result
     }
@@ -425,7 +437,7 @@ impl DistributedLock for ReentrantLock {
         lease.stop_renewal();
         // One id per call: a copy of the command sent again after a dropped connection
         // carries the same id, and the script does not give back a second hold for it.
-        let request = crate::strategy::token::new_token();
+        let request = crate::ids::new_token();
         let generation = self.client.switch_generation();
         let mut sent = 0u32;
         let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
@@ -461,7 +473,7 @@ impl DistributedLock for ReentrantLock {
             // The last hold: 1 + the subscriber connections the release was published to.
             Some(freed) if freed >= 1 => {
                 hold::after_publish(&self.client, &self.key, &self.opts.channel, freed - 1);
-                lock::note_release(self.client.waiters(), &self.key, true);
+                crate::client::acquire::note_release(self.client.waiters(), &self.key, true);
                 (Seen::Nothing, true)
             }
             // Returned as `Ok(false)`; a guard dropped without `unlock` warns.
@@ -555,6 +567,36 @@ fn read_forget(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
         redis::Value::Int(0) => (Done::GaveBack, None),
         _ => (Done::Nothing, None),
     }
+}
+
+/// The commands of a reentrant lock (Redisson's `RLock` scripts and the library's own).
+pub(crate) fn access_checks(
+    key: &str,
+    channel: &str,
+    fence: Option<&str>,
+    pubsub: bool,
+) -> Vec<access::Check> {
+    let mut c = vec![
+        access::check("exists", &[key]),
+        access::check("hexists", &[key, "owner"]),
+        access::check("hincrby", &[key, "owner", "1"]),
+        access::check("hget", &[key, "owner"]),
+        access::check("hdel", &[key, "owner"]),
+        access::check("hlen", &[key]),
+        access::check("pexpire", &[key, "1000"]),
+        access::check("pttl", &[key]),
+        access::check("del", &[key]),
+        access::check("publish", &[channel, "0"]),
+    ];
+    if let Some(f) = fence {
+        c.push(access::check("incr", &[f]));
+        // A re-entry reads the counter's current value.
+        c.push(access::check("get", &[f]));
+    }
+    if pubsub {
+        c.extend(access::subscriber(channel));
+    }
+    c
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::keys;
-use crate::lock::{self, Lease};
+use crate::lease::Lease;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold;
@@ -187,7 +187,11 @@ pub(crate) fn release(
     if reply < 1 {
         client.counters().lost_on_release(kind, lease);
     }
-    Ok(lock::note_release(client.waiters(), key, reply >= 1))
+    Ok(crate::client::acquire::note_release(
+        client.waiters(),
+        key,
+        reply >= 1,
+    ))
 }
 
 /// Deletes `key` if it holds `value`, publishing the release on `channel` (Token): `DELIFEQ`

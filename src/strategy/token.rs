@@ -31,22 +31,27 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rand::RngExt;
 use redis::Value;
 
-use crate::admin::{self, Detail, LockState};
+use crate::client::access;
+use crate::client::acquire::Line;
+use crate::client::admin;
+use crate::client::admin::Detail;
 use crate::client::janitor::Cause;
 use crate::client::native::{self, Command};
-use crate::client::watchdog::RenewKind;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
-use crate::lock::{self, Attempt, DistributedLock, Lease, Line, LockGuard};
+use crate::ids::new_token;
+use crate::lease::RenewKind;
+use crate::lease::{Attempt, Lease};
+use crate::lock::LockState;
+use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::check_duration;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
 use crate::strategy::string_value;
+use crate::time::check_duration;
 
 /// The stats label of Token locks.
 pub(crate) const KIND: Kind = Kind::new("token");
@@ -59,16 +64,6 @@ pub struct TokenLock {
     opts: HoldOptions,
     /// A value without TTL was reported (see `note_no_ttl`).
     warned_no_ttl: AtomicBool,
-}
-
-/// A fresh random owner token: 128 bits from the thread-local CSPRNG, as 32 lowercase hex
-/// characters, without allocating.
-pub(crate) fn new_token() -> [u8; 32] {
-    let bytes: [u8; 16] = rand::rng().random();
-    let mut out = [0u8; 32];
-    // Cannot fail: 16 bytes always fill exactly 32 hex characters.
-    let _ = hex::encode_to_slice(bytes, &mut out);
-    out
 }
 
 /// What one blocking acquire carries from attempt to attempt (see
@@ -225,7 +220,7 @@ impl TokenLock {
     ) -> Result<Attempt> {
         let attempt = decoded.into_attempt(|fence| self.new_lease(token, start, fence));
         let result =
-            lock::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
+            crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
         if !matches!(result, Ok(Attempt::Acquired(_))) {
             self.client.hold_ends(token);
         }
@@ -255,7 +250,7 @@ impl TokenLock {
                     "lock {:?}: deleted a hold of this client that nobody held any more (value \
                      {}; its release was lost in a failover, or its acquire's reply)",
                     self.key,
-                    crate::lock::printable(holder)
+                    crate::lease::printable(holder)
                 );
                 true
             }
@@ -356,7 +351,9 @@ impl TokenLock {
                 self.attempt_waiting(&acq)
             }
         };
-        let result = lock::acquire_in_line(self, line, attempts, attempt, |_| self.check_type());
+        let result = crate::client::acquire::acquire_in_line(self, line, attempts, attempt, |_| {
+            self.check_type()
+        });
         if result.is_err() {
             if let Some(until) = acq.lost_until.get() {
                 self.forget_lost(&acq.token, until);
@@ -406,7 +403,7 @@ impl TokenLock {
             string_value::set_nx_px(&self.key, token, ttl).query(con)
         })?;
         let result = match reply {
-            Value::Okay => lock::checked_win(
+            Value::Okay => crate::lease::checked_win(
                 &self.key,
                 self.new_lease(token, start, None),
                 self.opts.lease,
@@ -533,6 +530,39 @@ impl DistributedLock for TokenLock {
             &[&self.key],
         )
     }
+}
+
+/// The commands of a Token lock (see `token.rs`): acquire (`SET … NX PX … GET`, or by script
+/// `SET` + `PTTL` and `INCR` of the fencing counter), release (`GET`, `DEL`, `PUBLISH`),
+/// extend and renewal (`GET`, `PEXPIRE`), the check (`GET`), the type check of a wait that
+/// gives up (`TYPE`), and the subscriber's commands when waiters are woken by pub/sub.
+///
+/// Where the client uses the native commands (see [`crate::client::native`]), `DELIFEQ` and
+/// `SET … IFEQ … PX` are checked too.
+pub(crate) fn access_checks(
+    client: &LockClient,
+    key: &str,
+    channel: &str,
+    fence: Option<&str>,
+    pubsub: bool,
+) -> Vec<access::Check> {
+    let mut c = access::native(client, key);
+    c.extend([
+        access::check("set", &[key, "v", "NX", "PX", "1000", "GET"]),
+        access::check("get", &[key]),
+        access::check("del", &[key]),
+        access::check("pexpire", &[key, "1000"]),
+        access::check("pttl", &[key]),
+        access::check("type", &[key]),
+        access::check("publish", &[channel, "0"]),
+    ]);
+    if let Some(f) = fence {
+        c.push(access::check("incr", &[f]));
+    }
+    if pubsub {
+        c.extend(access::subscriber(channel));
+    }
+    c
 }
 
 #[cfg(test)]

@@ -8,42 +8,7 @@ use redis::Value;
 
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-
-/// What the server says about a lock now, whoever holds it: the answer of
-/// [`DistributedLock::state`](crate::DistributedLock::state).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LockState {
-    /// Nobody holds the lock (for a Classic lock: also a value whose expiry has passed, which
-    /// the next acquire takes over; for a read-write lock's handle: not held in that handle's
-    /// mode).
-    Unlocked,
-    /// Someone holds the lock: this caller or any other owner.
-    Locked {
-        /// How long until the hold ends unless it is renewed, as the server counts it (the
-        /// key's `PTTL`, read now; not the local estimate of a lease). `None`: the key has no
-        /// expiry in Redis, e.g. a value written by another program. Classic: the time left
-        /// until the expiry stored in the value, by this client's wall clock (or the key's
-        /// `PTTL` with `key_ttl`, whichever is shorter). RedLock: until fewer than a majority
-        /// of nodes hold the value that a majority holds now.
-        ttl: Option<Duration>,
-    },
-}
-
-impl LockState {
-    /// True for [`LockState::Locked`].
-    pub fn is_locked(&self) -> bool {
-        matches!(self, LockState::Locked { .. })
-    }
-
-    /// The `ttl` of [`LockState::Locked`]; `None` when unlocked or held without expiry.
-    pub fn ttl(&self) -> Option<Duration> {
-        match self {
-            LockState::Locked { ttl } => *ttl,
-            LockState::Unlocked => None,
-        }
-    }
-}
+use crate::lock::LockState;
 
 /// What to read besides the key's type and PTTL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

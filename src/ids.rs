@@ -1,4 +1,5 @@
-//! Owner ids of the hash-based locks: `<instance>:<thread>`, as Redisson writes them
+//! Random ids and owner values: tokens of the string-value locks, and owner ids of the
+//! hash-based locks: `<instance>:<thread>`, as Redisson writes them
 //! (`<UUID of the Redisson instance>:<Java thread id>`).
 //!
 //! The instance part is a random UUID (version 4, in its 36-character text form) per
@@ -13,6 +14,10 @@ use rand::RngExt;
 /// Length of a UUID in text form.
 #[cfg(test)]
 pub(crate) const UUID_LEN: usize = 36;
+
+/// The longest owner value a lease stores inline (no allocation per acquire): room for a
+/// 128-bit token in hex, or an owner id `<128-bit instance in hex>:<thread number>`.
+pub(crate) const VALUE_CAPACITY: usize = 64;
 
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
@@ -49,7 +54,7 @@ pub(crate) fn owner_id(instance: &str) -> String {
 
 /// Room for an owner id held inline: a 36-character UUID, `:` and a `u64` (20 digits) fit, as
 /// they fit a lease's value.
-const INLINE_CAPACITY: usize = crate::lock::VALUE_CAPACITY;
+const INLINE_CAPACITY: usize = VALUE_CAPACITY;
 
 /// The owner id of the calling thread, `<instance>:<thread number>`, built without touching the
 /// heap (it is built on every acquire and release of a reentrant lock). Same text as
@@ -137,6 +142,16 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
             return &buf[i..];
         }
     }
+}
+
+/// A fresh random owner token: 128 bits from the thread-local CSPRNG, as 32 lowercase hex
+/// characters, without allocating.
+pub(crate) fn new_token() -> [u8; 32] {
+    let bytes: [u8; 16] = rand::rng().random();
+    let mut out = [0u8; 32];
+    // Cannot fail: 16 bytes always fill exactly 32 hex characters.
+    let _ = hex::encode_to_slice(bytes, &mut out);
+    out
 }
 
 #[cfg(test)]

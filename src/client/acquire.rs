@@ -1,0 +1,283 @@
+//! The blocking acquire loop every lock shares: the in-process line of waiters, pub/sub
+//! wake-ups, the retry policy's sleeps, and transient failures retried until the deadline.
+
+use std::time::{Duration, Instant};
+
+use crate::client::subscriber::Wakeups;
+use crate::client::waiters::WaitQueues;
+use crate::error::{LockError, Result};
+use crate::lease::Attempt;
+use crate::lock::{DistributedLock, LockGuard};
+use crate::retry::Attempts;
+
+/// The blocking acquire of a lock that waits in the in-process line named by its key, FIFO,
+/// with `try_acquire` as the attempt. `on_give_up` may turn the final [`LockError::Timeout`]
+/// into a more precise error (e.g. a wrong-type key).
+pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
+    lock: &'a L,
+    queues: &WaitQueues,
+    attempts: Attempts<'_>,
+    on_give_up: impl FnOnce() -> Result<()>,
+) -> Result<LockGuard<'a>> {
+    let line = Line {
+        queues,
+        name: lock.key(),
+        fifo: true,
+        barge: false,
+        wake: None,
+    };
+    acquire_in_line(
+        lock,
+        line,
+        attempts,
+        || lock.try_acquire().map(Attempt::from),
+        |_| on_give_up(),
+    )
+}
+
+/// Where a blocking acquire waits in this process, and how.
+pub(crate) struct Line<'q> {
+    /// The client's waiter lines.
+    pub(crate) queues: &'q WaitQueues,
+    /// The line's name: the lock key, or one name per mode of a read-write lock.
+    pub(crate) name: &'q str,
+    /// Wait to be the head of the line before each attempt. Without it the line only wakes
+    /// the thread early when a local holder releases (readers, who may all get in together).
+    pub(crate) fifo: bool,
+    /// Make the first attempt even if others wait in the line (a thread that already holds
+    /// the lock and would otherwise wait behind a thread waiting for it).
+    pub(crate) barge: bool,
+    /// Releases are published on this channel: wait for the message instead of polling.
+    pub(crate) wake: Option<Wake<'q>>,
+}
+
+/// Pub/sub wake-ups of a line: the client's subscriber and the lock's channel.
+pub(crate) struct Wake<'q> {
+    pub(crate) wakeups: &'q Wakeups,
+    pub(crate) channel: &'q str,
+}
+
+/// The blocking acquire loop shared by every lock.
+///
+/// The first attempt goes straight to Redis unless other threads of this client already wait
+/// in the line (and `barge` is off); then the thread joins the line ([`WaitQueues`]): only its
+/// head makes attempts (with `fifo`), and a local release wakes it at once.
+///
+/// Between attempts the thread sleeps by the retry policy, unless the line has a pub/sub
+/// [`Wake`]: after its first refused attempt it subscribes to the lock's channel (confirmed by
+/// the server before the next attempt, so no release in between goes unheard) and then sleeps
+/// until a release is published, at most the holder's remaining lifetime as the refused
+/// attempt reported it, never past the deadline, and never longer than the poll interval
+/// ([`WaitQueues::poll_interval`]: 100–120 ms, or 20–30 ms for a line whose lock was last
+/// freed without a published release; at least the policy's longest sleep). A holder that
+/// releases without publishing (a foreign or legacy locker) is thus noticed within the poll
+/// interval, whatever its lifetime. Without a confirmed subscription (pub/sub unavailable,
+/// subscriber reconnecting) or without a reported lifetime it falls back to the policy's
+/// sleeps.
+///
+/// The handoff courtesy ([`WaitQueues::take_courtesy`]) is slept before the first attempt,
+/// never past the deadline. A thread that reaches its deadline still waiting for its turn
+/// first waits for the outcome of the attempt on the wire ahead of it, if any (at most as long
+/// as it has waited, and at least 1 s); when the line's latest attempt failed to reach Redis,
+/// or is still without a reply, it reports [`LockError::Connection`] naming that failure, not
+/// a contention timeout.
+///
+/// `on_give_up` gets the number of attempts made and may replace the final
+/// [`LockError::Timeout`] with a more precise error.
+pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
+    lock: &'a L,
+    line: Line<'_>,
+    mut attempts: Attempts<'_>,
+    mut attempt: impl FnMut() -> Result<Attempt>,
+    on_give_up: impl FnOnce(u32) -> Result<()>,
+) -> Result<LockGuard<'a>> {
+    let key = lock.key();
+    let mut pttl = None;
+    // The deadline, or for a count-limited policy the longest its retries could take, so a
+    // retry limit still ends every wait; `None` only for a wait without any limit.
+    let deadline = attempts.queue_deadline();
+    if !line.barge {
+        if let Some(until) = line.queues.take_courtesy(line.name) {
+            // This client just released the lock while other clients waited: let them in,
+            // but never past the caller's deadline.
+            let until = deadline.map_or(until, |d| until.min(d));
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        }
+    }
+    // The last attempt won too late (a slow server): reported instead of a timeout.
+    let mut late = None;
+    if line.barge || !line.queues.has_waiters(line.name) {
+        attempts.record();
+        match refused_if_late(attempt(), &mut late)? {
+            Attempt::Acquired(lease) => return Ok(LockGuard::new(lock, lease)),
+            Attempt::Held { pttl: p } => pttl = p,
+        }
+    }
+    let mut ticket = line.queues.enqueue(line.name);
+    log::trace!(
+        "lock {key:?}: waiting behind {} threads of this process",
+        ticket.ahead()
+    );
+    let mut subscription = None;
+    let mut stalled = None;
+    let mut polled = false;
+    loop {
+        if attempts.made() > 0 {
+            let Some(backoff) = attempts.next_sleep() else {
+                break;
+            };
+            let mut fresh = false;
+            if subscription.is_none() {
+                if let Some(wake) = &line.wake {
+                    subscription = wake.wakeups.subscribe(wake.channel, line.name, deadline);
+                    // Confirmed just now: a release since the refused attempt may have been
+                    // missed, so try again at once.
+                    fresh = subscription.as_ref().is_some_and(|s| s.is_confirmed());
+                }
+            }
+            let listening = subscription.as_ref().is_some_and(|s| s.is_confirmed());
+            // Beside the subscription, a poll: a holder that frees the lock without
+            // publishing (a foreign or legacy locker) is noticed within the poll interval.
+            let mut poll = None;
+            let sleep = match pttl {
+                _ if fresh => Duration::ZERO,
+                // Bounded by the deadline, or for a count-limited policy by the longest its
+                // retries could take, so a retry limit still ends the wait.
+                Some(p) if listening => {
+                    let floor = lock.retry_policy().max_delay;
+                    let interval = line.queues.poll_interval(line.name, floor);
+                    poll = (interval < p).then_some(interval);
+                    let p = p.min(interval);
+                    deadline.map_or(p, |d| p.min(d.saturating_duration_since(Instant::now())))
+                }
+                _ => backoff,
+            };
+            log::trace!(
+                "lock {key:?}: refused, attempt {} failed, next in at most {sleep:?}{}",
+                attempts.made(),
+                if listening {
+                    " (or when a release is published)"
+                } else {
+                    ""
+                }
+            );
+            let woken = ticket.sleep(sleep);
+            if woken && listening {
+                line.queues.heard_release(line.name);
+            }
+            // Woken by the poll, before the holder's lifetime ran out, and first in line (the
+            // attempt follows at once): a win now means the holder freed the lock without
+            // publishing.
+            polled = poll.is_some() && !woken && (!line.fifo || ticket.ahead() == 0);
+        }
+        if line.fifo && !ticket.wait_turn(deadline) {
+            // Gave up before its turn: because the lock is held, or because the threads
+            // ahead could not reach Redis (an outage is not contention).
+            // The attempt ahead normally ends within the client's timeouts; without a
+            // command timeout, give it at most as long as this thread waited (1 s or more).
+            stalled = ticket.outage(attempts.waited().max(Duration::from_secs(1)));
+            break;
+        }
+        ticket.mark();
+        attempts.record();
+        ticket.attempt_started();
+        let result = attempt();
+        ticket.attempt_finished(match &result {
+            Err(e @ LockError::Connection { .. }) => Some(e.report()),
+            _ => None,
+        });
+        match refused_if_late(result, &mut late)? {
+            Attempt::Acquired(lease) => {
+                // Unless a release was heard while the attempt was on the wire.
+                if polled && !ticket.released_since_mark() {
+                    line.queues.mark_silent(line.name);
+                }
+                log::debug!(
+                    "lock {key:?}: acquired after {} attempts in {:?}",
+                    attempts.made(),
+                    attempts.waited()
+                );
+                return Ok(LockGuard::new(lock, lease));
+            }
+            Attempt::Held { pttl: p } => pttl = p,
+        }
+    }
+    drop(subscription);
+    drop(ticket);
+    if let Some(why) = stalled {
+        log::warn!(
+            "lock {key:?}: gave up after {:?} in line behind other threads of this client \
+             without a reply from Redis: {why}",
+            attempts.waited()
+        );
+        return Err(LockError::Connection {
+            key: key.to_owned(),
+            source: format!(
+                "gave up after {} and {} own attempt{}, waiting in line behind other threads \
+                 of this client: {why}",
+                crate::error::Rounded(attempts.waited()),
+                attempts.made(),
+                if attempts.made() == 1 { "" } else { "s" }
+            )
+            .into(),
+        });
+    }
+    on_give_up(attempts.made())?;
+    if let Some(err) = late {
+        log::info!(
+            "lock {key:?}: gave up after {} attempts in {:?}, the last failed: {}",
+            attempts.made(),
+            attempts.waited(),
+            err.report()
+        );
+        return Err(err);
+    }
+    log::info!(
+        "lock {key:?}: gave up after {} attempts in {:?}",
+        attempts.made(),
+        attempts.waited()
+    );
+    Err(LockError::Timeout {
+        key: key.to_owned(),
+        attempts: attempts.made(),
+        waited: attempts.waited(),
+    })
+}
+
+/// An attempt that won too late ([`LockError::LateReply`], already released), got no RedLock
+/// majority for want of answers ([`LockError::NoQuorum`]), or met a transient failure
+/// ([`LockError::is_transient`]: a failover, a restart) counts as refused in a blocking
+/// acquire, which retries it with the policy's backoff until its deadline; the error is kept
+/// in `late` until an attempt ends otherwise, and returned instead of a timeout if it was the
+/// last.
+fn refused_if_late(outcome: Result<Attempt>, late: &mut Option<LockError>) -> Result<Attempt> {
+    match outcome {
+        Err(e @ (LockError::LateReply { .. } | LockError::NoQuorum { .. })) => {
+            *late = Some(e);
+            Ok(Attempt::Held { pttl: None })
+        }
+        Err(e) if e.is_transient() => {
+            log::debug!("{}; retried until the deadline", e.report());
+            *late = Some(e);
+            Ok(Attempt::Held { pttl: None })
+        }
+        other => {
+            *late = None;
+            other
+        }
+    }
+}
+
+/// After a release: wakes this process's waiters, or logs a lock found lost. Passes `ours` on.
+pub(crate) fn note_release(waiters: &WaitQueues, key: &str, ours: bool) -> bool {
+    if ours {
+        waiters.notify_release(key);
+    } else {
+        // Returned to the caller as `Ok(false)`; a guard dropped without `unlock` warns.
+        log::debug!(
+            "lock {key:?}: lost before release (it expired, or another owner took it over); \
+             no other owner's lock was deleted"
+        );
+    }
+    ours
+}

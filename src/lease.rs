@@ -1,0 +1,601 @@
+//! A hold as the layers above see it: the [`Lease`] an acquire hands out, the outcome of one
+//! attempt, and the state the watchdog renews ([`WatchState`]), with what a lost hold reports.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{LockError, Result};
+use crate::ids::VALUE_CAPACITY;
+use crate::stats::Kind;
+
+/// One successful acquire: the owner value written to Redis, how long the hold is valid and,
+/// when asked for, its fencing token.
+///
+/// The lease of a *watched* lock (built without an explicit lifetime) keeps the watchdog
+/// renewing the hold for as long as the lease, or a clone of it, lives and has not been
+/// released: dropping every copy stops the renewals, and the hold then expires by itself.
+#[derive(Clone)]
+pub struct Lease {
+    value: [u8; VALUE_CAPACITY],
+    len: u8,
+    acquired_at: Instant,
+    valid_until: Instant,
+    fence: Option<u64>,
+    watch: Option<Arc<WatchState>>,
+    /// This lease was found lost and counted in the client's stats.
+    loss_noted: bool,
+}
+
+impl PartialEq for Lease {
+    fn eq(&self, other: &Self) -> bool {
+        self.value() == other.value()
+            && self.acquired_at == other.acquired_at
+            && self.valid_until == other.valid_until
+            && self.fence == other.fence
+            && match (&self.watch, &other.watch) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
+}
+
+impl Eq for Lease {}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("value", &printable(self.value()))
+            .field("remaining", &self.remaining())
+            .field("fence", &self.fence)
+            .field("watched", &self.watch.is_some())
+            .finish()
+    }
+}
+
+impl Lease {
+    /// A lease for `value`, valid for `ttl` from `start` (taken before the command was sent, so
+    /// the validity errs on the short side).
+    pub(crate) fn new(value: &[u8], start: Instant, ttl: Duration) -> Self {
+        let mut buf = [0u8; VALUE_CAPACITY];
+        let len = value.len().min(VALUE_CAPACITY);
+        buf[..len].copy_from_slice(&value[..len]);
+        Lease {
+            value: buf,
+            len: len as u8,
+            acquired_at: start,
+            valid_until: crate::time::saturating_add(start, ttl),
+            fence: None,
+            watch: None,
+            loss_noted: false,
+        }
+    }
+
+    /// Notes that the hold was found lost; true the first time (for the stats). A watched
+    /// hold is also marked lost for the watchdog, quietly (the caller is told by an error), so
+    /// that the watchdog neither counts nor reports it again.
+    pub(crate) fn note_lost(&mut self) -> bool {
+        if self.loss_noted {
+            return false;
+        }
+        self.loss_noted = true;
+        self.watch.as_ref().is_none_or(|w| w.set_lost_quietly())
+    }
+
+    /// True once the hold's loss was noted (by this lease, or for a watched hold by the
+    /// watchdog).
+    pub(crate) fn loss_noted(&self) -> bool {
+        self.loss_noted || self.watch.as_ref().is_some_and(|w| w.marked_lost())
+    }
+
+    /// With the fencing token the acquire returned.
+    pub(crate) fn with_fence(mut self, fence: Option<u64>) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// Renewed by the watchdog through `watch`.
+    pub(crate) fn with_watch(mut self, watch: Arc<WatchState>) -> Self {
+        self.watch = Some(watch);
+        self
+    }
+
+    /// The hold is being released: the watchdog must not renew it any more.
+    pub(crate) fn stop_renewal(&self) {
+        if let Some(w) = &self.watch {
+            w.stop();
+        }
+    }
+
+    /// After an extend: valid for `ttl` from `start`, with `new_value` if the strategy changed
+    /// the stored value (Classic stores a new expiry).
+    pub(crate) fn renew(&mut self, new_value: Option<&[u8]>, start: Instant, ttl: Duration) {
+        if let Some(value) = new_value {
+            let fresh = Lease::new(value, start, ttl);
+            self.value = fresh.value;
+            self.len = fresh.len;
+        }
+        self.valid_until = crate::time::saturating_add(start, ttl);
+        if let Some(w) = &self.watch {
+            w.renewed(start, ttl);
+        }
+    }
+
+    /// The owner value stored at the key (a token, or a legacy expiry timestamp).
+    pub fn value(&self) -> &[u8] {
+        &self.value[..usize::from(self.len)]
+    }
+
+    /// When the lock was acquired (monotonic clock).
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// The monotonic instant until which the hold is valid, measured from before the acquire
+    /// (or the latest extend or watchdog renewal) was sent.
+    pub fn valid_until(&self) -> Instant {
+        match &self.watch {
+            Some(w) => w.valid_until(),
+            None => self.valid_until,
+        }
+    }
+
+    /// Time left before the hold expires (zero once expired).
+    pub fn remaining(&self) -> Duration {
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// True once the lifetime has passed by the local monotonic clock. Costs no round trip.
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.valid_until()
+    }
+
+    /// True once the hold must be taken as lost, without a round trip: its lifetime passed by
+    /// the local clock, or (watched locks) the watchdog found it gone or could not renew it in
+    /// time. False does not prove the hold is still ours (another client may have deleted the
+    /// key); [`DistributedLock::is_held`](crate::DistributedLock::is_held) asks Redis.
+    pub fn is_lost(&self) -> bool {
+        match &self.watch {
+            Some(w) => w.is_lost(),
+            None => self.is_expired(),
+        }
+    }
+
+    /// True if the watchdog renews this hold.
+    pub fn is_watched(&self) -> bool {
+        self.watch.is_some()
+    }
+
+    /// The fencing token of this hold, for locks built with
+    /// [`fencing`](crate::LockBuilder::fencing): strictly greater than the token of every
+    /// earlier hold of the same key (see `docs/fencing.md`). `None` for other locks.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+}
+
+impl crate::stats::LossNote for Lease {
+    fn note_lost(&mut self) -> bool {
+        Lease::note_lost(self)
+    }
+
+    fn loss_noted(&self) -> bool {
+        Lease::loss_noted(self)
+    }
+}
+
+/// Printable form of a stored value: ASCII as is, other bytes as `\xNN`.
+pub(crate) fn printable(value: &[u8]) -> String {
+    value.escape_ascii().to_string()
+}
+
+/// The outcome of one acquire attempt.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    /// Taken.
+    Acquired(Lease),
+    /// Held by another owner; `pttl` is the hold's remaining lifetime when the attempt's reply
+    /// carried it (a waiter woken by pub/sub sleeps at most that long).
+    Held { pttl: Option<Duration> },
+}
+
+impl crate::stats::Outcome for Attempt {
+    fn won(&self) -> bool {
+        matches!(self, Attempt::Acquired(_))
+    }
+}
+
+impl From<Option<Lease>> for Attempt {
+    fn from(lease: Option<Lease>) -> Self {
+        match lease {
+            Some(lease) => Attempt::Acquired(lease),
+            None => Attempt::Held { pttl: None },
+        }
+    }
+}
+
+/// The safety margin a won acquire must leave: the larger of the time its reply took and a
+/// clock-drift allowance of 1% of the lifetime plus 2 ms (RedLock's). See
+/// [`DistributedLock::try_acquire`].
+pub(crate) fn arrival_margin(ttl: Duration, elapsed: Duration) -> Duration {
+    let drift = (ttl / 100).saturating_add(Duration::from_millis(2));
+    elapsed.max(drift)
+}
+
+/// Checks a win against the time its command was sent (`lease.acquired_at()`): a hold whose
+/// lifetime `ttl` leaves less than [`arrival_margin`] by the local clock is handed back with
+/// `release` (owner-checked) and reported as [`LockError::LateReply`]; otherwise the lease is
+/// returned as it is.
+pub(crate) fn checked_win(
+    key: &str,
+    lease: Lease,
+    ttl: Duration,
+    release: impl FnOnce(&Lease) -> Result<bool>,
+) -> Result<Lease> {
+    let elapsed = lease.acquired_at().elapsed();
+    let left = ttl.saturating_sub(elapsed);
+    if left > arrival_margin(ttl, elapsed) {
+        return Ok(lease);
+    }
+    lease.stop_renewal();
+    // Never handed out: a release that finds it gone is no lost hold (see `Stats`).
+    let mut lease = lease;
+    lease.loss_noted = true;
+    let released = release(&lease);
+    log::warn!(
+        "lock {key:?}: acquired, but the reply came {} ms after the acquire was sent, of a {} ms \
+         lifetime; not handed out, released again ({})",
+        elapsed.as_millis(),
+        ttl.as_millis(),
+        match &released {
+            Ok(true) => "deleted".to_owned(),
+            Ok(false) => "already gone or taken over".to_owned(),
+            Err(e) => format!("release failed: {}; it expires by itself", e.report()),
+        }
+    );
+    Err(LockError::LateReply {
+        key: key.to_owned(),
+        elapsed,
+        ttl,
+    })
+}
+
+/// [`checked_win`] for the outcome of an attempt: a refusal passes unchanged.
+pub(crate) fn checked_attempt(
+    key: &str,
+    attempt: Attempt,
+    ttl: Duration,
+    release: impl FnOnce(&Lease) -> Result<bool>,
+) -> Result<Attempt> {
+    match attempt {
+        Attempt::Acquired(lease) => checked_win(key, lease, ttl, release).map(Attempt::Acquired),
+        held => Ok(held),
+    }
+}
+
+/// The default lease of a watched lock, renewed every third of it: 30 s, as Redisson.
+pub const WATCHDOG_DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// A callback told that a watched hold was lost. It runs on the watchdog thread: keep it short
+/// (set a flag, send on a channel), and do not block on the lock's client in it.
+pub type LostCallback = Arc<dyn Fn(&LostLock) + Send + Sync>;
+
+/// What an `on_lost` callback is told.
+#[derive(Debug, Clone)]
+pub struct LostLock {
+    key: String,
+    reason: LossReason,
+}
+
+impl LostLock {
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Why the hold is considered lost.
+    pub fn reason(&self) -> LossReason {
+        self.reason
+    }
+}
+
+/// Why a watched hold was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A renewal found the key gone or held by another owner.
+    Gone,
+    /// Renewals failed (Redis unreachable, paused or erroring) until the lease ran out by the
+    /// local clock: the lock may have expired on the server, so it must be assumed lost.
+    Expired,
+}
+
+/// How a hold is renewed: which owner check runs before the `PEXPIRE` (the layout of the
+/// hold), and the stats label its loss is counted under (the lock type's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RenewKind {
+    /// A string value: `GET key == value`; renewed by `SET … IFEQ … PX` where the server has
+    /// it.
+    Value(Kind),
+    /// A string value renewed by the script only (a lock type whose commands all stay
+    /// scripts).
+    ScriptedValue(Kind),
+    /// A hash field (Redisson's `RLock` layout): `HEXISTS key value`.
+    HashField(Kind),
+    /// The owner's read holds of a read-write lock (Redisson's layout: the count in field
+    /// `<owner>`, one timeout key per hold).
+    ReadEntry(Kind),
+    /// The owner's write holds of a read-write lock (field `<owner>:write`).
+    WriteEntry(Kind),
+}
+
+impl RenewKind {
+    /// The kind's tag in `lua/renew_batch.lua`'s arguments.
+    pub(crate) fn tag(self) -> &'static str {
+        match self {
+            RenewKind::Value(_) | RenewKind::ScriptedValue(_) => "v",
+            RenewKind::HashField(_) => "h",
+            RenewKind::ReadEntry(_) => "r",
+            RenewKind::WriteEntry(_) => "w",
+        }
+    }
+
+    /// The stats label of the hold's lock type.
+    pub(crate) fn label(self) -> Kind {
+        match self {
+            RenewKind::Value(k)
+            | RenewKind::ScriptedValue(k)
+            | RenewKind::HashField(k)
+            | RenewKind::ReadEntry(k)
+            | RenewKind::WriteEntry(k) => k,
+        }
+    }
+
+    /// A string value (renewed natively where the server can).
+    pub(crate) fn is_value(self) -> bool {
+        matches!(self, RenewKind::Value(_))
+    }
+}
+
+/// One watched hold, shared by the holder's lease (strong) and the watchdog (weak).
+pub(crate) struct WatchState {
+    /// Shared with the lock (no copy per hold).
+    key: Arc<str>,
+    kind: RenewKind,
+    /// The owner value, inline (no allocation per hold beyond the state itself).
+    value: [u8; VALUE_CAPACITY],
+    value_len: u8,
+    lease: Duration,
+    /// Base of `valid_until_ns`.
+    base: Instant,
+    /// End of validity, in nanoseconds after `base`: renewed by the watchdog.
+    valid_until_ns: AtomicU64,
+    lost: AtomicBool,
+    stopped: AtomicBool,
+    /// Renewed once, then no more (a fair lock's grant to a lock with an explicit ttl: the
+    /// short grant lease is raised to the ttl once).
+    once: AtomicBool,
+    on_lost: Option<LostCallback>,
+}
+
+impl fmt::Debug for WatchState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchState")
+            .field("key", &self.key)
+            .field("kind", &self.kind)
+            .field("lease", &self.lease)
+            .field("lost", &self.lost.load(Ordering::Relaxed))
+            .field("stopped", &self.stopped.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl WatchState {
+    /// The state of a hold of `key` by `value`, acquired with `lease` from `start` (taken
+    /// before the acquire was sent).
+    pub(crate) fn new(
+        key: impl Into<Arc<str>>,
+        kind: RenewKind,
+        value: &[u8],
+        lease: Duration,
+        start: Instant,
+        on_lost: Option<LostCallback>,
+    ) -> Arc<Self> {
+        let mut inline = [0u8; VALUE_CAPACITY];
+        let len = value.len().min(VALUE_CAPACITY);
+        inline[..len].copy_from_slice(&value[..len]);
+        Arc::new(WatchState {
+            key: key.into(),
+            kind,
+            value: inline,
+            value_len: len as u8,
+            lease,
+            base: start,
+            valid_until_ns: AtomicU64::new(nanos(lease)),
+            lost: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            once: AtomicBool::new(false),
+            on_lost,
+        })
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub(crate) fn kind(&self) -> RenewKind {
+        self.kind
+    }
+
+    pub(crate) fn value(&self) -> &[u8] {
+        &self.value[..usize::from(self.value_len)]
+    }
+
+    /// The lease each renewal grants.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// A fair lock's grant: the hold is valid for only `valid` from its start until the first
+    /// renewal (which gives it the full lease). Call before the state is watched.
+    pub(crate) fn granted_for(&self, valid: Duration) {
+        self.valid_until_ns
+            .store(nanos(valid.min(self.lease)), Ordering::Release);
+    }
+
+    /// Renew the hold once (raising a grant's short lease to the lock's ttl), then stop
+    /// watching it. Call before the state is watched.
+    pub(crate) fn renew_once(&self) {
+        self.once.store(true, Ordering::Release);
+    }
+
+    /// True if [`renew_once`](Self::renew_once) was asked for.
+    pub(crate) fn renews_once(&self) -> bool {
+        self.once.load(Ordering::Acquire)
+    }
+
+    /// Until when the hold is valid by the local clock, after the latest renewal.
+    pub(crate) fn valid_until(&self) -> Instant {
+        crate::time::saturating_add(
+            self.base,
+            Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire)),
+        )
+    }
+
+    /// A renewal (or an extend) sent at `start` gave the hold `ttl` more.
+    pub(crate) fn renewed(&self, start: Instant, ttl: Duration) {
+        let until = nanos(
+            start
+                .saturating_duration_since(self.base)
+                .saturating_add(ttl),
+        );
+        self.valid_until_ns.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// Lost: marked so by the watchdog, or past its validity by the local clock.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire) || Instant::now() >= self.valid_until()
+    }
+
+    /// Marks the hold lost without telling anyone (the holder learnt it from an error): the
+    /// watchdog then drops it without a report. True if it was not marked before.
+    pub(crate) fn set_lost_quietly(&self) -> bool {
+        !self.lost.swap(true, Ordering::AcqRel)
+    }
+
+    /// True once marked lost (not merely past its validity).
+    pub(crate) fn marked_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Marks the hold lost (once): logs it and runs the callback. Ignored after [`stop`].
+    /// True if this call marked it.
+    ///
+    /// [`stop`]: Self::stop
+    pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
+        if self.is_stopped() || self.lost.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        log::warn!(
+            "lock {:?}: watched hold lost ({})",
+            self.key,
+            match reason {
+                LossReason::Gone => "the renewal found it gone or held by another owner",
+                LossReason::Expired => "renewals failed until its lease ran out",
+            }
+        );
+        if let Some(cb) = &self.on_lost {
+            cb(&LostLock {
+                key: self.key.to_string(),
+                reason,
+            });
+        }
+        true
+    }
+
+    /// The holder released (or is releasing) the hold: renew it no more.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_keeps_value_and_validity() {
+        let start = Instant::now();
+        let l = Lease::new(b"abc", start, Duration::from_secs(1));
+        assert_eq!(l.value(), b"abc");
+        assert_eq!(l.valid_until(), start + Duration::from_secs(1));
+        assert!(!l.is_expired());
+        let old = Lease::new(b"x", start - Duration::from_secs(2), Duration::from_secs(1));
+        assert!(old.is_expired());
+        assert_eq!(old.remaining(), Duration::ZERO);
+    }
+
+    #[test]
+    fn arrival_margin_is_the_reply_time_or_the_drift() {
+        let ms = Duration::from_millis;
+        // Drift: 1% of the lifetime plus 2 ms.
+        assert_eq!(arrival_margin(ms(1_000), ms(1)), ms(12));
+        assert_eq!(arrival_margin(Duration::from_secs(30), ms(1)), ms(302));
+        // A slow reply: its own duration.
+        assert_eq!(arrival_margin(ms(1_000), ms(400)), ms(400));
+        assert_eq!(
+            arrival_margin(Duration::MAX, ms(1)),
+            Duration::MAX / 100 + ms(2)
+        );
+    }
+
+    #[test]
+    fn late_wins_are_released_and_refused() {
+        let ms = Duration::from_millis;
+        let ttl = ms(1_000);
+        let fresh = Lease::new(b"a", Instant::now(), ttl);
+        let kept = checked_win("k", fresh, ttl, |_| panic!("a timely win is not released"));
+        assert!(kept.is_ok());
+        // Sent 600 ms ago: 400 ms left < 600 ms margin.
+        let Some(sent) = Instant::now().checked_sub(ms(600)) else {
+            return; // a monotonic clock this young cannot date the lease back
+        };
+        let mut released = false;
+        let late = checked_win("k", Lease::new(b"a", sent, ttl), ttl, |l| {
+            released = l.value() == b"a";
+            Ok(true)
+        });
+        assert!(released);
+        match late {
+            Err(LockError::LateReply {
+                key,
+                elapsed,
+                ttl: t,
+            }) => {
+                assert_eq!((key.as_str(), t), ("k", ttl));
+                assert!(elapsed >= ms(600));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A release that fails still refuses the win.
+        let failed = checked_win("k", Lease::new(b"a", sent, ttl), ttl, |_| {
+            Err(LockError::Lost { key: "k".into() })
+        });
+        assert!(matches!(failed, Err(LockError::LateReply { .. })));
+    }
+
+    #[test]
+    fn printable_escapes_binary() {
+        assert_eq!(printable(b"12\x00\xff"), "12\\x00\\xff");
+    }
+}
