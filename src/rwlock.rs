@@ -31,8 +31,8 @@ use redis::Value;
 use crate::client::acquire::{Line, Wake};
 use crate::client::admin;
 use crate::client::admin::Detail;
+use crate::client::cleanup::{Cause, Cleanup, Done};
 use crate::client::grants::Grant;
-use crate::client::janitor::{self, Cause, Cleanup, Done};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -737,7 +737,10 @@ impl Shared {
                 lease.valid_until().min(latch_lives),
             )
         };
-        if reply.as_ref().is_err_and(janitor::worth_retrying) {
+        if reply
+            .as_ref()
+            .is_err_and(crate::client::cleanup::worth_retrying)
+        {
             let (release, until) = resend();
             self.client.janitor().forget(
                 &self.client,

@@ -12,8 +12,9 @@ use super::pool::{
     cluster_retries, master_info, sentinel_master_addr, ConnectErrors, Manager, Pool, SharedErrors,
     Target,
 };
-use super::sentinel_watch::{self, Switches};
+use super::sentinel_watch;
 use super::subscriber::Resolve;
+use super::switches::Switches;
 use super::{
     LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDOFF_COURTESY,
     DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY, SCHEDULER_THREADS,

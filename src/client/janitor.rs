@@ -38,11 +38,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::client::grants::Grant;
+use crate::client::cleanup::{Cause, Cleanup, Done, Redo};
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
 use crate::lease::printable;
-use crate::scripts::{LuaScript, Scripts};
 
 /// Most commands in one pipeline of a replay.
 const REPLAY_BATCH: usize = 512;
@@ -55,115 +54,6 @@ const BLOCKED_POLL: Duration = Duration::from_millis(5);
 /// Most jobs kept at once: a client that keeps failing must not grow without bound. Past it,
 /// the oldest job is dropped (its lock expires with its lease).
 const MAX_JOBS: usize = 4_096;
-
-/// True for a release error after which the release may still be needed and can be tried
-/// again: a connection error (it may or may not have run), or a server's transient refusal
-/// (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`: it did not run; a Cluster
-/// answers `CLUSTERDOWN` on every node while a failed primary is replaced).
-pub(crate) fn worth_retrying(e: &crate::LockError) -> bool {
-    use redis::ServerErrorKind as K;
-    match e {
-        crate::LockError::Connection { .. } => true,
-        crate::LockError::Redis { source, .. } => matches!(
-            source.kind(),
-            redis::ErrorKind::Server(
-                K::ClusterDown | K::TryAgain | K::MasterDown | K::BusyLoading | K::ReadOnly
-            )
-        ),
-        _ => false,
-    }
-}
-
-/// Why a clean-up job exists (for the log).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cause {
-    /// An acquire whose reply was lost: the value may or may not have been written.
-    LostAcquireReply,
-    /// A release that failed on a connection error.
-    FailedRelease,
-    /// A release done on a Sentinel master shortly before a switch was announced: the new
-    /// master may still hold the lock (it was replicated before the promotion).
-    ReleasedBeforeSwitch,
-}
-
-impl Cause {
-    fn describe(self) -> &'static str {
-        match self {
-            Cause::LostAcquireReply => "an acquire whose reply was lost",
-            Cause::FailedRelease => "a release that failed",
-            Cause::ReleasedBeforeSwitch => "a release done on the old master before the switch",
-        }
-    }
-}
-
-/// What a clean-up's script did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Done {
-    /// It freed the lock (the key is gone): this client's waiters are woken.
-    Freed,
-    /// It gave one hold back; the lock may still be held (the owner's other holds, readers).
-    GaveBack,
-    /// Nothing to do: the release had run, the hold expired, or it was never ours.
-    Nothing,
-}
-
-/// Reads a clean-up script's reply: what it did, and a grant it made to a waiting token
-/// (handed to this client's waiter, if it is one of them).
-pub(crate) type ReadReply = fn(&redis::Value) -> (Done, Option<(Vec<u8>, Grant)>);
-
-/// A clean-up as the strategy that needs it describes it, which the janitor (and the Sentinel
-/// replay) run without knowing whose it is: a script of the registry with its keys and
-/// arguments, exactly as the release (or the undo of an acquire) sends them, and how to read
-/// its reply.
-#[derive(Debug, Clone)]
-pub(crate) struct Cleanup {
-    /// The script, from the client's registry.
-    pub(crate) script: fn(&Scripts) -> &LuaScript,
-    /// KEYS: the lock key first, then the keys of its slot the script also touches.
-    pub(crate) keys: Vec<String>,
-    /// ARGV.
-    pub(crate) args: Vec<Vec<u8>>,
-    /// Which of `args` is the value (or owner id) the script checks: a sweep puts there the
-    /// value it found.
-    pub(crate) value_arg: usize,
-    pub(crate) read: ReadReply,
-    /// It gives back a counted hold (a hash field's count): the owner's next acquire of the
-    /// key settles it first ([`Janitor::settle`]), and one remembered across a Sentinel switch
-    /// is dropped while the owner holds the lock again (its count would match a live hold).
-    pub(crate) counted: bool,
-    /// What it does, for the log.
-    pub(crate) what: &'static str,
-}
-
-impl Cleanup {
-    /// The same clean-up of another value (a sweep's: the value found at the key).
-    pub(crate) fn with_value(&self, value: &[u8]) -> Cleanup {
-        let mut c = self.clone();
-        if let Some(slot) = c.args.get_mut(c.value_arg) {
-            *slot = value.to_vec();
-        }
-        c
-    }
-}
-
-/// The reply of a script that deletes the lock and answers 1 or more when it did
-/// (`lua/unlock.lua`: 1 + the subscribers reached).
-pub(crate) fn read_delete(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
-    match v {
-        redis::Value::Int(n) if *n >= 1 => (Done::Freed, None),
-        _ => (Done::Nothing, None),
-    }
-}
-
-/// A release to do again on a new master (see `sentinel_watch`): the key, the value (or owner)
-/// it checks, the clean-up, and until when its hold could live.
-#[derive(Debug)]
-pub(crate) struct Redo {
-    pub(crate) key: String,
-    pub(crate) value: Vec<u8>,
-    pub(crate) cleanup: Cleanup,
-    pub(crate) until: Instant,
-}
 
 /// One pending owner-checked clean-up.
 #[derive(Debug)]
@@ -799,7 +689,7 @@ mod tests {
                 keys: vec![key.to_owned()],
                 args: vec![value.to_vec()],
                 value_arg: 0,
-                read: read_delete,
+                read: crate::client::cleanup::read_delete,
                 counted: false,
                 what: "the owner-checked delete",
             },

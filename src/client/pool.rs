@@ -12,7 +12,7 @@ use redis::{
 
 use super::cluster_deadline::{with_deadline, Deadlined};
 use super::native::Detected;
-use super::sentinel_watch::Switches;
+use super::switches::Switches;
 use crate::error::{self, Context, LockError, Result, Rounded};
 use crate::scripts;
 

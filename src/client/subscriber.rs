@@ -1267,7 +1267,7 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
     let client = redis::Client::open(info).map_err(|e| End::lost(format!("{addr}: {e}")))?;
     let mut con = client
         .get_connection_with_timeout(shared.timeout)
-        .map_err(|e| connect_error(&addr, &crate::client::tls_context(e)))?;
+        .map_err(|e| connect_error(&addr, &crate::client::pool::tls_context(e)))?;
     let timeouts = con
         .set_read_timeout(Some(shared.timeout))
         .and_then(|()| con.set_write_timeout(Some(shared.timeout)));

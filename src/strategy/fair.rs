@@ -40,8 +40,8 @@ use redis::Value;
 use crate::client::access;
 use crate::client::admin;
 use crate::client::admin::Detail;
+use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
-use crate::client::janitor::{Cleanup, Done};
 use crate::client::waiters::Offer;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -406,7 +406,7 @@ impl FairLock {
             &self.key,
             token,
             self.fair_release(token),
-            crate::client::janitor::Cause::LostAcquireReply,
+            crate::client::cleanup::Cause::LostAcquireReply,
             until,
         );
     }
@@ -950,7 +950,7 @@ impl DistributedLock for FairLock {
         }
         if reply
             .as_ref()
-            .is_err_and(crate::client::janitor::worth_retrying)
+            .is_err_and(crate::client::cleanup::worth_retrying)
         {
             // The same release, retried in the background: owner-checked by the token, and
             // granting the lock to the head of the queue as this one would have.
@@ -959,7 +959,7 @@ impl DistributedLock for FairLock {
                 &self.key,
                 lease.value(),
                 self.fair_release(lease.value()),
-                crate::client::janitor::Cause::FailedRelease,
+                crate::client::cleanup::Cause::FailedRelease,
                 lease.valid_until(),
             );
         }

@@ -31,8 +31,8 @@ use crate::client::access;
 use crate::client::acquire::Line;
 use crate::client::admin;
 use crate::client::admin::Detail;
+use crate::client::cleanup::{Cause, Cleanup, Done};
 use crate::client::grants::Grant;
-use crate::client::janitor::{Cause, Cleanup, Done};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -459,7 +459,7 @@ impl DistributedLock for ReentrantLock {
         self.client.owner_released(&self.key, lease.value());
         if reply
             .as_ref()
-            .is_err_and(crate::client::janitor::worth_retrying)
+            .is_err_and(crate::client::cleanup::worth_retrying)
         {
             self.forget_failed_release(lease);
         }

@@ -9,7 +9,7 @@ use std::cell::Cell;
 
 use redis::RedisResult;
 
-use crate::client::janitor::{self, Cause, Cleanup};
+use crate::client::cleanup::{Cause, Cleanup};
 use crate::client::native::{self, Command};
 use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
@@ -74,7 +74,7 @@ pub(crate) fn delete_cleanup(key: &str, value: &[u8], channel: Option<&str>) -> 
         keys: vec![key.to_owned()],
         args,
         value_arg: 0,
-        read: janitor::read_delete,
+        read: crate::client::cleanup::read_delete,
         counted: false,
         what: "the owner-checked delete",
     }
@@ -156,7 +156,10 @@ pub(crate) fn release(
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
-    if reply.as_ref().is_err_and(janitor::worth_retrying) {
+    if reply
+        .as_ref()
+        .is_err_and(crate::client::cleanup::worth_retrying)
+    {
         client.janitor().forget(
             client,
             key,

@@ -37,7 +37,7 @@ use crate::client::access;
 use crate::client::acquire::Line;
 use crate::client::admin;
 use crate::client::admin::Detail;
-use crate::client::janitor::Cause;
+use crate::client::cleanup::Cause;
 use crate::client::native::{self, Command};
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
