@@ -361,7 +361,7 @@ impl ReadWriteLockBuilder {
     /// refused: Redisson's companion keys of it (`<key>:<owner>:rwlock_timeout:<n>`) would be
     /// in other slots.
     pub fn build(self) -> Result<ReadWriteLock> {
-        crate::client::native::needs_scripts(&self.client, &self.key, "a read-write lock")?;
+        crate::client::native::needs_scripts(self.client.native(), &self.key, "a read-write lock")?;
         let opts = HoldOptions::checked(
             &self.key,
             self.ttl,

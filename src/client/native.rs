@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::Value;
 
-use crate::client::LockClient;
 use crate::error::{LockError, Result};
 
 /// One native command of [`Native`].
@@ -212,8 +211,8 @@ pub(crate) fn set_ifeq_px(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
 
 /// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
 /// (see [`crate::client::native`]): only a Token lock without fencing goes without.
-pub(crate) fn needs_scripts(client: &LockClient, key: &str, what: &str) -> Result<()> {
-    if client.native().scripting() {
+pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()> {
+    if native.scripting() {
         return Ok(());
     }
     Err(LockError::Setup {
@@ -222,7 +221,7 @@ pub(crate) fn needs_scripts(client: &LockClient, key: &str, what: &str) -> Resul
                 "{what} on {key:?} runs Lua scripts, which this client's user may not (NOPERM \
                  on EVAL when the client was built); on {} only a Token lock without fencing \
                  needs none",
-                client.native().server()
+                native.server()
             ),
             None,
         )),

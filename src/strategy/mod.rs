@@ -263,7 +263,7 @@ impl LockBuilder {
             ));
         }
         let opts = self.hold_options()?;
-        needs_scripts(&self.client, &self.key, "a fair lock")?;
+        needs_scripts(self.client.native(), &self.key, "a fair lock")?;
         let lock = FairLock::new(self.client, self.key, opts)?;
         if self.check_access {
             lock.check_access()?;
@@ -275,7 +275,7 @@ impl LockBuilder {
     pub fn build_token(self) -> Result<TokenLock> {
         let opts = self.hold_options()?;
         if opts.fence_key.is_some() {
-            needs_scripts(&self.client, &self.key, "a Token lock with fencing")?;
+            needs_scripts(self.client.native(), &self.key, "a Token lock with fencing")?;
         }
         if self.check_access {
             let checks = token::access_checks(
@@ -293,7 +293,7 @@ impl LockBuilder {
     /// Builds a [`ReentrantLock`] whatever [`strategy`](Self::strategy) says.
     pub fn build_reentrant(self) -> Result<ReentrantLock> {
         let opts = self.hold_options()?;
-        needs_scripts(&self.client, &self.key, "a reentrant lock")?;
+        needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
         if self.check_access {
             let checks = reentrant::access_checks(
                 &self.key,
@@ -340,7 +340,7 @@ impl LockBuilder {
         }
         let (ttl, retry) = self.validate(CLASSIC_DEFAULT_TTL, RetryPolicy::legacy())?;
         check_duration(&self.key, "clock_skew", self.classic.clock_skew, true)?;
-        needs_scripts(&self.client, &self.key, "a Classic lock")?;
+        needs_scripts(self.client.native(), &self.key, "a Classic lock")?;
         if self.check_access {
             let checks = classic::access_checks(&self.client, &self.key);
             crate::client::access::verify(&self.client, &self.key, "Classic", &checks)?;
