@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::client::subscriber::Wakeups;
+use crate::client::subscriber::{Delivery, Wakeups};
 use crate::client::waiters::WaitQueues;
 use crate::error::{LockError, Result};
 use crate::lease::Attempt;
@@ -129,7 +129,12 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             let mut fresh = false;
             if subscription.is_none() {
                 if let Some(wake) = &line.wake {
-                    subscription = wake.wakeups.subscribe(wake.channel, line.name, deadline);
+                    subscription = wake.wakeups.subscribe(
+                        wake.channel,
+                        line.name,
+                        Delivery::Release,
+                        deadline,
+                    );
                     // Confirmed just now: a release since the refused attempt may have been
                     // missed, so try again at once.
                     fresh = subscription.as_ref().is_some_and(|s| s.is_confirmed());

@@ -1,5 +1,6 @@
-//! Grants of fair locks ([`Strategy::Fair`](crate::Strategy::Fair)) expected by threads of this
-//! client: a thread waiting in a fair lock's queue in Redis registers its token here before its
+//! The hand-off mailbox: grants expected by threads of this client, for locks whose release
+//! hands the lock to the next waiter inside Redis (hand-off locks): a thread waiting in such a
+//! lock's queue in Redis registers its token here before its
 //! first attempt; the subscriber thread (or a release by this client, which learns the grant
 //! from its own script's reply) fills the entry when a grant to that token is published, and
 //! wakes the thread's line. The waiting thread then returns a guard without another command.
@@ -8,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// A fair lock's waiter token: the waiting client's id (16 hex characters, the first of its
+/// A hand-off waiter's token: the waiting client's id (16 hex characters, the first of its
 /// instance id: the grant is published on that client's channel) and 128 random bits (32 hex
 /// characters).
 pub(crate) type Token = [u8; TOKEN_LEN];

@@ -1,4 +1,4 @@
-//! The values this client is writing or holds at lock keys (Token and Fair tokens, which start
+//! The values this client is writing or holds at lock keys (tokens that start
 //! with the client's id): a value of the client's found at a key and NOT in this set is a hold
 //! nobody will release (released on a primary that lost the release in a failover, or written
 //! by an acquire whose reply was lost), which the client may delete, owner-checked on that

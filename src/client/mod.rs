@@ -62,7 +62,7 @@ pub const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Threads of each client's connection pool scheduler, which opens connections in the
 /// background and closes idle ones (r2d2's default).
 const SCHEDULER_THREADS: usize = 3;
-/// Hex digits of the client's id at the start of its Token and Fair tokens.
+/// Hex digits of the client's id at the start of the tokens its locks write.
 pub(crate) const TOKEN_PREFIX_LEN: usize = 16;
 
 /// A handle to one Redis deployment: a pool of connections, the Lua scripts' SHAs and the
@@ -375,7 +375,7 @@ impl LockClient {
         self.switches().map_or(0, Switches::generation)
     }
 
-    /// The client's id as it opens the tokens its Token and Fair locks write: the first 16 hex
+    /// The client's id as it opens the tokens its token-valued locks write: the first 16 hex
     /// digits of its instance id (a random UUID). After a Sentinel switch, a value of the
     /// client's that the new master still holds is recognised by it.
     pub(crate) fn token_prefix(&self) -> [u8; TOKEN_PREFIX_LEN] {
@@ -391,7 +391,7 @@ impl LockClient {
         id
     }
 
-    /// `value` (a Token or Fair token) is being written, or is held: nothing may delete it as
+    /// `value` (a token) is being written, or is held: nothing may delete it as
     /// a stale hold of this client's (see `client/live.rs`).
     pub(crate) fn hold_begins(&self, value: &[u8]) {
         self.inner.live.begin(value);
@@ -436,8 +436,8 @@ impl LockClient {
         self.inner.live.contains(&owner_slot(b'a', key, owner))
     }
 
-    /// True if `value`, found at a lock key, was written by this client (a Token or Fair
-    /// token) and is neither held nor being written by it: a hold nobody will release.
+    /// True if `value`, found at a lock key, was written by this client (a token)
+    /// and is neither held nor being written by it: a hold nobody will release.
     pub(crate) fn is_stale_own(&self, value: &[u8]) -> bool {
         value.len() > TOKEN_PREFIX_LEN
             && value.starts_with(&self.token_prefix())

@@ -85,7 +85,7 @@ struct Shared {
     counters: Arc<Counters>,
     /// A connection that was up has been lost: the next one is a reconnect.
     was_lost: AtomicBool,
-    /// The connection while the reader thread lends it to fair-lock waiters
+    /// The connection while the reader thread lends it to hand-off waiters
     /// ([`Wakeups::await_grant`]).
     lend: Mutex<Lend>,
     /// Borrowers wait here: signalled when the connection is put back while another borrower
@@ -106,7 +106,7 @@ struct Shared {
     base: Instant,
 }
 
-/// The connection lent by the reader thread to the fair-lock waiters of its client: while one
+/// The connection lent by the reader thread to the hand-off waiters of its client: while one
 /// of them waits for a grant, that waiting thread reads the connection itself, so the grant
 /// message wakes it directly rather than the reader thread, which would then have to wake it.
 #[derive(Default)]
@@ -139,7 +139,7 @@ struct State {
     /// The reader is blocked reading pushes (up to [`TICK`]), or has lent the connection: a
     /// command queued now waits.
     reading: bool,
-    /// Fair-lock waiters waiting for a grant in [`Wakeups::await_grant`].
+    /// Hand-off waiters waiting for a grant in [`Wakeups::await_grant`].
     borrowers: usize,
 }
 
@@ -177,6 +177,8 @@ struct Channel {
     sent: Option<u64>,
     /// The server confirmed the subscription on this generation.
     confirmed: Option<u64>,
+    /// Its waiters take grants (see [`Delivery::HandOff`]): the connection may be lent to them.
+    hand_off: bool,
     /// Since when nobody has waited on the channel.
     idle_since: Option<Instant>,
     /// The connection was lost while threads waited: wake them once confirmed again.
@@ -193,8 +195,16 @@ fn lock_lend(m: &Mutex<Lend>) -> MutexGuard<'_, Lend> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The prefix of fair-lock grant channels: only their waiters borrow the connection.
-const FAIR_CHANNEL_PREFIX: &str = "dlock_fair_ch:";
+/// How the messages of a channel reach its waiters, as the lock that subscribes says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// A message is a release: the reader thread wakes the channel's lines, whose heads try
+    /// again.
+    Release,
+    /// A message hands the lock to one waiter (a grant, see `grants.rs`): the waiter may
+    /// borrow the connection and read its grant itself ([`Wakeups::await_grant`]).
+    HandOff,
+}
 
 impl std::fmt::Debug for Wakeups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -246,6 +256,7 @@ impl Wakeups {
         &self,
         channel: &str,
         line: &str,
+        delivery: Delivery,
         deadline: Option<Instant>,
     ) -> Option<Subscription<'_>> {
         let shared = self.shared.as_ref()?;
@@ -268,6 +279,7 @@ impl Wakeups {
         let ch = st.channels.entry(channel.to_owned()).or_default();
         ch.users += 1;
         ch.idle_since = None;
+        ch.hand_off = delivery == Delivery::HandOff;
         match ch.lines.iter_mut().find(|(name, _)| name == line) {
             Some((_, n)) => *n += 1,
             None => ch.lines.push((line.to_owned(), 1)),
@@ -324,7 +336,7 @@ impl Wakeups {
         }
         // A lent connection is taken back for this (a command to send, or a channel whose
         // messages the reader thread dispatches); otherwise the reader thread is not woken
-        // (one system call and two thread switches fewer per waiting fair `lock()`).
+        // (one system call and two thread switches fewer per waiting hand-off `lock()`).
         let take_back = !Shared::may_keep_lent(&st);
         drop(st);
         if take_back {
@@ -336,7 +348,7 @@ impl Wakeups {
     /// Waits until a grant to `token` is in `grants`, until `until`, or until the subscriber's
     /// link changes (lost, or a subscription confirmed): the caller then looks again. While it
     /// waits, this thread reads the subscriber connection itself whenever the reader thread
-    /// lends it (it does while only fair-lock waiters need it): a grant message then wakes this
+    /// lends it (it does while only hand-off waiters need it): a grant message then wakes this
     /// thread directly, one thread switch fewer than through the reader thread. Messages for
     /// other threads are dispatched as the reader thread would. `false` when this client has
     /// no subscriber (the caller sleeps as it would otherwise).
@@ -740,15 +752,15 @@ impl Shared {
             .saturating_sub(Duration::from_micros(us))
     }
 
-    /// True if the connection may be lent: fair-lock waiters wait for grants and
+    /// True if the connection may be lent: hand-off waiters wait for grants and
     /// [`may_keep_lent`](Self::may_keep_lent).
     fn may_lend(st: &State) -> bool {
         st.borrowers > 0 && Self::may_keep_lent(st)
     }
 
     /// True if the lent connection may stay lent: nothing is to be sent, and no channel other
-    /// than fair-lock grant channels is waited on (its messages wake lines through the reader
-    /// thread). It stays lent while no borrower reads it, between one fair-lock waiter's
+    /// than hand-off channels is waited on (its messages wake lines through the reader
+    /// thread). It stays lent while no borrower reads it, between one hand-off waiter's
     /// grant and its next wait: only grants to this client's waiters can be waited for then,
     /// and each of those waiters reads it again when it next waits.
     fn may_keep_lent(st: &State) -> bool {
@@ -756,10 +768,7 @@ impl Shared {
             && !st.shutdown
             && !st.reconnect
             && st.link == Link::Up
-            && st
-                .channels
-                .iter()
-                .all(|(name, c)| c.users == 0 || name.starts_with(FAIR_CHANNEL_PREFIX))
+            && st.channels.iter().all(|(_, c)| c.users == 0 || c.hand_off)
     }
 
     /// A new connection is ready: bump the generation, queue a `SUBSCRIBE` of every channel
@@ -813,7 +822,7 @@ impl Shared {
         }
     }
 
-    /// A message on a subscribed channel: a fair lock's grant goes to the one thread that
+    /// A message on a subscribed channel: a grant goes to the one thread that
     /// expects it (if it is one of this client's); anything else is a release.
     fn dispatch(&self, channel: &str, payload: &[u8]) {
         if payload.starts_with(crate::client::grants::GRANT_PREFIX) {
@@ -873,7 +882,7 @@ impl Shared {
 #[derive(Debug, PartialEq, Eq)]
 enum Push {
     Message(String),
-    /// A message whose payload is a fair lock's grant: the channel and the payload.
+    /// A message whose payload is a grant: the channel and the payload.
     Grant(String, Vec<u8>),
     Subscribed {
         channel: String,
@@ -1200,7 +1209,7 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
     }
 }
 
-/// Lends the connection to the fair-lock waiters ([`Wakeups::await_grant`]) until it is
+/// Lends the connection to the hand-off waiters ([`Wakeups::await_grant`]) until it is
 /// needed back: a command to send, a channel of another kind waited on, the keepalive due, or
 /// shutdown. Checked when woken and every [`TICK`]; a borrower returns the
 /// connection after its current read (at most [`TICK`]). A borrower's failed read ends the
@@ -1442,7 +1451,7 @@ mod tests {
             Duration::from_secs(1),
             Arc::default(),
         );
-        assert!(w.subscribe("ch", "line", None).is_none());
+        assert!(w.subscribe("ch", "line", Delivery::Release, None).is_none());
         assert_eq!(w.subscribed_channels(), 0);
     }
 
@@ -1472,10 +1481,10 @@ mod tests {
             Arc::default(),
         );
         // The first call waits while the reader finds out; later ones return None at once.
-        let first = w.subscribe("ch", "line", None);
+        let first = w.subscribe("ch", "line", Delivery::Release, None);
         assert!(first.as_ref().is_none_or(|s| !s.is_confirmed()));
         drop(first);
-        assert!(w.subscribe("ch", "line", None).is_none());
+        assert!(w.subscribe("ch", "line", Delivery::Release, None).is_none());
         assert_eq!(w.subscribed_channels(), 0);
     }
 
@@ -1497,7 +1506,9 @@ mod tests {
             Arc::default(),
         );
         let start = Instant::now();
-        let s = w.subscribe("ch", "line", None).expect("pub/sub configured");
+        let s = w
+            .subscribe("ch", "line", Delivery::Release, None)
+            .expect("pub/sub configured");
         assert!(!s.is_confirmed());
         // Refused at once: no wait for the (5 s) timeout.
         assert!(start.elapsed() < Duration::from_secs(4));

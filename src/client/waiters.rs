@@ -45,7 +45,7 @@ pub(crate) struct WaitQueues {
     /// Lines whose lock was last freed without a published release (a peer that does not
     /// publish), until when to poll them fast (see [`Self::poll_interval`]).
     silent: Mutex<HashMap<String, Instant>>,
-    /// Grants of fair locks that this client's waiting threads expect (see
+    /// Grants of hand-off locks that this client's waiting threads expect (see
     /// [`Grants`](crate::client::grants::Grants)).
     pub(crate) grants: crate::client::grants::Grants,
 }
@@ -73,17 +73,18 @@ struct State {
     /// Threads asleep on the line's condvar (see [`Queue::wait`]): a change with none asleep
     /// notifies nobody (a notify costs a system call even then).
     sleepers: usize,
-    /// Fair locks: a thread of this client took the key's lock since the line's latest
+    /// Hand-off locks: a thread of this client took the key's lock since the line's latest
     /// release by this client (a hint: see [`WaitQueues::offer`]).
-    fair_held: bool,
-    /// Fair locks: the head's offer to be queued by the holder's release.
+    held_here: bool,
+    /// Hand-off locks: the head's offer to be queued by the holder's release.
     offer: Option<Offer>,
-    /// Fair locks: a head that gives up waits for the release that took its offer (see
+    /// Hand-off locks: a head that gives up waits for the release that took its offer (see
     /// [`WaitQueues::withdraw_offer`]); only then does the release's reply wake the line.
     withdrawing: bool,
 }
 
-/// A fair lock's hand-over between threads of one client (`FairLock`): while another thread of
+/// The hand-over of a hand-off lock (one whose release grants it to the next waiter)
+/// between threads of one client: while another thread of
 /// the client holds the lock, the head of the line does not queue itself in Redis; it offers
 /// its token, and the holder's release queues it (or grants it the lock) in the same script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,7 +263,7 @@ impl WaitQueues {
             .is_some_and(|until| *until > Instant::now())
     }
 
-    /// A grant of a fair lock to `token` was published (or returned by this client's own
+    /// A grant to `token` was published (or returned by this client's own
     /// release): if a thread of this client expects it, record it and wake its line.
     pub(crate) fn deliver_grant(&self, token: &[u8], grant: crate::client::grants::Grant) -> bool {
         match self.grants.deliver(token, grant) {
@@ -282,15 +283,15 @@ impl WaitQueues {
         lock(&self.map).get(key).map(Arc::clone)
     }
 
-    /// Fair locks: a thread of this client took `key`'s lock. Noted only while other threads
+    /// Hand-off locks: a thread of this client took `key`'s lock. Noted only while other threads
     /// of this client wait for it.
-    pub(crate) fn fair_took(&self, key: &str) {
+    pub(crate) fn note_local_hold(&self, key: &str) {
         if let Some(q) = self.line(key) {
-            lock(&q.state).fair_held = true;
+            lock(&q.state).held_here = true;
         }
     }
 
-    /// Fair locks: the head of `key`'s line offers `token` to be queued by the release of the
+    /// Hand-off locks: the head of `key`'s line offers `token` to be queued by the release of the
     /// thread of this client that holds the lock. False (nothing offered) when no such hold is
     /// known: the head then queues itself. A hold that ends without a release by this client
     /// (lost, or its guard leaked) leaves the offer open; the head's next poll queues it
@@ -300,19 +301,19 @@ impl WaitQueues {
             return false;
         };
         let mut st = lock(&q.state);
-        if !st.fair_held || st.offer.is_some() {
+        if !st.held_here || st.offer.is_some() {
             return false;
         }
         st.offer = Some(Offer::Open(*token));
         true
     }
 
-    /// Fair locks: a release of `key` by this client is about to be sent. Takes the open offer,
+    /// Hand-off locks: a release of `key` by this client is about to be sent. Takes the open offer,
     /// if any (its token goes with the release), and forgets the hold.
     pub(crate) fn take_offer(&self, key: &str) -> Option<Token> {
         let q = self.line(key)?;
         let mut st = lock(&q.state);
-        st.fair_held = false;
+        st.held_here = false;
         match st.offer {
             Some(Offer::Open(token)) => {
                 st.offer = Some(Offer::Taken {
@@ -325,7 +326,7 @@ impl WaitQueues {
         }
     }
 
-    /// Fair locks: the release that took the offer of `token` came back (see [`Offer`]).
+    /// Hand-off locks: the release that took the offer of `token` came back (see [`Offer`]).
     pub(crate) fn offer_settled(&self, key: &str, token: &Token, at_us: Option<u64>) {
         let Some(q) = self.line(key) else {
             return;
@@ -345,14 +346,14 @@ impl WaitQueues {
         }
     }
 
-    /// Fair locks: the offer of `token`, as it stands.
+    /// Hand-off locks: the offer of `token`, as it stands.
     pub(crate) fn offer_state(&self, key: &str, token: &Token) -> Option<Offer> {
         let q = self.line(key)?;
         let st = lock(&q.state);
         st.offer.filter(|o| o.token() == token)
     }
 
-    /// Fair locks: the head that offered `token` polls Redis itself. An offer no release took
+    /// Hand-off locks: the head that offered `token` polls Redis itself. An offer no release took
     /// is withdrawn, and the hold it waited for is forgotten (it ended without a release by
     /// this client, or lasts longer than a poll): the next heads queue themselves until a
     /// thread of this client takes the lock again. True if the offer was open.
@@ -363,13 +364,13 @@ impl WaitQueues {
         let mut st = lock(&q.state);
         if st.offer == Some(Offer::Open(*token)) {
             st.offer = None;
-            st.fair_held = false;
+            st.held_here = false;
             return true;
         }
         false
     }
 
-    /// Fair locks: the head that offered `token` stops waiting. With `patience`, a release
+    /// Hand-off locks: the head that offered `token` stops waiting. With `patience`, a release
     /// that carries the token and has no reply yet is waited for (at most that long), so that
     /// the head's withdrawal from the queue reaches Redis after it.
     pub(crate) fn withdraw_offer(&self, key: &str, token: &Token, patience: Option<Duration>) {
@@ -734,13 +735,13 @@ mod tests {
         let q = WaitQueues::default();
         let (t1, t2) = ([b'1'; 48], [b'2'; 48]);
         // No line: nothing is noted or offered.
-        q.fair_took("k");
+        q.note_local_hold("k");
         assert_eq!(q.take_offer("k"), None);
         let holder = q.enqueue("k");
         let next = q.enqueue("k");
         // No hold known: the head queues itself.
         assert!(!q.offer("k", &t2));
-        q.fair_took("k");
+        q.note_local_hold("k");
         drop(holder);
         assert!(q.offer("k", &t2));
         assert!(!q.offer("k", &t1), "one offer at a time");
@@ -781,7 +782,7 @@ mod tests {
         let q = WaitQueues::default();
         let t = [b'3'; 48];
         let _head = q.enqueue("k");
-        q.fair_took("k");
+        q.note_local_hold("k");
         assert!(q.offer("k", &t));
         assert!(q.reclaim_offer("k", &t));
         assert_eq!(q.offer_state("k", &t), None);
@@ -794,7 +795,7 @@ mod tests {
         let q = WaitQueues::default();
         let t = [b'4'; 48];
         let _head = q.enqueue("k");
-        q.fair_took("k");
+        q.note_local_hold("k");
         assert!(q.offer("k", &t));
         assert_eq!(q.take_offer("k"), Some(t));
         let start = Instant::now();
@@ -811,7 +812,7 @@ mod tests {
         });
         assert_eq!(q.offer_state("k", &t), None);
         // With a release that never answers, at most the patience.
-        q.fair_took("k");
+        q.note_local_hold("k");
         assert!(q.offer("k", &t));
         assert_eq!(q.take_offer("k"), Some(t));
         let start = Instant::now();

@@ -154,7 +154,7 @@ impl Watchdog {
         self.watch_from(client, state, crate::time::after(state.lease() / 3));
     }
 
-    /// [`watch`](Self::watch), with the first renewal at `due` (a fair lock's grant, whose
+    /// [`watch`](Self::watch), with the first renewal at `due` (a hand-off grant, whose
     /// short lease must be raised soon).
     pub(crate) fn watch_from(
         &self,

@@ -42,6 +42,7 @@ use crate::client::admin;
 use crate::client::admin::Detail;
 use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
+use crate::client::subscriber::Delivery;
 use crate::client::waiters::Offer;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -356,7 +357,7 @@ impl FairLock {
     /// The lock is ours (taken or granted): while other threads of this client wait for it,
     /// the head of their line offers to be queued by our release (see `acquire_blocking`).
     fn took(&self) {
-        self.client.waiters().fair_took(&self.key);
+        self.client.waiters().note_local_hold(&self.key);
     }
 
     /// The lock was found held: attempts go to the script for a while.
@@ -768,7 +769,7 @@ impl FairLock {
                 Outcome::Refused { at_us, rank } => (at_us, rank),
             };
         }
-        let subscription = wakeups.subscribe(&self.channel, &self.key, deadline);
+        let subscription = wakeups.subscribe(&self.channel, &self.key, Delivery::HandOff, deadline);
         let mut late = None;
         loop {
             let mut ask = false;
