@@ -87,9 +87,10 @@ mod rwlock;
 #[doc(hidden)]
 pub mod bench_hooks;
 
+pub use client::builder::{ClientBuilder, ConnectionTarget};
 pub use client::{
-    ClientBuilder, ConnectionTarget, LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_HANDOFF_COURTESY, DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
+    LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDOFF_COURTESY,
+    DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
 };
 pub use error::{LockError, Result};
 pub use lease::{Lease, LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};

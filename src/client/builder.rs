@@ -94,6 +94,71 @@ impl std::fmt::Debug for ClientBuilder {
     }
 }
 
+/// The facade's ways in: a client is built from its target.
+impl LockClient {
+    /// Connects to one Redis server with the default pool settings: a URL
+    /// (`redis://[user:password@]host:port/db`, `rediss://…`, `unix:///path`), or anything
+    /// else redis-rs's `IntoConnectionInfo` takes, such as a [`redis::ConnectionInfo`] built in
+    /// code ([`ConnectionTarget`] lists them).
+    ///
+    /// ```no_run
+    /// use redis_dlock::LockClient;
+    /// use redis_dlock::redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = LockClient::open("redis://127.0.0.1:6379/")?;
+    /// let url: String = std::env::var("REDIS_URL")?;
+    /// let client = LockClient::open(&url)?;
+    /// // Settings built in code: the password need not be written into a URL.
+    /// let info: ConnectionInfo = ConnectionAddr::Tcp("10.0.0.7".into(), 6379)
+    ///     .into_connection_info()?;
+    /// let settings = info.redis_settings().clone().set_password("s3cret");
+    /// let client = LockClient::open(info.set_redis_settings(settings))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn open(target: impl ConnectionTarget) -> Result<Self> {
+        Self::builder(target).build()
+    }
+
+    /// A builder for one server, to tune the pool and timeouts; `target` as for
+    /// [`open`](Self::open). A malformed URL is reported by [`ClientBuilder::build`].
+    pub fn builder(target: impl ConnectionTarget) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Single(target.into_target_info()))
+    }
+
+    /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`).
+    /// Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
+    ///
+    /// Each command, its redirections and retries included (`TRYAGAIN`, `CLUSTERDOWN`, a
+    /// failed-over node), returns within the command timeout plus at most one retry sleep of a
+    /// tenth of it: every read, write and connect of it is cut to the time left before one
+    /// deadline. Waiting for a pooled connection and opening a new one are bounded by the
+    /// connect timeout, as for a single server. See `docs/deployments.md`.
+    pub fn cluster_builder<S: AsRef<str>>(nodes: &[S]) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Cluster(
+            nodes.iter().map(|n| n.as_ref().to_owned()).collect(),
+        ))
+    }
+
+    /// A builder for the master that the Sentinels at `sentinels` name for `service`. After a
+    /// failover, new connections go to the new master. The client follows the Sentinels'
+    /// `+switch-master` announcements (one background thread per client, `dlock-sentinel`):
+    /// pooled connections opened before an announced switch are discarded at their next
+    /// checkout, so a graceful failover, whose old master keeps answering as a master for a
+    /// while, is followed at once. Connections to an old master are also dropped on their first
+    /// `READONLY` or I/O error.
+    ///
+    /// Every new connection asks the Sentinels in turn (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and
+    /// checks with `ROLE` that the server named is a master. Each of these steps is bounded by
+    /// the connect and command timeouts (the connect timeout if the command timeout is `None`),
+    /// so a frozen Sentinel or old master delays a reconnection but never blocks it.
+    pub fn sentinel_builder<S: AsRef<str>>(sentinels: &[S], service: &str) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Sentinel {
+            sentinels: sentinels.iter().map(|n| n.as_ref().to_owned()).collect(),
+            service: service.to_owned(),
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(super) enum TargetSpec {
     /// One server; a malformed URL is reported by `build`.
