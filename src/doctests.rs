@@ -15,6 +15,7 @@ macro_rules! guides {
 
 guides! {
     Algorithms = "algorithms.md";
+    Architecture = "architecture.md";
     Benchmarks = "benchmarks.md";
     Cli = "cli.md";
     Compatibility = "compatibility.md";

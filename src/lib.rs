@@ -107,14 +107,8 @@ pub use redlock::{
 pub use retry::{RetryPolicy, MIN_RETRY_DELAY};
 pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_MIN_WRITER_INTENT};
 pub use stats::Stats;
-pub use strategy::classic::ClassicLock;
-pub use strategy::fair::{FairLock, FAIR_GRANT_LEASE, FAIR_QUEUE_ENTRY_TTL};
-pub use strategy::hold::WakeUp;
-pub use strategy::reentrant::ReentrantLock;
-pub use strategy::token::TokenLock;
-pub use strategy::{
-    ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL,
-};
+// Strategy, LockBuilder and every lock type they build: strategy/mod.rs lists them.
+pub use strategy::*;
 pub use time::MAX_TTL;
 
 // Every Rust block of README.md and docs/*.md, compiled by `cargo test --doc`.

@@ -1,12 +1,17 @@
 //! [`Strategy`] picks the algorithm; [`LockBuilder`] holds every option with its default.
 
+// The algorithms, and the public names of each (passed on by lib.rs as they are).
 pub(crate) mod classic;
-pub use classic::{ClassicOptions, Encoding, Takeover, CLASSIC_DEFAULT_TTL};
+pub use classic::{ClassicLock, ClassicOptions, Encoding, Takeover, CLASSIC_DEFAULT_TTL};
 pub(crate) mod fair;
+pub use fair::{FairLock, FAIR_GRANT_LEASE, FAIR_QUEUE_ENTRY_TTL};
 pub(crate) mod hold;
+pub use hold::WakeUp;
 pub(crate) mod reentrant;
+pub use reentrant::ReentrantLock;
 pub(crate) mod string_value;
 pub(crate) mod token;
+pub use token::TokenLock;
 
 use std::time::Duration;
 
@@ -18,11 +23,7 @@ use crate::error::{LockError, Result};
 use crate::lease::{LostCallback, LostLock};
 use crate::lock::{check_lock_options, DistributedLock};
 use crate::retry::RetryPolicy;
-use crate::strategy::classic::ClassicLock;
-use crate::strategy::fair::FairLock;
-use crate::strategy::hold::{HoldOptions, WakeUp};
-use crate::strategy::reentrant::ReentrantLock;
-use crate::strategy::token::TokenLock;
+use crate::strategy::hold::HoldOptions;
 use crate::time::check_duration;
 
 /// The locking algorithm.
