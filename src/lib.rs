@@ -112,7 +112,7 @@ pub use strategy::hold::WakeUp;
 pub use strategy::reentrant::ReentrantLock;
 pub use strategy::token::TokenLock;
 pub use strategy::{
-    ClassicOptions, Encoding, LockBuilder, Strategy, Takeover, CLASSIC_DEFAULT_TTL,
+    ClassicOptions, Encoding, LockBuilder, Recognized, Strategy, Takeover, CLASSIC_DEFAULT_TTL,
 };
 pub use time::MAX_TTL;
 
