@@ -51,7 +51,7 @@ pub const STRATEGIES: &[(&str, Strategy)] = &[
     ("fair", Strategy::Fair),
 ];
 
-/// The names `--classic-encoding` takes, and the library's encodings
+/// The names `--classic-encoding` takes (and `status` prints), and the library's encodings
 /// they stand for.
 pub const ENCODINGS: &[(&str, Encoding)] = &[
     ("decimal", Encoding::Decimal),
@@ -61,6 +61,11 @@ pub const ENCODINGS: &[(&str, Encoding)] = &[
 /// The value `name` stands for in `table`.
 fn named<T: Copy>(table: &[(&str, T)], name: &str) -> Option<T> {
     table.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+}
+
+/// The name of `value` in `table`.
+pub fn name_of<T: PartialEq>(table: &[(&'static str, T)], value: &T) -> Option<&'static str> {
+    table.iter().find(|(_, v)| v == value).map(|(n, _)| *n)
 }
 
 /// The names of `table` as a choice: `a, b or c`.
@@ -538,6 +543,7 @@ mod tests {
                 panic!("valid: {name}")
             };
             assert_eq!(o.strategy, *strategy);
+            assert_eq!(name_of(STRATEGIES, strategy), Some(*name));
         }
         let Ok(Cmd::Run(o)) = parse(
             args(&[
@@ -554,6 +560,7 @@ mod tests {
             panic!("valid")
         };
         assert_eq!(o.encoding, Encoding::BigEndian);
+        assert_eq!(name_of(ENCODINGS, &Encoding::Decimal), Some("decimal"));
         let Err(Usage(msg)) = parse(
             args(&["run", "--key", "k", "--strategy", "bogus", "--", "true"]),
             None,
