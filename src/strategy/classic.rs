@@ -493,6 +493,28 @@ pub(crate) fn access_checks(client: &LockClient, key: &str) -> Vec<access::Check
     c
 }
 
+/// The expiries, in epoch milliseconds, that [`recognize`] takes for a Classic lock's: from
+/// 2000-01-01 ([`OLDEST_PLAUSIBLE_EXPIRY_MS`]) to 2500-01-01. The upper bound keeps other
+/// values of 8 bytes, or long numbers, from passing for an expiry.
+const RECOGNIZED_EXPIRY_MS: std::ops::Range<i64> = OLDEST_PLAUSIBLE_EXPIRY_MS..16_725_225_600_000;
+
+/// The expiry (epoch ms) and encoding of `value`, read at a lock key, if it has the shape of a
+/// Classic lock's value in either encoding: 8 bytes that read as a big-endian expiry, or 1 to 19
+/// decimal digits (no sign), in [`RECOGNIZED_EXPIRY_MS`] either way. A guess from the shape
+/// alone: another tool's number in that range passes too. The two shapes cannot both fit one
+/// value (a big-endian expiry starts with two zero bytes, a decimal one has 12 to 14 digits).
+pub(crate) fn recognize(value: &[u8]) -> Option<(i64, Encoding)> {
+    let plausible = |ms: &i64| RECOGNIZED_EXPIRY_MS.contains(ms);
+    let as_encoding = |encoding| {
+        decode_raw(encoding, value)
+            .ok()
+            .filter(plausible)
+            .map(|ms| (ms, encoding))
+    };
+    let digits = (1..=19).contains(&value.len()) && value.iter().all(u8::is_ascii_digit);
+    as_encoding(Encoding::BigEndian).or_else(|| digits.then(|| as_encoding(Encoding::Decimal))?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,5 +551,35 @@ mod tests {
         // A Lua-based legacy locker stores "1": not an expiry, never taken over as a stale one.
         assert!(decode(Encoding::Decimal, b"1").is_err());
         assert!(decode(Encoding::BigEndian, &1i64.to_be_bytes()).is_err());
+    }
+
+    #[test]
+    fn classic_values_are_recognized() {
+        let ms = 1_700_000_000_123;
+        for enc in [Encoding::Decimal, Encoding::BigEndian] {
+            assert_eq!(recognize(encode(enc, ms).as_bytes()), Some((ms, enc)));
+            let written = expiry_value("k", enc, Duration::from_secs(1), Duration::ZERO);
+            let written = written.expect("clock");
+            assert_eq!(recognize(written.as_bytes()).map(|(_, e)| e), Some(enc));
+            // Before 2000 or after 2500: not an expiry.
+            assert_eq!(recognize(encode(enc, 1).as_bytes()), None);
+            assert_eq!(recognize(encode(enc, 946_684_799_999).as_bytes()), None);
+            assert!(recognize(encode(enc, 946_684_800_000).as_bytes()).is_some());
+            assert!(recognize(encode(enc, 16_725_225_599_999).as_bytes()).is_some());
+            assert_eq!(recognize(encode(enc, 16_725_225_600_000).as_bytes()), None);
+            assert_eq!(recognize(encode(enc, -ms).as_bytes()), None);
+        }
+        // Decimal digits only: no sign, no spaces, at most 19 of them.
+        assert_eq!(recognize(b"+1700000000123"), None);
+        assert_eq!(recognize(b" 1700000000123"), None);
+        assert_eq!(recognize(b"00000001700000000123"), None);
+        assert_eq!(
+            recognize(b"0000001700000000123"),
+            Some((ms, Encoding::Decimal))
+        );
+        // Eight digits are a number before 2000, and as bytes far beyond 2500.
+        assert_eq!(recognize(b"17000000"), None);
+        assert_eq!(recognize(b""), None);
+        assert_eq!(recognize(b"hello"), None);
     }
 }

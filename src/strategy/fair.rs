@@ -1117,6 +1117,14 @@ pub(crate) fn access_checks(n: &FairNames<'_>) -> Vec<access::Check> {
     c
 }
 
+/// True if `value`, read at a lock key, has the shape of a fair lock's value: [`TOKEN_LEN`] (48)
+/// hex digits, as `FairLock::new_token` builds them (the holder client's id, then 128 random
+/// bits; lowercase as this crate writes them, though either case is accepted). A guess from the
+/// shape alone: any other value of 48 hex digits passes too.
+pub(crate) fn recognizes(value: &[u8]) -> bool {
+    value.len() == TOKEN_LEN && value.iter().all(u8::is_ascii_hexdigit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1196,5 +1204,21 @@ mod tests {
         // A poll floor of 5 s polls within 7.5 s (a half more at random): 15 s.
         assert_eq!(entry_ttl(ms(5_000)), ms(15_000));
         assert_eq!(entry_ttl(Duration::MAX), Duration::from_secs(24 * 3600));
+    }
+
+    #[test]
+    fn fair_values_are_recognized() {
+        let mut token = [b'0'; TOKEN_LEN];
+        token[CLIENT_ID_LEN..].copy_from_slice(&new_token());
+        assert!(recognizes(&token));
+        assert!(recognizes(
+            b"0123456789abcdef0123456789abcdef0123456789ABCDEF"
+        ));
+        // A Token lock's value is shorter.
+        assert!(!recognizes(&new_token()));
+        assert!(!recognizes(
+            b"0123456789abcdef0123456789abcdef0123456789abcdeg"
+        ));
+        assert!(!recognizes(b""));
     }
 }

@@ -60,6 +60,61 @@ pub enum Strategy {
     ///
     Fair,
 }
+
+/// The kind of lock whose value a string at a lock key has the shape of: the answer of
+/// [`Strategy::recognize`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Recognized {
+    /// A [`Strategy::Token`] lock's value: 32 hex digits.
+    Token,
+    /// A [`Strategy::Fair`] lock's value: 48 hex digits (the holder client's id, then its
+    /// random part).
+    Fair,
+    /// A [`Strategy::Classic`] lock's value: an expiry timestamp between the years 2000 and
+    /// 2500, as 8 big-endian bytes or in decimal digits.
+    Classic {
+        /// The expiry in epoch milliseconds, by the clock of the locker that wrote it.
+        expiry_ms: i64,
+        /// How it was encoded.
+        encoding: Encoding,
+    },
+}
+
+impl Strategy {
+    /// Which kind of lock `value`, a string read at a lock key (`GET key`), looks like it was
+    /// written by, told from its format alone; `None` for a value that no strategy of this crate
+    /// writes (another tool's lock, say). Sends nothing to Redis. The formats do not overlap,
+    /// so at most one kind fits.
+    ///
+    /// A guess from the shape: another tool's value of the same shape (32 or 48 hex digits, a
+    /// number in the timestamp range) is taken for one of ours. A [`Strategy::Reentrant`] lock
+    /// is a hash, not a string: tell it by the key's Redis type (`TYPE key` is `hash`).
+    ///
+    /// ```
+    /// use redis_dlock::{Encoding, Recognized, Strategy};
+    ///
+    /// assert_eq!(
+    ///     Strategy::recognize(b"1700000000123"),
+    ///     Some(Recognized::Classic { expiry_ms: 1_700_000_000_123, encoding: Encoding::Decimal })
+    /// );
+    /// assert_eq!(Strategy::recognize(b"9f0c4b2e8d61a7350c2f9e4b1d8a6c73"), Some(Recognized::Token));
+    /// assert_eq!(Strategy::recognize(b"1"), None);
+    /// ```
+    pub fn recognize(value: &[u8]) -> Option<Recognized> {
+        if token::recognizes(value) {
+            Some(Recognized::Token)
+        } else if fair::recognizes(value) {
+            Some(Recognized::Fair)
+        } else {
+            classic::recognize(value).map(|(expiry_ms, encoding)| Recognized::Classic {
+                expiry_ms,
+                encoding,
+            })
+        }
+    }
+}
+
 /// Builds one lock. Start from [`LockClient::lock`].
 ///
 /// | option | default |
@@ -365,5 +420,47 @@ impl LockBuilder {
             self.ttl.unwrap_or(default_ttl),
             self.retry.clone().unwrap_or(default_retry),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_recognized() {
+        let ms = 1_700_000_000_123;
+        let classic = |encoding| {
+            Some(Recognized::Classic {
+                expiry_ms: ms,
+                encoding,
+            })
+        };
+        assert_eq!(
+            Strategy::recognize(b"0123456789abcdef0123456789abcdef"),
+            Some(Recognized::Token)
+        );
+        assert_eq!(
+            Strategy::recognize(b"0123456789abcdef0123456789abcdef0123456789abcdef"),
+            Some(Recognized::Fair)
+        );
+        assert_eq!(
+            Strategy::recognize(b"1700000000123"),
+            classic(Encoding::Decimal)
+        );
+        assert_eq!(
+            Strategy::recognize(&ms.to_be_bytes()),
+            classic(Encoding::BigEndian)
+        );
+        for other in [
+            &b""[..],
+            b"1",
+            b"hello",
+            b"0123456789abcdef",
+            b"0123456789abcdef0123456789abcdef0",
+            b"8743c9c0-0795-4907-87fd-6c719a6b4586:1",
+        ] {
+            assert_eq!(Strategy::recognize(other), None, "{other:?}");
+        }
     }
 }

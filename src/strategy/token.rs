@@ -565,6 +565,14 @@ pub(crate) fn access_checks(
     c
 }
 
+/// True if `value`, read at a lock key, has the shape of a Token lock's value: 32 hex digits,
+/// as `TokenLock::new_token` builds them (the client's id, then random bits; lowercase as this
+/// crate writes them, though either case is accepted). A guess from the shape alone: any other
+/// value of 32 hex digits passes too.
+pub(crate) fn recognizes(value: &[u8]) -> bool {
+    value.len() == 32 && value.iter().all(u8::is_ascii_hexdigit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -575,5 +583,15 @@ mod tests {
         let b = new_token();
         assert!(a.iter().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn token_values_are_recognized() {
+        assert!(recognizes(&new_token()));
+        assert!(recognizes(b"0123456789abcdef0123456789ABCDEF"));
+        assert!(!recognizes(b"0123456789abcdef0123456789abcde"));
+        assert!(!recognizes(b"0123456789abcdef0123456789abcdefa"));
+        assert!(!recognizes(b"0123456789abcdef0123456789abcdeg"));
+        assert!(!recognizes(b""));
     }
 }

@@ -4,6 +4,8 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
+use redis_dlock::{Encoding, Strategy};
+
 /// What the command line asks for.
 #[derive(Debug)]
 pub enum Cmd {
@@ -41,20 +43,39 @@ pub enum Wait {
     Forever,
 }
 
-/// `--strategy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    Token,
-    Classic,
-    Reentrant,
-    Fair,
+/// The names `--strategy` takes, and the library's strategies they stand for.
+pub const STRATEGIES: &[(&str, Strategy)] = &[
+    ("token", Strategy::Token),
+    ("classic", Strategy::Classic),
+    ("reentrant", Strategy::Reentrant),
+    ("fair", Strategy::Fair),
+];
+
+/// The names `--classic-encoding` takes (and `status` prints), and the library's encodings
+/// they stand for.
+pub const ENCODINGS: &[(&str, Encoding)] = &[
+    ("decimal", Encoding::Decimal),
+    ("big-endian", Encoding::BigEndian),
+];
+
+/// The value `name` stands for in `table`.
+fn named<T: Copy>(table: &[(&str, T)], name: &str) -> Option<T> {
+    table.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
 }
 
-/// `--classic-encoding`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClassicEncoding {
-    Decimal,
-    BigEndian,
+/// The name of `value` in `table`.
+pub fn name_of<T: PartialEq>(table: &[(&'static str, T)], value: &T) -> Option<&'static str> {
+    table.iter().find(|(_, v)| v == value).map(|(n, _)| *n)
+}
+
+/// The names of `table` as a choice: `a, b or c`.
+fn choices<T>(table: &[(&str, T)]) -> String {
+    let names: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
 }
 
 /// The options of `run`.
@@ -67,7 +88,7 @@ pub struct RunOpts {
     /// `--lease`: the renewed lease (without `--ttl`).
     pub lease: Duration,
     pub strategy: Strategy,
-    pub encoding: ClassicEncoding,
+    pub encoding: Encoding,
     pub kill_after: Duration,
     pub quiet: bool,
     /// The program and its arguments.
@@ -287,29 +308,23 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Cmd, Usage>
             }
             "--strategy" => {
                 run_only(&name)?;
-                let s = match value(&name)?.as_str() {
-                    "token" => Strategy::Token,
-                    "classic" => Strategy::Classic,
-                    "reentrant" => Strategy::Reentrant,
-                    "fair" => Strategy::Fair,
-                    other => {
-                        return usage(format!(
-                            "--strategy must be token, classic, reentrant or fair, not {other:?}"
-                        ))
-                    }
+                let v = value(&name)?;
+                let Some(s) = named(STRATEGIES, &v) else {
+                    return usage(format!(
+                        "--strategy must be {}, not {v:?}",
+                        choices(STRATEGIES)
+                    ));
                 };
                 set(&mut o.strategy, &name, s)?;
             }
             "--classic-encoding" => {
                 run_only(&name)?;
-                let e = match value(&name)?.as_str() {
-                    "decimal" => ClassicEncoding::Decimal,
-                    "big-endian" => ClassicEncoding::BigEndian,
-                    other => {
-                        return usage(format!(
-                            "--classic-encoding must be decimal or big-endian, not {other:?}"
-                        ))
-                    }
+                let v = value(&name)?;
+                let Some(e) = named(ENCODINGS, &v) else {
+                    return usage(format!(
+                        "--classic-encoding must be {}, not {v:?}",
+                        choices(ENCODINGS)
+                    ));
                 };
                 set(&mut o.encoding, &name, e)?;
             }
@@ -339,7 +354,7 @@ struct Raw {
     ttl: Option<Duration>,
     lease: Option<Duration>,
     strategy: Option<Strategy>,
-    encoding: Option<ClassicEncoding>,
+    encoding: Option<Encoding>,
     kill_after: Option<Duration>,
     quiet: bool,
     command: Vec<OsString>,
@@ -386,7 +401,7 @@ impl Raw {
                     ttl: self.ttl,
                     lease: self.lease.unwrap_or(DEFAULT_LEASE),
                     strategy,
-                    encoding: self.encoding.unwrap_or(ClassicEncoding::Decimal),
+                    encoding: self.encoding.unwrap_or(Encoding::Decimal),
                     kill_after: self.kill_after.unwrap_or(DEFAULT_KILL_AFTER),
                     quiet: self.quiet,
                     command: self.command,
@@ -516,6 +531,66 @@ mod tests {
             panic!("valid")
         };
         assert_eq!(o.strategy, Strategy::Fair);
+    }
+
+    #[test]
+    fn names_map_onto_the_library() {
+        for (name, strategy) in STRATEGIES {
+            let Ok(Cmd::Run(o)) = parse(
+                args(&["run", "--key", "k", "--strategy", name, "--", "true"]),
+                Some("redis://h/".into()),
+            ) else {
+                panic!("valid: {name}")
+            };
+            assert_eq!(o.strategy, *strategy);
+            assert_eq!(name_of(STRATEGIES, strategy), Some(*name));
+        }
+        let Ok(Cmd::Run(o)) = parse(
+            args(&[
+                "run",
+                "--key",
+                "k",
+                "--strategy=classic",
+                "--classic-encoding=big-endian",
+                "--",
+                "true",
+            ]),
+            Some("redis://h/".into()),
+        ) else {
+            panic!("valid")
+        };
+        assert_eq!(o.encoding, Encoding::BigEndian);
+        assert_eq!(name_of(ENCODINGS, &Encoding::Decimal), Some("decimal"));
+        let Err(Usage(msg)) = parse(
+            args(&["run", "--key", "k", "--strategy", "bogus", "--", "true"]),
+            None,
+        ) else {
+            panic!("invalid")
+        };
+        assert_eq!(
+            msg,
+            "--strategy must be token, classic, reentrant or fair, not \"bogus\""
+        );
+        let Err(Usage(msg)) = parse(
+            args(&[
+                "run",
+                "--key",
+                "k",
+                "--strategy",
+                "classic",
+                "--classic-encoding",
+                "hex",
+                "--",
+                "true",
+            ]),
+            None,
+        ) else {
+            panic!("invalid")
+        };
+        assert_eq!(
+            msg,
+            "--classic-encoding must be decimal or big-endian, not \"hex\""
+        );
     }
 
     #[test]

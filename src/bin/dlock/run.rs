@@ -26,13 +26,12 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use redis_dlock::{
-    DistributedLock, Encoding, Lease, LockClient, LockError, LossReason, RetryPolicy,
-    Strategy as LibStrategy,
+    DistributedLock, Encoding, Lease, LockClient, LockError, LossReason, RetryPolicy, Strategy,
 };
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::Signals;
 
-use crate::args::{ClassicEncoding, RunOpts, Strategy, Wait};
+use crate::args::{RunOpts, Wait};
 use crate::{code, say, Failure};
 
 /// Pooled connections: the acquire, the watchdog or renewal thread, and a release.
@@ -78,50 +77,44 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
         .map_err(|e| fail(&e))?;
     let (tx, rx) = mpsc::channel::<Event>();
 
-    let mut builder = client.lock(key.clone());
-    let (keep, default_retry) = match o.strategy {
-        Strategy::Token | Strategy::Reentrant | Strategy::Fair => {
-            builder = builder.strategy(match o.strategy {
-                Strategy::Reentrant => LibStrategy::Reentrant,
-                Strategy::Fair => LibStrategy::Fair,
-                _ => LibStrategy::Token,
-            });
-            let keep = match o.ttl {
-                Some(ttl) => {
-                    builder = builder.ttl(ttl);
-                    Keep::Fixed(ttl)
-                }
-                None => {
-                    let tx = tx.clone();
-                    builder = builder.watchdog_lease(o.lease).on_lost(move |lost| {
-                        let why = match lost.reason() {
-                            LossReason::Gone => {
-                                "a renewal found the key deleted or held by another owner"
-                            }
-                            _ => "renewals failed until its lease ran out (Redis unreachable or paused?)",
-                        };
-                        let _ = tx.send(Event::Lost(why.to_owned()));
-                    });
-                    Keep::Watchdog
-                }
-            };
-            (keep, RetryPolicy::standard())
+    let mut builder = client.lock(key.clone()).strategy(o.strategy);
+    let (keep, default_retry) = if o.strategy == Strategy::Classic {
+        if o.encoding == Encoding::BigEndian {
+            builder = builder
+                .encoding(Encoding::BigEndian)
+                .key_ttl()
+                .clock_skew(BIG_ENDIAN_CLOCK_SKEW);
         }
-        Strategy::Classic => {
-            builder = builder.strategy(LibStrategy::Classic);
-            if o.encoding == ClassicEncoding::BigEndian {
-                builder = builder
-                    .encoding(Encoding::BigEndian)
-                    .key_ttl()
-                    .clock_skew(BIG_ENDIAN_CLOCK_SKEW);
+        let keep = match o.ttl {
+            Some(ttl) => Keep::Fixed(ttl),
+            None => Keep::Extend(o.lease),
+        };
+        builder = builder.ttl(o.ttl.unwrap_or(o.lease));
+        (keep, RetryPolicy::legacy())
+    } else {
+        // Token, Reentrant and Fair: held by the library's watchdog, or for a fixed ttl.
+        let keep = match o.ttl {
+            Some(ttl) => {
+                builder = builder.ttl(ttl);
+                Keep::Fixed(ttl)
             }
-            let keep = match o.ttl {
-                Some(ttl) => Keep::Fixed(ttl),
-                None => Keep::Extend(o.lease),
-            };
-            builder = builder.ttl(o.ttl.unwrap_or(o.lease));
-            (keep, RetryPolicy::legacy())
-        }
+            None => {
+                let tx = tx.clone();
+                builder = builder.watchdog_lease(o.lease).on_lost(move |lost| {
+                    let why = match lost.reason() {
+                        LossReason::Gone => {
+                            "a renewal found the key deleted or held by another owner"
+                        }
+                        _ => {
+                            "renewals failed until its lease ran out (Redis unreachable or paused?)"
+                        }
+                    };
+                    let _ = tx.send(Event::Lost(why.to_owned()));
+                });
+                Keep::Watchdog
+            }
+        };
+        (keep, RetryPolicy::standard())
     };
     if o.wait == Wait::Forever {
         builder = builder.retry(default_retry.max_wait(None).max_retries(None));

@@ -3,15 +3,13 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::{Connection, RedisError};
+use redis_dlock::{Recognized, Strategy};
 
-use crate::args::Target;
+use crate::args::{name_of, Target, ENCODINGS};
 use crate::{chain, code, redact, Failure};
 
 /// Time allowed to connect and for each reply.
 const TIMEOUT: Duration = Duration::from_secs(2);
-/// 2000-01-01 and 2500-01-01 in epoch milliseconds: a stored number between them is taken for
-/// a Classic expiry timestamp.
-const PLAUSIBLE_EXPIRY_MS: std::ops::Range<i64> = 946_684_800_000..16_725_225_600_000;
 /// Prefix of the channel on which releases are announced (Redisson's, as the library's).
 const CHANNEL_PREFIX: &str = "redisson_lock__channel";
 
@@ -48,52 +46,6 @@ fn query<T: redis::FromRedisValue>(
     cmd: &redis::Cmd,
 ) -> Result<T, Failure> {
     cmd.query(conn).map_err(|e| unavailable(&target.url, &e))
-}
-
-/// What a string value at the key looks like.
-#[derive(Debug, PartialEq, Eq)]
-enum Kind {
-    /// 32 hex characters: a Token lock's owner token.
-    Token,
-    /// 48 hex characters: a fair lock's token (the holder client's 16-character id, then 128
-    /// random bits).
-    Fair,
-    /// A Classic expiry timestamp in epoch ms, and whether it was big-endian.
-    Classic { expiry_ms: i64, big_endian: bool },
-    /// Anything else (another tool's lock, say).
-    Unknown,
-}
-
-fn classify(value: &[u8]) -> Kind {
-    if value.iter().all(u8::is_ascii_hexdigit) {
-        match value.len() {
-            32 => return Kind::Token,
-            48 => return Kind::Fair,
-            _ => {}
-        }
-    }
-    if let Ok(bytes) = <[u8; 8]>::try_from(value) {
-        let ms = i64::from_be_bytes(bytes);
-        if PLAUSIBLE_EXPIRY_MS.contains(&ms) {
-            return Kind::Classic {
-                expiry_ms: ms,
-                big_endian: true,
-            };
-        }
-    }
-    if !value.is_empty() && value.len() <= 19 && value.iter().all(u8::is_ascii_digit) {
-        if let Some(ms) = std::str::from_utf8(value)
-            .ok()
-            .and_then(|s| s.parse::<i64>().ok())
-            .filter(|ms| PLAUSIBLE_EXPIRY_MS.contains(ms))
-        {
-            return Kind::Classic {
-                expiry_ms: ms,
-                big_endian: false,
-            };
-        }
-    }
-    Kind::Unknown
 }
 
 fn now_ms() -> i64 {
@@ -135,12 +87,13 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
                 return Ok(code::FREE);
             };
             let holder = value.escape_ascii().to_string();
-            match classify(&value) {
-                Kind::Token => {
+            // The library tells its strategies' values apart.
+            match Strategy::recognize(&value) {
+                Some(Recognized::Token) => {
                     println!("kind: token\nholder: {holder}\n{}", ttl_line(pttl));
                     Ok(0)
                 }
-                Kind::Fair => {
+                Some(Recognized::Fair) => {
                     println!("kind: fair\nholder: {holder}\n{}", ttl_line(pttl));
                     // Named as the library names it; a key no queue can share a slot with
                     // has no fair lock (building one fails).
@@ -151,14 +104,14 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
                     }
                     Ok(0)
                 }
-                Kind::Classic {
+                Some(Recognized::Classic {
                     expiry_ms,
-                    big_endian,
-                } => {
+                    encoding,
+                }) => {
                     let left = expiry_ms - now_ms();
                     println!(
                         "kind: classic ({})\nholder: {holder}\nexpiry: {expiry_ms} (epoch ms)",
-                        if big_endian { "big-endian" } else { "decimal" },
+                        name_of(ENCODINGS, &encoding).unwrap_or("another encoding"),
                     );
                     if pttl != -1 {
                         println!("key {}", ttl_line(pttl));
@@ -174,7 +127,7 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
                         Ok(code::FREE)
                     }
                 }
-                Kind::Unknown => {
+                _ => {
                     println!(
                         "kind: string (not a format dlock knows)\nholder: {holder}\n{}",
                         ttl_line(pttl)
@@ -243,28 +196,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn values_are_classified() {
-        assert_eq!(classify(b"0123456789abcdef0123456789abcdef"), Kind::Token);
-        assert_eq!(
-            classify(b"1700000000123"),
-            Kind::Classic {
-                expiry_ms: 1_700_000_000_123,
-                big_endian: false
-            }
-        );
-        assert_eq!(
-            classify(&1_700_000_000_123i64.to_be_bytes()),
-            Kind::Classic {
-                expiry_ms: 1_700_000_000_123,
-                big_endian: true
-            }
-        );
-        assert_eq!(
-            classify(b"0123456789abcdef0123456789abcdef0123456789abcdef"),
-            Kind::Fair
-        );
-        assert_eq!(classify(b"1"), Kind::Unknown);
-        assert_eq!(classify(b"hello"), Kind::Unknown);
+    fn release_channels() {
         assert_eq!(channel("a"), "redisson_lock__channel:{a}");
         assert_eq!(channel("{a}b"), "redisson_lock__channel:{a}b");
     }
