@@ -476,6 +476,39 @@ pub(crate) fn acquire_once<L: DistributedLock>(lock: &L) -> Result<LockGuard<'_>
     }
 }
 
+/// `try_lock`, `lock` and `try_lock_for` of a lock of this crate, written inside its
+/// `impl DistributedLock`: one attempt ([`acquire_once`]), or the lock's blocking acquire
+/// `|this, attempts| …` (a [`LockGuard`] of `this`) given the attempts of its retry policy, or
+/// the policy's sleeps within the caller's wait. A macro, not default methods: a default body
+/// cannot make the guard's `&dyn DistributedLock` of a `Self` that may be unsized.
+macro_rules! guard_methods {
+    (|$this:ident, $attempts:ident| $blocking:expr) => {
+        fn try_lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+            $crate::lock::acquire_once(self)
+        }
+
+        fn lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+            let $this = self;
+            let $attempts =
+                $crate::retry::Attempts::new($crate::lock::DistributedLock::retry_policy(self));
+            $blocking
+        }
+
+        fn try_lock_for(
+            &self,
+            wait: ::std::time::Duration,
+        ) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+            let $this = self;
+            let $attempts = $crate::retry::Attempts::for_duration(
+                $crate::lock::DistributedLock::retry_policy(self),
+                wait,
+            );
+            $blocking
+        }
+    };
+}
+pub(crate) use guard_methods;
+
 /// What the server says about a lock now, whoever holds it: the answer of
 /// [`DistributedLock::state`](crate::DistributedLock::state).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
