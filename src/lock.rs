@@ -1,6 +1,7 @@
 //! The [`DistributedLock`] trait, the [`Lease`] it hands out and the RAII [`LockGuard`].
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -226,17 +227,12 @@ impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
 /// [`LockGuard`].
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct OwnedLockGuard<L: DistributedLock + ?Sized = dyn DistributedLock> {
-    lock: Arc<L>,
-    lease: Lease,
-    armed: bool,
+    held: Held<Arc<L>>,
 }
 
 impl<L: DistributedLock + ?Sized> fmt::Debug for OwnedLockGuard<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OwnedLockGuard")
-            .field("key", &self.lock.key())
-            .field("lease", &self.lease)
-            .finish()
+        self.held.debug("OwnedLockGuard", f)
     }
 }
 
@@ -244,110 +240,162 @@ impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
     /// Wraps a fresh lease of `lock`.
     pub fn new(lock: Arc<L>, lease: Lease) -> Self {
         OwnedLockGuard {
+            held: Held::new(lock, lease),
+        }
+    }
+
+    /// The lock this guard holds.
+    pub fn lock(&self) -> &Arc<L> {
+        &self.held.lock
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        self.held.key()
+    }
+
+    /// The lease behind the guard (value, validity, fencing token).
+    pub fn lease(&self) -> &Lease {
+        &self.held.lease
+    }
+
+    /// The fencing token of this hold, if the lock was built with fencing.
+    pub fn fence(&self) -> Option<u64> {
+        self.held.lease.fence()
+    }
+
+    /// Time left before the hold expires, by the local clock.
+    pub fn remaining(&self) -> Duration {
+        self.held.lease.remaining()
+    }
+
+    /// True once the hold must be taken as lost, without a round trip: see [`Lease::is_lost`].
+    pub fn is_lost(&self) -> bool {
+        self.held.lease.is_lost()
+    }
+
+    /// Asks Redis whether the lock is still ours and within its lifetime.
+    pub fn is_held(&self) -> Result<bool> {
+        self.held.is_held()
+    }
+
+    /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise; see
+    /// [`LockGuard::check`].
+    pub fn check(&self) -> Result<()> {
+        self.held.check()
+    }
+
+    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
+    /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
+    pub fn extend(&mut self, ttl: Duration) -> Result<()> {
+        self.held.extend(ttl)
+    }
+
+    /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost.
+    pub fn unlock(mut self) -> Result<bool> {
+        self.held.unlock()
+    }
+
+    /// Gives up the guard without releasing; see [`LockGuard::into_lease`].
+    pub fn into_lease(mut self) -> Lease {
+        self.held.give_up()
+    }
+}
+
+impl<L: DistributedLock + ?Sized> Drop for OwnedLockGuard<L> {
+    fn drop(&mut self) {
+        self.held.release_on_drop();
+    }
+}
+
+/// What both guard kinds are and do: a lease of the lock reached through `R` (a reference for
+/// [`LockGuard`], an `Arc` for [`OwnedLockGuard`]), released when the guard is dropped unless
+/// it was unlocked or given up first. The guards wrap it for their own signatures and docs.
+struct Held<R> {
+    lock: R,
+    lease: Lease,
+    /// Cleared by `unlock` and `give_up`, so that the guard's drop releases nothing.
+    armed: bool,
+}
+
+impl<R> Held<R>
+where
+    R: Deref,
+    R::Target: DistributedLock,
+{
+    fn new(lock: R, lease: Lease) -> Self {
+        Held {
             lock,
             lease,
             armed: true,
         }
     }
 
-    /// The lock this guard holds.
-    pub fn lock(&self) -> &Arc<L> {
-        &self.lock
-    }
-
-    /// The lock key.
-    pub fn key(&self) -> &str {
+    fn key(&self) -> &str {
         self.lock.key()
     }
 
-    /// The lease behind the guard (value, validity, fencing token).
-    pub fn lease(&self) -> &Lease {
-        &self.lease
-    }
-
-    /// The fencing token of this hold, if the lock was built with fencing.
-    pub fn fence(&self) -> Option<u64> {
-        self.lease.fence()
-    }
-
-    /// Time left before the hold expires, by the local clock.
-    pub fn remaining(&self) -> Duration {
-        self.lease.remaining()
-    }
-
-    /// True once the hold must be taken as lost, without a round trip: see [`Lease::is_lost`].
-    pub fn is_lost(&self) -> bool {
-        self.lease.is_lost()
-    }
-
-    /// Asks Redis whether the lock is still ours and within its lifetime.
-    pub fn is_held(&self) -> Result<bool> {
+    fn is_held(&self) -> Result<bool> {
         self.lock.is_held(&self.lease)
     }
 
-    /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise; see
-    /// [`LockGuard::check`].
-    pub fn check(&self) -> Result<()> {
-        check_hold(self.lock.as_ref(), &self.lease)
+    /// A hold already known lost fails without a round trip; otherwise Redis is asked.
+    fn check(&self) -> Result<()> {
+        if !self.lease.is_lost() && self.lock.is_held(&self.lease)? {
+            Ok(())
+        } else {
+            Err(LockError::Lost {
+                key: self.lock.key().to_owned(),
+            })
+        }
     }
 
-    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
-    /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
-    pub fn extend(&mut self, ttl: Duration) -> Result<()> {
+    fn extend(&mut self, ttl: Duration) -> Result<()> {
         self.lock.extend(&mut self.lease, ttl)
     }
 
-    /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost.
-    pub fn unlock(mut self) -> Result<bool> {
+    fn unlock(&mut self) -> Result<bool> {
         self.armed = false;
         self.lock.release(&self.lease)
     }
 
-    /// Gives up the guard without releasing; see [`LockGuard::into_lease`].
-    pub fn into_lease(mut self) -> Lease {
+    /// `into_lease`: the lease is cloned, as the guard (which implements `Drop`) cannot give
+    /// its own away.
+    fn give_up(&mut self) -> Lease {
         self.armed = false;
         self.lease.clone()
     }
-}
 
-impl<L: DistributedLock + ?Sized> Drop for OwnedLockGuard<L> {
-    fn drop(&mut self) {
+    /// The guard's drop, unless disarmed: stop renewals even if the release fails, then
+    /// release owner-checked. Nobody sees the outcome, so a failure and a loss are logged here
+    /// (`release` itself returns them without a warning).
+    fn release_on_drop(&mut self) {
         if !self.armed {
             return;
         }
-        release_on_drop(self.lock.as_ref(), &self.lease);
+        let (lock, lease) = (&*self.lock, &self.lease);
+        lease.stop_renewal();
+        match lock.release(lease) {
+            Ok(true) => {}
+            Ok(false) => log::warn!(
+                "lock {:?}: guard dropped after the lock was lost (it expired, or another owner \
+                 took it over); no other owner's lock was deleted",
+                lock.key()
+            ),
+            Err(e) => log::error!(
+                "lock {:?}: release on drop failed: {}",
+                lock.key(),
+                e.report()
+            ),
+        }
     }
-}
 
-/// What a guard's `check()` does, for both guard kinds: a hold already known lost fails
-/// without a round trip; otherwise Redis is asked.
-fn check_hold<L: DistributedLock + ?Sized>(lock: &L, lease: &Lease) -> Result<()> {
-    if !lease.is_lost() && lock.is_held(lease)? {
-        Ok(())
-    } else {
-        Err(LockError::Lost {
-            key: lock.key().to_owned(),
-        })
-    }
-}
-
-/// What dropping an armed guard does, for both guard kinds: stop renewals even if the release
-/// fails, then release owner-checked. Nobody sees the outcome, so a failure and a loss are
-/// logged here (`release` itself returns them without a warning).
-fn release_on_drop<L: DistributedLock + ?Sized>(lock: &L, lease: &Lease) {
-    lease.stop_renewal();
-    match lock.release(lease) {
-        Ok(true) => {}
-        Ok(false) => log::warn!(
-            "lock {:?}: guard dropped after the lock was lost (it expired, or another owner \
-             took it over); no other owner's lock was deleted",
-            lock.key()
-        ),
-        Err(e) => log::error!(
-            "lock {:?}: release on drop failed: {}",
-            lock.key(),
-            e.report()
-        ),
+    /// The guard's `Debug`, under the guard's `name`.
+    fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("key", &self.key())
+            .field("lease", &self.lease)
+            .finish()
     }
 }
 
@@ -357,17 +405,12 @@ fn release_on_drop<L: DistributedLock + ?Sized>(lock: &L, lease: &Lease) {
 /// logged, never a panic). Call [`unlock`](Self::unlock) to see the result instead.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard<'a> {
-    lock: &'a dyn DistributedLock,
-    lease: Lease,
-    armed: bool,
+    held: Held<&'a dyn DistributedLock>,
 }
 
 impl fmt::Debug for LockGuard<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockGuard")
-            .field("key", &self.key())
-            .field("lease", &self.lease)
-            .finish()
+        self.held.debug("LockGuard", f)
     }
 }
 
@@ -375,94 +418,87 @@ impl<'a> LockGuard<'a> {
     /// Wraps a fresh lease of `lock`.
     pub fn new(lock: &'a dyn DistributedLock, lease: Lease) -> Self {
         LockGuard {
-            lock,
-            lease,
-            armed: true,
+            held: Held::new(lock, lease),
         }
     }
 
     /// The lock key.
     pub fn key(&self) -> &str {
-        self.lock.key()
+        self.held.key()
     }
 
     /// The owner value stored at the key.
     pub fn value(&self) -> &[u8] {
-        self.lease.value()
+        self.held.lease.value()
     }
 
     /// The monotonic instant until which the hold is valid.
     pub fn valid_until(&self) -> Instant {
-        self.lease.valid_until()
+        self.held.lease.valid_until()
     }
 
     /// Time left before the hold expires.
     pub fn remaining(&self) -> Duration {
-        self.lease.remaining()
+        self.held.lease.remaining()
     }
 
     /// True once the lifetime has passed by the local clock (no round trip).
     pub fn is_expired(&self) -> bool {
-        self.lease.is_expired()
+        self.held.lease.is_expired()
     }
 
     /// The lease behind the guard.
     pub fn lease(&self) -> &Lease {
-        &self.lease
+        &self.held.lease
     }
 
     /// The fencing token of this hold (locks built with
     /// [`fencing`](crate::LockBuilder::fencing)); pass it to the resource the lock protects.
     pub fn fence(&self) -> Option<u64> {
-        self.lease.fence()
+        self.held.lease.fence()
     }
 
     /// True once the hold must be taken as lost, without a round trip: see [`Lease::is_lost`].
     /// For a watched lock this is how the watchdog tells the holder that renewal failed.
     pub fn is_lost(&self) -> bool {
-        self.lease.is_lost()
+        self.held.lease.is_lost()
     }
 
     /// Asks Redis whether the lock is still ours and within its lifetime.
     pub fn is_held(&self) -> Result<bool> {
-        self.lock.is_held(&self.lease)
+        self.held.is_held()
     }
 
     /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise: for `guard.check()?`
     /// before a step that must run under the lock. A hold already known lost
     /// ([`is_lost`](Self::is_lost)) fails without a round trip; otherwise Redis is asked.
     pub fn check(&self) -> Result<()> {
-        check_hold(self.lock, &self.lease)
+        self.held.check()
     }
 
     /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
     /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.lock.extend(&mut self.lease, ttl)
+        self.held.extend(ttl)
     }
 
     /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost
     /// (expired, or taken over by another owner), in which case no other owner's lock was deleted.
     pub fn unlock(mut self) -> Result<bool> {
-        self.armed = false;
-        self.lock.release(&self.lease)
+        self.held.unlock()
     }
 
     /// Gives up the guard without releasing: the hold stays until it expires or
     /// [`DistributedLock::release`] is called with the returned lease. A watched hold stays
     /// renewed while the returned lease (or a clone) lives.
     pub fn into_lease(mut self) -> Lease {
-        self.armed = false;
-        self.lease.clone()
+        self.held.give_up()
     }
 }
 
 impl Drop for LockGuard<'_> {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        release_on_drop(self.lock, &self.lease);
+        self.held.release_on_drop();
     }
 }
 
@@ -475,6 +511,39 @@ pub(crate) fn acquire_once<L: DistributedLock>(lock: &L) -> Result<LockGuard<'_>
         }),
     }
 }
+
+/// `try_lock`, `lock` and `try_lock_for` of a lock of this crate, written inside its
+/// `impl DistributedLock`: one attempt ([`acquire_once`]), or the lock's blocking acquire
+/// `|this, attempts| …` (a [`LockGuard`] of `this`) given the attempts of its retry policy, or
+/// the policy's sleeps within the caller's wait. A macro, not default methods: a default body
+/// cannot make the guard's `&dyn DistributedLock` of a `Self` that may be unsized.
+macro_rules! guard_methods {
+    (|$this:ident, $attempts:ident| $blocking:expr) => {
+        fn try_lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+            $crate::lock::acquire_once(self)
+        }
+
+        fn lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+            let $this = self;
+            let $attempts =
+                $crate::retry::Attempts::new($crate::lock::DistributedLock::retry_policy(self));
+            $blocking
+        }
+
+        fn try_lock_for(
+            &self,
+            wait: ::std::time::Duration,
+        ) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+            let $this = self;
+            let $attempts = $crate::retry::Attempts::for_duration(
+                $crate::lock::DistributedLock::retry_policy(self),
+                wait,
+            );
+            $blocking
+        }
+    };
+}
+pub(crate) use guard_methods;
 
 /// What the server says about a lock now, whoever holds it: the answer of
 /// [`DistributedLock::state`](crate::DistributedLock::state).

@@ -52,8 +52,8 @@ use crate::ids::new_token;
 use crate::lease::Lease;
 use crate::lock::check_lock_options;
 use crate::lock::LockState;
-use crate::lock::{self, DistributedLock, LockGuard};
-use crate::retry::{Attempts, RetryPolicy};
+use crate::lock::{self, DistributedLock};
+use crate::retry::RetryPolicy;
 use crate::stats::{Counters, Kind, Stats};
 use crate::time::check_duration;
 
@@ -1067,31 +1067,12 @@ impl DistributedLock for RedLock {
         Ok(tally.yes >= self.inner().quorum && !lease.is_expired())
     }
 
-    fn try_lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_once(self)
-    }
-
-    fn lock(&self) -> Result<LockGuard<'_>> {
-        let result = crate::client::acquire::acquire_blocking(
-            self,
-            &self.inner().waiters,
-            Attempts::new(&self.retry),
-            || Ok(()),
-        );
-        self.inner().counters.blocking(KIND, &result);
+    lock::guard_methods!(|this, attempts| {
+        let waiters = &this.inner().waiters;
+        let result = crate::client::acquire::acquire_blocking(this, waiters, attempts, || Ok(()));
+        this.inner().counters.blocking(KIND, &result);
         result
-    }
-
-    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        let result = crate::client::acquire::acquire_blocking(
-            self,
-            &self.inner().waiters,
-            Attempts::for_duration(&self.retry, wait),
-            || Ok(()),
-        );
-        self.inner().counters.blocking(KIND, &result);
-        result
-    }
+    });
 
     /// Locked when a majority of the nodes hold one same value: see
     /// [`DistributedLock::state`].

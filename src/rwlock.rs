@@ -1010,22 +1010,9 @@ macro_rules! side {
                 self.shared.force_unlock($mode)
             }
 
-            fn try_lock(&self) -> Result<LockGuard<'_>> {
-                lock::acquire_once(self)
-            }
-
-            fn lock(&self) -> Result<LockGuard<'_>> {
-                self.shared
-                    .acquire_blocking(self, $mode, Attempts::new(&self.shared.opts.retry))
-            }
-
-            fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-                self.shared.acquire_blocking(
-                    self,
-                    $mode,
-                    Attempts::for_duration(&self.shared.opts.retry, wait),
-                )
-            }
+            lock::guard_methods!(|this, attempts| this
+                .shared
+                .acquire_blocking(this, $mode, attempts));
         }
     };
 }

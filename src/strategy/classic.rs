@@ -24,11 +24,11 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lease::{printable, Lease};
 use crate::lock::LockState;
-use crate::lock::{self, DistributedLock, LockGuard};
-use crate::retry::{Attempts, RetryPolicy};
+use crate::lock::{self, DistributedLock};
+use crate::retry::RetryPolicy;
 use crate::stats::Kind;
+use crate::strategy::hold;
 use crate::strategy::string_value;
-use crate::time::check_duration;
 
 /// Default lifetime ("timeout") of a [`Strategy::Classic`](crate::Strategy::Classic) lock, as in the legacy lockers.
 pub const CLASSIC_DEFAULT_TTL: Duration = Duration::from_secs(1);
@@ -390,59 +390,27 @@ impl DistributedLock for ClassicLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        check_duration(&self.key, "ttl", ttl, false)?;
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
-        let start = Instant::now();
-        let value = self.expiry_value(ttl)?;
-        let redis_ttl = if self.opts.key_ttl {
-            ttl.as_millis() as u64
-        } else {
-            0
-        };
+        let ext = hold::Extending::start(&self.key, ttl)?;
+        let value = self.expiry_value(ext.ttl)?;
+        let redis_ttl = if self.opts.key_ttl { ext.ttl_ms() } else { 0 };
         let swapped: i64 = self.client.with_conn(&self.key, |con, s| {
             s.compare_and_set
                 .eval(con, &self.key, (lease.value(), value.as_bytes(), redis_ttl))
         })?;
-        let result = string_value::extended(
-            &self.key,
-            swapped == 1,
-            lease,
-            Some(value.as_bytes()),
-            start,
-            ttl,
-        );
-        self.client.counters().extended(KIND, lease, result)
+        let value = Some(value.as_bytes());
+        ext.finish(&self.client, KIND, &self.key, swapped == 1, lease, value)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
         string_value::is_held(&self.client, &self.key, lease)
     }
 
-    fn try_lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_once(self)
-    }
-
-    fn lock(&self) -> Result<LockGuard<'_>> {
-        let result = crate::client::acquire::acquire_blocking(
-            self,
-            self.client.waiters(),
-            Attempts::new(&self.retry),
-            || Ok(()),
-        );
-        self.client.counters().blocking(KIND, &result);
+    lock::guard_methods!(|this, attempts| {
+        let waiters = this.client.waiters();
+        let result = crate::client::acquire::acquire_blocking(this, waiters, attempts, || Ok(()));
+        this.client.counters().blocking(KIND, &result);
         result
-    }
-
-    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        let result = crate::client::acquire::acquire_blocking(
-            self,
-            self.client.waiters(),
-            Attempts::for_duration(&self.retry, wait),
-            || Ok(()),
-        );
-        self.client.counters().blocking(KIND, &result);
-        result
-    }
+    });
 
     /// Held while the stored expiry has not passed by this client's clock (the rule its
     /// acquires follow): see [`DistributedLock::state`].
@@ -474,7 +442,7 @@ impl DistributedLock for ClassicLock {
 
     /// Deletes the key whoever holds it; publishes nothing (Classic peers poll).
     fn force_unlock(&self) -> Result<bool> {
-        admin::force_delete(&self.client, &self.key, None, "", None, &[&self.key])
+        hold::force_unlock(&self.client, &self.key, None)
     }
 }
 

@@ -38,8 +38,6 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::access;
-use crate::client::admin;
-use crate::client::admin::Detail;
 use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
 use crate::client::subscriber::Delivery;
@@ -54,9 +52,8 @@ use crate::lock::LockState;
 use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::stats::Kind;
-use crate::strategy::hold::HoldOptions;
+use crate::strategy::hold::{self, HoldOptions};
 use crate::strategy::string_value;
-use crate::time::check_duration;
 
 /// The stats label of fair locks.
 pub(crate) const KIND: Kind = Kind::new("fair");
@@ -1005,45 +1002,31 @@ impl DistributedLock for FairLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        check_duration(&self.key, "ttl", ttl, false)?;
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
-        let start = Instant::now();
+        let ext = hold::Extending::start(&self.key, ttl)?;
         let extended: i64 = self.client.with_conn(&self.key, |con, s| {
-            s.extend
-                .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
+            s.extend.eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;
-        let result = string_value::extended(&self.key, extended == 1, lease, None, start, ttl);
-        self.client.counters().extended(KIND, lease, result)
+        ext.finish(&self.client, KIND, &self.key, extended == 1, lease, None)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
         string_value::is_held(&self.client, &self.key, lease)
     }
 
-    fn try_lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_once(self)
-    }
-
-    fn lock(&self) -> Result<LockGuard<'_>> {
-        let result = self.acquire_blocking(Attempts::new(&self.opts.retry));
-        self.client.counters().blocking(KIND, &result);
+    lock::guard_methods!(|this, attempts| {
+        let result = this.acquire_blocking(attempts);
+        this.client.counters().blocking(KIND, &result);
         result
-    }
-
-    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        let result = self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait));
-        self.client.counters().blocking(KIND, &result);
-        result
-    }
+    });
 
     fn state(&self) -> Result<LockState> {
-        admin::read(&self.client, &self.key, Detail::None)?.plain(&self.key, "string")
+        hold::state(&self.client, &self.key, "string")
     }
 
     /// Deletes the hold whoever has it; the queue stays, so its head takes the lock at its
     /// next poll (fair waiters listen for grants, not releases: nothing is published).
     fn force_unlock(&self) -> Result<bool> {
-        admin::force_delete(&self.client, &self.key, None, "", None, &[&self.key])
+        hold::force_unlock(&self.client, &self.key, None)
     }
 }
 

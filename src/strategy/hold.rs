@@ -1,5 +1,7 @@
 //! What the Token and reentrant locks share beyond their wire format: a lease that is either
-//! explicit or watched, an optional fencing token, and waits woken by pub/sub.
+//! explicit or watched, an optional fencing token, and waits woken by pub/sub. Also the parts
+//! of `extend`, `state` and `force_unlock` that are the same for every lock whose hold is its
+//! key alone (Token, Fair, Reentrant, Classic).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,13 +9,17 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::acquire::Wake;
+use crate::client::admin::{self, Detail};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::keys;
 use crate::lease::{Attempt, Lease};
 use crate::lease::{LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
-use crate::lock::check_lock_options;
+use crate::lock::{check_lock_options, LockState};
 use crate::retry::RetryPolicy;
+use crate::stats::Kind;
+use crate::strategy::string_value;
+use crate::time::check_duration;
 
 /// How blocked threads learn that a lock was released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -209,6 +215,64 @@ pub(crate) fn after_publish(client: &LockClient, line: &str, channel: &str, rece
             .waiters()
             .yield_to(line, crate::time::after(courtesy));
     }
+}
+
+/// An `extend` under way, of a lock whose hold is its key alone: the checks before the
+/// strategy's owner-checked extend and what follows its answer are the same for all of them.
+pub(crate) struct Extending {
+    /// The new lifetime, in whole milliseconds as sent.
+    pub(crate) ttl: Duration,
+    /// When the extend was sent: the renewed lifetime counts from here.
+    start: Instant,
+}
+
+impl Extending {
+    /// Checks `ttl` and drops its sub-millisecond part, as sent; the extend's clock starts.
+    pub(crate) fn start(key: &str, ttl: Duration) -> Result<Self> {
+        check_duration(key, "ttl", ttl, false)?;
+        Ok(Extending {
+            ttl: Duration::from_millis(ttl.as_millis() as u64),
+            start: Instant::now(),
+        })
+    }
+
+    /// The new lifetime in milliseconds, as sent.
+    pub(crate) fn ttl_ms(&self) -> u64 {
+        self.ttl.as_millis() as u64
+    }
+
+    /// Applies the answer: renews `lease` (with `new_value` if the strategy wrote one) when
+    /// `done`, else [`LockError::Lost`], counted as a loss.
+    pub(crate) fn finish(
+        self,
+        client: &LockClient,
+        kind: Kind,
+        key: &str,
+        done: bool,
+        lease: &mut Lease,
+        new_value: Option<&[u8]>,
+    ) -> Result<()> {
+        let result = string_value::extended(key, done, lease, new_value, self.start, self.ttl);
+        client.counters().extended(kind, lease, result)
+    }
+}
+
+/// The `state` of a lock whose hold is its key alone, of Redis type `kind` (`string`, or
+/// `hash` for Redisson's layout): see [`admin::KeyState::plain`].
+pub(crate) fn state(client: &LockClient, key: &str, kind: &str) -> Result<LockState> {
+    admin::read(client, key, Detail::None)?.plain(key, kind)
+}
+
+/// The `force_unlock` of a lock whose hold is its key alone: deletes the key and wakes this
+/// client's waiters for it; publishes Redisson's release message on `channel` if given, else
+/// nothing.
+pub(crate) fn force_unlock(client: &LockClient, key: &str, channel: Option<&str>) -> Result<bool> {
+    let message = if channel.is_some() {
+        keys::UNLOCK_MESSAGE
+    } else {
+        ""
+    };
+    admin::force_delete(client, key, channel, message, None, &[key])
 }
 
 /// Decodes the reply of an acquire script: `{1, fence}` (taken; fence 0 = no fencing) or

@@ -29,8 +29,6 @@ use redis::Value;
 
 use crate::client::access;
 use crate::client::acquire::Line;
-use crate::client::admin;
-use crate::client::admin::Detail;
 use crate::client::cleanup::{Cause, Cleanup, Done};
 use crate::client::grants::Grant;
 use crate::client::LockClient;
@@ -45,8 +43,6 @@ use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::stats::Kind;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
-use crate::strategy::string_value;
-use crate::time::check_duration;
 
 thread_local! {
     /// The calling thread's holds of reentrant locks as its own acquires and releases last
@@ -510,15 +506,12 @@ impl DistributedLock for ReentrantLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        check_duration(&self.key, "ttl", ttl, false)?;
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
-        let start = Instant::now();
+        let ext = hold::Extending::start(&self.key, ttl)?;
         let renewed: i64 = self.client.with_conn(&self.key, |con, s| {
             s.reentrant_extend
-                .eval(con, &self.key, (lease.value(), ttl.as_millis() as u64))
+                .eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;
-        let result = string_value::extended(&self.key, renewed == 1, lease, None, start, ttl);
-        self.client.counters().extended(KIND, lease, result)
+        ext.finish(&self.client, KIND, &self.key, renewed == 1, lease, None)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
@@ -531,31 +524,14 @@ impl DistributedLock for ReentrantLock {
         Ok(held && !lease.is_expired())
     }
 
-    fn try_lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_once(self)
-    }
-
-    fn lock(&self) -> Result<LockGuard<'_>> {
-        self.acquire_blocking(Attempts::new(&self.opts.retry))
-    }
-
-    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait))
-    }
+    lock::guard_methods!(|this, attempts| this.acquire_blocking(attempts));
 
     fn state(&self) -> Result<LockState> {
-        admin::read(&self.client, &self.key, Detail::None)?.plain(&self.key, "hash")
+        hold::state(&self.client, &self.key, "hash")
     }
 
     fn force_unlock(&self) -> Result<bool> {
-        admin::force_delete(
-            &self.client,
-            &self.key,
-            Some(&self.opts.channel),
-            keys::UNLOCK_MESSAGE,
-            None,
-            &[&self.key],
-        )
+        hold::force_unlock(&self.client, &self.key, Some(&self.opts.channel))
     }
 }
 

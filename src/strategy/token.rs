@@ -35,8 +35,6 @@ use redis::Value;
 
 use crate::client::access;
 use crate::client::acquire::Line;
-use crate::client::admin;
-use crate::client::admin::Detail;
 use crate::client::cleanup::Cause;
 use crate::client::native::{self, Command};
 use crate::client::{Conn, LockClient};
@@ -51,7 +49,6 @@ use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
 use crate::strategy::string_value;
-use crate::time::check_duration;
 
 /// The stats label of Token locks.
 pub(crate) const KIND: Kind = Kind::new("token");
@@ -487,48 +484,23 @@ impl DistributedLock for TokenLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        check_duration(&self.key, "ttl", ttl, false)?;
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
-        let start = Instant::now();
-        let extended = string_value::extend(
-            &self.client,
-            &self.key,
-            lease.value(),
-            ttl.as_millis() as u64,
-        )?;
-        let result = string_value::extended(&self.key, extended, lease, None, start, ttl);
-        self.client.counters().extended(KIND, lease, result)
+        let ext = hold::Extending::start(&self.key, ttl)?;
+        let extended = string_value::extend(&self.client, &self.key, lease.value(), ext.ttl_ms())?;
+        ext.finish(&self.client, KIND, &self.key, extended, lease, None)
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
         string_value::is_held(&self.client, &self.key, lease)
     }
 
-    fn try_lock(&self) -> Result<LockGuard<'_>> {
-        lock::acquire_once(self)
-    }
-
-    fn lock(&self) -> Result<LockGuard<'_>> {
-        self.acquire_blocking(Attempts::new(&self.opts.retry))
-    }
-
-    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait))
-    }
+    lock::guard_methods!(|this, attempts| this.acquire_blocking(attempts));
 
     fn state(&self) -> Result<LockState> {
-        admin::read(&self.client, &self.key, Detail::None)?.plain(&self.key, "string")
+        hold::state(&self.client, &self.key, "string")
     }
 
     fn force_unlock(&self) -> Result<bool> {
-        admin::force_delete(
-            &self.client,
-            &self.key,
-            Some(&self.opts.channel),
-            crate::keys::UNLOCK_MESSAGE,
-            None,
-            &[&self.key],
-        )
+        hold::force_unlock(&self.client, &self.key, Some(&self.opts.channel))
     }
 }
 
