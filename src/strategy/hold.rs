@@ -18,7 +18,6 @@ use crate::lease::{LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
 use crate::lock::{check_lock_options, LockState};
 use crate::retry::RetryPolicy;
 use crate::stats::Kind;
-use crate::strategy::string_value;
 use crate::time::check_duration;
 
 /// How blocked threads learn that a lock was released.
@@ -252,7 +251,7 @@ impl Extending {
         lease: &mut Lease,
         new_value: Option<&[u8]>,
     ) -> Result<()> {
-        let result = string_value::extended(key, done, lease, new_value, self.start, self.ttl);
+        let result = extended(key, done, lease, new_value, self.start, self.ttl);
         client.counters().extended(kind, lease, result)
     }
 }
@@ -322,5 +321,28 @@ fn unexpected(key: &str, reply: &Value) -> LockError {
             "unexpected reply from an acquire script",
             format!("{reply:?}"),
         )),
+    }
+}
+
+/// Applies the answer of an extend script: renews the lease (with the new value, if the
+/// strategy wrote one) when `done`, else reports the lock lost.
+fn extended(
+    key: &str,
+    done: bool,
+    lease: &mut Lease,
+    new_value: Option<&[u8]>,
+    start: Instant,
+    ttl: Duration,
+) -> Result<()> {
+    if done {
+        lease.renew(new_value, start, ttl);
+        log::debug!("lock {key:?}: extended by {ttl:?}");
+        Ok(())
+    } else {
+        // Returned as `LockError::Lost`: not also a warning.
+        log::debug!("lock {key:?}: lost, extend found another owner or none");
+        Err(LockError::Lost {
+            key: key.to_owned(),
+        })
     }
 }

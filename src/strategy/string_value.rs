@@ -3,7 +3,7 @@
 //! check is a `GET` compared with our value, and an extend either renews the lease or reports
 //! the lock lost.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use std::cell::Cell;
 
@@ -273,27 +273,4 @@ pub(crate) fn is_held(client: &LockClient, key: &str, lease: &Lease) -> Result<b
     let current: Option<Vec<u8>> =
         client.with_conn(key, |con, _| redis::cmd("GET").arg(key).query(con))?;
     Ok(!lease.is_expired() && current.as_deref() == Some(lease.value()))
-}
-
-/// Applies the answer of an extend script: renews the lease (with the new value, if the
-/// strategy wrote one) when `done`, else reports the lock lost.
-pub(crate) fn extended(
-    key: &str,
-    done: bool,
-    lease: &mut Lease,
-    new_value: Option<&[u8]>,
-    start: Instant,
-    ttl: Duration,
-) -> Result<()> {
-    if done {
-        lease.renew(new_value, start, ttl);
-        log::debug!("lock {key:?}: extended by {ttl:?}");
-        Ok(())
-    } else {
-        // Returned as `LockError::Lost`: not also a warning.
-        log::debug!("lock {key:?}: lost, extend found another owner or none");
-        Err(LockError::Lost {
-            key: key.to_owned(),
-        })
-    }
 }
