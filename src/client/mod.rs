@@ -13,6 +13,7 @@ pub(crate) mod cleanup;
 pub(crate) mod cluster_deadline;
 pub(crate) mod grants;
 pub(crate) mod janitor;
+pub(crate) mod jobs;
 mod live;
 pub(crate) mod native;
 pub(crate) mod pool;
@@ -21,6 +22,7 @@ pub(crate) mod subscriber;
 pub(crate) mod switches;
 pub(crate) mod waiters;
 pub(crate) mod watchdog;
+pub(crate) mod watched;
 
 pub(crate) use pool::*;
 
@@ -30,13 +32,13 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
-use crate::client::janitor::Janitor;
+use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;
 use crate::client::native::{Detected, Native};
 use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::switches::Switches;
 use crate::client::waiters::WaitQueues;
-use crate::client::watchdog::Watchdog;
+use crate::client::watched::Watchdog;
 use crate::error::{self, Context, LockError, Result, Rounded};
 use crate::scripts::Scripts;
 use crate::stats::{Counters, Stats};
@@ -97,7 +99,7 @@ struct Inner {
     wakeups: Wakeups,
     /// Talks to a Redis Cluster: multi-key scripts must keep to one slot.
     cluster: bool,
-    /// See [`ClientBuilder::handoff_courtesy`].
+    /// See [`ClientBuilder::handoff_courtesy`](crate::ClientBuilder::handoff_courtesy).
     courtesy: Duration,
     /// Background owner-checked deletes after lost acquire replies and failed releases.
     janitor: Janitor,
@@ -262,7 +264,7 @@ impl LockClient {
         &self.inner.watchdog
     }
 
-    /// See [`ClientBuilder::handoff_courtesy`].
+    /// See [`ClientBuilder::handoff_courtesy`](crate::ClientBuilder::handoff_courtesy).
     pub(crate) fn handoff_courtesy(&self) -> Duration {
         self.inner.courtesy
     }

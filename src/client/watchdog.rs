@@ -3,7 +3,7 @@
 //! renew.
 //!
 //! A lock built without an explicit lifetime is *watched*: it is written with the watchdog
-//! lease (default [`WATCHDOG_DEFAULT_LEASE`], Redisson's `lockWatchdogTimeout`) and renewed
+//! lease (default [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), Redisson's `lockWatchdogTimeout`) and renewed
 //! every lease/3 while its holder keeps the [`Lease`](crate::Lease). The holder's lease owns
 //! the renewal: the thread keeps only a weak reference, so renewal stops when the hold is
 //! released, when its guard (or every clone of the lease) is dropped, and when the process
@@ -35,13 +35,13 @@
 //! the client is dropped, the thread exits. A released hold (`stop`ped before its release is
 //! sent) is never renewed again, and a late renewal result for it is ignored.
 
-use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::native::{self, Command};
+use crate::client::watched::{Entry, Shared, ThreadState, Watchdog};
 use crate::client::WeakClient;
 use crate::error::LockError;
 use crate::keys;
@@ -54,81 +54,6 @@ const BATCH_MAX: usize = 512;
 /// The name of the renewal thread (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-watchdog";
 
-/// The renewal thread of one client: ONE thread, started by the first [`watch`](Self::watch),
-/// that renews every watched hold every lease/3.
-///
-/// The thread holds only a [`WeakClient`] between rounds, so dropping every handle of the
-/// client drops the client, and with it this struct, whose `Drop` tells the thread to exit
-/// (without joining it: the client may be dropped on the watchdog thread itself, by the
-/// round's temporary handle).
-pub(crate) struct Watchdog {
-    shared: Arc<Shared>,
-}
-
-impl fmt::Debug for Watchdog {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Watchdog")
-            .field("watched", &self.watched())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Default for Watchdog {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// What the client's side and the thread share.
-struct Shared {
-    list: Mutex<List>,
-    /// Signalled when an entry is due before the thread's planned wake-up, and on shutdown.
-    wake: Condvar,
-}
-
-#[derive(Default)]
-struct List {
-    /// The watched holds. Entries are removed only while no round is under way: a round
-    /// refers to entries by index, and meanwhile `watch` only appends.
-    entries: Vec<Entry>,
-    /// The length of `entries` after its latest cleanup, to clean up again when it doubles.
-    cleaned_len: usize,
-    /// A round holds indices into `entries`: nothing may be removed.
-    in_round: bool,
-    thread: ThreadState,
-    /// The client is gone: the thread must exit.
-    shutdown: bool,
-}
-
-/// One watched hold.
-struct Entry {
-    state: Weak<WatchState>,
-    /// When to renew it next.
-    due: Instant,
-    /// Lost or released: to be removed at the end of the round.
-    gone: bool,
-}
-
-/// What the thread is doing, for `watch` to decide whether to wake it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-enum ThreadState {
-    /// Not started (or exited).
-    #[default]
-    Off,
-    /// In a round, or about to look at the entries: it sees a new entry without being woken.
-    Busy,
-    /// Waiting until this instant (`None`: until woken, no entry is watched).
-    Asleep(Option<Instant>),
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, List> {
-        // A panic elsewhere while holding the lock leaves the list consistent (every change is
-        // one assignment or push): keep going rather than stop renewing.
-        self.list.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 /// How one watched hold came out of a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -139,16 +64,6 @@ enum Outcome {
 }
 
 impl Watchdog {
-    /// A watchdog whose thread starts with the first watched hold.
-    pub(crate) fn new() -> Self {
-        Watchdog {
-            shared: Arc::new(Shared {
-                list: Mutex::new(List::default()),
-                wake: Condvar::new(),
-            }),
-        }
-    }
-
     /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease() / 3`.
     pub(crate) fn watch(&self, client: &crate::client::LockClient, state: &Arc<WatchState>) {
         self.watch_from(client, state, crate::time::after(state.lease() / 3));
@@ -197,24 +112,6 @@ impl Watchdog {
             ThreadState::Asleep(Some(wake_at)) if due < wake_at => self.shared.wake.notify_one(),
             ThreadState::Asleep(Some(_)) | ThreadState::Busy => {}
         }
-    }
-
-    /// Holds currently watched: neither released, dropped by their holder, nor lost.
-    pub(crate) fn watched(&self) -> usize {
-        self.shared
-            .lock()
-            .entries
-            .iter()
-            .filter(|e| !e.gone && e.state.upgrade().is_some_and(|s| !s.is_stopped()))
-            .count()
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        // Never joins: this may run on the watchdog thread itself.
-        self.shared.lock().shutdown = true;
-        self.shared.wake.notify_all();
     }
 }
 
@@ -598,8 +495,10 @@ fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::watched::List;
     use crate::lease::RenewKind;
     use crate::stats::Kind;
+    use std::sync::{Condvar, Mutex};
 
     const TEST: Kind = Kind::new("test");
 

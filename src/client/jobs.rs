@@ -1,0 +1,197 @@
+//! The janitor's queue of one client: its jobs and the state its thread and the owners'
+//! acquires share. State only: the client owns it, and the thread that works it, with the
+//! clean-ups it runs, is in `janitor.rs` (which needs the client to send commands).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use crate::client::cleanup::{Cause, Cleanup};
+
+/// Most jobs kept at once: a client that keeps failing must not grow without bound. Past it,
+/// the oldest job is dropped (its lock expires with its lease).
+pub(crate) const MAX_JOBS: usize = 4_096;
+
+/// One pending owner-checked clean-up.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub(crate) key: String,
+    /// The value written, or the owner id of a counted hold.
+    pub(crate) value: Vec<u8>,
+    pub(crate) cleanup: Cleanup,
+    pub(crate) cause: Cause,
+    /// After this the hold has expired by itself (or can be taken over): no need to go on.
+    pub(crate) until: Instant,
+    /// When to try next.
+    pub(crate) next: Instant,
+    pub(crate) tries: u32,
+    /// Creation order: jobs of one key and value run one at a time, oldest first (a counted
+    /// job's count check depends on the ones before it).
+    pub(crate) seq: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Jobs {
+    /// Ordered by `seq`.
+    pub(crate) list: Vec<Job>,
+    /// The next job's `seq`.
+    pub(crate) next_seq: u64,
+    /// Jobs taken off `list` and being tried (by the thread, or by an owner's acquire): their
+    /// key, value and deadline.
+    pub(crate) in_flight: Vec<(String, Vec<u8>, Instant)>,
+    pub(crate) running: bool,
+    pub(crate) shutdown: bool,
+}
+
+impl Jobs {
+    pub(crate) fn is_in_flight(&self, key: &str, value: &[u8]) -> Option<Instant> {
+        self.in_flight
+            .iter()
+            .find(|(k, v, _)| k == key && v == value)
+            .map(|(_, _, until)| *until)
+    }
+
+    /// Puts a job back (or in) at its place in creation order.
+    pub(crate) fn insert(&mut self, job: Job) {
+        let at = self.list.partition_point(|j| j.seq < job.seq);
+        self.list.insert(at, job);
+    }
+
+    /// The index of the job to run next: the oldest job of its key and value, due at `now`,
+    /// none of its key and value in flight. With `only`, jobs of that key and value alone,
+    /// due or not.
+    pub(crate) fn pick(&self, now: Instant, only: Option<(&str, &[u8])>) -> Option<usize> {
+        let mut blocked: HashSet<(&str, &[u8])> = HashSet::new();
+        for (i, j) in self.list.iter().enumerate() {
+            let pair = (j.key.as_str(), j.value.as_slice());
+            if only.is_some_and(|o| o != pair) || blocked.contains(&pair) {
+                continue;
+            }
+            if self.is_in_flight(pair.0, pair.1).is_some() {
+                blocked.insert(pair);
+                continue;
+            }
+            if only.is_some() || j.next <= now {
+                return Some(i);
+            }
+            blocked.insert(pair);
+        }
+        None
+    }
+
+    pub(crate) fn finished(&mut self, key: &str, value: &[u8]) {
+        if let Some(i) = self
+            .in_flight
+            .iter()
+            .position(|(k, v, _)| k == key && v == value)
+        {
+            self.in_flight.swap_remove(i);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub(crate) jobs: Mutex<Jobs>,
+    /// Wakes the thread: a new job.
+    pub(crate) wake: Condvar,
+    /// Wakes owners waiting in [`Janitor::settle`]: a try in flight ended.
+    pub(crate) done: Condvar,
+    /// Counted jobs (see [`Cleanup::counted`]) queued or in flight: lets
+    /// [`Janitor::settle`] skip the mutex when zero.
+    pub(crate) counted: AtomicUsize,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Jobs> {
+        self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The clean-up queue of one client (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Janitor {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Drop for Janitor {
+    fn drop(&mut self) {
+        // Never joins: this may run on the janitor thread itself.
+        self.shared.lock().shutdown = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+impl Janitor {
+    /// Clean-ups not done yet (for tests and monitoring).
+    pub(crate) fn pending(&self) -> usize {
+        let jobs = self.shared.lock();
+        jobs.list.len() + jobs.in_flight.len()
+    }
+}
+
+impl Job {
+    /// The job is done or given up: no longer counted.
+    pub(crate) fn gone(&self, shared: &Shared) {
+        if self.cleanup.counted {
+            shared.counted.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn job(key: &str, value: &[u8], seq: u64, next: Instant) -> Job {
+        Job {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            cleanup: Cleanup {
+                script: |s| &s.unlock,
+                keys: vec![key.to_owned()],
+                args: vec![value.to_vec()],
+                value_arg: 0,
+                read: crate::client::cleanup::read_delete,
+                counted: false,
+                what: "the owner-checked delete",
+            },
+            cause: Cause::FailedRelease,
+            until: next + Duration::from_secs(30),
+            next,
+            tries: 0,
+            seq,
+        }
+    }
+
+    #[test]
+    fn jobs_of_one_key_and_value_run_oldest_first_one_at_a_time() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        let mut jobs = Jobs::default();
+        // The older job of ("k", "o") is not due yet: the newer one must wait for it.
+        jobs.insert(job("k", b"o", 2, now));
+        jobs.insert(job("k", b"o", 1, later));
+        jobs.insert(job("x", b"o", 3, now));
+        assert_eq!(
+            jobs.list.iter().map(|j| j.seq).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert_eq!(jobs.pick(now, None).map(|i| jobs.list[i].seq), Some(3));
+        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(1));
+        // An owner's acquire takes its own jobs, due or not, oldest first.
+        assert_eq!(
+            jobs.pick(now, Some(("k", b"o"))).map(|i| jobs.list[i].seq),
+            Some(1)
+        );
+        // While one of ("k", "o") is in flight, none of its others is picked.
+        let first = jobs.list.remove(0);
+        jobs.in_flight.push((first.key, first.value, first.until));
+        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(3));
+        assert_eq!(jobs.pick(later, Some(("k", b"o"))), None);
+        jobs.finished("k", b"o");
+        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(2));
+    }
+}
