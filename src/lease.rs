@@ -218,7 +218,7 @@ impl From<Option<Lease>> for Attempt {
 
 /// The safety margin a won acquire must leave: the larger of the time its reply took and a
 /// clock-drift allowance of 1% of the lifetime plus 2 ms (RedLock's). See
-/// [`DistributedLock::try_acquire`].
+/// [`DistributedLock::try_acquire`](crate::DistributedLock::try_acquire).
 pub(crate) fn arrival_margin(ttl: Duration, elapsed: Duration) -> Duration {
     let drift = (ttl / 100).saturating_add(Duration::from_millis(2));
     elapsed.max(drift)

@@ -103,7 +103,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// - Token, Fair, Reentrant: the key exists (a string, or Redisson's hash); `ttl` is its
     ///   `PTTL`.
     /// - Classic: the key holds an expiry that has not passed by this client's clock (a stale
-    ///   value is [`LockState::Unlocked`](crate::LockState::Unlocked): the next acquire takes it over); `ttl` is the time
+    ///   value is [`LockState::Unlocked`]: the next acquire takes it over); `ttl` is the time
     ///   left until that expiry, or the key's `PTTL` if shorter (`key_ttl`). A value that is no
     ///   expiry in the lock's encoding is [`LockError::Corrupt`].
     /// - [`ReadLock`](crate::ReadLock) / [`WriteLock`](crate::WriteLock): the hash is in read
@@ -546,7 +546,7 @@ macro_rules! guard_methods {
 pub(crate) use guard_methods;
 
 /// What the server says about a lock now, whoever holds it: the answer of
-/// [`DistributedLock::state`](crate::DistributedLock::state).
+/// [`DistributedLock::state`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LockState {
@@ -582,7 +582,7 @@ impl LockState {
 }
 
 /// The checks every lock builder makes before anything is sent: a key, a lifetime of whole
-/// milliseconds within [`MAX_TTL`] (returned truncated to them), a consistent retry policy.
+/// milliseconds within [`MAX_TTL`](crate::MAX_TTL) (returned truncated to them), a consistent retry policy.
 pub(crate) fn check_lock_options(
     key: &str,
     ttl: Duration,

@@ -79,7 +79,7 @@ pub(crate) struct Cleanup {
     pub(crate) value_arg: usize,
     pub(crate) read: ReadReply,
     /// It gives back a counted hold (a hash field's count): the owner's next acquire of the
-    /// key settles it first ([`Janitor::settle`](crate::client::janitor::Janitor::settle)), and one remembered across a Sentinel switch
+    /// key settles it first ([`Janitor::settle`](crate::client::jobs::Janitor::settle)), and one remembered across a Sentinel switch
     /// is dropped while the owner holds the lock again (its count would match a live hold).
     pub(crate) counted: bool,
     /// What it does, for the log.

@@ -268,7 +268,7 @@ impl Manager {
 }
 
 impl Manager {
-    /// The check of [`ClientBuilder::build`]: opens one connection (which sends AUTH, SELECT
+    /// The check of [`ClientBuilder::build`](crate::ClientBuilder::build): opens one connection (which sends AUTH, SELECT
     /// and the TLS handshake as the URL asks) and runs a one-line script by `EVAL` and by
     /// `EVALSHA`, the two ways the library runs its scripts. The `EVAL` goes in one round trip
     /// with `INFO server` and `COMMAND INFO DELIFEQ`, which tell the native commands the

@@ -22,7 +22,7 @@
 //! Sentinel's configuration epoch: one older than a switch already followed comes from a
 //! Sentinel that has not heard of it, and is ignored.
 //!
-//! A switch for the client's service bumps the generation in [`Switches`] and records the new
+//! A switch for the client's service bumps the generation in [`Switches`](crate::client::switches::Switches) and records the new
 //! master's address: every pooled connection remembers the generation it was opened in, and a
 //! checkout discards connections of an older one (see `client.rs`); new connections go to the
 //! announced master first, after the usual `ROLE` check.

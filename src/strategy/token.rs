@@ -105,7 +105,7 @@ impl TokenLock {
     }
 
     /// One attempt made while waiting, with the acquire's token: by `lua/token_acquire.lua`,
-    /// or without a script where the server releases natively ([`attempt_pipelined`]
+    /// or without a script where the server releases natively ([`attempt_pipelined`](Self::attempt_pipelined)
     /// (Self::attempt_pipelined)). Both report the fence or the holder's PTTL, and take a key
     /// that already holds the token (an earlier attempt of the same acquire whose reply was
     /// lost). A refusal by a stale hold of this client's own is cleared and tried again once.
