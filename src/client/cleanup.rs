@@ -97,6 +97,22 @@ impl Cleanup {
     }
 }
 
+#[cfg(test)]
+impl Cleanup {
+    /// The owner-checked delete of `value` at `key` (`lua/unlock.lua`), for unit tests.
+    pub(crate) fn delete_for_test(key: &str, value: &[u8]) -> Cleanup {
+        Cleanup {
+            script: |s| &s.unlock,
+            keys: vec![key.to_owned()],
+            args: vec![value.to_vec()],
+            value_arg: 0,
+            read: read_delete,
+            counted: false,
+            what: "the owner-checked delete",
+        }
+    }
+}
+
 /// The reply of a script that deletes the lock and answers 1 or more when it did
 /// (`lua/unlock.lua`: 1 + the subscribers reached).
 pub(crate) fn read_delete(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {

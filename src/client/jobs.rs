@@ -149,15 +149,7 @@ mod tests {
         Job {
             key: key.to_owned(),
             value: value.to_vec(),
-            cleanup: Cleanup {
-                script: |s| &s.unlock,
-                keys: vec![key.to_owned()],
-                args: vec![value.to_vec()],
-                value_arg: 0,
-                read: crate::client::cleanup::read_delete,
-                counted: false,
-                what: "the owner-checked delete",
-            },
+            cleanup: Cleanup::delete_for_test(key, value),
             cause: Cause::FailedRelease,
             until: next + Duration::from_secs(30),
             next,
