@@ -207,6 +207,19 @@ impl Recovery {
     }
 }
 
+/// Kills the master (server 0), resumes its paused replica (server 1) and waits until the
+/// Sentinel has promoted it.
+fn kill_master_promote_replica(set: &mut Sentinel) {
+    let old_port = set.server(0).port();
+    set.server_mut(0).kill();
+    set.server(1).resume();
+    assert_eq!(
+        set.wait_for_failover(old_port, RECOVERY),
+        Some(1),
+        "the Sentinel promoted the replica"
+    );
+}
+
 /// Calls `try_lock` + `unlock` on `lock` every 50 ms until a full cycle succeeds. Every failure
 /// must be an error (never a panic, never contention on this private key) returned within
 /// [`MAX_CALL`]; gives up after [`RECOVERY`].
@@ -363,14 +376,7 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
     assert_eq!(wait_replicas(set.server(0), 100), 0, "no replica has them");
 
     // The master dies before replicating; the replica comes back and is promoted.
-    let old_port = set.server(0).port();
-    set.server_mut(0).kill();
-    set.server(1).resume();
-    assert_eq!(
-        set.wait_for_failover(old_port, RECOVERY),
-        Some(1),
-        "the Sentinel promoted the replica"
-    );
+    kill_master_promote_replica(&mut set);
     let mut new_master = set.server(1).conn();
     for g in &held {
         assert_eq!(
@@ -509,14 +515,7 @@ fn a_fair_release_lost_by_a_failover_is_done_again_on_the_new_master() {
         "no replica has the release"
     );
 
-    let old_port = set.server(0).port();
-    set.server_mut(0).kill();
-    set.server(1).resume();
-    assert_eq!(
-        set.wait_for_failover(old_port, RECOVERY),
-        Some(1),
-        "the Sentinel promoted the replica"
-    );
+    kill_master_promote_replica(&mut set);
     let promoted = Instant::now();
 
     // Our hold on the new master goes within moments: the release is done again there.
@@ -667,14 +666,7 @@ fn a_token_hold_released_on_the_old_master_only_is_found_after_later_sections() 
     }
     assert_eq!(wait_replicas(set.server(0), 100), 0, "no replica has them");
 
-    let old_port = set.server(0).port();
-    set.server_mut(0).kill();
-    set.server(1).resume();
-    assert_eq!(
-        set.wait_for_failover(old_port, RECOVERY),
-        Some(1),
-        "the Sentinel promoted the replica"
-    );
+    kill_master_promote_replica(&mut set);
     let promoted = Instant::now();
     let mut new_master = set.server(1).conn();
     assert_eq!(

@@ -657,13 +657,16 @@ fn a_stale_hold_of_this_client_is_cleared_by_its_next_acquire() {
         "0123456789abcdef"
     );
     let mut con = server.conn();
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg(&stale)
-        .arg("PX")
-        .arg(60_000)
-        .query(&mut con)
-        .unwrap();
+    let put_stale = |con: &mut redis::Connection| {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(&stale)
+            .arg("PX")
+            .arg(60_000)
+            .query(con)
+            .unwrap();
+    };
+    put_stale(&mut con);
     // Another client's acquire does not touch it.
     assert!(matches!(lb.try_lock(), Err(LockError::Held { .. })));
     assert!(matches!(
@@ -687,13 +690,7 @@ fn a_stale_hold_of_this_client_is_cleared_by_its_next_acquire() {
     ));
     assert_eq!(raw::get(&mut con, key).as_deref(), Some(g.value()));
     assert!(g.unlock().unwrap());
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg(&stale)
-        .arg("PX")
-        .arg(60_000)
-        .query(&mut con)
-        .unwrap();
+    put_stale(&mut con);
     // A fenced lock attempts by the script, whose refusal names the holder.
     let fenced = a
         .lock(key)

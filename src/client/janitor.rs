@@ -495,24 +495,23 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
 fn done(client: &LockClient, job: &Job, did: Done) {
     let key = job.key.as_str();
     match did {
-        Done::Freed => {
+        Done::Freed | Done::GaveBack => {
             client.counters().orphan_cleaned();
+            let freed = did == Done::Freed;
             log::warn!(
-                "lock {key:?}: {} left by {} is done, the lock is free (try {})",
+                "lock {key:?}: {} left by {} is done, {} (try {})",
                 job.cleanup.what,
                 job.cause.describe(),
+                if freed {
+                    "the lock is free"
+                } else {
+                    "a hold given back"
+                },
                 job.tries
             );
-            client.waiters().notify_release(key);
-        }
-        Done::GaveBack => {
-            client.counters().orphan_cleaned();
-            log::warn!(
-                "lock {key:?}: {} left by {} is done, a hold given back (try {})",
-                job.cleanup.what,
-                job.cause.describe(),
-                job.tries
-            );
+            if freed {
+                client.waiters().notify_release(key);
+            }
         }
         Done::Nothing => log::info!(
             "lock {key:?}: nothing to clean up after {} (it had run, was never written, \
