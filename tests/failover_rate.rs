@@ -26,8 +26,8 @@
 //! - throughput back to half its rate before the fault (over 500 ms) within [`RECOVERY`] of
 //!   the deployment being back (every Sentinel naming the new master, which answers `ROLE` as
 //!   a master; the promoted replica a master and every surviving Cluster node
-//!   `cluster_state:ok`), and no stall after that (no 500 ms below a quarter of the rate before
-//!   until the end of the run): both measured against the rate of the same run;
+//!   `cluster_state:ok`), and no stall after that (no [`STALL`] below a quarter of the rate
+//!   before, until the end of the run): both measured against the rate of the same run;
 //! - the janitor's queue (`pending_cleanups()`, sampled every 10 ms in every process) never
 //!   above the number of keys;
 //! - no lock key left once the load stopped and the clients' clean-ups ended;
@@ -76,17 +76,25 @@ const LOCK_BUDGET: Duration = Duration::from_secs(10);
 const PRODUCTION_RATE: u64 = 10_000;
 /// The rate every run asserts before the fault unless `DLOCK_FAILOVER_MIN_RATE` sets another:
 /// a functional floor, not the production rate. On the 2-core machine, a debug build reached
-/// 2,700-9,700 sections/s (the lowest beside another build) and an optimised one 7,500-16,200:
-/// the floor is below the lowest of them by more than 2x, so a slow but healthy machine clears
+/// 2,700-9,700 sections/s (the lowest beside another build) and an optimised one 2,500-17,100
+/// (the lowest beside 3 other builds): the floor is below the lowest of them by 5x, so a slow but healthy machine clears
 /// it, and a load that barely ran does not.
-const FUNCTIONAL_RATE: u64 = 1_000;
+const FUNCTIONAL_RATE: u64 = 500;
 /// Throughput must be back to half its rate before the fault within this time of the
 /// deployment being back.
 const RECOVERY: Duration = Duration::from_secs(2);
 /// How long the load runs before the fault (the rate settles first).
 const WARM_UP: Duration = Duration::from_secs(2);
-/// How long the load goes on once the deployment is back.
-const AFTER: Duration = Duration::from_secs(3);
+/// How long the load goes on once the deployment is back (room for a [`STALL`] after the
+/// [`RECOVERY`]).
+const AFTER: Duration = Duration::from_secs(4);
+/// A stall after the recovery: this long with every 100 ms below a quarter of the rate before
+/// the fault. The load's own dips on a busy 2-core machine, with no fault at all, reach that
+/// low for up to 800 ms (the second before the fault of runs beside 3 builds, 2026-11-27): a
+/// shorter limit fails on the machine, not the lock. A client stuck after a failover (the
+/// graceful failover's 0 sections/s for the rest of the run before the switch rule) shows as
+/// the rest of the run.
+const STALL: Duration = Duration::from_millis(1_500);
 /// The width of a rate bucket.
 const BUCKET_MS: u64 = 100;
 /// Recovery is judged on the mean rate of this many buckets (500 ms), not one.
@@ -535,14 +543,30 @@ fn check(
     let last_window = stop_b.saturating_sub(WINDOW);
     let recovered = (back_b..=last_window).find(|&b| window(b) >= half);
     let recovery = recovered.map(|b| (b as u64 * BUCKET_MS).saturating_sub(times.back));
-    // Stalled again: the slowest window from then to the stop (its last whole bucket), if
-    // below a quarter of the rate before.
+    // Stalled again: the longest stretch of whole buckets, from then to the stop, each below a
+    // quarter of the rate before, if it lasts [`STALL`] or more: (its rate, its first bucket,
+    // its length in buckets).
+    let quarter = rate_before / 4 * BUCKET_MS / 1_000;
     let slowest = recovered.and_then(|r| {
-        (r..=last_window)
-            .map(|b| (window(b), b))
-            .min()
-            .filter(|(rate, _)| *rate < rate_before / 4)
+        let mut longest: Option<(u64, usize, usize)> = None;
+        let mut b = r;
+        while b < stop_b {
+            let len = buckets[b..stop_b]
+                .iter()
+                .take_while(|&&n| n < quarter)
+                .count();
+            if len > longest.map_or(0, |(_, _, l)| l) {
+                let rate =
+                    buckets[b..b + len].iter().sum::<u64>() * 1_000 / (len as u64 * BUCKET_MS);
+                longest = Some((rate, b, len));
+            }
+            b += len.max(1);
+        }
+        longest
     });
+    // The longest dip is printed, and fails only from STALL on.
+    let dip_ms = slowest.map_or(0, |(_, _, len)| len as u64 * BUCKET_MS);
+    let slowest = slowest.filter(|_| dip_ms >= STALL.as_millis() as u64);
     // Lost updates: the counters against the sections counted.
     let mut con = counter.conn();
     let counters: Vec<Option<u64>> = redis::cmd("MGET")
@@ -593,13 +617,14 @@ fn check(
     eprintln!(
         "{what}: rate before the fault {rate_before}/s (required {}/s, production \
          {PRODUCTION_RATE}/s); deployment back {} ms after the fault; \
-         rate at half ({half}/s, over {WINDOW_MS} ms) {} after that; stalled again after \
-         that (below a quarter): {}",
+         rate at half ({half}/s, over {WINDOW_MS} ms) {} after that; longest dip below a \
+         quarter after that {dip_ms} ms; stalled again (a dip of {STALL:?} or more): {}",
         min_rate(),
         times.back - times.fault,
         recovery.map_or("never".to_owned(), |r| format!("{r} ms")),
-        slowest.map_or("no".to_owned(), |(rate, b)| format!(
-            "{rate}/s {} ms after the fault",
+        slowest.map_or("no".to_owned(), |(rate, b, len)| format!(
+            "{rate}/s for {} ms from {} ms after the fault",
+            len as u64 * BUCKET_MS,
             (b as u64 * BUCKET_MS) as i64 - times.fault as i64
         ))
     );
@@ -670,10 +695,11 @@ fn check(
             recovery.map_or("never".to_owned(), |r| format!("after {r} ms"))
         )),
     }
-    if let Some((rate, b)) = slowest {
+    if let Some((rate, b, len)) = slowest {
         failed.push(format!(
-            "throughput stalled again after it was back: {rate}/s over {WINDOW_MS} ms from {} \
-             ms after the fault, below a quarter of the rate before",
+            "throughput stalled again after it was back: {rate}/s for {} ms from {} ms after \
+             the fault, below a quarter of the rate before in every {BUCKET_MS} ms",
+            len as u64 * BUCKET_MS,
             (b as u64 * BUCKET_MS) as i64 - times.fault as i64
         ));
     }
@@ -977,6 +1003,17 @@ fn rate_analysis_finds_stalls_and_lost_updates() {
         )
     });
     assert!(r.is_err(), "a stall after the recovery passed the checks");
+    // Back, then a dip of 800 ms as a busy machine makes with no fault: not a stall.
+    let dip: Vec<u64> = (0..60)
+        .map(|b| {
+            if (20..30).contains(&b) || (40..48).contains(&b) {
+                0
+            } else {
+                3_000
+            }
+        })
+        .collect();
+    check("made up, dip", &[report(dip)], &times, &counter, Vec::new());
     // Below the rate asked for (the functional floor, unless the environment raised it).
     let slow: Vec<u64> = vec![min_rate() / 20; 60];
     let r = std::panic::catch_unwind(|| {
