@@ -1,4 +1,5 @@
-//! Uncontended acquire + release: `try_lock()` then `unlock()` on the guard, for Token (default:
+//! Uncontended acquire + release: `try_lock()` then `unlock()` on the guard (and, for the default
+//! Token lock with and without scripts, `lock()` then `unlock()`: the `_lock` rows), for Token (default:
 //! watched by the client's watchdog, release published; and with an explicit ttl: not watched,
 //! release still published), Reentrant, Classic (decimal, big-endian, with the key TTL option,
 //! with the compare-and-set takeover) and Fair (watched), measured interleaved with the floors
@@ -113,6 +114,16 @@ fn cycle(lock: &dyn DistributedLock) {
     assert!(guard.unlock().expect("unlock"), "lost an uncontended lock");
 }
 
+/// The same cycle by `lock()`, the blocking acquire users call (its uncontended path is one
+/// attempt, as `try_lock()`'s, after the in-process line's checks).
+fn cycle_blocking(lock: &dyn DistributedLock) {
+    let guard = lock.lock().expect("uncontended lock");
+    assert!(guard.unlock().expect("unlock"), "lost an uncontended lock");
+}
+
+/// The locks whose cycle is also timed by `lock()`, as `<name>_lock`.
+const BLOCKING: [&str; 2] = ["token", "token_scripts"];
+
 fn main() {
     let mut env = BenchEnv::start("cycle");
     let url = env.url();
@@ -153,6 +164,11 @@ fn main() {
         });
         for (name, lock) in &locks {
             g.bench_function(*name, |b| b.iter(|| cycle(lock.as_ref())));
+            if BLOCKING.contains(name) {
+                g.bench_function(format!("{name}_lock"), |b| {
+                    b.iter(|| cycle_blocking(lock.as_ref()))
+                });
+            }
         }
         g.finish();
     }
@@ -297,6 +313,13 @@ fn custom(
         for (name, lock) in locks {
             variants.push(Variant::new(name, move || cycle(lock.as_ref())));
         }
+        for (name, lock) in locks.iter().filter(|(n, _)| BLOCKING.contains(n)) {
+            let name: &'static str = match *name {
+                "token" => "token_lock",
+                _ => "token_scripts_lock",
+            };
+            variants.push(Variant::new(name, move || cycle_blocking(lock.as_ref())));
+        }
         names = variants.iter().map(|v| v.name).collect();
         let samples = interleaved(&mut variants, rounds, per);
         drop(variants);
@@ -359,10 +382,9 @@ fn custom(
 /// `DELIFEQ`, which the client's Token locks use).
 fn bare_of(name: &str, native: bool) -> Option<&'static str> {
     match name {
-        "token" | "token_ttl" if native => Some("floor_set_nx_px_delifeq_pub_raw"),
-        "token" | "token_ttl" | "token_scripts" | "token_ttl_scripts" => {
-            Some("floor_set_nx_px_evalsha_pub_raw")
-        }
+        "token" | "token_lock" | "token_ttl" if native => Some("floor_set_nx_px_delifeq_pub_raw"),
+        "token" | "token_lock" | "token_ttl" | "token_scripts" | "token_scripts_lock"
+        | "token_ttl_scripts" => Some("floor_set_nx_px_evalsha_pub_raw"),
         "reentrant" => Some("floor_reentrant_raw"),
         "fair" => Some("floor_fair_raw"),
         "classic_key_ttl" => Some("floor_classic_set_nx_px_evalsha_raw"),
