@@ -56,6 +56,7 @@ use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis_dlock::{DistributedLock, LockClient, LockError};
+use support::history::{self, Recorder};
 use support::worker::{self, WorkerProcess};
 use support::{
     cluster_info, init_logging, role, wait_until, Cluster, RedisServer, Sentinel, SENTINEL_SERVICE,
@@ -212,6 +213,8 @@ fn rate_worker() {
                     .collect();
                 // Every section: (key, entered, left), in us since the Unix epoch.
                 let mut log: Vec<(u8, u64, u64)> = Vec::with_capacity(1 << 16);
+                // Every hold, for the history checker.
+                let mut rec = Recorder::new(u64::from(std::process::id()) << 16 | t as u64);
                 let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) * 0x1000_0001 + epoch);
                 rng ^= u64::from(std::process::id()) << 20;
                 while !stop.load(Ordering::Relaxed) {
@@ -219,6 +222,7 @@ fn rate_worker() {
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     let i = (rng % KEYS as u64) as usize;
+                    let open = rec.begin(i as u32);
                     let guard = match locks[i].try_lock_for(LOCK_BUDGET) {
                         Ok(g) => g,
                         Err(e) => {
@@ -237,6 +241,7 @@ fn rate_worker() {
                             continue;
                         }
                     };
+                    let held = open.acquired();
                     // The protected resource: a non-atomic increment.
                     let entered = unix_us();
                     let ck = counter_key(&keys[i]);
@@ -251,6 +256,7 @@ fn rate_worker() {
                     counts.per_key[i].fetch_add(1, Ordering::Relaxed);
                     let b = (since_epoch() / BUCKET_MS) as usize;
                     buckets[b.min(BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+                    rec.release(held, guard.remaining(), guard.is_lost());
                     match guard.unlock() {
                         Ok(true) => {}
                         Ok(false) => {
@@ -261,7 +267,7 @@ fn rate_worker() {
                         }
                     }
                 }
-                log
+                (log, rec.encode())
             })
         })
         .collect();
@@ -285,15 +291,20 @@ fn rate_worker() {
     stop.store(true, Ordering::Relaxed);
     // The sections' times, for the parent to explain a lost update: 17 bytes each.
     let mut bytes = Vec::new();
+    let mut holds = Vec::new();
     for t in threads {
-        for (k, entered, left) in t.join().expect("load thread") {
+        let (log, history) = t.join().expect("load thread");
+        for (k, entered, left) in log {
             bytes.push(k);
             bytes.extend_from_slice(&entered.to_le_bytes());
             bytes.extend_from_slice(&left.to_le_bytes());
         }
+        holds.extend(history);
     }
     let log_file = stop_file.with_file_name(format!("sections-{}", std::process::id()));
     std::fs::write(log_file, bytes).expect("write the sections' log");
+    let history_file = stop_file.with_file_name(format!("history-{}", std::process::id()));
+    std::fs::write(history_file, holds).expect("write the holds' history");
     // The background clean-ups end with the client: let them finish.
     let drained = wait_until(Duration::from_secs(5), || client.pending_cleanups() == 0);
     for (at, e) in counts.errors.lock().unwrap().iter() {
@@ -663,7 +674,22 @@ fn check(
         }
     }
 
+    // The holds' history: no two validity windows of a key overlap, but (after a graceful
+    // failover) a pair whose later hold began in the switch window.
+    let (overlaps, in_switch_window) = check_history(counter.dir(), times);
+    eprintln!(
+        "{what}: history: {} overlapping pairs of holds outside the switch window, {} inside",
+        overlaps.len(),
+        in_switch_window
+    );
+
     let mut failed = Vec::new();
+    if !overlaps.is_empty() {
+        failed.push(format!(
+            "the history checker found holds of one key at once: {}",
+            history::describe(&overlaps, mono_ns_at(times, 0) + times.fault * 1_000_000)
+        ));
+    }
     let min_rate = min_rate();
     if rate_before < min_rate {
         failed.push(format!(
@@ -712,6 +738,33 @@ fn check(
         ));
     }
     assert!(failed.is_empty(), "{what}: {}", failed.join("; "));
+}
+
+/// The monotonic clock's reading (see [`history::now_ns`]) at `ms` after the run's epoch.
+fn mono_ns_at(times: &Times, ms: u64) -> u64 {
+    // Both clocks read now: the monotonic one at the epoch is now less the time since then.
+    let (mono, wall_us) = (history::now_ns(), unix_us());
+    (mono + ms * 1_000_000).saturating_sub(wall_us.saturating_sub(times.epoch_us) * 1_000)
+}
+
+/// The workers' histories in `dir`, checked: the overlapping pairs of holds, but those whose
+/// later hold began inside a graceful failover's switch window ([`Times::window_end`]), which
+/// are only counted.
+fn check_history(dir: &std::path::Path, times: &Times) -> (Vec<history::Overlap>, usize) {
+    let mut holds = Vec::new();
+    for f in std::fs::read_dir(dir)
+        .expect("the counter's directory")
+        .flatten()
+    {
+        if f.file_name().to_string_lossy().starts_with("history-") {
+            holds.extend(history::decode(&std::fs::read(f.path()).unwrap()));
+        }
+    }
+    let window_end = times.window_end.map(|w| mono_ns_at(times, w));
+    let (inside, outside): (Vec<_>, Vec<_>) = history::overlaps(&holds)
+        .into_iter()
+        .partition(|o| window_end.is_some_and(|end| o.second.window().0 < end));
+    (outside, inside.len())
 }
 
 /// For each key of `lost` (key index first), the pairs of its sections that overlapped (one
@@ -1063,6 +1116,45 @@ fn rate_analysis_finds_stalls_and_lost_updates() {
     check(
         "made up, lost update in the switch window",
         &[lost],
+        &times,
+        &counter,
+        Vec::new(),
+    );
+    // Two holds of rate:0 at once in the workers' history, 100 ms after the fault: failed,
+    // and reported, not failed, when they begin inside a graceful failover's switch window.
+    times.epoch_us = unix_us();
+    let at = mono_ns_at(&times, times.fault + 100);
+    let hold = |holder: u64, from: u64, to: u64| history::Hold {
+        key: 0,
+        holder,
+        invoked: at + from,
+        acquired: at + from,
+        valid_until: at + 30_000_000_000,
+        released: at + to,
+        lost: 0,
+    };
+    std::fs::write(
+        counter.dir().join("history-1"),
+        history::encode(&[hold(1, 0, 2_000_000), hold(2, 1_000_000, 3_000_000)]),
+    )
+    .unwrap();
+    std::fs::remove_file(counter.dir().join("sections-1")).unwrap();
+    redis::cmd("FLUSHALL").exec(&mut counter.conn()).unwrap();
+    times.window_end = None;
+    let r = std::panic::catch_unwind(|| {
+        check(
+            "made up, holds at once",
+            &[report(vec![3_000; 60])],
+            &times,
+            &counter,
+            Vec::new(),
+        )
+    });
+    assert!(r.is_err(), "two holds at once passed the checks");
+    times.window_end = Some(3_000);
+    check(
+        "made up, holds at once in the switch window",
+        &[report(vec![3_000; 60])],
         &times,
         &counter,
         Vec::new(),

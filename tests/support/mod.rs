@@ -15,6 +15,7 @@
 #![allow(dead_code)]
 
 pub mod expiry;
+pub mod history;
 pub mod raw;
 #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
 pub mod tls;
