@@ -1,5 +1,6 @@
-//! `LockClient::open` and `LockClient::builder` take what redis-rs takes: URLs as `&str` and
-//! `&String`, a `ConnectionInfo` built in code, a `ConnectionAddr`, `(host, port)`.
+//! `LockClient::open` and `LockClient::builder` take what redis-rs takes: URLs as `&str`,
+//! `String` and `url::Url`, a `ConnectionInfo` built in code, a `ConnectionAddr`,
+//! `(host, port)`; and `&String`, `&ConnectionInfo`.
 
 mod support;
 
@@ -27,9 +28,18 @@ fn every_kind_of_target_connects() {
     let url = format!("redis://:pw@127.0.0.1:{port}/");
     works(&LockClient::open(url.as_str()).unwrap(), "t:str");
     works(&LockClient::open(&url).unwrap(), "t:string-ref");
+    works(&LockClient::open(url.clone()).unwrap(), "t:string");
+    works(
+        &LockClient::builder(format!("redis://:pw@127.0.0.1:{port}/"))
+            .build()
+            .unwrap(),
+        "t:format",
+    );
+    let parsed = url::Url::parse(&url).unwrap();
+    works(&LockClient::open(parsed).unwrap(), "t:url");
     works(
         &LockClient::open(url.clone().into_connection_info().unwrap()).unwrap(),
-        "t:string",
+        "t:string-info",
     );
 
     // Settings built in code, the password never written into a URL.
@@ -47,9 +57,9 @@ fn every_kind_of_target_connects() {
 
     // Without the password the set-up check names the refusal.
     let err = LockClient::open(("127.0.0.1", port)).unwrap_err();
-    assert!(err.is_setup(), "{err:?}");
+    assert!(err.is_config(), "{err:?}");
     let err = LockClient::open(ConnectionAddr::Tcp("127.0.0.1".into(), port)).unwrap_err();
-    assert!(err.is_setup(), "{err:?}");
+    assert!(err.is_config(), "{err:?}");
 }
 
 #[test]
@@ -57,8 +67,8 @@ fn a_malformed_url_fails_at_build() {
     init_logging();
     let builder = LockClient::builder("not a url");
     match builder.build() {
-        Err(LockError::Setup { .. }) => {}
-        other => panic!("expected Setup, got {other:?}"),
+        Err(LockError::Config { .. }) => {}
+        other => panic!("expected Config, got {other:?}"),
     }
     let server = RedisServer::start();
     works(
