@@ -111,10 +111,6 @@ pub use stats::Stats;
 pub use strategy::*;
 pub use time::MAX_TTL;
 
-// The test fixture (tests/support) names the crate as the integration tests do.
-#[cfg(test)]
-extern crate self as redis_dlock;
-
 // Every Rust block of README.md and docs/*.md, compiled by `cargo test --doc`.
 #[cfg(doctest)]
 mod doctests;
