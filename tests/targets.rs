@@ -76,3 +76,37 @@ fn a_malformed_url_fails_at_build() {
         "t:tuple",
     );
 }
+
+#[test]
+fn sentinel_and_cluster_builders_take_targets_too() {
+    init_logging();
+    let set = support::Sentinel::start(1, 1);
+    let infos: Vec<ConnectionInfo> = set
+        .sentinel_urls()
+        .iter()
+        .map(|u| u.as_str().into_connection_info().unwrap())
+        .collect();
+    let client = LockClient::sentinel_builder(&infos, support::SENTINEL_SERVICE)
+        .build()
+        .unwrap();
+    works(&client, "t:sentinel-info");
+    let urls: Vec<String> = set.sentinel_urls();
+    let client = LockClient::sentinel_builder(&urls, support::SENTINEL_SERVICE)
+        .build()
+        .unwrap();
+    works(&client, "t:sentinel-string");
+    // A malformed node is reported by build(), as for one server.
+    for err in [
+        LockClient::sentinel_builder(&["not a url"], support::SENTINEL_SERVICE)
+            .build()
+            .unwrap_err(),
+        LockClient::cluster_builder(&["redis://127.0.0.1:1/", "not a url"])
+            .build()
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, LockError::Config { key: None, .. }),
+            "{err:?}"
+        );
+    }
+}

@@ -131,21 +131,21 @@ impl LockClient {
         ClientBuilder::new(TargetSpec::Single(target.into_target_info()))
     }
 
-    /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`).
-    /// Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
+    /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`, or
+    /// any other [`ConnectionTarget`]; a malformed URL is reported by
+    /// [`ClientBuilder::build`]). Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
     ///
     /// Each command, its redirections and retries included (`TRYAGAIN`, `CLUSTERDOWN`, a
     /// failed-over node), returns within the command timeout plus at most one retry sleep of a
     /// tenth of it: every read, write and connect of it is cut to the time left before one
     /// deadline. Waiting for a pooled connection and opening a new one are bounded by the
     /// connect timeout, as for a single server. See `docs/deployments.md`.
-    pub fn cluster_builder<S: AsRef<str>>(nodes: &[S]) -> ClientBuilder {
-        ClientBuilder::new(TargetSpec::Cluster(
-            nodes.iter().map(|n| n.as_ref().to_owned()).collect(),
-        ))
+    pub fn cluster_builder<S: ConnectionTarget + Clone>(nodes: &[S]) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Cluster(targets(nodes)))
     }
 
-    /// A builder for the master that the Sentinels at `sentinels` name for `service`. After a
+    /// A builder for the master that the Sentinels at `sentinels` (URLs, or any other
+    /// [`ConnectionTarget`]) name for `service`. After a
     /// failover, new connections go to the new master. The client follows the Sentinels'
     /// `+switch-master` announcements (one background thread per client, `dlock-sentinel`):
     /// pooled connections opened before an announced switch are discarded at their next
@@ -157,21 +157,29 @@ impl LockClient {
     /// checks with `ROLE` that the server named is a master. Each of these steps is bounded by
     /// the connect and command timeouts (the connect timeout if the command timeout is `None`),
     /// so a frozen Sentinel or old master delays a reconnection but never blocks it.
-    pub fn sentinel_builder<S: AsRef<str>>(sentinels: &[S], service: &str) -> ClientBuilder {
+    pub fn sentinel_builder<S: ConnectionTarget + Clone>(
+        sentinels: &[S],
+        service: &str,
+    ) -> ClientBuilder {
         ClientBuilder::new(TargetSpec::Sentinel {
-            sentinels: sentinels.iter().map(|n| n.as_ref().to_owned()).collect(),
+            sentinels: targets(sentinels),
             service: service.to_owned(),
         })
     }
 }
 
+/// The connection settings of every node, or the first that is not one.
+fn targets<S: ConnectionTarget + Clone>(nodes: &[S]) -> RedisResult<Vec<redis::ConnectionInfo>> {
+    nodes.iter().map(|n| n.clone().into_target_info()).collect()
+}
+
 #[derive(Debug, Clone)]
 pub(super) enum TargetSpec {
-    /// One server; a malformed URL is reported by `build`.
+    /// One server; a malformed URL is reported by `build`, as for the others.
     Single(RedisResult<redis::ConnectionInfo>),
-    Cluster(Vec<String>),
+    Cluster(RedisResult<Vec<redis::ConnectionInfo>>),
     Sentinel {
-        sentinels: Vec<String>,
+        sentinels: RedisResult<Vec<redis::ConnectionInfo>>,
         service: String,
     },
 }
@@ -179,17 +187,18 @@ pub(super) enum TargetSpec {
 impl TargetSpec {
     /// Where the client connects, for messages: `host:port` (no credentials).
     fn describe(&self) -> String {
-        let addr = |url: &str| {
-            redis::Client::open(url)
-                .map(|c| c.get_connection_info().addr().to_string())
-                .unwrap_or_else(|_| "an unparsable URL".to_owned())
-        };
         match self {
             TargetSpec::Single(Ok(info)) => info.addr().to_string(),
-            TargetSpec::Single(Err(_)) => "an unparsable URL".to_owned(),
-            TargetSpec::Cluster(nodes) => format!(
+            TargetSpec::Single(Err(_)) | TargetSpec::Cluster(Err(_)) => {
+                "an unparsable URL".to_owned()
+            }
+            TargetSpec::Cluster(Ok(nodes)) => format!(
                 "the cluster ({})",
-                nodes.iter().map(|n| addr(n)).collect::<Vec<_>>().join(", ")
+                nodes
+                    .iter()
+                    .map(|n| n.addr().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             TargetSpec::Sentinel { service, .. } => {
                 format!("the master of Sentinel service {service:?}")
@@ -354,23 +363,19 @@ impl ClientBuilder {
             self.connect_timeout,
             matches!(self.target, TargetSpec::Cluster(_)),
         );
-        let urls: Vec<&str> = match &self.target {
-            TargetSpec::Single(_) => Vec::new(),
-            TargetSpec::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
-            TargetSpec::Sentinel { sentinels, .. } => {
-                sentinels.iter().map(String::as_str).collect()
-            }
+        let bad = |e: &redis::RedisError| bad_url(e.clone());
+        let infos = match &self.target {
+            TargetSpec::Single(info) => std::slice::from_ref(info.as_ref().map_err(bad)?),
+            TargetSpec::Cluster(nodes)
+            | TargetSpec::Sentinel {
+                sentinels: nodes, ..
+            } => nodes.as_ref().map_err(bad)?.as_slice(),
         };
-        let tls_target = match &self.target {
-            TargetSpec::Single(Ok(info)) => {
-                matches!(info.addr(), ConnectionAddr::TcpTls { .. }).then(|| self.target.describe())
-            }
-            TargetSpec::Single(Err(e)) => return Err(bad_url(e.clone())),
-            _ => urls
-                .iter()
-                .find(|u| u.starts_with("rediss://"))
-                .map(|u| (*u).to_owned()),
-        };
+        let tls_target = infos
+            .iter()
+            .map(redis::ConnectionInfo::addr)
+            .find(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
+            .map(ToString::to_string);
         if let Some(url) = &tls_target {
             if !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")) {
                 return Err(LockError::client_config(format!(
@@ -391,12 +396,13 @@ impl ClientBuilder {
                 resolve = Some(Box::new(move || Ok(info.clone())));
                 Target::Single(client)
             }
-            TargetSpec::Cluster(nodes) => {
+            TargetSpec::Cluster(_) => {
+                let nodes = infos.to_vec();
                 // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
                 let infos = nodes
                     .iter()
                     .map(|n| {
-                        self.open_client(n.as_str())
+                        self.open_client(n.clone())
                             .map(|c| c.get_connection_info().clone())
                     })
                     .collect::<RedisResult<Vec<_>>>()
@@ -409,7 +415,7 @@ impl ClientBuilder {
                     })
                 }));
                 let (retries, min_wait, max_wait) = cluster_retries(timeout);
-                let mut b = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(self.connect_timeout)
                     .retries(retries)
                     .min_retry_wait(min_wait)
@@ -431,15 +437,15 @@ impl ClientBuilder {
                 }
                 Target::Cluster(b.build().map_err(bad_url)?)
             }
-            TargetSpec::Sentinel { sentinels, service } => {
-                if sentinels.is_empty() {
+            TargetSpec::Sentinel { service, .. } => {
+                if infos.is_empty() {
                     return Err(LockError::client_config(
                         "at least one Sentinel address is required",
                     ));
                 }
-                let sentinels = sentinels
+                let sentinels = infos
                     .iter()
-                    .map(|url| self.open_client(url.as_str()))
+                    .map(|info| self.open_client(info.clone()))
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(bad_url)?;
                 // The master is reached as the Sentinels are: over TLS, with the same
