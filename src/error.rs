@@ -3,13 +3,16 @@
 use std::time::Duration;
 
 /// Everything that can go wrong with a lock. Every variant about a lock names its key
-/// ([`LockError::key`]); only [`LockError::Setup`], which is about the client, has none.
+/// ([`LockError::key`]); a [`LockError::Config`] about the client names none.
 ///
 /// Contention is reported as an error too ([`LockError::Held`], [`LockError::Timeout`]) so that
 /// `?` works in the common "take the lock or give up" code. Predicates tell the kinds apart:
 /// [`is_contention`](LockError::is_contention) (someone else holds the lock),
-/// [`is_timeout`](LockError::is_timeout) (a wait or a reply ran out of time) and
-/// [`is_setup`](LockError::is_setup) (the client's configuration: retrying will not help).
+/// [`is_timeout`](LockError::is_timeout) (a wait or a reply ran out of time),
+/// [`is_transient`](LockError::is_transient) (a failover or a restart: it goes away by itself)
+/// and [`is_config`](LockError::is_config) (a configuration mistake: retrying will not help).
+/// They read what the error was classified as when it was made, from the kind of the reply or
+/// of the I/O failure, never from its text.
 ///
 /// As the Rust API guidelines ask, `Display` describes this error only; the underlying cause,
 /// if any, is its [`source`](std::error::Error::source). [`LockError::report`] gives the whole
@@ -19,21 +22,29 @@ use std::time::Duration;
 pub enum LockError {
     /// The client could not reach Redis: connecting, pool checkout, I/O or a response timeout.
     #[error("lock {key:?}: connection to Redis failed")]
+    #[non_exhaustive]
     Connection {
         /// The lock key.
         key: String,
         /// What the pool or the connection reported.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
+        /// The classification, made with the error.
+        #[doc(hidden)]
+        fault: Fault,
     },
     /// Redis answered with an error that is not one of the more specific variants.
     #[error("lock {key:?}: Redis answered with an error")]
+    #[non_exhaustive]
     Redis {
         /// The lock key.
         key: String,
         /// The error Redis returned.
         #[source]
         source: redis::RedisError,
+        /// The classification, made with the error.
+        #[doc(hidden)]
+        fault: Fault,
     },
     /// A single attempt (`try_lock`) found the lock held by someone else.
     #[error("lock {key:?} is held by another owner")]
@@ -100,14 +111,15 @@ pub enum LockError {
         /// The lock key.
         key: String,
     },
-    /// Bad input or a request the lock cannot grant by design (e.g. upgrading a read hold of a
-    /// [`ReadWriteLock`](crate::ReadWriteLock) to write). Input errors are found before any
-    /// command is sent.
-    #[error("lock {key:?}: invalid argument: {reason}")]
-    InvalidArgument {
-        /// The lock key (may be empty when the key itself is the problem).
+    /// A request the lock does not grant by design: upgrading a read hold of a
+    /// [`ReadWriteLock`](crate::ReadWriteLock) to write, re-entering a hold more than 10,000
+    /// times, or an admin query of a lock type outside this crate. Found before any command
+    /// is sent, or from the script's answer; the lock is left as it was.
+    #[error("lock {key:?}: {reason}")]
+    Unsupported {
+        /// The lock key.
         key: String,
-        /// What is wrong.
+        /// What was asked, and why it cannot be.
         reason: String,
     },
     /// A RedLock acquire got no majority, and not because the lock is held: too many nodes
@@ -134,12 +146,24 @@ pub enum LockError {
         #[source]
         source: Option<Box<LockError>>,
     },
-    /// The client could not be set up (bad URL, pool configuration).
-    #[error("redis-dlock client setup failed")]
-    Setup {
-        /// What went wrong.
+    /// A configuration mistake, which retrying will not fix: a bad URL or option of the
+    /// client, an option or key a lock cannot take, a wrong password or unknown ACL user, a
+    /// database the server lacks, a failed TLS handshake, a user not allowed to run the lock's
+    /// commands; when the client is built, also an unreachable server (see
+    /// [`ClientBuilder::lazy_connect`](crate::ClientBuilder::lazy_connect)).
+    #[error("{}: {reason}", Subject(.key))]
+    #[non_exhaustive]
+    Config {
+        /// The lock key, when a lock's options are at fault; `None` for the client's.
+        key: Option<String>,
+        /// What is wrong, and where (the server, the step, the option).
+        reason: String,
+        /// What Redis or the connection reported, if anything.
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+        /// The classification, made with the error.
+        #[doc(hidden)]
+        fault: Fault,
     },
 }
 
@@ -152,17 +176,11 @@ impl LockError {
 
     /// True when time ran out: a blocking acquire gave up ([`Timeout`](Self::Timeout)), a win
     /// came back too late ([`LateReply`](Self::LateReply)), or Redis did not answer a command
-    /// or a connection attempt in time ([`Connection`](Self::Connection) caused by a timeout).
+    /// or a connection attempt in time (an I/O timeout).
     pub fn is_timeout(&self) -> bool {
         match self {
             LockError::Timeout { .. } | LockError::LateReply { .. } => true,
-            LockError::Connection { source, .. } | LockError::Setup { source } => {
-                let redis = source
-                    .downcast_ref::<redis::RedisError>()
-                    .or_else(|| source.downcast_ref::<Context>().and_then(Context::redis));
-                redis.is_some_and(|e| e.is_timeout())
-            }
-            _ => false,
+            _ => self.fault() == Some(Fault::TIMEOUT),
         }
     }
 
@@ -173,34 +191,25 @@ impl LockError {
     /// `READONLY` or `LOADING`.
     ///
     /// A command that timed out is not transient: it may still run on a slow or paused server,
-    /// and the caller is told at once ([`is_timeout`](Self::is_timeout)).
+    /// and the caller is told at once ([`is_timeout`](Self::is_timeout)). A
+    /// [`Config`](Self::Config) error never is, even when the server was unreachable when the
+    /// client was built.
     pub fn is_transient(&self) -> bool {
-        use redis::ServerErrorKind as K;
         match self {
-            LockError::Connection { source, .. } => {
-                let redis = source
-                    .downcast_ref::<redis::RedisError>()
-                    .or_else(|| source.downcast_ref::<Context>().and_then(Context::redis));
-                !redis.is_some_and(|e| e.is_timeout())
+            LockError::Connection { fault, .. } | LockError::Redis { fault, .. } => {
+                fault.is_transient()
             }
-            LockError::Redis { source, .. } => matches!(
-                source.kind(),
-                redis::ErrorKind::Server(
-                    K::ClusterDown | K::TryAgain | K::MasterDown | K::BusyLoading | K::ReadOnly
-                ) | redis::ErrorKind::ClusterConnectionNotFound
-                    | redis::ErrorKind::MasterNameNotFoundBySentinel
-            ),
             _ => false,
         }
     }
 
-    /// True for a fault of the client's set-up, which retrying will not fix
-    /// ([`Setup`](Self::Setup)): a bad URL or option, a wrong password or unknown ACL user, a
-    /// database the server lacks, a failed TLS handshake, a user not allowed to run scripts;
-    /// at open time also an unreachable server (see
+    /// True for a configuration mistake ([`Config`](Self::Config)), which retrying will not
+    /// fix: a bad URL or option, an option a lock cannot take, a wrong password or unknown ACL
+    /// user, a database the server lacks, a failed TLS handshake, a user not allowed to run
+    /// scripts; at open time also an unreachable server (see
     /// [`ClientBuilder::lazy_connect`](crate::ClientBuilder::lazy_connect)).
-    pub fn is_setup(&self) -> bool {
-        matches!(self, LockError::Setup { .. })
+    pub fn is_config(&self) -> bool {
+        matches!(self, LockError::Config { .. })
     }
 
     /// The error and its chain of causes on one line (`error: cause: cause`), for logs: the
@@ -228,37 +237,142 @@ impl LockError {
             | LockError::NoQuorum { key, .. }
             | LockError::Corrupt { key, .. }
             | LockError::WrongType { key }
-            | LockError::InvalidArgument { key, .. } => Some(key),
-            LockError::Setup { .. } => None,
+            | LockError::Unsupported { key, .. } => Some(key),
+            LockError::Config { key, .. } => key.as_deref(),
         }
     }
 
-    /// Classifies a Redis error for `key`.
+    /// The classification of an error that has one.
+    fn fault(&self) -> Option<Fault> {
+        match self {
+            LockError::Connection { fault, .. }
+            | LockError::Redis { fault, .. }
+            | LockError::Config { fault, .. } => Some(*fault),
+            _ => None,
+        }
+    }
+
+    /// Classifies a Redis error for `key`: WRONGTYPE by its code, a failure of the connection
+    /// (I/O, timeout, a connection redis-rs says must be replaced) as
+    /// [`Connection`](Self::Connection), any other answer as [`Redis`](Self::Redis).
     pub(crate) fn from_redis(key: &str, err: redis::RedisError) -> Self {
         let key = key.to_owned();
-        if err.code() == Some("WRONGTYPE")
-            || err.detail().is_some_and(|d| d.contains("WRONGTYPE"))
-            || err.to_string().contains("WRONGTYPE")
-        {
+        if has_code(&err, &["WRONGTYPE"]) {
             LockError::WrongType { key }
         } else if err.is_io_error()
             || err.is_timeout()
             || err.is_connection_dropped()
             || err.is_unrecoverable_error()
         {
-            LockError::Connection {
-                key,
-                source: Box::new(err),
-            }
+            LockError::connection(&key, Fault::of(&err), Box::new(err))
         } else {
-            LockError::Redis { key, source: err }
+            LockError::redis(&key, err)
         }
     }
 
-    pub(crate) fn invalid(key: &str, reason: impl Into<String>) -> Self {
-        LockError::InvalidArgument {
+    /// Redis's answer `err` about `key`, as it is ([`Redis`](Self::Redis)).
+    pub(crate) fn redis(key: &str, err: redis::RedisError) -> Self {
+        LockError::Redis {
+            key: key.to_owned(),
+            fault: Fault::of(&err),
+            source: err,
+        }
+    }
+
+    /// A reply of a lock's script or command (`what`) that none of its outcomes matches.
+    pub(crate) fn unexpected_reply(key: &str, what: &str, reply: &dyn std::fmt::Debug) -> Self {
+        LockError::redis(
+            key,
+            redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "unexpected reply",
+                format!("{what}: {reply:?}"),
+            )),
+        )
+    }
+
+    /// A failure to reach Redis about `key`, classified as `fault`.
+    pub(crate) fn connection(
+        key: &str,
+        fault: Fault,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    ) -> Self {
+        LockError::Connection {
+            key: key.to_owned(),
+            source,
+            fault,
+        }
+    }
+
+    /// A lock option or key that cannot be (a [`Config`](Self::Config) error about `key`).
+    pub(crate) fn config(key: &str, reason: impl Into<String>) -> Self {
+        LockError::Config {
+            key: Some(key.to_owned()),
+            reason: reason.into(),
+            source: None,
+            fault: Fault::OTHER,
+        }
+    }
+
+    /// A mistake in the client's configuration (a [`Config`](Self::Config) error about no
+    /// lock).
+    pub(crate) fn client_config(reason: impl Into<String>) -> Self {
+        LockError::Config {
+            key: None,
+            reason: reason.into(),
+            source: None,
+            fault: Fault::OTHER,
+        }
+    }
+
+    /// A set-up step of the client that Redis refused or did not answer: a
+    /// [`Config`](Self::Config) error whose cause is `err`, classified by it (a connect
+    /// timeout [`is_timeout`](Self::is_timeout)).
+    pub(crate) fn setup_failed(reason: impl Into<String>, err: redis::RedisError) -> Self {
+        LockError::Config {
+            key: None,
+            reason: reason.into(),
+            fault: Fault::of(&err),
+            source: Some(Box::new(err)),
+        }
+    }
+
+    /// The same error with `cause` as its source, for a [`Config`](Self::Config) error that
+    /// has none (other variants are returned unchanged).
+    pub(crate) fn caused_by(self, cause: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        match self {
+            LockError::Config {
+                key,
+                reason,
+                source: None,
+                fault,
+            } => LockError::Config {
+                key,
+                reason,
+                source: Some(cause),
+                fault,
+            },
+            other => other,
+        }
+    }
+
+    /// A request the lock does not grant ([`Unsupported`](Self::Unsupported)).
+    pub(crate) fn unsupported(key: &str, reason: impl Into<String>) -> Self {
+        LockError::Unsupported {
             key: key.to_owned(),
             reason: reason.into(),
+        }
+    }
+}
+
+/// What an error is about, in its `Display`: the lock, or the client.
+struct Subject<'a>(&'a Option<String>);
+
+impl std::fmt::Display for Subject<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(key) => write!(f, "lock {key:?}"),
+            None => f.write_str("redis-dlock client"),
         }
     }
 }
@@ -278,11 +392,6 @@ impl Context {
             source,
         }
     }
-
-    /// The Redis error behind it, if any.
-    pub(crate) fn redis(&self) -> Option<&redis::RedisError> {
-        self.source.as_ref()
-    }
 }
 
 impl std::fmt::Display for Context {
@@ -299,12 +408,78 @@ impl std::error::Error for Context {
     }
 }
 
+/// What kind of failure an error with a cause is, decided when the error is made from the kind
+/// redis-rs gives the reply or the I/O failure (never from its text); the predicates of
+/// [`LockError`] read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault(Kind);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// No reply, or no connection, within the time allowed.
+    Timeout,
+    /// The connection was refused, reset, dropped or garbled, or there is no server to connect
+    /// to yet (no master named, no node for a slot, no connection free).
+    Unreachable,
+    /// A server in a state that a failover or a restart passes through.
+    Failover,
+    /// Wrong credentials, or a command the user may not run.
+    Denied,
+    /// Anything else: a refusal that retrying does not change.
+    Other,
+}
+
+impl Fault {
+    pub(crate) const TIMEOUT: Fault = Fault(Kind::Timeout);
+    pub(crate) const UNREACHABLE: Fault = Fault(Kind::Unreachable);
+    pub(crate) const OTHER: Fault = Fault(Kind::Other);
+
+    /// The classification of a Redis error, from its kind, its server error codes and the kind
+    /// of its I/O error.
+    pub(crate) fn of(e: &redis::RedisError) -> Fault {
+        use redis::{ErrorKind as E, ServerErrorKind as S};
+        if e.is_timeout() {
+            return Fault::TIMEOUT;
+        }
+        Fault(match e.kind() {
+            E::Server(
+                S::ClusterDown | S::TryAgain | S::MasterDown | S::BusyLoading | S::ReadOnly,
+            ) => Kind::Failover,
+            E::Server(S::NoPerm) | E::AuthenticationFailed => Kind::Denied,
+            E::Io
+            | E::Parse
+            | E::ClusterConnectionNotFound
+            | E::MasterNameNotFoundBySentinel
+            | E::NoValidReplicasFoundBySentinel => Kind::Unreachable,
+            _ if has_code(e, &["NOAUTH", "WRONGPASS", "NOPERM"]) => Kind::Denied,
+            _ => Kind::Other,
+        })
+    }
+
+    /// Goes away by itself: see [`LockError::is_transient`].
+    fn is_transient(self) -> bool {
+        matches!(self.0, Kind::Unreachable | Kind::Failover)
+    }
+
+    /// Wrong credentials or a missing permission.
+    pub(crate) fn is_denied(self) -> bool {
+        self.0 == Kind::Denied
+    }
+}
+
+/// True when the server answered `e` with one of `codes` (also inside a pipeline's or a
+/// transaction's errors, whose code redis-rs's `code()` does not give).
+fn has_code(e: &redis::RedisError, codes: &[&str]) -> bool {
+    e.code().is_some_and(|c| codes.contains(&c))
+        || e.clone()
+            .into_server_errors()
+            .is_some_and(|errs| errs.iter().any(|(_, s)| codes.contains(&s.code())))
+}
+
 /// True for a Redis error that says the credentials or the user's permissions are wrong:
 /// retrying will not help.
 pub(crate) fn is_access_denied(e: &redis::RedisError) -> bool {
-    matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
-        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+    Fault::of(e).is_denied()
 }
 
 /// "s" unless `n` is 1.
@@ -362,10 +537,8 @@ mod tests {
     #[test]
     fn display_says_this_error_only_and_source_gives_the_cause() {
         let cause = redis::RedisError::from((redis::ErrorKind::Io, "boom"));
-        let e = LockError::Connection {
-            key: "k".into(),
-            source: Box::new(cause),
-        };
+        let e = LockError::from_redis("k", cause);
+        assert!(matches!(e, LockError::Connection { .. }), "{e:?}");
         assert_eq!(e.to_string(), "lock \"k\": connection to Redis failed");
         let source = std::error::Error::source(&e).expect("a source");
         assert!(source.to_string().contains("boom"));
@@ -379,7 +552,7 @@ mod tests {
             waited: Duration::from_nanos(1_003_142_480),
         };
         assert_eq!(t.to_string(), "lock \"k\": gave up after 1 attempt in 1 s");
-        assert!(t.is_contention() && t.is_timeout() && !t.is_setup());
+        assert!(t.is_contention() && t.is_timeout() && !t.is_config() && !t.is_transient());
         let t = LockError::Timeout {
             key: "k".into(),
             attempts: 3,
@@ -389,5 +562,15 @@ mod tests {
             t.to_string(),
             "lock \"k\": gave up after 3 attempts in 20 ms"
         );
+        let c = LockError::config("k", "ttl must be at least 1 ms");
+        assert_eq!(c.to_string(), "lock \"k\": ttl must be at least 1 ms");
+        assert_eq!(c.key(), Some("k"));
+        let c = LockError::client_config("pool size must be at least 1");
+        assert_eq!(
+            c.to_string(),
+            "redis-dlock client: pool size must be at least 1"
+        );
+        assert_eq!(c.key(), None);
+        assert!(std::error::Error::source(&c).is_none());
     }
 }

@@ -73,7 +73,7 @@ pub(crate) fn aux_key(prefix: &str, key: &str) -> Result<String> {
             return Ok(name);
         }
     }
-    Err(LockError::invalid(
+    Err(LockError::config(
         key,
         format!(
             "no name for its companion {prefix:?} lands in the key's cluster slot; use a key \

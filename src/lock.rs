@@ -120,9 +120,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// `HGET`): an ACL user needs those commands on the key besides the lock's own.
     ///
     /// The default implementation, for lock types outside this crate, returns
-    /// [`LockError::InvalidArgument`] ("not supported"); every lock of this crate answers.
+    /// [`LockError::Unsupported`]; every lock of this crate answers.
     fn state(&self) -> Result<crate::LockState> {
-        Err(LockError::invalid(
+        Err(LockError::unsupported(
             self.key(),
             "this lock type does not implement the server-side queries (state)",
         ))
@@ -162,9 +162,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// runs `DEL` and `PUBLISH` (and `TYPE`, `HGET` for the read-write lock).
     ///
     /// The default implementation, for lock types outside this crate, returns
-    /// [`LockError::InvalidArgument`] ("not supported").
+    /// [`LockError::Unsupported`].
     fn force_unlock(&self) -> Result<bool> {
-        Err(LockError::invalid(
+        Err(LockError::unsupported(
             self.key(),
             "this lock type does not implement force_unlock",
         ))
@@ -589,11 +589,11 @@ pub(crate) fn check_lock_options(
     retry: RetryPolicy,
 ) -> Result<(Duration, RetryPolicy)> {
     if key.is_empty() {
-        return Err(LockError::invalid("", "the lock key is empty"));
+        return Err(LockError::config("", "the lock key is empty"));
     }
     check_duration(key, "ttl", ttl, false)?;
     retry
         .validate()
-        .map_err(|reason| LockError::invalid(key, reason))?;
+        .map_err(|reason| LockError::config(key, reason))?;
     Ok((Duration::from_millis(ttl.as_millis() as u64), retry))
 }

@@ -47,7 +47,7 @@ use redis::Value;
 use crate::client::admin::KeyState;
 use crate::client::waiters::WaitQueues;
 use crate::client::LockClient;
-use crate::error::{LockError, Result};
+use crate::error::{Fault, LockError, Result};
 use crate::ids::new_token;
 use crate::lease::Lease;
 use crate::lock::check_lock_options;
@@ -326,7 +326,7 @@ impl RedLockClient {
 /// | [`node_timeout`](Self::node_timeout) | [`REDLOCK_DEFAULT_NODE_TIMEOUT`] (50 ms) |
 /// | [`workers_per_node`](Self::workers_per_node) | [`REDLOCK_DEFAULT_WORKERS`] (4) |
 ///
-/// N = 0 nodes is rejected with [`LockError::InvalidArgument`]. Any N ≥ 1 works, but an odd N
+/// N = 0 nodes is rejected with [`LockError::Config`]. Any N ≥ 1 works, but an odd N
 /// is recommended: an even N tolerates no more failed nodes than N − 1 (4 nodes need 3 votes
 /// and survive 1 failure, like 3 nodes), and N = 2 needs both.
 #[derive(Clone)]
@@ -388,17 +388,16 @@ impl RedLockClientBuilder {
     /// Creates the node clients (they connect lazily: a node that is down now just votes no
     /// until it comes up) and starts the worker threads.
     ///
-    /// Errors: [`LockError::InvalidArgument`] for zero nodes; [`LockError::Setup`] for a zero
-    /// or too long node timeout, a zero worker count, a bad URL, or a worker thread that could not be started.
+    /// Errors: [`LockError::Config`] for zero nodes, a zero or too long node timeout, a zero
+    /// worker count, a bad URL, or a worker thread that could not be started.
     pub fn build(self) -> Result<RedLockClient> {
-        let setup = |msg: String| LockError::Setup { source: msg.into() };
+        let setup = |msg: String| LockError::client_config(msg);
         let count = match &self.nodes {
             NodeSpec::Urls(u) => u.len(),
             NodeSpec::Clients(c) => c.len(),
         };
         if count == 0 {
-            return Err(LockError::invalid(
-                "",
+            return Err(LockError::client_config(
                 "RedLock needs at least one Redis master (an odd number, e.g. 5, is recommended)",
             ));
         }
@@ -435,7 +434,9 @@ impl RedLockClientBuilder {
             let lanes = (0..self.workers)
                 .map(|lane| spawn_worker(index, lane, client.clone()))
                 .collect::<std::io::Result<Vec<_>>>()
-                .map_err(|e| setup(format!("could not start a RedLock worker thread: {e}")))?;
+                .map_err(|e| {
+                    setup("could not start a RedLock worker thread".into()).caused_by(Box::new(e))
+                })?;
             nodes.push(NodeHandle { client, lanes });
         }
         if count % 2 == 0 {
@@ -704,9 +705,11 @@ fn undecided(
     quorum: usize,
     first: Option<LockError>,
 ) -> LockError {
-    LockError::Connection {
-        key: key.to_owned(),
-        source: format!(
+    // No answer from a majority goes away as nodes come back, like a refused connection.
+    LockError::connection(
+        key,
+        Fault::UNREACHABLE,
+        format!(
             "RedLock {what}: {answered} of {nodes} nodes answered, too few to decide (a \
              majority is {quorum}){}",
             first
@@ -714,14 +717,15 @@ fn undecided(
                 .unwrap_or_default()
         )
         .into(),
-    }
+    )
 }
 
 fn worker_gone(key: &str, node: usize) -> LockError {
-    LockError::Connection {
-        key: key.to_owned(),
-        source: format!("the RedLock worker thread of node {node} is gone").into(),
-    }
+    LockError::connection(
+        key,
+        Fault::UNREACHABLE,
+        format!("the RedLock worker thread of node {node} is gone").into(),
+    )
 }
 
 /// Settings of one [`RedLock`]. Start from [`RedLockClient::lock`].
@@ -788,7 +792,7 @@ fn checked_ttl(key: &str, ttl: Duration) -> Result<Duration> {
     let ttl = Duration::from_millis(ttl.as_millis() as u64);
     let drift = RedLock::clock_drift(ttl);
     if ttl <= drift {
-        return Err(LockError::invalid(
+        return Err(LockError::config(
             key,
             format!("RedLock ttl {ttl:?} must exceed its clock-drift allowance {drift:?}"),
         ));
@@ -1217,7 +1221,10 @@ mod tests {
     #[test]
     fn zero_nodes_is_invalid() {
         let err = RedLockClient::new(vec![]).unwrap_err();
-        assert!(matches!(err, LockError::InvalidArgument { .. }), "{err:?}");
+        assert!(
+            matches!(err, LockError::Config { key: None, .. }),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl Mode {
 /// **Downgrade, no upgrade.** The writer may take read holds too (they are granted even while
 /// other writers wait), as Redisson allows; releasing its write holds then leaves it a reader.
 /// A thread that holds read but not write and asks for write gets
-/// [`LockError::InvalidArgument`] at once: waiting could never succeed while it keeps its read
+/// [`LockError::Unsupported`] at once: waiting could never succeed while it keeps its read
 /// (Redisson's thread would wait until its timeout), so it must release its read holds and ask
 /// again.
 ///
@@ -348,7 +348,7 @@ impl ReadWriteLockBuilder {
     /// longest sleep, at least [`RW_MIN_WRITER_INTENT`]. Intents are kept in the sorted set
     /// `dlock_rwlock_writers:{key}`, never in the lock's hash.
     /// At most [`MAX_TTL`](crate::MAX_TTL), or [`build`](Self::build) fails with
-    /// [`LockError::InvalidArgument`] (also when the default is beyond it: a policy whose
+    /// [`LockError::Config`] (also when the default is beyond it: a policy whose
     /// `max_delay` exceeds a quarter of `MAX_TTL` needs an explicit intent).
     pub fn writer_intent(mut self, intent: Duration) -> Self {
         self.intent = Some(intent);
@@ -381,7 +381,7 @@ impl ReadWriteLockBuilder {
             if self.intent.is_some() {
                 return e;
             }
-            LockError::invalid(
+            LockError::config(
                 &self.key,
                 format!(
                     "the default writer_intent (4 × the retry policy's max_delay {:?}) is beyond \
@@ -403,7 +403,7 @@ impl ReadWriteLockBuilder {
             if keys::hash_slot(timeout.as_bytes()) != slot
                 || keys::hash_slot(writers.as_bytes()) != slot
             {
-                return Err(LockError::invalid(
+                return Err(LockError::config(
                     &self.key,
                     "the key contains '{' without a complete, non-empty hash tag, so the read \
                      holds' timeout keys Redisson derives from it would be in other cluster \
@@ -546,14 +546,7 @@ impl Shared {
     }
 
     fn unexpected(&self, reply: &Value) -> LockError {
-        LockError::Redis {
-            key: self.key.clone(),
-            source: redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected reply from a read-write lock script",
-                format!("{reply:?}"),
-            )),
-        }
+        LockError::unexpected_reply(&self.key, "a read-write lock script", reply)
     }
 
     /// One acquire attempt: held when another owner holds the lock (or, for a read, when a
@@ -616,14 +609,14 @@ impl Shared {
                 self.client.counters().attempt(mode.kind(), false);
                 Ok(Attempt::Held { pttl: wait })
             }
-            -2 => Err(LockError::invalid(
+            -2 => Err(LockError::unsupported(
                 &self.key,
                 format!(
                     "owner {owner} holds a read lock and asked for the write lock: read holds \
                      cannot be upgraded (release them first, or take write first and downgrade)"
                 ),
             )),
-            -3 => Err(LockError::invalid(
+            -3 => Err(LockError::unsupported(
                 &self.key,
                 format!(
                     "owner {owner} already holds 10000 {} holds: re-entry is limited",
@@ -946,7 +939,7 @@ pub struct ReadLock {
 ///
 /// A [`DistributedLock`]: its leases hold the owner id; `release`, `extend` and `is_held` act
 /// on the write entry of the lease's owner only. A thread holding only read gets
-/// [`LockError::InvalidArgument`] (no upgrades). See [`ReadWriteLock`] for the rules.
+/// [`LockError::Unsupported`] (no upgrades). See [`ReadWriteLock`] for the rules.
 #[derive(Clone)]
 pub struct WriteLock {
     shared: Arc<Shared>,

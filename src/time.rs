@@ -41,13 +41,13 @@ pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
 /// Checks a lifetime-like duration: whole milliseconds count, at most [`MAX_TTL`].
 pub(crate) fn check_duration(key: &str, what: &str, d: Duration, zero_ok: bool) -> Result<()> {
     if !zero_ok && d.as_millis() == 0 {
-        return Err(LockError::invalid(
+        return Err(LockError::config(
             key,
             format!("{what} must be at least 1 ms, got {d:?}"),
         ));
     }
     if d > MAX_TTL {
-        return Err(LockError::invalid(
+        return Err(LockError::config(
             key,
             format!("{what} {d:?} is beyond the longest Redis accepts (MAX_TTL = {MAX_TTL:?})"),
         ));

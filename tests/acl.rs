@@ -105,7 +105,7 @@ fn user(server: &RedisServer, user: &str, rule: &[&str]) {
 }
 
 fn client(server: &RedisServer, user: &str) -> Result<LockClient, LockError> {
-    LockClient::builder(&format!("redis://{user}:pw@127.0.0.1:{}/", server.port()))
+    LockClient::builder(format!("redis://{user}:pw@127.0.0.1:{}/", server.port()))
         .connect_timeout(Duration::from_secs(2))
         .build()
 }
@@ -200,7 +200,7 @@ fn refused_without_in(
         .check_access()
         .build()
         .expect_err("a permission is missing");
-    assert!(err.is_setup(), "{err:?}");
+    assert!(err.is_config(), "{err:?}");
     let report = err.report();
     for m in mentions {
         assert!(report.contains(m), "{report:?} should mention {m:?}");
@@ -236,7 +236,7 @@ fn a_missing_permission_is_named_before_the_first_acquire() {
         .collect();
     user(&server, "nosha", &rule);
     let err = client(&server, "nosha").expect_err("EVALSHA is missing");
-    assert!(err.is_setup(), "{err:?}");
+    assert!(err.is_config(), "{err:?}");
     let report = err.report();
     assert!(
         report.contains("EVALSHA") && report.contains("NOPERM"),
@@ -326,7 +326,7 @@ fn a_missing_fair_permission_is_named_before_the_first_acquire() {
         .check_access()
         .build()
         .expect_err("another client's grant channel is denied");
-    assert!(err.is_setup(), "{err:?}");
+    assert!(err.is_config(), "{err:?}");
     let report = err.report();
     assert!(
         report.contains("PUBLISH dlock_fair_ch:") && report.contains("NOPERM"),
@@ -345,7 +345,7 @@ fn a_missing_fair_permission_is_named_before_the_first_acquire() {
         .check_access()
         .build()
         .expect_err("wake_up does not apply");
-    assert!(matches!(err, LockError::InvalidArgument { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Config { .. }), "{err:?}");
 }
 
 /// Differs by server: on Valkey the client learns the native commands when its user may ask

@@ -44,8 +44,8 @@ fn token_and_reentrant_report_the_servers_pttl_and_force_unlock_publishes() {
     init_logging();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let holder = LockClient::open(&server.url()).unwrap();
-    let admin = LockClient::open(&server.url()).unwrap();
+    let holder = LockClient::open(server.url()).unwrap();
+    let admin = LockClient::open(server.url()).unwrap();
     for strategy in [Strategy::Token, Strategy::Reentrant] {
         let key = format!("admin:{strategy:?}");
         let build = |c: &LockClient| {
@@ -96,8 +96,8 @@ fn token_and_reentrant_report_the_servers_pttl_and_force_unlock_publishes() {
 fn force_unlock_wakes_a_waiter_of_another_client_at_once() {
     init_logging();
     let server = RedisServer::start();
-    let holder = LockClient::open(&server.url()).unwrap();
-    let waiter = LockClient::open(&server.url()).unwrap();
+    let holder = LockClient::open(server.url()).unwrap();
+    let waiter = LockClient::open(server.url()).unwrap();
     let lock = holder.lock("admin:wake").build().unwrap(); // watched: 30 s lease
     let guard = lock.lock().unwrap();
     let key = "admin:wake".to_owned();
@@ -130,7 +130,7 @@ fn classic_state_follows_the_stored_expiry() {
     init_logging();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     for encoding in [Encoding::Decimal, Encoding::BigEndian] {
         let key = format!("admin:classic:{encoding:?}");
         let lock = client
@@ -194,7 +194,7 @@ fn a_key_of_another_type_is_wrong_type() {
     init_logging();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     raw::make_hash(&mut conn, "admin:hash");
     raw::set(&mut conn, "admin:string", b"x");
     let token = client.lock("admin:hash").build().unwrap();
@@ -220,12 +220,12 @@ fn read_write_handles_answer_for_their_own_mode_as_redisson() {
     init_logging();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     let rw = ReadWriteLock::builder(&client, "admin:rw")
         .ttl(Duration::from_secs(10))
         .build()
         .unwrap();
-    let admin = ReadWriteLock::new(&LockClient::open(&server.url()).unwrap(), "admin:rw").unwrap();
+    let admin = ReadWriteLock::new(&LockClient::open(server.url()).unwrap(), "admin:rw").unwrap();
     let (read, write) = (admin.read_lock(), admin.write_lock());
     assert!(!read.is_locked().unwrap() && !write.is_locked().unwrap());
 
@@ -328,7 +328,7 @@ fn redlock_answers_by_majority() {
 fn debug_shows_no_crate_private_types() {
     init_logging();
     let server = RedisServer::start();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     let mut shown = Vec::new();
     for strategy in [Strategy::Token, Strategy::Reentrant, Strategy::Classic] {
         shown.push(format!(
@@ -363,8 +363,8 @@ fn fair_lock_answers_and_force_unlock_lets_the_queue_in() {
     init_logging();
     let server = RedisServer::start();
     let (holder, waiter) = (
-        LockClient::open(&server.url()).unwrap(),
-        LockClient::open(&server.url()).unwrap(),
+        LockClient::open(server.url()).unwrap(),
+        LockClient::open(server.url()).unwrap(),
     );
     let build = |c: &LockClient| {
         c.lock("admin:fair")

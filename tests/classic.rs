@@ -27,7 +27,7 @@ const VARIANTS: [(Encoding, bool, &str); 4] = [
 ];
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::open(&server.url()).expect("client")
+    LockClient::open(server.url()).expect("client")
 }
 
 fn classic(

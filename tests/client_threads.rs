@@ -22,9 +22,9 @@ fn dropped_clients_leave_no_threads() {
     init_logging();
     let server = RedisServer::start();
     let before = threads();
-    let holder = LockClient::open(&server.url()).expect("client");
+    let holder = LockClient::open(server.url()).expect("client");
     for i in 0..20 {
-        let client = LockClient::open(&server.url()).expect("client");
+        let client = LockClient::open(server.url()).expect("client");
         let lock = client
             .lock(format!("threads:{i}"))
             .ttl(Duration::from_secs(10))

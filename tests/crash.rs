@@ -172,7 +172,7 @@ fn crash_and_recover(kind: Kind) {
     init_logging();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     let lock = build_lock(&client, kind);
 
     let mut holder = spawn_holder(&server.url(), kind);
@@ -295,7 +295,7 @@ fn crash_then_contenders(kind: Kind) {
     let mut holder = spawn_holder(&server.url(), kind);
     let dead_value = wait_locked(&mut holder, Duration::from_secs(30));
     let clients: Vec<LockClient> = (0..CONTENDERS)
-        .map(|_| LockClient::open(&server.url()).unwrap())
+        .map(|_| LockClient::open(server.url()).unwrap())
         .collect();
     let retry = RetryPolicy::standard()
         .fixed_delay(Duration::from_millis(1))

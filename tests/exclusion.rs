@@ -136,7 +136,7 @@ fn threads_on_one_key(kind: Kind) {
     // Threads of one client queue up in-process and only the head polls Redis; threads of
     // different clients race through Redis. Both kinds of contention run here at once.
     let clients: Vec<LockClient> = (0..CLIENTS)
-        .map(|_| LockClient::open(&server.url()).unwrap())
+        .map(|_| LockClient::open(server.url()).unwrap())
         .collect();
     let locks: Vec<_> = clients.iter().map(|c| build_lock(c, kind)).collect();
 

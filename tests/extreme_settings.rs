@@ -1,7 +1,7 @@
 //! Extreme settings (0, 1 ns, `Duration::MAX`, `u32::MAX`) on every builder and every blocking
 //! call, against a real `redis-server` with the lock held by another client: no call panics,
 //! each returns within its documented bound (with generous slack for a loaded machine), and a
-//! builder either accepts a value or rejects it with `InvalidArgument` / `Setup`.
+//! builder either accepts a value or rejects it with `Config`.
 
 mod support;
 
@@ -51,7 +51,7 @@ struct Client {
 }
 
 fn client(server: &RedisServer) -> Client {
-    let c = LockClient::open(&server.url()).expect("client");
+    let c = LockClient::open(server.url()).expect("client");
     // A generous node timeout: the default 50 ms counts a vote as missing on a loaded machine.
     let red = RedLockClient::from_clients(vec![c.clone()])
         .node_timeout(Duration::from_secs(2))
@@ -93,7 +93,7 @@ fn make(kind: Kind, client: &Client, key: &str, retry: RetryPolicy) -> Made {
                 Ok(rw) => rw,
                 // The default writer intent, 4 × max_delay, is beyond MAX_TTL: refused, and
                 // accepted with an explicit intent.
-                Err(LockError::InvalidArgument { reason, .. })
+                Err(LockError::Config { reason, .. })
                     if retry.max_delay.saturating_mul(4) > MAX_TTL =>
                 {
                     assert!(reason.contains("writer_intent"), "{reason}");
@@ -379,17 +379,17 @@ fn try_lock_for_duration_max_waits_until_released() {
 #[track_caller]
 fn assert_invalid<T: std::fmt::Debug>(r: redis_dlock::Result<T>, what: &str) {
     match r {
-        Err(LockError::InvalidArgument { .. }) => {}
-        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+        Err(LockError::Config { key: Some(_), .. }) => {}
+        other => panic!("{what}: expected a lock's Config error, got {other:?}"),
     }
 }
 
 #[track_caller]
 fn assert_setup<T>(r: redis_dlock::Result<T>, what: &str) {
     match r {
-        Err(e @ LockError::Setup { .. }) => assert!(!e.is_contention(), "{what}"),
-        Err(e) => panic!("{what}: expected Setup, got {e}"),
-        Ok(_) => panic!("{what}: expected Setup, got a client"),
+        Err(e @ LockError::Config { key: None, .. }) => assert!(!e.is_contention(), "{what}"),
+        Err(e) => panic!("{what}: expected a client's Config error, got {e}"),
+        Ok(_) => panic!("{what}: expected a client's Config error, got a client"),
     }
 }
 
@@ -494,7 +494,7 @@ fn extend_with_extreme_lifetimes() {
         g.extend(Duration::from_millis(1) + Duration::from_nanos(1))
             .or_else(|e| match e {
                 // RedLock refuses a lifetime within its drift allowance.
-                LockError::InvalidArgument { .. } if kind == Kind::RedLock => Ok(()),
+                LockError::Config { .. } if kind == Kind::RedLock => Ok(()),
                 e => Err(e),
             })
             .expect("1 ms");
@@ -515,7 +515,7 @@ fn handoff_courtesy_is_bounded_by_the_deadline() {
     init_logging();
     let server = RedisServer::start();
     let key = "xs:courtesy";
-    let a = LockClient::builder(&server.url())
+    let a = LockClient::builder(server.url())
         .handoff_courtesy(MAX_HANDOFF_COURTESY)
         .build()
         .expect("client");
@@ -622,7 +622,7 @@ fn outage(command_timeout: Option<Duration>) {
     let other = client(&server).c;
     let holder = other.lock(key).ttl(HOLD).build_classic().expect("lock");
     let held = holder.try_lock().expect("free");
-    let c = LockClient::builder(&server.url())
+    let c = LockClient::builder(server.url())
         .command_timeout(command_timeout)
         .build()
         .expect("client");

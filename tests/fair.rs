@@ -22,7 +22,7 @@ fn ms(n: u64) -> Duration {
 }
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::open(&server.url()).expect("client")
+    LockClient::open(server.url()).expect("client")
 }
 
 fn fair(client: &LockClient, key: &str) -> FairLock {
@@ -1068,7 +1068,7 @@ fn server_restart_with_waiters_queued() {
     let slack = Duration::from_secs(3);
     let clients: Vec<LockClient> = (0..4)
         .map(|_| {
-            LockClient::builder(&server.url())
+            LockClient::builder(server.url())
                 .command_timeout(Some(SECOND))
                 .connect_timeout(SECOND)
                 .build()

@@ -685,7 +685,7 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
     // try_lock and an unlock.
     let probe_clients: Vec<LockClient> = kinds
         .iter()
-        .map(|_| LockClient::open(&lock_server.url()).expect("probe client"))
+        .map(|_| LockClient::open(lock_server.url()).expect("probe client"))
         .collect();
     let probe_locks: Vec<Option<Box<dyn DistributedLock>>> = kinds
         .iter()

@@ -16,12 +16,12 @@ const TIMEOUT: Duration = Duration::from_millis(500);
 const MARGIN: Duration = Duration::from_millis(2_500);
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::open(&server.url()).expect("client")
+    LockClient::open(server.url()).expect("client")
 }
 
 /// A client that gives up quickly when Redis does not answer.
 fn impatient_client(server: &RedisServer, pool_size: u32) -> LockClient {
-    LockClient::builder(&server.url())
+    LockClient::builder(server.url())
         .pool_size(pool_size)
         .connect_timeout(TIMEOUT)
         .command_timeout(Some(TIMEOUT))

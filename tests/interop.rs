@@ -196,7 +196,7 @@ fn setup() -> (RedisServer, redis::Connection, LockClient) {
     init_logging();
     let server = RedisServer::start();
     let conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     (server, conn, client)
 }
 
@@ -503,7 +503,7 @@ const SECTIONS_PER_THREAD: usize = 400;
 fn mixed_contention(encoding: Encoding, takeover: Takeover) {
     init_logging();
     let server = RedisServer::start();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     // Lifetimes of 5 s: nobody expires during the run, so the legacy plain DEL is safe.
     let lock = classic(&client, KEY, encoding, Duration::from_secs(5), takeover);
 

@@ -1,4 +1,4 @@
-//! Bad input is rejected with `InvalidArgument` (or `Setup` for the client) before any command is
+//! Bad input is rejected with `Config` (naming the lock, or none for the client) before any command is
 //! sent. Locks are built on a client pointed at a closed port: if a command were sent, the
 //! error would be `Connection`.
 
@@ -23,7 +23,7 @@ fn closed_url() -> String {
 }
 
 fn dead_client() -> LockClient {
-    LockClient::builder(&closed_url())
+    LockClient::builder(closed_url())
         .connect_timeout(Duration::from_millis(300))
         .command_timeout(Some(Duration::from_millis(300)))
         .lazy_connect()
@@ -34,11 +34,17 @@ fn dead_client() -> LockClient {
 #[track_caller]
 fn assert_invalid<T: std::fmt::Debug>(result: Result<T, LockError>, key: &str, mentions: &str) {
     match result {
-        Err(err @ LockError::InvalidArgument { .. }) => {
-            let LockError::InvalidArgument { key: k, reason } = &err else {
-                unreachable!()
+        Err(err @ LockError::Config { .. }) => {
+            let LockError::Config {
+                key: Some(k),
+                reason,
+                ..
+            } = &err
+            else {
+                panic!("a lock's Config error names its key: {err:?}")
             };
             assert_eq!(k, key);
+            assert!(err.is_config() && !err.is_transient() && !err.is_timeout());
             assert!(
                 reason.contains(mentions),
                 "reason {reason:?} should mention {mentions:?}"
@@ -49,7 +55,7 @@ fn assert_invalid<T: std::fmt::Debug>(result: Result<T, LockError>, key: &str, m
             assert!(shown.contains(&format!("{key:?}")), "{shown}");
             assert!(shown.contains(reason.as_str()), "{shown}");
         }
-        other => panic!("expected InvalidArgument for {key:?}, got {other:?}"),
+        other => panic!("expected Config for {key:?}, got {other:?}"),
     }
 }
 
@@ -124,7 +130,7 @@ fn bad_ttls() {
 fn bad_ttl_on_extend() {
     init_logging();
     let server = RedisServer::start();
-    let live = LockClient::open(&server.url()).unwrap();
+    let live = LockClient::open(server.url()).unwrap();
     let dead = dead_client();
     let mut conn = server.conn();
     let bad = [
@@ -145,7 +151,7 @@ fn bad_ttl_on_extend() {
         let value = guard.value().to_vec();
         let mut lease = guard.lease().clone();
         // The same key on a client that cannot reach Redis: only a check before sending can
-        // answer InvalidArgument.
+        // answer Config.
         let dead_lock = dead.lock(&key).strategy(strategy).build().unwrap();
         for (ttl, mentions) in bad {
             assert_invalid(dead_lock.extend(&mut lease, ttl), &key, mentions);
@@ -173,10 +179,7 @@ fn classic_only_options_on_token() {
     ];
     for (what, set) in options {
         let r = set(c.lock(key)).build_token();
-        assert!(
-            matches!(r, Err(LockError::InvalidArgument { .. })),
-            "{what}: {r:?}"
-        );
+        assert!(matches!(r, Err(LockError::Config { .. })), "{what}: {r:?}");
         assert_invalid(set(c.lock(key)).build_token(), key, "Classic");
         assert_invalid(
             set(c.lock(key)).strategy(Strategy::Token).build(),
@@ -249,13 +252,15 @@ fn client_setup_errors() {
     init_logging();
     let url = closed_url();
     let setup = |r: Result<LockClient, LockError>, what: &str| match r {
-        Err(err @ LockError::Setup { .. }) => {
+        Err(err @ LockError::Config { .. }) => {
             assert_eq!(err.key(), None, "{what}");
-            assert!(!err.is_contention());
-            assert!(err.to_string().contains("setup"), "{what}: {err}");
-            assert!(std::error::Error::source(&err).is_some(), "{what}");
+            assert!(err.is_config() && !err.is_contention() && !err.is_transient());
+            assert!(
+                err.to_string().starts_with("redis-dlock client: "),
+                "{what}: {err}"
+            );
         }
-        other => panic!("{what}: expected Setup, got {other:?}"),
+        other => panic!("{what}: expected Config, got {other:?}"),
     };
     setup(
         LockClient::builder(&url).pool_size(0).build(),

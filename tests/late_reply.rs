@@ -21,7 +21,7 @@ const TTL: Duration = Duration::from_secs(1);
 const PAUSE: Duration = Duration::from_millis(1_500);
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::builder(&server.url())
+    LockClient::builder(server.url())
         .command_timeout(Some(Duration::from_secs(5)))
         .build()
         .expect("client")

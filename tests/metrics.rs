@@ -89,8 +89,8 @@ fn counters_are_reported_through_the_metrics_facade() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let (a, b) = (
-        LockClient::open(&server.url()).unwrap(),
-        LockClient::open(&server.url()).unwrap(),
+        LockClient::open(server.url()).unwrap(),
+        LockClient::open(server.url()).unwrap(),
     );
     let build = |c: &LockClient| {
         c.lock("metrics:token")

@@ -20,7 +20,7 @@ use redis_dlock::{DistributedLock, LockClient, RetryPolicy, Strategy};
 use support::{init_logging, raw, wait_until, Cluster, RedisServer};
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::open(&server.url()).expect("client")
+    LockClient::open(server.url()).expect("client")
 }
 
 /// Redisson's `RedissonObject.prefixName(prefix, name)`: `prefix:name` when the name contains
@@ -192,7 +192,7 @@ fn a_waiter_notices_a_silent_release_within_the_poll_not_the_peer_ttl() {
 fn waiting_commands_per_second(server: &RedisServer, key: &str, window: Duration) -> f64 {
     let proxy = Proxy::start(server.port());
     let holder_client = client(server);
-    let waiter_client = LockClient::open(&proxy.url()).expect("client through the proxy");
+    let waiter_client = LockClient::open(proxy.url()).expect("client through the proxy");
     let mut conn = server.conn();
     let holder = holder_client
         .lock(key)
@@ -548,7 +548,7 @@ fn a_reentrant_release_sent_again_after_a_lost_reply_gives_back_one_hold() {
     init_logging();
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let c = LockClient::builder(&proxy.url())
+    let c = LockClient::builder(proxy.url())
         .pool_size(1)
         .build()
         .expect("client through the proxy");

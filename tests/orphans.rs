@@ -26,7 +26,7 @@ const SLACK: Duration = Duration::from_millis(2_500);
 /// A client with short timeouts whose pool already holds a connection (one lock cycle on
 /// another key), so that the acquire under test is really sent, as in a running service.
 fn impatient(server: &RedisServer) -> LockClient {
-    let c = LockClient::builder(&server.url())
+    let c = LockClient::builder(server.url())
         .connect_timeout(TIMEOUT)
         .command_timeout(Some(TIMEOUT))
         .pool_size(1)
@@ -38,7 +38,7 @@ fn impatient(server: &RedisServer) -> LockClient {
 }
 
 fn patient(server: &RedisServer) -> LockClient {
-    LockClient::open(&server.url()).expect("client")
+    LockClient::open(server.url()).expect("client")
 }
 
 /// SIGSTOPs the server, runs `acquire` (which must fail on the timeout), and resumes the server

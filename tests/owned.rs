@@ -20,7 +20,7 @@ fn owned_guards_cross_threads_and_release() {
     init_logging();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let c = LockClient::open(&server.url()).unwrap();
+    let c = LockClient::open(server.url()).unwrap();
     for strategy in [Strategy::Token, Strategy::Classic] {
         let key = format!("owned:{strategy:?}");
         let lock: Arc<dyn DistributedLock> = Arc::from(
@@ -70,7 +70,7 @@ fn owned_guards_cross_threads_and_release() {
 fn try_lock_until_honours_the_deadline() {
     init_logging();
     let server = RedisServer::start();
-    let c = LockClient::open(&server.url()).unwrap();
+    let c = LockClient::open(server.url()).unwrap();
     let lock: Arc<dyn DistributedLock> = Arc::from(
         c.lock("owned:until")
             .ttl(Duration::from_secs(10))

@@ -121,8 +121,8 @@ fn holding(nodes: &[RedisServer], which: &[usize], key: &str, value: &[u8]) -> V
 #[track_caller]
 fn assert_invalid<T: std::fmt::Debug>(r: Result<T, LockError>) {
     match r {
-        Err(LockError::InvalidArgument { .. }) => {}
-        other => panic!("expected Err(InvalidArgument), got {other:?}"),
+        Err(LockError::Config { .. }) => {}
+        other => panic!("expected Err(Config), got {other:?}"),
     }
 }
 
@@ -148,13 +148,13 @@ fn invalid_settings_are_rejected() {
                 2
             ))
             .build(),
-        Err(LockError::InvalidArgument { .. })
+        Err(LockError::Config { .. })
     ));
     assert!(matches!(
         RedLockClient::builder(&["redis://127.0.0.1:1/"])
             .node_timeout(Duration::ZERO)
             .build(),
-        Err(LockError::Setup { .. })
+        Err(LockError::Config { key: None, .. })
     ));
 }
 
@@ -893,7 +893,7 @@ fn from_existing_clients() {
     let clients: Vec<LockClient> = nodes
         .iter()
         .map(|n| {
-            LockClient::builder(&n.url())
+            LockClient::builder(n.url())
                 .connect_timeout(Duration::from_millis(200))
                 .command_timeout(Some(Duration::from_millis(200)))
                 .build()

@@ -13,7 +13,7 @@ use redis_dlock::{DistributedLock, LockClient, LockError, ReentrantLock, RetryPo
 use support::{init_logging, raw, wait_until, Cluster, RedisServer};
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::open(&server.url()).expect("client")
+    LockClient::open(server.url()).expect("client")
 }
 
 fn reentrant(client: &LockClient, key: &str, ttl: Duration) -> ReentrantLock {

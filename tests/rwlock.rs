@@ -35,7 +35,7 @@ use support::{init_logging, raw, wait_until, Cluster, RedisServer};
 // Helpers
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::builder(&server.url())
+    LockClient::builder(server.url())
         .pool_size(8)
         .build()
         .expect("client")
@@ -98,10 +98,10 @@ fn assert_held<T: std::fmt::Debug>(r: Result<T, LockError>) {
 #[track_caller]
 fn assert_invalid<T: std::fmt::Debug>(r: Result<T, LockError>, mentions: &str) {
     match r {
-        Err(LockError::InvalidArgument { reason, .. }) => {
+        Err(LockError::Config { reason, .. } | LockError::Unsupported { reason, .. }) => {
             assert!(reason.contains(mentions), "{reason:?} vs {mentions:?}")
         }
-        other => panic!("expected InvalidArgument ({mentions}), got {other:?}"),
+        other => panic!("expected Config or Unsupported ({mentions}), got {other:?}"),
     }
 }
 

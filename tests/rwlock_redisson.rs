@@ -389,7 +389,7 @@ fn random_uuid() -> String {
 }
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::builder(&server.url())
+    LockClient::builder(server.url())
         .pool_size(8)
         .build()
         .expect("client")
@@ -1164,7 +1164,7 @@ fn a_release_resent_after_a_lost_reply_gives_back_one_hold() {
     let proxy = DropReplyProxy::start(server.port());
     // One pooled connection, so the release goes out on a connection used before (the
     // client resends only on such a connection).
-    let c = LockClient::builder(&format!("redis://127.0.0.1:{}/", proxy.port))
+    let c = LockClient::builder(format!("redis://127.0.0.1:{}/", proxy.port))
         .pool_size(1)
         .build()
         .expect("client through the proxy");

@@ -39,12 +39,12 @@ fn open(url: &str) -> (Result<LockClient, LockError>, Duration) {
     (r, t.elapsed())
 }
 
-/// Asserts a fast `Setup` error whose report mentions every word of `mentions`.
+/// Asserts a fast `Config` error whose report mentions every word of `mentions`.
 #[track_caller]
 fn assert_setup(r: Result<LockClient, LockError>, took: Duration, mentions: &[&str]) {
     match r {
-        Err(e @ LockError::Setup { .. }) => {
-            assert!(e.is_setup() && !e.is_contention(), "{e:?}");
+        Err(e @ LockError::Config { .. }) => {
+            assert!(e.is_config() && !e.is_contention(), "{e:?}");
             let report = e.report();
             for m in mentions {
                 assert!(
@@ -58,8 +58,8 @@ fn assert_setup(r: Result<LockClient, LockError>, took: Duration, mentions: &[&s
             );
             assert!(took < CONNECT + SLACK, "took {took:?}");
         }
-        Err(other) => panic!("expected Setup, got {other:?}"),
-        Ok(_) => panic!("expected Setup, got a client"),
+        Err(other) => panic!("expected Config, got {other:?}"),
+        Ok(_) => panic!("expected Config, got a client"),
     }
 }
 
@@ -177,14 +177,14 @@ fn user_without_scripting() {
         .strategy(redis_dlock::Strategy::Reentrant)
         .build()
         .expect_err("a reentrant lock runs scripts");
-    assert!(matches!(err, LockError::Setup { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Config { .. }), "{err:?}");
     assert!(err.report().contains("scripts"), "{}", err.report());
     let err = client
         .lock("setup:noscript:f")
         .fencing()
         .build_token()
         .expect_err("fencing runs a script");
-    assert!(matches!(err, LockError::Setup { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Config { .. }), "{err:?}");
     // A user denied DELIFEQ as well is told so by check_access(), without scripts.
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
@@ -213,7 +213,7 @@ fn renamed_eval_fails_at_open() {
 fn no_reply_names_the_server_and_the_timeout() {
     init_logging();
     let server = RedisServer::start();
-    let c = LockClient::builder(&server.url())
+    let c = LockClient::builder(server.url())
         .command_timeout(Some(Duration::from_millis(300)))
         .build()
         .unwrap();
@@ -235,7 +235,7 @@ fn no_reply_names_the_server_and_the_timeout() {
 fn wrong_password_at_lock_time_is_setup_not_contention() {
     init_logging();
     let server = server_with_password();
-    let c = LockClient::builder(&url_with(&server, ":wrong@", 0))
+    let c = LockClient::builder(url_with(&server, ":wrong@", 0))
         .connect_timeout(CONNECT)
         .lazy_connect()
         .build()
@@ -247,7 +247,7 @@ fn wrong_password_at_lock_time_is_setup_not_contention() {
         .unwrap();
     let t = Instant::now();
     let err = lock.lock().expect_err("wrong password");
-    assert!(err.is_setup() && !err.is_contention(), "{err:?}");
+    assert!(err.is_config() && !err.is_contention(), "{err:?}");
     assert!(
         err.report().to_lowercase().contains("auth"),
         "{}",

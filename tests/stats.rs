@@ -16,7 +16,7 @@ use support::expiry::{encode, epoch_ms};
 use support::{init_logging, raw, wait_until, RedisServer};
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::open(&server.url()).unwrap()
+    LockClient::open(server.url()).unwrap()
 }
 
 #[test]
@@ -236,7 +236,7 @@ fn lost_fair_holds_are_counted_once_each() {
 fn renewals_and_failed_renewals() {
     init_logging();
     let server = RedisServer::start();
-    let c = LockClient::builder(&server.url())
+    let c = LockClient::builder(server.url())
         .command_timeout(Some(Duration::from_millis(150)))
         .connect_timeout(Duration::from_millis(150))
         .build()
@@ -329,7 +329,7 @@ fn classic_takeovers() {
     // A GETSET that loses the race: another contender writes between our GET and our GETSET
     // (a proxy holds our GETSET back until it has).
     let proxy = RacingProxy::start(server.port(), "stats:race");
-    let racer = LockClient::open(&proxy.url()).unwrap();
+    let racer = LockClient::open(proxy.url()).unwrap();
     let lock = racer
         .lock("stats:race")
         .strategy(Strategy::Classic)
@@ -350,7 +350,7 @@ fn orphan_cleanups_and_reconnects() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let timeout = Duration::from_millis(300);
-    let c = LockClient::builder(&server.url())
+    let c = LockClient::builder(server.url())
         .command_timeout(Some(timeout))
         .connect_timeout(timeout)
         .pool_size(1)

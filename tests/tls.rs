@@ -22,7 +22,7 @@ use support::{init_logging, raw, wait_until, Launch, RedisServer, SENTINEL_SERVI
 /// A client of `server`'s TLS port trusting `pki`'s CA (and presenting its client
 /// certificate if `client_cert`).
 fn tls_client(server: &RedisServer, pki: &Pki, client_cert: bool) -> LockClient {
-    LockClient::builder(&server.tls_url())
+    LockClient::builder(server.tls_url())
         .tls_certificates(pki.client_certificates(client_cert))
         .connect_timeout(Duration::from_secs(2))
         .build()
@@ -256,7 +256,7 @@ fn mutual_tls_needs_the_client_certificate() {
     // The client's open-time check makes the handshake: the fault is reported by build(), as
     // a set-up fault, not at the first lock.
     let t = std::time::Instant::now();
-    let err = LockClient::builder(&server.tls_url())
+    let err = LockClient::builder(server.tls_url())
         .tls_certificates(pki.client_certificates(false))
         .connect_timeout(Duration::from_millis(500))
         .build()
@@ -268,7 +268,7 @@ fn mutual_tls_needs_the_client_certificate() {
     );
     let text = chain(&err);
     eprintln!("no client certificate: {text}");
-    assert!(matches!(err, LockError::Setup { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Config { .. }), "{err:?}");
     // The server's alert (TLS 1.3: rustls "received fatal alert: CertificateRequired", OpenSSL
     // "tlsv13 alert certificate required"), or, with OpenSSL when the server's reset comes
     // before its alert is read, "the server closed the connection during the TLS set-up".
@@ -290,7 +290,7 @@ fn wrong_ca_is_a_clear_tls_error() {
     let other = Pki::generate("other");
     let server = RedisServer::start_tls(&pki, false);
     let t = std::time::Instant::now();
-    let err = LockClient::builder(&server.tls_url())
+    let err = LockClient::builder(server.tls_url())
         .tls_certificates(other.client_certificates(false))
         .connect_timeout(Duration::from_millis(500))
         .build()
@@ -302,9 +302,9 @@ fn wrong_ca_is_a_clear_tls_error() {
     );
     let text = chain(&err).to_lowercase();
     eprintln!("wrong CA: {}", chain(&err));
-    assert!(matches!(err, LockError::Setup { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Config { .. }), "{err:?}");
     // A lazy client reports the same at its first lock, as a connection failure.
-    let lazy = LockClient::builder(&server.tls_url())
+    let lazy = LockClient::builder(server.tls_url())
         .tls_certificates(other.client_certificates(false))
         .connect_timeout(Duration::from_millis(500))
         .lazy_connect()
@@ -535,7 +535,7 @@ fn insecure_fragment_skips_certificate_checks() {
     init_logging();
     let pki = Pki::generate("insecure");
     let server = RedisServer::start_tls(&pki, false);
-    let client = LockClient::open(&format!("{}#insecure", server.tls_url())).expect("client");
+    let client = LockClient::open(format!("{}#insecure", server.tls_url())).expect("client");
     let lock = client.lock("tls:insecure").build().expect("build");
     let guard = lock
         .try_lock()

@@ -14,7 +14,7 @@ use redis_dlock::{
 use support::{init_logging, raw, RedisServer};
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::open(&server.url()).expect("client")
+    LockClient::open(server.url()).expect("client")
 }
 
 fn token_lock(client: &LockClient, key: &str, ttl: Duration) -> TokenLock {

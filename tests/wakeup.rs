@@ -22,7 +22,7 @@ fn shared() -> RwLockReadGuard<'static, ()> {
 }
 
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::open(&server.url()).expect("client")
+    LockClient::open(server.url()).expect("client")
 }
 
 /// A lock with an explicit lifetime (not watched).
@@ -450,7 +450,7 @@ fn releasing_client_lets_a_woken_waiter_of_another_client_in_first() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let key = "wake:courtesy";
-    let a = LockClient::builder(&server.url())
+    let a = LockClient::builder(server.url())
         .handoff_courtesy(Duration::from_millis(300))
         .build()
         .expect("client");

@@ -93,7 +93,7 @@ fn renewal_keeps_a_watched_lock_alive() {
     let _threads = shared_threads();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     let lease = Duration::from_millis(600);
     let lock = watched(&client, "wd:alive", lease);
 
@@ -135,7 +135,7 @@ fn renewal_stops_on_unlock_guard_drop_and_lease_drop() {
     let _threads = shared_threads();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     let lease = Duration::from_millis(600);
     let keys = ["wd:stop:unlock", "wd:stop:drop", "wd:stop:lease"];
     let locks: Vec<_> = keys.iter().map(|k| watched(&client, k, lease)).collect();
@@ -201,7 +201,7 @@ fn thousand_holds_share_one_thread_and_batched_renewals() {
     no_watchdog_threads();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     let lease = Duration::from_millis(1500);
     let keys: Vec<String> = (0..1000).map(|i| format!("wd:many:{i}")).collect();
     let locks: Vec<_> = keys.iter().map(|k| watched(&client, k, lease)).collect();
@@ -262,7 +262,7 @@ fn dropped_client_stops_its_watchdog_thread() {
     no_watchdog_threads();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     let lease = Duration::from_millis(600);
     let lock = watched(&client, "wd:client-drop", lease);
     assert_eq!(watchdog_threads(), 0, "started lazily, not with the client");
@@ -309,7 +309,7 @@ fn watchdog_holder_process() {
         return;
     }
     init_logging();
-    let client = LockClient::open(&std::env::var("DLOCK_URL").expect("DLOCK_URL")).unwrap();
+    let client = LockClient::open(std::env::var("DLOCK_URL").expect("DLOCK_URL")).unwrap();
     let lock = watched(&client, CRASH_KEY, CRASH_LEASE);
     let guard = lock.try_lock().expect("the holder takes a free lock");
     worker::report(LOCKED_MARKER, &String::from_utf8_lossy(guard.value()));
@@ -338,7 +338,7 @@ fn killed_holder_frees_its_watched_lock_within_a_lease() {
         "the live holder's lock was not renewed"
     );
 
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     let lock = watched(&client, CRASH_KEY, CRASH_LEASE);
     let killed = Instant::now();
     assert!(!holder.kill().success());
@@ -365,7 +365,7 @@ fn paused_redis_past_the_lease_marks_the_hold_expired() {
     init_logging();
     let _threads = shared_threads();
     let server = RedisServer::start();
-    let client = LockClient::builder(&server.url())
+    let client = LockClient::builder(server.url())
         .command_timeout(Some(Duration::from_millis(500)))
         .connect_timeout(Duration::from_millis(500))
         .build()
@@ -410,7 +410,7 @@ fn deleted_or_taken_key_marks_the_hold_gone_once() {
     let _threads = shared_threads();
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::open(server.url()).unwrap();
     let losses: Losses = Arc::default();
     let lease = Duration::from_millis(600);
     let deleted = watched_reporting(&client, "wd:gone:deleted", lease, &losses);

@@ -7,7 +7,7 @@
 
 use crate::client::native::Command;
 use crate::client::LockClient;
-use crate::error::{Context, LockError, Result};
+use crate::error::{LockError, Result};
 
 /// One command a lock sends, with its arguments (keys, channels, placeholder values).
 pub(crate) type Check = (&'static str, Vec<String>);
@@ -39,7 +39,7 @@ pub(crate) fn native(client: &LockClient, key: &str) -> Vec<Check> {
 }
 
 /// Sends the check for the lock on `key` (`what` names its kind): `Ok` when everything is
-/// allowed, else [`LockError::Setup`] naming the lock, each denied command with its key or
+/// allowed, else [`LockError::Config`] naming the lock, each denied command with its key or
 /// channel, and NOPERM.
 pub(crate) fn verify(client: &LockClient, key: &str, what: &str, checks: &[Check]) -> Result<()> {
     if !client.native().scripting() {
@@ -109,19 +109,17 @@ fn verify_by_probes(client: &LockClient, key: &str, what: &str, checks: &[Check]
     denied_error(key, what, &denied)
 }
 
-/// `Ok` when nothing was denied, else the [`LockError::Setup`] that lists what was.
+/// `Ok` when nothing was denied, else the [`LockError::Config`] that lists what was.
 fn denied_error(key: &str, what: &str, denied: &[String]) -> Result<()> {
     if denied.is_empty() {
         return Ok(());
     }
-    Err(LockError::Setup {
-        source: Box::new(Context::new(
-            format!(
-                "the {what} lock on {key:?} needs commands this client's user may not send \
-                 (NOPERM): {}; see the ACL rules in docs/production.md",
-                denied.join("; ")
-            ),
-            None,
-        )),
-    })
+    Err(LockError::config(
+        key,
+        format!(
+            "the {what} lock needs commands this client's user may not send (NOPERM): {}; see \
+             the ACL rules in docs/production.md",
+            denied.join("; ")
+        ),
+    ))
 }

@@ -215,9 +215,11 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
              without a reply from Redis: {why}",
             attempts.waited()
         );
-        return Err(LockError::Connection {
-            key: key.to_owned(),
-            source: format!(
+        // An outage seen by the attempts ahead, as they would have reported it.
+        return Err(LockError::connection(
+            key,
+            crate::error::Fault::UNREACHABLE,
+            format!(
                 "gave up after {} and {} own attempt{}, waiting in line behind other threads \
                  of this client: {why}",
                 crate::error::Rounded(attempts.waited()),
@@ -225,7 +227,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
                 if attempts.made() == 1 { "" } else { "s" }
             )
             .into(),
-        });
+        ));
     }
     on_give_up(attempts.made())?;
     if let Some(err) = late {

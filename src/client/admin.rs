@@ -50,14 +50,8 @@ impl KeyState {
 
     /// Decodes the script's `{type, pttl, detail}`.
     pub(crate) fn decode(key: &str, reply: Value) -> Result<KeyState> {
-        let unexpected = |reply: &Value| LockError::Redis {
-            key: key.to_owned(),
-            source: redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected reply from the lock state script",
-                format!("{reply:?}"),
-            )),
-        };
+        let unexpected =
+            |reply: &Value| LockError::unexpected_reply(key, "the lock state script", reply);
         let Value::Array(items) = &reply else {
             return Err(unexpected(&reply));
         };

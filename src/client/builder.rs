@@ -21,15 +21,14 @@ use super::{
 };
 use crate::error::{LockError, Result};
 
-/// What [`LockClient::open`] and [`LockClient::builder`] connect to: what redis-rs's
-/// [`IntoConnectionInfo`](redis::IntoConnectionInfo) takes — a URL as `&str` (or `&String`),
-/// a [`redis::ConnectionInfo`] (e.g. with a password set in code, or a unix socket) or a
-/// reference to one, a [`redis::ConnectionAddr`], a `(host, port)` pair.
+/// What [`LockClient::open`] and [`LockClient::builder`] connect to: everything redis-rs's
+/// [`IntoConnectionInfo`](redis::IntoConnectionInfo) takes — a URL as `&str`, `String` or
+/// [`url::Url`], a [`redis::ConnectionInfo`] (e.g. with a password set in code, or a unix
+/// socket), a [`redis::ConnectionAddr`], a `(host, port)` pair — and a reference to a `String`
+/// or a `ConnectionInfo`, which redis-rs does not take.
 ///
-/// An owned `String` URL is passed by reference (`LockClient::open(&url)`): taking both
-/// `String` and `&String` would make clippy flag every `open(&format!(..))` as a needless
-/// borrow. For another type that implements `IntoConnectionInfo` (a `String`, a `url::Url`),
-/// convert it first: `LockClient::open(url.into_connection_info()?)`.
+/// Not a blanket implementation over `IntoConnectionInfo`: with one, the two references could
+/// not be added (redis-rs may implement the trait for them some day).
 pub trait ConnectionTarget {
     /// The connection settings, or why the input is not one (a malformed URL).
     fn into_target_info(self) -> RedisResult<redis::ConnectionInfo>;
@@ -47,11 +46,17 @@ macro_rules! connection_target {
 
 connection_target!(
     &str,
+    String,
+    url::Url,
     redis::ConnectionInfo,
-    redis::ConnectionAddr,
-    (&str, u16),
-    (String, u16)
+    redis::ConnectionAddr
 );
+
+impl<T: Into<String>> ConnectionTarget for (T, u16) {
+    fn into_target_info(self) -> RedisResult<redis::ConnectionInfo> {
+        redis::IntoConnectionInfo::into_connection_info(self)
+    }
+}
 
 impl ConnectionTarget for &String {
     fn into_target_info(self) -> RedisResult<redis::ConnectionInfo> {
@@ -108,6 +113,7 @@ impl LockClient {
     /// let client = LockClient::open("redis://127.0.0.1:6379/")?;
     /// let url: String = std::env::var("REDIS_URL")?;
     /// let client = LockClient::open(&url)?;
+    /// let client = LockClient::open(url)?;
     /// // Settings built in code: the password need not be written into a URL.
     /// let info: ConnectionInfo = ConnectionAddr::Tcp("10.0.0.7".into(), 6379)
     ///     .into_connection_info()?;
@@ -125,21 +131,21 @@ impl LockClient {
         ClientBuilder::new(TargetSpec::Single(target.into_target_info()))
     }
 
-    /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`).
-    /// Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
+    /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`, or
+    /// any other [`ConnectionTarget`]; a malformed URL is reported by
+    /// [`ClientBuilder::build`]). Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
     ///
     /// Each command, its redirections and retries included (`TRYAGAIN`, `CLUSTERDOWN`, a
     /// failed-over node), returns within the command timeout plus at most one retry sleep of a
     /// tenth of it: every read, write and connect of it is cut to the time left before one
     /// deadline. Waiting for a pooled connection and opening a new one are bounded by the
     /// connect timeout, as for a single server. See `docs/deployments.md`.
-    pub fn cluster_builder<S: AsRef<str>>(nodes: &[S]) -> ClientBuilder {
-        ClientBuilder::new(TargetSpec::Cluster(
-            nodes.iter().map(|n| n.as_ref().to_owned()).collect(),
-        ))
+    pub fn cluster_builder<S: ConnectionTarget + Clone>(nodes: &[S]) -> ClientBuilder {
+        ClientBuilder::new(TargetSpec::Cluster(targets(nodes)))
     }
 
-    /// A builder for the master that the Sentinels at `sentinels` name for `service`. After a
+    /// A builder for the master that the Sentinels at `sentinels` (URLs, or any other
+    /// [`ConnectionTarget`]) name for `service`. After a
     /// failover, new connections go to the new master. The client follows the Sentinels'
     /// `+switch-master` announcements (one background thread per client, `dlock-sentinel`):
     /// pooled connections opened before an announced switch are discarded at their next
@@ -151,21 +157,29 @@ impl LockClient {
     /// checks with `ROLE` that the server named is a master. Each of these steps is bounded by
     /// the connect and command timeouts (the connect timeout if the command timeout is `None`),
     /// so a frozen Sentinel or old master delays a reconnection but never blocks it.
-    pub fn sentinel_builder<S: AsRef<str>>(sentinels: &[S], service: &str) -> ClientBuilder {
+    pub fn sentinel_builder<S: ConnectionTarget + Clone>(
+        sentinels: &[S],
+        service: &str,
+    ) -> ClientBuilder {
         ClientBuilder::new(TargetSpec::Sentinel {
-            sentinels: sentinels.iter().map(|n| n.as_ref().to_owned()).collect(),
+            sentinels: targets(sentinels),
             service: service.to_owned(),
         })
     }
 }
 
+/// The connection settings of every node, or the first that is not one.
+fn targets<S: ConnectionTarget + Clone>(nodes: &[S]) -> RedisResult<Vec<redis::ConnectionInfo>> {
+    nodes.iter().map(|n| n.clone().into_target_info()).collect()
+}
+
 #[derive(Debug, Clone)]
 pub(super) enum TargetSpec {
-    /// One server; a malformed URL is reported by `build`.
+    /// One server; a malformed URL is reported by `build`, as for the others.
     Single(RedisResult<redis::ConnectionInfo>),
-    Cluster(Vec<String>),
+    Cluster(RedisResult<Vec<redis::ConnectionInfo>>),
     Sentinel {
-        sentinels: Vec<String>,
+        sentinels: RedisResult<Vec<redis::ConnectionInfo>>,
         service: String,
     },
 }
@@ -173,17 +187,18 @@ pub(super) enum TargetSpec {
 impl TargetSpec {
     /// Where the client connects, for messages: `host:port` (no credentials).
     fn describe(&self) -> String {
-        let addr = |url: &str| {
-            redis::Client::open(url)
-                .map(|c| c.get_connection_info().addr().to_string())
-                .unwrap_or_else(|_| "an unparsable URL".to_owned())
-        };
         match self {
             TargetSpec::Single(Ok(info)) => info.addr().to_string(),
-            TargetSpec::Single(Err(_)) => "an unparsable URL".to_owned(),
-            TargetSpec::Cluster(nodes) => format!(
+            TargetSpec::Single(Err(_)) | TargetSpec::Cluster(Err(_)) => {
+                "an unparsable URL".to_owned()
+            }
+            TargetSpec::Cluster(Ok(nodes)) => format!(
                 "the cluster ({})",
-                nodes.iter().map(|n| addr(n)).collect::<Vec<_>>().join(", ")
+                nodes
+                    .iter()
+                    .map(|n| n.addr().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             TargetSpec::Sentinel { service, .. } => {
                 format!("the master of Sentinel service {service:?}")
@@ -301,7 +316,7 @@ impl ClientBuilder {
     /// URL asks) and runs a one-line script by `EVAL` and by `EVALSHA` (the release and extend
     /// scripts need both). A wrong password or unknown ACL user, a database the server lacks,
     /// a user without scripting permission, an unreachable server (within the connect
-    /// timeout, saying refused or timed out) are each a [`LockError::Setup`] naming the server
+    /// timeout, saying refused or timed out) are each a [`LockError::Config`] naming the server
     /// and the step, returned one reply after the server's answer. That connection is then
     /// closed; the pool opens its own on demand. With [`lazy_connect`](Self::lazy_connect)
     /// nothing is sent: a Redis that is down now is reported by the first lock operation, and
@@ -316,68 +331,57 @@ impl ClientBuilder {
     /// their own `build()`. A lazy client asks nothing and uses the scripts.
     ///
     /// At lock time, a connection that cannot be opened because access is denied is reported
-    /// as [`LockError::Setup`] too (after the connect timeout, never as contention or a
+    /// as [`LockError::Config`] too (after the connect timeout, never as contention or a
     /// timeout), and a command without a reply as [`LockError::Connection`] whose cause reads
     /// "no reply from host:port within 2 s".
     pub fn build(self) -> Result<LockClient> {
-        let setup = |e: Box<dyn std::error::Error + Send + Sync>| LockError::Setup { source: e };
+        let bad_url = |e| LockError::setup_failed("invalid Redis URL or connection settings", e);
         if self.pool_size == 0 {
-            return Err(setup("pool size must be at least 1".into()));
+            return Err(LockError::client_config("pool size must be at least 1"));
         }
         if self.connect_timeout.is_zero() || self.command_timeout.is_some_and(|d| d.is_zero()) {
-            return Err(setup("timeouts must be greater than zero".into()));
+            return Err(LockError::client_config(
+                "timeouts must be greater than zero",
+            ));
         }
         if self.connect_timeout > MAX_CLIENT_TIMEOUT
             || self.command_timeout.is_some_and(|d| d > MAX_CLIENT_TIMEOUT)
         {
-            return Err(setup(
-                format!(
-                    "timeouts must be at most MAX_CLIENT_TIMEOUT ({MAX_CLIENT_TIMEOUT:?}); \
+            return Err(LockError::client_config(format!(
+                "timeouts must be at most MAX_CLIENT_TIMEOUT ({MAX_CLIENT_TIMEOUT:?}); \
                      command_timeout(None) waits without limit"
-                )
-                .into(),
-            ));
+            )));
         }
         if self.courtesy > MAX_HANDOFF_COURTESY {
-            return Err(setup(
-                format!(
-                    "handoff courtesy {:?} is longer than MAX_HANDOFF_COURTESY ({:?})",
-                    self.courtesy, MAX_HANDOFF_COURTESY
-                )
-                .into(),
-            ));
+            return Err(LockError::client_config(format!(
+                "handoff courtesy {:?} is longer than MAX_HANDOFF_COURTESY ({:?})",
+                self.courtesy, MAX_HANDOFF_COURTESY
+            )));
         }
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
         let (connect_timeout, cluster) = (
             self.connect_timeout,
             matches!(self.target, TargetSpec::Cluster(_)),
         );
-        let urls: Vec<&str> = match &self.target {
-            TargetSpec::Single(_) => Vec::new(),
-            TargetSpec::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
-            TargetSpec::Sentinel { sentinels, .. } => {
-                sentinels.iter().map(String::as_str).collect()
-            }
+        let bad = |e: &redis::RedisError| bad_url(e.clone());
+        let infos = match &self.target {
+            TargetSpec::Single(info) => std::slice::from_ref(info.as_ref().map_err(bad)?),
+            TargetSpec::Cluster(nodes)
+            | TargetSpec::Sentinel {
+                sentinels: nodes, ..
+            } => nodes.as_ref().map_err(bad)?.as_slice(),
         };
-        let tls_target = match &self.target {
-            TargetSpec::Single(Ok(info)) => {
-                matches!(info.addr(), ConnectionAddr::TcpTls { .. }).then(|| self.target.describe())
-            }
-            TargetSpec::Single(Err(e)) => return Err(setup(Box::new(e.clone()))),
-            _ => urls
-                .iter()
-                .find(|u| u.starts_with("rediss://"))
-                .map(|u| (*u).to_owned()),
-        };
+        let tls_target = infos
+            .iter()
+            .map(redis::ConnectionInfo::addr)
+            .find(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
+            .map(ToString::to_string);
         if let Some(url) = &tls_target {
             if !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")) {
-                return Err(setup(
-                    format!(
-                        "{url}: a rediss:// (TLS) URL needs one of redis-dlock's cargo features \
+                return Err(LockError::client_config(format!(
+                    "{url}: a rediss:// (TLS) URL needs one of redis-dlock's cargo features \
                          `tls-rustls`, `tls-rustls-webpki-roots` or `tls-native-tls`"
-                    )
-                    .into(),
-                ));
+                )));
             }
         }
         let addr = self.target.describe();
@@ -386,22 +390,23 @@ impl ClientBuilder {
         let mut watch = None;
         let target = match &self.target {
             TargetSpec::Single(info) => {
-                let info = info.clone().map_err(|e| setup(Box::new(e)))?;
-                let client = self.open_client(info).map_err(|e| setup(Box::new(e)))?;
+                let info = info.clone().map_err(bad_url)?;
+                let client = self.open_client(info).map_err(bad_url)?;
                 let info = client.get_connection_info().clone();
                 resolve = Some(Box::new(move || Ok(info.clone())));
                 Target::Single(client)
             }
-            TargetSpec::Cluster(nodes) => {
+            TargetSpec::Cluster(_) => {
+                let nodes = infos.to_vec();
                 // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
                 let infos = nodes
                     .iter()
                     .map(|n| {
-                        self.open_client(n.as_str())
+                        self.open_client(n.clone())
                             .map(|c| c.get_connection_info().clone())
                     })
                     .collect::<RedisResult<Vec<_>>>()
-                    .map_err(|e| setup(Box::new(e)))?;
+                    .map_err(bad_url)?;
                 let next = AtomicUsize::new(0);
                 resolve = Some(Box::new(move || {
                     let i = next.fetch_add(1, Ordering::Relaxed) % infos.len().max(1);
@@ -410,7 +415,7 @@ impl ClientBuilder {
                     })
                 }));
                 let (retries, min_wait, max_wait) = cluster_retries(timeout);
-                let mut b = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(self.connect_timeout)
                     .retries(retries)
                     .min_retry_wait(min_wait)
@@ -422,26 +427,27 @@ impl ClientBuilder {
                 }
                 #[cfg(all(feature = "tls-native-tls", not(feature = "tls-rustls")))]
                 if self.tls.is_some() {
-                    return Err(setup(
+                    return Err(LockError::client_config(
                         "custom TLS certificates for a cluster need the `tls-rustls` feature \
-                         (redis-rs's cluster client takes them only with rustls)"
-                            .into(),
+                         (redis-rs's cluster client takes them only with rustls)",
                     ));
                 }
                 if let Some(t) = self.command_timeout {
                     b = b.response_timeout(t);
                 }
-                Target::Cluster(b.build().map_err(|e| setup(Box::new(e)))?)
+                Target::Cluster(b.build().map_err(bad_url)?)
             }
-            TargetSpec::Sentinel { sentinels, service } => {
-                if sentinels.is_empty() {
-                    return Err(setup("at least one Sentinel address is required".into()));
+            TargetSpec::Sentinel { service, .. } => {
+                if infos.is_empty() {
+                    return Err(LockError::client_config(
+                        "at least one Sentinel address is required",
+                    ));
                 }
-                let sentinels = sentinels
+                let sentinels = infos
                     .iter()
-                    .map(|url| self.open_client(url.as_str()))
+                    .map(|info| self.open_client(info.clone()))
                     .collect::<RedisResult<Vec<_>>>()
-                    .map_err(|e| setup(Box::new(e)))?;
+                    .map_err(bad_url)?;
                 // The master is reached as the Sentinels are: over TLS, with the same
                 // certificates, when their URLs are `rediss://`.
                 let master_tls = sentinels

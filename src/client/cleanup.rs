@@ -12,17 +12,7 @@ use crate::scripts::{LuaScript, Scripts};
 /// (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`: it did not run; a Cluster
 /// answers `CLUSTERDOWN` on every node while a failed primary is replaced).
 pub(crate) fn worth_retrying(e: &crate::LockError) -> bool {
-    use redis::ServerErrorKind as K;
-    match e {
-        crate::LockError::Connection { .. } => true,
-        crate::LockError::Redis { source, .. } => matches!(
-            source.kind(),
-            redis::ErrorKind::Server(
-                K::ClusterDown | K::TryAgain | K::MasterDown | K::BusyLoading | K::ReadOnly
-            )
-        ),
-        _ => false,
-    }
+    matches!(e, crate::LockError::Connection { .. }) || e.is_transient()
 }
 
 /// Why a clean-up job exists (for the log).

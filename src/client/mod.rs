@@ -39,7 +39,7 @@ use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::switches::Switches;
 use crate::client::waiters::WaitQueues;
 use crate::client::watched::Watchdog;
-use crate::error::{self, Context, LockError, Result, Rounded};
+use crate::error::{self, Context, Fault, LockError, Result, Rounded};
 use crate::scripts::Scripts;
 use crate::stats::{Counters, Stats};
 
@@ -474,44 +474,41 @@ impl LockClient {
     }
 
     /// A failed checkout, with what the pool's latest connection attempt said: access denied
-    /// is a set-up fault, anything else an outage.
+    /// is a configuration fault, anything else an outage. r2d2's own error says only that it
+    /// timed out waiting.
     fn checkout_error(&self, key: &str, e: r2d2::Error) -> LockError {
+        let addr = &self.inner.addr;
         match self.inner.connect_errors.last() {
             // A wrong password, unknown user or missing permission: not an outage.
-            Some((true, why)) => LockError::Setup {
-                source: Box::new(Context::new(
-                    format!("cannot open a connection to {}: {why}", self.inner.addr),
-                    None,
-                )),
+            Some(last) if error::is_access_denied(&last) => LockError::Config {
+                key: Some(key.to_owned()),
+                reason: format!("cannot open a connection to {addr}: access denied"),
+                fault: Fault::of(&last),
+                source: Some(Box::new(last)),
             },
-            Some((false, why)) => LockError::Connection {
-                key: key.to_owned(),
-                source: Box::new(Context::new(
-                    format!("no connection to {}: {why}", self.inner.addr),
-                    None,
-                )),
-            },
-            None => LockError::Connection {
-                key: key.to_owned(),
-                source: Box::new(e),
-            },
+            // No command was sent: an outage, retried as one even when connecting timed out.
+            Some(last) => LockError::connection(
+                key,
+                Fault::UNREACHABLE,
+                Box::new(Context::new(format!("no connection to {addr}"), Some(last))),
+            ),
+            None => LockError::connection(key, Fault::UNREACHABLE, Box::new(e)),
         }
     }
 
     /// Maps a Redis error of a command for `key`, saying which server did not answer in time.
     fn command_error(&self, key: &str, e: redis::RedisError) -> LockError {
         if e.is_timeout() {
-            return LockError::Connection {
-                key: key.to_owned(),
-                source: Box::new(Context::new(
-                    format!(
-                        "no reply from {} within {}",
-                        self.inner.addr,
-                        Rounded(self.inner.timeout)
-                    ),
-                    Some(e),
-                )),
-            };
+            let what = format!(
+                "no reply from {} within {}",
+                self.inner.addr,
+                Rounded(self.inner.timeout)
+            );
+            return LockError::connection(
+                key,
+                Fault::TIMEOUT,
+                Box::new(Context::new(what, Some(e))),
+            );
         }
         if error::is_access_denied(&e) {
             log::warn!("lock {key:?}: the server refused a command: {e}");

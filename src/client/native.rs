@@ -215,17 +215,14 @@ pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()
     if native.scripting() {
         return Ok(());
     }
-    Err(LockError::Setup {
-        source: Box::new(crate::error::Context::new(
-            format!(
-                "{what} on {key:?} runs Lua scripts, which this client's user may not (NOPERM \
-                 on EVAL when the client was built); on {} only a Token lock without fencing \
-                 needs none",
-                native.server()
-            ),
-            None,
-        )),
-    })
+    Err(LockError::config(
+        key,
+        format!(
+            "{what} runs Lua scripts, which this client's user may not (NOPERM on EVAL when \
+             the client was built); on {} only a Token lock without fencing needs none",
+            native.server()
+        ),
+    ))
 }
 
 #[cfg(test)]

@@ -13,24 +13,24 @@ use redis::{
 use super::cluster_deadline::{with_deadline, Deadlined};
 use super::native::Detected;
 use super::switches::Switches;
-use crate::error::{self, Context, LockError, Result, Rounded};
+use crate::error::{self, LockError, Result, Rounded};
 use crate::scripts;
 
 /// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
 /// for connection", so its error handler keeps what actually went wrong.
 #[derive(Debug, Default)]
 pub(crate) struct ConnectErrors {
-    last: std::sync::Mutex<Option<(bool, String)>>,
+    last: std::sync::Mutex<Option<redis::RedisError>>,
 }
 
 impl ConnectErrors {
-    fn note(&self, e: &redis::RedisError) {
+    fn note(&self, e: redis::RedisError) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        *last = Some((error::is_access_denied(e), e.to_string()));
+        *last = Some(e);
     }
 
-    /// The latest failure: whether access was denied, and what it said.
-    pub(super) fn last(&self) -> Option<(bool, String)> {
+    /// The latest failure.
+    pub(super) fn last(&self) -> Option<redis::RedisError> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -38,7 +38,7 @@ impl ConnectErrors {
 impl r2d2::HandleError<redis::RedisError> for ConnectErrors {
     fn handle_error(&self, e: redis::RedisError) {
         log::debug!("pool: opening a connection failed: {e}");
-        self.note(&e);
+        self.note(e);
     }
 }
 
@@ -272,26 +272,30 @@ impl Manager {
     /// and the TLS handshake as the URL asks) and runs a one-line script by `EVAL` and by
     /// `EVALSHA`, the two ways the library runs its scripts. The `EVAL` goes in one round trip
     /// with `INFO server` and `COMMAND INFO DELIFEQ`, which tell the native commands the
-    /// server has (see [`native`](super::native)). Any failure is a [`LockError::Setup`] that
+    /// server has (see [`native`](super::native)). Any failure is a [`LockError::Config`] that
     /// names the step and the server; a user denied scripts is no failure on a server with
     /// both native commands (Token locks without fencing need no script there).
     pub(super) fn check(&self, addr: &str) -> Result<Detected> {
-        let setup = |what: String, e: redis::RedisError| LockError::Setup {
-            source: Box::new(Context::new(what, Some(e))),
+        let setup = |what: String, e: redis::RedisError| LockError::setup_failed(what, e);
+        // The database the URL names: refused by `SELECT` during the connection's set-up, which
+        // redis-rs reports as a plain `ERR` reply.
+        let db = match &self.target {
+            Target::Single(client) => client.get_connection_info().redis_settings().db(),
+            _ => 0,
         };
         let mut con = r2d2::ManageConnection::connect(self).map_err(|e| {
             let what = if error::is_access_denied(&e) {
                 format!("authentication to {addr} failed (check the user name and password)")
-            } else if e.to_string().contains("DB index") {
-                format!("{addr} has no such database (the URL's /db number)")
+            } else if db != 0
+                && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+            {
+                format!("{addr} has no database {db} (the URL's /db number)")
             } else if e.is_timeout() {
                 format!(
                     "no answer from {addr} within {} (connect timeout)",
                     Rounded(self.connect_timeout)
                 )
-            } else if e.kind() == redis::ErrorKind::Io
-                && e.to_string().to_ascii_lowercase().contains("refused")
-            {
+            } else if e.is_connection_refusal() {
                 format!("connection to {addr} refused (is Redis running there?)")
             } else {
                 format!("cannot connect to {addr}")

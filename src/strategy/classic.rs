@@ -166,7 +166,7 @@ fn now_epoch_ms(key: &str) -> Result<i64> {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
-        .map_err(|_| LockError::invalid(key, "the system clock is before 1970"))
+        .map_err(|_| LockError::config(key, "the system clock is before 1970"))
 }
 
 /// The value for a hold of `ttl` starting now: `now + ttl + 1 + skew` in epoch ms, encoded.

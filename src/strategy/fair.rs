@@ -274,7 +274,7 @@ impl FairLock {
     ///
     /// # Errors
     ///
-    /// [`LockError::InvalidArgument`] for a key with whose cluster slot no such name can be
+    /// [`LockError::Config`] for a key with whose cluster slot no such name can be
     /// made (the same keys for which building the lock fails).
     pub fn queue_key_for(key: &str) -> Result<String> {
         keys::aux_key(QUEUE_PREFIX, key)
@@ -517,14 +517,11 @@ impl FairLock {
                     rank: *rank,
                 })
             }
-            _ => Err(LockError::Redis {
-                key: self.key.clone(),
-                source: redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "unexpected reply from fair_acquire.lua",
-                    format!("{reply:?}"),
-                )),
-            }),
+            _ => Err(LockError::unexpected_reply(
+                &self.key,
+                "fair_acquire.lua",
+                &reply,
+            )),
         }
     }
 
@@ -647,14 +644,7 @@ impl FairLock {
     }
 
     fn unexpected(&self, reply: &impl std::fmt::Debug) -> LockError {
-        LockError::Redis {
-            key: self.key.clone(),
-            source: redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected reply from fair_release.lua",
-                format!("{reply:?}"),
-            )),
-        }
+        LockError::unexpected_reply(&self.key, "fair_release.lua", reply)
     }
 
     fn timeout(&self, attempts: &Attempts<'_>) -> LockError {

@@ -102,7 +102,7 @@ impl HoldOptions {
     ) -> Result<Self> {
         let watched = ttl.is_none();
         if !watched && (watchdog_lease.is_some() || on_lost.is_some()) {
-            return Err(LockError::invalid(
+            return Err(LockError::config(
                 key,
                 "watchdog_lease and on_lost apply to watched locks, built without ttl",
             ));
@@ -111,7 +111,7 @@ impl HoldOptions {
         let (lease, retry) =
             check_lock_options(key, lease, retry.unwrap_or_else(RetryPolicy::standard))?;
         if watched && lease < Duration::from_millis(3) {
-            return Err(LockError::invalid(
+            return Err(LockError::config(
                 key,
                 "a watchdog lease must be at least 3 ms (it is renewed every third)",
             ));
@@ -314,14 +314,7 @@ impl AcquireReply {
 }
 
 fn unexpected(key: &str, reply: &Value) -> LockError {
-    LockError::Redis {
-        key: key.to_owned(),
-        source: redis::RedisError::from((
-            redis::ErrorKind::Client,
-            "unexpected reply from an acquire script",
-            format!("{reply:?}"),
-        )),
-    }
+    LockError::unexpected_reply(key, "an acquire script", reply)
 }
 
 /// Applies the answer of an extend script: renews the lease (with the new value, if the

@@ -273,7 +273,7 @@ impl LockBuilder {
     /// [`build`](Self::build) also asks the server (one round trip, nothing run) whether the
     /// client's ACL user may send every command this lock will send, on its key, companion
     /// keys and channel (Redis 7.0+, `redis.acl_check_cmd`). A denied command is a
-    /// [`LockError::Setup`] naming the command, its key or channel, and NOPERM, before the
+    /// [`LockError::Config`] naming the command, its key or channel, and NOPERM, before the
     /// first acquire: without the check, a user who may `SET` but not run the release script or
     /// `PUBLISH` on the channel acquires and then cannot release. Worth calling once at start-up
     /// with a representative key; docs/production.md lists the rules. For
@@ -308,11 +308,11 @@ impl LockBuilder {
     /// queue's two sorted sets, the fencing counter, and the grant channels: this client's own
     /// `dlock_fair_ch:<client id>`, and a representative other client's, since a release
     /// publishes its grant on the grantee's channel (the ACL needs `&dlock_fair_ch:*`).
-    /// [`wake_up`](Self::wake_up) is refused ([`LockError::InvalidArgument`]): fair waiters
+    /// [`wake_up`](Self::wake_up) is refused ([`LockError::Config`]): fair waiters
     /// are always woken by the grant message.
     pub fn build_fair(self) -> Result<FairLock> {
         if self.wake_up.is_some() {
-            return Err(LockError::invalid(
+            return Err(LockError::config(
                 &self.key,
                 "wake_up does not apply to Strategy::Fair (its waiters are always woken by the \
                  grant message)",
@@ -365,7 +365,7 @@ impl LockBuilder {
     /// The checked options of a Token or reentrant lock.
     fn hold_options(&self) -> Result<HoldOptions> {
         if self.classic_set {
-            return Err(LockError::invalid(
+            return Err(LockError::config(
                 &self.key,
                 "encoding, takeover, key_ttl and clock_skew apply to Strategy::Classic only",
             ));
@@ -388,7 +388,7 @@ impl LockBuilder {
             || self.fencing
             || self.wake_up.is_some()
         {
-            return Err(LockError::invalid(
+            return Err(LockError::config(
                 &self.key,
                 "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic \
                  (its legacy peers neither renew, count nor publish)",

@@ -393,14 +393,7 @@ impl ReentrantLock {
     }
 
     fn unexpected(&self, reply: i64) -> LockError {
-        LockError::Redis {
-            key: self.key.clone(),
-            source: redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected reply from the reentrant release script",
-                reply.to_string(),
-            )),
-        }
+        LockError::unexpected_reply(&self.key, "the reentrant release script", &reply)
     }
 }
 

@@ -85,9 +85,12 @@ impl Failure {
                 code::DATA,
                 format!("key {key:?} holds {value}, which is not a legacy expiry timestamp ({reason}): left alone"),
             ),
-            LockError::InvalidArgument { reason, .. } => Failure::new(code::USAGE, reason.clone()),
-            LockError::Setup { source } => {
-                let detail = chain(source.as_ref());
+            LockError::Unsupported { reason, .. } => Failure::new(code::USAGE, reason.clone()),
+            LockError::Config { reason, source, .. } => {
+                let detail = match source {
+                    Some(source) => format!("{reason}: {}", chain(source.as_ref())),
+                    None => reason.clone(),
+                };
                 // The client checks its connection when it is built: a server that is down,
                 // or refuses our credentials, is "unavailable", not a usage error.
                 let reached = [
@@ -113,6 +116,9 @@ impl Failure {
                         code::UNAVAILABLE,
                         format!("cannot reach Redis at {url}: {detail}"),
                     )
+                } else if e.key().is_some() {
+                    // A lock option or key.
+                    Failure::new(code::USAGE, reason.clone())
                 } else {
                     Failure::new(code::USAGE, format!("bad Redis URL {url}: {detail}"))
                 }

@@ -79,8 +79,8 @@ struct Job {
 #[test]
 fn owned_guards_stats_and_admin_queries() -> Result<(), LockError> {
     let server = Server::start();
-    let client = LockClient::open(&server.url())?;
-    let admin = LockClient::open(&server.url())?;
+    let client = LockClient::open(server.url())?;
+    let admin = LockClient::open(server.url())?;
     assert_eq!(client.stats(), Stats::default());
 
     let lock: Arc<dyn DistributedLock> = Arc::from(
