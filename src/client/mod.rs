@@ -329,15 +329,32 @@ impl LockClient {
         id
     }
 
-    /// `value` (a token) is being written, or is held: nothing may delete it as
-    /// a stale hold of this client's (see `client/live.rs`).
-    pub(crate) fn hold_begins(&self, value: &[u8]) {
+    /// `value` (a token) is about to be written: nothing may delete it as a stale hold of
+    /// this client's (see `client/live.rs`) until [`write_ends`](Self::write_ends).
+    pub(crate) fn write_begins(&self, value: &[u8]) {
         self.inner.live.begin(value);
     }
 
-    /// `value` is no longer held, or was not taken.
-    pub(crate) fn hold_ends(&self, value: &[u8]) {
+    /// The write of `value` is over: taken (recorded by [`hold_taken`](Self::hold_taken)
+    /// before) or not.
+    pub(crate) fn write_ends(&self, value: &[u8]) {
         self.inner.live.end(value);
+    }
+
+    /// `value` was taken with lifetime `ttl`: live until its release, or until that lifetime
+    /// (or a later one written by an extend or renewal) has run out.
+    pub(crate) fn hold_taken(&self, value: &[u8], ttl: Duration) {
+        self.inner.live.hold(value, ttl);
+    }
+
+    /// The hold of `value` was extended or renewed to lifetime `ttl`.
+    pub(crate) fn hold_renewed(&self, value: &[u8], ttl: Duration) {
+        self.inner.live.renew(value, ttl);
+    }
+
+    /// `value` is no longer held (released, or its release is the janitor's).
+    pub(crate) fn hold_released(&self, value: &[u8]) {
+        self.inner.live.release(value);
     }
 
     /// True while `value` is being written or held by this client.
@@ -345,10 +362,25 @@ impl LockClient {
         self.inner.live.contains(value)
     }
 
+    /// Entries of the client's live set (see `client/live.rs`): the writes under way and the
+    /// holds whose lifetime has not run out. For the tests that check it stays bounded.
+    #[doc(hidden)]
+    pub fn live_values(&self) -> usize {
+        self.inner.live.len()
+    }
+
     /// One hold of `owner` (a counted hold: a hash field) at `key` was released (see
-    /// [`owner_attempt`](Self::owner_attempt)).
-    pub(crate) fn owner_released(&self, key: &str, owner: &[u8]) {
-        self.inner.live.end(&owner_slot(b'h', key, owner));
+    /// [`owner_attempt`](Self::owner_attempt)); the release gives the owner's other holds,
+    /// if any, lifetime `ttl` again.
+    pub(crate) fn owner_released(&self, key: &str, owner: &[u8], ttl: Duration) {
+        let slot = owner_slot(b'h', key, owner);
+        self.inner.live.release(&slot);
+        self.inner.live.renew(&slot, ttl);
+    }
+
+    /// The holds of `owner` at `key` were extended or renewed to lifetime `ttl`.
+    pub(crate) fn owner_renewed(&self, key: &str, owner: &[u8], ttl: Duration) {
+        self.inner.live.renew(&owner_slot(b'h', key, owner), ttl);
     }
 
     /// True while `owner` holds the counted lock at `key` (as far as this client knows).
@@ -382,21 +414,21 @@ impl LockClient {
             && !self.is_live(value)
     }
 
-    /// [`hold_begins`](Self::hold_begins) now, and [`hold_ends`](Self::hold_ends) when the
-    /// returned guard is dropped, unless it is [`kept`](LiveValue::keep) (the value became a
-    /// hold, whose release ends it).
+    /// [`write_begins`](Self::write_begins) now, and [`write_ends`](Self::write_ends) when
+    /// the returned guard is dropped; a hold the write took is recorded by
+    /// [`LiveValue::keep`].
     pub(crate) fn live_value(&self, value: &[u8]) -> LiveValue<'_> {
-        self.hold_begins(value);
+        self.write_begins(value);
         LiveValue {
             client: self,
             entry: value.to_vec(),
-            kept: false,
         }
     }
 
     /// An acquire of a counted hold of `owner` at `key` begins: until the returned guard is
     /// dropped, [`owner_attempting`](Self::owner_attempting) is true; [`OwnerAttempt::took`]
-    /// counts the hold it took until its [`owner_released`](Self::owner_released). A Sentinel
+    /// counts the hold it took until its [`owner_released`](Self::owner_released) or the end
+    /// of its lifetime. A Sentinel
     /// replay of a counted release waits for the owner's attempts under way and then leaves an
     /// owner that holds the lock alone (see `Janitor::replay`).
     pub(crate) fn owner_attempt<'a>(&'a self, key: &'a str, owner: &'a [u8]) -> OwnerAttempt<'a> {
@@ -578,12 +610,13 @@ pub(crate) struct OwnerAttempt<'a> {
 }
 
 impl OwnerAttempt<'_> {
-    /// The server counted a hold for the owner: counted until its release.
-    pub(crate) fn took(&self) {
+    /// The server counted a hold for the owner, with lifetime `ttl`: counted until its
+    /// release or the end of its lifetime.
+    pub(crate) fn took(&self, ttl: Duration) {
         self.client
             .inner
             .live
-            .begin(&owner_slot(b'h', self.key, self.owner));
+            .hold(&owner_slot(b'h', self.key, self.owner), ttl);
     }
 }
 
@@ -600,21 +633,24 @@ impl Drop for OwnerAttempt<'_> {
 pub(crate) struct LiveValue<'a> {
     client: &'a LockClient,
     entry: Vec<u8>,
-    kept: bool,
 }
 
 impl LiveValue<'_> {
-    /// The acquire took the lock: the entry stays live until its release.
-    pub(crate) fn keep(&mut self) {
-        self.kept = true;
+    /// The value being written.
+    pub(crate) fn value(&self) -> &[u8] {
+        &self.entry
+    }
+
+    /// The acquire took the lock with lifetime `ttl`: the value stays live until its release
+    /// or the end of its lifetime (see [`LockClient::hold_taken`]).
+    pub(crate) fn keep(&self, ttl: Duration) {
+        self.client.hold_taken(&self.entry, ttl);
     }
 }
 
 impl Drop for LiveValue<'_> {
     fn drop(&mut self) {
-        if !self.kept {
-            self.client.inner.live.end(&self.entry);
-        }
+        self.client.write_ends(&self.entry);
     }
 }
 

@@ -445,10 +445,10 @@ impl FairLock {
         }
         attempts.record();
         let token = self.new_token();
-        let mut live = self.client.live_value(&token);
+        let live = self.client.live_value(&token);
         let lease = self.attempt_plain(&token)?;
         if lease.is_some() {
-            live.keep();
+            live.keep(self.opts.lease);
         }
         Ok(lease.map(|lease| LockGuard::new(self, lease)))
     }
@@ -730,7 +730,7 @@ impl FairLock {
         }
         let token = self.new_token();
         // Live until taken or given up: a grant to it may be written by any release.
-        let mut live = self.client.live_value(&token);
+        let live = self.client.live_value(&token);
         queues.grants.register(&token, &self.key);
         let _expecting = Expecting {
             client: &self.client,
@@ -760,7 +760,7 @@ impl FairLock {
             attempts.record();
             (last_us, rank) = match self.attempt(&token, true, sent)? {
                 Outcome::Taken(lease) => {
-                    live.keep();
+                    live.keep(self.opts.lease);
                     return Ok(LockGuard::new(self, lease));
                 }
                 Outcome::Refused { at_us, rank } => (at_us, rank),
@@ -798,7 +798,7 @@ impl FairLock {
                         attempts.made(),
                         attempts.waited()
                     );
-                    live.keep();
+                    live.keep(self.opts.lease);
                     return Ok(LockGuard::new(self, lease));
                 } else {
                     ask = true;
@@ -851,7 +851,7 @@ impl FairLock {
             attempts.record();
             match self.attempt(&token, true, at) {
                 Ok(Outcome::Taken(lease)) => {
-                    live.keep();
+                    live.keep(self.opts.lease);
                     return Ok(LockGuard::new(self, lease));
                 }
                 Ok(Outcome::Refused { at_us, rank: r }) => {
@@ -914,7 +914,7 @@ impl DistributedLock for FairLock {
 
     fn try_acquire(&self) -> Result<Option<Lease>> {
         let token = self.new_token();
-        let mut live = self.client.live_value(&token);
+        let live = self.client.live_value(&token);
         let lease = if self.quiet() {
             self.attempt_plain(&token)?
         } else {
@@ -924,7 +924,7 @@ impl DistributedLock for FairLock {
             }
         };
         if lease.is_some() {
-            live.keep();
+            live.keep(self.opts.lease);
         }
         Ok(lease)
     }
@@ -936,7 +936,7 @@ impl DistributedLock for FairLock {
         let generation = self.client.switch_generation();
         let reply = self.release_script(lease.value(), successor.as_ref());
         // Held no longer, whatever the answer: a failed release is the janitor's now.
-        self.client.hold_ends(lease.value());
+        self.client.hold_released(lease.value());
         if let Some(token) = &successor {
             // The server's time of the release, which the successor's grant is counted from;
             // none when the lock was not ours (the successor was not queued) or no reply came.
