@@ -59,9 +59,6 @@ pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
 /// command timeout at all is `command_timeout(None)`). Longer values overflow deadline
 /// arithmetic on some platforms' clocks and mean "never" in practice.
 pub const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
-/// Threads of each client's connection pool scheduler, which opens connections in the
-/// background and closes idle ones (r2d2's default).
-const SCHEDULER_THREADS: usize = 3;
 /// Hex digits of the client's id at the start of the tokens its locks write.
 pub(crate) const TOKEN_PREFIX_LEN: usize = 16;
 

@@ -3,8 +3,10 @@
 //! redis-rs, TLS and AUTH/ACL included.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use scheduled_thread_pool::ScheduledThreadPool;
 
 use redis::{
     ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
@@ -15,6 +17,36 @@ use super::native::Detected;
 use super::switches::Switches;
 use crate::error::{self, Context, LockError, Result, Rounded};
 use crate::scripts;
+
+/// The scheduler that every client pool of the process shares: ONE thread
+/// (`dlock-pool`), started with the first client built and kept for the life of the
+/// process. r2d2 opens a pool's connections on it, when a checkout finds none idle; the pools
+/// schedule nothing else (see [`unreaped`]), so an idle client costs it nothing. It opens one
+/// connection at a time: a server slow to answer delays the connections that other clients
+/// open meanwhile, each by at most that server's connect timeout.
+pub(crate) fn shared_scheduler() -> Arc<ScheduledThreadPool> {
+    static SCHEDULER: OnceLock<Arc<ScheduledThreadPool>> = OnceLock::new();
+    Arc::clone(SCHEDULER.get_or_init(|| {
+        Arc::new(
+            ScheduledThreadPool::builder()
+                .num_threads(1)
+                .thread_name_pattern("dlock-pool")
+                .build(),
+        )
+    }))
+}
+
+/// A pool builder on the [`shared_scheduler`] without r2d2's idle-connection reaper: the
+/// reaper is a job repeated every 30 s on the scheduler that nothing cancels when its pool is
+/// dropped, so on a shared scheduler each client built would leave one behind. A pooled
+/// connection thus stays open until its client is dropped or it breaks (a server's idle
+/// `timeout` closing it included: it is then replaced at its next use).
+pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
+    r2d2::Pool::builder()
+        .thread_pool(shared_scheduler())
+        .idle_timeout(None)
+        .max_lifetime(None)
+}
 
 /// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
 /// for connection", so its error handler keeps what actually went wrong.
