@@ -131,8 +131,7 @@ impl LiveValues {
         e.writing = e.writing.saturating_add(1);
     }
 
-    /// The write of `value` is over (taken or not: a hold it took was recorded by
-    /// [`hold`](Self::hold) before).
+    /// The write of `value` is over and took no hold (one that did: [`took`](Self::took)).
     pub(crate) fn end(&self, value: &[u8]) {
         let (mut s, f) = self.shard(value, Instant::now());
         if let Some(e) = s.entries.get_mut(&f) {
@@ -143,9 +142,22 @@ impl LiveValues {
 
     /// A hold of `value` was taken, written with lifetime `ttl`.
     pub(crate) fn hold(&self, value: &[u8], ttl: Duration) {
+        self.add_hold(value, ttl, false);
+    }
+
+    /// The write of `value` took a hold, written with lifetime `ttl`: [`hold`](Self::hold)
+    /// and [`end`](Self::end) at once.
+    pub(crate) fn took(&self, value: &[u8], ttl: Duration) {
+        self.add_hold(value, ttl, true);
+    }
+
+    fn add_hold(&self, value: &[u8], ttl: Duration, write_over: bool) {
         let now = Instant::now();
         let (mut s, f) = self.shard(value, now);
         let e = s.entries.entry(f).or_default();
+        if write_over {
+            e.writing = e.writing.saturating_sub(1);
+        }
         e.holds = e.holds.saturating_add(1);
         s.push_deadline(f, deadline(now, ttl));
     }
@@ -228,10 +240,9 @@ mod tests {
     fn a_hold_is_live_until_its_release_or_deadline() {
         let live = LiveValues::default();
         let long = Duration::from_secs(60);
-        // Taken: the write ends after the hold is recorded, and the value stays.
+        // Taken: the write ends as the hold is recorded, and the value stays.
         live.begin(b"t");
-        live.hold(b"t", long);
-        live.end(b"t");
+        live.took(b"t", long);
         assert!(live.contains(b"t"));
         live.release(b"t");
         assert!(!live.contains(b"t"));
@@ -269,8 +280,7 @@ mod tests {
         for i in 0..10_000u32 {
             let v = i.to_be_bytes();
             live.begin(&v);
-            live.hold(&v, Duration::ZERO);
-            live.end(&v);
+            live.took(&v, Duration::ZERO);
         }
         std::thread::sleep(Duration::from_millis(5));
         // Ordinary operations on every shard drop them: what stays is what is live.

@@ -332,16 +332,9 @@ impl LockClient {
         self.inner.live.begin(value);
     }
 
-    /// The write of `value` is over: taken (recorded by [`hold_taken`](Self::hold_taken)
-    /// before) or not.
+    /// The write of `value` is over, and took no hold.
     pub(crate) fn write_ends(&self, value: &[u8]) {
         self.inner.live.end(value);
-    }
-
-    /// `value` was taken with lifetime `ttl`: live until its release, or until that lifetime
-    /// (or a later one written by an extend or renewal) has run out.
-    pub(crate) fn hold_taken(&self, value: &[u8], ttl: Duration) {
-        self.inner.live.hold(value, ttl);
     }
 
     /// The hold of `value` was extended or renewed to lifetime `ttl`.
@@ -412,13 +405,14 @@ impl LockClient {
     }
 
     /// [`write_begins`](Self::write_begins) now, and [`write_ends`](Self::write_ends) when
-    /// the returned guard is dropped; a hold the write took is recorded by
+    /// the returned guard is dropped, unless the write took a hold, recorded by
     /// [`LiveValue::keep`].
-    pub(crate) fn live_value(&self, value: &[u8]) -> LiveValue<'_> {
+    pub(crate) fn live_value<'a>(&'a self, value: &'a [u8]) -> LiveValue<'a> {
         self.write_begins(value);
         LiveValue {
             client: self,
-            entry: value.to_vec(),
+            entry: value,
+            kept: false,
         }
     }
 
@@ -629,25 +623,31 @@ impl Drop for OwnerAttempt<'_> {
 /// A value being written by an acquire (see [`LockClient::live_value`]).
 pub(crate) struct LiveValue<'a> {
     client: &'a LockClient,
-    entry: Vec<u8>,
+    entry: &'a [u8],
+    kept: bool,
 }
 
 impl LiveValue<'_> {
     /// The value being written.
     pub(crate) fn value(&self) -> &[u8] {
-        &self.entry
+        self.entry
     }
 
-    /// The acquire took the lock with lifetime `ttl`: the value stays live until its release
-    /// or the end of its lifetime (see [`LockClient::hold_taken`]).
-    pub(crate) fn keep(&self, ttl: Duration) {
-        self.client.hold_taken(&self.entry, ttl);
+    /// The acquire took the lock with lifetime `ttl`: the write is over, and the value stays
+    /// live until its release, or until that lifetime (or a later one written by an extend or
+    /// renewal) has run out.
+    pub(crate) fn keep(&mut self, ttl: Duration) {
+        if !std::mem::replace(&mut self.kept, true) {
+            self.client.inner.live.took(self.entry, ttl);
+        }
     }
 }
 
 impl Drop for LiveValue<'_> {
     fn drop(&mut self) {
-        self.client.write_ends(&self.entry);
+        if !self.kept {
+            self.client.write_ends(self.entry);
+        }
     }
 }
 

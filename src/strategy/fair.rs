@@ -445,7 +445,7 @@ impl FairLock {
         }
         attempts.record();
         let token = self.new_token();
-        let live = self.client.live_value(&token);
+        let mut live = self.client.live_value(&token);
         let lease = self.attempt_plain(&token)?;
         if lease.is_some() {
             live.keep(self.opts.lease);
@@ -730,7 +730,7 @@ impl FairLock {
         }
         let token = self.new_token();
         // Live until taken or given up: a grant to it may be written by any release.
-        let live = self.client.live_value(&token);
+        let mut live = self.client.live_value(&token);
         queues.grants.register(&token, &self.key);
         let _expecting = Expecting {
             client: &self.client,
@@ -914,7 +914,7 @@ impl DistributedLock for FairLock {
 
     fn try_acquire(&self) -> Result<Option<Lease>> {
         let token = self.new_token();
-        let live = self.client.live_value(&token);
+        let mut live = self.client.live_value(&token);
         let lease = if self.quiet() {
             self.attempt_plain(&token)?
         } else {

@@ -127,7 +127,7 @@ impl TokenLock {
     fn attempt_scripted_once(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = acq.token;
         // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        let live = self.client.live_value(&token);
+        let mut live = self.client.live_value(&token);
         let start = Instant::now();
         let mut reply: Value = self.send_acquire(&token, start, Some(acq), |con, s| {
             let args = (&token[..], self.opts.lease_ms());
@@ -153,7 +153,7 @@ impl TokenLock {
                 self.note_no_ttl();
             }
         }
-        Ok((self.finish_attempt(&live, start, decoded)?, holder))
+        Ok((self.finish_attempt(&mut live, start, decoded)?, holder))
     }
 
     /// One attempt without a script, where the server has the native release (so that a Token
@@ -164,7 +164,7 @@ impl TokenLock {
     /// refusal also returns the value held.
     fn attempt_pipelined(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = acq.token;
-        let live = self.client.live_value(&token);
+        let mut live = self.client.live_value(&token);
         let start = Instant::now();
         let ttl = self.opts.lease_ms();
         let (set, pttl): (Value, i64) = self.send_acquire(&token, start, Some(acq), |con, _| {
@@ -208,13 +208,13 @@ impl TokenLock {
                 }
             }
         };
-        Ok((self.finish_attempt(&live, start, decoded)?, holder))
+        Ok((self.finish_attempt(&mut live, start, decoded)?, holder))
     }
 
     /// Turns an attempt's answer into its outcome (a won hold is checked against its lease).
     fn finish_attempt(
         &self,
-        live: &LiveValue<'_>,
+        live: &mut LiveValue<'_>,
         start: Instant,
         decoded: AcquireReply,
     ) -> Result<Attempt> {
@@ -378,7 +378,7 @@ impl TokenLock {
         found: &Cell<Option<Vec<u8>>>,
     ) -> Result<Option<Lease>> {
         // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        let live = self.client.live_value(token);
+        let mut live = self.client.live_value(token);
         let start = Instant::now();
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
             let ttl = self.opts.lease_ms();
