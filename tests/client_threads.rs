@@ -120,6 +120,48 @@ fn threads_of_each_configuration() {
 
     dropped_clients_leave_no_threads(&server);
     expect_threads("20 dropped clients", &["dlock-pool"]);
+
+    a_server_that_does_not_answer_holds_up_no_other_client(&server);
+}
+
+/// The shared scheduler opens no connection itself: a client whose server is paused (its
+/// connects wait out a 5 s timeout) does not hold up the connections that other clients open
+/// meanwhile (each of which would fail after 2 s if it waited behind one).
+fn a_server_that_does_not_answer_holds_up_no_other_client(server: &RedisServer) {
+    let frozen = RedisServer::start();
+    let stuck = LockClient::builder(&frozen.url())
+        .connect_timeout(Duration::from_secs(5))
+        .command_timeout(Some(Duration::from_secs(5)))
+        .lazy_connect()
+        .build()
+        .expect("client");
+    frozen.pause();
+    let (started, ready) = std::sync::mpsc::channel();
+    let attempt = std::thread::spawn(move || {
+        let lock = stuck.lock("threads:frozen").build().expect("lock");
+        started.send(()).expect("main thread");
+        // Fails once its connect times out; only the wait matters here.
+        let _ = lock.try_lock();
+    });
+    ready.recv().expect("attempt started");
+    for i in 0..5 {
+        let client = LockClient::builder(&server.url())
+            .connect_timeout(Duration::from_secs(2))
+            .lazy_connect()
+            .build()
+            .expect("client");
+        let lock = client
+            .lock(format!("threads:beside-frozen:{i}"))
+            .ttl(Duration::from_secs(10))
+            .build()
+            .expect("lock");
+        let guard = lock
+            .try_lock()
+            .unwrap_or_else(|e| panic!("a client beside a paused server: {e}"));
+        assert!(guard.unlock().expect("unlock"));
+    }
+    frozen.resume();
+    attempt.join().expect("attempt");
 }
 
 /// Short-lived clients with their watchdog and subscriber started leave no threads behind

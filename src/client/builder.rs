@@ -9,8 +9,8 @@ use redis::{ConnectionAddr, RedisResult};
 
 use super::native::Detected;
 use super::pool::{
-    cluster_retries, master_info, sentinel_master_addr, unreaped, ConnectErrors, Manager, Pool,
-    SharedErrors, Target,
+    cluster_retries, master_info, sentinel_master_addr, unreaped, ConnectErrors, Lazy, Manager,
+    Pool, SharedErrors, Target,
 };
 use super::sentinel_watch;
 use super::subscriber::Resolve;
@@ -494,7 +494,7 @@ impl ClientBuilder {
             // themselves (see `Conn`) and are replaced instead.
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
-            .build_unchecked(manager);
+            .build_unchecked(Lazy(Arc::new(manager)));
         let client = LockClient::with_pool(
             Pool::Managed(pool),
             resolve,

@@ -468,16 +468,28 @@ impl LockClient {
     /// of (see [`crate::client::sentinel_watch`]): they may lead to the old master, which goes on
     /// answering as a master until Sentinel reconfigures it. At most one per pooled connection
     /// is discarded, then a new one is opened (to the new master, `ROLE` checked).
+    ///
+    /// A connection the pool added unopened is opened here, on the caller's thread (see
+    /// [`Lazy`](crate::client::pool::Lazy)).
     fn conn(&self, key: &str) -> Result<Conn> {
         let err = |e: r2d2::Error| self.checkout_error(key, e);
         match &self.inner.pool {
             Pool::Managed(p) => {
+                let get = || {
+                    let mut con = p.get().map_err(err)?;
+                    con.open_if_needed().map_err(|e| {
+                        log::debug!("pool: opening a connection failed: {e}");
+                        self.inner.connect_errors.note(&e);
+                        self.checkout_error(key, e)
+                    })?;
+                    Ok(con)
+                };
                 let Some(switches) = &self.inner.switches else {
-                    return p.get().map(Conn::Managed).map_err(err);
+                    return get().map(Conn::Managed);
                 };
                 let mut stale_left = p.max_size();
                 loop {
-                    let mut con = p.get().map_err(err)?;
+                    let mut con = get()?;
                     let now = switches.generation();
                     if con.generation >= now || stale_left == 0 {
                         return Ok(Conn::Managed(con));
@@ -498,7 +510,11 @@ impl LockClient {
 
     /// A failed checkout, with what the pool's latest connection attempt said: access denied
     /// is a set-up fault, anything else an outage.
-    fn checkout_error(&self, key: &str, e: r2d2::Error) -> LockError {
+    fn checkout_error(
+        &self,
+        key: &str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> LockError {
         match self.inner.connect_errors.last() {
             // A wrong password, unknown user or missing permission: not an outage.
             Some((true, why)) => LockError::Setup {

@@ -20,10 +20,11 @@ use crate::scripts;
 
 /// The scheduler that every client pool of the process shares: ONE thread
 /// (`dlock-pool`), started with the first client built and kept for the life of the
-/// process. r2d2 opens a pool's connections on it, when a checkout finds none idle; the pools
-/// schedule nothing else (see [`unreaped`]), so an idle client costs it nothing. It opens one
-/// connection at a time: a server slow to answer delays the connections that other clients
-/// open meanwhile, each by at most that server's connect timeout.
+/// process. r2d2 adds a pool's connections on it when a checkout finds none idle; the pools
+/// schedule nothing else (see [`unreaped`]), so an idle client costs it nothing. It sends
+/// nothing and never waits for a server: what it adds is an unopened [`Link`], which the
+/// checkout that takes it opens on its own thread (see [`Lazy`]), so a server slow to answer
+/// delays no other client's connections.
 pub(crate) fn shared_scheduler() -> Arc<ScheduledThreadPool> {
     static SCHEDULER: OnceLock<Arc<ScheduledThreadPool>> = OnceLock::new();
     Arc::clone(SCHEDULER.get_or_init(|| {
@@ -56,7 +57,7 @@ pub(crate) struct ConnectErrors {
 }
 
 impl ConnectErrors {
-    fn note(&self, e: &redis::RedisError) {
+    pub(super) fn note(&self, e: &redis::RedisError) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         *last = Some((error::is_access_denied(e), e.to_string()));
     }
@@ -311,7 +312,7 @@ impl Manager {
         let setup = |what: String, e: redis::RedisError| LockError::Setup {
             source: Box::new(Context::new(what, Some(e))),
         };
-        let mut con = r2d2::ManageConnection::connect(self).map_err(|e| {
+        let mut con = self.open().map_err(|e| {
             let what = if error::is_access_denied(&e) {
                 format!("authentication to {addr} failed (check the user name and password)")
             } else if e.to_string().contains("DB index") {
@@ -445,11 +446,9 @@ impl Manager {
     }
 }
 
-impl r2d2::ManageConnection for Manager {
-    type Connection = Link;
-    type Error = redis::RedisError;
-
-    fn connect(&self) -> RedisResult<Link> {
+impl Manager {
+    /// Opens a connection to the target (the Sentinels' master, for a Sentinel client).
+    fn open(&self) -> RedisResult<Link> {
         let link = match &self.target {
             Target::Single(client) => self.single(client),
             // `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection
@@ -473,16 +472,36 @@ impl r2d2::ManageConnection for Manager {
             other => other,
         }
     }
+}
+
+/// The managed pool's connection manager: the pool "connects" on the shared scheduler
+/// thread (see [`shared_scheduler`]) by adding an unopened [`Link`] at once, and the checkout
+/// that takes it opens it ([`Link::open_if_needed`]), on the caller's thread and within the
+/// client's connect timeout. A failed open leaves the link unopened in the pool, for the next
+/// checkout to try again.
+pub(crate) struct Lazy(pub(super) Arc<Manager>);
+
+impl r2d2::ManageConnection for Lazy {
+    type Connection = Link;
+    type Error = redis::RedisError;
+
+    fn connect(&self) -> RedisResult<Link> {
+        Ok(Link::new(Node::Unopened(Arc::clone(&self.0))))
+    }
 
     fn is_valid(&self, con: &mut Link) -> RedisResult<()> {
+        con.open_if_needed()?;
         redis::cmd("PING").query(con)
     }
 
     fn has_broken(&self, con: &mut Link) -> bool {
-        let broken = con.broken || !con.node.is_open() || con.generation < self.generation();
+        if matches!(con.node, Node::Unopened(_)) {
+            return false;
+        }
+        let broken = con.broken || !con.node.is_open() || con.generation < self.0.generation();
         if broken {
             // Replaced by a new connection when next needed.
-            self.counters.reconnect();
+            self.0.counters.reconnect();
         }
         broken
     }
@@ -528,6 +547,8 @@ pub(crate) struct Link {
 }
 
 enum Node {
+    /// Not opened yet: the checkout that takes it opens it with this manager.
+    Unopened(Arc<Manager>),
     Single(redis::Connection),
     /// Boxed: a cluster connection is four times the size of a single one. Its node
     /// connections keep to each command's deadline (see [`crate::client::cluster_deadline`]).
@@ -539,15 +560,9 @@ enum Node {
 }
 
 impl Node {
-    fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Node::Single(c) => c,
-            Node::Cluster(c, _) => c.as_mut(),
-        }
-    }
-
     fn is_open(&self) -> bool {
         match self {
+            Node::Unopened(_) => true,
             Node::Single(c) => c.is_open(),
             Node::Cluster(c, _) => c.is_open(),
         }
@@ -568,6 +583,14 @@ impl Link {
     fn of_generation(mut self, generation: u64) -> Self {
         self.generation = generation;
         self
+    }
+
+    /// Opens the link if the pool added it unopened (see [`Lazy`]).
+    pub(super) fn open_if_needed(&mut self) -> RedisResult<()> {
+        if let Node::Unopened(manager) = &self.node {
+            *self = Arc::clone(manager).open()?;
+        }
+        Ok(())
     }
 
     /// Marks the connection for replacement after an error that leaves it unusable or pointed
@@ -592,6 +615,7 @@ impl Link {
 impl ConnectionLike for Link {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         let r = match &mut self.node {
+            Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_command(cmd),
             Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_command(cmd)),
         };
@@ -605,6 +629,7 @@ impl ConnectionLike for Link {
         count: usize,
     ) -> RedisResult<Vec<Value>> {
         let r = match &mut self.node {
+            Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_commands(cmd, offset, count),
             Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_commands(cmd, offset, count)),
         };
@@ -613,6 +638,7 @@ impl ConnectionLike for Link {
 
     fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
         let r = match &mut self.node {
+            Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_command(cmd),
             Node::Cluster(c, t) => with_deadline(*t, || c.req_command(cmd)),
         };
@@ -621,13 +647,18 @@ impl ConnectionLike for Link {
 
     fn get_db(&self) -> i64 {
         match &self.node {
+            Node::Unopened(_) => 0,
             Node::Single(c) => c.get_db(),
             Node::Cluster(c, _) => c.get_db(),
         }
     }
 
     fn check_connection(&mut self) -> bool {
-        self.node.as_dyn().check_connection()
+        match &mut self.node {
+            Node::Unopened(_) => false,
+            Node::Single(c) => c.check_connection(),
+            Node::Cluster(c, _) => c.check_connection(),
+        }
     }
 
     fn is_open(&self) -> bool {
@@ -635,14 +666,19 @@ impl ConnectionLike for Link {
     }
 }
 
+/// A command sent on a link nobody opened: none is, as `LockClient::conn` opens it first.
+fn unopened() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "connection not opened"))
+}
+
 pub(crate) enum Pool {
-    Managed(r2d2::Pool<Manager>),
+    Managed(r2d2::Pool<Lazy>),
     External(r2d2::Pool<redis::Client>),
 }
 
 /// A pooled connection from either kind of pool.
 pub(crate) enum Conn {
-    Managed(r2d2::PooledConnection<Manager>),
+    Managed(r2d2::PooledConnection<Lazy>),
     External(r2d2::PooledConnection<redis::Client>),
 }
 
