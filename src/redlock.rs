@@ -13,9 +13,9 @@
 //!
 //! ## Why per-node worker threads
 //!
-//! Each node has a few long-lived worker threads ("lanes"), each with a FIFO job channel; all
-//! operations on one key go to the same lane of every node. Compared with spawning N threads
-//! per attempt (`std::thread::scope`), this
+//! Each node has one long-lived worker thread, or a few (`workers_per_node`): the "lanes",
+//! each with a FIFO job channel; all operations on one key go to the same lane of every node.
+//! Compared with spawning N threads per attempt (`std::thread::scope`), this
 //! - costs no thread spawn per operation (a channel send and a wake-up instead);
 //! - lets the caller return as soon as the outcome is decided (a majority said yes, or a
 //!   majority can no longer be reached) instead of joining every thread: with a node paused,
@@ -69,8 +69,10 @@ pub const REDLOCK_DEFAULT_TTL: Duration = Duration::from_secs(10);
 pub const REDLOCK_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Default number of worker threads (and pooled connections, for nodes built from URLs) per
-/// node. Operations on one key use one of them per node; different keys spread over them.
-pub const REDLOCK_DEFAULT_WORKERS: u32 = 4;
+/// node: one, the threads that asking every node at once needs. Operations on one key use one
+/// of them per node; different keys spread over them, so more of them work on more keys at
+/// once.
+pub const REDLOCK_DEFAULT_WORKERS: u32 = 1;
 
 /// A job run by a node's worker thread.
 type Job = Box<dyn FnOnce(&mut Lane) + Send + 'static>;
@@ -324,7 +326,7 @@ impl RedLockClient {
 /// | option | default |
 /// | --- | --- |
 /// | [`node_timeout`](Self::node_timeout) | [`REDLOCK_DEFAULT_NODE_TIMEOUT`] (50 ms) |
-/// | [`workers_per_node`](Self::workers_per_node) | [`REDLOCK_DEFAULT_WORKERS`] (4) |
+/// | [`workers_per_node`](Self::workers_per_node) | [`REDLOCK_DEFAULT_WORKERS`] (1) |
 ///
 /// N = 0 nodes is rejected with [`LockError::Config`]. Any N ≥ 1 works, but an odd N
 /// is recommended: an even N tolerates no more failed nodes than N − 1 (4 nodes need 3 votes

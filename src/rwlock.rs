@@ -583,7 +583,7 @@ impl Shared {
                     self.key,
                     mode.as_str()
                 );
-                attempt_live.took();
+                attempt_live.took(self.opts.lease);
                 let kind = match mode {
                     Mode::Read => RenewKind::ReadEntry(mode.kind()),
                     Mode::Write => RenewKind::WriteEntry(mode.kind()),
@@ -720,7 +720,8 @@ impl Shared {
         );
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
-        self.client.owner_released(&self.key, lease.value());
+        self.client
+            .owner_released(&self.key, lease.value(), self.opts.lease);
         // Resent only while the latch is sure to live (it starts when the release first runs,
         // which is after `sent`): a resend that found it gone could give back a second hold.
         let resend = || {
@@ -795,6 +796,7 @@ impl Shared {
         )?;
         if code == 1 {
             lease.renew(None, start, ttl);
+            self.client.owner_renewed(&self.key, lease.value(), ttl);
             log::debug!(
                 "lock {:?}: {} hold extended by {ttl:?}",
                 self.key,

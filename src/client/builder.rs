@@ -9,15 +9,15 @@ use redis::{ConnectionAddr, RedisResult};
 
 use super::native::Detected;
 use super::pool::{
-    cluster_retries, master_info, sentinel_master_addr, ConnectErrors, Manager, Pool, SharedErrors,
-    Target,
+    cluster_retries, master_info, sentinel_master_addr, unreaped, ConnectErrors, Lazy, Manager,
+    Pool, SharedErrors, Target,
 };
 use super::sentinel_watch;
 use super::subscriber::Resolve;
 use super::switches::Switches;
 use super::{
     LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDOFF_COURTESY,
-    DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY, SCHEDULER_THREADS,
+    DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
 };
 use crate::error::{LockError, Result};
 
@@ -486,21 +486,13 @@ impl ClientBuilder {
             command_timeout: self.command_timeout,
             tls: tls_target.is_some(),
         };
-        // The pool's own scheduler, shut down with the pool: r2d2's default keeps its threads
-        // until the next idle-connection sweep (up to 30 s after the client is dropped).
-        let scheduler = scheduled_thread_pool::ScheduledThreadPool::builder()
-            .num_threads(SCHEDULER_THREADS)
-            .thread_name_pattern("redis-dlock-pool-{}")
-            .on_drop_behavior(scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled)
-            .build();
         let detected = if self.lazy {
             Detected::scripts_only()
         } else {
             manager.check(&addr)?
         };
         let connect_errors = Arc::new(ConnectErrors::default());
-        let pool = r2d2::Pool::builder()
-            .thread_pool(Arc::new(scheduler))
+        let pool = unreaped()
             .error_handler(Box::new(SharedErrors(Arc::clone(&connect_errors))))
             .max_size(self.pool_size)
             .min_idle(Some(0))
@@ -508,7 +500,7 @@ impl ClientBuilder {
             // themselves (see `Conn`) and are replaced instead.
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
-            .build_unchecked(manager);
+            .build_unchecked(Lazy(Arc::new(manager)));
         let client = LockClient::with_pool(
             Pool::Managed(pool),
             resolve,

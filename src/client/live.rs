@@ -5,18 +5,93 @@
 //! value, instead of waiting out its lease.
 //!
 //! A value is entered before the command that writes it is sent, so a read that sees the write
-//! and then looks here finds it. Sharded by the value's fingerprint; memory is bounded by the
-//! holds and acquires under way.
+//! and then looks here finds it. A write under way stays until it is over; a hold it took stays
+//! until its release or until its deadline passes: the latest lifetime written for it (by the
+//! acquire, an extend or a renewal), counted from after the reply, plus the clock-drift
+//! allowance. By then the server has let the value expire, and no lease of it is valid any
+//! more, so a hold given up (`into_lease()` and dropped) or lost leaves the set by itself.
+//! Entries past their deadline are dropped by the next operation on their shard (an index by
+//! deadline finds them), so memory is bounded by the writes under way and the holds whose
+//! lifetime has not run out, never by the number of acquires.
+//!
+//! Sharded by the value's fingerprint.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 const SHARDS: usize = 16;
 
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct LiveValues {
-    shards: [Mutex<HashMap<u64, u32>>; SHARDS],
+    shards: [Mutex<Shard>; SHARDS],
+}
+
+/// One value's entry.
+#[derive(Debug, Default)]
+struct Entry {
+    /// Writes of the value under way (acquires sent, or waiting for a grant).
+    writing: u32,
+    /// Holds of the value taken and not released (counted holds: one per re-entry).
+    holds: u32,
+    /// With `holds`: the holds' deadline, also in the shard's index.
+    until: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    entries: HashMap<u64, Entry>,
+    /// `(deadline, fingerprint)` of every entry with holds: the first ones are those to drop.
+    by_deadline: BTreeSet<(Instant, u64)>,
+}
+
+impl Shard {
+    /// Drops the holds whose deadline is `now` or earlier (and their entries, unless a write
+    /// of the value is under way).
+    fn purge(&mut self, now: Instant) {
+        while let Some(&(until, f)) = self.by_deadline.first() {
+            if until > now {
+                break;
+            }
+            self.by_deadline.pop_first();
+            if let Some(e) = self.entries.get_mut(&f) {
+                e.holds = 0;
+                e.until = None;
+                if e.writing == 0 {
+                    self.entries.remove(&f);
+                }
+            }
+        }
+    }
+
+    /// Moves `f`'s deadline to `until` if that is later.
+    fn push_deadline(&mut self, f: u64, until: Instant) {
+        let Some(e) = self.entries.get_mut(&f) else {
+            return;
+        };
+        if e.until.is_some_and(|old| old >= until) {
+            return;
+        }
+        if let Some(old) = e.until.replace(until) {
+            self.by_deadline.remove(&(old, f));
+        }
+        self.by_deadline.insert((until, f));
+    }
+
+    /// Removes `f`'s entry if nothing keeps it.
+    fn settle(&mut self, f: u64) {
+        if let Some(e) = self.entries.get_mut(&f) {
+            if e.holds == 0 {
+                if let Some(old) = e.until.take() {
+                    self.by_deadline.remove(&(old, f));
+                }
+                if e.writing == 0 {
+                    self.entries.remove(&f);
+                }
+            }
+        }
+    }
 }
 
 /// A 64-bit fingerprint of `value` (FNV-1a). Two values with one fingerprint are both taken
@@ -30,46 +105,122 @@ fn fingerprint(value: &[u8]) -> u64 {
     h
 }
 
+/// Until when a hold written with lifetime `ttl` by a reply read `now` may still live: the
+/// server counts the lifetime from before the reply, and its clock may run slow by the drift
+/// allowance (RedLock's: 1 % plus 2 ms).
+fn deadline(now: Instant, ttl: Duration) -> Instant {
+    let drift = (ttl / 100).saturating_add(Duration::from_millis(2));
+    crate::time::saturating_add(now, ttl.saturating_add(drift))
+}
+
 impl LiveValues {
-    fn shard(&self, f: u64) -> &Mutex<HashMap<u64, u32>> {
-        &self.shards[(f as usize) % SHARDS]
+    /// The shard of `value`, its expired holds dropped, and the value's fingerprint.
+    fn shard(&self, value: &[u8], now: Instant) -> (MutexGuard<'_, Shard>, u64) {
+        let f = fingerprint(value);
+        let mut s = self.shards[(f as usize) % SHARDS]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        s.purge(now);
+        (s, f)
     }
 
-    /// `value` is about to be written, or is held.
+    /// A write of `value` is about to be sent.
     pub(crate) fn begin(&self, value: &[u8]) {
-        let f = fingerprint(value);
-        let mut s = self.shard(f).lock().unwrap_or_else(PoisonError::into_inner);
-        *s.entry(f).or_insert(0) += 1;
+        let (mut s, f) = self.shard(value, Instant::now());
+        let e = s.entries.entry(f).or_default();
+        e.writing = e.writing.saturating_add(1);
     }
 
-    /// `value` is no longer held (released, lost, or never taken).
+    /// The write of `value` is over and took no hold (one that did: [`took`](Self::took)).
     pub(crate) fn end(&self, value: &[u8]) {
-        let f = fingerprint(value);
-        let mut s = self.shard(f).lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = s.get_mut(&f) {
-            *n -= 1;
-            if *n == 0 {
-                s.remove(&f);
-            }
+        let (mut s, f) = self.shard(value, Instant::now());
+        if let Some(e) = s.entries.get_mut(&f) {
+            e.writing = e.writing.saturating_sub(1);
+            s.settle(f);
         }
     }
 
-    /// True while `value` is being written or held.
+    /// A hold of `value` was taken, written with lifetime `ttl`.
+    pub(crate) fn hold(&self, value: &[u8], ttl: Duration) {
+        self.add_hold(value, ttl, false);
+    }
+
+    /// The write of `value` took a hold, written with lifetime `ttl`: [`hold`](Self::hold)
+    /// and [`end`](Self::end) at once.
+    pub(crate) fn took(&self, value: &[u8], ttl: Duration) {
+        self.add_hold(value, ttl, true);
+    }
+
+    fn add_hold(&self, value: &[u8], ttl: Duration, write_over: bool) {
+        let now = Instant::now();
+        let (mut s, f) = self.shard(value, now);
+        let e = s.entries.entry(f).or_default();
+        if write_over {
+            e.writing = e.writing.saturating_sub(1);
+        }
+        e.holds = e.holds.saturating_add(1);
+        s.push_deadline(f, deadline(now, ttl));
+    }
+
+    /// A hold of `value` was renewed or extended to lifetime `ttl` (ignored unless held).
+    pub(crate) fn renew(&self, value: &[u8], ttl: Duration) {
+        let now = Instant::now();
+        let (mut s, f) = self.shard(value, now);
+        if s.entries.get(&f).is_some_and(|e| e.holds > 0) {
+            s.push_deadline(f, deadline(now, ttl));
+        }
+    }
+
+    /// One hold of `value` was released (or its release handed to the janitor).
+    pub(crate) fn release(&self, value: &[u8]) {
+        let (mut s, f) = self.shard(value, Instant::now());
+        if let Some(e) = s.entries.get_mut(&f) {
+            e.holds = e.holds.saturating_sub(1);
+            s.settle(f);
+        }
+    }
+
+    /// True while `value` is being written, or held and within its deadline.
     pub(crate) fn contains(&self, value: &[u8]) -> bool {
-        let f = fingerprint(value);
-        self.shard(f)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(&f)
+        let (s, f) = self.shard(value, Instant::now());
+        s.entries.contains_key(&f)
+    }
+
+    /// Entries kept, after dropping the holds past their deadline.
+    pub(crate) fn len(&self) -> usize {
+        let now = Instant::now();
+        self.shards
+            .iter()
+            .map(|m| {
+                let mut s = m.lock().unwrap_or_else(PoisonError::into_inner);
+                s.purge(now);
+                s.entries.len()
+            })
+            .sum()
+    }
+
+    /// Entries kept, as they are (for the tests: what the ordinary operations drop).
+    #[cfg(test)]
+    fn stored(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|m| {
+                m.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entries
+                    .len()
+            })
+            .sum()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::LiveValues;
+    use std::time::Duration;
 
     #[test]
-    fn a_value_is_live_from_begin_to_its_last_end() {
+    fn a_write_is_live_from_begin_to_its_last_end() {
         let live = LiveValues::default();
         assert!(!live.contains(b"t"));
         live.begin(b"t");
@@ -82,5 +233,61 @@ mod tests {
         assert!(!live.contains(b"t"));
         live.begin(b"u");
         assert!(!live.contains(b"t"));
+        assert_eq!(live.len(), 1);
+    }
+
+    #[test]
+    fn a_hold_is_live_until_its_release_or_deadline() {
+        let live = LiveValues::default();
+        let long = Duration::from_secs(60);
+        // Taken: the write ends as the hold is recorded, and the value stays.
+        live.begin(b"t");
+        live.took(b"t", long);
+        assert!(live.contains(b"t"));
+        live.release(b"t");
+        assert!(!live.contains(b"t"));
+        // Counted holds: live until the last release.
+        live.hold(b"c", long);
+        live.hold(b"c", long);
+        live.release(b"c");
+        assert!(live.contains(b"c"));
+        live.release(b"c");
+        assert!(!live.contains(b"c"));
+        // A renewal of a value not held adds nothing.
+        live.renew(b"x", long);
+        assert!(!live.contains(b"x"));
+        assert_eq!(live.len(), 0);
+        // A hold whose lifetime ran out leaves by itself; one renewed in time stays.
+        live.hold(b"e", Duration::ZERO);
+        live.hold(b"r", Duration::ZERO);
+        live.renew(b"r", long);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!live.contains(b"e"));
+        assert!(live.contains(b"r"));
+        // A write under way keeps the value past its hold's deadline.
+        live.begin(b"w");
+        live.hold(b"w", Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(live.contains(b"w"));
+        live.end(b"w");
+        assert!(!live.contains(b"w"));
+    }
+
+    #[test]
+    fn holds_left_to_expire_do_not_pile_up() {
+        let live = LiveValues::default();
+        // Given up: taken, never released, with a lifetime that has run out (2 ms of drift).
+        for i in 0..10_000u32 {
+            let v = i.to_be_bytes();
+            live.begin(&v);
+            live.took(&v, Duration::ZERO);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        // Ordinary operations on every shard drop them: what stays is what is live.
+        for i in 0..1_000u32 {
+            live.begin(format!("w{i}").as_bytes());
+        }
+        assert_eq!(live.stored(), 1_000);
+        assert_eq!(live.len(), 1_000);
     }
 }

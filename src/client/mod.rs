@@ -59,9 +59,6 @@ pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
 /// command timeout at all is `command_timeout(None)`). Longer values overflow deadline
 /// arithmetic on some platforms' clocks and mean "never" in practice.
 pub const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
-/// Threads of each client's connection pool scheduler, which opens connections in the
-/// background and closes idle ones (r2d2's default).
-const SCHEDULER_THREADS: usize = 3;
 /// Hex digits of the client's id at the start of the tokens its locks write.
 pub(crate) const TOKEN_PREFIX_LEN: usize = 16;
 
@@ -329,15 +326,25 @@ impl LockClient {
         id
     }
 
-    /// `value` (a token) is being written, or is held: nothing may delete it as
-    /// a stale hold of this client's (see `client/live.rs`).
-    pub(crate) fn hold_begins(&self, value: &[u8]) {
+    /// `value` (a token) is about to be written: nothing may delete it as a stale hold of
+    /// this client's (see `client/live.rs`) until [`write_ends`](Self::write_ends).
+    pub(crate) fn write_begins(&self, value: &[u8]) {
         self.inner.live.begin(value);
     }
 
-    /// `value` is no longer held, or was not taken.
-    pub(crate) fn hold_ends(&self, value: &[u8]) {
+    /// The write of `value` is over, and took no hold.
+    pub(crate) fn write_ends(&self, value: &[u8]) {
         self.inner.live.end(value);
+    }
+
+    /// The hold of `value` was extended or renewed to lifetime `ttl`.
+    pub(crate) fn hold_renewed(&self, value: &[u8], ttl: Duration) {
+        self.inner.live.renew(value, ttl);
+    }
+
+    /// `value` is no longer held (released, or its release is the janitor's).
+    pub(crate) fn hold_released(&self, value: &[u8]) {
+        self.inner.live.release(value);
     }
 
     /// True while `value` is being written or held by this client.
@@ -345,10 +352,25 @@ impl LockClient {
         self.inner.live.contains(value)
     }
 
+    /// Entries of the client's live set (see `client/live.rs`): the writes under way and the
+    /// holds whose lifetime has not run out. For the tests that check it stays bounded.
+    #[doc(hidden)]
+    pub fn live_values(&self) -> usize {
+        self.inner.live.len()
+    }
+
     /// One hold of `owner` (a counted hold: a hash field) at `key` was released (see
-    /// [`owner_attempt`](Self::owner_attempt)).
-    pub(crate) fn owner_released(&self, key: &str, owner: &[u8]) {
-        self.inner.live.end(&owner_slot(b'h', key, owner));
+    /// [`owner_attempt`](Self::owner_attempt)); the release gives the owner's other holds,
+    /// if any, lifetime `ttl` again.
+    pub(crate) fn owner_released(&self, key: &str, owner: &[u8], ttl: Duration) {
+        let slot = owner_slot(b'h', key, owner);
+        self.inner.live.release(&slot);
+        self.inner.live.renew(&slot, ttl);
+    }
+
+    /// The holds of `owner` at `key` were extended or renewed to lifetime `ttl`.
+    pub(crate) fn owner_renewed(&self, key: &str, owner: &[u8], ttl: Duration) {
+        self.inner.live.renew(&owner_slot(b'h', key, owner), ttl);
     }
 
     /// True while `owner` holds the counted lock at `key` (as far as this client knows).
@@ -382,21 +404,22 @@ impl LockClient {
             && !self.is_live(value)
     }
 
-    /// [`hold_begins`](Self::hold_begins) now, and [`hold_ends`](Self::hold_ends) when the
-    /// returned guard is dropped, unless it is [`kept`](LiveValue::keep) (the value became a
-    /// hold, whose release ends it).
-    pub(crate) fn live_value(&self, value: &[u8]) -> LiveValue<'_> {
-        self.hold_begins(value);
+    /// [`write_begins`](Self::write_begins) now, and [`write_ends`](Self::write_ends) when
+    /// the returned guard is dropped, unless the write took a hold, recorded by
+    /// [`LiveValue::keep`].
+    pub(crate) fn live_value<'a>(&'a self, value: &'a [u8]) -> LiveValue<'a> {
+        self.write_begins(value);
         LiveValue {
             client: self,
-            entry: value.to_vec(),
+            entry: value,
             kept: false,
         }
     }
 
     /// An acquire of a counted hold of `owner` at `key` begins: until the returned guard is
     /// dropped, [`owner_attempting`](Self::owner_attempting) is true; [`OwnerAttempt::took`]
-    /// counts the hold it took until its [`owner_released`](Self::owner_released). A Sentinel
+    /// counts the hold it took until its [`owner_released`](Self::owner_released) or the end
+    /// of its lifetime. A Sentinel
     /// replay of a counted release waits for the owner's attempts under way and then leaves an
     /// owner that holds the lock alone (see `Janitor::replay`).
     pub(crate) fn owner_attempt<'a>(&'a self, key: &'a str, owner: &'a [u8]) -> OwnerAttempt<'a> {
@@ -445,16 +468,28 @@ impl LockClient {
     /// of (see [`crate::client::sentinel_watch`]): they may lead to the old master, which goes on
     /// answering as a master until Sentinel reconfigures it. At most one per pooled connection
     /// is discarded, then a new one is opened (to the new master, `ROLE` checked).
+    ///
+    /// A connection the pool added unopened is opened here, on the caller's thread (see
+    /// [`Lazy`](crate::client::pool::Lazy)).
     fn conn(&self, key: &str) -> Result<Conn> {
         let err = |e: r2d2::Error| self.checkout_error(key, e);
         match &self.inner.pool {
             Pool::Managed(p) => {
+                let get = || {
+                    let mut con = p.get().map_err(err)?;
+                    con.open_if_needed().map_err(|e| {
+                        log::debug!("pool: opening a connection failed: {e}");
+                        self.inner.connect_errors.note(e.clone());
+                        self.checkout_error(key, e)
+                    })?;
+                    Ok(con)
+                };
                 let Some(switches) = &self.inner.switches else {
-                    return p.get().map(Conn::Managed).map_err(err);
+                    return get().map(Conn::Managed);
                 };
                 let mut stale_left = p.max_size();
                 loop {
-                    let mut con = p.get().map_err(err)?;
+                    let mut con = get()?;
                     let now = switches.generation();
                     if con.generation >= now || stale_left == 0 {
                         return Ok(Conn::Managed(con));
@@ -476,7 +511,11 @@ impl LockClient {
     /// A failed checkout, with what the pool's latest connection attempt said: access denied
     /// is a configuration fault, anything else an outage. r2d2's own error says only that it
     /// timed out waiting.
-    fn checkout_error(&self, key: &str, e: r2d2::Error) -> LockError {
+    fn checkout_error(
+        &self,
+        key: &str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> LockError {
         let addr = &self.inner.addr;
         match self.inner.connect_errors.last() {
             // A wrong password, unknown user or missing permission: not an outage.
@@ -575,12 +614,13 @@ pub(crate) struct OwnerAttempt<'a> {
 }
 
 impl OwnerAttempt<'_> {
-    /// The server counted a hold for the owner: counted until its release.
-    pub(crate) fn took(&self) {
+    /// The server counted a hold for the owner, with lifetime `ttl`: counted until its
+    /// release or the end of its lifetime.
+    pub(crate) fn took(&self, ttl: Duration) {
         self.client
             .inner
             .live
-            .begin(&owner_slot(b'h', self.key, self.owner));
+            .hold(&owner_slot(b'h', self.key, self.owner), ttl);
     }
 }
 
@@ -596,21 +636,30 @@ impl Drop for OwnerAttempt<'_> {
 /// A value being written by an acquire (see [`LockClient::live_value`]).
 pub(crate) struct LiveValue<'a> {
     client: &'a LockClient,
-    entry: Vec<u8>,
+    entry: &'a [u8],
     kept: bool,
 }
 
 impl LiveValue<'_> {
-    /// The acquire took the lock: the entry stays live until its release.
-    pub(crate) fn keep(&mut self) {
-        self.kept = true;
+    /// The value being written.
+    pub(crate) fn value(&self) -> &[u8] {
+        self.entry
+    }
+
+    /// The acquire took the lock with lifetime `ttl`: the write is over, and the value stays
+    /// live until its release, or until that lifetime (or a later one written by an extend or
+    /// renewal) has run out.
+    pub(crate) fn keep(&mut self, ttl: Duration) {
+        if !std::mem::replace(&mut self.kept, true) {
+            self.client.inner.live.took(self.entry, ttl);
+        }
     }
 }
 
 impl Drop for LiveValue<'_> {
     fn drop(&mut self) {
         if !self.kept {
-            self.client.inner.live.end(&self.entry);
+            self.client.write_ends(self.entry);
         }
     }
 }

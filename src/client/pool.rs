@@ -3,8 +3,10 @@
 //! redis-rs, TLS and AUTH/ACL included.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use scheduled_thread_pool::ScheduledThreadPool;
 
 use redis::{
     ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
@@ -16,6 +18,37 @@ use super::switches::Switches;
 use crate::error::{self, LockError, Result, Rounded};
 use crate::scripts;
 
+/// The scheduler that every client pool of the process shares: ONE thread
+/// (`dlock-pool`), started with the first client built and kept for the life of the
+/// process. r2d2 adds a pool's connections on it when a checkout finds none idle; the pools
+/// schedule nothing else (see [`unreaped`]), so an idle client costs it nothing. It sends
+/// nothing and never waits for a server: what it adds is an unopened [`Link`], which the
+/// checkout that takes it opens on its own thread (see [`Lazy`]), so a server slow to answer
+/// delays no other client's connections.
+pub(crate) fn shared_scheduler() -> Arc<ScheduledThreadPool> {
+    static SCHEDULER: OnceLock<Arc<ScheduledThreadPool>> = OnceLock::new();
+    Arc::clone(SCHEDULER.get_or_init(|| {
+        Arc::new(
+            ScheduledThreadPool::builder()
+                .num_threads(1)
+                .thread_name_pattern("dlock-pool")
+                .build(),
+        )
+    }))
+}
+
+/// A pool builder on the [`shared_scheduler`] without r2d2's idle-connection reaper: the
+/// reaper is a job repeated every 30 s on the scheduler that nothing cancels when its pool is
+/// dropped, so on a shared scheduler each client built would leave one behind. A pooled
+/// connection thus stays open until its client is dropped or it breaks (a server's idle
+/// `timeout` closing it included: it is then replaced at its next use).
+pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
+    r2d2::Pool::builder()
+        .thread_pool(shared_scheduler())
+        .idle_timeout(None)
+        .max_lifetime(None)
+}
+
 /// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
 /// for connection", so its error handler keeps what actually went wrong.
 #[derive(Debug, Default)]
@@ -24,7 +57,7 @@ pub(crate) struct ConnectErrors {
 }
 
 impl ConnectErrors {
-    fn note(&self, e: redis::RedisError) {
+    pub(super) fn note(&self, e: redis::RedisError) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         *last = Some(e);
     }
@@ -283,7 +316,7 @@ impl Manager {
             Target::Single(client) => client.get_connection_info().redis_settings().db(),
             _ => 0,
         };
-        let mut con = r2d2::ManageConnection::connect(self).map_err(|e| {
+        let mut con = self.open().map_err(|e| {
             let what = if error::is_access_denied(&e) {
                 format!("authentication to {addr} failed (check the user name and password)")
             } else if db != 0
@@ -417,11 +450,9 @@ impl Manager {
     }
 }
 
-impl r2d2::ManageConnection for Manager {
-    type Connection = Link;
-    type Error = redis::RedisError;
-
-    fn connect(&self) -> RedisResult<Link> {
+impl Manager {
+    /// Opens a connection to the target (the Sentinels' master, for a Sentinel client).
+    fn open(&self) -> RedisResult<Link> {
         let link = match &self.target {
             Target::Single(client) => self.single(client),
             // `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection
@@ -445,16 +476,36 @@ impl r2d2::ManageConnection for Manager {
             other => other,
         }
     }
+}
+
+/// The managed pool's connection manager: the pool "connects" on the shared scheduler
+/// thread (see [`shared_scheduler`]) by adding an unopened [`Link`] at once, and the checkout
+/// that takes it opens it ([`Link::open_if_needed`]), on the caller's thread and within the
+/// client's connect timeout. A failed open leaves the link unopened in the pool, for the next
+/// checkout to try again.
+pub(crate) struct Lazy(pub(super) Arc<Manager>);
+
+impl r2d2::ManageConnection for Lazy {
+    type Connection = Link;
+    type Error = redis::RedisError;
+
+    fn connect(&self) -> RedisResult<Link> {
+        Ok(Link::new(Node::Unopened(Arc::clone(&self.0))))
+    }
 
     fn is_valid(&self, con: &mut Link) -> RedisResult<()> {
+        con.open_if_needed()?;
         redis::cmd("PING").query(con)
     }
 
     fn has_broken(&self, con: &mut Link) -> bool {
-        let broken = con.broken || !con.node.is_open() || con.generation < self.generation();
+        if matches!(con.node, Node::Unopened(_)) {
+            return false;
+        }
+        let broken = con.broken || !con.node.is_open() || con.generation < self.0.generation();
         if broken {
             // Replaced by a new connection when next needed.
-            self.counters.reconnect();
+            self.0.counters.reconnect();
         }
         broken
     }
@@ -500,6 +551,8 @@ pub(crate) struct Link {
 }
 
 enum Node {
+    /// Not opened yet: the checkout that takes it opens it with this manager.
+    Unopened(Arc<Manager>),
     Single(redis::Connection),
     /// Boxed: a cluster connection is four times the size of a single one. Its node
     /// connections keep to each command's deadline (see [`crate::client::cluster_deadline`]).
@@ -511,15 +564,9 @@ enum Node {
 }
 
 impl Node {
-    fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Node::Single(c) => c,
-            Node::Cluster(c, _) => c.as_mut(),
-        }
-    }
-
     fn is_open(&self) -> bool {
         match self {
+            Node::Unopened(_) => true,
             Node::Single(c) => c.is_open(),
             Node::Cluster(c, _) => c.is_open(),
         }
@@ -540,6 +587,14 @@ impl Link {
     fn of_generation(mut self, generation: u64) -> Self {
         self.generation = generation;
         self
+    }
+
+    /// Opens the link if the pool added it unopened (see [`Lazy`]).
+    pub(super) fn open_if_needed(&mut self) -> RedisResult<()> {
+        if let Node::Unopened(manager) = &self.node {
+            *self = Arc::clone(manager).open()?;
+        }
+        Ok(())
     }
 
     /// Marks the connection for replacement after an error that leaves it unusable or pointed
@@ -564,6 +619,7 @@ impl Link {
 impl ConnectionLike for Link {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         let r = match &mut self.node {
+            Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_command(cmd),
             Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_command(cmd)),
         };
@@ -577,6 +633,7 @@ impl ConnectionLike for Link {
         count: usize,
     ) -> RedisResult<Vec<Value>> {
         let r = match &mut self.node {
+            Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_commands(cmd, offset, count),
             Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_commands(cmd, offset, count)),
         };
@@ -585,6 +642,7 @@ impl ConnectionLike for Link {
 
     fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
         let r = match &mut self.node {
+            Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_command(cmd),
             Node::Cluster(c, t) => with_deadline(*t, || c.req_command(cmd)),
         };
@@ -593,13 +651,18 @@ impl ConnectionLike for Link {
 
     fn get_db(&self) -> i64 {
         match &self.node {
+            Node::Unopened(_) => 0,
             Node::Single(c) => c.get_db(),
             Node::Cluster(c, _) => c.get_db(),
         }
     }
 
     fn check_connection(&mut self) -> bool {
-        self.node.as_dyn().check_connection()
+        match &mut self.node {
+            Node::Unopened(_) => false,
+            Node::Single(c) => c.check_connection(),
+            Node::Cluster(c, _) => c.check_connection(),
+        }
     }
 
     fn is_open(&self) -> bool {
@@ -607,14 +670,19 @@ impl ConnectionLike for Link {
     }
 }
 
+/// A command sent on a link nobody opened: none is, as `LockClient::conn` opens it first.
+fn unopened() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "connection not opened"))
+}
+
 pub(crate) enum Pool {
-    Managed(r2d2::Pool<Manager>),
+    Managed(r2d2::Pool<Lazy>),
     External(r2d2::Pool<redis::Client>),
 }
 
 /// A pooled connection from either kind of pool.
 pub(crate) enum Conn {
-    Managed(r2d2::PooledConnection<Manager>),
+    Managed(r2d2::PooledConnection<Lazy>),
     External(r2d2::PooledConnection<redis::Client>),
 }
 

@@ -45,7 +45,7 @@ use crate::client::watched::{Entry, Shared, ThreadState, Watchdog};
 use crate::client::WeakClient;
 use crate::error::LockError;
 use crate::keys;
-use crate::lease::{LossReason, WatchState};
+use crate::lease::{LossReason, RenewKind, WatchState};
 use crate::stats::Counters;
 
 /// Most keys renewed by one script call: bounds how long one call keeps Redis busy (it serves
@@ -296,6 +296,7 @@ fn renew(
             Outcome::Drop
         } else {
             state.renewed(start, state.lease());
+            renewed_live(client, state);
             log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
             renewed += 1;
             if state.renews_once() {
@@ -474,6 +475,18 @@ fn lease_ms(state: &WatchState) -> u64 {
     u64::try_from(state.lease().as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
+}
+
+/// A renewed hold stays in the client's live set for its new lifetime.
+fn renewed_live(client: &crate::client::LockClient, state: &WatchState) {
+    match state.kind() {
+        RenewKind::Value(_) | RenewKind::ScriptedValue(_) => {
+            client.hold_renewed(state.value(), state.lease());
+        }
+        RenewKind::HashField(_) | RenewKind::ReadEntry(_) | RenewKind::WriteEntry(_) => {
+            client.owner_renewed(state.key(), state.value(), state.lease());
+        }
+    }
 }
 
 /// Marks `state` lost (ignored if stopped), keeping the thread alive if the callback panics;

@@ -448,7 +448,7 @@ impl FairLock {
         let mut live = self.client.live_value(&token);
         let lease = self.attempt_plain(&token)?;
         if lease.is_some() {
-            live.keep();
+            live.keep(self.opts.lease);
         }
         Ok(lease.map(|lease| LockGuard::new(self, lease)))
     }
@@ -750,7 +750,7 @@ impl FairLock {
             attempts.record();
             (last_us, rank) = match self.attempt(&token, true, sent)? {
                 Outcome::Taken(lease) => {
-                    live.keep();
+                    live.keep(self.opts.lease);
                     return Ok(LockGuard::new(self, lease));
                 }
                 Outcome::Refused { at_us, rank } => (at_us, rank),
@@ -788,7 +788,7 @@ impl FairLock {
                         attempts.made(),
                         attempts.waited()
                     );
-                    live.keep();
+                    live.keep(self.opts.lease);
                     return Ok(LockGuard::new(self, lease));
                 } else {
                     ask = true;
@@ -841,7 +841,7 @@ impl FairLock {
             attempts.record();
             match self.attempt(&token, true, at) {
                 Ok(Outcome::Taken(lease)) => {
-                    live.keep();
+                    live.keep(self.opts.lease);
                     return Ok(LockGuard::new(self, lease));
                 }
                 Ok(Outcome::Refused { at_us, rank: r }) => {
@@ -914,7 +914,7 @@ impl DistributedLock for FairLock {
             }
         };
         if lease.is_some() {
-            live.keep();
+            live.keep(self.opts.lease);
         }
         Ok(lease)
     }
@@ -926,7 +926,7 @@ impl DistributedLock for FairLock {
         let generation = self.client.switch_generation();
         let reply = self.release_script(lease.value(), successor.as_ref());
         // Held no longer, whatever the answer: a failed release is the janitor's now.
-        self.client.hold_ends(lease.value());
+        self.client.hold_released(lease.value());
         if let Some(token) = &successor {
             // The server's time of the release, which the successor's grant is counted from;
             // none when the lock was not ours (the successor was not queued) or no reply came.

@@ -252,6 +252,10 @@ impl Extending {
         new_value: Option<&[u8]>,
     ) -> Result<()> {
         let result = extended(key, done, lease, new_value, self.start, self.ttl);
+        if result.is_ok() {
+            // A value of the client's live set stays live for the new lifetime.
+            client.hold_renewed(lease.value(), self.ttl);
+        }
         client.counters().extended(kind, lease, result)
     }
 }

@@ -238,7 +238,7 @@ impl ReentrantLock {
         let seen = match reply {
             AcquireReply::Taken { .. } => {
                 log::trace!("lock {:?}: hold taken by {owner}", self.key);
-                attempt_live.took();
+                attempt_live.took(self.opts.lease);
                 Seen::Taken
             }
             // Refused, so this owner holds nothing (else the script had let it re-enter).
@@ -445,7 +445,8 @@ impl DistributedLock for ReentrantLock {
         });
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
-        self.client.owner_released(&self.key, lease.value());
+        self.client
+            .owner_released(&self.key, lease.value(), self.opts.lease);
         if reply
             .as_ref()
             .is_err_and(crate::client::cleanup::worth_retrying)
@@ -504,6 +505,9 @@ impl DistributedLock for ReentrantLock {
             s.reentrant_extend
                 .eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;
+        if renewed == 1 {
+            self.client.owner_renewed(&self.key, lease.value(), ext.ttl);
+        }
         ext.finish(&self.client, KIND, &self.key, renewed == 1, lease, None)
     }
 

@@ -170,7 +170,7 @@ pub(crate) fn release(
         );
     }
     // Held no longer, whatever the answer: a failed release is the janitor's now.
-    client.hold_ends(lease.value());
+    client.hold_released(lease.value());
     let reply = reply?;
     if reply >= 1 && client.switches().is_some() {
         // Done again on the new master if a Sentinel switch is announced soon.

@@ -37,7 +37,7 @@ use crate::client::access;
 use crate::client::acquire::Line;
 use crate::client::cleanup::Cause;
 use crate::client::native::{self, Command};
-use crate::client::{Conn, LockClient};
+use crate::client::{Conn, LiveValue, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids::new_token;
 use crate::lease::RenewKind;
@@ -126,6 +126,8 @@ impl TokenLock {
     /// One attempt by `lua/token_acquire.lua`: a refusal also returns the value held.
     fn attempt_scripted_once(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = acq.token;
+        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
+        let mut live = self.client.live_value(&token);
         let start = Instant::now();
         let mut reply: Value = self.send_acquire(&token, start, Some(acq), |con, s| {
             let args = (&token[..], self.opts.lease_ms());
@@ -151,7 +153,7 @@ impl TokenLock {
                 self.note_no_ttl();
             }
         }
-        Ok((self.finish_attempt(&token, start, decoded)?, holder))
+        Ok((self.finish_attempt(&mut live, start, decoded)?, holder))
     }
 
     /// One attempt without a script, where the server has the native release (so that a Token
@@ -162,6 +164,7 @@ impl TokenLock {
     /// refusal also returns the value held.
     fn attempt_pipelined(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = acq.token;
+        let mut live = self.client.live_value(&token);
         let start = Instant::now();
         let ttl = self.opts.lease_ms();
         let (set, pttl): (Value, i64) = self.send_acquire(&token, start, Some(acq), |con, _| {
@@ -205,21 +208,21 @@ impl TokenLock {
                 }
             }
         };
-        Ok((self.finish_attempt(&token, start, decoded)?, holder))
+        Ok((self.finish_attempt(&mut live, start, decoded)?, holder))
     }
 
     /// Turns an attempt's answer into its outcome (a won hold is checked against its lease).
     fn finish_attempt(
         &self,
-        token: &[u8],
+        live: &mut LiveValue<'_>,
         start: Instant,
         decoded: AcquireReply,
     ) -> Result<Attempt> {
-        let attempt = decoded.into_attempt(|fence| self.new_lease(token, start, fence));
+        let attempt = decoded.into_attempt(|fence| self.new_lease(live.value(), start, fence));
         let result =
             crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
-        if !matches!(result, Ok(Attempt::Acquired(_))) {
-            self.client.hold_ends(token);
+        if matches!(result, Ok(Attempt::Acquired(_))) {
+            live.keep(self.opts.lease);
         }
         self.client.counters().outcome(KIND, &result);
         result
@@ -276,16 +279,10 @@ impl TokenLock {
         f: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        self.client.hold_begins(token);
-        let reply = string_value::acquire_undone_by(&self.client, &self.key, f, || match acq {
+        string_value::acquire_undone_by(&self.client, &self.key, f, || match acq {
             Some(acq) => acq.lost_until.set(Some(until)),
             None => self.forget_lost(token, until),
-        });
-        if reply.is_err() {
-            self.client.hold_ends(token);
-        }
-        reply
+        })
     }
 
     /// The janitor deletes `token` at the key if an acquire whose reply was lost wrote it.
@@ -380,6 +377,8 @@ impl TokenLock {
         acq: Option<&Acquiring>,
         found: &Cell<Option<Vec<u8>>>,
     ) -> Result<Option<Lease>> {
+        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
+        let mut live = self.client.live_value(token);
         let start = Instant::now();
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
             let ttl = self.opts.lease_ms();
@@ -409,8 +408,8 @@ impl TokenLock {
             .map(Some),
             _ => Ok(None),
         };
-        if !matches!(result, Ok(Some(_))) {
-            self.client.hold_ends(token);
+        if matches!(result, Ok(Some(_))) {
+            live.keep(self.opts.lease);
         }
         self.client.counters().outcome_lease(KIND, &result);
         result
