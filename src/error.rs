@@ -88,6 +88,24 @@ pub enum LockError {
         /// The lifetime the acquire asked for.
         ttl: Duration,
     },
+    /// Fewer replicas than the client requires confirmed a write of the hold (an acquire, an
+    /// extend or a renewal) within the confirmation's bound (see
+    /// [`ClientBuilder::replica_acks`](crate::ClientBuilder::replica_acks)). A failover could
+    /// lose the write, so it is not taken for a hold: an acquire's write is deleted again,
+    /// owner-checked, and an extend leaves the lease as it was. Transient: a blocking acquire
+    /// retries until its deadline and returns this if its last attempt ended so.
+    #[error(
+        "lock {key:?}: the write was confirmed by {confirmed} of the {required} replicas it \
+         needs, so a failover could lose it"
+    )]
+    NotReplicated {
+        /// The lock key.
+        key: String,
+        /// Replicas that confirmed the write in time.
+        confirmed: u32,
+        /// Replicas the client requires.
+        required: u32,
+    },
     /// The lock is no longer ours: it expired and was deleted or taken by another owner.
     #[error("lock {key:?} was lost: it expired or another owner holds it now")]
     Lost {
@@ -188,7 +206,8 @@ impl LockError {
     /// so that a blocking acquire retries it until its deadline: the connection was refused,
     /// reset or dropped, or no connection could be opened (no master known yet, no node known
     /// for a Cluster slot); or the server answered `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`,
-    /// `READONLY` or `LOADING`.
+    /// `READONLY` or `LOADING`; or too few replicas confirmed a write
+    /// ([`NotReplicated`](Self::NotReplicated)).
     ///
     /// A command that timed out is not transient: it may still run on a slow or paused server,
     /// and the caller is told at once ([`is_timeout`](Self::is_timeout)). A
@@ -196,6 +215,7 @@ impl LockError {
     /// client was built.
     pub fn is_transient(&self) -> bool {
         match self {
+            LockError::NotReplicated { .. } => true,
             LockError::Connection { fault, .. } | LockError::Redis { fault, .. } => {
                 fault.is_transient()
             }
@@ -234,6 +254,7 @@ impl LockError {
             | LockError::Timeout { key, .. }
             | LockError::Lost { key }
             | LockError::LateReply { key, .. }
+            | LockError::NotReplicated { key, .. }
             | LockError::NoQuorum { key, .. }
             | LockError::Corrupt { key, .. }
             | LockError::WrongType { key }

@@ -88,6 +88,7 @@ mod rwlock;
 pub mod bench_hooks;
 
 pub use client::builder::{ClientBuilder, ConnectionTarget};
+pub use client::confirm::{ReplicaAcks, DEFAULT_REPLICA_ACK_TIMEOUT};
 pub use client::{
     LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDOFF_COURTESY,
     DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,

@@ -32,6 +32,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("client::admin", RUNTIME),
     ("client::cleanup", RUNTIME),
     ("client::cluster_deadline", RUNTIME),
+    ("client::confirm", RUNTIME),
     ("client::grants", RUNTIME),
     ("client::janitor", RUNTIME),
     ("client::jobs", RUNTIME),

@@ -23,9 +23,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::{
-    DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
+    DistributedLock, Encoding, LockClient, LockError, LockGuard, ReplicaAcks, RetryPolicy,
+    Strategy, Takeover,
 };
-use support::{init_logging, raw, RedisServer, Sentinel, SENTINEL_SERVICE};
+use support::{init_logging, raw, wait_until, RedisServer, Sentinel, SENTINEL_SERVICE};
 
 /// Client timeouts: connect (and pool checkout) and one command.
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -37,10 +38,15 @@ const MAX_CALL: Duration = Duration::from_secs(4);
 const RECOVERY: Duration = Duration::from_secs(20);
 
 fn client(set: &Sentinel) -> LockClient {
+    client_with(set, ReplicaAcks::Auto)
+}
+
+fn client_with(set: &Sentinel, acks: ReplicaAcks) -> LockClient {
     LockClient::sentinel_builder(&set.sentinel_urls(), SENTINEL_SERVICE)
         .pool_size(4)
         .connect_timeout(TIMEOUT)
         .command_timeout(Some(TIMEOUT))
+        .replica_acks(acks)
         .build()
         .expect("sentinel client")
 }
@@ -245,9 +251,13 @@ fn until_it_works_again(lock: &dyn DistributedLock) -> Recovery {
                 }
             }
             Ok(false) => panic!("a fresh lock was lost before its unlock"),
-            Err(e @ (LockError::Connection { .. } | LockError::Redis { .. })) => {
-                errors.push(e.to_string())
-            }
+            // NotReplicated: a write on the new master, whose replica (the old master) is not
+            // back, before the client learnt of the switch.
+            Err(
+                e @ (LockError::Connection { .. }
+                | LockError::Redis { .. }
+                | LockError::NotReplicated { .. }),
+            ) => errors.push(e.to_string()),
             Err(e) => panic!("unexpected error during the failover: {e:?}"),
         }
         assert!(
@@ -345,19 +355,9 @@ fn the_same_client_recovers_when_the_old_master_freezes() {
     every_variant_works(server1, &a, &b, "after");
 }
 
-#[test]
-fn a_failover_before_replication_grants_the_same_lock_twice() {
-    init_logging();
-    let mut set = Sentinel::start(1, 1);
-    let (a, b) = (client(&set), client(&set));
-    let ttl = Duration::from_secs(60);
-    let (token_a, classic_a) = holder_locks(&a, "double", ttl);
-    let (token_b, classic_b) = contender_locks(&b, "double", Some(ttl));
-    // Warm up a's pool on the current master.
-    every_variant_works(set.server(0), &a, &b, "warmup");
-
-    // Cut the replica off: freeze it, then close its replication link from the master's side.
-    // Frozen, it cannot reconnect, so what the master acknowledges next never reaches it.
+/// Freezes the replica of `set` and closes its replication link from the master's side:
+/// frozen, it cannot reconnect, so what the master acknowledges next never reaches it.
+fn cut_the_replica_off(set: &Sentinel) {
     set.server(1).pause();
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
@@ -366,6 +366,96 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
         .query(&mut set.server(0).conn())
         .unwrap();
     assert_eq!(killed, 1, "the replica's link was closed");
+}
+
+/// With replica confirmation (the default of a Sentinel client whose master has a replica), an
+/// acquire that no replica confirmed is refused, `NotReplicated`, and what it wrote is deleted
+/// again: the failover that follows finds no hold to lose, and the next holder is the only
+/// one. The negative control is the next test: the same steps with confirmation off grant the
+/// lock twice.
+#[test]
+fn an_acquire_no_replica_confirmed_is_refused_and_undone() {
+    init_logging();
+    let mut set = Sentinel::start(1, 1);
+    let (a, b) = (client(&set), client(&set));
+    let ttl = Duration::from_secs(60);
+    let (token_a, classic_a) = holder_locks(&a, "confirmed", ttl);
+    let (token_b, classic_b) = contender_locks(&b, "confirmed", Some(ttl));
+    // Confirmed by the replica while it is there.
+    every_variant_works(set.server(0), &a, &b, "warmup");
+
+    cut_the_replica_off(&set);
+    let mut master = set.server(0).conn();
+    for lock in [&token_a, &classic_a] {
+        let started = Instant::now();
+        match lock.try_lock() {
+            Err(LockError::NotReplicated {
+                confirmed: 0,
+                required: 1,
+                ..
+            }) => {}
+            other => panic!("{}: expected NotReplicated, got {other:?}", lock.key()),
+        }
+        // WAIT's bound (1 s by default), not the command timeout.
+        assert!(started.elapsed() >= Duration::from_millis(900));
+        // Undone in the background, owner-checked.
+        assert!(
+            wait_until(Duration::from_secs(5), || raw::get(&mut master, lock.key())
+                .is_none()),
+            "{}: the unconfirmed write was deleted",
+            lock.key()
+        );
+    }
+    // A blocking acquire retries it until its deadline and says why it gave up.
+    let e = token_a
+        .try_lock_for(Duration::from_millis(2_500))
+        .expect_err("no replica confirms");
+    assert!(e.is_transient(), "{e:?}");
+    assert!(matches!(e, LockError::NotReplicated { .. }), "{e:?}");
+    assert!(
+        wait_until(Duration::from_secs(5), || raw::get(
+            &mut master,
+            token_a.key()
+        )
+        .is_none()),
+        "the blocking acquire's write was deleted"
+    );
+
+    // The master dies; the replica is promoted: b takes the locks, and a holds nothing.
+    kill_master_promote_replica(&mut set);
+    let deadline = Instant::now() + RECOVERY;
+    let granted_b = loop {
+        match (token_b.try_lock(), classic_b.try_lock()) {
+            (Ok(t), Ok(c)) => break [t, c],
+            (t, c) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "b never got the locks: {t:?} {c:?}"
+                );
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    for gb in granted_b {
+        let key = gb.key().to_owned();
+        assert!(gb.unlock().unwrap(), "{key}: b's hold was intact");
+    }
+}
+
+/// The negative control of the test above: with replica confirmation off, the same steps grant
+/// the lock twice.
+#[test]
+fn a_failover_before_replication_grants_the_same_lock_twice() {
+    init_logging();
+    let mut set = Sentinel::start(1, 1);
+    let (a, b) = (client_with(&set, ReplicaAcks::Off), client(&set));
+    let ttl = Duration::from_secs(60);
+    let (token_a, classic_a) = holder_locks(&a, "double", ttl);
+    let (token_b, classic_b) = contender_locks(&b, "double", Some(ttl));
+    // Warm up a's pool on the current master.
+    every_variant_works(set.server(0), &a, &b, "warmup");
+
+    cut_the_replica_off(&set);
 
     // Client a acquires: the master acknowledges, a holds valid leases.
     let held = [token_a.try_lock().unwrap(), classic_a.try_lock().unwrap()];
@@ -571,9 +661,13 @@ fn a_master_named_without_an_announcement_is_followed() {
     let c = client(&set);
     let lock = c.lock("periodic").build_token().unwrap();
     let (mut old, mut new) = (set.server(0).conn(), set.server(1).conn());
-    let on = |con: &mut redis::Connection| raw::exists(con, "periodic");
+    // The hold's own value at the key (a refused, unconfirmed write may stay on the old
+    // master until it expires: its undo goes where the client goes).
+    let on = |con: &mut redis::Connection, held: &LockGuard<'_>| {
+        raw::get(con, "periodic").as_deref() == Some(held.value())
+    };
     let held = lock.try_lock().unwrap();
-    assert!(on(&mut old));
+    assert!(on(&mut old, &held));
     assert!(held.unlock().unwrap());
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")
@@ -596,8 +690,18 @@ fn a_master_named_without_an_announcement_is_followed() {
         .unwrap();
     let renamed = Instant::now();
     let followed = loop {
-        let held = lock.try_lock().unwrap();
-        let (on_old, on_new) = (on(&mut old), on(&mut new));
+        assert!(
+            renamed.elapsed() < Duration::from_secs(10),
+            "the client still takes its locks on the old master"
+        );
+        let held = match lock.try_lock() {
+            Ok(held) => held,
+            // The old master lost its replica to the new one: with replica confirmation its
+            // writes are refused until the client moves.
+            Err(LockError::NotReplicated { .. }) => continue,
+            Err(e) => panic!("{}", e.report()),
+        };
+        let (on_old, on_new) = (on(&mut old, &held), on(&mut new, &held));
         assert!(held.unlock().unwrap());
         if on_new && !on_old {
             break renamed.elapsed();
@@ -627,7 +731,10 @@ fn a_master_named_without_an_announcement_is_followed() {
 fn a_token_hold_released_on_the_old_master_only_is_found_after_later_sections() {
     init_logging();
     let mut set = Sentinel::start(1, 1);
-    let (a, b) = (client(&set), client(&set));
+    // Without replica confirmation: the sections on the old master once its replica is cut
+    // off would be refused with it (see `an_acquire_no_replica_confirmed_is_refused_and_undone`),
+    // and this test is about the release that a failover loses.
+    let (a, b) = (client_with(&set, ReplicaAcks::Off), client(&set));
     let token = |c: &LockClient, key: &str| {
         c.lock(key)
             .ttl(Duration::from_secs(60))

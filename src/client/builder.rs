@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::{ConnectionAddr, RedisResult};
 
+use super::confirm::{Acks, ReplicaAcks, DEFAULT_REPLICA_ACK_TIMEOUT};
 use super::native::Detected;
 use super::pool::{
     cluster_retries, master_info, sentinel_master_addr, unreaped, ConnectErrors, Lazy, Manager,
@@ -80,6 +81,8 @@ pub struct ClientBuilder {
     command_timeout: Option<Duration>,
     courtesy: Duration,
     lazy: bool,
+    replica_acks: ReplicaAcks,
+    replica_ack_timeout: Duration,
     /// Custom root certificate and client certificate for `rediss://` URLs.
     #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
     tls: Option<redis::TlsCertificates>,
@@ -216,6 +219,8 @@ impl ClientBuilder {
             command_timeout: Some(DEFAULT_COMMAND_TIMEOUT),
             courtesy: DEFAULT_HANDOFF_COURTESY,
             lazy: false,
+            replica_acks: ReplicaAcks::Auto,
+            replica_ack_timeout: DEFAULT_REPLICA_ACK_TIMEOUT,
             #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
             tls: None,
         }
@@ -308,6 +313,33 @@ impl ClientBuilder {
     /// or for a count-limited policy the longest its retries could take).
     pub fn handoff_courtesy(mut self, d: Duration) -> Self {
         self.courtesy = d;
+        self
+    }
+
+    /// Whether each write of a hold (an acquire, an extend, a watchdog renewal) waits until
+    /// replicas of the primary confirm it, with `WAIT` sent in the same round trip. A write
+    /// that too few replicas confirm within [`replica_ack_timeout`](Self::replica_ack_timeout)
+    /// is not taken for a hold: the acquire fails with [`LockError::NotReplicated`], a
+    /// transient error that a blocking acquire retries, and what it wrote is deleted again,
+    /// owner-checked. Without it a failover to a replica that had not copied the key, or a
+    /// Sentinel split brain, can grant a lock twice (docs/deployments.md).
+    ///
+    /// [`ReplicaAcks::Auto`] (the default) requires one replica on a Sentinel client whose
+    /// primary had replicas when the client learnt it (at its first connection and after
+    /// every master switch; a replica lost in between does not turn it off), and none on
+    /// single-server clients. [`ReplicaAcks::Require`] is not available on Cluster clients
+    /// yet (`build()` says so), where `Auto` requires none.
+    pub fn replica_acks(mut self, acks: ReplicaAcks) -> Self {
+        self.replica_acks = acks;
+        self
+    }
+
+    /// How long each write waits for its replicas at most (`WAIT`'s timeout; default
+    /// [`DEFAULT_REPLICA_ACK_TIMEOUT`], 1 s, as Redisson's `slavesSyncTimeout`). Only the
+    /// writes of a client that requires confirmation wait (see
+    /// [`replica_acks`](Self::replica_acks)), and only as long as the replicas take.
+    pub fn replica_ack_timeout(mut self, timeout: Duration) -> Self {
+        self.replica_ack_timeout = timeout;
         self
     }
 
@@ -478,8 +510,26 @@ impl ClientBuilder {
                 }
             }
         };
+        let sentinel = matches!(self.target, TargetSpec::Sentinel { .. });
+        if cluster && matches!(self.replica_acks, ReplicaAcks::Require(n) if n > 0) {
+            return Err(LockError::client_config(
+                "replica confirmation (ReplicaAcks::Require) is not available on Cluster \
+                 clients yet",
+            ));
+        }
+        if self.replica_ack_timeout.is_zero() {
+            return Err(LockError::client_config(
+                "replica_ack_timeout is zero (WAIT would block until every replica confirms)",
+            ));
+        }
+        let acks = Arc::new(Acks::new(
+            self.replica_acks,
+            self.replica_ack_timeout,
+            sentinel,
+        ));
         let counters = Arc::new(crate::stats::Counters::default());
         let manager = Manager {
+            acks: Arc::clone(&acks),
             counters: Arc::clone(&counters),
             target,
             connect_timeout: self.connect_timeout,
@@ -511,6 +561,7 @@ impl ClientBuilder {
             switches,
             counters,
             detected,
+            acks,
         );
         if let Some(watch) = watch {
             sentinel_watch::start(watch, &client);

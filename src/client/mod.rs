@@ -11,6 +11,7 @@ pub(crate) mod admin;
 pub(crate) mod builder;
 pub(crate) mod cleanup;
 pub(crate) mod cluster_deadline;
+pub(crate) mod confirm;
 pub(crate) mod grants;
 pub(crate) mod janitor;
 pub(crate) mod jobs;
@@ -32,6 +33,7 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
+use crate::client::confirm::{Acks, ReplicaAcks};
 use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;
 use crate::client::native::{Detected, Native};
@@ -120,6 +122,9 @@ struct Inner {
     /// What happened since the client was built ([`LockClient::stats`]); shared with the
     /// pool's manager and the subscriber.
     counters: Arc<Counters>,
+    /// Replica confirmation of hold writes; shared with the pool's manager, which learns the
+    /// primary's replicas.
+    acks: Arc<Acks>,
 }
 
 /// A reference to a client that does not keep it alive (held by its background threads).
@@ -171,6 +176,11 @@ impl LockClient {
             None,
             Arc::default(),
             Detected::scripts_only(),
+            Arc::new(Acks::new(
+                ReplicaAcks::Off,
+                confirm::DEFAULT_REPLICA_ACK_TIMEOUT,
+                false,
+            )),
         )
     }
 
@@ -185,6 +195,7 @@ impl LockClient {
         switches: Option<Arc<Switches>>,
         counters: Arc<Counters>,
         detected: Detected,
+        acks: Arc<Acks>,
     ) -> Self {
         let waiters = Arc::new(WaitQueues::default());
         LockClient {
@@ -212,6 +223,7 @@ impl LockClient {
                 connect_errors,
                 switches,
                 counters,
+                acks,
             }),
         }
     }
@@ -485,14 +497,14 @@ impl LockClient {
                     Ok(con)
                 };
                 let Some(switches) = &self.inner.switches else {
-                    return get().map(Conn::Managed);
+                    return get().map(Conn::managed);
                 };
                 let mut stale_left = p.max_size();
                 loop {
                     let mut con = get()?;
                     let now = switches.generation();
                     if con.generation >= now || stale_left == 0 {
-                        return Ok(Conn::Managed(con));
+                        return Ok(Conn::managed(con));
                     }
                     log::debug!(
                         "lock {key:?}: dropping a connection opened before the master switch \
@@ -504,7 +516,7 @@ impl LockClient {
                     stale_left -= 1;
                 }
             }
-            Pool::External(p) => p.get().map(Conn::External).map_err(err),
+            Pool::External(p) => p.get().map(Conn::external).map_err(err),
         }
     }
 
@@ -553,6 +565,42 @@ impl LockClient {
             log::warn!("lock {key:?}: the server refused a command: {e}");
         }
         LockError::from_redis(key, e)
+    }
+
+    /// [`with_conn`](Self::with_conn) for a write of a hold (an acquire, an extend, a
+    /// renewal): where the client requires replicas to confirm writes (see
+    /// [`confirm`](crate::client::confirm)), every command `f` sends is followed by `WAIT` in
+    /// the same round trip, and a write that fewer replicas confirmed is
+    /// [`LockError::NotReplicated`]. The write may stand on the primary then: the caller undoes
+    /// it as it undoes an acquire whose reply was lost.
+    pub(crate) fn with_conn_confirmed<T>(
+        &self,
+        key: &str,
+        mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
+    ) -> Result<T> {
+        if self.inner.acks.required() == 0 {
+            return self.with_conn(key, f);
+        }
+        let mut short = None;
+        let reply = self.with_conn(key, |con, s| {
+            con.set_wait(self.inner.acks.wait());
+            let reply = f(con, s);
+            short = con.take_wait().and_then(|w| w.shortfall());
+            reply
+        })?;
+        match short {
+            Some((confirmed, required)) => {
+                log::debug!(
+                    "lock {key:?}: a write confirmed by {confirmed} of {required} replicas"
+                );
+                Err(LockError::NotReplicated {
+                    key: key.to_owned(),
+                    confirmed,
+                    required,
+                })
+            }
+            None => Ok(reply),
+        }
     }
 
     /// Runs `f` on a pooled connection, mapping Redis errors to [`LockError`] for `key`.

@@ -13,6 +13,7 @@ use redis::{
 };
 
 use super::cluster_deadline::{with_deadline, Deadlined};
+use super::confirm::{Acks, Wait};
 use super::native::Detected;
 use super::switches::Switches;
 use crate::error::{self, LockError, Result, Rounded};
@@ -197,6 +198,8 @@ pub(crate) struct Manager {
     pub(super) command_timeout: Option<Duration>,
     /// Connects with TLS (`rediss://`): connection errors may be the handshake's.
     pub(super) tls: bool,
+    /// Replica confirmation: learns the primary's replicas from its `ROLE`.
+    pub(super) acks: Arc<Acks>,
 }
 
 impl Manager {
@@ -204,7 +207,7 @@ impl Manager {
         let con = client.get_connection_with_timeout(self.connect_timeout)?;
         con.set_read_timeout(self.command_timeout)?;
         con.set_write_timeout(self.command_timeout)?;
-        Ok(Link::new(Node::Single(con)))
+        Ok(Link::new(Node::Single(con)).with_read_timeout(self.command_timeout))
     }
 
     /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout.
@@ -240,7 +243,10 @@ impl Manager {
         if let Some(addr) = switches.announced() {
             tried.push(addr.clone());
             match self.checked_master(addr.clone(), master_tls) {
-                Ok(link) => return Ok(link.of_generation(generation)),
+                Ok((link, replicas)) => {
+                    self.acks.learn(&addr, replicas);
+                    return Ok(link.of_generation(generation));
+                }
                 Err(e) => {
                     passed_over = Some((addr, e.to_string()));
                     last_err = Some(e);
@@ -277,7 +283,8 @@ impl Manager {
             }
             tried.push(addr.clone());
             match self.checked_master(addr.clone(), master_tls) {
-                Ok(link) => {
+                Ok((link, replicas)) => {
+                    self.acks.learn(&addr, replicas);
                     first.store(i, Ordering::Relaxed);
                     if let Some((followed, why)) = &passed_over {
                         log::info!(
@@ -420,25 +427,28 @@ impl Manager {
         }
     }
 
-    /// A connection to `addr` once `ROLE` says it is a master.
+    /// A connection to `addr` once `ROLE` says it is a master, and its number of replicas.
     fn checked_master(
         &self,
         addr: (String, u16),
         master_tls: Option<&ConnectionAddr>,
-    ) -> RedisResult<Link> {
+    ) -> RedisResult<(Link, usize)> {
         let client = master_info(master_tls, addr.clone()).and_then(redis::Client::open)?;
         let mut con = self.discovery(&client)?;
         let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
-        if !matches!(role, redis::Role::Primary { .. }) {
+        let redis::Role::Primary { replicas, .. } = role else {
             return Err(redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "the server the Sentinel named is not a master (failover under way?)",
                 format!("{}:{}", addr.0, addr.1),
             )));
-        }
+        };
         con.set_read_timeout(self.command_timeout)?;
         con.set_write_timeout(self.command_timeout)?;
-        Ok(Link::new(Node::Single(con)))
+        Ok((
+            Link::new(Node::Single(con)).with_read_timeout(self.command_timeout),
+            replicas.len(),
+        ))
     }
 
     /// The generation a link must have to be used: that of the last master switch heard of.
@@ -548,6 +558,9 @@ pub(crate) struct Link {
     opened: Instant,
     /// Sentinel clients: the master-switch generation the link was opened in (0 otherwise).
     pub(super) generation: u64,
+    /// The command timeout of a single server's connection, which a replica confirmation
+    /// lengthens by its own bound while it waits (see [`Conn::set_wait`]).
+    read_timeout: Option<Duration>,
 }
 
 enum Node {
@@ -581,6 +594,26 @@ impl Link {
             used: false,
             opened: Instant::now(),
             generation: 0,
+            read_timeout: None,
+        }
+    }
+
+    fn with_read_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.read_timeout = timeout;
+        self
+    }
+
+    /// Lengthens the read timeout by `extra` (a replica confirmation's bound), or restores it
+    /// (`None`). A failure to set it marks the link broken.
+    fn extend_read_timeout(&mut self, extra: Option<Duration>) {
+        if let Node::Single(c) = &mut self.node {
+            let t = match (self.read_timeout, extra) {
+                (Some(t), Some(e)) => Some(t.saturating_add(e)),
+                (t, _) => t,
+            };
+            if c.set_read_timeout(t).is_err() {
+                self.broken = true;
+            }
         }
     }
 
@@ -680,31 +713,82 @@ pub(crate) enum Pool {
     External(r2d2::Pool<redis::Client>),
 }
 
-/// A pooled connection from either kind of pool.
-pub(crate) enum Conn {
+/// A pooled connection from either kind of pool, and the replica confirmation its commands
+/// wait for, if any (see [`confirm`](super::confirm)).
+pub(crate) struct Conn {
+    link: Pooled,
+    wait: Option<Wait>,
+}
+
+enum Pooled {
     Managed(r2d2::PooledConnection<Lazy>),
     External(r2d2::PooledConnection<redis::Client>),
 }
 
 impl Conn {
+    pub(super) fn managed(c: r2d2::PooledConnection<Lazy>) -> Conn {
+        Conn {
+            link: Pooled::Managed(c),
+            wait: None,
+        }
+    }
+
+    pub(super) fn external(c: r2d2::PooledConnection<redis::Client>) -> Conn {
+        Conn {
+            link: Pooled::External(c),
+            wait: None,
+        }
+    }
+
     /// True if the connection carried commands before this checkout, or waited in the pool
     /// since it was opened ([`IDLE_STALE`] or more): either may have gone stale meanwhile (a
     /// restart, an idle timeout), so a dropped-connection error on it may be sent again on a
     /// fresh one. Connections of an application's own pool are not tracked: they count as
     /// fresh, so never retried.
     pub(super) fn was_used(&self) -> bool {
-        match self {
-            Conn::Managed(c) => c.used || c.opened.elapsed() >= IDLE_STALE,
-            Conn::External(_) => false,
+        match &self.link {
+            Pooled::Managed(c) => c.used || c.opened.elapsed() >= IDLE_STALE,
+            Pooled::External(_) => false,
+        }
+    }
+
+    /// Every command sent from now on is followed by `wait`'s `WAIT`, in the same round trip;
+    /// the read timeout grows by the `WAIT`'s bound meanwhile, so that a confirmation that
+    /// takes its time is not taken for a server that does not answer.
+    pub(super) fn set_wait(&mut self, wait: Option<Wait>) {
+        if let (Some(w), Pooled::Managed(c)) = (&wait, &mut self.link) {
+            c.extend_read_timeout(Some(w.timeout()));
+        }
+        self.wait = wait;
+    }
+
+    /// The confirmation of the commands sent since [`set_wait`](Self::set_wait); the read
+    /// timeout is back to the command timeout.
+    pub(super) fn take_wait(&mut self) -> Option<Wait> {
+        let wait = self.wait.take();
+        if let (Some(_), Pooled::Managed(c)) = (&wait, &mut self.link) {
+            c.extend_read_timeout(None);
+        }
+        wait
+    }
+
+    fn link(&mut self) -> &mut dyn ConnectionLike {
+        match &mut self.link {
+            Pooled::Managed(c) => &mut **c,
+            Pooled::External(c) => &mut **c,
         }
     }
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        match self {
-            Conn::Managed(c) => c.req_packed_command(cmd),
-            Conn::External(c) => c.req_packed_command(cmd),
+        match self.wait.take() {
+            Some(mut wait) => {
+                let reply = wait.command(self.link(), cmd);
+                self.wait = Some(wait);
+                reply
+            }
+            None => self.link().req_packed_command(cmd),
         }
     }
 
@@ -714,37 +798,31 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        match self {
-            Conn::Managed(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::External(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
-        match self {
-            Conn::Managed(c) => c.req_command(cmd),
-            Conn::External(c) => c.req_command(cmd),
+        match self.wait.take() {
+            Some(mut wait) => {
+                let reply = wait.commands(self.link(), cmd, offset, count);
+                self.wait = Some(wait);
+                reply
+            }
+            None => self.link().req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Conn::Managed(c) => c.get_db(),
-            Conn::External(c) => c.get_db(),
+        match &self.link {
+            Pooled::Managed(c) => c.get_db(),
+            Pooled::External(c) => c.get_db(),
         }
     }
 
     fn check_connection(&mut self) -> bool {
-        match self {
-            Conn::Managed(c) => c.check_connection(),
-            Conn::External(c) => c.check_connection(),
-        }
+        self.link().check_connection()
     }
 
     fn is_open(&self) -> bool {
-        match self {
-            Conn::Managed(c) => c.is_open(),
-            Conn::External(c) => c.is_open(),
+        match &self.link {
+            Pooled::Managed(c) => c.is_open(),
+            Pooled::External(c) => c.is_open(),
         }
     }
 }

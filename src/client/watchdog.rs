@@ -356,7 +356,7 @@ fn renew_replies(
         args.push(state.value());
         args.push(ms.as_bytes());
     }
-    let replies: Vec<i64> = client.with_conn(keys[0], |con, scripts| {
+    let replies: Vec<i64> = client.with_conn_confirmed(keys[0], |con, scripts| {
         scripts.renew_batch.eval_keys(con, &keys, &args)
     })?;
     if replies.len() != scripted.len() {
@@ -381,7 +381,7 @@ fn renew_natively(
     let key = batch[which[0]].1.key();
     if let [i] = which {
         let state = &batch[*i].1;
-        let reply = client.with_conn(key, |con, _| {
+        let reply = client.with_conn_confirmed(key, |con, _| {
             native::set_ifeq_px(state.key(), state.value(), lease_ms(state))
                 .query::<redis::Value>(con)
         });
@@ -408,7 +408,7 @@ fn renew_natively(
             lease_ms(state),
         ));
     }
-    let replies: Vec<redis::Value> = client.with_conn(key, |con, _| pipe.query(con))?;
+    let replies: Vec<redis::Value> = client.with_conn_confirmed(key, |con, _| pipe.query(con))?;
     let mut out = Vec::with_capacity(which.len());
     for reply in replies {
         match reply {

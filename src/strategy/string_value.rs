@@ -116,8 +116,9 @@ pub(crate) fn acquire<T>(
 }
 
 /// Runs an acquire `f` on a pooled connection; if it was sent but not answered (a connection
-/// error), calls `undo`, which hands the janitor what undoes, owner-checked, whatever the
-/// acquire may have written when it runs late.
+/// error), or answered but not confirmed by the replicas the client requires, calls `undo`,
+/// which hands the janitor what undoes, owner-checked, whatever the acquire may have written
+/// (now, or when it runs late).
 pub(crate) fn acquire_undone_by<T>(
     client: &LockClient,
     key: &str,
@@ -125,11 +126,11 @@ pub(crate) fn acquire_undone_by<T>(
     undo: impl FnOnce(),
 ) -> Result<T> {
     let sent = Cell::new(false);
-    let reply = client.with_conn(key, |con, s| {
+    let reply = client.with_conn_confirmed(key, |con, s| {
         sent.set(true);
         f(con, s)
     });
-    if let Err(LockError::Connection { .. }) = &reply {
+    if let Err(LockError::Connection { .. } | LockError::NotReplicated { .. }) = &reply {
         if sent.get() {
             undo();
         }
@@ -251,7 +252,7 @@ fn native_release(
 /// server has it, else `lua/extend.lua` (compare-and-pexpire). True if extended. A full server
 /// (`maxmemory` reached) refuses the `SET`, so that call is sent as the script, which it takes.
 pub(crate) fn extend(client: &LockClient, key: &str, value: &[u8], ttl_ms: u64) -> Result<bool> {
-    client.with_conn(key, |con, s| {
+    client.with_conn_confirmed(key, |con, s| {
         if client.native().has(Command::SetIfEq) {
             match native::set_ifeq_px(key, value, ttl_ms).query::<Option<redis::Value>>(con) {
                 Err(e) if native::is_unsupported(&e) => {
