@@ -1067,3 +1067,110 @@ fn fair_runs_take_turns_and_status_and_forced_release_know_them() {
     e.touch("go");
     assert_eq!(odd.wait(EXIT_BOUND).code(), 0);
 }
+
+/// `parts` joined into one argument list.
+fn joined(parts: &[&[&str]]) -> Vec<String> {
+    parts
+        .iter()
+        .flat_map(|p| p.iter().map(|a| a.to_string()))
+        .collect()
+}
+
+/// `dlock ARGS` (owned) run to its end, with no URL in the environment.
+fn dlock_owned(args: &[String]) -> Ended {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    dlock(None, &args)
+}
+
+/// `dlock run`, `status` and `release` through Sentinel (`--sentinel URL --master NAME`) and
+/// on a Cluster (`--cluster URL`): the lock lands on the master the Sentinels name, or on the
+/// node that owns its slot. Through Sentinel each write waits for a replica: with the replica
+/// cut off, the lock is not taken and the command does not run (exit 69, saying why).
+#[test]
+fn sentinel_and_cluster_deployments() {
+    let set = support::Sentinel::start(1, 1);
+    let urls = set.sentinel_urls();
+    let mut via: Vec<&str> = vec!["--master", support::SENTINEL_SERVICE];
+    for u in &urls {
+        via.extend_from_slice(&["--sentinel", u.as_str()]);
+    }
+    // A run holds the lock on the master; status and release find it there.
+    let dir = Scratch::new();
+    let d = dir.path().to_str().expect("utf-8 temp dir");
+    let args = joined(&[
+        &["run"],
+        &via,
+        &["--key", "sn", "--", "sh", "-c", HOLD, "sh", d],
+    ]);
+    let run = Dlock::spawn(None, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    dir.wait_for("started");
+    let token = raw::get(&mut set.server(0).conn(), "sn").expect("held on the master");
+    let held = dlock_owned(&joined(&[&["status"], &via, &["--key", "sn"]]));
+    assert_eq!(held.code(), 0, "{held:?}");
+    let token = String::from_utf8(token).unwrap();
+    assert!(
+        held.stdout.contains(&format!("holder: {token}")),
+        "{held:?}"
+    );
+    dir.touch("go");
+    assert_eq!(run.wait(EXIT_BOUND).code(), 0);
+    let free = dlock_owned(&joined(&[&["status"], &via, &["--key", "sn"]]));
+    assert_eq!(free.code(), 1, "{free:?}");
+
+    // The replica cut off (frozen, its link closed): no replica confirms the lock. A dlock
+    // started now meets a master without a replica, which `auto` takes as a deployment
+    // without replicas: a job that must not run then asks for one.
+    set.server(1).pause();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut set.server(0).conn())
+        .unwrap();
+    assert_eq!(killed, 1);
+    let ran = dir.path().join("ran");
+    let ran_path = ran.to_str().unwrap();
+    let refused = dlock_owned(&joined(&[
+        &["run"],
+        &via,
+        &[
+            "--key",
+            "sn",
+            "--no-wait",
+            "--replica-acks",
+            "1",
+            "--",
+            "touch",
+            ran_path,
+        ],
+    ]));
+    assert_eq!(refused.code(), UNAVAILABLE, "{refused:?}");
+    assert!(refused.stderr.contains("replicas"), "{refused:?}");
+    assert!(!ran.exists(), "the command ran without a confirmed lock");
+    set.server(1).resume();
+
+    // A cluster: the key's node holds it.
+    let cluster = support::Cluster::start(3);
+    let seeds = cluster.urls();
+    let on: Vec<&str> = vec![
+        "--cluster",
+        seeds[0].as_str(),
+        "--cluster",
+        seeds[1].as_str(),
+    ];
+    let dir = Scratch::new();
+    let d = dir.path().to_str().expect("utf-8 temp dir");
+    let args = joined(&[
+        &["run"],
+        &on,
+        &["--key", "cl:k", "--", "sh", "-c", HOLD, "sh", d],
+    ]);
+    let run = Dlock::spawn(None, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    dir.wait_for("started");
+    let held = dlock_owned(&joined(&[&["status"], &on, &["--key", "cl:k"]]));
+    assert_eq!(held.code(), 0, "{held:?}");
+    assert!(held.stdout.contains("kind: token"), "{held:?}");
+    let released = dlock_owned(&joined(&[&["release"], &on, &["--key", "cl:k", "--force"]]));
+    assert_eq!(released.code(), 0, "{released:?}");
+    assert_lost(run, &dir, "forced release on a cluster");
+}

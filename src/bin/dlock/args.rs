@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use redis_dlock::{Encoding, Strategy};
+use redis_dlock::{Encoding, ReplicaAcks, Strategy};
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -24,10 +24,29 @@ pub enum Cmd {
 /// The lock a subcommand is about.
 #[derive(Debug)]
 pub struct Target {
-    /// `--url`, else `$REDIS_URL`.
+    /// `--url`, else `$REDIS_URL`; with `--sentinel` or `--cluster`, the first of their URLs
+    /// (for messages).
     pub url: String,
     /// `--key`.
     pub key: String,
+    /// Where the lock lives.
+    pub deployment: Deployment,
+}
+
+/// The Redis deployment a subcommand talks to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deployment {
+    /// One server: `--url`, else `$REDIS_URL`.
+    Single,
+    /// `--sentinel URL` (repeated) with `--master NAME`.
+    Sentinel {
+        /// The Sentinels' URLs.
+        sentinels: Vec<String>,
+        /// The monitored master's name.
+        master: String,
+    },
+    /// `--cluster URL` (repeated): seed nodes of a Redis Cluster.
+    Cluster(Vec<String>),
 }
 
 /// How long `run` waits for the lock.
@@ -91,6 +110,8 @@ pub struct RunOpts {
     pub encoding: Encoding,
     pub kill_after: Duration,
     pub quiet: bool,
+    /// `--replica-acks`.
+    pub replica_acks: ReplicaAcks,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
@@ -104,11 +125,11 @@ const MIN_LEASE: Duration = Duration::from_millis(300);
 
 pub const USAGE: &str = "\
 Usage:
-  dlock run     [--url URL] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
+  dlock run     [REDIS] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
                 [--strategy token|classic|reentrant|fair] [--classic-encoding decimal|big-endian]
-                [--kill-after DUR] [--quiet] -- COMMAND [ARGS...]
-  dlock status  [--url URL] --key KEY
-  dlock release [--url URL] --key KEY --force
+                [--kill-after DUR] [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
+  dlock status  [REDIS] --key KEY
+  dlock release [REDIS] --key KEY --force
   dlock --help | --version
 
 Run 'dlock help run', 'dlock help status' or 'dlock help release' for details.
@@ -118,13 +139,14 @@ pub const HELP: &str = "\
 dlock: flock(1) across hosts, on Redis.
 
 Usage:
-  dlock run     [--url URL] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
+  dlock run     [REDIS] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
                 [--strategy token|classic|reentrant|fair] [--classic-encoding decimal|big-endian]
-                [--kill-after DUR] [--quiet] -- COMMAND [ARGS...]
-  dlock status  [--url URL] --key KEY
-  dlock release [--url URL] --key KEY --force
+                [--kill-after DUR] [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
+  dlock status  [REDIS] --key KEY
+  dlock release [REDIS] --key KEY --force
 
---url defaults to $REDIS_URL. DUR: 500ms, 10s, 1.5s, 5m, 2h, or a number of seconds.
+REDIS: --url URL (default $REDIS_URL), or --sentinel URL... --master NAME, or
+--cluster URL... (each repeatable). DUR: 500ms, 10s, 1.5s, 5m, 2h, or a number of seconds.
 
 Exit status of run: the command's own (128+N if a signal N killed it), or
   75  the lock is busy (--no-wait) or the wait timed out
@@ -138,13 +160,24 @@ status exits 0 when the lock is held, 1 when it is free; release 0 when it delet
 ";
 
 pub const HELP_RUN: &str = "\
-dlock run [--url URL] --key KEY [options] -- COMMAND [ARGS...]
+dlock run [--url URL | --sentinel URL... --master NAME | --cluster URL...] --key KEY [options]
+          -- COMMAND [ARGS...]
 
 Takes the lock, runs COMMAND while holding it, releases it, and exits with COMMAND's status.
 stdin, stdout and stderr pass through; SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2
 are forwarded to COMMAND (except those its terminal already sent it, like Ctrl-C).
 
   --url URL            Redis URL (redis://[:password@]host:port/db); default $REDIS_URL
+  --sentinel URL       a Sentinel of the deployment (repeat for each), with --master NAME:
+                       the lock is on the master they name; each write of the lock waits for a
+                       replica to confirm it when the master has one, and a lock no replica
+                       confirmed is not taken: COMMAND does not run (exit 69)
+  --master NAME        the master's name in Sentinel (with --sentinel)
+  --replica-acks A     auto (default: one replica through Sentinel when the master has one
+                       when dlock starts), off, or N replicas that must confirm every write
+                       (a job that must not run on a master cut off from its replicas when
+                       dlock starts passes 1)
+  --cluster URL        a node of a Redis Cluster (repeat for more seeds)
   --key KEY            the lock key
   --wait DUR           wait at most DUR for the lock (or 'forever'); default: the strategy's
                        retry policy (token, reentrant, fair: 10 s; classic: 5 retries 200 ms
@@ -167,7 +200,7 @@ could not be run / not found.
 ";
 
 pub const HELP_STATUS: &str = "\
-dlock status [--url URL] --key KEY
+dlock status [--url URL | --sentinel URL... --master NAME | --cluster URL...] --key KEY
 
 Prints the holder value, the kind of lock (token, classic, hash, fair) and its remaining
 time; for a fair lock also how many waiters are queued.
@@ -176,7 +209,7 @@ unreachable, 64 usage.
 ";
 
 pub const HELP_RELEASE: &str = "\
-dlock release [--url URL] --key KEY --force
+dlock release [--url URL | --sentinel URL... --master NAME | --cluster URL...] --key KEY --force
 
 Deletes the lock whoever holds it (a holder's 'dlock run' then sees it lost) and wakes the
 waiters (a fair lock's queue stays: its first waiter takes the lock at its next poll).
@@ -270,6 +303,26 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Cmd, Usage>
                 }))
             }
             "--url" => set(&mut o.url, &name, value(&name)?)?,
+            "--sentinel" => o.sentinels.push(value(&name)?),
+            "--master" => set(&mut o.master, &name, value(&name)?)?,
+            "--cluster" => o.cluster.push(value(&name)?),
+            "--replica-acks" => {
+                run_only(&name)?;
+                let v = value(&name)?;
+                let acks = match v.as_str() {
+                    "auto" => ReplicaAcks::Auto,
+                    "off" => ReplicaAcks::Off,
+                    n => match n.parse::<u32>() {
+                        Ok(n) => ReplicaAcks::Require(n),
+                        Err(_) => {
+                            return usage(format!(
+                                "--replica-acks must be auto, off or a number, not {v:?}"
+                            ))
+                        }
+                    },
+                };
+                set(&mut o.replica_acks, &name, acks)?;
+            }
             "--key" => set(&mut o.key, &name, value(&name)?)?,
             "--force" => {
                 flag(&name)?;
@@ -348,6 +401,10 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Cmd, Usage>
 #[derive(Default)]
 struct Raw {
     url: Option<String>,
+    replica_acks: Option<ReplicaAcks>,
+    sentinels: Vec<String>,
+    master: Option<String>,
+    cluster: Vec<String>,
     key: Option<String>,
     force: bool,
     wait: Option<Wait>,
@@ -362,16 +419,52 @@ struct Raw {
 
 impl Raw {
     fn finish(self, sub: &str, env_url: Option<String>) -> Result<Cmd, Usage> {
-        let url = match self.url.or(env_url.filter(|u| !u.is_empty())) {
-            Some(url) => url,
-            None => return usage("no Redis URL: pass --url URL or set REDIS_URL"),
+        let given = [
+            self.url.is_some(),
+            !self.sentinels.is_empty(),
+            !self.cluster.is_empty(),
+        ];
+        if given.iter().filter(|g| **g).count() > 1 {
+            return usage("pass one of --url, --sentinel and --cluster");
+        }
+        if self.master.is_some() && self.sentinels.is_empty() {
+            return usage("--master names the master of --sentinel");
+        }
+        let (url, deployment) = if let Some(first) = self.sentinels.first() {
+            let Some(master) = self.master else {
+                return usage("--sentinel needs --master NAME (the master's name in Sentinel)");
+            };
+            let first = first.clone();
+            (
+                first,
+                Deployment::Sentinel {
+                    sentinels: self.sentinels,
+                    master,
+                },
+            )
+        } else if let Some(first) = self.cluster.first() {
+            (first.clone(), Deployment::Cluster(self.cluster))
+        } else {
+            match self.url.or(env_url.filter(|u| !u.is_empty())) {
+                Some(url) => (url, Deployment::Single),
+                None => {
+                    return usage(
+                        "no Redis URL: pass --url URL (or --sentinel, or --cluster) or set \
+                         REDIS_URL",
+                    )
+                }
+            }
         };
         let key = match self.key {
             Some(k) if !k.is_empty() => k,
             Some(_) => return usage("--key is empty"),
             None => return usage("--key KEY is required"),
         };
-        let target = Target { url, key };
+        let target = Target {
+            url,
+            key,
+            deployment,
+        };
         match sub {
             "status" => Ok(Cmd::Status(target)),
             "release" => {
@@ -404,6 +497,7 @@ impl Raw {
                     encoding: self.encoding.unwrap_or(Encoding::Decimal),
                     kill_after: self.kill_after.unwrap_or(DEFAULT_KILL_AFTER),
                     quiet: self.quiet,
+                    replica_acks: self.replica_acks.unwrap_or_default(),
                     command: self.command,
                 }))
             }
@@ -591,6 +685,57 @@ mod tests {
             msg,
             "--classic-encoding must be decimal or big-endian, not \"hex\""
         );
+    }
+
+    #[test]
+    fn deployments() {
+        let run = |a: &[&str]| parse(args(a), Some("redis://env/".into()));
+        let Ok(Cmd::Run(o)) = run(&[
+            "run",
+            "--sentinel",
+            "redis://s1/",
+            "--sentinel",
+            "redis://s2/",
+            "--master",
+            "m",
+            "--key",
+            "k",
+            "--replica-acks",
+            "2",
+            "--",
+            "true",
+        ]) else {
+            panic!("valid")
+        };
+        assert_eq!(
+            o.target.deployment,
+            Deployment::Sentinel {
+                sentinels: vec!["redis://s1/".into(), "redis://s2/".into()],
+                master: "m".into()
+            }
+        );
+        assert_eq!(o.target.url, "redis://s1/");
+        assert_eq!(o.replica_acks, ReplicaAcks::Require(2));
+        let Ok(Cmd::Status(t)) = run(&["status", "--cluster", "redis://c/", "--key", "k"]) else {
+            panic!("valid")
+        };
+        assert_eq!(t.deployment, Deployment::Cluster(vec!["redis://c/".into()]));
+        let Ok(Cmd::Run(o)) = run(&["run", "--key", "k", "--", "true"]) else {
+            panic!("valid")
+        };
+        assert_eq!(
+            (o.target.deployment, o.replica_acks),
+            (Deployment::Single, ReplicaAcks::Auto)
+        );
+        for bad in [
+            &["status", "--sentinel", "redis://s/", "--key", "k"][..],
+            &["status", "--master", "m", "--key", "k"],
+            &["status", "--url", "u", "--cluster", "c", "--key", "k"],
+            &["status", "--replica-acks", "1", "--key", "k"],
+            &["run", "--replica-acks", "some", "--key", "k", "--", "true"],
+        ] {
+            assert!(run(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

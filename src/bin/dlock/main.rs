@@ -123,6 +123,17 @@ impl Failure {
                     Failure::new(code::USAGE, format!("bad Redis URL {url}: {detail}"))
                 }
             }
+            LockError::NotReplicated {
+                confirmed,
+                required,
+                ..
+            } => Failure::new(
+                code::UNAVAILABLE,
+                format!(
+                    "the lock was confirmed by {confirmed} of the {required} replicas it needs \
+                     in time, so a failover could lose it: not taken"
+                ),
+            ),
             LockError::LateReply { .. } | LockError::NoQuorum { .. } => {
                 Failure::new(code::BUSY, e.report())
             }

@@ -31,7 +31,7 @@ use redis_dlock::{
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::Signals;
 
-use crate::args::{RunOpts, Wait};
+use crate::args::{Deployment, RunOpts, Wait};
 use crate::{code, say, Failure};
 
 /// Pooled connections: the acquire, the watchdog or renewal thread, and a release.
@@ -71,8 +71,16 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
     let url = o.target.url.clone();
     let key = o.target.key.clone();
     let fail = |e: &LockError| Failure::from_lock_error(e, &url);
-    let client = LockClient::builder(&url)
+    let builder = match &o.target.deployment {
+        Deployment::Single => LockClient::builder(url.as_str()),
+        Deployment::Sentinel { sentinels, master } => {
+            LockClient::sentinel_builder(sentinels, master.as_str())
+        }
+        Deployment::Cluster(nodes) => LockClient::cluster_builder(nodes),
+    };
+    let client = builder
         .pool_size(POOL_SIZE)
+        .replica_acks(o.replica_acks)
         .build()
         .map_err(|e| fail(&e))?;
     let (tx, rx) = mpsc::channel::<Event>();

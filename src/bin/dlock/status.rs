@@ -1,11 +1,12 @@
-//! `dlock status` and `dlock release --force`: plain Redis commands on one connection.
+//! `dlock status` and `dlock release --force`: plain Redis commands on one connection (to the
+//! server, the master the Sentinels name, or the Cluster).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::{Connection, RedisError};
+use redis::{Connection, ConnectionLike, RedisError};
 use redis_dlock::{Recognized, Strategy};
 
-use crate::args::{name_of, Target, ENCODINGS};
+use crate::args::{name_of, Deployment, Target, ENCODINGS};
 use crate::{chain, code, redact, Failure};
 
 /// Time allowed to connect and for each reply.
@@ -13,17 +14,68 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// Prefix of the channel on which releases are announced (Redisson's, as the library's).
 const CHANNEL_PREFIX: &str = "redisson_lock__channel";
 
-fn connect(target: &Target) -> Result<Connection, Failure> {
-    let url = redact(&target.url);
-    let client = redis::Client::open(target.url.as_str())
-        .map_err(|e| Failure::new(code::USAGE, format!("bad Redis URL {url}: {e}")))?;
-    let conn = client
-        .get_connection_with_timeout(TIMEOUT)
-        .map_err(|e| unavailable(&target.url, &e))?;
-    conn.set_read_timeout(Some(TIMEOUT))
-        .and_then(|()| conn.set_write_timeout(Some(TIMEOUT)))
-        .map_err(|e| unavailable(&target.url, &e))?;
-    Ok(conn)
+/// A connection to where `target`'s key lives: the server of `--url`, the master the
+/// Sentinels name, or the Cluster (each command routed by its key).
+fn connect(target: &Target) -> Result<Box<dyn ConnectionLike>, Failure> {
+    let open = |url: &str| {
+        redis::Client::open(url)
+            .map_err(|e| Failure::new(code::USAGE, format!("bad Redis URL {}: {e}", redact(url))))
+    };
+    let single = |client: redis::Client| -> Result<Connection, Failure> {
+        let conn = client
+            .get_connection_with_timeout(TIMEOUT)
+            .map_err(|e| unavailable(&target.url, &e))?;
+        conn.set_read_timeout(Some(TIMEOUT))
+            .and_then(|()| conn.set_write_timeout(Some(TIMEOUT)))
+            .map_err(|e| unavailable(&target.url, &e))?;
+        Ok(conn)
+    };
+    match &target.deployment {
+        Deployment::Single => Ok(Box::new(single(open(&target.url)?)?)),
+        Deployment::Sentinel { sentinels, master } => {
+            let mut last = None;
+            for url in sentinels {
+                let named: Result<Option<(String, u16)>, Failure> =
+                    single(open(url)?).and_then(|mut c| {
+                        redis::cmd("SENTINEL")
+                            .arg("GET-MASTER-ADDR-BY-NAME")
+                            .arg(master)
+                            .query(&mut c)
+                            .map_err(|e| unavailable(url, &e))
+                    });
+                match named {
+                    Ok(Some((host, port))) => {
+                        // Reached as the Sentinel is: over TLS when its URL is rediss://.
+                        let scheme = if url.starts_with("rediss://") {
+                            "rediss"
+                        } else {
+                            "redis"
+                        };
+                        return Ok(Box::new(single(open(&format!(
+                            "{scheme}://{host}:{port}/"
+                        ))?)?));
+                    }
+                    Ok(None) => {
+                        last = Some(Failure::new(
+                            code::UNAVAILABLE,
+                            format!("the Sentinel at {} knows no master {master:?}", redact(url)),
+                        ))
+                    }
+                    Err(f) => last = Some(f),
+                }
+            }
+            Err(last.unwrap_or_else(|| Failure::new(code::USAGE, "no Sentinel given")))
+        }
+        Deployment::Cluster(nodes) => {
+            let conn = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                .connection_timeout(TIMEOUT)
+                .response_timeout(TIMEOUT)
+                .build()
+                .and_then(|c| c.get_connection())
+                .map_err(|e| unavailable(&target.url, &e))?;
+            Ok(Box::new(conn))
+        }
+    }
 }
 
 fn unavailable(url: &str, e: &RedisError) -> Failure {
@@ -41,7 +93,7 @@ fn unavailable(url: &str, e: &RedisError) -> Failure {
 }
 
 fn query<T: redis::FromRedisValue>(
-    conn: &mut Connection,
+    conn: &mut dyn ConnectionLike,
     target: &Target,
     cmd: &redis::Cmd,
 ) -> Result<T, Failure> {
@@ -72,7 +124,7 @@ fn ttl_line(pttl: i64) -> String {
 pub fn status(target: &Target) -> Result<u8, Failure> {
     let mut conn = connect(target)?;
     let key = &target.key;
-    let kind: String = query(&mut conn, target, redis::cmd("TYPE").arg(key))?;
+    let kind: String = query(conn.as_mut(), target, redis::cmd("TYPE").arg(key))?;
     println!("key: {key}");
     match kind.as_str() {
         "none" => {
@@ -80,8 +132,8 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
             Ok(code::FREE)
         }
         "string" => {
-            let value: Option<Vec<u8>> = query(&mut conn, target, redis::cmd("GET").arg(key))?;
-            let pttl: i64 = query(&mut conn, target, redis::cmd("PTTL").arg(key))?;
+            let value: Option<Vec<u8>> = query(conn.as_mut(), target, redis::cmd("GET").arg(key))?;
+            let pttl: i64 = query(conn.as_mut(), target, redis::cmd("PTTL").arg(key))?;
             let Some(value) = value else {
                 println!("free");
                 return Ok(code::FREE);
@@ -99,7 +151,7 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
                     // has no fair lock (building one fails).
                     if let Ok(queue) = redis_dlock::FairLock::queue_key_for(key) {
                         let waiting: i64 =
-                            query(&mut conn, target, redis::cmd("ZCARD").arg(&queue))?;
+                            query(conn.as_mut(), target, redis::cmd("ZCARD").arg(&queue))?;
                         println!("waiters: {waiting} (queued in {queue})");
                     }
                     Ok(0)
@@ -138,8 +190,8 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
         }
         "hash" => {
             let fields: Vec<(Vec<u8>, Vec<u8>)> =
-                query(&mut conn, target, redis::cmd("HGETALL").arg(key))?;
-            let pttl: i64 = query(&mut conn, target, redis::cmd("PTTL").arg(key))?;
+                query(conn.as_mut(), target, redis::cmd("HGETALL").arg(key))?;
+            let pttl: i64 = query(conn.as_mut(), target, redis::cmd("PTTL").arg(key))?;
             println!("kind: hash (reentrant lock: owner -> hold count)");
             for (field, count) in &fields {
                 println!(
@@ -152,7 +204,7 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
             Ok(if fields.is_empty() { code::FREE } else { 0 })
         }
         other => {
-            let pttl: i64 = query(&mut conn, target, redis::cmd("PTTL").arg(key))?;
+            let pttl: i64 = query(conn.as_mut(), target, redis::cmd("PTTL").arg(key))?;
             println!("kind: {other} (not a lock)\n{}", ttl_line(pttl));
             Ok(0)
         }
@@ -173,14 +225,14 @@ fn channel(key: &str) -> String {
 pub fn release(target: &Target) -> Result<u8, Failure> {
     let mut conn = connect(target)?;
     let key = &target.key;
-    let deleted: i64 = query(&mut conn, target, redis::cmd("DEL").arg(key))?;
+    let deleted: i64 = query(conn.as_mut(), target, redis::cmd("DEL").arg(key))?;
     if deleted == 0 {
         println!("{key}: no lock to release");
         return Ok(code::FREE);
     }
     // Best effort: waiters woken by pub/sub try at once instead of at their next poll.
     let published: Result<i64, Failure> = query(
-        &mut conn,
+        conn.as_mut(),
         target,
         redis::cmd("PUBLISH").arg(channel(key)).arg("0"),
     );
