@@ -19,7 +19,6 @@
 
 mod support;
 
-use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::{
@@ -220,14 +219,14 @@ fn kill_master_promote_replica(set: &mut Sentinel) {
     );
 }
 
-/// Calls `try_lock` + `unlock` on `lock` every 50 ms until a full cycle succeeds. Every failure
+/// Calls `try_lock` + `unlock` on `lock` every 5 ms until a full cycle succeeds. Every failure
 /// must be an error (never a panic, never contention on this private key) returned within
 /// [`MAX_CALL`]; gives up after [`RECOVERY`].
 fn until_it_works_again(lock: &dyn DistributedLock) -> Recovery {
     let start = Instant::now();
     let mut errors = Vec::new();
     let mut slowest_call = Duration::ZERO;
-    loop {
+    let worked = support::wait_until(RECOVERY, || {
         let t = Instant::now();
         let result = lock.try_lock().and_then(|g| g.unlock());
         let took = t.elapsed();
@@ -237,25 +236,24 @@ fn until_it_works_again(lock: &dyn DistributedLock) -> Recovery {
             "a lock call took {took:?} during the failover ({result:?})"
         );
         match result {
-            Ok(true) => {
-                return Recovery {
-                    took: start.elapsed(),
-                    errors,
-                    slowest_call,
-                }
-            }
+            Ok(true) => true,
             Ok(false) => panic!("a fresh lock was lost before its unlock"),
             Err(e @ (LockError::Connection { .. } | LockError::Redis { .. })) => {
-                errors.push(e.to_string())
+                errors.push(e.to_string());
+                false
             }
             Err(e) => panic!("unexpected error during the failover: {e:?}"),
         }
-        assert!(
-            start.elapsed() < RECOVERY,
-            "the client did not work again within {RECOVERY:?}; last errors: {:#?}",
-            &errors[errors.len().saturating_sub(3)..]
-        );
-        thread::sleep(Duration::from_millis(50));
+    });
+    assert!(
+        worked,
+        "the client did not work again within {RECOVERY:?}; last errors: {:#?}",
+        &errors[errors.len().saturating_sub(3)..]
+    );
+    Recovery {
+        took: start.elapsed(),
+        errors,
+        slowest_call,
     }
 }
 
@@ -388,19 +386,17 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
     }
 
     // Client b acquires the same locks while a's leases are still valid: two holders at once.
-    let deadline = Instant::now() + RECOVERY;
-    let granted_b = loop {
+    let mut granted_b = None;
+    let mut last = String::new();
+    let got = support::wait_until(RECOVERY, || {
         match (token_b.try_lock(), classic_b.try_lock()) {
-            (Ok(t), Ok(c)) => break [t, c],
-            (t, c) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "b never got the locks: {t:?} {c:?}"
-                );
-                thread::sleep(Duration::from_millis(50));
-            }
+            (Ok(t), Ok(c)) => granted_b = Some([t, c]),
+            (t, c) => last = format!("{t:?} {c:?}"),
         }
-    };
+        granted_b.is_some()
+    });
+    assert!(got, "b never got the locks: {last}");
+    let granted_b = granted_b.expect("granted");
     for (ga, gb) in held.iter().zip(&granted_b) {
         assert!(
             ga.remaining() > Duration::from_secs(30),
@@ -595,19 +591,14 @@ fn a_master_named_without_an_announcement_is_followed() {
         .query(&mut sentinel)
         .unwrap();
     let renamed = Instant::now();
-    let followed = loop {
+    let moved = support::wait_until(Duration::from_secs(10), || {
         let held = lock.try_lock().unwrap();
         let (on_old, on_new) = (on(&mut old), on(&mut new));
         assert!(held.unlock().unwrap());
-        if on_new && !on_old {
-            break renamed.elapsed();
-        }
-        assert!(
-            renamed.elapsed() < Duration::from_secs(10),
-            "the client still takes its locks on the old master"
-        );
-        thread::sleep(Duration::from_millis(50));
-    };
+        on_new && !on_old
+    });
+    let followed = renamed.elapsed();
+    assert!(moved, "the client still takes its locks on the old master");
     eprintln!("followed a master named without an announcement after {followed:?}");
     assert!(followed < Duration::from_secs(5), "{followed:?}");
 }
