@@ -498,6 +498,15 @@ impl Contenders {
     }
 
     /// Stops the threads; asserts no overlap and no unexpected error.
+    /// Waits until every lock had `n` critical sections (at most `timeout`): true if so.
+    fn wait_entries(&self, n: usize, timeout: Duration) -> bool {
+        wait_until(timeout, || {
+            self.probes
+                .iter()
+                .all(|p| p.entries.load(Ordering::SeqCst) >= n)
+        })
+    }
+
     fn finish(self) -> Vec<usize> {
         self.stop.store(true, Ordering::SeqCst);
         for h in self.handles {
@@ -543,9 +552,11 @@ fn mutual_exclusion_of_four_threads_across_the_masters() {
         .map(|(t, v)| (format!("{t}:{}", v.name()), v))
         .collect();
     let contenders = Contenders::start(&cluster, 4, &locks);
-    // The contention runs 3 s: its length is the test's load.
-    support::work(Duration::from_secs(3));
+    // Until every lock had 20 critical sections under contention: a count, not a rate (a
+    // busy machine takes longer, and the minute is far beyond what any run took).
+    let enough = contenders.wait_entries(20, Duration::from_secs(60));
     let entries = contenders.finish();
+    assert!(enough, "too few critical sections: {entries:?}");
     for ((key, _), n) in locks.iter().zip(&entries) {
         assert!(*n >= 20, "{key}: only {n} critical sections");
         let mut conn = cluster.conn_for_key(key);
