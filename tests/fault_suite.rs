@@ -1066,8 +1066,10 @@ fn fault_suite_churn_worker() {
 }
 
 /// Most threads above the steady state a churning process may have: a few clients' background
-/// threads still winding down after their client was dropped.
-const CHURN_THREAD_SLACK: usize = 24;
+/// threads still winding down after their client was dropped. Peaks of 18-20 above steady were
+/// seen on 2 shared cores, alone and beside a build: twice that leaves room for a slower
+/// machine, and a leak (every dropped client's threads kept) would be hundreds.
+const CHURN_THREAD_SLACK: usize = 48;
 /// Most resident memory above the steady state a churning process may gain.
 const CHURN_RSS_SLACK_KIB: u64 = 32 * 1024;
 
