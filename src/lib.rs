@@ -87,6 +87,14 @@ mod rwlock;
 #[doc(hidden)]
 pub mod bench_hooks;
 
+/// For the crate's own tests: events to wait for instead of sleeping; cargo feature
+/// `test-hooks`. Unstable: not part of the API, no semver promise.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod test_hooks {
+    pub use crate::client::test_hooks::{Event, TestHooks};
+}
+
 pub use client::builder::{ClientBuilder, ConnectionTarget};
 pub use client::confirm::{ReplicaAcks, DEFAULT_REPLICA_ACK_TIMEOUT};
 pub use client::{

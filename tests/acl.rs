@@ -140,6 +140,7 @@ fn full_use(server: &RedisServer, name: &str, strategy: Strategy, fencing: bool)
         let got = lb.lock().and_then(|g| g.unlock());
         (got.map_err(|e| e.report()), t.elapsed())
     });
+    // Time under test: held past its lease.
     thread::sleep(Duration::from_millis(1_500));
     assert!(
         guard.is_held().unwrap(),

@@ -62,6 +62,7 @@ fn token_and_reentrant_report_the_servers_pttl_and_force_unlock_publishes() {
         assert_eq!(other.remaining_ttl().unwrap(), None);
 
         let guard = lock.lock().unwrap();
+        // Time under test: the TTL read below has run down by this much.
         thread::sleep(Duration::from_millis(300));
         // Another client, which holds nothing, sees the holder's lock and the server's PTTL.
         assert!(other.is_locked().unwrap(), "{key}");
@@ -101,6 +102,7 @@ fn force_unlock_wakes_a_waiter_of_another_client_at_once() {
     let lock = holder.lock("admin:wake").build().unwrap(); // watched: 30 s lease
     let guard = lock.lock().unwrap();
     let key = "admin:wake".to_owned();
+    let listener = waiter.clone();
     let woken = thread::spawn(move || {
         let lock = waiter.lock(key.as_str()).build().unwrap();
         let start = std::time::Instant::now();
@@ -109,8 +111,8 @@ fn force_unlock_wakes_a_waiter_of_another_client_at_once() {
             .map(|g| g.unlock());
         (got.is_ok(), start.elapsed())
     });
-    // Let the waiter subscribe and sleep on the holder's 30 s lease.
-    thread::sleep(Duration::from_millis(500));
+    // Once the waiter listens, sleeping on the holder's 30 s lease.
+    support::wait_listening(&listener, 1, 2);
     assert!(holder
         .lock("admin:wake")
         .build()
@@ -378,6 +380,7 @@ fn fair_lock_answers_and_force_unlock_lets_the_queue_in() {
     let guard = lock.lock().unwrap();
     let ttl = ms(lock.remaining_ttl().unwrap());
     assert!((29_000..=30_000).contains(&ttl), "{ttl} ms");
+    let listener = waiter.clone();
     let queued = thread::spawn(move || {
         let lock = build(&waiter);
         let start = std::time::Instant::now();
@@ -386,7 +389,7 @@ fn fair_lock_answers_and_force_unlock_lets_the_queue_in() {
             .map(|g| g.unlock());
         (got.is_ok(), start.elapsed())
     });
-    thread::sleep(Duration::from_millis(500));
+    support::wait_listening(&listener, 1, 2);
     assert!(lock.force_unlock().unwrap());
     let (acquired, waited) = queued.join().unwrap();
     assert!(acquired);

@@ -321,7 +321,9 @@ fn without_key_ttl_a_stale_key_stays_until_taken_over() {
         false,
     );
     let lease = lock.try_acquire().unwrap().unwrap();
-    thread::sleep(Duration::from_millis(400));
+    // Until the expiry timestamp written in the value has passed.
+    let expiry = decode(Encoding::Decimal, lease.value());
+    assert!(support::wait_until(Duration::from_secs(5), || epoch_ms() > expiry));
     // Legacy behaviour: no Redis TTL, the timestamp alone says the lock is free.
     assert_eq!(
         raw::get(&mut conn, "cl:stale-stays").as_deref(),
@@ -417,7 +419,8 @@ fn usable_as_box_and_arc_dyn_across_threads() {
                         let g = lock.lock().expect("lock");
                         assert!(!inside.swap(true, Ordering::SeqCst), "mutual exclusion");
                         entries.fetch_add(1, Ordering::SeqCst);
-                        thread::sleep(Duration::from_millis(1));
+                        // The window in which another thread inside would be seen.
+                        support::work(Duration::from_millis(1));
                         inside.store(false, Ordering::SeqCst);
                         assert!(g.unlock().expect("unlock"));
                     }

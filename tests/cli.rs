@@ -173,18 +173,16 @@ impl Dlock {
 
     /// Waits for the exit; kills it and panics after `bound`.
     fn wait(mut self, bound: Duration) -> Ended {
-        let deadline = Instant::now() + bound;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                let err = self.err.take().map(|h| h.join().unwrap_or_default());
-                panic!("dlock did not exit within {bound:?}; stderr: {err:?}");
-            }
-            thread::sleep(Duration::from_millis(10));
+        let mut exited = None;
+        wait_until(bound, || {
+            exited = self.child.try_wait().expect("try_wait");
+            exited.is_some()
+        });
+        let Some(status) = exited else {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let err = self.err.take().map(|h| h.join().unwrap_or_default());
+            panic!("dlock did not exit within {bound:?}; stderr: {err:?}");
         };
         let took = self.started.elapsed();
         Ended {
@@ -296,7 +294,8 @@ fn second_run_waits_for_the_first_or_exits_75_with_no_wait() {
         "{timed_out:?}"
     );
 
-    // The waiting run has not run its command while the first holds the lock.
+    // The waiting run has not run its command while the first holds the lock (given time to,
+    // which it must not use).
     let mut second = second;
     thread::sleep(Duration::from_millis(500));
     assert!(
@@ -366,6 +365,7 @@ fn a_command_that_outlives_several_leases_keeps_its_lock() {
         let classic = raw::get(&mut conn, "long-classic").expect("classic still held");
         let expiry_ms = expiry::decode(Encoding::Decimal, &classic);
         assert!(expiry_ms > epoch_ms(), "classic expiry passed while held");
+        // Time under test: sampled while the leases run past their length.
         thread::sleep(Duration::from_millis(100));
     }
     let last_expiry = expiry::decode(
@@ -548,17 +548,12 @@ exit 42
     dir.wait_for("started");
     keyboard.write_all(b"\x03").expect("type Ctrl-C");
     keyboard.flush().expect("flush");
-    let deadline = Instant::now() + EXIT_BOUND;
-    let status = loop {
-        if let Some(status) = script.try_wait().expect("try_wait") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "dlock under script(1) did not exit"
-        );
-        thread::sleep(Duration::from_millis(10));
-    };
+    let mut exited = None;
+    wait_until(EXIT_BOUND, || {
+        exited = script.try_wait().expect("try_wait");
+        exited.is_some()
+    });
+    let status = exited.expect("dlock under script(1) did not exit");
     drop(keyboard);
     assert_eq!(
         status.code(),
@@ -795,6 +790,7 @@ fn classic_interlocks_with_java_setnx_getset_lockers() {
             java_try_lock(&mut conn, "j", Encoding::Decimal, 1_000, None),
             None
         );
+        // Time under test: tried while the 1 s lease runs past its length.
         thread::sleep(Duration::from_millis(100));
     }
     let value = raw::get(&mut conn, "j").expect("held");
@@ -848,6 +844,7 @@ fn classic_interlocks_with_java_setnx_getset_lockers() {
             raw::pttl(&mut conn, "b") > 0,
             "big-endian: the key has a TTL"
         );
+        // Time under test: sampled while the lease runs past its length.
         thread::sleep(Duration::from_millis(100));
     }
     dir.touch("go");
@@ -1009,6 +1006,7 @@ fn fair_runs_take_turns_and_status_and_forced_release_know_them() {
     );
     let waiting = status("fair-job");
     assert!(waiting.stdout.contains("waiters: 1"), "{waiting:?}");
+    // Given time to run its command, which it must not.
     thread::sleep(Duration::from_millis(500));
     assert!(
         second.is_running() && !b.has("ran"),

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{
     DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
 };
@@ -225,7 +226,8 @@ fn checked_cycle(owner: &RedisServer, a: &LockClient, b: &LockClient, key: &str,
     // A Classic value is the expiry timestamp: a hold taken in the same millisecond with the
     // same lifetime has the same value, and a release of the old lease would delete it. Let the
     // clock move on so that the next hold is distinguishable.
-    thread::sleep(Duration::from_millis(3));
+    let now = epoch_ms();
+    assert!(wait_until(Duration::from_secs(1), || epoch_ms() > now + 1));
     let gb = lb
         .try_lock()
         .unwrap_or_else(|e| panic!("{what}: b after release: {e}"));
@@ -461,7 +463,8 @@ impl Contenders {
                             match lock.try_lock_for(Duration::from_secs(3)) {
                                 Ok(g) => {
                                     probe.enter();
-                                    thread::sleep(Duration::from_millis(5));
+                                    // The window in which an overlap would be seen.
+                                    support::work(Duration::from_millis(5));
                                     probe.leave();
                                     match g.unlock() {
                                         Ok(true) => {}
@@ -495,6 +498,15 @@ impl Contenders {
     }
 
     /// Stops the threads; asserts no overlap and no unexpected error.
+    /// Waits until every lock had `n` critical sections (at most `timeout`): true if so.
+    fn wait_entries(&self, n: usize, timeout: Duration) -> bool {
+        wait_until(timeout, || {
+            self.probes
+                .iter()
+                .all(|p| p.entries.load(Ordering::SeqCst) >= n)
+        })
+    }
+
     fn finish(self) -> Vec<usize> {
         self.stop.store(true, Ordering::SeqCst);
         for h in self.handles {
@@ -540,8 +552,11 @@ fn mutual_exclusion_of_four_threads_across_the_masters() {
         .map(|(t, v)| (format!("{t}:{}", v.name()), v))
         .collect();
     let contenders = Contenders::start(&cluster, 4, &locks);
-    thread::sleep(Duration::from_secs(3));
+    // Until every lock had 20 critical sections under contention: a count, not a rate (a
+    // busy machine takes longer, and the minute is far beyond what any run took).
+    let enough = contenders.wait_entries(20, Duration::from_secs(60));
     let entries = contenders.finish();
+    assert!(enough, "too few critical sections: {entries:?}");
     for ((key, _), n) in locks.iter().zip(&entries) {
         assert!(*n >= 20, "{key}: only {n} critical sections");
         let mut conn = cluster.conn_for_key(key);
@@ -602,7 +617,8 @@ fn migrate_slot(
         if Instant::now() >= deadline {
             break;
         }
-        thread::sleep(Duration::from_millis(5));
+        // Paced (time under test): the migration lasts the window, locks taken meanwhile.
+        support::work(Duration::from_millis(5));
     }
     assert!(
         keys_in_slot(src, slot).is_empty(),
@@ -843,7 +859,8 @@ fn auxiliary_keys_and_channels_stay_in_the_lock_slot() {
             .build()
             .unwrap();
         let guard = watched.try_lock().unwrap();
-        thread::sleep(Duration::from_millis(1_500));
+        // Past the lease by renewals alone.
+        support::wait_renewals(&a, a.stats().renewals, 1, 4);
         assert!(!guard.is_lost(), "{what}: watched hold renewed");
         assert!(guard.is_held().unwrap(), "{what}: still ours on the server");
         assert!(guard.unlock().unwrap());
@@ -863,6 +880,8 @@ fn auxiliary_keys_and_channels_stay_in_the_lock_slot() {
             .build()
             .unwrap();
         let held = holder.try_lock().unwrap();
+        let subscribed = b.test_hooks().count(Event::Subscribed);
+        let refused = b.stats().refusals;
         let started = Instant::now();
         let got = thread::scope(|s| {
             let w = s.spawn(|| {
@@ -870,7 +889,7 @@ fn auxiliary_keys_and_channels_stay_in_the_lock_slot() {
                     .try_lock_for(Duration::from_secs(20))
                     .map(|g| g.unlock())
             });
-            thread::sleep(Duration::from_millis(300));
+            support::wait_listening(&b, subscribed + 1, refused + 2);
             assert!(held.unlock().unwrap());
             w.join().unwrap()
         });

@@ -334,7 +334,8 @@ fn crash_then_contenders(kind: Kind) {
                 if probe.fetch_add(1, Ordering::SeqCst) != 0 {
                     violations.fetch_add(1, Ordering::SeqCst);
                 }
-                thread::sleep(Duration::from_millis(20));
+                // The window in which an overlap would be seen.
+                support::work(Duration::from_millis(20));
                 if probe.fetch_sub(1, Ordering::SeqCst) != 1 {
                     violations.fetch_add(1, Ordering::SeqCst);
                 }

@@ -113,7 +113,7 @@ fn raw_conn(url: &str) -> redis::Connection {
 /// Work outside the critical section: gives the waiters a chance to take the lock, so that
 /// holds change hands often instead of one thread re-acquiring in a burst.
 fn outside_work() {
-    thread::sleep(Duration::from_micros(OUTSIDE_WORK_MICROS));
+    support::work(Duration::from_micros(OUTSIDE_WORK_MICROS));
 }
 
 /// Acquire attempts that found the lock held: every attempt sends one `SET .. NX` (Token) or

@@ -8,6 +8,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, LockGuard, ReadWriteLock, RedLockClient, RetryPolicy,
     Strategy, WakeUp, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY, MAX_TTL, MIN_RETRY_DELAY,
@@ -312,6 +313,7 @@ fn sleep_of_duration_max_waits_for_a_local_release() {
                 let g = waiter.get().lock();
                 (g.map(|g| g.unlock()), start.elapsed())
             });
+            // Given time to return early, which it must not.
             thread::sleep(WAIT);
             let early = t.is_finished();
             assert!(held.unlock().expect("release"), "{kind:?}");
@@ -365,6 +367,7 @@ fn try_lock_for_duration_max_waits_until_released() {
                 let g = waiter.get().try_lock_for(Duration::MAX);
                 g.map(|g| g.unlock())
             });
+            // Given time to return early, which it must not.
             thread::sleep(WAIT);
             assert!(!t.is_finished(), "{kind:?}: must wait while held");
             let released = Instant::now();
@@ -638,7 +641,7 @@ fn outage(command_timeout: Option<Duration>) {
     let (head, queued) = thread::scope(|s| {
         let head = s.spawn(run);
         // The head's first attempt is refused (held), then it sleeps 200 ms in the line.
-        thread::sleep(Duration::from_millis(60));
+        support::wait_event(&c, Event::Queued, 1);
         server.pause();
         let queued: Vec<_> = (0..3).map(|_| s.spawn(run)).collect();
         let queued: Vec<_> = queued

@@ -60,6 +60,8 @@ struct Load {
     log: Arc<Mutex<Vec<Section>>>,
     errors: Arc<Mutex<Vec<String>>>,
     counter: String,
+    /// The threads' clients, for their test hooks.
+    clients: Arc<Mutex<Vec<LockClient>>>,
 }
 
 fn strategy_of(key: &str) -> Strategy {
@@ -80,13 +82,16 @@ impl Load {
         let log = Arc::new(Mutex::new(Vec::new()));
         let errors = Arc::new(Mutex::new(Vec::new()));
         let make_client = Arc::new(make_client);
+        let clients = Arc::new(Mutex::new(Vec::new()));
         let threads = (0..THREADS)
             .map(|t| {
                 let (stop, log, errors) = (stop.clone(), log.clone(), errors.clone());
+                let clients = clients.clone();
                 let (keys, make_client) = (keys.to_vec(), make_client.clone());
                 let counter = counter.client();
                 thread::spawn(move || {
                     let client = make_client();
+                    clients.lock().unwrap().push(client.clone());
                     let mut con = counter.get_connection().expect("counter server");
                     con.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                     let mut counts: HashMap<String, u64> = HashMap::new();
@@ -115,7 +120,8 @@ impl Load {
                                 if !matches!(e, redis_dlock::LockError::Timeout { .. }) {
                                     log::debug!("LOAD {key}: lock: {}", e.report());
                                     errors.lock().unwrap().push(format!("{key}: lock: {e}"));
-                                    thread::sleep(Duration::from_millis(20));
+                                    // A pause after an error, as an application would make.
+                                    support::work(Duration::from_millis(20));
                                 }
                                 continue;
                             }
@@ -124,7 +130,8 @@ impl Load {
                         let owner = String::from_utf8_lossy(guard.value()).into_owned();
                         let ck = format!("counter:{key}");
                         let v: Option<i64> = redis::cmd("GET").arg(&ck).query(&mut con).unwrap();
-                        thread::sleep(SECTION);
+                        // The section's work: the load's holds last a while.
+                        support::work(SECTION);
                         redis::cmd("SET")
                             .arg(&ck)
                             .arg(v.unwrap_or(0) + 1)
@@ -161,6 +168,24 @@ impl Load {
             log,
             errors,
             counter: counter.url(),
+            clients,
+        }
+    }
+
+    /// Waits until `n` more sections were entered than now: the load runs on meanwhile.
+    fn run_sections(&self, n: usize) {
+        let target = self.log.lock().unwrap().len() + n;
+        assert!(
+            wait_until(support::EVENT_TIMEOUT, || self.log.lock().unwrap().len()
+                >= target),
+            "the load made no progress"
+        );
+    }
+
+    /// Waits until every client of the load followed a master switch (Sentinel).
+    fn wait_switched(&self) {
+        for c in self.clients.lock().unwrap().iter() {
+            support::wait_event(c, redis_dlock::test_hooks::Event::Switched, 1);
         }
     }
 
@@ -538,7 +563,7 @@ fn cluster_primary_sigkilled_under_load() {
     let load = Load::start(move || cluster_client(&urls), &keys, &counter);
     let warm = Instant::now();
     load.wait_all_entered(&keys, warm, Duration::from_secs(10));
-    thread::sleep(Duration::from_millis(500));
+    load.run_sections(50);
 
     cluster.node_mut(victim).kill();
     let killed = Instant::now();
@@ -551,7 +576,7 @@ fn cluster_primary_sigkilled_under_load() {
     );
     let failover = killed.elapsed();
     load.wait_all_entered(&keys, killed, failover + TIMEOUT + SLACK);
-    thread::sleep(Duration::from_millis(500));
+    load.run_sections(50);
     let report = load.stop();
     let live: Vec<String> = (0..cluster.nodes().len())
         .filter(|&i| i != victim)
@@ -690,28 +715,27 @@ fn migrate_slot(
             .arg(1)
             .query(&mut src)
             .unwrap();
-        let Some(key) = keys.first() else {
-            if started.elapsed() >= DWELL {
-                break;
+        if let Some(key) = keys.first() {
+            let r: redis::RedisResult<()> = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(cluster.node(to).port())
+                .arg(key)
+                .arg(0)
+                .arg(5_000)
+                .exec(&mut src);
+            if r.is_ok() {
+                moved += 1;
             }
-            thread::sleep(pause);
-            continue;
-        };
-        let r: redis::RedisResult<()> = redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(cluster.node(to).port())
-            .arg(key)
-            .arg(0)
-            .arg(5_000)
-            .exec(&mut src);
-        if r.is_ok() {
-            moved += 1;
+            if !called {
+                called = true;
+                during();
+            }
+        } else if started.elapsed() >= DWELL {
+            break;
         }
-        if !called {
-            called = true;
-            during();
-        }
-        thread::sleep(pause);
+        // Paced (time under test): the migration lasts at least DWELL, locks taken and
+        // released meanwhile.
+        support::work(pause);
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "migration never ends"
@@ -813,7 +837,7 @@ fn cluster_slot_migration_with_live_locks() {
         .into_iter()
         .filter(|s| s.entered >= start)
         .collect();
-    thread::sleep(Duration::from_millis(300));
+    load.run_sections(30);
     let report = load.stop();
     no_lock_left(&keys, &mut cluster_client_raw(&cluster));
     let slowest = during
@@ -891,7 +915,7 @@ fn sentinel_master_sigkilled_under_load() {
     let urls = set.sentinel_urls();
     let load = Load::start(move || sentinel_client(&urls), &keys, &counter);
     load.wait_all_entered(&keys, Instant::now(), Duration::from_secs(10));
-    thread::sleep(Duration::from_millis(500));
+    load.run_sections(50);
     let old_port = set.server(0).port();
     set.server_mut(0).kill();
     let killed = Instant::now();
@@ -901,7 +925,7 @@ fn sentinel_master_sigkilled_under_load() {
     assert_eq!(new, 1);
     let failover = killed.elapsed();
     load.wait_all_entered(&keys, killed, failover + TIMEOUT + SLACK);
-    thread::sleep(Duration::from_millis(500));
+    load.run_sections(50);
     let report = load.stop();
     no_lock_left(&keys, &mut set.server(1).conn());
     let worst = report.check(
@@ -922,7 +946,7 @@ fn sentinel_graceful_failover_is_followed_at_once() {
     let urls = set.sentinel_urls();
     let load = Load::start(move || sentinel_client(&urls), &keys, &counter);
     load.wait_all_entered(&keys, Instant::now(), Duration::from_secs(10));
-    thread::sleep(Duration::from_millis(500));
+    load.run_sections(50);
     let old_port = set.server(0).port();
     let asked = Instant::now();
     redis::cmd("SENTINEL")
@@ -937,8 +961,9 @@ fn sentinel_graceful_failover_is_followed_at_once() {
     let failover = asked.elapsed();
     // The old master still answers as a master until Sentinel reconfigures it (its INFO period
     // is 10 s): the clients must have left it already.
-    thread::sleep(Duration::from_millis(500));
+    load.wait_switched();
     let before = lock_commands(set.server(0));
+    // Commands that must not come are given time to.
     thread::sleep(Duration::from_secs(2));
     let after = lock_commands(set.server(0));
     let still_master = role(set.server(0)).as_deref() == Some("master");

@@ -195,11 +195,10 @@ impl Fault {
 
     /// Injects the fault and returns once it is over (the server answers normally again).
     fn inject(self, server: &mut RedisServer) {
-        match self {
+        let d = match self {
             Fault::Sigstop(d) => {
                 server.pause();
-                thread::sleep(d);
-                server.resume();
+                d
             }
             Fault::ClientPauseWrite(d) => {
                 let _: () = redis::cmd("CLIENT")
@@ -208,13 +207,20 @@ impl Fault {
                     .arg("WRITE")
                     .query(&mut server.conn())
                     .expect("CLIENT PAUSE");
-                thread::sleep(d);
+                d
             }
             Fault::Restart(d) => {
                 server.stop();
-                thread::sleep(d);
-                server.restart();
+                d
             }
+            Fault::DebugSleep(_) => Duration::ZERO,
+        };
+        // Time under test: the fault lasts its length.
+        thread::sleep(d);
+        match self {
+            Fault::Sigstop(_) => server.resume(),
+            Fault::ClientPauseWrite(_) => {}
+            Fault::Restart(_) => server.restart(),
             Fault::DebugSleep(d) => {
                 let mut conn = server.conn();
                 conn.set_read_timeout(Some(d + Duration::from_secs(10)))
@@ -417,7 +423,8 @@ fn section(conn: &mut redis::Connection, kind: Kind, k: usize, acquired_ms: i64)
             .expect("INCR overlaps");
     }
     let value = get_i64(conn, &counter_key(kind, k));
-    thread::sleep(kind.section_sleep());
+    // The section's work: the window in which an overlap would lose an update.
+    support::work(kind.section_sleep());
     let ((), _): ((), i64) = redis::pipe()
         .cmd("SET")
         .arg(counter_key(kind, k))
@@ -463,12 +470,9 @@ fn fault_suite_worker() {
     thread::scope(|s| {
         s.spawn(|| {
             let mut conn = raw_conn(&data_url);
-            while !stop.load(Ordering::SeqCst) {
-                if get_i64(&mut conn, STOP_KEY) != 0 {
-                    stop.store(true, Ordering::SeqCst);
-                }
-                thread::sleep(Duration::from_millis(20));
-            }
+            let mut told = || stop.load(Ordering::SeqCst) || get_i64(&mut conn, STOP_KEY) != 0;
+            while !support::wait_until(Duration::from_secs(3600), &mut told) {}
+            stop.store(true, Ordering::SeqCst);
         });
         for _ in 0..threads {
             let (locks, stop, log, totals, data_url) = (&locks, &stop, &log, &totals, &data_url);
@@ -511,11 +515,13 @@ fn fault_suite_worker() {
                             Err(e) if e.is_contention() && !is_outage(&e) => tally.contention += 1,
                             Err(_) => {
                                 tally.acquire_errors += 1;
-                                thread::sleep(ERROR_PAUSE);
+                                // A pause after an error, as an application would make.
+                                support::work(ERROR_PAUSE);
                             }
                         },
                     }
-                    thread::sleep(Duration::from_micros(rng.random_range(500..2_500)));
+                    // Pauses between sections: the load's pace.
+                    support::work(Duration::from_micros(rng.random_range(500..2_500)));
                 }
                 totals.lock().unwrap().add(&tally);
                 log.lock().unwrap().extend(mine);
@@ -695,7 +701,8 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
         })
         .collect();
     let started = Instant::now();
-    thread::sleep(load.warm_up);
+    // The load runs its warm-up: its length is the test's load.
+    support::work(load.warm_up);
 
     let all_acquired: Vec<String> = kinds
         .iter()
@@ -716,29 +723,31 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
         // probe (or well past the bound), then a little more load.
         let mut probed: Vec<Option<i64>> = vec![None; all_acquired.len()];
         let give_up = Instant::now() + recovery_bound() + Duration::from_millis(500);
-        loop {
-            let acquired: Vec<Option<i64>> = redis::cmd("MGET")
-                .arg(&all_acquired)
-                .query(&mut data)
-                .expect("MGET acquired");
-            let mut pending = 0;
-            for (i, a) in acquired.iter().enumerate() {
-                if a.is_some_and(|a| a >= end) || probed[i].is_some() {
-                    continue;
-                }
-                if let Some(lock) = &probe_locks[i] {
-                    if let Ok(guard) = lock.try_lock() {
-                        probed[i] = Some(epoch_ms());
-                        let _ = guard.unlock();
+        let mut acquired: Vec<Option<i64>> = Vec::new();
+        let recovered =
+            support::wait_until(give_up.saturating_duration_since(Instant::now()), || {
+                acquired = redis::cmd("MGET")
+                    .arg(&all_acquired)
+                    .query(&mut data)
+                    .expect("MGET acquired");
+                let mut pending = 0;
+                for (i, a) in acquired.iter().enumerate() {
+                    if a.is_some_and(|a| a >= end) || probed[i].is_some() {
                         continue;
                     }
+                    if let Some(lock) = &probe_locks[i] {
+                        if let Ok(guard) = lock.try_lock() {
+                            probed[i] = Some(epoch_ms());
+                            let _ = guard.unlock();
+                            continue;
+                        }
+                    }
+                    pending += 1;
                 }
-                pending += 1;
-            }
-            if pending == 0 {
-                break;
-            }
-            if Instant::now() >= give_up {
+                pending == 0
+            });
+        if !recovered {
+            {
                 // What keeps the keys that were not taken again: their PTTL on the lock server.
                 let mut conn = lock_server.conn();
                 let stuck: Vec<String> = kinds
@@ -764,12 +773,11 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
                     epoch_ms() - end,
                     stuck.join(", ")
                 );
-                break;
             }
-            thread::sleep(Duration::from_millis(25));
         }
         faults.push((fault.name(), start, end, probed));
-        thread::sleep(load.after);
+        // Load between faults: its length is the test's load.
+        support::work(load.after);
     }
     let _: () = redis::cmd("SET")
         .arg(STOP_KEY)
@@ -1030,6 +1038,8 @@ fn fault_suite_churn_worker() {
     for i in 0..WARM_UP {
         churn_cycle(&url, i);
     }
+    // The warm-up clients' threads are given time to wind down before the steady state is
+    // measured.
     thread::sleep(Duration::from_millis(200));
     let (base_threads, base_rss) = (thread_count(), rss_kib());
     let (mut max_threads, mut max_rss) = (base_threads, base_rss);
@@ -1042,7 +1052,8 @@ fn fault_suite_churn_worker() {
         }
     }
     let elapsed = started.elapsed();
-    thread::sleep(Duration::from_millis(200));
+    // The last clients' threads wind down (bounded: the check below allows a slack).
+    support::wait_until(Duration::from_secs(2), || thread_count() <= base_threads);
     let (end_threads, end_rss) = (thread_count(), rss_kib());
     report(
         "FS_CHURN",
@@ -1055,8 +1066,10 @@ fn fault_suite_churn_worker() {
 }
 
 /// Most threads above the steady state a churning process may have: a few clients' background
-/// threads still winding down after their client was dropped.
-const CHURN_THREAD_SLACK: usize = 24;
+/// threads still winding down after their client was dropped. Peaks of 18-20 above steady were
+/// seen on 2 shared cores, alone and beside a build: twice that leaves room for a slower
+/// machine, and a leak (every dropped client's threads kept) would be hundreds.
+const CHURN_THREAD_SLACK: usize = 48;
 /// Most resident memory above the steady state a churning process may gain.
 const CHURN_RSS_SLACK_KIB: u64 = 32 * 1024;
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, Takeover};
 use support::expiry::epoch_ms;
 use support::{init_logging, raw, wait_until, RedisServer};
@@ -166,7 +167,8 @@ fn noscript_recovery_under_concurrent_flushes() {
             while !stop.load(Ordering::SeqCst) {
                 raw::script_flush(&mut conn);
                 flushes += 1;
-                thread::sleep(Duration::from_millis(5));
+                // Paced: a flush every few ms while the locks run.
+                support::work(Duration::from_millis(5));
             }
             flushes
         });
@@ -442,7 +444,7 @@ fn pause_blocking_lock_fails_with_connection_error() {
     let started = Instant::now();
     thread::scope(|s| {
         let w = s.spawn(|| waiter.lock().map(drop));
-        thread::sleep(Duration::from_millis(100));
+        support::wait_event(&c, Event::Queued, 1);
         server.pause();
         let result = w.join().unwrap();
         server.resume();
@@ -500,6 +502,7 @@ fn blocking_lock_rides_through_a_restart_within_its_budget() {
             .iter()
             .map(|l| s.spawn(move || l.lock().map(|g| g.unlock())))
             .collect();
+        // Time under test: an outage this long must not make lock() give up.
         thread::sleep(Duration::from_millis(1_500));
         assert!(
             waiting.iter().all(|w| !w.is_finished()),

@@ -144,8 +144,9 @@ fn stale_holder_is_refused(strategy: Strategy) {
                 .write(fence, "A2")
                 .expect("A's second write, same token");
             to_b.send(fence).unwrap();
-            // The "GC pause": well past the lease, and (so the order is fixed) until B wrote.
-            thread::sleep(ttl * 2);
+            // The "GC pause": until the lease ran out by A's own clock, and (so the order is
+            // fixed) until B wrote.
+            assert!(support::wait_until(support::EVENT_TIMEOUT, || guard.is_expired()));
             from_b.recv().expect("B's signal");
             assert!(guard.is_expired(), "A's lease ran out by its own clock");
             let refused = store.write(fence, "A3 (stale)");
@@ -261,7 +262,8 @@ fn fenced_writer_process() {
             return;
         }
         n += 1;
-        thread::sleep(Duration::from_millis(20));
+        // Paced writes while the other process takes the lock.
+        support::work(Duration::from_millis(20));
     }
     worker::report("NEVER_REFUSED", &n.to_string());
 }

@@ -168,7 +168,8 @@ impl Legacy {
                 "legacy locker ({:?}) got no lock within {deadline:?}",
                 self.flavour
             );
-            thread::sleep(interval);
+            // The legacy locker's own poll interval.
+            support::work(interval);
         }
     }
 
@@ -385,9 +386,7 @@ fn classic_takes_over_abandoned_legacy_lock(encoding: Encoding) {
         .map(|v| legacy_parse(encoding, v).unwrap())
         .max()
         .unwrap();
-    while epoch_ms() <= latest_expiry + 5 {
-        thread::sleep(Duration::from_millis(10));
-    }
+    assert!(support::wait_until(Duration::from_secs(60), || epoch_ms() > latest_expiry + 5));
 
     for (i, ((key, takeover), lock)) in modes.iter().zip(&locks).enumerate() {
         assert_eq!(
@@ -542,7 +541,8 @@ fn mixed_contention(encoding: Encoding, takeover: Takeover) {
                     section(1, &mut conn);
                     legacy_sections.fetch_add(1, Ordering::SeqCst);
                     legacy.unlock();
-                    thread::sleep(Duration::from_millis(1));
+                    // A pause between sections: the others get their turn.
+                    support::work(Duration::from_millis(1));
                 }
             });
         }
@@ -561,7 +561,8 @@ fn mixed_contention(encoding: Encoding, takeover: Takeover) {
                     if !guard.unlock().unwrap() {
                         lost.fetch_add(1, Ordering::SeqCst);
                     }
-                    thread::sleep(Duration::from_millis(1));
+                    // A pause between sections: the others get their turn.
+                    support::work(Duration::from_millis(1));
                 }
             });
         }

@@ -64,6 +64,7 @@ fn during_stall<T: Send>(
         });
         rx.recv().expect("worker started");
         if let Stall::Sigstop = stall {
+            // Time under test: the stall lasts PAUSE.
             thread::sleep(PAUSE);
             server.resume();
         }

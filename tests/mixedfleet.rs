@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{DistributedLock, LockClient, RetryPolicy, Strategy};
 use support::{init_logging, raw, wait_until, Cluster, RedisServer};
 
@@ -152,6 +153,7 @@ fn silent_handoff(
     // Release once the waiter listens and has gone to sleep on the holder's lifetime, at a
     // random point of its poll schedule.
     wait_numsub(&mut conn, &redisson_channel(&key), 1);
+    // Time under test: a random point of the waiter's poll schedule.
     thread::sleep(Duration::from_millis(300 + rand::random_range(0..200)));
     let released = Instant::now();
     assert!(silent::release(&mut conn, &key, &token));
@@ -220,9 +222,12 @@ fn waiting_commands_per_second(server: &RedisServer, key: &str, window: Duration
         })
         .collect();
     wait_numsub(&mut conn, &redisson_channel(key), 1);
-    thread::sleep(Duration::from_millis(200));
+    // All four wait, the head listening.
+    support::wait_event(&waiter_client, Event::Queued, 4);
+    support::wait_listening(&waiter_client, 1, 2);
     let before = proxy.commands();
     let start = Instant::now();
+    // Time under test: the commands of this window are counted.
     thread::sleep(window);
     let served = proxy.commands() - before;
     let elapsed = start.elapsed();
@@ -373,6 +378,8 @@ fn a_rust_waiter_hears_a_release_published_on_redissons_channel() {
             .retry(RetryPolicy::standard().fixed_delay(Duration::from_secs(5)))
             .build_reentrant()
             .expect("build");
+        let subscribed = c.test_hooks().count(Event::Subscribed);
+        let refused = c.stats().refusals;
         let waiting = thread::spawn(move || {
             let guard = lock
                 .try_lock_for(Duration::from_secs(20))
@@ -382,7 +389,7 @@ fn a_rust_waiter_hears_a_release_published_on_redissons_channel() {
             got
         });
         wait_numsub(&mut conn, &redisson_channel(&key), 1);
-        thread::sleep(Duration::from_millis(300));
+        support::wait_listening(&c, subscribed + 1, refused + 2);
         let released = Instant::now();
         assert_eq!(redisson::unlock(&mut conn, &key, 30_000), Some(1));
         let got = waiting.join().expect("waiter");
@@ -648,13 +655,14 @@ fn every_key_works_on_a_cluster_and_only_the_channel_leaves_the_slot() {
             assert_eq!(cluster.keyslot(counter), slot, "{key}: {counter}");
             // The release publishes on Redisson's name (in ARGV: it may be in another slot)
             // and a waiter of another client hears it.
+            let queued = b.test_hooks().count(Event::Queued);
             let waiting = thread::spawn(move || {
                 let guard = waiter
                     .try_lock_for(Duration::from_secs(20))
                     .expect("the waiter gets the lock");
                 assert!(guard.unlock().expect("unlock"));
             });
-            thread::sleep(Duration::from_millis(300));
+            support::wait_event(&b, Event::Queued, queued + 1);
             assert!(held.unlock().expect("release on a cluster"), "{key}");
             waiting.join().expect("waiter");
             raw::del(&mut node, counter);

@@ -57,6 +57,7 @@ fn acquire_during_sigstop<T: std::fmt::Debug>(
             panic!("expected a timeout (Connection error) while paused, got {other:?}");
         }
     }
+    // Time under test: the server stays paused for PAUSE.
     thread::sleep(PAUSE.saturating_sub(paused.elapsed()));
     server.resume();
     Instant::now()
@@ -326,6 +327,7 @@ fn fair_waiter_whose_poll_reply_was_lost_passes_the_lock_on() {
             matches!(gave_up, Err(LockError::Connection { .. })),
             "{gave_up:?}"
         );
+        // Time under test: the server stays paused for PAUSE.
         thread::sleep(PAUSE.saturating_sub(paused.elapsed()));
         server.resume();
         let resumed = Instant::now();
@@ -359,6 +361,7 @@ fn reentrant_release_that_ran_late_is_not_given_back_twice() {
         1,
         "the release is queued for a retry"
     );
+    // Time under test: the server stays paused for PAUSE.
     thread::sleep(PAUSE);
     // The release sits in the server's socket buffer and runs now; the janitor's tries find
     // the count already lower and change nothing.
@@ -408,6 +411,7 @@ fn reentrant_release_that_never_ran_is_given_back_once() {
     let fresh = lock.try_lock().expect("acquire after the restart");
     assert_eq!(lock.hold_count().unwrap(), 1, "the old hold was given back");
     assert_eq!(c1.pending_cleanups(), 0);
+    // A later try that would delete it is given time to.
     thread::sleep(Duration::from_millis(300));
     assert_eq!(
         lock.hold_count().unwrap(),
@@ -539,6 +543,7 @@ fn rw_release_that_ran_late_is_not_given_back_twice() {
         1,
         "the release is queued for a retry"
     );
+    // Time under test: the server stays paused for PAUSE.
     thread::sleep(PAUSE);
     // The release sits in the server's socket buffer and runs now; the janitor's resend is
     // answered from its latch.
@@ -546,6 +551,7 @@ fn rw_release_that_ran_late_is_not_given_back_twice() {
     assert!(wait_until(Duration::from_secs(10), || c1
         .pending_cleanups()
         == 0));
+    // A later try that would give back a second hold is given time to.
     thread::sleep(Duration::from_millis(300));
     let after = rw_holds(&server, key);
     assert_eq!(after.len(), 1, "{after:?}");
@@ -638,6 +644,7 @@ fn rw_reentry_whose_reply_was_lost_is_given_back_once() {
                 matches!(lost, Err(LockError::Connection { .. })),
                 "{lost:?}"
             );
+            // Time under test: the writes stay paused for PAUSE.
             thread::sleep(PAUSE);
         }
         assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{ArcLockExt, DistributedLock, LockClient, LockError, OwnedLockGuard, Strategy};
 use support::{init_logging, raw, RedisServer};
 
@@ -97,6 +98,7 @@ fn try_lock_until_honours_the_deadline() {
     );
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     // Released meanwhile: taken before the deadline.
+    let queued = c.test_hooks().count(Event::Queued);
     let waiter = {
         let lock = Arc::clone(&lock);
         thread::spawn(move || {
@@ -104,7 +106,7 @@ fn try_lock_until_honours_the_deadline() {
                 .map(|g| g.unlock())
         })
     };
-    thread::sleep(Duration::from_millis(200));
+    support::wait_event(&c, Event::Queued, queued + 1);
     assert!(held.unlock().unwrap());
     assert!(waiter.join().unwrap().unwrap().unwrap());
 }

@@ -208,6 +208,7 @@ fn acquire_extend_release_on_every_node() {
     assert_eq!(guard.value(), &token[..]);
 
     // A waiter in another client gets the lock once we release.
+    let refused = elsewhere.stats().refusals;
     thread::scope(|s| {
         let waiter = s.spawn(|| {
             let g = remote.lock().expect("acquired after release");
@@ -215,7 +216,11 @@ fn acquire_extend_release_on_every_node() {
             assert!(g.unlock().expect("unlock"));
             v
         });
-        thread::sleep(Duration::from_millis(200));
+        // The waiter was refused once: it waits.
+        assert!(wait_until(support::EVENT_TIMEOUT, || elsewhere
+            .stats()
+            .refusals
+            > refused));
         assert!(
             guard.unlock().expect("unlock"),
             "our token was on every node"
@@ -327,9 +332,13 @@ fn validity_subtracts_elapsed_time_and_drift() {
         Err(LockError::LateReply { .. }) | Err(LockError::NoQuorum { refused: 0, .. }) => {}
         other => panic!("votes after the lifetime ran out must not win: {other:?}"),
     }
-    // Once the nodes answer promptly again, the same lock is won.
-    thread::sleep(Duration::from_millis(300));
-    let lease = short.try_acquire().expect("acquire").expect("won");
+    // Once the nodes answer promptly again (their pause ends), the same lock is won.
+    let mut won = None;
+    assert!(wait_until(support::EVENT_TIMEOUT, || {
+        won = short.try_acquire().ok().flatten();
+        won.is_some()
+    }));
+    let lease = won.expect("won");
     assert!(
         lease.remaining()
             <= Duration::from_millis(100) - RedLock::clock_drift(Duration::from_millis(100))
@@ -674,7 +683,8 @@ fn mutual_exclusion_across_8_threads_under_faults() {
                                 violations.fetch_add(1, Ordering::SeqCst);
                             }
                             let c = counter.load(Ordering::SeqCst);
-                            thread::sleep(Duration::from_micros(300));
+                            // The window in which an overlap would lose an update.
+                            support::work(Duration::from_micros(300));
                             counter.store(c + 1, Ordering::SeqCst);
                             if guard.is_expired() {
                                 overruns.fetch_add(1, Ordering::SeqCst);
@@ -708,38 +718,47 @@ fn mutual_exclusion_across_8_threads_under_faults() {
             }
         }
         let _stop = StopOnDrop(&phase);
-        let step = Duration::from_millis(700);
         let next = |p: usize| phase.store(p, Ordering::SeqCst);
+        // A phase without a time to wait out lasts until it has seen a few acquisitions.
+        let step = |p: usize| {
+            assert!(
+                wait_until(support::EVENT_TIMEOUT, || per_phase[p]
+                    .load(Ordering::SeqCst)
+                    >= 5),
+                "no progress in phase {p}"
+            );
+        };
         // 0: healthy
-        thread::sleep(step);
+        step(0);
         // 1: one node paused
         nodes[0].pause();
         next(1);
-        thread::sleep(step);
+        step(1);
         // 2: two nodes paused
         nodes[1].pause();
         next(2);
-        thread::sleep(step);
+        step(2);
         // 3: resumed. Writes they buffered while paused may land now and leave stale tokens
         // for up to a TTL, so they count as recovered only a TTL later (before the next
         // fault), as the Redis page assumes of a node that comes back.
         nodes[0].resume();
         nodes[1].resume();
         next(3);
+        // Time under test: a TTL passes.
         thread::sleep(ttl + Duration::from_millis(200));
         // 4: one node killed, then a second
         nodes[2].kill();
         next(4);
-        thread::sleep(step);
+        step(4);
         nodes[3].kill();
-        // 5: two killed, kept down for a TTL (delayed restart)
+        // 5: two killed, kept down for a TTL (delayed restart; time under test)
         next(5);
         thread::sleep(ttl + Duration::from_millis(200));
         nodes[2].restart();
         nodes[3].restart();
         // 6: all back
         next(6);
-        thread::sleep(step);
+        step(6);
         next(PHASES);
     });
 
@@ -794,9 +813,15 @@ fn node_restarted_mid_run_operation_continues() {
                 }
             }
         });
-        thread::sleep(Duration::from_millis(300));
+        // Each restart comes in the middle of the run: after some acquisitions.
+        let going = |n: usize| {
+            assert!(wait_until(support::EVENT_TIMEOUT, || done
+                .load(Ordering::SeqCst)
+                >= n));
+        };
+        going(10);
         nodes[0].restart();
-        thread::sleep(Duration::from_millis(300));
+        going(done.load(Ordering::SeqCst) + 10);
         nodes[3].restart();
         let at_restart = done.load(Ordering::SeqCst);
         assert!(
@@ -879,7 +904,8 @@ fn restart_without_persistence_immediate_vs_delayed() {
         b.try_acquire().expect("acquire").is_none(),
         "with node 0 down, B cannot outvote A"
     );
-    thread::sleep(ttl);
+    // Until A's TTL has run out.
+    assert!(wait_until(support::EVENT_TIMEOUT, || a_lease.is_expired()));
     nodes[0].restart();
     assert!(a_lease.is_expired());
     let b_guard = b.try_lock_for(ttl + MARGIN).expect("after A's TTL, B wins");

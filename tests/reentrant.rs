@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{DistributedLock, LockClient, LockError, ReentrantLock, RetryPolicy, Strategy};
 use support::{init_logging, raw, wait_until, Cluster, RedisServer};
 
@@ -284,6 +285,7 @@ fn other_threads_and_clients_are_refused_until_the_last_release() {
     ));
 
     // A thread of the same client blocked in lock() gets it once the last hold goes.
+    let queued = c1.test_hooks().count(Event::Queued);
     let waiter = {
         let lock = Arc::clone(&lock);
         thread::spawn(move || {
@@ -293,7 +295,7 @@ fn other_threads_and_clients_are_refused_until_the_last_release() {
             count
         })
     };
-    thread::sleep(Duration::from_millis(100));
+    support::wait_event(&c1, Event::Queued, queued + 1);
     assert!(outer.unlock().unwrap());
     assert_eq!(waiter.join().unwrap(), 1);
     let g = other_client.try_lock().expect("free for the other client");
@@ -316,7 +318,7 @@ fn a_holding_thread_does_not_queue_behind_its_own_waiters() {
                 .map(|g| g.unlock())
         })
     };
-    thread::sleep(Duration::from_millis(200));
+    support::wait_event(&c, Event::Queued, 1);
     // ...and the holder re-enters at once instead of waiting behind it (it would wait for
     // itself until its deadline).
     let started = Instant::now();
@@ -690,14 +692,14 @@ fn watched_holds_are_renewed_while_any_hold_of_the_owner_lives() {
         pttl > 0 && pttl <= 600,
         "written with the watchdog lease: {pttl}"
     );
-    // Several leases long: alive only through renewals.
-    thread::sleep(lease * 3);
+    // Past the lease: alive only through renewals.
+    support::wait_renewals(&c, c.stats().renewals, 2, 4);
     assert_eq!(lock.hold_count().unwrap(), 2);
     assert!(!inner.is_lost());
 
     // The inner hold's renewal stops with it; the outer one's keeps the key alive.
     assert!(inner.unlock().unwrap());
-    thread::sleep(lease * 3);
+    support::wait_renewals(&c, c.stats().renewals, 1, 4);
     assert_eq!(
         lock.hold_count().unwrap(),
         1,

@@ -24,12 +24,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL,
     WATCHDOG_DEFAULT_LEASE,
 };
 use support::worker::{self, WorkerProcess};
-use support::{init_logging, raw, wait_until, Cluster, RedisServer};
+use support::{init_logging, raw, wait_event, wait_until, Cluster, RedisServer};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -161,7 +162,6 @@ fn hammer(
 ) -> Duration {
     let stop = Arc::new(AtomicBool::new(false));
     let longest_write_wait = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
     let mut threads = Vec::new();
     for i in 0..readers + writers {
         let lock = locks[i % locks.len()].clone();
@@ -179,28 +179,25 @@ fn hammer(
                     let guard = lock.write_lock().lock().expect("write lock");
                     longest.fetch_max(asked.elapsed().as_micros() as u64, Ordering::SeqCst);
                     probe.enter_write();
-                    thread::sleep(Duration::from_micros(rng.random_range(100..600)));
+                    // Random holds and pauses: the load under which exclusion is checked.
+                    support::work(Duration::from_micros(rng.random_range(100..600)));
                     probe.leave_write();
                     assert!(guard.unlock().expect("write unlock"), "write hold lost");
-                    thread::sleep(Duration::from_micros(rng.random_range(1000..6000)));
+                    support::work(Duration::from_micros(rng.random_range(1000..6000)));
                 } else {
                     let guard = lock.read_lock().lock().expect("read lock");
                     probe.enter_read();
-                    thread::sleep(Duration::from_micros(rng.random_range(100..1500)));
+                    support::work(Duration::from_micros(rng.random_range(100..1500)));
                     probe.leave_read();
                     assert!(guard.unlock().expect("read unlock"), "read hold lost");
-                    thread::sleep(Duration::from_micros(rng.random_range(0..500)));
+                    support::work(Duration::from_micros(rng.random_range(0..500)));
                 }
             }
         }));
     }
-    while start.elapsed() < limit {
-        let done = probe.reads.load(Ordering::SeqCst) + probe.writes.load(Ordering::SeqCst);
-        if done >= holds {
-            break;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(limit, || {
+        probe.reads.load(Ordering::SeqCst) + probe.writes.load(Ordering::SeqCst) >= holds
+    });
     stop.store(true, Ordering::SeqCst);
     for t in threads {
         t.join().expect("hammer thread");
@@ -356,19 +353,22 @@ fn many_readers_hold_at_once_and_a_writer_excludes_everyone() {
         Err(LockError::Timeout { .. })
     ));
     // Readers blocked behind the writer, all of one client, get in together once it leaves.
+    let queued = c.test_hooks().count(Event::Queued);
     let blocked: Vec<_> = (0..3)
         .map(|_| {
             let rw = Arc::clone(&shared);
             thread::spawn(move || {
                 let g = rw.read_lock().lock().expect("read after writer");
                 let at = Instant::now();
-                thread::sleep(Duration::from_millis(300));
+                // Held long enough that the three holds overlap.
+                support::work(Duration::from_millis(300));
                 assert!(g.unlock().unwrap());
                 at
             })
         })
         .collect();
-    thread::sleep(Duration::from_millis(100));
+    // All three wait (refused, in the client's line).
+    wait_event(&c, Event::Queued, queued + 3);
     let released = Instant::now();
     assert!(wguard.unlock().expect("write unlock"));
     let got: Vec<Instant> = blocked.into_iter().map(|t| t.join().unwrap()).collect();
@@ -627,18 +627,23 @@ fn a_writer_is_not_starved_by_overlapping_readers() {
                 let lock = rw(&c, key, Duration::from_secs(5));
                 let (probe, stop) = (Arc::clone(&probe), Arc::clone(&stop));
                 thread::spawn(move || {
-                    thread::sleep(Duration::from_millis(8 * i));
+                    // Staggered starts and 30 ms holds: the overlapping reads are the load.
+                    support::work(Duration::from_millis(8 * i));
                     while !stop.load(Ordering::SeqCst) {
                         let g = lock.read_lock().lock().expect("reader");
                         probe.enter_read();
-                        thread::sleep(Duration::from_millis(30));
+                        support::work(Duration::from_millis(30));
                         probe.leave_read();
                         assert!(g.unlock().unwrap());
                     }
                 })
             })
             .collect();
-        thread::sleep(Duration::from_millis(300));
+        // Every reader has held once: their holds overlap from now on.
+        assert!(wait_until(support::EVENT_TIMEOUT, || probe
+            .reads
+            .load(Ordering::SeqCst)
+            >= 4));
         let c = client(&server);
         let mut b = ReadWriteLock::builder(&c, key).ttl(Duration::from_secs(5));
         if let Some(intent) = intent {
@@ -649,7 +654,6 @@ fn a_writer_is_not_starved_by_overlapping_readers() {
         let got = writer.write_lock().try_lock_for(wait).map(|g| {
             let waited = asked.elapsed();
             probe.enter_write();
-            thread::sleep(Duration::from_millis(5));
             probe.leave_write();
             assert!(g.unlock().unwrap());
             waited
@@ -722,6 +726,8 @@ fn a_killed_reader_expires_while_another_reader_renews() {
             rx.try_recv().is_err(),
             "the writer got in past a live reader"
         );
+        // Time under test: the live reader renews every 200 ms while the dead one's lifetime
+        // runs out.
         thread::sleep(Duration::from_millis(200));
     }
     let gone_at = gone_at.expect("the dead reader's hold expired");
@@ -772,7 +778,8 @@ fn a_killed_writer_expires_and_readers_get_in() {
                     .try_lock_for(Duration::from_secs(10))
                     .expect("readers after the dead writer");
                 let at = Instant::now();
-                thread::sleep(Duration::from_millis(100));
+                // Held long enough that the three holds overlap.
+                support::work(Duration::from_millis(100));
                 assert!(g.unlock().unwrap());
                 at
             })
@@ -1131,7 +1138,8 @@ fn watched_holds_are_renewed_while_held_and_expire_when_dropped() {
     assert!(lock.is_watched());
     let read = lock.read_lock().try_lock().unwrap();
     assert!(read.lease().is_watched());
-    thread::sleep(Duration::from_millis(1_500));
+    // Past the lease by renewals alone.
+    support::wait_renewals(&c, 0, 1, 4);
     assert!(!read.is_lost(), "read hold renewed past its 600 ms lease");
     assert!(read.is_held().unwrap());
     assert!(raw::pttl(&mut conn, key) > 0);
@@ -1144,7 +1152,8 @@ fn watched_holds_are_renewed_while_held_and_expire_when_dropped() {
     assert!(!raw::exists(&mut conn, key), "the only hold is gone");
 
     let write = lock.write_lock().try_lock().unwrap();
-    thread::sleep(Duration::from_millis(1_500));
+    // Past the lease by renewals alone.
+    support::wait_renewals(&c, c.stats().renewals, 1, 4);
     assert!(!write.is_lost(), "write hold renewed past its 600 ms lease");
     assert!(write.is_held().unwrap());
     // Dropping the lease without releasing stops the renewals: the entry expires by itself.
@@ -1187,7 +1196,8 @@ fn waiting_writer_is_woken_by_the_readers_release() {
                 .try_lock_for(Duration::from_secs(20))
                 .map(|g| g.unlock())
         });
-        thread::sleep(Duration::from_millis(300));
+        // The writer listens: a release from now on is heard, not found by its 5 s poll.
+        support::wait_listening(&b, 1, 2);
         assert!(read.unlock().unwrap());
         w.join().unwrap()
     });

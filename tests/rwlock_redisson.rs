@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{DistributedLock, Lease, LockClient, LockError, ReadWriteLock, RetryPolicy};
 use support::{init_logging, raw, wait_until, RedisServer};
 
@@ -643,6 +644,7 @@ fn a_holder_that_stops_renewing_loses_its_hold_both_ways() {
     let ours = timeout_key(key, &owner_of(&leaked), 1);
     let writer = rw(&c, key, Duration::from_secs(10));
     for _ in 0..6 {
+        // Time under test: the Java reader renews while our leaked hold's lifetime runs out.
         thread::sleep(Duration::from_millis(250));
         assert_eq!(java.read_renew(&mut conn, key, java_lease), 1);
     }
@@ -684,6 +686,7 @@ fn a_holder_that_stops_renewing_loses_its_hold_both_ways() {
     assert_eq!(java.read_lock(&mut conn, key, 800), None);
     let mut ours = lock.read_lock().try_lock().unwrap();
     for _ in 0..5 {
+        // Time under test: ours renews while the Java hold's lifetime runs out.
         thread::sleep(Duration::from_millis(250));
         ours.extend(Duration::from_millis(600)).unwrap();
     }
@@ -732,6 +735,8 @@ fn waiters_are_woken_on_redissons_channel_both_ways() {
 
     // A Rust writer waits for a Java reader; Redisson's read-unlock publishes "0".
     assert_eq!(java.read_lock(&mut conn, key, 20_000), None);
+    let subscribed = c.test_hooks().count(Event::Subscribed);
+    let refused = c.stats().refusals;
     let waiter = {
         let lock = Arc::clone(&lock);
         thread::spawn(move || {
@@ -742,7 +747,8 @@ fn waiters_are_woken_on_redissons_channel_both_ways() {
     assert!(wait_until(Duration::from_secs(10), || raw::numsub(
         &mut conn, &channel
     ) >= 1));
-    thread::sleep(Duration::from_millis(100)); // the waiter's first sleep has begun
+    // The waiter listens: its sleep has begun.
+    support::wait_listening(&c, subscribed + 1, refused + 2);
     let released = Instant::now();
     assert_eq!(java.read_unlock(&mut conn, key), Some(1));
     let (lease, got) = waiter.join().unwrap();
@@ -755,6 +761,7 @@ fn waiters_are_woken_on_redissons_channel_both_ways() {
 
     // A Rust reader waits for a Java writer; Redisson's write-unlock publishes "1".
     assert_eq!(java.write_lock(&mut conn, key, 20_000), None);
+    let refused = c.stats().refusals;
     let waiter = {
         let lock = Arc::clone(&lock);
         thread::spawn(move || {
@@ -765,7 +772,8 @@ fn waiters_are_woken_on_redissons_channel_both_ways() {
     assert!(wait_until(Duration::from_secs(10), || raw::numsub(
         &mut conn, &channel
     ) >= 1));
-    thread::sleep(Duration::from_millis(100));
+    // The channel is still subscribed: one refused attempt and the waiter sleeps.
+    support::wait_listening(&c, 1, refused + 1);
     let released = Instant::now();
     assert_eq!(java.write_unlock(&mut conn, key, 20_000), Some(1));
     let (lease, got) = waiter.join().unwrap();

@@ -19,7 +19,6 @@
 
 mod support;
 
-use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::{
@@ -226,14 +225,14 @@ fn kill_master_promote_replica(set: &mut Sentinel) {
     );
 }
 
-/// Calls `try_lock` + `unlock` on `lock` every 50 ms until a full cycle succeeds. Every failure
+/// Calls `try_lock` + `unlock` on `lock` every 5 ms until a full cycle succeeds. Every failure
 /// must be an error (never a panic, never contention on this private key) returned within
 /// [`MAX_CALL`]; gives up after [`RECOVERY`].
 fn until_it_works_again(lock: &dyn DistributedLock) -> Recovery {
     let start = Instant::now();
     let mut errors = Vec::new();
     let mut slowest_call = Duration::ZERO;
-    loop {
+    let worked = support::wait_until(RECOVERY, || {
         let t = Instant::now();
         let result = lock.try_lock().and_then(|g| g.unlock());
         let took = t.elapsed();
@@ -243,13 +242,7 @@ fn until_it_works_again(lock: &dyn DistributedLock) -> Recovery {
             "a lock call took {took:?} during the failover ({result:?})"
         );
         match result {
-            Ok(true) => {
-                return Recovery {
-                    took: start.elapsed(),
-                    errors,
-                    slowest_call,
-                }
-            }
+            Ok(true) => true,
             Ok(false) => panic!("a fresh lock was lost before its unlock"),
             // NotReplicated: a write on the new master, whose replica (the old master) is not
             // back, before the client learnt of the switch.
@@ -257,15 +250,22 @@ fn until_it_works_again(lock: &dyn DistributedLock) -> Recovery {
                 e @ (LockError::Connection { .. }
                 | LockError::Redis { .. }
                 | LockError::NotReplicated { .. }),
-            ) => errors.push(e.to_string()),
+            ) => {
+                errors.push(e.to_string());
+                false
+            }
             Err(e) => panic!("unexpected error during the failover: {e:?}"),
         }
-        assert!(
-            start.elapsed() < RECOVERY,
-            "the client did not work again within {RECOVERY:?}; last errors: {:#?}",
-            &errors[errors.len().saturating_sub(3)..]
-        );
-        thread::sleep(Duration::from_millis(50));
+    });
+    assert!(
+        worked,
+        "the client did not work again within {RECOVERY:?}; last errors: {:#?}",
+        &errors[errors.len().saturating_sub(3)..]
+    );
+    Recovery {
+        took: start.elapsed(),
+        errors,
+        slowest_call,
     }
 }
 
@@ -423,20 +423,17 @@ fn an_acquire_no_replica_confirmed_is_refused_and_undone() {
 
     // The master dies; the replica is promoted: b takes the locks, and a holds nothing.
     kill_master_promote_replica(&mut set);
-    let deadline = Instant::now() + RECOVERY;
-    let granted_b = loop {
+    let mut granted_b = None;
+    let mut last = String::new();
+    let got = support::wait_until(RECOVERY, || {
         match (token_b.try_lock(), classic_b.try_lock()) {
-            (Ok(t), Ok(c)) => break [t, c],
-            (t, c) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "b never got the locks: {t:?} {c:?}"
-                );
-                thread::sleep(Duration::from_millis(50));
-            }
+            (Ok(t), Ok(c)) => granted_b = Some([t, c]),
+            (t, c) => last = format!("{t:?} {c:?}"),
         }
-    };
-    for gb in granted_b {
+        granted_b.is_some()
+    });
+    assert!(got, "b never got the locks: {last}");
+    for gb in granted_b.expect("granted") {
         let key = gb.key().to_owned();
         assert!(gb.unlock().unwrap(), "{key}: b's hold was intact");
     }
@@ -478,19 +475,17 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
     }
 
     // Client b acquires the same locks while a's leases are still valid: two holders at once.
-    let deadline = Instant::now() + RECOVERY;
-    let granted_b = loop {
+    let mut granted_b = None;
+    let mut last = String::new();
+    let got = support::wait_until(RECOVERY, || {
         match (token_b.try_lock(), classic_b.try_lock()) {
-            (Ok(t), Ok(c)) => break [t, c],
-            (t, c) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "b never got the locks: {t:?} {c:?}"
-                );
-                thread::sleep(Duration::from_millis(50));
-            }
+            (Ok(t), Ok(c)) => granted_b = Some([t, c]),
+            (t, c) => last = format!("{t:?} {c:?}"),
         }
-    };
+        granted_b.is_some()
+    });
+    assert!(got, "b never got the locks: {last}");
+    let granted_b = granted_b.expect("granted");
     for (ga, gb) in held.iter().zip(&granted_b) {
         assert!(
             ga.remaining() > Duration::from_secs(30),
@@ -689,29 +684,20 @@ fn a_master_named_without_an_announcement_is_followed() {
         .query(&mut sentinel)
         .unwrap();
     let renamed = Instant::now();
-    let followed = loop {
-        assert!(
-            renamed.elapsed() < Duration::from_secs(10),
-            "the client still takes its locks on the old master"
-        );
+    let moved = support::wait_until(Duration::from_secs(10), || {
         let held = match lock.try_lock() {
             Ok(held) => held,
             // The old master lost its replica to the new one: with replica confirmation its
             // writes are refused until the client moves.
-            Err(LockError::NotReplicated { .. }) => continue,
+            Err(LockError::NotReplicated { .. }) => return false,
             Err(e) => panic!("{}", e.report()),
         };
         let (on_old, on_new) = (on(&mut old, &held), on(&mut new, &held));
         assert!(held.unlock().unwrap());
-        if on_new && !on_old {
-            break renamed.elapsed();
-        }
-        assert!(
-            renamed.elapsed() < Duration::from_secs(10),
-            "the client still takes its locks on the old master"
-        );
-        thread::sleep(Duration::from_millis(50));
-    };
+        on_new && !on_old
+    });
+    let followed = renamed.elapsed();
+    assert!(moved, "the client still takes its locks on the old master");
     eprintln!("followed a master named without an announcement after {followed:?}");
     assert!(followed < Duration::from_secs(5), "{followed:?}");
 }

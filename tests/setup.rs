@@ -156,16 +156,20 @@ fn user_without_scripting() {
         .build_token()
         .unwrap();
     let mut guard = lock.try_lock().expect("acquire");
-    std::thread::sleep(Duration::from_millis(900));
+    // Past the lease by renewals alone.
+    support::wait_renewals(&client, 0, 1, 4);
     assert!(!guard.is_lost(), "renewed by the watchdog");
     guard.extend(Duration::from_secs(5)).expect("extend");
+    let queued = client
+        .test_hooks()
+        .count(redis_dlock::test_hooks::Event::Queued);
     std::thread::scope(|s| {
         let w = s.spawn(|| {
             waiter
                 .try_lock_for(Duration::from_secs(5))
                 .map(|g| g.unlock())
         });
-        std::thread::sleep(Duration::from_millis(100));
+        support::wait_event(&client, redis_dlock::test_hooks::Event::Queued, queued + 1);
         assert!(guard.unlock().expect("release"));
         let taken = w.join().unwrap().expect("the waiter takes it");
         assert!(taken.expect("and releases it"));

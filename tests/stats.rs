@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{
     DistributedLock, Encoding, LockClient, LockError, ReadWriteLock, RedLockClient, RetryPolicy,
     Stats, Strategy, Takeover,
 };
 use support::expiry::{encode, epoch_ms};
-use support::{init_logging, raw, wait_until, RedisServer};
+use support::{init_logging, raw, wait_event, wait_until, RedisServer, EVENT_TIMEOUT};
 
 fn client(server: &RedisServer) -> LockClient {
     LockClient::open(server.url()).unwrap()
@@ -143,7 +144,10 @@ fn lost_holds_are_counted_once_each() {
         .build()
         .unwrap();
     let mut guard = short.lock().unwrap();
-    thread::sleep(Duration::from_millis(350));
+    assert!(wait_until(EVENT_TIMEOUT, || !raw::exists(
+        &mut conn,
+        "stats:short"
+    )));
     assert!(matches!(
         guard.extend(Duration::from_secs(1)),
         Err(LockError::Lost { .. })
@@ -154,7 +158,10 @@ fn lost_holds_are_counted_once_each() {
 
     // Released after it expired: found by the release.
     let guard = short.lock().unwrap();
-    thread::sleep(Duration::from_millis(350));
+    assert!(wait_until(EVENT_TIMEOUT, || !raw::exists(
+        &mut conn,
+        "stats:short"
+    )));
     assert!(!guard.unlock().unwrap());
     assert_eq!(c.stats().lost_holds, 2);
 
@@ -169,6 +176,7 @@ fn lost_holds_are_counted_once_each() {
     assert!(wait_until(Duration::from_secs(3), || c.stats().lost_holds == 3));
     assert!(guard.is_lost());
     assert!(!guard.unlock().unwrap());
+    // A second count, which must not come, is given time to.
     thread::sleep(Duration::from_millis(200));
     assert_eq!(c.stats().lost_holds, 3);
     assert_eq!(c.stats().acquires, 3);
@@ -199,6 +207,7 @@ fn lost_fair_holds_are_counted_once_each() {
     assert!(wait_until(Duration::from_secs(3), || c.stats().lost_holds == 1));
     assert!(guard.is_lost());
     assert!(!guard.unlock().unwrap());
+    // A second count, which must not come, is given time to.
     thread::sleep(Duration::from_millis(200));
     assert_eq!(c.stats().lost_holds, 1, "the release found the same loss");
 
@@ -221,12 +230,13 @@ fn lost_fair_holds_are_counted_once_each() {
     let lease = lease.unwrap();
     assert_eq!(d.stats().acquires, 1);
     // Past the raise of the grant lease: the watchdog renews it.
-    thread::sleep(Duration::from_millis(400));
+    wait_event(&d, Event::Renewed, 1);
     assert!(ld.is_held(&lease).unwrap(), "renewed past the grant lease");
     raw::del(&mut conn, key);
     assert!(wait_until(Duration::from_secs(3), || d.stats().lost_holds == 1));
     assert!(lease.is_lost());
     assert!(!ld.release(&lease).unwrap());
+    // A second count, which must not come, is given time to.
     thread::sleep(Duration::from_millis(200));
     assert_eq!(d.stats().lost_holds, 1);
     assert_eq!(c.stats().lost_holds, 1);
@@ -273,6 +283,7 @@ fn wakeups_come_from_published_releases() {
         .build()
         .unwrap();
     let guard = la.lock().unwrap();
+    let listener = b.clone();
     let waiter = thread::spawn(move || {
         // Polls beside the subscription no more often than the policy's 5 s sleep: within
         // this test only the published release can wake it.
@@ -286,7 +297,7 @@ fn wakeups_come_from_published_releases() {
         (got.is_ok(), b)
     });
     // The waiter subscribes, then sleeps (and polls every 100-120 ms) until the release.
-    thread::sleep(Duration::from_millis(500));
+    support::wait_listening(&listener, 1, 2);
     assert!(guard.unlock().unwrap());
     let released = std::time::Instant::now();
     let (acquired, b) = waiter.join().unwrap();
@@ -378,6 +389,7 @@ fn orphan_cleanups_and_reconnects() {
     // and the client's clean-up thread deletes the lock nobody holds.
     server.pause();
     assert!(matches!(lock.try_lock(), Err(LockError::Connection { .. })));
+    // Kept paused a while: the clean-up's first tries meet the paused server.
     thread::sleep(Duration::from_millis(800));
     server.resume();
     assert!(wait_until(Duration::from_secs(10), || c.pending_cleanups() == 0));
@@ -398,7 +410,7 @@ fn orphan_cleanups_and_reconnects() {
         lock.try_lock_for(Duration::from_secs(10))
             .map(|g| g.unlock())
     });
-    thread::sleep(Duration::from_millis(500));
+    wait_event(&c, Event::Subscribed, 1);
     let _: () = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")

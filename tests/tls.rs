@@ -188,7 +188,7 @@ fn pubsub_wakes_a_waiter_over_tls_on_one_subscriber_connection() {
         field(&pubsub[0], "laddr").ends_with(&format!(":{}", server.tls_port())),
         "{pubsub:?}"
     );
-    thread::sleep(Duration::from_millis(200));
+    support::wait_listening(&b, 2, 4);
     let released = Instant::now();
     for g in held {
         assert!(g.unlock().expect("holder unlock"));
@@ -232,6 +232,7 @@ fn watchdog_renews_over_tls() {
         if start.elapsed() >= Duration::from_millis(1500) {
             late_max = late_max.max(pttl);
         }
+        // Time under test: the PTTL is sampled over 2 s.
         thread::sleep(Duration::from_millis(50));
     }
     // Unrenewed, the key would have expired 0.6 s after the acquire.

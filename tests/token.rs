@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, RetryPolicy, Strategy, TokenLock, MAX_TTL,
     WATCHDOG_DEFAULT_LEASE,
@@ -146,6 +147,7 @@ fn lock_waits_for_a_release() {
     let c = client(&server);
     let lock = Arc::new(token_lock(&c, "tok:wait", Duration::from_secs(10)));
     let guard = lock.try_lock().unwrap();
+    let queued = c.test_hooks().count(Event::Queued);
     let waiter = {
         let lock = Arc::clone(&lock);
         thread::spawn(move || {
@@ -157,7 +159,7 @@ fn lock_waits_for_a_release() {
             g
         })
     };
-    thread::sleep(Duration::from_millis(100));
+    support::wait_event(&c, Event::Queued, queued + 1);
     let first = guard.value().to_vec();
     assert!(guard.unlock().unwrap());
     let second = waiter.join().unwrap().expect("waiter gets the lock");
@@ -361,8 +363,8 @@ fn is_held_is_false_once_the_local_lifetime_passed() {
     let c = client(&server);
     let lock = token_lock(&c, "tok:local-expiry", Duration::from_millis(300));
     let guard = lock.try_lock().unwrap();
-    thread::sleep(Duration::from_millis(400));
-    assert!(guard.is_expired());
+    // Until the local lifetime has passed.
+    assert!(support::wait_until(Duration::from_secs(5), || guard.is_expired()));
     assert_eq!(guard.remaining(), Duration::ZERO);
     assert!(!guard.is_held().unwrap());
     assert!(matches!(guard.check(), Err(LockError::Lost { .. })));
@@ -458,7 +460,8 @@ fn usable_as_box_and_arc_dyn_across_threads() {
                         "two threads inside the critical section"
                     );
                     entries.fetch_add(1, Ordering::SeqCst);
-                    thread::sleep(Duration::from_millis(1));
+                    // The window in which another thread inside would be seen.
+                    support::work(Duration::from_millis(1));
                     inside.store(false, Ordering::SeqCst);
                     assert!(guard.unlock().expect("unlock"));
                 }

@@ -10,8 +10,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, TokenLock};
-use support::{init_logging, raw, wait_until, RedisServer};
+use support::{init_logging, raw, wait_event, wait_listening, wait_until, RedisServer};
 
 /// The thread-count test takes this for writing, every other test for reading, so that no
 /// other test starts or stops subscriber threads while it counts them.
@@ -114,9 +115,9 @@ fn release_wakes_a_waiter_by_pubsub_not_polling() {
         });
         (got, started.elapsed())
     });
-    // Release only once the waiter listens (and has had time to go to sleep).
+    // Release only once the waiter listens (subscribed, and refused once more after that).
     wait_numsub(&mut conn, &channel(key), 1);
-    thread::sleep(Duration::from_millis(200));
+    wait_listening(&b, 1, 2);
     assert!(held.unlock().expect("holder unlock"));
 
     let (got, elapsed) = waiting.join().expect("waiter thread");
@@ -176,7 +177,7 @@ fn subscriber_uses_the_url_acl_user_and_resp3() {
         assert!(line.contains(" user=locker "), "{line}");
         let resp = if query.is_empty() { "resp=2" } else { "resp=3" };
         assert!(line.contains(resp), "{line}");
-        thread::sleep(Duration::from_millis(200));
+        wait_listening(&b, 1, 2);
         let released = Instant::now();
         assert!(held.unlock().expect("holder unlock"));
         waiting
@@ -270,6 +271,7 @@ fn idle_channels_linger_then_are_unsubscribed() {
     wait(k1);
     // Nobody waits any more, but the channel stays subscribed for the next waiter.
     assert_eq!(raw::numsub(&mut conn, &channel(k1)), 1);
+    // Time under test: the linger must pass.
     thread::sleep(Duration::from_millis(2000));
     // Past the linger: the next subscription unsubscribes it.
     wait(k2);
@@ -345,7 +347,7 @@ fn subscriber_recovers_after_a_redis_restart() {
         let mut conn = server.conn();
         wait_numsub(&mut conn, &channel(key), 1);
     }
-    thread::sleep(Duration::from_millis(200));
+    wait_listening(&b, 1, 2);
     // The restarted server is empty: the lock is free, but no release is ever published.
     let restarting = Instant::now();
     server.restart();
@@ -365,6 +367,7 @@ fn subscriber_recovers_after_a_redis_restart() {
     // Later waits are woken by pub/sub again.
     let mut conn = server.conn();
     let held = holder.try_lock().expect("holder again");
+    let refused = b.stats().refusals;
     let started = Instant::now();
     let waiting = {
         let waiter = Arc::clone(&waiter);
@@ -375,7 +378,8 @@ fn subscriber_recovers_after_a_redis_restart() {
         })
     };
     wait_numsub(&mut conn, &channel(key), 1);
-    thread::sleep(Duration::from_millis(200));
+    // Listening again: re-subscribed after the restart, refused once more since.
+    wait_listening(&b, 2, refused + 2);
     assert!(held.unlock().expect("holder unlock"));
     waiting
         .join()
@@ -464,7 +468,6 @@ fn releasing_client_lets_a_woken_waiter_of_another_client_in_first() {
                 .try_lock_for(Duration::from_secs(20))
                 .expect("B gets the lock");
             let at = Instant::now();
-            thread::sleep(Duration::from_millis(50));
             assert!(guard.unlock().expect("B's unlock"));
             at
         });
@@ -518,7 +521,7 @@ fn a_waiter_does_not_wait_for_a_subscribe_queued_behind_a_read() {
     let busy_waiter = slow_poller(&c, busy, Duration::from_secs(5));
     let busy_wait = thread::spawn(move || busy_waiter.try_lock_for(Duration::from_secs(3)).is_ok());
     wait_numsub(&mut conn, &channel(busy), 1);
-    thread::sleep(Duration::from_millis(50));
+    wait_listening(&c, 1, 2);
 
     let key = "wake:behind-read";
     let holder = holder_lock(&d, key, Duration::from_secs(30));
@@ -544,10 +547,12 @@ fn a_waiter_does_not_wait_for_a_subscribe_queued_behind_a_read() {
         .expect("PUBLISH");
     let first = thread::spawn(move || {
         let g = w1.try_lock_for(Duration::from_secs(3)).expect("W1");
+        // Held a while (the test's premise: W2 is the head and refused meanwhile).
         thread::sleep(Duration::from_millis(20));
         assert!(g.unlock().expect("W1 unlock"));
     });
-    thread::sleep(Duration::from_millis(5));
+    // W1 waits (the busy waiter was C's first), then W2 joins the line behind it.
+    wait_event(&c, Event::Queued, 2);
     let second = thread::spawn(move || {
         let started = Instant::now();
         let g = w2.try_lock_for(Duration::from_secs(3)).expect("W2");
@@ -555,7 +560,7 @@ fn a_waiter_does_not_wait_for_a_subscribe_queued_behind_a_read() {
         assert!(g.unlock().expect("W2 unlock"));
         waited
     });
-    thread::sleep(Duration::from_millis(5));
+    wait_event(&c, Event::Queued, 3);
     // Published while C is not yet subscribed to the key's channel: W1 takes the lock at a poll.
     assert!(held.unlock().expect("holder unlock"));
     first.join().expect("W1 thread");

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::{DistributedLock, LockClient, LossReason, LostLock};
 use support::worker::{self, WorkerProcess};
 use support::{init_logging, raw, wait_until, RedisServer};
@@ -113,6 +114,7 @@ fn renewal_keeps_a_watched_lock_alive() {
         if start.elapsed() >= Duration::from_millis(1500) {
             late_max = late_max.max(pttl);
         }
+        // Time under test: the PTTL is sampled over 2.5 leases.
         thread::sleep(Duration::from_millis(50));
     }
     // Unrenewed, it would have expired 0.6 s after the acquire.
@@ -141,8 +143,8 @@ fn renewal_stops_on_unlock_guard_drop_and_lease_drop() {
     let locks: Vec<_> = keys.iter().map(|k| watched(&client, k, lease)).collect();
     let mut guards: Vec<_> = locks.iter().map(|l| l.try_lock().unwrap()).collect();
     assert_eq!(client.watched_count(), 3);
-    // Past one lease: all three were renewed.
-    thread::sleep(lease + Duration::from_millis(300));
+    // Past one lease by renewals alone: all three were renewed.
+    support::wait_renewals(&client, 0, 3, 4);
     for k in keys {
         assert!(raw::pttl(&mut conn, k) > 0, "{k} was not renewed");
     }
@@ -163,9 +165,9 @@ fn renewal_stops_on_unlock_guard_drop_and_lease_drop() {
         .watched_count()
         == 1));
 
-    // Kept without a guard: still renewed while the lease lives.
+    // Kept without a guard: still renewed while the lease lives (past a lease).
     let kept = lease_guard.into_lease();
-    thread::sleep(lease);
+    support::wait_renewals(&client, client.stats().renewals, 1, 4);
     assert_eq!(client.watched_count(), 1);
     assert_eq!(
         raw::get(&mut conn, "wd:stop:lease").as_deref(),
@@ -223,6 +225,7 @@ fn thousand_holds_share_one_thread_and_batched_renewals() {
     let native = support::server_kind().has_set_ifeq();
     let command = if native { "set" } else { "evalsha" };
     let before = raw::command_calls(&mut conn, command);
+    // Time under test: the renewal calls of 3 s are counted.
     thread::sleep(Duration::from_secs(3));
     let mut renewal_calls = raw::command_calls(&mut conn, command) - before;
     if native {
@@ -269,7 +272,8 @@ fn dropped_client_stops_its_watchdog_thread() {
     let kept = lock.try_lock().unwrap().into_lease();
     // The new thread names itself once it runs.
     assert!(wait_until(Duration::from_secs(2), || watchdog_threads() == 1));
-    thread::sleep(lease + Duration::from_millis(300));
+    // Past one lease by renewals alone.
+    support::wait_renewals(&client, 0, 1, 4);
     assert_eq!(
         raw::get(&mut conn, "wd:client-drop").as_deref(),
         Some(kept.value()),
@@ -330,7 +334,7 @@ fn killed_holder_frees_its_watched_lock_within_a_lease() {
     let dead_value = holder
         .wait_marker(LOCKED_MARKER, Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("no lock report ({e:?}): {:?}", holder.seen()));
-    // Past its lease, the live holder's watchdog keeps it.
+    // Past its lease (time under test), the live holder's watchdog keeps it.
     thread::sleep(CRASH_LEASE + Duration::from_millis(500));
     assert_eq!(
         raw::get(&mut conn, CRASH_KEY).as_deref(),
@@ -374,7 +378,8 @@ fn paused_redis_past_the_lease_marks_the_hold_expired() {
     let lease = Duration::from_secs(1);
     let lock = watched_reporting(&client, "wd:paused", lease, &losses);
     let guard = lock.try_lock().unwrap();
-    thread::sleep(Duration::from_millis(400));
+    // Renewed once: the watchdog works before the pause.
+    support::wait_event(&client, Event::Renewed, 1);
     assert!(!guard.is_lost());
 
     server.pause();
@@ -384,14 +389,16 @@ fn paused_redis_past_the_lease_marks_the_hold_expired() {
         !losses_of(&losses, "wd:paused").is_empty()
     });
     let reported_after = paused.elapsed();
-    // Keep Redis paused well past the lease: the key expires on the server meanwhile.
+    // Keep Redis paused well past the lease (time under test): the key expires on the
+    // server meanwhile.
     thread::sleep(Duration::from_millis(2500).saturating_sub(paused.elapsed()));
     server.resume();
     assert!(lost_seen, "is_lost() stayed false with Redis paused");
     assert!(reported, "on_lost was not called with Redis paused");
     eprintln!("watchdog/paused: on_lost called {reported_after:.2?} after the pause");
 
-    // Redis answers again: the hold stays lost, reported once.
+    // Redis answers again: the hold stays lost, reported once (given time to be reported
+    // again, which must not happen).
     thread::sleep(Duration::from_millis(800));
     assert!(guard.is_lost());
     assert_eq!(losses_of(&losses, "wd:paused"), [LossReason::Expired]);
@@ -451,7 +458,8 @@ fn deleted_or_taken_key_marks_the_hold_gone_once() {
         .watched_count()
         == 1));
     // More rounds: still one report each, and the untouched hold is fine.
-    thread::sleep(lease);
+    let renewed = client.test_hooks().count(Event::Renewed);
+    support::wait_event(&client, Event::Renewed, renewed + 2);
     assert_eq!(losses_of(&losses, "wd:gone:deleted"), [LossReason::Gone]);
     assert_eq!(losses_of(&losses, "wd:gone:taken"), [LossReason::Gone]);
     assert_eq!(losses.lock().unwrap().len(), 2);
@@ -487,7 +495,8 @@ fn cluster_holds_are_renewed_per_slot() {
     keys.extend((0..5).map(|i| format!("{{wd:tag}}:{i}")));
     let locks: Vec<_> = keys.iter().map(|k| watched(&client, k, lease)).collect();
     let guards: Vec<_> = locks.iter().map(|l| l.try_lock().unwrap()).collect();
-    thread::sleep(lease * 2);
+    // Two leases pass, lived through by renewals alone.
+    support::wait_renewals(&client, 0, guards.len() as u64, 7);
     for (guard, key) in guards.iter().zip(&keys) {
         assert!(!guard.is_lost(), "{key} reported lost");
         let mut conn = cluster.conn_for_key(key);

@@ -114,6 +114,9 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         }
     }
     let mut ticket = line.queues.enqueue(line.name);
+    line.queues
+        .hooks
+        .note(crate::client::test_hooks::Event::Queued);
     log::trace!(
         "lock {key:?}: waiting behind {} threads of this process",
         ticket.ahead()

@@ -21,6 +21,7 @@ pub(crate) mod pool;
 pub(crate) mod sentinel_watch;
 pub(crate) mod subscriber;
 pub(crate) mod switches;
+pub(crate) mod test_hooks;
 pub(crate) mod waiters;
 pub(crate) mod watchdog;
 pub(crate) mod watched;
@@ -472,6 +473,21 @@ impl LockClient {
     /// The in-process waiter lines of this client.
     pub(crate) fn waiters(&self) -> &WaitQueues {
         &self.inner.waiters
+    }
+
+    /// Counts an event the crate's tests may wait for (nothing without the feature
+    /// `test-hooks`).
+    #[inline(always)]
+    pub(crate) fn note(&self, event: test_hooks::Event) {
+        self.inner.waiters.hooks.note(event);
+    }
+
+    /// For the crate's own tests: the events this client has seen (subscriptions confirmed,
+    /// waiters queued, renewals, master switches), to wait for instead of sleeping.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn test_hooks(&self) -> &test_hooks::TestHooks {
+        &self.inner.waiters.hooks
     }
 
     /// A pooled connection; failures are reported against `key`.

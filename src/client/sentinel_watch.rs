@@ -120,6 +120,7 @@ fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &s
         );
     }
     replay(client, recent);
+    client.note(crate::client::test_hooks::Event::Switched);
 }
 
 /// Most commands in one pipeline of a replay.

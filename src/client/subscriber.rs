@@ -863,6 +863,9 @@ impl Shared {
         if let Some(c) = st.channels.get_mut(channel) {
             if c.sent == Some(generation) {
                 c.confirmed = Some(generation);
+                self.waiters
+                    .hooks
+                    .note(crate::client::test_hooks::Event::Subscribed);
                 if std::mem::take(&mut c.rewake) {
                     lines = c.lines.iter().map(|(l, _)| l.clone()).collect();
                 }

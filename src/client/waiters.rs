@@ -48,6 +48,9 @@ pub(crate) struct WaitQueues {
     /// Grants of hand-off locks that this client's waiting threads expect (see
     /// [`Grants`](crate::client::grants::Grants)).
     pub(crate) grants: crate::client::grants::Grants,
+    /// The events the crate's tests wait for (empty without the feature `test-hooks`): here
+    /// because every part of the runtime that reports one reaches the client's lines.
+    pub(crate) hooks: crate::client::test_hooks::TestHooks,
 }
 
 #[derive(Debug, Default)]

@@ -308,6 +308,9 @@ fn renew(
         outcomes.push((*i, outcome));
     }
     client.counters().renewed(renewed);
+    if renewed > 0 {
+        client.note(crate::client::test_hooks::Event::Renewed);
+    }
     log::debug!(
         "watchdog: renewed {renewed} of {} holds in one call ({:?}, ...)",
         batch.len(),

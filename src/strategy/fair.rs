@@ -712,6 +712,9 @@ impl FairLock {
         // Redis (joined before its first attempt there, so a burst of threads does not all
         // go).
         let mut ticket = queues.enqueue(&self.key);
+        if ticket.ahead() > 0 {
+            self.client.note(crate::client::test_hooks::Event::Queued);
+        }
         if ticket.ahead() > 0 && !ticket.wait_turn(deadline) {
             return Err(self.timeout(attempts));
         }
@@ -756,6 +759,8 @@ impl FairLock {
                 Outcome::Refused { at_us, rank } => (at_us, rank),
             };
         }
+        // In the queue in Redis, or offered to the holder's release that queues us.
+        self.client.note(crate::client::test_hooks::Event::Queued);
         let subscription = wakeups.subscribe(&self.channel, &self.key, Delivery::HandOff, deadline);
         let mut late = None;
         loop {

@@ -103,10 +103,7 @@ pub fn has_tls() -> bool {
         else {
             return false;
         };
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(10));
-        }
+        wait_until(STARTUP_TIMEOUT, || !matches!(child.try_wait(), Ok(None)));
         reap(&mut child);
         let mut out = String::new();
         if let Some(mut stdout) = child.stdout.take() {
@@ -316,10 +313,7 @@ impl RedisServer {
                 signal(self.pid, "CONT");
             }
             signal(self.pid, "TERM");
-            let deadline = Instant::now() + STOP_GRACE;
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                thread::sleep(Duration::from_millis(5));
-            }
+            wait_until(STOP_GRACE, || !matches!(child.try_wait(), Ok(None)));
         }
         reap(child);
         *guard = None;
@@ -352,6 +346,7 @@ impl RedisServer {
                 Err(SpawnFailure::Spawn(msg)) => panic!("{msg}"),
                 Err(failure) => {
                     last_error = describe(failure, attempt, self.port, &self.dir);
+                    // The port may be free again a moment later (another process held it).
                     thread::sleep(Duration::from_millis(100));
                 }
             }
@@ -409,6 +404,63 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         }
         thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Time spent as the test's load: a hold's critical section (the window in which an overlap
+/// would be seen), a pause between sections or after an error, the pace or the length of a
+/// run. Never a wait for something to happen: those wait for the event ([`wait_event`]) or
+/// poll the condition ([`wait_until`]).
+pub fn work(d: Duration) {
+    thread::sleep(d);
+}
+
+/// How long the helpers below wait for an event before the test fails: far beyond what any
+/// of them takes on a busy machine, so only a missing event reaches it.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Waits until `client` has seen `event` at least `n` times since it was built (the crate's
+/// test hooks: a subscription confirmed, a waiter queued, a renewal, a master switch); fails
+/// the test after [`EVENT_TIMEOUT`].
+pub fn wait_event(client: &redis_dlock::LockClient, event: redis_dlock::test_hooks::Event, n: u64) {
+    assert!(
+        client.test_hooks().wait_for(event, n, EVENT_TIMEOUT),
+        "{event:?} seen {} times, waited for {n}",
+        client.test_hooks().count(event)
+    );
+}
+
+/// Waits until `client` sees `event` once more than it has now.
+pub fn wait_next_event(client: &redis_dlock::LockClient, event: redis_dlock::test_hooks::Event) {
+    let n = client.test_hooks().count(event) + 1;
+    wait_event(client, event, n);
+}
+
+/// Waits until `client`'s watchdog has renewed its `holds` watched holds `rounds` times each
+/// (`holds * rounds` renewals more than `from`, a `stats().renewals` reading). Renewals come a
+/// third of a lease apart, so after 4 rounds the holds have lived past their lease by renewals
+/// alone; fails the test after [`EVENT_TIMEOUT`].
+pub fn wait_renewals(client: &redis_dlock::LockClient, from: u64, holds: u64, rounds: u64) {
+    let target = from + holds * rounds;
+    assert!(
+        wait_until(EVENT_TIMEOUT, || client.stats().renewals >= target),
+        "{} renewals, waited for {target}",
+        client.stats().renewals
+    );
+}
+
+/// Waits until a waiter of `client` listens for the release: it waits (queued), its
+/// subscription is confirmed (`subscribed` of them in all), and the attempt it makes once
+/// subscribed was refused (`refusals` of the client's attempts in all). A release from now on
+/// is heard, not found by a poll.
+pub fn wait_listening(client: &redis_dlock::LockClient, subscribed: u64, refusals: u64) {
+    use redis_dlock::test_hooks::Event;
+    wait_event(client, Event::Queued, 1);
+    wait_event(client, Event::Subscribed, subscribed);
+    assert!(
+        wait_until(EVENT_TIMEOUT, || client.stats().refusals >= refusals),
+        "{} refusals, waited for {refusals}",
+        client.stats().refusals
+    );
 }
 
 /// Installs a tiny stderr logger once, if `DLOCK_TEST_LOG` is set.
@@ -610,30 +662,29 @@ fn spawn_and_wait(port: u16, dir: &Path, launch: &Launch) -> Result<Child, Spawn
     };
     let pid = child.id();
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("valid url");
-    let deadline = Instant::now() + STARTUP_TIMEOUT;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                return Err(SpawnFailure::Exited(format!(
-                    "redis-server exited with {status}"
-                )))
-            }
-            Ok(None) => {}
-            Err(e) => {
-                reap(&mut child);
-                return Err(SpawnFailure::Exited(format!("try_wait failed: {e}")));
-            }
-        }
-        // Only accept an answer from *our* process: another test's server may
-        // have grabbed the same port first, in which case ours will exit.
-        if server_pid(&client) == Some(pid) {
-            return Ok(child);
-        }
-        if Instant::now() >= deadline {
+    let mut outcome = None;
+    wait_until(STARTUP_TIMEOUT, || {
+        outcome = match child.try_wait() {
+            Ok(Some(status)) => Some(Err(SpawnFailure::Exited(format!(
+                "redis-server exited with {status}"
+            )))),
+            Err(e) => Some(Err(SpawnFailure::Exited(format!("try_wait failed: {e}")))),
+            // Only accept an answer from *our* process: another test's server may
+            // have grabbed the same port first, in which case ours will exit.
+            Ok(None) => (server_pid(&client) == Some(pid)).then_some(Ok(())),
+        };
+        outcome.is_some()
+    });
+    match outcome {
+        Some(Ok(())) => Ok(child),
+        Some(Err(e)) => {
             reap(&mut child);
-            return Err(SpawnFailure::TimedOut);
+            Err(e)
         }
-        thread::sleep(Duration::from_millis(10));
+        None => {
+            reap(&mut child);
+            Err(SpawnFailure::TimedOut)
+        }
     }
 }
 
@@ -951,17 +1002,14 @@ fn run_tool(program: &str, args: &[String], dir: &Path, timeout: Duration) {
         .stderr(err)
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            break Some(status);
-        }
-        if Instant::now() >= deadline {
-            reap(&mut child);
-            break None;
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+    let mut status = None;
+    wait_until(timeout, || {
+        status = child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    if status.is_none() {
+        reap(&mut child);
+    }
     if status.is_none_or(|s| !s.success()) {
         let output = std::fs::read_to_string(&out_path).unwrap_or_default();
         panic!("{program} {args:?} failed ({status:?}):\n{output}");

@@ -2,7 +2,6 @@
 //!
 //! Every helper panics (naming the command) if Redis answers with an error.
 
-use std::thread;
 use std::time::Duration;
 
 /// `GET key`.
@@ -96,7 +95,7 @@ pub fn cached_scripts(conn: &mut redis::Connection) -> usize {
 /// correct: GET, a pause that widens the race window, SET to the value read plus one.
 pub fn bump_counter(conn: &mut redis::Connection, key: &str) {
     let value: Option<i64> = redis::cmd("GET").arg(key).query(conn).expect("GET");
-    thread::sleep(Duration::from_micros(50));
+    super::work(Duration::from_micros(50));
     let _: () = redis::cmd("SET")
         .arg(key)
         .arg(value.unwrap_or(0) + 1)

@@ -134,12 +134,14 @@ impl WorkerProcess {
     /// Waits for the worker to exit (panics, killing it, after `timeout`); its status, stdout
     /// and stderr (empty unless [`spawn_captured`](Self::spawn_captured)).
     pub fn finish(mut self, timeout: Duration) -> (ExitStatus, String, String) {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if Instant::now() >= deadline {
+        let mut done = None;
+        super::wait_until(timeout, || {
+            done = self.child.try_wait().expect("try_wait");
+            done.is_some()
+        });
+        let status = match done {
+            Some(status) => status,
+            None => {
                 let _ = self.child.kill();
                 let status = self.child.wait().expect("wait");
                 let (out, err) = self.output();
@@ -149,7 +151,6 @@ impl WorkerProcess {
                     self.child.id()
                 );
             }
-            thread::sleep(Duration::from_millis(10));
         };
         let (out, err) = self.output();
         (status, out, err)

@@ -39,6 +39,7 @@ impl Server {
                 if let Ok(Some(_)) = server.child.try_wait() {
                     break; // the port was taken meanwhile: try another
                 }
+                // A poll: another process gives no event to wait for.
                 thread::sleep(Duration::from_millis(20));
             }
             let _ = server.child.kill();

@@ -1,0 +1,100 @@
+//! Events of a client's runtime that the crate's own tests wait for instead of sleeping: a
+//! subscription confirmed, a waiter queued, a renewal done, a master switch followed. With the
+//! cargo feature `test-hooks` each event bumps a per-client count that a test can block on
+//! ([`TestHooks::wait_for`]); without it [`TestHooks`] is empty and noting an event compiles to
+//! nothing. Hidden, unstable, no semver promise: do not enable the feature in a dependent crate.
+
+#[cfg(feature = "test-hooks")]
+use std::time::Duration;
+
+/// What happened, as the tests wait for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The server confirmed a `SUBSCRIBE` of the client's subscriber connection.
+    Subscribed,
+    /// A blocking acquire waits: it was refused and joined its client's line of waiters. A
+    /// lock whose waiters queue in Redis counts a waiter once when it waits behind another
+    /// thread of its client, and once when its place in the queue in Redis is taken, or
+    /// offered to the holder's release that queues it.
+    Queued,
+    /// The watchdog renewed a batch of holds (one event per call that renewed any).
+    Renewed,
+    /// A Sentinel client followed a master switch (its recent releases replayed).
+    Switched,
+}
+
+impl Event {
+    #[cfg(feature = "test-hooks")]
+    const ALL: usize = 4;
+
+    #[cfg(feature = "test-hooks")]
+    fn index(self) -> usize {
+        match self {
+            Event::Subscribed => 0,
+            Event::Queued => 1,
+            Event::Renewed => 2,
+            Event::Switched => 3,
+        }
+    }
+}
+
+/// The events one client has seen (see the module's documentation).
+#[derive(Debug, Default)]
+pub struct TestHooks {
+    #[cfg(feature = "test-hooks")]
+    counts: std::sync::Mutex<[u64; Event::ALL]>,
+    #[cfg(feature = "test-hooks")]
+    changed: std::sync::Condvar,
+}
+
+impl TestHooks {
+    /// Counts `event` and wakes the tests waiting for it; nothing without the feature.
+    #[inline(always)]
+    pub(crate) fn note(&self, event: Event) {
+        #[cfg(feature = "test-hooks")]
+        {
+            let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            counts[event.index()] += 1;
+            drop(counts);
+            self.changed.notify_all();
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        let _ = event;
+    }
+
+    /// How many times `event` happened since the client was built.
+    #[cfg(feature = "test-hooks")]
+    pub fn count(&self, event: Event) -> u64 {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())[event.index()]
+    }
+
+    /// Waits until `event` has happened at least `n` times since the client was built, at
+    /// most `timeout`: true if it has.
+    #[cfg(feature = "test-hooks")]
+    pub fn wait_for(&self, event: Event, n: u64, timeout: Duration) -> bool {
+        let deadline = crate::time::saturating_add(std::time::Instant::now(), timeout);
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if counts[event.index()] >= n {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            counts = self
+                .changed
+                .wait_timeout(counts, left)
+                .map(|(c, _)| c)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// Waits until `event` happens once more after this call, at most `timeout`: true if it
+    /// did (`wait_for(event, count(event) + 1, timeout)`).
+    #[cfg(feature = "test-hooks")]
+    pub fn wait_next(&self, event: Event, timeout: Duration) -> bool {
+        let n = self.count(event) + 1;
+        self.wait_for(event, n, timeout)
+    }
+}
