@@ -16,6 +16,12 @@ use redis_dlock::{
 use support::expiry::{encode, epoch_ms};
 use support::{init_logging, raw, wait_event, wait_until, RedisServer, EVENT_TIMEOUT};
 
+/// The lease of the watched holds below (and twice the short ttl): short, so that the watchdog
+/// renews (every third of it) and finds a deletion quickly, yet long enough that a first
+/// acquire whose reply a busy machine delays by a few hundred ms is not a late win (a 300 ms
+/// lease once was, at 169 ms).
+const WATCHED_LEASE: Duration = Duration::from_secs(1);
+
 fn client(server: &RedisServer) -> LockClient {
     LockClient::open(server.url()).unwrap()
 }
@@ -120,10 +126,12 @@ fn every_lock_type_counts() {
     let l2 = red.lock("stats:redlock").build().unwrap();
     let g = l1.try_lock().unwrap();
     assert!(matches!(l2.try_lock(), Err(LockError::Held { .. })));
-    assert!(matches!(
-        l2.try_lock_for(Duration::from_millis(100)),
-        Err(LockError::Timeout { .. })
-    ));
+    // Long enough that a slow machine's attempt ends by the deadline, not by a late reply.
+    let waited = l2.try_lock_for(Duration::from_secs(1));
+    assert!(
+        matches!(waited, Err(LockError::Timeout { .. })),
+        "{waited:?}"
+    );
     assert!(g.unlock().unwrap());
     let s = red.stats();
     assert_eq!((s.acquires, s.timeouts), (1, 1));
@@ -140,7 +148,7 @@ fn lost_holds_are_counted_once_each() {
     // An explicit lifetime that runs out: the extend says so, the release agrees; one loss.
     let short = c
         .lock("stats:short")
-        .ttl(Duration::from_millis(200))
+        .ttl(WATCHED_LEASE / 2)
         .build()
         .unwrap();
     let mut guard = short.lock().unwrap();
@@ -165,10 +173,10 @@ fn lost_holds_are_counted_once_each() {
     assert!(!guard.unlock().unwrap());
     assert_eq!(c.stats().lost_holds, 2);
 
-    // A watched hold deleted under it: the watchdog finds it (renewal every 100 ms).
+    // A watched hold deleted under it: the watchdog finds it (renewal every third of the lease).
     let watched = c
         .lock("stats:watched")
-        .watchdog_lease(Duration::from_millis(300))
+        .watchdog_lease(WATCHED_LEASE)
         .build()
         .unwrap();
     let guard = watched.lock().unwrap();
@@ -195,13 +203,13 @@ fn lost_fair_holds_are_counted_once_each() {
     let build = |cl: &LockClient| {
         cl.lock(key)
             .strategy(Strategy::Fair)
-            .watchdog_lease(Duration::from_millis(300))
+            .watchdog_lease(WATCHED_LEASE)
             .build()
             .unwrap()
     };
     let (lc, ld) = (build(&c), build(&d));
 
-    // Taken at once, then deleted under it: the watchdog finds it (renewal every 100 ms).
+    // Taken at once, then deleted under it: the watchdog finds it (renewal every third of the lease).
     let guard = lc.lock().unwrap();
     raw::del(&mut conn, key);
     assert!(wait_until(Duration::from_secs(3), || c.stats().lost_holds == 1));
