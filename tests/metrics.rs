@@ -144,7 +144,7 @@ fn counters_are_reported_through_the_metrics_facade() {
     let fair = a
         .lock("metrics:fair")
         .strategy(Strategy::Fair)
-        .watchdog_lease(Duration::from_millis(300))
+        .watchdog_lease(Duration::from_secs(1))
         .build()
         .unwrap();
     let guard = fair.lock().unwrap();
