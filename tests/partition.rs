@@ -168,6 +168,8 @@ struct Side {
     holds: Vec<Hold>,
     not_replicated: u64,
     other_errors: u64,
+    /// Releases that returned `Ok(true)`: the holder was never told of a loss.
+    released_intact: u64,
 }
 
 /// One run of the scenario: each side's history and figures, and when the link was cut, the
@@ -256,6 +258,7 @@ fn scenario(acks: &str) -> Run {
             holds: decode(&std::fs::read(&out).expect("read the worker's history")),
             not_replicated: counts["not_replicated"],
             other_errors: counts["other"],
+            released_intact: counts["intact"],
         });
     }
     let b = sides.pop().unwrap();
@@ -290,14 +293,17 @@ impl Run {
                 .count()
         };
         eprintln!(
-            "acks {acks}: A {} holds ({} during the cut), {} NotReplicated, {} other errors; \
-             B {} holds ({} during the cut), {} NotReplicated, {} other errors; {}",
+            "acks {acks}: A {} holds ({} during the cut, {} released Ok(true)), {} NotReplicated, \
+             {} other errors; B {} holds ({} during the cut, {} released Ok(true)), {} \
+             NotReplicated, {} other errors; {}",
             self.a.holds.len(),
             during(&self.a),
+            self.a.released_intact,
             self.a.not_replicated,
             self.a.other_errors,
             self.b.holds.len(),
             during(&self.b),
+            self.b.released_intact,
             self.b.not_replicated,
             self.b.other_errors,
             history::describe(&found, self.cut)
@@ -389,12 +395,13 @@ fn partition_worker() {
     let stop = AtomicBool::new(false);
     let not_replicated = AtomicU64::new(0);
     let other = AtomicU64::new(0);
+    let intact = AtomicU64::new(0);
     report("ready", "");
     let holds: Vec<u8> = thread::scope(|s| {
         let threads: Vec<_> = (0..THREADS)
             .map(|t| {
                 let (stop, locks) = (&stop, &locks);
-                let (not_replicated, other) = (&not_replicated, &other);
+                let (not_replicated, other, intact) = (&not_replicated, &other, &intact);
                 s.spawn(move || {
                     let mut rec = Recorder::new(side << 32 | t);
                     while !stop.load(Ordering::Relaxed) {
@@ -405,7 +412,9 @@ fn partition_worker() {
                                 let held = open.acquired();
                                 thread::sleep(WORK);
                                 rec.release(held, guard.remaining(), guard.is_lost());
-                                let _ = guard.unlock();
+                                if matches!(guard.unlock(), Ok(true)) {
+                                    intact.fetch_add(1, Ordering::Relaxed);
+                                }
                             }
                             Err(LockError::Held { .. }) => thread::sleep(Duration::from_millis(2)),
                             Err(LockError::NotReplicated { .. }) => {
@@ -435,9 +444,10 @@ fn partition_worker() {
     report(
         "counts",
         &format!(
-            "not_replicated={} other={}",
+            "not_replicated={} other={} intact={}",
             not_replicated.load(Ordering::Relaxed),
-            other.load(Ordering::Relaxed)
+            other.load(Ordering::Relaxed),
+            intact.load(Ordering::Relaxed)
         ),
     );
 }
