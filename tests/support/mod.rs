@@ -10,12 +10,14 @@
 //!
 //! Shared by the test files as well: [`raw`] (raw Redis commands to set up and check keys),
 //! [`expiry`] (the wall clock and Classic expiry-timestamp values) and [`worker`] (this test
-//! binary re-run as a child process), and with a TLS feature [`tls`] (generated certificates
-//! and servers with a TLS port). Each test binary uses a subset, hence `dead_code`.
+//! binary re-run as a child process), [`netns`] (network namespaces and a link to cut; needs
+//! root), and with a TLS feature [`tls`] (generated certificates and servers with a TLS port).
+//! Each test binary uses a subset, hence `dead_code`.
 #![allow(dead_code)]
 
 pub mod expiry;
 pub mod history;
+pub mod netns;
 pub mod raw;
 #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
 pub mod tls;
