@@ -1118,14 +1118,7 @@ fn sentinel_and_cluster_deployments() {
     // The replica cut off (frozen, its link closed): no replica confirms the lock. A dlock
     // started now meets a master without a replica, which `auto` takes as a deployment
     // without replicas: a job that must not run then asks for one.
-    set.server(1).pause();
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("replica")
-        .query(&mut set.server(0).conn())
-        .unwrap();
-    assert_eq!(killed, 1);
+    set.cut_the_replica_off();
     let ran = dir.path().join("ran");
     let ran_path = ran.to_str().unwrap();
     let refused = dlock_owned(&joined(&[

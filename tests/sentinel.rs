@@ -355,17 +355,22 @@ fn the_same_client_recovers_when_the_old_master_freezes() {
     every_variant_works(server1, &a, &b, "after");
 }
 
-/// Freezes the replica of `set` and closes its replication link from the master's side:
-/// frozen, it cannot reconnect, so what the master acknowledges next never reaches it.
-fn cut_the_replica_off(set: &Sentinel) {
-    set.server(1).pause();
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("replica")
-        .query(&mut set.server(0).conn())
-        .unwrap();
-    assert_eq!(killed, 1, "the replica's link was closed");
+/// Both locks, taken by `try_lock` within [`RECOVERY`] (the new master may not answer yet).
+fn take_both<'a>(
+    token: &'a dyn DistributedLock,
+    classic: &'a dyn DistributedLock,
+) -> [LockGuard<'a>; 2] {
+    let mut granted = None;
+    let mut last = String::new();
+    let got = support::wait_until(RECOVERY, || {
+        match (token.try_lock(), classic.try_lock()) {
+            (Ok(t), Ok(c)) => granted = Some([t, c]),
+            (t, c) => last = format!("{t:?} {c:?}"),
+        }
+        granted.is_some()
+    });
+    assert!(got, "b never got the locks: {last}");
+    granted.expect("granted")
 }
 
 /// With replica confirmation (the default of a Sentinel client whose master has a replica), an
@@ -384,7 +389,7 @@ fn an_acquire_no_replica_confirmed_is_refused_and_undone() {
     // Confirmed by the replica while it is there.
     every_variant_works(set.server(0), &a, &b, "warmup");
 
-    cut_the_replica_off(&set);
+    set.cut_the_replica_off();
     let mut master = set.server(0).conn();
     for lock in [&token_a, &classic_a] {
         let started = Instant::now();
@@ -423,17 +428,7 @@ fn an_acquire_no_replica_confirmed_is_refused_and_undone() {
 
     // The master dies; the replica is promoted: b takes the locks, and a holds nothing.
     kill_master_promote_replica(&mut set);
-    let mut granted_b = None;
-    let mut last = String::new();
-    let got = support::wait_until(RECOVERY, || {
-        match (token_b.try_lock(), classic_b.try_lock()) {
-            (Ok(t), Ok(c)) => granted_b = Some([t, c]),
-            (t, c) => last = format!("{t:?} {c:?}"),
-        }
-        granted_b.is_some()
-    });
-    assert!(got, "b never got the locks: {last}");
-    for gb in granted_b.expect("granted") {
+    for gb in take_both(token_b.as_ref(), classic_b.as_ref()) {
         let key = gb.key().to_owned();
         assert!(gb.unlock().unwrap(), "{key}: b's hold was intact");
     }
@@ -452,7 +447,7 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
     // Warm up a's pool on the current master.
     every_variant_works(set.server(0), &a, &b, "warmup");
 
-    cut_the_replica_off(&set);
+    set.cut_the_replica_off();
 
     // Client a acquires: the master acknowledges, a holds valid leases.
     let held = [token_a.try_lock().unwrap(), classic_a.try_lock().unwrap()];
@@ -475,17 +470,7 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
     }
 
     // Client b acquires the same locks while a's leases are still valid: two holders at once.
-    let mut granted_b = None;
-    let mut last = String::new();
-    let got = support::wait_until(RECOVERY, || {
-        match (token_b.try_lock(), classic_b.try_lock()) {
-            (Ok(t), Ok(c)) => granted_b = Some([t, c]),
-            (t, c) => last = format!("{t:?} {c:?}"),
-        }
-        granted_b.is_some()
-    });
-    assert!(got, "b never got the locks: {last}");
-    let granted_b = granted_b.expect("granted");
+    let granted_b = take_both(token_b.as_ref(), classic_b.as_ref());
     for (ga, gb) in held.iter().zip(&granted_b) {
         assert!(
             ga.remaining() > Duration::from_secs(30),

@@ -1133,6 +1133,20 @@ impl Sentinel {
         &mut self.sentinels[i]
     }
 
+    /// Freezes the replica (`server(1)`) and closes its replication link from the master's
+    /// side: frozen, it cannot reconnect, so what the master acknowledges next never reaches
+    /// it. `server(1).resume()` lets it back.
+    pub fn cut_the_replica_off(&self) {
+        self.server(1).pause();
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .query(&mut self.server(0).conn())
+            .expect("CLIENT KILL TYPE replica");
+        assert_eq!(killed, 1, "the replica's link was closed");
+    }
+
     /// Every Sentinel's `redis://127.0.0.1:P/`.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(RedisServer::url).collect()
