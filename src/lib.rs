@@ -95,8 +95,9 @@ pub mod test_hooks {
     pub use crate::client::test_hooks::{Event, TestHooks};
 }
 
-pub use client::builder::{ClientBuilder, ConnectionTarget};
+pub use client::builder::ClientBuilder;
 pub use client::confirm::{ReplicaAcks, DEFAULT_REPLICA_ACK_TIMEOUT};
+pub use client::target::ConnectionTarget;
 pub use client::{
     LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDOFF_COURTESY,
     DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,

@@ -42,6 +42,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("client::sentinel_watch", RUNTIME),
     ("client::subscriber", RUNTIME),
     ("client::switches", RUNTIME),
+    ("client::target", RUNTIME),
     ("client::test_hooks", RUNTIME),
     ("client::waiters", RUNTIME),
     ("client::watchdog", RUNTIME),

@@ -21,6 +21,7 @@ pub(crate) mod pool;
 pub(crate) mod sentinel_watch;
 pub(crate) mod subscriber;
 pub(crate) mod switches;
+pub(crate) mod target;
 pub(crate) mod test_hooks;
 pub(crate) mod waiters;
 pub(crate) mod watchdog;
