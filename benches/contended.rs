@@ -30,6 +30,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
+use redis_dlock::Lock;
+use redis_dlock::{ClassicOptions, LockAdmin};
 use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, WakeUp};
 
 const THREADS: usize = 8;
@@ -103,14 +105,14 @@ const CONFIGS: [Config; 6] = [
     },
     Config {
         name: "classic_default",
-        strategy: Strategy::Classic,
+        strategy: Strategy::Classic(ClassicOptions::new()),
         retry: None,
         wake: None,
         sharings: ALL_SHARINGS,
     },
     Config {
         name: "classic_tuned",
-        strategy: Strategy::Classic,
+        strategy: Strategy::Classic(ClassicOptions::new()),
         retry: Some(tuned_classic),
         wake: None,
         sharings: ALL_SHARINGS,
@@ -120,7 +122,7 @@ const CONFIGS: [Config; 6] = [
 /// The configurations criterion also times (shared lock).
 const CRITERION_CONFIGS: [&str; 3] = ["token_default", "token_tuned", "classic_tuned"];
 
-fn build(client: &LockClient, cfg: Config, key: &str) -> Box<dyn DistributedLock> {
+fn build(client: &LockClient, cfg: Config, key: &str) -> Lock {
     let mut b = client.lock(key).strategy(cfg.strategy);
     if let Some(retry) = cfg.retry {
         b = b.retry(retry());

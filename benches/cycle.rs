@@ -15,6 +15,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, Encoding, LockClient, Strategy, Takeover};
 
 /// Lease of the bare Reentrant floor (the library's watched lease is 30 s; only the number's
@@ -24,11 +26,12 @@ const REENTRANT_LEASE_MS: u64 = 30_000;
 /// The lock configurations measured (each needs 2 round trips per cycle). `scripted` is a
 /// client made to use the scripts where the server has native commands (Valkey 9: `DELIFEQ`,
 /// `SET … IFEQ`): its Token locks are the `_scripts` rows, measured beside the native ones.
-fn locks(
-    client: &LockClient,
-    scripted: &LockClient,
-) -> Vec<(&'static str, Box<dyn DistributedLock>)> {
-    let classic = |key: &str| client.lock(key).strategy(Strategy::Classic);
+fn locks(client: &LockClient, scripted: &LockClient) -> Vec<(&'static str, Lock)> {
+    let classic = |key: &str| {
+        client
+            .lock(key)
+            .strategy(Strategy::Classic(ClassicOptions::new()))
+    };
     vec![
         (
             "token_scripts",
@@ -187,7 +190,7 @@ struct Shas {
 fn custom(
     env: &mut BenchEnv,
     pool: &r2d2::Pool<redis::Client>,
-    locks: &[(&'static str, Box<dyn DistributedLock>)],
+    locks: &[(&'static str, Lock)],
     shas: &Shas,
     native: bool,
 ) {

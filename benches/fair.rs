@@ -35,6 +35,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::*;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, Strategy, WakeUp};
 
 const THREADS: usize = 8;
@@ -67,7 +68,7 @@ impl Config {
             .expect("a config name")
     }
 
-    fn build(self, client: &LockClient, key: &str) -> Box<dyn DistributedLock> {
+    fn build(self, client: &LockClient, key: &str) -> Lock {
         match self {
             Config::Fair => client.lock(key).strategy(Strategy::Fair).build(),
             Config::TokenPolling => client.lock(key).wake_up(WakeUp::Polling).build(),

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use redis::ConnectionLike;
+use redis_dlock::ClassicOptions;
 use redis_dlock::{bench_hooks, DistributedLock, Encoding, LockClient, Strategy};
 
 // ---------------------------------------------------------------------------------------------
@@ -296,19 +297,19 @@ fn allocations(
         .expect("lock");
     let classic_lock = client
         .lock("micro:classic")
-        .strategy(Strategy::Classic)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
         .build()
         .expect("lock");
     let classic_be = client
         .lock("micro:classic:be")
-        .strategy(Strategy::Classic)
-        .encoding(Encoding::BigEndian)
+        .strategy(Strategy::Classic(
+            ClassicOptions::new().encoding(Encoding::BigEndian),
+        ))
         .build()
         .expect("lock");
     let classic_ttl = client
         .lock("micro:classic:ttl")
-        .strategy(Strategy::Classic)
-        .key_ttl()
+        .strategy(Strategy::Classic(ClassicOptions::new().key_ttl(true)))
         .build()
         .expect("lock");
     let cycle = |l: &dyn DistributedLock| {

@@ -30,6 +30,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, Strategy, DEFAULT_POOL_SIZE};
 
 /// One uncontended cycle through the public API.
@@ -38,7 +39,7 @@ fn cycle(lock: &dyn DistributedLock) {
     assert!(guard.unlock().expect("unlock"), "lost an uncontended lock");
 }
 
-fn token(client: &LockClient, key: &str, ttl: Option<Duration>) -> Box<dyn DistributedLock> {
+fn token(client: &LockClient, key: &str, ttl: Option<Duration>) -> Lock {
     let b = client.lock(key).strategy(Strategy::Token);
     match ttl {
         Some(t) => b.ttl(t),

@@ -23,6 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rand::RngExt;
+use redis_dlock::ClassicOptions;
 use redis_dlock::{DistributedLock, LockClient, LockError, Strategy};
 
 /// Contending worker threads per strategy.
@@ -85,7 +86,7 @@ fn run() -> Result<bool, BoxError> {
     for (name, strategy) in [
         ("token", Strategy::Token),
         ("reentrant", Strategy::Reentrant),
-        ("classic", Strategy::Classic),
+        ("classic", Strategy::Classic(ClassicOptions::new())),
     ] {
         let report = contend(&url, name, strategy)?;
         report.print();
@@ -226,7 +227,7 @@ fn contend(url: &str, name: &str, strategy: Strategy) -> Result<Report, BoxError
             let holders = Arc::clone(&holders);
             let redis = redis.clone();
             let counter_key = counter_key.clone();
-            thread::spawn(move || worker(&*lock, &redis, &counter_key, &holders, deadline))
+            thread::spawn(move || worker(&lock, &redis, &counter_key, &holders, deadline))
         })
         .collect();
     let workers = handles

@@ -23,7 +23,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis_dlock::{DistributedLock, LockClient, TokenLock};
+use redis_dlock::{DistributedLock, Lock, LockClient};
 use store::FencedStore;
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -48,9 +48,9 @@ fn main() -> ExitCode {
 
 /// A fenced lock on [`KEY`] with an explicit lease (so no watchdog renews it), on a client of
 /// its own, as a separate process would have.
-fn fenced_lock(url: &str) -> Result<TokenLock, BoxError> {
+fn fenced_lock(url: &str) -> Result<Lock, BoxError> {
     let client = LockClient::open(url)?;
-    Ok(client.lock(KEY).ttl(LEASE).fencing().build_token()?)
+    Ok(client.lock(KEY).ttl(LEASE).fencing().build()?)
 }
 
 fn write(store: &FencedStore, who: &str, fence: u64, value: &str) -> bool {

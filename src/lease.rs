@@ -207,11 +207,13 @@ impl crate::stats::Outcome for Attempt {
     }
 }
 
-impl From<Option<Lease>> for Attempt {
-    fn from(lease: Option<Lease>) -> Self {
-        match lease {
-            Some(lease) => Attempt::Acquired(lease),
-            None => Attempt::Held { pttl: None },
+impl Attempt {
+    /// The attempt of a lock's public `try_acquire`: [`LockError::Held`] is a refusal.
+    pub(crate) fn from_try(attempt: Result<Lease>) -> Result<Self> {
+        match attempt {
+            Ok(lease) => Ok(Attempt::Acquired(lease)),
+            Err(LockError::Held { .. }) => Ok(Attempt::Held { pttl: None }),
+            Err(e) => Err(e),
         }
     }
 }

@@ -2,12 +2,16 @@
 //!
 //! Blocking distributed locks on Redis for thread-based (non-async) services.
 //!
-//! One object-safe trait, [`DistributedLock`], and a [`Strategy`] that picks the algorithm:
+//! Every lock is built the same way, from its client: [`LockClient::lock`] (a mutex by
+//! [`Strategy`]), [`LockClient::rw_lock`] (read-write), [`RedLockClient::lock`] (over
+//! independent masters). Each is a [`DistributedLock`] (one object-safe trait: what every lock
+//! does with its own holds) and a [`LockAdmin`] (server-side reads and force-unlock). The
+//! [`Strategy`] picks the algorithm and carries the options only it has:
 //!
 //! - [`Strategy::Token`] (default): `SET key <random token> NX PX <ttl>`, released and extended
 //!   by Lua compare-and-delete / compare-and-pexpire scripts. One round trip to acquire, one to
 //!   release.
-//! - [`Strategy::Classic`]: the SETNX + GETSET timestamp lock of the legacy Java lockers,
+//! - [`Strategy::Classic`] ([`ClassicOptions`]): the SETNX + GETSET timestamp lock of the legacy Java lockers,
 //!   wire-compatible with them on the same keys (value = expiry in epoch milliseconds), with an
 //!   owner-checked release and an optional atomic takeover that fixes GETSET's overwrite flaw.
 //! - [`Strategy::Reentrant`]: a lock a thread may take again, in Redisson's `RLock` layout (a
@@ -24,8 +28,8 @@
 //!   threads wait on one shared subscriber connection per client ([`WakeUp`]);
 //! - **fencing tokens** ([`LockBuilder::fencing`], [`LockGuard::fence`]);
 //! - **server-side queries** on every lock, whoever holds it
-//!   ([`is_locked`](DistributedLock::is_locked), [`remaining_ttl`](DistributedLock::remaining_ttl),
-//!   and for administrators [`force_unlock`](DistributedLock::force_unlock));
+//!   ([`is_locked`](LockAdmin::is_locked), [`remaining_ttl`](LockAdmin::remaining_ttl),
+//!   and for administrators [`force_unlock`](LockAdmin::force_unlock));
 //! - **counters** per client ([`LockClient::stats`]), also reported through the `metrics` crate
 //!   with the cargo feature `metrics`;
 //! - [`ReadWriteLock`], and [`RedLock`] over independent masters; every companion key shares
@@ -34,7 +38,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use redis_dlock::{LockClient, Strategy};
+//! use redis_dlock::{DistributedLock, LockClient, Strategy};
 //!
 //! # fn main() -> Result<(), redis_dlock::LockError> {
 //! let client = LockClient::open("redis://127.0.0.1:6379/")?;
@@ -104,7 +108,7 @@ pub use client::{
 };
 pub use error::{LockError, Result};
 pub use lease::{Lease, LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
-pub use lock::{ArcLockExt, DistributedLock, LockGuard, LockState, OwnedLockGuard};
+pub use lock::{ArcLockExt, DistributedLock, LockAdmin, LockGuard, LockState, OwnedLockGuard};
 /// The `r2d2` crate of [`LockClient::from_pool`] and [`LockClient::pool_state`].
 pub use r2d2;
 /// The `redis` crate this one is built on, whose types appear in its API

@@ -10,8 +10,10 @@ use crate::lease::Lease;
 use crate::retry::RetryPolicy;
 use crate::time::check_duration;
 
-/// A lock on one Redis key, shared by threads (`Send + Sync`) and usable as
-/// `Box<dyn DistributedLock>` / `Arc<dyn DistributedLock>`.
+/// What every lock does with its own holds: a lock on one Redis key, shared by threads
+/// (`Send + Sync`) and usable as `Box<dyn DistributedLock>` / `Arc<dyn DistributedLock>`.
+/// The server-side reads of a lock whoever holds it, and the administrator's force-unlock,
+/// are [`LockAdmin`]'s.
 ///
 /// The names follow `parking_lot`/`std::sync`: [`try_lock`](Self::try_lock) makes one attempt,
 /// [`lock`](Self::lock) waits under the lock's [`RetryPolicy`], and
@@ -34,7 +36,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// The policy [`lock`](Self::lock) follows.
     fn retry_policy(&self) -> &RetryPolicy;
 
-    /// One attempt: `Ok(Some(lease))` when taken, `Ok(None)` when held by another owner.
+    /// One attempt: the [`Lease`] when taken, [`LockError::Held`] when another owner holds the
+    /// lock (the same convention as [`try_lock`](Self::try_lock), and std's `Mutex::try_lock`
+    /// with its `WouldBlock`).
     ///
     /// A win is checked against the time the command was sent: if the reply came so late that
     /// less than a safety margin of the lifetime is left by the local clock, the hold is
@@ -45,7 +49,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// So a hold is handed out only while `ttl − elapsed > max(elapsed, ttl/100 + 2 ms)`, e.g.
     /// for a 1 s lifetime only if the reply came within about 495 ms. Blocking acquires count
     /// such an attempt as refused and try again.
-    fn try_acquire(&self) -> Result<Option<Lease>>;
+    fn try_acquire(&self) -> Result<Lease>;
 
     /// Releases the hold described by `lease` if it is still ours: `Ok(true)` when it was ours and
     /// is now free, `Ok(false)` when it had expired or belonged to another owner (nothing is
@@ -93,10 +97,16 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     fn try_lock_until(&self, deadline: Instant) -> Result<LockGuard<'_>> {
         self.try_lock_for(deadline.saturating_duration_since(Instant::now()))
     }
+}
 
+/// What the server says about a lock whoever holds it, and the administrator's force-unlock:
+/// implemented by every lock of this crate ([`Lock`](crate::Lock) and each typed lock,
+/// [`ReadLock`](crate::ReadLock), [`WriteLock`](crate::WriteLock), [`RedLock`](crate::RedLock)),
+/// apart from [`DistributedLock`], which is what every lock does with its own holds.
+pub trait LockAdmin: DistributedLock {
     /// Asks the server whether anyone holds the lock now, and for how long (one round trip;
     /// RedLock: one to each node, at once). Whoever holds it: this caller, another thread,
-    /// another process. [`is_locked`](Self::is_locked) and
+    /// another process. [`is_locked`](LockAdmin::is_locked) and
     /// [`remaining_ttl`](Self::remaining_ttl) are this answer's two halves.
     ///
     /// Per lock type:
@@ -118,15 +128,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// A key of another Redis type than the lock writes is [`LockError::WrongType`], as for
     /// its acquires. Sends `EVALSHA` of a read-only script (`TYPE`, `PTTL`, and `GET` or
     /// `HGET`): an ACL user needs those commands on the key besides the lock's own.
-    ///
-    /// The default implementation, for lock types outside this crate, returns
-    /// [`LockError::Unsupported`]; every lock of this crate answers.
-    fn state(&self) -> Result<crate::LockState> {
-        Err(LockError::unsupported(
-            self.key(),
-            "this lock type does not implement the server-side queries (state)",
-        ))
-    }
+    fn state(&self) -> Result<LockState>;
 
     /// True when anyone holds the lock now, by asking the server: see [`state`](Self::state)
     /// for what "held" means per lock type. Redisson's `isLocked`.
@@ -137,7 +139,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// The time left before the current hold ends unless renewed, as the server counts it
     /// (`PTTL`; not the local estimate of [`Lease::remaining`]), whoever holds it. `None` when
     /// nobody holds the lock, or when the holder's key has no expiry in Redis (a value written
-    /// by another program); [`is_locked`](Self::is_locked) or [`state`](Self::state) tell the
+    /// by another program); [`is_locked`](LockAdmin::is_locked) or [`state`](Self::state) tell the
     /// two apart. See [`state`](Self::state) for the per-type meaning (Classic: the stored
     /// expiry; RedLock: the majority's). Redisson's `remainTimeToLive`.
     fn remaining_ttl(&self) -> Result<Option<Duration>> {
@@ -160,15 +162,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// deletes the key on every node and fails with [`LockError::Connection`] when fewer than
     /// a majority answered (the lock may then live on). Sends `EVALSHA` of a script that
     /// runs `DEL` and `PUBLISH` (and `TYPE`, `HGET` for the read-write lock).
-    ///
-    /// The default implementation, for lock types outside this crate, returns
-    /// [`LockError::Unsupported`].
-    fn force_unlock(&self) -> Result<bool> {
-        Err(LockError::unsupported(
-            self.key(),
-            "this lock type does not implement force_unlock",
-        ))
-    }
+    fn force_unlock(&self) -> Result<bool>;
 }
 
 /// Owned guards for locks behind an [`Arc`], like `lock_api`'s `lock_arc`: the guard keeps the
@@ -504,12 +498,14 @@ impl Drop for LockGuard<'_> {
 
 /// `try_lock` in terms of `try_acquire`.
 pub(crate) fn acquire_once<L: DistributedLock>(lock: &L) -> Result<LockGuard<'_>> {
-    match lock.try_acquire()? {
-        Some(lease) => Ok(LockGuard::new(lock, lease)),
-        None => Err(LockError::Held {
-            key: lock.key().to_owned(),
-        }),
-    }
+    lock.try_acquire().map(|lease| LockGuard::new(lock, lease))
+}
+
+/// The public answer of one attempt made by a lock's own code: taken, or [`LockError::Held`].
+pub(crate) fn taken_or_held(key: &str, attempt: Result<Option<Lease>>) -> Result<Lease> {
+    attempt?.ok_or_else(|| LockError::Held {
+        key: key.to_owned(),
+    })
 }
 
 /// `try_lock`, `lock` and `try_lock_for` of a lock of this crate, written inside its
@@ -546,7 +542,7 @@ macro_rules! guard_methods {
 pub(crate) use guard_methods;
 
 /// What the server says about a lock now, whoever holds it: the answer of
-/// [`DistributedLock::state`].
+/// [`LockAdmin::state`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LockState {

@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::admin::KeyState;
+use crate::client::target::ConnectionTarget;
 use crate::client::waiters::WaitQueues;
 use crate::client::LockClient;
 use crate::error::{Fault, LockError, Result};
@@ -250,31 +251,32 @@ impl fmt::Debug for RedLockClient {
 }
 
 impl RedLockClient {
-    /// Connects to the independent masters at `urls` (`redis://host:port/db`) with the default
-    /// settings ([`REDLOCK_DEFAULT_NODE_TIMEOUT`], [`REDLOCK_DEFAULT_WORKERS`]).
-    pub fn open<S: AsRef<str>>(urls: &[S]) -> Result<Self> {
-        Self::builder(urls).build()
+    /// Connects to the independent masters at `nodes` (`redis://host:port/db`, or anything else
+    /// [`LockClient::open`] takes) with the default settings ([`REDLOCK_DEFAULT_NODE_TIMEOUT`],
+    /// [`REDLOCK_DEFAULT_WORKERS`]).
+    pub fn open<T: ConnectionTarget + Clone>(nodes: &[T]) -> Result<Self> {
+        Self::builder(nodes).build()
     }
 
-    /// A builder for the independent masters at `urls`, to tune the node timeout and workers.
+    /// A builder for the independent masters at `nodes`, to tune the node timeout and workers.
     /// Each node gets its own [`LockClient`] with connect and command timeouts equal to the node
-    /// timeout and a pool of one connection per worker.
-    pub fn builder<S: AsRef<str>>(urls: &[S]) -> RedLockClientBuilder {
-        RedLockClientBuilder::new(NodeSpec::Urls(
-            urls.iter().map(|u| u.as_ref().to_owned()).collect(),
+    /// timeout and a pool of one connection per worker. A malformed URL is reported by
+    /// [`RedLockClientBuilder::build`].
+    pub fn builder<T: ConnectionTarget + Clone>(nodes: &[T]) -> RedLockClientBuilder {
+        RedLockClientBuilder::new(NodeSpec::Targets(
+            nodes
+                .iter()
+                .cloned()
+                .map(ConnectionTarget::into_target_info)
+                .collect(),
         ))
     }
 
-    /// Uses clients the application already has, one per independent master, with the default
-    /// settings. Their own pool settings and timeouts apply to their commands: build them with
-    /// short timeouts (e.g. `LockClient::builder(url).connect_timeout(t).command_timeout(Some(t))`)
-    /// or a dead node holds a worker thread for the client's full timeout (the operation itself
-    /// still only waits [`REDLOCK_DEFAULT_NODE_TIMEOUT`] for each node).
-    pub fn new(nodes: Vec<LockClient>) -> Result<Self> {
-        Self::from_clients(nodes).build()
-    }
-
-    /// A builder over clients the application already has; see [`new`](Self::new).
+    /// A builder over clients the application already has, one per independent master. Their
+    /// own pool settings and timeouts apply to their commands: build them with short timeouts
+    /// (e.g. `LockClient::builder(url).connect_timeout(t).command_timeout(Some(t))`) or a dead
+    /// node holds a worker thread for the client's full timeout (the operation itself still
+    /// only waits the node timeout for each node).
     pub fn from_clients(nodes: Vec<LockClient>) -> RedLockClientBuilder {
         RedLockClientBuilder::new(NodeSpec::Clients(nodes))
     }
@@ -343,7 +345,7 @@ impl fmt::Debug for RedLockClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The node count only: a URL may carry a password.
         let nodes = match &self.nodes {
-            NodeSpec::Urls(u) => u.len(),
+            NodeSpec::Targets(u) => u.len(),
             NodeSpec::Clients(c) => c.len(),
         };
         f.debug_struct("RedLockClientBuilder")
@@ -356,7 +358,7 @@ impl fmt::Debug for RedLockClientBuilder {
 
 #[derive(Clone)]
 enum NodeSpec {
-    Urls(Vec<String>),
+    Targets(Vec<redis::RedisResult<redis::ConnectionInfo>>),
     Clients(Vec<LockClient>),
 }
 
@@ -395,7 +397,7 @@ impl RedLockClientBuilder {
     pub fn build(self) -> Result<RedLockClient> {
         let setup = |msg: String| LockError::client_config(msg);
         let count = match &self.nodes {
-            NodeSpec::Urls(u) => u.len(),
+            NodeSpec::Targets(u) => u.len(),
             NodeSpec::Clients(c) => c.len(),
         };
         if count == 0 {
@@ -419,10 +421,14 @@ impl RedLockClientBuilder {
         }
         let clients = match self.nodes {
             NodeSpec::Clients(c) => c,
-            NodeSpec::Urls(urls) => urls
-                .iter()
-                .map(|url| {
-                    LockClient::builder(url)
+            NodeSpec::Targets(targets) => targets
+                .into_iter()
+                .map(|target| {
+                    let info = target.map_err(|e| {
+                        setup("a RedLock node is not a valid Redis URL".into())
+                            .caused_by(Box::new(e))
+                    })?;
+                    LockClient::builder(info)
                         .pool_size(self.workers)
                         .connect_timeout(self.node_timeout)
                         .command_timeout(Some(self.node_timeout))
@@ -761,12 +767,7 @@ impl RedLockBuilder {
     }
 
     /// Checks the options and builds the lock. Sends nothing to Redis.
-    pub fn build(self) -> Result<Box<dyn DistributedLock>> {
-        Ok(Box::new(self.build_redlock()?))
-    }
-
-    /// Like [`build`](Self::build), returning the concrete [`RedLock`].
-    pub fn build_redlock(self) -> Result<RedLock> {
+    pub fn build(self) -> Result<RedLock> {
         let (ttl, retry) = check_lock_options(
             &self.key,
             self.ttl.unwrap_or(REDLOCK_DEFAULT_TTL),
@@ -911,20 +912,9 @@ impl RedLock {
     }
 }
 
-impl DistributedLock for RedLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.retry
-    }
-
-    fn try_acquire(&self) -> Result<Option<Lease>> {
+impl RedLock {
+    /// One attempt: `Ok(None)` when another owner holds the lock.
+    fn try_take(&self) -> Result<Option<Lease>> {
         let token = new_token();
         let key = self.key.clone();
         let ttl_ms = self.ttl.as_millis() as u64;
@@ -994,6 +984,24 @@ impl DistributedLock for RedLock {
             quorum,
             source: tally.first_error.map(Box::new),
         })
+    }
+}
+
+impl DistributedLock for RedLock {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    fn try_acquire(&self) -> Result<Lease> {
+        crate::lock::taken_or_held(&self.key, self.try_take())
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
@@ -1079,9 +1087,11 @@ impl DistributedLock for RedLock {
         this.inner().counters.blocking(KIND, &result);
         result
     });
+}
 
+impl crate::lock::LockAdmin for RedLock {
     /// Locked when a majority of the nodes hold one same value: see
-    /// [`DistributedLock::state`].
+    /// [`LockAdmin::state`](crate::LockAdmin::state).
     fn state(&self) -> Result<LockState> {
         let key = self.key.clone();
         let deadline = crate::time::after(self.inner().node_timeout);
@@ -1148,7 +1158,7 @@ impl DistributedLock for RedLock {
     }
 
     /// Deletes the key on every node whoever holds it: see
-    /// [`DistributedLock::force_unlock`]. RedLock publishes nothing (its waiters poll); this
+    /// [`LockAdmin::force_unlock`](crate::LockAdmin::force_unlock). RedLock publishes nothing (its waiters poll); this
     /// client's waiters are woken.
     fn force_unlock(&self) -> Result<bool> {
         let key = self.key.clone();
@@ -1222,7 +1232,7 @@ mod tests {
 
     #[test]
     fn zero_nodes_is_invalid() {
-        let err = RedLockClient::new(vec![]).unwrap_err();
+        let err = RedLockClient::from_clients(vec![]).build().unwrap_err();
         assert!(
             matches!(err, LockError::Config { key: None, .. }),
             "{err:?}"

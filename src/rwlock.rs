@@ -115,11 +115,12 @@ impl Mode {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use redis_dlock::{DistributedLock, LockClient, ReadWriteLock};
+/// use redis_dlock::{DistributedLock, LockClient};
 ///
 /// # fn main() -> Result<(), redis_dlock::LockError> {
 /// let client = LockClient::open("redis://127.0.0.1:6379/")?;
-/// let rw = ReadWriteLock::builder(&client, "config:pricing")
+/// let rw = client
+///     .rw_lock("config:pricing")
 ///     .ttl(Duration::from_secs(30))
 ///     .build()?;
 ///
@@ -184,20 +185,15 @@ impl fmt::Debug for ReadWriteLock {
     }
 }
 
-impl ReadWriteLock {
-    /// A read-write lock on `key` with the defaults: holds watched by the client's watchdog
-    /// (lease [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), Redisson's
+impl LockClient {
+    /// Starts building a read-write lock on `key`, in Redisson's `RReadWriteLock` layout. The
+    /// defaults: holds watched by the client's watchdog (lease
+    /// [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), Redisson's
     /// `lockWatchdogTimeout`), retry policy [`RetryPolicy::standard`], waiters woken by pub/sub,
-    /// writer intent from the policy (see [`ReadWriteLockBuilder::writer_intent`]). Sends
-    /// nothing to Redis.
-    pub fn new(client: &LockClient, key: impl Into<String>) -> Result<Self> {
-        Self::builder(client, key).build()
-    }
-
-    /// A builder to set the lifetime, the retry policy and the writer intent.
-    pub fn builder(client: &LockClient, key: impl Into<String>) -> ReadWriteLockBuilder {
+    /// writer intent from the policy (see [`ReadWriteLockBuilder::writer_intent`]).
+    pub fn rw_lock(&self, key: impl Into<String>) -> ReadWriteLockBuilder {
         ReadWriteLockBuilder {
-            client: client.clone(),
+            client: self.clone(),
             key: key.into(),
             ttl: None,
             retry: None,
@@ -207,7 +203,9 @@ impl ReadWriteLock {
             wake_up: None,
         }
     }
+}
 
+impl ReadWriteLock {
     /// The handle that takes shared (read) holds.
     pub fn read_lock(&self) -> &ReadLock {
         &self.read
@@ -265,7 +263,7 @@ impl ReadWriteLock {
     }
 }
 
-/// Builds a [`ReadWriteLock`]. Start from [`ReadWriteLock::builder`].
+/// Builds a [`ReadWriteLock`]. Start from [`LockClient::rw_lock`].
 ///
 /// | option | default |
 /// | --- | --- |
@@ -981,8 +979,8 @@ macro_rules! side {
                 &self.shared.opts.retry
             }
 
-            fn try_acquire(&self) -> Result<Option<Lease>> {
-                self.shared.try_acquire($mode)
+            fn try_acquire(&self) -> Result<Lease> {
+                lock::taken_or_held(&self.shared.key, self.shared.try_acquire($mode))
             }
 
             fn release(&self, lease: &Lease) -> Result<bool> {
@@ -997,6 +995,12 @@ macro_rules! side {
                 self.shared.is_held($mode, lease)
             }
 
+            lock::guard_methods!(|this, attempts| this
+                .shared
+                .acquire_blocking(this, $mode, attempts));
+        }
+
+        impl lock::LockAdmin for $handle {
             fn state(&self) -> Result<LockState> {
                 self.shared.state($mode)
             }
@@ -1004,10 +1008,6 @@ macro_rules! side {
             fn force_unlock(&self) -> Result<bool> {
                 self.shared.force_unlock($mode)
             }
-
-            lock::guard_methods!(|this, attempts| this
-                .shared
-                .acquire_blocking(this, $mode, attempts));
         }
     };
 }

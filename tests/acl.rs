@@ -8,6 +8,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
 use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, WakeUp};
 use support::{init_logging, RedisServer};
 
@@ -117,7 +118,7 @@ fn full_use(server: &RedisServer, name: &str, strategy: Strategy, fencing: bool)
     let key = format!("locks:{name}");
     let build = |c: &LockClient, lease: Duration| {
         let builder = c.lock(key.as_str()).strategy(strategy).check_access();
-        let builder = if strategy == Strategy::Classic {
+        let builder = if strategy == Strategy::Classic(ClassicOptions::new()) {
             builder
                 .ttl(Duration::from_secs(5))
                 .retry(RetryPolicy::standard())
@@ -160,7 +161,12 @@ fn documented_rules_are_enough() {
     user(&server, "cls", CLASSIC_RULE);
     user(&server, "ren", REENTRANT_RULE);
     full_use(&server, "tok", Strategy::Token, true);
-    full_use(&server, "cls", Strategy::Classic, false);
+    full_use(
+        &server,
+        "cls",
+        Strategy::Classic(ClassicOptions::new()),
+        false,
+    );
     full_use(&server, "ren", Strategy::Reentrant, true);
 }
 
@@ -305,10 +311,14 @@ fn a_missing_fair_permission_is_named_before_the_first_acquire() {
     let own = c
         .lock("locks:ownch")
         .strategy(Strategy::Fair)
-        .build_fair()
-        .unwrap()
-        .channel()
-        .to_owned();
+        .build()
+        .map(|l| {
+            <&redis_dlock::FairLock>::try_from(&l)
+                .unwrap()
+                .channel()
+                .to_owned()
+        })
+        .unwrap();
     let own_rule = format!("&{own}");
     let rule: Vec<&str> = FAIR_RULE
         .iter()
@@ -362,7 +372,7 @@ fn on_valkey_the_native_commands_are_checked_too() {
     rule.extend(["+info", "+command|info"]);
     user(&server, "asks", &rule);
     let c = client(&server, "asks").unwrap_or_else(|e| panic!("asks: {}", e.report()));
-    let r = c.lock("locks:asks").check_access().build_token();
+    let r = c.lock("locks:asks").check_access().build();
     if !kind.has_native_token() {
         // Redis 7.0 has neither command; Valkey 8.1 has SET … IFEQ, which `+set` allows.
         r.unwrap_or_else(|e| panic!("{kind:?}: {}", e.report()));
@@ -380,7 +390,7 @@ fn on_valkey_the_native_commands_are_checked_too() {
     let lock = c
         .lock("locks:asks")
         .check_access()
-        .build_token()
+        .build()
         .unwrap_or_else(|e| panic!("{}", e.report()));
     let guard = lock.try_lock().expect("acquire");
     assert!(guard.unlock().expect("a native release"));

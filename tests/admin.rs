@@ -7,9 +7,9 @@ mod support;
 use std::thread;
 use std::time::Duration;
 
+use redis_dlock::{ClassicOptions, LockAdmin};
 use redis_dlock::{
-    DistributedLock, Encoding, LockClient, LockError, LockState, ReadWriteLock, RedLockClient,
-    Strategy,
+    DistributedLock, Encoding, LockClient, LockError, LockState, RedLockClient, Strategy,
 };
 use support::expiry::{encode, epoch_ms};
 use support::{init_logging, raw, wait_until, RedisServer};
@@ -137,8 +137,7 @@ fn classic_state_follows_the_stored_expiry() {
         let key = format!("admin:classic:{encoding:?}");
         let lock = client
             .lock(key.as_str())
-            .strategy(Strategy::Classic)
-            .encoding(encoding)
+            .strategy(Strategy::Classic(ClassicOptions::new().encoding(encoding)))
             .ttl(Duration::from_secs(5))
             .build()
             .unwrap();
@@ -177,9 +176,11 @@ fn classic_state_follows_the_stored_expiry() {
     // With key_ttl the key's PTTL caps the time left.
     let lock = client
         .lock("admin:classic:key_ttl")
-        .strategy(Strategy::Classic)
-        .key_ttl()
-        .clock_skew(Duration::from_secs(60))
+        .strategy(Strategy::Classic(
+            ClassicOptions::new()
+                .key_ttl(true)
+                .clock_skew(Duration::from_secs(60)),
+        ))
         .ttl(Duration::from_secs(2))
         .build()
         .unwrap();
@@ -223,11 +224,16 @@ fn read_write_handles_answer_for_their_own_mode_as_redisson() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let client = LockClient::open(server.url()).unwrap();
-    let rw = ReadWriteLock::builder(&client, "admin:rw")
+    let rw = client
+        .rw_lock("admin:rw")
         .ttl(Duration::from_secs(10))
         .build()
         .unwrap();
-    let admin = ReadWriteLock::new(&LockClient::open(server.url()).unwrap(), "admin:rw").unwrap();
+    let admin = LockClient::open(server.url())
+        .unwrap()
+        .rw_lock("admin:rw")
+        .build()
+        .unwrap();
     let (read, write) = (admin.read_lock(), admin.write_lock());
     assert!(!read.is_locked().unwrap() && !write.is_locked().unwrap());
 
@@ -332,7 +338,11 @@ fn debug_shows_no_crate_private_types() {
     let server = RedisServer::start();
     let client = LockClient::open(server.url()).unwrap();
     let mut shown = Vec::new();
-    for strategy in [Strategy::Token, Strategy::Reentrant, Strategy::Classic] {
+    for strategy in [
+        Strategy::Token,
+        Strategy::Reentrant,
+        Strategy::Classic(ClassicOptions::new()),
+    ] {
         shown.push(format!(
             "{:?}",
             client
@@ -342,7 +352,7 @@ fn debug_shows_no_crate_private_types() {
                 .unwrap()
         ));
     }
-    let rw = ReadWriteLock::new(&client, "admin:debug").unwrap();
+    let rw = client.rw_lock("admin:debug").build().unwrap();
     shown.push(format!("{rw:?} {:?} {:?}", rw.read_lock(), rw.write_lock()));
     for text in &shown {
         for private in [

@@ -1,4 +1,4 @@
-//! Integration tests of `Strategy::Classic` (the legacy SETNX + GETSET timestamp lock) against a
+//! Integration tests of `Strategy::Classic(ClassicOptions::new())` (the legacy SETNX + GETSET timestamp lock) against a
 //! real `redis-server`, for both encodings, with and without `key_ttl`.
 
 mod support;
@@ -8,6 +8,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{
     ClassicLock, DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
     CLASSIC_DEFAULT_TTL,
@@ -37,15 +39,16 @@ fn classic(
     encoding: Encoding,
     key_ttl: bool,
 ) -> ClassicLock {
-    let mut b = client
+    let b = client
         .lock(key)
-        .strategy(Strategy::Classic)
-        .ttl(ttl)
-        .encoding(encoding);
-    if key_ttl {
-        b = b.key_ttl();
-    }
-    b.build_classic().expect("build classic lock")
+        .strategy(Strategy::Classic(
+            ClassicOptions::new().encoding(encoding).key_ttl(key_ttl),
+        ))
+        .ttl(ttl);
+    b.build()
+        .expect("build classic lock")
+        .try_into()
+        .expect("the strategy built")
 }
 
 /// Checks the Redis TTL of a Classic lock key: none without `key_ttl`, at most `ttl` with it.
@@ -66,14 +69,22 @@ fn defaults() {
     init_logging();
     let server = RedisServer::start();
     let c = client(&server);
-    let lock = c
+    let lock: ClassicLock = c
         .lock("cl:defaults")
-        .strategy(Strategy::Classic)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
         .build()
+        .unwrap()
+        .try_into()
         .unwrap();
     assert_eq!(lock.ttl(), CLASSIC_DEFAULT_TTL);
     assert_eq!(lock.retry_policy(), &RetryPolicy::legacy());
-    let lock = c.lock("cl:defaults").build_classic().unwrap();
+    let lock: ClassicLock = c
+        .lock("cl:defaults")
+        .strategy(Strategy::Classic(ClassicOptions::new()))
+        .build()
+        .unwrap()
+        .try_into()
+        .unwrap();
     assert_eq!(lock.options().encoding, Encoding::Decimal);
     assert_eq!(lock.options().takeover, Takeover::GetSet);
     assert!(!lock.options().key_ttl);
@@ -91,14 +102,13 @@ fn acquire_held_timeout_release() {
         let a = classic(&c1, &key, Duration::from_secs(10), enc, key_ttl);
         let b = c2
             .lock(&key)
-            .strategy(Strategy::Classic)
-            .encoding(enc)
+            .strategy(Strategy::Classic(ClassicOptions::new().encoding(enc)))
             .retry(
                 RetryPolicy::legacy()
                     .max_retries(Some(2))
                     .fixed_delay(Duration::from_millis(20)),
             )
-            .build_classic()
+            .build()
             .unwrap();
 
         let guard = a.try_lock().unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -121,7 +131,7 @@ fn acquire_held_timeout_release() {
             .try_lock_for(Duration::from_millis(60))
             .expect_err("timeout");
         assert!(matches!(err, LockError::Timeout { .. }), "{name}: {err:?}");
-        assert!(b.try_acquire().unwrap().is_none());
+        assert!(b.try_acquire().is_err_and(|e| e.is_contention()));
 
         assert!(guard.unlock().unwrap(), "{name}");
         assert_eq!(raw::get(&mut conn, &key), None, "{name}: key deleted");
@@ -148,7 +158,7 @@ fn release_after_takeover_returns_false_and_keeps_the_other_value() {
         raw::del(&mut conn, &key);
 
         // Lost via the low-level API too, and release twice finds nothing.
-        let lease = lock.try_acquire().unwrap().expect("free");
+        let lease = lock.try_acquire().expect("free");
         assert!(lock.release(&lease).unwrap());
         assert!(!lock.release(&lease).unwrap());
     }
@@ -262,17 +272,17 @@ fn expired_lock_goes_to_another_owner_and_first_unlock_is_false() {
         for takeover in [Takeover::GetSet, Takeover::CompareAndSet] {
             let key = format!("cl:expiry:{name}:{takeover:?}");
             let first = classic(&c1, &key, ttl, enc, key_ttl);
-            let mut b = c2
+            let b = c2
                 .lock(&key)
-                .strategy(Strategy::Classic)
+                .strategy(Strategy::Classic(
+                    ClassicOptions::new()
+                        .encoding(enc)
+                        .takeover(takeover)
+                        .key_ttl(key_ttl),
+                ))
                 .ttl(Duration::from_secs(10))
-                .encoding(enc)
-                .takeover(takeover)
                 .retry(RetryPolicy::legacy().fixed_delay(Duration::from_millis(10)));
-            if key_ttl {
-                b = b.key_ttl();
-            }
-            let second = b.build_classic().unwrap();
+            let second = b.build().unwrap();
 
             let before = Instant::now();
             let guard = first.try_lock().unwrap();
@@ -320,7 +330,7 @@ fn without_key_ttl_a_stale_key_stays_until_taken_over() {
         Encoding::Decimal,
         false,
     );
-    let lease = lock.try_acquire().unwrap().unwrap();
+    let lease = lock.try_acquire().unwrap();
     // Until the expiry timestamp written in the value has passed.
     let expiry = decode(Encoding::Decimal, lease.value());
     assert!(support::wait_until(Duration::from_secs(5), || epoch_ms() > expiry));
@@ -380,11 +390,12 @@ fn usable_as_box_and_arc_dyn_across_threads() {
     let c = client(&server);
     for (enc, key_ttl, name) in [VARIANTS[0], VARIANTS[3]] {
         let key = format!("cl:dyn:{name}");
-        let boxed: Box<dyn DistributedLock> = {
-            let mut b = c
+        let boxed: Lock = {
+            let b = c
                 .lock(&key)
-                .strategy(Strategy::Classic)
-                .encoding(enc)
+                .strategy(Strategy::Classic(
+                    ClassicOptions::new().encoding(enc).key_ttl(key_ttl),
+                ))
                 .ttl(Duration::from_secs(10))
                 .retry(
                     RetryPolicy::legacy()
@@ -392,9 +403,6 @@ fn usable_as_box_and_arc_dyn_across_threads() {
                         .max_wait(Some(Duration::from_secs(20)))
                         .fixed_delay(Duration::from_millis(2)),
                 );
-            if key_ttl {
-                b = b.key_ttl();
-            }
             b.build().unwrap()
         };
         let boxed = thread::spawn(move || {
@@ -445,16 +453,16 @@ fn wire_values() {
         for skew in [Duration::ZERO, Duration::from_millis(500)] {
             let key = format!("cl:wire:{name}:{}", skew.as_millis());
             let ttl = Duration::from_millis(3_000);
-            let mut b = c
+            let b = c
                 .lock(&key)
-                .strategy(Strategy::Classic)
-                .ttl(ttl)
-                .encoding(enc)
-                .clock_skew(skew);
-            if key_ttl {
-                b = b.key_ttl();
-            }
-            let lock = b.build_classic().unwrap();
+                .strategy(Strategy::Classic(
+                    ClassicOptions::new()
+                        .encoding(enc)
+                        .clock_skew(skew)
+                        .key_ttl(key_ttl),
+                ))
+                .ttl(ttl);
+            let lock = b.build().unwrap();
             let before = epoch_ms();
             let guard = lock.try_lock().unwrap();
             let after = epoch_ms();
@@ -520,16 +528,16 @@ fn corrupt_values_are_reported_and_left_alone() {
         for takeover in [Takeover::GetSet, Takeover::CompareAndSet] {
             let key = format!("cl:corrupt:{i}:{takeover:?}");
             raw::set(&mut conn, &key, bad);
-            let mut b = c
+            let b = c
                 .lock(&key)
-                .strategy(Strategy::Classic)
-                .encoding(enc)
-                .takeover(takeover)
+                .strategy(Strategy::Classic(
+                    ClassicOptions::new()
+                        .encoding(enc)
+                        .takeover(takeover)
+                        .key_ttl(key_ttl),
+                ))
                 .retry(RetryPolicy::legacy().fixed_delay(Duration::from_millis(10)));
-            if key_ttl {
-                b = b.key_ttl();
-            }
-            let lock = b.build_classic().unwrap();
+            let lock = b.build().unwrap();
             let err = lock.try_lock().expect_err("corrupt");
             match &err {
                 LockError::Corrupt { key: k, value, .. } => {
@@ -609,16 +617,16 @@ fn takeover_sets_the_redis_ttl_with_key_ttl() {
             let key = format!("cl:takeover-ttl:{name}:{takeover:?}");
             // A stale legacy value without TTL, as the legacy lockers leave it.
             raw::set(&mut conn, &key, &encode(enc, epoch_ms() - 1_000));
-            let mut b = c
+            let b = c
                 .lock(&key)
-                .strategy(Strategy::Classic)
-                .ttl(Duration::from_secs(5))
-                .encoding(enc)
-                .takeover(takeover);
-            if key_ttl {
-                b = b.key_ttl();
-            }
-            let lock = b.build_classic().unwrap();
+                .strategy(Strategy::Classic(
+                    ClassicOptions::new()
+                        .encoding(enc)
+                        .takeover(takeover)
+                        .key_ttl(key_ttl),
+                ))
+                .ttl(Duration::from_secs(5));
+            let lock = b.build().unwrap();
             let g = lock.try_lock().unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(g.value()));
             assert_key_ttl(&mut conn, &key, key_ttl, Duration::from_secs(5));
@@ -641,10 +649,12 @@ fn getset_takeover_flaw_loser_overwrites_winner() {
         // A takes the stale lock over with GETSET.
         let a = c
             .lock(&key)
-            .strategy(Strategy::Classic)
-            .encoding(enc)
-            .takeover(Takeover::GetSet)
-            .build_classic()
+            .strategy(Strategy::Classic(
+                ClassicOptions::new()
+                    .encoding(enc)
+                    .takeover(Takeover::GetSet),
+            ))
+            .build()
             .unwrap();
         let guard = a.try_lock().expect("takeover");
         assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
@@ -684,15 +694,13 @@ fn compare_and_set_takeover_loser_writes_nothing() {
         let key = format!("cl:cas:{name}");
         let stale = encode(enc, epoch_ms() - 1_000);
         raw::set(&mut conn, &key, &stale);
-        let mut b = c
-            .lock(&key)
-            .strategy(Strategy::Classic)
-            .encoding(enc)
-            .takeover(Takeover::CompareAndSet);
-        if key_ttl {
-            b = b.key_ttl();
-        }
-        let a = b.build_classic().unwrap();
+        let b = c.lock(&key).strategy(Strategy::Classic(
+            ClassicOptions::new()
+                .encoding(enc)
+                .takeover(Takeover::CompareAndSet)
+                .key_ttl(key_ttl),
+        ));
+        let a = b.build().unwrap();
         let guard = a.try_lock().expect("takeover");
         assert_eq!(raw::get(&mut conn, &key).as_deref(), Some(guard.value()));
 
@@ -752,10 +760,9 @@ fn race_round(
                     };
                     let lock = c
                         .lock(key)
-                        .strategy(Strategy::Classic)
+                        .strategy(Strategy::Classic(ClassicOptions::new().takeover(takeover)))
                         .ttl(ttl)
-                        .takeover(takeover)
-                        .build_classic()
+                        .build()
                         .unwrap();
                     start.wait();
                     let outcome = lock.try_lock();
@@ -865,16 +872,16 @@ fn max_ttl_and_skew_are_accepted() {
     let max_ms = redis_dlock::MAX_TTL.as_millis() as i64;
     for (enc, key_ttl, name) in VARIANTS {
         let key = format!("cl:max:{name}");
-        let mut b = c
+        let b = c
             .lock(&key)
-            .strategy(Strategy::Classic)
-            .ttl(redis_dlock::MAX_TTL)
-            .clock_skew(redis_dlock::MAX_TTL)
-            .encoding(enc);
-        if key_ttl {
-            b = b.key_ttl();
-        }
-        let lock = b.build_classic().unwrap();
+            .strategy(Strategy::Classic(
+                ClassicOptions::new()
+                    .clock_skew(redis_dlock::MAX_TTL)
+                    .encoding(enc)
+                    .key_ttl(key_ttl),
+            ))
+            .ttl(redis_dlock::MAX_TTL);
+        let lock = b.build().unwrap();
         let before = epoch_ms();
         let mut guard = lock
             .try_lock()

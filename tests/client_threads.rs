@@ -9,6 +9,7 @@ mod support;
 
 use std::time::Duration;
 
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, RedLockClient};
 use support::{init_logging, wait_until, RedisServer};
 
@@ -45,7 +46,7 @@ fn expect_threads(what: &str, want: &[&str]) {
 
 /// A lock on `key` with a 10 s lifetime, taken and released once, so that the client's pool
 /// opened a connection on its scheduler.
-fn cycled(client: &LockClient, key: &str) -> Box<dyn DistributedLock> {
+fn cycled(client: &LockClient, key: &str) -> Lock {
     let lock = client
         .lock(key)
         .ttl(Duration::from_secs(10))
@@ -101,7 +102,7 @@ fn threads_of_each_configuration() {
     let lock = redlock
         .lock("threads:redlock")
         .ttl(Duration::from_secs(10))
-        .build_redlock()
+        .build()
         .expect("lock");
     assert!(lock.try_lock().expect("free").unlock().expect("unlock"));
     expect_threads(

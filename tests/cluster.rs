@@ -19,6 +19,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{
     DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
 };
@@ -75,13 +77,7 @@ impl Variant {
         }
     }
 
-    fn build(
-        self,
-        client: &LockClient,
-        key: &str,
-        ttl: Duration,
-        retry: RetryPolicy,
-    ) -> Box<dyn DistributedLock> {
+    fn build(self, client: &LockClient, key: &str, ttl: Duration, retry: RetryPolicy) -> Lock {
         let b = client.lock(key).ttl(ttl).retry(retry);
         match self {
             Variant::Token => b.strategy(Strategy::Token).build(),
@@ -89,17 +85,14 @@ impl Variant {
                 encoding,
                 takeover,
                 key_ttl,
-            } => {
-                let b = b
-                    .strategy(Strategy::Classic)
-                    .encoding(encoding)
-                    .takeover(takeover);
-                if key_ttl {
-                    b.key_ttl().build()
-                } else {
-                    b.build()
-                }
-            }
+            } => b
+                .strategy(Strategy::Classic(
+                    ClassicOptions::new()
+                        .encoding(encoding)
+                        .takeover(takeover)
+                        .key_ttl(key_ttl),
+                ))
+                .build(),
         }
         .expect("build lock")
     }
@@ -221,7 +214,7 @@ fn checked_cycle(owner: &RedisServer, a: &LockClient, b: &LockClient, key: &str,
     // Release: gone from the owning node, and the other client gets it.
     assert!(g.unlock().unwrap(), "{what}: unlock of a held lock");
     assert_eq!(raw::get(&mut conn, key), None, "{what}: released");
-    let lease = la.try_acquire().unwrap().expect("free again");
+    let lease = la.try_acquire().expect("free again");
     assert!(la.release(&lease).unwrap(), "{what}: release");
     // A Classic value is the expiry timestamp: a hold taken in the same millisecond with the
     // same lifetime has the same value, and a release of the old lease would delete it. Let the
@@ -655,16 +648,15 @@ fn locks_work_while_their_slot_migrates() {
     };
 
     // Held before the migration starts: their keys live on node 0, the slot's owner.
-    let held: Vec<(Box<dyn DistributedLock>, Box<dyn DistributedLock>)> =
-        [("token", Variant::Token), ("cas", cas), ("getset", getset)]
-            .into_iter()
-            .map(|(name, v)| {
-                (
-                    v.build(&a, &key(name), long, RetryPolicy::no_wait()),
-                    v.build(&b, &key(name), long, RetryPolicy::no_wait()),
-                )
-            })
-            .collect();
+    let held: Vec<(Lock, Lock)> = [("token", Variant::Token), ("cas", cas), ("getset", getset)]
+        .into_iter()
+        .map(|(name, v)| {
+            (
+                v.build(&a, &key(name), long, RetryPolicy::no_wait()),
+                v.build(&b, &key(name), long, RetryPolicy::no_wait()),
+            )
+        })
+        .collect();
     let mut guards: Vec<_> = held.iter().map(|(la, _)| la.try_lock().unwrap()).collect();
     let mut held_keys: Vec<String> = held.iter().map(|(l, _)| l.key().to_owned()).collect();
     held_keys.sort();

@@ -17,6 +17,8 @@ use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, Encoding, LockClient, RetryPolicy, Strategy, Takeover};
 use support::expiry::{decode, epoch_ms};
 use support::worker::{self, WorkerProcess};
@@ -79,7 +81,7 @@ impl Kind {
 
 /// Both sides build the same lock: lifetime [`TTL`], Classic without `key_ttl`, and a retry
 /// policy that keeps trying well past the lifetime.
-fn build_lock(client: &LockClient, kind: Kind) -> Box<dyn DistributedLock> {
+fn build_lock(client: &LockClient, kind: Kind) -> Lock {
     build_lock_with(
         client,
         kind,
@@ -87,18 +89,14 @@ fn build_lock(client: &LockClient, kind: Kind) -> Box<dyn DistributedLock> {
     )
 }
 
-fn build_lock_with(
-    client: &LockClient,
-    kind: Kind,
-    retry: RetryPolicy,
-) -> Box<dyn DistributedLock> {
+fn build_lock_with(client: &LockClient, kind: Kind, retry: RetryPolicy) -> Lock {
     let builder = client.lock(KEY).ttl(TTL).retry(retry);
     match kind {
         Kind::Token => builder.strategy(Strategy::Token).build(),
         Kind::Classic(encoding, takeover) => builder
-            .strategy(Strategy::Classic)
-            .encoding(encoding)
-            .takeover(takeover)
+            .strategy(Strategy::Classic(
+                ClassicOptions::new().encoding(encoding).takeover(takeover),
+            ))
             .build(),
     }
     .expect("valid lock options")

@@ -8,7 +8,8 @@ mod support;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use redis_dlock::{LockClient, LockError, Strategy};
+use redis_dlock::{ClassicOptions, LockAdmin};
+use redis_dlock::{DistributedLock, LockClient, LockError, Strategy};
 use support::{init_logging, wait_until, RedisServer};
 
 /// Which predicates hold: (contention, timeout, transient, config).
@@ -50,7 +51,7 @@ fn wrongtype_from_a_command_and_from_a_script() {
         .expect("hset");
     let client = LockClient::open(server.url()).expect("client");
     // Token: a plain command (or its script); Classic: always a script.
-    for strategy in [Strategy::Token, Strategy::Classic] {
+    for strategy in [Strategy::Token, Strategy::Classic(ClassicOptions::new())] {
         let lock = client
             .lock("e:hash")
             .strategy(strategy)

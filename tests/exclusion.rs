@@ -20,6 +20,8 @@ use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, RetryPolicy, Strategy};
 use support::worker::WorkerProcess;
 use support::{init_logging, raw, RedisServer};
@@ -89,12 +91,14 @@ impl Kind {
 
 /// Token: the default strategy and lifetime. Classic: default options, 5 s lifetime. Both wait
 /// up to [`MAX_WAIT`] under the standard backoff.
-fn build_lock(client: &LockClient, kind: Kind) -> Box<dyn DistributedLock> {
+fn build_lock(client: &LockClient, kind: Kind) -> Lock {
     let retry = RetryPolicy::standard().max_wait(Some(MAX_WAIT));
     let builder = client.lock(LOCK_KEY).retry(retry);
     let builder = match kind {
         Kind::Token => builder,
-        Kind::Classic => builder.strategy(Strategy::Classic).ttl(CLASSIC_TTL),
+        Kind::Classic => builder
+            .strategy(Strategy::Classic(ClassicOptions::new()))
+            .ttl(CLASSIC_TTL),
     };
     builder.build().expect("valid lock options")
 }

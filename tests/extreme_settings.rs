@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
+use redis_dlock::ClassicOptions;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, LockGuard, ReadWriteLock, RedLockClient, RetryPolicy,
     Strategy, WakeUp, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY, MAX_TTL, MIN_RETRY_DELAY,
@@ -80,16 +81,20 @@ impl Made {
 fn make(kind: Kind, client: &Client, key: &str, retry: RetryPolicy) -> Made {
     let b = client.c.lock(key).ttl(HOLD).retry(retry.clone());
     match kind {
-        Kind::Classic => Made::Boxed(Box::new(b.build_classic().expect("classic"))),
-        Kind::TokenPolling => Made::Boxed(Box::new(
-            b.wake_up(WakeUp::Polling).build_token().expect("token"),
+        Kind::Classic => Made::Boxed(Box::new(
+            b.strategy(Strategy::Classic(ClassicOptions::new()))
+                .build()
+                .expect("classic"),
         )),
-        Kind::TokenPubSub => Made::Boxed(Box::new(b.build_token().expect("token"))),
-        Kind::Reentrant => Made::Boxed(b.strategy(Strategy::Reentrant).build().expect("reentrant")),
+        Kind::TokenPolling => {
+            Made::Boxed(Box::new(b.wake_up(WakeUp::Polling).build().expect("token")))
+        }
+        Kind::TokenPubSub => Made::Boxed(Box::new(b.build().expect("token"))),
+        Kind::Reentrant => Made::Boxed(Box::new(
+            b.strategy(Strategy::Reentrant).build().expect("reentrant"),
+        )),
         Kind::Read | Kind::Write => {
-            let b = ReadWriteLock::builder(&client.c, key)
-                .ttl(HOLD)
-                .retry(retry.clone());
+            let b = client.c.rw_lock(key).ttl(HOLD).retry(retry.clone());
             let rw = match b.clone().build() {
                 Ok(rw) => rw,
                 // The default writer intent, 4 × max_delay, is beyond MAX_TTL: refused, and
@@ -111,6 +116,7 @@ fn make(kind: Kind, client: &Client, key: &str, retry: RetryPolicy) -> Made {
                 .ttl(HOLD)
                 .retry(retry)
                 .build()
+                .map(Box::new)
                 .expect("redlock"),
         ),
     }
@@ -405,8 +411,14 @@ fn builders_accept_or_reject_extremes() {
     for ttl in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
         let what = format!("ttl {ttl:?}");
         assert_invalid(c.lock("xs:b").ttl(ttl).build(), &what);
-        assert_invalid(c.lock("xs:b").ttl(ttl).build_classic(), &what);
-        assert_invalid(c.lock("xs:b").ttl(ttl).build_token(), &what);
+        assert_invalid(
+            c.lock("xs:b")
+                .ttl(ttl)
+                .strategy(Strategy::Classic(ClassicOptions::new()))
+                .build(),
+            &what,
+        );
+        assert_invalid(c.lock("xs:b").ttl(ttl).build(), &what);
         assert_invalid(
             c.lock("xs:b")
                 .ttl(ttl)
@@ -414,7 +426,7 @@ fn builders_accept_or_reject_extremes() {
                 .build(),
             &what,
         );
-        assert_invalid(ReadWriteLock::builder(&c, "xs:b").ttl(ttl).build(), &what);
+        assert_invalid(c.rw_lock("xs:b").ttl(ttl).build(), &what);
         let red = RedLockClient::from_clients(vec![c.clone()])
             .build()
             .expect("redlock");
@@ -427,12 +439,10 @@ fn builders_accept_or_reject_extremes() {
     // the longest lifetime is accepted too.
     c.lock("xs:b")
         .ttl(MAX_TTL)
-        .build_classic()
-        .expect("MAX_TTL");
-    ReadWriteLock::builder(&c, "xs:b")
-        .ttl(MAX_TTL)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
         .build()
         .expect("MAX_TTL");
+    c.rw_lock("xs:b").ttl(MAX_TTL).build().expect("MAX_TTL");
 
     let url = server.url();
     for d in [Duration::MAX, MAX_CLIENT_TIMEOUT + Duration::from_nanos(1)] {
@@ -523,8 +533,8 @@ fn handoff_courtesy_is_bounded_by_the_deadline() {
         .build()
         .expect("client");
     let b = client(&server).c;
-    let la = a.lock(key).ttl(HOLD).build_token().expect("lock");
-    let lb = b.lock(key).ttl(HOLD).build_token().expect("lock");
+    let la = a.lock(key).ttl(HOLD).build().expect("lock");
+    let lb = b.lock(key).ttl(HOLD).build().expect("lock");
     let mut conn = server.conn();
     let held = la.try_lock().expect("free");
     thread::scope(|s| {
@@ -623,7 +633,12 @@ fn outage(command_timeout: Option<Duration>) {
     let server = RedisServer::start();
     let key = "xs:outage";
     let other = client(&server).c;
-    let holder = other.lock(key).ttl(HOLD).build_classic().expect("lock");
+    let holder = other
+        .lock(key)
+        .ttl(HOLD)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
+        .build()
+        .expect("lock");
     let held = holder.try_lock().expect("free");
     let c = LockClient::builder(server.url())
         .command_timeout(command_timeout)
@@ -631,7 +646,12 @@ fn outage(command_timeout: Option<Duration>) {
         .expect("client");
     // The legacy policy: 5 retries 200 ms apart, so a queued thread gives up after 1.2 s,
     // before the head's hanging attempt times out.
-    let lock = c.lock(key).ttl(HOLD).build_classic().expect("lock");
+    let lock = c
+        .lock(key)
+        .ttl(HOLD)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
+        .build()
+        .expect("lock");
     let deadline = Duration::from_millis(1200);
     let bound = deadline + command_timeout.unwrap_or(deadline);
     let run = || {
@@ -689,19 +709,16 @@ fn classic_extend_on_a_full_server() {
     let classic = c
         .lock("xs:oom:classic")
         .ttl(HOLD)
-        .build_classic()
+        .strategy(Strategy::Classic(ClassicOptions::new()))
+        .build()
         .expect("lock");
     let classic_ttl = c
         .lock("xs:oom:classic-px")
         .ttl(HOLD)
-        .key_ttl()
-        .build_classic()
+        .strategy(Strategy::Classic(ClassicOptions::new().key_ttl(true)))
+        .build()
         .expect("lock");
-    let token = c
-        .lock("xs:oom:token")
-        .ttl(HOLD)
-        .build_token()
-        .expect("lock");
+    let token = c.lock("xs:oom:token").ttl(HOLD).build().expect("lock");
     let mut guards = vec![
         classic.try_lock().expect("free"),
         classic_ttl.try_lock().expect("free"),

@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis_dlock::{DistributedLock, LockClient, ReadWriteLock, Strategy};
+use redis_dlock::ReentrantLock;
+use redis_dlock::{DistributedLock, LockClient, Strategy};
 use support::{init_logging, role, wait_until, Cluster, RedisServer, Sentinel, SENTINEL_SERVICE};
 
 /// The clients' connect and command timeout.
@@ -104,7 +105,7 @@ impl Load {
                         // Keys with `:rw:` take the write side of a read-write lock.
                         let (plain, rw);
                         let lock: &dyn DistributedLock = if key.contains(":rw:") {
-                            rw = ReadWriteLock::new(&client, key.as_str()).expect("rw lock");
+                            rw = client.rw_lock(key.as_str()).build().expect("rw lock");
                             rw.write_lock()
                         } else {
                             plain = client
@@ -112,7 +113,7 @@ impl Load {
                                 .strategy(strategy_of(key))
                                 .build()
                                 .expect("lock");
-                            plain.as_ref()
+                            &plain
                         };
                         let guard = match lock.try_lock_for(Duration::from_millis(300)) {
                             Ok(g) => g,
@@ -609,10 +610,13 @@ fn cluster_failover_release_retried_on_new_primary() {
     let reentrant_key = keys_on(&cluster, victim, "fo:janitor-reentrant", 1).remove(0);
     let client = cluster_client(&cluster.urls());
     let other = cluster_client(&cluster.urls());
-    let token = client.lock(token_key.as_str()).build_token().unwrap();
-    let reentrant = client
+    let token = client.lock(token_key.as_str()).build().unwrap();
+    let reentrant: ReentrantLock = client
         .lock(reentrant_key.as_str())
-        .build_reentrant()
+        .strategy(Strategy::Reentrant)
+        .build()
+        .unwrap()
+        .try_into()
         .unwrap();
     let t = token.try_lock().expect("token");
     let r1 = reentrant.try_lock().expect("reentrant");
@@ -666,7 +670,7 @@ fn cluster_failover_release_retried_on_new_primary() {
         1,
         "given back once, not twice"
     );
-    let other_lock = other.lock(token_key.as_str()).build_token().unwrap();
+    let other_lock = other.lock(token_key.as_str()).build().unwrap();
     assert!(other_lock.try_lock().expect("token free").unlock().unwrap());
     assert!(r1.unlock().unwrap());
     let exists: bool = redis::cmd("EXISTS")
@@ -781,7 +785,7 @@ fn cluster_slot_migration_with_live_locks() {
     // A lock the test holds through the whole migration.
     let client = cluster_client(&cluster.urls());
     let held_key = "{mig}:held";
-    let held = client.lock(held_key).build_token().unwrap();
+    let held = client.lock(held_key).build().unwrap();
     let guard = held.try_lock().expect("held");
     let channel = "redisson_lock__channel:{mig}:held";
     let mut tryagain_seen = false;
@@ -1004,7 +1008,7 @@ fn cluster_command_bounded_by_its_timeout_on_a_frozen_node() {
     let cluster = Cluster::start(3);
     let client = cluster_client(&cluster.urls());
     let key = cluster.key_on(1, "fo:frozen");
-    let lock = client.lock(key.as_str()).build_token().unwrap();
+    let lock = client.lock(key.as_str()).build().unwrap();
     assert!(lock.try_lock().expect("warm-up").unlock().unwrap());
     cluster.node(1).pause();
     let start = Instant::now();

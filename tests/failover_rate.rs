@@ -209,7 +209,7 @@ fn rate_worker() {
             thread::spawn(move || {
                 let locks: Vec<_> = keys
                     .iter()
-                    .map(|k| client.lock(k.as_str()).build_token().expect("lock"))
+                    .map(|k| client.lock(k.as_str()).build().expect("lock"))
                     .collect();
                 // Every section: (key, entered, left), in us since the Unix epoch.
                 let mut log: Vec<(u8, u64, u64)> = Vec::with_capacity(1 << 16);

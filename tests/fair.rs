@@ -27,15 +27,24 @@ fn client(server: &RedisServer) -> LockClient {
 }
 
 fn fair(client: &LockClient, key: &str) -> FairLock {
-    client.lock(key).build_fair().expect("build fair lock")
+    client
+        .lock(key)
+        .strategy(Strategy::Fair)
+        .build()
+        .expect("build fair lock")
+        .try_into()
+        .expect("the strategy built")
 }
 
 fn fair_fenced(client: &LockClient, key: &str) -> FairLock {
     client
         .lock(key)
         .fencing()
-        .build_fair()
+        .strategy(Strategy::Fair)
+        .build()
         .expect("build fair lock")
+        .try_into()
+        .expect("the strategy built")
 }
 
 /// A retry policy whose longest sleep (the poll floor beside pub/sub) is `poll`: a waiter then
@@ -49,12 +58,12 @@ fn zcard(conn: &mut redis::Connection, key: &str) -> usize {
 }
 
 /// Waits until the queue of `lock` has `n` entries.
-fn wait_queued(conn: &mut redis::Connection, lock: &FairLock, n: usize) {
+fn wait_queued(conn: &mut redis::Connection, lock: &impl DistributedLock, n: usize) {
+    let queue = FairLock::queue_key_for(lock.key()).expect("queue key");
     assert!(
-        support::wait_until(Duration::from_secs(10), || zcard(conn, lock.queue_key())
-            == n),
+        support::wait_until(Duration::from_secs(10), || zcard(conn, &queue) == n),
         "the queue never reached {n} entries (has {})",
-        zcard(conn, lock.queue_key())
+        zcard(conn, &queue)
     );
 }
 
@@ -259,7 +268,8 @@ fn a_granted_waiter_returns_without_a_command_and_gets_the_full_lease() {
         .lock("fair:grant")
         .fencing()
         .retry(slow_poll(Duration::from_secs(5)))
-        .build_fair()
+        .strategy(Strategy::Fair)
+        .build()
         .expect("waiter lock");
     let held = holder.lock().expect("free");
     let first_fence = held.fence().expect("fenced");
@@ -349,7 +359,8 @@ fn a_release_that_may_grant_sends_a_ping_in_front() {
     let theirs = b
         .lock(KEY)
         .retry(slow_poll(Duration::from_secs(5)))
-        .build_fair()
+        .strategy(Strategy::Fair)
+        .build()
         .expect("their lock");
     for flush in [false, true] {
         // `mine` waits behind `theirs` (so it has found the lock held), then holds while
@@ -409,8 +420,20 @@ fn a_grant_of_a_ttl_lock_is_raised_to_the_ttl() {
     let (a, b) = (client(&server), client(&server));
     let mut conn = server.conn();
     let ttl = Duration::from_secs(5);
-    let holder = a.lock("fair:ttl").ttl(ttl).build_fair().expect("lock");
-    let waiter = b.lock("fair:ttl").ttl(ttl).build_fair().expect("lock");
+    let holder: FairLock = a
+        .lock("fair:ttl")
+        .ttl(ttl)
+        .strategy(Strategy::Fair)
+        .build()
+        .expect("lock")
+        .try_into()
+        .unwrap();
+    let waiter = b
+        .lock("fair:ttl")
+        .ttl(ttl)
+        .strategy(Strategy::Fair)
+        .build()
+        .expect("lock");
     let held = holder.lock().expect("free");
     thread::scope(|s| {
         let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(10)));
@@ -560,7 +583,7 @@ fn a_slow_retry_policy_does_not_let_the_queue_entry_lapse() {
         .lock(key)
         .strategy(Strategy::Fair)
         .retry(RetryPolicy::standard().fixed_delay(Duration::from_secs(5)))
-        .build_fair()
+        .build()
         .expect("lock");
     let later = fair(&cb, key);
     let order = Mutex::new(Vec::new());
@@ -682,8 +705,11 @@ fn fair_waiter_process() {
             .lock(&key)
             .fencing()
             .ttl(Duration::from_millis(ms))
-            .build_fair()
-            .expect("build fair lock"),
+            .strategy(Strategy::Fair)
+            .build()
+            .expect("build fair lock")
+            .try_into()
+            .unwrap(),
         None => fair_fenced(&client, &key),
     };
     let guard = lock.try_lock_for(Duration::from_secs(60)).expect("lock");
@@ -1309,7 +1335,7 @@ fn a_token_waiter_beside_a_waiting_fair_waiter_is_woken_by_the_release() {
         .build()
         .expect("client");
     let fair_holder = fair(&other, "lend:fair");
-    let token_holder = other.lock("lend:token").build_token().expect("token lock");
+    let token_holder = other.lock("lend:token").build().expect("token lock");
     let fair_waiter = fair(&shared, "lend:fair");
     let token_waiter = shared
         .lock("lend:token")
@@ -1318,7 +1344,7 @@ fn a_token_waiter_beside_a_waiting_fair_waiter_is_woken_by_the_release() {
                 .fixed_delay(Duration::from_secs(5))
                 .jitter(false),
         )
-        .build_token()
+        .build()
         .expect("token lock");
     let held_fair = fair_holder.lock().expect("free");
     let held_token = token_holder.lock().expect("free");
@@ -1457,7 +1483,8 @@ fn a_grant_read_by_another_waiter_of_the_client_wakes_its_recipient() {
         waiters
             .lock(key)
             .retry(slow_poll(Duration::from_secs(10)))
-            .build_fair()
+            .strategy(Strategy::Fair)
+            .build()
             .expect("fair lock")
     };
     for (first, second) in [("cross:a", "cross:b"), ("cross:b", "cross:a")] {
@@ -1585,7 +1612,8 @@ fn a_grant_that_cannot_be_raised_is_reported_lost() {
     let build = |c: &LockClient| {
         c.lock("fair:lost")
             .on_lost(|_| {})
-            .build_fair()
+            .strategy(Strategy::Fair)
+            .build()
             .expect("lock")
     };
     let (a, b) = (client(&server), client(&server));
@@ -1636,7 +1664,8 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
         c.lock("fair:sibling")
             .fencing()
             .retry(slow_poll(Duration::from_secs(10)))
-            .build_fair()
+            .strategy(Strategy::Fair)
+            .build()
             .expect("fair lock")
     };
     for other_waits in [true, false] {
@@ -1667,7 +1696,10 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
             });
             // t2 waits in its client's line, behind t1: one entry in Redis all along.
             support::wait_event(&a, Event::Queued, queued + 2);
-            assert_eq!(zcard(&mut conn, first.queue_key()), 1);
+            assert_eq!(
+                zcard(&mut conn, &FairLock::queue_key_for(first.key()).unwrap()),
+                1
+            );
             assert!(held.unlock().expect("release"));
             t1_took
                 .recv_timeout(Duration::from_secs(5))
@@ -1687,7 +1719,7 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
             // Redis.
             support::wait_event(&a, Event::Queued, queued + 3);
             assert_eq!(
-                zcard(&mut conn, first.queue_key()),
+                zcard(&mut conn, &FairLock::queue_key_for(first.key()).unwrap()),
                 usize::from(other_waits)
             );
             let monitor = Monitor::start(&server);
@@ -1724,7 +1756,10 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
             .filter(|l| l.contains("\"EVALSHA\"") && !l.contains("\"v\""))
             .count();
         assert_eq!(releases, 2 + usize::from(other_waits), "{sent:#?}");
-        assert_eq!(zcard(&mut conn, first.queue_key()), 0);
+        assert_eq!(
+            zcard(&mut conn, &FairLock::queue_key_for(first.key()).unwrap()),
+            0
+        );
         assert_eq!(raw::get(&mut conn, "fair:sibling"), None);
     }
 }
@@ -1819,7 +1854,8 @@ fn an_offering_thread_that_gives_up_leaves_nothing_behind() {
     let t2 = a
         .lock(key)
         .retry(slow_poll(Duration::from_secs(10)))
-        .build_fair()
+        .strategy(Strategy::Fair)
+        .build()
         .expect("t2 lock");
     let r = with_t2_offered(
         &mut conn,

@@ -51,6 +51,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, LockError, Strategy, DEFAULT_COMMAND_TIMEOUT};
 use support::expiry::epoch_ms;
 use support::worker::{report, WorkerProcess};
@@ -146,10 +148,10 @@ impl Kind {
         }
     }
 
-    fn build(self, client: &LockClient, key: String) -> Option<Box<dyn DistributedLock>> {
+    fn build(self, client: &LockClient, key: String) -> Option<Lock> {
         let b = client.lock(key);
         let b = match self {
-            Kind::Classic => b.strategy(Strategy::Classic),
+            Kind::Classic => b.strategy(Strategy::Classic(ClassicOptions::new())),
             Kind::TokenWatched => b.strategy(Strategy::Token),
             Kind::TokenTtl => b.strategy(Strategy::Token).ttl(Duration::from_secs(1)),
             Kind::Reentrant => b.strategy(Strategy::Reentrant),
@@ -452,7 +454,7 @@ fn fault_suite_worker() {
     let workers: i64 = var("DLOCK_FS_WORKERS").parse().unwrap();
 
     let client = LockClient::open(&lock_url).expect("lock client");
-    let locks: Vec<Option<Box<dyn DistributedLock>>> = (0..keys)
+    let locks: Vec<Option<Lock>> = (0..keys)
         .map(|k| kind.build(&client, lock_key(kind, k)))
         .collect();
     let mut conn = raw_conn(&data_url);
@@ -693,7 +695,7 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
         .iter()
         .map(|_| LockClient::open(lock_server.url()).expect("probe client"))
         .collect();
-    let probe_locks: Vec<Option<Box<dyn DistributedLock>>> = kinds
+    let probe_locks: Vec<Option<Lock>> = kinds
         .iter()
         .zip(&probe_clients)
         .flat_map(|(&kind, client)| {
@@ -1009,7 +1011,7 @@ fn churn_cycle(url: &str, i: usize) {
     }
     let classic = client
         .lock(format!("churn:classic:{}", i % 8))
-        .strategy(Strategy::Classic)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
         .build()
         .expect("lock");
     let c = classic.try_lock().expect("a free key");

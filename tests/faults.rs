@@ -8,6 +8,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, Takeover};
 use support::expiry::epoch_ms;
 use support::{init_logging, raw, wait_until, RedisServer};
@@ -71,7 +73,7 @@ fn noscript_recovery_token() {
     let lock = c
         .lock("f:noscript")
         .ttl(Duration::from_secs(5))
-        .build_token()
+        .build()
         .unwrap();
     let mut conn = server.conn();
 
@@ -124,15 +126,15 @@ fn noscript_recovery_classic() {
     let mut conn = server.conn();
     for key_ttl in [false, true] {
         let key = format!("f:noscript-classic:{key_ttl}");
-        let mut b = c
+        let b = c
             .lock(&key)
-            .strategy(Strategy::Classic)
-            .ttl(Duration::from_secs(5))
-            .takeover(Takeover::CompareAndSet);
-        if key_ttl {
-            b = b.key_ttl();
-        }
-        let lock = b.build_classic().unwrap();
+            .strategy(Strategy::Classic(
+                ClassicOptions::new()
+                    .takeover(Takeover::CompareAndSet)
+                    .key_ttl(key_ttl),
+            ))
+            .ttl(Duration::from_secs(5));
+        let lock = b.build().unwrap();
 
         // Takeover of a stale lock with compare_and_set.lua after a flush.
         raw::set(&mut conn, &key, (epoch_ms() - 1_000).to_string().as_bytes());
@@ -179,7 +181,7 @@ fn noscript_recovery_under_concurrent_flushes() {
                     let lock = c
                         .lock(format!("f:flushing:{i}"))
                         .ttl(Duration::from_secs(10))
-                        .build_token()
+                        .build()
                         .unwrap();
                     for round in 0..40 {
                         let mut g = lock.try_lock().expect("free");
@@ -214,13 +216,13 @@ fn restart_outage_fails_fast_then_same_client_recovers() {
     let token = c
         .lock("f:restart")
         .ttl(Duration::from_secs(10))
-        .build_token()
+        .build()
         .unwrap();
     let classic = c
         .lock("f:restart-classic")
-        .strategy(Strategy::Classic)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
         .ttl(Duration::from_secs(10))
-        .build_classic()
+        .build()
         .unwrap();
     for round in 0..3 {
         checked_token_cycle(&server, &token, round);
@@ -282,7 +284,7 @@ fn fill_pool(c: &LockClient, n: u32) -> u32 {
             for i in 0..n {
                 let c = c.clone();
                 s.spawn(move || {
-                    let lock = c.lock(format!("f:fill:{i}")).build_token().unwrap();
+                    let lock = c.lock(format!("f:fill:{i}")).build().unwrap();
                     for _ in 0..50 {
                         assert!(lock.try_lock().unwrap().unlock().unwrap());
                     }
@@ -312,7 +314,7 @@ fn restart_while_idle_same_client_recovers() {
     let lock = c
         .lock("f:idle")
         .ttl(Duration::from_secs(10))
-        .build_token()
+        .build()
         .unwrap();
     let g = lock.lock().expect("first lock() after the restart");
     assert!(g.unlock().expect("unlock"));
@@ -335,7 +337,7 @@ fn restart_while_idle_recovers_within_pool_size_failures() {
     let lock = c
         .lock("f:idle-bounded")
         .ttl(Duration::from_secs(10))
-        .build_token()
+        .build()
         .unwrap();
     let mut failures = 0;
     loop {
@@ -368,15 +370,15 @@ fn pause_times_out_then_same_client_answers_the_right_commands() {
     let lock = c
         .lock("f:pause")
         .ttl(Duration::from_secs(10))
-        .build_token()
+        .build()
         .unwrap();
     let orphan_ttl = Duration::from_millis(1_500);
-    let orphan = c.lock("f:orphan").ttl(orphan_ttl).build_token().unwrap();
+    let orphan = c.lock("f:orphan").ttl(orphan_ttl).build().unwrap();
     let classic = c
         .lock("f:pause-classic")
-        .strategy(Strategy::Classic)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
         .ttl(Duration::from_secs(10))
-        .build_classic()
+        .build()
         .unwrap();
     // Warm up: a pooled connection exists and the scripts are loaded.
     for round in 0..3 {
@@ -434,11 +436,11 @@ fn pause_blocking_lock_fails_with_connection_error() {
     init_logging();
     let server = RedisServer::start();
     let c = impatient_client(&server, 2);
-    let holder = c.lock("f:pause-wait").build_token().unwrap();
+    let holder = c.lock("f:pause-wait").build().unwrap();
     let waiter = c
         .lock("f:pause-wait")
         .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(30))))
-        .build_token()
+        .build()
         .unwrap();
     let held = holder.try_lock().unwrap();
     let started = Instant::now();
@@ -471,10 +473,10 @@ fn blocking_lock_rides_through_a_restart_within_its_budget() {
     let mut server = RedisServer::start();
     let c = impatient_client(&server, 4);
     let policy = RetryPolicy::standard().max_wait(Some(Duration::from_secs(10)));
-    let locks: Vec<Box<dyn DistributedLock>> = [
+    let locks: Vec<Lock> = [
         Strategy::Token,
         Strategy::Reentrant,
-        Strategy::Classic,
+        Strategy::Classic(ClassicOptions::new()),
         Strategy::Fair,
     ]
     .into_iter()

@@ -14,6 +14,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, LockError, Strategy};
 use store::{FencedStore, Stale};
 use support::worker::{self, WorkerProcess};
@@ -23,12 +25,7 @@ fn client(server: &RedisServer) -> LockClient {
     LockClient::open(server.url()).expect("client")
 }
 
-fn fenced(
-    client: &LockClient,
-    strategy: Strategy,
-    key: &str,
-    ttl: Duration,
-) -> Box<dyn DistributedLock> {
+fn fenced(client: &LockClient, strategy: Strategy, key: &str, ttl: Duration) -> Lock {
     client
         .lock(key)
         .strategy(strategy)
@@ -82,7 +79,7 @@ fn tokens_strictly_increase(strategy: Strategy) {
         assert_eq!(guard.fence(), Some(fence));
         // A refused attempt (try_lock, try_acquire, a timed-out wait) takes no token.
         assert!(matches!(other.try_lock(), Err(LockError::Held { .. })));
-        assert!(other.try_acquire().expect("try_acquire").is_none());
+        assert!(other.try_acquire().is_err_and(|e| e.is_contention()));
         assert!(matches!(
             other.try_lock_for(Duration::from_millis(50)),
             Err(LockError::Timeout { .. })
@@ -98,7 +95,7 @@ fn tokens_strictly_increase(strategy: Strategy) {
         assert!(guard.unlock().expect("unlock"));
     }
     // The lease path (try_acquire) counts on the same counter.
-    let lease = a.try_acquire().expect("try_acquire").expect("free lock");
+    let lease = a.try_acquire().expect("free lock");
     fences.push(lease.fence().expect("a fenced lease has a fence"));
     assert!(a.release(&lease).expect("release"));
 
@@ -489,11 +486,11 @@ fn no_fencing_no_counter(strategy: Strategy) {
     assert_eq!(all_keys(&mut conn), [key]);
     drop(guard);
     // The waiting path uses the acquire script, with the lock key only.
-    let (held, got) = release_to_waiter(&server, &*a, || {
+    let (held, got) = release_to_waiter(&server, &a, || {
         b.lock().expect("lock() after the release").fence()
     });
     assert_eq!((held, got), (None, None));
-    let lease = a.try_acquire().unwrap().expect("free lock");
+    let lease = a.try_acquire().expect("free lock");
     assert_eq!(lease.fence(), None);
     assert!(a.release(&lease).unwrap());
     assert!(!raw::exists(&mut conn, &counter_of(key)));
@@ -515,7 +512,7 @@ fn classic_refuses_fencing() {
     let server = RedisServer::start();
     let err = client(&server)
         .lock("fence:classic")
-        .strategy(Strategy::Classic)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
         .fencing()
         .build()
         .expect_err("Classic with fencing");
@@ -530,11 +527,11 @@ fn blocking_lock_returns_a_fence(strategy: Strategy) {
     let holder = fenced(&c1, strategy, key, Duration::from_secs(10));
     let waiter = fenced(&c2, strategy, key, Duration::from_secs(10));
 
-    let (held, got) = release_to_waiter(&server, &*holder, || {
+    let (held, got) = release_to_waiter(&server, &holder, || {
         waiter.lock().expect("lock() after the release").fence()
     });
     assert_eq!((held, got), (Some(1), Some(2)));
-    let (held, got) = release_to_waiter(&server, &*holder, || {
+    let (held, got) = release_to_waiter(&server, &holder, || {
         let guard = waiter.try_lock_for(Duration::from_secs(5));
         guard.expect("try_lock_for after the release").fence()
     });

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient};
 use support::history::{self, decode, overlaps, Hold, Recorder};
 use support::{init_logging, RedisServer};
@@ -173,14 +174,18 @@ impl Locker for NoNx {
 
 /// Token locks of one client, one per key, taken by `try_lock` and released by `unlock`.
 struct Token {
-    locks: Vec<Box<dyn DistributedLock>>,
+    locks: Vec<Lock>,
 }
 
 impl Locker for Token {
     type Held = redis_dlock::Lease;
 
     fn take(&self, key: u32) -> Option<redis_dlock::Lease> {
-        self.locks[key as usize].try_acquire().unwrap()
+        match self.locks[key as usize].try_acquire() {
+            Ok(lease) => Some(lease),
+            Err(e) if e.is_contention() => None,
+            Err(e) => panic!("{e}"),
+        }
     }
 
     fn left(&self, lease: &redis_dlock::Lease) -> Duration {

@@ -1,4 +1,4 @@
-//! Interoperation of [`Strategy::Classic`] with legacy lockers on the same keys.
+//! Interoperation of [`Strategy::Classic(ClassicOptions::new())`] with legacy lockers on the same keys.
 //!
 //! The legacy lockers are re-implemented here with raw Redis commands, exactly as the Java
 //! lockers of the seed documents send them:
@@ -22,6 +22,8 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{
     DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
 };
@@ -222,19 +224,21 @@ fn classic(
     encoding: Encoding,
     ttl: Duration,
     takeover: Takeover,
-) -> Box<dyn DistributedLock> {
+) -> Lock {
     let builder = client
         .lock(key)
-        .strategy(Strategy::Classic)
-        .encoding(encoding)
-        .takeover(takeover)
+        .strategy(Strategy::Classic(
+            ClassicOptions::new()
+                .encoding(encoding)
+                .takeover(takeover)
+                .clock_skew(if encoding == Encoding::BigEndian {
+                    SEED_001_SKEW
+                } else {
+                    Duration::ZERO
+                }),
+        ))
         .ttl(ttl)
         .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(60))));
-    let builder = if encoding == Encoding::BigEndian {
-        builder.clock_skew(SEED_001_SKEW)
-    } else {
-        builder
-    };
     builder.build().expect("valid lock options")
 }
 

@@ -7,6 +7,7 @@ mod support;
 use std::net::TcpListener;
 use std::time::Duration;
 
+use redis_dlock::ClassicOptions;
 use redis_dlock::{
     DistributedLock, Encoding, LockBuilder, LockClient, LockError, RetryPolicy, Strategy, Takeover,
     MAX_TTL,
@@ -66,18 +67,34 @@ type SetOption = fn(LockBuilder) -> LockBuilder;
 fn build_all(make: impl Fn() -> LockBuilder, key: &str, mentions: &str) {
     assert_invalid(make().build(), key, mentions);
     assert_invalid(make().strategy(Strategy::Token).build(), key, mentions);
-    assert_invalid(make().strategy(Strategy::Classic).build(), key, mentions);
-    assert_invalid(make().build_token(), key, mentions);
-    assert_invalid(make().build_classic(), key, mentions);
+    assert_invalid(
+        make()
+            .strategy(Strategy::Classic(ClassicOptions::new()))
+            .build(),
+        key,
+        mentions,
+    );
+    assert_invalid(make().build(), key, mentions);
+    assert_invalid(
+        make()
+            .strategy(Strategy::Classic(ClassicOptions::new()))
+            .build(),
+        key,
+        mentions,
+    );
 }
 
 #[test]
 fn the_closed_port_really_fails_with_connection() {
     init_logging();
     let c = dead_client();
-    let lock = c.lock("inv:premise").build_token().unwrap();
+    let lock = c.lock("inv:premise").build().unwrap();
     assert!(matches!(lock.try_lock(), Err(LockError::Connection { .. })));
-    let lock = c.lock("inv:premise").build_classic().unwrap();
+    let lock = c
+        .lock("inv:premise")
+        .strategy(Strategy::Classic(ClassicOptions::new()))
+        .build()
+        .unwrap();
     assert!(matches!(lock.try_lock(), Err(LockError::Connection { .. })));
 }
 
@@ -120,7 +137,8 @@ fn bad_ttls() {
         let lock = c
             .lock("inv:ttl")
             .ttl(ttl)
-            .build_classic()
+            .strategy(Strategy::Classic(ClassicOptions::new()))
+            .build()
             .expect("valid ttl");
         assert_eq!(lock.ttl(), ttl);
     }
@@ -139,7 +157,7 @@ fn bad_ttl_on_extend() {
         (MAX_TTL + Duration::from_millis(1), "MAX_TTL"),
         (Duration::MAX, "MAX_TTL"),
     ];
-    for strategy in [Strategy::Token, Strategy::Classic] {
+    for strategy in [Strategy::Token, Strategy::Classic(ClassicOptions::new())] {
         let key = format!("inv:extend:{strategy:?}");
         let lock = live
             .lock(&key)
@@ -166,34 +184,40 @@ fn bad_ttl_on_extend() {
 }
 
 #[test]
-fn classic_only_options_on_token() {
+fn classic_options_travel_in_the_strategy() {
     init_logging();
     let c = dead_client();
     let key = "inv:classic-opts";
-    let options: [(&str, SetOption); 5] = [
-        ("encoding", |b| b.encoding(Encoding::BigEndian)),
-        ("encoding default", |b| b.encoding(Encoding::Decimal)),
-        ("takeover", |b| b.takeover(Takeover::CompareAndSet)),
-        ("key_ttl", |b| b.key_ttl()),
-        ("clock_skew", |b| b.clock_skew(Duration::from_millis(100))),
+    let options = ClassicOptions::new()
+        .encoding(Encoding::BigEndian)
+        .takeover(Takeover::CompareAndSet)
+        .key_ttl(true)
+        .clock_skew(Duration::from_millis(100));
+    let lock = c
+        .lock(key)
+        .strategy(Strategy::Classic(options))
+        .build()
+        .unwrap();
+    assert_eq!(lock.strategy(), Strategy::Classic(options));
+    let classic: redis_dlock::ClassicLock = lock.try_into().unwrap();
+    assert_eq!(classic.options(), &options);
+    // The options of the watched locks do not apply to Classic.
+    let watched: [(&str, SetOption); 4] = [
+        ("watchdog_lease", |b| {
+            b.watchdog_lease(Duration::from_secs(3))
+        }),
+        ("on_lost", |b| b.on_lost(|_| {})),
+        ("fencing", |b| b.fencing()),
+        ("wake_up", |b| b.wake_up(redis_dlock::WakeUp::Polling)),
     ];
-    for (what, set) in options {
-        let r = set(c.lock(key)).build_token();
+    for (what, set) in watched {
+        let r = set(c.lock(key))
+            .strategy(Strategy::Classic(options))
+            .build();
         assert!(matches!(r, Err(LockError::Config { .. })), "{what}: {r:?}");
-        assert_invalid(set(c.lock(key)).build_token(), key, "Classic");
-        assert_invalid(
-            set(c.lock(key)).strategy(Strategy::Token).build(),
-            key,
-            "Classic",
-        );
-        // The same options are fine for Classic.
         set(c.lock(key))
-            .strategy(Strategy::Classic)
             .build()
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        set(c.lock(key))
-            .build_classic()
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            .unwrap_or_else(|e| panic!("{what} on Token: {e}"));
     }
 }
 
@@ -203,15 +227,18 @@ fn bad_clock_skew() {
     let c = dead_client();
     assert_invalid(
         c.lock("inv:skew")
-            .clock_skew(MAX_TTL + Duration::from_millis(1))
-            .build_classic(),
+            .strategy(Strategy::Classic(
+                ClassicOptions::new().clock_skew(MAX_TTL + Duration::from_millis(1)),
+            ))
+            .build(),
         "inv:skew",
         "clock_skew",
     );
     assert_invalid(
         c.lock("inv:skew")
-            .strategy(Strategy::Classic)
-            .clock_skew(Duration::MAX)
+            .strategy(Strategy::Classic(
+                ClassicOptions::new().clock_skew(Duration::MAX),
+            ))
             .build(),
         "inv:skew",
         "clock_skew",
@@ -243,7 +270,11 @@ fn bad_retry_policy() {
         RetryPolicy::standard().max_wait(None).max_retries(None),
     ] {
         c.lock("inv:retry").retry(ok.clone()).build().unwrap();
-        c.lock("inv:retry").retry(ok).build_classic().unwrap();
+        c.lock("inv:retry")
+            .retry(ok)
+            .strategy(Strategy::Classic(ClassicOptions::new()))
+            .build()
+            .unwrap();
     }
 }
 

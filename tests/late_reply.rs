@@ -9,8 +9,10 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{
-    DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, Strategy, Takeover, WakeUp,
+    DistributedLock, LockClient, LockError, RetryPolicy, Strategy, Takeover, WakeUp,
 };
 use support::{init_logging, raw, RedisServer};
 
@@ -94,22 +96,17 @@ fn assert_late<T: std::fmt::Debug>(result: &Result<T, LockError>, key: &str, too
     }
 }
 
-fn classic(
-    c: &LockClient,
-    key: &str,
-    takeover: Takeover,
-    key_ttl: bool,
-) -> Box<dyn DistributedLock> {
+fn classic(c: &LockClient, key: &str, takeover: Takeover, key_ttl: bool) -> Lock {
     let b = c
         .lock(key)
-        .strategy(Strategy::Classic)
-        .ttl(TTL)
-        .takeover(takeover);
-    let b = if key_ttl { b.key_ttl() } else { b };
+        .strategy(Strategy::Classic(
+            ClassicOptions::new().takeover(takeover).key_ttl(key_ttl),
+        ))
+        .ttl(TTL);
     b.build().expect("classic lock")
 }
 
-fn token(c: &LockClient, key: &str) -> Box<dyn DistributedLock> {
+fn token(c: &LockClient, key: &str) -> Lock {
     c.lock(key).ttl(TTL).build().expect("token lock")
 }
 
@@ -259,8 +256,8 @@ fn rwlock_write_during_pause_is_not_handed_out() {
     let key = "late:rw";
     let c1 = client(&server);
     let c2 = client(&server);
-    let rw1 = ReadWriteLock::builder(&c1, key).ttl(TTL).build().unwrap();
-    let rw2 = ReadWriteLock::builder(&c2, key).ttl(TTL).build().unwrap();
+    let rw1 = c1.rw_lock(key).ttl(TTL).build().unwrap();
+    let rw2 = c2.rw_lock(key).ttl(TTL).build().unwrap();
     let (first, took) = during_stall(&server, Stall::ClientPause, || {
         rw1.write_lock().try_lock().map(|g| g.into_lease())
     });
@@ -275,7 +272,7 @@ fn rwlock_write_during_pause_is_not_handed_out() {
 fn blocking_lock_retries_after_a_late_win() {
     init_logging();
     let server = RedisServer::start();
-    for strategy in [Strategy::Classic, Strategy::Token] {
+    for strategy in [Strategy::Classic(ClassicOptions::new()), Strategy::Token] {
         let key = format!("late:blocking:{strategy:?}");
         let c = client(&server);
         let b = c

@@ -7,7 +7,7 @@ mod support;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use redis_dlock::{DistributedLock, LockClient, LockError, ReadWriteLock, Strategy};
+use redis_dlock::{DistributedLock, LockClient, LockError, Strategy};
 use support::{init_logging, RedisServer};
 
 /// The lifetime of every hold here: short, so that they expire while the loop runs.
@@ -104,13 +104,15 @@ fn leases_left_to_expire_leave_the_live_set() {
         let lock = client
             .lock(format!("live:f:{i}"))
             .ttl(TTL)
-            .build_fair()
+            .strategy(Strategy::Fair)
+            .build()
             .expect("lock");
         drop(take(|| lock.try_lock()).into_lease());
     });
 
     given_up_leases_leave("read-write", &client, 2_000, |i| {
-        let rw = ReadWriteLock::builder(&client, format!("live:rw:{i}"))
+        let rw = client
+            .rw_lock(format!("live:rw:{i}"))
             .ttl(TTL)
             .build()
             .expect("lock");
@@ -125,7 +127,7 @@ fn leases_left_to_expire_leave_the_live_set() {
     // A hold that is kept (and extended past its first lifetime) stays live meanwhile: its
     // value is never taken for a stale one.
     let lock = client.lock("live:kept").ttl(TTL).build().expect("lock");
-    let mut lease = take(|| lock.try_acquire()).expect("free");
+    let mut lease = take(|| lock.try_acquire());
     lock.extend(&mut lease, Duration::from_secs(30))
         .expect("extend");
     std::thread::sleep(window() * 2);
@@ -144,7 +146,8 @@ fn leases_left_to_expire_leave_the_live_set() {
     let counted = client
         .lock("live:watched:r")
         .watchdog_lease(lease)
-        .build_reentrant()
+        .strategy(Strategy::Reentrant)
+        .build()
         .expect("lock");
     let held = [
         take(|| token.try_lock()).into_lease(),

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics::{Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
-use redis_dlock::{Encoding, LockClient, LockError, Strategy};
+use redis_dlock::ClassicOptions;
+use redis_dlock::{DistributedLock, Encoding, LockClient, LockError, Strategy};
 use support::expiry::{encode, epoch_ms};
 use support::{init_logging, raw, wait_until, RedisServer};
 
@@ -114,7 +115,7 @@ fn counters_are_reported_through_the_metrics_facade() {
     );
     let classic = a
         .lock("metrics:classic")
-        .strategy(Strategy::Classic)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
         .build()
         .unwrap();
     assert!(classic.try_lock().unwrap().unlock().unwrap());

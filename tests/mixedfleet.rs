@@ -17,6 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
+use redis_dlock::ReentrantLock;
 use redis_dlock::{DistributedLock, LockClient, RetryPolicy, Strategy};
 use support::{init_logging, raw, wait_until, Cluster, RedisServer};
 
@@ -172,7 +173,7 @@ fn a_waiter_notices_a_silent_release_within_the_poll_not_the_peer_ttl() {
     let lock: Arc<dyn DistributedLock> = Arc::new(
         c.lock(key)
             .ttl(Duration::from_secs(10))
-            .build_token()
+            .build()
             .expect("build"),
     );
     // The first handoff is seen by the slow poll beside the subscription, the next ones by
@@ -199,7 +200,7 @@ fn waiting_commands_per_second(server: &RedisServer, key: &str, window: Duration
     let holder = holder_client
         .lock(key)
         .ttl(Duration::from_secs(30))
-        .build_token()
+        .build()
         .expect("holder");
     let held = holder.try_lock().expect("holder takes the lock");
     // Four threads of one client wait: only the head of the line polls.
@@ -207,7 +208,7 @@ fn waiting_commands_per_second(server: &RedisServer, key: &str, window: Duration
         waiter_client
             .lock(key)
             .ttl(Duration::from_secs(10))
-            .build_token()
+            .build()
             .expect("waiter"),
     );
     let threads: Vec<_> = (0..4)
@@ -298,7 +299,7 @@ fn measure_silent_handoff_and_polling_traffic() {
             let lock: Arc<dyn DistributedLock> = Arc::new(
                 c.lock(format!("measure:first:{n}"))
                     .ttl(Duration::from_secs(10))
-                    .build_token()
+                    .build()
                     .expect("build"),
             );
             silent_handoff(&server, lock, peer_ttl)
@@ -309,7 +310,7 @@ fn measure_silent_handoff_and_polling_traffic() {
     let lock: Arc<dyn DistributedLock> = Arc::new(
         c.lock("measure:again")
             .ttl(Duration::from_secs(10))
-            .build_token()
+            .build()
             .expect("build"),
     );
     silent_handoff(&server, Arc::clone(&lock), peer_ttl);
@@ -371,13 +372,15 @@ fn a_rust_waiter_hears_a_release_published_on_redissons_channel() {
         let key = format!("{key}:heard");
         assert_eq!(redisson::lock(&mut conn, &key, 30_000), None, "Java holds");
         // A policy that polls every 5 s: only the published release can wake it sooner.
-        let lock = c
+        let lock: ReentrantLock = c
             .lock(&key)
             .strategy(Strategy::Reentrant)
             .ttl(Duration::from_secs(10))
             .retry(RetryPolicy::standard().fixed_delay(Duration::from_secs(5)))
-            .build_reentrant()
-            .expect("build");
+            .build()
+            .expect("build")
+            .try_into()
+            .unwrap();
         let subscribed = c.test_hooks().count(Event::Subscribed);
         let refused = c.stats().refusals;
         let waiting = thread::spawn(move || {
@@ -561,12 +564,14 @@ fn a_reentrant_release_sent_again_after_a_lost_reply_gives_back_one_hold() {
         .expect("client through the proxy");
     let mut conn = server.conn();
     let key = "mixed:retried-release";
-    let lock = c
+    let lock: ReentrantLock = c
         .lock(key)
         .strategy(Strategy::Reentrant)
         .ttl(Duration::from_secs(30))
-        .build_reentrant()
-        .expect("build");
+        .build()
+        .expect("build")
+        .try_into()
+        .unwrap();
     let owner = lock.owner_id();
     let count = |conn: &mut redis::Connection| -> Option<i64> {
         redis::cmd("HGET")
@@ -576,11 +581,9 @@ fn a_reentrant_release_sent_again_after_a_lost_reply_gives_back_one_hold() {
             .expect("HGET")
     };
     // Load the scripts first: an EVALSHA answered NOSCRIPT did not run.
-    let warm = lock.try_acquire().expect("acquire").expect("ours");
+    let warm = lock.try_acquire().expect("ours");
     assert!(lock.release(&warm).expect("release"));
-    let leases: Vec<_> = (0..3)
-        .map(|_| lock.try_acquire().expect("acquire").expect("ours"))
-        .collect();
+    let leases: Vec<_> = (0..3).map(|_| lock.try_acquire().expect("ours")).collect();
     assert_eq!(count(&mut conn), Some(3));
 
     // The script runs, its reply is lost, the client sends the release again on a new

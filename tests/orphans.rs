@@ -10,9 +10,10 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::ReentrantLock;
 use redis_dlock::{
-    DistributedLock, FairLock, LockClient, LockError, ReadWriteLock, RetryPolicy, Strategy,
-    Takeover,
+    DistributedLock, FairLock, LockClient, LockError, RetryPolicy, Strategy, Takeover,
 };
 use support::{init_logging, raw, wait_until, RedisServer};
 
@@ -32,7 +33,7 @@ fn impatient(server: &RedisServer) -> LockClient {
         .pool_size(1)
         .build()
         .expect("client");
-    let warm = c.lock("orphan:warm-up").build_token().expect("lock");
+    let warm = c.lock("orphan:warm-up").build().expect("lock");
     assert!(warm.try_lock().expect("warm-up").unlock().expect("warm-up"));
     c
 }
@@ -90,7 +91,7 @@ fn token_acquire_whose_reply_was_lost_leaves_no_orphan() {
         .build()
         .unwrap();
     let resumed = acquire_during_sigstop(&server, || l1.try_lock().map(|g| g.into_lease()));
-    let after = taken_after(l2.as_ref(), resumed);
+    let after = taken_after(&l2, resumed);
     assert!(
         after < TIMEOUT + SLACK,
         "the second client waited {after:?} after the server answered again"
@@ -115,7 +116,7 @@ fn token_blocking_acquire_whose_reply_was_lost_leaves_no_orphan() {
         l1.try_lock_for(Duration::from_secs(1))
             .map(|g| g.into_lease())
     });
-    let after = taken_after(l2.as_ref(), resumed);
+    let after = taken_after(&l2, resumed);
     assert!(after < TIMEOUT + SLACK, "waited {after:?} after resume");
 }
 
@@ -130,15 +131,14 @@ fn classic_acquire_whose_reply_was_lost_leaves_no_orphan() {
         // A long lifetime: without the clean-up, the orphan would be stale only after 20 s.
         let build = |c: &LockClient| {
             c.lock(key.as_str())
-                .strategy(Strategy::Classic)
-                .takeover(takeover)
+                .strategy(Strategy::Classic(ClassicOptions::new().takeover(takeover)))
                 .ttl(Duration::from_secs(20))
                 .build()
                 .unwrap()
         };
         let (l1, l2) = (build(&c1), build(&c2));
         let resumed = acquire_during_sigstop(&server, || l1.try_lock().map(|g| g.into_lease()));
-        let after = taken_after(l2.as_ref(), resumed);
+        let after = taken_after(&l2, resumed);
         assert!(
             after < TIMEOUT + SLACK,
             "{key}: waited {after:?} after resume"
@@ -220,7 +220,7 @@ fn failed_release_is_retried_in_the_background() {
     let l2 = c2.lock(key).build().unwrap();
     let guard = l1.try_lock().unwrap();
     let resumed = release_during_write_pause(&server, &c1, || guard.unlock());
-    taken_soon_after(l2.as_ref(), resumed, &c1);
+    taken_soon_after(&l2, resumed, &c1);
 }
 
 /// A fair lock on `key` whose waiters poll only every 10 s: they get the lock sooner only by
@@ -229,15 +229,19 @@ fn slow_polling_fair(client: &LockClient, key: &str) -> FairLock {
     client
         .lock(key)
         .retry(RetryPolicy::standard().fixed_delay(Duration::from_secs(10)))
-        .build_fair()
+        .strategy(Strategy::Fair)
+        .build()
         .unwrap()
+        .try_into()
+        .expect("the strategy built")
 }
 
 /// Waits (bounded) until the queue of the fair `lock` has `n` entries.
-fn fair_queued(conn: &mut redis::Connection, lock: &FairLock, n: usize) -> bool {
+fn fair_queued(conn: &mut redis::Connection, lock: &impl DistributedLock, n: usize) -> bool {
+    let queue = FairLock::queue_key_for(lock.key()).expect("queue key");
     wait_until(Duration::from_secs(5), || {
         redis::cmd("ZCARD")
-            .arg(lock.queue_key())
+            .arg(&queue)
             .query::<usize>(conn)
             .unwrap()
             == n
@@ -282,7 +286,7 @@ fn fair_failed_release_is_retried_and_grants_the_next_waiter() {
     let key = "orphan:fair";
     let c1 = impatient(&server);
     let c2 = patient(&server);
-    let l1 = c1.lock(key).build_fair().unwrap();
+    let l1 = c1.lock(key).strategy(Strategy::Fair).build().unwrap();
     let l2 = slow_polling_fair(&c2, key);
     let guard = l1.try_lock().unwrap();
     thread::scope(|s| {
@@ -309,8 +313,8 @@ fn fair_waiter_whose_poll_reply_was_lost_passes_the_lock_on() {
     let c0 = patient(&server);
     let c1 = impatient(&server);
     let c2 = patient(&server);
-    let holder = c0.lock(key).build_fair().unwrap();
-    let w1 = c1.lock(key).build_fair().unwrap();
+    let holder = c0.lock(key).strategy(Strategy::Fair).build().unwrap();
+    let w1 = c1.lock(key).strategy(Strategy::Fair).build().unwrap();
     let w2 = slow_polling_fair(&c2, key);
     let held = holder.try_lock().unwrap();
     thread::scope(|s| {
@@ -346,7 +350,13 @@ fn reentrant_release_that_ran_late_is_not_given_back_twice() {
     let server = RedisServer::start();
     let key = "orphan:reentrant-late";
     let c1 = impatient(&server);
-    let lock = c1.lock(key).build_reentrant().unwrap();
+    let lock: ReentrantLock = c1
+        .lock(key)
+        .strategy(Strategy::Reentrant)
+        .build()
+        .unwrap()
+        .try_into()
+        .unwrap();
     let outer = lock.try_lock().unwrap();
     let inner = lock.try_lock().unwrap();
     assert_eq!(lock.hold_count().unwrap(), 2);
@@ -388,7 +398,13 @@ fn reentrant_release_that_never_ran_is_given_back_once() {
     let mut server = RedisServer::start_with(&["--appendonly", "yes"]);
     let key = "orphan:reentrant-lost";
     let c1 = impatient(&server);
-    let lock = c1.lock(key).build_reentrant().unwrap();
+    let lock: ReentrantLock = c1
+        .lock(key)
+        .strategy(Strategy::Reentrant)
+        .build()
+        .unwrap()
+        .try_into()
+        .unwrap();
     let only = lock.try_lock().unwrap();
     raw::set(&mut server.conn(), "orphan:marker", b"1");
     server.stop();
@@ -433,7 +449,7 @@ fn reentrant_acquire_whose_reply_was_lost_leaves_no_orphan() {
     let key = "orphan:reentrant-acquire";
     let c1 = impatient(&server);
     let c2 = patient(&server);
-    let l1 = c1.lock(key).build_reentrant().unwrap();
+    let l1 = c1.lock(key).strategy(Strategy::Reentrant).build().unwrap();
     let l2 = c2
         .lock(key)
         .strategy(Strategy::Reentrant)
@@ -441,7 +457,7 @@ fn reentrant_acquire_whose_reply_was_lost_leaves_no_orphan() {
         .build()
         .unwrap();
     let resumed = acquire_during_sigstop(&server, || l1.try_lock().map(|g| g.into_lease()));
-    let after = taken_after(l2.as_ref(), resumed);
+    let after = taken_after(&l2, resumed);
     assert!(
         after < TIMEOUT + SLACK,
         "the second client waited {after:?} after the server answered again"
@@ -457,7 +473,13 @@ fn reentrant_reentry_whose_reply_was_lost_is_given_back_once() {
     let server = RedisServer::start();
     let key = "orphan:reentrant-reentry";
     let c1 = impatient(&server);
-    let lock = c1.lock(key).build_reentrant().unwrap();
+    let lock: ReentrantLock = c1
+        .lock(key)
+        .strategy(Strategy::Reentrant)
+        .build()
+        .unwrap()
+        .try_into()
+        .unwrap();
     let outer = lock.try_lock().unwrap();
     acquire_during_sigstop(&server, || lock.try_lock().map(|g| g.into_lease()));
     assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
@@ -483,7 +505,7 @@ fn reentrant_failed_release_is_retried_in_the_background() {
     let l2 = c2.lock(key).strategy(Strategy::Reentrant).build().unwrap();
     let guard = l1.try_lock().unwrap();
     let resumed = release_during_write_pause(&server, &c1, || guard.unlock());
-    taken_soon_after(l2.as_ref(), resumed, &c1);
+    taken_soon_after(&l2, resumed, &c1);
 }
 
 /// A read-write lock release that failed (the server paused for writes: the command never ran
@@ -499,8 +521,8 @@ fn rw_failed_release_is_retried_in_the_background() {
         let key = if write { "orphan:rw-w" } else { "orphan:rw-r" };
         let c1 = impatient(&server);
         let c2 = patient(&server);
-        let rw1 = ReadWriteLock::new(&c1, key).unwrap();
-        let rw2 = ReadWriteLock::new(&c2, key).unwrap();
+        let rw1 = c1.rw_lock(key).build().unwrap();
+        let rw2 = c2.rw_lock(key).build().unwrap();
         let guard = if write {
             rw1.write_lock().try_lock().unwrap()
         } else {
@@ -524,9 +546,9 @@ fn rw_release_that_ran_late_is_not_given_back_twice() {
     let key = "orphan:rw-late";
     let c1 = impatient(&server);
     // Both scripts cached, so that the release sent into the stopped server runs as sent.
-    let warm = ReadWriteLock::new(&c1, "orphan:rw-warm").unwrap();
+    let warm = c1.rw_lock("orphan:rw-warm").build().unwrap();
     assert!(warm.write_lock().try_lock().unwrap().unlock().unwrap());
-    let rw = ReadWriteLock::new(&c1, key).unwrap();
+    let rw = c1.rw_lock(key).build().unwrap();
     let outer = rw.write_lock().try_lock().unwrap();
     let inner = rw.write_lock().try_lock().unwrap();
     let before = rw_holds(&server, key);
@@ -573,7 +595,7 @@ fn rw_holds(server: &RedisServer, key: &str) -> Vec<(String, String)> {
 /// command sent into a stopped server runs as sent when the server is resumed.
 fn impatient_rw(server: &RedisServer) -> LockClient {
     let c = impatient(server);
-    let warm = ReadWriteLock::new(&c, "orphan:rw-warm").unwrap();
+    let warm = c.rw_lock("orphan:rw-warm").build().unwrap();
     assert!(warm.write_lock().try_lock().unwrap().unlock().unwrap());
     c
 }
@@ -593,8 +615,8 @@ fn rw_acquire_whose_reply_was_lost_leaves_no_orphan() {
         };
         let c1 = impatient_rw(&server);
         let c2 = patient(&server);
-        let rw1 = ReadWriteLock::new(&c1, key).unwrap();
-        let rw2 = ReadWriteLock::new(&c2, key).unwrap();
+        let rw1 = c1.rw_lock(key).build().unwrap();
+        let rw2 = c2.rw_lock(key).build().unwrap();
         let resumed = acquire_during_sigstop(&server, || {
             if write {
                 rw1.write_lock().try_lock().map(|g| g.into_lease())
@@ -627,7 +649,7 @@ fn rw_reentry_whose_reply_was_lost_is_given_back_once() {
             "orphan:rw-reentry-not"
         };
         let c1 = impatient_rw(&server);
-        let rw = ReadWriteLock::new(&c1, key).unwrap();
+        let rw = c1.rw_lock(key).build().unwrap();
         let first = rw.write_lock().try_lock().unwrap();
         let again = || rw.write_lock().try_lock().map(|g| g.into_lease());
         if ran {

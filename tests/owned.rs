@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
+use redis_dlock::ClassicOptions;
 use redis_dlock::{ArcLockExt, DistributedLock, LockClient, LockError, OwnedLockGuard, Strategy};
 use support::{init_logging, raw, RedisServer};
 
@@ -22,7 +23,7 @@ fn owned_guards_cross_threads_and_release() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let c = LockClient::open(server.url()).unwrap();
-    for strategy in [Strategy::Token, Strategy::Classic] {
+    for strategy in [Strategy::Token, Strategy::Classic(ClassicOptions::new())] {
         let key = format!("owned:{strategy:?}");
         let lock: Arc<dyn DistributedLock> = Arc::from(
             c.lock(key.as_str())

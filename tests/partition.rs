@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, LockError, ReplicaAcks};
 use support::history::{self, decode, now_ns, overlaps, Hold, Recorder};
 use support::netns::Split;
@@ -380,7 +381,7 @@ fn partition_worker() {
         .replica_acks(acks)
         .build()
         .expect("sentinel client");
-    let locks: Vec<Box<dyn DistributedLock>> = (0..KEYS)
+    let locks: Vec<Lock> = (0..KEYS)
         .map(|k| {
             let b = client.lock(format!("partition:{k}"));
             if k < TTL_KEYS {

@@ -99,7 +99,7 @@ fn del(node: &RedisServer, key: &str) {
 
 /// `KEY` with lifetime `ttl` and the default retry policy.
 fn lock_with_ttl(client: &RedLockClient, ttl: Duration) -> RedLock {
-    client.lock(KEY).ttl(ttl).build_redlock().expect("lock")
+    client.lock(KEY).ttl(ttl).build().expect("lock")
 }
 
 /// Whether every node of `which` holds `token` at `KEY` within [`MARGIN`].
@@ -128,7 +128,7 @@ fn assert_invalid<T: std::fmt::Debug>(r: Result<T, LockError>) {
 
 #[test]
 fn invalid_settings_are_rejected() {
-    assert_invalid(RedLockClient::new(vec![]));
+    assert_invalid(RedLockClient::from_clients(vec![]).build());
     assert_invalid(RedLockClient::open::<&str>(&[]));
     let c = RedLockClient::open(&["redis://127.0.0.1:1/"]).expect("lazy client");
     assert_eq!((c.node_count(), c.quorum()), (1, 1));
@@ -189,7 +189,7 @@ fn acquire_extend_release_on_every_node() {
     assert!(guard.is_held().expect("is_held"));
 
     // Held for everyone else: another lock object, and another client (another process).
-    let other = client.lock(KEY).build_redlock().expect("lock");
+    let other = client.lock(KEY).build().expect("lock");
     assert!(matches!(other.try_lock(), Err(LockError::Held { .. })));
     let elsewhere = patient_client(&nodes);
     let remote = elsewhere.lock(KEY).build().expect("lock");
@@ -233,7 +233,7 @@ fn acquire_extend_release_on_every_node() {
         .all(|n| get(n, KEY).is_none())));
 
     // Lease-level API: a second release finds nothing of ours.
-    let lease = lock.try_acquire().expect("acquire").expect("free");
+    let lease = lock.try_acquire().expect("free");
     assert!(lock.is_held(&lease).expect("is_held"));
     assert!(lock.release(&lease).expect("release"));
     assert!(!lock.release(&lease).expect("release again"));
@@ -247,7 +247,7 @@ fn majority_wins_minority_loses_and_a_lost_attempt_cleans_up() {
     let lock = client
         .lock(KEY)
         .retry(RedLock::default_retry_policy().max_wait(Some(Duration::from_millis(300))))
-        .build_redlock()
+        .build()
         .expect("lock");
 
     // Two nodes held by someone else: 3 of 5 is still a majority.
@@ -312,7 +312,7 @@ fn validity_subtracts_elapsed_time_and_drift() {
     let lock = lock_with_ttl(&client, ttl);
     let paused_at = Instant::now();
     pause_writes(&mut conns, 150);
-    let lease = lock.try_acquire().expect("acquire").expect("won");
+    let lease = lock.try_acquire().expect("won");
     let returned = Instant::now();
     assert!(returned >= paused_at + Duration::from_millis(150));
     assert_eq!(lease.valid_until(), lease.acquired_at() + ttl - drift);
@@ -335,7 +335,7 @@ fn validity_subtracts_elapsed_time_and_drift() {
     // Once the nodes answer promptly again (their pause ends), the same lock is won.
     let mut won = None;
     assert!(wait_until(support::EVENT_TIMEOUT, || {
-        won = short.try_acquire().ok().flatten();
+        won = short.try_acquire().ok();
         won.is_some()
     }));
     let lease = won.expect("won");
@@ -468,7 +468,7 @@ fn check_three_down(client: &RedLockClient) {
         .lock(KEY)
         .ttl(Duration::from_secs(1))
         .retry(RedLock::default_retry_policy().max_wait(Some(max_wait)))
-        .build_redlock()
+        .build()
         .expect("lock");
 
     // Nobody holds the lock: a vote lost to an unreachable node is a failure, not contention.
@@ -566,7 +566,7 @@ fn extend_and_release_need_a_majority() {
     let nodes = start_nodes(5);
     let all = [0, 1, 2, 3, 4];
     let client = patient_client(&nodes);
-    let lock = client.lock(KEY).build_redlock().expect("lock");
+    let lock = client.lock(KEY).build().expect("lock");
 
     // Our key replaced on 2 nodes (expired there and taken): still a majority.
     let mut guard = lock.try_lock().expect("lock");
@@ -629,7 +629,7 @@ fn two_node_deployment_needs_both() {
     let mut nodes = start_nodes(2);
     let client = patient_client(&nodes);
     assert_eq!(client.quorum(), 2);
-    let lock = client.lock(KEY).build_redlock().expect("lock");
+    let lock = client.lock(KEY).build().expect("lock");
     let guard = lock.try_lock().expect("both up");
     assert!(guard.unlock().expect("unlock"));
     nodes[1].kill();
@@ -861,7 +861,7 @@ fn restart_without_persistence_immediate_vs_delayed() {
     // A wins a bare majority {0, 1, 2}: nodes 3 and 4 are busy with another owner.
     set_foreign(&nodes[3], KEY, "other");
     set_foreign(&nodes[4], KEY, "other");
-    let mut a_lease = a.try_acquire().expect("acquire").expect("3 of 5");
+    let mut a_lease = a.try_acquire().expect("3 of 5");
     // A returns once it has a majority; its `SET NX` to nodes 3 and 4 may still be on the way.
     // Let them land (refused: the key is the other owner's) before clearing those nodes, or a
     // late one would give A node 3 or 4 after all.
@@ -872,7 +872,7 @@ fn restart_without_persistence_immediate_vs_delayed() {
 
     // Immediate restart of node 0: it forgets A's key, and B wins {0, 3, 4}.
     nodes[0].restart();
-    let b_lease = b.try_acquire().expect("acquire").expect("B wins too");
+    let b_lease = b.try_acquire().expect("B wins too");
     assert!(
         !a_lease.is_expired(),
         "A's lease is still valid by its clock"
@@ -901,7 +901,7 @@ fn restart_without_persistence_immediate_vs_delayed() {
     del(&nodes[4], KEY);
     nodes[0].kill();
     assert!(
-        b.try_acquire().expect("acquire").is_none(),
+        b.try_acquire().is_err_and(|e| e.is_contention()),
         "with node 0 down, B cannot outvote A"
     );
     // Until A's TTL has run out.

@@ -22,8 +22,10 @@ fn reentrant(client: &LockClient, key: &str, ttl: Duration) -> ReentrantLock {
         .lock(key)
         .strategy(Strategy::Reentrant)
         .ttl(ttl)
-        .build_reentrant()
+        .build()
         .expect("build reentrant lock")
+        .try_into()
+        .expect("the strategy built")
 }
 
 /// `HGETALL key` as a map.
@@ -258,7 +260,7 @@ fn other_threads_and_clients_are_refused_until_the_last_release() {
             let refused = matches!(lock.try_lock(), Err(LockError::Held { .. }));
             (
                 refused,
-                lock.try_acquire().unwrap().is_none(),
+                lock.try_acquire().is_err_and(|e| e.is_contention()),
                 lock.owner_id(),
             )
         })
@@ -345,12 +347,12 @@ fn a_release_by_a_non_owner_changes_nothing() {
     let mut conn = server.conn();
 
     // Stale leases of other owners: another client's and another thread's, both released.
-    let foreign = other_client.try_acquire().unwrap().expect("free");
+    let foreign = other_client.try_acquire().expect("free");
     assert!(other_client.release(&foreign).unwrap());
     let (thread_lease, thread_owner) = {
         let lock = Arc::clone(&lock);
         thread::spawn(move || {
-            let lease = lock.try_acquire().unwrap().expect("free");
+            let lease = lock.try_acquire().expect("free");
             assert!(lock.release(&lease).unwrap());
             (lease, lock.owner_id())
         })
@@ -395,7 +397,7 @@ fn a_release_by_a_non_owner_changes_nothing() {
     assert!(g1.unlock().unwrap());
     assert!(!raw::exists(&mut conn, key));
     // A lease released already: the owner holds nothing now.
-    let lease = lock.try_acquire().unwrap().unwrap();
+    let lease = lock.try_acquire().unwrap();
     assert!(lock.release(&lease).unwrap());
     assert!(!lock.release(&lease).unwrap());
     assert!(!raw::exists(&mut conn, key));
@@ -434,7 +436,7 @@ fn redisson_and_this_crate_share_the_lock() {
         owner: format!("{}:1", random_uuid()),
     };
     let mut conn = server.conn();
-    let lock = Arc::new(
+    let lock: Arc<ReentrantLock> = Arc::new(
         c.lock(key)
             .strategy(Strategy::Reentrant)
             .ttl(Duration::from_secs(10))
@@ -444,7 +446,9 @@ fn redisson_and_this_crate_share_the_lock() {
                     .fixed_delay(Duration::from_secs(5))
                     .max_wait(Some(Duration::from_secs(30))),
             )
-            .build_reentrant()
+            .build()
+            .unwrap()
+            .try_into()
             .unwrap(),
     );
 
@@ -539,7 +543,7 @@ fn fences_increase_across_holders_and_stay_on_reentry() {
             .strategy(Strategy::Reentrant)
             .ttl(Duration::from_secs(10))
             .fencing()
-            .build_reentrant()
+            .build()
             .unwrap()
     };
     let (a, b) = (Arc::new(fenced(&c1)), fenced(&c2));
@@ -591,12 +595,14 @@ fn a_key_of_another_type_is_wrong_type() {
     let mut conn = server.conn();
     let key = "re:string";
     raw::set(&mut conn, key, b"not a hash");
-    let lock = c
+    let lock: ReentrantLock = c
         .lock(key)
         .strategy(Strategy::Reentrant)
         .ttl(Duration::from_secs(10))
         .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(5))))
-        .build_reentrant()
+        .build()
+        .unwrap()
+        .try_into()
         .unwrap();
     let wrong =
         |r: Result<_, LockError>| matches!(r, Err(LockError::WrongType { key: k }) if k == key);
@@ -675,11 +681,13 @@ fn watched_holds_are_renewed_while_any_hold_of_the_owner_lives() {
     let c = client(&server);
     let key = "re:watched";
     let lease = Duration::from_millis(600);
-    let lock = c
+    let lock: ReentrantLock = c
         .lock(key)
         .strategy(Strategy::Reentrant)
         .watchdog_lease(lease)
-        .build_reentrant()
+        .build()
+        .unwrap()
+        .try_into()
         .unwrap();
     assert!(lock.is_watched());
     let mut conn = server.conn();
@@ -729,12 +737,14 @@ fn cluster_hash_tag_keeps_channel_and_fence_in_the_key_slot() {
     assert_eq!(cluster.keyslot(fence_key), slot);
     assert_eq!(redisson_channel(key), channel, "Redisson's own name for it");
 
-    let lock = c
+    let lock: ReentrantLock = c
         .lock(key)
         .strategy(Strategy::Reentrant)
         .ttl(Duration::from_secs(10))
         .fencing()
-        .build_reentrant()
+        .build()
+        .unwrap()
+        .try_into()
         .unwrap();
     // The node serving the slot holds the lock hash and the fencing counter.
     let mut node = cluster.conn_for_key(key);

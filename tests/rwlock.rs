@@ -43,7 +43,8 @@ fn client(server: &RedisServer) -> LockClient {
 }
 
 fn rw(client: &LockClient, key: &str, ttl: Duration) -> ReadWriteLock {
-    ReadWriteLock::builder(client, key)
+    client
+        .rw_lock(key)
         .ttl(ttl)
         .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(20))))
         .build()
@@ -489,7 +490,7 @@ fn only_the_owner_releases_its_hold() {
     assert_eq!(fields_with(&before, "r:").len(), 2, "{before:?}");
 
     // A lease of another lock (a Token lock's random token) releases nothing here.
-    let token = c.lock("rw:owner:token").build_token().unwrap();
+    let token = c.lock("rw:owner:token").build().unwrap();
     let foreign = token.try_lock().unwrap().into_lease();
     assert!(!b.read_lock().release(&foreign).unwrap());
     assert!(!b.write_lock().release(&foreign).unwrap());
@@ -645,7 +646,7 @@ fn a_writer_is_not_starved_by_overlapping_readers() {
             .load(Ordering::SeqCst)
             >= 4));
         let c = client(&server);
-        let mut b = ReadWriteLock::builder(&c, key).ttl(Duration::from_secs(5));
+        let mut b = c.rw_lock(key).ttl(Duration::from_secs(5));
         if let Some(intent) = intent {
             b = b.writer_intent(intent);
         }
@@ -893,7 +894,7 @@ fn guards_check_extend_and_report_loss() {
     let mut conn = server.conn();
     let key = "rw:guard";
     let c = client(&server);
-    let lock = ReadWriteLock::new(&c, key).unwrap();
+    let lock = c.rw_lock(key).build().unwrap();
     // Without an explicit ttl, holds are watched with the watchdog's lease.
     assert_eq!(lock.ttl(), WATCHDOG_DEFAULT_LEASE);
     assert!(lock.is_watched());
@@ -937,7 +938,7 @@ fn guards_check_extend_and_report_loss() {
         assert!(lock.write_lock().try_lock().unwrap().unlock().unwrap());
     }
     let write = t.elapsed() / CYCLES;
-    let token = c.lock("rw:guard:token").build_token().unwrap();
+    let token = c.lock("rw:guard:token").build().unwrap();
     let t = Instant::now();
     for _ in 0..CYCLES {
         assert!(token.try_lock().unwrap().unlock().unwrap());
@@ -1016,25 +1017,18 @@ fn wrong_types_foreign_hashes_and_bad_input_are_errors() {
     }
 
     // Bad input, before anything is sent.
-    assert_invalid(ReadWriteLock::new(&c, ""), "empty");
+    assert_invalid(c.rw_lock("").build(), "empty");
+    assert_invalid(c.rw_lock("k").ttl(Duration::ZERO).build(), "ttl");
     assert_invalid(
-        ReadWriteLock::builder(&c, "k").ttl(Duration::ZERO).build(),
-        "ttl",
-    );
-    assert_invalid(
-        ReadWriteLock::builder(&c, "k")
-            .ttl(MAX_TTL + Duration::from_secs(1))
-            .build(),
+        c.rw_lock("k").ttl(MAX_TTL + Duration::from_secs(1)).build(),
         "MAX_TTL",
     );
     assert_invalid(
-        ReadWriteLock::builder(&c, "k")
-            .writer_intent(MAX_TTL * 2)
-            .build(),
+        c.rw_lock("k").writer_intent(MAX_TTL * 2).build(),
         "writer_intent",
     );
     assert_invalid(
-        ReadWriteLock::builder(&c, "k")
+        c.rw_lock("k")
             .retry(RetryPolicy::standard().backoff(
                 Duration::from_millis(10),
                 Duration::from_millis(1),
@@ -1098,8 +1092,8 @@ fn works_on_a_three_master_cluster() {
     assert_held(third.write_lock().try_lock());
     assert!(r.unlock().unwrap());
     assert!(!raw::exists(&mut conn, key));
-    assert_invalid(ReadWriteLock::new(&c, "rw{open"), "hash tag");
-    assert_invalid(ReadWriteLock::new(&c, "rw{}empty"), "hash tag");
+    assert_invalid(c.rw_lock("rw{open").build(), "hash tag");
+    assert_invalid(c.rw_lock("rw{}empty").build(), "hash tag");
 
     // A short hammer on one key.
     let key = cluster.key_on(1, "rw:cluster-hammer");
@@ -1131,7 +1125,8 @@ fn watched_holds_are_renewed_while_held_and_expire_when_dropped() {
     let mut conn = server.conn();
     let key = "rw:watched";
     let c = client(&server);
-    let lock = ReadWriteLock::builder(&c, key)
+    let lock = c
+        .rw_lock(key)
         .watchdog_lease(Duration::from_millis(600))
         .build()
         .unwrap();
@@ -1172,11 +1167,9 @@ fn waiting_writer_is_woken_by_the_readers_release() {
     let server = RedisServer::start();
     let key = "rw:wake";
     let (a, b) = (client(&server), client(&server));
-    let readers = ReadWriteLock::builder(&a, key)
-        .ttl(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let writers = ReadWriteLock::builder(&b, key)
+    let readers = a.rw_lock(key).ttl(Duration::from_secs(30)).build().unwrap();
+    let writers = b
+        .rw_lock(key)
         .ttl(Duration::from_secs(30))
         .retry(
             RetryPolicy::standard()

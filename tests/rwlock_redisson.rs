@@ -397,7 +397,8 @@ fn client(server: &RedisServer) -> LockClient {
 }
 
 fn rw(client: &LockClient, key: &str, ttl: Duration) -> ReadWriteLock {
-    ReadWriteLock::builder(client, key)
+    client
+        .rw_lock(key)
         .ttl(ttl)
         .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(20))))
         .build()
@@ -718,7 +719,7 @@ fn waiters_are_woken_on_redissons_channel_both_ways() {
     // not cut to half an intent.
     let slow = |c: &LockClient| {
         Arc::new(
-            ReadWriteLock::builder(c, key)
+            c.rw_lock(key)
                 .ttl(Duration::from_secs(20))
                 .writer_intent(Duration::ZERO)
                 .retry(
@@ -842,7 +843,7 @@ fn build_state(
         } else {
             l.read_lock().try_acquire()
         };
-        (Arc::clone(l), lease.unwrap().expect("state hold"), write)
+        (Arc::clone(l), lease.expect("state hold"), write)
     };
     let mut waiter = None;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1071,8 +1072,8 @@ fn a_release_sent_twice_with_one_latch_gives_back_one_hold() {
     let mut conn = server.conn();
     let key = "rwr:latch";
     let lock = rw(&c, key, Duration::from_secs(10));
-    let r1 = lock.read_lock().try_acquire().unwrap().unwrap();
-    let _r2 = lock.read_lock().try_acquire().unwrap().unwrap();
+    let r1 = lock.read_lock().try_acquire().unwrap();
+    let _r2 = lock.read_lock().try_acquire().unwrap();
     let owner = owner_of(&r1);
     let latch = format!("redisson_unlock_latch:{{{key}}}:{}", random_uuid());
     let send = |conn: &mut redis::Connection| -> Vec<i64> {
@@ -1193,8 +1194,8 @@ fn a_release_resent_after_a_lost_reply_gives_back_one_hold() {
         } else {
             lock.read_lock()
         };
-        let l1 = side.try_acquire().unwrap().expect("first hold");
-        let l2 = side.try_acquire().unwrap().expect("second hold");
+        let l1 = side.try_acquire().expect("first hold");
+        let l2 = side.try_acquire().expect("second hold");
         let field = if write {
             format!("{}:write", owner_of(&l1))
         } else {

@@ -21,6 +21,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{
     DistributedLock, Encoding, LockClient, LockError, LockGuard, ReplicaAcks, RetryPolicy,
     Strategy, Takeover,
@@ -59,16 +61,19 @@ fn assert_held<T: std::fmt::Debug>(r: Result<T, LockError>, what: &str) {
 }
 
 /// A lock of every strategy and Classic variant, on keys `{prefix}:<variant>`.
-fn variants(client: &LockClient, prefix: &str, ttl: Duration) -> Vec<Box<dyn DistributedLock>> {
+fn variants(client: &LockClient, prefix: &str, ttl: Duration) -> Vec<Lock> {
     let classic = |name: &str, enc, takeover, key_ttl: bool| {
         let b = client
             .lock(format!("{prefix}:{name}"))
-            .strategy(Strategy::Classic)
+            .strategy(Strategy::Classic(
+                ClassicOptions::new()
+                    .encoding(enc)
+                    .takeover(takeover)
+                    .key_ttl(key_ttl),
+            ))
             .ttl(ttl)
-            .retry(RetryPolicy::no_wait())
-            .encoding(enc)
-            .takeover(takeover);
-        if key_ttl { b.key_ttl() } else { b }.build().unwrap()
+            .retry(RetryPolicy::no_wait());
+        b.build().unwrap()
     };
     vec![
         client
@@ -95,7 +100,7 @@ fn variants(client: &LockClient, prefix: &str, ttl: Duration) -> Vec<Box<dyn Dis
 }
 
 /// A lock of `client` on `key` that does not wait (the default lifetime).
-fn no_wait_lock(client: &LockClient, key: &str) -> Box<dyn DistributedLock> {
+fn no_wait_lock(client: &LockClient, key: &str) -> Lock {
     client
         .lock(key)
         .retry(RetryPolicy::no_wait())
@@ -105,11 +110,7 @@ fn no_wait_lock(client: &LockClient, key: &str) -> Box<dyn DistributedLock> {
 
 /// The holder's side: a Token lock on `{prefix}:token` and a Classic lock (compare-and-set
 /// takeover) on `{prefix}:classic`, both with lifetime `ttl`.
-fn holder_locks(
-    client: &LockClient,
-    prefix: &str,
-    ttl: Duration,
-) -> (Box<dyn DistributedLock>, Box<dyn DistributedLock>) {
+fn holder_locks(client: &LockClient, prefix: &str, ttl: Duration) -> (Lock, Lock) {
     let token = client
         .lock(format!("{prefix}:token"))
         .ttl(ttl)
@@ -117,8 +118,9 @@ fn holder_locks(
         .unwrap();
     let classic = client
         .lock(format!("{prefix}:classic"))
-        .strategy(Strategy::Classic)
-        .takeover(Takeover::CompareAndSet)
+        .strategy(Strategy::Classic(
+            ClassicOptions::new().takeover(Takeover::CompareAndSet),
+        ))
         .ttl(ttl)
         .build()
         .unwrap();
@@ -127,11 +129,7 @@ fn holder_locks(
 
 /// The contender's side: Token and Classic (default takeover) locks on the keys of
 /// [`holder_locks`] that do not wait, with lifetime `ttl` (`None`: each strategy's default).
-fn contender_locks(
-    client: &LockClient,
-    prefix: &str,
-    ttl: Option<Duration>,
-) -> (Box<dyn DistributedLock>, Box<dyn DistributedLock>) {
+fn contender_locks(client: &LockClient, prefix: &str, ttl: Option<Duration>) -> (Lock, Lock) {
     let build = |builder: redis_dlock::LockBuilder| {
         let builder = match ttl {
             Some(ttl) => builder.ttl(ttl),
@@ -144,7 +142,7 @@ fn contender_locks(
         build(
             client
                 .lock(format!("{prefix}:classic"))
-                .strategy(Strategy::Classic),
+                .strategy(Strategy::Classic(ClassicOptions::new())),
         ),
     )
 }
@@ -294,7 +292,7 @@ fn locks_work_through_sentinel_and_again_after_the_master_is_killed() {
     let old_port = set.server(0).port();
     set.server_mut(0).kill();
     let probe = no_wait_lock(&a, "probe");
-    let recovery = until_it_works_again(probe.as_ref());
+    let recovery = until_it_works_again(&probe);
     recovery.report("master killed");
     assert!(!recovery.errors.is_empty(), "the failover was noticed");
     assert_eq!(
@@ -336,7 +334,7 @@ fn the_same_client_recovers_when_the_old_master_freezes() {
     set.sentinels()[0].pause();
     server0.pause();
     let probe = no_wait_lock(&a, "probe");
-    let recovery = until_it_works_again(probe.as_ref());
+    let recovery = until_it_works_again(&probe);
     recovery.report("master frozen");
     assert_eq!(set.wait_for_failover(old_port, RECOVERY), Some(1));
     let mut conn = server1.conn();
@@ -351,7 +349,7 @@ fn the_same_client_recovers_when_the_old_master_freezes() {
     // timeout (and may fail that first call); then it works.
     let b = client(&set);
     let probe_b = no_wait_lock(&b, "probe-b");
-    until_it_works_again(probe_b.as_ref());
+    until_it_works_again(&probe_b);
     every_variant_works(server1, &a, &b, "after");
 }
 
@@ -428,7 +426,7 @@ fn an_acquire_no_replica_confirmed_is_refused_and_undone() {
 
     // The master dies; the replica is promoted: b takes the locks, and a holds nothing.
     kill_master_promote_replica(&mut set);
-    for gb in take_both(token_b.as_ref(), classic_b.as_ref()) {
+    for gb in take_both(&token_b, &classic_b) {
         let key = gb.key().to_owned();
         assert!(gb.unlock().unwrap(), "{key}: b's hold was intact");
     }
@@ -470,7 +468,7 @@ fn a_failover_before_replication_grants_the_same_lock_twice() {
     }
 
     // Client b acquires the same locks while a's leases are still valid: two holders at once.
-    let granted_b = take_both(token_b.as_ref(), classic_b.as_ref());
+    let granted_b = take_both(&token_b, &classic_b);
     for (ga, gb) in held.iter().zip(&granted_b) {
         assert!(
             ga.remaining() > Duration::from_secs(30),
@@ -528,7 +526,7 @@ fn a_fair_release_lost_by_a_failover_is_done_again_on_the_new_master() {
             .strategy(Strategy::Fair)
             .fencing()
             .ttl(Duration::from_secs(60))
-            .build_fair()
+            .build()
             .unwrap()
     };
     let (la, lb) = (fair(&a), fair(&b));
@@ -639,7 +637,7 @@ fn a_master_named_without_an_announcement_is_followed() {
     init_logging();
     let set = Sentinel::start(1, 1);
     let c = client(&set);
-    let lock = c.lock("periodic").build_token().unwrap();
+    let lock = c.lock("periodic").build().unwrap();
     let (mut old, mut new) = (set.server(0).conn(), set.server(1).conn());
     // The hold's own value at the key (a refused, unconfirmed write may stay on the old
     // master until it expires: its undo goes where the client goes).
@@ -706,12 +704,8 @@ fn a_token_hold_released_on_the_old_master_only_is_found_after_later_sections() 
     // off would be refused with it (see `an_acquire_no_replica_confirmed_is_refused_and_undone`),
     // and this test is about the release that a failover loses.
     let (a, b) = (client_with(&set, ReplicaAcks::Off), client(&set));
-    let token = |c: &LockClient, key: &str| {
-        c.lock(key)
-            .ttl(Duration::from_secs(60))
-            .build_token()
-            .unwrap()
-    };
+    let token =
+        |c: &LockClient, key: &str| c.lock(key).ttl(Duration::from_secs(60)).build().unwrap();
     let (stale_key, live_key) = ("token-switch", "token-switch-live");
     let (la, lb) = (token(&a, stale_key), token(&b, stale_key));
     let live = token(&a, live_key);

@@ -148,12 +148,12 @@ fn user_without_scripting() {
         .lock("setup:noscript")
         .watchdog_lease(Duration::from_millis(600))
         .check_access()
-        .build_token()
+        .build()
         .expect("a Token lock without fencing");
     let waiter = client
         .lock("setup:noscript")
         .retry(RetryPolicy::standard().fixed_delay(Duration::from_millis(20)))
-        .build_token()
+        .build()
         .unwrap();
     let mut guard = lock.try_lock().expect("acquire");
     // Past the lease by renewals alone.
@@ -186,7 +186,7 @@ fn user_without_scripting() {
     let err = client
         .lock("setup:noscript:f")
         .fencing()
-        .build_token()
+        .build()
         .expect_err("fencing runs a script");
     assert!(matches!(err, LockError::Config { .. }), "{err:?}");
     // A user denied DELIFEQ as well is told so by check_access(), without scripts.
@@ -199,7 +199,7 @@ fn user_without_scripting() {
     let err = client
         .lock("setup:noscript")
         .check_access()
-        .build_token()
+        .build()
         .expect_err("DELIFEQ denied");
     assert!(err.report().contains("DELIFEQ"), "{}", err.report());
 }

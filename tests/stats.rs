@@ -9,9 +9,10 @@ use std::thread;
 use std::time::Duration;
 
 use redis_dlock::test_hooks::Event;
+use redis_dlock::ClassicOptions;
 use redis_dlock::{
-    DistributedLock, Encoding, LockClient, LockError, ReadWriteLock, RedLockClient, RetryPolicy,
-    Stats, Strategy, Takeover,
+    DistributedLock, Encoding, LockClient, LockError, RedLockClient, RetryPolicy, Stats, Strategy,
+    Takeover,
 };
 use support::expiry::{encode, epoch_ms};
 use support::{init_logging, raw, wait_event, wait_until, RedisServer, EVENT_TIMEOUT};
@@ -80,7 +81,7 @@ fn every_lock_type_counts() {
     assert_eq!((s.acquires, s.refusals), (2, 1));
 
     // Read-write: two readers, a refused writer.
-    let rw = ReadWriteLock::new(&b, "stats:rw").unwrap();
+    let rw = b.rw_lock("stats:rw").build().unwrap();
     let r1 = rw.read_lock().try_lock().unwrap();
     let rw2 = rw.clone();
     let r2 = thread::spawn(move || rw2.read_lock().try_lock().map(|g| g.into_lease()))
@@ -332,8 +333,7 @@ fn classic_takeovers() {
         raw::set(&mut conn, key, &stale());
         let lock = c
             .lock(key)
-            .strategy(Strategy::Classic)
-            .takeover(takeover)
+            .strategy(Strategy::Classic(ClassicOptions::new().takeover(takeover)))
             .build()
             .unwrap();
         assert!(lock.try_lock().unwrap().unlock().unwrap());
@@ -351,7 +351,7 @@ fn classic_takeovers() {
     let racer = LockClient::open(proxy.url()).unwrap();
     let lock = racer
         .lock("stats:race")
-        .strategy(Strategy::Classic)
+        .strategy(Strategy::Classic(ClassicOptions::new()))
         .build()
         .unwrap();
     raw::set(&mut conn, "stats:race", &stale());

@@ -5,7 +5,7 @@
 mod support;
 
 use redis_dlock::redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
-use redis_dlock::{LockClient, LockError};
+use redis_dlock::{DistributedLock, LockClient, LockError};
 use support::{init_logging, RedisServer};
 
 /// A client works: it takes and releases a lock.

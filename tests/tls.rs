@@ -11,6 +11,8 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, RedLockClient, RetryPolicy, Strategy, TokenLock,
 };
@@ -36,8 +38,10 @@ fn slow_poller(client: &LockClient, key: &str, poll: Duration) -> TokenLock {
         .lock(key)
         .ttl(Duration::from_secs(30))
         .retry(RetryPolicy::standard().fixed_delay(poll).jitter(false))
-        .build_token()
+        .build()
         .expect("build token lock")
+        .try_into()
+        .expect("the strategy built")
 }
 
 fn channel(key: &str) -> String {
@@ -101,7 +105,11 @@ fn lock_and_unlock_over_tls() {
     let client = tls_client(&server, &pki, false);
     let other = tls_client(&server, &pki, false);
     let mut admin = server.conn();
-    for strategy in [Strategy::Token, Strategy::Classic, Strategy::Reentrant] {
+    for strategy in [
+        Strategy::Token,
+        Strategy::Classic(ClassicOptions::new()),
+        Strategy::Reentrant,
+    ] {
         let key = format!("tls:lock:{strategy:?}");
         let lock = client
             .lock(&key)
@@ -143,12 +151,12 @@ fn pubsub_wakes_a_waiter_over_tls_on_one_subscriber_connection() {
     );
     let mut admin = server.conn();
     let keys = ["tls:wake:1", "tls:wake:2"];
-    let holders: Vec<TokenLock> = keys
+    let holders: Vec<Lock> = keys
         .iter()
         .map(|k| {
             a.lock(*k)
                 .ttl(Duration::from_secs(30))
-                .build_token()
+                .build()
                 .expect("build")
         })
         .collect();
@@ -381,7 +389,7 @@ fn sentinel_over_tls() {
     let holder = a
         .lock(key)
         .ttl(Duration::from_secs(30))
-        .build_token()
+        .build()
         .expect("build");
     let held = holder.try_lock().expect("lock through the Sentinel");
     assert!(raw::exists(&mut admin, key));
@@ -447,7 +455,7 @@ fn cluster_over_tls() {
     let holder = client
         .lock(&key)
         .ttl(Duration::from_secs(30))
-        .build_token()
+        .build()
         .expect("build");
     let held = holder.try_lock().expect("holder");
     let other = LockClient::cluster_builder(&tls_urls)

@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
+use redis_dlock::Lock;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, RetryPolicy, Strategy, TokenLock, MAX_TTL,
     WATCHDOG_DEFAULT_LEASE,
@@ -22,8 +23,10 @@ fn token_lock(client: &LockClient, key: &str, ttl: Duration) -> TokenLock {
     client
         .lock(key)
         .ttl(ttl)
-        .build_token()
+        .build()
         .expect("build token lock")
+        .try_into()
+        .expect("the strategy built")
 }
 
 fn is_lower_hex_token(v: &[u8]) -> bool {
@@ -53,7 +56,7 @@ fn acquire_then_second_try_lock_is_held() {
     // The same lock object is not reentrant either.
     assert!(matches!(a.try_lock(), Err(LockError::Held { .. })));
     // try_acquire reports contention as Ok(None).
-    assert!(b.try_acquire().expect("try_acquire").is_none());
+    assert!(b.try_acquire().is_err_and(|e| e.is_contention()));
 
     let mut conn = server.conn();
     assert_eq!(
@@ -78,7 +81,7 @@ fn lock_times_out_with_small_retry_policy() {
     let counted = c
         .lock("tok:timeout")
         .retry(RetryPolicy::standard().max_wait(None).max_retries(Some(3)))
-        .build_token()
+        .build()
         .unwrap();
     match counted.lock() {
         Err(LockError::Timeout {
@@ -101,7 +104,7 @@ fn lock_times_out_with_small_retry_policy() {
                 .max_wait(Some(Duration::from_millis(200)))
                 .fixed_delay(Duration::from_millis(20)),
         )
-        .build_token()
+        .build()
         .unwrap();
     let started = Instant::now();
     let err = timed.lock().expect_err("must time out");
@@ -132,7 +135,7 @@ fn lock_times_out_with_small_retry_policy() {
     let once = c
         .lock("tok:timeout")
         .retry(RetryPolicy::no_wait())
-        .build_token()
+        .build()
         .unwrap();
     assert!(matches!(
         once.lock(),
@@ -180,7 +183,7 @@ fn release_returns_true_and_deletes_the_key() {
     assert_eq!(raw::get(&mut conn, "tok:release"), None);
 
     // Low-level API: release twice, the second finds nothing.
-    let lease = lock.try_acquire().unwrap().expect("free");
+    let lease = lock.try_acquire().expect("free");
     assert!(lock.release(&lease).unwrap());
     assert!(!lock.release(&lease).unwrap());
     assert_eq!(raw::get(&mut conn, "tok:release"), None);
@@ -324,7 +327,7 @@ fn expired_lock_goes_to_another_owner_and_first_unlock_is_false() {
     let second = c2
         .lock("tok:expiry")
         .ttl(Duration::from_secs(10))
-        .build_token()
+        .build()
         .unwrap();
     let mut conn = server.conn();
 
@@ -427,7 +430,7 @@ fn usable_as_box_and_arc_dyn_across_threads() {
     let server = RedisServer::start();
     let c = client(&server);
 
-    let boxed: Box<dyn DistributedLock> = c
+    let boxed: Lock = c
         .lock("tok:dyn")
         .strategy(Strategy::Token)
         .ttl(Duration::from_secs(10))
@@ -506,7 +509,7 @@ fn defaults_and_ttl_rounding() {
     init_logging();
     let server = RedisServer::start();
     let c = client(&server);
-    let lock = c.lock("tok:defaults").build_token().unwrap();
+    let lock = c.lock("tok:defaults").build().unwrap();
     // Without an explicit ttl the lock is watched, with the watchdog's lease.
     assert_eq!(lock.ttl(), WATCHDOG_DEFAULT_LEASE);
     assert!(lock.is_watched());
@@ -521,7 +524,7 @@ fn defaults_and_ttl_rounding() {
     let lock = c
         .lock("tok:defaults")
         .ttl(Duration::from_micros(2_999))
-        .build_token()
+        .build()
         .unwrap();
     assert_eq!(lock.ttl(), Duration::from_millis(2));
 }
@@ -556,7 +559,7 @@ fn wrong_type_key() {
                 .max_wait(Some(Duration::from_millis(100)))
                 .fixed_delay(Duration::from_millis(10)),
         )
-        .build_token()
+        .build()
         .unwrap();
     let err = lock.lock().expect_err("a hash can never be locked");
     assert!(
@@ -576,7 +579,7 @@ fn wrong_type_key() {
     let patient = c
         .lock("tok:hash")
         .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(30))))
-        .build_token()
+        .build()
         .unwrap();
     let t = std::time::Instant::now();
     let err = patient.lock().expect_err("wrong type");
@@ -699,7 +702,7 @@ fn a_stale_hold_of_this_client_is_cleared_by_its_next_acquire() {
         .lock(key)
         .ttl(Duration::from_secs(60))
         .fencing()
-        .build_token()
+        .build()
         .unwrap();
     let g = fenced.try_lock().expect("cleared by the script's attempt");
     assert!(g.fence().is_some());
@@ -727,7 +730,7 @@ fn cycle_calls(server: &RedisServer, client: &LockClient) -> [i64; 5] {
         .lock("tok:native")
         .ttl(Duration::from_secs(5))
         .retry(RetryPolicy::standard().fixed_delay(Duration::from_millis(20)))
-        .build_token()
+        .build()
         .unwrap();
     let r = waiter.try_lock_for(Duration::from_millis(150));
     assert!(matches!(r, Err(LockError::Timeout { .. })), "{r:?}");

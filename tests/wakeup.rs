@@ -31,8 +31,10 @@ fn holder_lock(client: &LockClient, key: &str, ttl: Duration) -> TokenLock {
     client
         .lock(key)
         .ttl(ttl)
-        .build_token()
+        .build()
         .expect("build token lock")
+        .try_into()
+        .expect("the strategy built")
 }
 
 /// A lock whose waits poll only every `poll` (no jitter).
@@ -41,8 +43,10 @@ fn slow_poller(client: &LockClient, key: &str, poll: Duration) -> TokenLock {
         .lock(key)
         .ttl(Duration::from_secs(30))
         .retry(RetryPolicy::standard().fixed_delay(poll).jitter(false))
-        .build_token()
+        .build()
         .expect("build token lock")
+        .try_into()
+        .expect("the strategy built")
 }
 
 fn channel(key: &str) -> String {
@@ -534,7 +538,7 @@ fn a_waiter_does_not_wait_for_a_subscribe_queued_behind_a_read() {
                     .fixed_delay(Duration::from_millis(10))
                     .jitter(false),
             )
-            .build_token()
+            .build()
             .expect("build token lock")
     };
     let (w1, w2) = (poller(&c), poller(&c));

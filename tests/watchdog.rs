@@ -13,6 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, LossReason, LostLock};
 use support::worker::{self, WorkerProcess};
 use support::{init_logging, raw, wait_until, RedisServer};
@@ -47,7 +48,7 @@ fn no_watchdog_threads() {
     );
 }
 
-fn watched(client: &LockClient, key: &str, lease: Duration) -> Box<dyn DistributedLock> {
+fn watched(client: &LockClient, key: &str, lease: Duration) -> Lock {
     client
         .lock(key)
         .watchdog_lease(lease)
@@ -58,12 +59,7 @@ fn watched(client: &LockClient, key: &str, lease: Duration) -> Box<dyn Distribut
 /// Every `on_lost` call: (key, reason).
 type Losses = Arc<Mutex<Vec<(String, LossReason)>>>;
 
-fn watched_reporting(
-    client: &LockClient,
-    key: &str,
-    lease: Duration,
-    losses: &Losses,
-) -> Box<dyn DistributedLock> {
+fn watched_reporting(client: &LockClient, key: &str, lease: Duration, losses: &Losses) -> Lock {
     let losses = Arc::clone(losses);
     client
         .lock(key)

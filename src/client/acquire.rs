@@ -30,7 +30,7 @@ pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
         lock,
         line,
         attempts,
-        || lock.try_acquire().map(Attempt::from),
+        || Attempt::from_try(lock.try_acquire()),
         |_| on_give_up(),
     )
 }

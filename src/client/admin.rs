@@ -1,6 +1,6 @@
 //! The server-side queries every lock answers, whoever holds it: [`LockState`], and the
-//! one-round-trip reads and deletes behind [`DistributedLock::state`](crate::DistributedLock::state)
-//! and [`DistributedLock::force_unlock`](crate::DistributedLock::force_unlock).
+//! one-round-trip reads and deletes behind [`LockAdmin::state`](crate::LockAdmin::state)
+//! and [`LockAdmin::force_unlock`](crate::LockAdmin::force_unlock).
 
 use std::time::Duration;
 

@@ -73,7 +73,7 @@ pub(crate) const TOKEN_PREFIX_LEN: usize = 16;
 /// [`LockClient::lock`].
 ///
 /// ```no_run
-/// use redis_dlock::{LockClient, Strategy};
+/// use redis_dlock::{DistributedLock, LockClient, Strategy};
 /// # fn main() -> Result<(), redis_dlock::LockError> {
 /// let client = LockClient::open("redis://127.0.0.1:6379/")?;
 /// let lock = client.lock("orders:42").strategy(Strategy::Token).build()?;

@@ -58,8 +58,25 @@ pub enum Takeover {
     CompareAndSet,
 }
 
-/// Options of [`Strategy::Classic`](crate::Strategy::Classic); set through [`LockBuilder`](crate::LockBuilder).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// The options only [`Strategy::Classic`](crate::Strategy::Classic) has, carried by it:
+///
+/// ```
+/// use std::time::Duration;
+/// use redis_dlock::{ClassicOptions, Encoding, Strategy, Takeover};
+///
+/// let strategy = Strategy::Classic(
+///     ClassicOptions::new()
+///         .encoding(Encoding::BigEndian)
+///         .takeover(Takeover::CompareAndSet)
+///         .clock_skew(Duration::from_secs(1)),
+/// );
+/// # let _ = strategy;
+/// ```
+///
+/// The lifetime (the legacy lockers' "timeout") and the retries are the lock's own
+/// ([`LockBuilder::ttl`](crate::LockBuilder::ttl), [`LockBuilder::retry`](crate::LockBuilder::retry)),
+/// with Classic's defaults: [`CLASSIC_DEFAULT_TTL`] and [`RetryPolicy::legacy`](crate::RetryPolicy::legacy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ClassicOptions {
     /// Value encoding (default [`Encoding::Decimal`]).
@@ -73,6 +90,42 @@ pub struct ClassicOptions {
     /// Added to the stored expiry so peers with clocks up to this far ahead do not take the
     /// lock over early (some legacy lockers use 1 s). Default zero.
     pub clock_skew: Duration,
+}
+
+impl ClassicOptions {
+    /// The defaults: decimal values, GETSET takeover, no key TTL, no clock-skew allowance.
+    pub const fn new() -> Self {
+        ClassicOptions {
+            encoding: Encoding::Decimal,
+            takeover: Takeover::GetSet,
+            key_ttl: false,
+            clock_skew: Duration::ZERO,
+        }
+    }
+
+    /// The value encoding.
+    pub const fn encoding(mut self, encoding: Encoding) -> Self {
+        self.encoding = encoding;
+        self
+    }
+
+    /// How stale locks are taken over.
+    pub const fn takeover(mut self, takeover: Takeover) -> Self {
+        self.takeover = takeover;
+        self
+    }
+
+    /// Also set a Redis TTL equal to the lifetime on the key when winning.
+    pub const fn key_ttl(mut self, on: bool) -> Self {
+        self.key_ttl = on;
+        self
+    }
+
+    /// Clock-skew allowance added to the stored expiry.
+    pub const fn clock_skew(mut self, skew: Duration) -> Self {
+        self.clock_skew = skew;
+        self
+    }
 }
 
 /// How often one attempt goes back to `SETNX` when the key vanished between our commands (a
@@ -330,20 +383,9 @@ impl ClassicLock {
     }
 }
 
-impl DistributedLock for ClassicLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.retry
-    }
-
-    fn try_acquire(&self) -> Result<Option<Lease>> {
+impl ClassicLock {
+    /// One attempt: `Ok(None)` when another owner holds the lock.
+    fn try_take(&self) -> Result<Option<Lease>> {
         let start = Instant::now();
         let value = self.expiry_value(self.ttl)?;
         let value = value.as_bytes();
@@ -384,6 +426,24 @@ impl DistributedLock for ClassicLock {
         self.client.counters().outcome_lease(KIND, &result);
         result
     }
+}
+
+impl DistributedLock for ClassicLock {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    fn try_acquire(&self) -> Result<Lease> {
+        crate::lock::taken_or_held(&self.key, self.try_take())
+    }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
         string_value::release(&self.client, KIND, &self.key, None, None, lease)
@@ -411,9 +471,11 @@ impl DistributedLock for ClassicLock {
         this.client.counters().blocking(KIND, &result);
         result
     });
+}
 
+impl crate::lock::LockAdmin for ClassicLock {
     /// Held while the stored expiry has not passed by this client's clock (the rule its
-    /// acquires follow): see [`DistributedLock::state`].
+    /// acquires follow): see [`LockAdmin::state`](crate::LockAdmin::state).
     fn state(&self) -> Result<LockState> {
         let found = admin::read(&self.client, &self.key, Detail::Value)?;
         if found.is_absent() {

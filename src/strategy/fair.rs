@@ -894,20 +894,9 @@ impl FairLock {
     }
 }
 
-impl DistributedLock for FairLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.opts.lease
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.opts.retry
-    }
-
-    fn try_acquire(&self) -> Result<Option<Lease>> {
+impl FairLock {
+    /// One attempt: `Ok(None)` when another owner holds the lock.
+    fn try_take(&self) -> Result<Option<Lease>> {
         let token = self.new_token();
         let mut live = self.client.live_value(&token);
         let lease = if self.quiet() {
@@ -922,6 +911,24 @@ impl DistributedLock for FairLock {
             live.keep(self.opts.lease);
         }
         Ok(lease)
+    }
+}
+
+impl DistributedLock for FairLock {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn ttl(&self) -> Duration {
+        self.opts.lease
+    }
+
+    fn retry_policy(&self) -> &RetryPolicy {
+        &self.opts.retry
+    }
+
+    fn try_acquire(&self) -> Result<Lease> {
+        crate::lock::taken_or_held(&self.key, self.try_take())
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
@@ -1013,7 +1020,9 @@ impl DistributedLock for FairLock {
         this.client.counters().blocking(KIND, &result);
         result
     });
+}
 
+impl crate::lock::LockAdmin for FairLock {
     fn state(&self) -> Result<LockState> {
         hold::state(&self.client, &self.key, "string")
     }

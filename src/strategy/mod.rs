@@ -20,13 +20,13 @@ use std::sync::Arc;
 use crate::client::native::needs_scripts;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lease::{LostCallback, LostLock};
-use crate::lock::{check_lock_options, DistributedLock};
+use crate::lease::{Lease, LostCallback, LostLock};
+use crate::lock::{check_lock_options, DistributedLock, LockAdmin, LockGuard, LockState};
 use crate::retry::RetryPolicy;
 use crate::strategy::hold::HoldOptions;
 use crate::time::check_duration;
 
-/// The locking algorithm.
+/// The locking algorithm, with the options that only it has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Strategy {
@@ -41,8 +41,11 @@ pub enum Strategy {
     Token,
     /// The legacy SETNX + GETSET timestamp lock, wire-compatible with Java lockers on the same
     /// keys: the value is the expiry in epoch milliseconds (`now + ttl + 1`). Default lifetime
-    /// [`CLASSIC_DEFAULT_TTL`], retry policy [`RetryPolicy::legacy`]. See [`ClassicOptions`].
-    Classic,
+    /// [`CLASSIC_DEFAULT_TTL`], retry policy [`RetryPolicy::legacy`]. Carries its own options
+    /// (value encoding, takeover, key TTL, clock skew): `Strategy::Classic(ClassicOptions::new())`
+    /// for the defaults. Never watched, fenced or woken by pub/sub: its legacy peers neither
+    /// renew, count nor publish.
+    Classic(ClassicOptions),
     /// A re-entrant lock in Redisson's `RLock` layout: a hash at the key whose field is the
     /// owner id `<client UUID>:<thread number>` and whose value is the hold count. A thread
     /// that holds it may take it again; it is free when every hold is released. Release
@@ -115,21 +118,22 @@ impl Strategy {
     }
 }
 
-/// Builds one lock. Start from [`LockClient::lock`].
+/// Builds one lock. Start from [`LockClient::lock`]; [`build`](Self::build) makes a [`Lock`].
 ///
-/// | option | default |
-/// | --- | --- |
-/// | [`strategy`](Self::strategy) | [`Strategy::Token`] |
-/// | [`ttl`](Self::ttl) (lifetime) | Token, Reentrant: none, the watchdog renews a lease of [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE) (30 s); Classic: [`CLASSIC_DEFAULT_TTL`] (1 s) |
-/// | [`watchdog_lease`](Self::watchdog_lease) (Token, Reentrant) | [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), renewed every third |
-/// | [`on_lost`](Self::on_lost) (watched locks) | none |
-/// | [`fencing`](Self::fencing) (Token, Reentrant) | off |
-/// | [`wake_up`](Self::wake_up) (Token, Reentrant) | [`WakeUp::PubSub`] |
-/// | [`retry`](Self::retry) | Token, Reentrant: [`RetryPolicy::standard`] (up to 10 s, 4→32 ms jittered); Classic: [`RetryPolicy::legacy`] (5 retries, 200 ms) |
-/// | [`encoding`](Self::encoding) (Classic) | [`Encoding::Decimal`] |
-/// | [`takeover`](Self::takeover) (Classic) | [`Takeover::GetSet`] |
-/// | [`key_ttl`](Self::key_ttl) (Classic) | off |
-/// | [`clock_skew`](Self::clock_skew) (Classic) | 0 |
+/// | option | applies to | default |
+/// | --- | --- | --- |
+/// | [`strategy`](Self::strategy) | | [`Strategy::Token`] |
+/// | [`ttl`](Self::ttl) (lifetime) | every strategy | Token, Reentrant, Fair: none, the watchdog renews a lease of [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE) (30 s); Classic: [`CLASSIC_DEFAULT_TTL`] (1 s) |
+/// | [`retry`](Self::retry) | every strategy | Token, Reentrant, Fair: [`RetryPolicy::standard`] (up to 10 s, 4→32 ms jittered); Classic: [`RetryPolicy::legacy`] (5 retries, 200 ms) |
+/// | [`check_access`](Self::check_access) | every strategy | off |
+/// | [`watchdog_lease`](Self::watchdog_lease) | watched locks (Token, Reentrant, Fair) | [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), renewed every third |
+/// | [`on_lost`](Self::on_lost) | watched locks | none |
+/// | [`fencing`](Self::fencing) | Token, Reentrant, Fair | off |
+/// | [`wake_up`](Self::wake_up) | Token, Reentrant | [`WakeUp::PubSub`] |
+///
+/// Classic's own options travel in [`Strategy::Classic`] ([`ClassicOptions`]). The options of
+/// the watched locks (Token, Reentrant, Fair) given to a Classic lock, and `wake_up` given to a
+/// Fair one, are refused by `build` with [`LockError::Config`].
 #[derive(Clone)]
 #[must_use]
 pub struct LockBuilder {
@@ -138,8 +142,6 @@ pub struct LockBuilder {
     strategy: Strategy,
     ttl: Option<Duration>,
     retry: Option<RetryPolicy>,
-    classic: ClassicOptions,
-    classic_set: bool,
     watchdog_lease: Option<Duration>,
     on_lost: Option<LostCallback>,
     fencing: bool,
@@ -154,7 +156,6 @@ impl std::fmt::Debug for LockBuilder {
             .field("strategy", &self.strategy)
             .field("ttl", &self.ttl)
             .field("retry", &self.retry)
-            .field("classic", &self.classic)
             .field("watchdog_lease", &self.watchdog_lease)
             .field("on_lost", &self.on_lost.is_some())
             .field("fencing", &self.fencing)
@@ -166,22 +167,16 @@ impl std::fmt::Debug for LockBuilder {
 /// The facade's way in: the client's builder of locks. (The client itself, in `client/`, is the
 /// runtime and names no lock type.)
 impl LockClient {
-    /// Starts building a lock on `key`. See [`LockBuilder`] for the options and defaults.
+    /// Starts building a lock on `key`: a mutex by [`Strategy`]. See [`LockBuilder`] for the
+    /// options and defaults. A read-write lock comes from [`rw_lock`](Self::rw_lock), a RedLock
+    /// from [`RedLockClient::lock`](crate::RedLockClient::lock).
     pub fn lock(&self, key: impl Into<String>) -> LockBuilder {
-        LockBuilder::new(self.clone(), key.into())
-    }
-}
-
-impl LockBuilder {
-    pub(crate) fn new(client: LockClient, key: String) -> Self {
         LockBuilder {
-            client,
-            key,
+            client: self.clone(),
+            key: key.into(),
             strategy: Strategy::default(),
             ttl: None,
             retry: None,
-            classic: ClassicOptions::default(),
-            classic_set: false,
             watchdog_lease: None,
             on_lost: None,
             fencing: false,
@@ -189,8 +184,10 @@ impl LockBuilder {
             check_access: false,
         }
     }
+}
 
-    /// The algorithm.
+impl LockBuilder {
+    /// The algorithm, with its own options ([`Strategy::Classic`] carries [`ClassicOptions`]).
     pub fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
         self
@@ -210,38 +207,10 @@ impl LockBuilder {
         self
     }
 
-    /// Classic only: the value encoding.
-    pub fn encoding(mut self, encoding: Encoding) -> Self {
-        self.classic.encoding = encoding;
-        self.classic_set = true;
-        self
-    }
-
-    /// Classic only: how stale locks are taken over.
-    pub fn takeover(mut self, takeover: Takeover) -> Self {
-        self.classic.takeover = takeover;
-        self.classic_set = true;
-        self
-    }
-
-    /// Classic only: also set a Redis TTL equal to the lifetime on the key when winning.
-    pub fn key_ttl(mut self) -> Self {
-        self.classic.key_ttl = true;
-        self.classic_set = true;
-        self
-    }
-
-    /// Classic only: clock-skew allowance added to the stored expiry.
-    pub fn clock_skew(mut self, skew: Duration) -> Self {
-        self.classic.clock_skew = skew;
-        self.classic_set = true;
-        self
-    }
-
-    /// Token and Reentrant: the lease of a watched lock (one built without [`ttl`](Self::ttl)),
+    /// Watched locks (Token, Reentrant, Fair built without [`ttl`](Self::ttl)): the lease,
     /// renewed by the client's watchdog every third of it while the hold lives. Default
-    /// [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE). A holder that dies stops renewing, so its lock frees within
-    /// one lease.
+    /// [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE). A holder that dies stops
+    /// renewing, so its lock frees within one lease.
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
         self.watchdog_lease = Some(lease);
         self
@@ -255,16 +224,17 @@ impl LockBuilder {
         self
     }
 
-    /// Token and Reentrant: each new hold gets a fencing token, a `u64` strictly greater than
-    /// every earlier hold's ([`LockGuard::fence`](crate::LockGuard::fence)), from an `INCR` of
-    /// the counter `dlock_fence:{key}` in the acquire script. See `docs/fencing.md` for how the
-    /// protected resource must check it.
+    /// Token, Reentrant and Fair: each new hold gets a fencing token, a `u64` strictly greater
+    /// than every earlier hold's ([`LockGuard::fence`](crate::LockGuard::fence)), from an `INCR`
+    /// of the counter `dlock_fence:{key}` in the acquire script. See `docs/fencing.md` for how
+    /// the protected resource must check it.
     pub fn fencing(mut self) -> Self {
         self.fencing = true;
         self
     }
 
-    /// Token and Reentrant: how waiters learn of a release (default [`WakeUp::PubSub`]).
+    /// Token and Reentrant: how waiters learn of a release (default [`WakeUp::PubSub`]). Fair
+    /// waiters are always woken by the grant message.
     pub fn wake_up(mut self, wake_up: WakeUp) -> Self {
         self.wake_up = Some(wake_up);
         self
@@ -276,10 +246,12 @@ impl LockBuilder {
     /// [`LockError::Config`] naming the command, its key or channel, and NOPERM, before the
     /// first acquire: without the check, a user who may `SET` but not run the release script or
     /// `PUBLISH` on the channel acquires and then cannot release. Worth calling once at start-up
-    /// with a representative key; docs/production.md lists the rules. For
-    /// [`Strategy::Fair`], whose releases publish grants on other clients' channels, the
-    /// publish is checked on a representative other client's grant channel as well as on this
-    /// client's own (see [`build_fair`](Self::build_fair)).
+    /// with a representative key; docs/production.md lists the rules.
+    ///
+    /// For [`Strategy::Fair`] the check covers the fair lock's key, its queue's two sorted
+    /// sets, the fencing counter, and the grant channels: this client's own
+    /// `dlock_fair_ch:<client id>`, and a representative other client's, since a release
+    /// publishes its grant on the grantee's channel (the ACL needs `&dlock_fair_ch:*`).
     ///
     /// Where the client uses native commands (Valkey: `DELIFEQ`, `SET … IFEQ`), they are
     /// checked too. A client whose user may not run scripts (possible on Valkey 9.0 and later)
@@ -293,24 +265,16 @@ impl LockBuilder {
 
     /// Checks the options and builds the lock. Sends nothing to Redis, unless
     /// [`check_access`](Self::check_access) was asked for.
-    pub fn build(self) -> Result<Box<dyn DistributedLock>> {
+    pub fn build(self) -> Result<Lock> {
         Ok(match self.strategy {
-            Strategy::Token => Box::new(self.build_token()?),
-            Strategy::Classic => Box::new(self.build_classic()?),
-            Strategy::Reentrant => Box::new(self.build_reentrant()?),
-            Strategy::Fair => Box::new(self.build_fair()?),
+            Strategy::Token => Lock::Token(self.build_token()?),
+            Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
+            Strategy::Reentrant => Lock::Reentrant(self.build_reentrant()?),
+            Strategy::Fair => Lock::Fair(self.build_fair()?),
         })
     }
 
-    /// Builds a [`FairLock`] whatever [`strategy`](Self::strategy) says.
-    ///
-    /// With [`check_access`](Self::check_access), the check covers the fair lock's key, its
-    /// queue's two sorted sets, the fencing counter, and the grant channels: this client's own
-    /// `dlock_fair_ch:<client id>`, and a representative other client's, since a release
-    /// publishes its grant on the grantee's channel (the ACL needs `&dlock_fair_ch:*`).
-    /// [`wake_up`](Self::wake_up) is refused ([`LockError::Config`]): fair waiters
-    /// are always woken by the grant message.
-    pub fn build_fair(self) -> Result<FairLock> {
+    fn build_fair(self) -> Result<FairLock> {
         if self.wake_up.is_some() {
             return Err(LockError::config(
                 &self.key,
@@ -327,8 +291,7 @@ impl LockBuilder {
         Ok(lock)
     }
 
-    /// Builds a [`TokenLock`] whatever [`strategy`](Self::strategy) says.
-    pub fn build_token(self) -> Result<TokenLock> {
+    fn build_token(self) -> Result<TokenLock> {
         let opts = self.hold_options()?;
         if opts.fence_key.is_some() {
             needs_scripts(self.client.native(), &self.key, "a Token lock with fencing")?;
@@ -346,8 +309,7 @@ impl LockBuilder {
         Ok(TokenLock::new(self.client, self.key, opts))
     }
 
-    /// Builds a [`ReentrantLock`] whatever [`strategy`](Self::strategy) says.
-    pub fn build_reentrant(self) -> Result<ReentrantLock> {
+    fn build_reentrant(self) -> Result<ReentrantLock> {
         let opts = self.hold_options()?;
         needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
         if self.check_access {
@@ -362,14 +324,8 @@ impl LockBuilder {
         Ok(ReentrantLock::new(self.client, self.key, opts))
     }
 
-    /// The checked options of a Token or reentrant lock.
+    /// The checked options of a Token, Reentrant or Fair lock.
     fn hold_options(&self) -> Result<HoldOptions> {
-        if self.classic_set {
-            return Err(LockError::config(
-                &self.key,
-                "encoding, takeover, key_ttl and clock_skew apply to Strategy::Classic only",
-            ));
-        }
         HoldOptions::checked(
             &self.key,
             self.ttl,
@@ -381,8 +337,7 @@ impl LockBuilder {
         )
     }
 
-    /// Builds a [`ClassicLock`] whatever [`strategy`](Self::strategy) says.
-    pub fn build_classic(self) -> Result<ClassicLock> {
+    fn build_classic(self, opts: ClassicOptions) -> Result<ClassicLock> {
         if self.watchdog_lease.is_some()
             || self.on_lost.is_some()
             || self.fencing
@@ -394,32 +349,173 @@ impl LockBuilder {
                  (its legacy peers neither renew, count nor publish)",
             ));
         }
-        let (ttl, retry) = self.validate(CLASSIC_DEFAULT_TTL, RetryPolicy::legacy())?;
-        check_duration(&self.key, "clock_skew", self.classic.clock_skew, true)?;
+        let (ttl, retry) = check_lock_options(
+            &self.key,
+            self.ttl.unwrap_or(CLASSIC_DEFAULT_TTL),
+            self.retry.clone().unwrap_or_else(RetryPolicy::legacy),
+        )?;
+        check_duration(&self.key, "clock_skew", opts.clock_skew, true)?;
         needs_scripts(self.client.native(), &self.key, "a Classic lock")?;
         if self.check_access {
             let checks = classic::access_checks(&self.client, &self.key);
             crate::client::access::verify(&self.client, &self.key, "Classic", &checks)?;
         }
-        Ok(ClassicLock::new(
-            self.client,
-            self.key,
-            ttl,
-            retry,
-            self.classic,
-        ))
+        Ok(ClassicLock::new(self.client, self.key, ttl, retry, opts))
+    }
+}
+
+/// A lock built by [`LockBuilder::build`]: one variant per [`Strategy`], each the typed lock
+/// with what only that algorithm offers (a [`FairLock`]'s queue key, a [`ReentrantLock`]'s hold
+/// count). `Lock` itself is a [`DistributedLock`] and a [`LockAdmin`]: most code never looks
+/// inside.
+///
+/// ```no_run
+/// use redis_dlock::{DistributedLock, Lock, LockClient, Strategy};
+/// # fn main() -> Result<(), redis_dlock::LockError> {
+/// let client = LockClient::open("redis://127.0.0.1:6379/")?;
+/// let lock = client.lock("jobs:import").strategy(Strategy::Reentrant).build()?;
+/// let _guard = lock.lock()?;
+/// if let Lock::Reentrant(reentrant) = &lock {
+///     assert_eq!(reentrant.hold_count()?, 1);
+/// }
+/// # Ok(()) }
+/// ```
+#[non_exhaustive]
+pub enum Lock {
+    /// [`Strategy::Token`].
+    Token(TokenLock),
+    /// [`Strategy::Classic`].
+    Classic(ClassicLock),
+    /// [`Strategy::Reentrant`].
+    Reentrant(ReentrantLock),
+    /// [`Strategy::Fair`].
+    Fair(FairLock),
+}
+
+/// `$call` on the typed lock inside a [`Lock`], bound to `$l`.
+macro_rules! each {
+    ($lock:expr, |$l:ident| $call:expr) => {
+        match $lock {
+            Lock::Token($l) => $call,
+            Lock::Classic($l) => $call,
+            Lock::Reentrant($l) => $call,
+            Lock::Fair($l) => $call,
+        }
+    };
+}
+
+/// The typed lock's own: `TokenLock { key: .., .. }`.
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        each!(self, |l| l.fmt(f))
+    }
+}
+
+impl Lock {
+    /// The strategy the lock was built with, with its options.
+    pub fn strategy(&self) -> Strategy {
+        match self {
+            Lock::Token(_) => Strategy::Token,
+            Lock::Classic(l) => Strategy::Classic(*l.options()),
+            Lock::Reentrant(_) => Strategy::Reentrant,
+            Lock::Fair(_) => Strategy::Fair,
+        }
     }
 
-    fn validate(
-        &self,
-        default_ttl: Duration,
-        default_retry: RetryPolicy,
-    ) -> Result<(Duration, RetryPolicy)> {
-        check_lock_options(
-            &self.key,
-            self.ttl.unwrap_or(default_ttl),
-            self.retry.clone().unwrap_or(default_retry),
-        )
+    /// True when its holds are renewed by the client's watchdog (built without a `ttl`; never
+    /// for Classic).
+    pub fn is_watched(&self) -> bool {
+        match self {
+            Lock::Token(l) => l.is_watched(),
+            Lock::Classic(_) => false,
+            Lock::Reentrant(l) => l.is_watched(),
+            Lock::Fair(l) => l.is_watched(),
+        }
+    }
+}
+
+/// `FairLock::try_from(lock)` and `<&FairLock>::try_from(&lock)`: the typed lock inside a
+/// [`Lock`], or the `Lock` back when it is of another strategy.
+macro_rules! typed {
+    ($($variant:ident($ty:ty)),*) => {$(
+        impl TryFrom<Lock> for $ty {
+            type Error = Lock;
+            fn try_from(lock: Lock) -> std::result::Result<Self, Lock> {
+                match lock {
+                    Lock::$variant(l) => Ok(l),
+                    other => Err(other),
+                }
+            }
+        }
+
+        impl<'a> TryFrom<&'a Lock> for &'a $ty {
+            type Error = &'a Lock;
+            fn try_from(lock: &'a Lock) -> std::result::Result<Self, &'a Lock> {
+                match lock {
+                    Lock::$variant(l) => Ok(l),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+
+typed!(
+    Token(TokenLock),
+    Classic(ClassicLock),
+    Reentrant(ReentrantLock),
+    Fair(FairLock)
+);
+
+impl DistributedLock for Lock {
+    fn key(&self) -> &str {
+        each!(self, |l| l.key())
+    }
+
+    fn ttl(&self) -> Duration {
+        each!(self, |l| l.ttl())
+    }
+
+    fn retry_policy(&self) -> &RetryPolicy {
+        each!(self, |l| l.retry_policy())
+    }
+
+    fn try_acquire(&self) -> Result<Lease> {
+        each!(self, |l| l.try_acquire())
+    }
+
+    fn release(&self, lease: &Lease) -> Result<bool> {
+        each!(self, |l| l.release(lease))
+    }
+
+    fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
+        each!(self, |l| l.extend(lease, ttl))
+    }
+
+    fn is_held(&self, lease: &Lease) -> Result<bool> {
+        each!(self, |l| l.is_held(lease))
+    }
+
+    fn try_lock(&self) -> Result<LockGuard<'_>> {
+        each!(self, |l| l.try_lock())
+    }
+
+    fn lock(&self) -> Result<LockGuard<'_>> {
+        each!(self, |l| l.lock())
+    }
+
+    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
+        each!(self, |l| l.try_lock_for(wait))
+    }
+}
+
+impl LockAdmin for Lock {
+    fn state(&self) -> Result<LockState> {
+        each!(self, |l| l.state())
+    }
+
+    fn force_unlock(&self) -> Result<bool> {
+        each!(self, |l| l.force_unlock())
     }
 }
 

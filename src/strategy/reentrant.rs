@@ -397,6 +397,16 @@ impl ReentrantLock {
     }
 }
 
+impl ReentrantLock {
+    /// One attempt: `Ok(None)` when another owner holds the lock.
+    fn try_take(&self) -> Result<Option<Lease>> {
+        Ok(match self.attempt()? {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held { .. } => None,
+        })
+    }
+}
+
 impl DistributedLock for ReentrantLock {
     fn key(&self) -> &str {
         &self.key
@@ -410,11 +420,8 @@ impl DistributedLock for ReentrantLock {
         &self.opts.retry
     }
 
-    fn try_acquire(&self) -> Result<Option<Lease>> {
-        Ok(match self.attempt()? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
+    fn try_acquire(&self) -> Result<Lease> {
+        crate::lock::taken_or_held(&self.key, self.try_take())
     }
 
     /// Gives back the hold of `lease`: `Ok(true)` when its owner held the lock (one hold given
@@ -522,7 +529,9 @@ impl DistributedLock for ReentrantLock {
     }
 
     lock::guard_methods!(|this, attempts| this.acquire_blocking(attempts));
+}
 
+impl crate::lock::LockAdmin for ReentrantLock {
     fn state(&self) -> Result<LockState> {
         hold::state(&self.client, &self.key, "hash")
     }

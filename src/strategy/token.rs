@@ -340,7 +340,10 @@ impl TokenLock {
         let attempt = || {
             if std::mem::take(&mut first) && self.opts.fence_key.is_none() {
                 self.try_acquire_as(&acq.token, Some(&acq))
-                    .map(Attempt::from)
+                    .map(|lease| match lease {
+                        Some(lease) => Attempt::Acquired(lease),
+                        None => Attempt::Held { pttl: None },
+                    })
             } else {
                 self.attempt_waiting(&acq)
             }
@@ -440,20 +443,9 @@ impl TokenLock {
     }
 }
 
-impl DistributedLock for TokenLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.opts.lease
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.opts.retry
-    }
-
-    fn try_acquire(&self) -> Result<Option<Lease>> {
+impl TokenLock {
+    /// One attempt: `Ok(None)` when another owner holds the lock.
+    fn try_take(&self) -> Result<Option<Lease>> {
         if self.opts.fence_key.is_some() {
             let acq = Acquiring {
                 token: self.new_token(),
@@ -469,6 +461,24 @@ impl DistributedLock for TokenLock {
             });
         }
         self.try_acquire_as(&self.new_token(), None)
+    }
+}
+
+impl DistributedLock for TokenLock {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn ttl(&self) -> Duration {
+        self.opts.lease
+    }
+
+    fn retry_policy(&self) -> &RetryPolicy {
+        &self.opts.retry
+    }
+
+    fn try_acquire(&self) -> Result<Lease> {
+        crate::lock::taken_or_held(&self.key, self.try_take())
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
@@ -493,7 +503,9 @@ impl DistributedLock for TokenLock {
     }
 
     lock::guard_methods!(|this, attempts| this.acquire_blocking(attempts));
+}
 
+impl crate::lock::LockAdmin for TokenLock {
     fn state(&self) -> Result<LockState> {
         hold::state(&self.client, &self.key, "string")
     }

@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use redis_dlock::{Encoding, ReplicaAcks, Strategy};
+use redis_dlock::{ClassicOptions, Encoding, ReplicaAcks, Strategy};
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -65,7 +65,7 @@ pub enum Wait {
 /// The names `--strategy` takes, and the library's strategies they stand for.
 pub const STRATEGIES: &[(&str, Strategy)] = &[
     ("token", Strategy::Token),
-    ("classic", Strategy::Classic),
+    ("classic", Strategy::Classic(ClassicOptions::new())),
     ("reentrant", Strategy::Reentrant),
     ("fair", Strategy::Fair),
 ];
@@ -485,7 +485,7 @@ impl Raw {
                     );
                 }
                 let strategy = self.strategy.unwrap_or(Strategy::Token);
-                if self.encoding.is_some() && strategy != Strategy::Classic {
+                if self.encoding.is_some() && !matches!(strategy, Strategy::Classic(_)) {
                     return usage("--classic-encoding needs --strategy classic");
                 }
                 Ok(Cmd::Run(RunOpts {

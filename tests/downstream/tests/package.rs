@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::{ArcLockExt, DistributedLock, LockClient, LockError, LockState, Stats};
+use redis_dlock::LockAdmin;
 
 /// A throw-away redis-server, killed on drop.
 struct Server {
