@@ -1600,7 +1600,8 @@ fn a_grant_that_cannot_be_raised_is_reported_lost() {
         // Freeze the server before the watchdog raises the grant lease (a third of it after
         // the grant, 200 ms).
         server.pause();
-        assert!(!guard.is_lost() || guard.remaining().is_zero());
+        // Lost only if the test was slow: within the loss margin of the grant's end.
+        assert!(!guard.is_lost() || guard.remaining() <= FAIR_GRANT_LEASE / 100 + ms(2));
         assert!(guard.remaining() <= FAIR_GRANT_LEASE);
         assert!(
             support::wait_until(FAIR_GRANT_LEASE + ms(200), || guard.is_lost()),
