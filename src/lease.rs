@@ -26,6 +26,11 @@ pub struct Lease {
     watch: Option<Arc<WatchState>>,
     /// This lease was found lost and counted in the client's stats.
     loss_noted: bool,
+    /// How long before `valid_until` the hold counts as lost ([`loss_margin`] of the latest
+    /// grant's lifetime; zero for a validity that already has the drift taken off).
+    margin: Duration,
+    /// The validity has the drift taken off already (RedLock): no margin on renewals either.
+    drift_included: bool,
 }
 
 impl PartialEq for Lease {
@@ -70,7 +75,17 @@ impl Lease {
             fence: None,
             watch: None,
             loss_noted: false,
+            margin: loss_margin(ttl),
+            drift_included: false,
         }
+    }
+
+    /// The validity given (and given by every renewal) has the clock-drift allowance taken off
+    /// already (RedLock's): [`is_lost`](Self::is_lost) adds no margin of its own.
+    pub(crate) fn drift_included(mut self) -> Self {
+        self.margin = Duration::ZERO;
+        self.drift_included = true;
+        self
     }
 
     /// Notes that the hold was found lost; true the first time (for the stats). A watched
@@ -118,6 +133,9 @@ impl Lease {
             self.len = fresh.len;
         }
         self.valid_until = crate::time::saturating_add(start, ttl);
+        if !self.drift_included {
+            self.margin = loss_margin(ttl);
+        }
         if let Some(w) = &self.watch {
             w.renewed(start, ttl);
         }
@@ -152,14 +170,31 @@ impl Lease {
         Instant::now() >= self.valid_until()
     }
 
-    /// True once the hold must be taken as lost, without a round trip: its lifetime passed by
-    /// the local clock, or (watched locks) the watchdog found it gone or could not renew it in
-    /// time. False does not prove the hold is still ours (another client may have deleted the
-    /// key); [`DistributedLock::is_held`](crate::DistributedLock::is_held) asks Redis.
+    /// True once the hold must be taken as lost, without a round trip: its
+    /// [`loss_deadline`](Self::loss_deadline) passed by the local clock, or (watched locks) the
+    /// watchdog found it gone. False does not prove the hold is still ours (another client may
+    /// have deleted the key); [`DistributedLock::is_held`](crate::DistributedLock::is_held)
+    /// asks Redis.
     pub fn is_lost(&self) -> bool {
         match &self.watch {
             Some(w) => w.is_lost(),
-            None => self.is_expired(),
+            None => Instant::now() >= self.loss_deadline(),
+        }
+    }
+
+    /// The monotonic instant from which the hold counts as lost by the local clock alone
+    /// ([`is_lost`](Self::is_lost), `check`, a watched lock's `on_lost`): the lease's end
+    /// ([`valid_until`](Self::valid_until), counted from the invocation of the acquire or of
+    /// the latest renewal confirmed) less a clock-drift allowance of 1% of the lifetime plus
+    /// 2 ms, as RedLock's validity. So the holder hears of the loss before the key can
+    /// expire on the server, even with the server's clock up to 1% faster than ours: e.g. at
+    /// least 32 ms before for a 3 s lease, 302 ms for the 30 s watchdog lease. A RedLock
+    /// lease's validity has that allowance taken off already: its `loss_deadline` is its
+    /// `valid_until`.
+    pub fn loss_deadline(&self) -> Instant {
+        match &self.watch {
+            Some(w) => w.loss_deadline(),
+            None => sub(self.valid_until, self.margin),
         }
     }
 
@@ -218,12 +253,46 @@ impl Attempt {
     }
 }
 
+/// The clock-drift allowance of a lifetime `ttl`: 1% of it plus 2 ms (RedLock's; see
+/// [`RedLock::clock_drift`](crate::RedLock::clock_drift)).
+pub(crate) fn clock_drift(ttl: Duration) -> Duration {
+    (ttl / 100).saturating_add(Duration::from_millis(2))
+}
+
+/// How long before the end of its lease (counted from the invocation of the acquire or
+/// renewal that granted it) a hold of lifetime `ttl` counts as lost by the local clock: the
+/// [`clock_drift`] allowance. The server's clock may run up to 1% faster than ours, and its
+/// `PX` counts whole milliseconds: the holder must have stopped by then. Zero with the
+/// `test-hooks` knob [`set_zero_loss_margin`] (a negative control of the crate's tests).
+pub(crate) fn loss_margin(ttl: Duration) -> Duration {
+    #[cfg(feature = "test-hooks")]
+    if ZERO_LOSS_MARGIN.load(Ordering::Relaxed) {
+        return Duration::ZERO;
+    }
+    clock_drift(ttl)
+}
+
+#[cfg(feature = "test-hooks")]
+static ZERO_LOSS_MARGIN: AtomicBool = AtomicBool::new(false);
+
+/// Test hook: with `true`, holds granted from now on in this process count as lost only at the
+/// end of their lease, with no margin (the behaviour before 0.2, for the negative controls of
+/// the crate's tests). Process-wide.
+#[cfg(feature = "test-hooks")]
+pub fn set_zero_loss_margin(zero: bool) {
+    ZERO_LOSS_MARGIN.store(zero, Ordering::Relaxed);
+}
+
+/// `t - d`, or `t` itself if the clock cannot go back that far (a process younger than `d`).
+fn sub(t: Instant, d: Duration) -> Instant {
+    t.checked_sub(d).unwrap_or(t)
+}
+
 /// The safety margin a won acquire must leave: the larger of the time its reply took and a
 /// clock-drift allowance of 1% of the lifetime plus 2 ms (RedLock's). See
 /// [`DistributedLock::try_acquire`](crate::DistributedLock::try_acquire).
 pub(crate) fn arrival_margin(ttl: Duration, elapsed: Duration) -> Duration {
-    let drift = (ttl / 100).saturating_add(Duration::from_millis(2));
-    elapsed.max(drift)
+    elapsed.max(clock_drift(ttl))
 }
 
 /// Checks a win against the time its command was sent (`lease.acquired_at()`): a hold whose
@@ -280,8 +349,9 @@ pub(crate) fn checked_attempt(
 /// The default lease of a watched lock, renewed every third of it: 30 s, as Redisson.
 pub const WATCHDOG_DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-/// A callback told that a watched hold was lost. It runs on the watchdog thread: keep it short
-/// (set a flag, send on a channel), and do not block on the lock's client in it.
+/// A callback told that a watched hold was lost. It runs on the watchdog's renewal or deadline
+/// thread: keep it short (set a flag, send on a channel), and do not block on the lock's
+/// client in it.
 pub type LostCallback = Arc<dyn Fn(&LostLock) + Send + Sync>;
 
 /// What an `on_lost` callback is told.
@@ -309,8 +379,9 @@ impl LostLock {
 pub enum LossReason {
     /// A renewal found the key gone or held by another owner.
     Gone,
-    /// Renewals failed (Redis unreachable, paused or erroring) until the lease ran out by the
-    /// local clock: the lock may have expired on the server, so it must be assumed lost.
+    /// Renewals failed (Redis unreachable, paused or erroring) until the hold's loss deadline
+    /// by the local clock ([`Lease::loss_deadline`]): the lock may expire on the server any
+    /// moment, so it must be assumed lost.
     Expired,
 }
 
@@ -374,6 +445,8 @@ pub(crate) struct WatchState {
     base: Instant,
     /// End of validity, in nanoseconds after `base`: renewed by the watchdog.
     valid_until_ns: AtomicU64,
+    /// The [`loss_margin`] of the latest grant's lifetime, in nanoseconds.
+    margin_ns: AtomicU64,
     lost: AtomicBool,
     stopped: AtomicBool,
     /// Renewed once, then no more (a fair lock's grant to a lock with an explicit ttl: the
@@ -416,6 +489,7 @@ impl WatchState {
             lease,
             base: start,
             valid_until_ns: AtomicU64::new(nanos(lease)),
+            margin_ns: AtomicU64::new(nanos(loss_margin(lease))),
             lost: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             once: AtomicBool::new(false),
@@ -443,8 +517,10 @@ impl WatchState {
     /// A fair lock's grant: the hold is valid for only `valid` from its start until the first
     /// renewal (which gives it the full lease). Call before the state is watched.
     pub(crate) fn granted_for(&self, valid: Duration) {
-        self.valid_until_ns
-            .store(nanos(valid.min(self.lease)), Ordering::Release);
+        let valid = valid.min(self.lease);
+        self.margin_ns
+            .store(nanos(loss_margin(valid)), Ordering::Release);
+        self.valid_until_ns.store(nanos(valid), Ordering::Release);
     }
 
     /// Renew the hold once (raising a grant's short lease to the lock's ttl), then stop
@@ -473,12 +549,22 @@ impl WatchState {
                 .saturating_duration_since(self.base)
                 .saturating_add(ttl),
         );
+        // The margin first: a reader that sees the new validity sees its margin.
+        self.margin_ns
+            .store(nanos(loss_margin(ttl)), Ordering::Release);
         self.valid_until_ns.fetch_max(until, Ordering::AcqRel);
     }
 
-    /// Lost: marked so by the watchdog, or past its validity by the local clock.
+    /// From when the hold counts as lost by the local clock: its validity less the margin
+    /// (see [`Lease::loss_deadline`]).
+    pub(crate) fn loss_deadline(&self) -> Instant {
+        let margin = Duration::from_nanos(self.margin_ns.load(Ordering::Acquire));
+        sub(self.valid_until(), margin)
+    }
+
+    /// Lost: marked so by the watchdog, or past its loss deadline by the local clock.
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire) || Instant::now() >= self.valid_until()
+        self.lost.load(Ordering::Acquire) || Instant::now() >= self.loss_deadline()
     }
 
     /// Marks the hold lost without telling anyone (the holder learnt it from an error): the
@@ -505,7 +591,7 @@ impl WatchState {
             self.key,
             match reason {
                 LossReason::Gone => "the renewal found it gone or held by another owner",
-                LossReason::Expired => "renewals failed until its lease ran out",
+                LossReason::Expired => "renewals failed until its loss deadline",
             }
         );
         if let Some(cb) = &self.on_lost {
@@ -545,6 +631,43 @@ mod tests {
         let old = Lease::new(b"x", start - Duration::from_secs(2), Duration::from_secs(1));
         assert!(old.is_expired());
         assert_eq!(old.remaining(), Duration::ZERO);
+    }
+
+    #[test]
+    fn loss_deadline_is_the_lease_end_less_the_drift() {
+        let ms = Duration::from_millis;
+        let start = Instant::now();
+        let mut l = Lease::new(b"a", start, ms(3_000));
+        assert_eq!(l.loss_deadline(), start + ms(2_968));
+        assert!(!l.is_lost());
+        l.renew(None, start + ms(1_000), ms(1_000));
+        assert_eq!(l.loss_deadline(), start + ms(1_988));
+        // RedLock: the validity has the drift taken off already.
+        let mut r = Lease::new(b"a", start, ms(970)).drift_included();
+        assert_eq!(r.loss_deadline(), start + ms(970));
+        r.renew(None, start, ms(980));
+        assert_eq!(r.loss_deadline(), start + ms(980));
+        // Past the deadline but not the lease's end: lost, not expired.
+        let Some(sent) = Instant::now().checked_sub(ms(995)) else {
+            return;
+        };
+        let near = Lease::new(b"a", sent, ms(1_000));
+        assert!(near.is_lost());
+        assert!(!near.is_expired());
+        // A watched hold: the margin of the lease each renewal grants.
+        let w = WatchState::new(
+            "k",
+            RenewKind::Value(crate::stats::Kind::new("t")),
+            b"a",
+            ms(3_000),
+            start,
+            None,
+        );
+        assert_eq!(w.loss_deadline(), start + ms(2_968));
+        w.granted_for(ms(100));
+        assert_eq!(w.loss_deadline(), start + ms(97));
+        w.renewed(start + ms(50), ms(3_000));
+        assert_eq!(w.loss_deadline(), start + ms(3_018));
     }
 
     #[test]

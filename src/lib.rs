@@ -97,6 +97,7 @@ pub mod bench_hooks;
 #[doc(hidden)]
 pub mod test_hooks {
     pub use crate::client::test_hooks::{Event, TestHooks};
+    pub use crate::lease::set_zero_loss_margin;
 }
 
 pub use client::builder::ClientBuilder;

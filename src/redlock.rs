@@ -941,7 +941,7 @@ impl RedLock {
         if tally.yes >= self.inner().quorum && valid {
             log::trace!("lock {:?}: RedLock acquired: {tally}", self.key);
             self.inner().counters.attempt(KIND, true);
-            return Ok(Some(Lease::new(&token, start, lifetime)));
+            return Ok(Some(Lease::new(&token, start, lifetime).drift_included()));
         }
         if tally.yes >= self.inner().quorum {
             log::warn!(

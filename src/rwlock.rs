@@ -315,7 +315,7 @@ impl ReadWriteLockBuilder {
         self
     }
 
-    /// Watched holds: called on the watchdog thread when a hold is lost (see
+    /// Watched holds: called on the watchdog's thread when a hold is lost (see
     /// [`LockBuilder::on_lost`](crate::LockBuilder::on_lost)).
     pub fn on_lost(mut self, callback: impl Fn(&LostLock) + Send + Sync + 'static) -> Self {
         self.on_lost = Some(Arc::new(callback));

@@ -19,17 +19,22 @@
 //!
 //! A renewal that finds the hold gone (expired, or taken by another owner) marks it lost at
 //! once; renewals that fail (Redis down or paused) are retried every tenth of the lease
-//! (10 ms ..= 1 s) until the lease runs out by the local clock, and then the hold is marked
-//! lost. A hold whose renewal is answered only after its lease ran out locally is marked lost
-//! too: its holder may already have seen it lost, and a lost hold stays lost. Either way the
-//! holder sees it ([`LockGuard::is_lost`](crate::LockGuard::is_lost),
+//! (10 ms ..= 1 s) until the hold's loss deadline
+//! ([`Lease::loss_deadline`](crate::Lease::loss_deadline): the lease's end, counted from the
+//! invocation of the latest renewal confirmed, less a clock-drift margin of 1% of the lease
+//! plus 2 ms), and then the hold is marked lost. A hold whose renewal is answered only after
+//! that deadline is marked lost too: its holder may already have seen it lost, and a lost
+//! hold stays lost. Either way the holder sees it
+//! ([`LockGuard::is_lost`](crate::LockGuard::is_lost),
 //! [`LockGuard::check`](crate::LockGuard::check)) and the lock's `on_lost` callback, if any,
-//! runs once on the watchdog thread.
+//! runs once, so that the holder hears of the loss before the key can expire on the server.
 //!
-//! `is_lost` follows the local clock exactly, but the callback comes from the thread, which
-//! may be blocked in a call to an unresponsive Redis: it can run up to the client's command
-//! timeout (or connect timeout, for a new connection) after the lease ran out. The same call
-//! delays the renewal of the client's other holds, which the timeouts bound as well.
+//! `is_lost` follows the local clock exactly. The callback runs on the watchdog thread, or,
+//! when the deadline passes while that thread is blocked in a call to an unresponsive Redis
+//! (up to the client's command timeout, or connect timeout for a new connection), on the
+//! client's *deadline thread*, which watches the loss deadlines while a round is under way:
+//! a blocked call delays the renewal of the client's other holds, not the report of their
+//! loss. The deadline thread starts with the watchdog thread and exits with it.
 //!
 //! The thread holds no strong reference to the client between rounds: once every handle of
 //! the client is dropped, the thread exits. A released hold (`stop`ped before its release is
@@ -53,6 +58,8 @@ use crate::stats::Counters;
 const BATCH_MAX: usize = 512;
 /// The name of the renewal thread (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-watchdog";
+/// The name of the deadline thread.
+const DEADLINE_THREAD_NAME: &str = "dlock-deadline";
 
 /// How one watched hold came out of a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +97,25 @@ impl Watchdog {
             due,
             gone: false,
         });
+        match list.deadline_thread {
+            ThreadState::Off => {
+                let shared = Arc::clone(&self.shared);
+                let weak = client.downgrade();
+                let spawned = thread::Builder::new()
+                    .name(DEADLINE_THREAD_NAME.to_owned())
+                    .spawn(move || run_deadlines(&shared, &weak));
+                match spawned {
+                    Ok(_) => list.deadline_thread = ThreadState::Busy,
+                    // Retried by the next watch; meanwhile the renewal thread reports the loss
+                    // when its call returns.
+                    Err(e) => log::error!("cannot start the watchdog's deadline thread: {e}"),
+                }
+            }
+            ThreadState::Asleep(Some(wake_at)) if state.loss_deadline() < wake_at => {
+                self.shared.deadline_wake.notify_one();
+            }
+            ThreadState::Asleep(_) | ThreadState::Busy => {}
+        }
         match list.thread {
             ThreadState::Off => {
                 let shared = Arc::clone(&self.shared);
@@ -122,6 +148,79 @@ struct OffOnExit<'a>(&'a Shared);
 impl Drop for OffOnExit<'_> {
     fn drop(&mut self) {
         self.0.lock().thread = ThreadState::Off;
+    }
+}
+
+/// [`OffOnExit`] for the deadline thread.
+struct DeadlineOffOnExit<'a>(&'a Shared);
+
+impl Drop for DeadlineOffOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.lock().deadline_thread = ThreadState::Off;
+    }
+}
+
+/// The deadline thread: while a round is under way (the renewal thread may be blocked in a
+/// call to an unresponsive Redis), reports every hold whose loss deadline passes, at that
+/// deadline. Between rounds it sleeps: the renewal thread then wakes by itself in time (no
+/// hold is due later than its loss deadline). Exits when the client is gone.
+fn run_deadlines(shared: &Shared, client: &WeakClient) {
+    let _off = DeadlineOffOnExit(shared);
+    while let Some(passed) = wait_for_deadline(shared) {
+        let Some(client) = client.upgrade() else {
+            break;
+        };
+        for state in &passed {
+            lost(client.counters(), state, LossReason::Expired);
+        }
+    }
+}
+
+/// Waits until a round is under way and a watched hold's loss deadline passes; the holds whose
+/// deadline passed, or `None` on shutdown.
+fn wait_for_deadline(shared: &Shared) -> Option<Vec<Arc<WatchState>>> {
+    let mut list = shared.lock();
+    loop {
+        if list.shutdown {
+            return None;
+        }
+        let mut next: Option<Instant> = None;
+        if list.in_round {
+            let now = Instant::now();
+            let mut passed = Vec::new();
+            for entry in list.entries.iter().filter(|e| !e.gone) {
+                let Some(state) = entry.state.upgrade() else {
+                    continue;
+                };
+                if state.is_stopped() || state.marked_lost() {
+                    continue;
+                }
+                let deadline = state.loss_deadline();
+                if deadline <= now {
+                    passed.push(state);
+                } else if next.is_none_or(|n| deadline < n) {
+                    next = Some(deadline);
+                }
+            }
+            if !passed.is_empty() {
+                list.deadline_thread = ThreadState::Busy;
+                return Some(passed);
+            }
+        }
+        list.deadline_thread = ThreadState::Asleep(next);
+        list = match next {
+            Some(at) => {
+                shared
+                    .deadline_wake
+                    .wait_timeout(list, at.saturating_duration_since(Instant::now()))
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => shared
+                .deadline_wake
+                .wait(list)
+                .unwrap_or_else(PoisonError::into_inner),
+        };
     }
 }
 
@@ -212,9 +311,15 @@ fn take_due(
 ) -> (Vec<(usize, Arc<WatchState>)>, Vec<Arc<WatchState>>) {
     let (mut due, mut expired) = (Vec::new(), Vec::new());
     let mut list = shared.lock();
-    list.entries
-        .retain(|e| !e.gone && e.state.upgrade().is_some_and(|s| !s.is_stopped()));
+    list.entries.retain(|e| {
+        !e.gone
+            && e.state
+                .upgrade()
+                .is_some_and(|s| !s.is_stopped() && !s.marked_lost())
+    });
     list.in_round = true;
+    // The deadline thread watches the loss deadlines while the round's calls run.
+    shared.deadline_wake.notify_one();
     for (i, entry) in list.entries.iter_mut().enumerate() {
         let Some(state) = entry.state.upgrade() else {
             continue;
@@ -222,7 +327,7 @@ fn take_due(
         if entry.due > crate::time::saturating_add(start, state.lease() / 6) {
             continue;
         }
-        if start >= state.valid_until() {
+        if start >= state.loss_deadline() {
             entry.gone = true;
             expired.push(state);
         } else {
@@ -289,8 +394,8 @@ fn renew(
         } else if result != 1 {
             lost(client.counters(), state, LossReason::Gone);
             Outcome::Drop
-        } else if now >= state.valid_until() {
-            // Renewed, but only after its validity ran out by the local clock: the holder may
+        } else if now >= state.loss_deadline() {
+            // Renewed, but only after its loss deadline by the local clock: the holder may
             // already have seen it lost, and a lost hold stays lost.
             lost(client.counters(), state, LossReason::Expired);
             Outcome::Drop
@@ -447,8 +552,9 @@ fn renew_natively(
     Ok(Some(out))
 }
 
-/// After a failed call: each hold is tried again soon, unless its validity has run out by the
-/// local clock (then it is lost: Redis may have expired it).
+/// After a failed call: each hold is tried again soon (at its loss deadline at the latest, to
+/// report it then), unless its loss deadline has passed by the local clock (then it is lost:
+/// Redis may expire it any moment).
 fn retry_later(
     client: &crate::client::LockClient,
     batch: &[(usize, Arc<WatchState>)],
@@ -456,13 +562,14 @@ fn retry_later(
 ) {
     let now = Instant::now();
     for (i, state) in batch {
+        let deadline = state.loss_deadline();
         let outcome = if state.is_stopped() {
             Outcome::Drop
-        } else if now >= state.valid_until() {
+        } else if now >= deadline {
             lost(client.counters(), state, LossReason::Expired);
             Outcome::Drop
         } else {
-            Outcome::Due(crate::time::saturating_add(now, retry_delay(state.lease())))
+            Outcome::Due(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
         };
         outcomes.push((*i, outcome));
     }
@@ -598,6 +705,7 @@ mod tests {
         let shared = Shared {
             list: Mutex::new(List::default()),
             wake: Condvar::new(),
+            deadline_wake: Condvar::new(),
         };
         let now = Instant::now();
         let lease = Duration::from_secs(3);

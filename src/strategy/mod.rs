@@ -216,8 +216,10 @@ impl LockBuilder {
         self
     }
 
-    /// Watched locks: called (on the watchdog thread) when a hold is lost: a renewal found it
-    /// gone, or renewals failed until its lease ran out. The holder's guard reports it too
+    /// Watched locks: called (on the watchdog's thread) when a hold is lost: a renewal found it
+    /// gone, or renewals failed until its loss deadline
+    /// ([`Lease::loss_deadline`](crate::Lease::loss_deadline): before the lease can end on the
+    /// server), when it is called at the latest. The holder's guard reports it too
     /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost)). Keep it short; it must not block.
     pub fn on_lost(mut self, callback: impl Fn(&LostLock) + Send + Sync + 'static) -> Self {
         self.on_lost = Some(Arc::new(callback));

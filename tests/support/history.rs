@@ -226,6 +226,40 @@ pub fn overlaps(holds: &[Hold]) -> Vec<Overlap> {
     found
 }
 
+/// When a holder cut off from its server was told that its hold was lost, against when the
+/// key expired on the server. Times in ns of [`now_ns`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LossReport {
+    /// Which hold (for messages).
+    pub what: String,
+    /// The report: `is_lost()` seen true, `on_lost` called, the command signalled (0: never).
+    pub reported: u64,
+    /// The key's expiry on the server, at the earliest (a `PTTL` answer added to the time its
+    /// command was sent).
+    pub expired: u64,
+    /// The margin the report must leave before the expiry: it must come before
+    /// `expired - margin / 2`.
+    pub margin: u64,
+}
+
+/// The reports that came too late: none at all, or not before `expired - margin / 2` (the
+/// other half of the margin is the time the holder has to stop).
+pub fn late_reports(reports: &[LossReport]) -> Vec<&LossReport> {
+    reports
+        .iter()
+        .filter(|r| r.reported == 0 || r.reported.saturating_add(r.margin / 2) >= r.expired)
+        .collect()
+}
+
+/// Holds used past their lease: released (the work ended) after `lease_end(hold)`.
+pub fn used_past_lease(holds: &[Hold], lease_end: impl Fn(&Hold) -> u64) -> Vec<Hold> {
+    holds
+        .iter()
+        .filter(|h| h.released > lease_end(h))
+        .copied()
+        .collect()
+}
+
 /// A short account of overlaps for a failed check: how many, and the first few, with times in
 /// ms from `epoch_ns`.
 pub fn describe(found: &[Overlap], epoch_ns: u64) -> String {

@@ -18,6 +18,7 @@
 pub mod expiry;
 pub mod history;
 pub mod netns;
+pub mod proxy;
 pub mod raw;
 #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
 pub mod tls;

@@ -10,13 +10,17 @@
 //!   owner-checked compare-and-set of the expiry timestamp, which legacy peers read as a later
 //!   expiry. A renewal that finds the value changed reports a loss; renewals that fail are
 //!   retried until the lease runs out by the local clock, which is a loss too.
-//! - `--ttl`: a fixed lease, never renewed. The lock counts as lost once the ttl has passed (by
-//!   the local monotonic clock, measured from before the acquire was sent, so on the early
-//!   side), and a thread asks Redis every third of the ttl (at most every 10 s) whether the hold
-//!   is still ours, so a deleted key is noticed too.
+//! - `--ttl`: a fixed lease, never renewed. The lock counts as lost once the ttl, less a
+//!   clock-drift margin, has passed (by the local monotonic clock, measured from before the
+//!   acquire was sent, so on the early side), and a thread asks Redis every third of the ttl
+//!   (at most every 10 s) whether the hold is still ours, so a deleted key is noticed too.
 //!
 //! A loss is never silent: a message on stderr, SIGTERM to the command, SIGKILL `--kill-after`
-//! later if it is still running, and exit status 79 whatever the command's own.
+//! later if it is still running, and exit status 79 whatever the command's own. A lease that
+//! runs out without a renewal is reported at the library's loss deadline
+//! ([`Lease::loss_deadline`]): 1% of the lease plus 2 ms before the lease's end counted from the
+//! invocation of the acquire or latest renewal, so the command gets SIGTERM before the key can
+//! expire on the server.
 
 use std::io;
 use std::process::{Child, Command, ExitStatus};
@@ -280,9 +284,12 @@ impl Held {
     /// Why the hold counts as lost once its local validity has passed.
     fn expiry_reason(&self) -> String {
         match self.keep {
-            Keep::Fixed(ttl) => format!("its fixed --ttl of {ttl:?} has passed"),
+            Keep::Fixed(ttl) => format!(
+                "its fixed --ttl of {ttl:?} has passed (less the clock-drift margin, 1% + 2 ms)"
+            ),
             Keep::Watchdog | Keep::Extend(_) => {
-                "its lease ran out before a renewal succeeded (Redis unreachable or paused?)"
+                "its lease ran out (less the clock-drift margin, 1% + 2 ms) before a renewal \
+                 succeeded (Redis unreachable or paused?)"
                     .to_owned()
             }
         }
@@ -373,12 +380,12 @@ fn check_loop(
             return;
         }
         let current = lock(shared).clone();
-        if current.is_expired() {
+        if current.is_lost() {
             return; // the supervising loop reports it
         }
         match dlock.is_held(&current) {
             Ok(true) => {}
-            Ok(false) if current.is_expired() => return,
+            Ok(false) if current.is_lost() => return,
             Ok(false) => {
                 let _ = tx.send(Event::Lost(
                     "the key was deleted or another owner holds it".into(),
@@ -413,14 +420,20 @@ fn supervise(
             }
         }
         let mut loss = None;
+        // The next look at the lease: at its loss deadline, or a tick from now.
+        let mut tick = TICK;
         if !lost {
             let lease = lock(&held.lease);
-            if lease.is_expired() {
+            let deadline = lease.loss_deadline();
+            let now = Instant::now();
+            if now >= deadline {
                 loss = Some(held.expiry_reason());
             } else if lease.is_lost() {
-                // Marked lost by the watchdog before its lease ran out (its `on_lost` event
-                // may still be on its way).
+                // Marked lost by the watchdog before its deadline (its `on_lost` event may
+                // still be on its way).
                 loss = Some("a renewal found the key deleted or held by another owner".into());
+            } else {
+                tick = tick.min(deadline - now);
             }
         }
         if let Some(at) = kill_at {
@@ -431,8 +444,8 @@ fn supervise(
             }
         }
         if loss.is_none() {
-            let timeout = kill_at.map_or(TICK, |at| {
-                TICK.min(at.saturating_duration_since(Instant::now()))
+            let timeout = kill_at.map_or(tick, |at| {
+                tick.min(at.saturating_duration_since(Instant::now()))
             });
             match rx.recv_timeout(timeout) {
                 Ok(Event::Signal(SIGCHLD)) => {}
