@@ -87,12 +87,16 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
 
     let mut builder = client.lock(key.clone()).strategy(o.strategy);
     let (keep, default_retry) = if o.strategy == Strategy::Classic {
-        if o.encoding == Encoding::BigEndian {
-            builder = builder
+        builder = match o.encoding {
+            Encoding::BigEndian => builder
                 .encoding(Encoding::BigEndian)
                 .key_ttl()
-                .clock_skew(BIG_ENDIAN_CLOCK_SKEW);
-        }
+                .clock_skew(BIG_ENDIAN_CLOCK_SKEW),
+            // gorlock sets a Redis TTL on the key as well.
+            Encoding::Nanos => builder.encoding(Encoding::Nanos).key_ttl(),
+            Encoding::Decimal => builder,
+            other => builder.encoding(other),
+        };
         let keep = match o.ttl {
             Some(ttl) => Keep::Fixed(ttl),
             None => Keep::Extend(o.lease),
