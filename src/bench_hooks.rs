@@ -27,9 +27,17 @@ pub fn token() -> [u8; 32] {
 /// A Classic value for a hold of `ttl` from now, as stored at the key: the bytes are
 /// `buf[..len]`.
 pub fn classic_value(encoding: Encoding, ttl: Duration) -> Result<([u8; 20], usize)> {
-    let encoded = crate::strategy::classic::expiry_value("bench", encoding, ttl, Duration::ZERO)?;
+    let owner = "00000000-0000-4000-8000-000000000000";
+    let encoded =
+        crate::strategy::classic::expiry_value("bench", encoding, owner, ttl, Duration::ZERO)?;
     let mut buf = [0u8; 20];
     let bytes = encoded.as_bytes();
+    if bytes.len() > buf.len() {
+        return Err(crate::LockError::config(
+            "bench",
+            "this encoding's values do not fit 20 bytes",
+        ));
+    }
     buf[..bytes.len()].copy_from_slice(bytes);
     Ok((buf, bytes.len()))
 }

@@ -702,6 +702,39 @@ fn status_and_forced_release() {
         "{stale:?}"
     );
     assert!(stale.stdout.contains("expired"), "{stale:?}");
+
+    // `dlock run` writes every family's format, and `status` names it.
+    for (name, shape) in [
+        ("float-seconds", "a float of seconds"),
+        ("uuid-ms", "<uuid>:<ms>"),
+        ("nanos", "19 digits"),
+    ] {
+        let key = format!("cl:{name}");
+        let dir = Scratch::new();
+        let run = hold(
+            &url,
+            &key,
+            &["--strategy", "classic", "--classic-encoding", name],
+            &dir,
+        );
+        dir.wait_for("started");
+        let value = String::from_utf8(raw::get(&mut conn, &key).expect("held")).unwrap();
+        let fits = match name {
+            "float-seconds" => value.split_once('.').is_some_and(|(s, _)| s.len() == 10),
+            "uuid-ms" => value.len() == 36 + 1 + 13 && value.as_bytes()[36] == b':',
+            _ => value.len() == 19 && value.bytes().all(|b| b.is_ascii_digit()),
+        };
+        assert!(fits, "{name}: {value:?} is not {shape}");
+        let held = status(&key);
+        assert_eq!(held.code(), 0, "{held:?}");
+        assert!(
+            held.stdout.contains(&format!("kind: classic ({name})")),
+            "{held:?}"
+        );
+        dir.touch("go");
+        assert_eq!(run.wait(EXIT_BOUND).code(), 0);
+        assert!(!raw::exists(&mut conn, &key), "{name}: released");
+    }
 }
 
 /// One attempt of the legacy Java locker, command for command: `SETNX key <expiry>`; on 0,

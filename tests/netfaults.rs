@@ -28,7 +28,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
-use redis_dlock::{LockClient, LockError};
+use redis_dlock::{DistributedLock, LockClient, LockError};
 use support::history::{
     self, late_reports, now_ns, overlaps, used_past_lease, Hold, LossReport, Recorder,
 };

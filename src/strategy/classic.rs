@@ -1,9 +1,11 @@
 //! [`Strategy::Classic`](crate::Strategy::Classic): the legacy SETNX + GETSET timestamp lock,
-//! wire-compatible with the legacy Java SETNX/GETSET lockers (the "Handling deadlocks" pattern
-//! of redis.io's `SETNX` page, jedis-lock and their kin).
+//! wire-compatible with the legacy SETNX/GETSET lockers (the "Handling deadlocks" pattern of
+//! redis.io's `SETNX` page, jedis-lock, redis-py's first `Lock`, retools, gorlock and their kin).
 //!
-//! The value at the key is the lock's expiry in epoch milliseconds by the client's clock,
-//! `now + ttl + 1 (+ clock_skew)`, as decimal ASCII or an 8-byte big-endian integer. Wire:
+//! The value at the key is the lock's expiry by the client's clock, `now + ttl (+ clock_skew)`,
+//! in the format of one legacy family ([`Encoding`]): epoch milliseconds as decimal ASCII or an
+//! 8-byte big-endian integer, epoch seconds as a Python float, `<uuid>:<epoch ms>`, or epoch
+//! nanoseconds. Wire:
 //! 1. `SETNX key <expiry>` (or `SET key <expiry> NX PX <ttl>` with the `key_ttl` option) → won;
 //! 2. otherwise `GET key`; an expiry still in the future → held (sleep and retry);
 //! 3. a past expiry → take over: `GETSET key <expiry>`, won if the old value equals the one read
@@ -32,15 +34,34 @@ use crate::strategy::string_value;
 
 /// Default lifetime ("timeout") of a [`Strategy::Classic`](crate::Strategy::Classic) lock, as in the legacy lockers.
 pub const CLASSIC_DEFAULT_TTL: Duration = Duration::from_secs(1);
-/// How a Classic lock encodes its expiry timestamp (epoch milliseconds) in the value.
+/// How a Classic lock encodes its expiry timestamp in the value: the format of the legacy
+/// family that shares its keys. Every client of one key must use one encoding (a value in
+/// another format is [`LockError::Corrupt`] to us, and some families take it over as expired:
+/// see `docs/compatibility.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Encoding {
-    /// Decimal ASCII, e.g. `1700000000123` (the redis.io SETNX pattern; Java `String.valueOf`).
+    /// Epoch milliseconds in decimal ASCII, `now + ttl + 1`, e.g. `1700000000123` (the redis.io
+    /// SETNX pattern; jedis-lock 1.0.0; Java `String.valueOf`).
     #[default]
     Decimal,
-    /// 8-byte big-endian signed integer (Java `ByteBuffer.putLong`).
+    /// Epoch milliseconds as an 8-byte big-endian signed integer (Java `ByteBuffer.putLong`).
     BigEndian,
+    /// Epoch **seconds** as a Python float, written as Python's `repr(float)` does: the
+    /// shortest digits that read back as the same float, with at least one decimal, e.g.
+    /// `1764262805.123456` or `1764262806.0` (redis-py's `Lock` before 2.10, retools' `Lock`
+    /// up to 0.3). We write `now + ttl` to the microsecond; we read any `<digits>.<digits>`,
+    /// so redis-py's "forever" (`2147483649.0`, in 2038) reads as held.
+    FloatSeconds,
+    /// `<uuid>:<epoch ms>`, e.g. `8743c9c0-0795-4907-87fd-6c719a6b4586:1700000000123` (jedis-lock
+    /// after 1.0.0: a UUID per lock object, then `now + ttl + 1`). Our UUID is the client's
+    /// [`instance_id`](crate::LockClient::instance_id), in the canonical lowercase 8-4-4-4-12
+    /// form. jedis-lock also takes over a live value that carries its own UUID (re-entry); we
+    /// do not: a live value with our UUID is another thread's hold of this client, and is held.
+    UuidMs,
+    /// Epoch **nanoseconds** in decimal ASCII, `now + ttl`, e.g. `1764262805123456789` (Go's
+    /// gorlock, which also sets a Redis TTL: give the lock `key_ttl` to match).
+    Nanos,
 }
 
 /// How a Classic lock takes over a lock whose expiry timestamp has passed.
@@ -156,11 +177,15 @@ enum Attempt {
     Corrupt(Vec<u8>, &'static str),
 }
 
-/// An encoded expiry: at most 20 decimal digits (with sign) or 8 bytes.
+/// An encoded expiry: at most 20 decimal digits (with sign), a float of at most 24
+/// characters, 8 bytes, or a 36-character UUID, `:` and 20 digits.
 pub(crate) struct Encoded {
-    buf: [u8; 20],
+    buf: [u8; ENCODED_CAPACITY],
     len: usize,
 }
+
+/// Room for the longest encoded expiry (`<uuid>:<i64>`: 57 bytes).
+const ENCODED_CAPACITY: usize = 64;
 
 impl Encoded {
     pub(crate) fn as_bytes(&self) -> &[u8] {
@@ -168,22 +193,38 @@ impl Encoded {
     }
 }
 
-/// Encodes an expiry timestamp.
-fn encode(encoding: Encoding, expiry_ms: i64) -> Encoded {
-    let mut buf = [0u8; 20];
-    let len = match encoding {
-        Encoding::BigEndian => {
-            buf[..8].copy_from_slice(&expiry_ms.to_be_bytes());
-            8
-        }
-        Encoding::Decimal => {
-            use std::io::Write;
-            let mut cursor = std::io::Cursor::new(&mut buf[..]);
-            // 20 bytes hold any i64 in decimal, so this cannot fail.
-            let _ = write!(cursor, "{expiry_ms}");
-            cursor.position() as usize
+const NS_PER_US: i128 = 1_000;
+const NS_PER_MS: i128 = 1_000_000;
+const NS_PER_S: i128 = 1_000_000_000;
+
+/// Encodes an expiry, `expiry_ns` epoch nanoseconds, in `encoding` (millisecond encodings drop
+/// the sub-millisecond part, the float one the sub-microsecond part). `owner`: the UUID of a
+/// [`Encoding::UuidMs`] value.
+fn encode(encoding: Encoding, owner: &str, expiry_ns: i128) -> Encoded {
+    use std::io::Write;
+    let mut buf = [0u8; ENCODED_CAPACITY];
+    let ms = expiry_ns.div_euclid(NS_PER_MS) as i64;
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    // The buffer holds the longest value of every encoding, so no write can fail (an owner
+    // id longer than a UUID would be cut, and then never match a value of ours at the key).
+    let _ = match encoding {
+        Encoding::BigEndian => cursor.write_all(&ms.to_be_bytes()),
+        Encoding::Decimal => write!(cursor, "{ms}"),
+        Encoding::UuidMs => write!(cursor, "{owner}:{ms}"),
+        Encoding::Nanos => write!(cursor, "{}", expiry_ns as i64),
+        Encoding::FloatSeconds => {
+            let us = expiry_ns.div_euclid(NS_PER_US);
+            let secs = us as f64 / 1e6;
+            // Rust's `{}` for f64 is the shortest round-trip digits, never an exponent, and no
+            // decimal point for a whole number: Python's repr adds `.0`.
+            if secs.fract() == 0.0 {
+                write!(cursor, "{secs}.0")
+            } else {
+                write!(cursor, "{secs}")
+            }
         }
     };
+    let len = cursor.position() as usize;
     Encoded { buf, len }
 }
 
@@ -192,45 +233,164 @@ fn encode(encoding: Encoding, expiry_ms: i64) -> Encoded {
 /// would look long expired and a live lock would be taken over. Such values are `Corrupt`.
 const OLDEST_PLAUSIBLE_EXPIRY_MS: i64 = 946_684_800_000;
 
-/// Decodes a stored expiry, or says why it is not one.
-fn decode(encoding: Encoding, value: &[u8]) -> std::result::Result<i64, &'static str> {
-    let expiry = decode_raw(encoding, value)?;
-    if expiry < OLDEST_PLAUSIBLE_EXPIRY_MS {
-        return Err("a timestamp before the year 2000, so not a legacy expiry");
-    }
+/// The same instant in epoch nanoseconds.
+const OLDEST_PLAUSIBLE_EXPIRY_NS: i128 = OLDEST_PLAUSIBLE_EXPIRY_MS as i128 * NS_PER_MS;
+
+/// Decodes a stored expiry into epoch nanoseconds, or says why it is not one. Why: the format
+/// the value has if it is another family's or strategy's ([`found_format`]), else what this
+/// encoding expected.
+fn decode(encoding: Encoding, value: &[u8]) -> std::result::Result<i128, &'static str> {
+    let expiry = decode_raw(encoding, value)
+        .and_then(|ns| {
+            if ns < OLDEST_PLAUSIBLE_EXPIRY_NS {
+                Err("a timestamp before the year 2000, so not a legacy expiry")
+            } else if encoding == Encoding::Decimal && ns >= NANOS_AS_MS_NS {
+                // 18 or more digits: epoch nanoseconds, read as milliseconds (a live gorlock
+                // value would read as held for millions of years).
+                Err("a number of milliseconds after the year 30,000,000")
+            } else {
+                Ok(ns)
+            }
+        })
+        .map_err(|reason| found_format(encoding, value).unwrap_or(reason))?;
     Ok(expiry)
 }
 
-fn decode_raw(encoding: Encoding, value: &[u8]) -> std::result::Result<i64, &'static str> {
+/// The oldest plausible nanosecond expiry read as milliseconds, in nanoseconds: a decimal
+/// value this large is an [`Encoding::Nanos`] value, not milliseconds.
+const NANOS_AS_MS_NS: i128 = OLDEST_PLAUSIBLE_EXPIRY_NS * NS_PER_MS;
+
+/// What a value that `encoding` rejects is, if it has the shape of another encoding's expiry or
+/// of another strategy's value: the reason of its [`LockError::Corrupt`].
+fn found_format(encoding: Encoding, value: &[u8]) -> Option<&'static str> {
+    if crate::strategy::token::recognizes(value) {
+        return Some("it is a Token lock's value (32 hex digits), not an expiry timestamp");
+    }
+    if crate::strategy::fair::recognizes(value) {
+        return Some("it is a Fair lock's value (48 hex digits), not an expiry timestamp");
+    }
+    let (_, found) = recognize(value)?;
+    if found == encoding {
+        return None;
+    }
+    Some(match found {
+        Encoding::Decimal => {
+            "it is another family's format: decimal epoch milliseconds (Encoding::Decimal), not \
+             this lock's encoding"
+        }
+        Encoding::BigEndian => {
+            "it is another family's format: 8-byte big-endian epoch milliseconds \
+             (Encoding::BigEndian), not this lock's encoding"
+        }
+        Encoding::FloatSeconds => {
+            "it is another family's format: float epoch seconds (Encoding::FloatSeconds), not \
+             this lock's encoding"
+        }
+        Encoding::UuidMs => {
+            "it is another family's format: <uuid>:<epoch ms> (Encoding::UuidMs), not this \
+             lock's encoding"
+        }
+        Encoding::Nanos => {
+            "it is another family's format: decimal epoch nanoseconds (Encoding::Nanos), not \
+             this lock's encoding"
+        }
+    })
+}
+
+/// A decimal integer of at most 20 characters (with sign), as Java's `Long.parseLong` and
+/// Go's `strconv.ParseInt` read it.
+fn decimal_i64(value: &[u8]) -> Option<i64> {
+    std::str::from_utf8(value)
+        .ok()
+        .filter(|s| !s.is_empty() && s.len() <= 20)
+        .and_then(|s| s.parse::<i64>().ok())
+}
+
+/// True for a UUID in its 36-character text form (hex digits, dashes at 8, 13, 18 and 23).
+fn is_uuid(value: &[u8]) -> bool {
+    value.len() == 36
+        && value.iter().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => *b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// A float written by Python's `repr` (or `str`) of a timestamp: `<digits>.<digits>`, at
+/// most 24 characters; its value in nanoseconds, read as the exact decimal (digits past the
+/// ninth decimal dropped), not through an `f64` whose rounding would move it.
+fn float_seconds_ns(value: &[u8]) -> Option<i128> {
+    if value.len() > 24 {
+        return None;
+    }
+    let dot = value.iter().position(|b| *b == b'.')?;
+    let (int, frac) = (&value[..dot], &value[dot + 1..]);
+    let digits = |p: &[u8]| !p.is_empty() && p.iter().all(u8::is_ascii_digit);
+    if !digits(int) || !digits(frac) {
+        return None;
+    }
+    let number = |p: &[u8]| p.iter().fold(0i128, |n, d| n * 10 + i128::from(d - b'0'));
+    let frac_ns = (0..9).fold(0i128, |n, i| {
+        n * 10 + frac.get(i).map_or(0, |d| i128::from(d - b'0'))
+    });
+    Some(number(int) * NS_PER_S + frac_ns)
+}
+
+fn decode_raw(encoding: Encoding, value: &[u8]) -> std::result::Result<i128, &'static str> {
+    let ms = |ms: i64| i128::from(ms) * NS_PER_MS;
     match encoding {
         Encoding::BigEndian => <[u8; 8]>::try_from(value)
-            .map(i64::from_be_bytes)
+            .map(|b| ms(i64::from_be_bytes(b)))
             .map_err(|_| "expected 8 bytes (big-endian encoding)"),
-        Encoding::Decimal => std::str::from_utf8(value)
-            .ok()
-            .filter(|s| !s.is_empty() && s.len() <= 20)
-            .and_then(|s| s.parse::<i64>().ok())
+        Encoding::Decimal => decimal_i64(value)
+            .map(ms)
             .ok_or("expected a decimal integer (decimal encoding)"),
+        Encoding::Nanos => decimal_i64(value)
+            .map(i128::from)
+            .ok_or("expected a decimal integer of nanoseconds (nanos encoding)"),
+        Encoding::FloatSeconds => float_seconds_ns(value)
+            .ok_or("expected a float of seconds such as 1764262805.12 (float-seconds encoding)"),
+        Encoding::UuidMs => value
+            .get(..36)
+            .filter(|uuid| is_uuid(uuid) && value.get(36) == Some(&b':'))
+            .and_then(|_| decimal_i64(&value[37..]))
+            .map(ms)
+            .ok_or("expected <uuid>:<epoch ms> (uuid-ms encoding)"),
     }
 }
 
-/// Wall-clock epoch milliseconds: the legacy format is defined by the client's clock.
-fn now_epoch_ms(key: &str) -> Result<i64> {
+/// Wall-clock epoch nanoseconds: the legacy formats are defined by the client's clock.
+fn now_epoch_ns(key: &str) -> Result<i128> {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
+        .map(|d| d.as_nanos() as i128)
         .map_err(|_| LockError::config(key, "the system clock is before 1970"))
 }
 
-/// The value for a hold of `ttl` starting now: `now + ttl + 1 + skew` in epoch ms, encoded.
+/// The value for a hold of `ttl` starting now, encoded: its expiry is `now + ttl + skew`, plus
+/// 1 ms in the millisecond encodings (as the Java lockers write), to the microsecond in the
+/// float one and to the nanosecond in the nanosecond one. `owner`: the UUID of an
+/// [`Encoding::UuidMs`] value (the client's instance id).
 pub(crate) fn expiry_value(
     key: &str,
     encoding: Encoding,
+    owner: &str,
     ttl: Duration,
     skew: Duration,
 ) -> Result<Encoded> {
-    let expiry = now_epoch_ms(key)? + ttl.as_millis() as i64 + 1 + skew.as_millis() as i64;
-    Ok(encode(encoding, expiry))
+    let now = now_epoch_ns(key)?;
+    let (ttl, skew) = (ttl.as_nanos() as i128, skew.as_nanos() as i128);
+    let expiry = match encoding {
+        Encoding::Decimal | Encoding::BigEndian | Encoding::UuidMs => {
+            let per = |ns: i128| ns.div_euclid(NS_PER_MS);
+            (per(now) + per(ttl) + 1 + per(skew)) * NS_PER_MS
+        }
+        Encoding::FloatSeconds => {
+            let per = |ns: i128| ns.div_euclid(NS_PER_US);
+            (per(now) + per(ttl) + per(skew)) * NS_PER_US
+        }
+        Encoding::Nanos => now + ttl + skew,
+    };
+    Ok(encode(encoding, owner, expiry))
 }
 
 impl std::fmt::Debug for ClassicLock {
@@ -266,9 +426,17 @@ impl ClassicLock {
         &self.opts
     }
 
-    /// The value to store for a hold of `ttl` starting now: `now + ttl + 1 + skew`.
+    /// The value to store for a hold of `ttl` starting now: `now + ttl + skew` (see
+    /// [`expiry_value`]).
     fn expiry_value(&self, ttl: Duration) -> Result<Encoded> {
-        expiry_value(&self.key, self.opts.encoding, ttl, self.opts.clock_skew)
+        let owner = self.client.instance_id();
+        expiry_value(
+            &self.key,
+            self.opts.encoding,
+            owner,
+            ttl,
+            self.opts.clock_skew,
+        )
     }
 
     /// One acquire attempt on one connection: SETNX, then GET and a takeover if stale.
@@ -277,7 +445,7 @@ impl ClassicLock {
         con: &mut dyn redis::ConnectionLike,
         scripts: &crate::scripts::Scripts,
         value: &[u8],
-        now_ms: i64,
+        now_ns: i128,
         getset_sent: &Cell<bool>,
     ) -> redis::RedisResult<Attempt> {
         for _ in 0..VANISHED_RETRIES {
@@ -292,7 +460,9 @@ impl ClassicLock {
                 Ok(expiry) => expiry,
                 Err(reason) => return Ok(Attempt::Corrupt(seen, reason)),
             };
-            if expiry >= now_ms {
+            // Held while the expiry has not passed, whoever wrote it (a live `<uuid>:<ms>` value
+            // with our own UUID is another thread's hold: Classic does not re-enter).
+            if expiry >= now_ns {
                 return Ok(Attempt::Held);
             }
             if self.opts.takeover == Takeover::GetSet {
@@ -300,7 +470,7 @@ impl ClassicLock {
             }
             return Ok(if self.take_over(con, scripts, &seen, value)? {
                 Attempt::TookOver {
-                    expired_ms_ago: now_ms - expiry,
+                    expired_ms_ago: ((now_ns - expiry) / NS_PER_MS) as i64,
                 }
             } else {
                 Attempt::Held
@@ -389,7 +559,7 @@ impl ClassicLock {
         let start = Instant::now();
         let value = self.expiry_value(self.ttl)?;
         let value = value.as_bytes();
-        let now_ms = now_epoch_ms(&self.key)?;
+        let now_ns = now_epoch_ns(&self.key)?;
         // Classic without key_ttl has no Redis expiry: after `ttl` its value is stale and the
         // next acquirer takes it over, so a clean-up is needed until then at most.
         let until = start.checked_add(self.ttl).unwrap_or(start);
@@ -403,7 +573,7 @@ impl ClassicLock {
             None,
             until,
             || !getset_sent.get(),
-            |con, s| self.attempt(con, s, value, now_ms, &getset_sent),
+            |con, s| self.attempt(con, s, value, now_ns, &getset_sent),
         )?;
         let won =
             |lease| crate::lease::checked_win(&self.key, lease, self.ttl, |l| self.release(l));
@@ -492,11 +662,11 @@ impl crate::lock::LockAdmin for ClassicLock {
             value: printable(&value),
             reason,
         })?;
-        let now = now_epoch_ms(&self.key)?;
+        let now = now_epoch_ns(&self.key)?;
         if expiry < now {
             return Ok(LockState::Unlocked);
         }
-        let left = Duration::from_millis(u64::try_from(expiry - now).unwrap_or(0));
+        let left = Duration::from_nanos(u64::try_from(expiry - now).unwrap_or(u64::MAX));
         Ok(LockState::Locked {
             ttl: Some(found.pttl.map_or(left, |p| p.min(left))),
         })
@@ -523,51 +693,130 @@ pub(crate) fn access_checks(client: &LockClient, key: &str) -> Vec<access::Check
     c
 }
 
-/// The expiries, in epoch milliseconds, that [`recognize`] takes for a Classic lock's: from
+/// The expiries, in epoch nanoseconds, that [`recognize`] takes for a Classic lock's: from
 /// 2000-01-01 ([`OLDEST_PLAUSIBLE_EXPIRY_MS`]) to 2500-01-01. The upper bound keeps other
 /// values of 8 bytes, or long numbers, from passing for an expiry.
-const RECOGNIZED_EXPIRY_MS: std::ops::Range<i64> = OLDEST_PLAUSIBLE_EXPIRY_MS..16_725_225_600_000;
+const RECOGNIZED_EXPIRY_NS: std::ops::Range<i128> =
+    OLDEST_PLAUSIBLE_EXPIRY_NS..16_725_225_600_000 * NS_PER_MS;
 
 /// The expiry (epoch ms) and encoding of `value`, read at a lock key, if it has the shape of a
-/// Classic lock's value in either encoding: 8 bytes that read as a big-endian expiry, or 1 to 19
-/// decimal digits (no sign), in [`RECOGNIZED_EXPIRY_MS`] either way. A guess from the shape
-/// alone: another tool's number in that range passes too. The two shapes cannot both fit one
-/// value (a big-endian expiry starts with two zero bytes, a decimal one has 12 to 14 digits).
+/// Classic lock's value in one of the encodings, with an expiry in [`RECOGNIZED_EXPIRY_NS`]:
+/// 8 bytes that read as a big-endian expiry; 1 to 19 decimal digits (no sign), milliseconds or
+/// nanoseconds by their value; `<digits>.<digits>` (float seconds); a UUID, `:` and 1 to 19
+/// digits. A guess from the shape alone: another tool's number in that range passes too. No
+/// value fits two shapes: a big-endian expiry starts with two zero bytes, a millisecond one has
+/// 12 to 14 digits and a nanosecond one 18 or 19, and only the float has a `.`, only the UUID
+/// form a `:`.
 pub(crate) fn recognize(value: &[u8]) -> Option<(i64, Encoding)> {
-    let plausible = |ms: &i64| RECOGNIZED_EXPIRY_MS.contains(ms);
-    let as_encoding = |encoding| {
+    let digits = |v: &[u8]| (1..=19).contains(&v.len()) && v.iter().all(u8::is_ascii_digit);
+    let shaped = |encoding| match encoding {
+        Encoding::BigEndian => value.len() == 8,
+        Encoding::Decimal | Encoding::Nanos => digits(value),
+        Encoding::FloatSeconds => value.contains(&b'.'),
+        Encoding::UuidMs => value.len() > 37 && digits(&value[37..]),
+    };
+    [
+        Encoding::BigEndian,
+        Encoding::Decimal,
+        Encoding::Nanos,
+        Encoding::FloatSeconds,
+        Encoding::UuidMs,
+    ]
+    .into_iter()
+    .filter(|&encoding| shaped(encoding))
+    .find_map(|encoding| {
         decode_raw(encoding, value)
             .ok()
-            .filter(plausible)
-            .map(|ms| (ms, encoding))
-    };
-    let digits = (1..=19).contains(&value.len()) && value.iter().all(u8::is_ascii_digit);
-    as_encoding(Encoding::BigEndian).or_else(|| digits.then(|| as_encoding(Encoding::Decimal))?)
+            .filter(|ns| RECOGNIZED_EXPIRY_NS.contains(ns))
+            .map(|ns| (ns.div_euclid(NS_PER_MS) as i64, encoding))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const OWNER: &str = "8743c9c0-0795-4907-87fd-6c719a6b4586";
+    const ALL: [Encoding; 5] = [
+        Encoding::Decimal,
+        Encoding::BigEndian,
+        Encoding::FloatSeconds,
+        Encoding::UuidMs,
+        Encoding::Nanos,
+    ];
+
+    fn enc(encoding: Encoding, ms: i64) -> Vec<u8> {
+        encode(encoding, OWNER, i128::from(ms) * NS_PER_MS)
+            .as_bytes()
+            .to_vec()
+    }
+
     #[test]
     fn encodings_round_trip() {
-        for ms in [0i64, 1, 1_700_000_000_123, i64::MAX, -5] {
-            for enc in [Encoding::Decimal, Encoding::BigEndian] {
-                assert_eq!(decode_raw(enc, encode(enc, ms).as_bytes()), Ok(ms));
-            }
+        let ms_encodings = [Encoding::Decimal, Encoding::BigEndian, Encoding::UuidMs];
+        // Every millisecond i64 in the millisecond encodings; plausible times in the others.
+        let cases = [0i64, 1, 1_700_000_000_123, i64::MAX / 1_000_000, -5]
+            .into_iter()
+            .flat_map(|ms| ms_encodings.map(|e| (e, ms)))
+            .chain(
+                [1_700_000_000_123i64, 946_684_800_000, 2_147_483_649_000]
+                    .into_iter()
+                    .flat_map(|ms| [Encoding::FloatSeconds, Encoding::Nanos].map(|e| (e, ms))),
+            );
+        for (e, ms) in cases {
+            let ns = i128::from(ms) * NS_PER_MS;
+            assert_eq!(decode_raw(e, &enc(e, ms)), Ok(ns), "{e:?} {ms}");
         }
         assert_eq!(
             decode(Encoding::Decimal, b"1700000000123"),
-            Ok(1_700_000_000_123)
+            Ok(1_700_000_000_123 * NS_PER_MS)
+        );
+        assert_eq!(enc(Encoding::Decimal, 1_700_000_000_123), b"1700000000123");
+        assert_eq!(enc(Encoding::BigEndian, 1), [0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(
+            enc(Encoding::UuidMs, 1_700_000_000_123),
+            b"8743c9c0-0795-4907-87fd-6c719a6b4586:1700000000123"
         );
         assert_eq!(
-            encode(Encoding::Decimal, 1_700_000_000_123).as_bytes(),
-            b"1700000000123"
+            enc(Encoding::Nanos, 1_700_000_000_123),
+            b"1700000000123000000"
         );
+    }
+
+    #[test]
+    fn float_seconds_are_written_as_python_repr() {
+        let at = |us: i128| {
+            let v = encode(Encoding::FloatSeconds, OWNER, us * NS_PER_US);
+            String::from_utf8(v.as_bytes().to_vec()).expect("ascii")
+        };
+        // repr(1764262805.123456), repr(1764262806.0), repr(2147483649.0), repr(1764262805.1)
+        assert_eq!(at(1_764_262_805_123_456), "1764262805.123456");
+        assert_eq!(at(1_764_262_806_000_000), "1764262806.0");
+        assert_eq!(at(2_147_483_649_000_000), "2147483649.0");
+        assert_eq!(at(1_764_262_805_100_000), "1764262805.1");
+        assert_eq!(at(1_764_262_805_000_010), "1764262805.00001");
+        // Python 2's str() kept 12 significant digits: read as well.
         assert_eq!(
-            encode(Encoding::BigEndian, 1).as_bytes(),
-            &[0, 0, 0, 0, 0, 0, 0, 1]
+            decode(Encoding::FloatSeconds, b"1764262805.12"),
+            Ok(1_764_262_805_120 * NS_PER_MS)
         );
+        // Sub-nanosecond float error is rounded away.
+        assert_eq!(
+            decode(Encoding::FloatSeconds, b"1764262805.123456"),
+            Ok(1_764_262_805_123_456_000)
+        );
+        let written = expiry_value(
+            "k",
+            Encoding::FloatSeconds,
+            OWNER,
+            Duration::from_secs(1),
+            Duration::ZERO,
+        )
+        .expect("clock");
+        let text = std::str::from_utf8(written.as_bytes()).expect("ascii");
+        let (int, frac) = text.split_once('.').expect("a decimal point");
+        assert_eq!(int.len(), 10, "{text}");
+        assert!((1..=6).contains(&frac.len()), "{text}");
     }
 
     #[test]
@@ -581,24 +830,99 @@ mod tests {
         // A Lua-based legacy locker stores "1": not an expiry, never taken over as a stale one.
         assert!(decode(Encoding::Decimal, b"1").is_err());
         assert!(decode(Encoding::BigEndian, &1i64.to_be_bytes()).is_err());
+        let float_bad: [&[u8]; 10] = [
+            b"1764262805",
+            b"1764262805.",
+            b".5",
+            b"1.7e9",
+            b"inf",
+            b"nan",
+            b"-1764262805.0",
+            b"+1764262805.0",
+            b" 1764262805.0",
+            b"1764262805.0.1",
+        ];
+        let uuid = "8743c9c0-0795-4907-87fd-6c719a6b4586";
+        let uuid_bad = [
+            uuid.to_owned(),
+            format!("{uuid}:"),
+            format!("{uuid}:x"),
+            format!("{uuid}.1700000000123"),
+            format!("{uuid}:1"),
+            "zz43c9c0-0795-4907-87fd-6c719a6b4586:1700000000123".to_owned(),
+            "8743c9c0079549070787fd6c719a6b4586aa:1700000000123".to_owned(),
+            "1700000000123".to_owned(),
+        ];
+        let bad = (float_bad
+            .iter()
+            .map(|v| (Encoding::FloatSeconds, v.to_vec())))
+        .chain(uuid_bad.map(|v| (Encoding::UuidMs, v.into_bytes())));
+        for (e, v) in bad {
+            assert!(decode(e, &v).is_err(), "{e:?} {v:?}");
+        }
+        // Milliseconds read as nanoseconds are in 1970; nanoseconds read as milliseconds are
+        // millions of years away: both refused.
+        assert!(decode(Encoding::Nanos, b"1700000000123").is_err());
+        assert!(decode(Encoding::Decimal, b"1700000000123000000").is_err());
+    }
+
+    #[test]
+    fn corrupt_reasons_name_the_format_found() {
+        let cases: [(Encoding, &[u8], &str); 6] = [
+            (
+                Encoding::Decimal,
+                b"1764262805.123",
+                "Encoding::FloatSeconds",
+            ),
+            (Encoding::Decimal, b"1764262805123456789", "Encoding::Nanos"),
+            (Encoding::Nanos, b"1764262805123", "Encoding::Decimal"),
+            (
+                Encoding::FloatSeconds,
+                b"8743c9c0-0795-4907-87fd-6c719a6b4586:1764262805123",
+                "Encoding::UuidMs",
+            ),
+            (
+                Encoding::UuidMs,
+                b"0123456789abcdef0123456789abcdef",
+                "a Token lock's value",
+            ),
+            (Encoding::BigEndian, b"1764262805123", "Encoding::Decimal"),
+        ];
+        for (encoding, value, named) in cases {
+            let reason = decode(encoding, value).expect_err("corrupt");
+            assert!(reason.contains(named), "{encoding:?} {value:?}: {reason}");
+        }
+        // A value of no known shape says what the encoding expected.
+        let reason = decode(Encoding::Nanos, b"hello").expect_err("corrupt");
+        assert!(reason.contains("nanos encoding"), "{reason}");
     }
 
     #[test]
     fn classic_values_are_recognized() {
         let ms = 1_700_000_000_123;
-        for enc in [Encoding::Decimal, Encoding::BigEndian] {
-            assert_eq!(recognize(encode(enc, ms).as_bytes()), Some((ms, enc)));
-            let written = expiry_value("k", enc, Duration::from_secs(1), Duration::ZERO);
+        for e in ALL {
+            assert_eq!(recognize(&enc(e, ms)), Some((ms, e)), "{e:?}");
+            let written = expiry_value("k", e, OWNER, Duration::from_secs(1), Duration::ZERO);
             let written = written.expect("clock");
-            assert_eq!(recognize(written.as_bytes()).map(|(_, e)| e), Some(enc));
+            assert_eq!(recognize(written.as_bytes()).map(|(_, e)| e), Some(e));
             // Before 2000 or after 2500: not an expiry.
-            assert_eq!(recognize(encode(enc, 1).as_bytes()), None);
-            assert_eq!(recognize(encode(enc, 946_684_799_999).as_bytes()), None);
-            assert!(recognize(encode(enc, 946_684_800_000).as_bytes()).is_some());
-            assert!(recognize(encode(enc, 16_725_225_599_999).as_bytes()).is_some());
-            assert_eq!(recognize(encode(enc, 16_725_225_600_000).as_bytes()), None);
-            assert_eq!(recognize(encode(enc, -ms).as_bytes()), None);
+            assert_eq!(recognize(&enc(e, 1)), None, "{e:?}");
+            assert_eq!(recognize(&enc(e, 946_684_799_999)), None, "{e:?}");
+            assert!(recognize(&enc(e, 946_684_800_000)).is_some(), "{e:?}");
+            if e != Encoding::Nanos {
+                // Nanoseconds end in 2262 (i64).
+                assert!(recognize(&enc(e, 16_725_225_599_999)).is_some(), "{e:?}");
+                assert_eq!(recognize(&enc(e, 16_725_225_600_000)), None, "{e:?}");
+            }
         }
+        for e in [Encoding::Decimal, Encoding::BigEndian, Encoding::UuidMs] {
+            assert_eq!(recognize(&enc(e, -ms)), None);
+        }
+        // redis-py's "forever".
+        assert_eq!(
+            recognize(b"2147483649.0"),
+            Some((2_147_483_649_000, Encoding::FloatSeconds))
+        );
         // Decimal digits only: no sign, no spaces, at most 19 of them.
         assert_eq!(recognize(b"+1700000000123"), None);
         assert_eq!(recognize(b" 1700000000123"), None);
@@ -607,9 +931,14 @@ mod tests {
             recognize(b"0000001700000000123"),
             Some((ms, Encoding::Decimal))
         );
+        assert_eq!(
+            recognize(b"1700000000123456789"),
+            Some((ms, Encoding::Nanos))
+        );
         // Eight digits are a number before 2000, and as bytes far beyond 2500.
         assert_eq!(recognize(b"17000000"), None);
         assert_eq!(recognize(b""), None);
         assert_eq!(recognize(b"hello"), None);
+        assert_eq!(recognize(b"8743c9c0-0795-4907-87fd-6c719a6b4586:1"), None);
     }
 }

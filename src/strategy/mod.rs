@@ -75,11 +75,14 @@ pub enum Recognized {
     /// random part).
     Fair,
     /// A [`Strategy::Classic`] lock's value: an expiry timestamp between the years 2000 and
-    /// 2500, as 8 big-endian bytes or in decimal digits.
+    /// 2500 in one of the [`Encoding`]s: epoch milliseconds as 8 big-endian bytes or in
+    /// decimal digits, epoch seconds as a float (`1764262805.123456`), `<uuid>:<epoch ms>`, or
+    /// epoch nanoseconds in decimal digits (18 or 19 of them).
     Classic {
-        /// The expiry in epoch milliseconds, by the clock of the locker that wrote it.
+        /// The expiry in epoch milliseconds (whatever unit the value has), by the clock of the
+        /// locker that wrote it.
         expiry_ms: i64,
-        /// How it was encoded.
+        /// How it was encoded: the legacy family that wrote it.
         encoding: Encoding,
     },
 }
@@ -100,6 +103,10 @@ impl Strategy {
     /// assert_eq!(
     ///     Strategy::recognize(b"1700000000123"),
     ///     Some(Recognized::Classic { expiry_ms: 1_700_000_000_123, encoding: Encoding::Decimal })
+    /// );
+    /// assert_eq!(
+    ///     Strategy::recognize(b"1700000000.123"),
+    ///     Some(Recognized::Classic { expiry_ms: 1_700_000_000_123, encoding: Encoding::FloatSeconds })
     /// );
     /// assert_eq!(Strategy::recognize(b"9f0c4b2e8d61a7350c2f9e4b1d8a6c73"), Some(Recognized::Token));
     /// assert_eq!(Strategy::recognize(b"1"), None);
@@ -542,14 +549,19 @@ mod tests {
             Strategy::recognize(b"0123456789abcdef0123456789abcdef0123456789abcdef"),
             Some(Recognized::Fair)
         );
-        assert_eq!(
-            Strategy::recognize(b"1700000000123"),
-            classic(Encoding::Decimal)
-        );
-        assert_eq!(
-            Strategy::recognize(&ms.to_be_bytes()),
-            classic(Encoding::BigEndian)
-        );
+        let be = ms.to_be_bytes();
+        for (value, encoding) in [
+            (&b"1700000000123"[..], Encoding::Decimal),
+            (&be[..], Encoding::BigEndian),
+            (b"1700000000.123", Encoding::FloatSeconds),
+            (
+                b"8743c9c0-0795-4907-87fd-6c719a6b4586:1700000000123",
+                Encoding::UuidMs,
+            ),
+            (b"1700000000123000000", Encoding::Nanos),
+        ] {
+            assert_eq!(Strategy::recognize(value), classic(encoding), "{value:?}");
+        }
         for other in [
             &b""[..],
             b"1",

@@ -75,6 +75,9 @@ pub const STRATEGIES: &[(&str, Strategy)] = &[
 pub const ENCODINGS: &[(&str, Encoding)] = &[
     ("decimal", Encoding::Decimal),
     ("big-endian", Encoding::BigEndian),
+    ("float-seconds", Encoding::FloatSeconds),
+    ("uuid-ms", Encoding::UuidMs),
+    ("nanos", Encoding::Nanos),
 ];
 
 /// The value `name` stands for in `table`.
@@ -126,7 +129,7 @@ const MIN_LEASE: Duration = Duration::from_millis(300);
 pub const USAGE: &str = "\
 Usage:
   dlock run     [REDIS] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
-                [--strategy token|classic|reentrant|fair] [--classic-encoding decimal|big-endian]
+                [--strategy token|classic|reentrant|fair] [--classic-encoding E]
                 [--kill-after DUR] [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
   dlock status  [REDIS] --key KEY
   dlock release [REDIS] --key KEY --force
@@ -140,7 +143,7 @@ dlock: flock(1) across hosts, on Redis.
 
 Usage:
   dlock run     [REDIS] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
-                [--strategy token|classic|reentrant|fair] [--classic-encoding decimal|big-endian]
+                [--strategy token|classic|reentrant|fair] [--classic-encoding E]
                 [--kill-after DUR] [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
   dlock status  [REDIS] --key KEY
   dlock release [REDIS] --key KEY --force
@@ -189,8 +192,13 @@ are forwarded to COMMAND (except those its terminal already sent it, like Ctrl-C
   --strategy S         token (default), classic (the legacy SETNX/GETSET timestamp lock),
                        reentrant (Redisson's RLock hash) or fair (first come, first served:
                        waiters queue in Redis and a release hands the lock to the first)
-  --classic-encoding E decimal (default) or big-endian (8-byte value, plus a Redis TTL on the
-                       key and 1 s of clock allowance, as the 8-byte legacy locker does)
+  --classic-encoding E the legacy family whose value format the key holds:
+                       decimal (default: epoch ms, jedis-lock 1.0.0 and the SETNX recipe),
+                       big-endian (8-byte epoch ms, plus a Redis TTL on the key and 1 s of
+                       clock allowance, as the 8-byte legacy locker does), float-seconds
+                       (redis-py's Lock before 2.10, retools), uuid-ms (<uuid>:<epoch ms>,
+                       jedis-lock after 1.0.0) or nanos (epoch ns plus a Redis TTL on the key,
+                       gorlock)
   --kill-after DUR     after a loss, SIGKILL this long after SIGTERM (default 10s)
   --quiet              no message when the lock is busy or the wait timed out
 
@@ -639,21 +647,23 @@ mod tests {
             assert_eq!(o.strategy, *strategy);
             assert_eq!(name_of(STRATEGIES, strategy), Some(*name));
         }
-        let Ok(Cmd::Run(o)) = parse(
-            args(&[
+        for (name, encoding) in ENCODINGS {
+            let flag = format!("--classic-encoding={name}");
+            let run = [
                 "run",
                 "--key",
                 "k",
                 "--strategy=classic",
-                "--classic-encoding=big-endian",
+                &flag,
                 "--",
                 "true",
-            ]),
-            Some("redis://h/".into()),
-        ) else {
-            panic!("valid")
-        };
-        assert_eq!(o.encoding, Encoding::BigEndian);
+            ];
+            let Ok(Cmd::Run(o)) = parse(args(&run), Some("redis://h/".into())) else {
+                panic!("{name} is valid")
+            };
+            assert_eq!(o.encoding, *encoding, "{name}");
+            assert_eq!(name_of(ENCODINGS, encoding), Some(*name));
+        }
         assert_eq!(name_of(ENCODINGS, &Encoding::Decimal), Some("decimal"));
         let Err(Usage(msg)) = parse(
             args(&["run", "--key", "k", "--strategy", "bogus", "--", "true"]),
@@ -683,7 +693,8 @@ mod tests {
         };
         assert_eq!(
             msg,
-            "--classic-encoding must be decimal or big-endian, not \"hex\""
+            "--classic-encoding must be decimal, big-endian, float-seconds, uuid-ms or nanos, \
+             not \"hex\""
         );
     }
 
