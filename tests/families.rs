@@ -1,4 +1,4 @@
-//! `Strategy::Classic` beside the other legacy SETNX/GETSET families, on the same keys.
+//! `Strategy::Classic(ClassicOptions::new())` beside the other legacy SETNX/GETSET families, on the same keys.
 //!
 //! Each family's client is re-implemented here with raw commands, from its public behaviour
 //! and value format (not from the crate's code):
@@ -31,6 +31,8 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy};
 use support::worker::{self, WorkerProcess};
 use support::{init_logging, raw, RedisServer};
@@ -401,16 +403,12 @@ impl Peer {
 
 /// A Classic lock in `family`'s format on `key` (without `key_ttl`: the value's expiry alone
 /// ends a hold, so takeovers go through GETSET).
-fn classic(
-    client: &LockClient,
-    key: &str,
-    family: Family,
-    ttl: Duration,
-) -> Box<dyn DistributedLock> {
+fn classic(client: &LockClient, key: &str, family: Family, ttl: Duration) -> Lock {
     client
         .lock(key)
-        .strategy(Strategy::Classic)
-        .encoding(family.encoding())
+        .strategy(Strategy::Classic(
+            ClassicOptions::new().encoding(family.encoding()),
+        ))
         .ttl(ttl)
         .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(60))))
         .build()
@@ -624,7 +622,7 @@ fn families_holder_process() {
             let client = LockClient::open(url.as_str()).unwrap();
             let lock = classic(&client, &key, Family::named(family), DEAD_TTL);
             // Kept past the end of this block: the process exits without releasing it.
-            let lease = lock.try_acquire().expect("acquire").expect("a free key");
+            let lease = lock.try_acquire().expect("a free key");
             let value = lease.value().to_vec();
             std::mem::forget(lease);
             value
@@ -808,7 +806,7 @@ fn a_key_shared_by_two_families() {
         let key = format!("families:shared:decimal:{}", family.name());
         let decimal = client
             .lock(&key)
-            .strategy(Strategy::Classic)
+            .strategy(Strategy::Classic(ClassicOptions::new()))
             .ttl(live)
             .build()
             .unwrap();
@@ -833,8 +831,7 @@ fn a_key_shared_by_two_families() {
         let key = format!("families:shared:py:{encoding:?}");
         let lock = client
             .lock(&key)
-            .strategy(Strategy::Classic)
-            .encoding(encoding)
+            .strategy(Strategy::Classic(ClassicOptions::new().encoding(encoding)))
             .ttl(live)
             .build()
             .unwrap();
@@ -852,8 +849,7 @@ fn a_key_shared_by_two_families() {
     for encoding in [Encoding::Decimal, Encoding::UuidMs, Encoding::Nanos] {
         let lock = client
             .lock(key)
-            .strategy(Strategy::Classic)
-            .encoding(encoding)
+            .strategy(Strategy::Classic(ClassicOptions::new().encoding(encoding)))
             .build()
             .unwrap();
         let refused = lock.try_lock().map(|g| g.value().to_vec());

@@ -90,26 +90,17 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
     let (tx, rx) = mpsc::channel::<Event>();
 
     let mut builder = client.lock(key.clone()).strategy(o.strategy);
-<<<<<<< HEAD
     let (keep, default_retry) = if let Strategy::Classic(mut classic) = o.strategy {
         classic = classic.encoding(o.encoding);
-        if o.encoding == Encoding::BigEndian {
-            classic = classic.key_ttl(true).clock_skew(BIG_ENDIAN_CLOCK_SKEW);
+        match o.encoding {
+            Encoding::BigEndian => {
+                classic = classic.key_ttl(true).clock_skew(BIG_ENDIAN_CLOCK_SKEW);
+            }
+            // gorlock sets a Redis TTL on the key as well.
+            Encoding::Nanos => classic = classic.key_ttl(true),
+            _ => {}
         }
         builder = builder.strategy(Strategy::Classic(classic));
-=======
-    let (keep, default_retry) = if o.strategy == Strategy::Classic {
-        builder = match o.encoding {
-            Encoding::BigEndian => builder
-                .encoding(Encoding::BigEndian)
-                .key_ttl()
-                .clock_skew(BIG_ENDIAN_CLOCK_SKEW),
-            // gorlock sets a Redis TTL on the key as well.
-            Encoding::Nanos => builder.encoding(Encoding::Nanos).key_ttl(),
-            Encoding::Decimal => builder,
-            other => builder.encoding(other),
-        };
->>>>>>> enc
         let keep = match o.ttl {
             Some(ttl) => Keep::Fixed(ttl),
             None => Keep::Extend(o.lease),
