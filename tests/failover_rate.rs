@@ -59,7 +59,8 @@ use redis_dlock::{DistributedLock, LockClient, LockError};
 use support::history::{self, Recorder};
 use support::worker::{self, WorkerProcess};
 use support::{
-    cluster_info, init_logging, role, wait_until, Cluster, RedisServer, Sentinel, SENTINEL_SERVICE,
+    cluster_info, init_logging, role, wait_until, wait_until_every, Cluster, RedisServer, Sentinel,
+    SENTINEL_SERVICE,
 };
 
 /// Load processes, one `LockClient` each.
@@ -237,7 +238,7 @@ fn rate_worker() {
                                 errors.push((since_epoch(), e.report()));
                             }
                             // No busy loop on an error returned at once.
-                            thread::sleep(Duration::from_millis(10));
+                            support::work(Duration::from_millis(10));
                             continue;
                         }
                     };
@@ -286,6 +287,7 @@ fn rate_worker() {
             ready = true;
             worker::report(READY, "");
         }
+        // Time under test: the counters are sampled every 10 ms.
         thread::sleep(Duration::from_millis(10));
     }
     stop.store(true, Ordering::Relaxed);
@@ -432,6 +434,40 @@ impl Load {
     }
 
     /// Stops the workers (each finishes the `lock()` it is in) and returns their counts.
+    /// Runs the load through a fault: `WARM_UP` (time under test: the rate before), `fault`,
+    /// until `recovered` (at most 20 s; whether it did is returned), then `AFTER` (time under
+    /// test: the rate after). The workers' reports and the times, with the switch window of a
+    /// graceful failover.
+    fn around_fault(
+        self,
+        fault: impl FnOnce(),
+        recovered: impl FnMut() -> bool,
+        graceful: bool,
+    ) -> (bool, Vec<WorkerReport>, Times) {
+        thread::sleep(WARM_UP);
+        let fault_at = self.now();
+        fault();
+        // Every 20 ms (not the fixture's 5 ms: new connections to four servers each time would
+        // take CPU from the load).
+        let ok = wait_until_every(
+            Duration::from_secs(20),
+            Duration::from_millis(20),
+            recovered,
+        );
+        let back = self.now();
+        thread::sleep(AFTER);
+        let stopped = self.now();
+        let epoch_us = self.epoch * 1_000;
+        let times = Times {
+            epoch_us,
+            fault: fault_at,
+            back,
+            stopped,
+            window_end: graceful.then_some(back + SWITCH_WINDOW),
+        };
+        (ok, self.stop(), times)
+    }
+
     fn stop(self) -> Vec<WorkerReport> {
         std::fs::write(&self.stop_file, b"stop").unwrap();
         self.workers
@@ -839,20 +875,6 @@ fn lock_keys_left(con: &mut impl redis::ConnectionLike) -> Vec<(String, i64)> {
         .collect()
 }
 
-/// Polls `f` every 20 ms until it returns true or `timeout` elapses; whether it did.
-fn poll(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Sets every Sentinel's `failover-timeout` to 3 s (the fixture starts them with
 /// 5 s).
 fn sentinel_failover_timeout(set: &Sentinel) {
@@ -872,34 +894,23 @@ fn sentinel_failover_timeout(set: &Sentinel) {
 fn sentinel_run(what: &str, graceful: bool, fault: impl FnOnce(&mut Sentinel)) {
     init_logging();
     let _serial = serial();
-    let mut set = Sentinel::start(3, 2);
+    let set = Sentinel::start(3, 2);
     sentinel_failover_timeout(&set);
     let counter = start_counter();
     let load = Load::start(Mode::Sentinel, &set.sentinel_urls(), &counter);
-    thread::sleep(WARM_UP);
-    let fault_at = load.now();
-    fault(&mut set);
-    // Every 20 ms (not the fixture's 5 ms: new connections to four servers each time would
-    // take CPU from the load).
-    let failed_over = poll(Duration::from_secs(20), || {
-        let ports = set.master_ports();
-        ports.iter().all(|p| *p == Some(set.server(1).port()))
-            && role(set.server(1)).as_deref() == Some("master")
-    });
-    let back = load.now();
+    let set = std::cell::RefCell::new(set);
+    let (failed_over, reports, times) = load.around_fault(
+        || fault(&mut set.borrow_mut()),
+        || {
+            let set = set.borrow();
+            let ports = set.master_ports();
+            ports.iter().all(|p| *p == Some(set.server(1).port()))
+                && role(set.server(1)).as_deref() == Some("master")
+        },
+        graceful,
+    );
     assert!(failed_over, "{what}: no failover");
-    thread::sleep(AFTER);
-    let stopped = load.now();
-    let epoch_us = load.epoch * 1_000;
-    let reports = load.stop();
-    let left = lock_keys_left(&mut set.server(1).conn());
-    let times = Times {
-        epoch_us,
-        fault: fault_at,
-        back,
-        stopped,
-        window_end: graceful.then_some(back + SWITCH_WINDOW),
-    };
+    let left = lock_keys_left(&mut set.borrow().server(1).conn());
     check(what, &reports, &times, &counter, left);
 }
 
@@ -931,7 +942,7 @@ fn cluster_primary_sigkilled_at_production_rate() {
     let what = "cluster primary SIGKILL at rate";
     init_logging();
     let _serial = serial();
-    let mut cluster = Cluster::start_with_replicas(3, 1, NODE_TIMEOUT_MS);
+    let cluster = Cluster::start_with_replicas(3, 1, NODE_TIMEOUT_MS);
     let counter = start_counter();
     let owners = cluster.slot_owners();
     let victim = owners[usize::from(cluster.keyslot(&keys()[0]))].expect("an owner");
@@ -945,22 +956,21 @@ fn cluster_primary_sigkilled_at_production_rate() {
         .first()
         .expect("the victim has a replica");
     let load = Load::start(Mode::Cluster, &cluster.urls(), &counter);
-    thread::sleep(WARM_UP);
-    let fault = load.now();
-    cluster.node_mut(victim).kill();
     let survivors: Vec<usize> = (0..cluster.nodes().len())
         .filter(|&i| i != victim)
         .collect();
-    let promoted = poll(Duration::from_secs(20), || {
-        role(cluster.node(replica)).as_deref() == Some("master")
-            && survivors.iter().all(|&i| cluster_ok(&cluster, i))
-    });
-    let back = load.now();
+    let cluster = std::cell::RefCell::new(cluster);
+    let (promoted, reports, times) = load.around_fault(
+        || cluster.borrow_mut().node_mut(victim).kill(),
+        || {
+            let cluster = cluster.borrow();
+            role(cluster.node(replica)).as_deref() == Some("master")
+                && survivors.iter().all(|&i| cluster_ok(&cluster, i))
+        },
+        false,
+    );
     assert!(promoted, "{what}: the replica was not promoted");
-    thread::sleep(AFTER);
-    let stopped = load.now();
-    let epoch_us = load.epoch * 1_000;
-    let reports = load.stop();
+    let cluster = cluster.into_inner();
     let live: Vec<String> = survivors.iter().map(|&i| cluster.node(i).url()).collect();
     let mut con = redis::cluster::ClusterClient::new(live)
         .unwrap()
@@ -968,13 +978,6 @@ fn cluster_primary_sigkilled_at_production_rate() {
         .unwrap();
     let left = lock_keys_left(&mut con);
     eprintln!("{what}: {on_victim} of the {KEYS} keys on the killed primary");
-    let times = Times {
-        epoch_us,
-        fault,
-        back,
-        stopped,
-        window_end: None,
-    };
     check(what, &reports, &times, &counter, left);
 }
 

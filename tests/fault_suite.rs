@@ -140,8 +140,8 @@ impl Kind {
         .unwrap_or_else(|| panic!("unknown lock kind {s:?}"))
     }
 
-    /// The sleep inside a section between the counter's GET and SET.
-    fn section_sleep(self) -> Duration {
+    /// The work inside a section between the counter's GET and SET.
+    fn section_work(self) -> Duration {
         match self {
             Kind::ShortTtl => Duration::from_millis(30),
             _ => SECTION_SLEEP,
@@ -426,7 +426,7 @@ fn section(conn: &mut redis::Connection, kind: Kind, k: usize, acquired_ms: i64)
     }
     let value = get_i64(conn, &counter_key(kind, k));
     // The section's work: the window in which an overlap would lose an update.
-    support::work(kind.section_sleep());
+    support::work(kind.section_work());
     let ((), _): ((), i64) = redis::pipe()
         .cmd("SET")
         .arg(counter_key(kind, k))

@@ -128,6 +128,7 @@ fn load<L: Locker>(server: &RedisServer, locker: &L) -> Vec<Hold> {
                 })
             })
             .collect();
+        // Time under test: the traffic runs this long.
         thread::sleep(RUN);
         stop.store(true, Ordering::Relaxed);
         threads

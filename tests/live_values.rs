@@ -61,6 +61,7 @@ fn given_up_leases_leave(
             );
         }
     }
+    // Time under test: every given-up lease's lifetime runs out.
     std::thread::sleep(window());
     assert_eq!(
         client.live_values(),
@@ -130,6 +131,7 @@ fn leases_left_to_expire_leave_the_live_set() {
     let mut lease = take(|| lock.try_acquire());
     lock.extend(&mut lease, Duration::from_secs(30))
         .expect("extend");
+    // Time under test: past the kept hold's first lifetime.
     std::thread::sleep(window() * 2);
     assert_eq!(client.live_values(), 1, "the kept hold");
     assert!(lock.release(&lease).expect("release"));
@@ -153,6 +155,7 @@ fn leases_left_to_expire_leave_the_live_set() {
         take(|| token.try_lock()).into_lease(),
         take(|| counted.try_lock()).into_lease(),
     ];
+    // Time under test: past the first lease, renewed meanwhile.
     std::thread::sleep(lease * 5 / 2);
     // A renewal late on a busy machine loses its hold: only those still held must be live.
     let kept = held.iter().filter(|l| !l.is_lost()).count();

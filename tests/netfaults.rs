@@ -109,9 +109,9 @@ fn sigterm_child() {
     let file = PathBuf::from(file);
     unsafe { libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t) };
     std::fs::write(file.with_extension("ready"), b"").unwrap();
-    while SIGTERM_AT.load(Ordering::SeqCst) == 0 {
-        thread::sleep(Duration::from_millis(1));
-    }
+    assert!(wait_until(Duration::from_secs(600), || {
+        SIGTERM_AT.load(Ordering::SeqCst) != 0
+    }));
     std::fs::write(&file, SIGTERM_AT.load(Ordering::SeqCst).to_string()).unwrap();
     std::process::exit(0);
 }
@@ -196,6 +196,7 @@ fn wait_lost(guard: &redis_dlock::LockGuard<'_>, give_up: Instant) -> u64 {
             .lease()
             .loss_deadline()
             .saturating_duration_since(Instant::now());
+        // Time under test: the report is sampled ever closer to the loss deadline.
         thread::sleep(
             left.saturating_sub(Duration::from_millis(3))
                 .clamp(Duration::from_micros(200), Duration::from_millis(50)),
@@ -293,9 +294,7 @@ fn cut_off(runs: bool) -> (Vec<LossReport>, String) {
                 });
                 // Kept until every report is in: a hold released meanwhile would not be
                 // reported by `on_lost` (the release stops its watch).
-                while !stop.load(Ordering::SeqCst) {
-                    thread::sleep(Duration::from_millis(5));
-                }
+                assert!(wait_until(Duration::from_secs(600), || stop.load(Ordering::SeqCst)));
                 drop(guard);
             });
         }

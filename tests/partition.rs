@@ -211,6 +211,7 @@ fn scenario(acks: &str) -> Run {
         w.wait_marker("ready", READY_TIMEOUT)
             .expect("the worker built its client and started");
     }
+    // Time under test: the load runs whole before the cut.
     thread::sleep(SETTLE);
 
     let cut = now_ns();
@@ -237,6 +238,7 @@ fn scenario(acks: &str) -> Run {
         promoted,
         "the Sentinels in B did not promote the replica within {PROMOTION_TIMEOUT:?}"
     );
+    // Time under test: both sides run split past the promotion, then healed.
     thread::sleep(AFTER_PROMOTION);
     let heal = now_ns();
     split.heal();
@@ -411,20 +413,22 @@ fn partition_worker() {
                         match locks[key as usize].try_lock() {
                             Ok(guard) => {
                                 let held = open.acquired();
-                                thread::sleep(WORK);
+                                support::work(WORK);
                                 rec.release(held, guard.remaining(), guard.is_lost());
                                 if matches!(guard.unlock(), Ok(true)) {
                                     intact.fetch_add(1, Ordering::Relaxed);
                                 }
                             }
-                            Err(LockError::Held { .. }) => thread::sleep(Duration::from_millis(2)),
+                            // A pause before the next key.
+                            Err(LockError::Held { .. }) => support::work(Duration::from_millis(2)),
                             Err(LockError::NotReplicated { .. }) => {
                                 not_replicated.fetch_add(1, Ordering::Relaxed);
                             }
                             Err(e) => {
                                 log::debug!("side {side} thread {t}: {e}");
                                 other.fetch_add(1, Ordering::Relaxed);
-                                thread::sleep(Duration::from_millis(20));
+                                // No busy loop on an error returned at once.
+                                support::work(Duration::from_millis(20));
                             }
                         }
                     }
@@ -432,9 +436,7 @@ fn partition_worker() {
                 })
             })
             .collect();
-        while !stop_file.exists() {
-            thread::sleep(Duration::from_millis(20));
-        }
+        assert!(wait_until(Duration::from_secs(600), || stop_file.exists()));
         stop.store(true, Ordering::Relaxed);
         threads
             .into_iter()

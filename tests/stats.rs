@@ -397,7 +397,8 @@ fn orphan_cleanups_and_reconnects() {
     // and the client's clean-up thread deletes the lock nobody holds.
     server.pause();
     assert!(matches!(lock.try_lock(), Err(LockError::Connection { .. })));
-    // Kept paused a while: the clean-up's first tries meet the paused server.
+    // Time under test: kept paused a while, so the clean-up's first tries meet the paused
+    // server.
     thread::sleep(Duration::from_millis(800));
     server.resume();
     assert!(wait_until(Duration::from_secs(10), || c.pending_cleanups() == 0));

@@ -552,7 +552,7 @@ fn a_waiter_does_not_wait_for_a_subscribe_queued_behind_a_read() {
     let first = thread::spawn(move || {
         let g = w1.try_lock_for(Duration::from_secs(3)).expect("W1");
         // Held a while (the test's premise: W2 is the head and refused meanwhile).
-        thread::sleep(Duration::from_millis(20));
+        support::work(Duration::from_millis(20));
         assert!(g.unlock().expect("W1 unlock"));
     });
     // W1 waits (the busy waiter was C's first), then W2 joins the line behind it.

@@ -396,7 +396,17 @@ impl Drop for RedisServer {
 
 /// Polls `f` every 5 ms until it returns true or `timeout` elapses.
 /// Returns whether `f` returned true.
-pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub fn wait_until(timeout: Duration, f: impl FnMut() -> bool) -> bool {
+    wait_until_every(timeout, Duration::from_millis(5), f)
+}
+
+/// [`wait_until`], polling every `interval` (a condition that is costly to ask).
+#[allow(dead_code)] // not every test binary uses every helper
+pub fn wait_until_every(
+    timeout: Duration,
+    interval: Duration,
+    mut f: impl FnMut() -> bool,
+) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if f() {
@@ -405,7 +415,7 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         if Instant::now() >= deadline {
             return false;
         }
-        thread::sleep(Duration::from_millis(5));
+        thread::sleep(interval);
     }
 }
 
