@@ -136,7 +136,7 @@ fn build(client: &LockClient, cfg: Config, key: &str) -> Lock {
 fn main() {
     let mut env = BenchEnv::start("contended");
     let url = env.url();
-    let client = lock_client(&url, redis_dlock::DEFAULT_POOL_SIZE);
+    let client = lock_client(&url, redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE);
     let floor_pool16 = floor_pool(&url, 16, 1);
 
     if env.measuring() {
@@ -272,7 +272,7 @@ fn contended(
                 Sharing::Lock => shared_lock.clone(),
                 Sharing::Client => Arc::from(build(client, cfg, &key)),
                 Sharing::Nothing | Sharing::NothingThink => Arc::from(build(
-                    &lock_client(&env.url(), redis_dlock::DEFAULT_POOL_SIZE),
+                    &lock_client(&env.url(), redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE),
                     cfg,
                     &key,
                 )),

@@ -130,8 +130,8 @@ const BLOCKING: [&str; 2] = ["token", "token_scripts"];
 fn main() {
     let mut env = BenchEnv::start("cycle");
     let url = env.url();
-    let client = lock_client(&url, redis_dlock::DEFAULT_POOL_SIZE);
-    let scripted = lock_client(&url, redis_dlock::DEFAULT_POOL_SIZE);
+    let client = lock_client(&url, redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE);
+    let scripted = lock_client(&url, redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE);
     redis_dlock::bench_hooks::use_scripts(&scripted);
     let native = redis_dlock::bench_hooks::releases_natively(&client);
     println!(

@@ -170,7 +170,7 @@ fn child() {
     let start: u64 = var("DLOCK_START").parse().expect("start");
     let dur = Duration::from_millis(var("DLOCK_MS").parse().expect("ms"));
     let id_base: u32 = var("DLOCK_ID").parse().expect("id");
-    let client = lock_client(&url, redis_dlock::DEFAULT_POOL_SIZE);
+    let client = lock_client(&url, redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE);
     let (recs, errors) = contend(&url, &key, PER_PROCESS, id_base, start, dur, |_| {
         Arc::from(cfg.build(&client, &key))
     });
@@ -267,7 +267,7 @@ fn read_counter(url: &str, key: &str) -> u64 {
 fn run_threads(url: &str, cfg: Config, round: usize, dur: Duration, rtt: f64) -> Figures {
     let key = format!("fairbench:{}:threads:{round}", cfg.name());
     let clients: Vec<LockClient> = (0..THREADS)
-        .map(|_| lock_client(url, redis_dlock::DEFAULT_POOL_SIZE))
+        .map(|_| lock_client(url, redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE))
         .collect();
     let start = now_ns() + 200_000_000;
     let (recs, errors) = contend(url, &key, THREADS, 0, start, dur, |i| {
@@ -346,7 +346,7 @@ fn rtt_ns(url: &str) -> f64 {
 /// one by one in interleaved rounds with a pooled `PING`; ratio to two PINGs as in
 /// `benches/cycle.rs` (median over rounds of the paired medians).
 fn uncontended(env: &mut BenchEnv, url: &str) {
-    let client = lock_client(url, redis_dlock::DEFAULT_POOL_SIZE);
+    let client = lock_client(url, redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE);
     let fair = client
         .lock("fairbench:cycle:fair")
         .strategy(Strategy::Fair)

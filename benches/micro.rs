@@ -183,7 +183,7 @@ fn main() {
     let mut env = BenchEnv::start("micro");
     let url = env.url();
     let pool = floor_pool(&url, 16, 1);
-    let client = lock_client(&url, redis_dlock::DEFAULT_POOL_SIZE);
+    let client = lock_client(&url, redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE);
     let sha = load_unlock(&mut env.server.conn());
 
     if env.measuring() {

@@ -20,7 +20,7 @@ use redis_dlock::{DistributedLock, LockClient, ReplicaAcks};
 
 fn client(url: &str, acks: ReplicaAcks) -> LockClient {
     LockClient::builder(url)
-        .pool_size(redis_dlock::DEFAULT_POOL_SIZE)
+        .pool_size(redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE)
         .replica_acks(acks)
         .build()
         .expect("lock client")

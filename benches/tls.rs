@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use redis_dlock::Lock;
-use redis_dlock::{DistributedLock, LockClient, Strategy, DEFAULT_POOL_SIZE};
+use redis_dlock::{DistributedLock, LockClient, Strategy};
 
 /// One uncontended cycle through the public API.
 fn cycle(lock: &dyn DistributedLock) {
@@ -234,11 +234,11 @@ fn main() {
     let tls_pool = floor_pool_of(tls_client, 16, 1);
     let plain_pool = floor_pool(&env.url(), 16, 1);
     let tls_locks = LockClient::builder(&tls_url)
-        .pool_size(DEFAULT_POOL_SIZE)
+        .pool_size(redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE)
         .tls_certificates(pki.client_certificates(false))
         .build()
         .expect("TLS lock client");
-    let plain_locks = lock_client(&env.url(), DEFAULT_POOL_SIZE);
+    let plain_locks = lock_client(&env.url(), redis_dlock::ClientBuilder::DEFAULT_POOL_SIZE);
     let token_tls = token(&tls_locks, "tls:token", None);
     let token_ttl_tls = token(&tls_locks, "tls:token:ttl", Some(Duration::from_secs(10)));
     let token_plain = token(&plain_locks, "plain:token", None);

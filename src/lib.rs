@@ -101,26 +101,24 @@ pub mod test_hooks {
 }
 
 pub use client::builder::ClientBuilder;
-pub use client::confirm::{ReplicaAcks, DEFAULT_REPLICA_ACK_TIMEOUT};
+pub use client::confirm::ReplicaAcks;
 pub use client::target::ConnectionTarget;
-pub use client::{
-    LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDOFF_COURTESY,
-    DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
-};
+pub use client::{LockClient, DEFAULT_HANDOFF_COURTESY, MAX_HANDOFF_COURTESY};
+// The defaults and bounds are associated constants of the types they configure
+// (`ClientBuilder::DEFAULT_POOL_SIZE`, `RedLock::DEFAULT_TTL`, ...); inside the crate, their
+// plain names.
+pub(crate) use client::MAX_CLIENT_TIMEOUT;
 pub use error::{LockError, Result};
-pub use lease::{Lease, LossReason, LostCallback, LostLock, WATCHDOG_DEFAULT_LEASE};
+pub use lease::{Lease, LossReason, LostLock};
 pub use lock::{ArcLockExt, DistributedLock, LockAdmin, LockGuard, LockState, OwnedLockGuard};
 /// The `r2d2` crate of [`LockClient::from_pool`] and [`LockClient::pool_state`].
 pub use r2d2;
 /// The `redis` crate this one is built on, whose types appear in its API
 /// ([`LockClient::from_pool`], `ClientBuilder::tls_certificates`).
 pub use redis;
-pub use redlock::{
-    RedLock, RedLockBuilder, RedLockClient, RedLockClientBuilder, REDLOCK_DEFAULT_NODE_TIMEOUT,
-    REDLOCK_DEFAULT_TTL, REDLOCK_DEFAULT_WORKERS,
-};
-pub use retry::{RetryPolicy, MIN_RETRY_DELAY};
-pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock, RW_MIN_WRITER_INTENT};
+pub use redlock::{RedLock, RedLockBuilder, RedLockClient, RedLockClientBuilder};
+pub use retry::RetryPolicy;
+pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock};
 pub use stats::Stats;
 // Strategy, LockBuilder and every lock type they build: strategy/mod.rs lists them.
 pub use strategy::*;

@@ -252,8 +252,8 @@ impl fmt::Debug for RedLockClient {
 
 impl RedLockClient {
     /// Connects to the independent masters at `nodes` (`redis://host:port/db`, or anything else
-    /// [`LockClient::open`] takes) with the default settings ([`REDLOCK_DEFAULT_NODE_TIMEOUT`],
-    /// [`REDLOCK_DEFAULT_WORKERS`]).
+    /// [`LockClient::open`] takes) with the default settings ([`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT),
+    /// [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS)).
     pub fn open<T: ConnectionTarget + Clone>(nodes: &[T]) -> Result<Self> {
         Self::builder(nodes).build()
     }
@@ -327,8 +327,8 @@ impl RedLockClient {
 ///
 /// | option | default |
 /// | --- | --- |
-/// | [`node_timeout`](Self::node_timeout) | [`REDLOCK_DEFAULT_NODE_TIMEOUT`] (50 ms) |
-/// | [`workers_per_node`](Self::workers_per_node) | [`REDLOCK_DEFAULT_WORKERS`] (1) |
+/// | [`node_timeout`](Self::node_timeout) | [`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT) (50 ms) |
+/// | [`workers_per_node`](Self::workers_per_node) | [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS) (1) |
 ///
 /// N = 0 nodes is rejected with [`LockError::Config`]. Any N ≥ 1 works, but an odd N
 /// is recommended: an even N tolerates no more failed nodes than N − 1 (4 nodes need 3 votes
@@ -363,6 +363,11 @@ enum NodeSpec {
 }
 
 impl RedLockClientBuilder {
+    /// Default node timeout ([`node_timeout`](Self::node_timeout)): 50 ms.
+    pub const DEFAULT_NODE_TIMEOUT: Duration = REDLOCK_DEFAULT_NODE_TIMEOUT;
+    /// Default worker threads per node ([`workers_per_node`](Self::workers_per_node)): 1.
+    pub const DEFAULT_WORKERS: u32 = REDLOCK_DEFAULT_WORKERS;
+
     fn new(nodes: NodeSpec) -> Self {
         RedLockClientBuilder {
             nodes,
@@ -372,16 +377,16 @@ impl RedLockClientBuilder {
     }
 
     /// How long an operation waits for each node's answer before counting it as a failed vote
-    /// (default [`REDLOCK_DEFAULT_NODE_TIMEOUT`]). For nodes given as URLs it is also each
+    /// (default [`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT)). For nodes given as URLs it is also each
     /// connection's connect and command timeout. Keep it far below the lock's lifetime: every
     /// millisecond an acquire waits is taken off the validity. More than zero and at most
-    /// [`MAX_CLIENT_TIMEOUT`](crate::MAX_CLIENT_TIMEOUT), or [`build`](Self::build) fails.
+    /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
     pub fn node_timeout(mut self, d: Duration) -> Self {
         self.node_timeout = d;
         self
     }
 
-    /// Worker threads per node (default [`REDLOCK_DEFAULT_WORKERS`]); for nodes given as URLs
+    /// Worker threads per node (default [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS)); for nodes given as URLs
     /// also the connection pool size. Each key is served by one worker per node, so this bounds
     /// how many different keys are worked on at once, not how many threads may wait.
     pub fn workers_per_node(mut self, n: u32) -> Self {
@@ -740,7 +745,7 @@ fn worker_gone(key: &str, node: usize) -> LockError {
 ///
 /// | option | default |
 /// | --- | --- |
-/// | [`ttl`](Self::ttl) (lifetime) | [`REDLOCK_DEFAULT_TTL`] (10 s) |
+/// | [`ttl`](Self::ttl) (lifetime) | [`RedLock::DEFAULT_TTL`](crate::RedLock::DEFAULT_TTL) (10 s) |
 /// | [`retry`](Self::retry) | [`RedLock::default_retry_policy`] (up to 10 s, random 12–25 ms growing to 100–200 ms) |
 #[derive(Debug, Clone)]
 #[must_use]
@@ -843,6 +848,11 @@ pub struct RedLock {
     retry: RetryPolicy,
     /// The worker of each node that serves this key.
     lane: usize,
+}
+
+impl RedLock {
+    /// Default lifetime of a RedLock hold ([`RedLockBuilder::ttl`]): 10 s.
+    pub const DEFAULT_TTL: Duration = REDLOCK_DEFAULT_TTL;
 }
 
 impl RedLock {

@@ -19,7 +19,7 @@ pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// both limits. Sleeps start at `delay`, grow by `backoff` after each failed attempt up to
 /// `max_delay`, and with `jitter` each sleep is drawn uniformly from `[d/2, d]` so waiters that
 /// started together spread out. A sleep never runs past the deadline; the last attempt is made
-/// at the deadline. No sleep is shorter than [`MIN_RETRY_DELAY`] (except the last one, cut by
+/// at the deadline. No sleep is shorter than [`RetryPolicy::MIN_DELAY`](crate::RetryPolicy::MIN_DELAY) (except the last one, cut by
 /// the deadline).
 ///
 /// Bounds with extreme values, all accepted:
@@ -50,6 +50,9 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// The shortest sleep between two attempts of a polling wait: 1 ms.
+    pub const MIN_DELAY: Duration = MIN_RETRY_DELAY;
+
     /// The legacy lockers' policy: 5 retries, a constant 200 ms sleep, no
     /// jitter; about one second of waiting in all. The default for
     /// [`Strategy::Classic`](crate::Strategy::Classic).

@@ -188,7 +188,7 @@ impl fmt::Debug for ReadWriteLock {
 impl LockClient {
     /// Starts building a read-write lock on `key`, in Redisson's `RReadWriteLock` layout. The
     /// defaults: holds watched by the client's watchdog (lease
-    /// [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), Redisson's
+    /// [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE), Redisson's
     /// `lockWatchdogTimeout`), retry policy [`RetryPolicy::standard`], waiters woken by pub/sub,
     /// writer intent from the policy (see [`ReadWriteLockBuilder::writer_intent`]).
     pub fn rw_lock(&self, key: impl Into<String>) -> ReadWriteLockBuilder {
@@ -206,6 +206,9 @@ impl LockClient {
 }
 
 impl ReadWriteLock {
+    /// The shortest writer intent: 100 ms (see [`ReadWriteLockBuilder::writer_intent`]).
+    pub const MIN_WRITER_INTENT: Duration = RW_MIN_WRITER_INTENT;
+
     /// The handle that takes shared (read) holds.
     pub fn read_lock(&self) -> &ReadLock {
         &self.read
@@ -268,11 +271,11 @@ impl ReadWriteLock {
 /// | option | default |
 /// | --- | --- |
 /// | [`ttl`](Self::ttl) (lifetime of each hold) | none: holds are watched, renewed by the watchdog |
-/// | [`watchdog_lease`](Self::watchdog_lease) | [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE) (30 s), renewed every third |
+/// | [`watchdog_lease`](Self::watchdog_lease) | [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE) (30 s), renewed every third |
 /// | [`on_lost`](Self::on_lost) | none |
 /// | [`wake_up`](Self::wake_up) | [`WakeUp::PubSub`] |
 /// | [`retry`](Self::retry) | [`RetryPolicy::standard`] (up to 10 s, 4→32 ms jittered) |
-/// | [`writer_intent`](Self::writer_intent) | 4 × the policy's longest sleep, at least [`RW_MIN_WRITER_INTENT`] (100 ms; 128 ms with the standard policy) |
+/// | [`writer_intent`](Self::writer_intent) | 4 × the policy's longest sleep, at least [`ReadWriteLock::MIN_WRITER_INTENT`](crate::ReadWriteLock::MIN_WRITER_INTENT) (100 ms; 128 ms with the standard policy) |
 #[derive(Clone)]
 #[must_use]
 pub struct ReadWriteLockBuilder {
@@ -309,7 +312,7 @@ impl ReadWriteLockBuilder {
     }
 
     /// The lease of watched holds (built without [`ttl`](Self::ttl)), renewed by the client's
-    /// watchdog every third of it. Default [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE).
+    /// watchdog every third of it. Default [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE).
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
         self.watchdog_lease = Some(lease);
         self
@@ -343,7 +346,7 @@ impl ReadWriteLockBuilder {
     /// attempts plus a round trip, or readers slip in between; the longer it is, the longer a
     /// writer that dies while waiting keeps readers out. Zero turns writer preference off
     /// (readers then may starve writers, as in Redisson). Default: 4 × the retry policy's
-    /// longest sleep, at least [`RW_MIN_WRITER_INTENT`]. Intents are kept in the sorted set
+    /// longest sleep, at least [`ReadWriteLock::MIN_WRITER_INTENT`](crate::ReadWriteLock::MIN_WRITER_INTENT). Intents are kept in the sorted set
     /// `dlock_rwlock_writers:{key}`, never in the lock's hash.
     /// At most [`MAX_TTL`](crate::MAX_TTL), or [`build`](Self::build) fails with
     /// [`LockError::Config`] (also when the default is beyond it: a policy whose

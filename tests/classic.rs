@@ -12,7 +12,6 @@ use redis_dlock::ClassicOptions;
 use redis_dlock::Lock;
 use redis_dlock::{
     ClassicLock, DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy, Takeover,
-    CLASSIC_DEFAULT_TTL,
 };
 use support::expiry::{decode, encode, epoch_ms};
 use support::{init_logging, raw, RedisServer};
@@ -76,7 +75,7 @@ fn defaults() {
         .unwrap()
         .try_into()
         .unwrap();
-    assert_eq!(lock.ttl(), CLASSIC_DEFAULT_TTL);
+    assert_eq!(lock.ttl(), redis_dlock::ClassicLock::DEFAULT_TTL);
     assert_eq!(lock.retry_policy(), &RetryPolicy::legacy());
     let lock: ClassicLock = c
         .lock("cl:defaults")

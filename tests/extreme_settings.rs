@@ -12,7 +12,7 @@ use redis_dlock::test_hooks::Event;
 use redis_dlock::ClassicOptions;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, LockGuard, ReadWriteLock, RedLockClient, RetryPolicy,
-    Strategy, WakeUp, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY, MAX_TTL, MIN_RETRY_DELAY,
+    Strategy, WakeUp, MAX_HANDOFF_COURTESY, MAX_TTL,
 };
 use support::{init_logging, raw, wait_until, RedisServer};
 
@@ -445,7 +445,10 @@ fn builders_accept_or_reject_extremes() {
     c.rw_lock("xs:b").ttl(MAX_TTL).build().expect("MAX_TTL");
 
     let url = server.url();
-    for d in [Duration::MAX, MAX_CLIENT_TIMEOUT + Duration::from_nanos(1)] {
+    for d in [
+        Duration::MAX,
+        redis_dlock::ClientBuilder::MAX_TIMEOUT + Duration::from_nanos(1),
+    ] {
         assert_setup(
             LockClient::builder(&url).connect_timeout(d).build(),
             "connect timeout",
@@ -470,15 +473,15 @@ fn builders_accept_or_reject_extremes() {
     }
     // The longest accepted timeouts work: one lock cycle.
     let long = LockClient::builder(&url)
-        .connect_timeout(MAX_CLIENT_TIMEOUT)
-        .command_timeout(Some(MAX_CLIENT_TIMEOUT))
+        .connect_timeout(redis_dlock::ClientBuilder::MAX_TIMEOUT)
+        .command_timeout(Some(redis_dlock::ClientBuilder::MAX_TIMEOUT))
         .handoff_courtesy(MAX_HANDOFF_COURTESY)
         .build()
         .expect("longest timeouts");
     let l = long.lock("xs:b:long").ttl(HOLD).build().expect("lock");
     assert!(l.try_lock().expect("free").unlock().expect("unlock"));
     let red = RedLockClient::builder(&[&url])
-        .node_timeout(MAX_CLIENT_TIMEOUT)
+        .node_timeout(redis_dlock::ClientBuilder::MAX_TIMEOUT)
         .build()
         .expect("longest node timeout");
     let l = red.lock("xs:b:red").ttl(HOLD).build().expect("lock");
@@ -567,7 +570,7 @@ fn handoff_courtesy_is_bounded_by_the_deadline() {
 }
 
 /// `fixed_delay(0)` with polling: one waiter sends at most one attempt per
-/// `MIN_RETRY_DELAY`, not tens of thousands a second.
+/// `redis_dlock::RetryPolicy::MIN_DELAY`, not tens of thousands a second.
 #[test]
 fn zero_delay_polling_is_floored() {
     init_logging();
@@ -575,7 +578,7 @@ fn zero_delay_polling_is_floored() {
     let (c1, c2) = (client(&server), client(&server));
     let mut conn = server.conn();
     let wait = Duration::from_millis(500);
-    let most = (wait.as_nanos() / MIN_RETRY_DELAY.as_nanos()) as i64;
+    let most = (wait.as_nanos() / redis_dlock::RetryPolicy::MIN_DELAY.as_nanos()) as i64;
     for kind in [Kind::Classic, Kind::TokenPolling] {
         let key = format!("xs:floor:{kind:?}");
         let holder = make(kind, &c1, &key, RetryPolicy::no_wait());
@@ -606,7 +609,8 @@ fn zero_delay_polling_is_floored() {
         );
         assert!(
             attempts <= most + 10,
-            "{kind:?}: {attempts} attempts in {wait:?} (floor {MIN_RETRY_DELAY:?})"
+            "{kind:?}: {attempts} attempts in {wait:?} (floor {:?})",
+            redis_dlock::RetryPolicy::MIN_DELAY
         );
         assert!(held.unlock().expect("release"));
     }

@@ -10,9 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
-use redis_dlock::{
-    DistributedLock, FairLock, LockClient, LockError, RetryPolicy, Strategy, FAIR_GRANT_LEASE,
-};
+use redis_dlock::{DistributedLock, FairLock, LockClient, LockError, RetryPolicy, Strategy};
 use support::worker::{self, WorkerProcess};
 use support::{init_logging, raw, Cluster, RedisServer};
 
@@ -313,7 +311,7 @@ fn a_granted_waiter_returns_without_a_command_and_gets_the_full_lease() {
         assert!(handoff < SECOND, "handoff took {handoff:?}");
         let _ = total_calls;
         assert!(
-            remaining <= FAIR_GRANT_LEASE,
+            remaining <= redis_dlock::FairLock::GRANT_LEASE,
             "a fresh grant reports at most the grant lease, got {remaining:?}"
         );
         assert!(guard.fence().expect("fenced") > first_fence);
@@ -330,7 +328,7 @@ fn a_granted_waiter_returns_without_a_command_and_gets_the_full_lease() {
         assert!(raw::pttl(&mut conn, "fair:grant") > 5_000);
         assert!(!guard.is_lost());
         // Time under test: past the grant lease, the raised hold must still be there.
-        thread::sleep(FAIR_GRANT_LEASE);
+        thread::sleep(redis_dlock::FairLock::GRANT_LEASE);
         assert!(guard.is_held().expect("is_held"), "the grant lapsed");
         assert!(guard.unlock().expect("unlock"));
     });
@@ -443,7 +441,7 @@ fn a_grant_of_a_ttl_lock_is_raised_to_the_ttl() {
         support::wait_listening(&b, 1, 2);
         held.unlock().expect("release");
         let guard = w.join().expect("thread").expect("granted");
-        assert!(guard.remaining() <= FAIR_GRANT_LEASE);
+        assert!(guard.remaining() <= redis_dlock::FairLock::GRANT_LEASE);
         assert!(support::wait_until(Duration::from_secs(2), || guard
             .remaining()
             > 2 * SECOND));
@@ -1000,7 +998,7 @@ fn enqueue_vanished(conn: &mut redis::Connection, key: &str, token: &str, entry_
         .arg(30_000)
         .arg("w")
         .arg(entry_ttl_ms)
-        .arg(FAIR_GRANT_LEASE.as_millis() as u64)
+        .arg(redis_dlock::FairLock::GRANT_LEASE.as_millis() as u64)
         .arg("dlock_fair_ch:")
         .query(conn)
         .expect("EVAL fair_acquire.lua");
@@ -1142,13 +1140,16 @@ fn giving_up_while_granted_passes_the_grant_on() {
     // Nothing left behind: no hold, no queue entry (a grant given up was passed on or
     // released; one to nobody would lapse within the grant lease).
     assert!(
-        support::wait_until(FAIR_GRANT_LEASE + SECOND, || !raw::exists(&mut conn, KEY)),
+        support::wait_until(
+            redis_dlock::FairLock::GRANT_LEASE + SECOND,
+            || !raw::exists(&mut conn, KEY)
+        ),
         "a lock was left behind"
     );
-    assert!(support::wait_until(FAIR_GRANT_LEASE + SECOND, || zcard(
-        &mut conn,
-        "dlock_fair_q:{fair:race}"
-    ) == 0));
+    assert!(support::wait_until(
+        redis_dlock::FairLock::GRANT_LEASE + SECOND,
+        || zcard(&mut conn, "dlock_fair_q:{fair:race}") == 0
+    ));
 }
 
 /// The server restarts (no persistence) while waiters are queued and a holder holds: every
@@ -1629,10 +1630,14 @@ fn a_grant_that_cannot_be_raised_is_reported_lost() {
         // the grant, 200 ms).
         server.pause();
         // Lost only if the test was slow: within the loss margin of the grant's end.
-        assert!(!guard.is_lost() || guard.remaining() <= FAIR_GRANT_LEASE / 100 + ms(2));
-        assert!(guard.remaining() <= FAIR_GRANT_LEASE);
         assert!(
-            support::wait_until(FAIR_GRANT_LEASE + ms(200), || guard.is_lost()),
+            !guard.is_lost()
+                || guard.remaining() <= redis_dlock::FairLock::GRANT_LEASE / 100 + ms(2)
+        );
+        assert!(guard.remaining() <= redis_dlock::FairLock::GRANT_LEASE);
+        assert!(
+            support::wait_until(redis_dlock::FairLock::GRANT_LEASE + ms(200), || guard
+                .is_lost()),
             "still not lost after the grant lease, remaining {:?}",
             guard.remaining()
         );
@@ -1640,10 +1645,11 @@ fn a_grant_that_cannot_be_raised_is_reported_lost() {
         // only once the grant has run out there too, so that the renewal it holds back finds
         // the key gone (resumed earlier, the renewal would give the key a full lease, though
         // its holder was told the hold is lost).
-        assert!(support::wait_until(FAIR_GRANT_LEASE, || guard
-            .remaining()
-            .is_zero()));
-        support::work(FAIR_GRANT_LEASE / 10);
+        assert!(support::wait_until(
+            redis_dlock::FairLock::GRANT_LEASE,
+            || guard.remaining().is_zero()
+        ));
+        support::work(redis_dlock::FairLock::GRANT_LEASE / 10);
         server.resume();
         // Its key expired in Redis meanwhile: the check agrees, and it stays lost.
         assert!(support::wait_until(

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 use redis_dlock::ClassicOptions;
 use redis_dlock::Lock;
-use redis_dlock::{DistributedLock, LockClient, LockError, Strategy, DEFAULT_COMMAND_TIMEOUT};
+use redis_dlock::{DistributedLock, LockClient, LockError, Strategy};
 use support::expiry::epoch_ms;
 use support::worker::{report, WorkerProcess};
 use support::{init_logging, RedisServer};
@@ -650,7 +650,7 @@ impl GroupOutcome {
 
 /// The bound on each key's recovery, from the fault's end: one command timeout plus slack.
 fn recovery_bound() -> Duration {
-    DEFAULT_COMMAND_TIMEOUT + RECOVERY_SLACK
+    redis_dlock::ClientBuilder::DEFAULT_COMMAND_TIMEOUT + RECOVERY_SLACK
 }
 
 /// Runs the workload of every kind of `kinds` at once (each with its own worker processes and

@@ -9,10 +9,7 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis_dlock::{
-    DistributedLock, LockClient, LockError, RedLock, RedLockClient, RetryPolicy,
-    REDLOCK_DEFAULT_NODE_TIMEOUT,
-};
+use redis_dlock::{DistributedLock, LockClient, LockError, RedLock, RedLockClient, RetryPolicy};
 use support::{init_logging, raw, wait_until, RedisServer};
 
 const KEY: &str = "redlock:test";
@@ -132,7 +129,10 @@ fn invalid_settings_are_rejected() {
     assert_invalid(RedLockClient::open::<&str>(&[]));
     let c = RedLockClient::open(&["redis://127.0.0.1:1/"]).expect("lazy client");
     assert_eq!((c.node_count(), c.quorum()), (1, 1));
-    assert_eq!(c.node_timeout(), REDLOCK_DEFAULT_NODE_TIMEOUT);
+    assert_eq!(
+        c.node_timeout(),
+        redis_dlock::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT
+    );
     assert_invalid(c.lock("").build());
     // 2 ms cannot cover the drift allowance (1% + 2 ms).
     assert_invalid(c.lock(KEY).ttl(Duration::from_millis(2)).build());

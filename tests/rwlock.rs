@@ -25,10 +25,7 @@ use std::time::{Duration, Instant};
 
 use rand::RngExt;
 use redis_dlock::test_hooks::Event;
-use redis_dlock::{
-    DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL,
-    WATCHDOG_DEFAULT_LEASE,
-};
+use redis_dlock::{DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL};
 use support::worker::{self, WorkerProcess};
 use support::{init_logging, raw, wait_event, wait_until, Cluster, RedisServer};
 
@@ -896,7 +893,7 @@ fn guards_check_extend_and_report_loss() {
     let c = client(&server);
     let lock = c.rw_lock(key).build().unwrap();
     // Without an explicit ttl, holds are watched with the watchdog's lease.
-    assert_eq!(lock.ttl(), WATCHDOG_DEFAULT_LEASE);
+    assert_eq!(lock.ttl(), redis_dlock::LockBuilder::DEFAULT_WATCHDOG_LEASE);
     assert!(lock.is_watched());
     assert_eq!(lock.key(), key);
     assert_eq!(

@@ -11,7 +11,6 @@ use redis_dlock::test_hooks::Event;
 use redis_dlock::Lock;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, RetryPolicy, Strategy, TokenLock, MAX_TTL,
-    WATCHDOG_DEFAULT_LEASE,
 };
 use support::{init_logging, raw, RedisServer};
 
@@ -511,7 +510,7 @@ fn defaults_and_ttl_rounding() {
     let c = client(&server);
     let lock = c.lock("tok:defaults").build().unwrap();
     // Without an explicit ttl the lock is watched, with the watchdog's lease.
-    assert_eq!(lock.ttl(), WATCHDOG_DEFAULT_LEASE);
+    assert_eq!(lock.ttl(), redis_dlock::LockBuilder::DEFAULT_WATCHDOG_LEASE);
     assert!(lock.is_watched());
     assert_eq!(lock.retry_policy(), &RetryPolicy::standard());
     let guard = lock.try_lock().unwrap();

@@ -163,6 +163,21 @@ impl TargetSpec {
 }
 
 impl ClientBuilder {
+    /// Default number of pooled connections ([`pool_size`](Self::pool_size)): 16.
+    pub const DEFAULT_POOL_SIZE: u32 = DEFAULT_POOL_SIZE;
+    /// Default time to open a connection ([`connect_timeout`](Self::connect_timeout)): 2 s.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = DEFAULT_CONNECT_TIMEOUT;
+    /// Default time allowed for one reply ([`command_timeout`](Self::command_timeout)): 2 s.
+    pub const DEFAULT_COMMAND_TIMEOUT: Duration = DEFAULT_COMMAND_TIMEOUT;
+    /// The longest connect or command timeout [`build`](Self::build) accepts (one year; no
+    /// command timeout at all is `command_timeout(None)`): longer values overflow deadline
+    /// arithmetic on some platforms' clocks and mean "never" in practice.
+    pub const MAX_TIMEOUT: Duration = MAX_CLIENT_TIMEOUT;
+    /// Default bound of a replica confirmation
+    /// ([`replica_ack_timeout`](Self::replica_ack_timeout)): 1 s, as Redisson's
+    /// `slavesSyncTimeout`.
+    pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = DEFAULT_REPLICA_ACK_TIMEOUT;
+
     pub(super) fn new(target: TargetSpec) -> Self {
         ClientBuilder {
             target,
@@ -223,7 +238,7 @@ impl ClientBuilder {
         redis::Client::open(target)
     }
 
-    /// Most connections the pool opens (default [`DEFAULT_POOL_SIZE`]). A thread waiting on a
+    /// Most connections the pool opens (default [`ClientBuilder::DEFAULT_POOL_SIZE`](crate::ClientBuilder::DEFAULT_POOL_SIZE)). A thread waiting on a
     /// lock holds no connection while it sleeps, so this bounds concurrent commands, not waiters.
     pub fn pool_size(mut self, n: u32) -> Self {
         self.pool_size = n;
@@ -231,16 +246,16 @@ impl ClientBuilder {
     }
 
     /// Time allowed to connect, and to wait for a free connection when all are in use
-    /// (default [`DEFAULT_CONNECT_TIMEOUT`]). More than zero and at most
-    /// [`MAX_CLIENT_TIMEOUT`], or [`build`](Self::build) fails.
+    /// (default [`ClientBuilder::DEFAULT_CONNECT_TIMEOUT`](crate::ClientBuilder::DEFAULT_CONNECT_TIMEOUT)). More than zero and at most
+    /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
     }
 
-    /// Time allowed for one reply from Redis (default [`DEFAULT_COMMAND_TIMEOUT`]); `None` waits
+    /// Time allowed for one reply from Redis (default [`ClientBuilder::DEFAULT_COMMAND_TIMEOUT`](crate::ClientBuilder::DEFAULT_COMMAND_TIMEOUT)); `None` waits
     /// without limit. A connection that timed out is dropped from the pool, never reused.
-    /// More than zero and at most [`MAX_CLIENT_TIMEOUT`], or [`build`](Self::build) fails.
+    /// More than zero and at most [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
     pub fn command_timeout(mut self, d: Option<Duration>) -> Self {
         self.command_timeout = d;
         self
@@ -287,7 +302,7 @@ impl ClientBuilder {
     }
 
     /// How long each write waits for its replicas at most (`WAIT`'s timeout; default
-    /// [`DEFAULT_REPLICA_ACK_TIMEOUT`], 1 s, as Redisson's `slavesSyncTimeout`). Only the
+    /// [`ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT`](crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT), 1 s, as Redisson's `slavesSyncTimeout`). Only the
     /// writes of a client that requires confirmation wait (see
     /// [`replica_acks`](Self::replica_acks)), and only as long as the replicas take.
     pub fn replica_ack_timeout(mut self, timeout: Duration) -> Self {

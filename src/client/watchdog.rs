@@ -3,7 +3,7 @@
 //! renew.
 //!
 //! A lock built without an explicit lifetime is *watched*: it is written with the watchdog
-//! lease (default [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), Redisson's `lockWatchdogTimeout`) and renewed
+//! lease (default [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE), Redisson's `lockWatchdogTimeout`) and renewed
 //! every lease/3 while its holder keeps the [`Lease`](crate::Lease). The holder's lease owns
 //! the renewal: the thread keeps only a weak reference, so renewal stops when the hold is
 //! released, when its guard (or every clone of the lease) is dropped, and when the process

@@ -96,7 +96,7 @@ pub enum Takeover {
 ///
 /// The lifetime (the legacy lockers' "timeout") and the retries are the lock's own
 /// ([`LockBuilder::ttl`](crate::LockBuilder::ttl), [`LockBuilder::retry`](crate::LockBuilder::retry)),
-/// with Classic's defaults: [`CLASSIC_DEFAULT_TTL`] and [`RetryPolicy::legacy`](crate::RetryPolicy::legacy).
+/// with Classic's defaults: [`ClassicLock::DEFAULT_TTL`](crate::ClassicLock::DEFAULT_TTL) and [`RetryPolicy::legacy`](crate::RetryPolicy::legacy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ClassicOptions {
@@ -405,6 +405,9 @@ impl std::fmt::Debug for ClassicLock {
 }
 
 impl ClassicLock {
+    /// Default lifetime ("timeout") of a Classic lock, as in the legacy lockers: 1 s.
+    pub const DEFAULT_TTL: Duration = CLASSIC_DEFAULT_TTL;
+
     pub(crate) fn new(
         client: LockClient,
         key: String,

@@ -6,7 +6,7 @@
 //! arrival, the server's time in µs: the order) and `dlock_fair_d:{key}` (token → the server
 //! time in ms at which the entry lapses unless refreshed). The release script deletes our hold
 //! and, if a live waiter heads the queue, writes that waiter's token at the key with a short
-//! grant lease ([`FAIR_GRANT_LEASE`]), increments the fencing counter if the lock is fenced, and
+//! grant lease ([`FairLock::GRANT_LEASE`](crate::FairLock::GRANT_LEASE)), increments the fencing counter if the lock is fenced, and
 //! publishes
 //! `dlock-grant:<token>:<fence>:<seconds>:<microseconds>` on `dlock_fair_ch:<grantee's client
 //! id>`. The grantee client's subscriber thread hands the message to the one thread that
@@ -98,7 +98,7 @@ pub struct FairLock {
     id: [u8; CLIENT_ID_LEN],
     grant: Duration,
     /// How long this lock's queue entries live without a refresh (see
-    /// [`FAIR_QUEUE_ENTRY_TTL`]).
+    /// [`FairLock::QUEUE_ENTRY_TTL`](crate::FairLock::QUEUE_ENTRY_TTL)).
     entry_ttl: Duration,
     /// Base of `contended_until_ms`.
     base: Instant,
@@ -128,7 +128,7 @@ fn client_id(client: &LockClient) -> [u8; CLIENT_ID_LEN] {
 }
 
 /// How long the queue entries of a lock whose retry policy sleeps at most `max_delay` live
-/// without a refresh: [`FAIR_QUEUE_ENTRY_TTL`], or three times its waiters' longest poll floor
+/// without a refresh: [`FairLock::QUEUE_ENTRY_TTL`](crate::FairLock::QUEUE_ENTRY_TTL), or three times its waiters' longest poll floor
 /// (`max(POLL_DEEP, max_delay)`; a poll adds up to a half of it at random), if that is longer.
 /// At most a day (the scripts double it for the queue's own lifetime).
 fn entry_ttl(max_delay: Duration) -> Duration {
@@ -233,6 +233,12 @@ impl Drop for Offering<'_> {
 }
 
 impl FairLock {
+    /// The short lease a release gives the next waiter's grant, until the waiter's watchdog
+    /// raises it: 600 ms.
+    pub const GRANT_LEASE: Duration = FAIR_GRANT_LEASE;
+    /// How long a waiter's queue entry lives without a refresh: 2 s.
+    pub const QUEUE_ENTRY_TTL: Duration = FAIR_QUEUE_ENTRY_TTL;
+
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Result<Self> {
         let queue = Self::queue_key_for(&key)?;
         let deadlines = keys::aux_key(DEADLINES_PREFIX, &key)?;
@@ -528,7 +534,7 @@ impl FairLock {
     /// How long a listening waiter sleeps before it polls (which also refreshes its queue
     /// entry): 100–120 ms at the head of the queue or next to it (the poll catches a lost
     /// grant message, and a grant to a dead head that lapsed), 500–600 ms further back (well
-    /// within [`FAIR_QUEUE_ENTRY_TTL`]); at least the retry policy's longest sleep, which the
+    /// within [`FairLock::QUEUE_ENTRY_TTL`](crate::FairLock::QUEUE_ENTRY_TTL)); at least the retry policy's longest sleep, which the
     /// entry's lifetime then covers (`entry_ttl`).
     fn poll_interval(&self, rank: i64) -> Duration {
         let floor = self.opts.retry.max_delay;

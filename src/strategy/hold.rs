@@ -89,7 +89,7 @@ impl HoldOptions {
 
     /// Checks a builder's lease options: an explicit `ttl` turns the watchdog off (and then
     /// `watchdog_lease` and `on_lost` make no sense); without one the hold is watched with
-    /// `watchdog_lease` (default [`WATCHDOG_DEFAULT_LEASE`]).
+    /// `watchdog_lease` (default [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE)).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn checked(
         key: &str,

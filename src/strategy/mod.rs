@@ -2,9 +2,10 @@
 
 // The algorithms, and the public names of each (passed on by lib.rs as they are).
 pub(crate) mod classic;
-pub use classic::{ClassicLock, ClassicOptions, Encoding, Takeover, CLASSIC_DEFAULT_TTL};
+use classic::CLASSIC_DEFAULT_TTL;
+pub use classic::{ClassicLock, ClassicOptions, Encoding, Takeover};
 pub(crate) mod fair;
-pub use fair::{FairLock, FAIR_GRANT_LEASE, FAIR_QUEUE_ENTRY_TTL};
+pub use fair::FairLock;
 pub(crate) mod hold;
 pub use hold::WakeUp;
 pub(crate) mod reentrant;
@@ -35,13 +36,13 @@ pub enum Strategy {
     /// compare-and-delete / compare-and-pexpire. The default, and the one to pick unless legacy
     /// lockers share the keys or a thread must re-enter its own lock. Without an explicit
     /// [`ttl`](LockBuilder::ttl) the hold is renewed by the watchdog (lease
-    /// [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE)); retry policy [`RetryPolicy::standard`]; waiters woken by
+    /// [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE)); retry policy [`RetryPolicy::standard`]; waiters woken by
     /// pub/sub.
     #[default]
     Token,
     /// The legacy SETNX + GETSET timestamp lock, wire-compatible with Java lockers on the same
     /// keys: the value is the expiry in epoch milliseconds (`now + ttl + 1`). Default lifetime
-    /// [`CLASSIC_DEFAULT_TTL`], retry policy [`RetryPolicy::legacy`]. Carries its own options
+    /// [`ClassicLock::DEFAULT_TTL`](crate::ClassicLock::DEFAULT_TTL), retry policy [`RetryPolicy::legacy`]. Carries its own options
     /// (value encoding, takeover, key TTL, clock skew): `Strategy::Classic(ClassicOptions::new())`
     /// for the defaults. Never watched, fenced or woken by pub/sub: its legacy peers neither
     /// renew, count nor publish.
@@ -55,7 +56,7 @@ pub enum Strategy {
     /// A first-come, first-served lock whose release hands it to the next waiter inside
     /// Redis: waiters queue in a sorted set in the key's slot, the release script writes the
     /// head waiter's token at the key with a short grant lease
-    /// ([`FAIR_GRANT_LEASE`](crate::FAIR_GRANT_LEASE)) and publishes the grant, and the
+    /// ([`FairLock::GRANT_LEASE`](crate::FairLock::GRANT_LEASE)) and publishes the grant, and the
     /// waiter's `lock()` returns on that message without another command. Same value format,
     /// lifetimes, watchdog and fencing as [`Strategy::Token`]; waiters are always woken by
     /// pub/sub ([`wake_up`](LockBuilder::wake_up) does not apply). Not wire-compatible with
@@ -130,10 +131,10 @@ impl Strategy {
 /// | option | applies to | default |
 /// | --- | --- | --- |
 /// | [`strategy`](Self::strategy) | | [`Strategy::Token`] |
-/// | [`ttl`](Self::ttl) (lifetime) | every strategy | Token, Reentrant, Fair: none, the watchdog renews a lease of [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE) (30 s); Classic: [`CLASSIC_DEFAULT_TTL`] (1 s) |
+/// | [`ttl`](Self::ttl) (lifetime) | every strategy | Token, Reentrant, Fair: none, the watchdog renews a lease of [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE) (30 s); Classic: [`ClassicLock::DEFAULT_TTL`](crate::ClassicLock::DEFAULT_TTL) (1 s) |
 /// | [`retry`](Self::retry) | every strategy | Token, Reentrant, Fair: [`RetryPolicy::standard`] (up to 10 s, 4→32 ms jittered); Classic: [`RetryPolicy::legacy`] (5 retries, 200 ms) |
 /// | [`check_access`](Self::check_access) | every strategy | off |
-/// | [`watchdog_lease`](Self::watchdog_lease) | watched locks (Token, Reentrant, Fair) | [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), renewed every third |
+/// | [`watchdog_lease`](Self::watchdog_lease) | watched locks (Token, Reentrant, Fair) | [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE), renewed every third |
 /// | [`on_lost`](Self::on_lost) | watched locks | none |
 /// | [`fencing`](Self::fencing) | Token, Reentrant, Fair | off |
 /// | [`wake_up`](Self::wake_up) | Token, Reentrant | [`WakeUp::PubSub`] |
@@ -194,6 +195,10 @@ impl LockClient {
 }
 
 impl LockBuilder {
+    /// Default lease of a watched lock ([`watchdog_lease`](Self::watchdog_lease)): 30 s,
+    /// Redisson's `lockWatchdogTimeout`.
+    pub const DEFAULT_WATCHDOG_LEASE: Duration = crate::lease::WATCHDOG_DEFAULT_LEASE;
+
     /// The algorithm, with its own options ([`Strategy::Classic`] carries [`ClassicOptions`]).
     pub fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
@@ -216,7 +221,7 @@ impl LockBuilder {
 
     /// Watched locks (Token, Reentrant, Fair built without [`ttl`](Self::ttl)): the lease,
     /// renewed by the client's watchdog every third of it while the hold lives. Default
-    /// [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE). A holder that dies stops
+    /// [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE). A holder that dies stops
     /// renewing, so its lock frees within one lease.
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
         self.watchdog_lease = Some(lease);

@@ -120,7 +120,7 @@ pub struct RunOpts {
 }
 
 /// Lease of a renewed hold when `--lease` is not given (the library's watchdog default).
-pub const DEFAULT_LEASE: Duration = redis_dlock::WATCHDOG_DEFAULT_LEASE;
+pub const DEFAULT_LEASE: Duration = redis_dlock::LockBuilder::DEFAULT_WATCHDOG_LEASE;
 /// Time between SIGTERM and SIGKILL after a loss when `--kill-after` is not given.
 pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
 /// The shortest lease `--lease` accepts: renewals run every third of it.
