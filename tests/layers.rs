@@ -41,6 +41,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("client::pool", RUNTIME),
     ("client::sentinel_watch", RUNTIME),
     ("client::subscriber", RUNTIME),
+    ("client::subscriber::reader", RUNTIME),
+    ("client::subscriber::registry", RUNTIME),
     ("client::switches", RUNTIME),
     ("client::test_hooks", RUNTIME),
     ("client::waiters", RUNTIME),
