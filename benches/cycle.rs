@@ -218,6 +218,7 @@ fn custom(
     let mut all: Vec<Vec<u64>> = Vec::new();
     let mut runs_to_ping: Vec<Vec<f64>> = Vec::new();
     let mut runs_to_bare: Vec<Vec<f64>> = Vec::new();
+    let mut lock_vs_try: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for run in 0..runs {
         let mut variants = vec![
             Variant::new("floor_ping_pool", || {
@@ -336,11 +337,20 @@ fn custom(
             }
         }
         let (token, scripts) = (index("token"), index("token_scripts"));
+        // `lock()` against `try_lock()` on the same lock object, paired in the same rounds.
+        let lock_over_try = |blocking: &str, once: &str| {
+            paired_ratio(&samples[index(blocking)], &samples[index(once)], per)
+        };
+        lock_vs_try[0].push(lock_over_try("token_lock", "token"));
+        lock_vs_try[1].push(lock_over_try("token_scripts_lock", "token_scripts"));
         println!(
-            "[cycle] run {}/{runs}: token {:.3} x 2 PING, with the scripts forced {:.3}",
+            "[cycle] run {}/{runs}: token {:.3} x 2 PING, with the scripts forced {:.3}; \
+             lock() / try_lock() {:.4} (scripts {:.4})",
             run + 1,
             runs_to_ping[token][run],
-            runs_to_ping[scripts][run]
+            runs_to_ping[scripts][run],
+            lock_vs_try[0][run],
+            lock_vs_try[1][run]
         );
         for (a, s) in all.iter_mut().zip(samples) {
             a.extend(s);
@@ -372,6 +382,17 @@ fn custom(
             to_ping.2,
             to_bare.map_or("-".to_owned(), |b| format!("{:.3}", b.0)),
         );
+    }
+    for (i, name) in ["token_lock_over_try", "token_scripts_lock_over_try"]
+        .into_iter()
+        .enumerate()
+    {
+        let r = spread(&lock_vs_try[i]);
+        println!(
+            "[cycle] {name}: lock() / try_lock() paired, median of {runs} runs {:.4} ({:.4}-{:.4})",
+            r.0, r.1, r.2
+        );
+        put_spread(env, name, "paired_ratio", r);
     }
     env.put("cycle", "all", "rounds", rounds);
     env.put("cycle", "all", "per_round", per);

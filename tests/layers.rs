@@ -45,6 +45,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("client::subscriber::registry", RUNTIME),
     ("client::switches", RUNTIME),
     ("client::test_hooks", RUNTIME),
+    ("client::tuning", RUNTIME),
     ("client::waiters", RUNTIME),
     ("client::watchdog", RUNTIME),
     ("client::watched", RUNTIME),

@@ -25,10 +25,14 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// not delayed by it (a read returns as soon as one arrives). A waiter whose `SUBSCRIBE` waits
 /// behind such a read does not wait for it: it polls until the confirmation wakes it.
 ///
-/// Not shorter: with 5 ms, 8 clients contending for one key on one core made 3-4 times fewer
-/// sections per second, with a 10 times longer handoff p99, than with 200 ms
-/// (`cargo bench -p redis-dlock-benches --bench contended`, client-per-thread rows).
+/// A bound, not a tuning: 5 ms instead made no difference of 5 % in throughput or wait p99
+/// with 8 clients contending for one key (`benches/knobs.rs`, docs/benchmarks.md).
 pub(super) const TICK: Duration = Duration::from_millis(200);
+
+/// [`TICK`], or a benchmark's override of it.
+fn tick() -> Duration {
+    crate::client::tuning::tick(TICK)
+}
 /// First and longest pause between reconnection attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -261,7 +265,7 @@ impl Shared {
     /// True if the connection may be lent: hand-off waiters wait for grants and
     /// [`may_keep_lent`](Self::may_keep_lent).
     fn may_lend(st: &State) -> bool {
-        st.borrowers > 0 && Self::may_keep_lent(st)
+        crate::client::tuning::lend() && st.borrowers > 0 && Self::may_keep_lent(st)
     }
 
     /// True if the lent connection may stay lent: nothing is to be sent, and no channel other
@@ -551,7 +555,7 @@ impl Reader {
     /// Waits up to [`TICK`] for a push and dispatches it. `Ok` also on a timeout, and at once
     /// if a command was queued meanwhile.
     fn read_push(&mut self, shared: &Shared) -> Result<(), End> {
-        self.set_read_timeout(TICK)?;
+        self.set_read_timeout(tick())?;
         {
             let mut st = lock(&shared.state);
             if !st.queue.is_empty() || st.shutdown {
@@ -582,7 +586,7 @@ impl Reader {
             }
             // Whole milliseconds, so that a borrower reading again and again does not set the
             // socket's timeout for every read.
-            let ms = left.min(TICK).as_millis().max(1) as u64;
+            let ms = left.min(tick()).as_millis().max(1) as u64;
             self.set_read_timeout(Duration::from_millis(ms))?;
             self.read_one(shared)?;
         }
@@ -761,7 +765,7 @@ fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
         }
         l = shared
             .reader_cv
-            .wait_timeout(l, TICK)
+            .wait_timeout(l, tick())
             .map(|(l, _)| l)
             .unwrap_or_else(|p| p.into_inner().0);
     };

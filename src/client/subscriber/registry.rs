@@ -8,6 +8,11 @@ use std::time::{Duration, Instant};
 /// How long a channel nobody waits on stays subscribed.
 pub(super) const LINGER: Duration = Duration::from_millis(1500);
 
+/// [`LINGER`], or a benchmark's override of it.
+fn linger() -> Duration {
+    crate::client::tuning::linger(LINGER)
+}
+
 #[derive(Default)]
 pub(super) struct State {
     pub(super) channels: HashMap<String, Channel>,
@@ -115,7 +120,7 @@ impl State {
             if !up || ch.sent != Some(generation) {
                 return false;
             }
-            if ch.confirmed != Some(generation) || now.saturating_duration_since(idle) < LINGER {
+            if ch.confirmed != Some(generation) || now.saturating_duration_since(idle) < linger() {
                 return true;
             }
             unsubscribe.push(name.clone());
@@ -132,7 +137,7 @@ impl State {
             .values()
             .filter(|c| c.users == 0)
             .filter_map(|c| c.idle_since)
-            .map(|idle| idle.checked_add(LINGER).unwrap_or(idle))
+            .map(|idle| idle.checked_add(linger()).unwrap_or(idle))
             .min()
     }
 }
