@@ -432,6 +432,7 @@ impl Report<'_> {
         self.micro(&mut md);
         mixed_fleet(&mut md);
         let _ = writeln!(md, "{FAIR_BENCH}");
+        let _ = writeln!(md, "{KNOBS_BENCH}");
         let _ = writeln!(md, "{VALKEY_BENCH}");
         self.method(&mut md);
         md
@@ -1964,3 +1965,7 @@ const VALKEY_BENCH: &str = include_str!("valkey_bench.md");
 /// Recorded summary of three runs of `cargo bench -p redis-dlock-benches --bench fair` (update it when the fair lock
 /// or its bench changes).
 const FAIR_BENCH: &str = include_str!("fair_bench.md");
+
+/// Recorded summary of runs of `cargo bench -p redis-dlock-benches --bench knobs`: each special
+/// path and tuned timing of the runtime with and without it (update it when one changes).
+const KNOBS_BENCH: &str = include_str!("knobs_bench.md");

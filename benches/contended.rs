@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use redis_dlock::Lock;
-use redis_dlock::{ClassicOptions, LockAdmin};
+use redis_dlock::ClassicOptions;
 use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, WakeUp};
 
 const THREADS: usize = 8;

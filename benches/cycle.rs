@@ -27,11 +27,8 @@ const REENTRANT_LEASE_MS: u64 = 30_000;
 /// client made to use the scripts where the server has native commands (Valkey 9: `DELIFEQ`,
 /// `SET … IFEQ`): its Token locks are the `_scripts` rows, measured beside the native ones.
 fn locks(client: &LockClient, scripted: &LockClient) -> Vec<(&'static str, Lock)> {
-    let classic = |key: &str| {
-        client
-            .lock(key)
-            .strategy(Strategy::Classic(ClassicOptions::new()))
-    };
+    let classic =
+        |key: &str, options: ClassicOptions| client.lock(key).strategy(Strategy::Classic(options));
     vec![
         (
             "token_scripts",
@@ -77,28 +74,33 @@ fn locks(client: &LockClient, scripted: &LockClient) -> Vec<(&'static str, Lock)
         ),
         (
             "classic_decimal",
-            classic("cycle:classic:dec").build().expect("classic"),
-        ),
-        (
-            "classic_bigendian",
-            classic("cycle:classic:be")
-                .encoding(Encoding::BigEndian)
+            classic("cycle:classic:dec", ClassicOptions::new())
                 .build()
                 .expect("classic"),
         ),
         (
+            "classic_bigendian",
+            classic(
+                "cycle:classic:be",
+                ClassicOptions::new().encoding(Encoding::BigEndian),
+            )
+            .build()
+            .expect("classic"),
+        ),
+        (
             "classic_key_ttl",
-            classic("cycle:classic:ttl")
-                .key_ttl()
+            classic("cycle:classic:ttl", ClassicOptions::new().key_ttl(true))
                 .build()
                 .expect("classic"),
         ),
         (
             "classic_cas",
-            classic("cycle:classic:cas")
-                .takeover(Takeover::CompareAndSet)
-                .build()
-                .expect("classic"),
+            classic(
+                "cycle:classic:cas",
+                ClassicOptions::new().takeover(Takeover::CompareAndSet),
+            )
+            .build()
+            .expect("classic"),
         ),
         (
             "fair",
@@ -166,11 +168,9 @@ fn main() {
             b.iter(|| ping(&mut pool.get().expect("pooled connection")))
         });
         for (name, lock) in &locks {
-            g.bench_function(*name, |b| b.iter(|| cycle(lock.as_ref())));
+            g.bench_function(*name, |b| b.iter(|| cycle(lock)));
             if BLOCKING.contains(name) {
-                g.bench_function(format!("{name}_lock"), |b| {
-                    b.iter(|| cycle_blocking(lock.as_ref()))
-                });
+                g.bench_function(format!("{name}_lock"), |b| b.iter(|| cycle_blocking(lock)));
             }
         }
         g.finish();
@@ -221,6 +221,7 @@ fn custom(
     let mut all: Vec<Vec<u64>> = Vec::new();
     let mut runs_to_ping: Vec<Vec<f64>> = Vec::new();
     let mut runs_to_bare: Vec<Vec<f64>> = Vec::new();
+    let mut lock_vs_try: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for run in 0..runs {
         let mut variants = vec![
             Variant::new("floor_ping_pool", || {
@@ -314,14 +315,14 @@ fn custom(
             }));
         }
         for (name, lock) in locks {
-            variants.push(Variant::new(name, move || cycle(lock.as_ref())));
+            variants.push(Variant::new(name, move || cycle(lock)));
         }
         for (name, lock) in locks.iter().filter(|(n, _)| BLOCKING.contains(n)) {
             let name: &'static str = match *name {
                 "token" => "token_lock",
                 _ => "token_scripts_lock",
             };
-            variants.push(Variant::new(name, move || cycle_blocking(lock.as_ref())));
+            variants.push(Variant::new(name, move || cycle_blocking(lock)));
         }
         names = variants.iter().map(|v| v.name).collect();
         let samples = interleaved(&mut variants, rounds, per);
@@ -339,11 +340,20 @@ fn custom(
             }
         }
         let (token, scripts) = (index("token"), index("token_scripts"));
+        // `lock()` against `try_lock()` on the same lock object, paired in the same rounds.
+        let lock_over_try = |blocking: &str, once: &str| {
+            paired_ratio(&samples[index(blocking)], &samples[index(once)], per)
+        };
+        lock_vs_try[0].push(lock_over_try("token_lock", "token"));
+        lock_vs_try[1].push(lock_over_try("token_scripts_lock", "token_scripts"));
         println!(
-            "[cycle] run {}/{runs}: token {:.3} x 2 PING, with the scripts forced {:.3}",
+            "[cycle] run {}/{runs}: token {:.3} x 2 PING, with the scripts forced {:.3}; \
+             lock() / try_lock() {:.4} (scripts {:.4})",
             run + 1,
             runs_to_ping[token][run],
-            runs_to_ping[scripts][run]
+            runs_to_ping[scripts][run],
+            lock_vs_try[0][run],
+            lock_vs_try[1][run]
         );
         for (a, s) in all.iter_mut().zip(samples) {
             a.extend(s);
@@ -375,6 +385,17 @@ fn custom(
             to_ping.2,
             to_bare.map_or("-".to_owned(), |b| format!("{:.3}", b.0)),
         );
+    }
+    for (i, name) in ["token_lock_over_try", "token_scripts_lock_over_try"]
+        .into_iter()
+        .enumerate()
+    {
+        let r = spread(&lock_vs_try[i]);
+        println!(
+            "[cycle] {name}: lock() / try_lock() paired, median of {runs} runs {:.4} ({:.4}-{:.4})",
+            r.0, r.1, r.2
+        );
+        put_spread(env, name, "paired_ratio", r);
     }
     env.put("cycle", "all", "rounds", rounds);
     env.put("cycle", "all", "per_round", per);

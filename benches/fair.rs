@@ -437,16 +437,6 @@ fn uncontended(env: &mut BenchEnv, url: &str) {
     );
 }
 
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let mid = if v.is_empty() { 0.0 } else { v[v.len() / 2] };
-    (
-        mid,
-        v.first().copied().unwrap_or(0.0),
-        v.last().copied().unwrap_or(0.0),
-    )
-}
-
 fn main() {
     if std::env::var_os(CHILD_ENV).is_some() {
         child();
@@ -457,12 +447,7 @@ fn main() {
         return;
     }
     let url = env.url();
-    let num = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
+    let num = env_num;
     let rounds = env.pick(num("DLOCK_FAIR_ROUNDS", 5), 1) as usize;
     let dur = env.pick(
         Duration::from_secs(num("DLOCK_FAIR_SECS", 3)),
@@ -511,7 +496,7 @@ fn main() {
         }
     }
     println!("[fair] load average at end: {}", loadavg());
-    let (rtt_med, rtt_lo, rtt_hi) = median(rtts.clone());
+    let (rtt_med, rtt_lo, rtt_hi) = median_lo_hi(rtts.clone());
     println!(
         "\n[fair] {rounds} rounds of {dur:?}; RTT (pooled PING p50) median {:.1} µs ({:.1}–{:.1})",
         rtt_med / 1e3,
@@ -529,8 +514,8 @@ fn main() {
         let base = &results[li][1];
         for (ci, cfg) in CONFIGS.iter().enumerate() {
             let rs = &results[li][ci];
-            let col = |f: fn(&Figures) -> f64| median(rs.iter().map(f).collect());
-            let ratio = median(
+            let col = |f: fn(&Figures) -> f64| median_lo_hi(rs.iter().map(f).collect());
+            let ratio = median_lo_hi(
                 rs.iter()
                     .zip(base)
                     .map(|(a, b)| a.sections_per_s / b.sections_per_s)

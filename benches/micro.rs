@@ -454,31 +454,23 @@ fn allocations(
                 assert!(evalsha_unlock(&mut raw, sha, KEY, &v[..len]));
             }),
         ),
-        ("cycle", "token", count(io_n, || cycle(token_lock.as_ref()))),
-        (
-            "cycle",
-            "token_ttl",
-            count(io_n, || cycle(token_ttl_lock.as_ref())),
-        ),
-        (
-            "cycle",
-            "reentrant",
-            count(io_n, || cycle(reentrant_lock.as_ref())),
-        ),
+        ("cycle", "token", count(io_n, || cycle(&token_lock))),
+        ("cycle", "token_ttl", count(io_n, || cycle(&token_ttl_lock))),
+        ("cycle", "reentrant", count(io_n, || cycle(&reentrant_lock))),
         (
             "cycle",
             "classic_decimal",
-            count(io_n, || cycle(classic_lock.as_ref())),
+            count(io_n, || cycle(&classic_lock)),
         ),
         (
             "cycle",
             "classic_bigendian",
-            count(io_n, || cycle(classic_be.as_ref())),
+            count(io_n, || cycle(&classic_be)),
         ),
         (
             "cycle",
             "classic_key_ttl",
-            count(io_n, || cycle(classic_ttl.as_ref())),
+            count(io_n, || cycle(&classic_ttl)),
         ),
         (
             "setup",
@@ -497,7 +489,7 @@ fn allocations(
         ] {
             eprintln!("[micro] allocations of one {name} cycle (try_lock + unlock):");
             TRACE.store(true, Ordering::SeqCst);
-            cycle(lock.as_ref());
+            cycle(lock);
             TRACE.store(false, Ordering::SeqCst);
         }
     }

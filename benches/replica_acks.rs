@@ -116,8 +116,8 @@ fn main() {
                         &t
                     ));
                 }),
-                Variant::new(names[2], || cycle(lock_off.as_ref())),
-                Variant::new(names[3], || cycle(lock_on.as_ref())),
+                Variant::new(names[2], || cycle(&lock_off)),
+                Variant::new(names[3], || cycle(&lock_on)),
             ];
             let samples = interleaved(&mut variants, rounds, per);
             drop(variants);
@@ -156,8 +156,8 @@ fn main() {
     let mut c = criterion();
     {
         let mut g = c.benchmark_group("replica_acks");
-        g.bench_function("token_off", |b| b.iter(|| cycle(lock_off.as_ref())));
-        g.bench_function("token_acks", |b| b.iter(|| cycle(lock_on.as_ref())));
+        g.bench_function("token_off", |b| b.iter(|| cycle(&lock_off)));
+        g.bench_function("token_acks", |b| b.iter(|| cycle(&lock_on)));
         g.finish();
     }
     c.final_summary();

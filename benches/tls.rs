@@ -254,15 +254,15 @@ fn main() {
             "ping_pool_tls" | "ping_tls" => {
                 Box::new(|| ping(&mut tls_pool.get().expect("pooled TLS connection")))
             }
-            "token_tls" | "cycle_tls" => Box::new(|| cycle(token_tls.as_ref())),
-            "token_ttl_tls" | "cycle_ttl_tls" => Box::new(|| cycle(token_ttl_tls.as_ref())),
-            "token_tls_floor_pool" => Box::new(|| cycle(token_tls_floor_pool.as_ref())),
+            "token_tls" | "cycle_tls" => Box::new(|| cycle(&token_tls)),
+            "token_ttl_tls" | "cycle_ttl_tls" => Box::new(|| cycle(&token_ttl_tls)),
+            "token_tls_floor_pool" => Box::new(|| cycle(&token_tls_floor_pool)),
             "bare_tls" => Box::new(|| bare(&tls_pool, &sha, "tls:bare", &bare_tls_ch)),
             "set_del_tls" => Box::new(|| set_del(&tls_pool, "tls:setdel")),
             "ping_pool_plain" | "ping_plain" => {
                 Box::new(|| ping(&mut plain_pool.get().expect("pooled connection")))
             }
-            "token_plain" | "cycle_plain" => Box::new(|| cycle(token_plain.as_ref())),
+            "token_plain" | "cycle_plain" => Box::new(|| cycle(&token_plain)),
             "bare_plain" => Box::new(|| bare(&plain_pool, &sha, "plain:bare", &bare_plain_ch)),
             "set_del_plain" => Box::new(|| set_del(&plain_pool, "plain:setdel")),
             "none" => Box::new(|| {}),
@@ -387,7 +387,7 @@ fn main() {
         g.bench_function("ping_pool_tls", |b| {
             b.iter(|| ping(&mut tls_pool.get().expect("pooled TLS connection")))
         });
-        g.bench_function("token_tls", |b| b.iter(|| cycle(token_tls.as_ref())));
+        g.bench_function("token_tls", |b| b.iter(|| cycle(&token_tls)));
         g.finish();
     }
     c.final_summary();

@@ -86,3 +86,37 @@ impl Scripts {
             .evalsha_keys(&[key], &(value, crate::keys::UNLOCK_MESSAGE, channel))
     }
 }
+
+/// Switches of the runtime's special paths and tuned timings, process-wide, so that a bench
+/// runs the same workload with and without one in interleaved rounds (see `benches/knobs.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Knobs {
+    /// The subscriber lends its connection to hand-off (fair) waiters, which then read their
+    /// grant themselves.
+    pub lend: bool,
+    /// The subscriber's read tick (`None`: the default, 200 ms).
+    pub tick: Option<Duration>,
+    /// How long an idle channel stays subscribed (`None`: the default, 1.5 s).
+    pub linger: Option<Duration>,
+}
+
+impl Default for Knobs {
+    /// The library's behaviour.
+    fn default() -> Self {
+        Knobs {
+            lend: true,
+            tick: None,
+            linger: None,
+        }
+    }
+}
+
+/// Sets the switches for every client of the process from now on.
+pub fn set_knobs(k: Knobs) {
+    use crate::client::tuning::overrides as o;
+    use std::sync::atomic::Ordering::SeqCst;
+    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX - 1);
+    o::NO_LEND.store(!k.lend, SeqCst);
+    o::TICK_US.store(k.tick.map_or(0, |d| us(d).max(1)), SeqCst);
+    o::LINGER_US.store(k.linger.map_or(u64::MAX, us), SeqCst);
+}

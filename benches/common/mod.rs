@@ -616,6 +616,23 @@ pub fn paired_ratio(a: &[u64], b: &[u64], per: usize) -> f64 {
     ratios[ratios.len() / 2]
 }
 
+/// The median, lowest and highest of `v` (the median of an even count is the upper middle one).
+pub fn median_lo_hi(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    match (v.first(), v.last()) {
+        (Some(&lo), Some(&hi)) => (v[v.len() / 2], lo, hi),
+        _ => (0.0, 0.0, 0.0),
+    }
+}
+
+/// The number in the environment variable `k`, or `d`.
+pub fn env_num(k: &str, d: u64) -> u64 {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}
+
 /// Order statistics of a sample of durations (ns).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Stats {

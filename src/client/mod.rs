@@ -23,6 +23,7 @@ pub(crate) mod subscriber;
 pub(crate) mod switches;
 pub(crate) mod target;
 pub(crate) mod test_hooks;
+pub(crate) mod tuning;
 pub(crate) mod waiters;
 pub(crate) mod watchdog;
 pub(crate) mod watched;

@@ -72,9 +72,6 @@ pub const FAIR_QUEUE_ENTRY_TTL: Duration = Duration::from_secs(2);
 /// How long a lock object that found the lock held sends its first attempts as the script
 /// (which queues) rather than as a plain `SET NX PX` (which cannot).
 const CONTENDED_MEMORY: Duration = Duration::from_secs(1);
-/// How long after a release by a lock object granted the lock its next queueing call first
-/// yields the thread's CPU (`sched_yield`) to let the grantee run (see `acquire_blocking`).
-const GRANT_COURTESY: Duration = Duration::from_millis(1);
 /// The poll of a waiter behind the first two in the queue (plus up to a fifth at random).
 const POLL_DEEP: Duration = Duration::from_millis(500);
 /// Prefixes of the queue's sorted sets and of the grant channel (all in the key's slot).
@@ -105,9 +102,6 @@ pub struct FairLock {
     /// Until when (ms after `base`) this lock object saw the lock held: until then attempts
     /// go straight to the script; after it, a first attempt is a plain `SET NX PX`.
     contended_until_ms: AtomicU64,
-    /// When (µs after `base`, plus one: 0 is never) a release by this lock object last
-    /// granted the lock to a waiter.
-    granted_at_us: AtomicU64,
 }
 
 /// How one attempt came out.
@@ -136,13 +130,6 @@ fn entry_ttl(max_delay: Duration) -> Duration {
     let ttl = FAIR_QUEUE_ENTRY_TTL.max(POLL_DEEP.max(max_delay).saturating_mul(3));
     // Whole milliseconds, as sent.
     Duration::from_millis(ttl.min(LONGEST).as_millis() as u64)
-}
-
-/// True if the mark `at` (µs plus one; 0: never set) is less than [`GRANT_COURTESY`] before
-/// `now` (in the same unit). A mark a little after `now` (set by another thread meanwhile)
-/// counts as lately.
-fn lately(at: u64, now: u64) -> bool {
-    at != 0 && now.saturating_sub(at) < GRANT_COURTESY.as_micros() as u64
 }
 
 /// A reply of `lua/fair_release.lua`.
@@ -258,7 +245,6 @@ impl FairLock {
             entry_ttl,
             base: Instant::now(),
             contended_until_ms: AtomicU64::new(0),
-            granted_at_us: AtomicU64::new(0),
         })
     }
 
@@ -343,18 +329,6 @@ impl FairLock {
     /// be queued, so a release may grant.
     fn seen_held(&self) -> bool {
         (self.base.elapsed().as_millis() as u64) < self.contended_until_ms.load(Ordering::Relaxed)
-    }
-
-    /// True if a release by this lock object granted the lock within [`GRANT_COURTESY`].
-    fn granted_lately(&self) -> bool {
-        lately(
-            self.granted_at_us.load(Ordering::Relaxed),
-            self.micros_since_base() + 1,
-        )
-    }
-
-    fn micros_since_base(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
     }
 
     /// The lock is ours (taken or granted): while other threads of this client wait for it,
@@ -749,12 +723,6 @@ impl FairLock {
         });
         let (mut sent, mut last_us, mut rank) = (Instant::now(), 0, 0);
         if !offered {
-            // A lock object whose release granted the lock a moment ago will be refused: the
-            // grantee holds it. Its queueing call is not urgent, the grantee's first commands
-            // are: where the two threads share a core, this thread lets the grantee run first.
-            if self.granted_lately() {
-                std::thread::yield_now();
-            }
             sent = Instant::now();
             attempts.record();
             (last_us, rank) = match self.attempt(&token, true, sent)? {
@@ -975,10 +943,6 @@ impl DistributedLock for FairLock {
             grant,
             ..
         } = reply?;
-        if !granted.is_empty() {
-            self.granted_at_us
-                .store(self.micros_since_base() + 1, Ordering::Relaxed);
-        }
         if ours && self.client.switches().is_some() {
             // Done again on the new master if a Sentinel switch is announced soon: the same
             // script with the token of this client that the new master holds, if any, so it
@@ -1173,19 +1137,6 @@ mod tests {
         );
         assert_eq!(parse_release(&Value::Array(vec![int(1), int(0)])), None);
         assert_eq!(parse_release(&Value::Okay), None);
-    }
-
-    #[test]
-    fn a_grant_is_lately_for_a_millisecond() {
-        assert!(!lately(0, 5), "never granted");
-        assert!(lately(1, 1));
-        assert!(lately(1, 1_000));
-        assert!(!lately(1, 1_001));
-        assert!(!lately(10, 2_000_000));
-        assert!(
-            lately(700, 500),
-            "marked by another thread since this one read the clock"
-        );
     }
 
     #[test]

@@ -1,35 +1,6 @@
-//! Waiters woken by pub/sub: ONE subscriber connection per [`LockClient`](crate::LockClient),
-//! owned by one background thread ("dlock-subscriber") that wakes the threads waiting for a
-//! lock when its release is published.
-//!
-//! The connection is a `redis::Connection` opened from the client's own connection info, so
-//! TLS (custom CA, client certificates), RESP3, unix sockets, AUTH/ACL users and every URL form
-//! redis-rs knows work for it as for the pool.
-//!
-//! How it works:
-//! - A waiting thread calls [`Wakeups::subscribe`] with the lock's channel and its line name.
-//!   If the channel is not yet subscribed on the current connection, the thread queues a
-//!   `SUBSCRIBE` for the reader and waits until the server confirms it (or, if the reader is in
-//!   the middle of a read, polls until the confirmation wakes it). Threads waiting on the same
-//!   channel share one subscription.
-//! - Only the reader thread touches the connection (redis-rs cannot split a connection, a TLS
-//!   one least of all, into a read and a write half, nor interrupt a blocked read). It sends
-//!   the queued `SUBSCRIBE`/`UNSUBSCRIBE` commands and reads their confirmations, then reads
-//!   pushes: a `message` wakes every line of its channel ([`WaitQueues::notify_release`]).
-//!   While channels are subscribed it reads with a timeout ([`TICK`]), so that a queued
-//!   command waits at most that long; with nothing subscribed nothing can arrive, and it
-//!   sleeps until a command is queued.
-//! - A channel nobody waits on stays subscribed for [`LINGER`] (steady contention then costs
-//!   no re-subscription) and is then unsubscribed.
-//! - A lost connection (an error, EOF, or no answer to a `PING` within the client's timeout)
-//!   makes every subscription unconfirmed and wakes the waiters: they make an attempt, which
-//!   reports an outage as polling would have, and then poll. The reader reconnects with
-//!   backoff, re-subscribes, and wakes them again when the server confirms, since a release
-//!   may have gone unheard in between.
-//! - Waits never depend on this thread for correctness: each is bounded by the holder's
-//!   remaining lifetime and the caller's deadline.
+//! The subscriber connection and its reader thread: connecting, sending the queued commands,
+//! reading and dispatching pushes, lending the connection to hand-off waiters, reconnecting.
 
-use std::collections::HashMap;
 use std::io;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,14 +9,13 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionInfo, PushKind, RedisResult, Value};
 
+use crate::client::subscriber::registry::{lock, Link, Op, State};
 use crate::client::waiters::WaitQueues;
 use crate::stats::Counters;
 
 /// Finds the server to subscribe on, at every (re)connection.
 pub(crate) type Resolve = Box<dyn Fn() -> RedisResult<ConnectionInfo> + Send + Sync>;
 
-/// How long a channel nobody waits on stays subscribed.
-const LINGER: Duration = Duration::from_millis(1500);
 /// While no channel is subscribed: after this long without hearing from the server the reader
 /// sends a `PING`. While channels are subscribed the client's timeout is used instead, so that
 /// waiters learn of a frozen server about as soon as polling would have told them.
@@ -55,537 +25,77 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// not delayed by it (a read returns as soon as one arrives). A waiter whose `SUBSCRIBE` waits
 /// behind such a read does not wait for it: it polls until the confirmation wakes it.
 ///
-/// Not shorter: with 5 ms, 8 clients contending for one key on one core made 3-4 times fewer
-/// sections per second, with a 10 times longer handoff p99, than with 200 ms
-/// (`cargo bench -p redis-dlock-benches --bench contended`, client-per-thread rows).
-const TICK: Duration = Duration::from_millis(200);
+/// A bound, not a tuning: 5 ms instead made no difference of 5 % in throughput or wait p99
+/// with 8 clients contending for one key (`benches/knobs.rs`, docs/benchmarks.md).
+pub(super) const TICK: Duration = Duration::from_millis(200);
+
+/// [`TICK`], or a benchmark's override of it.
+fn tick() -> Duration {
+    crate::client::tuning::tick(TICK)
+}
 /// First and longest pause between reconnection attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The name of the background thread, and of its connection (`CLIENT LIST`).
 const THREAD_NAME: &str = "dlock-subscriber";
 
-/// The subscriber of one client.
-pub(crate) struct Wakeups {
-    /// `None` when the client has no address to subscribe on: its waiters poll.
-    shared: Option<Arc<Shared>>,
-}
-
 /// What the waiting threads and the reader thread share.
-struct Shared {
-    resolve: Resolve,
-    waiters: Arc<WaitQueues>,
+pub(super) struct Shared {
+    pub(super) resolve: Resolve,
+    pub(super) waiters: Arc<WaitQueues>,
     /// Bounds connecting, the handshake, each command's reply and the wait for a confirmation.
-    timeout: Duration,
-    state: Mutex<State>,
+    pub(super) timeout: Duration,
+    pub(super) state: Mutex<State>,
     /// Signalled on every confirmation, every change of [`Link`], every queued command and at
     /// shutdown.
-    cv: Condvar,
+    pub(super) cv: Condvar,
     /// The client's counters (wake-ups, reconnects).
-    counters: Arc<Counters>,
+    pub(super) counters: Arc<Counters>,
     /// A connection that was up has been lost: the next one is a reconnect.
-    was_lost: AtomicBool,
+    pub(super) was_lost: AtomicBool,
     /// The connection while the reader thread lends it to hand-off waiters
     /// ([`Wakeups::await_grant`]).
-    lend: Mutex<Lend>,
+    ///
+    /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
+    pub(super) lend: Mutex<Lend>,
     /// Borrowers wait here: signalled when the connection is put back while another borrower
     /// waits for it, a grant was delivered, the link changed, or at shutdown.
-    lend_cv: Condvar,
+    pub(super) lend_cv: Condvar,
     /// The reader thread waits here while the connection is lent: signalled when it is
     /// wanted back (a command queued, another kind of waiter, shutdown), when it is put back
     /// while recalled, and when a borrower's read failed. Not on every grant: waking the
     /// reader thread for nothing would cost the thread switch that lending saves.
-    reader_cv: Condvar,
+    pub(super) reader_cv: Condvar,
     /// The connection is lent (the reader thread is in `lend`).
-    lent: AtomicBool,
+    pub(super) lent: AtomicBool,
     /// The reader thread wants the lent connection back: a borrower returns it after its
     /// current read (at most [`TICK`]).
-    recall: AtomicBool,
+    pub(super) recall: AtomicBool,
     /// When the server was last heard, in µs since `base` (read while the connection is lent).
-    heard_us: AtomicU64,
-    base: Instant,
+    pub(super) heard_us: AtomicU64,
+    pub(super) base: Instant,
 }
 
 /// The connection lent by the reader thread to the hand-off waiters of its client: while one
 /// of them waits for a grant, that waiting thread reads the connection itself, so the grant
 /// message wakes it directly rather than the reader thread, which would then have to wake it.
 #[derive(Default)]
-struct Lend {
+pub(super) struct Lend {
     /// The connection, while lent and not being read by a borrower.
-    reader: Option<Reader>,
+    pub(super) reader: Option<Reader>,
     /// A borrower's read failed: the reader thread ends the connection with this.
-    broken: Option<End>,
+    pub(super) broken: Option<End>,
     /// Bumped when the link changes (lost, or a subscription confirmed): a borrower returns.
-    link_events: u64,
+    pub(super) link_events: u64,
     /// Borrowers blocked on `lend_cv` (another one is reading).
-    sleeping: usize,
+    pub(super) sleeping: usize,
 }
 
-#[derive(Default)]
-struct State {
-    channels: HashMap<String, Channel>,
-    /// Commands for the reader to send on the current connection, in order.
-    queue: Vec<Op>,
-    /// Bumped at every connection: a confirmation counts only for the connection it came on.
-    generation: u64,
-    link: Link,
-    /// A reader thread is running (it clears this, under the lock, as it exits).
-    thread: bool,
-    /// The client is gone: the reader exits.
-    shutdown: bool,
-    /// The master switched (Sentinel): the reader drops its connection, which leads to the
-    /// old master, and connects again, to the master it resolves now.
-    reconnect: bool,
-    /// The reader is blocked reading pushes (up to [`TICK`]), or has lent the connection: a
-    /// command queued now waits.
-    reading: bool,
-    /// Hand-off waiters waiting for a grant in [`Wakeups::await_grant`].
-    borrowers: usize,
-}
-
-/// A command queued for the reader.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Op {
-    Subscribe(Vec<String>),
-    Unsubscribe(Vec<String>),
-}
-
-/// The subscriber connection's state.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Link {
-    /// No reader thread.
-    #[default]
-    Stopped,
-    /// The reader is connecting.
-    Connecting,
-    /// Connected: commands queued now are sent on this connection.
-    Up,
-    /// The last connection attempt failed; the reader retries after a pause.
-    Backoff,
-    /// Pub/sub cannot be used (the server refuses `SUBSCRIBE`, or the connection info cannot
-    /// be used in this build): waiters poll.
-    Unavailable,
-}
-
-#[derive(Debug, Default)]
-struct Channel {
-    /// Lines woken by a message, with how many subscriptions named each.
-    lines: Vec<(String, usize)>,
-    /// Live subscriptions.
-    users: usize,
-    /// `SUBSCRIBE` was queued (or sent) on this connection generation.
-    sent: Option<u64>,
-    /// The server confirmed the subscription on this generation.
-    confirmed: Option<u64>,
-    /// Its waiters take grants (see [`Delivery::HandOff`]): the connection may be lent to them.
-    hand_off: bool,
-    /// Since when nobody has waited on the channel.
-    idle_since: Option<Instant>,
-    /// The connection was lost while threads waited: wake them once confirmed again.
-    rewake: bool,
-}
-
-/// Mutex poisoning only means a thread panicked while holding it; the state is still
-/// consistent (every change is a few field updates), so carry on rather than panic too.
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+pub(super) fn lock_lend(m: &Mutex<Lend>) -> MutexGuard<'_, Lend> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn lock_lend(m: &Mutex<Lend>) -> MutexGuard<'_, Lend> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// How the messages of a channel reach its waiters, as the lock that subscribes says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Delivery {
-    /// A message is a release: the reader thread wakes the channel's lines, whose heads try
-    /// again.
-    Release,
-    /// A message hands the lock to one waiter (a grant, see `grants.rs`): the waiter may
-    /// borrow the connection and read its grant itself ([`Wakeups::await_grant`]).
-    HandOff,
-}
-
-impl std::fmt::Debug for Wakeups {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wakeups")
-            .field("available", &self.shared.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Wakeups {
-    /// A subscriber that connects with `resolve` when first needed (never, if `None`: the
-    /// client's locks then poll), waking lines of `waiters`; `timeout` bounds connecting and
-    /// waiting for a subscription's confirmation.
-    pub(crate) fn new(
-        resolve: Option<Resolve>,
-        waiters: Arc<WaitQueues>,
-        timeout: Duration,
-        counters: Arc<Counters>,
-    ) -> Self {
-        Wakeups {
-            shared: resolve.map(|resolve| {
-                Arc::new(Shared {
-                    resolve,
-                    waiters,
-                    timeout,
-                    state: Mutex::new(State::default()),
-                    cv: Condvar::new(),
-                    counters,
-                    was_lost: AtomicBool::new(false),
-                    lend: Mutex::new(Lend::default()),
-                    lend_cv: Condvar::new(),
-                    reader_cv: Condvar::new(),
-                    lent: AtomicBool::new(false),
-                    recall: AtomicBool::new(false),
-                    heard_us: AtomicU64::new(0),
-                    base: Instant::now(),
-                })
-            }),
-        }
-    }
-
-    /// Subscribes to `channel`; every message on it wakes the waiters of line `line`
-    /// ([`WaitQueues::notify_release`]). Waits for the server's confirmation until `deadline`
-    /// (at most the timeout), so that a release published after this returns is not missed.
-    /// `None` when pub/sub is unavailable: the caller polls. An unconfirmed subscription
-    /// (server unreachable, reconnecting) may become confirmed later: check
-    /// [`Subscription::is_confirmed`] before relying on it.
-    pub(crate) fn subscribe(
-        &self,
-        channel: &str,
-        line: &str,
-        delivery: Delivery,
-        deadline: Option<Instant>,
-    ) -> Option<Subscription<'_>> {
-        let shared = self.shared.as_ref()?;
-        let now = Instant::now();
-        let longest = crate::time::saturating_add(now, shared.timeout);
-        let until = deadline.map_or(longest, |d| d.min(longest));
-        let mut st = lock(&shared.state);
-        if st.shutdown || st.link == Link::Unavailable {
-            return None;
-        }
-        if !st.thread {
-            if let Err(e) = start_thread(shared) {
-                log::warn!("pub/sub: cannot start the subscriber thread ({e}); waiters poll");
-                return None;
-            }
-            st.thread = true;
-            st.link = Link::Connecting;
-        }
-        let generation = st.generation;
-        let ch = st.channels.entry(channel.to_owned()).or_default();
-        ch.users += 1;
-        ch.idle_since = None;
-        ch.hand_off = delivery == Delivery::HandOff;
-        match ch.lines.iter_mut().find(|(name, _)| name == line) {
-            Some((_, n)) => *n += 1,
-            None => ch.lines.push((line.to_owned(), 1)),
-        }
-        // While connecting, the reader subscribes every waited-on channel once it is up.
-        let must_send = ch.sent != Some(generation) && st.link == Link::Up;
-        if must_send {
-            if let Some(ch) = st.channels.get_mut(channel) {
-                ch.sent = Some(generation);
-            }
-        }
-        // After counting this user, so that a lingering `channel` is kept, not re-subscribed.
-        st.sweep(now);
-        if must_send {
-            st.queue.push(Op::Subscribe(vec![channel.to_owned()]));
-            shared.cv.notify_all();
-        }
-        // Sent only once the reader's current read returns (up to TICK): poll meanwhile
-        // rather than wait; the confirmation wakes this waiter (`rewake`). So also when
-        // another thread queued the channel's `SUBSCRIBE` and it still waits behind that read
-        // (a thread at the head of its line would otherwise hold the line until the tick).
-        let behind_a_read = st.reading && st.subscribe_queued(channel);
-        let subscription = Subscription {
-            wakeups: self,
-            channel: channel.to_owned(),
-            line: line.to_owned(),
-        };
-        loop {
-            if st.is_confirmed(channel) || behind_a_read {
-                break;
-            }
-            // Connecting (or waiting for the reply) is worth waiting for; a reader that
-            // failed to connect is not (it pauses before retrying): poll meanwhile.
-            if st.shutdown || matches!(st.link, Link::Backoff | Link::Unavailable) {
-                break;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                log::debug!("pub/sub: {channel:?} not confirmed in time; polling meanwhile");
-                break;
-            }
-            st = shared
-                .cv
-                .wait_timeout(st, left)
-                .map(|(st, _)| st)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        if !st.is_confirmed(channel) {
-            // The waiter polls meanwhile: wake it once the channel is confirmed, since a
-            // release published before that went unheard.
-            if let Some(ch) = st.channels.get_mut(channel) {
-                ch.rewake = true;
-            }
-        }
-        // A lent connection is taken back for this (a command to send, or a channel whose
-        // messages the reader thread dispatches); otherwise the reader thread is not woken
-        // (one system call and two thread switches fewer per waiting hand-off `lock()`).
-        let take_back = !Shared::may_keep_lent(&st);
-        drop(st);
-        if take_back {
-            shared.wake_reader();
-        }
-        Some(subscription)
-    }
-
-    /// Waits until a grant to `token` is in `grants`, until `until`, or until the subscriber's
-    /// link changes (lost, or a subscription confirmed): the caller then looks again. While it
-    /// waits, this thread reads the subscriber connection itself whenever the reader thread
-    /// lends it (it does while only hand-off waiters need it): a grant message then wakes this
-    /// thread directly, one thread switch fewer than through the reader thread. Messages for
-    /// other threads are dispatched as the reader thread would. `false` when this client has
-    /// no subscriber (the caller sleeps as it would otherwise).
-    pub(crate) fn await_grant(
-        &self,
-        grants: &crate::client::grants::Grants,
-        token: &crate::client::grants::Token,
-        until: Instant,
-    ) -> bool {
-        let Some(shared) = self.shared.as_ref() else {
-            return false;
-        };
-        lock(&shared.state).borrowers += 1;
-        let _leave = Borrowing(shared);
-        let mut l = lock_lend(&shared.lend);
-        let link = l.link_events;
-        loop {
-            if grants.is_granted(token) || l.link_events != link {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= until {
-                return true;
-            }
-            if !shared.recall.load(Ordering::SeqCst) {
-                if let Some(mut reader) = l.reader.take() {
-                    drop(l);
-                    let read = reader.read_for(shared, grants, token, until);
-                    l = lock_lend(&shared.lend);
-                    match read {
-                        Ok(()) => {
-                            l.reader = Some(reader);
-                            if shared.recall.load(Ordering::SeqCst) {
-                                shared.reader_cv.notify_all();
-                            }
-                            if l.sleeping > 0 {
-                                shared.lend_cv.notify_all();
-                            }
-                        }
-                        Err(end) => {
-                            l.broken = Some(end);
-                            shared.reader_cv.notify_all();
-                        }
-                    }
-                    continue;
-                }
-            }
-            l.sleeping += 1;
-            l = shared
-                .lend_cv
-                .wait_timeout(l, until - now)
-                .map(|(l, _)| l)
-                .unwrap_or_else(|p| p.into_inner().0);
-            l.sleeping -= 1;
-        }
-    }
-
-    /// A grant was delivered to a thread of this client by other means than the subscriber
-    /// (the client's own release): a borrower waiting in [`await_grant`](Self::await_grant)
-    /// looks again.
-    pub(crate) fn nudge(&self) {
-        if let Some(shared) = &self.shared {
-            shared.nudge();
-        }
-    }
-
-    /// The master switched (a Sentinel failover): a graceful one leaves the old master up and
-    /// answering, so the subscriber connection would stay on it and hear no release published
-    /// on the new one (waiters would poll). The reader drops it and connects again at once.
-    pub(crate) fn reconnect(&self) {
-        let Some(shared) = &self.shared else {
-            return;
-        };
-        let mut st = lock(&shared.state);
-        if st.link != Link::Up {
-            // Not connected: the next connection resolves the new master anyway.
-            return;
-        }
-        st.reconnect = true;
-        drop(st);
-        shared.cv.notify_all();
-        shared.wake_reader();
-        shared.link_event();
-    }
-
-    /// True if this client's subscriber connection is subscribed (or subscribing) to
-    /// `channel` on the current connection: a message published there reaches this client too,
-    /// so a `PUBLISH` reply counts it among the receivers.
-    pub(crate) fn hears(&self, channel: &str) -> bool {
-        let Some(shared) = &self.shared else {
-            return false;
-        };
-        let st = lock(&shared.state);
-        let current = Some(st.generation);
-        st.channels
-            .get(channel)
-            .is_some_and(|c| c.sent == current || c.confirmed == current)
-    }
-
-    /// The connection generation on which `channel` is confirmed now, if it is: a message
-    /// published while the same generation stays confirmed was heard.
-    pub(crate) fn confirmed_on(&self, channel: &str) -> Option<u64> {
-        let shared = self.shared.as_ref()?;
-        let st = lock(&shared.state);
-        st.is_confirmed(channel).then_some(st.generation)
-    }
-
-    /// Channels currently subscribed (or being subscribed), lingering ones included.
-    #[cfg(test)]
-    pub(crate) fn subscribed_channels(&self) -> usize {
-        self.shared
-            .as_ref()
-            .map_or(0, |s| lock(&s.state).channels.len())
-    }
-}
-
-/// A thread inside [`Wakeups::await_grant`]; counted out when it leaves.
-struct Borrowing<'a>(&'a Shared);
-
-impl Drop for Borrowing<'_> {
-    fn drop(&mut self) {
-        let mut st = lock(&self.0.state);
-        st.borrowers = st.borrowers.saturating_sub(1);
-    }
-}
-
-impl Drop for Wakeups {
-    /// Tells the reader to exit (it notices within [`TICK`], or at once if it is idle); never
-    /// joins it (it may be connecting, bounded by the timeout).
-    fn drop(&mut self) {
-        if let Some(shared) = &self.shared {
-            lock(&shared.state).shutdown = true;
-            shared.cv.notify_all();
-            shared.nudge();
-            shared.wake_reader();
-        }
-    }
-}
-
-/// A thread's interest in a channel; unsubscribes (after a linger) when the last one drops.
-#[derive(Debug)]
-pub(crate) struct Subscription<'a> {
-    wakeups: &'a Wakeups,
-    channel: String,
-    line: String,
-}
-
-impl Subscription<'_> {
-    /// True while the server has confirmed the subscription on the current connection: a
-    /// release will be heard. False after the connection dropped, until it is re-established.
-    pub(crate) fn is_confirmed(&self) -> bool {
-        self.wakeups
-            .shared
-            .as_ref()
-            .is_some_and(|s| lock(&s.state).is_confirmed(&self.channel))
-    }
-}
-
-impl Drop for Subscription<'_> {
-    fn drop(&mut self) {
-        let Some(shared) = &self.wakeups.shared else {
-            return;
-        };
-        let mut st = lock(&shared.state);
-        if let Some(ch) = st.channels.get_mut(&self.channel) {
-            ch.users = ch.users.saturating_sub(1);
-            if let Some(i) = ch.lines.iter().position(|(l, _)| *l == self.line) {
-                if let Some(entry) = ch.lines.get_mut(i) {
-                    entry.1 = entry.1.saturating_sub(1);
-                    if entry.1 == 0 {
-                        ch.lines.swap_remove(i);
-                    }
-                }
-            }
-            if ch.users == 0 {
-                ch.idle_since = Some(Instant::now());
-            }
-        }
-        // A channel past its linger is queued for UNSUBSCRIBE by the reader's own sweep.
-        st.sweep(Instant::now());
-    }
-}
-
-impl State {
-    /// True if a `SUBSCRIBE` of `channel` is queued for the reader and not sent yet.
-    fn subscribe_queued(&self, channel: &str) -> bool {
-        self.queue.iter().any(|op| match op {
-            Op::Subscribe(channels) => channels.iter().any(|c| c == channel),
-            Op::Unsubscribe(_) => false,
-        })
-    }
-
-    fn is_confirmed(&self, channel: &str) -> bool {
-        self.link == Link::Up
-            && self
-                .channels
-                .get(channel)
-                .is_some_and(|c| c.confirmed == Some(self.generation))
-    }
-
-    /// Forgets the channels nobody waits on: at once if they are not subscribed on this
-    /// connection, after the linger (queueing an `UNSUBSCRIBE`) if they are. A channel whose
-    /// `SUBSCRIBE` is not confirmed yet stays until it is.
-    fn sweep(&mut self, now: Instant) {
-        let generation = self.generation;
-        let up = self.link == Link::Up;
-        let mut unsubscribe: Vec<String> = Vec::new();
-        self.channels.retain(|name, ch| {
-            let Some(idle) = ch.idle_since.filter(|_| ch.users == 0) else {
-                return true;
-            };
-            if !up || ch.sent != Some(generation) {
-                return false;
-            }
-            if ch.confirmed != Some(generation) || now.saturating_duration_since(idle) < LINGER {
-                return true;
-            }
-            unsubscribe.push(name.clone());
-            false
-        });
-        if !unsubscribe.is_empty() {
-            self.queue.push(Op::Unsubscribe(unsubscribe));
-        }
-    }
-
-    /// The soonest a lingering channel is due for `UNSUBSCRIBE`, if any.
-    fn next_linger_end(&self) -> Option<Instant> {
-        self.channels
-            .values()
-            .filter(|c| c.users == 0)
-            .filter_map(|c| c.idle_since)
-            .map(|idle| idle.checked_add(LINGER).unwrap_or(idle))
-            .min()
-    }
-}
-
-fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
+pub(super) fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
     let shared = Arc::clone(shared);
     std::thread::Builder::new()
         .name(THREAD_NAME.into())
@@ -595,7 +105,7 @@ fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
 
 /// Why a connection ended.
 #[derive(Debug)]
-enum End {
+pub(super) enum End {
     /// I/O error, EOF, or a silent peer: reconnect. `warn` when the cause is unlikely to go
     /// away by itself (a TLS handshake or authentication failure), so that it is logged as a
     /// warning rather than as routine.
@@ -713,7 +223,7 @@ impl Shared {
     /// to look again. Counted under the mutex they sleep with, so none is missed; with none
     /// asleep (the usual case: the borrower that read a grant is its recipient) no system call
     /// is made.
-    fn nudge(&self) {
+    pub(super) fn nudge(&self) {
         let l = lock_lend(&self.lend);
         if l.sleeping > 0 {
             drop(l);
@@ -723,7 +233,7 @@ impl Shared {
 
     /// Wakes the reader thread if it is lending the connection, to see whether it wants it
     /// back.
-    fn wake_reader(&self) {
+    pub(super) fn wake_reader(&self) {
         if self.lent.load(Ordering::SeqCst) {
             drop(lock_lend(&self.lend));
             self.reader_cv.notify_all();
@@ -731,7 +241,7 @@ impl Shared {
     }
 
     /// The link changed: borrowers return to their caller, which looks at the subscription.
-    fn link_event(&self) {
+    pub(super) fn link_event(&self) {
         let mut l = lock_lend(&self.lend);
         l.link_events += 1;
         if l.sleeping > 0 {
@@ -755,7 +265,7 @@ impl Shared {
     /// True if the connection may be lent: hand-off waiters wait for grants and
     /// [`may_keep_lent`](Self::may_keep_lent).
     fn may_lend(st: &State) -> bool {
-        st.borrowers > 0 && Self::may_keep_lent(st)
+        crate::client::tuning::lend() && st.borrowers > 0 && Self::may_keep_lent(st)
     }
 
     /// True if the lent connection may stay lent: nothing is to be sent, and no channel other
@@ -763,7 +273,7 @@ impl Shared {
     /// thread). It stays lent while no borrower reads it, between one hand-off waiter's
     /// grant and its next wait: only grants to this client's waiters can be waited for then,
     /// and each of those waiters reads it again when it next waits.
-    fn may_keep_lent(st: &State) -> bool {
+    pub(super) fn may_keep_lent(st: &State) -> bool {
         st.queue.is_empty()
             && !st.shutdown
             && !st.reconnect
@@ -967,7 +477,7 @@ fn text(v: &Value) -> Option<&str> {
 
 /// The reader's side of one connection: how many channels the server says it has
 /// subscribed, and when it last heard from it.
-struct Reader {
+pub(super) struct Reader {
     con: redis::Connection,
     /// Channels subscribed on the server, from its last confirmation.
     subscribed: i64,
@@ -1045,7 +555,7 @@ impl Reader {
     /// Waits up to [`TICK`] for a push and dispatches it. `Ok` also on a timeout, and at once
     /// if a command was queued meanwhile.
     fn read_push(&mut self, shared: &Shared) -> Result<(), End> {
-        self.set_read_timeout(TICK)?;
+        self.set_read_timeout(tick())?;
         {
             let mut st = lock(&shared.state);
             if !st.queue.is_empty() || st.shutdown {
@@ -1060,7 +570,9 @@ impl Reader {
 
     /// A borrower's reads ([`Wakeups::await_grant`]): until a grant to `token` arrived,
     /// `until`, or the reader thread wants the connection back.
-    fn read_for(
+    ///
+    /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
+    pub(super) fn read_for(
         &mut self,
         shared: &Shared,
         grants: &crate::client::grants::Grants,
@@ -1074,7 +586,7 @@ impl Reader {
             }
             // Whole milliseconds, so that a borrower reading again and again does not set the
             // socket's timeout for every read.
-            let ms = left.min(TICK).as_millis().max(1) as u64;
+            let ms = left.min(tick()).as_millis().max(1) as u64;
             self.set_read_timeout(Duration::from_millis(ms))?;
             self.read_one(shared)?;
         }
@@ -1217,6 +729,8 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
 /// shutdown. Checked when woken and every [`TICK`]; a borrower returns the
 /// connection after its current read (at most [`TICK`]). A borrower's failed read ends the
 /// connection.
+///
+/// [`Wakeups::await_grant`]: super::Wakeups::await_grant
 fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
     lock(&shared.state).reading = true;
     shared.recall.store(false, Ordering::SeqCst);
@@ -1251,7 +765,7 @@ fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
         }
         l = shared
             .reader_cv
-            .wait_timeout(l, TICK)
+            .wait_timeout(l, tick())
             .map(|(l, _)| l)
             .unwrap_or_else(|p| p.into_inner().0);
     };
@@ -1444,78 +958,5 @@ mod tests {
                 detail: "no permissions to access a channel".into(),
             }
         );
-    }
-
-    #[test]
-    fn without_resolver_nothing_subscribes() {
-        let w = Wakeups::new(
-            None,
-            Arc::new(WaitQueues::default()),
-            Duration::from_secs(1),
-            Arc::default(),
-        );
-        assert!(w.subscribe("ch", "line", Delivery::Release, None).is_none());
-        assert_eq!(w.subscribed_channels(), 0);
-    }
-
-    /// Without a TLS feature a TLS address cannot be used: pub/sub is reported unavailable
-    /// (logged as an error) and the waiters poll.
-    #[cfg(not(any(feature = "tls-rustls", feature = "tls-native-tls")))]
-    #[test]
-    fn tls_without_the_feature_makes_pubsub_unavailable() {
-        use redis::ConnectionAddr;
-        // As a TLS URL resolves (this build has no TLS feature to parse one).
-        let resolve: Resolve = Box::new(|| {
-            redis::Client::open("redis://127.0.0.1:1/").map(|c| {
-                c.get_connection_info()
-                    .clone()
-                    .set_addr(ConnectionAddr::TcpTls {
-                        host: "127.0.0.1".into(),
-                        port: 1,
-                        insecure: false,
-                        tls_params: None,
-                    })
-            })
-        });
-        let w = Wakeups::new(
-            Some(resolve),
-            Arc::new(WaitQueues::default()),
-            Duration::from_secs(1),
-            Arc::default(),
-        );
-        // The first call waits while the reader finds out; later ones return None at once.
-        let first = w.subscribe("ch", "line", Delivery::Release, None);
-        assert!(first.as_ref().is_none_or(|s| !s.is_confirmed()));
-        drop(first);
-        assert!(w.subscribe("ch", "line", Delivery::Release, None).is_none());
-        assert_eq!(w.subscribed_channels(), 0);
-    }
-
-    #[test]
-    fn unreachable_server_leaves_subscription_unconfirmed() {
-        // A port nobody listens on (bound, then released).
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        let resolve: Resolve = Box::new(move || {
-            redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                .map(|c| c.get_connection_info().clone())
-        });
-        let w = Wakeups::new(
-            Some(resolve),
-            Arc::new(WaitQueues::default()),
-            Duration::from_secs(5),
-            Arc::default(),
-        );
-        let start = Instant::now();
-        let s = w
-            .subscribe("ch", "line", Delivery::Release, None)
-            .expect("pub/sub configured");
-        assert!(!s.is_confirmed());
-        // Refused at once: no wait for the (5 s) timeout.
-        assert!(start.elapsed() < Duration::from_secs(4));
-        drop(s);
-        assert_eq!(w.subscribed_channels(), 0);
     }
 }

@@ -1,0 +1,143 @@
+//! The registry of subscriptions: which channels are waited on, by which lines, what is
+//! queued for the reader to send, and the state of the link.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long a channel nobody waits on stays subscribed.
+pub(super) const LINGER: Duration = Duration::from_millis(1500);
+
+/// [`LINGER`], or a benchmark's override of it.
+fn linger() -> Duration {
+    crate::client::tuning::linger(LINGER)
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) channels: HashMap<String, Channel>,
+    /// Commands for the reader to send on the current connection, in order.
+    pub(super) queue: Vec<Op>,
+    /// Bumped at every connection: a confirmation counts only for the connection it came on.
+    pub(super) generation: u64,
+    pub(super) link: Link,
+    /// A reader thread is running (it clears this, under the lock, as it exits).
+    pub(super) thread: bool,
+    /// The client is gone: the reader exits.
+    pub(super) shutdown: bool,
+    /// The master switched (Sentinel): the reader drops its connection, which leads to the
+    /// old master, and connects again, to the master it resolves now.
+    pub(super) reconnect: bool,
+    /// The reader is blocked reading pushes (up to [`TICK`]), or has lent the connection: a
+    /// command queued now waits.
+    ///
+    /// [`TICK`]: super::reader::TICK
+    pub(super) reading: bool,
+    /// Hand-off waiters waiting for a grant in [`Wakeups::await_grant`].
+    ///
+    /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
+    pub(super) borrowers: usize,
+}
+
+/// A command queued for the reader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Op {
+    Subscribe(Vec<String>),
+    Unsubscribe(Vec<String>),
+}
+
+/// The subscriber connection's state.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Link {
+    /// No reader thread.
+    #[default]
+    Stopped,
+    /// The reader is connecting.
+    Connecting,
+    /// Connected: commands queued now are sent on this connection.
+    Up,
+    /// The last connection attempt failed; the reader retries after a pause.
+    Backoff,
+    /// Pub/sub cannot be used (the server refuses `SUBSCRIBE`, or the connection info cannot
+    /// be used in this build): waiters poll.
+    Unavailable,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Channel {
+    /// Lines woken by a message, with how many subscriptions named each.
+    pub(super) lines: Vec<(String, usize)>,
+    /// Live subscriptions.
+    pub(super) users: usize,
+    /// `SUBSCRIBE` was queued (or sent) on this connection generation.
+    pub(super) sent: Option<u64>,
+    /// The server confirmed the subscription on this generation.
+    pub(super) confirmed: Option<u64>,
+    /// Its waiters take grants (see [`Delivery::HandOff`]): the connection may be lent to them.
+    ///
+    /// [`Delivery::HandOff`]: super::Delivery::HandOff
+    pub(super) hand_off: bool,
+    /// Since when nobody has waited on the channel.
+    pub(super) idle_since: Option<Instant>,
+    /// The connection was lost while threads waited: wake them once confirmed again.
+    pub(super) rewake: bool,
+}
+
+/// Mutex poisoning only means a thread panicked while holding it; the state is still
+/// consistent (every change is a few field updates), so carry on rather than panic too.
+pub(super) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl State {
+    /// True if a `SUBSCRIBE` of `channel` is queued for the reader and not sent yet.
+    pub(super) fn subscribe_queued(&self, channel: &str) -> bool {
+        self.queue.iter().any(|op| match op {
+            Op::Subscribe(channels) => channels.iter().any(|c| c == channel),
+            Op::Unsubscribe(_) => false,
+        })
+    }
+
+    pub(super) fn is_confirmed(&self, channel: &str) -> bool {
+        self.link == Link::Up
+            && self
+                .channels
+                .get(channel)
+                .is_some_and(|c| c.confirmed == Some(self.generation))
+    }
+
+    /// Forgets the channels nobody waits on: at once if they are not subscribed on this
+    /// connection, after the linger (queueing an `UNSUBSCRIBE`) if they are. A channel whose
+    /// `SUBSCRIBE` is not confirmed yet stays until it is.
+    pub(super) fn sweep(&mut self, now: Instant) {
+        let generation = self.generation;
+        let up = self.link == Link::Up;
+        let mut unsubscribe: Vec<String> = Vec::new();
+        self.channels.retain(|name, ch| {
+            let Some(idle) = ch.idle_since.filter(|_| ch.users == 0) else {
+                return true;
+            };
+            if !up || ch.sent != Some(generation) {
+                return false;
+            }
+            if ch.confirmed != Some(generation) || now.saturating_duration_since(idle) < linger() {
+                return true;
+            }
+            unsubscribe.push(name.clone());
+            false
+        });
+        if !unsubscribe.is_empty() {
+            self.queue.push(Op::Unsubscribe(unsubscribe));
+        }
+    }
+
+    /// The soonest a lingering channel is due for `UNSUBSCRIBE`, if any.
+    pub(super) fn next_linger_end(&self) -> Option<Instant> {
+        self.channels
+            .values()
+            .filter(|c| c.users == 0)
+            .filter_map(|c| c.idle_since)
+            .map(|idle| idle.checked_add(linger()).unwrap_or(idle))
+            .min()
+    }
+}
