@@ -23,7 +23,9 @@
 //! SIGSTOP (then SIGCONT), `CLIENT PAUSE <ms> WRITE`, a restart (no persistence: the data set
 //! is gone), `DEBUG SLEEP`.
 //!
-//! Asserted for every lock and fault: 0 lost updates, 0 overlapping sections, no guard handed
+//! Asserted for every lock and fault: 0 lost updates, 0 overlapping sections, 0 overlapping
+//! validity windows in the holds the workers record (tests/support/history.rs, on
+//! `CLOCK_MONOTONIC`, checked per lock kind over all its processes), no guard handed
 //! out already expired (`is_expired()`/`is_lost()` on arrival), and recovery within a bound:
 //! every key is acquired again within one command timeout plus [`RECOVERY_SLACK`] after the
 //! fault ended (i.e. no key stays blocked longer than the fault plus one command timeout plus
@@ -34,7 +36,8 @@
 //! locks are reported before a test fails.
 //!
 //! Also here: negative controls (no lock at all; a Token lock whose lifetime is far shorter
-//! than the section) that must make the detector report overlaps and lost updates, and a churn
+//! than the section) that must make the detector report overlaps and lost updates, and the
+//! history checker overlapping validity windows, and a churn
 //! test that creates and drops many clients in a worker process and bounds its thread count and
 //! resident memory.
 //!
@@ -55,6 +58,7 @@ use redis_dlock::ClassicOptions;
 use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, LockError, Strategy};
 use support::expiry::epoch_ms;
+use support::history::{self, overlaps, Recorder};
 use support::worker::{report, WorkerProcess};
 use support::{init_logging, RedisServer};
 
@@ -452,6 +456,7 @@ fn fault_suite_worker() {
     let threads: usize = var("DLOCK_FS_THREADS").parse().unwrap();
     let keys: usize = var("DLOCK_FS_KEYS").parse().unwrap();
     let workers: i64 = var("DLOCK_FS_WORKERS").parse().unwrap();
+    let history_path = var("DLOCK_FS_HISTORY");
 
     let client = LockClient::open(&lock_url).expect("lock client");
     let locks: Vec<Option<Lock>> = (0..keys)
@@ -469,6 +474,8 @@ fn fault_suite_worker() {
     // Every section's (key, epoch ms of its acquire), for the recovery figures.
     let log: Mutex<Vec<(usize, i64)>> = Mutex::new(Vec::new());
     let totals = Mutex::new(Tally::default());
+    // Every hold of every thread (tests/support/history.rs), written for the parent at the end.
+    let history: Mutex<Vec<u8>> = Mutex::new(Vec::new());
     thread::scope(|s| {
         s.spawn(|| {
             let mut conn = raw_conn(&data_url);
@@ -476,10 +483,12 @@ fn fault_suite_worker() {
             while !support::wait_until(Duration::from_secs(3600), &mut told) {}
             stop.store(true, Ordering::SeqCst);
         });
-        for _ in 0..threads {
+        for t in 0..threads {
             let (locks, stop, log, totals, data_url) = (&locks, &stop, &log, &totals, &data_url);
+            let history = &history;
             s.spawn(move || {
                 let mut conn = raw_conn(data_url);
+                let mut rec = Recorder::new(u64::from(std::process::id()) << 16 | t as u64);
                 let mut rng = rand::rng();
                 let mut tally = Tally::default();
                 let mut mine = Vec::new();
@@ -492,15 +501,20 @@ fn fault_suite_worker() {
                     } else {
                         rng.random_range(0..locks.len())
                     };
+                    let open = rec.begin(k as u32);
                     match &locks[k] {
                         None => {
+                            // No lock: a hold with no end but its release.
+                            let held = open.acquired();
                             let at = epoch_ms();
                             section(&mut conn, kind, k, at);
                             tally.sections += 1;
                             mine.push((k, at));
+                            rec.release(held, Duration::MAX, false);
                         }
                         Some(lock) => match lock.try_lock_for(ACQUIRE_WAIT) {
                             Ok(guard) => {
+                                let held = open.acquired();
                                 let at = epoch_ms();
                                 if guard.is_expired() || guard.is_lost() {
                                     tally.expired_on_arrival += 1;
@@ -508,6 +522,7 @@ fn fault_suite_worker() {
                                 section(&mut conn, kind, k, at);
                                 tally.sections += 1;
                                 mine.push((k, at));
+                                rec.release(held, guard.remaining(), guard.is_lost());
                                 match guard.unlock() {
                                     Ok(true) => {}
                                     Ok(false) => tally.lost_at_unlock += 1,
@@ -527,10 +542,12 @@ fn fault_suite_worker() {
                 }
                 totals.lock().unwrap().add(&tally);
                 log.lock().unwrap().extend(mine);
+                history.lock().unwrap().extend(rec.encode());
             });
         }
     });
 
+    std::fs::write(&history_path, history.into_inner().unwrap()).expect("write the history");
     let tally = *totals.lock().unwrap();
     report("FS_TALLY", &tally.line());
     // For each fault: each key's first acquire at or after the fault's end.
@@ -603,6 +620,12 @@ struct GroupOutcome {
     tally: Tally,
     counter_sum: i64,
     overlaps: i64,
+    /// Holds recorded by the workers (tests/support/history.rs).
+    holds: usize,
+    /// Pairs of holds whose validity windows overlapped.
+    window_overlaps: usize,
+    /// The first few of them, for the message.
+    window_detail: String,
     recoveries: Vec<Recovery>,
 }
 
@@ -630,7 +653,8 @@ impl GroupOutcome {
             })
             .collect();
         format!(
-            "fault_suite {run} {}: {} sections, counters {}, LOST UPDATES {}, OVERLAPS {}; \
+            "fault_suite {run} {}: {} sections, counters {}, LOST UPDATES {}, OVERLAPS {}, \
+             OVERLAPPING VALIDITY WINDOWS {} of {} holds; \
              expired on arrival {}, lost at unlock {}, acquire errors {}, unlock errors {}, \
              timed-out waits {}; recovery: [{}]",
             self.kind.name(),
@@ -638,6 +662,8 @@ impl GroupOutcome {
             self.counter_sum,
             self.lost_updates(),
             self.overlaps,
+            self.window_overlaps,
+            self.holds,
             self.tally.expired_on_arrival,
             self.tally.lost_at_unlock,
             self.tally.acquire_errors,
@@ -666,7 +692,7 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
     let mut lock_server = RedisServer::start_with(&["--enable-debug-command", "local"]);
     let data_server = RedisServer::start();
     let total = kinds.len() * load.processes;
-    let mut workers: Vec<(Kind, WorkerProcess)> = Vec::new();
+    let mut workers: Vec<(Kind, WorkerProcess, std::path::PathBuf)> = Vec::new();
     for &kind in kinds {
         let envs = [
             (WORKER_ENV, "1".to_owned()),
@@ -677,8 +703,14 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
             ("DLOCK_FS_KEYS", load.keys.to_string()),
             ("DLOCK_FS_WORKERS", total.to_string()),
         ];
-        for _ in 0..load.processes {
-            workers.push((kind, WorkerProcess::spawn_captured(WORKER_TEST, &envs)));
+        for p in 0..load.processes {
+            let path = data_server
+                .dir()
+                .join(format!("history-{}-{p}", kind.name()));
+            let mut envs = envs.to_vec();
+            envs.push(("DLOCK_FS_HISTORY", path.display().to_string()));
+            let worker = WorkerProcess::spawn_captured(WORKER_TEST, &envs);
+            workers.push((kind, worker, path));
         }
     }
     let mut data = data_server.conn();
@@ -795,6 +827,9 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
             tally: Tally::default(),
             counter_sum: 0,
             overlaps: 0,
+            holds: 0,
+            window_overlaps: 0,
+            window_detail: String::new(),
             recoveries: faults
                 .iter()
                 .map(|(name, start, end, probed)| Recovery {
@@ -809,7 +844,9 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
                 .collect(),
         })
         .collect();
-    for (kind, w) in workers {
+    // Each kind's holds, from every worker of that kind.
+    let mut holds: BTreeMap<&'static str, Vec<history::Hold>> = BTreeMap::new();
+    for (kind, w, path) in workers {
         let (status, out, err) = w.finish(WORKER_FINISH);
         assert!(
             status.success(),
@@ -820,6 +857,12 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
             .iter_mut()
             .find(|g| g.kind == kind)
             .expect("a group per kind");
+        holds
+            .entry(kind.name())
+            .or_default()
+            .extend(history::decode(
+                &std::fs::read(&path).expect("read a worker's history"),
+            ));
         let mut tallied = false;
         for line in out.lines() {
             if let Some(rest) = line.strip_prefix("FS_TALLY ") {
@@ -857,6 +900,12 @@ fn run(kinds: &[Kind], load: &Load, fault: Option<fn(Duration) -> Fault>) -> Vec
             .expect("MGET counters");
         group.counter_sum = counters.iter().map(|c| c.unwrap_or(0)).sum();
         group.overlaps = get_i64(&mut data, &overlaps_key(group.kind));
+        let mine = holds.remove(group.kind.name()).unwrap_or_default();
+        let found = overlaps(&mine);
+        group.holds = mine.len();
+        group.window_overlaps = found.len();
+        let epoch = mine.iter().map(|h| h.invoked).min().unwrap_or(0);
+        group.window_detail = history::describe(&found, epoch);
         eprintln!("{}", group.summary(&label));
     }
     eprintln!(
@@ -882,6 +931,9 @@ fn violations(g: &GroupOutcome) -> Vec<String> {
     }
     if g.overlaps != 0 {
         found.push(format!("{} overlapping sections", g.overlaps));
+    }
+    if g.window_overlaps != 0 {
+        found.push(format!("validity windows overlapped: {}", g.window_detail));
     }
     if g.lost_updates() != 0 {
         found.push(format!("{} lost updates", g.lost_updates()));
@@ -954,7 +1006,9 @@ fn debug_sleep_under_load() {
 // Negative controls: the detector must catch a broken lock.
 
 /// No lock at all, and a Token lock whose 10 ms lifetime is far shorter than its 30 ms section:
-/// the detector must report overlaps and lost updates for both.
+/// the detector must report overlaps and lost updates for both, and the history checker
+/// overlapping validity windows (the short lifetime's holders go on past their lease, so
+/// their windows run to their release).
 #[test]
 fn negative_controls_are_detected() {
     init_logging();
@@ -966,6 +1020,11 @@ fn negative_controls_are_detected() {
         assert!(
             g.overlaps > 0,
             "the detector saw no overlap without mutual exclusion: {summary}"
+        );
+        assert!(
+            g.window_overlaps > 0,
+            "the history checker saw no overlapping validity windows without mutual \
+             exclusion: {summary}"
         );
         assert!(
             g.lost_updates() > 0,
