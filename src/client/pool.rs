@@ -167,7 +167,13 @@ pub(super) fn sentinel_master_addr(
 /// Where connections go.
 pub(super) enum Target {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    /// One client per seed, each with the seeds in turn from that one: see
+    /// [`Manager::cluster`].
+    Cluster {
+        clients: Vec<redis::cluster::ClusterClient>,
+        /// The seed that answered last, tried first next time.
+        first: AtomicUsize,
+    },
     /// Sentinels asked for the current master of `service` on every new connection. Not
     /// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the
     /// Sentinel connections nor on its `ROLE` check of the master, so one frozen server hung
@@ -399,7 +405,7 @@ impl Manager {
                 if error::is_access_denied(&e)
                     && detected.delifeq
                     && detected.set_ifeq
-                    && !matches!(self.target, Target::Cluster(_)) =>
+                    && !matches!(self.target, Target::Cluster { .. }) =>
             {
                 log::info!(
                     "{addr} ({}): the user may not run scripts ({e}); Token locks without \
@@ -461,16 +467,61 @@ impl Manager {
 }
 
 impl Manager {
+    /// A cluster connection, built from the first seed that answers `CLUSTER SLOTS`, starting
+    /// with the one that answered last, all within the connect timeout.
+    ///
+    /// Its node connections open at their first command (see
+    /// [`cluster_deadline`](crate::client::cluster_deadline)), so building it costs one seed's
+    /// connect and one round trip, whichever nodes are unreachable. redis-rs tries its seeds in
+    /// their order only while connecting to them; once its first seed's connection is made it
+    /// asks that seed for the slot map and fails if it does not answer, so the seeds are tried
+    /// here, one client each. A seed that refuses the connection costs nothing; one that does
+    /// not answer costs the rest of the connect timeout, and the next connection starts with
+    /// the seed after it.
+    ///
+    /// `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection node
+    /// connections of our own type.
+    fn cluster(
+        &self,
+        clients: &[redis::cluster::ClusterClient],
+        first: &AtomicUsize,
+    ) -> RedisResult<Link> {
+        let n = clients.len();
+        let start = first.load(Ordering::Relaxed);
+        let mut last_err = None;
+        with_deadline(Some(self.connect_timeout), || {
+            for i in (0..n).map(|k| (start + k) % n) {
+                match clients[i].get_generic_connection::<Deadlined>() {
+                    Ok(con) => {
+                        first.store(i, Ordering::Relaxed);
+                        return Ok(Link::new(Node::Cluster(
+                            Box::new(con),
+                            self.command_timeout,
+                        )));
+                    }
+                    Err(e) => {
+                        log::debug!("cluster: seed {i} did not give the slot map: {e}");
+                        let _ = first.compare_exchange(
+                            i,
+                            (i + 1) % n,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                        last_err = Some(e);
+                    }
+                }
+            }
+            Err(last_err.unwrap_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
+            }))
+        })
+    }
+
     /// Opens a connection to the target (the Sentinels' master, for a Sentinel client).
     fn open(&self) -> RedisResult<Link> {
         let link = match &self.target {
             Target::Single(client) => self.single(client),
-            // `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection
-            // node connections of our own type.
-            Target::Cluster(client) => Ok(Link::new(Node::Cluster(
-                Box::new(client.get_generic_connection::<Deadlined>()?),
-                self.command_timeout,
-            ))),
+            Target::Cluster { clients, first } => self.cluster(clients, first),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
             Target::Sentinel {
@@ -633,6 +684,11 @@ impl Link {
     /// Marks the connection for replacement after an error that leaves it unusable or pointed
     /// at the wrong server: I/O failure or timeout (a late reply could still arrive), or
     /// `READONLY` (the server is a replica now, after a failover).
+    ///
+    /// A cluster connection is replaced after such an error on any of its nodes too: its slot
+    /// map may be stale (a failover), and redis-rs refreshes it only on `MOVED` or `READONLY`. Its
+    /// replacement costs one round trip to one seed (see [`Manager::cluster`]), not one
+    /// connect per node, so a node that does not answer delays only the commands for its slots.
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         self.used = true;
         if let Err(e) = &result {
