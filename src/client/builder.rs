@@ -443,6 +443,7 @@ impl ClientBuilder {
                 }
                 Target::Cluster {
                     clients,
+                    seeds: nodes.iter().map(|n| n.addr().to_string()).collect(),
                     first: AtomicUsize::new(0),
                 }
             }

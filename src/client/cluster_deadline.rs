@@ -27,6 +27,7 @@
 //! failure of one node leaves a stale socket among the others.
 
 use std::cell::Cell;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use redis::{
@@ -66,6 +67,26 @@ fn time_left() -> RedisResult<Option<Duration>> {
     Ok(Some(left))
 }
 
+/// Nodes (`host:port`) whose socket failed (an I/O error, a timeout) and that have not answered
+/// on a new one since, in the whole process: a cluster connection being built asks them for the
+/// slot map last (see `Manager::cluster` in `pool.rs`). Touched only when a socket fails or a
+/// new one first answers, never on the path of a command that succeeds on an open socket.
+static SUSPECTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn suspects() -> std::sync::MutexGuard<'static, Vec<String>> {
+    SUSPECTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// True if the node at `addr` (`host:port`) failed and has not answered since.
+pub(crate) fn is_suspect(addr: &str) -> bool {
+    suspects().iter().any(|a| a == addr)
+}
+
+/// True when the calling thread's deadline has passed.
+pub(crate) fn time_is_up() -> bool {
+    time_left().is_err()
+}
+
 /// A node connection of a cluster connection that keeps to the calling thread's deadline, opened
 /// by its first command (see the module's documentation).
 pub(crate) struct Deadlined {
@@ -75,6 +96,8 @@ pub(crate) struct Deadlined {
     connect_timeout: Option<Duration>,
     /// The socket: `None` until the first command, and again after an I/O error or a timeout.
     con: Option<redis::Connection>,
+    /// The socket is new and has not answered yet (see [`SUSPECTS`]).
+    fresh: bool,
     /// Set by [`connect`](redis::cluster::Connect::connect), cleared by the next call: redis-rs
     /// greets every node connection it makes with a `PING` (a `READONLY` with read routing),
     /// which this connection answers itself while it has no socket (see [`Deadlined::greet`]).
@@ -118,6 +141,7 @@ impl Deadlined {
             con.set_write_timeout(self.write.get())?;
             self.armed = None;
             self.con = Some(con);
+            self.fresh = true;
         }
         let Some(con) = self.con.as_mut() else {
             return Err(RedisError::from((
@@ -163,11 +187,31 @@ impl Deadlined {
         f: impl FnOnce(&mut redis::Connection) -> RedisResult<T>,
     ) -> RedisResult<T> {
         let r = self.ready().and_then(f);
-        if matches!(&r, Err(e) if loses_socket(e)) {
-            self.con = None;
-            self.armed = None;
-        }
+        self.after(&r);
         r
+    }
+
+    /// Keeps [`SUSPECTS`] and the socket up to date after a call: a failed socket is dropped
+    /// and its node suspect; a new socket's first reply clears its node.
+    fn after<T>(&mut self, r: &RedisResult<T>) {
+        match r {
+            Err(e) if loses_socket(e) => {
+                self.con = None;
+                self.armed = None;
+                self.fresh = false;
+                let addr = self.info.addr().to_string();
+                let mut s = suspects();
+                if !s.contains(&addr) {
+                    s.push(addr);
+                }
+            }
+            Ok(_) if self.fresh && self.con.is_some() => {
+                self.fresh = false;
+                let addr = self.info.addr().to_string();
+                suspects().retain(|a| *a != addr);
+            }
+            _ => {}
+        }
     }
 
     /// redis-rs's greeting of a connection it just made: answered here while there is no
@@ -230,6 +274,7 @@ impl redis::cluster::Connect for Deadlined {
             info: info.set_redis_settings(settings),
             connect_timeout: timeout,
             con: None,
+            fresh: false,
             greeting: true,
             read: Cell::new(None),
             write: Cell::new(None),
@@ -238,7 +283,12 @@ impl redis::cluster::Connect for Deadlined {
     }
 
     fn send_packed_command(&mut self, cmd: &[u8]) -> RedisResult<()> {
-        self.io(|c| c.send_packed_command(cmd))
+        // Not `io`: a send that went out is no reply (see `after`).
+        let r = self.ready().and_then(|c| c.send_packed_command(cmd));
+        if r.is_err() {
+            self.after(&r);
+        }
+        r
     }
 
     fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
@@ -302,10 +352,7 @@ impl ConnectionLike for Deadlined {
                 (&self.read, &self.write, &mut self.armed),
             )
         });
-        if matches!(&r, Err(e) if loses_socket(e)) {
-            self.con = None;
-            self.armed = None;
-        }
+        self.after(&r);
         r
     }
 

@@ -12,7 +12,7 @@ use redis::{
     ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
 };
 
-use super::cluster_deadline::{with_deadline, Deadlined};
+use super::cluster_deadline::{is_suspect, time_is_up, with_deadline, Deadlined};
 use super::confirm::{Acks, Wait};
 use super::native::Detected;
 use super::switches::Switches;
@@ -171,6 +171,8 @@ pub(super) enum Target {
     /// [`Manager::cluster`].
     Cluster {
         clients: Vec<redis::cluster::ClusterClient>,
+        /// Each client's first seed, `host:port`.
+        seeds: Vec<String>,
         /// The seed that answered last, tried first next time.
         first: AtomicUsize,
     },
@@ -468,7 +470,8 @@ impl Manager {
 
 impl Manager {
     /// A cluster connection, built from the first seed that answers `CLUSTER SLOTS`, starting
-    /// with the one that answered last, all within the connect timeout.
+    /// with the one that answered last, all within the connect timeout. Seeds whose node
+    /// connection failed (an I/O error, a timeout) and has not answered since are asked last.
     ///
     /// Its node connections open at their first command (see
     /// [`cluster_deadline`](crate::client::cluster_deadline)), so building it costs one seed's
@@ -484,13 +487,17 @@ impl Manager {
     fn cluster(
         &self,
         clients: &[redis::cluster::ClusterClient],
+        seeds: &[String],
         first: &AtomicUsize,
     ) -> RedisResult<Link> {
         let n = clients.len();
         let start = first.load(Ordering::Relaxed);
+        // Seeds whose node failed and has not answered since go last.
+        let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
+        order.sort_by_key(|&i| seeds.get(i).is_some_and(|a| is_suspect(a)));
         let mut last_err = None;
         with_deadline(Some(self.connect_timeout), || {
-            for i in (0..n).map(|k| (start + k) % n) {
+            for i in order {
                 match clients[i].get_generic_connection::<Deadlined>() {
                     Ok(con) => {
                         first.store(i, Ordering::Relaxed);
@@ -501,13 +508,20 @@ impl Manager {
                     }
                     Err(e) => {
                         log::debug!("cluster: seed {i} did not give the slot map: {e}");
-                        let _ = first.compare_exchange(
-                            i,
-                            (i + 1) % n,
-                            Ordering::Relaxed,
-                            Ordering::Relaxed,
-                        );
+                        // The next connection starts after the seed that failed first (unless
+                        // another thread's connection moved it meanwhile).
+                        if i == start {
+                            let _ = first.compare_exchange(
+                                i,
+                                (i + 1) % n,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                        }
                         last_err = Some(e);
+                        if time_is_up() {
+                            break;
+                        }
                     }
                 }
             }
@@ -521,7 +535,11 @@ impl Manager {
     fn open(&self) -> RedisResult<Link> {
         let link = match &self.target {
             Target::Single(client) => self.single(client),
-            Target::Cluster { clients, first } => self.cluster(clients, first),
+            Target::Cluster {
+                clients,
+                seeds,
+                first,
+            } => self.cluster(clients, seeds, first),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
             Target::Sentinel {
