@@ -489,6 +489,7 @@ impl Shared {
         (self.opts.wake_up == WakeUp::PubSub).then(|| Wake {
             wakeups: self.client.wakeups(),
             channel: &self.channel,
+            also: None,
         })
     }
 

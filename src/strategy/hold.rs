@@ -168,6 +168,7 @@ impl HoldOptions {
         (self.wake_up == WakeUp::PubSub).then(|| Wake {
             wakeups: client.wakeups(),
             channel: &self.channel,
+            also: None,
         })
     }
 
