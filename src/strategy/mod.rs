@@ -9,6 +9,8 @@ pub(crate) mod hold;
 pub use hold::WakeUp;
 pub(crate) mod reentrant;
 pub use reentrant::ReentrantLock;
+pub(crate) mod spring;
+pub use spring::{SpringLock, SpringOptions, SPRING_REGISTRY_MAX};
 pub(crate) mod string_value;
 pub(crate) mod token;
 pub use token::TokenLock;
@@ -62,6 +64,17 @@ pub enum Strategy {
     /// Token lockers or Redisson's `RFairLock` on the same key. See `docs/fair.md`.
     ///
     Fair,
+    /// Beside Java services on Spring Integration's `RedisLockRegistry` (registry key in
+    /// [`SpringOptions`]), on its keys `<registryKey>:<lockKey>`: Token's protocol, but each
+    /// hold writes a random UUID (a registry instance's id, of which each hold of ours is one),
+    /// and a release publishes the lock key on both of the registry's release channels
+    /// (`<registryKey>-channel:<key>`, and `<registryKey>-channel` of its earlier versions) in
+    /// the same step, so that its waiters wake at once rather than after `expireAfter`; our
+    /// waiters listen on both. Same lifetimes, watchdog, retry policy and fencing as
+    /// [`Strategy::Token`]. A strategy rather than an option of Token: the value is another
+    /// format, whose owner is a registry instance (which re-enters its own holds), and the
+    /// release publishes another message on other channels. See `docs/compatibility.md`.
+    Spring(SpringOptions),
 }
 
 /// The kind of lock whose value a string at a lock key has the shape of: the answer of
@@ -74,6 +87,9 @@ pub enum Recognized {
     /// A [`Strategy::Fair`] lock's value: 48 hex digits (the holder client's id, then its
     /// random part).
     Fair,
+    /// A [`Strategy::Spring`] lock's value, or a Spring `RedisLockRegistry`'s: a UUID in its
+    /// 36-character text form.
+    Spring,
     /// A [`Strategy::Classic`] lock's value: an expiry timestamp between the years 2000 and
     /// 2500 in one of the [`Encoding`]s: epoch milliseconds as 8 big-endian bytes or in
     /// decimal digits, epoch seconds as a float (`1764262805.123456`), `<uuid>:<epoch ms>`, or
@@ -116,6 +132,8 @@ impl Strategy {
             Some(Recognized::Token)
         } else if fair::recognizes(value) {
             Some(Recognized::Fair)
+        } else if spring::recognizes(value) {
+            Some(Recognized::Spring)
         } else {
             classic::recognize(value).map(|(expiry_ms, encoding)| Recognized::Classic {
                 expiry_ms,
@@ -135,8 +153,8 @@ impl Strategy {
 /// | [`check_access`](Self::check_access) | every strategy | off |
 /// | [`watchdog_lease`](Self::watchdog_lease) | watched locks (Token, Reentrant, Fair) | [`WATCHDOG_DEFAULT_LEASE`](crate::WATCHDOG_DEFAULT_LEASE), renewed every third |
 /// | [`on_lost`](Self::on_lost) | watched locks | none |
-/// | [`fencing`](Self::fencing) | Token, Reentrant, Fair | off |
-/// | [`wake_up`](Self::wake_up) | Token, Reentrant | [`WakeUp::PubSub`] |
+/// | [`fencing`](Self::fencing) | Token, Reentrant, Fair, Spring | off |
+/// | [`wake_up`](Self::wake_up) | Token, Reentrant, Spring | [`WakeUp::PubSub`] |
 ///
 /// Classic's own options travel in [`Strategy::Classic`] ([`ClassicOptions`]). The options of
 /// the watched locks (Token, Reentrant, Fair) given to a Classic lock, and `wake_up` given to a
@@ -280,7 +298,25 @@ impl LockBuilder {
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
             Strategy::Reentrant => Lock::Reentrant(self.build_reentrant()?),
             Strategy::Fair => Lock::Fair(self.build_fair()?),
+            Strategy::Spring(opts) => Lock::Spring(self.build_spring(opts)?),
         })
+    }
+
+    fn build_spring(self, spring: SpringOptions) -> Result<SpringLock> {
+        let opts = self.hold_options()?;
+        if opts.fence_key.is_some() {
+            needs_scripts(
+                self.client.native(),
+                &self.key,
+                "a Spring lock with fencing",
+            )?;
+        }
+        let lock = SpringLock::new(self.client.clone(), self.key.clone(), opts, spring)?;
+        if self.check_access {
+            let checks = spring::access_checks(&self.client, &self.key, lock.hold(), &spring);
+            crate::client::access::verify(&self.client, &self.key, "Spring", &checks)?;
+        }
+        Ok(lock)
     }
 
     fn build_fair(self) -> Result<FairLock> {
@@ -399,6 +435,8 @@ pub enum Lock {
     Reentrant(ReentrantLock),
     /// [`Strategy::Fair`].
     Fair(FairLock),
+    /// [`Strategy::Spring`].
+    Spring(SpringLock),
 }
 
 /// `$call` on the typed lock inside a [`Lock`], bound to `$l`.
@@ -409,6 +447,7 @@ macro_rules! each {
             Lock::Classic($l) => $call,
             Lock::Reentrant($l) => $call,
             Lock::Fair($l) => $call,
+            Lock::Spring($l) => $call,
         }
     };
 }
@@ -428,6 +467,7 @@ impl Lock {
             Lock::Classic(l) => Strategy::Classic(*l.options()),
             Lock::Reentrant(_) => Strategy::Reentrant,
             Lock::Fair(_) => Strategy::Fair,
+            Lock::Spring(l) => Strategy::Spring(*l.options()),
         }
     }
 
@@ -439,6 +479,7 @@ impl Lock {
             Lock::Classic(_) => false,
             Lock::Reentrant(l) => l.is_watched(),
             Lock::Fair(l) => l.is_watched(),
+            Lock::Spring(l) => l.is_watched(),
         }
     }
 }
@@ -473,7 +514,8 @@ typed!(
     Token(TokenLock),
     Classic(ClassicLock),
     Reentrant(ReentrantLock),
-    Fair(FairLock)
+    Fair(FairLock),
+    Spring(SpringLock)
 );
 
 impl DistributedLock for Lock {

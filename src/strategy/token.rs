@@ -181,6 +181,11 @@ impl TokenLock {
         }
     }
 
+    /// The checked options of its holds.
+    pub(crate) fn hold(&self) -> &HoldOptions {
+        &self.opts
+    }
+
     /// A fresh owner value of the lock's dialect.
     fn new_token(&self) -> OwnValue {
         (self.dialect.new_value)(&self.client)

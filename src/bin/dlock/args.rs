@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use redis_dlock::{ClassicOptions, Encoding, ReplicaAcks, Strategy};
+use redis_dlock::{ClassicOptions, Encoding, ReplicaAcks, SpringOptions, Strategy};
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -130,7 +130,8 @@ pub const USAGE: &str = "\
 Usage:
   dlock run     [REDIS] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
                 [--strategy token|classic|reentrant|fair] [--classic-encoding E]
-                [--kill-after DUR] [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
+                [--spring-registry REGISTRY] [--kill-after DUR] [--replica-acks auto|off|N]
+                [--quiet] -- COMMAND [ARGS...]
   dlock status  [REDIS] --key KEY
   dlock release [REDIS] --key KEY --force
   dlock --help | --version
@@ -144,7 +145,8 @@ dlock: flock(1) across hosts, on Redis.
 Usage:
   dlock run     [REDIS] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
                 [--strategy token|classic|reentrant|fair] [--classic-encoding E]
-                [--kill-after DUR] [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
+                [--spring-registry REGISTRY] [--kill-after DUR] [--replica-acks auto|off|N]
+                [--quiet] -- COMMAND [ARGS...]
   dlock status  [REDIS] --key KEY
   dlock release [REDIS] --key KEY --force
 
@@ -199,6 +201,10 @@ are forwarded to COMMAND (except those its terminal already sent it, like Ctrl-C
                        (redis-py's Lock before 2.10, retools), uuid-ms (<uuid>:<epoch ms>,
                        jedis-lock after 1.0.0) or nanos (epoch ns plus a Redis TTL on the key,
                        gorlock)
+  --spring-registry R  beside Java services on Spring Integration's RedisLockRegistry with
+                       registry key R: the lock is R:KEY (the registry's lock KEY), its value
+                       a UUID, and the release wakes the registry's waiters on its channels
+                       (instead of --strategy)
   --kill-after DUR     after a loss, SIGKILL this long after SIGTERM (default 10s)
   --quiet              no message when the lock is busy or the wait timed out
 
@@ -389,6 +395,11 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Cmd, Usage>
                 };
                 set(&mut o.encoding, &name, e)?;
             }
+            "--spring-registry" => {
+                run_only(&name)?;
+                let v = value(&name)?;
+                set(&mut o.spring_registry, &name, v)?;
+            }
             "--kill-after" => {
                 run_only(&name)?;
                 let d = duration(&name, &value(&name)?)?;
@@ -420,6 +431,7 @@ struct Raw {
     lease: Option<Duration>,
     strategy: Option<Strategy>,
     encoding: Option<Encoding>,
+    spring_registry: Option<String>,
     kill_after: Option<Duration>,
     quiet: bool,
     command: Vec<OsString>,
@@ -463,11 +475,27 @@ impl Raw {
                 }
             }
         };
-        let key = match self.key {
+        let mut key = match self.key {
             Some(k) if !k.is_empty() => k,
             Some(_) => return usage("--key is empty"),
             None => return usage("--key KEY is required"),
         };
+        let mut strategy = self.strategy;
+        if let Some(registry) = &self.spring_registry {
+            if strategy.is_some() {
+                return usage("--spring-registry picks the strategy: drop --strategy");
+            }
+            let spring = SpringOptions::new(registry);
+            if spring.registry() != registry {
+                return usage(format!(
+                    "--spring-registry: a registry key is at most {} bytes",
+                    redis_dlock::SPRING_REGISTRY_MAX
+                ));
+            }
+            // The registry's Redis key for its lock KEY.
+            key = spring.key(&key);
+            strategy = Some(Strategy::Spring(spring));
+        }
         let target = Target {
             url,
             key,
@@ -492,7 +520,7 @@ impl Raw {
                         "--ttl (a fixed lease) and --lease (a renewed one) exclude each other",
                     );
                 }
-                let strategy = self.strategy.unwrap_or(Strategy::Token);
+                let strategy = strategy.unwrap_or(Strategy::Token);
                 if self.encoding.is_some() && !matches!(strategy, Strategy::Classic(_)) {
                     return usage("--classic-encoding needs --strategy classic");
                 }
@@ -633,6 +661,38 @@ mod tests {
             panic!("valid")
         };
         assert_eq!(o.strategy, Strategy::Fair);
+        // The registry's key of its lock `k`, and the strategy.
+        let Ok(Cmd::Run(o)) = parse(
+            args(&[
+                "run",
+                "--spring-registry",
+                "orders",
+                "--key",
+                "k",
+                "--",
+                "true",
+            ]),
+            Some("redis://h/".into()),
+        ) else {
+            panic!("valid")
+        };
+        assert_eq!(o.target.key, "orders:k");
+        assert_eq!(o.strategy, Strategy::Spring(SpringOptions::new("orders")));
+        let both = parse(
+            args(&[
+                "run",
+                "--spring-registry",
+                "orders",
+                "--strategy",
+                "token",
+                "--key",
+                "k",
+                "--",
+                "true",
+            ]),
+            Some("redis://h/".into()),
+        );
+        assert!(both.is_err(), "{both:?}");
     }
 
     #[test]
