@@ -368,6 +368,7 @@ impl ReadWriteLockBuilder {
             self.retry.clone(),
             self.wake_up,
             false,
+            None,
         )?;
         let intent = self.intent.unwrap_or_else(|| {
             opts.retry

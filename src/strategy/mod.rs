@@ -9,6 +9,8 @@ pub(crate) mod hold;
 pub use hold::WakeUp;
 pub(crate) mod reentrant;
 pub use reentrant::ReentrantLock;
+pub(crate) mod shedlock;
+pub use shedlock::{shedlock_key, ValueFormat};
 pub(crate) mod spring;
 pub use spring::{SpringLock, SpringOptions, SPRING_REGISTRY_MAX};
 pub(crate) mod string_value;
@@ -155,6 +157,8 @@ impl Strategy {
 /// | [`on_lost`](Self::on_lost) | watched locks | none |
 /// | [`fencing`](Self::fencing) | Token, Reentrant, Fair, Spring | off |
 /// | [`wake_up`](Self::wake_up) | Token, Reentrant, Spring | [`WakeUp::PubSub`] |
+/// | [`lock_at_least`](Self::lock_at_least) | Token, Spring | none: a release frees the lock |
+/// | [`value_format`](Self::value_format) | Token | [`ValueFormat::Token`] |
 ///
 /// Classic's own options travel in [`Strategy::Classic`] ([`ClassicOptions`]). The options of
 /// the watched locks (Token, Reentrant, Fair) given to a Classic lock, and `wake_up` given to a
@@ -171,6 +175,8 @@ pub struct LockBuilder {
     on_lost: Option<LostCallback>,
     fencing: bool,
     wake_up: Option<WakeUp>,
+    at_least: Option<Duration>,
+    value_format: ValueFormat,
     check_access: bool,
 }
 
@@ -206,6 +212,8 @@ impl LockClient {
             on_lost: None,
             fencing: false,
             wake_up: None,
+            at_least: None,
+            value_format: ValueFormat::Token,
             check_access: false,
         }
     }
@@ -290,6 +298,26 @@ impl LockBuilder {
         self
     }
 
+    /// Token and Spring: a release within `at_least` of the acquire does not free the lock: it
+    /// keeps the hold until `at_least` after the acquire (an owner-checked `PEXPIRE` to the
+    /// rest of it, one round trip) and lets it expire then, as ShedLock's `lockAtLeastFor`
+    /// does, so that a job that finished early is not run again by another node meanwhile. A
+    /// release after `at_least` frees the lock at once. The release is published (and this
+    /// client's waiters woken) only when it frees the lock. At least 1 ms, at most
+    /// [`MAX_TTL`](crate::MAX_TTL).
+    pub fn lock_at_least(mut self, at_least: Duration) -> Self {
+        self.at_least = Some(at_least);
+        self
+    }
+
+    /// Token: the format of the values its holds write (default [`ValueFormat::Token`]).
+    /// [`ValueFormat::ShedLock`] writes ShedLock's, for a lock on a ShedLock job's key
+    /// ([`shedlock_key`]).
+    pub fn value_format(mut self, format: ValueFormat) -> Self {
+        self.value_format = format;
+        self
+    }
+
     /// Checks the options and builds the lock. Sends nothing to Redis, unless
     /// [`check_access`](Self::check_access) was asked for.
     pub fn build(self) -> Result<Lock> {
@@ -303,6 +331,12 @@ impl LockBuilder {
     }
 
     fn build_spring(self, spring: SpringOptions) -> Result<SpringLock> {
+        if self.value_format != ValueFormat::Token {
+            return Err(LockError::config(
+                &self.key,
+                "value_format applies to Strategy::Token (a Spring lock writes UUIDs)",
+            ));
+        }
         let opts = self.hold_options()?;
         if opts.fence_key.is_some() {
             needs_scripts(
@@ -320,6 +354,7 @@ impl LockBuilder {
     }
 
     fn build_fair(self) -> Result<FairLock> {
+        self.token_only("Fair", true)?;
         if self.wake_up.is_some() {
             return Err(LockError::config(
                 &self.key,
@@ -351,10 +386,17 @@ impl LockBuilder {
             );
             crate::client::access::verify(&self.client, &self.key, "Token", &checks)?;
         }
-        Ok(TokenLock::new(self.client, self.key, opts))
+        Ok(match self.value_format {
+            ValueFormat::Token => TokenLock::new(self.client, self.key, opts),
+            ValueFormat::ShedLock => {
+                let dialect = shedlock::dialect(&opts.channel);
+                TokenLock::with_dialect(self.client, self.key, opts, dialect)
+            }
+        })
     }
 
     fn build_reentrant(self) -> Result<ReentrantLock> {
+        self.token_only("Reentrant", true)?;
         let opts = self.hold_options()?;
         needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
         if self.check_access {
@@ -369,6 +411,23 @@ impl LockBuilder {
         Ok(ReentrantLock::new(self.client, self.key, opts))
     }
 
+    /// Refuses the options of Token (and Spring) alone for `strategy`.
+    fn token_only(&self, strategy: &str, value_format: bool) -> Result<()> {
+        if self.at_least.is_some() {
+            return Err(LockError::config(
+                &self.key,
+                format!("lock_at_least applies to Strategy::Token and Spring, not {strategy}"),
+            ));
+        }
+        if value_format && self.value_format != ValueFormat::Token {
+            return Err(LockError::config(
+                &self.key,
+                format!("value_format applies to Strategy::Token, not {strategy}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// The checked options of a Token, Reentrant or Fair lock.
     fn hold_options(&self) -> Result<HoldOptions> {
         HoldOptions::checked(
@@ -379,10 +438,12 @@ impl LockBuilder {
             self.retry.clone(),
             self.wake_up,
             self.fencing,
+            self.at_least,
         )
     }
 
     fn build_classic(self, opts: ClassicOptions) -> Result<ClassicLock> {
+        self.token_only("Classic", true)?;
         if self.watchdog_lease.is_some()
             || self.on_lost.is_some()
             || self.fencing

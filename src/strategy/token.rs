@@ -541,6 +541,39 @@ impl TokenLock {
 }
 
 impl TokenLock {
+    /// A release within `lock_at_least` of the acquire: the hold stays until `rest` from now
+    /// (owner-checked `PEXPIRE`), renewed no more, and then expires; nothing is published. Its
+    /// value stays in the client's live set meanwhile, so that no attempt of this client
+    /// clears it as a stale hold. True if it was still ours.
+    fn keep_at_least(&self, lease: &Lease, rest: Duration) -> Result<bool> {
+        lease.stop_renewal();
+        let kept = string_value::extend(
+            &self.client,
+            &self.key,
+            lease.value(),
+            rest.as_millis() as u64,
+        );
+        match kept {
+            Ok(true) => {
+                self.client.hold_renewed(lease.value(), rest);
+                log::debug!(
+                    "lock {:?}: kept for {rest:?} more (lock_at_least)",
+                    self.key
+                );
+                Ok(true)
+            }
+            other => {
+                self.client.hold_released(lease.value());
+                if matches!(other, Ok(false)) {
+                    self.client
+                        .counters()
+                        .lost_on_release(self.dialect.kind, lease);
+                }
+                other
+            }
+        }
+    }
+
     /// One attempt: `Ok(None)` when another owner holds the lock.
     fn try_take(&self) -> Result<Option<Lease>> {
         if self.opts.fence_key.is_some() {
@@ -579,6 +612,13 @@ impl DistributedLock for TokenLock {
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
+        if let Some(rest) = self.opts.at_least.and_then(|d| {
+            crate::time::saturating_add(lease.acquired_at(), d)
+                .checked_duration_since(Instant::now())
+                .filter(|rest| rest.as_millis() > 0)
+        }) {
+            return self.keep_at_least(lease, rest);
+        }
         string_value::release(
             &self.client,
             self.dialect.kind,
