@@ -371,6 +371,7 @@ impl ReadWriteLockBuilder {
             self.retry.clone(),
             self.wake_up,
             false,
+            None,
         )?;
         let intent = self.intent.unwrap_or_else(|| {
             opts.retry
@@ -492,6 +493,7 @@ impl Shared {
         (self.opts.wake_up == WakeUp::PubSub).then(|| Wake {
             wakeups: self.client.wakeups(),
             channel: &self.channel,
+            also: None,
         })
     }
 

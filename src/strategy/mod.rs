@@ -10,6 +10,10 @@ pub(crate) mod hold;
 pub use hold::WakeUp;
 pub(crate) mod reentrant;
 pub use reentrant::ReentrantLock;
+pub(crate) mod shedlock;
+pub use shedlock::{shedlock_key, ValueFormat};
+pub(crate) mod spring;
+pub use spring::{SpringLock, SpringOptions, SPRING_REGISTRY_MAX};
 pub(crate) mod string_value;
 pub(crate) mod token;
 pub use token::TokenLock;
@@ -63,6 +67,17 @@ pub enum Strategy {
     /// Token lockers or Redisson's `RFairLock` on the same key. See `docs/fair.md`.
     ///
     Fair,
+    /// Beside Java services on Spring Integration's `RedisLockRegistry` (registry key in
+    /// [`SpringOptions`]), on its keys `<registryKey>:<lockKey>`: Token's protocol, but each
+    /// hold writes a random UUID (a registry instance's id, of which each hold of ours is one),
+    /// and a release publishes the lock key on both of the registry's release channels
+    /// (`<registryKey>-channel:<key>`, and `<registryKey>-channel` of its earlier versions) in
+    /// the same step, so that its waiters wake at once rather than after `expireAfter`; our
+    /// waiters listen on both. Same lifetimes, watchdog, retry policy and fencing as
+    /// [`Strategy::Token`]. A strategy rather than an option of Token: the value is another
+    /// format, whose owner is a registry instance (which re-enters its own holds), and the
+    /// release publishes another message on other channels. See `docs/compatibility.md`.
+    Spring(SpringOptions),
 }
 
 /// The kind of lock whose value a string at a lock key has the shape of: the answer of
@@ -75,6 +90,9 @@ pub enum Recognized {
     /// A [`Strategy::Fair`] lock's value: 48 hex digits (the holder client's id, then its
     /// random part).
     Fair,
+    /// A [`Strategy::Spring`] lock's value, or a Spring `RedisLockRegistry`'s: a UUID in its
+    /// 36-character text form.
+    Spring,
     /// A [`Strategy::Classic`] lock's value: an expiry timestamp between the years 2000 and
     /// 2500 in one of the [`Encoding`]s: epoch milliseconds as 8 big-endian bytes or in
     /// decimal digits, epoch seconds as a float (`1764262805.123456`), `<uuid>:<epoch ms>`, or
@@ -117,6 +135,8 @@ impl Strategy {
             Some(Recognized::Token)
         } else if fair::recognizes(value) {
             Some(Recognized::Fair)
+        } else if spring::recognizes(value) {
+            Some(Recognized::Spring)
         } else {
             classic::recognize(value).map(|(expiry_ms, encoding)| Recognized::Classic {
                 expiry_ms,
@@ -136,8 +156,10 @@ impl Strategy {
 /// | [`check_access`](Self::check_access) | every strategy | off |
 /// | [`watchdog_lease`](Self::watchdog_lease) | watched locks (Token, Reentrant, Fair) | [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE), renewed every third |
 /// | [`on_lost`](Self::on_lost) | watched locks | none |
-/// | [`fencing`](Self::fencing) | Token, Reentrant, Fair | off |
-/// | [`wake_up`](Self::wake_up) | Token, Reentrant | [`WakeUp::PubSub`] |
+/// | [`fencing`](Self::fencing) | Token, Reentrant, Fair, Spring | off |
+/// | [`wake_up`](Self::wake_up) | Token, Reentrant, Spring | [`WakeUp::PubSub`] |
+/// | [`lock_at_least`](Self::lock_at_least) | Token, Spring | none: a release frees the lock |
+/// | [`value_format`](Self::value_format) | Token | [`ValueFormat::Token`] |
 ///
 /// Classic's own options travel in [`Strategy::Classic`] ([`ClassicOptions`]). The options of
 /// the watched locks (Token, Reentrant, Fair) given to a Classic lock, and `wake_up` given to a
@@ -154,6 +176,8 @@ pub struct LockBuilder {
     on_lost: Option<LostCallback>,
     fencing: bool,
     wake_up: Option<WakeUp>,
+    at_least: Option<Duration>,
+    value_format: ValueFormat,
     check_access: bool,
 }
 
@@ -189,6 +213,8 @@ impl LockClient {
             on_lost: None,
             fencing: false,
             wake_up: None,
+            at_least: None,
+            value_format: ValueFormat::Token,
             check_access: false,
         }
     }
@@ -277,6 +303,26 @@ impl LockBuilder {
         self
     }
 
+    /// Token and Spring: a release within `at_least` of the acquire does not free the lock: it
+    /// keeps the hold until `at_least` after the acquire (an owner-checked `PEXPIRE` to the
+    /// rest of it, one round trip) and lets it expire then, as ShedLock's `lockAtLeastFor`
+    /// does, so that a job that finished early is not run again by another node meanwhile. A
+    /// release after `at_least` frees the lock at once. The release is published (and this
+    /// client's waiters woken) only when it frees the lock. At least 1 ms, at most
+    /// [`MAX_TTL`](crate::MAX_TTL).
+    pub fn lock_at_least(mut self, at_least: Duration) -> Self {
+        self.at_least = Some(at_least);
+        self
+    }
+
+    /// Token: the format of the values its holds write (default [`ValueFormat::Token`]).
+    /// [`ValueFormat::ShedLock`] writes ShedLock's, for a lock on a ShedLock job's key
+    /// ([`shedlock_key`]).
+    pub fn value_format(mut self, format: ValueFormat) -> Self {
+        self.value_format = format;
+        self
+    }
+
     /// Checks the options and builds the lock. Sends nothing to Redis, unless
     /// [`check_access`](Self::check_access) was asked for.
     pub fn build(self) -> Result<Lock> {
@@ -285,10 +331,35 @@ impl LockBuilder {
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
             Strategy::Reentrant => Lock::Reentrant(self.build_reentrant()?),
             Strategy::Fair => Lock::Fair(self.build_fair()?),
+            Strategy::Spring(opts) => Lock::Spring(self.build_spring(opts)?),
         })
     }
 
+    fn build_spring(self, spring: SpringOptions) -> Result<SpringLock> {
+        if self.value_format != ValueFormat::Token {
+            return Err(LockError::config(
+                &self.key,
+                "value_format applies to Strategy::Token (a Spring lock writes UUIDs)",
+            ));
+        }
+        let opts = self.hold_options()?;
+        if opts.fence_key.is_some() {
+            needs_scripts(
+                self.client.native(),
+                &self.key,
+                "a Spring lock with fencing",
+            )?;
+        }
+        let lock = SpringLock::new(self.client.clone(), self.key.clone(), opts, spring)?;
+        if self.check_access {
+            let checks = spring::access_checks(&self.client, &self.key, lock.hold(), &spring);
+            crate::client::access::verify(&self.client, &self.key, "Spring", &checks)?;
+        }
+        Ok(lock)
+    }
+
     fn build_fair(self) -> Result<FairLock> {
+        self.token_only("Fair", true)?;
         if self.wake_up.is_some() {
             return Err(LockError::config(
                 &self.key,
@@ -320,10 +391,17 @@ impl LockBuilder {
             );
             crate::client::access::verify(&self.client, &self.key, "Token", &checks)?;
         }
-        Ok(TokenLock::new(self.client, self.key, opts))
+        Ok(match self.value_format {
+            ValueFormat::Token => TokenLock::new(self.client, self.key, opts),
+            ValueFormat::ShedLock => {
+                let dialect = shedlock::dialect(&opts.channel);
+                TokenLock::with_dialect(self.client, self.key, opts, dialect)
+            }
+        })
     }
 
     fn build_reentrant(self) -> Result<ReentrantLock> {
+        self.token_only("Reentrant", true)?;
         let opts = self.hold_options()?;
         needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
         if self.check_access {
@@ -338,6 +416,23 @@ impl LockBuilder {
         Ok(ReentrantLock::new(self.client, self.key, opts))
     }
 
+    /// Refuses the options of Token (and Spring) alone for `strategy`.
+    fn token_only(&self, strategy: &str, value_format: bool) -> Result<()> {
+        if self.at_least.is_some() {
+            return Err(LockError::config(
+                &self.key,
+                format!("lock_at_least applies to Strategy::Token and Spring, not {strategy}"),
+            ));
+        }
+        if value_format && self.value_format != ValueFormat::Token {
+            return Err(LockError::config(
+                &self.key,
+                format!("value_format applies to Strategy::Token, not {strategy}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// The checked options of a Token, Reentrant or Fair lock.
     fn hold_options(&self) -> Result<HoldOptions> {
         HoldOptions::checked(
@@ -348,10 +443,12 @@ impl LockBuilder {
             self.retry.clone(),
             self.wake_up,
             self.fencing,
+            self.at_least,
         )
     }
 
     fn build_classic(self, opts: ClassicOptions) -> Result<ClassicLock> {
+        self.token_only("Classic", true)?;
         if self.watchdog_lease.is_some()
             || self.on_lost.is_some()
             || self.fencing
@@ -404,6 +501,8 @@ pub enum Lock {
     Reentrant(ReentrantLock),
     /// [`Strategy::Fair`].
     Fair(FairLock),
+    /// [`Strategy::Spring`].
+    Spring(SpringLock),
 }
 
 /// `$call` on the typed lock inside a [`Lock`], bound to `$l`.
@@ -414,6 +513,7 @@ macro_rules! each {
             Lock::Classic($l) => $call,
             Lock::Reentrant($l) => $call,
             Lock::Fair($l) => $call,
+            Lock::Spring($l) => $call,
         }
     };
 }
@@ -433,6 +533,7 @@ impl Lock {
             Lock::Classic(l) => Strategy::Classic(*l.options()),
             Lock::Reentrant(_) => Strategy::Reentrant,
             Lock::Fair(_) => Strategy::Fair,
+            Lock::Spring(l) => Strategy::Spring(*l.options()),
         }
     }
 
@@ -444,6 +545,7 @@ impl Lock {
             Lock::Classic(_) => false,
             Lock::Reentrant(l) => l.is_watched(),
             Lock::Fair(l) => l.is_watched(),
+            Lock::Spring(l) => l.is_watched(),
         }
     }
 }
@@ -478,7 +580,8 @@ typed!(
     Token(TokenLock),
     Classic(ClassicLock),
     Reentrant(ReentrantLock),
-    Fair(FairLock)
+    Fair(FairLock),
+    Spring(SpringLock)
 );
 
 impl DistributedLock for Lock {

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use redis_dlock::{
     DistributedLock, Encoding, Lease, LockClient, LockError, LossReason, RetryPolicy, Strategy,
+    ValueFormat,
 };
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::Signals;
@@ -90,6 +91,12 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
     let (tx, rx) = mpsc::channel::<Event>();
 
     let mut builder = client.lock(key.clone()).strategy(o.strategy);
+    if let Some(d) = o.at_least {
+        builder = builder.lock_at_least(d);
+    }
+    if o.shedlock {
+        builder = builder.value_format(ValueFormat::ShedLock);
+    }
     let (keep, default_retry) = if let Strategy::Classic(mut classic) = o.strategy {
         classic = classic.encoding(o.encoding);
         match o.encoding {
