@@ -1,4 +1,4 @@
-//! A Token lock in ShedLock's key and value format (`ValueFormat::ShedLock`, `lock_at_least`)
+//! A Token lock in ShedLock's key and value format (`Strategy::ShedLock`, `lock_at_least`)
 //! beside Java jobs on ShedLock's Redis provider, against a real `redis-server`.
 //!
 //! The foreign client ([`ShedLock`]) is written here from ShedLock's public behaviour with raw
@@ -20,7 +20,7 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redis_dlock::{shedlock_key, DistributedLock, Lock, LockClient, ValueFormat};
+use redis_dlock::{shedlock_key, DistributedLock, Lock, LockClient, Strategy};
 use support::worker;
 use support::{init_logging, raw, RedisServer};
 
@@ -148,7 +148,7 @@ fn format_uuid(n: u128) -> String {
 fn our_job(client: &LockClient, name: &str, at_most: Duration, at_least: Option<Duration>) -> Lock {
     let mut b = client
         .lock(shedlock_key("default", name))
-        .value_format(ValueFormat::ShedLock)
+        .strategy(Strategy::ShedLock)
         .ttl(at_most);
     if let Some(d) = at_least {
         b = b.lock_at_least(d);

@@ -11,7 +11,7 @@ pub use hold::WakeUp;
 pub(crate) mod reentrant;
 pub use reentrant::ReentrantLock;
 pub(crate) mod shedlock;
-pub use shedlock::{shedlock_key, ValueFormat};
+pub use shedlock::shedlock_key;
 pub(crate) mod spring;
 pub use spring::{SpringLock, SpringOptions, SPRING_REGISTRY_MAX};
 pub(crate) mod string_value;
@@ -78,6 +78,15 @@ pub enum Strategy {
     /// format, whose owner is a registry instance (which re-enters its own holds), and the
     /// release publishes another message on other channels. See `docs/compatibility.md`.
     Spring(SpringOptions),
+    /// For scheduled jobs beside Java services on ShedLock (`@SchedulerLock`, its Redis
+    /// providers), on the job's key ([`shedlock_key`]: `job-lock:<env>:<name>`): Token's
+    /// protocol (`SET NX PX`, owner-checked release and extend), with ShedLock's values,
+    /// `ADDED:<ISO-8601 UTC with ms>@<hostname>:<uuid>`, so that a Rust job and a Java job of
+    /// the same name never both run. The lock's lifetime is ShedLock's `lockAtMostFor`, and
+    /// [`lock_at_least`](LockBuilder::lock_at_least) its `lockAtLeastFor`. Built as a
+    /// [`Lock::Token`]. A strategy, as [`Strategy::Spring`] is, because the value is another
+    /// format. See `docs/compatibility.md`.
+    ShedLock,
 }
 
 /// The kind of lock whose value a string at a lock key has the shape of: the answer of
@@ -158,8 +167,7 @@ impl Strategy {
 /// | [`on_lost`](Self::on_lost) | watched locks | none |
 /// | [`fencing`](Self::fencing) | Token, Reentrant, Fair, Spring | off |
 /// | [`wake_up`](Self::wake_up) | Token, Reentrant, Spring | [`WakeUp::PubSub`] |
-/// | [`lock_at_least`](Self::lock_at_least) | Token, Spring | none: a release frees the lock |
-/// | [`value_format`](Self::value_format) | Token | [`ValueFormat::Token`] |
+/// | [`lock_at_least`](Self::lock_at_least) | Token, Spring, ShedLock | none: a release frees the lock |
 ///
 /// Classic's own options travel in [`Strategy::Classic`] ([`ClassicOptions`]). The options of
 /// the watched locks (Token, Reentrant, Fair) given to a Classic lock, and `wake_up` given to a
@@ -177,7 +185,6 @@ pub struct LockBuilder {
     fencing: bool,
     wake_up: Option<WakeUp>,
     at_least: Option<Duration>,
-    value_format: ValueFormat,
     check_access: bool,
 }
 
@@ -214,7 +221,6 @@ impl LockClient {
             fencing: false,
             wake_up: None,
             at_least: None,
-            value_format: ValueFormat::Token,
             check_access: false,
         }
     }
@@ -315,33 +321,20 @@ impl LockBuilder {
         self
     }
 
-    /// Token: the format of the values its holds write (default [`ValueFormat::Token`]).
-    /// [`ValueFormat::ShedLock`] writes ShedLock's, for a lock on a ShedLock job's key
-    /// ([`shedlock_key`]).
-    pub fn value_format(mut self, format: ValueFormat) -> Self {
-        self.value_format = format;
-        self
-    }
-
     /// Checks the options and builds the lock. Sends nothing to Redis, unless
     /// [`check_access`](Self::check_access) was asked for.
     pub fn build(self) -> Result<Lock> {
         Ok(match self.strategy {
-            Strategy::Token => Lock::Token(self.build_token()?),
+            Strategy::Token => Lock::Token(self.build_token(false)?),
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
             Strategy::Reentrant => Lock::Reentrant(self.build_reentrant()?),
             Strategy::Fair => Lock::Fair(self.build_fair()?),
             Strategy::Spring(opts) => Lock::Spring(self.build_spring(opts)?),
+            Strategy::ShedLock => Lock::Token(self.build_token(true)?),
         })
     }
 
     fn build_spring(self, spring: SpringOptions) -> Result<SpringLock> {
-        if self.value_format != ValueFormat::Token {
-            return Err(LockError::config(
-                &self.key,
-                "value_format applies to Strategy::Token (a Spring lock writes UUIDs)",
-            ));
-        }
         let opts = self.hold_options()?;
         if opts.fence_key.is_some() {
             needs_scripts(
@@ -359,7 +352,7 @@ impl LockBuilder {
     }
 
     fn build_fair(self) -> Result<FairLock> {
-        self.token_only("Fair", true)?;
+        self.token_only("Fair")?;
         if self.wake_up.is_some() {
             return Err(LockError::config(
                 &self.key,
@@ -376,7 +369,8 @@ impl LockBuilder {
         Ok(lock)
     }
 
-    fn build_token(self) -> Result<TokenLock> {
+    /// A Token lock, in ShedLock's values with `shedlock`.
+    fn build_token(self, shedlock: bool) -> Result<TokenLock> {
         let opts = self.hold_options()?;
         if opts.fence_key.is_some() {
             needs_scripts(self.client.native(), &self.key, "a Token lock with fencing")?;
@@ -391,17 +385,16 @@ impl LockBuilder {
             );
             crate::client::access::verify(&self.client, &self.key, "Token", &checks)?;
         }
-        Ok(match self.value_format {
-            ValueFormat::Token => TokenLock::new(self.client, self.key, opts),
-            ValueFormat::ShedLock => {
-                let dialect = shedlock::dialect(&opts.channel);
-                TokenLock::with_dialect(self.client, self.key, opts, dialect)
-            }
+        Ok(if shedlock {
+            let dialect = shedlock::dialect(&opts.channel);
+            TokenLock::with_dialect(self.client, self.key, opts, dialect)
+        } else {
+            TokenLock::new(self.client, self.key, opts)
         })
     }
 
     fn build_reentrant(self) -> Result<ReentrantLock> {
-        self.token_only("Reentrant", true)?;
+        self.token_only("Reentrant")?;
         let opts = self.hold_options()?;
         needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
         if self.check_access {
@@ -416,18 +409,14 @@ impl LockBuilder {
         Ok(ReentrantLock::new(self.client, self.key, opts))
     }
 
-    /// Refuses the options of Token (and Spring) alone for `strategy`.
-    fn token_only(&self, strategy: &str, value_format: bool) -> Result<()> {
+    /// Refuses the options of Token (Spring, ShedLock) alone for `strategy`.
+    fn token_only(&self, strategy: &str) -> Result<()> {
         if self.at_least.is_some() {
             return Err(LockError::config(
                 &self.key,
-                format!("lock_at_least applies to Strategy::Token and Spring, not {strategy}"),
-            ));
-        }
-        if value_format && self.value_format != ValueFormat::Token {
-            return Err(LockError::config(
-                &self.key,
-                format!("value_format applies to Strategy::Token, not {strategy}"),
+                format!(
+                    "lock_at_least applies to Strategy::Token, Spring and ShedLock, not {strategy}"
+                ),
             ));
         }
         Ok(())
@@ -448,7 +437,7 @@ impl LockBuilder {
     }
 
     fn build_classic(self, opts: ClassicOptions) -> Result<ClassicLock> {
-        self.token_only("Classic", true)?;
+        self.token_only("Classic")?;
         if self.watchdog_lease.is_some()
             || self.on_lost.is_some()
             || self.fencing
@@ -529,6 +518,7 @@ impl Lock {
     /// The strategy the lock was built with, with its options.
     pub fn strategy(&self) -> Strategy {
         match self {
+            Lock::Token(l) if l.is_shedlock() => Strategy::ShedLock,
             Lock::Token(_) => Strategy::Token,
             Lock::Classic(l) => Strategy::Classic(*l.options()),
             Lock::Reentrant(_) => Strategy::Reentrant,

@@ -1,5 +1,5 @@
-//! ShedLock's key and value format for a Token lock ([`ValueFormat::ShedLock`]), so that a Rust
-//! job and a Java `@SchedulerLock` job of the same name never both run.
+//! ShedLock's key and value format ([`Strategy::ShedLock`](crate::Strategy::ShedLock)), so that
+//! a Rust job and a Java `@SchedulerLock` job of the same name never both run.
 //!
 //! ShedLock's Redis providers (`RedisLockProvider`, the Jedis and Lettuce ones): the key is
 //! `<prefix>:<env>:<name>` (prefix `job-lock`, env `default`), the value
@@ -9,7 +9,7 @@
 //! `SET key value XX PX <the rest of it>`, else `DEL`; neither checks the owner unless the
 //! provider's safe update is on (then both are compare-first scripts).
 //!
-//! A Token lock in this format keeps Token's protocol (its release and extend check the owner
+//! A lock in this format keeps Token's protocol (its release and extend check the owner
 //! first); [`LockBuilder::lock_at_least`](crate::LockBuilder::lock_at_least) is ShedLock's
 //! `lockAtLeastFor`, and the lock's lease its `lockAtMostFor`.
 
@@ -18,20 +18,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::client::LockClient;
 use crate::keys;
 use crate::strategy::token::{Dialect, OwnValue, KIND};
-
-/// The format of the values a Token lock writes
-/// ([`LockBuilder::value_format`](crate::LockBuilder::value_format)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum ValueFormat {
-    /// 32 hex digits: the client's id, then 64 random bits.
-    #[default]
-    Token,
-    /// ShedLock's: `ADDED:<ISO-8601 UTC with milliseconds>@<hostname>:<uuid>`, e.g.
-    /// `ADDED:2025-11-27T16:40:05.123Z@worker-3:8743c9c0-0795-4907-87fd-6c719a6b4586`. Lock a
-    /// ShedLock job's key ([`shedlock_key`]).
-    ShedLock,
-}
 
 /// The key ShedLock's Redis providers lock for the job `name` in environment `env` (ShedLock's
 /// default environment is `default`) with the default prefix: `job-lock:<env>:<name>`.
@@ -47,6 +33,7 @@ pub(crate) fn dialect(channel: &str) -> Dialect {
         new_value: |_: &LockClient| OwnValue::new(value(SystemTime::now()).as_bytes()),
         message: keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
         channels: vec![channel.to_owned()],
+        shedlock: true,
     }
 }
 

@@ -168,6 +168,7 @@ impl SpringLock {
             new_value: |_| OwnValue::new(crate::ids::new_uuid().as_bytes()),
             message: key.as_bytes().to_vec(),
             channels,
+            shedlock: false,
         };
         Ok(SpringLock {
             inner: TokenLock::with_dialect(client, key, opts, dialect),

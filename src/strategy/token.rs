@@ -80,6 +80,8 @@ pub(crate) struct Dialect {
     pub(crate) message: Vec<u8>,
     /// The channels a release publishes on. This lock's waiters listen on the first two.
     pub(crate) channels: Vec<String>,
+    /// ShedLock's values ([`Strategy::ShedLock`](crate::Strategy::ShedLock)).
+    pub(crate) shedlock: bool,
 }
 
 impl Dialect {
@@ -91,6 +93,7 @@ impl Dialect {
             new_value: |client| OwnValue::new(&token_value(client)),
             message: crate::keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
             channels: vec![channel.to_owned()],
+            shedlock: false,
         }
     }
 
@@ -163,6 +166,12 @@ impl TokenLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Self {
         let dialect = Dialect::token(&opts.channel);
         Self::with_dialect(client, key, opts, dialect)
+    }
+
+    /// True for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock): Token's protocol
+    /// with ShedLock's values.
+    pub(crate) fn is_shedlock(&self) -> bool {
+        self.dialect.shedlock
     }
 
     /// A lock of Token's protocol in another fleet's `dialect`.

@@ -31,7 +31,6 @@ use std::time::{Duration, Instant};
 
 use redis_dlock::{
     DistributedLock, Encoding, Lease, LockClient, LockError, LossReason, RetryPolicy, Strategy,
-    ValueFormat,
 };
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::Signals;
@@ -95,7 +94,7 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
         builder = builder.lock_at_least(d);
     }
     if o.shedlock {
-        builder = builder.value_format(ValueFormat::ShedLock);
+        builder = builder.strategy(Strategy::ShedLock);
     }
     let (keep, default_retry) = if let Strategy::Classic(mut classic) = o.strategy {
         classic = classic.encoding(o.encoding);
