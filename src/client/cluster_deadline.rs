@@ -11,9 +11,15 @@
 //! looks at the deadline the calling thread set for the current command ([`with_deadline`]),
 //! sets its socket timeouts to the time left, and fails at once (an I/O timeout) when none is
 //! left, also for the connections redis-rs opens during the command (`MOVED` to a new node,
-//! slot-map refresh), whose connect timeout is cut to the time left too. The retry sleeps are
+//! slot-map refresh), whose connect timeout is cut to a fourth of the time left (redis-rs's
+//! set-up waits for up to four replies, each with the whole connect timeout). The retry sleeps are
 //! configured in `client.rs` to stay short, so a command returns at most one retry sleep after
 //! its deadline.
+//!
+//! A watchdog renewal brings its own, earlier, deadline: the earliest loss deadline of the holds
+//! it carries (see [`watchdog`](crate::client::watchdog)). [`with_deadline`] takes the earlier
+//! of the two, and [`left_until`] / [`within`] cut the timeouts of a single server's
+//! connection, of a new connection and of a pool checkout to that deadline the same way.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -26,9 +32,18 @@ thread_local! {
 }
 
 /// Runs `f` (one command on a cluster connection) with every send, connect and read of it,
-/// retries included, bounded by `timeout` from now (`None`: no deadline).
-pub(crate) fn with_deadline<T>(timeout: Option<Duration>, f: impl FnOnce() -> T) -> T {
+/// retries included, bounded by `timeout` from now (`None`: no deadline), and by `until` if
+/// given (a watchdog renewal's cap: the earliest loss deadline of the holds it carries).
+pub(crate) fn with_deadline<T>(
+    timeout: Option<Duration>,
+    until: Option<Instant>,
+    f: impl FnOnce() -> T,
+) -> T {
     let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    let deadline = match (deadline, until) {
+        (Some(d), Some(u)) => Some(d.min(u)),
+        (d, u) => d.or(u),
+    };
     let before = DEADLINE.with(|d| d.replace(deadline));
     let out = f();
     DEADLINE.with(|d| d.set(before));
@@ -38,17 +53,57 @@ pub(crate) fn with_deadline<T>(timeout: Option<Duration>, f: impl FnOnce() -> T)
 /// The time left before the current deadline: `Ok(None)` without one, an I/O timeout error when
 /// it has passed.
 fn time_left() -> RedisResult<Option<Duration>> {
-    let Some(deadline) = DEADLINE.with(Cell::get) else {
+    left_until(DEADLINE.with(Cell::get))
+}
+
+/// The time left until `until`: `Ok(None)` without one, an I/O timeout error (a command that
+/// did not answer in time) when it has passed.
+pub(crate) fn left_until(until: Option<Instant>) -> RedisResult<Option<Duration>> {
+    let Some(deadline) = until else {
         return Ok(None);
     };
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(RedisError::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            "the command timeout ran out (cluster redirections and retries included)",
+            "the command's deadline ran out (cluster redirections and retries included, \
+             or a watchdog renewal bounded by a hold's loss deadline)",
         )));
     }
     Ok(Some(left))
+}
+
+/// `timeout`, cut to the time left until `until`; an I/O timeout error when none is left.
+pub(crate) fn within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(left_until(until)?.map_or(timeout, |left| left.min(timeout)))
+}
+
+/// The replies redis-rs's connection set-up may wait for, each with the whole connect timeout
+/// left after the TCP connect: `HELLO` or `AUTH`, `SELECT`, and two `CLIENT SETINFO` (it reads
+/// every reply of its set-up pipeline, even after one timed out).
+const SETUP_REPLIES: u32 = 4;
+
+/// The connect timeout to give redis-rs for a connection that must be open, set-up included,
+/// within `left` (`None`: `timeout` as it is): a fourth of it at most (see [`SETUP_REPLIES`]).
+pub(crate) fn connect_timeout(timeout: Duration, left: Option<Duration>) -> Duration {
+    left.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES))
+}
+
+/// [`connect_timeout`] for a connection to open by `until`; an I/O timeout error when that
+/// has passed.
+pub(crate) fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(connect_timeout(timeout, left_until(until)?))
+}
+
+/// [`within`] for an optional timeout (`None`: none, unless `until` gives one).
+pub(crate) fn within_opt(
+    timeout: Option<Duration>,
+    until: Option<Instant>,
+) -> RedisResult<Option<Duration>> {
+    Ok(match (timeout, left_until(until)?) {
+        (Some(t), Some(left)) => Some(t.min(left)),
+        (t, left) => t.or(left),
+    })
 }
 
 /// A node connection of a cluster connection that keeps to the calling thread's deadline.
@@ -95,8 +150,9 @@ impl redis::cluster::Connect for Deadlined {
         T: IntoConnectionInfo,
     {
         let timeout = match (time_left()?, timeout) {
-            (Some(left), Some(t)) => Some(t.min(left)),
-            (left, t) => t.or(left),
+            (Some(left), Some(t)) => Some(connect_timeout(t, Some(left))),
+            (Some(left), None) => Some(left / SETUP_REPLIES),
+            (None, t) => t,
         };
         let con = <redis::Connection as redis::cluster::Connect>::connect(info, timeout)?;
         Ok(Deadlined {
