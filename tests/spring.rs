@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use redis_dlock::{DistributedLock, Lock, LockClient, LockError, SpringOptions, Strategy};
 use support::worker;
-use support::{init_logging, raw, wait_listening, RedisServer};
+use support::{init_logging, raw, wait_listening, wait_until, RedisServer, EVENT_TIMEOUT};
 
 /// `RedisLockRegistry`'s scripts, verbatim: the Java text blocks of
 /// spring-projects/spring-integration, `spring-integration-redis/src/main/java/org/
@@ -445,6 +445,10 @@ fn our_waiter_after(
         });
         // Both channels subscribed, and its attempt after subscribing refused.
         wait_listening(&client, 2, 2);
+        // The second channel's confirmation wakes the waiter for one more attempt (a release
+        // may have been missed before it): that one refused too, the waiter only listens.
+        let refused = client.stats().refusals;
+        assert!(wait_until(EVENT_TIMEOUT, || client.stats().refusals > refused));
         let wakeups = client.stats().wakeups;
         let released = Instant::now();
         assert!(unlock(&mut reg));
