@@ -13,7 +13,7 @@ pub use reentrant::ReentrantLock;
 pub(crate) mod shedlock;
 pub use shedlock::shedlock_key;
 pub(crate) mod spring;
-pub use spring::{SpringLock, SpringOptions, SPRING_REGISTRY_MAX};
+pub use spring::{SpringLock, SpringOptions};
 pub(crate) mod string_value;
 pub(crate) mod token;
 pub use token::TokenLock;

@@ -39,9 +39,8 @@ use crate::strategy::token::{self, Dialect, OwnValue, TokenLock};
 /// The stats label of Spring locks.
 pub(crate) const KIND: Kind = Kind::new("spring");
 
-/// The longest registry key [`SpringOptions`] holds (it is kept inline, so that a
-/// [`Strategy`](crate::Strategy) stays `Copy`).
-pub const SPRING_REGISTRY_MAX: usize = 64;
+/// The longest registry key [`SpringOptions`] holds.
+const SPRING_REGISTRY_MAX: usize = 64;
 
 /// The options of [`Strategy::Spring`](crate::Strategy::Spring): the registry key of the Spring
 /// services' `RedisLockRegistry` (its constructor's `registryKey`).
@@ -65,12 +64,16 @@ pub const SPRING_REGISTRY_MAX: usize = 64;
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SpringOptions {
     registry: [u8; SPRING_REGISTRY_MAX],
-    /// `u8::MAX`: a registry key longer than [`SPRING_REGISTRY_MAX`], refused by `build`.
+    /// `u8::MAX`: a registry key longer than [`MAX_REGISTRY_LEN`](Self::MAX_REGISTRY_LEN), refused by `build`.
     len: u8,
 }
 
 impl SpringOptions {
-    /// The registry key `registry` (at most [`SPRING_REGISTRY_MAX`] bytes: a longer one is
+    /// The longest registry key it holds: 64 bytes (kept inline, so that a
+    /// [`Strategy`](crate::Strategy) stays `Copy`).
+    pub const MAX_REGISTRY_LEN: usize = SPRING_REGISTRY_MAX;
+
+    /// The registry key `registry` (at most [`MAX_REGISTRY_LEN`](Self::MAX_REGISTRY_LEN) bytes: a longer one is
     /// refused by [`build`](crate::LockBuilder::build) with [`LockError::Config`]).
     pub fn new(registry: &str) -> Self {
         let mut buf = [0u8; SPRING_REGISTRY_MAX];

@@ -539,7 +539,7 @@ impl Raw {
             if spring.registry() != registry {
                 return usage(format!(
                     "--spring-registry: a registry key is at most {} bytes",
-                    redis_dlock::SPRING_REGISTRY_MAX
+                    redis_dlock::SpringOptions::MAX_REGISTRY_LEN
                 ));
             }
             // The registry's Redis key for its lock KEY.
