@@ -102,6 +102,9 @@ pub enum Recognized {
     /// A [`Strategy::Spring`] lock's value, or a Spring `RedisLockRegistry`'s: a UUID in its
     /// 36-character text form.
     Spring,
+    /// A [`Strategy::ShedLock`] lock's value, or a ShedLock job's:
+    /// `ADDED:<time>@<hostname>[:<uuid>]`.
+    ShedLock,
     /// A [`Strategy::Classic`] lock's value: an expiry timestamp between the years 2000 and
     /// 2500 in one of the [`Encoding`]s: epoch milliseconds as 8 big-endian bytes or in
     /// decimal digits, epoch seconds as a float (`1764262805.123456`), `<uuid>:<epoch ms>`, or
@@ -146,6 +149,8 @@ impl Strategy {
             Some(Recognized::Fair)
         } else if spring::recognizes(value) {
             Some(Recognized::Spring)
+        } else if shedlock::recognizes(value) {
+            Some(Recognized::ShedLock)
         } else {
             classic::recognize(value).map(|(expiry_ms, encoding)| Recognized::Classic {
                 expiry_ms,

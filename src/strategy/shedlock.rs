@@ -25,6 +25,11 @@ pub fn shedlock_key(env: &str, name: &str) -> String {
     format!("job-lock:{env}:{name}")
 }
 
+/// True for a value in ShedLock's format: `ADDED:<time>@<hostname>[:<uuid>]`.
+pub(crate) fn recognizes(value: &[u8]) -> bool {
+    value.starts_with(b"ADDED:") && value.contains(&b'@')
+}
+
 /// Token's protocol with ShedLock's values; the release publishes as Token's does (ShedLock
 /// neither publishes nor listens).
 pub(crate) fn dialect(channel: &str) -> Dialect {

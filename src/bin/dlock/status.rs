@@ -152,6 +152,13 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
                     );
                     Ok(0)
                 }
+                Some(Recognized::ShedLock) => {
+                    println!(
+                        "kind: shedlock (a scheduled job's lock)\nholder: {holder}\n{}",
+                        ttl_line(pttl)
+                    );
+                    Ok(0)
+                }
                 Some(Recognized::Fair) => {
                     println!("kind: fair\nholder: {holder}\n{}", ttl_line(pttl));
                     // Named as the library names it; a key no queue can share a slot with
