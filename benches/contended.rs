@@ -30,8 +30,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redis_dlock::Lock;
 use redis_dlock::ClassicOptions;
+use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, Strategy, WakeUp};
 
 const THREADS: usize = 8;

@@ -16,8 +16,9 @@ use rand::RngExt;
 pub(crate) const UUID_LEN: usize = 36;
 
 /// The longest owner value a lease stores inline (no allocation per acquire): room for a
-/// 128-bit token in hex, or an owner id `<128-bit instance in hex>:<thread number>`.
-pub(crate) const VALUE_CAPACITY: usize = 64;
+/// 128-bit token in hex, an owner id `<128-bit instance in hex>:<thread number>`, or ShedLock's
+/// value `ADDED:<24-character time>@<host name of up to 64 bytes>:<UUID>` (132 bytes at most).
+pub(crate) const VALUE_CAPACITY: usize = 136;
 
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 

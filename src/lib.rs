@@ -103,7 +103,7 @@ pub mod test_hooks {
 pub use client::builder::ClientBuilder;
 pub use client::confirm::ReplicaAcks;
 pub use client::target::ConnectionTarget;
-pub use client::{LockClient, DEFAULT_HANDOFF_COURTESY, MAX_HANDOFF_COURTESY};
+pub use client::LockClient;
 // The defaults and bounds are associated constants of the types they configure
 // (`ClientBuilder::DEFAULT_POOL_SIZE`, `RedLock::DEFAULT_TTL`, ...); inside the crate, their
 // plain names.

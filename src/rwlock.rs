@@ -371,6 +371,7 @@ impl ReadWriteLockBuilder {
             self.retry.clone(),
             self.wake_up,
             false,
+            None,
         )?;
         let intent = self.intent.unwrap_or_else(|| {
             opts.retry
@@ -492,6 +493,7 @@ impl Shared {
         (self.opts.wake_up == WakeUp::PubSub).then(|| Wake {
             wakeups: self.client.wakeups(),
             channel: &self.channel,
+            also: None,
         })
     }
 
@@ -504,11 +506,12 @@ impl Shared {
         owner: &[u8],
         args: impl redis::ToRedisArgs,
     ) -> Result<(i64, Option<i64>)> {
-        self.run_sent(script, keys, owner, args, &Cell::new(false))
+        self.run_sent(script, keys, owner, args, &Cell::new(false), false)
     }
 
     /// [`run`](Self::run), setting `sent` once the script was handed to a connection (an
-    /// error after that may come with the script run).
+    /// error after that may come with the script run). `confirm`: a hold write, confirmed by
+    /// the replicas the client requires ([`LockError::NotReplicated`] otherwise).
     fn run_sent(
         &self,
         script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
@@ -516,11 +519,17 @@ impl Shared {
         owner: &[u8],
         args: impl redis::ToRedisArgs,
         sent: &Cell<bool>,
+        confirm: bool,
     ) -> Result<(i64, Option<i64>)> {
-        let reply: Value = self.client.with_conn(&self.key, |con, s| {
+        let call = |con: &mut crate::client::Conn, s: &crate::scripts::Scripts| {
             sent.set(true);
             script(s).eval_keys(con, keys, &args)
-        })?;
+        };
+        let reply: Value = if confirm {
+            self.client.with_conn_confirmed(&self.key, call)?
+        } else {
+            self.client.with_conn(&self.key, call)?
+        };
         let (code, holds, wait) = self.decode(reply)?;
         self.note_holds(owner, holds);
         Ok((code, wait))
@@ -572,8 +581,13 @@ impl Shared {
             owner.as_bytes(),
             (mode.as_str(), owner, self.opts.lease_ms(), intent_ms),
             &sent,
+            true,
         );
-        if let (Err(LockError::Connection { .. }), true) = (&reply, sent.get()) {
+        // Sent and unanswered, or answered but not confirmed by the replicas: it may have
+        // counted a hold that a failover would lose, or that nobody releases.
+        if let (Err(LockError::Connection { .. } | LockError::NotReplicated { .. }), true) =
+            (&reply, sent.get())
+        {
             self.forget_lost_acquire(mode, owner, start);
         }
         let (code, wait) = reply?;
@@ -789,11 +803,13 @@ impl Shared {
         check_duration(&self.key, "ttl", ttl, false)?;
         let ttl = Duration::from_millis(ttl.as_millis() as u64);
         let start = Instant::now();
-        let (code, _) = self.run(
+        let (code, _) = self.run_sent(
             |s| &s.rw_extend,
             &[self.key.as_str()],
             lease.value(),
             (mode.as_str(), lease.value(), ttl.as_millis() as u64),
+            &Cell::new(false),
+            true,
         )?;
         if code == 1 {
             lease.renew(None, start, ttl);

@@ -1198,3 +1198,125 @@ fn sentinel_and_cluster_deployments() {
     assert_eq!(released.code(), 0, "{released:?}");
     assert_lost(run, &dir, "forced release on a cluster");
 }
+
+/// The other fleets' flags: `--shedlock` (with `--at-least`), `--spring-registry`, and the
+/// Classic encodings of the float-seconds, uuid:ms and nanosecond families; `status` names
+/// what each wrote.
+#[test]
+fn shedlock_spring_and_classic_family_flags() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut conn = server.conn();
+    let status = |key: &str| dlock(Some(&url), &["status", "--key", key]);
+
+    // ShedLock: the job's key, ShedLock's value, kept until --at-least after the start.
+    let job = "job-lock:default:nightly";
+    let ran = dlock(
+        Some(&url),
+        &[
+            "run",
+            "--shedlock",
+            "nightly",
+            "--ttl",
+            "10s",
+            "--at-least",
+            "3s",
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(ran.code(), 0, "{ran:?}");
+    let value = String::from_utf8(raw::get(&mut conn, job).expect("kept after the run")).unwrap();
+    assert!(
+        value.starts_with("ADDED:") && value.contains('@'),
+        "{value}"
+    );
+    let pttl = raw::pttl(&mut conn, job);
+    assert!(
+        pttl > 0 && pttl <= 3_000,
+        "kept for the rest of --at-least: {pttl} ms"
+    );
+    let held = status(job);
+    assert_eq!(held.code(), 0, "{held:?}");
+    assert!(held.stdout.contains("kind: shedlock"), "{held:?}");
+    // A second run of the job meanwhile is skipped.
+    let again = dlock(
+        Some(&url),
+        &[
+            "run",
+            "--shedlock",
+            "nightly",
+            "--ttl",
+            "10s",
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(again.code(), BUSY, "{again:?}");
+    // --shedlock-env names ShedLock's environment.
+    let other_env = dlock(
+        Some(&url),
+        &[
+            "run",
+            "--shedlock",
+            "nightly",
+            "--shedlock-env",
+            "prod",
+            "--ttl",
+            "10s",
+            "--at-least",
+            "1s",
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(other_env.code(), 0, "{other_env:?}");
+    assert!(raw::exists(&mut conn, "job-lock:prod:nightly"));
+
+    // Spring: the registry's key <registry>:<lock key>, a UUID value.
+    let dir = Scratch::new();
+    let run = hold(&url, "invoice-42", &["--spring-registry", "orders"], &dir);
+    dir.wait_for("started");
+    let held = status("orders:invoice-42");
+    assert_eq!(held.code(), 0, "{held:?}");
+    assert!(held.stdout.contains("kind: spring"), "{held:?}");
+    dir.touch("go");
+    assert_eq!(run.wait(EXIT_BOUND).code(), 0);
+    assert!(!raw::exists(&mut conn, "orders:invoice-42"));
+
+    // The Classic families: each run writes its family's format, and status names it.
+    type Shape = fn(&str) -> bool;
+    let families: [(&str, Shape); 3] = [
+        ("float-seconds", |v| {
+            v.parse::<f64>().is_ok() && v.contains('.')
+        }),
+        ("uuid-ms", |v| v.len() > 37 && v.as_bytes()[36] == b':'),
+        ("nanos", |v| {
+            v.len() == 19 && v.bytes().all(|b| b.is_ascii_digit())
+        }),
+    ];
+    for (encoding, looks_like) in families {
+        let key = format!("family:{encoding}");
+        let dir = Scratch::new();
+        let run = hold(
+            &url,
+            &key,
+            &["--strategy", "classic", "--classic-encoding", encoding],
+            &dir,
+        );
+        dir.wait_for("started");
+        let value = String::from_utf8(raw::get(&mut conn, &key).expect("held")).unwrap();
+        assert!(looks_like(&value), "{encoding}: {value}");
+        let held = status(&key);
+        assert_eq!(held.code(), 0, "{held:?}");
+        assert!(
+            held.stdout.contains(&format!("kind: classic ({encoding})")),
+            "{held:?}"
+        );
+        dir.touch("go");
+        assert_eq!(run.wait(EXIT_BOUND).code(), 0, "{encoding}");
+    }
+}

@@ -141,24 +141,23 @@ fn case(jump: Duration) -> Outcome {
     let guard = lock.try_lock().expect("the key is free");
     let held = open.acquired();
     // The holder keeps its hold until its lease is nearly over, as a holder that trusts it.
-    while guard.remaining() > RELEASE_BEFORE_END {
-        thread::sleep(Duration::from_millis(5));
-    }
+    assert!(support::wait_until(Duration::from_secs(60), || guard
+        .remaining()
+        <= RELEASE_BEFORE_END));
     rec.release(held, guard.remaining(), guard.is_lost());
     let released_intact = matches!(guard.unlock(), Ok(true));
 
-    let give_up = Instant::now() + CONTENDER_WAIT + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() > give_up {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the contender did not finish");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+    let mut status = None;
+    let finished = support::wait_until(CONTENDER_WAIT + Duration::from_secs(20), || {
+        status = child.try_wait().expect("try_wait");
+        status.is_some()
+    });
+    if !finished {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the contender did not finish");
+    }
+    let status = status.expect("finished");
     let output = child.wait_with_output().expect("the contender's output");
     let stdout = reader.join().expect("the reader of the contender's stdout");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -314,7 +313,7 @@ fn clock_jump_worker() {
     let result = lock.try_lock_for(CONTENDER_WAIT);
     if let Ok(guard) = result {
         let held = open.acquired();
-        thread::sleep(CONTENDER_HOLD);
+        support::work(CONTENDER_HOLD);
         rec.release(held, guard.remaining(), guard.is_lost());
         let _ = guard.unlock();
     }

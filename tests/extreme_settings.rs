@@ -12,7 +12,7 @@ use redis_dlock::test_hooks::Event;
 use redis_dlock::ClassicOptions;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, LockGuard, ReadWriteLock, RedLockClient, RetryPolicy,
-    Strategy, WakeUp, MAX_HANDOFF_COURTESY, MAX_TTL,
+    Strategy, WakeUp, MAX_TTL,
 };
 use support::{init_logging, raw, wait_until, RedisServer};
 
@@ -464,7 +464,7 @@ fn builders_accept_or_reject_extremes() {
     }
     for d in [
         Duration::MAX,
-        MAX_HANDOFF_COURTESY + Duration::from_nanos(1),
+        redis_dlock::ClientBuilder::MAX_HANDOFF_COURTESY + Duration::from_nanos(1),
     ] {
         assert_setup(
             LockClient::builder(&url).handoff_courtesy(d).build(),
@@ -475,7 +475,7 @@ fn builders_accept_or_reject_extremes() {
     let long = LockClient::builder(&url)
         .connect_timeout(redis_dlock::ClientBuilder::MAX_TIMEOUT)
         .command_timeout(Some(redis_dlock::ClientBuilder::MAX_TIMEOUT))
-        .handoff_courtesy(MAX_HANDOFF_COURTESY)
+        .handoff_courtesy(redis_dlock::ClientBuilder::MAX_HANDOFF_COURTESY)
         .build()
         .expect("longest timeouts");
     let l = long.lock("xs:b:long").ttl(HOLD).build().expect("lock");
@@ -532,7 +532,7 @@ fn handoff_courtesy_is_bounded_by_the_deadline() {
     let server = RedisServer::start();
     let key = "xs:courtesy";
     let a = LockClient::builder(server.url())
-        .handoff_courtesy(MAX_HANDOFF_COURTESY)
+        .handoff_courtesy(redis_dlock::ClientBuilder::MAX_HANDOFF_COURTESY)
         .build()
         .expect("client");
     let b = client(&server).c;
@@ -564,7 +564,7 @@ fn handoff_courtesy_is_bounded_by_the_deadline() {
     let took = start.elapsed();
     assert!(g.unlock().expect("unlock"));
     assert!(
-        took < MAX_HANDOFF_COURTESY - Duration::from_millis(100),
+        took < redis_dlock::ClientBuilder::MAX_HANDOFF_COURTESY - Duration::from_millis(100),
         "the courtesy ran past the 50 ms deadline: {took:?}"
     );
 }

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use redis_dlock::ClassicOptions;
 use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy};
-use support::worker::{self, WorkerProcess};
+use support::worker;
 use support::{init_logging, raw, RedisServer};
 
 const COUNTER_KEY: &str = "families:counter";
@@ -650,24 +650,16 @@ fn families_holder_process() {
 
 /// Starts a holder process of `spec` on `key`, waits for its lock, kills it: the value it left.
 fn killed_holder(server: &RedisServer, key: &str, spec: &str) -> Vec<u8> {
-    let mut holder = WorkerProcess::spawn(
+    worker::killed_holder_value(
         WORKER_TEST,
         &[
             (WORKER_ENV, spec.to_owned()),
             ("DLOCK_URL", server.url()),
             ("DLOCK_KEY", key.to_owned()),
         ],
-    );
-    let value = match holder.wait_marker(LOCKED_MARKER, Duration::from_secs(30)) {
-        Ok(value) => hex::decode(value).expect("hex"),
-        Err(e) => panic!("{spec}: no lock reported ({e:?}): {:?}", holder.seen()),
-    };
-    let status = holder.kill();
-    assert!(
-        !status.success(),
-        "{spec}: the holder exited on its own: {status}"
-    );
-    value
+        LOCKED_MARKER,
+        spec,
+    )
 }
 
 /// The check of every takeover below: a lock taken at `won_at` (epoch ms, read after the win)

@@ -55,6 +55,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("strategy::hold", ALGORITHMS),
     ("strategy::reentrant", ALGORITHMS),
     ("strategy::string_value", ALGORITHMS),
+    ("strategy::spring", ALGORITHMS),
+    ("strategy::shedlock", ALGORITHMS),
     ("strategy::token", ALGORITHMS),
     ("rwlock", ALGORITHMS),
     ("redlock", ALGORITHMS),

@@ -409,6 +409,33 @@ fn an_acquire_no_replica_confirmed_is_refused_and_undone() {
             lock.key()
         );
     }
+    // Redisson's layouts too: a reentrant hold and a write hold, given back.
+    let reentrant = a
+        .lock("confirmed:reentrant")
+        .strategy(Strategy::Reentrant)
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    let rw = a.rw_lock("confirmed:rw").ttl(ttl).build().unwrap();
+    let hashes: [&dyn DistributedLock; 2] = [&reentrant, rw.write_lock()];
+    for lock in hashes {
+        match lock.try_lock() {
+            Err(LockError::NotReplicated {
+                confirmed: 0,
+                required: 1,
+                ..
+            }) => {}
+            other => panic!("{}: expected NotReplicated, got {other:?}", lock.key()),
+        }
+        assert!(
+            wait_until(Duration::from_secs(5), || !raw::exists(
+                &mut master,
+                lock.key()
+            )),
+            "{}: the unconfirmed hold was given back",
+            lock.key()
+        );
+    }
     // A blocking acquire retries it until its deadline and says why it gave up.
     let e = token_a
         .try_lock_for(Duration::from_millis(2_500))

@@ -55,6 +55,10 @@ pub(crate) struct Line<'q> {
 pub(crate) struct Wake<'q> {
     pub(crate) wakeups: &'q Wakeups,
     pub(crate) channel: &'q str,
+    /// A second channel whose messages also wake the line, subscribed beside `channel` (a
+    /// foreign fleet whose older releases publish elsewhere). Best effort: the wait relies on
+    /// `channel`'s confirmation alone, and the poll covers a release missed on this one.
+    pub(crate) also: Option<&'q str>,
 }
 
 /// The blocking acquire loop shared by every lock.
@@ -122,6 +126,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         ticket.ahead()
     );
     let mut subscription = None;
+    let mut also = None;
     let mut stalled = None;
     let mut polled = false;
     loop {
@@ -141,6 +146,10 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
                     // Confirmed just now: a release since the refused attempt may have been
                     // missed, so try again at once.
                     fresh = subscription.as_ref().is_some_and(|s| s.is_confirmed());
+                    also = wake.also.and_then(|ch| {
+                        wake.wakeups
+                            .subscribe(ch, line.name, Delivery::Release, deadline)
+                    });
                 }
             }
             let listening = subscription.as_ref().is_some_and(|s| s.is_confirmed());
@@ -210,6 +219,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             Attempt::Held { pttl: p } => pttl = p,
         }
     }
+    drop(also);
     drop(subscription);
     drop(ticket);
     if let Some(why) = stalled {

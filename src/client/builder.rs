@@ -177,6 +177,11 @@ impl ClientBuilder {
     /// ([`replica_ack_timeout`](Self::replica_ack_timeout)): 1 s, as Redisson's
     /// `slavesSyncTimeout`.
     pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = DEFAULT_REPLICA_ACK_TIMEOUT;
+    /// Default pause before a thread takes again a lock its client just released while
+    /// another client waits ([`handoff_courtesy`](Self::handoff_courtesy)): 3 ms.
+    pub const DEFAULT_HANDOFF_COURTESY: Duration = DEFAULT_HANDOFF_COURTESY;
+    /// The longest handoff courtesy [`build`](Self::build) accepts: 1 s.
+    pub const MAX_HANDOFF_COURTESY: Duration = MAX_HANDOFF_COURTESY;
 
     pub(super) fn new(target: TargetSpec) -> Self {
         ClientBuilder {
@@ -264,7 +269,7 @@ impl ClientBuilder {
     /// How long a thread of this client that just released a Token or reentrant lock waits
     /// before taking the same lock again with a blocking call (`lock()`, `try_lock_for()`),
     /// when the release's `PUBLISH` reached another client's subscriber (default
-    /// [`DEFAULT_HANDOFF_COURTESY`]; zero turns it off; `try_lock()` never waits).
+    /// [`ClientBuilder::DEFAULT_HANDOFF_COURTESY`](crate::ClientBuilder::DEFAULT_HANDOFF_COURTESY); zero turns it off; `try_lock()` never waits).
     ///
     /// Why: a waiter woken by pub/sub needs a round trip and two thread wake-ups (its
     /// subscriber's, then its own) before its attempt reaches Redis, while a thread that asks
@@ -275,7 +280,7 @@ impl ClientBuilder {
     /// 3 ms. The cost: a client that re-locks at once while another client's subscription is
     /// still lingering on the channel (up to 1.5 s after it last waited) waits this long once.
     ///
-    /// At most [`MAX_HANDOFF_COURTESY`], or [`build`](Self::build) fails. The wait never runs
+    /// At most [`ClientBuilder::MAX_HANDOFF_COURTESY`](crate::ClientBuilder::MAX_HANDOFF_COURTESY), or [`build`](Self::build) fails. The wait never runs
     /// past the blocking call's deadline (`try_lock_for`'s duration, the policy's `max_wait`,
     /// or for a count-limited policy the longest its retries could take).
     pub fn handoff_courtesy(mut self, d: Duration) -> Self {

@@ -11,7 +11,8 @@
 //! looks at the deadline the calling thread set for the current command ([`with_deadline`]),
 //! sets its socket timeouts to the time left, and fails at once (an I/O timeout) when none is
 //! left, also for the connections redis-rs opens during the command (`MOVED` to a new node,
-//! slot-map refresh), whose connect timeout is cut to the time left too. The retry sleeps are
+//! slot-map refresh), whose connect timeout is cut to half the time left (redis-rs's set-up
+//! waits for up to two replies there, each with the whole connect timeout). The retry sleeps are
 //! configured in `client.rs` to stay short, so a command returns at most one retry sleep after
 //! its deadline.
 //!
@@ -25,6 +26,11 @@
 //! within that command's deadline. A node connection that fails (an I/O error, a timeout: a
 //! late reply may still come) drops its socket and opens a new one at its next use, so no
 //! failure of one node leaves a stale socket among the others.
+//!
+//! A watchdog renewal brings its own, earlier, deadline: the earliest loss deadline of the holds
+//! it carries (see [`watchdog`](crate::client::watchdog)). [`with_deadline`] takes the earlier
+//! of the two, and [`left_until`] / [`within`] cut the timeouts of a single server's
+//! connection, of a new connection and of a pool checkout to that deadline the same way.
 
 use std::cell::Cell;
 use std::sync::Mutex;
@@ -41,9 +47,18 @@ thread_local! {
 }
 
 /// Runs `f` (one command on a cluster connection) with every send, connect and read of it,
-/// retries included, bounded by `timeout` from now (`None`: no deadline).
-pub(crate) fn with_deadline<T>(timeout: Option<Duration>, f: impl FnOnce() -> T) -> T {
+/// retries included, bounded by `timeout` from now (`None`: no deadline), and by `until` if
+/// given (a watchdog renewal's cap: the earliest loss deadline of the holds it carries).
+pub(crate) fn with_deadline<T>(
+    timeout: Option<Duration>,
+    until: Option<Instant>,
+    f: impl FnOnce() -> T,
+) -> T {
     let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    let deadline = match (deadline, until) {
+        (Some(d), Some(u)) => Some(d.min(u)),
+        (d, u) => d.or(u),
+    };
     let before = DEADLINE.with(|d| d.replace(deadline));
     let out = f();
     DEADLINE.with(|d| d.set(before));
@@ -53,18 +68,58 @@ pub(crate) fn with_deadline<T>(timeout: Option<Duration>, f: impl FnOnce() -> T)
 /// The time left before the current deadline: `Ok(None)` without one, an I/O timeout error when
 /// it has passed.
 fn time_left() -> RedisResult<Option<Duration>> {
-    let Some(deadline) = DEADLINE.with(Cell::get) else {
+    left_until(DEADLINE.with(Cell::get))
+}
+
+/// The time left until `until`: `Ok(None)` without one, an I/O timeout error (a command that
+/// did not answer in time) when it has passed.
+pub(crate) fn left_until(until: Option<Instant>) -> RedisResult<Option<Duration>> {
+    let Some(deadline) = until else {
         return Ok(None);
     };
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(RedisError::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            "the command timeout ran out (cluster redirections and retries included; the connect \
-             timeout, while opening a cluster connection)",
+            "the command's deadline ran out (cluster redirections and retries included, \
+             a cluster connection's opening bounded by the connect timeout, or a watchdog \
+             renewal bounded by a hold's loss deadline)",
         )));
     }
     Ok(Some(left))
+}
+
+/// `timeout`, cut to the time left until `until`; an I/O timeout error when none is left.
+pub(crate) fn within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(left_until(until)?.map_or(timeout, |left| left.min(timeout)))
+}
+
+/// The replies redis-rs's connection set-up may wait for, each with the whole connect timeout
+/// left after the TCP connect: `HELLO` or `AUTH`, `SELECT`, and two `CLIENT SETINFO` (it reads
+/// every reply of its set-up pipeline, even after one timed out).
+const SETUP_REPLIES: u32 = 4;
+
+/// The connect timeout to give redis-rs for a connection that must be open, set-up included,
+/// within `left` (`None`: `timeout` as it is): a fourth of it at most (see [`SETUP_REPLIES`]).
+pub(crate) fn connect_timeout(timeout: Duration, left: Option<Duration>) -> Duration {
+    left.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES))
+}
+
+/// [`connect_timeout`] for a connection to open by `until`; an I/O timeout error when that
+/// has passed.
+pub(crate) fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(connect_timeout(timeout, left_until(until)?))
+}
+
+/// [`within`] for an optional timeout (`None`: none, unless `until` gives one).
+pub(crate) fn within_opt(
+    timeout: Option<Duration>,
+    until: Option<Instant>,
+) -> RedisResult<Option<Duration>> {
+    Ok(match (timeout, left_until(until)?) {
+        (Some(t), Some(left)) => Some(t.min(left)),
+        (t, left) => t.or(left),
+    })
 }
 
 /// Nodes (`host:port`) whose socket failed (an I/O error, a timeout) and that have not answered
@@ -86,6 +141,10 @@ pub(crate) fn is_suspect(addr: &str) -> bool {
 pub(crate) fn time_is_up() -> bool {
     time_left().is_err()
 }
+
+/// [`SETUP_REPLIES`] for a node connection, which sends no `CLIENT SETINFO`: `HELLO` or `AUTH`,
+/// and `SELECT`.
+const NODE_SETUP_REPLIES: u32 = 2;
 
 /// A node connection of a cluster connection that keeps to the calling thread's deadline, opened
 /// by its first command (see the module's documentation).
@@ -130,8 +189,9 @@ impl Deadlined {
         let left = time_left()?;
         if self.con.is_none() {
             let timeout = match (left, self.connect_timeout) {
-                (Some(left), Some(t)) => Some(t.min(left)),
-                (left, t) => t.or(left),
+                (Some(left), Some(t)) => Some(t.min(left / NODE_SETUP_REPLIES)),
+                (Some(left), None) => Some(left / NODE_SETUP_REPLIES),
+                (None, t) => t,
             };
             let con = <redis::Connection as redis::cluster::Connect>::connect(
                 self.info.clone(),

@@ -32,10 +32,11 @@ pub(crate) use pool::*;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
+use crate::client::cluster_deadline::within;
 use crate::client::confirm::{Acks, ReplicaAcks};
 use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;
@@ -501,13 +502,17 @@ impl LockClient {
     ///
     /// A connection the pool added unopened is opened here, on the caller's thread (see
     /// [`Lazy`](crate::client::pool::Lazy)).
-    fn conn(&self, key: &str) -> Result<Conn> {
+    ///
+    /// Neither the checkout nor the opening waits past `until` (a watchdog renewal's cap):
+    /// their timeouts are cut to the time left.
+    fn conn(&self, key: &str, until: Option<Instant>) -> Result<Conn> {
         let err = |e: r2d2::Error| self.checkout_error(key, e);
+        let left = |t: Duration| within(t, until).map_err(|e| self.command_error(key, e));
         match &self.inner.pool {
             Pool::Managed(p) => {
                 let get = || {
-                    let mut con = p.get().map_err(err)?;
-                    con.open_if_needed().map_err(|e| {
+                    let mut con = p.get_timeout(left(p.connection_timeout())?).map_err(err)?;
+                    con.open_if_needed(until).map_err(|e| {
                         log::debug!("pool: opening a connection failed: {e}");
                         self.inner.connect_errors.note(e.clone());
                         self.checkout_error(key, e)
@@ -534,7 +539,10 @@ impl LockClient {
                     stale_left -= 1;
                 }
             }
-            Pool::External(p) => p.get().map(Conn::external).map_err(err),
+            Pool::External(p) => p
+                .get_timeout(left(p.connection_timeout())?)
+                .map(Conn::external)
+                .map_err(err),
         }
     }
 
@@ -594,13 +602,25 @@ impl LockClient {
     pub(crate) fn with_conn_confirmed<T>(
         &self,
         key: &str,
+        f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
+    ) -> Result<T> {
+        self.with_conn_confirmed_until(key, None, f)
+    }
+
+    /// [`with_conn_confirmed`](Self::with_conn_confirmed) with nothing (checkout, connecting,
+    /// any command) waiting past `until`, if given: a call cut short fails with a timeout.
+    /// The watchdog's renewals, bounded by the earliest loss deadline of the holds they carry.
+    pub(crate) fn with_conn_confirmed_until<T>(
+        &self,
+        key: &str,
+        until: Option<Instant>,
         mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
         if self.inner.acks.required() == 0 {
-            return self.with_conn(key, f);
+            return self.with_conn_until(key, until, f);
         }
         let mut short = None;
-        let reply = self.with_conn(key, |con, s| {
+        let reply = self.with_conn_until(key, until, |con, s| {
             con.set_wait(self.inner.acks.wait());
             let reply = f(con, s);
             short = con.take_wait().and_then(|w| w.shortfall());
@@ -641,12 +661,25 @@ impl LockClient {
     pub(crate) fn with_conn<T>(
         &self,
         key: &str,
+        f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
+    ) -> Result<T> {
+        self.with_conn_until(key, None, f)
+    }
+
+    /// [`with_conn`](Self::with_conn), waiting past `until` (if given) for nothing: see
+    /// [`with_conn_confirmed_until`](Self::with_conn_confirmed_until).
+    fn with_conn_until<T>(
+        &self,
+        key: &str,
+        until: Option<Instant>,
         mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
         // Sized on the first dropped connection only: the pool's state takes its mutex.
         let mut stale_left: Option<u32> = None;
         loop {
-            let mut conn = self.conn(key)?;
+            let mut conn = self.conn(key, until)?;
+            // Lifted when the connection goes back to the pool (`Conn`'s drop).
+            conn.cap(until);
             let reused = conn.was_used();
             match f(&mut conn, &self.inner.scripts) {
                 Err(e) if reused && is_dropped(&e) && stale_left != Some(0) => {

@@ -12,7 +12,10 @@ use redis::{
     ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
 };
 
-use super::cluster_deadline::{is_suspect, time_is_up, with_deadline, Deadlined};
+use super::cluster_deadline::{
+    connect_within, is_suspect, left_until, time_is_up, with_deadline, within, within_opt,
+    Deadlined,
+};
 use super::confirm::{Acks, Wait};
 use super::native::Detected;
 use super::switches::Switches;
@@ -211,17 +214,27 @@ pub(crate) struct Manager {
 }
 
 impl Manager {
-    fn single(&self, client: &redis::Client) -> RedisResult<Link> {
-        let con = client.get_connection_with_timeout(self.connect_timeout)?;
+    fn single(&self, client: &redis::Client, until: Option<Instant>) -> RedisResult<Link> {
+        let con =
+            client.get_connection_with_timeout(connect_within(self.connect_timeout, until)?)?;
         con.set_read_timeout(self.command_timeout)?;
         con.set_write_timeout(self.command_timeout)?;
         Ok(Link::new(Node::Single(con)).with_read_timeout(self.command_timeout))
     }
 
-    /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout.
-    fn discovery(&self, client: &redis::Client) -> RedisResult<redis::Connection> {
-        let timeout = Some(self.command_timeout.unwrap_or(self.connect_timeout));
-        let con = client.get_connection_with_timeout(self.connect_timeout)?;
+    /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout,
+    /// none past `until`.
+    fn discovery(
+        &self,
+        client: &redis::Client,
+        until: Option<Instant>,
+    ) -> RedisResult<redis::Connection> {
+        let con =
+            client.get_connection_with_timeout(connect_within(self.connect_timeout, until)?)?;
+        let timeout = Some(within(
+            self.command_timeout.unwrap_or(self.connect_timeout),
+            until,
+        )?);
         con.set_read_timeout(timeout)?;
         con.set_write_timeout(timeout)?;
         Ok(con)
@@ -234,6 +247,8 @@ impl Manager {
     /// The master the last `+switch-master` announced, if any, is tried first: a Sentinel that
     /// has not heard of the switch yet would still name the old master, which answers `ROLE` as
     /// a master until Sentinel reconfigures it.
+    ///
+    /// No step waits past `until`.
     fn sentinel_master(
         &self,
         sentinels: &[redis::Client],
@@ -241,6 +256,7 @@ impl Manager {
         first: &AtomicUsize,
         switches: &Switches,
         master_tls: Option<&ConnectionAddr>,
+        until: Option<Instant>,
     ) -> RedisResult<Link> {
         // Read before asking: a switch during this connect makes the link stale at once.
         let generation = switches.generation();
@@ -250,7 +266,7 @@ impl Manager {
         let mut passed_over = None;
         if let Some(addr) = switches.announced() {
             tried.push(addr.clone());
-            match self.checked_master(addr.clone(), master_tls) {
+            match self.checked_master(addr.clone(), master_tls, until) {
                 Ok((link, replicas)) => {
                     self.acks.learn(&addr, replicas);
                     return Ok(link.of_generation(generation));
@@ -265,7 +281,7 @@ impl Manager {
         for i in (0..sentinels.len()).map(|k| (start + k) % sentinels.len()) {
             let sentinel = &sentinels[i];
             let named: RedisResult<Option<(String, u16)>> =
-                self.discovery(sentinel).and_then(|mut con| {
+                self.discovery(sentinel, until).and_then(|mut con| {
                     redis::cmd("SENTINEL")
                         .arg("GET-MASTER-ADDR-BY-NAME")
                         .arg(service)
@@ -290,7 +306,7 @@ impl Manager {
                 continue;
             }
             tried.push(addr.clone());
-            match self.checked_master(addr.clone(), master_tls) {
+            match self.checked_master(addr.clone(), master_tls, until) {
                 Ok((link, replicas)) => {
                     self.acks.learn(&addr, replicas);
                     first.store(i, Ordering::Relaxed);
@@ -331,7 +347,7 @@ impl Manager {
             Target::Single(client) => client.get_connection_info().redis_settings().db(),
             _ => 0,
         };
-        let mut con = self.open().map_err(|e| {
+        let mut con = self.open(None).map_err(|e| {
             let what = if error::is_access_denied(&e) {
                 format!("authentication to {addr} failed (check the user name and password)")
             } else if db != 0
@@ -435,14 +451,16 @@ impl Manager {
         }
     }
 
-    /// A connection to `addr` once `ROLE` says it is a master, and its number of replicas.
+    /// A connection to `addr` once `ROLE` says it is a master, and its number of replicas;
+    /// no step waits past `until`.
     fn checked_master(
         &self,
         addr: (String, u16),
         master_tls: Option<&ConnectionAddr>,
+        until: Option<Instant>,
     ) -> RedisResult<(Link, usize)> {
         let client = master_info(master_tls, addr.clone()).and_then(redis::Client::open)?;
-        let mut con = self.discovery(&client)?;
+        let mut con = self.discovery(&client, until)?;
         let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
         let redis::Role::Primary { replicas, .. } = role else {
             return Err(redis::RedisError::from((
@@ -480,7 +498,7 @@ impl Manager {
     /// asks that seed for the slot map and fails if it does not answer, so the seeds are tried
     /// here, one client each. A seed that refuses the connection costs nothing; one that does
     /// not answer costs the rest of the connect timeout, and the next connection starts with
-    /// the seed after it.
+    /// the seed after it. Nothing waits past `until` (a watchdog renewal's cap).
     ///
     /// `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection node
     /// connections of our own type.
@@ -489,6 +507,7 @@ impl Manager {
         clients: &[redis::cluster::ClusterClient],
         seeds: &[String],
         first: &AtomicUsize,
+        until: Option<Instant>,
     ) -> RedisResult<Link> {
         let n = clients.len();
         let start = first.load(Ordering::Relaxed);
@@ -496,7 +515,8 @@ impl Manager {
         let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
         order.sort_by_key(|&i| seeds.get(i).is_some_and(|a| is_suspect(a)));
         let mut last_err = None;
-        with_deadline(Some(self.connect_timeout), || {
+        with_deadline(Some(self.connect_timeout), until, || {
+            left_until(until)?;
             for i in order {
                 match clients[i].get_generic_connection::<Deadlined>() {
                     Ok(con) => {
@@ -531,15 +551,16 @@ impl Manager {
         })
     }
 
-    /// Opens a connection to the target (the Sentinels' master, for a Sentinel client).
-    fn open(&self) -> RedisResult<Link> {
+    /// Opens a connection to the target (the Sentinels' master, for a Sentinel client),
+    /// waiting past `until` for nothing (a watchdog renewal's cap, see [`Link::cap`]).
+    fn open(&self, until: Option<Instant>) -> RedisResult<Link> {
         let link = match &self.target {
-            Target::Single(client) => self.single(client),
+            Target::Single(client) => self.single(client, until),
             Target::Cluster {
                 clients,
                 seeds,
                 first,
-            } => self.cluster(clients, seeds, first),
+            } => self.cluster(clients, seeds, first, until),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
             Target::Sentinel {
@@ -548,7 +569,14 @@ impl Manager {
                 first,
                 switches,
                 master_tls,
-            } => self.sentinel_master(sentinels, service, first, switches, master_tls.as_ref()),
+            } => self.sentinel_master(
+                sentinels,
+                service,
+                first,
+                switches,
+                master_tls.as_ref(),
+                until,
+            ),
         };
         match link {
             Err(e) if self.tls => Err(tls_context(e)),
@@ -573,7 +601,7 @@ impl r2d2::ManageConnection for Lazy {
     }
 
     fn is_valid(&self, con: &mut Link) -> RedisResult<()> {
-        con.open_if_needed()?;
+        con.open_if_needed(None)?;
         redis::cmd("PING").query(con)
     }
 
@@ -630,6 +658,12 @@ pub(crate) struct Link {
     /// The command timeout of a single server's connection, which a replica confirmation
     /// lengthens by its own bound while it waits (see [`Conn::set_wait`]).
     read_timeout: Option<Duration>,
+    /// That lengthening, while a confirmation waits.
+    extra: Option<Duration>,
+    /// The instant no command may wait past (a watchdog renewal's cap, see [`Link::cap`]).
+    until: Option<Instant>,
+    /// The socket's timeouts were cut for `until`: to restore once it is lifted.
+    capped: bool,
 }
 
 enum Node {
@@ -664,6 +698,9 @@ impl Link {
             opened: Instant::now(),
             generation: 0,
             read_timeout: None,
+            extra: None,
+            until: None,
+            capped: false,
         }
     }
 
@@ -675,15 +712,65 @@ impl Link {
     /// Lengthens the read timeout by `extra` (a replica confirmation's bound), or restores it
     /// (`None`). A failure to set it marks the link broken.
     fn extend_read_timeout(&mut self, extra: Option<Duration>) {
+        self.extra = extra;
+        let read = self.full_read_timeout();
         if let Node::Single(c) = &mut self.node {
-            let t = match (self.read_timeout, extra) {
-                (Some(t), Some(e)) => Some(t.saturating_add(e)),
-                (t, _) => t,
-            };
-            if c.set_read_timeout(t).is_err() {
+            if c.set_read_timeout(read).is_err() {
                 self.broken = true;
             }
         }
+    }
+
+    /// The read timeout without a cap: the command timeout, lengthened by a confirmation's
+    /// bound while it waits.
+    fn full_read_timeout(&self) -> Option<Duration> {
+        match (self.read_timeout, self.extra) {
+            (Some(t), Some(e)) => Some(t.saturating_add(e)),
+            (t, _) => t,
+        }
+    }
+
+    /// The symmetric of [`extend_read_timeout`](Self::extend_read_timeout): no command sent
+    /// from now on waits past `until` (a watchdog renewal's cap: the earliest loss deadline of
+    /// the holds it carries), or no cap (`None`: the timeouts are restored). A single server's
+    /// socket timeouts are cut to the time left before each command, a cluster command's
+    /// deadline is the earlier of its own and `until`; a command with no time left fails at
+    /// once with a timeout, sending nothing. A failure to restore marks the link broken.
+    pub(super) fn cap(&mut self, until: Option<Instant>) {
+        self.until = until;
+        if until.is_some() || !std::mem::take(&mut self.capped) {
+            return;
+        }
+        let read = self.full_read_timeout();
+        if let Node::Single(c) = &mut self.node {
+            if c.set_read_timeout(read).is_err() || c.set_write_timeout(self.read_timeout).is_err()
+            {
+                self.broken = true;
+            }
+        }
+    }
+
+    /// Before a command on a single server's connection: cuts the socket's timeouts to the
+    /// time left before the cap, if any; a timeout error (nothing sent) when none is left.
+    fn arm(&mut self) -> RedisResult<()> {
+        let Some(until) = self.until else {
+            return Ok(());
+        };
+        let (read, write) = (
+            within_opt(self.full_read_timeout(), Some(until))?,
+            within_opt(self.read_timeout, Some(until))?,
+        );
+        if let Node::Single(c) = &mut self.node {
+            self.capped = true;
+            if let Err(e) = c
+                .set_read_timeout(read)
+                .and_then(|()| c.set_write_timeout(write))
+            {
+                self.broken = true;
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     fn of_generation(mut self, generation: u64) -> Self {
@@ -691,10 +778,11 @@ impl Link {
         self
     }
 
-    /// Opens the link if the pool added it unopened (see [`Lazy`]).
-    pub(super) fn open_if_needed(&mut self) -> RedisResult<()> {
+    /// Opens the link if the pool added it unopened (see [`Lazy`]), waiting past `until` for
+    /// nothing.
+    pub(super) fn open_if_needed(&mut self, until: Option<Instant>) -> RedisResult<()> {
         if let Node::Unopened(manager) = &self.node {
-            *self = Arc::clone(manager).open()?;
+            *self = Arc::clone(manager).open(until)?;
         }
         Ok(())
     }
@@ -725,10 +813,11 @@ impl Link {
 
 impl ConnectionLike for Link {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        self.arm()?;
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_command(cmd),
-            Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_command(cmd)),
+            Node::Cluster(c, t) => with_deadline(*t, self.until, || c.req_packed_command(cmd)),
         };
         self.note(r)
     }
@@ -739,19 +828,28 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        self.arm()?;
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
-            Node::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Node::Cluster(c, t) => with_deadline(*t, || c.req_packed_commands(cmd, offset, count)),
+            Node::Single(c) => match self.until {
+                Some(until) if offset == 0 => {
+                    capped_commands(c, self.read_timeout, self.extra, until, cmd, count)
+                }
+                _ => c.req_packed_commands(cmd, offset, count),
+            },
+            Node::Cluster(c, t) => {
+                with_deadline(*t, self.until, || c.req_packed_commands(cmd, offset, count))
+            }
         };
         self.note(r)
     }
 
     fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        self.arm()?;
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_command(cmd),
-            Node::Cluster(c, t) => with_deadline(*t, || c.req_command(cmd)),
+            Node::Cluster(c, t) => with_deadline(*t, self.until, || c.req_command(cmd)),
         };
         self.note(r)
     }
@@ -775,6 +873,43 @@ impl ConnectionLike for Link {
     fn is_open(&self) -> bool {
         !self.broken && self.node.is_open()
     }
+}
+
+/// `req_packed_commands` of a single server's connection with no reply waited for past
+/// `until`: redis-rs's reads every reply of a pipeline even after one timed out, each with the
+/// whole read timeout, so a pipeline of `n` commands to an unresponsive server would take `n`
+/// times the time left. Here the read timeout is cut to the time left before each reply, and
+/// the first failure ends the call. As redis-rs's: server errors stay in their place, RESP3 push
+/// messages are skipped. (Transactions, `offset > 0`, which the watchdog never sends, go to
+/// redis-rs's.)
+fn capped_commands(
+    c: &mut redis::Connection,
+    read_timeout: Option<Duration>,
+    extra: Option<Duration>,
+    until: Instant,
+    cmd: &[u8],
+    count: usize,
+) -> RedisResult<Vec<Value>> {
+    let full = match (read_timeout, extra) {
+        (Some(t), Some(e)) => Some(t.saturating_add(e)),
+        (t, _) => t,
+    };
+    c.send_packed_command(cmd)?;
+    let mut replies = Vec::with_capacity(count);
+    // The timeout `arm` set for the first reply.
+    let mut armed = within_opt(full, Some(until))?;
+    while replies.len() < count {
+        let want = within_opt(full, Some(until))?;
+        if want < armed {
+            c.set_read_timeout(want)?;
+            armed = want;
+        }
+        match c.recv_response()? {
+            Value::Push { .. } => {}
+            reply => replies.push(reply),
+        }
+    }
+    Ok(replies)
 }
 
 /// A command sent on a link nobody opened: none is, as `LockClient::conn` opens it first.
@@ -846,11 +981,27 @@ impl Conn {
         wait
     }
 
+    /// No command sent from now on waits past `until` (`None`: the timeouts are restored); see
+    /// [`Link::cap`]. A connection of an application's own pool keeps its read timeouts (they
+    /// are the application's, and could not be restored).
+    pub(super) fn cap(&mut self, until: Option<Instant>) {
+        if let Pooled::Managed(c) = &mut self.link {
+            c.cap(until);
+        }
+    }
+
     fn link(&mut self) -> &mut dyn ConnectionLike {
         match &mut self.link {
             Pooled::Managed(c) => &mut **c,
             Pooled::External(c) => &mut **c,
         }
+    }
+}
+
+impl Drop for Conn {
+    /// Back to the pool without a cap (see [`Conn::cap`]).
+    fn drop(&mut self) {
+        self.cap(None);
     }
 }
 

@@ -29,12 +29,18 @@
 //! [`LockGuard::check`](crate::LockGuard::check)) and the lock's `on_lost` callback, if any,
 //! runs once, so that the holder hears of the loss before the key can expire on the server.
 //!
-//! `is_lost` follows the local clock exactly. The callback runs on the watchdog thread, or,
-//! when the deadline passes while that thread is blocked in a call to an unresponsive Redis
-//! (up to the client's command timeout, or connect timeout for a new connection), on the
-//! client's *deadline thread*, which watches the loss deadlines while a round is under way:
-//! a blocked call delays the renewal of the client's other holds, not the report of their
-//! loss. The deadline thread starts with the watchdog thread and exits with it.
+//! `is_lost` follows the local clock exactly. The callback runs on the watchdog thread, at the
+//! deadline, also when Redis does not answer: no call of a round waits past the earliest loss
+//! deadline of the holds watched (less [`CAP_ALLOWANCE`]). The pool checkout, the opening of a
+//! new connection and every reply are bounded by it as by the client's own timeouts (see
+//! `Link::cap` in `pool.rs`; in a cluster, the command's deadline of
+//! [`cluster_deadline`](crate::client::cluster_deadline)), and a call cut short is a failed
+//! renewal. Before each call the holds whose deadline has passed (while earlier calls of the
+//! round ran) are reported, and not renewed; the others are retried as above. A call to an
+//! unresponsive Redis thus delays the renewal of the client's other holds (up to the command
+//! timeout), not the report of their loss. Holds watched while a call is under way are the one
+//! exception: that call was bounded before they came, and each of them has most of its lease
+//! ahead.
 //!
 //! The thread holds no strong reference to the client between rounds: once every handle of
 //! the client is dropped, the thread exits. A released hold (`stop`ped before its release is
@@ -58,8 +64,9 @@ use crate::stats::Counters;
 const BATCH_MAX: usize = 512;
 /// The name of the renewal thread (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-watchdog";
-/// The name of the deadline thread.
-const DEADLINE_THREAD_NAME: &str = "dlock-deadline";
+/// A renewal call waits this much less than the earliest loss deadline of the holds watched:
+/// the time to return from a call cut short and report the hold at its deadline.
+const CAP_ALLOWANCE: Duration = Duration::from_millis(1);
 
 /// How one watched hold came out of a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,25 +104,6 @@ impl Watchdog {
             due,
             gone: false,
         });
-        match list.deadline_thread {
-            ThreadState::Off => {
-                let shared = Arc::clone(&self.shared);
-                let weak = client.downgrade();
-                let spawned = thread::Builder::new()
-                    .name(DEADLINE_THREAD_NAME.to_owned())
-                    .spawn(move || run_deadlines(&shared, &weak));
-                match spawned {
-                    Ok(_) => list.deadline_thread = ThreadState::Busy,
-                    // Retried by the next watch; meanwhile the renewal thread reports the loss
-                    // when its call returns.
-                    Err(e) => log::error!("cannot start the watchdog's deadline thread: {e}"),
-                }
-            }
-            ThreadState::Asleep(Some(wake_at)) if state.loss_deadline() < wake_at => {
-                self.shared.deadline_wake.notify_one();
-            }
-            ThreadState::Asleep(_) | ThreadState::Busy => {}
-        }
         match list.thread {
             ThreadState::Off => {
                 let shared = Arc::clone(&self.shared);
@@ -148,79 +136,6 @@ struct OffOnExit<'a>(&'a Shared);
 impl Drop for OffOnExit<'_> {
     fn drop(&mut self) {
         self.0.lock().thread = ThreadState::Off;
-    }
-}
-
-/// [`OffOnExit`] for the deadline thread.
-struct DeadlineOffOnExit<'a>(&'a Shared);
-
-impl Drop for DeadlineOffOnExit<'_> {
-    fn drop(&mut self) {
-        self.0.lock().deadline_thread = ThreadState::Off;
-    }
-}
-
-/// The deadline thread: while a round is under way (the renewal thread may be blocked in a
-/// call to an unresponsive Redis), reports every hold whose loss deadline passes, at that
-/// deadline. Between rounds it sleeps: the renewal thread then wakes by itself in time (no
-/// hold is due later than its loss deadline). Exits when the client is gone.
-fn run_deadlines(shared: &Shared, client: &WeakClient) {
-    let _off = DeadlineOffOnExit(shared);
-    while let Some(passed) = wait_for_deadline(shared) {
-        let Some(client) = client.upgrade() else {
-            break;
-        };
-        for state in &passed {
-            lost(client.counters(), state, LossReason::Expired);
-        }
-    }
-}
-
-/// Waits until a round is under way and a watched hold's loss deadline passes; the holds whose
-/// deadline passed, or `None` on shutdown.
-fn wait_for_deadline(shared: &Shared) -> Option<Vec<Arc<WatchState>>> {
-    let mut list = shared.lock();
-    loop {
-        if list.shutdown {
-            return None;
-        }
-        let mut next: Option<Instant> = None;
-        if list.in_round {
-            let now = Instant::now();
-            let mut passed = Vec::new();
-            for entry in list.entries.iter().filter(|e| !e.gone) {
-                let Some(state) = entry.state.upgrade() else {
-                    continue;
-                };
-                if state.is_stopped() || state.marked_lost() {
-                    continue;
-                }
-                let deadline = state.loss_deadline();
-                if deadline <= now {
-                    passed.push(state);
-                } else if next.is_none_or(|n| deadline < n) {
-                    next = Some(deadline);
-                }
-            }
-            if !passed.is_empty() {
-                list.deadline_thread = ThreadState::Busy;
-                return Some(passed);
-            }
-        }
-        list.deadline_thread = ThreadState::Asleep(next);
-        list = match next {
-            Some(at) => {
-                shared
-                    .deadline_wake
-                    .wait_timeout(list, at.saturating_duration_since(Instant::now()))
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0
-            }
-            None => shared
-                .deadline_wake
-                .wait(list)
-                .unwrap_or_else(PoisonError::into_inner),
-        };
     }
 }
 
@@ -275,15 +190,38 @@ fn sleep_until_due(shared: &Shared) -> bool {
 
 /// One round: renews every entry due now or soon, in as few script calls as the key slots
 /// allow.
+///
+/// No call waits past the earliest loss deadline of the holds watched (less
+/// [`CAP_ALLOWANCE`]): a call cut short is a failed renewal. Before each call, the holds whose
+/// loss deadline passed meanwhile (while earlier calls ran, or while this thread waited for
+/// such a deadline) are reported lost, and are not renewed.
 fn round(shared: &Shared, client: &crate::client::LockClient) {
     let start = Instant::now();
-    let (mut due, expired) = take_due(shared, start);
+    let (mut due, expired, others) = take_due(shared, start);
     for state in &expired {
         lost(client.counters(), state, LossReason::Expired);
     }
     let mut outcomes = Vec::with_capacity(due.len());
-    for batch in batches(&mut due, client.is_cluster()) {
-        renew(client, start, batch, &mut outcomes);
+    let cluster = client.is_cluster();
+    let batches = batches(&mut due, cluster);
+    let mut deadlines = Deadlines::new(&batches, others);
+    for batch in &batches {
+        let until = deadlines.sweep(shared, client.counters());
+        let live = |s: &WatchState| !s.is_stopped() && !s.marked_lost();
+        if batch.iter().all(|(_, s)| live(s)) {
+            renew(client, start, batch, until, &mut outcomes);
+        } else {
+            // Released or reported lost since the round's start: not renewed.
+            let mut kept = Vec::with_capacity(batch.len());
+            for (i, state) in batch.iter() {
+                if live(state) {
+                    kept.push((*i, Arc::clone(state)));
+                } else {
+                    outcomes.push((*i, Outcome::Drop));
+                }
+            }
+            renew(client, start, &kept, until, &mut outcomes);
+        }
     }
     let mut list = shared.lock();
     for (i, outcome) in outcomes {
@@ -303,13 +241,18 @@ fn round(shared: &Shared, client: &crate::client::LockClient) {
 /// Removes released and dropped holds, and picks those due by `start` or within a sixth of
 /// their lease (holds acquired around the same time then renew together, in one call). Holds
 /// already past their validity (the thread was starved, or Redis slow) are returned apart, to
-/// be reported lost rather than renewed.
+/// be reported lost rather than renewed. Last, the earliest loss deadline of the holds not
+/// taken, if any.
 #[allow(clippy::type_complexity)]
 fn take_due(
     shared: &Shared,
     start: Instant,
-) -> (Vec<(usize, Arc<WatchState>)>, Vec<Arc<WatchState>>) {
-    let (mut due, mut expired) = (Vec::new(), Vec::new());
+) -> (
+    Vec<(usize, Arc<WatchState>)>,
+    Vec<Arc<WatchState>>,
+    Option<Instant>,
+) {
+    let (mut due, mut expired, mut others) = (Vec::new(), Vec::new(), None::<Instant>);
     let mut list = shared.lock();
     list.entries.retain(|e| {
         !e.gone
@@ -318,13 +261,13 @@ fn take_due(
                 .is_some_and(|s| !s.is_stopped() && !s.marked_lost())
     });
     list.in_round = true;
-    // The deadline thread watches the loss deadlines while the round's calls run.
-    shared.deadline_wake.notify_one();
     for (i, entry) in list.entries.iter_mut().enumerate() {
         let Some(state) = entry.state.upgrade() else {
             continue;
         };
         if entry.due > crate::time::saturating_add(start, state.lease() / 6) {
+            let deadline = state.loss_deadline();
+            others = Some(others.map_or(deadline, |o| o.min(deadline)));
             continue;
         }
         if start >= state.loss_deadline() {
@@ -334,7 +277,110 @@ fn take_due(
             due.push((i, state));
         }
     }
-    (due, expired)
+    (due, expired, others)
+}
+
+/// The loss deadlines of the holds watched, while a round runs: before each call, the holds
+/// whose deadline has passed are reported, and the call is bounded by the earliest of the
+/// others.
+///
+/// The round's own holds are kept in the order of their deadlines as at the round's start (a
+/// deadline moves only when the round renews its hold: a hold renewed is done with), so each
+/// look costs only the holds it passes over. The holds the round does not renew are looked at
+/// again only when the earliest of their deadlines passes. Holds watched during the round are
+/// not looked at: each has most of its lease ahead.
+struct Deadlines<'a> {
+    /// The round's holds and their loss deadlines at the round's start, by deadline; from
+    /// `next` on neither renewed, released nor reported.
+    order: Vec<(Instant, &'a Arc<WatchState>)>,
+    next: usize,
+    /// The earliest loss deadline of the watched holds that are not the round's.
+    others: Option<Instant>,
+}
+
+impl<'a> Deadlines<'a> {
+    fn new(batches: &[&'a [(usize, Arc<WatchState>)]], others: Option<Instant>) -> Self {
+        let mut order: Vec<(Instant, &Arc<WatchState>)> = batches
+            .iter()
+            .flat_map(|batch| batch.iter().map(|(_, s)| (s.loss_deadline(), s)))
+            .collect();
+        order.sort_by_key(|(deadline, _)| *deadline);
+        Deadlines {
+            order,
+            next: 0,
+            others,
+        }
+    }
+
+    /// Reports lost every watched hold whose loss deadline has passed (waiting for those less
+    /// than [`CAP_ALLOWANCE`] away), and returns the instant the next call must not wait past:
+    /// the earliest loss deadline of the others, less that allowance.
+    fn sweep(&mut self, shared: &Shared, stats: &Counters) -> Option<Instant> {
+        loop {
+            let now = Instant::now();
+            let mut passed = Vec::new();
+            let mut earliest = None;
+            while let Some(&(deadline, state)) = self.order.get(self.next) {
+                if state.loss_deadline() != deadline || state.is_stopped() || state.marked_lost() {
+                    // Renewed, released or reported.
+                    self.next += 1;
+                    continue;
+                }
+                if deadline > now {
+                    earliest = Some(deadline);
+                    break;
+                }
+                passed.push(Arc::clone(state));
+                self.next += 1;
+            }
+            if self.others.is_some_and(|o| o <= now) {
+                self.others = others_passed(shared, now, &mut passed);
+            }
+            for state in &passed {
+                lost(stats, state, LossReason::Expired);
+            }
+            let earliest = match (earliest, self.others) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match earliest {
+                Some(at) if at.saturating_duration_since(now) <= CAP_ALLOWANCE => {
+                    // Less than the allowance away: report it at its deadline, then go on.
+                    thread::sleep(at.saturating_duration_since(now));
+                }
+                Some(at) => return at.checked_sub(CAP_ALLOWANCE),
+                None => return None,
+            }
+        }
+    }
+}
+
+/// Adds to `passed` the watched holds whose loss deadline is `now` or earlier (not reported
+/// yet, not stopped); the earliest loss deadline of the others.
+fn others_passed(
+    shared: &Shared,
+    now: Instant,
+    passed: &mut Vec<Arc<WatchState>>,
+) -> Option<Instant> {
+    let list = shared.lock();
+    let mut earliest: Option<Instant> = None;
+    for entry in list.entries.iter().filter(|e| !e.gone) {
+        let Some(state) = entry.state.upgrade() else {
+            continue;
+        };
+        if state.is_stopped() || state.marked_lost() {
+            continue;
+        }
+        let deadline = state.loss_deadline();
+        if deadline <= now {
+            if !passed.iter().any(|p| Arc::ptr_eq(p, &state)) {
+                passed.push(state);
+            }
+        } else {
+            earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
+        }
+    }
+    earliest
 }
 
 /// Splits the due holds into the batches of one script call: at most [`BATCH_MAX`] keys, and
@@ -351,17 +397,19 @@ fn batches<T: AsRef<WatchState>>(items: &mut [(usize, T)], cluster: bool) -> Vec
         .collect()
 }
 
-/// One `lua/renew_batch.lua` call for `batch` (sent at `start`); one outcome per hold.
+/// One `lua/renew_batch.lua` call for `batch` (sent at `start`), waiting past `until` for
+/// nothing (a call cut short fails); one outcome per hold.
 fn renew(
     client: &crate::client::LockClient,
     start: Instant,
     batch: &[(usize, Arc<WatchState>)],
+    until: Option<Instant>,
     outcomes: &mut Vec<(usize, Outcome)>,
 ) {
     let Some((_, first)) = batch.first() else {
         return;
     };
-    let reply = renew_replies(client, batch);
+    let reply = renew_replies(client, batch, until);
     let results = match reply {
         Ok(results) if results.len() == batch.len() => results,
         Ok(results) => {
@@ -429,6 +477,7 @@ fn renew(
 fn renew_replies(
     client: &crate::client::LockClient,
     batch: &[(usize, Arc<WatchState>)],
+    until: Option<Instant>,
 ) -> crate::error::Result<Vec<i64>> {
     let mut results = vec![0i64; batch.len()];
     let mut scripted: Vec<usize> = (0..batch.len()).collect();
@@ -441,7 +490,7 @@ fn renew_replies(
         // In a cluster one command at most: redis-rs does not follow a slot's redirection
         // (a migration's ASK or MOVED) inside a pipeline.
         if !values.is_empty() && (values.len() == 1 || !client.is_cluster()) {
-            if let Some(renewed) = renew_natively(client, batch, &values)? {
+            if let Some(renewed) = renew_natively(client, batch, &values, until)? {
                 for (&i, r) in values.iter().zip(renewed) {
                     results[i] = r;
                 }
@@ -464,7 +513,7 @@ fn renew_replies(
         args.push(state.value());
         args.push(ms.as_bytes());
     }
-    let replies: Vec<i64> = client.with_conn_confirmed(keys[0], |con, scripts| {
+    let replies: Vec<i64> = client.with_conn_confirmed_until(keys[0], until, |con, scripts| {
         scripts.renew_batch.eval_keys(con, &keys, &args)
     })?;
     if replies.len() != scripted.len() {
@@ -485,11 +534,12 @@ fn renew_natively(
     client: &crate::client::LockClient,
     batch: &[(usize, Arc<WatchState>)],
     which: &[usize],
+    until: Option<Instant>,
 ) -> crate::error::Result<Option<Vec<i64>>> {
     let key = batch[which[0]].1.key();
     if let [i] = which {
         let state = &batch[*i].1;
-        let reply = client.with_conn_confirmed(key, |con, _| {
+        let reply = client.with_conn_confirmed_until(key, until, |con, _| {
             native::set_ifeq_px(state.key(), state.value(), lease_ms(state))
                 .query::<redis::Value>(con)
         });
@@ -516,7 +566,8 @@ fn renew_natively(
             lease_ms(state),
         ));
     }
-    let replies: Vec<redis::Value> = client.with_conn_confirmed(key, |con, _| pipe.query(con))?;
+    let replies: Vec<redis::Value> =
+        client.with_conn_confirmed_until(key, until, |con, _| pipe.query(con))?;
     let mut out = Vec::with_capacity(which.len());
     for reply in replies {
         match reply {
@@ -636,6 +687,14 @@ mod tests {
         )
     }
 
+    /// The shared state of a watchdog that watches nothing yet (no thread).
+    fn unwatched() -> Shared {
+        Shared {
+            list: Mutex::new(List::default()),
+            wake: Condvar::new(),
+        }
+    }
+
     #[test]
     fn batches_are_bounded_and_single_slot_in_a_cluster() {
         let mut items: Vec<(usize, Arc<WatchState>)> = (0..1300)
@@ -688,6 +747,49 @@ mod tests {
     }
 
     #[test]
+    fn a_sweep_reports_passed_deadlines_of_every_batch_and_caps_at_the_earliest_other() {
+        let shared = unwatched();
+        let stats = Counters::default();
+        let now = Instant::now();
+        let lease = Duration::from_secs(3);
+        let at = |key: &str, start: Instant| {
+            WatchState::new(key, RenewKind::Value(TEST), b"v", lease, start, None)
+        };
+        // Two batches, each with a hold past its loss deadline and one ahead of it.
+        let a_passed = at("a-passed", now - Duration::from_secs(4));
+        let a_later = at("a-later", now + Duration::from_secs(2));
+        let b_passed = at("b-passed", now - Duration::from_secs(5));
+        let b_sooner = at("b-sooner", now + Duration::from_secs(1));
+        let first = [(0, Arc::clone(&a_passed)), (1, Arc::clone(&a_later))];
+        let second = [(2, Arc::clone(&b_passed)), (3, Arc::clone(&b_sooner))];
+        let batches: Vec<&[(usize, Arc<WatchState>)]> = vec![&first, &second];
+        let mut deadlines = Deadlines::new(&batches, None);
+        let until = deadlines.sweep(&shared, &stats);
+        assert!(a_passed.marked_lost() && b_passed.marked_lost());
+        assert!(!a_later.marked_lost() && !b_sooner.marked_lost());
+        // Capped by the second batch's hold, whose deadline comes first.
+        assert_eq!(until, b_sooner.loss_deadline().checked_sub(CAP_ALLOWANCE));
+        // Once renewed, a hold caps no more.
+        b_sooner.renewed(now + Duration::from_secs(2), lease);
+        assert_eq!(
+            deadlines.sweep(&shared, &stats),
+            a_later.loss_deadline().checked_sub(CAP_ALLOWANCE)
+        );
+        // A watched hold that is not the round's caps the calls too, and is reported once its
+        // deadline has passed.
+        let other = at("other", now - Duration::from_secs(4));
+        shared.lock().entries.push(Entry {
+            state: Arc::downgrade(&other),
+            due: now,
+            gone: false,
+        });
+        let mut deadlines = Deadlines::new(&batches, Some(other.loss_deadline()));
+        deadlines.sweep(&shared, &stats);
+        assert!(other.marked_lost());
+        assert_eq!(stats.snapshot().lost_holds, 3);
+    }
+
+    #[test]
     fn retry_delay_is_a_tenth_within_bounds() {
         assert_eq!(
             retry_delay(Duration::from_millis(50)),
@@ -702,11 +804,7 @@ mod tests {
 
     #[test]
     fn due_entries_within_slack_are_taken_expired_ones_reported() {
-        let shared = Shared {
-            list: Mutex::new(List::default()),
-            wake: Condvar::new(),
-            deadline_wake: Condvar::new(),
-        };
+        let shared = unwatched();
         let now = Instant::now();
         let lease = Duration::from_secs(3);
         let soon = WatchState::new("soon", RenewKind::Value(TEST), b"v", lease, now, None);
@@ -746,7 +844,8 @@ mod tests {
             }
         }
         drop(dropped);
-        let (due, expired) = take_due(&shared, now);
+        let (due, expired, others) = take_due(&shared, now);
+        assert_eq!(others, Some(later.loss_deadline()));
         let due: Vec<&str> = due.iter().map(|(_, s)| s.key()).collect();
         assert_eq!(due, ["soon"]);
         assert_eq!(expired.len(), 1);

@@ -9,8 +9,8 @@ use std::time::Instant;
 use crate::lease::WatchState;
 
 /// The renewal thread of one client: ONE thread, started by the first `watch` (in `watchdog.rs`),
-/// that renews every watched hold every lease/3, and with it a deadline thread that reports
-/// the holds whose loss deadline passes while the renewal thread is blocked in a call.
+/// that renews every watched hold every lease/3, and reports the holds whose loss deadline
+/// passes: no call of a round waits past the earliest of those deadlines.
 ///
 /// The thread holds only a `WeakClient` between rounds, so dropping every handle of the
 /// client drops the client, and with it this struct, whose `Drop` tells the thread to exit
@@ -39,9 +39,6 @@ pub(crate) struct Shared {
     pub(crate) list: Mutex<List>,
     /// Signalled when an entry is due before the thread's planned wake-up, and on shutdown.
     pub(crate) wake: Condvar,
-    /// Signalled when a round starts, when a hold's loss deadline comes before the deadline
-    /// thread's planned wake-up, and on shutdown.
-    pub(crate) deadline_wake: Condvar,
 }
 
 #[derive(Default)]
@@ -54,9 +51,6 @@ pub(crate) struct List {
     /// A round holds indices into `entries`: nothing may be removed.
     pub(crate) in_round: bool,
     pub(crate) thread: ThreadState,
-    /// The deadline thread (see `watchdog.rs`): it reports the holds whose loss deadline
-    /// passes while a round is under way, the renewal thread being blocked in a call.
-    pub(crate) deadline_thread: ThreadState,
     /// The client is gone: the thread must exit.
     pub(crate) shutdown: bool,
 }
@@ -97,7 +91,6 @@ impl Watchdog {
             shared: Arc::new(Shared {
                 list: Mutex::new(List::default()),
                 wake: Condvar::new(),
-                deadline_wake: Condvar::new(),
             }),
         }
     }
@@ -118,6 +111,5 @@ impl Drop for Watchdog {
         // Never joins: this may run on the watchdog thread itself.
         self.shared.lock().shutdown = true;
         self.shared.wake.notify_all();
-        self.shared.deadline_wake.notify_all();
     }
 }

@@ -56,6 +56,8 @@ pub(crate) struct HoldOptions {
     pub(crate) channel: String,
     /// The fencing counter, when fencing tokens were asked for.
     pub(crate) fence_key: Option<String>,
+    /// A release keeps the hold until this long after the acquire (Token, Spring).
+    pub(crate) at_least: Option<Duration>,
 }
 
 impl std::fmt::Debug for HoldOptions {
@@ -99,7 +101,11 @@ impl HoldOptions {
         retry: Option<RetryPolicy>,
         wake_up: Option<WakeUp>,
         fencing: bool,
+        at_least: Option<Duration>,
     ) -> Result<Self> {
+        if let Some(d) = at_least {
+            check_duration(key, "lock_at_least", d, false)?;
+        }
         let watched = ttl.is_none();
         if !watched && (watchdog_lease.is_some() || on_lost.is_some()) {
             return Err(LockError::config(
@@ -125,6 +131,10 @@ impl HoldOptions {
             wake_up.unwrap_or_default(),
             fencing,
         )
+        .map(|o| HoldOptions {
+            at_least: at_least.map(|d| Duration::from_millis(d.as_millis() as u64)),
+            ..o
+        })
     }
 
     /// Derives the channel and fencing key names of `key` (both in its hash slot).
@@ -150,6 +160,7 @@ impl HoldOptions {
             } else {
                 None
             },
+            at_least: None,
         })
     }
 
@@ -168,6 +179,7 @@ impl HoldOptions {
         (self.wake_up == WakeUp::PubSub).then(|| Wake {
             wakeups: client.wakeups(),
             channel: &self.channel,
+            also: None,
         })
     }
 

@@ -10,6 +10,10 @@ pub(crate) mod hold;
 pub use hold::WakeUp;
 pub(crate) mod reentrant;
 pub use reentrant::ReentrantLock;
+pub(crate) mod shedlock;
+pub use shedlock::shedlock_key;
+pub(crate) mod spring;
+pub use spring::{SpringLock, SpringOptions};
 pub(crate) mod string_value;
 pub(crate) mod token;
 pub use token::TokenLock;
@@ -63,6 +67,26 @@ pub enum Strategy {
     /// Token lockers or Redisson's `RFairLock` on the same key. See `docs/fair.md`.
     ///
     Fair,
+    /// Beside Java services on Spring Integration's `RedisLockRegistry` (registry key in
+    /// [`SpringOptions`]), on its keys `<registryKey>:<lockKey>`: Token's protocol, but each
+    /// hold writes a random UUID (a registry instance's id, of which each hold of ours is one),
+    /// and a release publishes the lock key on both of the registry's release channels
+    /// (`<registryKey>-channel:<key>`, and `<registryKey>-channel` of its earlier versions) in
+    /// the same step, so that its waiters wake at once rather than after `expireAfter`; our
+    /// waiters listen on both. Same lifetimes, watchdog, retry policy and fencing as
+    /// [`Strategy::Token`]. A strategy rather than an option of Token: the value is another
+    /// format, whose owner is a registry instance (which re-enters its own holds), and the
+    /// release publishes another message on other channels. See `docs/compatibility.md`.
+    Spring(SpringOptions),
+    /// For scheduled jobs beside Java services on ShedLock (`@SchedulerLock`, its Redis
+    /// providers), on the job's key ([`shedlock_key`]: `job-lock:<env>:<name>`): Token's
+    /// protocol (`SET NX PX`, owner-checked release and extend), with ShedLock's values,
+    /// `ADDED:<ISO-8601 UTC with ms>@<hostname>:<uuid>`, so that a Rust job and a Java job of
+    /// the same name never both run. The lock's lifetime is ShedLock's `lockAtMostFor`, and
+    /// [`lock_at_least`](LockBuilder::lock_at_least) its `lockAtLeastFor`. Built as a
+    /// [`Lock::Token`]. A strategy, as [`Strategy::Spring`] is, because the value is another
+    /// format. See `docs/compatibility.md`.
+    ShedLock,
 }
 
 /// The kind of lock whose value a string at a lock key has the shape of: the answer of
@@ -75,6 +99,12 @@ pub enum Recognized {
     /// A [`Strategy::Fair`] lock's value: 48 hex digits (the holder client's id, then its
     /// random part).
     Fair,
+    /// A [`Strategy::Spring`] lock's value, or a Spring `RedisLockRegistry`'s: a UUID in its
+    /// 36-character text form.
+    Spring,
+    /// A [`Strategy::ShedLock`] lock's value, or a ShedLock job's:
+    /// `ADDED:<time>@<hostname>[:<uuid>]`.
+    ShedLock,
     /// A [`Strategy::Classic`] lock's value: an expiry timestamp between the years 2000 and
     /// 2500 in one of the [`Encoding`]s: epoch milliseconds as 8 big-endian bytes or in
     /// decimal digits, epoch seconds as a float (`1764262805.123456`), `<uuid>:<epoch ms>`, or
@@ -117,6 +147,10 @@ impl Strategy {
             Some(Recognized::Token)
         } else if fair::recognizes(value) {
             Some(Recognized::Fair)
+        } else if spring::recognizes(value) {
+            Some(Recognized::Spring)
+        } else if shedlock::recognizes(value) {
+            Some(Recognized::ShedLock)
         } else {
             classic::recognize(value).map(|(expiry_ms, encoding)| Recognized::Classic {
                 expiry_ms,
@@ -136,8 +170,9 @@ impl Strategy {
 /// | [`check_access`](Self::check_access) | every strategy | off |
 /// | [`watchdog_lease`](Self::watchdog_lease) | watched locks (Token, Reentrant, Fair) | [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE), renewed every third |
 /// | [`on_lost`](Self::on_lost) | watched locks | none |
-/// | [`fencing`](Self::fencing) | Token, Reentrant, Fair | off |
-/// | [`wake_up`](Self::wake_up) | Token, Reentrant | [`WakeUp::PubSub`] |
+/// | [`fencing`](Self::fencing) | Token, Reentrant, Fair, Spring | off |
+/// | [`wake_up`](Self::wake_up) | Token, Reentrant, Spring | [`WakeUp::PubSub`] |
+/// | [`lock_at_least`](Self::lock_at_least) | Token, Spring, ShedLock | none: a release frees the lock |
 ///
 /// Classic's own options travel in [`Strategy::Classic`] ([`ClassicOptions`]). The options of
 /// the watched locks (Token, Reentrant, Fair) given to a Classic lock, and `wake_up` given to a
@@ -154,6 +189,7 @@ pub struct LockBuilder {
     on_lost: Option<LostCallback>,
     fencing: bool,
     wake_up: Option<WakeUp>,
+    at_least: Option<Duration>,
     check_access: bool,
 }
 
@@ -189,6 +225,7 @@ impl LockClient {
             on_lost: None,
             fencing: false,
             wake_up: None,
+            at_least: None,
             check_access: false,
         }
     }
@@ -277,18 +314,50 @@ impl LockBuilder {
         self
     }
 
+    /// Token and Spring: a release within `at_least` of the acquire does not free the lock: it
+    /// keeps the hold until `at_least` after the acquire (an owner-checked `PEXPIRE` to the
+    /// rest of it, one round trip) and lets it expire then, as ShedLock's `lockAtLeastFor`
+    /// does, so that a job that finished early is not run again by another node meanwhile. A
+    /// release after `at_least` frees the lock at once. The release is published (and this
+    /// client's waiters woken) only when it frees the lock. At least 1 ms, at most
+    /// [`MAX_TTL`](crate::MAX_TTL).
+    pub fn lock_at_least(mut self, at_least: Duration) -> Self {
+        self.at_least = Some(at_least);
+        self
+    }
+
     /// Checks the options and builds the lock. Sends nothing to Redis, unless
     /// [`check_access`](Self::check_access) was asked for.
     pub fn build(self) -> Result<Lock> {
         Ok(match self.strategy {
-            Strategy::Token => Lock::Token(self.build_token()?),
+            Strategy::Token => Lock::Token(self.build_token(false)?),
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
             Strategy::Reentrant => Lock::Reentrant(self.build_reentrant()?),
             Strategy::Fair => Lock::Fair(self.build_fair()?),
+            Strategy::Spring(opts) => Lock::Spring(self.build_spring(opts)?),
+            Strategy::ShedLock => Lock::Token(self.build_token(true)?),
         })
     }
 
+    fn build_spring(self, spring: SpringOptions) -> Result<SpringLock> {
+        let opts = self.hold_options()?;
+        if opts.fence_key.is_some() {
+            needs_scripts(
+                self.client.native(),
+                &self.key,
+                "a Spring lock with fencing",
+            )?;
+        }
+        let lock = SpringLock::new(self.client.clone(), self.key.clone(), opts, spring)?;
+        if self.check_access {
+            let checks = spring::access_checks(&self.client, &self.key, lock.hold(), &spring);
+            crate::client::access::verify(&self.client, &self.key, "Spring", &checks)?;
+        }
+        Ok(lock)
+    }
+
     fn build_fair(self) -> Result<FairLock> {
+        self.token_only("Fair")?;
         if self.wake_up.is_some() {
             return Err(LockError::config(
                 &self.key,
@@ -305,7 +374,8 @@ impl LockBuilder {
         Ok(lock)
     }
 
-    fn build_token(self) -> Result<TokenLock> {
+    /// A Token lock, in ShedLock's values with `shedlock`.
+    fn build_token(self, shedlock: bool) -> Result<TokenLock> {
         let opts = self.hold_options()?;
         if opts.fence_key.is_some() {
             needs_scripts(self.client.native(), &self.key, "a Token lock with fencing")?;
@@ -320,10 +390,16 @@ impl LockBuilder {
             );
             crate::client::access::verify(&self.client, &self.key, "Token", &checks)?;
         }
-        Ok(TokenLock::new(self.client, self.key, opts))
+        Ok(if shedlock {
+            let dialect = shedlock::dialect(&opts.channel);
+            TokenLock::with_dialect(self.client, self.key, opts, dialect)
+        } else {
+            TokenLock::new(self.client, self.key, opts)
+        })
     }
 
     fn build_reentrant(self) -> Result<ReentrantLock> {
+        self.token_only("Reentrant")?;
         let opts = self.hold_options()?;
         needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
         if self.check_access {
@@ -338,6 +414,19 @@ impl LockBuilder {
         Ok(ReentrantLock::new(self.client, self.key, opts))
     }
 
+    /// Refuses the options of Token (Spring, ShedLock) alone for `strategy`.
+    fn token_only(&self, strategy: &str) -> Result<()> {
+        if self.at_least.is_some() {
+            return Err(LockError::config(
+                &self.key,
+                format!(
+                    "lock_at_least applies to Strategy::Token, Spring and ShedLock, not {strategy}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The checked options of a Token, Reentrant or Fair lock.
     fn hold_options(&self) -> Result<HoldOptions> {
         HoldOptions::checked(
@@ -348,10 +437,12 @@ impl LockBuilder {
             self.retry.clone(),
             self.wake_up,
             self.fencing,
+            self.at_least,
         )
     }
 
     fn build_classic(self, opts: ClassicOptions) -> Result<ClassicLock> {
+        self.token_only("Classic")?;
         if self.watchdog_lease.is_some()
             || self.on_lost.is_some()
             || self.fencing
@@ -404,6 +495,8 @@ pub enum Lock {
     Reentrant(ReentrantLock),
     /// [`Strategy::Fair`].
     Fair(FairLock),
+    /// [`Strategy::Spring`].
+    Spring(SpringLock),
 }
 
 /// `$call` on the typed lock inside a [`Lock`], bound to `$l`.
@@ -414,6 +507,7 @@ macro_rules! each {
             Lock::Classic($l) => $call,
             Lock::Reentrant($l) => $call,
             Lock::Fair($l) => $call,
+            Lock::Spring($l) => $call,
         }
     };
 }
@@ -429,10 +523,12 @@ impl Lock {
     /// The strategy the lock was built with, with its options.
     pub fn strategy(&self) -> Strategy {
         match self {
+            Lock::Token(l) if l.is_shedlock() => Strategy::ShedLock,
             Lock::Token(_) => Strategy::Token,
             Lock::Classic(l) => Strategy::Classic(*l.options()),
             Lock::Reentrant(_) => Strategy::Reentrant,
             Lock::Fair(_) => Strategy::Fair,
+            Lock::Spring(l) => Strategy::Spring(*l.options()),
         }
     }
 
@@ -444,6 +540,7 @@ impl Lock {
             Lock::Classic(_) => false,
             Lock::Reentrant(l) => l.is_watched(),
             Lock::Fair(l) => l.is_watched(),
+            Lock::Spring(l) => l.is_watched(),
         }
     }
 }
@@ -478,7 +575,8 @@ typed!(
     Token(TokenLock),
     Classic(ClassicLock),
     Reentrant(ReentrantLock),
-    Fair(FairLock)
+    Fair(FairLock),
+    Spring(SpringLock)
 );
 
 impl DistributedLock for Lock {

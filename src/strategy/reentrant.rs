@@ -217,7 +217,7 @@ impl ReentrantLock {
             .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
         let sent = std::cell::Cell::new(false);
-        let reply: Result<Value> = self.client.with_conn(&self.key, |con, s| {
+        let reply: Result<Value> = self.client.with_conn_confirmed(&self.key, |con, s| {
             sent.set(true);
             let args = (self.opts.lease_ms(), owner.as_str());
             match &self.opts.fence_key {
@@ -228,7 +228,9 @@ impl ReentrantLock {
                 None => s.reentrant_acquire.eval(con, &self.key, args),
             }
         });
-        if let Err(LockError::Connection { .. }) = &reply {
+        // Sent and unanswered, or answered but not confirmed by the replicas the client
+        // requires: the hold it may have counted is given back, owner-checked.
+        if let Err(LockError::Connection { .. } | LockError::NotReplicated { .. }) = &reply {
             if sent.get() {
                 self.forget_lost_acquire(&owner, start);
             }
@@ -508,7 +510,7 @@ impl DistributedLock for ReentrantLock {
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ext = hold::Extending::start(&self.key, ttl)?;
-        let renewed: i64 = self.client.with_conn(&self.key, |con, s| {
+        let renewed: i64 = self.client.with_conn_confirmed(&self.key, |con, s| {
             s.reentrant_extend
                 .eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;

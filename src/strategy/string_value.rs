@@ -14,11 +14,26 @@ use crate::client::native::{self, Command};
 use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
-use crate::keys;
 use crate::lease::Lease;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold;
+
+/// What a release publishes in the same step as its delete: `message` on each of `channels`,
+/// in order (Token: `0` on Redisson's channel; Spring: the key on the registry's two channels).
+/// The first channel is the one this lock's own waiters wait on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Notice<'a> {
+    pub(crate) message: &'a [u8],
+    pub(crate) channels: &'a [String],
+}
+
+impl<'a> Notice<'a> {
+    /// The channel this lock's own waiters wait on.
+    fn first(&self) -> Option<&'a str> {
+        self.channels.first().map(String::as_str)
+    }
+}
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
@@ -60,14 +75,14 @@ pub(crate) fn setnx(key: &str, value: &[u8]) -> redis::Cmd {
     cmd
 }
 
-/// The owner-checked delete of `value` at `key` (`lua/unlock.lua`), published on `channel`
-/// (Token): the clean-up of a release that failed or was lost, or of an acquire whose reply
-/// was lost.
-pub(crate) fn delete_cleanup(key: &str, value: &[u8], channel: Option<&str>) -> Cleanup {
+/// The owner-checked delete of `value` at `key` (`lua/unlock.lua`), published as `notice`
+/// says (Token, Spring): the clean-up of a release that failed or was lost, or of an acquire
+/// whose reply was lost.
+pub(crate) fn delete_cleanup(key: &str, value: &[u8], notice: Option<Notice<'_>>) -> Cleanup {
     let mut args = vec![value.to_vec()];
-    if let Some(ch) = channel {
-        args.push(keys::UNLOCK_MESSAGE.as_bytes().to_vec());
-        args.push(ch.as_bytes().to_vec());
+    if let Some(n) = notice.filter(|n| !n.channels.is_empty()) {
+        args.push(n.message.to_vec());
+        args.extend(n.channels.iter().map(|ch| ch.as_bytes().to_vec()));
     }
     Cleanup {
         script: |s| &s.unlock,
@@ -90,7 +105,7 @@ pub(crate) fn acquire<T>(
     client: &LockClient,
     key: &str,
     value: &[u8],
-    channel: Option<&str>,
+    notice: Option<Notice<'_>>,
     until: Instant,
     may_forget: impl Fn() -> bool,
     f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
@@ -101,7 +116,7 @@ pub(crate) fn acquire<T>(
                 client,
                 key,
                 value,
-                delete_cleanup(key, value, channel),
+                delete_cleanup(key, value, notice),
                 Cause::LostAcquireReply,
                 until,
             );
@@ -138,8 +153,9 @@ pub(crate) fn acquire_undone_by<T>(
     reply
 }
 
-/// Deletes the key if it still holds our value: `Ok(true)` if it did. With a `channel`
-/// (Token) the release is published there in the same script, for waiters in other processes.
+/// Deletes the key if it still holds our value: `Ok(true)` if it did. With a `notice` (Token,
+/// Spring) the release is published as it says in the same step, for waiters in other
+/// processes.
 ///
 /// `sweep`: the prefix of every value this client writes at the key (Token), for the replay
 /// after a Sentinel switch; `None` when values carry no owner (Classic).
@@ -147,13 +163,13 @@ pub(crate) fn release(
     client: &LockClient,
     kind: Kind,
     key: &str,
-    channel: Option<&str>,
+    notice: Option<Notice<'_>>,
     sweep: Option<&[u8]>,
     lease: &Lease,
 ) -> Result<bool> {
     lease.stop_renewal();
     let generation = client.switch_generation();
-    let reply = compare_and_delete(client, key, lease.value(), channel);
+    let reply = compare_and_delete(client, key, lease.value(), notice);
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
@@ -165,7 +181,7 @@ pub(crate) fn release(
             client,
             key,
             lease.value(),
-            delete_cleanup(key, lease.value(), channel),
+            delete_cleanup(key, lease.value(), notice),
             Cause::FailedRelease,
             lease.valid_until(),
         );
@@ -179,13 +195,13 @@ pub(crate) fn release(
             client,
             key,
             lease.value(),
-            delete_cleanup(key, lease.value(), channel),
+            delete_cleanup(key, lease.value(), notice),
             sweep,
             generation,
             lease.valid_until(),
         );
     }
-    if let Some(ch) = channel {
+    if let Some(ch) = notice.and_then(|n| n.first()) {
         hold::after_publish(client, key, ch, reply - 1);
     }
     if reply < 1 {
@@ -198,54 +214,68 @@ pub(crate) fn release(
     ))
 }
 
-/// Deletes `key` if it holds `value`, publishing the release on `channel` (Token): `DELIFEQ`
-/// (pipelined with the `PUBLISH`) where the server has it, else `lua/unlock.lua`. 0 when the
-/// key did not hold `value`, else 1 + the subscribers reached.
+/// Deletes `key` if it holds `value`, publishing the release as `notice` says (Token,
+/// Spring): `DELIFEQ` (pipelined with the `PUBLISH`es) where the server has it, else
+/// `lua/unlock.lua`. 0 when the key did not hold `value`, else 1 + the subscribers reached.
 pub(crate) fn compare_and_delete(
     client: &LockClient,
     key: &str,
     value: &[u8],
-    channel: Option<&str>,
+    notice: Option<Notice<'_>>,
 ) -> Result<i64> {
+    let notice = notice.filter(|n| !n.channels.is_empty());
     // In a cluster only the single command: redis-rs does not follow a slot's redirection
     // (a migration's ASK or MOVED) inside a pipeline, so the publishing release keeps the script.
-    let native_here = !client.is_cluster() || channel.is_none();
+    let native_here = !client.is_cluster() || notice.is_none();
     client.with_conn(key, |con, s| {
         if native_here && client.native().has(Command::DelIfEq) {
-            match native_release(con, key, value, channel) {
+            match native_release(con, key, value, notice) {
                 Err(e) if native::is_unsupported(&e) => {
                     client.native().refused(Command::DelIfEq, key, &e)
                 }
                 other => return other,
             }
         }
-        match channel {
+        match notice {
             None => s.unlock.eval(con, key, value),
-            Some(ch) => s.unlock.eval(con, key, (value, keys::UNLOCK_MESSAGE, ch)),
+            Some(n) => match n.channels {
+                [ch] => s.unlock.eval(con, key, (value, n.message, ch.as_bytes())),
+                channels => {
+                    let mut args: Vec<&[u8]> = Vec::with_capacity(2 + channels.len());
+                    args.extend([value, n.message]);
+                    args.extend(channels.iter().map(|ch| ch.as_bytes()));
+                    s.unlock.eval(con, key, args)
+                }
+            },
         }
     })
 }
 
-/// The release by `DELIFEQ key value`, with a `channel` pipelined with the `PUBLISH` of the
+/// The release by `DELIFEQ key value`, with a `notice` pipelined with the `PUBLISH`es of the
 /// release (one round trip): the same answer as `lua/unlock.lua`, 0 when not ours, else 1 + the
-/// subscribers reached. Unlike the script, the `PUBLISH` goes out also when the value was not
+/// subscribers reached. Unlike the script, the `PUBLISH`es go out also when the value was not
 /// ours: its waiters then wake, find the lock held and wait again.
 fn native_release(
     con: &mut Conn,
     key: &str,
     value: &[u8],
-    channel: Option<&str>,
+    notice: Option<Notice<'_>>,
 ) -> RedisResult<i64> {
-    let Some(ch) = channel else {
+    let Some(n) = notice else {
         return native::delifeq(key, value).query(con);
     };
     let mut pipe = redis::pipe();
-    pipe.add_command(native::delifeq(key, value))
-        .cmd("PUBLISH")
-        .arg(ch)
-        .arg(keys::UNLOCK_MESSAGE);
-    let (deleted, reached): (i64, i64) = pipe.query(con)?;
-    Ok(if deleted == 1 { 1 + reached.max(0) } else { 0 })
+    pipe.add_command(native::delifeq(key, value));
+    for ch in n.channels {
+        pipe.cmd("PUBLISH").arg(ch).arg(n.message);
+    }
+    let replies: Vec<i64> = pipe.query(con)?;
+    let reached: i64 = replies.iter().skip(1).map(|r| (*r).max(0)).sum();
+    Ok(if replies.first() == Some(&1) {
+        1 + reached
+    } else {
+        0
+    })
 }
 
 /// The compare-and-extend of a string value: `SET key value IFEQ value PX ttl` where the

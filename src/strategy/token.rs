@@ -34,12 +34,12 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::access;
-use crate::client::acquire::Line;
+use crate::client::acquire::{Line, Wake};
 use crate::client::cleanup::Cause;
 use crate::client::native::{self, Command};
 use crate::client::{Conn, LiveValue, LockClient};
 use crate::error::{LockError, Result};
-use crate::ids::new_token;
+use crate::ids::{new_token, VALUE_CAPACITY};
 use crate::lease::RenewKind;
 use crate::lease::{Attempt, Lease};
 use crate::lock::LockState;
@@ -59,15 +59,97 @@ pub struct TokenLock {
     client: LockClient,
     key: String,
     opts: HoldOptions,
+    /// The values it writes and what its releases publish: Token's, or another fleet's.
+    dialect: Dialect,
     /// A value without TTL was reported (see `note_no_ttl`).
     warned_no_ttl: AtomicBool,
+}
+
+/// What a lock of Token's protocol writes and publishes. The protocol is the same for each:
+/// `SET NX PX` (or the acquire script, which also takes a key that holds the acquire's own
+/// value), compare-and-delete, compare-and-pexpire. Token's own dialect ([`Dialect::token`])
+/// writes 32 hex digits and publishes Redisson's `0`; another fleet's (Spring Integration's
+/// registry, `strategy/spring.rs`; ShedLock's value format) writes its values and publishes
+/// where its waiters listen.
+pub(crate) struct Dialect {
+    /// The stats label of its holds.
+    pub(crate) kind: Kind,
+    /// A fresh value for one acquire (every attempt of a blocking acquire sends the same).
+    pub(crate) new_value: fn(&LockClient) -> OwnValue,
+    /// What a release publishes on each of `channels`.
+    pub(crate) message: Vec<u8>,
+    /// The channels a release publishes on. This lock's waiters listen on the first two.
+    pub(crate) channels: Vec<String>,
+    /// ShedLock's values ([`Strategy::ShedLock`](crate::Strategy::ShedLock)).
+    pub(crate) shedlock: bool,
+}
+
+impl Dialect {
+    /// Token's own: 32 hex digits (the client's id, then random bits), `0` published on
+    /// Redisson's channel `channel`.
+    pub(crate) fn token(channel: &str) -> Self {
+        Dialect {
+            kind: KIND,
+            new_value: |client| OwnValue::new(&token_value(client)),
+            message: crate::keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
+            channels: vec![channel.to_owned()],
+            shedlock: false,
+        }
+    }
+
+    fn notice(&self) -> string_value::Notice<'_> {
+        string_value::Notice {
+            message: &self.message,
+            channels: &self.channels,
+        }
+    }
+}
+
+/// A value a lock writes, inline up to [`VALUE_CAPACITY`] bytes (Token's 32 hex digits, a
+/// UUID's 36 characters), on the heap beyond (ShedLock's value, which names the host).
+#[derive(Clone)]
+pub(crate) enum OwnValue {
+    Inline([u8; VALUE_CAPACITY], u8),
+    Heap(Vec<u8>),
+}
+
+impl OwnValue {
+    pub(crate) fn new(value: &[u8]) -> Self {
+        match u8::try_from(value.len()) {
+            Ok(len) if value.len() <= VALUE_CAPACITY => {
+                let mut buf = [0u8; VALUE_CAPACITY];
+                buf[..value.len()].copy_from_slice(value);
+                OwnValue::Inline(buf, len)
+            }
+            _ => OwnValue::Heap(value.to_vec()),
+        }
+    }
+}
+
+impl std::ops::Deref for OwnValue {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            OwnValue::Inline(buf, len) => &buf[..usize::from(*len)],
+            OwnValue::Heap(v) => v,
+        }
+    }
+}
+
+/// A fresh Token value: the client's id (16 hex digits, see `LockClient::token_prefix`), then
+/// 64 random bits in hex; 32 characters, as [`new_token`]'s.
+fn token_value(client: &LockClient) -> [u8; 32] {
+    let mut t = new_token();
+    let prefix = client.token_prefix();
+    t[..prefix.len()].copy_from_slice(&prefix);
+    t
 }
 
 /// What one blocking acquire carries from attempt to attempt (see
 /// `TokenLock::acquire_blocking`).
 struct Acquiring {
     /// Sent by every attempt.
-    token: [u8; 32],
+    token: OwnValue,
     /// Set when an attempt's reply was lost: until when what it may have written lives.
     lost_until: Cell<Option<Instant>>,
 }
@@ -82,21 +164,40 @@ impl std::fmt::Debug for TokenLock {
 
 impl TokenLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Self {
+        let dialect = Dialect::token(&opts.channel);
+        Self::with_dialect(client, key, opts, dialect)
+    }
+
+    /// True for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock): Token's protocol
+    /// with ShedLock's values.
+    pub(crate) fn is_shedlock(&self) -> bool {
+        self.dialect.shedlock
+    }
+
+    /// A lock of Token's protocol in another fleet's `dialect`.
+    pub(crate) fn with_dialect(
+        client: LockClient,
+        key: String,
+        opts: HoldOptions,
+        dialect: Dialect,
+    ) -> Self {
         TokenLock {
             client,
             key,
             opts,
+            dialect,
             warned_no_ttl: AtomicBool::new(false),
         }
     }
 
-    /// A fresh owner token: the client's id (16 hex digits, see `LockClient::token_prefix`),
-    /// then 64 random bits in hex; 32 characters, as [`new_token`]'s.
-    fn new_token(&self) -> [u8; 32] {
-        let mut t = new_token();
-        let prefix = self.client.token_prefix();
-        t[..prefix.len()].copy_from_slice(&prefix);
-        t
+    /// The checked options of its holds.
+    pub(crate) fn hold(&self) -> &HoldOptions {
+        &self.opts
+    }
+
+    /// A fresh owner value of the lock's dialect.
+    fn new_token(&self) -> OwnValue {
+        (self.dialect.new_value)(&self.client)
     }
 
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
@@ -125,12 +226,12 @@ impl TokenLock {
 
     /// One attempt by `lua/token_acquire.lua`: a refusal also returns the value held.
     fn attempt_scripted_once(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
-        let token = acq.token;
+        let token = &acq.token[..];
         // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        let mut live = self.client.live_value(&token);
+        let mut live = self.client.live_value(token);
         let start = Instant::now();
-        let mut reply: Value = self.send_acquire(&token, start, Some(acq), |con, s| {
-            let args = (&token[..], self.opts.lease_ms());
+        let mut reply: Value = self.send_acquire(token, start, Some(acq), |con, s| {
+            let args = (token, self.opts.lease_ms());
             match &self.opts.fence_key {
                 Some(fence) => s
                     .token_acquire
@@ -163,20 +264,20 @@ impl TokenLock {
     /// taken with a fresh lifetime by `SET … IFEQ … PX` (one more round trip, only then). A
     /// refusal also returns the value held.
     fn attempt_pipelined(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
-        let token = acq.token;
-        let mut live = self.client.live_value(&token);
+        let token = &acq.token[..];
+        let mut live = self.client.live_value(token);
         let start = Instant::now();
         let ttl = self.opts.lease_ms();
-        let (set, pttl): (Value, i64) = self.send_acquire(&token, start, Some(acq), |con, _| {
+        let (set, pttl): (Value, i64) = self.send_acquire(token, start, Some(acq), |con, _| {
             let mut pipe = redis::pipe();
-            pipe.add_command(string_value::set_nx_px_get(&self.key, &token, ttl))
+            pipe.add_command(string_value::set_nx_px_get(&self.key, token, ttl))
                 .cmd("PTTL")
                 .arg(&self.key);
             let (set, pttl): (Value, i64) = pipe.query(con)?;
             if set == Value::BulkString(token.to_vec()) {
                 // Ours already: renewed only if it still is.
                 let renewed: Option<Value> =
-                    native::set_ifeq_px(&self.key, &token, ttl).query(con)?;
+                    native::set_ifeq_px(&self.key, token, ttl).query(con)?;
                 return Ok((
                     if renewed.is_some() {
                         Value::Nil
@@ -224,7 +325,7 @@ impl TokenLock {
         if matches!(result, Ok(Attempt::Acquired(_))) {
             live.keep(self.opts.lease);
         }
-        self.client.counters().outcome(KIND, &result);
+        self.client.counters().outcome(self.dialect.kind, &result);
         result
     }
 
@@ -241,7 +342,7 @@ impl TokenLock {
             &self.client,
             &self.key,
             holder,
-            Some(&self.opts.channel),
+            Some(self.dialect.notice()),
         );
         match reply {
             Ok(n) if n >= 1 => {
@@ -291,7 +392,7 @@ impl TokenLock {
             &self.client,
             &self.key,
             token,
-            string_value::delete_cleanup(&self.key, token, Some(&self.opts.channel)),
+            string_value::delete_cleanup(&self.key, token, Some(self.dialect.notice())),
             Cause::LostAcquireReply,
             until,
         );
@@ -313,7 +414,7 @@ impl TokenLock {
         self.opts.lease(
             &self.client,
             &self.key,
-            RenewKind::Value(KIND),
+            RenewKind::Value(self.dialect.kind),
             token,
             start,
             fence,
@@ -330,7 +431,10 @@ impl TokenLock {
             name: &self.key,
             fifo: true,
             barge: false,
-            wake: self.opts.wake(&self.client),
+            wake: self.opts.wake(&self.client).map(|w| Wake {
+                also: self.dialect.channels.get(1).map(String::as_str),
+                ..w
+            }),
         };
         let acq = Acquiring {
             token: self.new_token(),
@@ -356,13 +460,13 @@ impl TokenLock {
                 self.forget_lost(&acq.token, until);
             }
         }
-        self.client.counters().blocking(KIND, &result);
+        self.client.counters().blocking(self.dialect.kind, &result);
         result
     }
 
     /// One `SET NX PX` attempt with `token` (see [`send_acquire`](Self::send_acquire) for
     /// `acq`).
-    fn try_acquire_as(&self, token: &[u8; 32], acq: Option<&Acquiring>) -> Result<Option<Lease>> {
+    fn try_acquire_as(&self, token: &[u8], acq: Option<&Acquiring>) -> Result<Option<Lease>> {
         let found = Cell::new(None);
         match self.try_acquire_once(token, acq, &found)? {
             None if found.take().is_some_and(|holder| self.clear_stale(&holder)) => {
@@ -376,7 +480,7 @@ impl TokenLock {
     /// refusal that reports the value held puts it in `found`.
     fn try_acquire_once(
         &self,
-        token: &[u8; 32],
+        token: &[u8],
         acq: Option<&Acquiring>,
         found: &Cell<Option<Vec<u8>>>,
     ) -> Result<Option<Lease>> {
@@ -414,7 +518,9 @@ impl TokenLock {
         if matches!(result, Ok(Some(_))) {
             live.keep(self.opts.lease);
         }
-        self.client.counters().outcome_lease(KIND, &result);
+        self.client
+            .counters()
+            .outcome_lease(self.dialect.kind, &result);
         result
     }
 
@@ -444,6 +550,39 @@ impl TokenLock {
 }
 
 impl TokenLock {
+    /// A release within `lock_at_least` of the acquire: the hold stays until `rest` from now
+    /// (owner-checked `PEXPIRE`), renewed no more, and then expires; nothing is published. Its
+    /// value stays in the client's live set meanwhile, so that no attempt of this client
+    /// clears it as a stale hold. True if it was still ours.
+    fn keep_at_least(&self, lease: &Lease, rest: Duration) -> Result<bool> {
+        lease.stop_renewal();
+        let kept = string_value::extend(
+            &self.client,
+            &self.key,
+            lease.value(),
+            rest.as_millis() as u64,
+        );
+        match kept {
+            Ok(true) => {
+                self.client.hold_renewed(lease.value(), rest);
+                log::debug!(
+                    "lock {:?}: kept for {rest:?} more (lock_at_least)",
+                    self.key
+                );
+                Ok(true)
+            }
+            other => {
+                self.client.hold_released(lease.value());
+                if matches!(other, Ok(false)) {
+                    self.client
+                        .counters()
+                        .lost_on_release(self.dialect.kind, lease);
+                }
+                other
+            }
+        }
+    }
+
     /// One attempt: `Ok(None)` when another owner holds the lock.
     fn try_take(&self) -> Result<Option<Lease>> {
         if self.opts.fence_key.is_some() {
@@ -482,11 +621,18 @@ impl DistributedLock for TokenLock {
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
+        if let Some(rest) = self.opts.at_least.and_then(|d| {
+            crate::time::saturating_add(lease.acquired_at(), d)
+                .checked_duration_since(Instant::now())
+                .filter(|rest| rest.as_millis() > 0)
+        }) {
+            return self.keep_at_least(lease, rest);
+        }
         string_value::release(
             &self.client,
-            KIND,
+            self.dialect.kind,
             &self.key,
-            Some(&self.opts.channel),
+            Some(self.dialect.notice()),
             Some(&self.client.token_prefix()),
             lease,
         )
@@ -495,7 +641,14 @@ impl DistributedLock for TokenLock {
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ext = hold::Extending::start(&self.key, ttl)?;
         let extended = string_value::extend(&self.client, &self.key, lease.value(), ext.ttl_ms())?;
-        ext.finish(&self.client, KIND, &self.key, extended, lease, None)
+        ext.finish(
+            &self.client,
+            self.dialect.kind,
+            &self.key,
+            extended,
+            lease,
+            None,
+        )
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
@@ -511,7 +664,27 @@ impl crate::lock::LockAdmin for TokenLock {
     }
 
     fn force_unlock(&self) -> Result<bool> {
-        hold::force_unlock(&self.client, &self.key, Some(&self.opts.channel))
+        // The dialect's message on its first channel (Token: `0` on Redisson's) in the same
+        // script; on its other channels (Spring's registry-wide one) after it.
+        let deleted = crate::client::admin::force_delete(
+            &self.client,
+            &self.key,
+            self.dialect.channels.first().map(String::as_str),
+            std::str::from_utf8(&self.dialect.message).unwrap_or(crate::keys::UNLOCK_MESSAGE),
+            None,
+            &[&self.key],
+        )?;
+        if deleted {
+            for channel in self.dialect.channels.iter().skip(1) {
+                self.client.with_conn(&self.key, |con, _| {
+                    redis::cmd("PUBLISH")
+                        .arg(channel)
+                        .arg(&self.dialect.message)
+                        .query::<i64>(con)
+                })?;
+            }
+        }
+        Ok(deleted)
     }
 }
 

@@ -180,6 +180,28 @@ impl Drop for WorkerProcess {
     }
 }
 
+/// Runs the worker test `test_name` with `envs`, waits (up to 30 s) for its `marker` line, whose
+/// payload is the hex of the value it locked with, SIGKILLs it mid-hold: that value. `what`
+/// names the holder in failures.
+pub fn killed_holder_value<V: AsRef<OsStr>>(
+    test_name: &str,
+    envs: &[(&str, V)],
+    marker: &str,
+    what: &str,
+) -> Vec<u8> {
+    let mut holder = WorkerProcess::spawn(test_name, envs);
+    let value = match holder.wait_marker(marker, Duration::from_secs(30)) {
+        Ok(value) => hex::decode(value).expect("hex"),
+        Err(e) => panic!("{what}: no lock reported ({e:?}): {:?}", holder.seen()),
+    };
+    let status = holder.kill();
+    assert!(
+        !status.success(),
+        "{what}: the holder exited on its own: {status}"
+    );
+    value
+}
+
 /// In a worker: prints `marker payload` on a line of its own, at once, for the parent's
 /// [`WorkerProcess::wait_marker`].
 pub fn report(marker: &str, payload: &str) {

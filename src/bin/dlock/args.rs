@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use redis_dlock::{ClassicOptions, Encoding, ReplicaAcks, Strategy};
+use redis_dlock::{ClassicOptions, Encoding, ReplicaAcks, SpringOptions, Strategy};
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -115,6 +115,10 @@ pub struct RunOpts {
     pub quiet: bool,
     /// `--replica-acks`.
     pub replica_acks: ReplicaAcks,
+    /// `--at-least`: a release keeps the hold until this long after the acquire.
+    pub at_least: Option<Duration>,
+    /// `--shedlock`: the key is a ShedLock job's, the value in ShedLock's format.
+    pub shedlock: bool,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
@@ -130,7 +134,9 @@ pub const USAGE: &str = "\
 Usage:
   dlock run     [REDIS] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
                 [--strategy token|classic|reentrant|fair] [--classic-encoding E]
-                [--kill-after DUR] [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
+                [--spring-registry REGISTRY] [--at-least DUR] [--kill-after DUR]
+                [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
+  dlock run     [REDIS] --shedlock NAME [--shedlock-env ENV] [options] -- COMMAND [ARGS...]
   dlock status  [REDIS] --key KEY
   dlock release [REDIS] --key KEY --force
   dlock --help | --version
@@ -144,7 +150,9 @@ dlock: flock(1) across hosts, on Redis.
 Usage:
   dlock run     [REDIS] --key KEY [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
                 [--strategy token|classic|reentrant|fair] [--classic-encoding E]
-                [--kill-after DUR] [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
+                [--spring-registry REGISTRY] [--at-least DUR] [--kill-after DUR]
+                [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
+  dlock run     [REDIS] --shedlock NAME [--shedlock-env ENV] [options] -- COMMAND [ARGS...]
   dlock status  [REDIS] --key KEY
   dlock release [REDIS] --key KEY --force
 
@@ -199,6 +207,19 @@ are forwarded to COMMAND (except those its terminal already sent it, like Ctrl-C
                        (redis-py's Lock before 2.10, retools), uuid-ms (<uuid>:<epoch ms>,
                        jedis-lock after 1.0.0) or nanos (epoch ns plus a Redis TTL on the key,
                        gorlock)
+  --spring-registry R  beside Java services on Spring Integration's RedisLockRegistry with
+                       registry key R: the lock is R:KEY (the registry's lock KEY), its value
+                       a UUID, and the release wakes the registry's waiters on its channels
+                       (instead of --strategy)
+  --at-least DUR       a release before DUR after the acquire keeps the lock until then
+                       (ShedLock's lockAtLeastFor): a job that ended early is not run
+                       again elsewhere meanwhile (token locks)
+  --shedlock NAME      instead of --key: the lock of ShedLock's job NAME (key
+                       job-lock:ENV:NAME, ShedLock's value format), so that this command and
+                       a Java @SchedulerLock job of that name never both run; the lease
+                       (--ttl, or --lease) is its lockAtMostFor; use --no-wait to skip a busy
+                       job as ShedLock does
+  --shedlock-env ENV   ShedLock's environment (default: default)
   --kill-after DUR     after a loss, SIGKILL this long after SIGTERM (default 10s)
   --quiet              no message when the lock is busy or the wait timed out
 
@@ -389,6 +410,26 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Cmd, Usage>
                 };
                 set(&mut o.encoding, &name, e)?;
             }
+            "--at-least" => {
+                run_only(&name)?;
+                let d = positive(&name, &value(&name)?)?;
+                set(&mut o.at_least, &name, d)?;
+            }
+            "--shedlock" => {
+                run_only(&name)?;
+                let v = value(&name)?;
+                set(&mut o.shedlock, &name, v)?;
+            }
+            "--shedlock-env" => {
+                run_only(&name)?;
+                let v = value(&name)?;
+                set(&mut o.shedlock_env, &name, v)?;
+            }
+            "--spring-registry" => {
+                run_only(&name)?;
+                let v = value(&name)?;
+                set(&mut o.spring_registry, &name, v)?;
+            }
             "--kill-after" => {
                 run_only(&name)?;
                 let d = duration(&name, &value(&name)?)?;
@@ -420,6 +461,10 @@ struct Raw {
     lease: Option<Duration>,
     strategy: Option<Strategy>,
     encoding: Option<Encoding>,
+    spring_registry: Option<String>,
+    at_least: Option<Duration>,
+    shedlock: Option<String>,
+    shedlock_env: Option<String>,
     kill_after: Option<Duration>,
     quiet: bool,
     command: Vec<OsString>,
@@ -463,11 +508,44 @@ impl Raw {
                 }
             }
         };
-        let key = match self.key {
+        if self.shedlock_env.is_some() && self.shedlock.is_none() {
+            return usage("--shedlock-env goes with --shedlock NAME");
+        }
+        let shedlock_key = match &self.shedlock {
+            Some(_) if self.key.is_some() => {
+                return usage("--shedlock NAME names the key: drop --key")
+            }
+            Some(_) if self.strategy.is_some() || self.spring_registry.is_some() => {
+                return usage("--shedlock locks as ShedLock does (a token lock): drop --strategy")
+            }
+            Some(name) if name.is_empty() => return usage("--shedlock is empty"),
+            Some(name) => Some(redis_dlock::shedlock_key(
+                self.shedlock_env.as_deref().unwrap_or("default"),
+                name,
+            )),
+            None => None,
+        };
+        let mut key = match self.key.or(shedlock_key) {
             Some(k) if !k.is_empty() => k,
             Some(_) => return usage("--key is empty"),
             None => return usage("--key KEY is required"),
         };
+        let mut strategy = self.strategy;
+        if let Some(registry) = &self.spring_registry {
+            if strategy.is_some() {
+                return usage("--spring-registry picks the strategy: drop --strategy");
+            }
+            let spring = SpringOptions::new(registry);
+            if spring.registry() != registry {
+                return usage(format!(
+                    "--spring-registry: a registry key is at most {} bytes",
+                    redis_dlock::SpringOptions::MAX_REGISTRY_LEN
+                ));
+            }
+            // The registry's Redis key for its lock KEY.
+            key = spring.key(&key);
+            strategy = Some(Strategy::Spring(spring));
+        }
         let target = Target {
             url,
             key,
@@ -492,9 +570,14 @@ impl Raw {
                         "--ttl (a fixed lease) and --lease (a renewed one) exclude each other",
                     );
                 }
-                let strategy = self.strategy.unwrap_or(Strategy::Token);
+                let strategy = strategy.unwrap_or(Strategy::Token);
                 if self.encoding.is_some() && !matches!(strategy, Strategy::Classic(_)) {
                     return usage("--classic-encoding needs --strategy classic");
+                }
+                if self.at_least.is_some()
+                    && !matches!(strategy, Strategy::Token | Strategy::Spring(_))
+                {
+                    return usage("--at-least applies to token locks (and --spring-registry)");
                 }
                 Ok(Cmd::Run(RunOpts {
                     target,
@@ -506,6 +589,8 @@ impl Raw {
                     kill_after: self.kill_after.unwrap_or(DEFAULT_KILL_AFTER),
                     quiet: self.quiet,
                     replica_acks: self.replica_acks.unwrap_or_default(),
+                    at_least: self.at_least,
+                    shedlock: self.shedlock.is_some(),
                     command: self.command,
                 }))
             }
@@ -633,6 +718,38 @@ mod tests {
             panic!("valid")
         };
         assert_eq!(o.strategy, Strategy::Fair);
+        // The registry's key of its lock `k`, and the strategy.
+        let Ok(Cmd::Run(o)) = parse(
+            args(&[
+                "run",
+                "--spring-registry",
+                "orders",
+                "--key",
+                "k",
+                "--",
+                "true",
+            ]),
+            Some("redis://h/".into()),
+        ) else {
+            panic!("valid")
+        };
+        assert_eq!(o.target.key, "orders:k");
+        assert_eq!(o.strategy, Strategy::Spring(SpringOptions::new("orders")));
+        let both = parse(
+            args(&[
+                "run",
+                "--spring-registry",
+                "orders",
+                "--strategy",
+                "token",
+                "--key",
+                "k",
+                "--",
+                "true",
+            ]),
+            Some("redis://h/".into()),
+        );
+        assert!(both.is_err(), "{both:?}");
     }
 
     #[test]

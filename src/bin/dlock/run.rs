@@ -90,6 +90,12 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
     let (tx, rx) = mpsc::channel::<Event>();
 
     let mut builder = client.lock(key.clone()).strategy(o.strategy);
+    if let Some(d) = o.at_least {
+        builder = builder.lock_at_least(d);
+    }
+    if o.shedlock {
+        builder = builder.strategy(Strategy::ShedLock);
+    }
     let (keep, default_retry) = if let Strategy::Classic(mut classic) = o.strategy {
         classic = classic.encoding(o.encoding);
         match o.encoding {

@@ -145,6 +145,20 @@ pub fn status(target: &Target) -> Result<u8, Failure> {
                     println!("kind: token\nholder: {holder}\n{}", ttl_line(pttl));
                     Ok(0)
                 }
+                Some(Recognized::Spring) => {
+                    println!(
+                        "kind: spring (a RedisLockRegistry instance's id)\nholder: {holder}\n{}",
+                        ttl_line(pttl)
+                    );
+                    Ok(0)
+                }
+                Some(Recognized::ShedLock) => {
+                    println!(
+                        "kind: shedlock (a scheduled job's lock)\nholder: {holder}\n{}",
+                        ttl_line(pttl)
+                    );
+                    Ok(0)
+                }
                 Some(Recognized::Fair) => {
                     println!("kind: fair\nholder: {holder}\n{}", ttl_line(pttl));
                     // Named as the library names it; a key no queue can share a slot with
