@@ -419,27 +419,38 @@ impl ClientBuilder {
                     })
                 }));
                 let (retries, min_wait, max_wait) = cluster_retries(timeout);
-                let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
-                    .connection_timeout(self.connect_timeout)
-                    .retries(retries)
-                    .min_retry_wait(min_wait)
-                    .max_retry_wait(max_wait)
-                    .retry_wait_formula(min_wait, 2);
-                #[cfg(feature = "tls-rustls")]
-                if let Some(certs) = &self.tls {
-                    b = b.certs(certs.clone());
+                // One client per seed, that seed first (see `Manager::cluster`).
+                let mut clients = Vec::with_capacity(nodes.len());
+                for first in 0..nodes.len().max(1) {
+                    let mut seeds = nodes.clone();
+                    seeds.rotate_left(first);
+                    let mut b = redis::cluster::ClusterClientBuilder::new(seeds)
+                        .connection_timeout(self.connect_timeout)
+                        .retries(retries)
+                        .min_retry_wait(min_wait)
+                        .max_retry_wait(max_wait)
+                        .retry_wait_formula(min_wait, 2);
+                    #[cfg(feature = "tls-rustls")]
+                    if let Some(certs) = &self.tls {
+                        b = b.certs(certs.clone());
+                    }
+                    #[cfg(all(feature = "tls-native-tls", not(feature = "tls-rustls")))]
+                    if self.tls.is_some() {
+                        return Err(LockError::client_config(
+                            "custom TLS certificates for a cluster need the `tls-rustls` feature \
+                             (redis-rs's cluster client takes them only with rustls)",
+                        ));
+                    }
+                    if let Some(t) = self.command_timeout {
+                        b = b.response_timeout(t);
+                    }
+                    clients.push(b.build().map_err(bad_url)?);
                 }
-                #[cfg(all(feature = "tls-native-tls", not(feature = "tls-rustls")))]
-                if self.tls.is_some() {
-                    return Err(LockError::client_config(
-                        "custom TLS certificates for a cluster need the `tls-rustls` feature \
-                         (redis-rs's cluster client takes them only with rustls)",
-                    ));
+                Target::Cluster {
+                    clients,
+                    seeds: nodes.iter().map(|n| n.addr().to_string()).collect(),
+                    first: AtomicUsize::new(0),
                 }
-                if let Some(t) = self.command_timeout {
-                    b = b.response_timeout(t);
-                }
-                Target::Cluster(b.build().map_err(bad_url)?)
             }
             TargetSpec::Sentinel { service, .. } => {
                 if infos.is_empty() {

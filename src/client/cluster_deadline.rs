@@ -11,10 +11,21 @@
 //! looks at the deadline the calling thread set for the current command ([`with_deadline`]),
 //! sets its socket timeouts to the time left, and fails at once (an I/O timeout) when none is
 //! left, also for the connections redis-rs opens during the command (`MOVED` to a new node,
-//! slot-map refresh), whose connect timeout is cut to a fourth of the time left (redis-rs's
-//! set-up waits for up to four replies, each with the whole connect timeout). The retry sleeps are
+//! slot-map refresh), whose connect timeout is cut to half the time left (redis-rs's set-up
+//! waits for up to two replies there, each with the whole connect timeout). The retry sleeps are
 //! configured in `client.rs` to stay short, so a command returns at most one retry sleep after
 //! its deadline.
+//!
+//! A [`Deadlined`] also connects only when first used, so that one unreachable node costs only
+//! the commands for its own slots. redis-rs opens a connection to every node of the slot map
+//! whenever it builds a cluster connection or refreshes its slot map, one node after the other,
+//! and waited on each for its connect timeout (twice over, see [`Deadlined::connect`]): with
+//! one primary cut off, every new pooled connection cost the thread that opened it two connect
+//! timeouts, whatever key it served. Here a cluster connection is built with one round trip to
+//! one seed (`CLUSTER SLOTS`), each node connection opened by the first command for that node,
+//! within that command's deadline. A node connection that fails (an I/O error, a timeout: a
+//! late reply may still come) drops its socket and opens a new one at its next use, so no
+//! failure of one node leaves a stale socket among the others.
 //!
 //! A watchdog renewal brings its own, earlier, deadline: the earliest loss deadline of the holds
 //! it carries (see [`watchdog`](crate::client::watchdog)). [`with_deadline`] takes the earlier
@@ -22,9 +33,13 @@
 //! connection, of a new connection and of a pool checkout to that deadline the same way.
 
 use std::cell::Cell;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult, Value};
+use redis::{
+    Cmd, ConnectionInfo, ConnectionLike, ErrorKind, IntoConnectionInfo, RedisError, RedisResult,
+    Value,
+};
 
 thread_local! {
     /// The deadline of the cluster command the calling thread is running, if any.
@@ -67,7 +82,8 @@ pub(crate) fn left_until(until: Option<Instant>) -> RedisResult<Option<Duration>
         return Err(RedisError::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             "the command's deadline ran out (cluster redirections and retries included, \
-             or a watchdog renewal bounded by a hold's loss deadline)",
+             a cluster connection's opening bounded by the connect timeout, or a watchdog \
+             renewal bounded by a hold's loss deadline)",
         )));
     }
     Ok(Some(left))
@@ -106,9 +122,45 @@ pub(crate) fn within_opt(
     })
 }
 
-/// A node connection of a cluster connection that keeps to the calling thread's deadline.
+/// Nodes (`host:port`) whose socket failed (an I/O error, a timeout) and that have not answered
+/// on a new one since, in the whole process: a cluster connection being built asks them for the
+/// slot map last (see `Manager::cluster` in `pool.rs`). Touched only when a socket fails or a
+/// new one first answers, never on the path of a command that succeeds on an open socket.
+static SUSPECTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn suspects() -> std::sync::MutexGuard<'static, Vec<String>> {
+    SUSPECTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// True if the node at `addr` (`host:port`) failed and has not answered since.
+pub(crate) fn is_suspect(addr: &str) -> bool {
+    suspects().iter().any(|a| a == addr)
+}
+
+/// True when the calling thread's deadline has passed.
+pub(crate) fn time_is_up() -> bool {
+    time_left().is_err()
+}
+
+/// [`SETUP_REPLIES`] for a node connection, which sends no `CLIENT SETINFO`: `HELLO` or `AUTH`,
+/// and `SELECT`.
+const NODE_SETUP_REPLIES: u32 = 2;
+
+/// A node connection of a cluster connection that keeps to the calling thread's deadline, opened
+/// by its first command (see the module's documentation).
 pub(crate) struct Deadlined {
-    con: redis::Connection,
+    /// How to reach the node (without `CLIENT SETINFO`, see [`Deadlined::connect`]).
+    info: ConnectionInfo,
+    /// redis-rs's connect timeout (the client's), cut to the time left when a deadline is set.
+    connect_timeout: Option<Duration>,
+    /// The socket: `None` until the first command, and again after an I/O error or a timeout.
+    con: Option<redis::Connection>,
+    /// The socket is new and has not answered yet (see [`SUSPECTS`]).
+    fresh: bool,
+    /// Set by [`connect`](redis::cluster::Connect::connect), cleared by the next call: redis-rs
+    /// greets every node connection it makes with a `PING` (a `READONLY` with read routing),
+    /// which this connection answers itself while it has no socket (see [`Deadlined::greet`]).
+    greeting: bool,
     /// The timeouts set by the cluster connection (the user's command timeout), put back on the
     /// socket for commands run without a deadline.
     read: Cell<Option<Duration>>,
@@ -120,43 +172,170 @@ pub(crate) struct Deadlined {
 /// Timeouts closer than this to the one already set are not set again (one system call each).
 const SLACK: Duration = Duration::from_millis(1);
 
+/// The greeting redis-rs sends on each node connection it makes (`cmd("PING")`, packed).
+const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+
+/// An error after which a socket is not used again: an I/O failure or a timeout (the reply may
+/// still come, and would answer the next command), or a reply that could not be parsed.
+fn loses_socket(e: &RedisError) -> bool {
+    e.is_io_error() || e.kind() == ErrorKind::Parse
+}
+
 impl Deadlined {
-    /// Before a send: cut the socket's timeouts to the time left, or fail when none is left.
-    fn arm(&mut self) -> RedisResult<()> {
-        let Some(left) = time_left()? else {
-            if self.armed.is_some() {
-                self.con.set_read_timeout(self.read.get())?;
-                self.con.set_write_timeout(self.write.get())?;
-                self.armed = None;
+    /// The socket, opened first if needed, with its timeouts cut to the time left; fails when
+    /// none is left.
+    fn ready(&mut self) -> RedisResult<&mut redis::Connection> {
+        self.greeting = false;
+        let left = time_left()?;
+        if self.con.is_none() {
+            let timeout = match (left, self.connect_timeout) {
+                (Some(left), Some(t)) => Some(t.min(left / NODE_SETUP_REPLIES)),
+                (Some(left), None) => Some(left / NODE_SETUP_REPLIES),
+                (None, t) => t,
+            };
+            let con = <redis::Connection as redis::cluster::Connect>::connect(
+                self.info.clone(),
+                timeout,
+            )?;
+            con.set_read_timeout(self.read.get())?;
+            con.set_write_timeout(self.write.get())?;
+            self.armed = None;
+            self.con = Some(con);
+            self.fresh = true;
+        }
+        let Some(con) = self.con.as_mut() else {
+            return Err(RedisError::from((
+                ErrorKind::Io,
+                "node connection not opened",
+            )));
+        };
+        Self::arm(con, left, &self.read, &self.write, &mut self.armed)?;
+        Ok(con)
+    }
+
+    /// Before a send or a read: cut the socket's timeouts to the time left `left`, or put the
+    /// cluster connection's back when there is no deadline.
+    fn arm(
+        con: &redis::Connection,
+        left: Option<Duration>,
+        read: &Cell<Option<Duration>>,
+        write: &Cell<Option<Duration>>,
+        armed: &mut Option<Duration>,
+    ) -> RedisResult<()> {
+        let Some(left) = left else {
+            if armed.is_some() {
+                con.set_read_timeout(read.get())?;
+                con.set_write_timeout(write.get())?;
+                *armed = None;
             }
             return Ok(());
         };
-        let want = self.read.get().map_or(left, |r| r.min(left));
-        let close = self
-            .armed
-            .is_some_and(|a| a >= want && a.saturating_sub(want) <= SLACK);
+        let want = read.get().map_or(left, |r| r.min(left));
+        let close = armed.is_some_and(|a| a >= want && a.saturating_sub(want) <= SLACK);
         if !close {
-            self.con.set_read_timeout(Some(want))?;
-            self.con.set_write_timeout(Some(want))?;
-            self.armed = Some(want);
+            con.set_read_timeout(Some(want))?;
+            con.set_write_timeout(Some(want))?;
+            *armed = Some(want);
         }
         Ok(())
+    }
+
+    /// Runs `f` on the socket (opened if needed, timeouts armed); drops the socket after an
+    /// error that leaves it unusable ([`loses_socket`]).
+    fn io<T>(
+        &mut self,
+        f: impl FnOnce(&mut redis::Connection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let r = self.ready().and_then(f);
+        self.after(&r);
+        r
+    }
+
+    /// Keeps [`SUSPECTS`] and the socket up to date after a call: a failed socket is dropped
+    /// and its node suspect; a new socket's first reply clears its node.
+    fn after<T>(&mut self, r: &RedisResult<T>) {
+        match r {
+            Err(e) if loses_socket(e) => {
+                self.con = None;
+                self.armed = None;
+                self.fresh = false;
+                let addr = self.info.addr().to_string();
+                let mut s = suspects();
+                if !s.contains(&addr) {
+                    s.push(addr);
+                }
+            }
+            Ok(_) if self.fresh && self.con.is_some() => {
+                self.fresh = false;
+                let addr = self.info.addr().to_string();
+                suspects().retain(|a| *a != addr);
+            }
+            _ => {}
+        }
+    }
+
+    /// redis-rs's greeting of a connection it just made: answered here while there is no
+    /// socket, so that building a cluster connection or refreshing its slot map opens no
+    /// socket to a node no command needs yet. The connection then proves itself at its first
+    /// command, which fails, within its deadline, if the node does not answer.
+    fn greet(&mut self, cmd: &[u8]) -> Option<Value> {
+        (std::mem::take(&mut self.greeting) && self.con.is_none() && cmd == PING)
+            .then(|| Value::SimpleString("PONG".to_owned()))
+    }
+
+    /// A pipeline (`offset` replies skipped, `count` kept), each reply read within the time
+    /// left: redis-rs's own reads every reply with the whole timeout even after one timed out,
+    /// so a pipeline of `n` commands to a node that does not answer took `n` timeouts.
+    fn pipeline(
+        con: &mut redis::Connection,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+        timeouts: (
+            &Cell<Option<Duration>>,
+            &Cell<Option<Duration>>,
+            &mut Option<Duration>,
+        ),
+    ) -> RedisResult<Vec<Value>> {
+        let (read, write, armed) = timeouts;
+        con.send_packed_command(cmd)?;
+        let mut replies = Vec::with_capacity(count);
+        let mut idx = 0;
+        while idx < offset + count {
+            Self::arm(con, time_left()?, read, write, armed)?;
+            match con.recv_response()? {
+                // RESP3 push data between replies is not a reply.
+                Value::Push { .. } => continue,
+                v if idx >= offset => replies.push(v),
+                _ => {}
+            }
+            idx += 1;
+        }
+        Ok(replies)
     }
 }
 
 impl redis::cluster::Connect for Deadlined {
+    /// Opens nothing (see the module's documentation): the socket is opened by the first
+    /// command. Fails at once when the calling thread's deadline has passed.
+    ///
+    /// The node is reached without `CLIENT SETINFO`: redis-rs sends it as two pipelined
+    /// commands during the connection's set-up and reads each reply with the whole connect
+    /// timeout, so a node that accepts connections and answers nothing (a frozen server, a
+    /// cut link behind a proxy or a load balancer) took two connect timeouts to give up on.
     fn connect<T>(info: T, timeout: Option<Duration>) -> RedisResult<Self>
     where
         T: IntoConnectionInfo,
     {
-        let timeout = match (time_left()?, timeout) {
-            (Some(left), Some(t)) => Some(connect_timeout(t, Some(left))),
-            (Some(left), None) => Some(left / SETUP_REPLIES),
-            (None, t) => t,
-        };
-        let con = <redis::Connection as redis::cluster::Connect>::connect(info, timeout)?;
+        time_left()?;
+        let info = info.into_connection_info()?;
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
         Ok(Deadlined {
-            con,
+            info: info.set_redis_settings(settings),
+            connect_timeout: timeout,
+            con: None,
+            fresh: false,
+            greeting: true,
             read: Cell::new(None),
             write: Cell::new(None),
             armed: None,
@@ -164,13 +343,20 @@ impl redis::cluster::Connect for Deadlined {
     }
 
     fn send_packed_command(&mut self, cmd: &[u8]) -> RedisResult<()> {
-        self.arm()?;
-        self.con.send_packed_command(cmd)
+        // Not `io`: a send that went out is no reply (see `after`).
+        let r = self.ready().and_then(|c| c.send_packed_command(cmd));
+        if r.is_err() {
+            self.after(&r);
+        }
+        r
     }
 
     fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
         self.write.set(dur);
-        self.con.set_write_timeout(dur)
+        match &self.con {
+            Some(con) => con.set_write_timeout(dur),
+            None => Ok(()),
+        }
     }
 
     fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
@@ -178,21 +364,27 @@ impl redis::cluster::Connect for Deadlined {
         // A write timeout as long as the read timeout: redis-rs sets none on cluster nodes.
         if self.write.get().is_none() {
             self.write.set(dur);
-            self.con.set_write_timeout(dur)?;
+            if let Some(con) = &self.con {
+                con.set_write_timeout(dur)?;
+            }
         }
-        self.con.set_read_timeout(dur)
+        match &self.con {
+            Some(con) => con.set_read_timeout(dur),
+            None => Ok(()),
+        }
     }
 
     fn recv_response(&mut self) -> RedisResult<Value> {
-        self.arm()?;
-        self.con.recv_response()
+        self.io(redis::Connection::recv_response)
     }
 }
 
 impl ConnectionLike for Deadlined {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        self.arm()?;
-        self.con.req_packed_command(cmd)
+        if let Some(pong) = self.greet(cmd) {
+            return Ok(pong);
+        }
+        self.io(|c| c.req_packed_command(cmd))
     }
 
     fn req_packed_commands(
@@ -201,24 +393,54 @@ impl ConnectionLike for Deadlined {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        self.arm()?;
-        self.con.req_packed_commands(cmd, offset, count)
+        if offset + count <= 1 {
+            return self.io(|c| c.req_packed_commands(cmd, offset, count));
+        }
+        // `self.io`, with the timeouts borrowed beside the socket.
+        let r = self.ready().map(|_| ()).and_then(|()| {
+            let Some(con) = self.con.as_mut() else {
+                return Err(RedisError::from((
+                    ErrorKind::Io,
+                    "node connection not opened",
+                )));
+            };
+            Self::pipeline(
+                con,
+                cmd,
+                offset,
+                count,
+                (&self.read, &self.write, &mut self.armed),
+            )
+        });
+        self.after(&r);
+        r
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        self.arm()?;
-        self.con.req_command(cmd)
+        if self.greeting && self.con.is_none() {
+            let packed = cmd.get_packed_command();
+            if let Some(pong) = self.greet(&packed) {
+                return Ok(pong);
+            }
+        }
+        self.io(|c| c.req_command(cmd))
     }
 
     fn get_db(&self) -> i64 {
-        self.con.get_db()
+        self.info.redis_settings().db()
     }
 
+    /// No round trip: redis-rs checks every node connection this way each time it refreshes its
+    /// slot map (a `PING` each, one node after the other), and a node that does not answer
+    /// would cost the refresh, and the command that caused it, its whole deadline. A node
+    /// connection proves itself at its next command instead.
     fn check_connection(&mut self) -> bool {
-        self.con.check_connection()
+        self.is_open()
     }
 
+    /// Open unless its socket was closed by the server: a node connection without a socket
+    /// opens one at its next command.
     fn is_open(&self) -> bool {
-        self.con.is_open()
+        self.con.as_ref().is_none_or(redis::Connection::is_open)
     }
 }

@@ -13,7 +13,8 @@ use redis::{
 };
 
 use super::cluster_deadline::{
-    connect_within, left_until, with_deadline, within, within_opt, Deadlined,
+    connect_within, is_suspect, left_until, time_is_up, with_deadline, within, within_opt,
+    Deadlined,
 };
 use super::confirm::{Acks, Wait};
 use super::native::Detected;
@@ -169,7 +170,15 @@ pub(super) fn sentinel_master_addr(
 /// Where connections go.
 pub(super) enum Target {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    /// One client per seed, each with the seeds in turn from that one: see
+    /// [`Manager::cluster`].
+    Cluster {
+        clients: Vec<redis::cluster::ClusterClient>,
+        /// Each client's first seed, `host:port`.
+        seeds: Vec<String>,
+        /// The seed that answered last, tried first next time.
+        first: AtomicUsize,
+    },
     /// Sentinels asked for the current master of `service` on every new connection. Not
     /// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the
     /// Sentinel connections nor on its `ROLE` check of the master, so one frozen server hung
@@ -414,7 +423,7 @@ impl Manager {
                 if error::is_access_denied(&e)
                     && detected.delifeq
                     && detected.set_ifeq
-                    && !matches!(self.target, Target::Cluster(_)) =>
+                    && !matches!(self.target, Target::Cluster { .. }) =>
             {
                 log::info!(
                     "{addr} ({}): the user may not run scripts ({e}); Token locks without \
@@ -478,21 +487,80 @@ impl Manager {
 }
 
 impl Manager {
+    /// A cluster connection, built from the first seed that answers `CLUSTER SLOTS`, starting
+    /// with the one that answered last, all within the connect timeout. Seeds whose node
+    /// connection failed (an I/O error, a timeout) and has not answered since are asked last.
+    ///
+    /// Its node connections open at their first command (see
+    /// [`cluster_deadline`](crate::client::cluster_deadline)), so building it costs one seed's
+    /// connect and one round trip, whichever nodes are unreachable. redis-rs tries its seeds in
+    /// their order only while connecting to them; once its first seed's connection is made it
+    /// asks that seed for the slot map and fails if it does not answer, so the seeds are tried
+    /// here, one client each. A seed that refuses the connection costs nothing; one that does
+    /// not answer costs the rest of the connect timeout, and the next connection starts with
+    /// the seed after it. Nothing waits past `until` (a watchdog renewal's cap).
+    ///
+    /// `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection node
+    /// connections of our own type.
+    fn cluster(
+        &self,
+        clients: &[redis::cluster::ClusterClient],
+        seeds: &[String],
+        first: &AtomicUsize,
+        until: Option<Instant>,
+    ) -> RedisResult<Link> {
+        let n = clients.len();
+        let start = first.load(Ordering::Relaxed);
+        // Seeds whose node failed and has not answered since go last.
+        let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
+        order.sort_by_key(|&i| seeds.get(i).is_some_and(|a| is_suspect(a)));
+        let mut last_err = None;
+        with_deadline(Some(self.connect_timeout), until, || {
+            left_until(until)?;
+            for i in order {
+                match clients[i].get_generic_connection::<Deadlined>() {
+                    Ok(con) => {
+                        first.store(i, Ordering::Relaxed);
+                        return Ok(Link::new(Node::Cluster(
+                            Box::new(con),
+                            self.command_timeout,
+                        )));
+                    }
+                    Err(e) => {
+                        log::debug!("cluster: seed {i} did not give the slot map: {e}");
+                        // The next connection starts after the seed that failed first (unless
+                        // another thread's connection moved it meanwhile).
+                        if i == start {
+                            let _ = first.compare_exchange(
+                                i,
+                                (i + 1) % n,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                        }
+                        last_err = Some(e);
+                        if time_is_up() {
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(last_err.unwrap_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
+            }))
+        })
+    }
+
     /// Opens a connection to the target (the Sentinels' master, for a Sentinel client),
     /// waiting past `until` for nothing (a watchdog renewal's cap, see [`Link::cap`]).
     fn open(&self, until: Option<Instant>) -> RedisResult<Link> {
         let link = match &self.target {
             Target::Single(client) => self.single(client, until),
-            // `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection
-            // node connections of our own type; they connect within `until` (see
-            // `cluster_deadline`).
-            Target::Cluster(client) => Ok(Link::new(Node::Cluster(
-                Box::new(with_deadline(None, until, || {
-                    left_until(until)?;
-                    client.get_generic_connection::<Deadlined>()
-                })?),
-                self.command_timeout,
-            ))),
+            Target::Cluster {
+                clients,
+                seeds,
+                first,
+            } => self.cluster(clients, seeds, first, until),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
             Target::Sentinel {
@@ -722,6 +790,11 @@ impl Link {
     /// Marks the connection for replacement after an error that leaves it unusable or pointed
     /// at the wrong server: I/O failure or timeout (a late reply could still arrive), or
     /// `READONLY` (the server is a replica now, after a failover).
+    ///
+    /// A cluster connection is replaced after such an error on any of its nodes too: its slot
+    /// map may be stale (a failover), and redis-rs refreshes it only on `MOVED` or `READONLY`. Its
+    /// replacement costs one round trip to one seed (see [`Manager::cluster`]), not one
+    /// connect per node, so a node that does not answer delays only the commands for its slots.
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         self.used = true;
         if let Err(e) = &result {
