@@ -165,18 +165,19 @@ impl Strategy {
 /// | option | applies to | default |
 /// | --- | --- | --- |
 /// | [`strategy`](Self::strategy) | | [`Strategy::Token`] |
-/// | [`ttl`](Self::ttl) (lifetime) | every strategy | Token, Reentrant, Fair: none, the watchdog renews a lease of [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE) (30 s); Classic: [`ClassicLock::DEFAULT_TTL`](crate::ClassicLock::DEFAULT_TTL) (1 s) |
-/// | [`retry`](Self::retry) | every strategy | Token, Reentrant, Fair: [`RetryPolicy::standard`] (up to 10 s, 4→32 ms jittered); Classic: [`RetryPolicy::legacy`] (5 retries, 200 ms) |
+/// | [`ttl`](Self::ttl) (lifetime) | every strategy | Token, Reentrant, Fair, Spring, ShedLock: none, the watchdog renews a lease of [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE) (30 s); Classic: [`ClassicLock::DEFAULT_TTL`](crate::ClassicLock::DEFAULT_TTL) (1 s) |
+/// | [`retry`](Self::retry) | every strategy | all but Classic: [`RetryPolicy::standard`] (up to 10 s, 4→32 ms jittered); Classic: [`RetryPolicy::legacy`] (5 retries, 200 ms) |
 /// | [`check_access`](Self::check_access) | every strategy | off |
-/// | [`watchdog_lease`](Self::watchdog_lease) | watched locks (Token, Reentrant, Fair) | [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE), renewed every third |
+/// | [`watchdog_lease`](Self::watchdog_lease) | watched locks (every strategy but Classic) | [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE), renewed every third |
 /// | [`on_lost`](Self::on_lost) | watched locks | none |
-/// | [`fencing`](Self::fencing) | Token, Reentrant, Fair, Spring | off |
-/// | [`wake_up`](Self::wake_up) | Token, Reentrant, Spring | [`WakeUp::PubSub`] |
+/// | [`fencing`](Self::fencing) | Token, Reentrant, Fair, Spring, ShedLock | off |
+/// | [`wake_up`](Self::wake_up) | Token, Reentrant, Spring, ShedLock | [`WakeUp::PubSub`] |
 /// | [`lock_at_least`](Self::lock_at_least) | Token, Spring, ShedLock | none: a release frees the lock |
 ///
-/// Classic's own options travel in [`Strategy::Classic`] ([`ClassicOptions`]). The options of
-/// the watched locks (Token, Reentrant, Fair) given to a Classic lock, and `wake_up` given to a
-/// Fair one, are refused by `build` with [`LockError::Config`].
+/// Classic's and Spring's own options travel in their [`Strategy`] variant ([`ClassicOptions`],
+/// [`SpringOptions`]). The options of the watched locks given to a Classic lock, `wake_up` given
+/// to a Fair one, and `lock_at_least` given to a Reentrant, Fair or Classic one, are refused by
+/// `build` with [`LockError::Config`].
 #[derive(Clone)]
 #[must_use]
 pub struct LockBuilder {
