@@ -21,13 +21,14 @@
 //!
 //! For each family: threads of both on one key with a non-atomic counter (0 lost updates, no
 //! two inside at once), and holders SIGKILLed mid-hold in child processes, taken over after
-//! their lease in both directions. The checker's negative control: a locker that ignores the
-//! lock, which it must report.
+//! their lease in both directions; and both at once (a Classic holder, then one of the family's,
+//! SIGKILLed while the threads contend: none enters before the dead hold's end, both go on after
+//! it). The checkers' negative control: a locker that ignores the lock, which they must report.
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -35,7 +36,7 @@ use redis_dlock::ClassicOptions;
 use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy};
 use support::worker;
-use support::{init_logging, raw, RedisServer};
+use support::{init_logging, raw, wait_until, RedisServer};
 
 const COUNTER_KEY: &str = "families:counter";
 
@@ -449,77 +450,154 @@ impl Report {
     }
 }
 
-/// [`PEER_THREADS`] threads of `family` and [`CLASSIC_THREADS`] Classic threads take turns on
-/// one key, each section a non-atomic increment of a counter; lifetimes of 5 s (ours) and
-/// [`PEER_TIMEOUT`] (theirs), so that no hold expires during the run.
+/// One section of a run: its side (1: theirs, 2: ours) and when it began and ended (epoch ns,
+/// read inside it).
+#[derive(Debug, Clone, Copy)]
+struct Section {
+    side: usize,
+    start: i64,
+    end: i64,
+}
+
+/// [`PEER_THREADS`] threads of `family` and [`CLASSIC_THREADS`] Classic threads taking turns on
+/// one key, each section a non-atomic increment of a counter, and what they saw.
+struct Contenders {
+    family: Family,
+    key: String,
+    /// Their threads enter without the lock (a negative control).
+    ignore: bool,
+    /// Set to end the threads' loops early.
+    stop: AtomicBool,
+    barrier: Barrier,
+    inside: AtomicUsize,
+    overlaps: AtomicUsize,
+    last_side: AtomicUsize,
+    handoffs: AtomicUsize,
+    classic_lost: AtomicUsize,
+    blind: AtomicUsize,
+    sections: Mutex<Vec<Section>>,
+}
+
+impl Contenders {
+    fn new(family: Family, key: &str, ignore: bool) -> Contenders {
+        Contenders {
+            family,
+            key: key.to_owned(),
+            ignore,
+            stop: AtomicBool::new(false),
+            barrier: Barrier::new(PEER_THREADS + CLASSIC_THREADS),
+            inside: AtomicUsize::new(0),
+            overlaps: AtomicUsize::new(0),
+            last_side: AtomicUsize::new(0),
+            handoffs: AtomicUsize::new(0),
+            classic_lost: AtomicUsize::new(0),
+            blind: AtomicUsize::new(0),
+            sections: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn section(&self, side: usize, conn: &mut redis::Connection) {
+        let start = now_ns();
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let before = self.last_side.swap(side, Ordering::SeqCst);
+        if before != 0 && before != side {
+            self.handoffs.fetch_add(1, Ordering::SeqCst);
+        }
+        raw::bump_counter(conn, COUNTER_KEY);
+        let end = now_ns();
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+        let section = Section { side, start, end };
+        self.sections.lock().unwrap().push(section);
+    }
+
+    /// Starts the threads in `s`: each runs `per_thread` sections, or fewer if
+    /// [`stop`](Self::stop) is set; lifetimes of 5 s (ours) and [`PEER_TIMEOUT`] (theirs), so
+    /// that no hold expires during a section.
+    fn spawn<'scope, 'env>(
+        &'env self,
+        s: &'scope thread::Scope<'scope, 'env>,
+        server: &RedisServer,
+        lock: &'env Lock,
+        per_thread: usize,
+    ) {
+        let go_on = move |i: usize| i < per_thread && !self.stop.load(Ordering::SeqCst);
+        for _ in 0..PEER_THREADS {
+            let mut peer = Peer::new(server, &self.key, self.family, PEER_TIMEOUT);
+            let mut conn = server.conn();
+            s.spawn(move || {
+                self.barrier.wait();
+                let mut i = 0;
+                while go_on(i) {
+                    if !self.ignore {
+                        peer.lock_polling(Duration::from_millis(2), Duration::from_secs(60));
+                    }
+                    self.section(1, &mut conn);
+                    if !self.ignore {
+                        peer.unlock();
+                    }
+                    support::work(Duration::from_millis(1));
+                    i += 1;
+                }
+                self.blind
+                    .fetch_add(peer.blind_overwrites, Ordering::SeqCst);
+            });
+        }
+        for t in 0..CLASSIC_THREADS {
+            let mut conn = server.conn();
+            s.spawn(move || {
+                self.barrier.wait();
+                let mut i = 0;
+                while go_on(i) {
+                    let guard = lock
+                        .lock()
+                        .unwrap_or_else(|e| panic!("Classic thread {t}, section {i}: {e}"));
+                    self.section(2, &mut conn);
+                    if !guard.unlock().unwrap() {
+                        self.classic_lost.fetch_add(1, Ordering::SeqCst);
+                    }
+                    support::work(Duration::from_millis(1));
+                    i += 1;
+                }
+            });
+        }
+    }
+
+    /// Sections of `side` that began at or after `from` (epoch ns).
+    fn sections_from(&self, side: usize, from: i64) -> usize {
+        let sections = self.sections.lock().unwrap();
+        sections
+            .iter()
+            .filter(|x| x.side == side && x.start >= from)
+            .count()
+    }
+
+    /// What they saw, the counter read by `conn`.
+    fn report(&self, conn: &mut redis::Connection) -> Report {
+        let sections = self.sections.lock().unwrap().len();
+        Report {
+            sections,
+            lost_updates: sections as i64 - raw::get_i64(conn, COUNTER_KEY),
+            overlaps: self.overlaps.load(Ordering::SeqCst),
+            handoffs: self.handoffs.load(Ordering::SeqCst),
+            classic_lost: self.classic_lost.load(Ordering::SeqCst),
+            blind_overwrites: self.blind.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// The threads of both kinds run [`SECTIONS_PER_THREAD`] sections each.
 fn contention(family: Family) -> Report {
     let server = RedisServer::start();
     let client = LockClient::open(server.url()).unwrap();
     let key = format!("families:{}", family.name());
     let lock = classic(&client, &key, family, Duration::from_secs(5));
-    let inside = AtomicUsize::new(0);
-    let overlaps = AtomicUsize::new(0);
-    let classic_lost = AtomicUsize::new(0);
-    let last_side = AtomicUsize::new(0);
-    let handoffs = AtomicUsize::new(0);
-    let blind = AtomicUsize::new(0);
-    let barrier = Barrier::new(PEER_THREADS + CLASSIC_THREADS);
-    let section = |side: usize, conn: &mut redis::Connection| {
-        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-            overlaps.fetch_add(1, Ordering::SeqCst);
-        }
-        let before = last_side.swap(side, Ordering::SeqCst);
-        if before != 0 && before != side {
-            handoffs.fetch_add(1, Ordering::SeqCst);
-        }
-        raw::bump_counter(conn, COUNTER_KEY);
-        inside.fetch_sub(1, Ordering::SeqCst);
-    };
+    let threads = Contenders::new(family, &key, false);
     let started = Instant::now();
-    thread::scope(|s| {
-        for _ in 0..PEER_THREADS {
-            let mut peer = Peer::new(&server, &key, family, PEER_TIMEOUT);
-            let mut conn = server.conn();
-            let (section, barrier, blind) = (&section, &barrier, &blind);
-            s.spawn(move || {
-                barrier.wait();
-                for _ in 0..SECTIONS_PER_THREAD {
-                    peer.lock_polling(Duration::from_millis(2), Duration::from_secs(60));
-                    section(1, &mut conn);
-                    peer.unlock();
-                    support::work(Duration::from_millis(1));
-                }
-                blind.fetch_add(peer.blind_overwrites, Ordering::SeqCst);
-            });
-        }
-        for t in 0..CLASSIC_THREADS {
-            let mut conn = server.conn();
-            let (section, barrier, lock, classic_lost) = (&section, &barrier, &lock, &classic_lost);
-            s.spawn(move || {
-                barrier.wait();
-                for i in 0..SECTIONS_PER_THREAD {
-                    let guard = lock
-                        .lock()
-                        .unwrap_or_else(|e| panic!("Classic thread {t}, section {i}: {e}"));
-                    section(2, &mut conn);
-                    if !guard.unlock().unwrap() {
-                        classic_lost.fetch_add(1, Ordering::SeqCst);
-                    }
-                    support::work(Duration::from_millis(1));
-                }
-            });
-        }
-    });
+    thread::scope(|s| threads.spawn(s, &server, &lock, SECTIONS_PER_THREAD));
     let mut conn = server.conn();
-    let sections = (PEER_THREADS + CLASSIC_THREADS) * SECTIONS_PER_THREAD;
-    let report = Report {
-        sections,
-        lost_updates: sections as i64 - raw::get_i64(&mut conn, COUNTER_KEY),
-        overlaps: overlaps.load(Ordering::SeqCst),
-        handoffs: handoffs.load(Ordering::SeqCst),
-        classic_lost: classic_lost.load(Ordering::SeqCst),
-        blind_overwrites: blind.load(Ordering::SeqCst),
-    };
+    let report = threads.report(&mut conn);
     eprintln!(
         "families/contention/{}: {} sections in {:.2?}, {} hand-offs between the two kinds, \
          {} lost updates, {} overlaps, {} Classic holds lost, \
@@ -543,26 +621,42 @@ fn contention(family: Family) -> Report {
     report
 }
 
-/// Checks a run: no lost update, no two inside at once, every Classic unlock `Ok(true)`;
-/// except what the peers' own flaw explains (docs/compatibility.md): a `GETSET` on a key read
-/// as missing replaces a holder's value (that holder's unlock then returns `Ok(false)`), and
-/// jedis-lock, whose next attempt re-enters that value of its own UUID, may then enter beside
-/// the holder. Each such failure must come with one of those overwrites.
+/// Checks a run: no lost update, no two inside at once (nor, `early`, inside a dead hold), every
+/// Classic unlock `Ok(true)`; except what the peers' own flaw explains (docs/compatibility.md):
+/// a `GETSET` on a key read as missing replaces a holder's value (that holder's unlock then
+/// returns `Ok(false)`), and jedis-lock, whose next attempt re-enters that value of its own
+/// UUID, may then enter beside the holder. Each such failure must come with one of those
+/// overwrites. The failures left, described.
+fn exclusion_failures(family: Family, r: &Report, early: usize) -> Vec<String> {
+    let blind = r.blind_overwrites;
+    let (inside_another, lost_updates) = match family {
+        Family::JedisLock => (
+            (r.overlaps + early).saturating_sub(blind),
+            r.lost_updates - blind as i64,
+        ),
+        _ => (r.overlaps + early, r.lost_updates),
+    };
+    let name = family.name();
+    let mut failures = Vec::new();
+    if inside_another > 0 {
+        failures.push(format!(
+            "{name}: entered while another held (overlaps, or inside a dead hold: {early}): {r:?}"
+        ));
+    }
+    if lost_updates > 0 {
+        failures.push(format!("{name}: lost updates: {r:?}"));
+    }
+    if r.classic_lost > blind {
+        failures.push(format!("{name}: Classic holds lost: {r:?}"));
+    }
+    failures
+}
+
 fn excludes_each_other(family: Family) {
     init_logging();
     let r = contention(family);
-    let blind = r.blind_overwrites;
-    let (overlaps, lost_updates) = match family {
-        Family::JedisLock => (
-            r.overlaps.saturating_sub(blind),
-            r.lost_updates - blind as i64,
-        ),
-        _ => (r.overlaps, r.lost_updates),
-    };
-    let name = family.name();
-    assert_eq!(overlaps, 0, "{name}: two holders inside at once: {r:?}");
-    assert!(lost_updates <= 0, "{name}: lost updates: {r:?}");
-    assert!(r.classic_lost <= blind, "{name}: Classic holds lost: {r:?}");
+    let failures = exclusion_failures(family, &r, 0);
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[test]
@@ -606,9 +700,13 @@ const LOCKED_MARKER: &str = "DLOCK-FAMILIES-LOCKED";
 /// The dead holders' lifetime.
 const DEAD_TTL: Duration = Duration::from_secs(1);
 
+/// Set for a holder on a key others contend for: it polls until it wins.
+const CONTENDED_ENV: &str = "DLOCK_FAMILIES_CONTENDED";
+
 /// The holder process: takes the lock on `DLOCK_KEY` as `classic:<family>` (a Classic lock in
-/// that family's format) or `<family>` (that family's client), prints the value it stored, and
-/// holds until killed. Does nothing in a normal test run.
+/// that family's format) or `<family>` (that family's client), on a free key (or, with
+/// [`CONTENDED_ENV`], polling every millisecond), prints the value it stored, and holds until
+/// killed. Does nothing in a normal test run.
 #[test]
 fn families_holder_process() {
     let Ok(spec) = std::env::var(WORKER_ENV) else {
@@ -617,12 +715,23 @@ fn families_holder_process() {
     init_logging();
     let url = std::env::var("DLOCK_URL").expect("DLOCK_URL");
     let key = std::env::var("DLOCK_KEY").expect("DLOCK_KEY");
+    let contended = std::env::var_os(CONTENDED_ENV).is_some();
     let value = match spec.strip_prefix("classic:") {
         Some(family) => {
             let client = LockClient::open(url.as_str()).unwrap();
             let lock = classic(&client, &key, Family::named(family), DEAD_TTL);
             // Kept past the end of this block: the process exits without releasing it.
-            let lease = lock.try_acquire().expect("a free key");
+            let started = Instant::now();
+            let lease = loop {
+                match lock.try_acquire() {
+                    Ok(lease) => break lease,
+                    Err(e) if contended && started.elapsed() < Duration::from_secs(20) => {
+                        log::debug!("the holder waits: {e}");
+                        support::work(Duration::from_millis(1));
+                    }
+                    Err(e) => panic!("classic:{family}: {e}"),
+                }
+            };
             let value = lease.value().to_vec();
             std::mem::forget(lease);
             value
@@ -638,9 +747,13 @@ fn families_holder_process() {
                 until: 0.0,
                 blind_overwrites: 0,
             };
-            match peer.try_lock() {
-                Attempt::Won(value) => value,
-                other => panic!("{spec} on a free key: {other:?}"),
+            if contended {
+                peer.lock_polling(Duration::from_millis(1), Duration::from_secs(20))
+            } else {
+                match peer.try_lock() {
+                    Attempt::Won(value) => value,
+                    other => panic!("{spec} on a free key: {other:?}"),
+                }
             }
         }
     };
@@ -779,6 +892,213 @@ fn jedis_lock_killed_holders_are_taken_over_both_ways() {
 #[test]
 fn gorlock_killed_holders_are_taken_over_both_ways() {
     killed_holders_are_taken_over_both_ways(Family::Gorlock);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Both at once: holders SIGKILLed mid-hold while threads of both kinds contend
+
+/// How many sections of each side the combined run waits for before a holder, and after each
+/// dead hold's end.
+const SECTIONS_AROUND: usize = 5;
+
+/// A hold that a SIGKILLed process left on the contended key.
+#[derive(Debug)]
+struct DeadHold {
+    spec: String,
+    /// When the holder reported its lock (epoch ns): it held from before then.
+    held_from: i64,
+    /// The earliest moment it could be free (epoch ns): its value's expiry, or its key's TTL.
+    free_from: i64,
+}
+
+/// A combined run: [`Report`], the dead holds, the sections that began or ran inside one of
+/// them, and the sections of (theirs, ours) that began after each one's end.
+#[derive(Debug)]
+struct KilledRun {
+    report: Report,
+    dead: Vec<DeadHold>,
+    early: Vec<(String, Section)>,
+    after: Vec<(usize, usize)>,
+}
+
+/// While the threads of [`Contenders`] run (`ignore`: theirs without the lock, the negative
+/// control), a Classic holder in `family`'s format, then a holder of `family`'s client, each a
+/// child process that polls for the lock among them, is SIGKILLed mid-hold; after each dead
+/// hold's end, the run waits for [`SECTIONS_AROUND`] sections of each side.
+fn killed_mid_contention(family: Family, ignore: bool) -> KilledRun {
+    let server = RedisServer::start();
+    let client = LockClient::open(server.url()).unwrap();
+    let key = format!("families:killed:{}", family.name());
+    let lock = classic(&client, &key, family, Duration::from_secs(5));
+    let threads = Contenders::new(family, &key, ignore);
+    let mut conn = server.conn();
+    let started = Instant::now();
+    let both_from = |from: i64| {
+        let go_on = wait_until(Duration::from_secs(30), || {
+            (1..=2).all(|side| threads.sections_from(side, from) >= SECTIONS_AROUND)
+        });
+        assert!(
+            go_on,
+            "the threads stopped: {:?}",
+            threads.report(&mut server.conn())
+        );
+    };
+    let dead = thread::scope(|s| {
+        threads.spawn(s, &server, &lock, usize::MAX);
+        let mut dead = Vec::new();
+        for spec in [
+            format!("classic:{}", family.name()),
+            family.name().to_owned(),
+        ] {
+            both_from(dead.last().map_or(0, |d: &DeadHold| d.free_from));
+            let (value, reported) = worker::killed_holder_value_at(
+                WORKER_TEST,
+                &[
+                    (WORKER_ENV, spec.clone()),
+                    (CONTENDED_ENV, "1".to_owned()),
+                    ("DLOCK_URL", server.url()),
+                    ("DLOCK_KEY", key.clone()),
+                ],
+                LOCKED_MARKER,
+                &spec,
+            );
+            let before_ttl = now_ns();
+            let pttl = raw::pttl(&mut conn, &key);
+            let expiry = family
+                .expiry_ms(&value)
+                .unwrap_or_else(|| panic!("{spec}: cannot read {value:?}"));
+            let mut free_from = expiry * 1_000_000;
+            if pttl >= 0 {
+                free_from = free_from.min(before_ttl + pttl * 1_000_000);
+            }
+            let held_from = now_ns() - reported.elapsed().as_nanos() as i64;
+            dead.push(DeadHold {
+                spec,
+                held_from,
+                free_from,
+            });
+        }
+        both_from(dead.last().map_or(0, |d| d.free_from));
+        threads.stop.store(true, Ordering::SeqCst);
+        dead
+    });
+    let report = threads.report(&mut conn);
+    let sections = threads.sections.into_inner().unwrap();
+    let early = dead
+        .iter()
+        .flat_map(|d| {
+            sections
+                .iter()
+                .filter(|x| x.start < d.free_from && x.end > d.held_from)
+                .map(|x| (d.spec.clone(), *x))
+        })
+        .collect();
+    let after = dead
+        .iter()
+        .map(|d| {
+            let count = |side| {
+                sections
+                    .iter()
+                    .filter(|x| x.side == side && x.start >= d.free_from)
+                    .count()
+            };
+            let first = sections
+                .iter()
+                .filter(|x| x.start >= d.free_from)
+                .min_by_key(|x| x.start);
+            eprintln!(
+                "families/killed/{}: the dead {} hold ({} ms after its report) first taken over \
+                 by {}",
+                family.name(),
+                d.spec,
+                (d.free_from - d.held_from) / 1_000_000,
+                match first.map(|x| x.side) {
+                    Some(1) => "theirs",
+                    Some(_) => "ours",
+                    None => "nobody",
+                },
+            );
+            (count(1), count(2))
+        })
+        .collect();
+    let run = KilledRun {
+        report,
+        dead,
+        early,
+        after,
+    };
+    eprintln!(
+        "families/killed/{} (ignore={ignore}): {:.2?}, {:?}, {} sections inside a dead hold, \
+         sections (theirs, ours) after each: {:?}",
+        family.name(),
+        started.elapsed(),
+        run.report,
+        run.early.len(),
+        run.after
+    );
+    run
+}
+
+/// Checks a combined run: [`exclusion_failures`] (a section inside a dead hold counts as an
+/// overlap), and both sides went on after each dead hold's end.
+fn killed_run_failures(family: Family, run: &KilledRun) -> Vec<String> {
+    let mut failures = exclusion_failures(family, &run.report, run.early.len());
+    if !run.early.is_empty() {
+        failures.push(format!(
+            "entered inside a dead hold: {:?} (dead holds: {:?})",
+            &run.early[..run.early.len().min(5)],
+            run.dead
+        ));
+    }
+    for (d, (theirs, ours)) in run.dead.iter().zip(&run.after) {
+        if *theirs == 0 || *ours == 0 {
+            failures.push(format!(
+                "after the dead {} hold: {theirs} sections of theirs, {ours} of ours",
+                d.spec
+            ));
+        }
+    }
+    failures
+}
+
+fn killed_mid_contention_both_ways(family: Family) {
+    init_logging();
+    let run = killed_mid_contention(family, false);
+    let failures = killed_run_failures(family, &run);
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn redis_py_holders_killed_while_both_contend() {
+    killed_mid_contention_both_ways(Family::RedisPy);
+}
+
+#[test]
+fn retools_holders_killed_while_both_contend() {
+    killed_mid_contention_both_ways(Family::Retools);
+}
+
+#[test]
+fn jedis_lock_holders_killed_while_both_contend() {
+    killed_mid_contention_both_ways(Family::JedisLock);
+}
+
+#[test]
+fn gorlock_holders_killed_while_both_contend() {
+    killed_mid_contention_both_ways(Family::Gorlock);
+}
+
+/// The negative control of [`killed_run_failures`]: gorlock's threads enter without the lock,
+/// during the dead holds too; the check must name the entries inside a dead hold.
+#[test]
+fn the_killed_run_check_reports_a_locker_that_ignores_the_lock() {
+    init_logging();
+    let run = killed_mid_contention(Family::Gorlock, true);
+    let failures = killed_run_failures(Family::Gorlock, &run);
+    assert!(
+        failures.iter().any(|f| f.contains("inside a dead hold")),
+        "entries beside dead holds were not reported: {failures:#?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

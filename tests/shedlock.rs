@@ -11,18 +11,20 @@
 //!   negative control is a job that ignores the lock;
 //! - `lock_at_least` both ways: a job of either side that ends early keeps the other out until
 //!   `lockAtLeastFor` after its start; the negative control (a release without it) is reported;
-//! - holders SIGKILLed mid-run, taken over after `lockAtMostFor` both ways.
+//! - holders SIGKILLed mid-run, taken over after `lockAtMostFor` both ways;
+//! - both at once: holders of each side SIGKILLed while jobs of both fire (none runs before
+//!   the dead hold's `lockAtMostFor` ends, both go on after it); negative control as above.
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis_dlock::{shedlock_key, DistributedLock, Lock, LockClient, Strategy};
 use support::worker;
-use support::{init_logging, raw, RedisServer};
+use support::{init_logging, raw, wait_until, RedisServer};
 
 const COUNTER_KEY: &str = "shedlock:counter";
 
@@ -188,61 +190,121 @@ fn our_values_have_shedlocks_format() {
 const THREADS: usize = 3;
 const FIRINGS: usize = 80;
 
-/// Each thread fires the job `FIRINGS` times (skipped when busy); a run is a non-atomic
-/// increment. `ignore`: the Java side runs without the lock (negative control).
+/// One run of the job: its side (1: Java, 2: ours), when it began and ended.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    side: usize,
+    start: Instant,
+    end: Instant,
+}
+
+/// [`THREADS`] threads of each side firing the job on one name (skipped when busy), a run a
+/// non-atomic increment, and what they saw.
+struct Firings {
+    /// The Java side runs without the lock (a negative control).
+    ignore: bool,
+    /// Set to end the threads' loops early.
+    stop: AtomicBool,
+    barrier: Barrier,
+    inside: AtomicUsize,
+    overlaps: AtomicUsize,
+    runs: Mutex<Vec<Run>>,
+}
+
+impl Firings {
+    fn new(ignore: bool) -> Firings {
+        Firings {
+            ignore,
+            stop: AtomicBool::new(false),
+            barrier: Barrier::new(2 * THREADS),
+            inside: AtomicUsize::new(0),
+            overlaps: AtomicUsize::new(0),
+            runs: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn run(&self, side: usize, conn: &mut redis::Connection) {
+        let start = Instant::now();
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        raw::bump_counter(conn, COUNTER_KEY);
+        let end = Instant::now();
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+        self.runs.lock().unwrap().push(Run { side, start, end });
+    }
+
+    /// Starts the threads in `s` on the job `name`: each fires it `firings` times, or fewer if
+    /// [`stop`](Self::stop) is set.
+    fn spawn<'scope, 'env>(
+        &'env self,
+        s: &'scope thread::Scope<'scope, 'env>,
+        server: &RedisServer,
+        name: &str,
+        lock: &'env Lock,
+        firings: usize,
+    ) {
+        let go_on = move |i: usize| i < firings && !self.stop.load(Ordering::SeqCst);
+        for _ in 0..THREADS {
+            let mut java = ShedLock::new(&server.url(), name);
+            let mut conn = server.conn();
+            s.spawn(move || {
+                self.barrier.wait();
+                let mut i = 0;
+                while go_on(i) {
+                    if self.ignore {
+                        self.run(1, &mut conn);
+                    } else if java.lock(Duration::from_secs(10), Duration::ZERO) {
+                        self.run(1, &mut conn);
+                        java.unlock();
+                    }
+                    support::work(Duration::from_micros(300));
+                    i += 1;
+                }
+            });
+        }
+        for _ in 0..THREADS {
+            let mut conn = server.conn();
+            s.spawn(move || {
+                self.barrier.wait();
+                let mut i = 0;
+                while go_on(i) {
+                    if let Ok(guard) = lock.try_lock() {
+                        self.run(2, &mut conn);
+                        assert!(guard.unlock().unwrap());
+                    }
+                    support::work(Duration::from_micros(300));
+                    i += 1;
+                }
+            });
+        }
+    }
+
+    /// Runs of `side` that began at or after `from`.
+    fn runs_from(&self, side: usize, from: Instant) -> usize {
+        let runs = self.runs.lock().unwrap();
+        runs.iter()
+            .filter(|x| x.side == side && x.start >= from)
+            .count()
+    }
+
+    /// Lost updates (the counter read by `conn`), overlaps, runs.
+    fn report(&self, conn: &mut redis::Connection) -> (i64, usize, usize) {
+        let runs = self.runs.lock().unwrap().len();
+        let lost = runs as i64 - raw::get_i64(conn, COUNTER_KEY);
+        (lost, self.overlaps.load(Ordering::SeqCst), runs)
+    }
+}
+
+/// Each thread fires the job `FIRINGS` times; `ignore`: the Java side runs without the lock
+/// (negative control).
 fn fire(ignore: bool) -> (i64, usize, usize) {
     let server = RedisServer::start();
     let client = LockClient::open(server.url()).unwrap();
     let lock = our_job(&client, "contended", Duration::from_secs(10), None);
-    let inside = AtomicUsize::new(0);
-    let overlaps = AtomicUsize::new(0);
-    let runs = AtomicUsize::new(0);
-    let barrier = Barrier::new(2 * THREADS);
-    let run = |conn: &mut redis::Connection| {
-        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-            overlaps.fetch_add(1, Ordering::SeqCst);
-        }
-        raw::bump_counter(conn, COUNTER_KEY);
-        runs.fetch_add(1, Ordering::SeqCst);
-        inside.fetch_sub(1, Ordering::SeqCst);
-    };
-    thread::scope(|s| {
-        for _ in 0..THREADS {
-            let mut java = ShedLock::new(&server.url(), "contended");
-            let mut conn = server.conn();
-            let (run, barrier) = (&run, &barrier);
-            s.spawn(move || {
-                barrier.wait();
-                for _ in 0..FIRINGS {
-                    if ignore {
-                        run(&mut conn);
-                    } else if java.lock(Duration::from_secs(10), Duration::ZERO) {
-                        run(&mut conn);
-                        java.unlock();
-                    }
-                    support::work(Duration::from_micros(300));
-                }
-            });
-        }
-        for _ in 0..THREADS {
-            let mut conn = server.conn();
-            let (run, barrier, lock) = (&run, &barrier, &lock);
-            s.spawn(move || {
-                barrier.wait();
-                for _ in 0..FIRINGS {
-                    if let Ok(guard) = lock.try_lock() {
-                        run(&mut conn);
-                        assert!(guard.unlock().unwrap());
-                    }
-                    support::work(Duration::from_micros(300));
-                }
-            });
-        }
-    });
-    let mut conn = server.conn();
-    let runs = runs.load(Ordering::SeqCst);
-    let lost = runs as i64 - raw::get_i64(&mut conn, COUNTER_KEY);
-    let overlaps = overlaps.load(Ordering::SeqCst);
+    let firings = Firings::new(ignore);
+    thread::scope(|s| firings.spawn(s, &server, "contended", &lock, FIRINGS));
+    let (lost, overlaps, runs) = firings.report(&mut server.conn());
     eprintln!(
         "shedlock/fire (ignore={ignore}): {runs} runs, {lost} lost updates, {overlaps} overlaps"
     );
@@ -354,9 +416,12 @@ fn the_at_least_check_reports_an_early_release() {
 
 const WORKER_ENV: &str = "DLOCK_SHEDLOCK_WORKER";
 const AT_MOST: Duration = Duration::from_secs(1);
+/// Set for a holder of a job others fire too: it polls until it wins.
+const CONTENDED_ENV: &str = "DLOCK_SHEDLOCK_CONTENDED";
 
-/// The holder process: runs the job `DLOCK_NAME` as `ours` or `java` (lockAtMostFor 1 s) and
-/// is killed mid-run. Does nothing in a normal test run.
+/// The holder process: runs the job `DLOCK_NAME` as `ours` or `java` (lockAtMostFor 1 s; with
+/// [`CONTENDED_ENV`], polling every millisecond until it may) and is killed mid-run. Does
+/// nothing in a normal test run.
 #[test]
 fn shedlock_holder_process() {
     let Ok(side) = std::env::var(WORKER_ENV) else {
@@ -364,17 +429,32 @@ fn shedlock_holder_process() {
     };
     let url = std::env::var("DLOCK_URL").unwrap();
     let name = std::env::var("DLOCK_NAME").unwrap();
+    let contended = std::env::var_os(CONTENDED_ENV).is_some();
+    let started = Instant::now();
+    let poll = |what: &dyn std::fmt::Display| {
+        assert!(
+            contended && started.elapsed() < Duration::from_secs(20),
+            "{side}: {what}"
+        );
+        support::work(Duration::from_millis(1));
+    };
     let value = if side == "ours" {
         let client = LockClient::open(url.as_str()).unwrap();
-        let lease = our_job(&client, &name, AT_MOST, None)
-            .try_acquire()
-            .unwrap();
+        let job = our_job(&client, &name, AT_MOST, None);
+        let lease = loop {
+            match job.try_acquire() {
+                Ok(lease) => break lease,
+                Err(e) => poll(&e),
+            }
+        };
         let v = lease.value().to_vec();
         std::mem::forget(lease);
         v
     } else {
         let mut java = ShedLock::new(&url, &name);
-        assert!(java.lock(AT_MOST, Duration::ZERO));
+        while !java.lock(AT_MOST, Duration::ZERO) {
+            poll(&"the job is running");
+        }
         java.value.into_bytes()
     };
     worker::report("DLOCK-SHEDLOCK-LOCKED", &hex::encode(value));
@@ -421,4 +501,188 @@ fn killed_jobs_are_taken_over_both_ways() {
             "{side}: taken over before its lockAtMostFor ended"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Both at once: holders SIGKILLed mid-run while jobs of both sides fire
+
+/// How many runs of each side the combined scenario waits for before a holder, and after each
+/// dead hold's end.
+const RUNS_AROUND: usize = 5;
+
+/// A hold that a SIGKILLed process left on the job: whose, from when (its report: it held from
+/// before then) until the earliest moment its key could expire.
+#[derive(Debug)]
+struct DeadHold {
+    side: &'static str,
+    held_from: Instant,
+    free_from: Instant,
+}
+
+/// A combined run: lost updates, overlaps, the dead holds, the runs that began or ran inside
+/// one of them, and the runs of (Java, ours) that began after each one's end.
+#[derive(Debug)]
+struct KilledRun {
+    lost: i64,
+    overlaps: usize,
+    dead: Vec<DeadHold>,
+    early: Vec<(&'static str, Run)>,
+    after: Vec<(usize, usize)>,
+}
+
+/// While the threads of [`Firings`] fire (`ignore`: the Java side without the lock, the
+/// negative control), a job of ours, then a Java job, each a child process that polls for the
+/// lock among them, is SIGKILLed mid-run; after each dead hold's end (its `lockAtMostFor`),
+/// the scenario waits for [`RUNS_AROUND`] runs of each side.
+fn killed_mid_firing(ignore: bool) -> KilledRun {
+    let server = RedisServer::start();
+    let client = LockClient::open(server.url()).unwrap();
+    let name = "contended-killed";
+    let key = shedlock_key("default", name);
+    let lock = our_job(&client, name, Duration::from_secs(10), None);
+    let firings = Firings::new(ignore);
+    let mut conn = server.conn();
+    let started = Instant::now();
+    let both_from = |from: Instant| {
+        let go_on = wait_until(Duration::from_secs(30), || {
+            (1..=2).all(|side| firings.runs_from(side, from) >= RUNS_AROUND)
+        });
+        assert!(
+            go_on,
+            "the jobs stopped: {:?}",
+            firings.report(&mut server.conn())
+        );
+    };
+    let dead = thread::scope(|s| {
+        firings.spawn(s, &server, name, &lock, usize::MAX);
+        let mut dead: Vec<DeadHold> = Vec::new();
+        for side in ["ours", "java"] {
+            both_from(dead.last().map_or(started, |d| d.free_from));
+            let (_, held_from) = worker::killed_holder_value_at(
+                "shedlock_holder_process",
+                &[
+                    (WORKER_ENV, side.to_owned()),
+                    (CONTENDED_ENV, "1".to_owned()),
+                    ("DLOCK_URL", server.url()),
+                    ("DLOCK_NAME", name.to_owned()),
+                ],
+                "DLOCK-SHEDLOCK-LOCKED",
+                side,
+            );
+            let before = Instant::now();
+            let pttl = raw::pttl(&mut conn, &key);
+            assert!(pttl > 0, "{side}: the dead hold has a TTL ({pttl})");
+            dead.push(DeadHold {
+                side,
+                held_from,
+                free_from: before + Duration::from_millis(pttl as u64),
+            });
+        }
+        both_from(dead.last().map_or(started, |d| d.free_from));
+        firings.stop.store(true, Ordering::SeqCst);
+        dead
+    });
+    let (lost, overlaps, _) = firings.report(&mut conn);
+    let runs = firings.runs.into_inner().unwrap();
+    let early = dead
+        .iter()
+        .flat_map(|d| {
+            runs.iter()
+                .filter(|x| x.start < d.free_from && x.end > d.held_from)
+                .map(|x| (d.side, *x))
+        })
+        .collect();
+    let after = dead
+        .iter()
+        .map(|d| {
+            let count = |side| {
+                runs.iter()
+                    .filter(|x| x.side == side && x.start >= d.free_from)
+                    .count()
+            };
+            let first = runs
+                .iter()
+                .filter(|x| x.start >= d.free_from)
+                .min_by_key(|x| x.start);
+            eprintln!(
+                "shedlock/killed: the dead hold of {} ({:?} after its report) first taken over by \
+                 {}",
+                d.side,
+                d.free_from - d.held_from,
+                match first.map(|x| x.side) {
+                    Some(1) => "Java",
+                    Some(_) => "ours",
+                    None => "nobody",
+                },
+            );
+            (count(1), count(2))
+        })
+        .collect();
+    let run = KilledRun {
+        lost,
+        overlaps,
+        dead,
+        early,
+        after,
+    };
+    eprintln!(
+        "shedlock/killed (ignore={ignore}): {:.2?}, {} runs, {} lost updates, {} overlaps, {} runs \
+         inside a dead hold, runs (Java, ours) after each: {:?}",
+        started.elapsed(),
+        runs.len(),
+        run.lost,
+        run.overlaps,
+        run.early.len(),
+        run.after
+    );
+    run
+}
+
+/// Checks a combined scenario: no overlap, no lost update, no run inside a dead hold, and both
+/// sides went on after each dead hold's end.
+fn killed_run_failures(run: &KilledRun) -> Vec<String> {
+    let mut failures = Vec::new();
+    if run.overlaps > 0 || run.lost > 0 {
+        failures.push(format!(
+            "two running at once: {} overlaps, {} lost updates",
+            run.overlaps, run.lost
+        ));
+    }
+    if !run.early.is_empty() {
+        failures.push(format!(
+            "ran inside a dead hold: {:?} (dead holds: {:?})",
+            &run.early[..run.early.len().min(5)],
+            run.dead
+        ));
+    }
+    for (d, (java, ours)) in run.dead.iter().zip(&run.after) {
+        if *java == 0 || *ours == 0 {
+            failures.push(format!(
+                "after the dead hold of {}: {java} runs of Java, {ours} of ours",
+                d.side
+            ));
+        }
+    }
+    failures
+}
+
+#[test]
+fn holders_killed_while_both_fire() {
+    init_logging();
+    let run = killed_mid_firing(false);
+    let failures = killed_run_failures(&run);
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The negative control of [`killed_run_failures`]: the Java side runs without the lock,
+/// during the dead holds too; the check must name the runs inside a dead hold.
+#[test]
+fn the_killed_run_check_reports_a_job_that_ignores_the_lock() {
+    init_logging();
+    let run = killed_mid_firing(true);
+    let failures = killed_run_failures(&run);
+    assert!(
+        failures.iter().any(|f| f.contains("inside a dead hold")),
+        "runs beside dead holds were not reported: {failures:#?}"
+    );
 }

@@ -15,12 +15,14 @@
 //!   found by the poll); negative controls: a Token release does not wake a Spring waiter, and
 //!   a Spring spin-lock release (no message) does not count as a wake-up of ours;
 //! - holders SIGKILLed mid-hold in child processes, taken over after their lease both ways,
-//!   with the takeover check's negative control (an early takeover is reported).
+//!   with the takeover check's negative control (an early takeover is reported);
+//! - both at once: holders of each side SIGKILLed while threads of both contend (none enters
+//!   before the dead hold's TTL ends, both go on after it); negative control as above.
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -225,75 +227,142 @@ struct Report {
     handoffs: usize,
 }
 
-/// [`THREADS`] registries (pub/sub, newer channels) and [`THREADS`] threads of ours take turns
-/// on one key, each section a non-atomic increment; `ignore`: the registries' threads enter
-/// without the lock (the negative control).
-fn contention(ignore: bool) -> Report {
-    let server = RedisServer::start();
-    let client = LockClient::open(server.url()).unwrap();
-    let lock = spring_lock(&client, "contended");
-    let inside = AtomicUsize::new(0);
-    let overlaps = AtomicUsize::new(0);
-    let last = AtomicUsize::new(0);
-    let handoffs = AtomicUsize::new(0);
-    let barrier = Barrier::new(2 * THREADS);
-    let section = |side: usize, conn: &mut redis::Connection| {
-        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-            overlaps.fetch_add(1, Ordering::SeqCst);
+/// One section of a run: its side (1: the registries, 2: ours), when it began and ended.
+#[derive(Debug, Clone, Copy)]
+struct Section {
+    side: usize,
+    start: Instant,
+    end: Instant,
+}
+
+/// [`THREADS`] registries (pub/sub, newer channels) and [`THREADS`] threads of ours taking turns
+/// on one key, each section a non-atomic increment, and what they saw.
+struct Contenders {
+    /// The registries' threads enter without the lock (a negative control).
+    ignore: bool,
+    /// Set to end the threads' loops early.
+    stop: AtomicBool,
+    barrier: Barrier,
+    inside: AtomicUsize,
+    overlaps: AtomicUsize,
+    last: AtomicUsize,
+    handoffs: AtomicUsize,
+    sections: Mutex<Vec<Section>>,
+}
+
+impl Contenders {
+    fn new(ignore: bool) -> Contenders {
+        Contenders {
+            ignore,
+            stop: AtomicBool::new(false),
+            barrier: Barrier::new(2 * THREADS),
+            inside: AtomicUsize::new(0),
+            overlaps: AtomicUsize::new(0),
+            last: AtomicUsize::new(0),
+            handoffs: AtomicUsize::new(0),
+            sections: Mutex::new(Vec::new()),
         }
-        let before = last.swap(side, Ordering::SeqCst);
+    }
+
+    fn section(&self, side: usize, conn: &mut redis::Connection) {
+        let start = Instant::now();
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let before = self.last.swap(side, Ordering::SeqCst);
         if before != 0 && before != side {
-            handoffs.fetch_add(1, Ordering::SeqCst);
+            self.handoffs.fetch_add(1, Ordering::SeqCst);
         }
         raw::bump_counter(conn, COUNTER_KEY);
-        inside.fetch_sub(1, Ordering::SeqCst);
-    };
-    let started = Instant::now();
-    thread::scope(|s| {
+        let end = Instant::now();
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+        let section = Section { side, start, end };
+        self.sections.lock().unwrap().push(section);
+    }
+
+    /// Starts the threads in `s` on the registry's `path`: each runs `per_thread` sections, or
+    /// fewer if [`stop`](Self::stop) is set.
+    fn spawn<'scope, 'env>(
+        &'env self,
+        s: &'scope thread::Scope<'scope, 'env>,
+        server: &RedisServer,
+        path: &str,
+        lock: &'env Lock,
+        per_thread: usize,
+    ) {
+        let go_on = move |i: usize| i < per_thread && !self.stop.load(Ordering::SeqCst);
         for _ in 0..THREADS {
             let mut reg = Registry::new(
                 &server.url(),
-                "contended",
+                path,
                 Duration::from_secs(10),
                 Generation::PerLock,
             );
             let mut conn = server.conn();
-            let (section, barrier) = (&section, &barrier);
             s.spawn(move || {
-                barrier.wait();
-                for _ in 0..SECTIONS {
-                    if !ignore {
+                self.barrier.wait();
+                let mut i = 0;
+                while go_on(i) {
+                    if !self.ignore {
                         reg.lock_pubsub();
                     }
-                    section(1, &mut conn);
-                    if !ignore {
+                    self.section(1, &mut conn);
+                    if !self.ignore {
                         assert!(reg.unlock(), "the registry's unlock found its hold");
                     }
                     support::work(Duration::from_millis(1));
+                    i += 1;
                 }
             });
         }
         for _ in 0..THREADS {
             let mut conn = server.conn();
-            let (section, barrier, lock) = (&section, &barrier, &lock);
             s.spawn(move || {
-                barrier.wait();
-                for _ in 0..SECTIONS {
+                self.barrier.wait();
+                let mut i = 0;
+                while go_on(i) {
                     let guard = lock.lock().expect("our lock");
-                    section(2, &mut conn);
+                    self.section(2, &mut conn);
                     assert!(guard.unlock().unwrap(), "our release found our hold");
                     support::work(Duration::from_millis(1));
+                    i += 1;
                 }
             });
         }
-    });
+    }
+
+    /// Sections of `side` that began at or after `from`.
+    fn sections_from(&self, side: usize, from: Instant) -> usize {
+        let sections = self.sections.lock().unwrap();
+        sections
+            .iter()
+            .filter(|x| x.side == side && x.start >= from)
+            .count()
+    }
+
+    /// What they saw, the counter read by `conn`.
+    fn report(&self, conn: &mut redis::Connection) -> Report {
+        let sections = self.sections.lock().unwrap().len() as i64;
+        Report {
+            lost_updates: sections - raw::get_i64(conn, COUNTER_KEY),
+            overlaps: self.overlaps.load(Ordering::SeqCst),
+            handoffs: self.handoffs.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// The threads of both sides run [`SECTIONS`] sections each; `ignore`: the registries' threads
+/// enter without the lock (the negative control).
+fn contention(ignore: bool) -> Report {
+    let server = RedisServer::start();
+    let client = LockClient::open(server.url()).unwrap();
+    let lock = spring_lock(&client, "contended");
+    let threads = Contenders::new(ignore);
+    let started = Instant::now();
+    thread::scope(|s| threads.spawn(s, &server, "contended", &lock, SECTIONS));
     let mut conn = server.conn();
     let sections = (2 * THREADS * SECTIONS) as i64;
-    let r = Report {
-        lost_updates: sections - raw::get_i64(&mut conn, COUNTER_KEY),
-        overlaps: overlaps.load(Ordering::SeqCst),
-        handoffs: handoffs.load(Ordering::SeqCst),
-    };
+    let r = threads.report(&mut conn);
     eprintln!(
         "spring/contention (ignore={ignore}): {sections} sections in {:.2?}: {r:?}",
         started.elapsed()
@@ -504,10 +573,13 @@ const WORKER_ENV: &str = "DLOCK_SPRING_WORKER";
 const WORKER_TEST: &str = "spring_holder_process";
 const LOCKED_MARKER: &str = "DLOCK-SPRING-LOCKED";
 const DEAD_TTL: Duration = Duration::from_secs(1);
+/// Set for a holder on a key others contend for: it polls until it wins.
+const CONTENDED_ENV: &str = "DLOCK_SPRING_CONTENDED";
 
 /// The holder process: takes the lock on the registry's `DLOCK_PATH` as `ours` (a Spring
-/// lock with a 1 s ttl) or `spring` (a registry with `expireAfter` 1 s), prints its value and
-/// holds until killed. Does nothing in a normal test run.
+/// lock with a 1 s ttl) or `spring` (a registry with `expireAfter` 1 s), on a free key (or,
+/// with [`CONTENDED_ENV`], polling every millisecond), prints its value and holds until
+/// killed. Does nothing in a normal test run.
 #[test]
 fn spring_holder_process() {
     let Ok(side) = std::env::var(WORKER_ENV) else {
@@ -516,6 +588,15 @@ fn spring_holder_process() {
     init_logging();
     let url = std::env::var("DLOCK_URL").expect("DLOCK_URL");
     let path = std::env::var("DLOCK_PATH").expect("DLOCK_PATH");
+    let contended = std::env::var_os(CONTENDED_ENV).is_some();
+    let started = Instant::now();
+    let poll = |what: &dyn std::fmt::Display| {
+        assert!(
+            contended && started.elapsed() < Duration::from_secs(20),
+            "{side}: {what}"
+        );
+        support::work(Duration::from_millis(1));
+    };
     let value = if side == "ours" {
         let client = LockClient::open(url.as_str()).unwrap();
         let spring = SpringOptions::new(REGISTRY);
@@ -525,13 +606,20 @@ fn spring_holder_process() {
             .ttl(DEAD_TTL)
             .build()
             .unwrap();
-        let lease = lock.try_acquire().expect("a free key");
+        let lease = loop {
+            match lock.try_acquire() {
+                Ok(lease) => break lease,
+                Err(e) => poll(&e),
+            }
+        };
         let value = lease.value().to_vec();
         std::mem::forget(lease);
         value
     } else {
         let mut reg = Registry::new(&url, &path, DEAD_TTL, Generation::PerLock);
-        assert!(reg.obtain(), "a free key");
+        while !reg.obtain() {
+            poll(&"the key is held");
+        }
         reg.client_id.clone().into_bytes()
     };
     worker::report(LOCKED_MARKER, &hex::encode(value));
@@ -541,21 +629,31 @@ fn spring_holder_process() {
 /// Starts a holder process, waits for its lock, kills it: the value it left, and the earliest
 /// moment its key can expire (a reading of the clock before the `PTTL`, plus the `PTTL`).
 fn killed_holder(server: &RedisServer, path: &str, side: &str) -> (Vec<u8>, Instant) {
-    let value = worker::killed_holder_value(
-        WORKER_TEST,
-        &[
-            (WORKER_ENV, side.to_owned()),
-            ("DLOCK_URL", server.url()),
-            ("DLOCK_PATH", path.to_owned()),
-        ],
-        LOCKED_MARKER,
-        side,
-    );
+    let (value, _, free_from) = killed_contended_holder(server, path, side, false);
+    (value, free_from)
+}
+
+/// [`killed_holder`] (`contended`: polling for the lock), with when it reported its lock.
+fn killed_contended_holder(
+    server: &RedisServer,
+    path: &str,
+    side: &str,
+    contended: bool,
+) -> (Vec<u8>, Instant, Instant) {
+    let mut envs = vec![
+        (WORKER_ENV, side.to_owned()),
+        ("DLOCK_URL", server.url()),
+        ("DLOCK_PATH", path.to_owned()),
+    ];
+    if contended {
+        envs.push((CONTENDED_ENV, "1".to_owned()));
+    }
+    let (value, reported) = worker::killed_holder_value_at(WORKER_TEST, &envs, LOCKED_MARKER, side);
     let mut conn = server.conn();
     let before = Instant::now();
     let pttl = raw::pttl(&mut conn, &format!("{REGISTRY}:{path}"));
     assert!(pttl > 0, "{side}: the dead hold has a TTL ({pttl})");
-    (value, before + Duration::from_millis(pttl as u64))
+    (value, reported, before + Duration::from_millis(pttl as u64))
 }
 
 fn check_takeover(who: &str, won_at: Instant, free_from: Instant) -> Result<(), String> {
@@ -630,4 +728,168 @@ fn killed_holders_are_taken_over_both_ways() {
     assert!(!reg.obtain());
     assert!(guard.unlock().unwrap());
     assert!(!raw::exists(&mut conn, &key));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Both at once: holders SIGKILLed mid-hold while threads of both sides contend
+
+/// How many sections of each side the combined run waits for before a holder, and after each
+/// dead hold's end.
+const SECTIONS_AROUND: usize = 5;
+
+/// A hold that a SIGKILLed process left on the contended key: whose, from when (its report:
+/// it held from before then) until the earliest moment its key could expire.
+#[derive(Debug)]
+struct DeadHold {
+    side: &'static str,
+    held_from: Instant,
+    free_from: Instant,
+}
+
+/// A combined run: [`Report`], the dead holds, the sections that began or ran inside one of
+/// them, and the sections of (theirs, ours) that began after each one's end.
+#[derive(Debug)]
+struct KilledRun {
+    report: Report,
+    dead: Vec<DeadHold>,
+    early: Vec<(&'static str, Section)>,
+    after: Vec<(usize, usize)>,
+}
+
+/// While the threads of [`Contenders`] run (`ignore`: the registries' without the lock, the
+/// negative control), a holder of ours, then a registry's, each a child process that polls for
+/// the lock among them, is SIGKILLed mid-hold; after each dead hold's end, the run waits for
+/// [`SECTIONS_AROUND`] sections of each side.
+fn killed_mid_contention(ignore: bool) -> KilledRun {
+    let server = RedisServer::start();
+    let client = LockClient::open(server.url()).unwrap();
+    let path = "contended-killed";
+    let lock = spring_lock(&client, path);
+    let threads = Contenders::new(ignore);
+    let started = Instant::now();
+    let both_from = |from: Instant| {
+        let go_on = wait_until(Duration::from_secs(30), || {
+            (1..=2).all(|side| threads.sections_from(side, from) >= SECTIONS_AROUND)
+        });
+        assert!(
+            go_on,
+            "the threads stopped: {:?}",
+            threads.report(&mut server.conn())
+        );
+    };
+    let dead = thread::scope(|s| {
+        threads.spawn(s, &server, path, &lock, usize::MAX);
+        let mut dead: Vec<DeadHold> = Vec::new();
+        for side in ["ours", "spring"] {
+            both_from(dead.last().map_or(started, |d| d.free_from));
+            let (_, held_from, free_from) = killed_contended_holder(&server, path, side, true);
+            dead.push(DeadHold {
+                side,
+                held_from,
+                free_from,
+            });
+        }
+        both_from(dead.last().map_or(started, |d| d.free_from));
+        threads.stop.store(true, Ordering::SeqCst);
+        dead
+    });
+    let report = threads.report(&mut server.conn());
+    let sections = threads.sections.into_inner().unwrap();
+    let early = dead
+        .iter()
+        .flat_map(|d| {
+            sections
+                .iter()
+                .filter(|x| x.start < d.free_from && x.end > d.held_from)
+                .map(|x| (d.side, *x))
+        })
+        .collect();
+    let after = dead
+        .iter()
+        .map(|d| {
+            let count = |side| {
+                sections
+                    .iter()
+                    .filter(|x| x.side == side && x.start >= d.free_from)
+                    .count()
+            };
+            let first = sections
+                .iter()
+                .filter(|x| x.start >= d.free_from)
+                .min_by_key(|x| x.start);
+            eprintln!(
+                "spring/killed: the dead hold of {} ({:?} after its report) first taken over by {}",
+                d.side,
+                d.free_from - d.held_from,
+                match first.map(|x| x.side) {
+                    Some(1) => "the registries",
+                    Some(_) => "ours",
+                    None => "nobody",
+                },
+            );
+            (count(1), count(2))
+        })
+        .collect();
+    let run = KilledRun {
+        report,
+        dead,
+        early,
+        after,
+    };
+    eprintln!(
+        "spring/killed (ignore={ignore}): {:.2?}, {:?}, {} sections inside a dead hold, \
+         sections (theirs, ours) after each: {:?}",
+        started.elapsed(),
+        run.report,
+        run.early.len(),
+        run.after
+    );
+    run
+}
+
+/// Checks a combined run: no overlap, no lost update, no section inside a dead hold, and both
+/// sides went on after each dead hold's end.
+fn killed_run_failures(run: &KilledRun) -> Vec<String> {
+    let mut failures = Vec::new();
+    let r = &run.report;
+    if r.overlaps > 0 || r.lost_updates > 0 {
+        failures.push(format!("two inside at once: {r:?}"));
+    }
+    if !run.early.is_empty() {
+        failures.push(format!(
+            "entered inside a dead hold: {:?} (dead holds: {:?})",
+            &run.early[..run.early.len().min(5)],
+            run.dead
+        ));
+    }
+    for (d, (theirs, ours)) in run.dead.iter().zip(&run.after) {
+        if *theirs == 0 || *ours == 0 {
+            failures.push(format!(
+                "after the dead hold of {}: {theirs} sections of theirs, {ours} of ours",
+                d.side
+            ));
+        }
+    }
+    failures
+}
+
+#[test]
+fn holders_killed_while_both_contend() {
+    init_logging();
+    let run = killed_mid_contention(false);
+    let failures = killed_run_failures(&run);
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The negative control of [`killed_run_failures`]: the registries' threads enter without the
+/// lock, during the dead holds too; the check must name the entries inside a dead hold.
+#[test]
+fn the_killed_run_check_reports_a_locker_that_ignores_the_lock() {
+    init_logging();
+    let run = killed_mid_contention(true);
+    let failures = killed_run_failures(&run);
+    assert!(
+        failures.iter().any(|f| f.contains("inside a dead hold")),
+        "entries beside dead holds were not reported: {failures:#?}"
+    );
 }

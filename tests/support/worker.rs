@@ -189,17 +189,29 @@ pub fn killed_holder_value<V: AsRef<OsStr>>(
     marker: &str,
     what: &str,
 ) -> Vec<u8> {
+    killed_holder_value_at(test_name, envs, marker, what).0
+}
+
+/// [`killed_holder_value`], with the moment its `marker` line was read: the dead hold began
+/// before it.
+pub fn killed_holder_value_at<V: AsRef<OsStr>>(
+    test_name: &str,
+    envs: &[(&str, V)],
+    marker: &str,
+    what: &str,
+) -> (Vec<u8>, Instant) {
     let mut holder = WorkerProcess::spawn(test_name, envs);
     let value = match holder.wait_marker(marker, Duration::from_secs(30)) {
         Ok(value) => hex::decode(value).expect("hex"),
         Err(e) => panic!("{what}: no lock reported ({e:?}): {:?}", holder.seen()),
     };
+    let reported = Instant::now();
     let status = holder.kill();
     assert!(
         !status.success(),
         "{what}: the holder exited on its own: {status}"
     );
-    value
+    (value, reported)
 }
 
 /// In a worker: prints `marker payload` on a line of its own, at once, for the parent's
