@@ -35,6 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use redis_dlock::ClassicOptions;
 use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, Encoding, LockClient, LockError, RetryPolicy, Strategy};
+use support::fleet::{DeadHold, DeadHolds};
 use support::worker;
 use support::{init_logging, raw, wait_until, RedisServer};
 
@@ -901,24 +902,12 @@ fn gorlock_killed_holders_are_taken_over_both_ways() {
 /// dead hold's end.
 const SECTIONS_AROUND: usize = 5;
 
-/// A hold that a SIGKILLed process left on the contended key.
-#[derive(Debug)]
-struct DeadHold {
-    spec: String,
-    /// When the holder reported its lock (epoch ns): it held from before then.
-    held_from: i64,
-    /// The earliest moment it could be free (epoch ns): its value's expiry, or its key's TTL.
-    free_from: i64,
-}
-
-/// A combined run: [`Report`], the dead holds, the sections that began or ran inside one of
-/// them, and the sections of (theirs, ours) that began after each one's end.
+/// A combined run: [`Report`], and what its sections say about the dead holds (times in epoch
+/// ns).
 #[derive(Debug)]
 struct KilledRun {
     report: Report,
-    dead: Vec<DeadHold>,
-    early: Vec<(String, Section)>,
-    after: Vec<(usize, usize)>,
+    holds: DeadHolds<i64>,
 }
 
 /// While the threads of [`Contenders`] run (`ignore`: theirs without the lock, the negative
@@ -950,7 +939,7 @@ fn killed_mid_contention(family: Family, ignore: bool) -> KilledRun {
             format!("classic:{}", family.name()),
             family.name().to_owned(),
         ] {
-            both_from(dead.last().map_or(0, |d: &DeadHold| d.free_from));
+            both_from(dead.last().map_or(0, |d: &DeadHold<i64>| d.free_from));
             let (value, reported) = worker::killed_holder_value_at(
                 WORKER_TEST,
                 &[
@@ -973,7 +962,7 @@ fn killed_mid_contention(family: Family, ignore: bool) -> KilledRun {
             }
             let held_from = now_ns() - reported.elapsed().as_nanos() as i64;
             dead.push(DeadHold {
-                spec,
+                name: spec,
                 held_from,
                 free_from,
             });
@@ -983,58 +972,26 @@ fn killed_mid_contention(family: Family, ignore: bool) -> KilledRun {
         dead
     });
     let report = threads.report(&mut conn);
-    let sections = threads.sections.into_inner().unwrap();
-    let early = dead
+    let sections: Vec<_> = threads
+        .sections
+        .into_inner()
+        .unwrap()
         .iter()
-        .flat_map(|d| {
-            sections
-                .iter()
-                .filter(|x| x.start < d.free_from && x.end > d.held_from)
-                .map(|x| (d.spec.clone(), *x))
-        })
-        .collect();
-    let after = dead
-        .iter()
-        .map(|d| {
-            let count = |side| {
-                sections
-                    .iter()
-                    .filter(|x| x.side == side && x.start >= d.free_from)
-                    .count()
-            };
-            let first = sections
-                .iter()
-                .filter(|x| x.start >= d.free_from)
-                .min_by_key(|x| x.start);
-            eprintln!(
-                "families/killed/{}: the dead {} hold ({} ms after its report) first taken over \
-                 by {}",
-                family.name(),
-                d.spec,
-                (d.free_from - d.held_from) / 1_000_000,
-                match first.map(|x| x.side) {
-                    Some(1) => "theirs",
-                    Some(_) => "ours",
-                    None => "nobody",
-                },
-            );
-            (count(1), count(2))
-        })
+        .map(|x| (x.side, x.start, x.end))
         .collect();
     let run = KilledRun {
         report,
-        dead,
-        early,
-        after,
+        holds: DeadHolds::of(&sections, dead),
     };
     eprintln!(
         "families/killed/{} (ignore={ignore}): {:.2?}, {:?}, {} sections inside a dead hold, \
-         sections (theirs, ours) after each: {:?}",
+         sections (theirs, ours) after each: {:?}; {:?}",
         family.name(),
         started.elapsed(),
         run.report,
-        run.early.len(),
-        run.after
+        run.holds.early.len(),
+        run.holds.after,
+        run.holds.takeovers("theirs"),
     );
     run
 }
@@ -1042,22 +999,8 @@ fn killed_mid_contention(family: Family, ignore: bool) -> KilledRun {
 /// Checks a combined run: [`exclusion_failures`] (a section inside a dead hold counts as an
 /// overlap), and both sides went on after each dead hold's end.
 fn killed_run_failures(family: Family, run: &KilledRun) -> Vec<String> {
-    let mut failures = exclusion_failures(family, &run.report, run.early.len());
-    if !run.early.is_empty() {
-        failures.push(format!(
-            "entered inside a dead hold: {:?} (dead holds: {:?})",
-            &run.early[..run.early.len().min(5)],
-            run.dead
-        ));
-    }
-    for (d, (theirs, ours)) in run.dead.iter().zip(&run.after) {
-        if *theirs == 0 || *ours == 0 {
-            failures.push(format!(
-                "after the dead {} hold: {theirs} sections of theirs, {ours} of ours",
-                d.spec
-            ));
-        }
-    }
+    let mut failures = exclusion_failures(family, &run.report, run.holds.early.len());
+    failures.extend(run.holds.failures("theirs"));
     failures
 }
 

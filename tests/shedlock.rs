@@ -23,6 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis_dlock::{shedlock_key, DistributedLock, Lock, LockClient, Strategy};
+use support::fleet::{DeadHold, DeadHolds};
 use support::worker;
 use support::{init_logging, raw, wait_until, RedisServer};
 
@@ -510,24 +511,13 @@ fn killed_jobs_are_taken_over_both_ways() {
 /// dead hold's end.
 const RUNS_AROUND: usize = 5;
 
-/// A hold that a SIGKILLed process left on the job: whose, from when (its report: it held from
-/// before then) until the earliest moment its key could expire.
-#[derive(Debug)]
-struct DeadHold {
-    side: &'static str,
-    held_from: Instant,
-    free_from: Instant,
-}
-
-/// A combined run: lost updates, overlaps, the dead holds, the runs that began or ran inside
-/// one of them, and the runs of (Java, ours) that began after each one's end.
+/// A combined run: lost updates, overlaps, and what its runs say about the dead holds (side 1:
+/// Java, 2: ours).
 #[derive(Debug)]
 struct KilledRun {
     lost: i64,
     overlaps: usize,
-    dead: Vec<DeadHold>,
-    early: Vec<(&'static str, Run)>,
-    after: Vec<(usize, usize)>,
+    holds: DeadHolds<Instant>,
 }
 
 /// While the threads of [`Firings`] fire (`ignore`: the Java side without the lock, the
@@ -555,7 +545,7 @@ fn killed_mid_firing(ignore: bool) -> KilledRun {
     };
     let dead = thread::scope(|s| {
         firings.spawn(s, &server, name, &lock, usize::MAX);
-        let mut dead: Vec<DeadHold> = Vec::new();
+        let mut dead: Vec<DeadHold<Instant>> = Vec::new();
         for side in ["ours", "java"] {
             both_from(dead.last().map_or(started, |d| d.free_from));
             let (_, held_from) = worker::killed_holder_value_at(
@@ -573,7 +563,7 @@ fn killed_mid_firing(ignore: bool) -> KilledRun {
             let pttl = raw::pttl(&mut conn, &key);
             assert!(pttl > 0, "{side}: the dead hold has a TTL ({pttl})");
             dead.push(DeadHold {
-                side,
+                name: side.to_owned(),
                 held_from,
                 free_from: before + Duration::from_millis(pttl as u64),
             });
@@ -583,57 +573,28 @@ fn killed_mid_firing(ignore: bool) -> KilledRun {
         dead
     });
     let (lost, overlaps, _) = firings.report(&mut conn);
-    let runs = firings.runs.into_inner().unwrap();
-    let early = dead
+    let runs: Vec<_> = firings
+        .runs
+        .into_inner()
+        .unwrap()
         .iter()
-        .flat_map(|d| {
-            runs.iter()
-                .filter(|x| x.start < d.free_from && x.end > d.held_from)
-                .map(|x| (d.side, *x))
-        })
-        .collect();
-    let after = dead
-        .iter()
-        .map(|d| {
-            let count = |side| {
-                runs.iter()
-                    .filter(|x| x.side == side && x.start >= d.free_from)
-                    .count()
-            };
-            let first = runs
-                .iter()
-                .filter(|x| x.start >= d.free_from)
-                .min_by_key(|x| x.start);
-            eprintln!(
-                "shedlock/killed: the dead hold of {} ({:?} after its report) first taken over by \
-                 {}",
-                d.side,
-                d.free_from - d.held_from,
-                match first.map(|x| x.side) {
-                    Some(1) => "Java",
-                    Some(_) => "ours",
-                    None => "nobody",
-                },
-            );
-            (count(1), count(2))
-        })
+        .map(|x| (x.side, x.start, x.end))
         .collect();
     let run = KilledRun {
         lost,
         overlaps,
-        dead,
-        early,
-        after,
+        holds: DeadHolds::of(&runs, dead),
     };
     eprintln!(
         "shedlock/killed (ignore={ignore}): {:.2?}, {} runs, {} lost updates, {} overlaps, {} runs \
-         inside a dead hold, runs (Java, ours) after each: {:?}",
+         inside a dead hold, runs (Java, ours) after each: {:?}; {:?}",
         started.elapsed(),
         runs.len(),
         run.lost,
         run.overlaps,
-        run.early.len(),
-        run.after
+        run.holds.early.len(),
+        run.holds.after,
+        run.holds.takeovers("Java"),
     );
     run
 }
@@ -648,21 +609,7 @@ fn killed_run_failures(run: &KilledRun) -> Vec<String> {
             run.overlaps, run.lost
         ));
     }
-    if !run.early.is_empty() {
-        failures.push(format!(
-            "ran inside a dead hold: {:?} (dead holds: {:?})",
-            &run.early[..run.early.len().min(5)],
-            run.dead
-        ));
-    }
-    for (d, (java, ours)) in run.dead.iter().zip(&run.after) {
-        if *java == 0 || *ours == 0 {
-            failures.push(format!(
-                "after the dead hold of {}: {java} runs of Java, {ours} of ours",
-                d.side
-            ));
-        }
-    }
+    failures.extend(run.holds.failures("Java"));
     failures
 }
 

@@ -27,6 +27,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::{DistributedLock, Lock, LockClient, LockError, SpringOptions, Strategy};
+use support::fleet::{DeadHold, DeadHolds};
 use support::worker;
 use support::{init_logging, raw, wait_listening, wait_until, RedisServer, EVENT_TIMEOUT};
 
@@ -737,23 +738,11 @@ fn killed_holders_are_taken_over_both_ways() {
 /// dead hold's end.
 const SECTIONS_AROUND: usize = 5;
 
-/// A hold that a SIGKILLed process left on the contended key: whose, from when (its report:
-/// it held from before then) until the earliest moment its key could expire.
-#[derive(Debug)]
-struct DeadHold {
-    side: &'static str,
-    held_from: Instant,
-    free_from: Instant,
-}
-
-/// A combined run: [`Report`], the dead holds, the sections that began or ran inside one of
-/// them, and the sections of (theirs, ours) that began after each one's end.
+/// A combined run: [`Report`], and what its sections say about the dead holds.
 #[derive(Debug)]
 struct KilledRun {
     report: Report,
-    dead: Vec<DeadHold>,
-    early: Vec<(&'static str, Section)>,
-    after: Vec<(usize, usize)>,
+    holds: DeadHolds<Instant>,
 }
 
 /// While the threads of [`Contenders`] run (`ignore`: the registries' without the lock, the
@@ -779,12 +768,12 @@ fn killed_mid_contention(ignore: bool) -> KilledRun {
     };
     let dead = thread::scope(|s| {
         threads.spawn(s, &server, path, &lock, usize::MAX);
-        let mut dead: Vec<DeadHold> = Vec::new();
+        let mut dead: Vec<DeadHold<Instant>> = Vec::new();
         for side in ["ours", "spring"] {
             both_from(dead.last().map_or(started, |d| d.free_from));
             let (_, held_from, free_from) = killed_contended_holder(&server, path, side, true);
             dead.push(DeadHold {
-                side,
+                name: side.to_owned(),
                 held_from,
                 free_from,
             });
@@ -794,55 +783,25 @@ fn killed_mid_contention(ignore: bool) -> KilledRun {
         dead
     });
     let report = threads.report(&mut server.conn());
-    let sections = threads.sections.into_inner().unwrap();
-    let early = dead
+    let sections: Vec<_> = threads
+        .sections
+        .into_inner()
+        .unwrap()
         .iter()
-        .flat_map(|d| {
-            sections
-                .iter()
-                .filter(|x| x.start < d.free_from && x.end > d.held_from)
-                .map(|x| (d.side, *x))
-        })
-        .collect();
-    let after = dead
-        .iter()
-        .map(|d| {
-            let count = |side| {
-                sections
-                    .iter()
-                    .filter(|x| x.side == side && x.start >= d.free_from)
-                    .count()
-            };
-            let first = sections
-                .iter()
-                .filter(|x| x.start >= d.free_from)
-                .min_by_key(|x| x.start);
-            eprintln!(
-                "spring/killed: the dead hold of {} ({:?} after its report) first taken over by {}",
-                d.side,
-                d.free_from - d.held_from,
-                match first.map(|x| x.side) {
-                    Some(1) => "the registries",
-                    Some(_) => "ours",
-                    None => "nobody",
-                },
-            );
-            (count(1), count(2))
-        })
+        .map(|x| (x.side, x.start, x.end))
         .collect();
     let run = KilledRun {
         report,
-        dead,
-        early,
-        after,
+        holds: DeadHolds::of(&sections, dead),
     };
     eprintln!(
         "spring/killed (ignore={ignore}): {:.2?}, {:?}, {} sections inside a dead hold, \
-         sections (theirs, ours) after each: {:?}",
+         sections (theirs, ours) after each: {:?}; {:?}",
         started.elapsed(),
         run.report,
-        run.early.len(),
-        run.after
+        run.holds.early.len(),
+        run.holds.after,
+        run.holds.takeovers("the registries"),
     );
     run
 }
@@ -855,21 +814,7 @@ fn killed_run_failures(run: &KilledRun) -> Vec<String> {
     if r.overlaps > 0 || r.lost_updates > 0 {
         failures.push(format!("two inside at once: {r:?}"));
     }
-    if !run.early.is_empty() {
-        failures.push(format!(
-            "entered inside a dead hold: {:?} (dead holds: {:?})",
-            &run.early[..run.early.len().min(5)],
-            run.dead
-        ));
-    }
-    for (d, (theirs, ours)) in run.dead.iter().zip(&run.after) {
-        if *theirs == 0 || *ours == 0 {
-            failures.push(format!(
-                "after the dead hold of {}: {theirs} sections of theirs, {ours} of ours",
-                d.side
-            ));
-        }
-    }
+    failures.extend(run.holds.failures("theirs"));
     failures
 }
 

@@ -16,6 +16,7 @@
 #![allow(dead_code)]
 
 pub mod expiry;
+pub mod fleet;
 pub mod history;
 pub mod netns;
 pub mod proxy;
