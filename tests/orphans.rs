@@ -15,6 +15,7 @@ use redis_dlock::ReentrantLock;
 use redis_dlock::{
     DistributedLock, FairLock, LockClient, LockError, RetryPolicy, Strategy, Takeover,
 };
+use support::proxy::{Mode, Proxy};
 use support::{init_logging, raw, wait_until, RedisServer};
 
 /// The impatient client's command timeout.
@@ -464,6 +465,63 @@ fn reentrant_acquire_whose_reply_was_lost_leaves_no_orphan() {
     );
     assert!(wait_until(Duration::from_secs(5), || c1.pending_cleanups() == 0));
     assert!(!raw::exists(&mut conn, key));
+}
+
+/// A clean-up that the owner's next acquire took from the queue and tried itself, in vain, is
+/// still the janitor's afterwards: the janitor thread, which found its queue empty while the
+/// owner had the job and ended, is started again for it. (It was not: the job waited for the
+/// owner's next acquire of that key, and the hold for its lease.)
+#[test]
+fn cleanup_tried_by_the_owner_is_retried_in_the_background() {
+    init_logging();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let mut conn = server.conn();
+    let key = "orphan:tried-by-the-owner";
+    let client = LockClient::builder(proxy.url())
+        .connect_timeout(TIMEOUT)
+        .command_timeout(Some(TIMEOUT))
+        .pool_size(1)
+        .build()
+        .expect("client");
+    let rw = client.rw_lock(key).build().expect("rw lock");
+    // A pooled connection, opened while replies got through (a connection's set-up needs them).
+    assert!(rw
+        .write_lock()
+        .try_lock()
+        .expect("warm-up")
+        .unlock()
+        .expect("warm-up"));
+    // The acquire runs on the server and its reply is lost; once it ran, nothing gets through,
+    // so no clean-up of it can run yet. Then the same owner (the same thread) acquires again:
+    // it tries the undo first, itself, in vain, and fails.
+    proxy.set(Mode::DropReplies);
+    let (lost, again) = thread::scope(|s| {
+        let owner = s.spawn(|| {
+            let lost = rw.write_lock().try_lock().map(|g| g.into_lease());
+            let again = rw.write_lock().try_lock().map(|g| g.into_lease());
+            (lost, again)
+        });
+        assert!(
+            wait_until(support::EVENT_TIMEOUT, || raw::exists(&mut conn, key)),
+            "the acquire never ran"
+        );
+        proxy.set(Mode::Blackhole);
+        owner.join().expect("owner thread")
+    });
+    assert!(
+        matches!(lost, Err(LockError::Connection { .. })),
+        "expected the acquire to time out, got {lost:?}"
+    );
+    assert!(again.is_err(), "the owner's acquire got through: {again:?}");
+    proxy.set(Mode::Pass);
+    // Nobody acquires the key again: the janitor alone must give the hold back.
+    assert!(
+        wait_until(TIMEOUT + SLACK, || !raw::exists(&mut conn, key)),
+        "the hold whose acquire reply was lost was not given back (pending clean-ups: {})",
+        client.pending_cleanups()
+    );
+    assert!(wait_until(TIMEOUT + SLACK, || client.pending_cleanups() == 0));
 }
 
 /// The same with a hold already taken: the lost re-entry is given back, the first hold stays.

@@ -38,7 +38,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::cleanup::{Cause, Cleanup, Done, Redo};
-use crate::client::jobs::{Janitor, Job, Shared, MAX_JOBS};
+use crate::client::jobs::{Janitor, Job, Jobs, Shared, MAX_JOBS};
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
 use crate::lease::printable;
@@ -243,18 +243,21 @@ impl Janitor {
             };
             log::debug!("lock {key:?}: the owner's acquire finishes its pending clean-up first");
             let (again, result) = attempt(client, job);
-            self.finish(key, owner, again);
+            self.finish(client, key, owner, again);
             // Every job of the owner runs before its acquire: stop at the first that fails.
             result?;
         }
     }
 
     /// Marks the try of the job on `key`/`value` ended; `again` is queued for another try.
-    fn finish(&self, key: &str, value: &[u8], again: Option<Job>) {
+    fn finish(&self, client: &LockClient, key: &str, value: &[u8], again: Option<Job>) {
         let mut jobs = self.shared.lock();
         jobs.finished(key, value);
         if let Some(job) = again {
             jobs.insert(job);
+            // The thread may have ended while this job was out of the list (in flight here):
+            // a job queued again needs one as much as a new one.
+            self.ensure_thread(&mut jobs, client, key);
         }
         drop(jobs);
         // The thread may wait for this key's try to end.
@@ -318,6 +321,11 @@ impl Janitor {
             tries: 0,
             seq,
         });
+        self.ensure_thread(&mut jobs, client, key);
+    }
+
+    /// Wakes the janitor thread for a job just queued, or starts it if it is not running.
+    fn ensure_thread(&self, jobs: &mut Jobs, client: &LockClient, key: &str) {
         if jobs.running {
             self.shared.wake.notify_one();
             return;

@@ -1,12 +1,14 @@
 //! A userspace TCP proxy on loopback, for faults of the network between a client and its
 //! server that need no root and no netem: a listener on `127.0.0.1:<free port>` whose every
 //! connection is forwarded to the server by two threads per direction (a reader and a writer),
-//! in one of three modes, switched at any time for every connection:
+//! in one of four modes, switched at any time for every connection:
 //!
 //! - [`Mode::Pass`]: bytes are forwarded as they come;
 //! - [`Mode::Blackhole`]: every byte read is dropped, in both directions; connections stay
 //!   open and new ones are accepted, as behind a cable pulled out (nothing is refused or
 //!   reset: the client finds out only by its timeouts);
+//! - [`Mode::DropReplies`]: what the client sends is forwarded, what the server answers is
+//!   dropped: a command runs and its reply is lost;
 //! - [`Mode::Delay`]: each chunk read is written a random delay later (uniform in
 //!   `[min, max]`), in order per direction: a chunk is never written before the one read before
 //!   it, so the delay of a chunk read right after a slow one can be longer than `max` by the
@@ -35,6 +37,8 @@ pub enum Mode {
     Pass,
     /// Dropped, both ways.
     Blackhole,
+    /// Forwarded to the server; the server's replies are dropped.
+    DropReplies,
     /// Forwarded after a random delay in `[min, max]`, in order per direction.
     Delay { min: Duration, max: Duration },
 }
@@ -44,7 +48,7 @@ struct Shared {
     stop: AtomicBool,
     /// Every stream of every connection (both sides), to shut down on drop.
     streams: Mutex<Vec<TcpStream>>,
-    /// Bytes dropped in blackhole mode.
+    /// Bytes dropped (blackhole, or replies dropped).
     dropped: AtomicU64,
 }
 
@@ -88,7 +92,7 @@ impl Proxy {
         *self.shared.mode.lock().unwrap() = mode;
     }
 
-    /// Bytes dropped so far in [`Mode::Blackhole`].
+    /// Bytes dropped so far ([`Mode::Blackhole`], [`Mode::DropReplies`]).
     pub fn dropped(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
     }
@@ -122,15 +126,16 @@ fn accept(listener: TcpListener, target: u16, shared: Arc<Shared>) {
             streams.push(client.try_clone().expect("clone stream"));
             streams.push(server.try_clone().expect("clone stream"));
         }
-        for (from, to) in [
+        for (from, to, replies) in [
             (
                 client.try_clone().expect("clone"),
                 server.try_clone().expect("clone"),
+                false,
             ),
-            (server, client),
+            (server, client, true),
         ] {
             let s = Arc::clone(&shared);
-            thread::spawn(move || pump(from, to, s));
+            thread::spawn(move || pump(from, to, replies, s));
         }
     }
 }
@@ -142,7 +147,8 @@ struct Queue {
 }
 
 /// One direction of one connection: reads `from`, writes to `to` by a writer thread.
-fn pump(mut from: TcpStream, to: TcpStream, shared: Arc<Shared>) {
+/// `replies`: the server-to-client direction.
+fn pump(mut from: TcpStream, to: TcpStream, replies: bool, shared: Arc<Shared>) {
     let queue = Arc::new((
         Mutex::new(Queue {
             chunks: VecDeque::new(),
@@ -167,7 +173,11 @@ fn pump(mut from: TcpStream, to: TcpStream, shared: Arc<Shared>) {
                 shared.dropped.fetch_add(n as u64, Ordering::Relaxed);
                 continue;
             }
-            Mode::Pass => now,
+            Mode::DropReplies if replies => {
+                shared.dropped.fetch_add(n as u64, Ordering::Relaxed);
+                continue;
+            }
+            Mode::Pass | Mode::DropReplies => now,
             Mode::Delay { min, max } => {
                 let ns = rng.random_range(min.as_nanos() as u64..=max.as_nanos() as u64);
                 now + Duration::from_nanos(ns)
