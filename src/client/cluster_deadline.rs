@@ -33,7 +33,7 @@
 //! the same round trip, so the `WAIT` goes to the very primary that ran the write, after a
 //! `MOVED` or `ASK` redirection too. Its reply is taken off before redis-rs reads the replies,
 //! and noted for the caller; the read timeout and the command's deadline grow by `WAIT`'s
-//! bound meanwhile. Under [`ReplicaAcks::Auto`](crate::ReplicaAcks::Auto) each new socket asks
+//! bound when a `WAIT` is sent (not past a watchdog renewal's cap). Under [`ReplicaAcks::Auto`](crate::ReplicaAcks::Auto) each new socket asks
 //! its node `INFO replication` before its first confirmed write, and `n` is what the client
 //! learnt of that primary ([`Acks::learn_node`]).
 //!
@@ -56,6 +56,9 @@ use redis::{
 thread_local! {
     /// The deadline of the cluster command the calling thread is running, if any.
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// The cap of that command (a watchdog renewal's), and whether its deadline has grown by
+    /// a replica confirmation's bound (see [`extend_deadline`]).
+    static CAP: Cell<(Option<Instant>, bool)> = const { Cell::new((None, false)) };
     /// The replica confirmation the calling thread's cluster commands ask for, if any.
     static CONFIRM: RefCell<Option<Confirming>> = const { RefCell::new(None) };
 }
@@ -81,16 +84,6 @@ pub(crate) fn with_confirm<T>(acks: &Arc<Acks>, f: impl FnOnce() -> T) -> (T, Op
     let out = f();
     let done = CONFIRM.with(|c| c.replace(before));
     (out, done.and_then(|c| c.short))
-}
-
-/// The bound of the confirmation under way on the calling thread (zero without one): a
-/// cluster command's deadline grows by it.
-pub(crate) fn confirm_extra() -> Duration {
-    CONFIRM.with(|c| {
-        c.borrow()
-            .as_ref()
-            .map_or(Duration::ZERO, |c| c.acks.timeout())
-    })
 }
 
 /// The confirmation settings of the calling thread, if it asks for one.
@@ -176,9 +169,27 @@ pub(crate) fn with_deadline<T>(
         (d, u) => d.or(u),
     };
     let before = DEADLINE.with(|d| d.replace(deadline));
+    let cap = CAP.with(|c| c.replace((until, false)));
     let out = f();
     DEADLINE.with(|d| d.set(before));
+    CAP.with(|c| c.set(cap));
     out
+}
+
+/// A node connection is about to send a `WAIT` for the calling thread's command: its deadline
+/// grows by `extra` (`WAIT`'s bound), once per command and never past its cap.
+fn extend_deadline(extra: Duration) {
+    let (until, extended) = CAP.with(Cell::get);
+    if extended {
+        return;
+    }
+    CAP.with(|c| c.set((until, true)));
+    DEADLINE.with(|d| {
+        if let Some(deadline) = d.get() {
+            let longer = deadline.checked_add(extra).unwrap_or(deadline);
+            d.set(Some(until.map_or(longer, |u| longer.min(u))));
+        }
+    });
 }
 
 /// The time left before the current deadline: `Ok(None)` without one, an I/O timeout error when
@@ -503,6 +514,7 @@ impl Deadlined {
         acks: &Acks,
         required: u32,
     ) -> RedisResult<Vec<Value>> {
+        extend_deadline(acks.timeout());
         let wait = acks.packed_wait(required);
         let mut packed = Vec::with_capacity(cmd.len() + wait.len());
         packed.extend_from_slice(cmd);

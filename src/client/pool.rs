@@ -13,8 +13,8 @@ use redis::{
 };
 
 use super::cluster_deadline::{
-    confirm_extra, connect_within, is_suspect, left_until, time_is_up, with_deadline, within,
-    within_opt, Deadlined,
+    connect_within, is_suspect, left_until, time_is_up, with_deadline, within, within_opt,
+    Deadlined,
 };
 use super::confirm::{Acks, Wait};
 use super::native::Detected;
@@ -817,9 +817,7 @@ impl ConnectionLike for Link {
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_command(cmd),
-            Node::Cluster(c, t) => {
-                with_deadline(confirm_bound(*t), self.until, || c.req_packed_command(cmd))
-            }
+            Node::Cluster(c, t) => with_deadline(*t, self.until, || c.req_packed_command(cmd)),
         };
         self.note(r)
     }
@@ -839,9 +837,9 @@ impl ConnectionLike for Link {
                 }
                 _ => c.req_packed_commands(cmd, offset, count),
             },
-            Node::Cluster(c, t) => with_deadline(confirm_bound(*t), self.until, || {
-                c.req_packed_commands(cmd, offset, count)
-            }),
+            Node::Cluster(c, t) => {
+                with_deadline(*t, self.until, || c.req_packed_commands(cmd, offset, count))
+            }
         };
         self.note(r)
     }
@@ -851,9 +849,7 @@ impl ConnectionLike for Link {
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_command(cmd),
-            Node::Cluster(c, t) => {
-                with_deadline(confirm_bound(*t), self.until, || c.req_command(cmd))
-            }
+            Node::Cluster(c, t) => with_deadline(*t, self.until, || c.req_command(cmd)),
         };
         self.note(r)
     }
@@ -877,13 +873,6 @@ impl ConnectionLike for Link {
     fn is_open(&self) -> bool {
         !self.broken && self.node.is_open()
     }
-}
-
-/// A cluster command's time: the command timeout, lengthened by the bound of the replica
-/// confirmation under way on the calling thread, if any (see
-/// [`with_confirm`](super::cluster_deadline::with_confirm)).
-fn confirm_bound(timeout: Option<Duration>) -> Option<Duration> {
-    timeout.map(|t| t.saturating_add(confirm_extra()))
 }
 
 /// `req_packed_commands` of a single server's connection with no reply waited for past
