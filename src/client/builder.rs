@@ -298,9 +298,10 @@ impl ClientBuilder {
     ///
     /// [`ReplicaAcks::Auto`] (the default) requires one replica on a Sentinel client whose
     /// primary had replicas when the client learnt it (at its first connection and after
-    /// every master switch; a replica lost in between does not turn it off), and none on
-    /// single-server clients. [`ReplicaAcks::Require`] is not available on Cluster clients
-    /// yet (`build()` says so), where `Auto` requires none.
+    /// every master switch; a replica lost in between does not turn it off), on a Cluster
+    /// client for each shard whose primary had replicas when the client first wrote a hold
+    /// there (learnt again after a failover), and none on single-server clients. On a
+    /// Cluster the `WAIT` goes to the primary that ran the write, after a redirection too.
     pub fn replica_acks(mut self, acks: ReplicaAcks) -> Self {
         self.replica_acks = acks;
         self
@@ -494,12 +495,6 @@ impl ClientBuilder {
             }
         };
         let sentinel = matches!(self.target, TargetSpec::Sentinel { .. });
-        if cluster && matches!(self.replica_acks, ReplicaAcks::Require(n) if n > 0) {
-            return Err(LockError::client_config(
-                "replica confirmation (ReplicaAcks::Require) is not available on Cluster \
-                 clients yet",
-            ));
-        }
         if self.replica_ack_timeout.is_zero() {
             return Err(LockError::client_config(
                 "replica_ack_timeout is zero (WAIT would block until every replica confirms)",
@@ -508,7 +503,7 @@ impl ClientBuilder {
         let acks = Arc::new(Acks::new(
             self.replica_acks,
             self.replica_ack_timeout,
-            sentinel,
+            sentinel || cluster,
         ));
         let counters = Arc::new(crate::stats::Counters::default());
         let manager = Manager {

@@ -27,14 +27,26 @@
 //! late reply may still come) drops its socket and opens a new one at its next use, so no
 //! failure of one node leaves a stale socket among the others.
 //!
+//! A hold's write on a client that requires replicas to confirm it (see
+//! [`confirm`](crate::client::confirm)) runs within [`with_confirm`]: each command a node
+//! connection sends for it is followed by `WAIT <n> <timeout>` on that same node connection, in
+//! the same round trip, so the `WAIT` goes to the very primary that ran the write, after a
+//! `MOVED` or `ASK` redirection too. Its reply is taken off before redis-rs reads the replies,
+//! and noted for the caller; the read timeout and the command's deadline grow by `WAIT`'s
+//! bound when a `WAIT` is sent (not past a watchdog renewal's cap). Under [`ReplicaAcks::Auto`](crate::ReplicaAcks::Auto) each new socket asks
+//! its node `INFO replication` before its first confirmed write, and `n` is what the client
+//! learnt of that primary ([`Acks::learn_node`]).
+//!
 //! A watchdog renewal brings its own, earlier, deadline: the earliest loss deadline of the holds
 //! it carries (see [`watchdog`](crate::client::watchdog)). [`with_deadline`] takes the earlier
 //! of the two, and [`left_until`] / [`within`] cut the timeouts of a single server's
 //! connection, of a new connection and of a pool checkout to that deadline the same way.
 
-use std::cell::Cell;
-use std::sync::Mutex;
+use std::cell::{Cell, RefCell};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use super::confirm::{Acks, NodeRole};
 
 use redis::{
     Cmd, ConnectionInfo, ConnectionLike, ErrorKind, IntoConnectionInfo, RedisError, RedisResult,
@@ -44,6 +56,103 @@ use redis::{
 thread_local! {
     /// The deadline of the cluster command the calling thread is running, if any.
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// The cap of that command (a watchdog renewal's), and whether its deadline has grown by
+    /// a replica confirmation's bound (see [`extend_deadline`]).
+    static CAP: Cell<(Option<Instant>, bool)> = const { Cell::new((None, false)) };
+    /// The replica confirmation the calling thread's cluster commands ask for, if any.
+    static CONFIRM: RefCell<Option<Confirming>> = const { RefCell::new(None) };
+}
+
+/// A replica confirmation under way on the calling thread (see [`with_confirm`]).
+struct Confirming {
+    acks: Arc<Acks>,
+    /// The worst shortfall seen: `(confirmed, required)`.
+    short: Option<(u32, u32)>,
+}
+
+/// Runs `f` (commands on a cluster connection) with each command a node connection sends for
+/// it followed by a `WAIT` on that node, when the node's primary needs replicas to confirm its
+/// writes. Returns `f`'s result and the worst shortfall, `(confirmed, required)`, if some write
+/// was confirmed by fewer replicas than required.
+pub(crate) fn with_confirm<T>(acks: &Arc<Acks>, f: impl FnOnce() -> T) -> (T, Option<(u32, u32)>) {
+    let before = CONFIRM.with(|c| {
+        c.replace(Some(Confirming {
+            acks: Arc::clone(acks),
+            short: None,
+        }))
+    });
+    let out = f();
+    let done = CONFIRM.with(|c| c.replace(before));
+    (out, done.and_then(|c| c.short))
+}
+
+/// The confirmation settings of the calling thread, if it asks for one.
+fn confirming() -> Option<Arc<Acks>> {
+    CONFIRM.with(|c| c.borrow().as_ref().map(|c| Arc::clone(&c.acks)))
+}
+
+/// Notes a `WAIT` reply for `required` replicas on the calling thread (an error counts as
+/// none).
+fn note_confirmed(reply: &Value, required: u32) {
+    let confirmed = match reply {
+        Value::Int(n) => u32::try_from((*n).max(0)).unwrap_or(u32::MAX),
+        _ => 0,
+    };
+    if confirmed >= required {
+        return;
+    }
+    CONFIRM.with(|c| {
+        if let Some(c) = c.borrow_mut().as_mut() {
+            if c.short.is_none_or(|(least, _)| confirmed < least) {
+                c.short = Some((confirmed, required));
+            }
+        }
+    });
+}
+
+/// Commands that are not a hold's write: redis-rs's own (`ASKING` before a redirected command,
+/// the slot map's `CLUSTER SLOTS`, the greeting) and the confirmation's. A `WAIT` after
+/// `ASKING` would spend its one-command permission.
+fn needs_no_confirmation(cmd: &[u8]) -> bool {
+    // `*<n>\r\n$<len>\r\n<name>\r\n`
+    let name = cmd
+        .split(|&b| b == b'\n')
+        .nth(2)
+        .map(|n| n.strip_suffix(b"\r").unwrap_or(n));
+    name.is_none_or(|n| {
+        [
+            &b"ASKING"[..],
+            b"CLUSTER",
+            b"READONLY",
+            b"READWRITE",
+            b"PING",
+            b"INFO",
+            b"ROLE",
+            b"WAIT",
+        ]
+        .iter()
+        .any(|c| n.eq_ignore_ascii_case(c))
+    })
+}
+
+/// A reply that says the command did not run where it was sent (a redirection, a retry asked
+/// for, a replica, a missing script): the `WAIT` after it confirms nothing of this write.
+fn did_not_run(reply: &Value) -> bool {
+    use redis::ServerErrorKind as K;
+    matches!(reply, Value::ServerError(e) if matches!(
+        e.kind(),
+        Some(
+            K::Moved
+                | K::Ask
+                | K::TryAgain
+                | K::ClusterDown
+                | K::MasterDown
+                | K::BusyLoading
+                | K::ReadOnly
+                | K::NoScript
+                | K::CrossSlot
+        )
+    ))
 }
 
 /// Runs `f` (one command on a cluster connection) with every send, connect and read of it,
@@ -60,9 +169,27 @@ pub(crate) fn with_deadline<T>(
         (d, u) => d.or(u),
     };
     let before = DEADLINE.with(|d| d.replace(deadline));
+    let cap = CAP.with(|c| c.replace((until, false)));
     let out = f();
     DEADLINE.with(|d| d.set(before));
+    CAP.with(|c| c.set(cap));
     out
+}
+
+/// A node connection is about to send a `WAIT` for the calling thread's command: its deadline
+/// grows by `extra` (`WAIT`'s bound), once per command and never past its cap.
+fn extend_deadline(extra: Duration) {
+    let (until, extended) = CAP.with(Cell::get);
+    if extended {
+        return;
+    }
+    CAP.with(|c| c.set((until, true)));
+    DEADLINE.with(|d| {
+        if let Some(deadline) = d.get() {
+            let longer = deadline.checked_add(extra).unwrap_or(deadline);
+            d.set(Some(until.map_or(longer, |u| longer.min(u))));
+        }
+    });
 }
 
 /// The time left before the current deadline: `Ok(None)` without one, an I/O timeout error when
@@ -167,6 +294,9 @@ pub(crate) struct Deadlined {
     write: Cell<Option<Duration>>,
     /// The timeout currently on the socket (read and write alike while a deadline is armed).
     armed: Option<Duration>,
+    /// Replicas that must confirm each write on this socket, once learnt (see
+    /// [`Deadlined::required`]); forgotten with the socket.
+    required: Option<u32>,
 }
 
 /// Timeouts closer than this to the one already set are not set again (one system call each).
@@ -202,6 +332,7 @@ impl Deadlined {
             self.armed = None;
             self.con = Some(con);
             self.fresh = true;
+            self.required = None;
         }
         let Some(con) = self.con.as_mut() else {
             return Err(RedisError::from((
@@ -209,28 +340,41 @@ impl Deadlined {
                 "node connection not opened",
             )));
         };
-        Self::arm(con, left, &self.read, &self.write, &mut self.armed)?;
+        Self::arm(
+            con,
+            left,
+            &self.read,
+            &self.write,
+            &mut self.armed,
+            Duration::ZERO,
+        )?;
         Ok(con)
     }
 
     /// Before a send or a read: cut the socket's timeouts to the time left `left`, or put the
     /// cluster connection's back when there is no deadline.
+    ///
+    /// `extra` lengthens the read timeout (a replica confirmation's bound).
     fn arm(
         con: &redis::Connection,
         left: Option<Duration>,
         read: &Cell<Option<Duration>>,
         write: &Cell<Option<Duration>>,
         armed: &mut Option<Duration>,
+        extra: Duration,
     ) -> RedisResult<()> {
         let Some(left) = left else {
-            if armed.is_some() {
-                con.set_read_timeout(read.get())?;
+            if armed.is_some() || !extra.is_zero() {
+                con.set_read_timeout(read.get().map(|r| r.saturating_add(extra)))?;
                 con.set_write_timeout(write.get())?;
-                *armed = None;
+                // Put back before the next command.
+                *armed = (!extra.is_zero()).then_some(Duration::MAX);
             }
             return Ok(());
         };
-        let want = read.get().map_or(left, |r| r.min(left));
+        let want = read
+            .get()
+            .map_or(left, |r| r.saturating_add(extra).min(left));
         let close = armed.is_some_and(|a| a >= want && a.saturating_sub(want) <= SLACK);
         if !close {
             con.set_read_timeout(Some(want))?;
@@ -296,13 +440,14 @@ impl Deadlined {
             &Cell<Option<Duration>>,
             &mut Option<Duration>,
         ),
+        extra: Duration,
     ) -> RedisResult<Vec<Value>> {
         let (read, write, armed) = timeouts;
         con.send_packed_command(cmd)?;
         let mut replies = Vec::with_capacity(count);
         let mut idx = 0;
         while idx < offset + count {
-            Self::arm(con, time_left()?, read, write, armed)?;
+            Self::arm(con, time_left()?, read, write, armed, extra)?;
             match con.recv_response()? {
                 // RESP3 push data between replies is not a reply.
                 Value::Push { .. } => continue,
@@ -312,6 +457,91 @@ impl Deadlined {
             idx += 1;
         }
         Ok(replies)
+    }
+}
+
+/// `INFO replication`, packed.
+const INFO_REPLICATION: &[u8] = b"*2\r\n$4\r\nINFO\r\n$11\r\nreplication\r\n";
+
+impl Deadlined {
+    /// The confirmation the calling thread asks of `cmd` on this node, if one is due: the
+    /// client's settings and the replicas required here. Under `Auto` a new socket learns its
+    /// node first (`INFO replication`, one round trip; see [`Acks::learn_node`]).
+    fn confirmation(&mut self, cmd: &[u8]) -> RedisResult<Option<(Arc<Acks>, u32)>> {
+        let Some(acks) = confirming() else {
+            return Ok(None);
+        };
+        if needs_no_confirmation(cmd) {
+            return Ok(None);
+        }
+        let required = match acks.node_fixed() {
+            Some(n) => n,
+            None => match self.required {
+                Some(n) => n,
+                None => {
+                    let info = self.io(|c| c.req_packed_command(INFO_REPLICATION))?;
+                    let addr = self.info.addr().to_string();
+                    let n = match redis::from_redis_value::<String>(info) {
+                        Ok(text) => acks.learn_node(&addr, &NodeRole::parse(&text)),
+                        Err(e) => {
+                            log::warn!(
+                                "replica confirmation off on the Cluster node {addr}: \
+                                 INFO replication was refused ({e})"
+                            );
+                            0
+                        }
+                    };
+                    // Kept with the socket (`io` may have dropped it).
+                    if self.con.is_some() {
+                        self.required = Some(n);
+                    }
+                    n
+                }
+            },
+        };
+        Ok((required > 0).then_some((acks, required)))
+    }
+
+    /// Sends `cmd` (a command, or a pipeline whose `offset + count` replies are read) then
+    /// `WAIT <required>` in one round trip, reads every reply with the read timeout lengthened
+    /// by `WAIT`'s bound, notes the `WAIT`'s reply for the calling thread (unless the command
+    /// did not run here: a redirection) and returns the others as `req_packed_commands` would.
+    fn confirmed(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+        acks: &Acks,
+        required: u32,
+    ) -> RedisResult<Vec<Value>> {
+        extend_deadline(acks.timeout());
+        let wait = acks.packed_wait(required);
+        let mut packed = Vec::with_capacity(cmd.len() + wait.len());
+        packed.extend_from_slice(cmd);
+        packed.extend_from_slice(&wait);
+        let r = self.ready().map(|_| ()).and_then(|()| {
+            let Some(con) = self.con.as_mut() else {
+                return Err(RedisError::from((
+                    ErrorKind::Io,
+                    "node connection not opened",
+                )));
+            };
+            Self::pipeline(
+                con,
+                &packed,
+                0,
+                offset + count + 1,
+                (&self.read, &self.write, &mut self.armed),
+                acks.timeout(),
+            )
+        });
+        self.after(&r);
+        let mut replies = r?;
+        let wait = replies.pop().unwrap_or(Value::Nil);
+        if !replies.iter().any(did_not_run) {
+            note_confirmed(&wait, required);
+        }
+        Ok(replies.split_off(offset.min(replies.len())))
     }
 }
 
@@ -339,6 +569,7 @@ impl redis::cluster::Connect for Deadlined {
             read: Cell::new(None),
             write: Cell::new(None),
             armed: None,
+            required: None,
         })
     }
 
@@ -384,6 +615,10 @@ impl ConnectionLike for Deadlined {
         if let Some(pong) = self.greet(cmd) {
             return Ok(pong);
         }
+        if let Some((acks, required)) = self.confirmation(cmd)? {
+            let mut replies = self.confirmed(cmd, 0, 1, &acks, required)?;
+            return Ok(replies.pop().unwrap_or(Value::Nil));
+        }
         self.io(|c| c.req_packed_command(cmd))
     }
 
@@ -393,6 +628,9 @@ impl ConnectionLike for Deadlined {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        if let Some((acks, required)) = self.confirmation(cmd)? {
+            return self.confirmed(cmd, offset, count, &acks, required);
+        }
         if offset + count <= 1 {
             return self.io(|c| c.req_packed_commands(cmd, offset, count));
         }
@@ -410,6 +648,7 @@ impl ConnectionLike for Deadlined {
                 offset,
                 count,
                 (&self.read, &self.write, &mut self.armed),
+                Duration::ZERO,
             )
         });
         self.after(&r);
@@ -421,6 +660,13 @@ impl ConnectionLike for Deadlined {
             let packed = cmd.get_packed_command();
             if let Some(pong) = self.greet(&packed) {
                 return Ok(pong);
+            }
+        }
+        if confirming().is_some() {
+            let packed = cmd.get_packed_command();
+            if let Some((acks, required)) = self.confirmation(&packed)? {
+                let mut replies = self.confirmed(&packed, 0, 1, &acks, required)?;
+                return Ok(replies.pop().unwrap_or(Value::Nil));
             }
         }
         self.io(|c| c.req_command(cmd))

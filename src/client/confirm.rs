@@ -8,7 +8,15 @@
 //! at its first connection to a primary, from that primary's `ROLE` reply, and again at the
 //! first connection to each other primary (a master switch). A replica that drops out later (a
 //! partition) does not lower it: that is when the confirmation matters.
+//!
+//! On a Cluster the `WAIT` is sent by the node connection that carries the write (see
+//! [`cluster_deadline`](super::cluster_deadline)), so it goes to the very primary that ran the
+//! write, after a `MOVED` or `ASK` redirection too, and each primary is learnt on its own
+//! ([`Acks::learn_node`]): from `INFO replication` on the first confirmed write of each new
+//! node socket, kept for as long as the node keeps its replication ID (the same primary; a
+//! replica promoted by a failover starts a new one, so it is learnt afresh).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -20,12 +28,16 @@ use redis::{ConnectionLike, RedisResult, Value};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ReplicaAcks {
-    /// Sentinel clients: one replica must confirm each write when the primary had a replica
-    /// when the client learnt it (at its first connection and after each master switch), none
-    /// otherwise. Single-server and Cluster clients: none.
+    /// Sentinel and Cluster clients: one replica must confirm each write when the primary
+    /// that takes it had a replica when the client learnt it, none otherwise. A Sentinel
+    /// client learns its primary at its first connection and after each master switch; a
+    /// Cluster client learns each shard's primary on its own, when it first writes a hold
+    /// there, and again after a failover (a promoted replica is a new primary). A replica that
+    /// drops out later (a partition) does not turn it off. Single-server clients: none.
     #[default]
     Auto,
-    /// At least this many replicas must confirm each write, whatever the deployment.
+    /// At least this many replicas must confirm each write, whatever the deployment (on a
+    /// Cluster: replicas of the shard's primary that took the write).
     Require(u32),
     /// No confirmation: a write is a hold as soon as the primary acknowledges it.
     Off,
@@ -44,17 +56,59 @@ pub(crate) struct Acks {
     required: AtomicU32,
     /// The primary `required` was learnt from (host, port).
     learnt: Mutex<Option<(String, u16)>>,
+    /// Cluster clients: what `Auto` learnt of each primary, by `host:port`.
+    nodes: Mutex<HashMap<String, Learnt>>,
+}
+
+/// What `Auto` learnt of one Cluster primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Learnt {
+    /// The primary's replication ID when it was learnt: another one at the same address is
+    /// another primary (a promoted replica, a restart with a new data set).
+    replid: String,
+    /// Replicas that must confirm each write there.
+    required: u32,
+}
+
+/// What `INFO replication` says of a node, for [`Acks::learn_node`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct NodeRole {
+    pub(crate) primary: bool,
+    pub(crate) replicas: usize,
+    pub(crate) replid: String,
+}
+
+impl NodeRole {
+    /// Parses `INFO replication`'s text (Redis and Valkey alike).
+    pub(crate) fn parse(info: &str) -> NodeRole {
+        let mut role = NodeRole::default();
+        for line in info.lines() {
+            let Some((k, v)) = line.trim().split_once(':') else {
+                continue;
+            };
+            match k {
+                "role" => role.primary = v == "master" || v == "primary",
+                "connected_slaves" | "connected_replicas" => {
+                    role.replicas = v.parse().unwrap_or(0);
+                }
+                "master_replid" | "primary_replid" => v.clone_into(&mut role.replid),
+                _ => {}
+            }
+        }
+        role
+    }
 }
 
 impl Acks {
-    /// `sentinel`: the client follows a Sentinel-managed primary (where `Auto` is on).
-    pub(crate) fn new(mode: ReplicaAcks, timeout: Duration, sentinel: bool) -> Acks {
+    /// `auto`: the client follows a Sentinel-managed primary or a Cluster (where `Auto` is
+    /// on).
+    pub(crate) fn new(mode: ReplicaAcks, timeout: Duration, auto: bool) -> Acks {
         let required = match mode {
             ReplicaAcks::Require(n) => n,
             ReplicaAcks::Auto | ReplicaAcks::Off => 0,
         };
         Acks {
-            mode: if sentinel || mode != ReplicaAcks::Auto {
+            mode: if auto || mode != ReplicaAcks::Auto {
                 mode
             } else {
                 ReplicaAcks::Off
@@ -64,7 +118,74 @@ impl Acks {
                 .max(1),
             required: AtomicU32::new(required),
             learnt: Mutex::new(None),
+            nodes: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// True if some writes may need confirming: `Require(n > 0)`, or `Auto` where it is on.
+    pub(crate) fn may_confirm(&self) -> bool {
+        match self.mode {
+            ReplicaAcks::Require(n) => n > 0,
+            ReplicaAcks::Auto => true,
+            ReplicaAcks::Off => false,
+        }
+    }
+
+    /// `WAIT`'s bound.
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// Cluster: the replicas each write on the primary at `addr` needs, when no node socket
+    /// has to learn it first: `Require(n)`'s `n`, or `None` under `Auto` (see
+    /// [`learn_node`](Self::learn_node)).
+    pub(crate) fn node_fixed(&self) -> Option<u32> {
+        match self.mode {
+            ReplicaAcks::Require(n) => Some(n),
+            ReplicaAcks::Off => Some(0),
+            ReplicaAcks::Auto => None,
+        }
+    }
+
+    /// Cluster, `Auto`: a new socket to the node at `addr` found it as `role` says; returns the
+    /// replicas each write there needs from now on. A primary met for the first time (or with
+    /// another replication ID: another primary at that address) needs one replica if it has
+    /// any, none otherwise; a primary met again keeps what it needed, whatever replicas it has
+    /// now (one that dropped out during a partition does not turn the confirmation off). A
+    /// node that is no primary needs none, and is forgotten.
+    pub(crate) fn learn_node(&self, addr: &str, role: &NodeRole) -> u32 {
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        if !role.primary {
+            nodes.remove(addr);
+            return 0;
+        }
+        if let Some(known) = nodes.get(addr) {
+            if known.replid == role.replid {
+                return known.required;
+            }
+        }
+        let required = u32::from(role.replicas > 0);
+        log::info!(
+            "replica confirmation {} on the Cluster primary {addr}: it has {} replicas",
+            if required > 0 { "on" } else { "off" },
+            role.replicas
+        );
+        nodes.insert(
+            addr.to_owned(),
+            Learnt {
+                replid: role.replid.clone(),
+                required,
+            },
+        );
+        required
+    }
+
+    /// The packed `WAIT` for `required` replicas with this client's bound.
+    pub(crate) fn packed_wait(&self, required: u32) -> Vec<u8> {
+        redis::cmd("WAIT")
+            .arg(required)
+            .arg(self.timeout_ms)
+            .get_packed_command()
     }
 
     /// A connection to the primary at `addr` found it with `replicas` replicas: the first
@@ -210,6 +331,62 @@ mod tests {
         off.learn(&m1, 3);
         assert_eq!(off.required(), 0);
         assert!(off.wait().is_none());
+    }
+
+    fn primary(replicas: usize, replid: &str) -> NodeRole {
+        NodeRole {
+            primary: true,
+            replicas,
+            replid: replid.to_owned(),
+        }
+    }
+
+    #[test]
+    fn cluster_auto_learns_each_primary_once_per_replication_id() {
+        let acks = Acks::new(ReplicaAcks::Auto, DEFAULT_REPLICA_ACK_TIMEOUT, true);
+        assert!(acks.may_confirm());
+        assert_eq!(acks.node_fixed(), None);
+        // Two shards: one with a replica, one without.
+        assert_eq!(acks.learn_node("a:1", &primary(1, "r1")), 1);
+        assert_eq!(acks.learn_node("b:2", &primary(0, "r2")), 0);
+        // a's replica drops out (a partition), a new socket learns again: still 1.
+        assert_eq!(acks.learn_node("a:1", &primary(0, "r1")), 1);
+        // b gains a replica: still 0 (learnt once, as a Sentinel primary).
+        assert_eq!(acks.learn_node("b:2", &primary(1, "r2")), 0);
+        // a failover: a's replica, promoted at c, without a replica of its own.
+        assert_eq!(acks.learn_node("c:3", &primary(0, "r3")), 0);
+        // The old primary back at a's address as a replica: forgotten...
+        let replica = NodeRole {
+            primary: false,
+            replicas: 0,
+            replid: "r3".to_owned(),
+        };
+        assert_eq!(acks.learn_node("a:1", &replica), 0);
+        // ... and promoted again (a new replication ID) without replicas: learnt afresh.
+        assert_eq!(acks.learn_node("a:1", &primary(0, "r4")), 0);
+        // Same address, new replication ID without the replica-role sighting (a restart with
+        // a new data set): learnt afresh too.
+        assert_eq!(acks.learn_node("b:2", &primary(1, "r5")), 1);
+        // Fixed modes learn nothing.
+        let required = Acks::new(ReplicaAcks::Require(2), DEFAULT_REPLICA_ACK_TIMEOUT, true);
+        assert_eq!(required.node_fixed(), Some(2));
+        let off = Acks::new(ReplicaAcks::Off, DEFAULT_REPLICA_ACK_TIMEOUT, true);
+        assert!(!off.may_confirm());
+        // Auto where it is off (a single server).
+        let single = Acks::new(ReplicaAcks::Auto, DEFAULT_REPLICA_ACK_TIMEOUT, false);
+        assert!(!single.may_confirm());
+    }
+
+    #[test]
+    fn info_replication_is_parsed() {
+        let redis = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\
+                     slave0:ip=127.0.0.1,port=7001,state=online,offset=1,lag=0\r\n\
+                     master_failover_state:no-failover\r\n\
+                     master_replid:abc\r\nmaster_replid2:000\r\n";
+        assert_eq!(NodeRole::parse(redis), primary(2, "abc"));
+        let replica = NodeRole::parse("role:slave\r\nmaster_host:x\r\nmaster_replid:def\r\n");
+        assert!(!replica.primary);
+        assert_eq!(NodeRole::parse(""), NodeRole::default());
     }
 
     #[test]

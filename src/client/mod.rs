@@ -616,16 +616,30 @@ impl LockClient {
         until: Option<Instant>,
         mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
-        if self.inner.acks.required() == 0 {
-            return self.with_conn_until(key, until, f);
-        }
         let mut short = None;
-        let reply = self.with_conn_until(key, until, |con, s| {
-            con.set_wait(self.inner.acks.wait());
-            let reply = f(con, s);
-            short = con.take_wait().and_then(|w| w.shortfall());
-            reply
-        })?;
+        let reply = if self.inner.cluster {
+            // On a Cluster each node connection sends the `WAIT` after what it carries (see
+            // `cluster_deadline`): to the primary that ran the write.
+            if !self.inner.acks.may_confirm() {
+                return self.with_conn_until(key, until, f);
+            }
+            self.with_conn_until(key, until, |con, s| {
+                let (reply, shortfall) =
+                    cluster_deadline::with_confirm(&self.inner.acks, || f(con, s));
+                short = shortfall;
+                reply
+            })?
+        } else {
+            if self.inner.acks.required() == 0 {
+                return self.with_conn_until(key, until, f);
+            }
+            self.with_conn_until(key, until, |con, s| {
+                con.set_wait(self.inner.acks.wait());
+                let reply = f(con, s);
+                short = con.take_wait().and_then(|w| w.shortfall());
+                reply
+            })?
+        };
         match short {
             Some((confirmed, required)) => {
                 log::debug!(

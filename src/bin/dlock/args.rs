@@ -184,8 +184,9 @@ are forwarded to COMMAND (except those its terminal already sent it, like Ctrl-C
                        replica to confirm it when the master has one, and a lock no replica
                        confirmed is not taken: COMMAND does not run (exit 69)
   --master NAME        the master's name in Sentinel (with --sentinel)
-  --replica-acks A     auto (default: one replica through Sentinel when the master has one
-                       when dlock starts), off, or N replicas that must confirm every write
+  --replica-acks A     auto (default: one replica through Sentinel or Cluster when the
+                       primary has one when dlock meets it), off, or N replicas that must
+                       confirm every write
                        (a job that must not run on a master cut off from its replicas when
                        dlock starts passes 1)
   --cluster URL        a node of a Redis Cluster (repeat for more seeds)
