@@ -5,11 +5,23 @@
 -- KEYS[2] (optional) fencing counter, in the lock key's hash slot (`dlock_fence:{key}`)
 -- ARGV[1] lease in milliseconds
 -- ARGV[2] owner id
+-- ARGV[3] (optional) the owner's hold count as the calling thread knows it: a larger count
+--         of the owner's is a hold it gave up but the server kept (a release done on a primary
+--         that failed over before replicating it), and is set back to this count first, so
+--         that the stale hold does not outlive the owner's next release
 -- Returns {1, fence} when taken or re-entered (fence: INCR of KEYS[2] for a new hold; for a
 -- re-entry the counter's current value, which the owner's outer hold set; 0 without KEYS[2]),
 -- {0, PTTL of the key} when another owner holds it. A key of another type fails with
 -- WRONGTYPE (from HEXISTS).
 if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+    local known = tonumber(ARGV[3])
+    if known and (tonumber(redis.call('hget', KEYS[1], ARGV[2])) or 0) > known then
+        if known > 0 then
+            redis.call('hset', KEYS[1], ARGV[2], known)
+        else
+            redis.call('hdel', KEYS[1], ARGV[2])
+        end
+    end
     local count = redis.call('hincrby', KEYS[1], ARGV[2], 1)
     redis.call('pexpire', KEYS[1], ARGV[1])
     if #KEYS < 2 then

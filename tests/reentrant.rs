@@ -792,3 +792,63 @@ fn cluster_hash_tag_keeps_channel_and_fence_in_the_key_slot() {
     assert!(again.fence().unwrap() > f);
     assert!(again.unlock().unwrap());
 }
+
+/// A hold the owner gave up but the server kept (a release done on a primary that then failed
+/// over before replicating it) does not outlive the owner's next release: its next acquire sets
+/// the owner's count back to what the thread holds. (It re-entered the stale hold, and the
+/// key outlived every release by a lease: seen after Cluster primary kills under load.)
+#[test]
+fn a_stale_hold_of_the_owner_does_not_outlive_its_next_release() {
+    init_logging();
+    let server = RedisServer::start();
+    let client = client(&server);
+    let key = "re:stale-own-hold";
+    let lock = reentrant(&client, key, Duration::from_secs(30));
+    let mut conn = server.conn();
+    // The server counts a hold of this thread that the thread released (as after a failover).
+    redis::cmd("HSET")
+        .arg(key)
+        .arg(lock.owner_id())
+        .arg(1)
+        .exec(&mut conn)
+        .unwrap();
+    redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(30_000)
+        .exec(&mut conn)
+        .unwrap();
+    let guard = lock
+        .try_lock()
+        .expect("its own stale hold does not refuse it");
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        1,
+        "the stale hold was not counted"
+    );
+    assert!(guard.unlock().unwrap());
+    assert!(
+        !raw::exists(&mut conn, key),
+        "the stale hold outlived the release: {:?}",
+        hash(&mut conn, key)
+    );
+    // A real re-entry still counts, and a stale extra above it is dropped too.
+    let outer = lock.try_lock().unwrap();
+    let inner = lock.try_lock().unwrap();
+    assert_eq!(lock.hold_count().unwrap(), 2);
+    assert!(inner.unlock().unwrap());
+    redis::cmd("HINCRBY")
+        .arg(key)
+        .arg(lock.owner_id())
+        .arg(3)
+        .exec(&mut conn)
+        .unwrap();
+    let again = lock.try_lock().unwrap();
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        2,
+        "outer and again, nothing stale"
+    );
+    assert!(again.unlock().unwrap());
+    assert!(outer.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key), "{:?}", hash(&mut conn, key));
+}

@@ -7,7 +7,8 @@
 //! every hold is given back. See `docs/reentrant.md`.
 //!
 //! Wire, per operation (one round trip each):
-//! - acquire: `EVALSHA <reentrant_acquire.lua> 1|2 key [dlock_fence:{key}] <lease ms> <owner>`
+//! - acquire: `EVALSHA <reentrant_acquire.lua> 1|2 key [dlock_fence:{key}] <lease ms> <owner>
+//!   <the thread's own count>`
 //!   → `{1, fence}` (taken or re-entered) or `{0, pttl}` (held by another owner);
 //! - release: `EVALSHA <reentrant_release.lua> 1 key 0 <lease ms> <owner>
 //!   redisson_lock__channel:{key} <request id>` → 1 + subscribers reached (last hold: deleted
@@ -217,9 +218,12 @@ impl ReentrantLock {
             .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
         let sent = std::cell::Cell::new(false);
+        // What this thread holds: more on the server is a stale hold of its own (a release lost
+        // in a failover), which the script sets back first.
+        let known = local_count(&owner, &self.key).unwrap_or(0);
         let reply: Result<Value> = self.client.with_conn_confirmed(&self.key, |con, s| {
             sent.set(true);
-            let args = (self.opts.lease_ms(), owner.as_str());
+            let args = (self.opts.lease_ms(), owner.as_str(), known);
             match &self.opts.fence_key {
                 Some(fence) => {
                     s.reentrant_acquire
