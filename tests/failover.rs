@@ -120,7 +120,10 @@ impl Load {
                             Err(e) => {
                                 if !matches!(e, redis_dlock::LockError::Timeout { .. }) {
                                     log::debug!("LOAD {key}: lock: {}", e.report());
-                                    errors.lock().unwrap().push(format!("{key}: lock: {e}"));
+                                    errors
+                                        .lock()
+                                        .unwrap()
+                                        .push(format!("{key}: lock: {}", e.report()));
                                     // A pause after an error, as an application would make.
                                     support::work(Duration::from_millis(20));
                                 }
@@ -144,7 +147,10 @@ impl Load {
                         let released = match guard.unlock() {
                             Ok(r) => Some(r),
                             Err(e) => {
-                                errors.lock().unwrap().push(format!("{key}: unlock: {e}"));
+                                errors
+                                    .lock()
+                                    .unwrap()
+                                    .push(format!("{key}: unlock: {}", e.report()));
                                 None
                             }
                         };

@@ -690,6 +690,7 @@ impl LockClient {
     ) -> Result<T> {
         // Sized on the first dropped connection only: the pool's state takes its mutex.
         let mut stale_left: Option<u32> = None;
+        let mut redirects_left = MOVED_RESENDS;
         loop {
             let mut conn = self.conn(key, until)?;
             // Lifted when the connection goes back to the pool (`Conn`'s drop).
@@ -701,12 +702,22 @@ impl LockClient {
                     let left = stale_left.unwrap_or_else(|| self.pool_state().connections + 1);
                     stale_left = Some(left - 1);
                 }
+                // A Cluster slot that moved again while redis-rs followed its redirections
+                // (a migration under way): the command did not run where it was last sent, so
+                // it is sent again, on the slot map that redirection refreshed.
+                Err(e) if matches!(e.code(), Some("MOVED" | "ASK")) && redirects_left > 0 => {
+                    log::debug!("lock {key:?}: {e} after redis-rs's redirections; sent again");
+                    redirects_left -= 1;
+                }
                 other => return other.map_err(|e| self.command_error(key, e)),
             }
         }
     }
 }
 
+/// How many times a command that still met `MOVED` or `ASK` after redis-rs's own redirections
+/// is sent again (each within its own command timeout).
+const MOVED_RESENDS: u32 = 2;
 /// The entry of `owner` at `key` in the client's live set, attempting (`a`) or holding (`h`)
 /// (a NUL cannot start a token).
 fn owner_slot(what: u8, key: &str, owner: &[u8]) -> Vec<u8> {
