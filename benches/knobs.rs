@@ -9,8 +9,13 @@
 //! - token: 8 threads with a `LockClient` each (they meet only in Redis, as processes do),
 //!   Token at its defaults (waiters woken by pub/sub); configurations: the defaults, no
 //!   handoff courtesy, a 5 ms subscriber tick, no linger of idle channels;
+//! - token bursts: the token workload in bursts, 100 ms of contention every 400 ms (every
+//!   thread idle in between, as a job that runs in waves): what the linger of idle channels is
+//!   for (without it each burst's waiters subscribe again); configurations: the defaults, no
+//!   linger;
 //! - fair: `Strategy::Fair`, 4 `LockClient`s with 2 threads each, and 8 threads with a
-//!   `LockClient` each; configurations: the defaults, no lending of the subscriber connection.
+//!   `LockClient` each; configurations: the defaults, no lending of the subscriber connection,
+//!   no linger (a fair waiter subscribes to its client's grant channel).
 //!
 //! Per run: sections/s, the p99 of every `lock()` call's wait, the share of sections whose
 //! holder changed, and the check that the counter equals the number of sections. The
@@ -44,6 +49,8 @@ struct Workload {
     clients: usize,
     threads_per_client: usize,
     configs: &'static [Config],
+    /// Contention in bursts: `(active, period)`, every thread idle for the rest of each period.
+    bursts: Option<(Duration, Duration)>,
 }
 
 const DEFAULTS: Knobs = Knobs {
@@ -52,7 +59,16 @@ const DEFAULTS: Knobs = Knobs {
     linger: None,
 };
 
-const WORKLOADS: [Workload; 3] = [
+const NO_LINGER: Config = Config {
+    name: "no linger (default 1.5 s)",
+    knobs: Knobs {
+        linger: Some(Duration::ZERO),
+        ..DEFAULTS
+    },
+    courtesy: None,
+};
+
+const WORKLOADS: [Workload; 4] = [
     Workload {
         name: "token, 8 threads with a LockClient each",
         fair: false,
@@ -77,15 +93,24 @@ const WORKLOADS: [Workload; 3] = [
                 },
                 courtesy: None,
             },
+            NO_LINGER,
+        ],
+        bursts: None,
+    },
+    Workload {
+        name: "token bursts, 100 ms of every 400 ms",
+        fair: false,
+        clients: 8,
+        threads_per_client: 1,
+        configs: &[
             Config {
-                name: "no linger (default 1.5 s)",
-                knobs: Knobs {
-                    linger: Some(Duration::ZERO),
-                    ..DEFAULTS
-                },
+                name: "token defaults",
+                knobs: DEFAULTS,
                 courtesy: None,
             },
+            NO_LINGER,
         ],
+        bursts: Some((Duration::from_millis(100), Duration::from_millis(400))),
     },
     Workload {
         name: "fair, 4 LockClients x 2 threads",
@@ -93,6 +118,7 @@ const WORKLOADS: [Workload; 3] = [
         clients: 4,
         threads_per_client: 2,
         configs: FAIR_CONFIGS,
+        bursts: None,
     },
     Workload {
         name: "fair, 8 threads with a LockClient each",
@@ -100,6 +126,7 @@ const WORKLOADS: [Workload; 3] = [
         clients: 8,
         threads_per_client: 1,
         configs: FAIR_CONFIGS,
+        bursts: None,
     },
 ];
 
@@ -117,6 +144,7 @@ const FAIR_CONFIGS: &[Config] = &[
         },
         courtesy: None,
     },
+    NO_LINGER,
 ];
 
 /// One section: `lock()` called, `lock()` returned, the thread.
@@ -171,6 +199,16 @@ fn run(url: &str, w: &Workload, c: &Config, key: &str, dur: Duration) -> Run {
                     thread::sleep(start.saturating_duration_since(Instant::now()));
                     let stop = start + dur;
                     while Instant::now() < stop {
+                        if let Some((active, period)) = w.bursts {
+                            // Between bursts: idle until the next period starts.
+                            let into = Instant::now().saturating_duration_since(start);
+                            let phase =
+                                Duration::from_nanos((into.as_nanos() % period.as_nanos()) as u64);
+                            if phase >= active {
+                                thread::sleep(period - phase);
+                                continue;
+                            }
+                        }
                         let called = Instant::now();
                         let guard = match lock.lock() {
                             Ok(g) => g,

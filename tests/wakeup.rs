@@ -11,7 +11,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
-use redis_dlock::{DistributedLock, LockClient, LockError, RetryPolicy, TokenLock};
+use redis_dlock::{
+    DistributedLock, FairLock, LockClient, LockError, RetryPolicy, Strategy, TokenLock,
+};
 use support::{init_logging, raw, wait_event, wait_listening, wait_until, RedisServer};
 
 /// The thread-count test takes this for writing, every other test for reading, so that no
@@ -249,41 +251,64 @@ fn one_subscriber_connection_per_client() {
 }
 
 #[test]
-fn idle_channels_linger_then_are_unsubscribed() {
+fn idle_release_channels_go_at_once_and_grant_channels_linger() {
     init_logging();
     let _serial = shared();
     let server = RedisServer::start();
     let (holder, waiter) = (client(&server), client(&server));
     let mut conn = server.conn();
-    let (k1, k2) = ("wake:linger:1", "wake:linger:2");
-    let _held: Vec<_> = [k1, k2]
-        .iter()
-        .map(|k| {
-            holder_lock(&holder, k, Duration::from_secs(30))
-                .try_lock()
-                .expect("holder")
-                .into_lease()
-        })
-        .collect();
-    let wait = |key: &str| {
-        let err = slow_poller(&waiter, key, Duration::from_secs(5))
-            .try_lock_for(Duration::from_millis(200))
-            .expect_err("held");
-        assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
-    };
+    let key = "wake:idle:token";
+    let _held = holder_lock(&holder, key, Duration::from_secs(30))
+        .try_lock()
+        .expect("holder")
+        .into_lease();
+    let err = slow_poller(&waiter, key, Duration::from_secs(5))
+        .try_lock_for(Duration::from_millis(200))
+        .expect_err("held");
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    // Nobody waits on the release channel any more: unsubscribed without a linger (within a
+    // read tick of the subscriber, 200 ms, where a linger would have kept it for 1.5 s).
+    let idle = Instant::now();
+    wait_numsub(&mut conn, &channel(key), 0);
+    assert!(
+        idle.elapsed() < Duration::from_millis(1500),
+        "the release channel lingered for {:?}",
+        idle.elapsed()
+    );
 
-    wait(k1);
-    // Nobody waits any more, but the channel stays subscribed for the next waiter.
-    assert_eq!(raw::numsub(&mut conn, &channel(k1)), 1);
-    // Time under test: the linger must pass.
-    thread::sleep(Duration::from_millis(2000));
-    // Past the linger: the next subscription unsubscribes it.
-    wait(k2);
-    wait_numsub(&mut conn, &channel(k1), 0);
-    assert_eq!(raw::numsub(&mut conn, &channel(k2)), 1);
+    // A Fair waiter's grant channel (one per client) stays subscribed for the client's next
+    // fair wait, for the linger (1.5 s), then goes.
+    let fair_key = "wake:idle:fair";
+    let fair = |c: &LockClient| -> FairLock {
+        c.lock(fair_key)
+            .strategy(Strategy::Fair)
+            .build()
+            .expect("fair lock")
+            .try_into()
+            .expect("a fair lock")
+    };
+    let _fair_held = fair(&holder).try_lock().expect("fair holder").into_lease();
+    let waiting = fair(&waiter);
+    let err = waiting
+        .try_lock_for(Duration::from_millis(200))
+        .expect_err("held");
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    let idle = Instant::now();
+    assert_eq!(
+        raw::numsub(&mut conn, waiting.channel()),
+        1,
+        "the grant channel lingers"
+    );
+    wait_numsub(&mut conn, waiting.channel(), 0);
+    assert!(
+        idle.elapsed() >= Duration::from_secs(1),
+        "the grant channel went after {:?}, before its linger",
+        idle.elapsed()
+    );
     assert_eq!(
         pubsub_clients(&mut conn),
-        vec![("dlock-subscriber".to_owned(), 1)]
+        vec![],
+        "nothing stays subscribed"
     );
 }
 

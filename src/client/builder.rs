@@ -277,8 +277,8 @@ impl ClientBuilder {
     /// releasing client wins nearly every time. Measured on 2 loaded cores with 8 clients in a
     /// tight loop on one key, the share of the least served client relative to the most
     /// served one was 0.01–0.07 without it, 0.15 with 1 ms, 0.3–0.6 with 2–2.5 ms and 0.98 with
-    /// 3 ms. The cost: a client that re-locks at once while another client's subscription is
-    /// still lingering on the channel (up to 1.5 s after it last waited) waits this long once.
+    /// 3 ms. The cost: a client that re-locks at once while another client waits on the
+    /// channel waits this long once.
     ///
     /// At most [`ClientBuilder::MAX_HANDOFF_COURTESY`](crate::ClientBuilder::MAX_HANDOFF_COURTESY), or [`build`](Self::build) fails. The wait never runs
     /// past the blocking call's deadline (`try_lock_for`'s duration, the policy's `max_wait`,

@@ -19,8 +19,9 @@
 //!   While channels are subscribed it reads with a timeout ([`TICK`]), so that a queued
 //!   command waits at most that long; with nothing subscribed nothing can arrive, and it
 //!   sleeps until a command is queued.
-//! - A channel nobody waits on stays subscribed for [`LINGER`] (steady contention then costs
-//!   no re-subscription) and is then unsubscribed.
+//! - A release channel nobody waits on is unsubscribed at once; a hand-off channel (a Fair
+//!   client's grant channel, one per client) stays subscribed for [`LINGER`], so that a
+//!   client's next fair wait costs no re-subscription (both measured: see [`LINGER`]).
 //! - A lost connection (an error, EOF, or no answer to a `PING` within the client's timeout)
 //!   makes every subscription unconfirmed and wakes the waiters: they make an attempt, which
 //!   reports an outage as polling would have, and then poll. The reader reconnects with
