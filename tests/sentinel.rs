@@ -21,11 +21,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use redis_dlock::test_hooks::Event;
 use redis_dlock::ClassicOptions;
 use redis_dlock::Lock;
 use redis_dlock::{
-    DistributedLock, Encoding, LockClient, LockError, LockGuard, ReplicaAcks, RetryPolicy,
-    Strategy, Takeover,
+    DistributedLock, Encoding, FairLock, LockClient, LockError, LockGuard, ReplicaAcks,
+    RetryPolicy, Strategy, Takeover,
 };
 use support::{init_logging, raw, wait_until, RedisServer, Sentinel, SENTINEL_SERVICE};
 
@@ -796,4 +797,239 @@ fn a_token_hold_released_on_the_old_master_only_is_found_after_later_sections() 
         Some(kept.value())
     );
     assert!(kept.unlock().unwrap(), "the live hold was left alone");
+}
+
+/// A fair lock on `key` with a 60 s ttl; `fenced`: its acquires always send the script
+/// (`fair_acquire.lua`), else a first acquire is the plain `SET NX PX`.
+fn fair_lock(client: &LockClient, key: &str, fenced: bool) -> FairLock {
+    let builder = client
+        .lock(key)
+        .strategy(Strategy::Fair)
+        .ttl(Duration::from_secs(60));
+    let builder = if fenced { builder.fencing() } else { builder };
+    builder.build().unwrap().try_into().expect("a fair lock")
+}
+
+/// A fair waiter whose own polls (and retries after a transient failure) are 10 s apart:
+/// within a test it moves only when a grant reaches it.
+fn slow_polling_fair(client: &LockClient, key: &str) -> FairLock {
+    client
+        .lock(key)
+        .strategy(Strategy::Fair)
+        .ttl(Duration::from_secs(60))
+        .retry(RetryPolicy::standard().fixed_delay(Duration::from_secs(10)))
+        .build()
+        .unwrap()
+        .try_into()
+        .expect("a fair lock")
+}
+
+/// The fair lock's acquires are confirmed as Token's: with the replica cut off, an acquire by
+/// the plain `SET NX PX` and one by the script are refused, `NotReplicated`, and undone (the
+/// key deleted again, nothing queued), a blocking acquire retries until its deadline, and an
+/// extend of a hold taken before the cut is refused too. The negative control (the same
+/// acquire with confirmation off, taken) is in
+/// `a_fair_grant_without_confirmation_is_returned_when_the_replica_is_cut_off`.
+#[test]
+fn a_fair_acquire_no_replica_confirmed_is_refused_and_undone() {
+    init_logging();
+    let set = Sentinel::start(1, 1);
+    let a = client(&set);
+    let plain = fair_lock(&a, "fair-confirmed:plain", false);
+    let script = fair_lock(&a, "fair-confirmed:script", true);
+    let held_lock = fair_lock(&a, "fair-confirmed:held", false);
+    // Confirmed by the replica while it is there.
+    for lock in [&plain, &script] {
+        assert!(lock.try_lock().unwrap().unlock().unwrap(), "{}", lock.key());
+    }
+    let mut held = held_lock.try_lock().unwrap();
+
+    set.cut_the_replica_off();
+    let mut master = set.server(0).conn();
+    for lock in [&plain, &script] {
+        match lock.try_lock() {
+            Err(LockError::NotReplicated {
+                confirmed: 0,
+                required: 1,
+                ..
+            }) => {}
+            other => panic!("{}: expected NotReplicated, got {other:?}", lock.key()),
+        }
+        assert!(
+            wait_until(Duration::from_secs(5), || raw::get(&mut master, lock.key())
+                .is_none()),
+            "{}: the unconfirmed write was deleted",
+            lock.key()
+        );
+    }
+    // A blocking acquire retries it until its deadline and says why it gave up; nothing is
+    // left, in the key or in the queue.
+    let e = script
+        .try_lock_for(Duration::from_millis(2_500))
+        .expect_err("no replica confirms");
+    assert!(e.is_transient(), "{e:?}");
+    assert!(matches!(e, LockError::NotReplicated { .. }), "{e:?}");
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            raw::get(&mut master, script.key()).is_none()
+                && !raw::exists(&mut master, script.queue_key())
+        }),
+        "the blocking acquire's writes were undone"
+    );
+    // An extend too few replicas confirmed is refused; the hold stays.
+    let before = held.remaining();
+    match held.extend(Duration::from_secs(120)) {
+        Err(LockError::NotReplicated {
+            confirmed: 0,
+            required: 1,
+            ..
+        }) => {}
+        other => panic!("extend: expected NotReplicated, got {other:?}"),
+    }
+    assert!(held.remaining() <= before, "the lease was not extended");
+    set.server(1).resume();
+    assert!(held.unlock().unwrap());
+}
+
+/// A grant is a write of the releasing client, which no `WAIT` of the grantee covers: with the
+/// replica cut off, a client that requires confirmation hears the grant, finds its confirmed
+/// raise of it unconfirmed and gives it up (released: the key is deleted, nobody else
+/// waits), so its `try_lock_for` fails instead of returning a hold that a failover would lose.
+/// The waiter polls 10 s apart: only the grant moves it. Negative control: the next test.
+#[test]
+fn a_fair_grant_no_replica_confirmed_is_given_up() {
+    init_logging();
+    let set = Sentinel::start(1, 1);
+    let (a, b) = (client(&set), client(&set));
+    let key = "fair-grant:cut";
+    let holder = fair_lock(&a, key, false);
+    let waiter = slow_polling_fair(&b, key);
+    let held = holder.try_lock().unwrap();
+    let mut master = set.server(0).conn();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| waiter.try_lock_for(Duration::from_secs(4)));
+        // Queued (writes the replica confirmed: the first attempt, and the one made once
+        // subscribed) and listening for its grant.
+        support::wait_listening(&b, 1, 2);
+        set.cut_the_replica_off();
+        assert!(held.unlock().unwrap(), "a's release, granting to b");
+        support::wait_event(&b, Event::Granted, 1);
+        match waiting.join().unwrap() {
+            Err(e @ (LockError::NotReplicated { .. } | LockError::Timeout { .. })) => {
+                eprintln!("the unconfirmed grant was given up: {e}");
+            }
+            other => panic!("b: expected no hold, got {other:?}"),
+        }
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || raw::get(&mut master, key)
+            .is_none()),
+        "the grant was released, not left with b's token: {:?}",
+        raw::get(&mut master, key).map(|v| String::from_utf8_lossy(&v).into_owned())
+    );
+}
+
+/// The negative control of the two tests above: a client with confirmation off, the replica
+/// cut off. A fair acquire is taken (the replica has none of it), and a grant to it is returned
+/// by its `try_lock_for` as a hold that only the primary has.
+#[test]
+fn a_fair_grant_without_confirmation_is_returned_when_the_replica_is_cut_off() {
+    init_logging();
+    let set = Sentinel::start(1, 1);
+    let (a, b) = (client(&set), client_with(&set, ReplicaAcks::Off));
+    let key = "fair-grant:off";
+    let holder = fair_lock(&a, key, false);
+    let waiter = slow_polling_fair(&b, key);
+    let other = fair_lock(&b, "fair-grant:off-acquire", true);
+    let held = holder.try_lock().unwrap();
+    let mut master = set.server(0).conn();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| waiter.try_lock_for(Duration::from_secs(4)));
+        support::wait_listening(&b, 1, 2);
+        set.cut_the_replica_off();
+        // The acquire's control: taken although no replica has it.
+        let taken = other.try_lock().expect("an unconfirmed acquire is taken");
+        assert_eq!(
+            raw::get(&mut master, other.key()).as_deref(),
+            Some(taken.value())
+        );
+        assert!(held.unlock().unwrap(), "a's release, granting to b");
+        support::wait_event(&b, Event::Granted, 1);
+        let granted = waiting
+            .join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("b: expected the grant, got {}", e.report()));
+        assert_eq!(
+            raw::get(&mut master, key).as_deref(),
+            Some(granted.value()),
+            "b holds the grant on the primary"
+        );
+        assert_eq!(
+            wait_replicas(set.server(0), 100),
+            0,
+            "no replica has the grant or the acquire"
+        );
+        eprintln!(
+            "unconfirmed grant returned as a hold, valid for {:?}",
+            granted.remaining()
+        );
+        assert!(granted.unlock().unwrap());
+        assert!(taken.unlock().unwrap());
+    });
+}
+
+/// With a healthy replica, fair acquires and hand-offs work with confirmation on, and when a
+/// grantee's `lock()` returns, the replica already has its hold with the lock's lease (the
+/// grantee's confirmed raise; the grant itself writes a 600 ms lease): a hand-off to another
+/// client, and one between two threads of the same client (the release grants to the
+/// offering thread).
+#[test]
+fn fair_hand_offs_are_confirmed_by_the_replica() {
+    init_logging();
+    let set = Sentinel::start(1, 1);
+    let (a, b) = (client(&set), client(&set));
+    let key = "fair-grant:healthy";
+    let (la, lb) = (fair_lock(&a, key, true), fair_lock(&b, key, true));
+    let la2 = fair_lock(&a, key, true);
+    let mut replica = set.server(1).conn();
+    let on_replica = |replica: &mut redis::Connection, value: &[u8], what: &str| {
+        assert_eq!(raw::get(replica, key).as_deref(), Some(value), "{what}");
+        let pttl = raw::pttl(replica, key);
+        assert!(
+            pttl > FairLock::GRANT_LEASE.as_millis() as i64,
+            "{what}: the replica has the raised lease, PTTL {pttl} ms"
+        );
+    };
+    let first = la.lock().unwrap();
+    std::thread::scope(|s| {
+        // Another client.
+        let waiting = s.spawn(|| lb.lock());
+        support::wait_listening(&b, 1, 2);
+        assert!(first.unlock().unwrap());
+        let granted = waiting.join().unwrap().expect("b's grant");
+        on_replica(
+            &mut replica,
+            granted.value(),
+            "a hand-off to another client",
+        );
+        assert_eq!(b.test_hooks().count(Event::Granted), 1, "by a grant");
+        // Back to a, then to a's other thread.
+        let waiting = s.spawn(|| la.lock());
+        support::wait_listening(&a, 1, 2);
+        assert!(granted.unlock().unwrap());
+        let granted = waiting.join().unwrap().expect("a's grant");
+        on_replica(&mut replica, granted.value(), "a hand-off back");
+        assert_eq!(a.test_hooks().count(Event::Granted), 1, "by a grant");
+        let waiting = s.spawn(|| la2.lock());
+        support::wait_event(&a, Event::Queued, 2);
+        assert!(granted.unlock().unwrap());
+        let granted = waiting.join().unwrap().expect("a's other thread's grant");
+        on_replica(
+            &mut replica,
+            granted.value(),
+            "a hand-off between threads of a client",
+        );
+        assert_eq!(a.test_hooks().count(Event::Granted), 2, "by a grant");
+        assert!(granted.unlock().unwrap());
+    });
 }

@@ -294,7 +294,9 @@ impl ClientBuilder {
     /// is not taken for a hold: the acquire fails with [`LockError::NotReplicated`], a
     /// transient error that a blocking acquire retries, and what it wrote is deleted again,
     /// owner-checked. Without it a failover to a replica that had not copied the key, or a
-    /// Sentinel split brain, can grant a lock twice (docs/deployments.md).
+    /// Sentinel split brain, can grant a lock twice (docs/deployments.md). A Fair lock's
+    /// hand-off (written by the releasing client) is confirmed by the grantee's own write
+    /// before its `lock()` returns, and given up if too few replicas confirm it.
     ///
     /// [`ReplicaAcks::Auto`] (the default) requires one replica on a Sentinel client whose
     /// primary had replicas when the client learnt it (at its first connection and after

@@ -272,6 +272,20 @@ impl LockClient {
         self.inner.cluster
     }
 
+    /// True if this client may require replicas to confirm its hold writes
+    /// ([`with_conn_confirmed`](Self::with_conn_confirmed) sends `WAIT`): a Sentinel or
+    /// single-server client that requires any replica now, a Cluster client whose mode may
+    /// (each shard's primary is learnt on its own, at its first confirmed write). False means
+    /// no write of this client is confirmed: a caller adds no write for the confirmation's
+    /// sake.
+    pub(crate) fn confirms_writes(&self) -> bool {
+        if self.inner.cluster {
+            self.inner.acks.may_confirm()
+        } else {
+            self.inner.acks.required() > 0
+        }
+    }
+
     /// The client's renewal thread.
     pub(crate) fn watchdog(&self) -> &Watchdog {
         &self.inner.watchdog

@@ -21,11 +21,14 @@ pub enum Event {
     Renewed,
     /// A Sentinel client followed a master switch (its recent releases replayed).
     Switched,
+    /// A fair waiter took a grant made to it by a release (heard as a message or handed over
+    /// by a thread of its client), before it checks the grant's age or confirms it.
+    Granted,
 }
 
 impl Event {
     #[cfg(feature = "test-hooks")]
-    const ALL: usize = 4;
+    const ALL: usize = 5;
 
     #[cfg(feature = "test-hooks")]
     fn index(self) -> usize {
@@ -34,6 +37,7 @@ impl Event {
             Event::Queued => 1,
             Event::Renewed => 2,
             Event::Switched => 3,
+            Event::Granted => 4,
         }
     }
 }

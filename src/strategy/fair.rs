@@ -14,6 +14,15 @@
 //! the client's watchdog raises the grant lease to the lock's lease (or ttl) a third of the
 //! grant lease later, unless the hold is released first.
 //!
+//! A client that requires replicas to confirm its hold writes (`ClientBuilder::replica_acks`)
+//! sends `WAIT` after each acquire and extend in the same round trip, as for Token; a write
+//! too few replicas confirmed is undone by our release (which may pass the lock on) and the
+//! attempt fails with [`LockError::NotReplicated`]. A grant is a write of the releasing
+//! client, which our `WAIT` does not cover: before `lock()` returns, the grantee raises the
+//! grant lease to the lock's lease at once (`lua/extend.lua`, owner-checked) with `WAIT`
+//! pipelined, and gives the grant up (released, passed on) if too few replicas confirmed it
+//! (`FairLock::confirm_grant`). Without required confirmation none of this is sent.
+//!
 //! Wire, per operation (one round trip each):
 //! - acquire by a lock object that has not found the lock held for a second (unfenced):
 //!   `SET key <token> NX PX <lease ms>` → `OK` or nil (then the script below at once);
@@ -28,7 +37,9 @@
 //!   heads its line and waits for the lock held by another of its threads: it sends nothing
 //!   and the release queues it (or grants it the lock) in the same script
 //!   ([`WaitQueues::offer`](crate::client::waiters::WaitQueues::offer));
-//! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>`; check: `GET key`.
+//! - extend: `EVALSHA <extend.lua> 1 key <token> <ttl ms>`; check: `GET key`;
+//! - with replica confirmation required, `WAIT <n> <ms>` after each acquire and extend, and a
+//!   grant heard: `EVALSHA <extend.lua> 1 key <token> <lease ms>` + `WAIT` (one round trip).
 //!
 //! See `docs/fair.md` for the failure cases.
 
@@ -61,7 +72,8 @@ pub(crate) const KIND: Kind = Kind::new("fair");
 /// The lease a release writes when it grants the lock to the next waiter (shorter if the
 /// lock's own lease is shorter). A grant to a waiter that died meanwhile therefore blocks the
 /// line for at most this long (plus the next waiter's poll, 100–120 ms). A living waiter's
-/// client raises it to the lock's lease a third of it after the grant.
+/// client raises it to the lock's lease a third of it after the grant (at once, before its
+/// `lock()` returns, when the client requires replicas to confirm its writes).
 pub const FAIR_GRANT_LEASE: Duration = Duration::from_millis(600);
 /// How long a waiter's queue entry lives without a refresh. A waiting thread refreshes it with
 /// each poll (every 100–600 ms), so the entry of a waiter that died lapses within this long and
@@ -641,6 +653,70 @@ impl FairLock {
         }
     }
 
+    /// A waiter that failed with `e` (an attempt, or the confirmation of a grant) leaves:
+    /// its offer settled, then its entry removed, or a grant that reached it released and
+    /// passed on to the next waiter (owner-checked by the token). Returns `e`.
+    fn give_up_after(&self, token: &Token, did_offer: bool, e: LockError) -> LockError {
+        self.settle_offer(token, did_offer);
+        if let Err(left) = self.leave(token) {
+            log::debug!(
+                "lock {:?}: could not leave the queue after a failure ({}); the entry lapses \
+                 within {:?}, a grant to it within {:?}",
+                self.key,
+                left.report(),
+                self.entry_ttl,
+                self.grant
+            );
+        }
+        e
+    }
+
+    /// A grant heard by a client that requires replicas to confirm its hold writes: the grant
+    /// is a write of the releasing client (its `SET key <token> PX <grant>`), which no `WAIT`
+    /// of ours covers, so a failover could lose it while we take it for a hold. Our own write
+    /// on it is confirmed instead: the grant lease raised at once to the lock's lease
+    /// (`lua/extend.lua`, owner-checked by the token), with `WAIT` in the same round trip, so
+    /// the watchdog has no grant lease to raise later. The lease then counts from this call,
+    /// as an acquire's. `Ok(None)`: the key no longer held our token (the grant lapsed or was
+    /// deleted first): Redis is asked. [`LockError::NotReplicated`] (or a lost reply): the
+    /// raise may stand on the primary; the janitor sends our release (which passes the lock on)
+    /// and the caller leaves the queue, as after a failed attempt.
+    fn confirm_grant(&self, token: &Token, grant: Grant) -> Result<Option<Lease>> {
+        let start = Instant::now();
+        let until = crate::time::saturating_add(start, self.opts.lease);
+        let raised: i64 = string_value::acquire_undone_by(
+            &self.client,
+            &self.key,
+            |con, s| {
+                s.extend
+                    .eval(con, &self.key, (&token[..], self.opts.lease_ms()))
+            },
+            || self.undo_lost(token, until),
+        )?;
+        if raised != 1 {
+            log::debug!(
+                "lock {:?}: the grant was gone before its confirmed raise; asking Redis",
+                self.key
+            );
+            return Ok(None);
+        }
+        self.took();
+        let fence = self
+            .opts
+            .fence_key
+            .as_ref()
+            .and_then(|_| Some(grant.fence).filter(|&f| f > 0));
+        let lease = self.opts.lease(
+            &self.client,
+            &self.key,
+            RenewKind::ScriptedValue(KIND),
+            token,
+            start,
+            fence,
+        );
+        crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l)).map(Some)
+    }
+
     /// Before a waiter that offered `token` (`did_offer`) leaves the queue: a release that carries
     /// the token and has no reply yet is waited for (at most the grant lease), so that the
     /// withdrawal reaches Redis after it and removes what it queued or granted.
@@ -740,6 +816,7 @@ impl FairLock {
         loop {
             let mut ask = false;
             if let Some(grant) = queues.grants.take(&token) {
+                self.client.note(crate::client::test_hooks::Event::Granted);
                 // What the grant's lease is counted from: our latest attempt, or, while we
                 // have made none, the release that queued us.
                 let basis = if offered {
@@ -757,6 +834,33 @@ impl FairLock {
                     // Made before our latest attempt, which did not find the lock ours: that
                     // grant lapsed (or was released) already. A late message; ignored.
                     log::debug!("lock {:?}: ignored a grant heard late", self.key);
+                } else if self.client.confirms_writes() {
+                    // The grant is a write of another client's release, which no `WAIT` of
+                    // ours covers: our own write on it is confirmed before it is a hold.
+                    match self.confirm_grant(&token, grant) {
+                        Ok(Some(lease)) => {
+                            self.client.counters().attempt(KIND, true);
+                            log::debug!(
+                                "lock {:?}: granted (confirmed) after {} attempts in {:?}",
+                                self.key,
+                                attempts.made(),
+                                attempts.waited()
+                            );
+                            live.keep(self.opts.lease);
+                            return Ok(LockGuard::new(self, lease));
+                        }
+                        // The grant was gone before our raise: ask Redis.
+                        Ok(None) => ask = true,
+                        // Too late to be used: released again; Redis is asked.
+                        Err(e @ LockError::LateReply { .. }) => {
+                            late = Some(e);
+                            ask = true;
+                        }
+                        Err(e) => {
+                            drop(subscription);
+                            return Err(self.give_up_after(&token, did_offer, e));
+                        }
+                    }
                 } else if let Some(lease) = basis.and_then(|(sent, attempt_us)| {
                     self.granted_lease(&token, sent, attempt_us, grant)
                 }) {
@@ -833,17 +937,7 @@ impl FairLock {
                 Err(e @ LockError::LateReply { .. }) => late = Some(e),
                 Err(e) => {
                     drop(subscription);
-                    self.settle_offer(&token, did_offer);
-                    if let Err(left) = self.leave(&token) {
-                        log::debug!(
-                            "lock {:?}: could not leave the queue after a failed attempt ({}); \
-                             the entry lapses within {:?}",
-                            self.key,
-                            left.report(),
-                            self.entry_ttl
-                        );
-                    }
-                    return Err(e);
+                    return Err(self.give_up_after(&token, did_offer, e));
                 }
             }
         }
@@ -975,7 +1069,9 @@ impl DistributedLock for FairLock {
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ext = hold::Extending::start(&self.key, ttl)?;
-        let extended: i64 = self.client.with_conn(&self.key, |con, s| {
+        // Confirmed by the replicas the client requires, as Token's: an extend too few
+        // confirmed is `NotReplicated` and leaves the lease as it was.
+        let extended: i64 = self.client.with_conn_confirmed(&self.key, |con, s| {
             s.extend.eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;
         ext.finish(&self.client, KIND, &self.key, extended == 1, lease, None)
