@@ -10,6 +10,13 @@
 -- ARGV[3] lifetime of the hold in milliseconds (>= 1)
 -- ARGV[4] write only: lifetime in milliseconds of the "writer waiting" intent left when the
 --         attempt is refused (0 leaves none; a single try_lock passes 0)
+-- ARGV[5], ARGV[6] (optional) the owner's read and write hold counts as the calling thread
+--         knows them: a larger count of the owner's in that mode is a hold it gave up but the
+--         server kept (a release done on a primary that failed over before replicating it),
+--         and is set back to this count first (read holds above it lose their timeout keys;
+--         a hash left with no hold is deleted, one left without the owner's write is in mode
+--         'read'), so that the stale hold does not outlive the owner's next release.
+--         Without them the script behaves as before.
 -- Returns {code, holds, wait}; holds = the owner's read + write holds afterwards; wait = on a
 -- refusal, how long a waiter may sleep if nothing is published (the hash's PTTL, or sooner
 -- the expiry of the writer intent that refused a reader; -1 unknown), else 0; and code:
@@ -24,12 +31,52 @@
 -- nothing is changed). A key of another type fails with WRONGTYPE.
 local want, owner = ARGV[1], ARGV[2]
 local ttl, intent = tonumber(ARGV[3]), tonumber(ARGV[4])
+local known_read, known_write = ARGV[5], ARGV[6]
 if (want ~= 'read' and want ~= 'write') or owner == nil or owner == ''
-    or ttl == nil or ttl < 1 or intent == nil or intent < 0 then
+    or ttl == nil or ttl < 1 or intent == nil or intent < 0
+    or (known_read ~= nil and not string.match(known_read, '^%d+$'))
+    or (known_write ~= nil and not string.match(known_write, '^%d+$')) then
     return redis.error_reply('ERR rw_acquire.lua: bad arguments')
 end
+known_read, known_write = tonumber(known_read), tonumber(known_write)
 
 -- #include rw_prelude.lua
+
+-- The owner's stale holds (see ARGV[5], ARGV[6]) set back to what its thread holds.
+local stale = false
+if known_write and wcount > known_write then
+    stale = true
+    wcount = known_write
+    if wcount > 0 then
+        redis.call('hset', key, owner .. ':write', wcount)
+    else
+        redis.call('hdel', key, owner .. ':write')
+        if mode == 'write' then
+            -- as the write release leaves it: the owner's read holds, if any, are a reader's
+            mode = 'read'
+            redis.call('hset', key, 'mode', mode)
+        end
+    end
+end
+if known_read and rcount > known_read then
+    stale = true
+    -- our own counts never pass MAX_COUNT, nor do the timeout keys behind them
+    for i = known_read + 1, math.min(rcount, MAX_COUNT) do
+        redis.call('del', timeout_key(owner, i))
+    end
+    rcount = known_read
+    if rcount > 0 then
+        redis.call('hset', key, owner, rcount)
+    else
+        redis.call('hdel', key, owner)
+    end
+end
+if stale and redis.call('hlen', key) <= 1 then
+    -- only 'mode' is left: nobody holds (the attempt below takes the free lock; waiters of
+    -- other clients find it free on their next poll)
+    redis.call('del', key)
+    mode = false
+end
 
 local writers = KEYS[2]
 local clock = redis.call('TIME')

@@ -13,7 +13,7 @@
 //!
 //! Wire, per operation (one round trip each, all `EVALSHA`):
 //! - acquire: `lua/rw_acquire.lua` keys `key dlock_rwlock_writers:{key}`, args `read|write
-//!   <owner> <ttl ms> <intent ms>`;
+//!   <owner> <ttl ms> <intent ms> <known read holds> <known write holds>`;
 //! - release: `lua/rw_release.lua` keys `key dlock_rwlock_writers:{key}
 //!   redisson_unlock_latch:{key}:<request id>`, args `read|write <owner> redisson_rwlock:{key}
 //!   <lease ms> <latch ms>` (also `wait`: withdraw an intent);
@@ -425,6 +425,7 @@ impl ReadWriteLockBuilder {
             intent,
             instance: owner::new_uuid(),
             holds: Mutex::new(HashMap::new()),
+            known: Mutex::new(HashMap::new()),
         });
         Ok(ReadWriteLock {
             read: ReadLock {
@@ -460,6 +461,30 @@ struct Shared {
     /// latest operation for it; only used to let a thread that already holds the lock skip
     /// the writers' line (it must never wait behind a writer that waits for it).
     holds: Mutex<HashMap<String, i64>>,
+    /// Per owner of this instance, its read and write holds as its own acquires and the
+    /// releases of its leases counted them (not as Redis reported them). Never below the holds
+    /// a lease of the owner still has: only the owner's thread acquires as that owner, and only
+    /// through this instance (the owner id embeds it), and a hold leaves it only when a lease
+    /// is released. The acquire sends it, and Redis sets larger counts of the owner back to it:
+    /// stale holds, whose releases a failover lost. An entry goes at zero holds, so the map is
+    /// bounded by the threads that hold something.
+    known: Mutex<HashMap<String, Known>>,
+}
+
+/// One entry of [`Shared::known`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Known {
+    read: u32,
+    write: u32,
+}
+
+impl Known {
+    fn of(&mut self, mode: Mode) -> &mut u32 {
+        match mode {
+            Mode::Read => &mut self.read,
+            Mode::Write => &mut self.write,
+        }
+    }
 }
 
 impl Shared {
@@ -482,6 +507,39 @@ impl Shared {
         } else {
             map.remove(owner);
         }
+    }
+
+    /// What the owner's holds are known to be (see [`Shared::known`]).
+    fn known(&self, owner: &str) -> Known {
+        let map = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(owner).copied().unwrap_or_default()
+    }
+
+    /// One hold of the owner more (`taken`) or fewer in `mode`. Changes are counted, never
+    /// set, so that releases of the owner's leases on other threads cannot race its acquires.
+    fn note_known(&self, owner: &[u8], mode: Mode, taken: bool) {
+        let Ok(owner) = std::str::from_utf8(owner) else {
+            return;
+        };
+        let mut map = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if taken {
+            let n = map.entry(owner.to_owned()).or_default().of(mode);
+            *n = n.saturating_add(1);
+        } else if let Some(k) = map.get_mut(owner) {
+            let n = k.of(mode);
+            *n = n.saturating_sub(1);
+            if *k == Known::default() {
+                map.remove(owner);
+            }
+        }
+    }
+
+    /// The owner's thread was refused and Redis counts no hold of the owner: it holds nothing
+    /// (a hold it counts expired or was lost). Only this thread can add holds of the owner,
+    /// and other threads' releases only count down, so this cannot lose a live hold.
+    fn forget_known(&self, owner: &str) {
+        let mut map = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(owner);
     }
 
     fn holds_any(&self, owner: &str) -> bool {
@@ -507,11 +565,13 @@ impl Shared {
         args: impl redis::ToRedisArgs,
     ) -> Result<(i64, Option<i64>)> {
         self.run_sent(script, keys, owner, args, &Cell::new(false), false)
+            .map(|(code, _, wait)| (code, wait))
     }
 
     /// [`run`](Self::run), setting `sent` once the script was handed to a connection (an
     /// error after that may come with the script run). `confirm`: a hold write, confirmed by
-    /// the replicas the client requires ([`LockError::NotReplicated`] otherwise).
+    /// the replicas the client requires ([`LockError::NotReplicated`] otherwise). Returns the
+    /// owner's holds too.
     fn run_sent(
         &self,
         script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
@@ -520,7 +580,7 @@ impl Shared {
         args: impl redis::ToRedisArgs,
         sent: &Cell<bool>,
         confirm: bool,
-    ) -> Result<(i64, Option<i64>)> {
+    ) -> Result<(i64, i64, Option<i64>)> {
         let call = |con: &mut crate::client::Conn, s: &crate::scripts::Scripts| {
             sent.set(true);
             script(s).eval_keys(con, keys, &args)
@@ -532,7 +592,7 @@ impl Shared {
         };
         let (code, holds, wait) = self.decode(reply)?;
         self.note_holds(owner, holds);
-        Ok((code, wait))
+        Ok((code, holds, wait))
     }
 
     /// `{code, holds}` or (acquire) `{code, holds, wait ms}`.
@@ -575,11 +635,21 @@ impl Shared {
             .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
         let sent = Cell::new(false);
+        // What this thread holds: more on the server is a stale hold of its own (a release lost
+        // in a failover), which the script sets back first.
+        let known = self.known(owner);
         let reply = self.run_sent(
             |s| &s.rw_acquire,
             &[self.key.as_str(), self.writers.as_str()],
             owner.as_bytes(),
-            (mode.as_str(), owner, self.opts.lease_ms(), intent_ms),
+            (
+                mode.as_str(),
+                owner,
+                self.opts.lease_ms(),
+                intent_ms,
+                known.read,
+                known.write,
+            ),
             &sent,
             true,
         );
@@ -590,9 +660,11 @@ impl Shared {
         {
             self.forget_lost_acquire(mode, owner, start);
         }
-        let (code, wait) = reply?;
+        let (code, holds, wait) = reply?;
         match code {
             1 => {
+                // Counted before `checked_win`, whose release of a late hold counts it off.
+                self.note_known(owner.as_bytes(), mode, true);
                 log::trace!(
                     "lock {:?}: {} hold taken by {owner}",
                     self.key,
@@ -614,6 +686,9 @@ impl Shared {
                 result
             }
             0 | -1 => {
+                if holds == 0 {
+                    self.forget_known(owner);
+                }
                 let mut wait = wait
                     .and_then(|w| u64::try_from(w).ok())
                     .map(Duration::from_millis);
@@ -737,6 +812,16 @@ impl Shared {
         // janitor's now).
         self.client
             .owner_released(&self.key, lease.value(), self.opts.lease);
+        // The lease's hold is gone from the owner's known count once Redis answered (given
+        // back, or found gone) or the janitor took the release over (it gives it back, or gives
+        // up and leaves a hold that no lease has). After another error the caller may still
+        // release this lease again: it stays counted.
+        if reply
+            .as_ref()
+            .map_or_else(crate::client::cleanup::worth_retrying, |_| true)
+        {
+            self.note_known(lease.value(), mode, false);
+        }
         // Resent only while the latch is sure to live (it starts when the release first runs,
         // which is after `sent`): a resend that found it gone could give back a second hold.
         let resend = || {
@@ -803,7 +888,7 @@ impl Shared {
         check_duration(&self.key, "ttl", ttl, false)?;
         let ttl = Duration::from_millis(ttl.as_millis() as u64);
         let start = Instant::now();
-        let (code, _) = self.run_sent(
+        let (code, _, _) = self.run_sent(
             |s| &s.rw_extend,
             &[self.key.as_str()],
             lease.value(),

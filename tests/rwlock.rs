@@ -1198,3 +1198,143 @@ fn waiting_writer_is_woken_by_the_readers_release() {
         "woken by pub/sub, not by its 5 s poll ({waited:?})"
     );
 }
+
+/// Writes into the hash what a failover leaves of a released hold of `owner`: a release done
+/// on a primary that was killed before replicating it, so the promoted replica still counts
+/// it. `mode`: `read` (the `<owner>` count and its timeout key) or `write` (`<owner>:write`).
+fn plant_stale_hold(conn: &mut redis::Connection, key: &str, owner: &str, mode: &str) {
+    let ttl_ms = 30_000;
+    if !raw::exists(conn, key) {
+        redis::cmd("HSET")
+            .arg(key)
+            .arg("mode")
+            .arg(mode)
+            .exec(conn)
+            .unwrap();
+    }
+    if mode == "read" {
+        let n: i64 = redis::cmd("HINCRBY")
+            .arg(key)
+            .arg(owner)
+            .arg(1)
+            .query(conn)
+            .unwrap();
+        redis::cmd("SET")
+            .arg(format!("{{{key}}}:{owner}:rwlock_timeout:{n}"))
+            .arg(1)
+            .arg("PX")
+            .arg(ttl_ms)
+            .exec(conn)
+            .unwrap();
+    } else {
+        redis::cmd("HINCRBY")
+            .arg(key)
+            .arg(format!("{owner}:write"))
+            .arg(1)
+            .exec(conn)
+            .unwrap();
+    }
+    redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(ttl_ms)
+        .exec(conn)
+        .unwrap();
+}
+
+/// The read timeout keys of `owner` that exist, by hold number.
+fn timeout_keys(conn: &mut redis::Connection, key: &str, owner: &str) -> Vec<u32> {
+    (1..=4)
+        .filter(|n| raw::exists(conn, &format!("{{{key}}}:{owner}:rwlock_timeout:{n}")))
+        .collect()
+}
+
+/// A hold the owner gave up but the server kept (a release done on a primary that then failed
+/// over before replicating it) does not outlive the owner's next release, in either mode: its
+/// next acquire sets the owner's counts back to what it holds. (It re-entered the stale hold,
+/// and the lock was held by nobody for a lease after the release, as for the reentrant lock.)
+#[test]
+fn a_stale_hold_of_the_owner_does_not_outlive_its_next_release() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let c = client(&server);
+    let key = "rw:stale-own-hold";
+    let lock = rw(&c, key, Duration::from_secs(30));
+    let owner = lock.owner_id();
+    let wfield = format!("{owner}:write");
+    let other = rw(&client(&server), key, Duration::from_secs(30));
+
+    // Write: the stale write hold is not re-entered.
+    plant_stale_hold(&mut conn, key, &owner, "write");
+    let w = lock
+        .write_lock()
+        .try_lock()
+        .expect("its own stale hold does not refuse it");
+    assert_eq!(count(&hash(&mut conn, key), &wfield), Some(1), "re-entered");
+    assert!(w.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key), "{:?}", hash(&mut conn, key));
+    other.write_lock().try_lock().unwrap().unlock().unwrap();
+
+    // Read: the stale read hold and its timeout key go, another reader's stay.
+    let theirs = other.read_lock().try_lock().unwrap();
+    plant_stale_hold(&mut conn, key, &owner, "read");
+    let r = lock.read_lock().try_lock().unwrap();
+    assert_eq!(count(&hash(&mut conn, key), &owner), Some(1), "re-entered");
+    assert_eq!(timeout_keys(&mut conn, key, &owner), vec![1]);
+    assert_eq!(count(&hash(&mut conn, key), &other.owner_id()), Some(1));
+    assert!(r.unlock().unwrap());
+    assert!(theirs.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key), "{:?}", hash(&mut conn, key));
+    assert!(timeout_keys(&mut conn, key, &owner).is_empty());
+
+    // A stale write under a read acquire: not taken for a downgrade (its read release would
+    // leave the lock in mode write, held by nobody).
+    plant_stale_hold(&mut conn, key, &owner, "write");
+    let r = lock.read_lock().try_lock().unwrap();
+    let h = hash(&mut conn, key);
+    assert_eq!(h.get("mode").map(String::as_str), Some("read"), "{h:?}");
+    assert_eq!(count(&h, &wfield), None, "{h:?}");
+    assert!(r.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key), "{:?}", hash(&mut conn, key));
+
+    // A stale read under a write acquire: not refused as an upgrade.
+    plant_stale_hold(&mut conn, key, &owner, "read");
+    let w = lock
+        .write_lock()
+        .try_lock()
+        .expect("a stale read is no upgrade");
+    assert_eq!(count(&hash(&mut conn, key), &owner), None);
+    assert!(timeout_keys(&mut conn, key, &owner).is_empty());
+    assert!(w.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key), "{:?}", hash(&mut conn, key));
+
+    // Real re-entries still count, and a stale extra above them goes: write, then read taken
+    // while writing (a downgrade), each with stale holds added on the server.
+    let w1 = lock.write_lock().try_lock().unwrap();
+    let w2 = lock.write_lock().try_lock().unwrap();
+    let r1 = lock.read_lock().try_lock().unwrap();
+    assert!(w2.unlock().unwrap());
+    plant_stale_hold(&mut conn, key, &owner, "write");
+    plant_stale_hold(&mut conn, key, &owner, "read");
+    let r2 = lock.read_lock().try_lock().unwrap();
+    let h = hash(&mut conn, key);
+    assert_eq!(count(&h, &wfield), Some(1), "w1 only: {h:?}");
+    assert_eq!(count(&h, &owner), Some(2), "r1 and r2: {h:?}");
+    assert_eq!(timeout_keys(&mut conn, key, &owner), vec![1, 2]);
+    assert!(w1.unlock().unwrap());
+    assert!(r1.unlock().unwrap());
+    assert!(r2.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key), "{:?}", hash(&mut conn, key));
+
+    // A lease released on another thread is still given back in the owner's count.
+    let r = lock.read_lock().try_lock().unwrap().into_lease();
+    let reader = lock.read_lock().clone();
+    thread::spawn(move || assert!(reader.release(&r).unwrap()))
+        .join()
+        .unwrap();
+    plant_stale_hold(&mut conn, key, &owner, "read");
+    let r = lock.read_lock().try_lock().unwrap();
+    assert_eq!(count(&hash(&mut conn, key), &owner), Some(1));
+    assert!(r.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key), "{:?}", hash(&mut conn, key));
+}
