@@ -63,6 +63,31 @@ pub struct TokenLock {
     dialect: Dialect,
     /// A value without TTL was reported (see `note_no_ttl`).
     warned_no_ttl: AtomicBool,
+    /// Its acquire and release, packed once but for the value.
+    wire: Wire,
+}
+
+/// The commands of every acquire and release of a lock, packed once but for the value (see
+/// [`Packed`](string_value::Packed)): the same bytes as built afresh, without the building.
+struct Wire {
+    /// `SET key <value> NX PX <ttl ms> GET`.
+    set_nx_px_get: string_value::Packed,
+    /// `SET key <value> NX PX <ttl ms>` (servers before Redis 7.0).
+    set_nx_px: string_value::Packed,
+    /// The release, published as the dialect says.
+    release: string_value::PackedRelease,
+}
+
+impl Wire {
+    fn new(client: &LockClient, key: &str, opts: &HoldOptions, dialect: &Dialect) -> Self {
+        let ttl = opts.lease_ms().to_string();
+        let set = |tail: &[&[u8]]| string_value::Packed::new(&[b"SET", key.as_bytes()], tail, &[]);
+        Wire {
+            set_nx_px_get: set(&[b"NX", b"PX", ttl.as_bytes(), b"GET"]),
+            set_nx_px: set(&[b"NX", b"PX", ttl.as_bytes()]),
+            release: string_value::PackedRelease::new(client.scripts(), key, dialect.notice()),
+        }
+    }
 }
 
 /// What a lock of Token's protocol writes and publishes. The protocol is the same for each:
@@ -181,12 +206,14 @@ impl TokenLock {
         opts: HoldOptions,
         dialect: Dialect,
     ) -> Self {
+        let wire = Wire::new(&client, &key, &opts, &dialect);
         TokenLock {
             client,
             key,
             opts,
             dialect,
             warned_no_ttl: AtomicBool::new(false),
+            wire,
         }
     }
 
@@ -343,6 +370,7 @@ impl TokenLock {
             &self.key,
             holder,
             Some(self.dialect.notice()),
+            Some(&self.wire.release),
         );
         match reply {
             Ok(n) if n >= 1 => {
@@ -411,13 +439,25 @@ impl TokenLock {
     }
 
     fn new_lease(&self, token: &[u8], start: Instant, fence: Option<u64>) -> Lease {
-        self.opts.lease(
+        self.new_lease_seen(token, start, fence, None)
+    }
+
+    /// [`new_lease`](Self::new_lease), the reply having been read at `seen` (if given).
+    fn new_lease_seen(
+        &self,
+        token: &[u8],
+        start: Instant,
+        fence: Option<u64>,
+        seen: Option<Instant>,
+    ) -> Lease {
+        self.opts.lease_seen(
             &self.client,
             &self.key,
             RenewKind::Value(self.dialect.kind),
             token,
             start,
             fence,
+            seen,
         )
     }
 
@@ -484,13 +524,12 @@ impl TokenLock {
         acq: Option<&Acquiring>,
         found: &Cell<Option<Vec<u8>>>,
     ) -> Result<Option<Lease>> {
-        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        let mut live = self.client.live_value(token);
         let start = Instant::now();
+        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
+        let mut live = self.client.live_value_at(token, start);
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
-            let ttl = self.opts.lease_ms();
             if self.client.set_get() {
-                match string_value::set_nx_px_get(&self.key, token, ttl).query(con) {
+                match self.wire.set_nx_px_get.query(con, token) {
                     Err(e) if string_value::is_syntax_error(&e) => self.client.no_set_get(),
                     // Nil: set; the value found: held (or ours, if this is a resend of an
                     // acquire that landed); a WRONGTYPE error: a key of another type.
@@ -503,21 +542,28 @@ impl TokenLock {
                     other => return other,
                 }
             }
-            string_value::set_nx_px(&self.key, token, ttl).query(con)
+            self.wire.set_nx_px.query(con, token)
         })?;
         let result = match reply {
-            Value::Okay => crate::lease::checked_win(
-                &self.key,
-                self.new_lease(token, start, None),
-                self.opts.lease,
-                |l| self.release(l),
-            )
-            .map(Some),
+            Value::Okay => {
+                // One reading of the clock after the reply for the late-reply check, the
+                // watchdog's first renewal and the live set.
+                let now = Instant::now();
+                let won = crate::lease::checked_win_at(
+                    &self.key,
+                    self.new_lease_seen(token, start, None, Some(now)),
+                    self.opts.lease,
+                    now,
+                    |l| self.release(l),
+                )
+                .map(Some);
+                if won.is_ok() {
+                    live.keep_at(self.opts.lease, now);
+                }
+                won
+            }
             _ => Ok(None),
         };
-        if matches!(result, Ok(Some(_))) {
-            live.keep(self.opts.lease);
-        }
         self.client
             .counters()
             .outcome_lease(self.dialect.kind, &result);
@@ -634,6 +680,7 @@ impl DistributedLock for TokenLock {
             &self.key,
             Some(self.dialect.notice()),
             Some(&self.client.token_prefix()),
+            Some(&self.wire.release),
             lease,
         )
     }
