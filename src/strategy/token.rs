@@ -63,31 +63,6 @@ pub struct TokenLock {
     dialect: Dialect,
     /// A value without TTL was reported (see `note_no_ttl`).
     warned_no_ttl: AtomicBool,
-    /// Its acquire and release, packed once but for the value.
-    wire: Wire,
-}
-
-/// The commands of every acquire and release of a lock, packed once but for the value (see
-/// [`Packed`](string_value::Packed)): the same bytes as built afresh, without the building.
-struct Wire {
-    /// `SET key <value> NX PX <ttl ms> GET`.
-    set_nx_px_get: string_value::Packed,
-    /// `SET key <value> NX PX <ttl ms>` (servers before Redis 7.0).
-    set_nx_px: string_value::Packed,
-    /// The release, published as the dialect says.
-    release: string_value::PackedRelease,
-}
-
-impl Wire {
-    fn new(client: &LockClient, key: &str, opts: &HoldOptions, dialect: &Dialect) -> Self {
-        let ttl = opts.lease_ms().to_string();
-        let set = |tail: &[&[u8]]| string_value::Packed::new(&[b"SET", key.as_bytes()], tail, &[]);
-        Wire {
-            set_nx_px_get: set(&[b"NX", b"PX", ttl.as_bytes(), b"GET"]),
-            set_nx_px: set(&[b"NX", b"PX", ttl.as_bytes()]),
-            release: string_value::PackedRelease::new(client.scripts(), key, dialect.notice()),
-        }
-    }
 }
 
 /// What a lock of Token's protocol writes and publishes. The protocol is the same for each:
@@ -206,14 +181,12 @@ impl TokenLock {
         opts: HoldOptions,
         dialect: Dialect,
     ) -> Self {
-        let wire = Wire::new(&client, &key, &opts, &dialect);
         TokenLock {
             client,
             key,
             opts,
             dialect,
             warned_no_ttl: AtomicBool::new(false),
-            wire,
         }
     }
 
@@ -370,7 +343,6 @@ impl TokenLock {
             &self.key,
             holder,
             Some(self.dialect.notice()),
-            Some(&self.wire.release),
         );
         match reply {
             Ok(n) if n >= 1 => {
@@ -528,8 +500,9 @@ impl TokenLock {
         // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
         let mut live = self.client.live_value_at(token, start);
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
+            let ttl = self.opts.lease_ms();
             if self.client.set_get() {
-                match self.wire.set_nx_px_get.query(con, token) {
+                match string_value::set_nx_px_get(&self.key, token, ttl).query(con) {
                     Err(e) if string_value::is_syntax_error(&e) => self.client.no_set_get(),
                     // Nil: set; the value found: held (or ours, if this is a resend of an
                     // acquire that landed); a WRONGTYPE error: a key of another type.
@@ -542,7 +515,7 @@ impl TokenLock {
                     other => return other,
                 }
             }
-            self.wire.set_nx_px.query(con, token)
+            string_value::set_nx_px(&self.key, token, ttl).query(con)
         })?;
         let result = match reply {
             Value::Okay => {
@@ -680,7 +653,6 @@ impl DistributedLock for TokenLock {
             &self.key,
             Some(self.dialect.notice()),
             Some(&self.client.token_prefix()),
-            Some(&self.wire.release),
             lease,
         )
     }
