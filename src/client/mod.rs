@@ -321,6 +321,11 @@ impl LockClient {
         }
     }
 
+    /// The client's scripts (their SHAs, for commands packed in advance).
+    pub(crate) fn scripts(&self) -> &Scripts {
+        &self.inner.scripts
+    }
+
     /// The native commands this client uses instead of scripts (see [`native`]).
     pub(crate) fn native(&self) -> &Native {
         &self.inner.native

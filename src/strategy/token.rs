@@ -63,6 +63,41 @@ pub struct TokenLock {
     dialect: Dialect,
     /// A value without TTL was reported (see `note_no_ttl`).
     warned_no_ttl: AtomicBool,
+    /// Its acquire and release, packed once but for the value.
+    wire: Wire,
+}
+
+/// The commands of every acquire and release of a lock with Token values, packed by redis-rs
+/// once but for the value (see [`Packed`](string_value::Packed)): the same bytes as built
+/// afresh, without the building. Values of other lengths (other dialects') are sent the usual
+/// way.
+struct Wire {
+    /// `SET key <value> NX PX <ttl ms> GET`.
+    set_nx_px_get: Option<string_value::Packed>,
+    /// `SET key <value> NX PX <ttl ms>` (servers before Redis 7.0).
+    set_nx_px: Option<string_value::Packed>,
+    /// The release, published as the dialect says.
+    release: string_value::PackedRelease,
+}
+
+impl Wire {
+    fn new(client: &LockClient, key: &str, opts: &HoldOptions, dialect: &Dialect) -> Self {
+        let ttl = opts.lease_ms();
+        Wire {
+            set_nx_px_get: string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
+                string_value::set_nx_px_get(key, v, ttl).get_packed_command()
+            }),
+            set_nx_px: string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
+                string_value::set_nx_px(key, v, ttl).get_packed_command()
+            }),
+            release: string_value::PackedRelease::new(
+                client.scripts(),
+                key,
+                dialect.notice(),
+                TOKEN_VALUE_LEN,
+            ),
+        }
+    }
 }
 
 /// What a lock of Token's protocol writes and publishes. The protocol is the same for each:
@@ -138,12 +173,15 @@ impl std::ops::Deref for OwnValue {
 
 /// A fresh Token value: the client's id (16 hex digits, see `LockClient::token_prefix`), then
 /// 64 random bits in hex; 32 characters, as [`new_token`]'s.
-fn token_value(client: &LockClient) -> [u8; 32] {
+fn token_value(client: &LockClient) -> [u8; TOKEN_VALUE_LEN] {
     let mut t = new_token();
     let prefix = client.token_prefix();
     t[..prefix.len()].copy_from_slice(&prefix);
     t
 }
+
+/// The length of a Token value.
+const TOKEN_VALUE_LEN: usize = 32;
 
 /// What one blocking acquire carries from attempt to attempt (see
 /// `TokenLock::acquire_blocking`).
@@ -181,12 +219,14 @@ impl TokenLock {
         opts: HoldOptions,
         dialect: Dialect,
     ) -> Self {
+        let wire = Wire::new(&client, &key, &opts, &dialect);
         TokenLock {
             client,
             key,
             opts,
             dialect,
             warned_no_ttl: AtomicBool::new(false),
+            wire,
         }
     }
 
@@ -343,6 +383,7 @@ impl TokenLock {
             &self.key,
             holder,
             Some(self.dialect.notice()),
+            Some(&self.wire.release),
         );
         match reply {
             Ok(n) if n >= 1 => {
@@ -502,7 +543,12 @@ impl TokenLock {
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
             let ttl = self.opts.lease_ms();
             if self.client.set_get() {
-                match string_value::set_nx_px_get(&self.key, token, ttl).query(con) {
+                let cmd = || string_value::set_nx_px_get(&self.key, token, ttl);
+                let sent = match &self.wire.set_nx_px_get {
+                    Some(p) => p.query(con, token, cmd),
+                    None => cmd().query(con),
+                };
+                match sent {
                     Err(e) if string_value::is_syntax_error(&e) => self.client.no_set_get(),
                     // Nil: set; the value found: held (or ours, if this is a resend of an
                     // acquire that landed); a WRONGTYPE error: a key of another type.
@@ -515,7 +561,11 @@ impl TokenLock {
                     other => return other,
                 }
             }
-            string_value::set_nx_px(&self.key, token, ttl).query(con)
+            let cmd = || string_value::set_nx_px(&self.key, token, ttl);
+            match &self.wire.set_nx_px {
+                Some(p) => p.query(con, token, cmd),
+                None => cmd().query(con),
+            }
         })?;
         let result = match reply {
             Value::Okay => {
@@ -653,6 +703,7 @@ impl DistributedLock for TokenLock {
             &self.key,
             Some(self.dialect.notice()),
             Some(&self.client.token_prefix()),
+            Some(&self.wire.release),
             lease,
         )
     }
