@@ -9,6 +9,13 @@
 //! The interleaved measurement is repeated in `runs` runs (5; `DLOCK_CYCLE_RUNS=n` changes it):
 //! each ratio is recorded as the median of the runs with the lowest and the highest run, and
 //! the latencies over all runs' samples.
+//!
+//! For profiling, `DLOCK_CYCLE_PROBE=<op>:<n>` runs one operation `n` times and exits without
+//! measuring (`ping`: a pooled PING; `token`, `token_lock`: the default Token cycle by
+//! `try_lock()` or `lock()`; `token_ttl`; `bare`: the Token cycle's bare commands on a raw
+//! connection, native where the server has `DELIFEQ`; `none`); run the bench binary under
+//! `valgrind --tool=callgrind --toggle-collect='*probe_loop*'` (with `DLOCK_BENCH_NO_PIN=1`):
+//! the instructions of the loop on the calling thread, divided by `n`.
 
 mod common;
 
@@ -157,6 +164,13 @@ fn main() {
         }
     };
 
+    if let Ok(spec) = std::env::var("DLOCK_CYCLE_PROBE") {
+        let (name, n) = spec.split_once(':').expect("DLOCK_CYCLE_PROBE=<op>:<n>");
+        let n: u32 = n.parse().expect("DLOCK_CYCLE_PROBE=<op>:<n>");
+        probe(&env, &pool, &locks, &shas, native, name, n);
+        return;
+    }
+
     if env.measuring() {
         custom(&mut env, &pool, &locks, &shas, native);
     }
@@ -177,6 +191,70 @@ fn main() {
     }
     c.final_summary();
     env.finish();
+}
+
+/// `DLOCK_CYCLE_PROBE`: runs operation `name` `n` times and prints the wall time per operation.
+fn probe(
+    env: &BenchEnv,
+    pool: &r2d2::Pool<redis::Client>,
+    locks: &[(&'static str, Lock)],
+    shas: &Shas,
+    native: bool,
+    name: &str,
+    n: u32,
+) {
+    let lock = |l: &str| &locks.iter().find(|(x, _)| *x == l).expect("lock").1;
+    let mut raw = env.server.conn();
+    let channel = channel("cycle:floor:probe");
+    let bare = || {
+        let t = token();
+        assert!(set_nx_px(&mut raw, "cycle:floor:probe", &t, 10_000));
+        if native {
+            let (deleted, _): (i64, i64) = redis::pipe()
+                .cmd("DELIFEQ")
+                .arg("cycle:floor:probe")
+                .arg(&t[..])
+                .cmd("PUBLISH")
+                .arg(&channel)
+                .arg("0")
+                .query(&mut raw)
+                .expect("DELIFEQ + PUBLISH");
+            assert_eq!(deleted, 1);
+        } else {
+            assert!(evalsha_unlock_publish(
+                &mut raw,
+                &shas.unlock,
+                "cycle:floor:probe",
+                &channel,
+                &t
+            ));
+        }
+    };
+    let mut op: Box<dyn FnMut() + '_> = match name {
+        "ping" => Box::new(|| ping(&mut pool.get().expect("pooled connection"))),
+        "token" => Box::new(|| cycle(lock("token"))),
+        "token_ttl" => Box::new(|| cycle(lock("token_ttl"))),
+        "token_lock" => Box::new(|| cycle_blocking(lock("token"))),
+        "bare" => Box::new(bare),
+        "none" => Box::new(|| {}),
+        other => panic!("unknown operation {other}"),
+    };
+    let start = std::time::Instant::now();
+    eprintln!("[probe] start {name} x {n}");
+    probe_loop(n, &mut *op);
+    eprintln!(
+        "[probe] end {name}: wall {:.2} us/op",
+        start.elapsed().as_secs_f64() * 1e6 / f64::from(n.max(1))
+    );
+}
+
+/// The probe's loop, not inlined: `valgrind --tool=callgrind --toggle-collect='*probe_loop*'`
+/// counts only what it runs (on this thread).
+#[inline(never)]
+fn probe_loop(n: u32, op: &mut dyn FnMut()) {
+    for _ in 0..n {
+        op();
+    }
 }
 
 /// SHA1s of the scripts the bare floors send.

@@ -305,7 +305,18 @@ pub(crate) fn checked_win(
     ttl: Duration,
     release: impl FnOnce(&Lease) -> Result<bool>,
 ) -> Result<Lease> {
-    let elapsed = lease.acquired_at().elapsed();
+    checked_win_at(key, lease, ttl, Instant::now(), release)
+}
+
+/// [`checked_win`], the reply having been read at `now`.
+pub(crate) fn checked_win_at(
+    key: &str,
+    lease: Lease,
+    ttl: Duration,
+    now: Instant,
+    release: impl FnOnce(&Lease) -> Result<bool>,
+) -> Result<Lease> {
+    let elapsed = now.saturating_duration_since(lease.acquired_at());
     let left = ttl.saturating_sub(elapsed);
     if left > arrival_margin(ttl, elapsed) {
         return Ok(lease);

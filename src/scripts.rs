@@ -199,7 +199,41 @@ impl LuaScript {
         key: &str,
         args: &impl ToRedisArgs,
     ) -> RedisResult<T> {
-        match self.evalsha(key, args).query(con) {
+        let first = self.evalsha(key, args).query(con);
+        self.or_eval(con, key, args, first)
+    }
+
+    /// [`eval`](Self::eval) with its `EVALSHA <sha> 1 key args…` packed by the caller
+    /// (`evalsha`, the bytes [`evalsha`](Self::evalsha) would pack; see
+    /// [`sha`](Self::sha)), for a script without a shebang variant: on `NOSCRIPT` the
+    /// script is sent with `EVAL` as by `eval`.
+    pub(crate) fn eval_packed<T: FromRedisValue>(
+        &self,
+        con: &mut dyn ConnectionLike,
+        evalsha: &[u8],
+        key: &str,
+        args: &impl ToRedisArgs,
+    ) -> RedisResult<T> {
+        if self.plain.is_some() {
+            return self.eval(con, key, args);
+        }
+        // What `Cmd::query` does with the reply.
+        let first = con
+            .req_packed_command(evalsha)
+            .and_then(|v| Ok(redis::from_redis_value(v.extract_error()?)?));
+        self.or_eval(con, key, args, first)
+    }
+
+    /// After the `EVALSHA` of [`eval_one`](Self::eval_one): on `NOSCRIPT` the same call is
+    /// sent as `EVAL` with the script's text.
+    fn or_eval<T: FromRedisValue>(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: &str,
+        args: &impl ToRedisArgs,
+        first: RedisResult<T>,
+    ) -> RedisResult<T> {
+        match first {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {

@@ -10,17 +10,40 @@
 //! acquire, an extend or a renewal), counted from after the reply, plus the clock-drift
 //! allowance. By then the server has let the value expire, and no lease of it is valid any
 //! more, so a hold given up (`into_lease()` and dropped) or lost leaves the set by itself.
-//! Entries past their deadline are dropped by the next operation on their shard (an index by
-//! deadline finds them), so memory is bounded by the writes under way and the holds whose
-//! lifetime has not run out, never by the number of acquires.
+//! Entries past their deadline are dropped by the next write begun or hold taken on their shard
+//! (an index by deadline finds them), so memory is bounded by the writes under way and the
+//! holds whose lifetime has not run out, never by the number of acquires.
 //!
-//! Sharded by the value's fingerprint.
+//! Sharded by the value's fingerprint, which also keys the entries as it is (it is a hash
+//! already: hashing it again cost every acquire and release a SipHash).
 
 use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 const SHARDS: usize = 16;
+
+/// Hashes a fingerprint (a `u64`) to itself.
+#[derive(Debug, Default)]
+struct Fingerprint(u64);
+
+impl Hasher for Fingerprint {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s are hashed here; anything else is folded in, FNV-1a style.
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -41,7 +64,7 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct Shard {
-    entries: HashMap<u64, Entry>,
+    entries: HashMap<u64, Entry, BuildHasherDefault<Fingerprint>>,
     /// `(deadline, fingerprint)` of every entry with holds: the first ones are those to drop.
     by_deadline: BTreeSet<(Instant, u64)>,
 }
@@ -94,15 +117,19 @@ impl Shard {
     }
 }
 
-/// A 64-bit fingerprint of `value` (FNV-1a). Two values with one fingerprint are both taken
-/// for live: the safe side (a stale hold is then left to expire).
+/// A 64-bit fingerprint of `value` (FNV-1a, its bits then spread by MurmurHash3's finalizer
+/// step, a bijection: the shard, the table's index and its tags each take other bits). Two
+/// values with one fingerprint are both taken for live: the safe side (a stale hold is then
+/// left to expire).
 fn fingerprint(value: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in value {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    h
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
 }
 
 /// Until when a hold written with lifetime `ttl` by a reply read `now` may still live: the
@@ -116,17 +143,30 @@ fn deadline(now: Instant, ttl: Duration) -> Instant {
 impl LiveValues {
     /// The shard of `value`, its expired holds dropped, and the value's fingerprint.
     fn shard(&self, value: &[u8], now: Instant) -> (MutexGuard<'_, Shard>, u64) {
+        let (mut s, f) = self.shard_of(value);
+        s.purge(now);
+        (s, f)
+    }
+
+    /// The shard of `value` as it is, and the value's fingerprint.
+    fn shard_of(&self, value: &[u8]) -> (MutexGuard<'_, Shard>, u64) {
         let f = fingerprint(value);
-        let mut s = self.shards[(f as usize) % SHARDS]
+        // Bits the entries' hash table neither indexes by (the low ones) nor tags with (the
+        // top 7).
+        let s = self.shards[((f >> 32) as usize) % SHARDS]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        s.purge(now);
         (s, f)
     }
 
     /// A write of `value` is about to be sent.
     pub(crate) fn begin(&self, value: &[u8]) {
-        let (mut s, f) = self.shard(value, Instant::now());
+        self.begin_at(value, Instant::now());
+    }
+
+    /// [`begin`](Self::begin) with the time read by the caller.
+    pub(crate) fn begin_at(&self, value: &[u8], now: Instant) {
+        let (mut s, f) = self.shard(value, now);
         let e = s.entries.entry(f).or_default();
         e.writing = e.writing.saturating_add(1);
     }
@@ -142,17 +182,21 @@ impl LiveValues {
 
     /// A hold of `value` was taken, written with lifetime `ttl`.
     pub(crate) fn hold(&self, value: &[u8], ttl: Duration) {
-        self.add_hold(value, ttl, false);
+        self.add_hold(value, ttl, false, Instant::now());
     }
 
     /// The write of `value` took a hold, written with lifetime `ttl`: [`hold`](Self::hold)
     /// and [`end`](Self::end) at once.
     pub(crate) fn took(&self, value: &[u8], ttl: Duration) {
-        self.add_hold(value, ttl, true);
+        self.add_hold(value, ttl, true, Instant::now());
     }
 
-    fn add_hold(&self, value: &[u8], ttl: Duration, write_over: bool) {
-        let now = Instant::now();
+    /// [`took`](Self::took), the reply having been read at `now`.
+    pub(crate) fn took_at(&self, value: &[u8], ttl: Duration, now: Instant) {
+        self.add_hold(value, ttl, true, now);
+    }
+
+    fn add_hold(&self, value: &[u8], ttl: Duration, write_over: bool, now: Instant) {
         let (mut s, f) = self.shard(value, now);
         let e = s.entries.entry(f).or_default();
         if write_over {
@@ -171,9 +215,11 @@ impl LiveValues {
         }
     }
 
-    /// One hold of `value` was released (or its release handed to the janitor).
+    /// One hold of `value` was released (or its release handed to the janitor). Drops no other
+    /// entry (that would read the clock on every release): the next write or hold on the
+    /// shard does.
     pub(crate) fn release(&self, value: &[u8]) {
-        let (mut s, f) = self.shard(value, Instant::now());
+        let (mut s, f) = self.shard_of(value);
         if let Some(e) = s.entries.get_mut(&f) {
             e.holds = e.holds.saturating_sub(1);
             s.settle(f);

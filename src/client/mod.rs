@@ -95,6 +95,9 @@ struct Inner {
     waiters: Arc<WaitQueues>,
     /// Random UUID: the instance part of this client's owner ids (reentrant locks).
     instance: String,
+    /// The first 16 hex digits of `instance` (see [`LockClient::token_prefix`]), computed
+    /// once: every acquire and release of a token-valued lock reads them.
+    token_prefix: [u8; TOKEN_PREFIX_LEN],
     /// Renews this client's watched holds (one thread, started with the first).
     watchdog: Watchdog,
     /// The shared subscriber connection that wakes waiters (one thread, started with the
@@ -202,8 +205,10 @@ impl LockClient {
         acks: Arc<Acks>,
     ) -> Self {
         let waiters = Arc::new(WaitQueues::default());
+        let instance = crate::ids::new_uuid();
         LockClient {
             inner: Arc::new(Inner {
+                token_prefix: token_prefix_of(&instance),
                 pool,
                 scripts: Scripts::new(),
                 wakeups: Wakeups::new(
@@ -213,7 +218,7 @@ impl LockClient {
                     Arc::clone(&counters),
                 ),
                 waiters,
-                instance: crate::ids::new_uuid(),
+                instance,
                 watchdog: Watchdog::new(),
                 cluster,
                 courtesy,
@@ -316,6 +321,11 @@ impl LockClient {
         }
     }
 
+    /// The client's scripts (their SHAs, for commands packed in advance).
+    pub(crate) fn scripts(&self) -> &Scripts {
+        &self.inner.scripts
+    }
+
     /// The native commands this client uses instead of scripts (see [`native`]).
     pub(crate) fn native(&self) -> &Native {
         &self.inner.native
@@ -344,22 +354,7 @@ impl LockClient {
     /// digits of its instance id (a random UUID). After a Sentinel switch, a value of the
     /// client's that the new master still holds is recognised by it.
     pub(crate) fn token_prefix(&self) -> [u8; TOKEN_PREFIX_LEN] {
-        let mut id = [b'0'; TOKEN_PREFIX_LEN];
-        for (slot, b) in id.iter_mut().zip(
-            self.instance_id()
-                .bytes()
-                .filter(u8::is_ascii_hexdigit)
-                .map(|b| b.to_ascii_lowercase()),
-        ) {
-            *slot = b;
-        }
-        id
-    }
-
-    /// `value` (a token) is about to be written: nothing may delete it as a stale hold of
-    /// this client's (see `client/live.rs`) until [`write_ends`](Self::write_ends).
-    pub(crate) fn write_begins(&self, value: &[u8]) {
-        self.inner.live.begin(value);
+        self.inner.token_prefix
     }
 
     /// The write of `value` is over, and took no hold.
@@ -434,11 +429,17 @@ impl LockClient {
             && !self.is_live(value)
     }
 
-    /// [`write_begins`](Self::write_begins) now, and [`write_ends`](Self::write_ends) when
-    /// the returned guard is dropped, unless the write took a hold, recorded by
+    /// `value` (a token) is about to be written: nothing may delete it as a stale hold of
+    /// this client's (see `client/live.rs`) until the returned guard is dropped
+    /// ([`write_ends`](Self::write_ends)), unless the write took a hold, recorded by
     /// [`LiveValue::keep`].
     pub(crate) fn live_value<'a>(&'a self, value: &'a [u8]) -> LiveValue<'a> {
-        self.write_begins(value);
+        self.live_value_at(value, Instant::now())
+    }
+
+    /// [`live_value`](Self::live_value), the clock read by the caller at `now`.
+    pub(crate) fn live_value_at<'a>(&'a self, value: &'a [u8], now: Instant) -> LiveValue<'a> {
+        self.inner.live.begin_at(value, now);
         LiveValue {
             client: self,
             entry: value,
@@ -525,7 +526,18 @@ impl LockClient {
         match &self.inner.pool {
             Pool::Managed(p) => {
                 let get = || {
-                    let mut con = p.get_timeout(left(p.connection_timeout())?).map_err(err)?;
+                    // An idle connection first: r2d2's `try_get` reads the clock once where
+                    // `get_timeout` reads it three times (its deadline and checkout event), a
+                    // cost of every lock operation. The same connection either way; without
+                    // one idle, `get_timeout` opens or waits as before.
+                    let idle = match until {
+                        None => p.try_get(),
+                        Some(_) => None,
+                    };
+                    let mut con = match idle {
+                        Some(con) => con,
+                        None => p.get_timeout(left(p.connection_timeout())?).map_err(err)?,
+                    };
                     con.open_if_needed(until).map_err(|e| {
                         log::debug!("pool: opening a connection failed: {e}");
                         self.inner.connect_errors.note(e.clone());
@@ -729,6 +741,21 @@ impl LockClient {
     }
 }
 
+/// The first [`TOKEN_PREFIX_LEN`] hex digits of a client's instance id, lowercase (see
+/// [`LockClient::token_prefix`]).
+fn token_prefix_of(instance: &str) -> [u8; TOKEN_PREFIX_LEN] {
+    let mut id = [b'0'; TOKEN_PREFIX_LEN];
+    for (slot, b) in id.iter_mut().zip(
+        instance
+            .bytes()
+            .filter(u8::is_ascii_hexdigit)
+            .map(|b| b.to_ascii_lowercase()),
+    ) {
+        *slot = b;
+    }
+    id
+}
+
 /// How many times a command that still met `MOVED` or `ASK` after redis-rs's own redirections
 /// is sent again (each within its own command timeout).
 const MOVED_RESENDS: u32 = 2;
@@ -790,6 +817,13 @@ impl LiveValue<'_> {
     pub(crate) fn keep(&mut self, ttl: Duration) {
         if !std::mem::replace(&mut self.kept, true) {
             self.client.inner.live.took(self.entry, ttl);
+        }
+    }
+
+    /// [`keep`](Self::keep), the reply having been read at `now`.
+    pub(crate) fn keep_at(&mut self, ttl: Duration, now: Instant) {
+        if !std::mem::replace(&mut self.kept, true) {
+            self.client.inner.live.took_at(self.entry, ttl, now);
         }
     }
 }

@@ -619,7 +619,7 @@ impl DistributedLock for ClassicLock {
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
-        string_value::release(&self.client, KIND, &self.key, None, None, lease)
+        string_value::release(&self.client, KIND, &self.key, None, None, None, lease)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {

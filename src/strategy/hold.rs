@@ -193,6 +193,22 @@ impl HoldOptions {
         start: Instant,
         fence: Option<u64>,
     ) -> Lease {
+        self.lease_seen(client, key, kind, value, start, fence, None)
+    }
+
+    /// [`lease`](Self::lease), the acquire's reply having been read at `seen` (if given: the
+    /// watchdog's first renewal is counted from it, without reading the clock again).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lease_seen(
+        &self,
+        client: &LockClient,
+        key: &str,
+        kind: RenewKind,
+        value: &[u8],
+        start: Instant,
+        fence: Option<u64>,
+        seen: Option<Instant>,
+    ) -> Lease {
         let lease = Lease::new(value, start, self.lease).with_fence(fence);
         if !self.watched {
             return lease;
@@ -206,7 +222,14 @@ impl HoldOptions {
             start,
             self.on_lost.clone(),
         );
-        client.watchdog().watch(client, &state);
+        match seen {
+            Some(now) => client.watchdog().watch_from(
+                client,
+                &state,
+                crate::time::saturating_add(now, self.lease / 3),
+            ),
+            None => client.watchdog().watch(client, &state),
+        }
         lease.with_watch(Arc::clone(&state))
     }
 }

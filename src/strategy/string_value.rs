@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use std::cell::Cell;
 
-use redis::RedisResult;
+use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::client::cleanup::{Cause, Cleanup};
 use crate::client::native::{self, Command};
@@ -38,6 +38,169 @@ impl<'a> Notice<'a> {
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
 const CMD_OVERHEAD: usize = 48;
+
+/// A command (or a pipeline of commands) as redis-rs packs it, kept for values of one length:
+/// the bytes before the value and after it. A lock sends the same commands with a new value
+/// each time; this spares each send building a `redis::Cmd` (three buffers) and packing it.
+/// The bytes are redis-rs's own: it packs the commands twice, with two placeholder values of
+/// the length, and the bytes where the two differ are the value's place (no RESP is written
+/// here). A value of another length is sent the usual way.
+#[derive(Debug, Clone)]
+pub(crate) struct Packed {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    /// The value's length.
+    len: usize,
+    /// Commands in it.
+    commands: usize,
+}
+
+impl Packed {
+    /// `pack(value)`: redis-rs's bytes for the `commands` commands with `value` in them. None
+    /// unless a value of `len` bytes stands in one place of them.
+    pub(crate) fn new(
+        len: usize,
+        commands: usize,
+        pack: impl Fn(&[u8]) -> Vec<u8>,
+    ) -> Option<Self> {
+        let (a, b) = (pack(&vec![b'a'; len]), pack(&vec![b'b'; len]));
+        if len == 0 || a.len() != b.len() {
+            return None;
+        }
+        let start = a.iter().zip(&b).position(|(x, y)| x != y)?;
+        let end = a.len()
+            - a.iter()
+                .rev()
+                .zip(b.iter().rev())
+                .position(|(x, y)| x != y)?;
+        (end - start == len).then(|| Packed {
+            head: a[..start].to_vec(),
+            tail: a[end..].to_vec(),
+            len,
+            commands,
+        })
+    }
+
+    /// The bytes to send for `value`, if it has the packed length.
+    pub(crate) fn with(&self, value: &[u8]) -> Option<Vec<u8>> {
+        (value.len() == self.len).then(|| {
+            let mut out = Vec::with_capacity(self.head.len() + value.len() + self.tail.len());
+            out.extend_from_slice(&self.head);
+            out.extend_from_slice(value);
+            out.extend_from_slice(&self.tail);
+            out
+        })
+    }
+
+    /// Sends the single command with `value` (built by `cmd` if the value does not fit): the
+    /// reply as `Cmd::query::<Value>` gives it.
+    pub(crate) fn query(
+        &self,
+        con: &mut dyn ConnectionLike,
+        value: &[u8],
+        cmd: impl FnOnce() -> redis::Cmd,
+    ) -> RedisResult<Value> {
+        debug_assert_eq!(self.commands, 1);
+        match self.with(value) {
+            Some(bytes) => con
+                .req_packed_command(&bytes)
+                .and_then(Value::extract_error),
+            None => cmd().query(con),
+        }
+    }
+
+    /// Sends the pipeline with `value`: its integer replies, as `pipeline().query::<Vec<i64>>`
+    /// gives them; any other reply (an error) is read by redis-rs's pipeline (`pipeline()`,
+    /// the same commands), as if it had sent them.
+    fn query_ints(
+        &self,
+        con: &mut dyn ConnectionLike,
+        value: &[u8],
+        pipeline: impl FnOnce() -> redis::Pipeline,
+    ) -> RedisResult<Vec<i64>> {
+        let Some(bytes) = self.with(value) else {
+            return pipeline().query(con);
+        };
+        let replies = con.req_packed_commands(&bytes, 0, self.commands)?;
+        let ints: Option<Vec<i64>> = replies
+            .iter()
+            .map(|r| match r {
+                Value::Int(n) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        match ints {
+            Some(ints) => Ok(ints),
+            None => pipeline().query(&mut Replies(Some(replies))),
+        }
+    }
+}
+
+/// Replies already read, handed to redis-rs's pipeline as its connection's answer.
+struct Replies(Option<Vec<Value>>);
+
+impl ConnectionLike for Replies {
+    fn req_packed_command(&mut self, _cmd: &[u8]) -> RedisResult<Value> {
+        Err(unanswered())
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        _cmd: &[u8],
+        _offset: usize,
+        _count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        self.0.take().ok_or_else(unanswered)
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+
+    fn check_connection(&mut self) -> bool {
+        true
+    }
+
+    fn is_open(&self) -> bool {
+        true
+    }
+}
+
+fn unanswered() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Client, "no replies to read"))
+}
+
+/// The owner-checked, published release of one lock ([`release`]) for values of one length,
+/// packed by redis-rs but for the value (see [`Packed`]): `DELIFEQ key value` with the
+/// `PUBLISH`es of its notice, and the `EVALSHA` of `lua/unlock.lua` with the same notice.
+#[derive(Debug, Clone)]
+pub(crate) struct PackedRelease {
+    native: Option<Packed>,
+    script: Option<Packed>,
+}
+
+impl PackedRelease {
+    pub(crate) fn new(scripts: &Scripts, key: &str, notice: Notice<'_>, len: usize) -> Self {
+        let native = Packed::new(len, 1 + notice.channels.len(), |value| {
+            let mut pipe = redis::pipe();
+            pipe.add_command(native::delifeq(key, value));
+            for ch in notice.channels {
+                pipe.cmd("PUBLISH").arg(ch).arg(notice.message);
+            }
+            pipe.get_packed_pipeline()
+        });
+        let script = match notice.channels {
+            [ch] => Packed::new(len, 1, |value| {
+                scripts
+                    .unlock
+                    .evalsha(key, &(value, notice.message, ch.as_bytes()))
+                    .get_packed_command()
+            }),
+            _ => None,
+        };
+        PackedRelease { native, script }
+    }
+}
 
 /// `SET key value NX PX ttl_ms`: the one-round-trip acquire of Token (and of Classic with
 /// `key_ttl`). Replies `OK` when set, nil when the key exists.
@@ -165,11 +328,12 @@ pub(crate) fn release(
     key: &str,
     notice: Option<Notice<'_>>,
     sweep: Option<&[u8]>,
+    packed: Option<&PackedRelease>,
     lease: &Lease,
 ) -> Result<bool> {
     lease.stop_renewal();
     let generation = client.switch_generation();
-    let reply = compare_and_delete(client, key, lease.value(), notice);
+    let reply = compare_and_delete(client, key, lease.value(), notice, packed);
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
@@ -217,19 +381,28 @@ pub(crate) fn release(
 /// Deletes `key` if it holds `value`, publishing the release as `notice` says (Token,
 /// Spring): `DELIFEQ` (pipelined with the `PUBLISH`es) where the server has it, else
 /// `lua/unlock.lua`. 0 when the key did not hold `value`, else 1 + the subscribers reached.
+/// `packed`: the same commands packed for this key and notice (see [`PackedRelease`]).
 pub(crate) fn compare_and_delete(
     client: &LockClient,
     key: &str,
     value: &[u8],
     notice: Option<Notice<'_>>,
+    packed: Option<&PackedRelease>,
 ) -> Result<i64> {
     let notice = notice.filter(|n| !n.channels.is_empty());
+    let packed = packed.filter(|_| notice.is_some());
     // In a cluster only the single command: redis-rs does not follow a slot's redirection
     // (a migration's ASK or MOVED) inside a pipeline, so the publishing release keeps the script.
     let native_here = !client.is_cluster() || notice.is_none();
     client.with_conn(key, |con, s| {
         if native_here && client.native().has(Command::DelIfEq) {
-            match native_release(con, key, value, notice) {
+            match native_release(
+                con,
+                key,
+                value,
+                notice,
+                packed.and_then(|p| p.native.as_ref()),
+            ) {
                 Err(e) if native::is_unsupported(&e) => {
                     client.native().refused(Command::DelIfEq, key, &e)
                 }
@@ -238,9 +411,16 @@ pub(crate) fn compare_and_delete(
         }
         match notice {
             None => s.unlock.eval(con, key, value),
-            Some(n) => match n.channels {
-                [ch] => s.unlock.eval(con, key, (value, n.message, ch.as_bytes())),
-                channels => {
+            Some(n) => match (
+                n.channels,
+                packed.and_then(|p| p.script.as_ref()?.with(value)),
+            ) {
+                ([ch], Some(evalsha)) => {
+                    s.unlock
+                        .eval_packed(con, &evalsha, key, &(value, n.message, ch.as_bytes()))
+                }
+                ([ch], None) => s.unlock.eval(con, key, (value, n.message, ch.as_bytes())),
+                (channels, _) => {
                     let mut args: Vec<&[u8]> = Vec::with_capacity(2 + channels.len());
                     args.extend([value, n.message]);
                     args.extend(channels.iter().map(|ch| ch.as_bytes()));
@@ -260,16 +440,23 @@ fn native_release(
     key: &str,
     value: &[u8],
     notice: Option<Notice<'_>>,
+    packed: Option<&Packed>,
 ) -> RedisResult<i64> {
     let Some(n) = notice else {
         return native::delifeq(key, value).query(con);
     };
-    let mut pipe = redis::pipe();
-    pipe.add_command(native::delifeq(key, value));
-    for ch in n.channels {
-        pipe.cmd("PUBLISH").arg(ch).arg(n.message);
-    }
-    let replies: Vec<i64> = pipe.query(con)?;
+    let pipeline = || {
+        let mut pipe = redis::pipe();
+        pipe.add_command(native::delifeq(key, value));
+        for ch in n.channels {
+            pipe.cmd("PUBLISH").arg(ch).arg(n.message);
+        }
+        pipe
+    };
+    let replies: Vec<i64> = match packed {
+        Some(p) => p.query_ints(con, value, pipeline)?,
+        None => pipeline().query(con)?,
+    };
     let reached: i64 = replies.iter().skip(1).map(|r| (*r).max(0)).sum();
     Ok(if replies.first() == Some(&1) {
         1 + reached
@@ -304,4 +491,154 @@ pub(crate) fn is_held(client: &LockClient, key: &str, lease: &Lease) -> Result<b
     let current: Option<Vec<u8>> =
         client.with_conn(key, |con, _| redis::cmd("GET").arg(key).query(con))?;
     Ok(!lease.is_expired() && current.as_deref() == Some(lease.value()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replies given in advance, and the bytes sent.
+    struct Canned {
+        replies: Vec<Value>,
+        sent: Vec<u8>,
+    }
+
+    impl ConnectionLike for Canned {
+        fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+            self.sent.extend_from_slice(cmd);
+            Ok(self.replies.remove(0))
+        }
+
+        fn req_packed_commands(
+            &mut self,
+            cmd: &[u8],
+            _offset: usize,
+            count: usize,
+        ) -> RedisResult<Vec<Value>> {
+            self.sent.extend_from_slice(cmd);
+            Ok(self.replies.drain(..count).collect())
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+
+        fn check_connection(&mut self) -> bool {
+            true
+        }
+
+        fn is_open(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn packed_commands_are_the_bytes_redis_rs_packs() {
+        let key = "orders:42";
+        let get = Packed::new(32, 1, |v| {
+            set_nx_px_get(key, v, 30_000).get_packed_command()
+        })
+        .expect("one place for the value");
+        for value in [
+            &b"0123456789abcdef0123456789abcdef"[..],
+            &[b'\r'; 32],
+            &[b'$'; 32],
+        ] {
+            assert_eq!(
+                get.with(value),
+                Some(set_nx_px_get(key, value, 30_000).get_packed_command())
+            );
+        }
+        // Another length is not packed (its length prefix differs).
+        assert_eq!(get.with(b"short"), None);
+        // A value in two places has no one place.
+        assert!(Packed::new(8, 1, |v| redis::cmd("SET")
+            .arg(v)
+            .arg(v)
+            .get_packed_command())
+        .is_none());
+        let channels = vec!["ch:a".to_owned(), "ch:bb".to_owned()];
+        let notice = Notice {
+            message: b"0",
+            channels: &channels,
+        };
+        let scripts = Scripts::new();
+        let release = PackedRelease::new(&scripts, key, notice, 32);
+        let value = b"0123456789abcdef0123456789abcdef";
+        let mut pipe = redis::pipe();
+        pipe.add_command(native::delifeq(key, value));
+        for ch in &channels {
+            pipe.cmd("PUBLISH").arg(ch).arg("0");
+        }
+        let native = release.native.as_ref().expect("packed");
+        assert_eq!(native.with(value), Some(pipe.get_packed_pipeline()));
+        assert_eq!(native.commands, 3);
+        // The script's form is packed for one channel only.
+        assert!(release.script.is_none());
+        let one = vec!["ch:a".to_owned()];
+        let release = PackedRelease::new(
+            &scripts,
+            key,
+            Notice {
+                message: b"0",
+                channels: &one,
+            },
+            32,
+        );
+        let args: (&[u8], &[u8], &[u8]) = (value, b"0", b"ch:a");
+        assert_eq!(
+            release.script.as_ref().expect("packed").with(value),
+            Some(scripts.unlock.evalsha(key, &args).get_packed_command())
+        );
+    }
+
+    #[test]
+    fn packed_replies_read_as_redis_rs_reads_them() {
+        let packed = Packed::new(1, 2, |v| {
+            let mut pipe = redis::pipe();
+            pipe.cmd("DELIFEQ").arg("k").arg(v).cmd("PING");
+            pipe.get_packed_pipeline()
+        })
+        .expect("one place for the value");
+        let pipeline = || {
+            let mut pipe = redis::pipe();
+            pipe.cmd("DELIFEQ").arg("k").arg("v").cmd("PING");
+            pipe
+        };
+        let mut con = Canned {
+            replies: vec![Value::Int(1), Value::Int(2)],
+            sent: Vec::new(),
+        };
+        assert_eq!(packed.query_ints(&mut con, b"v", pipeline).unwrap(), [1, 2]);
+        assert_eq!(con.sent, pipeline().get_packed_pipeline());
+        // A server error in a pipeline: redis-rs's own pipeline error.
+        let error = || {
+            let parsed = redis::parse_redis_value(b"-ERR unknown command 'DELIFEQ'\r\n");
+            parsed.expect("an error reply")
+        };
+        let mut con = Canned {
+            replies: vec![error(), Value::Int(0)],
+            sent: Vec::new(),
+        };
+        let ours = packed.query_ints(&mut con, b"v", pipeline).unwrap_err();
+        let mut con = Canned {
+            replies: vec![error(), Value::Int(0)],
+            sent: Vec::new(),
+        };
+        let theirs = pipeline().query::<Vec<i64>>(&mut con).unwrap_err();
+        assert_eq!(ours.to_string(), theirs.to_string());
+        assert_eq!(ours.code(), theirs.code());
+        // A single command's error reply is an error, as from `Cmd::query`.
+        let set = |v: &[u8]| {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg("k").arg(v).arg("NX");
+            cmd
+        };
+        let single = Packed::new(1, 1, |v| set(v).get_packed_command()).expect("packed");
+        let mut con = Canned {
+            replies: vec![error()],
+            sent: Vec::new(),
+        };
+        assert!(single.query(&mut con, b"v", || set(b"v")).is_err());
+    }
 }

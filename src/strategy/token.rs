@@ -63,6 +63,41 @@ pub struct TokenLock {
     dialect: Dialect,
     /// A value without TTL was reported (see `note_no_ttl`).
     warned_no_ttl: AtomicBool,
+    /// Its acquire and release, packed once but for the value.
+    wire: Wire,
+}
+
+/// The commands of every acquire and release of a lock with Token values, packed by redis-rs
+/// once but for the value (see [`Packed`](string_value::Packed)): the same bytes as built
+/// afresh, without the building. Values of other lengths (other dialects') are sent the usual
+/// way.
+struct Wire {
+    /// `SET key <value> NX PX <ttl ms> GET`.
+    set_nx_px_get: Option<string_value::Packed>,
+    /// `SET key <value> NX PX <ttl ms>` (servers before Redis 7.0).
+    set_nx_px: Option<string_value::Packed>,
+    /// The release, published as the dialect says.
+    release: string_value::PackedRelease,
+}
+
+impl Wire {
+    fn new(client: &LockClient, key: &str, opts: &HoldOptions, dialect: &Dialect) -> Self {
+        let ttl = opts.lease_ms();
+        Wire {
+            set_nx_px_get: string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
+                string_value::set_nx_px_get(key, v, ttl).get_packed_command()
+            }),
+            set_nx_px: string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
+                string_value::set_nx_px(key, v, ttl).get_packed_command()
+            }),
+            release: string_value::PackedRelease::new(
+                client.scripts(),
+                key,
+                dialect.notice(),
+                TOKEN_VALUE_LEN,
+            ),
+        }
+    }
 }
 
 /// What a lock of Token's protocol writes and publishes. The protocol is the same for each:
@@ -138,12 +173,15 @@ impl std::ops::Deref for OwnValue {
 
 /// A fresh Token value: the client's id (16 hex digits, see `LockClient::token_prefix`), then
 /// 64 random bits in hex; 32 characters, as [`new_token`]'s.
-fn token_value(client: &LockClient) -> [u8; 32] {
+fn token_value(client: &LockClient) -> [u8; TOKEN_VALUE_LEN] {
     let mut t = new_token();
     let prefix = client.token_prefix();
     t[..prefix.len()].copy_from_slice(&prefix);
     t
 }
+
+/// The length of a Token value.
+const TOKEN_VALUE_LEN: usize = 32;
 
 /// What one blocking acquire carries from attempt to attempt (see
 /// `TokenLock::acquire_blocking`).
@@ -181,12 +219,14 @@ impl TokenLock {
         opts: HoldOptions,
         dialect: Dialect,
     ) -> Self {
+        let wire = Wire::new(&client, &key, &opts, &dialect);
         TokenLock {
             client,
             key,
             opts,
             dialect,
             warned_no_ttl: AtomicBool::new(false),
+            wire,
         }
     }
 
@@ -343,6 +383,7 @@ impl TokenLock {
             &self.key,
             holder,
             Some(self.dialect.notice()),
+            Some(&self.wire.release),
         );
         match reply {
             Ok(n) if n >= 1 => {
@@ -411,13 +452,25 @@ impl TokenLock {
     }
 
     fn new_lease(&self, token: &[u8], start: Instant, fence: Option<u64>) -> Lease {
-        self.opts.lease(
+        self.new_lease_seen(token, start, fence, None)
+    }
+
+    /// [`new_lease`](Self::new_lease), the reply having been read at `seen` (if given).
+    fn new_lease_seen(
+        &self,
+        token: &[u8],
+        start: Instant,
+        fence: Option<u64>,
+        seen: Option<Instant>,
+    ) -> Lease {
+        self.opts.lease_seen(
             &self.client,
             &self.key,
             RenewKind::Value(self.dialect.kind),
             token,
             start,
             fence,
+            seen,
         )
     }
 
@@ -484,13 +537,18 @@ impl TokenLock {
         acq: Option<&Acquiring>,
         found: &Cell<Option<Vec<u8>>>,
     ) -> Result<Option<Lease>> {
-        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        let mut live = self.client.live_value(token);
         let start = Instant::now();
+        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
+        let mut live = self.client.live_value_at(token, start);
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
             let ttl = self.opts.lease_ms();
             if self.client.set_get() {
-                match string_value::set_nx_px_get(&self.key, token, ttl).query(con) {
+                let cmd = || string_value::set_nx_px_get(&self.key, token, ttl);
+                let sent = match &self.wire.set_nx_px_get {
+                    Some(p) => p.query(con, token, cmd),
+                    None => cmd().query(con),
+                };
+                match sent {
                     Err(e) if string_value::is_syntax_error(&e) => self.client.no_set_get(),
                     // Nil: set; the value found: held (or ours, if this is a resend of an
                     // acquire that landed); a WRONGTYPE error: a key of another type.
@@ -503,21 +561,32 @@ impl TokenLock {
                     other => return other,
                 }
             }
-            string_value::set_nx_px(&self.key, token, ttl).query(con)
+            let cmd = || string_value::set_nx_px(&self.key, token, ttl);
+            match &self.wire.set_nx_px {
+                Some(p) => p.query(con, token, cmd),
+                None => cmd().query(con),
+            }
         })?;
         let result = match reply {
-            Value::Okay => crate::lease::checked_win(
-                &self.key,
-                self.new_lease(token, start, None),
-                self.opts.lease,
-                |l| self.release(l),
-            )
-            .map(Some),
+            Value::Okay => {
+                // One reading of the clock after the reply for the late-reply check, the
+                // watchdog's first renewal and the live set.
+                let now = Instant::now();
+                let won = crate::lease::checked_win_at(
+                    &self.key,
+                    self.new_lease_seen(token, start, None, Some(now)),
+                    self.opts.lease,
+                    now,
+                    |l| self.release(l),
+                )
+                .map(Some);
+                if won.is_ok() {
+                    live.keep_at(self.opts.lease, now);
+                }
+                won
+            }
             _ => Ok(None),
         };
-        if matches!(result, Ok(Some(_))) {
-            live.keep(self.opts.lease);
-        }
         self.client
             .counters()
             .outcome_lease(self.dialect.kind, &result);
@@ -634,6 +703,7 @@ impl DistributedLock for TokenLock {
             &self.key,
             Some(self.dialect.notice()),
             Some(&self.client.token_prefix()),
+            Some(&self.wire.release),
             lease,
         )
     }
