@@ -13,9 +13,11 @@
 -- re-entry the counter's current value, which the owner's outer hold set; 0 without KEYS[2]),
 -- {0, PTTL of the key} when another owner holds it. A key of another type fails with
 -- WRONGTYPE (from HEXISTS).
-if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+local exists = redis.call('exists', KEYS[1]) == 1
+if not exists or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
     local known = tonumber(ARGV[3])
-    if known and (tonumber(redis.call('hget', KEYS[1], ARGV[2])) or 0) > known then
+    -- (a new hash has no stale count: no HGET on the uncontended path)
+    if exists and known and (tonumber(redis.call('hget', KEYS[1], ARGV[2])) or 0) > known then
         if known > 0 then
             redis.call('hset', KEYS[1], ARGV[2], known)
         else
