@@ -136,6 +136,38 @@ impl Packed {
     }
 }
 
+/// What a lock packs (a [`Packed`], a [`PackedRelease`]) made at its second send of the
+/// command, not when the lock is built: a lock built for one acquire and release, as many
+/// callers build them, packs nothing more than before.
+#[derive(Debug)]
+pub(crate) struct Lazy<T> {
+    sent: std::sync::atomic::AtomicBool,
+    packed: std::sync::OnceLock<Option<T>>,
+}
+
+impl<T> Default for Lazy<T> {
+    fn default() -> Self {
+        Lazy {
+            sent: std::sync::atomic::AtomicBool::new(false),
+            packed: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl<T> Lazy<T> {
+    /// The packed form, made by `make` from the second call on; None on the first call (send
+    /// the command the usual way) or when `make` gave none.
+    pub(crate) fn get(&self, make: impl FnOnce() -> Option<T>) -> Option<&T> {
+        if let Some(packed) = self.packed.get() {
+            return packed.as_ref();
+        }
+        if !self.sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        self.packed.get_or_init(make).as_ref()
+    }
+}
+
 /// Replies already read, handed to redis-rs's pipeline as its connection's answer.
 struct Replies(Option<Vec<Value>>);
 
@@ -590,6 +622,20 @@ mod tests {
             release.script.as_ref().expect("packed").with(value),
             Some(scripts.unlock.evalsha(key, &args).get_packed_command())
         );
+    }
+
+    #[test]
+    fn a_lazy_packing_is_made_at_the_second_send_and_once() {
+        let lazy: Lazy<u32> = Lazy::default();
+        let made = std::cell::Cell::new(0);
+        let make = || {
+            made.set(made.get() + 1);
+            Some(7)
+        };
+        assert_eq!(lazy.get(make), None, "the first send packs nothing");
+        assert_eq!(lazy.get(make), Some(&7));
+        assert_eq!(lazy.get(make), Some(&7));
+        assert_eq!(made.get(), 1);
     }
 
     #[test]

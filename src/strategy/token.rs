@@ -48,7 +48,7 @@ use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
-use crate::strategy::string_value;
+use crate::strategy::string_value::{self, Lazy};
 
 /// The stats label of Token locks.
 pub(crate) const KIND: Kind = Kind::new("token");
@@ -68,35 +68,46 @@ pub struct TokenLock {
 }
 
 /// The commands of every acquire and release of a lock with Token values, packed by redis-rs
-/// once but for the value (see [`Packed`](string_value::Packed)): the same bytes as built
-/// afresh, without the building. Values of other lengths (other dialects') are sent the usual
-/// way.
+/// once but for the value (see [`Packed`](string_value::Packed)), at their second use: the
+/// same bytes as built afresh, without the building. Values of other lengths (other
+/// dialects') are sent the usual way.
+#[derive(Default)]
 struct Wire {
     /// `SET key <value> NX PX <ttl ms> GET`.
-    set_nx_px_get: Option<string_value::Packed>,
+    set_nx_px_get: Lazy<string_value::Packed>,
     /// `SET key <value> NX PX <ttl ms>` (servers before Redis 7.0).
-    set_nx_px: Option<string_value::Packed>,
+    set_nx_px: Lazy<string_value::Packed>,
     /// The release, published as the dialect says.
-    release: string_value::PackedRelease,
+    release: Lazy<string_value::PackedRelease>,
 }
 
-impl Wire {
-    fn new(client: &LockClient, key: &str, opts: &HoldOptions, dialect: &Dialect) -> Self {
-        let ttl = opts.lease_ms();
-        Wire {
-            set_nx_px_get: string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
-                string_value::set_nx_px_get(key, v, ttl).get_packed_command()
-            }),
-            set_nx_px: string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
-                string_value::set_nx_px(key, v, ttl).get_packed_command()
-            }),
-            release: string_value::PackedRelease::new(
-                client.scripts(),
-                key,
-                dialect.notice(),
-                TOKEN_VALUE_LEN,
-            ),
+impl TokenLock {
+    fn packed_set(&self, get: bool) -> Option<&string_value::Packed> {
+        let (ttl, key) = (self.opts.lease_ms(), self.key.as_str());
+        if get {
+            self.wire.set_nx_px_get.get(|| {
+                string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
+                    string_value::set_nx_px_get(key, v, ttl).get_packed_command()
+                })
+            })
+        } else {
+            self.wire.set_nx_px.get(|| {
+                string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
+                    string_value::set_nx_px(key, v, ttl).get_packed_command()
+                })
+            })
         }
+    }
+
+    fn packed_release(&self) -> Option<&string_value::PackedRelease> {
+        self.wire.release.get(|| {
+            Some(string_value::PackedRelease::new(
+                self.client.scripts(),
+                &self.key,
+                self.dialect.notice(),
+                TOKEN_VALUE_LEN,
+            ))
+        })
     }
 }
 
@@ -219,14 +230,13 @@ impl TokenLock {
         opts: HoldOptions,
         dialect: Dialect,
     ) -> Self {
-        let wire = Wire::new(&client, &key, &opts, &dialect);
         TokenLock {
             client,
             key,
             opts,
             dialect,
             warned_no_ttl: AtomicBool::new(false),
-            wire,
+            wire: Wire::default(),
         }
     }
 
@@ -383,7 +393,7 @@ impl TokenLock {
             &self.key,
             holder,
             Some(self.dialect.notice()),
-            Some(&self.wire.release),
+            self.packed_release(),
         );
         match reply {
             Ok(n) if n >= 1 => {
@@ -544,7 +554,7 @@ impl TokenLock {
             let ttl = self.opts.lease_ms();
             if self.client.set_get() {
                 let cmd = || string_value::set_nx_px_get(&self.key, token, ttl);
-                let sent = match &self.wire.set_nx_px_get {
+                let sent = match self.packed_set(true) {
                     Some(p) => p.query(con, token, cmd),
                     None => cmd().query(con),
                 };
@@ -562,7 +572,7 @@ impl TokenLock {
                 }
             }
             let cmd = || string_value::set_nx_px(&self.key, token, ttl);
-            match &self.wire.set_nx_px {
+            match self.packed_set(false) {
                 Some(p) => p.query(con, token, cmd),
                 None => cmd().query(con),
             }
@@ -703,7 +713,7 @@ impl DistributedLock for TokenLock {
             &self.key,
             Some(self.dialect.notice()),
             Some(&self.client.token_prefix()),
-            Some(&self.wire.release),
+            self.packed_release(),
             lease,
         )
     }
