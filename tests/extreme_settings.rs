@@ -515,7 +515,19 @@ fn extend_with_extreme_lifetimes() {
             })
             .expect("1 ms");
         assert!(start.elapsed() <= SLACK, "{kind:?}");
-        assert!(g.unlock().expect("unlock"), "{kind:?}");
+        // The 1 ms lease may be gone by now, so `unlock()` may say it was no longer ours
+        // (a loaded CI machine did); RedLock kept its 30 s lease and must say it was.
+        let ours = g.unlock().expect("unlock");
+        assert!(ours || kind != Kind::RedLock, "{kind:?}");
+        // Either way, the lock is free now.
+        assert!(
+            lock.get()
+                .try_lock()
+                .expect("free again")
+                .unlock()
+                .expect("unlock"),
+            "{kind:?}"
+        );
     }
 }
 
