@@ -121,29 +121,99 @@ fn token_blocking_acquire_whose_reply_was_lost_leaves_no_orphan() {
     assert!(after < TIMEOUT + SLACK, "waited {after:?} after resume");
 }
 
+/// A Classic acquire whose reply was lost is not cleaned up (its value names no owner: see the
+/// next test): what it wrote goes stale after the lock's lifetime, and then the next contender
+/// takes it over.
 #[test]
-fn classic_acquire_whose_reply_was_lost_leaves_no_orphan() {
+fn classic_acquire_whose_reply_was_lost_goes_stale_after_its_lifetime() {
     init_logging();
     let server = RedisServer::start();
+    let ttl = Duration::from_secs(3);
     for takeover in [Takeover::GetSet, Takeover::CompareAndSet] {
         let key = format!("orphan:classic:{takeover:?}");
         let c1 = impatient(&server);
         let c2 = patient(&server);
-        // A long lifetime: without the clean-up, the orphan would be stale only after 20 s.
         let build = |c: &LockClient| {
             c.lock(key.as_str())
                 .strategy(Strategy::Classic(ClassicOptions::new().takeover(takeover)))
-                .ttl(Duration::from_secs(20))
+                .ttl(ttl)
+                .retry(RetryPolicy::legacy().max_wait(Some(Duration::from_secs(10))))
                 .build()
                 .unwrap()
         };
         let (l1, l2) = (build(&c1), build(&c2));
+        let sent = Instant::now();
         let resumed = acquire_during_sigstop(&server, || l1.try_lock().map(|g| g.into_lease()));
+        assert_eq!(c1.pending_cleanups(), 0, "{key}: nothing queued");
+        // The orphan's expiry was taken when the acquire was sent.
         let after = taken_after(&l2, resumed);
         assert!(
-            after < TIMEOUT + SLACK,
-            "{key}: waited {after:?} after resume"
+            sent.elapsed() >= ttl && after < ttl + SLACK,
+            "{key}: taken {after:?} after resume"
         );
+    }
+}
+
+/// Two contenders that write in the same millisecond write the same Classic value: an expiry
+/// names no owner. When one's reply is lost and the other wins, deleting "our" value would free
+/// the winner's lock, so a lost Classic acquire is left to go stale instead (a fault-suite run
+/// under SIGSTOP once found one overlapping pair of holds this way). The loser's write is held
+/// back by `CLIENT PAUSE … WRITE` past its command timeout and never runs; the winner's runs
+/// when the pause ends. Both values are taken just after one barrier, so most rounds share a
+/// millisecond (before the fix, the winner's lock was deleted in each such round).
+#[test]
+fn a_lost_classic_acquire_never_frees_a_lock_with_the_same_value() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let loser = impatient(&server);
+    let winner = LockClient::builder(server.url())
+        .command_timeout(Some(Duration::from_secs(10)))
+        .build()
+        .expect("client");
+    for round in 0..4 {
+        let key = format!("orphan:classic-same-value:{round}");
+        let build = |c: &LockClient| {
+            c.lock(key.as_str())
+                .strategy(Strategy::Classic(ClassicOptions::new()))
+                .ttl(Duration::from_secs(20))
+                .retry(RetryPolicy::no_wait())
+                .build()
+                .unwrap()
+        };
+        let (lw, ll) = (build(&winner), build(&loser));
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg((2 * TIMEOUT).as_millis() as u64)
+            .arg("WRITE")
+            .query(&mut conn)
+            .unwrap();
+        let barrier = std::sync::Barrier::new(2);
+        let (won, lost) = thread::scope(|s| {
+            let w = s.spawn(|| {
+                barrier.wait();
+                lw.try_lock().map(|g| g.into_lease())
+            });
+            let l = s.spawn(|| {
+                barrier.wait();
+                ll.try_lock().map(|g| g.into_lease())
+            });
+            (w.join().unwrap(), l.join().unwrap())
+        });
+        assert!(
+            matches!(lost, Err(LockError::Connection { .. })),
+            "{key}: the loser's write must time out: {lost:?}"
+        );
+        let won = won.unwrap_or_else(|e| panic!("{key}: the winner: {e}"));
+        assert!(wait_until(Duration::from_secs(10), || loser
+            .pending_cleanups()
+            == 0));
+        assert_eq!(
+            raw::get(&mut conn, &key).as_deref(),
+            Some(won.value()),
+            "{key}: the winner's lock was freed by the loser's clean-up"
+        );
+        assert!(lw.release(&won).unwrap(), "{key}");
     }
 }
 

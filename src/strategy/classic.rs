@@ -14,7 +14,6 @@
 //! 4. release: `EVALSHA unlock.lua key <our expiry>` (deletes only our exact value; the legacy
 //!    lockers' plain `DEL` could delete a lock another client had since taken over).
 
-use std::cell::Cell;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
@@ -449,7 +448,6 @@ impl ClassicLock {
         scripts: &crate::scripts::Scripts,
         value: &[u8],
         now_ns: i128,
-        getset_sent: &Cell<bool>,
     ) -> redis::RedisResult<Attempt> {
         for _ in 0..VANISHED_RETRIES {
             if self.set_if_absent(con, value)? {
@@ -467,9 +465,6 @@ impl ClassicLock {
             // with our own UUID is another thread's hold: Classic does not re-enter).
             if expiry >= now_ns {
                 return Ok(Attempt::Held);
-            }
-            if self.opts.takeover == Takeover::GetSet {
-                getset_sent.set(true);
             }
             return Ok(if self.take_over(con, scripts, &seen, value)? {
                 Attempt::TookOver {
@@ -563,20 +558,21 @@ impl ClassicLock {
         let value = self.expiry_value(self.ttl)?;
         let value = value.as_bytes();
         let now_ns = now_epoch_ns(&self.key)?;
-        // Classic without key_ttl has no Redis expiry: after `ttl` its value is stale and the
-        // next acquirer takes it over, so a clean-up is needed until then at most.
-        let until = start.checked_add(self.ttl).unwrap_or(start);
-        // A GETSET writes our value even when it loses the race: after an unanswered GETSET,
-        // our value at the key does not prove that we won, so it is not deleted.
-        let getset_sent = Cell::new(false);
-        let outcome = string_value::acquire(
+        // A lost reply is not undone: a Classic value is an expiry, not an owner, and another
+        // contender that wrote in the same millisecond wrote the same bytes, so deleting "our"
+        // value could free its lock. What we may have written goes stale after its lifetime.
+        let outcome = string_value::acquire_undone_by(
             &self.client,
             &self.key,
-            value,
-            None,
-            until,
-            || !getset_sent.get(),
-            |con, s| self.attempt(con, s, value, now_ns, &getset_sent),
+            |con, s| self.attempt(con, s, value, now_ns),
+            || {
+                log::warn!(
+                    "lock {:?}: no reply to an acquire; if it ran, the key holds our expiry \
+                     until it goes stale (a Classic value does not name its owner, so it is \
+                     not deleted)",
+                    self.key
+                )
+            },
         )?;
         let won =
             |lease| crate::lease::checked_win(&self.key, lease, self.ttl, |l| self.release(l));

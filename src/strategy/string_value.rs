@@ -3,8 +3,6 @@
 //! check is a `GET` compared with our value, and an extend either renews the lease or reports
 //! the lock lost.
 
-use std::time::Instant;
-
 use std::cell::Cell;
 
 use redis::{ConnectionLike, RedisResult, Value};
@@ -288,41 +286,6 @@ pub(crate) fn delete_cleanup(key: &str, value: &[u8], notice: Option<Notice<'_>>
         counted: false,
         what: "the owner-checked delete",
     }
-}
-
-/// Runs an acquire that writes `value` at `key` (`f`, on a pooled connection). If it was sent
-/// but not answered (a connection error: timeout, reset, paused server), it may still run on
-/// the server and leave a lock nobody holds: the client's janitor then deletes `value` in the
-/// background, owner-checked, until `until` (when the hold would expire by itself), unless
-/// `may_forget` says that finding `value` at the key would not prove the write was ours to
-/// delete (a legacy GETSET writes even when it loses).
-pub(crate) fn acquire<T>(
-    client: &LockClient,
-    key: &str,
-    value: &[u8],
-    notice: Option<Notice<'_>>,
-    until: Instant,
-    may_forget: impl Fn() -> bool,
-    f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
-) -> Result<T> {
-    acquire_undone_by(client, key, f, || {
-        if may_forget() {
-            client.janitor().forget(
-                client,
-                key,
-                value,
-                delete_cleanup(key, value, notice),
-                Cause::LostAcquireReply,
-                until,
-            );
-        } else {
-            log::warn!(
-                "lock {key:?}: no reply to a GETSET takeover; if it ran, the key holds our \
-                 value until it goes stale (a legacy GETSET writes even when it loses, so the \
-                 value is not deleted)"
-            );
-        }
-    })
 }
 
 /// Runs an acquire `f` on a pooled connection; if it was sent but not answered (a connection
