@@ -14,6 +14,7 @@
 //! 4. release: `EVALSHA unlock.lua key <our expiry>` (deletes only our exact value; the legacy
 //!    lockers' plain `DEL` could delete a lock another client had since taken over).
 
+use std::cell::Cell;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
@@ -21,6 +22,7 @@ use redis::Value;
 use crate::client::access;
 use crate::client::admin;
 use crate::client::admin::Detail;
+use crate::client::cleanup::Cause;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lease::{printable, Lease};
@@ -558,20 +560,38 @@ impl ClassicLock {
         let value = self.expiry_value(self.ttl)?;
         let value = value.as_bytes();
         let now_ns = now_epoch_ns(&self.key)?;
-        // A lost reply is not undone: a Classic value is an expiry, not an owner, and another
-        // contender that wrote in the same millisecond wrote the same bytes, so deleting "our"
-        // value could free its lock. What we may have written goes stale after its lifetime.
+        // Undone only if the reply said we wrote: a Classic value is an expiry, not an owner,
+        // and a contender that wrote in the same millisecond wrote the same bytes, so after a
+        // lost reply deleting "our" value could free its lock. Unknown writes go stale after
+        // their lifetime. (Known writes: a win whose replicas did not confirm it.)
+        let wrote = Cell::new(false);
         let outcome = string_value::acquire_undone_by(
             &self.client,
             &self.key,
-            |con, s| self.attempt(con, s, value, now_ns),
+            |con, s| {
+                let attempt = self.attempt(con, s, value, now_ns)?;
+                wrote.set(matches!(attempt, Attempt::Won | Attempt::TookOver { .. }));
+                Ok(attempt)
+            },
             || {
-                log::warn!(
-                    "lock {:?}: no reply to an acquire; if it ran, the key holds our expiry \
-                     until it goes stale (a Classic value does not name its owner, so it is \
-                     not deleted)",
-                    self.key
-                )
+                if wrote.get() {
+                    let until = start.checked_add(self.ttl).unwrap_or(start);
+                    self.client.janitor().forget(
+                        &self.client,
+                        &self.key,
+                        value,
+                        string_value::delete_cleanup(&self.key, value, None),
+                        Cause::LostAcquireReply,
+                        until,
+                    );
+                } else {
+                    log::warn!(
+                        "lock {:?}: no reply to an acquire; if it ran, the key holds our \
+                         expiry until it goes stale (a Classic value does not name its owner, \
+                         so it is not deleted)",
+                        self.key
+                    )
+                }
             },
         )?;
         let won =
