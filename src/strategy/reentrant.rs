@@ -245,7 +245,8 @@ impl ReentrantLock {
         let known = local_count(&owner, &self.key).unwrap_or(0);
         let reply: Result<Value> = self.client.with_conn_confirmed(&self.key, |con, s| {
             sent.set(true);
-            let args = (self.opts.lease_ms(), owner.as_str(), known);
+            // Its bytes: the same argument as its text, without the UTF-8 check.
+            let args = (self.opts.lease_ms(), owner.as_bytes(), known);
             match &self.opts.fence_key {
                 Some(fence) => {
                     s.reentrant_acquire
