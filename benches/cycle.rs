@@ -13,9 +13,11 @@
 //! For profiling, `DLOCK_CYCLE_PROBE=<op>:<n>` runs one operation `n` times and exits without
 //! measuring (`ping`: a pooled PING; `token`, `token_lock`: the default Token cycle by
 //! `try_lock()` or `lock()`; `token_ttl`; `bare`: the Token cycle's bare commands on a raw
-//! connection, native where the server has `DELIFEQ`; `none`); run the bench binary under
-//! `valgrind --tool=callgrind --toggle-collect='*probe_loop*'` (with `DLOCK_BENCH_NO_PIN=1`):
-//! the instructions of the loop on the calling thread, divided by `n`.
+//! connection, native where the server has `DELIFEQ`; `reentrant`: the Reentrant cycle;
+//! `bare_reentrant`: its bare EVALSHAs on a raw connection, as `floor_reentrant_raw`; `none`);
+//! run the bench binary under `valgrind --tool=callgrind --toggle-collect='*probe_loop*'`
+//! (with `DLOCK_BENCH_NO_PIN=1`): the instructions of the loop on the calling thread, divided
+//! by `n`.
 
 mod common;
 
@@ -205,7 +207,27 @@ fn probe(
 ) {
     let lock = |l: &str| &locks.iter().find(|(x, _)| *x == l).expect("lock").1;
     let mut raw = env.server.conn();
+    let reentrant_channel = channel("cycle:floor:r");
     let channel = channel("cycle:floor:probe");
+    let mut raw_reentrant = env.server.conn();
+    let owner = format!("{}:1", String::from_utf8_lossy(&token()));
+    let bare_reentrant = move || {
+        assert!(evalsha_reentrant_acquire(
+            &mut raw_reentrant,
+            &shas.reentrant_acquire,
+            "cycle:floor:r",
+            REENTRANT_LEASE_MS,
+            &owner
+        ));
+        assert!(evalsha_reentrant_release(
+            &mut raw_reentrant,
+            &shas.reentrant_release,
+            "cycle:floor:r",
+            &reentrant_channel,
+            REENTRANT_LEASE_MS,
+            &owner
+        ));
+    };
     let bare = || {
         let t = token();
         assert!(set_nx_px(&mut raw, "cycle:floor:probe", &t, 10_000));
@@ -236,6 +258,8 @@ fn probe(
         "token_ttl" => Box::new(|| cycle(lock("token_ttl"))),
         "token_lock" => Box::new(|| cycle_blocking(lock("token"))),
         "bare" => Box::new(bare),
+        "reentrant" => Box::new(|| cycle(lock("reentrant"))),
+        "bare_reentrant" => Box::new(bare_reentrant),
         "none" => Box::new(|| {}),
         other => panic!("unknown operation {other}"),
     };

@@ -448,7 +448,8 @@ pub fn channel(key: &str) -> String {
     format!("redisson_lock__channel:{{{key}}}")
 }
 
-/// `EVALSHA <reentrant_acquire.lua> 1 key lease_ms owner`: true when taken.
+/// `EVALSHA <reentrant_acquire.lua> 1 key lease_ms owner 0`, as the library sends a first
+/// hold (the last argument: the thread's own count): true when taken.
 pub fn evalsha_reentrant_acquire(
     con: &mut redis::Connection,
     sha: &str,
@@ -462,6 +463,7 @@ pub fn evalsha_reentrant_acquire(
         .arg(key)
         .arg(lease_ms)
         .arg(owner)
+        .arg(0)
         .query(con)
         .expect("EVALSHA reentrant_acquire");
     v.0 == 1

@@ -122,10 +122,19 @@ impl Shard {
 /// values with one fingerprint are both taken for live: the safe side (a stale hold is then
 /// left to expire).
 fn fingerprint(value: &[u8]) -> u64 {
+    fingerprint_of(&[value])
+}
+
+/// The [`fingerprint`] of the concatenation of `parts`, without building it (FNV-1a runs
+/// byte by byte, so the parts give the same fingerprint as the whole).
+pub(crate) fn fingerprint_of(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in value {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
+    // Nested loops, not `flat_map`: its per-byte bookkeeping tripled the cost.
+    for part in parts {
+        for b in *part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
     }
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -141,39 +150,48 @@ fn deadline(now: Instant, ttl: Duration) -> Instant {
 }
 
 impl LiveValues {
-    /// The shard of `value`, its expired holds dropped, and the value's fingerprint.
-    fn shard(&self, value: &[u8], now: Instant) -> (MutexGuard<'_, Shard>, u64) {
-        let (mut s, f) = self.shard_of(value);
+    /// The shard of fingerprint `f`, its expired holds dropped.
+    fn shard(&self, f: u64, now: Instant) -> MutexGuard<'_, Shard> {
+        let mut s = self.shard_of(f);
         s.purge(now);
-        (s, f)
+        s
     }
 
-    /// The shard of `value` as it is, and the value's fingerprint.
-    fn shard_of(&self, value: &[u8]) -> (MutexGuard<'_, Shard>, u64) {
-        let f = fingerprint(value);
+    /// The shard of fingerprint `f` as it is.
+    fn shard_of(&self, f: u64) -> MutexGuard<'_, Shard> {
         // Bits the entries' hash table neither indexes by (the low ones) nor tags with (the
         // top 7).
-        let s = self.shards[((f >> 32) as usize) % SHARDS]
+        self.shards[((f >> 32) as usize) % SHARDS]
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        (s, f)
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A write of `value` is about to be sent.
+    #[cfg(test)]
     pub(crate) fn begin(&self, value: &[u8]) {
         self.begin_at(value, Instant::now());
     }
 
     /// [`begin`](Self::begin) with the time read by the caller.
     pub(crate) fn begin_at(&self, value: &[u8], now: Instant) {
-        let (mut s, f) = self.shard(value, now);
+        self.begin_fp(fingerprint(value), now);
+    }
+
+    /// [`begin_at`](Self::begin_at) of the value of fingerprint `f` ([`fingerprint_of`]).
+    pub(crate) fn begin_fp(&self, f: u64, now: Instant) {
+        let mut s = self.shard(f, now);
         let e = s.entries.entry(f).or_default();
         e.writing = e.writing.saturating_add(1);
     }
 
     /// The write of `value` is over and took no hold (one that did: [`took`](Self::took)).
     pub(crate) fn end(&self, value: &[u8]) {
-        let (mut s, f) = self.shard(value, Instant::now());
+        self.end_fp(fingerprint(value), Instant::now());
+    }
+
+    /// [`end`](Self::end) of the value of fingerprint `f`, the clock read by the caller.
+    pub(crate) fn end_fp(&self, f: u64, now: Instant) {
+        let mut s = self.shard(f, now);
         if let Some(e) = s.entries.get_mut(&f) {
             e.writing = e.writing.saturating_sub(1);
             s.settle(f);
@@ -181,23 +199,30 @@ impl LiveValues {
     }
 
     /// A hold of `value` was taken, written with lifetime `ttl`.
+    #[cfg(test)]
     pub(crate) fn hold(&self, value: &[u8], ttl: Duration) {
-        self.add_hold(value, ttl, false, Instant::now());
+        self.add_hold(fingerprint(value), ttl, false, Instant::now());
+    }
+
+    /// [`hold`](Self::hold) of the value of fingerprint `f`, the reply having been read at
+    /// `now`.
+    pub(crate) fn hold_fp(&self, f: u64, ttl: Duration, now: Instant) {
+        self.add_hold(f, ttl, false, now);
     }
 
     /// The write of `value` took a hold, written with lifetime `ttl`: [`hold`](Self::hold)
     /// and [`end`](Self::end) at once.
     pub(crate) fn took(&self, value: &[u8], ttl: Duration) {
-        self.add_hold(value, ttl, true, Instant::now());
+        self.add_hold(fingerprint(value), ttl, true, Instant::now());
     }
 
     /// [`took`](Self::took), the reply having been read at `now`.
     pub(crate) fn took_at(&self, value: &[u8], ttl: Duration, now: Instant) {
-        self.add_hold(value, ttl, true, now);
+        self.add_hold(fingerprint(value), ttl, true, now);
     }
 
-    fn add_hold(&self, value: &[u8], ttl: Duration, write_over: bool, now: Instant) {
-        let (mut s, f) = self.shard(value, now);
+    fn add_hold(&self, f: u64, ttl: Duration, write_over: bool, now: Instant) {
+        let mut s = self.shard(f, now);
         let e = s.entries.entry(f).or_default();
         if write_over {
             e.writing = e.writing.saturating_sub(1);
@@ -208,8 +233,13 @@ impl LiveValues {
 
     /// A hold of `value` was renewed or extended to lifetime `ttl` (ignored unless held).
     pub(crate) fn renew(&self, value: &[u8], ttl: Duration) {
+        self.renew_fp(fingerprint(value), ttl);
+    }
+
+    /// [`renew`](Self::renew) of the value of fingerprint `f`.
+    pub(crate) fn renew_fp(&self, f: u64, ttl: Duration) {
         let now = Instant::now();
-        let (mut s, f) = self.shard(value, now);
+        let mut s = self.shard(f, now);
         if s.entries.get(&f).is_some_and(|e| e.holds > 0) {
             s.push_deadline(f, deadline(now, ttl));
         }
@@ -219,17 +249,39 @@ impl LiveValues {
     /// entry (that would read the clock on every release): the next write or hold on the
     /// shard does.
     pub(crate) fn release(&self, value: &[u8]) {
-        let (mut s, f) = self.shard_of(value);
-        if let Some(e) = s.entries.get_mut(&f) {
-            e.holds = e.holds.saturating_sub(1);
-            s.settle(f);
+        self.release_fp(fingerprint(value), None);
+    }
+
+    /// [`release`](Self::release) of the value of fingerprint `f`, then, with `renew`, the
+    /// holds left (if any) renewed to that lifetime, as [`renew_fp`](Self::renew_fp): under
+    /// one lock of the shard, and the clock read only if holds are left.
+    pub(crate) fn release_fp(&self, f: u64, renew: Option<Duration>) {
+        let mut s = self.shard_of(f);
+        let Some(e) = s.entries.get_mut(&f) else {
+            return;
+        };
+        e.holds = e.holds.saturating_sub(1);
+        match renew {
+            Some(ttl) if e.holds > 0 => {
+                let now = Instant::now();
+                s.purge(now);
+                // Purged if its deadline had passed: then nothing is left to renew.
+                if s.entries.get(&f).is_some_and(|e| e.holds > 0) {
+                    s.push_deadline(f, deadline(now, ttl));
+                }
+            }
+            _ => s.settle(f),
         }
     }
 
     /// True while `value` is being written, or held and within its deadline.
     pub(crate) fn contains(&self, value: &[u8]) -> bool {
-        let (s, f) = self.shard(value, Instant::now());
-        s.entries.contains_key(&f)
+        self.contains_fp(fingerprint(value))
+    }
+
+    /// [`contains`](Self::contains) of the value of fingerprint `f`.
+    pub(crate) fn contains_fp(&self, f: u64) -> bool {
+        self.shard(f, Instant::now()).entries.contains_key(&f)
     }
 
     /// Entries kept, after dropping the holds past their deadline.

@@ -388,37 +388,41 @@ impl LockClient {
     /// [`owner_attempt`](Self::owner_attempt)); the release gives the owner's other holds,
     /// if any, lifetime `ttl` again.
     pub(crate) fn owner_released(&self, key: &str, owner: &[u8], ttl: Duration) {
-        let slot = owner_slot(b'h', key, owner);
-        self.inner.live.release(&slot);
-        self.inner.live.renew(&slot, ttl);
+        self.inner
+            .live
+            .release_fp(owner_slot(b'h', key, owner), Some(ttl));
     }
 
     /// The holds of `owner` at `key` were extended or renewed to lifetime `ttl`.
     pub(crate) fn owner_renewed(&self, key: &str, owner: &[u8], ttl: Duration) {
-        self.inner.live.renew(&owner_slot(b'h', key, owner), ttl);
+        self.inner.live.renew_fp(owner_slot(b'h', key, owner), ttl);
     }
 
     /// True while `owner` holds the counted lock at `key` (as far as this client knows).
     pub(crate) fn owner_holds(&self, key: &str, owner: &[u8]) -> bool {
-        self.inner.live.contains(&owner_slot(b'h', key, owner))
+        self.inner.live.contains_fp(owner_slot(b'h', key, owner))
     }
 
     /// The acquire of `owner` at `key` waits in `Janitor::settle` for a clean-up of its own
     /// in flight (which may be a replay waiting for attempts under way): not under way
     /// meanwhile. Paired with [`owner_attempt_resumes`](Self::owner_attempt_resumes).
     pub(crate) fn owner_attempt_pauses(&self, key: &str, owner: &[u8]) {
-        self.inner.live.end(&owner_slot(b'a', key, owner));
+        self.inner
+            .live
+            .end_fp(owner_slot(b'a', key, owner), Instant::now());
     }
 
     /// See [`owner_attempt_pauses`](Self::owner_attempt_pauses).
     pub(crate) fn owner_attempt_resumes(&self, key: &str, owner: &[u8]) {
-        self.inner.live.begin(&owner_slot(b'a', key, owner));
+        self.inner
+            .live
+            .begin_fp(owner_slot(b'a', key, owner), Instant::now());
     }
 
     /// True while an acquire of `owner` at `key` is under way (from before it settles its
     /// pending clean-ups until its answer is read).
     pub(crate) fn owner_attempting(&self, key: &str, owner: &[u8]) -> bool {
-        self.inner.live.contains(&owner_slot(b'a', key, owner))
+        self.inner.live.contains_fp(owner_slot(b'a', key, owner))
     }
 
     /// True if `value`, found at a lock key, was written by this client (a token)
@@ -454,11 +458,14 @@ impl LockClient {
     /// replay of a counted release waits for the owner's attempts under way and then leaves an
     /// owner that holds the lock alone (see `Janitor::replay`).
     pub(crate) fn owner_attempt<'a>(&'a self, key: &'a str, owner: &'a [u8]) -> OwnerAttempt<'a> {
-        self.inner.live.begin(&owner_slot(b'a', key, owner));
+        let attempting = owner_slot(b'a', key, owner);
+        self.inner.live.begin_fp(attempting, Instant::now());
         OwnerAttempt {
             client: self,
             key,
             owner,
+            attempting,
+            seen: std::cell::Cell::new(None),
         }
     }
 
@@ -759,16 +766,10 @@ fn token_prefix_of(instance: &str) -> [u8; TOKEN_PREFIX_LEN] {
 /// How many times a command that still met `MOVED` or `ASK` after redis-rs's own redirections
 /// is sent again (each within its own command timeout).
 const MOVED_RESENDS: u32 = 2;
-/// The entry of `owner` at `key` in the client's live set, attempting (`a`) or holding (`h`)
-/// (a NUL cannot start a token).
-fn owner_slot(what: u8, key: &str, owner: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(key.len() + owner.len() + 3);
-    v.push(0);
-    v.push(what);
-    v.extend_from_slice(key.as_bytes());
-    v.push(0);
-    v.extend_from_slice(owner);
-    v
+/// The fingerprint of the entry of `owner` at `key` in the client's live set, attempting
+/// (`a`) or holding (`h`): `\0 what key \0 owner` (a NUL cannot start a token), not built.
+fn owner_slot(what: u8, key: &str, owner: &[u8]) -> u64 {
+    live::fingerprint_of(&[&[0, what], key.as_bytes(), &[0], owner])
 }
 
 /// An acquire of a counted hold under way (see [`LockClient::owner_attempt`]).
@@ -776,25 +777,33 @@ pub(crate) struct OwnerAttempt<'a> {
     client: &'a LockClient,
     key: &'a str,
     owner: &'a [u8],
+    /// Fingerprint of the attempting entry (computed once for its begin and end).
+    attempting: u64,
+    /// When the reply that took the hold was read: the clock reading the end reuses.
+    seen: std::cell::Cell<Option<Instant>>,
 }
 
 impl OwnerAttempt<'_> {
     /// The server counted a hold for the owner, with lifetime `ttl`: counted until its
     /// release or the end of its lifetime.
     pub(crate) fn took(&self, ttl: Duration) {
+        self.took_at(ttl, Instant::now());
+    }
+
+    /// [`took`](Self::took), the reply having been read at `now`.
+    pub(crate) fn took_at(&self, ttl: Duration, now: Instant) {
         self.client
             .inner
             .live
-            .hold(&owner_slot(b'h', self.key, self.owner), ttl);
+            .hold_fp(owner_slot(b'h', self.key, self.owner), ttl, now);
+        self.seen.set(Some(now));
     }
 }
 
 impl Drop for OwnerAttempt<'_> {
     fn drop(&mut self) {
-        self.client
-            .inner
-            .live
-            .end(&owner_slot(b'a', self.key, self.owner));
+        let now = self.seen.get().unwrap_or_else(Instant::now);
+        self.client.inner.live.end_fp(self.attempting, now);
     }
 }
 

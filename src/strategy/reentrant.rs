@@ -42,8 +42,10 @@ use crate::lease::{printable, Attempt, Lease};
 use crate::lock::LockState;
 use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
+use crate::strategy::string_value::{self, Lazy};
 
 thread_local! {
     /// The calling thread's holds of reentrant locks as its own acquires and releases last
@@ -159,6 +161,21 @@ pub struct ReentrantLock {
     client: LockClient,
     key: String,
     opts: HoldOptions,
+    /// Its acquire and release, packed once but for the owner and one argument.
+    wire: Wire,
+}
+
+/// The commands of every acquire and release of a reentrant lock, packed by redis-rs once but
+/// for the owner and the argument that changes (see
+/// [`PackedPair`](string_value::PackedPair)), at their second use: the same bytes as built
+/// afresh, without the building. Owners of other lengths, counts of more than one digit and
+/// fenced acquires are sent the usual way.
+#[derive(Default)]
+struct Wire {
+    /// `EVALSHA <reentrant_acquire.lua> 1 key <lease ms> <owner> <count>`.
+    acquire: Lazy<string_value::PackedPair>,
+    /// `EVALSHA <reentrant_release.lua> 1 key 0 <lease ms> <owner> <channel> <request id>`.
+    release: Lazy<string_value::PackedPair>,
 }
 
 impl std::fmt::Debug for ReentrantLock {
@@ -172,7 +189,12 @@ impl std::fmt::Debug for ReentrantLock {
 
 impl ReentrantLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Self {
-        ReentrantLock { client, key, opts }
+        ReentrantLock {
+            client,
+            key,
+            opts,
+            wire: Wire::default(),
+        }
     }
 
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
@@ -223,13 +245,19 @@ impl ReentrantLock {
         let known = local_count(&owner, &self.key).unwrap_or(0);
         let reply: Result<Value> = self.client.with_conn_confirmed(&self.key, |con, s| {
             sent.set(true);
-            let args = (self.opts.lease_ms(), owner.as_str(), known);
+            // Its bytes: the same argument as its text, without the UTF-8 check.
+            let args = (self.opts.lease_ms(), owner.as_bytes(), known);
             match &self.opts.fence_key {
                 Some(fence) => {
                     s.reentrant_acquire
                         .eval_keys(con, &[self.key.as_str(), fence], args)
                 }
-                None => s.reentrant_acquire.eval(con, &self.key, args),
+                None => match self.packed_acquire(s, owner.as_bytes(), known) {
+                    Some(bytes) => s
+                        .reentrant_acquire
+                        .eval_packed(con, &bytes, &self.key, &args),
+                    None => s.reentrant_acquire.eval(con, &self.key, args),
+                },
             }
         });
         // Sent and unanswered, or answered but not confirmed by the replicas the client
@@ -241,10 +269,14 @@ impl ReentrantLock {
         }
         let reply = reply?;
         let reply = hold::decode_acquire(&self.key, &reply)?;
+        // Taken: one reading of the clock after the reply for the live set, the watchdog's
+        // first renewal and the late-reply check.
+        let mut now = None;
         let seen = match reply {
             AcquireReply::Taken { .. } => {
                 log::trace!("lock {:?}: hold taken by {owner}", self.key);
-                attempt_live.took(self.opts.lease);
+                let at = *now.insert(Instant::now());
+                attempt_live.took_at(self.opts.lease, at);
                 Seen::Taken
             }
             // Refused, so this owner holds nothing (else the script had let it re-enter).
@@ -252,17 +284,29 @@ impl ReentrantLock {
         };
         note_local(&owner, self.opts.key_arc(), seen);
         let attempt = reply.into_attempt(|fence| {
-            self.opts.lease(
+            self.opts.lease_seen(
                 &self.client,
                 &self.key,
                 RenewKind::HashField(KIND),
                 owner.as_bytes(),
                 start,
                 fence,
+                now,
             )
         });
-        let result =
-            crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
+        let result = match (attempt, now) {
+            (Attempt::Acquired(lease), Some(now)) => {
+                crate::lease::checked_win_at(&self.key, lease, self.opts.lease, now, |l| {
+                    self.release(l)
+                })
+                .map(Attempt::Acquired)
+            }
+            (attempt, _) => {
+                crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| {
+                    self.release(l)
+                })
+            }
+        };
         self.client.counters().outcome(KIND, &result);
         result
     }
@@ -398,6 +442,38 @@ impl ReentrantLock {
         note_local(&owner, self.opts.key_arc(), seen);
     }
 
+    /// The acquire's bytes for `owner` with `known` (see [`Wire`]), if packed.
+    fn packed_acquire(&self, s: &Scripts, owner: &[u8], known: u32) -> Option<Vec<u8>> {
+        // One digit: the packed count's length.
+        let digit = u8::try_from(known).ok().filter(|k| *k < 10)?;
+        let lease_ms = self.opts.lease_ms();
+        self.wire
+            .acquire
+            .get(|| {
+                string_value::PackedPair::new((owner.len(), 1), |o, k| {
+                    s.reentrant_acquire
+                        .evalsha(&self.key, &(lease_ms, o, k))
+                        .get_packed_command()
+                })
+            })?
+            .with(owner, &[b'0' + digit])
+    }
+
+    /// The release's bytes for `owner` with `request` (see [`Wire`]), if packed.
+    fn packed_release(&self, s: &Scripts, owner: &[u8], request: &[u8]) -> Option<Vec<u8>> {
+        let (lease_ms, channel) = (self.opts.lease_ms(), self.opts.channel.as_str());
+        self.wire
+            .release
+            .get(|| {
+                string_value::PackedPair::new((owner.len(), request.len()), |o, r| {
+                    s.reentrant_release
+                        .evalsha(&self.key, &(keys::UNLOCK_MESSAGE, lease_ms, o, channel, r))
+                        .get_packed_command()
+                })
+            })?
+            .with(owner, request)
+    }
+
     fn unexpected(&self, reply: i64) -> LockError {
         LockError::unexpected_reply(&self.key, "the reentrant release script", &reply)
     }
@@ -444,17 +520,19 @@ impl DistributedLock for ReentrantLock {
         let mut sent = 0u32;
         let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
             sent += 1;
-            s.reentrant_release.eval(
-                con,
-                &self.key,
-                (
-                    keys::UNLOCK_MESSAGE,
-                    self.opts.lease_ms(),
-                    lease.value(),
-                    self.opts.channel.as_str(),
-                    &request[..],
-                ),
-            )
+            let args = (
+                keys::UNLOCK_MESSAGE,
+                self.opts.lease_ms(),
+                lease.value(),
+                self.opts.channel.as_str(),
+                &request[..],
+            );
+            match self.packed_release(s, lease.value(), &request) {
+                Some(bytes) => s
+                    .reentrant_release
+                    .eval_packed(con, &bytes, &self.key, &args),
+                None => s.reentrant_release.eval(con, &self.key, args),
+            }
         });
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).

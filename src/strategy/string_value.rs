@@ -134,6 +134,68 @@ impl Packed {
     }
 }
 
+/// A command as redis-rs packs it, kept for two values of given lengths (as [`Packed`] for
+/// one): the bytes before the first value, between the two and after the second. Found the
+/// same way, from redis-rs's own bytes for placeholder values.
+#[derive(Debug, Clone)]
+pub(crate) struct PackedPair {
+    head: Vec<u8>,
+    mid: Vec<u8>,
+    tail: Vec<u8>,
+    /// The values' lengths.
+    lens: (usize, usize),
+}
+
+impl PackedPair {
+    /// `pack(first, second)`: redis-rs's bytes for the command with the two values in it. None
+    /// unless each value stands in one place of them, the first before the second.
+    pub(crate) fn new(
+        lens: (usize, usize),
+        pack: impl Fn(&[u8], &[u8]) -> Vec<u8>,
+    ) -> Option<Self> {
+        let (a1, b1) = (vec![b'a'; lens.0], vec![b'b'; lens.0]);
+        let (a2, b2) = (vec![b'a'; lens.1], vec![b'b'; lens.1]);
+        let base = pack(&a1, &a2);
+        // Where `other` differs from `base`, if it differs over `len` bytes exactly.
+        let place = |other: Vec<u8>, len: usize| {
+            if len == 0 || other.len() != base.len() {
+                return None;
+            }
+            let start = base.iter().zip(&other).position(|(x, y)| x != y)?;
+            let end = base.len()
+                - base
+                    .iter()
+                    .rev()
+                    .zip(other.iter().rev())
+                    .position(|(x, y)| x != y)?;
+            (end - start == len).then_some((start, end))
+        };
+        let (s1, e1) = place(pack(&b1, &a2), lens.0)?;
+        let (s2, e2) = place(pack(&a1, &b2), lens.1)?;
+        (e1 <= s2).then(|| PackedPair {
+            head: base[..s1].to_vec(),
+            mid: base[e1..s2].to_vec(),
+            tail: base[e2..].to_vec(),
+            lens,
+        })
+    }
+
+    /// The bytes to send for `first` and `second`, if they have the packed lengths.
+    pub(crate) fn with(&self, first: &[u8], second: &[u8]) -> Option<Vec<u8>> {
+        (first.len() == self.lens.0 && second.len() == self.lens.1).then(|| {
+            let mut out = Vec::with_capacity(
+                self.head.len() + first.len() + self.mid.len() + second.len() + self.tail.len(),
+            );
+            out.extend_from_slice(&self.head);
+            out.extend_from_slice(first);
+            out.extend_from_slice(&self.mid);
+            out.extend_from_slice(second);
+            out.extend_from_slice(&self.tail);
+            out
+        })
+    }
+}
+
 /// What a lock packs (a [`Packed`], a [`PackedRelease`]) made at its second send of the
 /// command, not when the lock is built: a lock built for one acquire and release, as many
 /// callers build them, packs nothing more than before.
@@ -525,6 +587,44 @@ mod tests {
         fn is_open(&self) -> bool {
             true
         }
+    }
+
+    #[test]
+    fn packed_pairs_are_the_bytes_redis_rs_packs() {
+        let cmd = |a: &[u8], b: &[u8]| {
+            redis::cmd("EVALSHA")
+                .arg("sha")
+                .arg(1)
+                .arg("k")
+                .arg(30_000)
+                .arg(a)
+                .arg("ch")
+                .arg(b)
+                .get_packed_command()
+        };
+        let pair = PackedPair::new((5, 3), cmd).expect("one place for each value");
+        for (a, b) in [
+            (&b"owner"[..], &b"123"[..]),
+            (&[b'\r'; 5], &[b'$'; 3]),
+            (&b"ch\r\nk"[..], &b"aaa"[..]),
+        ] {
+            assert_eq!(pair.with(a, b), Some(cmd(a, b)));
+        }
+        // Other lengths are not packed (their length prefixes differ).
+        assert_eq!(pair.with(b"owner2", b"123"), None);
+        assert_eq!(pair.with(b"owner", b"1234"), None);
+        // A value in two places has no one place; the second before the first is refused.
+        assert!(PackedPair::new((4, 4), |a, b| redis::cmd("SET")
+            .arg(a)
+            .arg(a)
+            .arg(b)
+            .get_packed_command())
+        .is_none());
+        assert!(PackedPair::new((4, 4), |a, b| redis::cmd("SET")
+            .arg(b)
+            .arg(a)
+            .get_packed_command())
+        .is_none());
     }
 
     #[test]
