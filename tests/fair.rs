@@ -1705,13 +1705,19 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
         let first = slow(&b);
         let (t1, t2, w) = (slow(&a), slow(&a), slow(&b));
         let queued = a.test_hooks().count(Event::Queued);
+        let (a_listening, b_listening) = (
+            a.test_hooks().count(Event::Listening),
+            b.test_hooks().count(Event::Listening),
+        );
         let held = first.lock().expect("free");
         let first_fence = held.fence().expect("fenced");
         let order = Mutex::new(Vec::new());
+        // Unlocks done: the recording is read once all were sent.
+        let unlocked = AtomicUsize::new(0);
         let sent = thread::scope(|s| {
             let (go, wait_go) = std::sync::mpsc::channel::<()>();
             let (took, t1_took) = std::sync::mpsc::channel::<()>();
-            let order = &order;
+            let (order, unlocked) = (&order, &unlocked);
             let t1 = &t1;
             s.spawn(move || {
                 let g = t1.try_lock_for(Duration::from_secs(30)).expect("t1");
@@ -1719,6 +1725,7 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
                 took.send(()).expect("send");
                 wait_go.recv().expect("go");
                 assert!(g.unlock().expect("t1 unlock"));
+                unlocked.fetch_add(1, Ordering::SeqCst);
             });
             wait_queued(&mut conn, &first, 1);
             let t2 = &t2;
@@ -1726,6 +1733,7 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
                 let g = t2.try_lock_for(Duration::from_secs(30)).expect("t2");
                 order.lock().unwrap().push(("t2", g.fence()));
                 assert!(g.unlock().expect("t2 unlock"));
+                unlocked.fetch_add(1, Ordering::SeqCst);
             });
             // t2 waits in its client's line, behind t1: one entry in Redis all along.
             support::wait_event(&a, Event::Queued, queued + 2);
@@ -1733,6 +1741,9 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
                 zcard(&mut conn, &FairLock::queue_key_for(first.key()).unwrap()),
                 1
             );
+            // t1 listens: its grant comes by message, and its client's channel stays
+            // confirmed for t2.
+            support::wait_event(&a, Event::Listening, a_listening + 1);
             assert!(held.unlock().expect("release"));
             t1_took
                 .recv_timeout(Duration::from_secs(5))
@@ -1743,14 +1754,20 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
                     let g = w.try_lock_for(Duration::from_secs(30)).expect("w");
                     order.lock().unwrap().push(("w", g.fence()));
                     assert!(g.unlock().expect("w unlock"));
+                    unlocked.fetch_add(1, Ordering::SeqCst);
                 });
                 wait_queued(&mut conn, &first, 1);
-                // w listens: its attempts are all made before the recording starts.
-                support::wait_listening(&b, 1, 3);
+                // w listens: its attempts are all made before the recording starts. (Not a
+                // count of refusals: a fenced lock makes no plain try, and a waiter polls at
+                // its backoff until its subscription is confirmed, so the count of attempts
+                // before it listens varies; a wait for one too many lasts until its first
+                // poll, 10 s on, and t2's own poll, as far off, may come first.)
+                support::wait_event(&b, Event::Listening, b_listening + 1);
             }
             // t2 now heads its line and has offered its token; t1 holds. Nothing of t2 is in
-            // Redis.
+            // Redis, and it listens: it sends nothing until its poll (10 s).
             support::wait_event(&a, Event::Queued, queued + 3);
+            support::wait_event(&a, Event::Listening, a_listening + 2);
             assert_eq!(
                 zcard(&mut conn, &FairLock::queue_key_for(first.key()).unwrap()),
                 usize::from(other_waits)
@@ -1758,7 +1775,7 @@ fn the_holders_release_queues_the_next_thread_of_its_client() {
             let monitor = Monitor::start(&server);
             go.send(()).expect("go");
             assert!(
-                support::wait_until(Duration::from_secs(5), || order.lock().unwrap().len()
+                support::wait_until(Duration::from_secs(5), || unlocked.load(Ordering::SeqCst)
                     == 2 + usize::from(other_waits)),
                 "not granted in turn: {:?}",
                 order.lock().unwrap()
@@ -1919,4 +1936,71 @@ fn an_offering_thread_that_gives_up_leaves_nothing_behind() {
     let newcomer = fair(&c, key);
     let g = newcomer.try_lock().expect("free at once");
     assert!(g.unlock().expect("unlock"));
+}
+
+/// An offering thread sends nothing before its poll, also when it cannot listen (its client
+/// may not SUBSCRIBE here, so its waiters poll): not at its retry policy's backoff, which
+/// withdrew the offer and queued it in Redis a few milliseconds after it offered, while a
+/// thread of its client held the lock. The holder's release grants it the lock.
+#[test]
+fn an_offering_thread_that_cannot_listen_waits_for_the_holders_release() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nosub",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-subscribe",
+            "-psubscribe",
+            "-ssubscribe",
+        ])
+        .query(&mut conn)
+        .expect("ACL SETUSER");
+    let a =
+        LockClient::open(format!("redis://nosub:pw@127.0.0.1:{}/", server.port())).expect("client");
+    let b = client(&server);
+    let key = "fair:offer-no-pubsub";
+    let slow = || -> FairLock {
+        a.lock(key)
+            .retry(slow_poll(Duration::from_secs(10)))
+            .strategy(Strategy::Fair)
+            .build()
+            .expect("lock")
+            .try_into()
+            .expect("fair")
+    };
+    let (other, t1, t2) = (fair(&b, key), slow(), slow());
+    let mut released = None;
+    let got_at = with_t2_offered(
+        &mut conn,
+        &a,
+        &other,
+        &t1,
+        || {
+            let g = t2.try_lock_for(Duration::from_secs(20)).expect("t2");
+            let at = Instant::now();
+            assert!(g.unlock().expect("t2 unlock"));
+            at
+        },
+        |conn, g| {
+            let refusals = a.stats().refusals;
+            // Time under test: t2's backoff (4 ms, then 8 ms, ...) passes several times over;
+            // its poll (10 s) does not come.
+            let polled = support::wait_until(ms(300), || a.stats().refusals > refusals);
+            assert!(!polled, "t2 polled while its offer stood");
+            assert_eq!(zcard(conn, other.queue_key()), 0);
+            released = Some(Instant::now());
+            assert!(g.unlock().expect("t1 unlock"));
+        },
+    );
+    let took = got_at.duration_since(released.expect("released"));
+    assert!(took < SECOND, "t2 took the lock {took:?} after the release");
+    assert_eq!(zcard(&mut conn, other.queue_key()), 0);
+    assert_eq!(raw::get(&mut conn, key), None);
 }

@@ -24,11 +24,15 @@ pub enum Event {
     /// A fair waiter took a grant made to it by a release (heard as a message or handed over
     /// by a thread of its client), before it checks the grant's age or confirms it.
     Granted,
+    /// A fair waiter listens (once per blocking acquire): its subscription was confirmed
+    /// before its latest attempt (or before a release could take its offer), so it sends
+    /// nothing until its poll and a grant from now on is heard.
+    Listening,
 }
 
 impl Event {
     #[cfg(feature = "test-hooks")]
-    const ALL: usize = 5;
+    const ALL: usize = 6;
 
     #[cfg(feature = "test-hooks")]
     fn index(self) -> usize {
@@ -38,6 +42,7 @@ impl Event {
             Event::Renewed => 2,
             Event::Switched => 3,
             Event::Granted => 4,
+            Event::Listening => 5,
         }
     }
 }

@@ -813,6 +813,7 @@ impl FairLock {
         self.client.note(crate::client::test_hooks::Event::Queued);
         let subscription = wakeups.subscribe(&self.channel, &self.key, Delivery::HandOff, deadline);
         let mut late = None;
+        let mut noted_listening = false;
         loop {
             let mut ask = false;
             if let Some(grant) = queues.grants.take(&token) {
@@ -881,13 +882,30 @@ impl FairLock {
                 // A grant is heard only while the subscription that was confirmed at our
                 // latest attempt stays confirmed; otherwise ask Redis at once.
                 let listening = wakeups.confirmed_on(&self.channel);
+                // While our offer stands (no release has taken it), nothing of ours is in
+                // Redis and nothing can be granted to our token but by the release that takes
+                // the offer, which runs after the confirmation just read: a subscription
+                // confirmed since is no reason to ask Redis, and without one there is nothing
+                // to poll for before the poll interval (a hold that ended without a release
+                // of this client). Asking sooner would withdraw the offer and queue us in
+                // Redis while a thread of our client holds the lock.
+                let standing = offered
+                    && matches!(queues.offer_state(&self.key, &token), Some(Offer::Open(_)));
+                if standing {
+                    heard = listening;
+                }
                 ask = listening.is_some() && listening != heard;
                 if !ask {
+                    if listening.is_some() && !noted_listening {
+                        noted_listening = true;
+                        self.client
+                            .note(crate::client::test_hooks::Event::Listening);
+                    }
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
                         break;
                     }
-                    let nap = if listening.is_some() {
+                    let nap = if listening.is_some() || standing {
                         self.poll_interval(rank)
                     } else {
                         match attempts.next_sleep() {
@@ -909,6 +927,14 @@ impl FairLock {
                     }
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         break;
+                    }
+                    if (listening.is_some() || standing) && Instant::now() < until {
+                        // Woken early, not by a grant: the subscriber's link changed (a
+                        // subscription confirmed, or lost). Look at the subscription again (a
+                        // lost or renewed one is asked about at once); while it stays as it
+                        // was, a grant is heard and there is nothing to poll for yet.
+                        ticket.mark();
+                        continue;
                     }
                 }
             }
