@@ -283,9 +283,8 @@ fn a_granted_waiter_returns_without_a_command_and_gets_the_full_lease() {
             (g, at_return)
         });
         wait_queued(&mut conn, waiter, 1);
-        // Once the waiter listens, record: its plain try, the attempt that joins the queue and
-        // the one made once subscribed are done (an attempt still in flight would be seen).
-        support::wait_listening(&b, 1, 3);
+        // Once the waiter listens (its attempt made once subscribed is done), record.
+        support::wait_event(&b, Event::Listening, 1);
         let monitor = Monitor::start(&server);
         let released_at = Instant::now();
         assert!(held.unlock().expect("release"));
@@ -446,7 +445,7 @@ fn a_grant_of_a_ttl_lock_is_raised_to_the_ttl() {
         wait_queued(&mut conn, &waiter, 1);
         // Its subscription confirmed: the grant comes by message (a release before that is
         // found by the waiter's next attempt, which sets the ttl itself).
-        support::wait_listening(&b, 1, 3);
+        support::wait_event(&b, Event::Listening, 1);
         held.unlock().expect("release");
         let guard = w.join().expect("thread").expect("granted");
         // The grant comes with its short lease; the watchdog raises it at once, which on a
@@ -1641,7 +1640,7 @@ fn a_grant_that_cannot_be_raised_is_reported_lost() {
     thread::scope(|s| {
         let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(10)));
         wait_queued(&mut conn, &waiter, 1);
-        support::wait_listening(&b, 1, 3);
+        support::wait_event(&b, Event::Listening, 1);
         held.unlock().expect("release");
         let guard = w.join().expect("thread").expect("granted");
         // Freeze the server before the watchdog raises the grant lease (a third of it after

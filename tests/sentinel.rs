@@ -908,10 +908,10 @@ fn a_fair_grant_no_replica_confirmed_is_given_up() {
     let mut master = set.server(0).conn();
     std::thread::scope(|s| {
         let waiting = s.spawn(|| waiter.try_lock_for(Duration::from_secs(4)));
-        // Queued (writes the replica confirmed: the plain try, the attempt that joins the
-        // queue, and the one made once subscribed) and listening for its grant. Cutting the
-        // replica off before the third is done made it fail unconfirmed and leave the queue.
-        support::wait_listening(&b, 1, 3);
+        // Queued (writes the replica confirmed, up to the attempt made once subscribed) and
+        // listening for its grant. Cutting the replica off before that attempt was done made
+        // it fail unconfirmed and leave the queue.
+        support::wait_event(&b, Event::Listening, 1);
         set.cut_the_replica_off();
         assert!(held.unlock().unwrap(), "a's release, granting to b");
         support::wait_event(&b, Event::Granted, 1);
@@ -1005,8 +1005,7 @@ fn fair_hand_offs_are_confirmed_by_the_replica() {
     std::thread::scope(|s| {
         // Another client.
         let waiting = s.spawn(|| lb.lock());
-        // The plain try, the attempt that joins the queue, the one made once subscribed.
-        support::wait_listening(&b, 1, 3);
+        support::wait_event(&b, Event::Listening, 1);
         assert!(first.unlock().unwrap());
         let granted = waiting.join().unwrap().expect("b's grant");
         on_replica(
@@ -1017,7 +1016,7 @@ fn fair_hand_offs_are_confirmed_by_the_replica() {
         assert_eq!(b.test_hooks().count(Event::Granted), 1, "by a grant");
         // Back to a, then to a's other thread.
         let waiting = s.spawn(|| la.lock());
-        support::wait_listening(&a, 1, 3);
+        support::wait_event(&a, Event::Listening, 1);
         assert!(granted.unlock().unwrap());
         let granted = waiting.join().unwrap().expect("a's grant");
         on_replica(&mut replica, granted.value(), "a hand-off back");

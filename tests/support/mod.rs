@@ -465,8 +465,7 @@ pub fn wait_renewals(client: &redis_dlock::LockClient, from: u64, holds: u64, ro
 /// Waits until a waiter of `client` listens for the release: it waits (queued), its
 /// subscription is confirmed (`subscribed` of them in all), and the attempt it makes once
 /// subscribed was refused (`refusals` of the client's attempts in all). A release from now on
-/// is heard, not found by a poll. Count every attempt: a fresh fair lock object makes a plain
-/// try, then the attempt that joins the queue, then the one once subscribed (3).
+/// is heard, not found by a poll. (A fair waiter notes `Event::Listening` itself: wait for that.)
 pub fn wait_listening(client: &redis_dlock::LockClient, subscribed: u64, refusals: u64) {
     use redis_dlock::test_hooks::Event;
     wait_event(client, Event::Queued, 1);
