@@ -211,23 +211,8 @@ fn probe(
     let channel = channel("cycle:floor:probe");
     let mut raw_reentrant = env.server.conn();
     let owner = format!("{}:1", String::from_utf8_lossy(&token()));
-    let bare_reentrant = move || {
-        assert!(evalsha_reentrant_acquire(
-            &mut raw_reentrant,
-            &shas.reentrant_acquire,
-            "cycle:floor:r",
-            REENTRANT_LEASE_MS,
-            &owner
-        ));
-        assert!(evalsha_reentrant_release(
-            &mut raw_reentrant,
-            &shas.reentrant_release,
-            "cycle:floor:r",
-            &reentrant_channel,
-            REENTRANT_LEASE_MS,
-            &owner
-        ));
-    };
+    let bare_reentrant =
+        move || bare_reentrant_cycle(&mut raw_reentrant, shas, &reentrant_channel, &owner);
     let bare = || {
         let t = token();
         assert!(set_nx_px(&mut raw, "cycle:floor:probe", &t, 10_000));
@@ -279,6 +264,26 @@ fn probe_loop(n: u32, op: &mut dyn FnMut()) {
     for _ in 0..n {
         op();
     }
+}
+
+/// The Reentrant cycle's bare commands on a raw connection: its acquire and release
+/// EVALSHAs for `owner` at the floor's key.
+fn bare_reentrant_cycle(con: &mut redis::Connection, shas: &Shas, channel: &str, owner: &str) {
+    assert!(evalsha_reentrant_acquire(
+        con,
+        &shas.reentrant_acquire,
+        "cycle:floor:r",
+        REENTRANT_LEASE_MS,
+        owner
+    ));
+    assert!(evalsha_reentrant_release(
+        con,
+        &shas.reentrant_release,
+        "cycle:floor:r",
+        channel,
+        REENTRANT_LEASE_MS,
+        owner
+    ));
 }
 
 /// SHA1s of the scripts the bare floors send.
@@ -346,21 +351,7 @@ fn custom(
                 ));
             }),
             Variant::new("floor_reentrant_raw", || {
-                assert!(evalsha_reentrant_acquire(
-                    &mut raw_reentrant,
-                    &shas.reentrant_acquire,
-                    "cycle:floor:r",
-                    REENTRANT_LEASE_MS,
-                    &owner
-                ));
-                assert!(evalsha_reentrant_release(
-                    &mut raw_reentrant,
-                    &shas.reentrant_release,
-                    "cycle:floor:r",
-                    &reentrant_channel,
-                    REENTRANT_LEASE_MS,
-                    &owner
-                ));
+                bare_reentrant_cycle(&mut raw_reentrant, shas, &reentrant_channel, &owner)
             }),
             Variant::new("floor_setnx_evalsha_raw", || {
                 let (buf, len) = classic_value(1000);

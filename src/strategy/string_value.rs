@@ -61,17 +61,9 @@ impl Packed {
         commands: usize,
         pack: impl Fn(&[u8]) -> Vec<u8>,
     ) -> Option<Self> {
-        let (a, b) = (pack(&vec![b'a'; len]), pack(&vec![b'b'; len]));
-        if len == 0 || a.len() != b.len() {
-            return None;
-        }
-        let start = a.iter().zip(&b).position(|(x, y)| x != y)?;
-        let end = a.len()
-            - a.iter()
-                .rev()
-                .zip(b.iter().rev())
-                .position(|(x, y)| x != y)?;
-        (end - start == len).then(|| Packed {
+        let a = pack(&vec![b'a'; len]);
+        let (start, end) = differing_span(&a, &pack(&vec![b'b'; len]), len)?;
+        Some(Packed {
             head: a[..start].to_vec(),
             tail: a[end..].to_vec(),
             len,
@@ -134,6 +126,22 @@ impl Packed {
     }
 }
 
+/// Where `other` differs from `base`, as `start..end`, if it differs over exactly `len` bytes
+/// in one place: a placeholder value's place in redis-rs's packing.
+fn differing_span(base: &[u8], other: &[u8], len: usize) -> Option<(usize, usize)> {
+    if len == 0 || other.len() != base.len() {
+        return None;
+    }
+    let start = base.iter().zip(other).position(|(x, y)| x != y)?;
+    let end = base.len()
+        - base
+            .iter()
+            .rev()
+            .zip(other.iter().rev())
+            .position(|(x, y)| x != y)?;
+    (end - start == len).then_some((start, end))
+}
+
 /// A command as redis-rs packs it, kept for two values of given lengths (as [`Packed`] for
 /// one): the bytes before the first value, between the two and after the second. Found the
 /// same way, from redis-rs's own bytes for placeholder values.
@@ -156,22 +164,8 @@ impl PackedPair {
         let (a1, b1) = (vec![b'a'; lens.0], vec![b'b'; lens.0]);
         let (a2, b2) = (vec![b'a'; lens.1], vec![b'b'; lens.1]);
         let base = pack(&a1, &a2);
-        // Where `other` differs from `base`, if it differs over `len` bytes exactly.
-        let place = |other: Vec<u8>, len: usize| {
-            if len == 0 || other.len() != base.len() {
-                return None;
-            }
-            let start = base.iter().zip(&other).position(|(x, y)| x != y)?;
-            let end = base.len()
-                - base
-                    .iter()
-                    .rev()
-                    .zip(other.iter().rev())
-                    .position(|(x, y)| x != y)?;
-            (end - start == len).then_some((start, end))
-        };
-        let (s1, e1) = place(pack(&b1, &a2), lens.0)?;
-        let (s2, e2) = place(pack(&a1, &b2), lens.1)?;
+        let (s1, e1) = differing_span(&base, &pack(&b1, &a2), lens.0)?;
+        let (s2, e2) = differing_span(&base, &pack(&a1, &b2), lens.1)?;
         (e1 <= s2).then(|| PackedPair {
             head: base[..s1].to_vec(),
             mid: base[e1..s2].to_vec(),
