@@ -31,6 +31,8 @@ pub struct Lease {
     margin: Duration,
     /// The validity has the drift taken off already (RedLock): no margin on renewals either.
     drift_included: bool,
+    /// The hold is its owner thread's (Reentrant, read-write lock): its guard stays there.
+    thread_owned: bool,
 }
 
 impl PartialEq for Lease {
@@ -77,7 +79,25 @@ impl Lease {
             loss_noted: false,
             margin: loss_margin(ttl),
             drift_included: false,
+            thread_owned: false,
         }
+    }
+
+    /// The hold belongs to the thread that took it (its owner id names the thread): its guard
+    /// must not leave that thread (see [`LockGuard`](crate::LockGuard)).
+    pub(crate) fn owned_by_thread(mut self) -> Self {
+        self.thread_owned = true;
+        self
+    }
+
+    /// True when the hold belongs to the thread that took it: a hold of
+    /// [`Strategy::Reentrant`](crate::Strategy::Reentrant) or of a read-write lock, whose owner
+    /// id is `<instance>:<thread>`. That thread may re-enter while it holds the lock, so its
+    /// guard stays on it (see [`LockGuard::into_send`](crate::LockGuard::into_send)). The lease
+    /// itself may still be sent elsewhere, for callers who manage the hold themselves: it keeps
+    /// naming the thread that took it, which still counts as the owner.
+    pub fn is_thread_owned(&self) -> bool {
+        self.thread_owned
     }
 
     /// The validity given (and given by every renewal) has the clock-drift allowance taken off

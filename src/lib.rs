@@ -110,7 +110,10 @@ pub use client::LockClient;
 pub(crate) use client::MAX_CLIENT_TIMEOUT;
 pub use error::{LockError, Result};
 pub use lease::{Lease, LossReason, LostLock};
-pub use lock::{ArcLockExt, DistributedLock, LockAdmin, LockGuard, LockState, OwnedLockGuard};
+pub use lock::{
+    ArcLockExt, DistributedLock, GuardNoSend, GuardSend, LockAdmin, LockGuard, LockState,
+    OwnedLockGuard,
+};
 /// The `r2d2` crate of [`LockClient::from_pool`] and [`LockClient::pool_state`].
 pub use r2d2;
 /// The `redis` crate this one is built on, whose types appear in its API

@@ -1,6 +1,7 @@
 //! The [`DistributedLock`] trait, the [`Lease`] it hands out and the RAII [`LockGuard`].
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -166,7 +167,9 @@ pub trait LockAdmin: DistributedLock {
 }
 
 /// Owned guards for locks behind an [`Arc`], like `lock_api`'s `lock_arc`: the guard keeps the
-/// lock alive, so a hold can cross function and thread boundaries and sit in a struct.
+/// lock alive, so a hold can cross function boundaries and sit in a struct. Like every guard it
+/// stays on its thread until [`into_send`](OwnedLockGuard::into_send) lets it go (for holds
+/// that are not the thread's: see [`LockGuard`]).
 /// Implemented for `Arc<dyn DistributedLock>` and for `Arc` of every lock type.
 ///
 /// ```no_run
@@ -175,7 +178,8 @@ pub trait LockAdmin: DistributedLock {
 /// # fn main() -> Result<(), redis_dlock::LockError> {
 /// let client = LockClient::open("redis://127.0.0.1:6379/")?;
 /// let lock: Arc<dyn DistributedLock> = Arc::from(client.lock("jobs:import").build()?);
-/// let guard = lock.lock_arc()?; // OwnedLockGuard: 'static, Send
+/// // A Token hold is its token's, not the thread's: the guard may go to another thread.
+/// let guard = lock.lock_arc()?.into_send().expect("a Token hold");
 /// std::thread::spawn(move || {
 ///     // ... work under the lock on another thread ...
 ///     guard.unlock()
@@ -218,26 +222,46 @@ impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
 }
 
 /// A held lock that owns an `Arc` of its lock ([`ArcLockExt`]); releases it when dropped, like
-/// [`LockGuard`].
+/// [`LockGuard`]. `M` says whether it may leave its thread, as for [`LockGuard`]: not by
+/// default ([`GuardNoSend`]); [`into_send`](Self::into_send) gives the [`GuardSend`] form for a
+/// hold that is not the thread's.
 #[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct OwnedLockGuard<L: DistributedLock + ?Sized = dyn DistributedLock> {
+pub struct OwnedLockGuard<L: DistributedLock + ?Sized = dyn DistributedLock, M = GuardNoSend> {
     held: Held<Arc<L>>,
+    marker: PhantomData<M>,
 }
 
-impl<L: DistributedLock + ?Sized> fmt::Debug for OwnedLockGuard<L> {
+impl<L: DistributedLock + ?Sized, M> fmt::Debug for OwnedLockGuard<L, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.held.debug("OwnedLockGuard", f)
     }
 }
 
 impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
-    /// Wraps a fresh lease of `lock`.
+    /// Wraps a fresh lease of `lock`. The guard stays on the calling thread: see
+    /// [`into_send`](Self::into_send).
     pub fn new(lock: Arc<L>, lease: Lease) -> Self {
         OwnedLockGuard {
             held: Held::new(lock, lease),
+            marker: PhantomData,
         }
     }
 
+    /// The same guard in a form that may be sent to another thread, if the hold is not the
+    /// thread's ([`Lease::is_thread_owned`]); otherwise the guard back, unchanged. See
+    /// [`LockGuard::into_send`].
+    pub fn into_send(mut self) -> std::result::Result<OwnedLockGuard<L, GuardSend>, Self> {
+        if self.held.lease.is_thread_owned() {
+            return Err(self);
+        }
+        Ok(OwnedLockGuard {
+            held: self.held.hand_over(),
+            marker: PhantomData,
+        })
+    }
+}
+
+impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
     /// The lock this guard holds.
     pub fn lock(&self) -> &Arc<L> {
         &self.held.lock
@@ -296,7 +320,7 @@ impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
     }
 }
 
-impl<L: DistributedLock + ?Sized> Drop for OwnedLockGuard<L> {
+impl<L: DistributedLock + ?Sized, M> Drop for OwnedLockGuard<L, M> {
     fn drop(&mut self) {
         self.held.release_on_drop();
     }
@@ -360,6 +384,15 @@ where
         self.lease.clone()
     }
 
+    /// The same hold for another guard (`into_send`): this one is disarmed. The lease is
+    /// cloned, as for `give_up`; a watched hold's renewals follow the clone.
+    fn hand_over(&mut self) -> Held<R>
+    where
+        R: Clone,
+    {
+        Held::new(self.lock.clone(), self.give_up())
+    }
+
     /// The guard's drop, unless disarmed: stop renewals even if the release fails, then
     /// release owner-checked. Nobody sees the outcome, so a failure and a loss are logged here
     /// (`release` itself returns them without a warning).
@@ -393,29 +426,94 @@ where
     }
 }
 
+/// Marker of a guard that stays on the thread that took its hold: the guard is not `Send`, as
+/// std's `MutexGuard` and `lock_api`'s guards with `GuardNoSend`. The default of [`LockGuard`]
+/// and [`OwnedLockGuard`].
+#[derive(Debug, Clone, Copy)]
+pub struct GuardNoSend(PhantomData<std::sync::MutexGuard<'static, ()>>);
+
+/// Marker of a guard that may be sent to another thread (`lock_api`'s `GuardSend`): what
+/// [`LockGuard::into_send`] gives for a hold that is not the thread's.
+#[derive(Debug, Clone, Copy)]
+pub struct GuardSend(());
+
 /// A held lock; releases it when dropped.
 ///
 /// Dropping releases with an owner check and logs the outcome (a release error or a lost lock is
 /// logged, never a panic). Call [`unlock`](Self::unlock) to see the result instead.
+///
+/// **Threads.** Some holds belong to the thread that took them: those of
+/// [`Strategy::Reentrant`](crate::Strategy::Reentrant) and of the read-write lock, whose owner
+/// is `<instance>:<thread>` (as Redisson's, whose locks belong to their thread). That thread
+/// re-enters while it holds the lock, so a guard that went to another thread would let the
+/// first thread in again while the second works under the lock. So a guard is not `Send`, as
+/// std's `MutexGuard` and `parking_lot`'s guards are not:
+///
+/// ```compile_fail
+/// # fn f(rw: redis_dlock::ReadWriteLock) -> redis_dlock::Result<()> {
+/// use redis_dlock::DistributedLock;
+/// let guard = rw.write_lock().lock()?;
+/// std::thread::scope(|s| {
+///     s.spawn(move || drop(guard)); // error: `GuardNoSend` cannot be sent between threads
+/// });
+/// # Ok(()) }
+/// ```
+///
+/// The holds of the other strategies (Token, Classic, Fair, Spring, ShedLock, RedLock) are
+/// their stored value's, whichever thread has it: [`into_send`](Self::into_send) turns their
+/// guard into a `LockGuard<'_, GuardSend>`, which is `Send`, and gives a thread-owned one back
+/// as it is. The strategy of a [`Lock`](crate::Lock) or a `dyn DistributedLock` is known at run
+/// time only, so the check is made there, on the hold ([`Lease::is_thread_owned`]).
 #[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct LockGuard<'a> {
+pub struct LockGuard<'a, M = GuardNoSend> {
     held: Held<&'a dyn DistributedLock>,
+    marker: PhantomData<M>,
 }
 
-impl fmt::Debug for LockGuard<'_> {
+impl<M> fmt::Debug for LockGuard<'_, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.held.debug("LockGuard", f)
     }
 }
 
 impl<'a> LockGuard<'a> {
-    /// Wraps a fresh lease of `lock`.
+    /// Wraps a fresh lease of `lock`. The guard stays on the calling thread: see
+    /// [`into_send`](Self::into_send).
     pub fn new(lock: &'a dyn DistributedLock, lease: Lease) -> Self {
         LockGuard {
             held: Held::new(lock, lease),
+            marker: PhantomData,
         }
     }
 
+    /// The same guard in a form that may be sent to another thread (`Send`), if the hold is
+    /// not the thread's ([`Lease::is_thread_owned`]: Token, Classic, Fair, Spring, ShedLock,
+    /// RedLock); otherwise (Reentrant, read-write lock) the guard back, unchanged, still
+    /// holding the lock. Costs no round trip.
+    ///
+    /// ```no_run
+    /// use redis_dlock::{DistributedLock, LockClient};
+    /// # fn main() -> Result<(), redis_dlock::LockError> {
+    /// let client = LockClient::open("redis://127.0.0.1:6379/")?;
+    /// let lock = client.lock("jobs:import").build()?; // Token
+    /// let guard = lock.lock()?.into_send().expect("a Token hold is not the thread's");
+    /// std::thread::scope(|s| {
+    ///     s.spawn(move || guard.unlock()).join().expect("worker")
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn into_send(mut self) -> std::result::Result<LockGuard<'a, GuardSend>, Self> {
+        if self.held.lease.is_thread_owned() {
+            return Err(self);
+        }
+        Ok(LockGuard {
+            held: self.held.hand_over(),
+            marker: PhantomData,
+        })
+    }
+}
+
+impl<'a, M> LockGuard<'a, M> {
     /// The lock key.
     pub fn key(&self) -> &str {
         self.held.key()
@@ -490,7 +588,7 @@ impl<'a> LockGuard<'a> {
     }
 }
 
-impl Drop for LockGuard<'_> {
+impl<M> Drop for LockGuard<'_, M> {
     fn drop(&mut self) {
         self.held.release_on_drop();
     }

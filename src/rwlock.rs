@@ -675,9 +675,10 @@ impl Shared {
                     Mode::Read => RenewKind::ReadEntry(mode.kind()),
                     Mode::Write => RenewKind::WriteEntry(mode.kind()),
                 };
-                let lease =
-                    self.opts
-                        .lease(&self.client, &self.key, kind, owner.as_bytes(), start, None);
+                let lease = self
+                    .opts
+                    .lease(&self.client, &self.key, kind, owner.as_bytes(), start, None)
+                    .owned_by_thread();
                 let result = crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
                     self.release(mode, l)
                 })

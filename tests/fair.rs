@@ -275,9 +275,11 @@ fn a_granted_waiter_returns_without_a_command_and_gets_the_full_lease() {
         let (tx, rx) = std::sync::mpsc::channel();
         let waiter = &waiter;
         let w = s.spawn(move || {
-            let g = waiter
-                .try_lock_for(Duration::from_secs(20))
-                .expect("granted");
+            let g = support::send(
+                waiter
+                    .try_lock_for(Duration::from_secs(20))
+                    .expect("granted"),
+            );
             let at_return = (g.remaining(), Instant::now());
             tx.send(()).expect("send");
             (g, at_return)
@@ -365,13 +367,20 @@ fn a_release_that_may_grant_sends_a_ping_in_front() {
         // `theirs` waits.
         let first = theirs.lock().expect("free");
         let held = thread::scope(|s| {
-            let w = s.spawn(|| mine.try_lock_for(Duration::from_secs(10)));
+            let w = s.spawn(|| {
+                mine.try_lock_for(Duration::from_secs(10))
+                    .map(support::send)
+            });
             wait_queued(&mut conn, &mine, 1);
             assert!(first.unlock().expect("unlock"));
             w.join().expect("waiter").expect("granted")
         });
         thread::scope(|s| {
-            let w = s.spawn(|| theirs.try_lock_for(Duration::from_secs(10)));
+            let w = s.spawn(|| {
+                theirs
+                    .try_lock_for(Duration::from_secs(10))
+                    .map(support::send)
+            });
             wait_queued(&mut conn, &theirs, 1);
             support::wait_event(&b, Event::Subscribed, 1);
             if flush {
@@ -441,7 +450,11 @@ fn a_grant_of_a_ttl_lock_is_raised_to_the_ttl() {
         .expect("lock");
     let held = holder.lock().expect("free");
     thread::scope(|s| {
-        let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(10)));
+        let w = s.spawn(|| {
+            waiter
+                .try_lock_for(Duration::from_secs(10))
+                .map(support::send)
+        });
         wait_queued(&mut conn, &waiter, 1);
         // Its subscription confirmed: the grant comes by message (a release before that is
         // found by the waiter's next attempt, which sets the ttl itself).
@@ -828,7 +841,7 @@ fn a_killed_waiter_delays_the_next_by_at_most_a_second() {
             let g = live
                 .try_lock_for(Duration::from_secs(30))
                 .expect("live waiter");
-            (Instant::now(), g)
+            (Instant::now(), support::send(g))
         });
         wait_queued(&mut conn, &holder, 2);
         dead.kill();
@@ -868,8 +881,10 @@ fn a_frozen_waiter_neither_stalls_the_line_nor_holds_twice() {
     let pid = frozen.pid();
     thread::scope(|s| {
         let w = s.spawn(|| {
-            live.try_lock_for(Duration::from_secs(30))
-                .expect("live waiter")
+            support::send(
+                live.try_lock_for(Duration::from_secs(30))
+                    .expect("live waiter"),
+            )
         });
         wait_queued(&mut conn, &holder, 2);
         support::freeze(pid);
@@ -938,8 +953,10 @@ fn a_waiter_frozen_after_its_grant_loses_the_hold_and_says_so() {
     let live = fair_fenced(&live_client, KEY);
     thread::scope(|s| {
         let w = s.spawn(|| {
-            live.try_lock_for(Duration::from_secs(30))
-                .expect("live waiter")
+            support::send(
+                live.try_lock_for(Duration::from_secs(30))
+                    .expect("live waiter"),
+            )
         });
         wait_queued(&mut conn, &holder, 2);
         held.unlock().expect("release");
@@ -1037,7 +1054,10 @@ fn an_entry_of_a_vanished_client_lapses() {
     let c2 = client(&server);
     let next = fair(&c2, KEY);
     thread::scope(|s| {
-        let w = s.spawn(|| next.try_lock_for(Duration::from_secs(10)));
+        let w = s.spawn(|| {
+            next.try_lock_for(Duration::from_secs(10))
+                .map(support::send)
+        });
         // Queued: the lapsed entry is dropped by the waiter's own call, or still there.
         assert!(support::wait_until(Duration::from_secs(10), || {
             let n = zcard(&mut conn, next.queue_key());
@@ -1081,7 +1101,11 @@ fn a_timed_out_waiter_leaves_the_queue() {
             (r.map(|g| g.unlock()), start.elapsed())
         });
         wait_queued(&mut conn, &holder, 1);
-        let p = s.spawn(|| patient.try_lock_for(Duration::from_secs(10)));
+        let p = s.spawn(|| {
+            patient
+                .try_lock_for(Duration::from_secs(10))
+                .map(support::send)
+        });
         wait_queued(&mut conn, &holder, 2);
         let (r, took) = t.join().expect("thread");
         assert!(
@@ -1368,9 +1392,11 @@ fn a_token_waiter_beside_a_waiting_fair_waiter_is_woken_by_the_release() {
     let held_token = token_holder.lock().expect("free");
     thread::scope(|s| {
         let f = s.spawn(|| {
-            fair_waiter
-                .try_lock_for(Duration::from_secs(30))
-                .expect("fair waiter")
+            support::send(
+                fair_waiter
+                    .try_lock_for(Duration::from_secs(30))
+                    .expect("fair waiter"),
+            )
         });
         wait_queued(&mut conn, &fair_holder, 1);
         // The fair waiter now reads the subscriber connection (lent after its subscription).
@@ -1600,7 +1626,11 @@ fn works_in_a_cluster_slot() {
         let held = holder.lock().expect("free");
         let mut conn = cluster.conn_for_key(key);
         thread::scope(|s| {
-            let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(10)));
+            let w = s.spawn(|| {
+                waiter
+                    .try_lock_for(Duration::from_secs(10))
+                    .map(support::send)
+            });
             wait_queued(&mut conn, &holder, 1);
             let released = Instant::now();
             let fence = held.fence().unwrap();
@@ -1638,7 +1668,11 @@ fn a_grant_that_cannot_be_raised_is_reported_lost() {
     let (holder, waiter) = (build(&a), build(&b));
     let held = holder.lock().expect("free");
     thread::scope(|s| {
-        let w = s.spawn(|| waiter.try_lock_for(Duration::from_secs(10)));
+        let w = s.spawn(|| {
+            waiter
+                .try_lock_for(Duration::from_secs(10))
+                .map(support::send)
+        });
         wait_queued(&mut conn, &waiter, 1);
         support::wait_event(&b, Event::Listening, 1);
         held.unlock().expect("release");
@@ -1823,7 +1857,7 @@ fn with_t2_offered<R: Send>(
     other: &FairLock,
     t1: &FairLock,
     t2_wait: impl FnOnce() -> R + Send,
-    then: impl FnOnce(&mut redis::Connection, redis_dlock::LockGuard<'_>),
+    then: impl FnOnce(&mut redis::Connection, redis_dlock::LockGuard<'_, redis_dlock::GuardSend>),
 ) -> R {
     let held = other.lock().expect("free");
     let queued = a.test_hooks().count(Event::Queued);
@@ -1832,7 +1866,7 @@ fn with_t2_offered<R: Send>(
         let t1_thread = s.spawn(move || {
             let g = t1.try_lock_for(Duration::from_secs(30)).expect("t1");
             tx.send(()).expect("send");
-            g
+            support::send(g)
         });
         wait_queued(conn, other, 1);
         let t2 = s.spawn(t2_wait);

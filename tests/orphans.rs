@@ -387,7 +387,7 @@ fn fair_waiter_whose_poll_reply_was_lost_passes_the_lock_on() {
     let holder = c0.lock(key).strategy(Strategy::Fair).build().unwrap();
     let w1 = c1.lock(key).strategy(Strategy::Fair).build().unwrap();
     let w2 = slow_polling_fair(&c2, key);
-    let held = holder.try_lock().unwrap();
+    let held = support::send(holder.try_lock().unwrap());
     thread::scope(|s| {
         let first = s.spawn(|| w1.try_lock_for(Duration::from_secs(20)).map(|_| ()));
         assert!(fair_queued(&mut conn, &w1, 1));

@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
 use redis_dlock::ClassicOptions;
-use redis_dlock::{ArcLockExt, DistributedLock, LockClient, LockError, OwnedLockGuard, Strategy};
+use redis_dlock::{
+    ArcLockExt, DistributedLock, GuardSend, LockClient, LockError, OwnedLockGuard, Strategy,
+};
 use support::{init_logging, raw, RedisServer};
 
 /// A worker that keeps its hold between calls, as a service object would.
 struct Job {
-    hold: Option<OwnedLockGuard>,
+    hold: Option<OwnedLockGuard<dyn DistributedLock, GuardSend>>,
 }
 
 #[test]
@@ -41,7 +43,7 @@ fn owned_guards_cross_threads_and_release() {
 
         // Taken here, kept in a struct, released on another thread by unlock().
         let mut job = Job {
-            hold: Some(lock.lock_arc().unwrap()),
+            hold: Some(lock.lock_arc().unwrap().into_send().unwrap()),
         };
         assert_eq!(
             raw::get(&mut conn, &key).as_deref(),
@@ -54,7 +56,7 @@ fn owned_guards_cross_threads_and_release() {
         assert!(!raw::exists(&mut conn, &key), "{key}");
 
         // Dropped on another thread: released too.
-        let guard = lock.try_lock_arc().unwrap();
+        let guard = lock.try_lock_arc().unwrap().into_send().unwrap();
         thread::spawn(move || drop(guard)).join().unwrap();
         assert!(!raw::exists(&mut conn, &key), "{key}: released on drop");
 

@@ -907,7 +907,11 @@ fn a_fair_grant_no_replica_confirmed_is_given_up() {
     let held = holder.try_lock().unwrap();
     let mut master = set.server(0).conn();
     std::thread::scope(|s| {
-        let waiting = s.spawn(|| waiter.try_lock_for(Duration::from_secs(4)));
+        let waiting = s.spawn(|| {
+            waiter
+                .try_lock_for(Duration::from_secs(4))
+                .map(support::send)
+        });
         // Queued (writes the replica confirmed, up to the attempt made once subscribed) and
         // listening for its grant. Cutting the replica off before that attempt was done made
         // it fail unconfirmed and leave the queue.
@@ -945,7 +949,11 @@ fn a_fair_grant_without_confirmation_is_returned_when_the_replica_is_cut_off() {
     let held = holder.try_lock().unwrap();
     let mut master = set.server(0).conn();
     std::thread::scope(|s| {
-        let waiting = s.spawn(|| waiter.try_lock_for(Duration::from_secs(4)));
+        let waiting = s.spawn(|| {
+            waiter
+                .try_lock_for(Duration::from_secs(4))
+                .map(support::send)
+        });
         support::wait_listening(&b, 1, 2);
         set.cut_the_replica_off();
         // The acquire's control: taken although no replica has it.
@@ -1004,7 +1012,7 @@ fn fair_hand_offs_are_confirmed_by_the_replica() {
     let first = la.lock().unwrap();
     std::thread::scope(|s| {
         // Another client.
-        let waiting = s.spawn(|| lb.lock());
+        let waiting = s.spawn(|| lb.lock().map(support::send));
         support::wait_event(&b, Event::Listening, 1);
         assert!(first.unlock().unwrap());
         let granted = waiting.join().unwrap().expect("b's grant");
@@ -1015,13 +1023,13 @@ fn fair_hand_offs_are_confirmed_by_the_replica() {
         );
         assert_eq!(b.test_hooks().count(Event::Granted), 1, "by a grant");
         // Back to a, then to a's other thread.
-        let waiting = s.spawn(|| la.lock());
+        let waiting = s.spawn(|| la.lock().map(support::send));
         support::wait_event(&a, Event::Listening, 1);
         assert!(granted.unlock().unwrap());
         let granted = waiting.join().unwrap().expect("a's grant");
         on_replica(&mut replica, granted.value(), "a hand-off back");
         assert_eq!(a.test_hooks().count(Event::Granted), 1, "by a grant");
-        let waiting = s.spawn(|| la2.lock());
+        let waiting = s.spawn(|| la2.lock().map(support::send));
         support::wait_event(&a, Event::Queued, 2);
         assert!(granted.unlock().unwrap());
         let granted = waiting.join().unwrap().expect("a's other thread's grant");

@@ -284,15 +284,17 @@ impl ReentrantLock {
         };
         note_local(&owner, self.opts.key_arc(), seen);
         let attempt = reply.into_attempt(|fence| {
-            self.opts.lease_seen(
-                &self.client,
-                &self.key,
-                RenewKind::HashField(KIND),
-                owner.as_bytes(),
-                start,
-                fence,
-                now,
-            )
+            self.opts
+                .lease_seen(
+                    &self.client,
+                    &self.key,
+                    RenewKind::HashField(KIND),
+                    owner.as_bytes(),
+                    start,
+                    fence,
+                    now,
+                )
+                .owned_by_thread()
         });
         let result = match (attempt, now) {
             (Attempt::Acquired(lease), Some(now)) => {

@@ -428,6 +428,14 @@ pub fn work(d: Duration) {
     thread::sleep(d);
 }
 
+/// The guard of a hold that is not the thread's (Token, Classic, Fair, …) in the form that may
+/// cross threads (guards stay on their thread by default).
+pub fn send(
+    guard: redis_dlock::LockGuard<'_>,
+) -> redis_dlock::LockGuard<'_, redis_dlock::GuardSend> {
+    guard.into_send().expect("a hold that is not the thread's")
+}
+
 /// How long the helpers below wait for an event before the test fails: far beyond what any
 /// of them takes on a busy machine, so only a missing event reaches it.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
