@@ -1015,6 +1015,8 @@ impl DistributedLock for RedLock {
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
+        // A hold whose validity passed is reported lost even if a majority still had it.
+        let overran = lease.is_expired();
         let key = self.key.clone();
         let value: Arc<[u8]> = Arc::from(lease.value());
         let effect = Effect::Delete {
@@ -1025,13 +1027,14 @@ impl DistributedLock for RedLock {
         let ours = tally.yes >= self.inner().quorum;
         if !ours {
             self.note_unreachable("release", &tally);
+        }
+        if !ours || overran {
             self.inner().counters.lost_on_release(KIND, lease);
         }
-        Ok(crate::client::acquire::note_release(
-            &self.inner().waiters,
-            &self.key,
-            ours,
-        ))
+        Ok(
+            crate::client::acquire::note_release(&self.inner().waiters, &self.key, ours)
+                && !overran,
+        )
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {

@@ -23,7 +23,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -138,9 +138,12 @@ impl Mode {
 ///
 /// **Owners and re-entry.** A hold belongs to the owner id of the thread that took it:
 /// `<instance>:<thread>` (see [`owner_id`](Self::owner_id)), as Redisson's
-/// `<client UUID>:<thread id>`. The instance id is a random UUID per `ReadWriteLock` value,
-/// shared by its clones, so threads sharing one handle (clone it, or put it in an `Arc`) are
-/// distinct owners, and the same thread re-entering through the same handle is the same owner.
+/// `<client UUID>:<thread id>`: the instance is the [`LockClient`]'s, as for
+/// [`Strategy::Reentrant`](crate::Strategy::Reentrant). So threads are distinct owners, and
+/// one thread is one owner through every `ReadWriteLock` of the key built on the same client:
+/// two handles in one thread re-enter (or refuse an upgrade) rather than wait for each other.
+/// Other clients (in this process or elsewhere) are other owners. The hold belongs to the
+/// thread: its guard cannot be sent to another thread (see [`LockGuard`]).
 /// Holds are counted per owner and mode: a thread may take read (or write) again while it
 /// holds it, and each hold is given back by one release. A release or extend only ever
 /// touches the holds of the owner named by its lease.
@@ -178,7 +181,7 @@ impl fmt::Debug for ReadWriteLock {
         let s = &self.read.shared;
         f.debug_struct("ReadWriteLock")
             .field("key", &s.key)
-            .field("instance", &s.instance)
+            .field("instance", &s.client.instance_id())
             .field("ttl", &s.opts.lease)
             .field("writer_intent", &s.intent)
             .finish_non_exhaustive()
@@ -245,10 +248,10 @@ impl ReadWriteLock {
         self.read.shared.intent
     }
 
-    /// The random instance id of this handle and its clones: a UUID in text form (36
-    /// characters), like a Redisson client's id.
+    /// The instance id of the client the lock was built on (the first part of its owner ids):
+    /// a UUID in text form (36 characters), like a Redisson client's id.
     pub fn instance_id(&self) -> &str {
-        &self.read.shared.instance
+        self.read.shared.client.instance_id()
     }
 
     /// The calling thread's owner id, `<instance id>:<thread number>` (decimal): the value of
@@ -423,9 +426,6 @@ impl ReadWriteLockBuilder {
             key: self.key,
             opts,
             intent,
-            instance: owner::new_uuid(),
-            holds: Mutex::new(HashMap::new()),
-            known: Mutex::new(HashMap::new()),
         });
         Ok(ReadWriteLock {
             read: ReadLock {
@@ -444,8 +444,6 @@ struct Shared {
     /// Lease or watchdog, retry policy, wake-up.
     opts: HoldOptions,
     intent: Duration,
-    /// Random UUID of this handle (the first part of its owner ids).
-    instance: String,
     /// Redisson's channel `redisson_rwlock:{key}`.
     channel: String,
     /// `redisson_unlock_latch:{key}`; a release appends `:<request id>`.
@@ -457,21 +455,36 @@ struct Shared {
     read_line: String,
     /// In-process FIFO line of blocked writers: only its head polls Redis.
     write_line: String,
-    /// Holds (read + write) that Redis reported for each owner of this instance after our
-    /// latest operation for it; only used to let a thread that already holds the lock skip
-    /// the writers' line (it must never wait behind a writer that waits for it).
-    holds: Mutex<HashMap<String, i64>>,
-    /// Per owner of this instance, its read and write holds as its own acquires and the
-    /// releases of its leases counted them (not as Redis reported them). Never below the holds
-    /// a lease of the owner still has: only the owner's thread acquires as that owner, and only
-    /// through this instance (the owner id embeds it), and a hold leaves it only when a lease
-    /// is released. The acquire sends it, and Redis sets larger counts of the owner back to it:
-    /// stale holds, whose releases a failover lost. An entry goes at zero holds, so the map is
-    /// bounded by the threads that hold something.
-    known: Mutex<HashMap<String, Known>>,
 }
 
-/// One entry of [`Shared::known`].
+/// What this process knows of the holds of each owner of a key, by `<owner>\0<key>`.
+///
+/// Per owner and key, not per `ReadWriteLock` value: the owner is `<client instance>:<thread>`,
+/// as Redisson's, so every handle of the key built on one client is the same owner on one
+/// thread (two handles in one thread re-enter instead of waiting for each other), and they
+/// must all see the same counts. Entries go at zero holds, so the maps are bounded by the
+/// owners that hold something.
+struct Owners {
+    /// Holds (read + write) that Redis reported for the owner after our latest operation for
+    /// it; only used to let a thread that already holds the lock skip the writers' line (it
+    /// must never wait behind a writer that waits for it).
+    reported: HashMap<String, i64>,
+    /// The owner's read and write holds as its own acquires and the releases of its leases
+    /// counted them (not as Redis reported them). Never below the holds a lease of the owner
+    /// still has: only the owner's thread acquires as that owner, and a hold leaves it only
+    /// when a lease is released. The acquire sends it, and Redis sets larger counts of the
+    /// owner back to it: stale holds, whose releases a failover lost.
+    known: HashMap<String, Known>,
+}
+
+static OWNERS: LazyLock<Mutex<Owners>> = LazyLock::new(|| {
+    Mutex::new(Owners {
+        reported: HashMap::new(),
+        known: HashMap::new(),
+    })
+});
+
+/// One entry of [`Owners::known`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Known {
     read: u32,
@@ -488,12 +501,25 @@ impl Known {
 }
 
 impl Shared {
+    /// Redisson's owner: the client's instance id and the thread.
     fn owner(&self) -> String {
-        format!("{}:{}", self.instance, owner::thread_num())
+        format!("{}:{}", self.client.instance_id(), owner::thread_num())
     }
 
-    fn local_holds(&self) -> MutexGuard<'_, HashMap<String, i64>> {
-        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    /// The process's record of owners (see [`Owners`]).
+    fn owners(&self) -> MutexGuard<'static, Owners> {
+        OWNERS.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The entry of `owner` on this key in [`Owners`].
+    fn slot(&self, owner: &str) -> String {
+        format!("{owner}\0{}", self.key)
+    }
+
+    /// The owner's holds (read + write) that Redis last reported.
+    fn reported(&self, owner: &str) -> Option<i64> {
+        let slot = self.slot(owner);
+        self.owners().reported.get(&slot).copied()
     }
 
     /// Records the owner's hold count that a script reported.
@@ -501,18 +527,19 @@ impl Shared {
         let Ok(owner) = std::str::from_utf8(owner) else {
             return;
         };
-        let mut map = self.local_holds();
+        let slot = self.slot(owner);
+        let mut owners = self.owners();
         if holds > 0 {
-            map.insert(owner.to_owned(), holds);
+            owners.reported.insert(slot, holds);
         } else {
-            map.remove(owner);
+            owners.reported.remove(&slot);
         }
     }
 
-    /// What the owner's holds are known to be (see [`Shared::known`]).
+    /// What the owner's holds are known to be (see [`Owners::known`]).
     fn known(&self, owner: &str) -> Known {
-        let map = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(owner).copied().unwrap_or_default()
+        let slot = self.slot(owner);
+        self.owners().known.get(&slot).copied().unwrap_or_default()
     }
 
     /// One hold of the owner more (`taken`) or fewer in `mode`. Changes are counted, never
@@ -521,15 +548,17 @@ impl Shared {
         let Ok(owner) = std::str::from_utf8(owner) else {
             return;
         };
-        let mut map = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = self.slot(owner);
+        let mut owners = self.owners();
+        let map = &mut owners.known;
         if taken {
-            let n = map.entry(owner.to_owned()).or_default().of(mode);
+            let n = map.entry(slot).or_default().of(mode);
             *n = n.saturating_add(1);
-        } else if let Some(k) = map.get_mut(owner) {
+        } else if let Some(k) = map.get_mut(&slot) {
             let n = k.of(mode);
             *n = n.saturating_sub(1);
             if *k == Known::default() {
-                map.remove(owner);
+                map.remove(&slot);
             }
         }
     }
@@ -538,12 +567,12 @@ impl Shared {
     /// (a hold it counts expired or was lost). Only this thread can add holds of the owner,
     /// and other threads' releases only count down, so this cannot lose a live hold.
     fn forget_known(&self, owner: &str) {
-        let mut map = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(owner);
+        let slot = self.slot(owner);
+        self.owners().known.remove(&slot);
     }
 
     fn holds_any(&self, owner: &str) -> bool {
-        self.local_holds().contains_key(owner)
+        self.reported(owner).is_some()
     }
 
     /// The pub/sub wake-up of this lock's waiters, on Redisson's channel, if enabled.
@@ -758,7 +787,7 @@ impl Shared {
     }
 
     fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant) {
-        let before = self.local_holds().get(owner).copied().unwrap_or(0);
+        let before = self.reported(owner).unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let latch = format!("{}:{}", self.latch_base, request_id());
         let release = self.release_cleanup(
@@ -793,6 +822,9 @@ impl Shared {
     /// answered; one done shortly before a Sentinel switch is announced is sent again to the
     /// new master. Either way at most one hold is given back.
     fn release(&self, mode: Mode, lease: &Lease) -> Result<bool> {
+        // A hold whose lifetime passed is reported lost even if the owner's count was still
+        // there (kept alive by its later holds, say): its section overran.
+        let overran = lease.is_expired();
         lease.stop_renewal();
         let latch = format!("{}:{}", self.latch_base, request_id());
         let sent = Instant::now();
@@ -847,8 +879,7 @@ impl Shared {
             );
             // The janitor makes it happen (or the hold expires): count it given back.
             let left = self
-                .local_holds()
-                .get(&*String::from_utf8_lossy(lease.value()))
+                .reported(&String::from_utf8_lossy(lease.value()))
                 .map(|n| n - 1);
             if let Some(left) = left {
                 self.note_holds(lease.value(), left);
@@ -856,7 +887,7 @@ impl Shared {
         }
         let (code, _) = reply?;
         let ours = code == 1;
-        if !ours {
+        if !ours || overran {
             self.client.counters().lost_on_release(mode.kind(), lease);
         }
         if ours && self.client.switches().is_some() {
@@ -878,11 +909,10 @@ impl Shared {
             waiters.notify_release(&self.read_line);
             waiters.notify_release(&self.write_line);
         }
-        Ok(crate::client::acquire::note_release(
-            self.client.waiters(),
-            &self.key,
-            ours,
-        ))
+        Ok(
+            crate::client::acquire::note_release(self.client.waiters(), &self.key, ours)
+                && !overran,
+        )
     }
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
@@ -1054,7 +1084,7 @@ impl fmt::Debug for ReadLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadLock")
             .field("key", &self.shared.key)
-            .field("instance", &self.shared.instance)
+            .field("instance", &self.shared.client.instance_id())
             .finish_non_exhaustive()
     }
 }
@@ -1063,7 +1093,7 @@ impl fmt::Debug for WriteLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WriteLock")
             .field("key", &self.shared.key)
-            .field("instance", &self.shared.instance)
+            .field("instance", &self.shared.client.instance_id())
             .finish_non_exhaustive()
     }
 }

@@ -315,6 +315,39 @@ fn expired_lock_goes_to_another_owner_and_first_unlock_is_false() {
     }
 }
 
+/// A hold released after its lifetime passed is reported lost (`Ok(false)`), as a Token hold
+/// is, even though nobody asked for the lock meanwhile and (without `key_ttl`) its value was
+/// still at the key. The value is deleted all the same: the lock is free at once.
+#[test]
+fn an_expired_hold_nobody_took_unlocks_as_lost() {
+    init_logging();
+    let server = RedisServer::start();
+    let c = client(&server);
+    let mut conn = server.conn();
+    let ttl = Duration::from_millis(200);
+    for (enc, key_ttl, name) in VARIANTS {
+        let key = format!("cl:overran:{name}");
+        let lock = classic(&c, &key, ttl, enc, key_ttl);
+        let lost_before = c.stats().lost_holds;
+        let guard = lock.try_lock().unwrap();
+        assert!(support::wait_until(Duration::from_secs(10), || guard.is_expired()));
+        assert!(
+            matches!(guard.check(), Err(LockError::Lost { .. })),
+            "{name}"
+        );
+        if !key_ttl {
+            assert_eq!(
+                raw::get(&mut conn, &key).as_deref(),
+                Some(guard.value()),
+                "{name}: the stale value stays until taken over"
+            );
+        }
+        assert!(!guard.unlock().unwrap(), "{name}: an overrun is reported");
+        assert_eq!(raw::get(&mut conn, &key), None, "{name}: released");
+        assert!(c.stats().lost_holds > lost_before, "{name}: counted lost");
+    }
+}
+
 #[test]
 fn without_key_ttl_a_stale_key_stays_until_taken_over() {
     init_logging();

@@ -113,3 +113,48 @@ fn try_lock_until_honours_the_deadline() {
     assert!(held.unlock().unwrap());
     assert!(waiter.join().unwrap().unwrap().unwrap());
 }
+
+/// The guard of a hold that is not the thread's (its token's or value's) takes the `Send` form
+/// and is released from another thread; a Reentrant hold is its thread's, and its guard is
+/// given back unchanged, still holding.
+#[test]
+fn guards_take_the_send_form_unless_the_hold_is_the_threads() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let c = LockClient::open(server.url()).unwrap();
+    for strategy in [
+        Strategy::Token,
+        Strategy::Classic(ClassicOptions::new()),
+        Strategy::Fair,
+        Strategy::Reentrant,
+    ] {
+        let key = format!("send:{strategy:?}");
+        let lock = c
+            .lock(key.as_str())
+            .strategy(strategy)
+            .ttl(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let guard = lock.try_lock().unwrap();
+        let thread_owned = matches!(strategy, Strategy::Reentrant);
+        assert_eq!(guard.lease().is_thread_owned(), thread_owned, "{key}");
+        match guard.into_send() {
+            Ok(guard) => {
+                assert!(!thread_owned, "{key}");
+                let released = thread::scope(|s| s.spawn(move || guard.unlock()).join().unwrap());
+                assert!(released.unwrap(), "{key}: unlocked from another thread");
+            }
+            Err(guard) => {
+                assert!(thread_owned, "{key}");
+                assert!(guard.is_held().unwrap(), "{key}: still held");
+                // Another thread is another owner: refused while this one holds.
+                thread::scope(|s| {
+                    s.spawn(|| assert!(matches!(lock.try_lock(), Err(LockError::Held { .. }))));
+                });
+                assert!(guard.unlock().unwrap(), "{key}");
+            }
+        }
+        assert!(!raw::exists(&mut conn, &key), "{key}: released");
+    }
+}

@@ -336,6 +336,56 @@ fn a_holding_thread_does_not_queue_behind_its_own_waiters() {
     assert!(waiter.join().unwrap().expect("waiter gets it").unwrap());
 }
 
+/// A hold belongs to the thread that took it: its guard stays there (`into_send` gives it back,
+/// still holding; that it cannot be sent is the `compile_fail` doctest on `LockGuard`), and
+/// another thread is refused while it holds, also through an owned guard.
+#[test]
+fn a_guard_stays_with_the_thread_that_took_it() {
+    use redis_dlock::ArcLockExt;
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "re:thread-owned";
+    let c = client(&server);
+    let lock = Arc::new(reentrant(&c, key, Duration::from_secs(10)));
+    let g = lock.try_lock().unwrap();
+    assert!(g.lease().is_thread_owned());
+    let g = g.into_send().expect_err("a thread's hold");
+    thread::scope(|s| {
+        s.spawn(|| assert!(matches!(lock.try_lock(), Err(LockError::Held { .. }))));
+    });
+    let owned = lock.try_lock_arc().expect("re-entry");
+    let owned = owned.into_send().expect_err("a thread's hold");
+    assert_eq!(hget(&mut conn, key, &lock.owner_id()).as_deref(), Some("2"));
+    assert!(owned.unlock().unwrap() && g.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key));
+}
+
+/// A hold released after its own lifetime passed is reported lost (`Ok(false)`), even though
+/// a later hold of the owner kept the key alive and the release gave one hold back.
+#[test]
+fn a_hold_released_after_its_lifetime_is_reported_lost() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "re:overran";
+    let c = client(&server);
+    let lock = reentrant(&c, key, Duration::from_millis(300));
+    let first = lock.try_lock().unwrap();
+    let mut second = lock.try_lock().unwrap();
+    second.extend(Duration::from_secs(30)).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || first.is_expired()));
+    assert!(matches!(first.check(), Err(LockError::Lost { .. })));
+    assert!(!first.unlock().unwrap(), "its section overran");
+    assert_eq!(
+        hget(&mut conn, key, &lock.owner_id()).as_deref(),
+        Some("1"),
+        "given back"
+    );
+    assert!(second.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key));
+}
+
 #[test]
 fn a_release_by_a_non_owner_changes_nothing() {
     init_logging();

@@ -322,8 +322,9 @@ fn many_readers_hold_at_once_and_a_writer_excludes_everyone() {
         intents(&mut conn, key).is_empty(),
         "intent withdrawn: {h:?}"
     );
-    // One more reader still gets in.
-    let extra = rw(&other, key, Duration::from_secs(10));
+    // One more reader still gets in (a third client: the writer's client is the writer's
+    // owner on this thread).
+    let extra = rw(&client(&server), key, Duration::from_secs(10));
     let extra_guard = extra.read_lock().try_lock().expect("another reader");
     go.wait();
     for t in readers {
@@ -458,7 +459,8 @@ fn reads_and_writes_are_reentrant_per_owner() {
         &mut conn, key
     )
     .is_empty()));
-    let fresh = rw(&c, key, Duration::from_secs(10));
+    // Another client: through `c`, this thread is the reader `lock` is.
+    let fresh = rw(&client(&server), key, Duration::from_secs(10));
     assert_held(fresh.read_lock().try_lock());
     let r2 = lock
         .read_lock()
@@ -477,8 +479,9 @@ fn only_the_owner_releases_its_hold() {
     let mut conn = server.conn();
     let key = "rw:owner";
     let c = client(&server);
+    // Two clients: two handles of one client are one owner on this thread.
     let a = rw(&c, key, Duration::from_secs(10));
-    let b = rw(&c, key, Duration::from_secs(10));
+    let b = rw(&client(&server), key, Duration::from_secs(10));
     let ga = a.read_lock().lock().unwrap();
     let gb = b.read_lock().lock().unwrap();
     let lease_a = ga.lease().clone();
@@ -514,6 +517,104 @@ fn only_the_owner_releases_its_hold() {
     assert_eq!(hash(&mut conn, key), after);
     assert!(ga.is_held().unwrap());
     assert!(ga.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key));
+}
+
+/// Handles of one key built on one client are one owner on a thread (`<client>:<thread>`, as
+/// Redisson's): the second handle re-enters instead of waiting for the first until it gives up,
+/// and an upgrade through it is refused at once. Other threads are still other owners.
+#[test]
+fn two_handles_of_one_client_are_one_owner_on_a_thread() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:two-handles";
+    let c = client(&server);
+    let (a, b) = (
+        rw(&c, key, Duration::from_secs(10)),
+        rw(&c, key, Duration::from_secs(10)),
+    );
+    assert_eq!(a.owner_id(), b.owner_id());
+    assert_eq!(a.instance_id(), c.instance_id());
+    let w1 = a.write_lock().try_lock().expect("write through a");
+    let w2 = b
+        .write_lock()
+        .try_lock_for(Duration::from_secs(5))
+        .expect("write through b: a re-entry, not a wait");
+    let wfield = format!("{}:write", a.owner_id());
+    assert_eq!(count(&hash(&mut conn, key), &wfield), Some(2));
+    let r = b.read_lock().try_lock().expect("the writer may read");
+    // Another thread through the same handle is another owner, refused.
+    thread::scope(|s| {
+        s.spawn(|| assert_held(a.write_lock().try_lock()));
+        s.spawn(|| assert_held(b.read_lock().try_lock()));
+    });
+    for g in [w1, w2, r] {
+        assert!(g.unlock().unwrap());
+    }
+    assert!(!raw::exists(&mut conn, key));
+
+    // A read through one handle, a write through the other: an upgrade, refused at once.
+    let r = a.read_lock().try_lock().unwrap();
+    let t = Instant::now();
+    assert!(matches!(
+        b.write_lock().try_lock_for(Duration::from_secs(20)),
+        Err(LockError::Unsupported { .. })
+    ));
+    assert!(t.elapsed() < Duration::from_secs(20), "did not wait it out");
+    assert!(r.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key));
+}
+
+/// A hold belongs to its thread: its guard stays there (`into_send` gives it back), and the
+/// thread's lease says so. (That it cannot be sent is the `compile_fail` doctest on
+/// `LockGuard`.)
+#[test]
+fn a_guard_of_a_hold_stays_with_its_thread() {
+    use redis_dlock::ArcLockExt;
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:thread-owned";
+    let c = client(&server);
+    let lock = rw(&c, key, Duration::from_secs(10));
+    for write in [true, false] {
+        let side: &dyn DistributedLock = if write {
+            lock.write_lock()
+        } else {
+            lock.read_lock()
+        };
+        let g = side.try_lock().unwrap();
+        assert!(g.lease().is_thread_owned());
+        let g = g.into_send().expect_err("a thread's hold");
+        assert!(g.is_held().unwrap(), "given back still holding");
+        assert!(g.unlock().unwrap());
+    }
+    let owned = Arc::new(lock.write_lock().clone()).lock_arc().unwrap();
+    let owned = owned.into_send().expect_err("a thread's hold");
+    assert!(owned.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key));
+}
+
+/// A hold released after its own lifetime passed is reported lost (`Ok(false)`), even though
+/// the owner's later hold kept the hash alive and the release gave one hold back.
+#[test]
+fn a_hold_released_after_its_lifetime_is_reported_lost() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let key = "rw:overran";
+    let c = client(&server);
+    let lock = rw(&c, key, Duration::from_millis(300));
+    let wfield = format!("{}:write", lock.owner_id());
+    let first = lock.write_lock().try_lock().unwrap();
+    let mut second = lock.write_lock().try_lock().unwrap();
+    second.extend(Duration::from_secs(30)).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || first.is_expired()));
+    assert!(matches!(first.check(), Err(LockError::Lost { .. })));
+    assert!(!first.unlock().unwrap(), "its section overran");
+    assert_eq!(count(&hash(&mut conn, key), &wfield), Some(1), "given back");
+    assert!(second.unlock().unwrap());
     assert!(!raw::exists(&mut conn, key));
 }
 
@@ -844,8 +945,9 @@ fn each_hold_expires_by_itself_and_the_key_with_the_last() {
     let mut conn = server.conn();
     let key = "rw:expiry";
     let c = client(&server);
+    // Two owners: two clients (handles of one client are one owner on this thread).
     let short = rw(&c, key, Duration::from_millis(400));
-    let long = rw(&c, key, Duration::from_secs(3));
+    let long = rw(&client(&server), key, Duration::from_secs(3));
 
     // An in-process dead writer (its lease is dropped without release) blocks readers for its
     // lifetime only.
@@ -1047,22 +1149,26 @@ fn wrong_types_foreign_hashes_and_bad_input_are_errors() {
 fn works_on_a_three_master_cluster() {
     init_logging();
     let cluster = Cluster::start(3);
-    let c = LockClient::cluster_builder(&cluster.urls())
-        .pool_size(8)
-        .build()
-        .expect("cluster client");
+    let cluster_client = || {
+        LockClient::cluster_builder(&cluster.urls())
+            .pool_size(8)
+            .build()
+            .expect("cluster client")
+    };
+    // Three clients: handles of one client are one owner on this thread.
+    let (c, c2, c3) = (cluster_client(), cluster_client(), cluster_client());
     for node in 0..3 {
         let key = cluster.key_on(node, "rw:cluster");
         let mut conn = cluster.conn_for_key(&key);
         let a = rw(&c, &key, Duration::from_secs(5));
-        let b = rw(&c, &key, Duration::from_secs(5));
+        let b = rw(&c2, &key, Duration::from_secs(5));
         let ra = a.read_lock().try_lock().unwrap();
         let rb = b.read_lock().try_lock().unwrap();
         let h = hash(&mut conn, &key);
         assert_eq!(h.get("mode").map(String::as_str), Some("read"), "{h:?}");
         assert_eq!(fields_with(&h, "r:").len(), 2);
         // Not `a` or `b`: this thread holds read through them, so they refuse the upgrade.
-        let third = rw(&c, &key, Duration::from_secs(5));
+        let third = rw(&c3, &key, Duration::from_secs(5));
         assert_held(third.write_lock().try_lock());
         assert!(ra.unlock().unwrap() && rb.unlock().unwrap());
         let w = b.write_lock().lock().unwrap();
@@ -1085,7 +1191,7 @@ fn works_on_a_three_master_cluster() {
         &format!("{key}:{}:rwlock_timeout:1", a.owner_id())
     ));
     assert_eq!(a.channel(), "redisson_rwlock:{rw:tag}:lock");
-    let third = rw(&c, key, Duration::from_secs(5));
+    let third = rw(&c3, key, Duration::from_secs(5));
     assert_held(third.write_lock().try_lock());
     assert!(r.unlock().unwrap());
     assert!(!raw::exists(&mut conn, key));

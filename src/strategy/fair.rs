@@ -1026,6 +1026,8 @@ impl DistributedLock for FairLock {
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
+        // A hold whose lifetime passed is reported lost even if the key was still ours.
+        let overran = lease.is_expired();
         lease.stop_renewal();
         let waiters = self.client.waiters();
         let successor = waiters.take_offer(&self.key);
@@ -1088,9 +1090,11 @@ impl DistributedLock for FairLock {
                  no other owner's lock was deleted",
                 self.key
             );
+        }
+        if !ours || overran {
             self.client.counters().lost_on_release(KIND, lease);
         }
-        Ok(ours)
+        Ok(ours && !overran)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {

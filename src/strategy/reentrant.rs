@@ -512,6 +512,9 @@ impl DistributedLock for ReentrantLock {
     /// back; the lock is free once the owner's last hold is), `Ok(false)` when the owner holds
     /// nothing, in which case nothing was changed.
     fn release(&self, lease: &Lease) -> Result<bool> {
+        // A hold whose lifetime passed is reported lost even if the owner's count was still
+        // there (kept alive by a later re-entry, say): its section overran.
+        let overran = lease.is_expired();
         // Only this hold stops being renewed: every other hold of the owner has its own
         // renewal, and any of them keeps the shared key alive.
         lease.stop_renewal();
@@ -581,7 +584,7 @@ impl DistributedLock for ReentrantLock {
             }
             Some(other) => return Err(self.unexpected(other)),
         };
-        if !ours {
+        if !ours || overran {
             self.client.counters().lost_on_release(KIND, lease);
         }
         // Only the caller's own holds are recorded (a lease may be released by another thread).
@@ -589,7 +592,7 @@ impl DistributedLock for ReentrantLock {
         if lease.value() == owner.as_bytes() {
             note_local(&owner, self.opts.key_arc(), seen);
         }
-        Ok(ours)
+        Ok(ours && !overran)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {

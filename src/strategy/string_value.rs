@@ -367,9 +367,12 @@ pub(crate) fn acquire_undone_by<T>(
     reply
 }
 
-/// Deletes the key if it still holds our value: `Ok(true)` if it did. With a `notice` (Token,
-/// Spring) the release is published as it says in the same step, for waiters in other
-/// processes.
+/// Deletes the key if it still holds our value: `Ok(true)` if it did and the hold's lifetime had
+/// not passed when the release was called. A hold released after its lifetime is `Ok(false)`
+/// whoever holds the key: a Classic value carries no expiry in Redis, so nobody may have taken
+/// it over yet, and a Token key may outlive our local reckoning by the acquire's round trip;
+/// either way the section overran. With a `notice` (Token, Spring) the release is published
+/// as it says in the same step, for waiters in other processes.
 ///
 /// `sweep`: the prefix of every value this client writes at the key (Token), for the replay
 /// after a Sentinel switch; `None` when values carry no owner (Classic).
@@ -382,6 +385,8 @@ pub(crate) fn release(
     packed: Option<&PackedRelease>,
     lease: &Lease,
 ) -> Result<bool> {
+    // By the local clock, which costs no round trip; read before sending.
+    let overran = lease.is_expired();
     lease.stop_renewal();
     let generation = client.switch_generation();
     let reply = compare_and_delete(client, key, lease.value(), notice, packed);
@@ -419,14 +424,18 @@ pub(crate) fn release(
     if let Some(ch) = notice.and_then(|n| n.first()) {
         hold::after_publish(client, key, ch, reply - 1);
     }
-    if reply < 1 {
+    let deleted = reply >= 1;
+    if deleted && overran {
+        log::debug!(
+            "lock {key:?}: released after its lifetime had passed (nobody had taken it over); \
+             reported as lost"
+        );
+    }
+    if !deleted || overran {
         client.counters().lost_on_release(kind, lease);
     }
-    Ok(crate::client::acquire::note_release(
-        client.waiters(),
-        key,
-        reply >= 1,
-    ))
+    // Waiters are woken by what happened to the key; the caller hears of the hold.
+    Ok(crate::client::acquire::note_release(client.waiters(), key, deleted) && !overran)
 }
 
 /// Deletes `key` if it holds `value`, publishing the release as `notice` says (Token,

@@ -634,6 +634,8 @@ impl TokenLock {
     /// value stays in the client's live set meanwhile, so that no attempt of this client
     /// clears it as a stale hold. True if it was still ours.
     fn keep_at_least(&self, lease: &Lease, rest: Duration) -> Result<bool> {
+        // A hold whose lifetime passed is reported lost, as by `string_value::release`.
+        let overran = lease.is_expired();
         lease.stop_renewal();
         let kept = string_value::extend(
             &self.client,
@@ -648,7 +650,12 @@ impl TokenLock {
                     "lock {:?}: kept for {rest:?} more (lock_at_least)",
                     self.key
                 );
-                Ok(true)
+                if overran {
+                    self.client
+                        .counters()
+                        .lost_on_release(self.dialect.kind, lease);
+                }
+                Ok(!overran)
             }
             other => {
                 self.client.hold_released(lease.value());
