@@ -454,7 +454,7 @@ pub struct GuardSend(());
 /// use redis_dlock::DistributedLock;
 /// let guard = rw.write_lock().lock()?;
 /// std::thread::scope(|s| {
-///     s.spawn(move || drop(guard)); // error: `GuardNoSend` cannot be sent between threads
+///     s.spawn(move || drop(guard)); // error: the guard is not `Send`
 /// });
 /// # Ok(()) }
 /// ```

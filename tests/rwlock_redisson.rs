@@ -598,7 +598,8 @@ fn reentry_and_downgrade_are_seen_by_the_other_side() {
         .read_lock()
         .try_lock()
         .expect("Java downgraded: we read beside it");
-    let other = rw(&c, key, Duration::from_secs(10));
+    // Another client: through `c`, this thread is the reader `lock` is.
+    let other = rw(&client(&server), key, Duration::from_secs(10));
     assert_held(other.write_lock().try_lock());
     assert_eq!(java.read_unlock(&mut conn, key), Some(0), "we still read");
     ours.unlock().unwrap();
@@ -643,7 +644,8 @@ fn a_holder_that_stops_renewing_loses_its_hold_both_ways() {
     assert_eq!(java.read_lock(&mut conn, key, java_lease), None);
     let leaked = lock.read_lock().try_lock().unwrap().into_lease();
     let ours = timeout_key(key, &owner_of(&leaked), 1);
-    let writer = rw(&c, key, Duration::from_secs(10));
+    // Another client: through `c`, this thread is the dead reader.
+    let writer = rw(&client(&server), key, Duration::from_secs(10));
     for _ in 0..6 {
         // Time under test: the Java reader renews while our leaked hold's lifetime runs out.
         thread::sleep(Duration::from_millis(250));
