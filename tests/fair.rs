@@ -2037,3 +2037,31 @@ fn an_offering_thread_that_cannot_listen_waits_for_the_holders_release() {
     assert_eq!(zcard(&mut conn, other.queue_key()), 0);
     assert_eq!(raw::get(&mut conn, key), None);
 }
+
+/// A hold released after its lifetime passed by the local clock is reported lost
+/// (`Ok(false)`), even while its key still lives in Redis (made to outlive it here): the
+/// section overran. The key is deleted all the same.
+#[test]
+fn a_hold_released_after_its_lifetime_is_reported_lost() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let c = client(&server);
+    let key = "fair:overran";
+    let lock = c
+        .lock(key)
+        .strategy(Strategy::Fair)
+        .ttl(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let guard = lock.try_lock().unwrap();
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(30_000)
+        .query(&mut conn)
+        .unwrap();
+    assert!(support::wait_until(Duration::from_secs(10), || guard.is_expired()));
+    assert_eq!(raw::get(&mut conn, key).as_deref(), Some(guard.value()));
+    assert!(!guard.unlock().unwrap(), "its section overran");
+    assert!(!raw::exists(&mut conn, key), "deleted");
+}

@@ -240,6 +240,32 @@ fn acquire_extend_release_on_every_node() {
     assert!(!lock.is_held(&lease).expect("is_held"));
 }
 
+/// A hold released after its validity passed is reported lost (`Ok(false)`), even while every
+/// node still has its token (their keys made to outlive it here): the section overran. The
+/// token is deleted all the same.
+#[test]
+fn a_hold_released_after_its_validity_is_reported_lost() {
+    let nodes = start_nodes(3);
+    let c = patient_client(&nodes);
+    let lock = lock_with_ttl(&c, Duration::from_millis(300));
+    let guard = lock.try_lock().expect("free");
+    let token = guard.value().to_vec();
+    for node in &nodes {
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(KEY)
+            .arg(30_000)
+            .query(&mut node.conn())
+            .expect("PEXPIRE");
+    }
+    assert!(wait_until(Duration::from_secs(10), || guard.is_expired()));
+    assert_eq!(holding(&nodes, &[0, 1, 2], KEY, &token), vec![0, 1, 2]);
+    assert!(!guard.unlock().unwrap(), "its section overran");
+    assert!(
+        holding(&nodes, &[0, 1, 2], KEY, &token).is_empty(),
+        "deleted"
+    );
+}
+
 #[test]
 fn majority_wins_minority_loses_and_a_lost_attempt_cleans_up() {
     let nodes = start_nodes(5);

@@ -801,3 +801,26 @@ fn a_server_that_lost_delifeq_gets_the_script_at_once_and_from_then_on() {
     assert_eq!(errors, "count=1", "DELIFEQ was tried once");
     assert_eq!(raw::command_calls(&mut conn, "evalsha"), 3);
 }
+
+/// A hold released after its lifetime passed by the local clock is reported lost
+/// (`Ok(false)`), even while its key still lives in Redis (made to outlive it here, as it
+/// does by the acquire's round trip): the section overran. The key is deleted all the same.
+#[test]
+fn a_hold_released_after_its_lifetime_is_reported_lost() {
+    init_logging();
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let c = client(&server);
+    let key = "token:overran";
+    let lock = token_lock(&c, key, Duration::from_millis(300));
+    let guard = lock.try_lock().unwrap();
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(30_000)
+        .query(&mut conn)
+        .unwrap();
+    assert!(support::wait_until(Duration::from_secs(10), || guard.is_expired()));
+    assert_eq!(raw::get(&mut conn, key).as_deref(), Some(guard.value()));
+    assert!(!guard.unlock().unwrap(), "its section overran");
+    assert!(!raw::exists(&mut conn, key), "deleted");
+}
