@@ -250,6 +250,9 @@ impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
     /// The same guard in a form that may be sent to another thread, if the hold is not the
     /// thread's ([`Lease::is_thread_owned`]); otherwise the guard back, unchanged. See
     /// [`LockGuard::into_send`].
+    // The guard itself comes back on refusal, as from `Arc::try_unwrap`: boxing it would
+    // allocate for every caller.
+    #[allow(clippy::result_large_err)]
     pub fn into_send(mut self) -> std::result::Result<OwnedLockGuard<L, GuardSend>, Self> {
         if self.held.lease.is_thread_owned() {
             return Err(self);
@@ -502,6 +505,9 @@ impl<'a> LockGuard<'a> {
     /// })?;
     /// # Ok(()) }
     /// ```
+    // The guard itself comes back on refusal, as from `Arc::try_unwrap`: boxing it would
+    // allocate for every caller.
+    #[allow(clippy::result_large_err)]
     pub fn into_send(mut self) -> std::result::Result<LockGuard<'a, GuardSend>, Self> {
         if self.held.lease.is_thread_owned() {
             return Err(self);
