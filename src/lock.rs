@@ -52,9 +52,13 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// such an attempt as refused and try again.
     fn try_acquire(&self) -> Result<Lease>;
 
-    /// Releases the hold described by `lease` if it is still ours: `Ok(true)` when it was ours and
-    /// is now free, `Ok(false)` when it had expired or belonged to another owner (nothing is
-    /// deleted then).
+    /// Releases the hold described by `lease` if it is still ours: `Ok(true)` when it was ours,
+    /// within its lifetime, and is now given back; `Ok(false)` when it had expired or belonged
+    /// to another owner. Every lock type answers alike: a hold whose lifetime had passed by the
+    /// local clock when `release` was called ([`Lease::is_expired`]) is `Ok(false)` even if
+    /// nobody had taken it over (its value is still removed then, so the lock is free at
+    /// once); another owner's hold is never deleted. The check is local: the release is still
+    /// one round trip.
     fn release(&self, lease: &Lease) -> Result<bool>;
 
     /// Gives our hold a new lifetime of `ttl` from now. [`LockError::Lost`] when it is no longer

@@ -151,7 +151,12 @@ fn holds_local(owner: &OwnerId, key: &str) -> bool {
 /// hold given back, whether or not it was the last), `Ok(false)` when the owner holds nothing
 /// (its hold expired, or it never held it): nothing is changed then, so a release by a
 /// non-owner can never free or decrement another owner's hold (Redisson answers such a call
-/// with `IllegalMonitorStateException`).
+/// with `IllegalMonitorStateException`). A hold whose own lease had run out by the local clock
+/// before its release is `Ok(false)` too (its section overran), although the release gives it
+/// back as usual.
+///
+/// **Threads.** A hold is its thread's, so its guard stays on that thread: it is not `Send`,
+/// and [`LockGuard::into_send`] hands it back (see [`LockGuard`]).
 ///
 /// **Lifetime.** Every acquire, re-entry and partial release sets the key's expiry to the
 /// lock's lease ([`ttl`](DistributedLock::ttl)); all holds of the key share it. A watched lock

@@ -73,9 +73,10 @@ impl Drop for Server {
     }
 }
 
-/// A service object that keeps its hold between calls.
+/// A service object that keeps its hold between calls, and may cross threads: a guard in its
+/// `Send` form (a Token hold is its token's, not its thread's).
 struct Job {
-    hold: Option<redis_dlock::OwnedLockGuard>,
+    hold: Option<redis_dlock::OwnedLockGuard<dyn DistributedLock, redis_dlock::GuardSend>>,
 }
 
 #[test]
@@ -96,7 +97,7 @@ fn owned_guards_stats_and_admin_queries() -> Result<(), LockError> {
 
     // An owned guard, kept in a struct, moved to another thread, released there.
     let mut job = Job {
-        hold: Some(lock.lock_arc()?),
+        hold: Some(lock.lock_arc()?.into_send().expect("a Token hold")),
     };
     assert!(watcher.is_locked()?);
     let ttl = watcher.remaining_ttl()?.expect("a Token lock has a TTL");
