@@ -353,7 +353,7 @@ pub(crate) fn checked_win_at(
         ttl.as_millis(),
         match &released {
             Ok(true) => "deleted".to_owned(),
-            Ok(false) => "already gone or taken over".to_owned(),
+            Ok(false) => "already gone, taken over, or past its lifetime".to_owned(),
             Err(e) => format!("release failed: {}; it expires by itself", e.report()),
         }
     );

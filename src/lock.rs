@@ -229,6 +229,14 @@ impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
 /// [`LockGuard`]. `M` says whether it may leave its thread, as for [`LockGuard`]: not by
 /// default ([`GuardNoSend`]); [`into_send`](Self::into_send) gives the [`GuardSend`] form for a
 /// hold that is not the thread's.
+///
+/// ```compile_fail
+/// # fn f(lock: std::sync::Arc<redis_dlock::ReentrantLock>) -> redis_dlock::Result<()> {
+/// use redis_dlock::ArcLockExt;
+/// let guard = lock.lock_arc()?; // a Reentrant hold is its thread's
+/// std::thread::spawn(move || drop(guard)); // error: the guard is not `Send`
+/// # Ok(()) }
+/// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct OwnedLockGuard<L: DistributedLock + ?Sized = dyn DistributedLock, M = GuardNoSend> {
     held: Held<Arc<L>>,
