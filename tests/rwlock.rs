@@ -549,9 +549,26 @@ fn two_handles_of_one_client_are_one_owner_on_a_thread() {
         s.spawn(|| assert_held(a.write_lock().try_lock()));
         s.spawn(|| assert_held(b.read_lock().try_lock()));
     });
-    for g in [w1, w2, r] {
-        assert!(g.unlock().unwrap());
-    }
+    // While another thread waits for write in this client's line, a blocking write through
+    // the other handle re-enters at once: the holder never waits behind a writer that waits
+    // for it (which would last until the policy gave up).
+    thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let g = a.write_lock().lock().expect("the waiting writer, after us");
+            assert!(g.unlock().unwrap());
+        });
+        assert!(
+            wait_until(Duration::from_secs(10), || !intents(&mut conn, key)
+                .is_empty()),
+            "the waiting writer leaves an intent"
+        );
+        let w3 = b.write_lock().lock().expect("a re-entry past the line");
+        assert_eq!(count(&hash(&mut conn, key), &wfield), Some(3));
+        for g in [w1, w2, w3, r] {
+            assert!(g.unlock().unwrap());
+        }
+        waiter.join().expect("waiter");
+    });
     assert!(!raw::exists(&mut conn, key));
 
     // A read through one handle, a write through the other: an upgrade, refused at once.
