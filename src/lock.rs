@@ -445,6 +445,7 @@ where
 /// std's `MutexGuard` and `lock_api`'s guards with `GuardNoSend`. The default of [`LockGuard`]
 /// and [`OwnedLockGuard`].
 #[derive(Debug, Clone, Copy)]
+// std's guard: not `Send` but still `Sync` (a `&guard` may be shared, as before), no `unsafe`.
 pub struct GuardNoSend(PhantomData<std::sync::MutexGuard<'static, ()>>);
 
 /// Marker of a guard that may be sent to another thread (`lock_api`'s `GuardSend`): what
