@@ -364,7 +364,11 @@ impl Manager {
             } else {
                 format!("cannot connect to {addr}")
             };
-            setup(what, e)
+            if self.unreachable(&e) {
+                LockError::setup_unreachable(what, e)
+            } else {
+                setup(what, e)
+            }
         })?;
         let scripting = |e: redis::RedisError, cmd: &str, server: &str| {
             let why =
@@ -387,7 +391,11 @@ impl Manager {
                  extend need EVAL and EVALSHA"
                         .to_owned()
                 };
-            setup(format!("{cmd} on {addr}: {why}"), e)
+            if e.is_timeout() || e.is_io_error() {
+                LockError::setup_unreachable(format!("{cmd} on {addr}: {why}"), e)
+            } else {
+                setup(format!("{cmd} on {addr}: {why}"), e)
+            }
         };
         // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
         // WRITE`, as during a `FAILOVER`) answers at once instead of holding the new connection
@@ -448,6 +456,24 @@ impl Manager {
                 Ok(detected)
             }
             Err(e) => Err(scripting(e, "EVALSHA", &detected.server)),
+        }
+    }
+
+    /// True when the set-up's connection failed because no server answered (refused, reset,
+    /// no answer within the connect timeout, no Sentinel or Cluster node reachable): an outage
+    /// that building the client again later outlives. A TLS handshake that failed, a wrong
+    /// password, a master name no Sentinel knows are mistakes instead.
+    fn unreachable(&self, e: &redis::RedisError) -> bool {
+        if e.is_timeout() || e.is_connection_refusal() {
+            return true;
+        }
+        match e.kind() {
+            // With TLS, any other I/O failure of the set-up is the handshake's (see
+            // `tls_context`).
+            redis::ErrorKind::Io => !self.tls,
+            redis::ErrorKind::ClusterConnectionNotFound
+            | redis::ErrorKind::NoValidReplicasFoundBySentinel => true,
+            _ => false,
         }
     }
 
