@@ -19,6 +19,7 @@ use super::cluster_deadline::{
 use super::confirm::{Acks, Wait};
 use super::native::Detected;
 use super::switches::Switches;
+use crate::client::repeats::{log_repeat, Repeats};
 use crate::error::{self, LockError, Result, Rounded};
 use crate::scripts;
 
@@ -58,6 +59,9 @@ pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
 #[derive(Debug, Default)]
 pub(crate) struct ConnectErrors {
     last: std::sync::Mutex<Option<redis::RedisError>>,
+    /// The client's log lines that repeat while something stays wrong (shared with the
+    /// client and its subscriber).
+    pub(super) repeats: Arc<Repeats>,
 }
 
 impl ConnectErrors {
@@ -74,7 +78,12 @@ impl ConnectErrors {
 
 impl r2d2::HandleError<redis::RedisError> for ConnectErrors {
     fn handle_error(&self, e: redis::RedisError) {
-        log::debug!("pool: opening a connection failed: {e}");
+        log_repeat!(
+            self.repeats,
+            "pool: opening a connection failed",
+            log::Level::Debug,
+            "pool: opening a connection failed: {e}"
+        );
         self.note(e);
     }
 }
