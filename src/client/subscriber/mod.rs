@@ -40,10 +40,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::client::repeats::Repeats;
 use crate::client::subscriber::reader::{lock_lend, start_thread, Lend, Shared};
 use crate::client::subscriber::registry::{lock, Link, Op, State};
 use crate::client::waiters::WaitQueues;
-use crate::client::repeats::Repeats;
 use crate::stats::Counters;
 
 pub(crate) use crate::client::subscriber::reader::Resolve;

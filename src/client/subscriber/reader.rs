@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionInfo, PushKind, RedisResult, Value};
 
+use crate::client::repeats::{log_repeat, Repeats};
 use crate::client::subscriber::registry::{lock, Link, Op, State};
 use crate::client::waiters::WaitQueues;
-use crate::client::repeats::{log_repeat, Repeats};
 use crate::error::Rounded;
 use crate::stats::Counters;
 
