@@ -146,7 +146,9 @@ fn is_compiled(code: &str, compiled: &str) -> bool {
     let code: String = code.chars().filter(|c| !c.is_whitespace()).collect();
     let code = code.replace("(..)", "(…)");
     let pieces: Vec<&str> = code.split('…').collect();
-    let (first, rest) = pieces.split_first().expect("split gives one piece at least");
+    let (first, rest) = pieces
+        .split_first()
+        .expect("split gives one piece at least");
     compiled.match_indices(first).any(|(start, _)| {
         let mut at = start + first.len();
         rest.iter().all(|p| match compiled[at..].find(p) {
@@ -181,7 +183,10 @@ fn every_rust_snippet_of_the_guides_is_compiled() {
             }
         }
     }
-    assert!(checked > 20, "only {checked} snippets found: the scan is broken");
+    assert!(
+        checked > 20,
+        "only {checked} snippets found: the scan is broken"
+    );
     assert!(
         missing.is_empty(),
         "Rust inline code that no compiled ```rust block of its guide contains (add it to \
@@ -201,12 +206,17 @@ fn a_stale_table_snippet_is_found() {
     let stale = ".strategy(Strategy::Classic).encoding(Encoding::FloatSeconds).ttl(T)";
     assert!(is_snippet(stale, true));
     assert!(!is_compiled(stale, &compiled));
-    let fresh = ".strategy(Strategy::Classic(ClassicOptions::new().encoding(Encoding::FloatSeconds)))";
+    let fresh =
+        ".strategy(Strategy::Classic(ClassicOptions::new().encoding(Encoding::FloatSeconds)))";
     assert!(is_compiled(fresh, &compiled));
     assert!(is_compiled(".ttl(..)", &compiled));
     // Java and Python are not Rust.
     assert!(!is_rust("redisson.getLock(name)"));
-    assert!(!is_rust("new RedisLockRegistry(connectionFactory, registryKey).obtain(lockKey)"));
+    assert!(!is_rust(
+        "new RedisLockRegistry(connectionFactory, registryKey).obtain(lockKey)"
+    ));
     assert!(!is_rust("redis.lock(name, timeout=…)"));
-    assert!(is_rust("RetryPolicy::legacy().fixed_delay(Duration::from_millis(100))"));
+    assert!(is_rust(
+        "RetryPolicy::legacy().fixed_delay(Duration::from_millis(100))"
+    ));
 }
