@@ -53,9 +53,13 @@ fn read(path: &Path) -> Guide {
     let mut inline = Vec::new();
     // None outside a block; Some(compiled?) inside one.
     let mut block: Option<bool> = None;
+    // The lines of the paragraph being read, outside blocks and tables.
+    let mut prose: Vec<(usize, bool, &str)> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let trimmed = line.trim_start();
         if let Some(info) = trimmed.strip_prefix("```") {
+            spans(&prose, &mut inline);
+            prose.clear();
             block = match block {
                 Some(_) => None,
                 // rustdoc compiles an unlabelled block as Rust too.
@@ -77,17 +81,46 @@ fn read(path: &Path) -> Guide {
                 compiled.extend(code.chars().filter(|c| !c.is_whitespace()));
             }
             Some(false) => {}
-            None => {
-                let table = trimmed.starts_with('|');
-                let mut parts = line.split('`');
-                parts.next();
-                while let (Some(code), Some(_)) = (parts.next(), parts.next()) {
-                    inline.push((i + 1, table, code.to_owned()));
+            None if trimmed.starts_with('|') => {
+                spans(&prose, &mut inline);
+                prose.clear();
+                spans(&[(i + 1, true, line)], &mut inline);
+            }
+            None if trimmed.is_empty() => {
+                spans(&prose, &mut inline);
+                prose.clear();
+            }
+            None => prose.push((i + 1, false, line)),
+        }
+    }
+    spans(&prose, &mut inline);
+    Guide { compiled, inline }
+}
+
+/// The inline code of a paragraph (its lines, numbered; a table row is a paragraph of its
+/// own): a span may go on over a line break, which counts as a space.
+fn spans(paragraph: &[(usize, bool, &str)], out: &mut Vec<(usize, bool, String)>) {
+    let mut code: Option<(usize, String)> = None;
+    for (number, table, line) in paragraph {
+        for (k, part) in line.split('`').enumerate() {
+            if k > 0 {
+                // A backtick: a span opens or closes.
+                code = match code.take() {
+                    Some((at, text)) => {
+                        out.push((at, *table, text));
+                        None
+                    }
+                    None => Some((*number, String::new())),
+                };
+            }
+            if let Some((_, text)) = code.as_mut() {
+                if k == 0 && !text.is_empty() {
+                    text.push(' ');
                 }
+                text.push_str(if k == 0 { part.trim_start() } else { part });
             }
         }
     }
-    Guide { compiled, inline }
 }
 
 /// Rust, not Java, Python, Go or Lua: no camelCase method, no keyword argument, no `new X(`.
