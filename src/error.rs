@@ -219,8 +219,9 @@ impl LockError {
 
     /// True when time ran out: a blocking acquire gave up ([`Timeout`](Self::Timeout)), a win
     /// came back too late ([`LateReply`](Self::LateReply)), or Redis did not answer a command
-    /// in time (an I/O timeout). A connection that could not be opened in time is no command:
-    /// it is [`is_transient`](Self::is_transient) instead, at lock time and at `build()`.
+    /// in time (an I/O timeout). A pool checkout or a client's `build()` that could not open
+    /// a connection in time sent no command: that is [`is_transient`](Self::is_transient)
+    /// instead.
     pub fn is_timeout(&self) -> bool {
         match self {
             LockError::Timeout { .. } | LockError::LateReply { .. } => true,
