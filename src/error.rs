@@ -9,8 +9,27 @@ use std::time::Duration;
 /// `?` works in the common "take the lock or give up" code. Predicates tell the kinds apart:
 /// [`is_contention`](LockError::is_contention) (someone else holds the lock),
 /// [`is_timeout`](LockError::is_timeout) (a wait or a reply ran out of time),
-/// [`is_transient`](LockError::is_transient) (a failover or a restart: it goes away by itself)
-/// and [`is_config`](LockError::is_config) (a configuration mistake: retrying will not help).
+/// [`is_transient`](LockError::is_transient) (a failover, a restart, a server that is down: it
+/// goes away by itself) and [`is_config`](LockError::is_config) (a configuration mistake:
+/// retrying will not help). [`Timeout`](LockError::Timeout) is both contention and a timeout,
+/// so a caller that tells them apart asks [`is_contention`](LockError::is_contention) first:
+///
+/// ```
+/// use redis_dlock::LockError;
+///
+/// /// What a service does with a failed acquire.
+/// fn action(e: &LockError) -> &'static str {
+///     if e.is_contention() {
+///         "busy: someone else holds the lock (Held, Timeout); skip or try later"
+///     } else if e.is_config() {
+///         "misconfigured: fix the settings and redeploy; retrying will not help"
+///     } else {
+///         "down or slow (is_transient, is_timeout, ...): retry later"
+///     }
+/// }
+/// # let e = LockError::Held { key: "k".into() };
+/// # assert!(action(&e).starts_with("busy"));
+/// ```
 /// They read what the error was classified as when it was made, from the kind of the reply or
 /// of the I/O failure, never from its text.
 ///
@@ -164,11 +183,17 @@ pub enum LockError {
         #[source]
         source: Option<Box<LockError>>,
     },
-    /// A configuration mistake, which retrying will not fix: a bad URL or option of the
-    /// client, an option or key a lock cannot take, a wrong password or unknown ACL user, a
-    /// database the server lacks, a failed TLS handshake, a user not allowed to run the lock's
-    /// commands; when the client is built, also an unreachable server (see
-    /// [`ClientBuilder::lazy_connect`](crate::ClientBuilder::lazy_connect)).
+    /// The client or a lock could not be set up: a configuration mistake, which retrying will
+    /// not fix ([`is_config`](Self::is_config)): a bad URL or option of the client, an option
+    /// or key a lock cannot take, a wrong password or unknown ACL user, a database the server
+    /// lacks, a failed TLS handshake, a user not allowed to run the lock's commands.
+    ///
+    /// Or, from [`ClientBuilder::build`](crate::ClientBuilder::build) only, a server that
+    /// could not be reached (connection refused or reset, no answer within the connect or
+    /// command timeout): that is no mistake, and says so: [`is_config`](Self::is_config) is
+    /// false and [`is_transient`](Self::is_transient) true. Build the client again later, or
+    /// build it with [`lazy_connect`](crate::ClientBuilder::lazy_connect), which sends nothing
+    /// until the first lock operation.
     #[error("{}: {reason}", Subject(.key))]
     #[non_exhaustive]
     Config {
@@ -194,7 +219,9 @@ impl LockError {
 
     /// True when time ran out: a blocking acquire gave up ([`Timeout`](Self::Timeout)), a win
     /// came back too late ([`LateReply`](Self::LateReply)), or Redis did not answer a command
-    /// or a connection attempt in time (an I/O timeout).
+    /// in time (an I/O timeout). A pool checkout or a client's `build()` that could not open
+    /// a connection in time sent no command: that is [`is_transient`](Self::is_transient)
+    /// instead.
     pub fn is_timeout(&self) -> bool {
         match self {
             LockError::Timeout { .. } | LockError::LateReply { .. } => true,
@@ -209,16 +236,19 @@ impl LockError {
     /// `READONLY` or `LOADING`; or too few replicas confirmed a write
     /// ([`NotReplicated`](Self::NotReplicated)).
     ///
+    /// Also a [`Config`](Self::Config) error of
+    /// [`ClientBuilder::build`](crate::ClientBuilder::build) that says the server could not be
+    /// reached (refused, reset, no answer in time): building the client again later works
+    /// once the server is back.
+    ///
     /// A command that timed out is not transient: it may still run on a slow or paused server,
-    /// and the caller is told at once ([`is_timeout`](Self::is_timeout)). A
-    /// [`Config`](Self::Config) error never is, even when the server was unreachable when the
-    /// client was built.
+    /// and the caller is told at once ([`is_timeout`](Self::is_timeout)).
     pub fn is_transient(&self) -> bool {
         match self {
             LockError::NotReplicated { .. } => true,
-            LockError::Connection { fault, .. } | LockError::Redis { fault, .. } => {
-                fault.is_transient()
-            }
+            LockError::Connection { fault, .. }
+            | LockError::Redis { fault, .. }
+            | LockError::Config { fault, .. } => fault.is_transient(),
             _ => false,
         }
     }
@@ -226,20 +256,25 @@ impl LockError {
     /// True for a configuration mistake ([`Config`](Self::Config)), which retrying will not
     /// fix: a bad URL or option, an option a lock cannot take, a wrong password or unknown ACL
     /// user, a database the server lacks, a failed TLS handshake, a user not allowed to run
-    /// scripts; at open time also an unreachable server (see
-    /// [`ClientBuilder::lazy_connect`](crate::ClientBuilder::lazy_connect)).
+    /// scripts. False for a server that could not be reached when the client was built, which
+    /// is [`is_transient`](Self::is_transient) instead.
     pub fn is_config(&self) -> bool {
-        matches!(self, LockError::Config { .. })
+        matches!(self, LockError::Config { fault, .. } if !fault.is_transient())
     }
 
     /// The error and its chain of causes on one line (`error: cause: cause`), for logs: the
-    /// `Display` of this type describes this error only.
+    /// `Display` of this type describes this error only. A cause whose text is already on the
+    /// line is left out: some causes (redis-rs's errors) print their own source in their
+    /// `Display` too, and no cause is written twice.
     pub fn report(&self) -> String {
         let mut out = self.to_string();
         let mut cause = std::error::Error::source(self);
         while let Some(c) = cause {
-            out.push_str(": ");
-            out.push_str(&c.to_string());
+            let text = c.to_string();
+            if !text.is_empty() && !out.contains(text.as_str()) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
             cause = c.source();
         }
         out
@@ -346,14 +381,30 @@ impl LockError {
         }
     }
 
-    /// A set-up step of the client that Redis refused or did not answer: a
-    /// [`Config`](Self::Config) error whose cause is `err`, classified by it (a connect
-    /// timeout [`is_timeout`](Self::is_timeout)).
+    /// A set-up step of the client that Redis refused: a [`Config`](Self::Config) error whose
+    /// cause is `err`, a mistake whatever its kind (see [`setup_unreachable`](Self::setup_unreachable)
+    /// for a server that is down).
     pub(crate) fn setup_failed(reason: impl Into<String>, err: redis::RedisError) -> Self {
+        let fault = match Fault::of(&err) {
+            f if f.is_transient() || f == Fault::TIMEOUT => Fault::OTHER,
+            f => f,
+        };
         LockError::Config {
             key: None,
             reason: reason.into(),
-            fault: Fault::of(&err),
+            fault,
+            source: Some(Box::new(err)),
+        }
+    }
+
+    /// A set-up step of the client that found no server to talk to (refused, reset, no answer
+    /// in time): a [`Config`](Self::Config) error that is [`is_transient`](Self::is_transient),
+    /// not [`is_config`](Self::is_config).
+    pub(crate) fn setup_unreachable(reason: impl Into<String>, err: redis::RedisError) -> Self {
+        LockError::Config {
+            key: None,
+            reason: reason.into(),
+            fault: Fault::UNREACHABLE,
             source: Some(Box::new(err)),
         }
     }

@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::admin::KeyState;
+use crate::client::repeats::{log_repeat, Repeats};
 use crate::client::target::ConnectionTarget;
 use crate::client::waiters::WaitQueues;
 use crate::client::LockClient;
@@ -231,6 +232,8 @@ struct Inner {
     waiters: WaitQueues,
     /// What the RedLock operations counted ([`RedLockClient::stats`]).
     counters: Counters,
+    /// Its log lines that repeat while nodes are down.
+    repeats: Repeats,
 }
 
 struct NodeHandle {
@@ -466,6 +469,7 @@ impl RedLockClientBuilder {
                 node_timeout: self.node_timeout,
                 waiters: WaitQueues::default(),
                 counters: Counters::default(),
+                repeats: Repeats::default(),
             }),
         })
     }
@@ -910,7 +914,10 @@ impl RedLock {
     fn note_unreachable(&self, what: &str, tally: &Tally) {
         let inner = self.inner();
         if inner.nodes.len() - tally.unreachable() < inner.quorum {
-            log::warn!(
+            log_repeat!(
+                inner.repeats,
+                "RedLock: too few nodes reachable",
+                log::Level::Warn,
                 "lock {:?}: RedLock {what}: fewer than {} of {} nodes reachable: {tally}",
                 self.key,
                 inner.quorum,

@@ -39,6 +39,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("client::live", RUNTIME),
     ("client::native", RUNTIME),
     ("client::pool", RUNTIME),
+    ("client::repeats", RUNTIME),
     ("client::sentinel_watch", RUNTIME),
     ("client::subscriber", RUNTIME),
     ("client::subscriber::reader", RUNTIME),

@@ -223,7 +223,8 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     drop(subscription);
     drop(ticket);
     if let Some(why) = stalled {
-        log::warn!(
+        // Returned to the caller, who decides what it means: not also a warning.
+        log::debug!(
             "lock {key:?}: gave up after {:?} in line behind other threads of this client \
              without a reply from Redis: {why}",
             attempts.waited()
@@ -243,8 +244,10 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         ));
     }
     on_give_up(attempts.made())?;
+    // Returned to the caller: logged for debugging only (an outage is logged by the paths that
+    // meet it, a few lines per cause, not by every caller's acquire).
     if let Some(err) = late {
-        log::info!(
+        log::debug!(
             "lock {key:?}: gave up after {} attempts in {:?}, the last failed: {}",
             attempts.made(),
             attempts.waited(),
@@ -252,7 +255,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         );
         return Err(err);
     }
-    log::info!(
+    log::debug!(
         "lock {key:?}: gave up after {} attempts in {:?}",
         attempts.made(),
         attempts.waited()

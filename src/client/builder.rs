@@ -322,9 +322,13 @@ impl ClientBuilder {
     /// say what is wrong: it opens one connection (AUTH, SELECT and the TLS handshake, as the
     /// URL asks) and runs a one-line script by `EVAL` and by `EVALSHA` (the release and extend
     /// scripts need both). A wrong password or unknown ACL user, a database the server lacks,
-    /// a user without scripting permission, an unreachable server (within the connect
-    /// timeout, saying refused or timed out) are each a [`LockError::Config`] naming the server
-    /// and the step, returned one reply after the server's answer. That connection is then
+    /// a user without scripting permission are each a [`LockError::Config`] naming the server
+    /// and the step, returned one reply after the server's answer, with
+    /// [`is_config`](LockError::is_config) true. An unreachable server (within the connect
+    /// timeout, saying refused or timed out) is a [`LockError::Config`] naming the server too,
+    /// but no mistake: [`is_config`](LockError::is_config) is false and
+    /// [`is_transient`](LockError::is_transient) true, and building again once the server is
+    /// up works. That connection is then
     /// closed; the pool opens its own on demand. With [`lazy_connect`](Self::lazy_connect)
     /// nothing is sent: a Redis that is down now is reported by the first lock operation, and
     /// the client starts working when Redis comes up.
@@ -338,8 +342,8 @@ impl ClientBuilder {
     /// their own `build()`. A lazy client asks nothing and uses the scripts.
     ///
     /// At lock time, a connection that cannot be opened because access is denied is reported
-    /// as [`LockError::Config`] too (after the connect timeout, never as contention or a
-    /// timeout), and a command without a reply as [`LockError::Connection`] whose cause reads
+    /// as [`LockError::Config`] too (as soon as the server refuses it, never as contention or
+    /// a timeout), and a command without a reply as [`LockError::Connection`] whose cause reads
     /// "no reply from host:port within 2 s".
     pub fn build(self) -> Result<LockClient> {
         let bad_url = |e| LockError::setup_failed("invalid Redis URL or connection settings", e);

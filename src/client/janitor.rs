@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::cleanup::{Cause, Cleanup, Done, Redo};
 use crate::client::jobs::{Janitor, Job, Jobs, Shared, MAX_JOBS};
+use crate::client::repeats::log_repeat;
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
 use crate::lease::printable;
@@ -137,7 +138,10 @@ impl Janitor {
                 Ok(r) if r.len() == batch.len() => r,
                 Ok(_) | Err(_) => {
                     if let Err(e) = &replies {
-                        log::warn!(
+                        log_repeat!(
+                            client.repeats(),
+                            "Sentinel: releases not done again on the new master",
+                            log::Level::Warn,
                             "Sentinel: {} releases could not be done again on the new master ({}); \
                              retried in the background",
                             batch.len(),
@@ -491,7 +495,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
             done(client, &job, did);
             (None, Ok(()))
         }
-        Err(e) => (retry_later(job, &e), Err(e)),
+        Err(e) => (retry_later(client, job, &e), Err(e)),
     };
     if again.is_none() {
         job_gone(client, counted);
@@ -531,12 +535,15 @@ fn done(client: &LockClient, job: &Job, did: Done) {
 
 /// A job whose try failed with `e`: `Some(job)` to try again after [`RETRY_DELAY`], `None` when
 /// the hold expires before that.
-fn retry_later(mut job: Job, e: &crate::LockError) -> Option<Job> {
+fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Option<Job> {
     let key = job.key.as_str();
     let now = Instant::now();
     let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
     if next >= job.until {
-        log::warn!(
+        log_repeat!(
+            client.repeats(),
+            "clean-up given up",
+            log::Level::Warn,
             "lock {key:?}: gave up cleaning up after {} ({} tries, last error: {}); the lock \
              expires with its lease",
             job.cause.describe(),
@@ -545,9 +552,13 @@ fn retry_later(mut job: Job, e: &crate::LockError) -> Option<Job> {
         );
         return None;
     }
-    log::debug!(
-        "lock {key:?}: clean-up try {} failed: {}",
+    log_repeat!(
+        client.repeats(),
+        "clean-up try failed",
+        log::Level::Debug,
+        "lock {key:?}: clean-up try {} failed, tried again in {}: {}",
         job.tries,
+        crate::error::Rounded(RETRY_DELAY),
         e.report()
     );
     job.next = next;

@@ -18,6 +18,7 @@ pub(crate) mod jobs;
 mod live;
 pub(crate) mod native;
 pub(crate) mod pool;
+pub(crate) mod repeats;
 pub(crate) mod sentinel_watch;
 pub(crate) mod subscriber;
 pub(crate) mod switches;
@@ -41,6 +42,7 @@ use crate::client::confirm::{Acks, ReplicaAcks};
 use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;
 use crate::client::native::{Detected, Native};
+use crate::client::repeats::log_repeat;
 use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::switches::Switches;
 use crate::client::waiters::WaitQueues;
@@ -216,6 +218,7 @@ impl LockClient {
                     Arc::clone(&waiters),
                     timeout,
                     Arc::clone(&counters),
+                    Arc::clone(&connect_errors.repeats),
                 ),
                 waiters,
                 instance,
@@ -235,6 +238,12 @@ impl LockClient {
                 acks,
             }),
         }
+    }
+
+    /// The client's log lines that repeat while something stays wrong (see
+    /// [`repeats`](self::repeats)).
+    pub(crate) fn repeats(&self) -> &repeats::Repeats {
+        &self.inner.connect_errors.repeats
     }
 
     /// What this client counted since it was built: acquires, refusals, timeouts, lost holds,
@@ -546,7 +555,12 @@ impl LockClient {
                         None => p.get_timeout(left(p.connection_timeout())?).map_err(err)?,
                     };
                     con.open_if_needed(until).map_err(|e| {
-                        log::debug!("pool: opening a connection failed: {e}");
+                        log_repeat!(
+                            self.repeats(),
+                            "pool: opening a connection failed",
+                            log::Level::Debug,
+                            "pool: opening a connection failed: {e}"
+                        );
                         self.inner.connect_errors.note(e.clone());
                         self.checkout_error(key, e)
                     })?;
@@ -621,7 +635,12 @@ impl LockClient {
             );
         }
         if error::is_access_denied(&e) {
-            log::warn!("lock {key:?}: the server refused a command: {e}");
+            log_repeat!(
+                self.repeats(),
+                "a command refused (access)",
+                log::Level::Warn,
+                "lock {key:?}: the server refused a command for this user: {e}"
+            );
         }
         LockError::from_redis(key, e)
     }
@@ -731,7 +750,13 @@ impl LockClient {
             let reused = conn.was_used();
             match f(&mut conn, &self.inner.scripts) {
                 Err(e) if reused && is_dropped(&e) && stale_left != Some(0) => {
-                    log::info!("lock {key:?}: pooled connection was dropped ({e}), retrying");
+                    log_repeat!(
+                        self.repeats(),
+                        "pool: pooled connection dropped",
+                        log::Level::Info,
+                        "lock {key:?}: a pooled connection was found closed ({e}); the command \
+                         is sent again on another"
+                    );
                     let left = stale_left.unwrap_or_else(|| self.pool_state().connections + 1);
                     stale_left = Some(left - 1);
                 }

@@ -19,6 +19,7 @@ use super::cluster_deadline::{
 use super::confirm::{Acks, Wait};
 use super::native::Detected;
 use super::switches::Switches;
+use crate::client::repeats::{log_repeat, Repeats};
 use crate::error::{self, LockError, Result, Rounded};
 use crate::scripts;
 
@@ -58,6 +59,9 @@ pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
 #[derive(Debug, Default)]
 pub(crate) struct ConnectErrors {
     last: std::sync::Mutex<Option<redis::RedisError>>,
+    /// The client's log lines that repeat while something stays wrong (shared with the
+    /// client and its subscriber).
+    pub(super) repeats: Arc<Repeats>,
 }
 
 impl ConnectErrors {
@@ -74,7 +78,12 @@ impl ConnectErrors {
 
 impl r2d2::HandleError<redis::RedisError> for ConnectErrors {
     fn handle_error(&self, e: redis::RedisError) {
-        log::debug!("pool: opening a connection failed: {e}");
+        log_repeat!(
+            self.repeats,
+            "pool: opening a connection failed",
+            log::Level::Debug,
+            "pool: opening a connection failed: {e}"
+        );
         self.note(e);
     }
 }
@@ -364,7 +373,11 @@ impl Manager {
             } else {
                 format!("cannot connect to {addr}")
             };
-            setup(what, e)
+            if self.unreachable(&e) {
+                LockError::setup_unreachable(what, e)
+            } else {
+                setup(what, e)
+            }
         })?;
         let scripting = |e: redis::RedisError, cmd: &str, server: &str| {
             let why =
@@ -387,7 +400,11 @@ impl Manager {
                  extend need EVAL and EVALSHA"
                         .to_owned()
                 };
-            setup(format!("{cmd} on {addr}: {why}"), e)
+            if e.is_timeout() || e.is_io_error() {
+                LockError::setup_unreachable(format!("{cmd} on {addr}: {why}"), e)
+            } else {
+                setup(format!("{cmd} on {addr}: {why}"), e)
+            }
         };
         // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
         // WRITE`, as during a `FAILOVER`) answers at once instead of holding the new connection
@@ -448,6 +465,24 @@ impl Manager {
                 Ok(detected)
             }
             Err(e) => Err(scripting(e, "EVALSHA", &detected.server)),
+        }
+    }
+
+    /// True when the set-up's connection failed because no server answered (refused, reset,
+    /// no answer within the connect timeout, no Sentinel or Cluster node reachable): an outage
+    /// that building the client again later outlives. A TLS handshake that failed, a wrong
+    /// password, a master name no Sentinel knows are mistakes instead.
+    fn unreachable(&self, e: &redis::RedisError) -> bool {
+        if e.is_timeout() || e.is_connection_refusal() {
+            return true;
+        }
+        match e.kind() {
+            // With TLS, any other I/O failure of the set-up is the handshake's (see
+            // `tls_context`).
+            redis::ErrorKind::Io => !self.tls,
+            redis::ErrorKind::ClusterConnectionNotFound
+            | redis::ErrorKind::NoValidReplicasFoundBySentinel => true,
+            _ => false,
         }
     }
 

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use redis::RedisResult;
 
 use crate::client::cleanup::{Cleanup, Redo};
+use crate::client::repeats::log_repeat;
 use crate::client::switches::Released;
 use crate::client::{LockClient, WeakClient};
 
@@ -150,7 +151,10 @@ fn replay(client: &LockClient, releases: Vec<Released>) {
             Err(e) => {
                 // Nothing read: the value last released at each key is the best guess (the
                 // janitor retries it; a sweep cannot be, as it must read first).
-                log::warn!(
+                log_repeat!(
+                    client.repeats(),
+                    "Sentinel: keys not read on the new master",
+                    log::Level::Warn,
                     "Sentinel: could not read {} keys on the new master ({}); releasing the \
                      last value released at each, owner-checked, in the background",
                     batch.len(),

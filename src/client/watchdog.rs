@@ -52,6 +52,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::native::{self, Command};
+use crate::client::repeats::log_repeat;
 use crate::client::watched::{Entry, Shared, ThreadState, Watchdog};
 use crate::client::WeakClient;
 use crate::error::LockError;
@@ -413,7 +414,10 @@ fn renew(
     let results = match reply {
         Ok(results) if results.len() == batch.len() => results,
         Ok(results) => {
-            log::warn!(
+            log_repeat!(
+                client.repeats(),
+                "watchdog: renewal answered too few results",
+                log::Level::Warn,
                 "watchdog: renewal of {} holds ({:?}, ...) answered {} results; retrying",
                 batch.len(),
                 first.key(),
@@ -423,8 +427,12 @@ fn renew(
             return retry_later(client, batch, outcomes);
         }
         Err(e) => {
-            log::warn!(
-                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying: {}",
+            log_repeat!(
+                client.repeats(),
+                "watchdog: renewal failed",
+                log::Level::Warn,
+                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
+                 run out: {}",
                 batch.len(),
                 first.key(),
                 e.report()

@@ -640,7 +640,8 @@ impl FairLock {
     }
 
     fn timeout(&self, attempts: &Attempts<'_>) -> LockError {
-        log::info!(
+        // Returned to the caller: logged for debugging only.
+        log::debug!(
             "lock {:?}: gave up after {} attempts in {:?}",
             self.key,
             attempts.made(),

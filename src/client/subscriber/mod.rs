@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::client::repeats::Repeats;
 use crate::client::subscriber::reader::{lock_lend, start_thread, Lend, Shared};
 use crate::client::subscriber::registry::{lock, Link, Op, State};
 use crate::client::waiters::WaitQueues;
@@ -81,6 +82,7 @@ impl Wakeups {
         waiters: Arc<WaitQueues>,
         timeout: Duration,
         counters: Arc<Counters>,
+        repeats: Arc<Repeats>,
     ) -> Self {
         Wakeups {
             shared: resolve.map(|resolve| {
@@ -91,6 +93,7 @@ impl Wakeups {
                     state: Mutex::new(State::default()),
                     cv: Condvar::new(),
                     counters,
+                    repeats,
                     was_lost: AtomicBool::new(false),
                     lend: Mutex::new(Lend::default()),
                     lend_cv: Condvar::new(),
@@ -403,6 +406,7 @@ mod tests {
             Arc::new(WaitQueues::default()),
             Duration::from_secs(1),
             Arc::default(),
+            Arc::default(),
         );
         assert!(w.subscribe("ch", "line", Delivery::Release, None).is_none());
         assert_eq!(w.subscribed_channels(), 0);
@@ -432,6 +436,7 @@ mod tests {
             Arc::new(WaitQueues::default()),
             Duration::from_secs(1),
             Arc::default(),
+            Arc::default(),
         );
         // The first call waits while the reader finds out; later ones return None at once.
         let first = w.subscribe("ch", "line", Delivery::Release, None);
@@ -456,6 +461,7 @@ mod tests {
             Some(resolve),
             Arc::new(WaitQueues::default()),
             Duration::from_secs(5),
+            Arc::default(),
             Arc::default(),
         );
         let start = Instant::now();

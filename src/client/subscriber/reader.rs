@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionInfo, PushKind, RedisResult, Value};
 
+use crate::client::repeats::{log_repeat, Repeats};
 use crate::client::subscriber::registry::{lock, Link, Op, State};
 use crate::client::waiters::WaitQueues;
+use crate::error::Rounded;
 use crate::stats::Counters;
 
 /// Finds the server to subscribe on, at every (re)connection.
@@ -51,6 +53,8 @@ pub(super) struct Shared {
     pub(super) cv: Condvar,
     /// The client's counters (wake-ups, reconnects).
     pub(super) counters: Arc<Counters>,
+    /// The client's log lines that repeat while the server is away.
+    pub(super) repeats: Arc<Repeats>,
     /// A connection that was up has been lost: the next one is a reconnect.
     pub(super) was_lost: AtomicBool,
     /// The connection while the reader thread lends it to hand-off waiters
@@ -139,6 +143,12 @@ fn run(shared: &Shared) {
                 true => {
                     if shared.was_lost.swap(false, Ordering::Relaxed) {
                         shared.counters.reconnect();
+                        log_repeat!(
+                            shared.repeats,
+                            "pub/sub: connected again",
+                            log::Level::Info,
+                            "pub/sub: connected again; waiters are woken by releases again"
+                        );
                     }
                     let started = Instant::now();
                     let end = read_loop(shared, con);
@@ -175,13 +185,22 @@ fn run(shared: &Shared) {
             }
             End::Lost { why, warn } => {
                 if warn {
-                    log::warn!(
+                    log_repeat!(
+                        shared.repeats,
+                        "pub/sub: cannot connect",
+                        log::Level::Warn,
                         "pub/sub: cannot connect ({why}); waiters poll until it works, \
-                         retrying in {backoff:?}"
+                         retrying in {}",
+                        Rounded(backoff)
                     );
                 } else {
-                    log::info!(
-                        "pub/sub: connection lost or refused ({why}); retrying in {backoff:?}"
+                    log_repeat!(
+                        shared.repeats,
+                        "pub/sub: connection lost",
+                        log::Level::Info,
+                        "pub/sub: connection lost or refused ({why}); waiters poll meanwhile, \
+                         retrying in {}",
+                        Rounded(backoff)
                     );
                 }
                 st.link = Link::Backoff;
