@@ -655,10 +655,10 @@ impl Shared {
         );
         // Sent and unanswered, or answered but not confirmed by the replicas: it may have
         // counted a hold that a failover would lose, or that nobody releases.
-        if let (Err(LockError::Connection { .. } | LockError::NotReplicated { .. }), true) =
+        if let (Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })), true) =
             (&reply, sent.get())
         {
-            self.forget_lost_acquire(mode, owner, start);
+            self.forget_lost_acquire(mode, owner, start, crate::client::cleanup::undo_cause(e));
         }
         let (code, holds, wait) = reply?;
         match code {
@@ -756,7 +756,7 @@ impl Shared {
         }
     }
 
-    fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant) {
+    fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant, cause: Cause) {
         let before = self.local_holds().get(owner).copied().unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let latch = format!("{}:{}", self.latch_base, request_id());
@@ -771,7 +771,7 @@ impl Shared {
             &self.key,
             owner.as_bytes(),
             release,
-            Cause::LostAcquireReply,
+            cause,
             until,
         );
     }

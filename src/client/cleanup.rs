@@ -15,11 +15,23 @@ pub(crate) fn worth_retrying(e: &crate::LockError) -> bool {
     matches!(e, crate::LockError::Connection { .. }) || e.is_transient()
 }
 
+/// The cause of the undo of an acquire that failed with `e` after it was sent: a write that
+/// too few replicas confirmed, or (any other error) a reply that was lost.
+pub(crate) fn undo_cause(e: &crate::LockError) -> Cause {
+    match e {
+        crate::LockError::NotReplicated { .. } => Cause::NotReplicated,
+        _ => Cause::LostAcquireReply,
+    }
+}
+
 /// Why a clean-up job exists (for the log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cause {
     /// An acquire whose reply was lost: the value may or may not have been written.
     LostAcquireReply,
+    /// An acquire answered, but confirmed by fewer replicas than the client requires: the
+    /// write stands on the primary and is undone (no reply was lost).
+    NotReplicated,
     /// A release that failed on a connection error.
     FailedRelease,
     /// A release done on a Sentinel master shortly before a switch was announced: the new
@@ -31,6 +43,7 @@ impl Cause {
     pub(crate) fn describe(self) -> &'static str {
         match self {
             Cause::LostAcquireReply => "an acquire whose reply was lost",
+            Cause::NotReplicated => "an acquire the replicas did not confirm",
             Cause::FailedRelease => "a release that failed",
             Cause::ReleasedBeforeSwitch => "a release done on the old master before the switch",
         }

@@ -42,6 +42,9 @@ pub(crate) struct Jobs {
     pub(crate) in_flight: Vec<(String, Vec<u8>, Instant)>,
     pub(crate) running: bool,
     pub(crate) shutdown: bool,
+    /// For the crate's tests (`LockClient::hold_cleanups_back`): new jobs are queued only,
+    /// neither tried in-line nor by the thread, until the client's drain.
+    pub(crate) held_back: bool,
 }
 
 impl Jobs {
@@ -76,6 +79,25 @@ impl Jobs {
                 return Some(i);
             }
             blocked.insert(pair);
+        }
+        None
+    }
+
+    /// The index of the oldest job not in `tried` whose key and value have no try in flight
+    /// and no older job left (due or not): the drain of a dropped client, which tries each
+    /// job once, in creation order per key and value.
+    pub(crate) fn pick_untried(&self, tried: &HashSet<u64>) -> Option<usize> {
+        let mut blocked: HashSet<(&str, &[u8])> = HashSet::new();
+        for (i, j) in self.list.iter().enumerate() {
+            let pair = (j.key.as_str(), j.value.as_slice());
+            if blocked.contains(&pair) {
+                continue;
+            }
+            if tried.contains(&j.seq) || self.is_in_flight(pair.0, pair.1).is_some() {
+                blocked.insert(pair);
+                continue;
+            }
+            return Some(i);
         }
         None
     }

@@ -22,7 +22,6 @@ use redis::Value;
 use crate::client::access;
 use crate::client::admin;
 use crate::client::admin::Detail;
-use crate::client::cleanup::Cause;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lease::{printable, Lease};
@@ -573,7 +572,7 @@ impl ClassicLock {
                 wrote.set(matches!(attempt, Attempt::Won | Attempt::TookOver { .. }));
                 Ok(attempt)
             },
-            || {
+            |cause| {
                 if wrote.get() {
                     let until = start.checked_add(self.ttl).unwrap_or(start);
                     self.client.janitor().forget(
@@ -581,7 +580,7 @@ impl ClassicLock {
                         &self.key,
                         value,
                         string_value::delete_cleanup(&self.key, value, None),
-                        Cause::LostAcquireReply,
+                        cause,
                         until,
                     );
                 } else {

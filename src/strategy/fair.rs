@@ -363,7 +363,7 @@ impl FairLock {
             &self.client,
             &self.key,
             |con, _| string_value::set_nx_px(&self.key, token, self.opts.lease_ms()).query(con),
-            || self.undo_lost(token, until),
+            |cause| self.undo_lost(token, until, cause),
         )?;
         if reply != Value::Okay {
             self.contended();
@@ -390,13 +390,13 @@ impl FairLock {
     /// lock ours, granted or taken, or our entry in the queue, with nobody waiting for either.
     /// The janitor sends our release (`lua/fair_release.lua`) until it is answered or until
     /// `until`: it passes the lock on to the next waiter if it is ours, else removes our entry.
-    fn undo_lost(&self, token: &Token, until: Instant) {
+    fn undo_lost(&self, token: &Token, until: Instant, cause: crate::client::cleanup::Cause) {
         self.client.janitor().forget(
             &self.client,
             &self.key,
             token,
             self.fair_release(token),
-            crate::client::cleanup::Cause::LostAcquireReply,
+            cause,
             until,
         );
     }
@@ -465,7 +465,7 @@ impl FairLock {
                     ),
                 )
             },
-            || self.undo_lost(token, until),
+            |cause| self.undo_lost(token, until, cause),
         )?;
         match reply.as_slice() {
             [1, fence] => {
@@ -691,7 +691,7 @@ impl FairLock {
                 s.extend
                     .eval(con, &self.key, (&token[..], self.opts.lease_ms()))
             },
-            || self.undo_lost(token, until),
+            |cause| self.undo_lost(token, until, cause),
         )?;
         if raised != 1 {
             log::debug!(

@@ -262,9 +262,9 @@ impl ReentrantLock {
         });
         // Sent and unanswered, or answered but not confirmed by the replicas the client
         // requires: the hold it may have counted is given back, owner-checked.
-        if let Err(LockError::Connection { .. } | LockError::NotReplicated { .. }) = &reply {
+        if let Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })) = &reply {
             if sent.get() {
-                self.forget_lost_acquire(&owner, start);
+                self.forget_lost_acquire(&owner, start, crate::client::cleanup::undo_cause(e));
             }
         }
         let reply = reply?;
@@ -360,7 +360,7 @@ impl ReentrantLock {
     /// out for the whole lease. The janitor gives that hold back in the background if the
     /// owner's count is the one the acquire would have left (its count before, as this thread
     /// last saw it, plus one); if the acquire never ran, the count is lower and nothing changes.
-    fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant) {
+    fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant, cause: Cause) {
         let before = local_count(owner, &self.key).unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         self.client.janitor().forget(
@@ -368,7 +368,7 @@ impl ReentrantLock {
             &self.key,
             owner.as_bytes(),
             self.forget_cleanup(owner.as_bytes(), before.saturating_add(1)),
-            Cause::LostAcquireReply,
+            cause,
             until,
         );
     }

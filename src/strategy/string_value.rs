@@ -345,23 +345,23 @@ pub(crate) fn delete_cleanup(key: &str, value: &[u8], notice: Option<Notice<'_>>
 }
 
 /// Runs an acquire `f` on a pooled connection; if it was sent but not answered (a connection
-/// error), or answered but not confirmed by the replicas the client requires, calls `undo`,
-/// which hands the janitor what undoes, owner-checked, whatever the acquire may have written
-/// (now, or when it runs late).
+/// error), or answered but not confirmed by the replicas the client requires, calls `undo`
+/// with that cause, which hands the janitor what undoes, owner-checked, whatever the acquire
+/// may have written (now, before the call returns, or when it runs late).
 pub(crate) fn acquire_undone_by<T>(
     client: &LockClient,
     key: &str,
     mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
-    undo: impl FnOnce(),
+    undo: impl FnOnce(Cause),
 ) -> Result<T> {
     let sent = Cell::new(false);
     let reply = client.with_conn_confirmed(key, |con, s| {
         sent.set(true);
         f(con, s)
     });
-    if let Err(LockError::Connection { .. } | LockError::NotReplicated { .. }) = &reply {
+    if let Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })) = &reply {
         if sent.get() {
-            undo();
+            undo(crate::client::cleanup::undo_cause(e));
         }
     }
     reply
