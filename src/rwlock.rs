@@ -31,7 +31,7 @@ use redis::Value;
 use crate::client::acquire::{Line, Wake};
 use crate::client::admin;
 use crate::client::admin::Detail;
-use crate::client::cleanup::{Cause, Cleanup, Done};
+use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -658,7 +658,7 @@ impl Shared {
         if let (Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })), true) =
             (&reply, sent.get())
         {
-            self.forget_lost_acquire(mode, owner, start, crate::client::cleanup::undo_cause(e));
+            self.forget_lost_acquire(mode, owner, start, Why::acquire(e));
         }
         let (code, holds, wait) = reply?;
         match code {
@@ -756,7 +756,7 @@ impl Shared {
         }
     }
 
-    fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant, cause: Cause) {
+    fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant, why: Why) {
         let before = self.local_holds().get(owner).copied().unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let latch = format!("{}:{}", self.latch_base, request_id());
@@ -771,7 +771,7 @@ impl Shared {
             &self.key,
             owner.as_bytes(),
             release,
-            cause,
+            why,
             until,
         );
     }
@@ -831,9 +831,10 @@ impl Shared {
                 lease.valid_until().min(latch_lives),
             )
         };
-        if reply
+        if let Some(e) = reply
             .as_ref()
-            .is_err_and(crate::client::cleanup::worth_retrying)
+            .err()
+            .filter(|e| crate::client::cleanup::worth_retrying(e))
         {
             let (release, until) = resend();
             self.client.janitor().forget(
@@ -841,7 +842,7 @@ impl Shared {
                 &self.key,
                 lease.value(),
                 release,
-                Cause::FailedRelease,
+                Why::release(e),
                 until,
             );
             // The janitor makes it happen (or the hold expires): count it given back.

@@ -15,12 +15,40 @@ pub(crate) fn worth_retrying(e: &crate::LockError) -> bool {
     matches!(e, crate::LockError::Connection { .. }) || e.is_transient()
 }
 
-/// The cause of the undo of an acquire that failed with `e` after it was sent: a write that
-/// too few replicas confirmed, or (any other error) a reply that was lost.
-pub(crate) fn undo_cause(e: &crate::LockError) -> Cause {
-    match e {
-        crate::LockError::NotReplicated { .. } => Cause::NotReplicated,
-        _ => Cause::LostAcquireReply,
+/// Why a clean-up is needed, and whether it is tried before the call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Why {
+    pub(crate) cause: Cause,
+    /// Tried on the caller's thread first, within one command timeout (see
+    /// [`Janitor::forget`](crate::client::jobs::Janitor::forget)). Not after a command that
+    /// timed out: the server did not answer within a whole command timeout, and a try at once
+    /// would most likely wait another one for nothing (the janitor retries it, and the drain
+    /// of a dropped client tries it once more).
+    pub(crate) in_line: bool,
+}
+
+impl Why {
+    /// The undo of an acquire that failed with `e` after it was sent: a write that too few
+    /// replicas confirmed (the server answered: undone in-line), or a reply that was lost.
+    pub(crate) fn acquire(e: &crate::LockError) -> Why {
+        match e {
+            crate::LockError::NotReplicated { .. } => Why {
+                cause: Cause::NotReplicated,
+                in_line: true,
+            },
+            _ => Why {
+                cause: Cause::LostAcquireReply,
+                in_line: !e.is_timeout(),
+            },
+        }
+    }
+
+    /// The retry of a release that failed with `e`.
+    pub(crate) fn release(e: &crate::LockError) -> Why {
+        Why {
+            cause: Cause::FailedRelease,
+            in_line: !e.is_timeout(),
+        }
     }
 }
 

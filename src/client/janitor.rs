@@ -38,7 +38,7 @@ use std::sync::{Arc, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::client::cleanup::{Cause, Cleanup, Done, Redo};
+use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
 use crate::client::jobs::{Janitor, Job, Jobs, Shared, MAX_JOBS};
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
@@ -64,8 +64,9 @@ pub(crate) fn in_line_bound(client: &LockClient, now: Instant) -> Instant {
 }
 impl Janitor {
     /// Runs `cleanup` (of `value` at `key`) now, on the caller's thread, within
-    /// [`in_line_bound`] (the client's command timeout, and never past `until`); if that try
-    /// fails, in the background, trying until it is answered or until `until`, when the hold
+    /// [`in_line_bound`] (the client's command timeout, and never past `until`), unless `why`
+    /// says the server did not answer in time; if that try fails (or is not made), in the
+    /// background, trying until it is answered or until `until`, when the hold
     /// expires anyway. A counted clean-up still pending must be settled by the owner's next
     /// acquire of the key ([`settle`](Self::settle)).
     ///
@@ -78,11 +79,24 @@ impl Janitor {
         key: &str,
         value: &[u8],
         cleanup: Cleanup,
-        cause: Cause,
+        why: Why,
         until: Instant,
     ) {
         let now = Instant::now();
         if until <= now {
+            return;
+        }
+        let cause = why.cause;
+        if !why.in_line {
+            log::info!(
+                "lock {key:?}: {} (no reply within the command timeout); {} of {} in the \
+                 background (until it would expire, in {} ms)",
+                cause.describe(),
+                cleanup.what,
+                printable(value),
+                until.saturating_duration_since(now).as_millis()
+            );
+            self.push(client, key, value, cleanup, cause, until);
             return;
         }
         log::debug!(

@@ -572,7 +572,7 @@ impl ClassicLock {
                 wrote.set(matches!(attempt, Attempt::Won | Attempt::TookOver { .. }));
                 Ok(attempt)
             },
-            |cause| {
+            |why| {
                 if wrote.get() {
                     let until = start.checked_add(self.ttl).unwrap_or(start);
                     self.client.janitor().forget(
@@ -580,7 +580,7 @@ impl ClassicLock {
                         &self.key,
                         value,
                         string_value::delete_cleanup(&self.key, value, None),
-                        cause,
+                        why,
                         until,
                     );
                 } else {

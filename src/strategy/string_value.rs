@@ -7,7 +7,7 @@ use std::cell::Cell;
 
 use redis::{ConnectionLike, RedisResult, Value};
 
-use crate::client::cleanup::{Cause, Cleanup};
+use crate::client::cleanup::{Cleanup, Why};
 use crate::client::native::{self, Command};
 use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
@@ -352,7 +352,7 @@ pub(crate) fn acquire_undone_by<T>(
     client: &LockClient,
     key: &str,
     mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
-    undo: impl FnOnce(Cause),
+    undo: impl FnOnce(Why),
 ) -> Result<T> {
     let sent = Cell::new(false);
     let reply = client.with_conn_confirmed(key, |con, s| {
@@ -361,7 +361,7 @@ pub(crate) fn acquire_undone_by<T>(
     });
     if let Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })) = &reply {
         if sent.get() {
-            undo(crate::client::cleanup::undo_cause(e));
+            undo(Why::acquire(e));
         }
     }
     reply
@@ -388,16 +388,17 @@ pub(crate) fn release(
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
-    if reply
+    if let Some(e) = reply
         .as_ref()
-        .is_err_and(crate::client::cleanup::worth_retrying)
+        .err()
+        .filter(|e| crate::client::cleanup::worth_retrying(e))
     {
         client.janitor().forget(
             client,
             key,
             lease.value(),
             delete_cleanup(key, lease.value(), notice),
-            Cause::FailedRelease,
+            Why::release(e),
             lease.valid_until(),
         );
     }
