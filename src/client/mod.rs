@@ -74,6 +74,12 @@ pub(crate) const TOKEN_PREFIX_LEN: usize = 16;
 /// Cheap to clone (an `Arc`); build it once per process and make locks from it with
 /// [`LockClient::lock`].
 ///
+/// When its last handle is dropped (the client, its clones and the locks built from it), the
+/// clean-ups still pending (see [`pending_cleanups`](Self::pending_cleanups)) are tried once
+/// more on the dropping thread, within one command timeout for them all, before the client's
+/// threads stop; what is not done by then is logged. Drop it before the process exits
+/// (`std::process::exit` runs no destructors).
+///
 /// ```no_run
 /// use redis_dlock::{DistributedLock, LockClient, Strategy};
 /// # fn main() -> Result<(), redis_dlock::LockError> {
@@ -105,7 +111,7 @@ impl Clone for LockClient {
 
 /// The last handle of the application (a clone, or a lock's) drains the janitor: its pending
 /// clean-ups are tried once more, within one command timeout, before its threads stop with
-/// the client (see [`Janitor::drain`]). A background thread's handle is not counted: it lives
+/// the client (see `Janitor::drain`). A background thread's handle is not counted: it lives
 /// for one round of its work.
 impl Drop for LockClient {
     fn drop(&mut self) {
