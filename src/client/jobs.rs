@@ -208,4 +208,27 @@ mod tests {
         jobs.finished("k", b"o");
         assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(2));
     }
+
+    #[test]
+    fn a_drain_tries_each_job_once_oldest_first_per_key_and_value() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        let mut jobs = Jobs::default();
+        jobs.insert(job("k", b"o", 1, later));
+        jobs.insert(job("k", b"o", 2, now));
+        jobs.insert(job("x", b"o", 3, later));
+        let mut tried = HashSet::new();
+        // Due or not, the oldest of its key and value.
+        assert_eq!(jobs.pick_untried(&tried).map(|i| jobs.list[i].seq), Some(1));
+        // Job 1 tried and back in the queue (it failed): job 2 of its key and value waits
+        // behind it, job 3 is next.
+        tried.insert(1);
+        assert_eq!(jobs.pick_untried(&tried).map(|i| jobs.list[i].seq), Some(3));
+        // A try in flight of ("x", "o") blocks its jobs; nothing else is left.
+        jobs.in_flight.push(("x".to_owned(), b"o".to_vec(), later));
+        assert_eq!(jobs.pick_untried(&tried), None);
+        jobs.finished("x", b"o");
+        tried.insert(3);
+        assert_eq!(jobs.pick_untried(&tried), None);
+    }
 }
