@@ -119,7 +119,9 @@ impl Janitor {
             Ok(()) => return,
             Err(e) => e,
         };
-        log::warn!(
+        // Not a warning yet: the background tries usually succeed (a failover, a restart);
+        // one that gives up, or a client dropped with it undone, warns.
+        log::info!(
             "lock {key:?}: {}: {} of {} could not be done within {} ms ({}); retried in the \
              background until it would expire (in {} ms)",
             cause.describe(),
@@ -183,7 +185,7 @@ impl Janitor {
                 }
             };
             let ours = job.seq == seq;
-            let (again, result) = attempt(client, job, Some(bound), true);
+            let (again, result) = attempt(client, job, Some(bound), When::InLine);
             self.finish(client, key, value, again);
             match result {
                 // Older jobs of the key and value run first: stop at the first that fails.
@@ -238,7 +240,7 @@ impl Janitor {
             };
             tried.insert(job.seq);
             let (key, value) = (job.key.clone(), job.value.clone());
-            let (again, result) = attempt(client, job, Some(bound), false);
+            let (again, result) = attempt(client, job, Some(bound), When::Drain);
             if result.is_ok() {
                 done += 1;
             }
@@ -435,7 +437,7 @@ impl Janitor {
                 return Ok(());
             };
             log::debug!("lock {key:?}: the owner's acquire finishes its pending clean-up first");
-            let (again, result) = attempt(client, job, None, false);
+            let (again, result) = attempt(client, job, None, When::Background);
             self.finish(client, key, owner, again);
             // Every job of the owner runs before its acquire: stop at the first that fails.
             result?;
@@ -636,7 +638,7 @@ fn run(shared: &Shared, client: &WeakClient) {
             return;
         };
         let (key, value) = (due.key.clone(), due.value.clone());
-        let (again, _) = attempt(&client, due, None, false);
+        let (again, _) = attempt(&client, due, None, When::Background);
         let mut jobs = shared.lock();
         jobs.finished(&key, &value);
         if let Some(job) = again {
@@ -667,13 +669,34 @@ fn holds_again(client: &LockClient, key: &str, owner: &[u8]) -> bool {
     holds
 }
 
+/// Where a clean-up is tried (for the log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum When {
+    /// On the caller's thread, before the failed call returns.
+    InLine,
+    /// On the janitor thread, or by the owner's next acquire.
+    Background,
+    /// By the drain of a dropped client.
+    Drain,
+}
+
+impl When {
+    fn describe(self) -> &'static str {
+        match self {
+            When::InLine => "before the call returned",
+            When::Background => "in the background",
+            When::Drain => "as the client was dropped",
+        }
+    }
+}
+
 /// Tries one job, nothing waiting past `until` (if given): `Some(job)` to try again later, and
-/// the try's error, if any. `in_line`: the try is the caller's own (for the log).
+/// the try's error, if any.
 fn attempt(
     client: &LockClient,
     mut job: Job,
     until: Option<Instant>,
-    in_line: bool,
+    when: When,
 ) -> (Option<Job>, Result<()>) {
     job.tries = job.tries.saturating_add(1);
     let key = job.key.as_str();
@@ -701,7 +724,7 @@ fn attempt(
                     log::trace!("lock {key:?}: granted to a thread of this client");
                 }
             }
-            done(client, &job, did, in_line);
+            done(client, &job, did, when);
             (None, Ok(()))
         }
         Err(e) => (retry_later(job, &e), Err(e)),
@@ -714,19 +737,15 @@ fn attempt(
 
 /// Logs what a job's script did: info, since the clean-up worked (what is left behind is
 /// what the warnings are for).
-fn done(client: &LockClient, job: &Job, did: Done, in_line: bool) {
+fn done(client: &LockClient, job: &Job, did: Done, when: When) {
     let key = job.key.as_str();
-    let when = if in_line {
-        "before the call returned"
-    } else {
-        "in the background"
-    };
+    let when = when.describe();
     match did {
         Done::Freed | Done::GaveBack => {
             client.counters().orphan_cleaned();
             let freed = did == Done::Freed;
             log::info!(
-                "lock {key:?}: undid {} {when}: {} of {} {} (try {})",
+                "lock {key:?}: after {}, {} (value {}) {} {when} (try {})",
                 job.cause.describe(),
                 job.cleanup.what,
                 printable(&job.value),
@@ -742,8 +761,8 @@ fn done(client: &LockClient, job: &Job, did: Done, in_line: bool) {
             }
         }
         Done::Nothing => log::info!(
-            "lock {key:?}: nothing to undo after {} {when} (it had run, was never written, \
-             expired, or was taken over)",
+            "lock {key:?}: after {}, nothing left to clean up {when} (it had run, was never \
+             written, expired, or was taken over)",
             job.cause.describe()
         ),
     }
