@@ -1156,6 +1156,23 @@ fn sentinel_and_cluster_deployments() {
     let free = dlock_owned(&joined(&[&["status"], &via, &["--key", "sn"]]));
     assert_eq!(free.code(), 1, "{free:?}");
 
+    // The replica frozen, its link still open: the master still lists it, so `auto` requires
+    // it, and nothing confirms the lock: exit 69, and the refused write was undone before
+    // dlock exited (checked at once, no waiting): the next run need not wait out the lease.
+    set.server(1).pause();
+    let refused = dlock_owned(&joined(&[
+        &["run"],
+        &via,
+        &["--key", "sn-auto", "--no-wait", "--ttl", "1h", "--", "true"],
+    ]));
+    assert_eq!(refused.code(), UNAVAILABLE, "{refused:?}");
+    assert!(refused.stderr.contains("replicas"), "{refused:?}");
+    assert!(
+        !raw::exists(&mut set.server(0).conn(), "sn-auto"),
+        "the refused run (auto) left its write on the master"
+    );
+    set.server(1).resume();
+
     // The replica cut off (frozen, its link closed): no replica confirms the lock. A dlock
     // started now meets a master without a replica, which `auto` takes as a deployment
     // without replicas: a job that must not run then asks for one.
