@@ -22,6 +22,7 @@ use redis::Value;
 use crate::client::access;
 use crate::client::admin;
 use crate::client::admin::Detail;
+use crate::client::cleanup::Cause;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lease::{printable, Lease};
@@ -583,6 +584,13 @@ impl ClassicLock {
                         why,
                         until,
                     );
+                } else if why.cause == Cause::NotReplicated {
+                    // Answered, and it wrote nothing (refused): nothing to undo.
+                    log::debug!(
+                        "lock {:?}: a refused acquire not confirmed by the replicas wrote \
+                         nothing",
+                        self.key
+                    )
                 } else {
                     log::warn!(
                         "lock {:?}: no reply to an acquire; if it ran, the key holds our \
