@@ -364,7 +364,8 @@ impl Janitor {
                 if did != Done::Nothing {
                     done += 1;
                     client.counters().orphan_cleaned();
-                    log::warn!(
+                    // A clean-up that worked: not a warning.
+                    log::info!(
                         "lock {:?}: released on the new master the hold released on the old one \
                          only (value {})",
                         j.key,
