@@ -643,32 +643,60 @@ impl Inner {
         Ballot { rx, deadline }
     }
 
-    /// Fire and forget: compare-and-delete `token` on every node whose lane may have written
-    /// it, and on the others only until `deadline` (never, if `None`). Runs in the key's lane,
-    /// so after any earlier command of this key on that node.
-    fn release_everywhere(&self, key: &str, lane: usize, token: &[u8], deadline: Option<Instant>) {
+    /// Compare-and-delete `token` on every node whose lane may have written it, and on the
+    /// others only until `deadline` (never, if `None`). Runs in the key's lane, so after any
+    /// earlier command of this key on that node. Each node's job, once done (or skipped),
+    /// sends its index on the receiver returned: a caller that must not return before the
+    /// deletes waits on it ([`wait_for_nodes`]); others drop it (fire and forget).
+    fn release_everywhere(
+        &self,
+        key: &str,
+        lane: usize,
+        token: &[u8],
+        deadline: Option<Instant>,
+    ) -> Receiver<usize> {
         let token: Arc<[u8]> = Arc::from(token);
+        let (tx, rx) = mpsc::channel();
         for (i, node) in self.nodes.iter().enumerate() {
-            let (token, key_owned) = (Arc::clone(&token), key.to_owned());
+            let (token, key_owned, done) = (Arc::clone(&token), key.to_owned(), tx.clone());
             let job: Job = Box::new(move |lane| {
                 let in_time = deadline.is_some_and(|d| Instant::now() < d);
-                if !(in_time || lane.may_hold(&token)) {
-                    return;
+                if in_time || lane.may_hold(&token) {
+                    match lane.delete(&key_owned, &token) {
+                        Ok(_) => lane.redo(),
+                        Err(e) => log::debug!(
+                            "lock {key_owned:?}: RedLock cleanup on node {i} failed (resent \
+                             once the node answers again; else the key expires by its TTL \
+                             there): {}",
+                            e.report()
+                        ),
+                    }
                 }
-                match lane.delete(&key_owned, &token) {
-                    Ok(_) => lane.redo(),
-                    Err(e) => log::debug!(
-                        "lock {key_owned:?}: RedLock cleanup on node {i} failed (resent once \
-                         the node answers again; else the key expires by its TTL there): {}",
-                        e.report()
-                    ),
-                }
+                // The caller may have stopped waiting.
+                let _ = done.send(i);
             });
             if node.lanes[lane].send(job).is_err() {
                 log::error!("lock {key:?}: RedLock worker of node {i} is gone");
             }
         }
+        rx
     }
+}
+
+/// Waits until `nodes` jobs reported on `rx` or until `deadline`: how many did not.
+fn wait_for_nodes(rx: &Receiver<usize>, nodes: usize, deadline: Instant) -> usize {
+    let mut done = 0;
+    while done < nodes {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match rx.recv_timeout(left) {
+            Ok(_) => done += 1,
+            Err(_) => break,
+        }
+    }
+    nodes - done
 }
 
 impl Inner {
@@ -973,9 +1001,25 @@ impl RedLock {
         }
         // Delete our token wherever the SET may have landed (nodes that said OK, failed or
         // did not answer in time); queued behind the SETs, so one still in flight is deleted
-        // after it lands.
-        self.inner()
+        // after it lands. Waited for, one node timeout at most, so that a caller that exits
+        // next (a CLI, a cron job) leaves nothing behind where a node answers; a node that
+        // does not gets the delete when it answers again (see `Lane::redo`), if the process
+        // still runs.
+        let undone = self
+            .inner()
             .release_everywhere(&self.key, self.lane, &token, None);
+        let nodes_left = wait_for_nodes(
+            &undone,
+            self.inner().nodes.len(),
+            crate::time::after(self.inner().node_timeout),
+        );
+        if nodes_left > 0 {
+            log::debug!(
+                "lock {:?}: RedLock's undo of a failed acquire not done on {nodes_left} nodes \
+                 within the node timeout: sent when they answer again",
+                self.key
+            );
+        }
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
         if tally.yes >= quorum {
             return Err(LockError::LateReply {
@@ -1074,12 +1118,13 @@ impl DistributedLock for RedLock {
             self.key
         );
         self.inner().counters.lost_on_extend(KIND, lease);
-        self.inner().release_everywhere(
+        // Fire and forget: the caller is told its hold is lost at once.
+        drop(self.inner().release_everywhere(
             &self.key,
             self.lane,
             lease.value(),
             Some(crate::time::after(self.inner().node_timeout)),
-        );
+        ));
         Err(LockError::Lost {
             key: self.key.clone(),
         })

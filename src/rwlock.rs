@@ -31,7 +31,7 @@ use redis::Value;
 use crate::client::acquire::{Line, Wake};
 use crate::client::admin;
 use crate::client::admin::Detail;
-use crate::client::cleanup::{Cause, Cleanup, Done};
+use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -684,10 +684,10 @@ impl Shared {
         );
         // Sent and unanswered, or answered but not confirmed by the replicas: it may have
         // counted a hold that a failover would lose, or that nobody releases.
-        if let (Err(LockError::Connection { .. } | LockError::NotReplicated { .. }), true) =
+        if let (Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })), true) =
             (&reply, sent.get())
         {
-            self.forget_lost_acquire(mode, owner, start);
+            self.forget_lost_acquire(mode, owner, start, Why::acquire(e));
         }
         let (code, holds, wait) = reply?;
         match code {
@@ -786,7 +786,7 @@ impl Shared {
         }
     }
 
-    fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant) {
+    fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant, why: Why) {
         let before = self.reported(owner).unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let latch = format!("{}:{}", self.latch_base, request_id());
@@ -801,7 +801,7 @@ impl Shared {
             &self.key,
             owner.as_bytes(),
             release,
-            Cause::LostAcquireReply,
+            why,
             until,
         );
     }
@@ -864,9 +864,10 @@ impl Shared {
                 lease.valid_until().min(latch_lives),
             )
         };
-        if reply
+        if let Some(e) = reply
             .as_ref()
-            .is_err_and(crate::client::cleanup::worth_retrying)
+            .err()
+            .filter(|e| crate::client::cleanup::worth_retrying(e))
         {
             let (release, until) = resend();
             self.client.janitor().forget(
@@ -874,7 +875,7 @@ impl Shared {
                 &self.key,
                 lease.value(),
                 release,
-                Cause::FailedRelease,
+                Why::release(e),
                 until,
             );
             // The janitor makes it happen (or the hold expires): count it given back.

@@ -1099,6 +1099,14 @@ fn fair_runs_take_turns_and_status_and_forced_release_know_them() {
     assert_eq!(odd.wait(EXIT_BOUND).code(), 0);
 }
 
+/// The keys whose name contains `part` (a lock's key and its companions: a fair queue, ...).
+fn keys_like(conn: &mut redis::Connection, part: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(format!("*{part}*"))
+        .query(conn)
+        .expect("KEYS")
+}
+
 /// `parts` joined into one argument list.
 fn joined(parts: &[&[&str]]) -> Vec<String> {
     parts
@@ -1148,6 +1156,23 @@ fn sentinel_and_cluster_deployments() {
     let free = dlock_owned(&joined(&[&["status"], &via, &["--key", "sn"]]));
     assert_eq!(free.code(), 1, "{free:?}");
 
+    // The replica frozen, its link still open: the master still lists it, so `auto` requires
+    // it, and nothing confirms the lock: exit 69, and the refused write was undone before
+    // dlock exited (checked at once, no waiting): the next run need not wait out the lease.
+    set.server(1).pause();
+    let refused = dlock_owned(&joined(&[
+        &["run"],
+        &via,
+        &["--key", "sn-auto", "--no-wait", "--ttl", "1h", "--", "true"],
+    ]));
+    assert_eq!(refused.code(), UNAVAILABLE, "{refused:?}");
+    assert!(refused.stderr.contains("replicas"), "{refused:?}");
+    assert!(
+        !raw::exists(&mut set.server(0).conn(), "sn-auto"),
+        "the refused run (auto) left its write on the master"
+    );
+    set.server(1).resume();
+
     // The replica cut off (frozen, its link closed): no replica confirms the lock. A dlock
     // started now meets a master without a replica, which `auto` takes as a deployment
     // without replicas: a job that must not run then asks for one.
@@ -1171,6 +1196,52 @@ fn sentinel_and_cluster_deployments() {
     assert_eq!(refused.code(), UNAVAILABLE, "{refused:?}");
     assert!(refused.stderr.contains("replicas"), "{refused:?}");
     assert!(!ran.exists(), "the command ran without a confirmed lock");
+    // The refused write was undone before dlock exited: the next run need not wait out the
+    // lease (checked as soon as it exits, no waiting).
+    let mut master = set.server(0).conn();
+    assert!(
+        !raw::exists(&mut master, "sn"),
+        "the refused run left its write on the master"
+    );
+    // The same directly on the primary, for each strategy dlock runs (a lease and a fixed
+    // --ttl), and a run that waits (its attempts retried until --wait ends).
+    let primary = set.server(0).url();
+    for (strategy, extra) in [
+        ("token", &["--no-wait"][..]),
+        ("token", &["--no-wait", "--ttl", "1h"][..]),
+        ("token", &["--wait", "1500ms"][..]),
+        ("classic", &["--no-wait"][..]),
+        ("reentrant", &["--no-wait"][..]),
+        ("fair", &["--no-wait"][..]),
+    ] {
+        let key = format!("undone:{strategy}:{}", extra.len());
+        let mut args = vec![
+            "run",
+            "--key",
+            &key,
+            "--strategy",
+            strategy,
+            "--replica-acks",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "touch", ran_path]);
+        let refused = dlock(Some(&primary), &args);
+        assert_eq!(
+            refused.code(),
+            UNAVAILABLE,
+            "{strategy} {extra:?}: {refused:?}"
+        );
+        assert!(
+            !ran.exists(),
+            "{strategy}: the command ran without a confirmed lock"
+        );
+        assert!(
+            keys_like(&mut master, &key).is_empty(),
+            "{strategy} {extra:?}: the refused run left {:?} on the primary",
+            keys_like(&mut master, &key)
+        );
+    }
     set.server(1).resume();
 
     // A cluster: the key's node holds it.

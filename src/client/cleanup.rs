@@ -15,11 +15,51 @@ pub(crate) fn worth_retrying(e: &crate::LockError) -> bool {
     matches!(e, crate::LockError::Connection { .. }) || e.is_transient()
 }
 
+/// Why a clean-up is needed, and whether it is tried before the call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Why {
+    pub(crate) cause: Cause,
+    /// Tried on the caller's thread first, within one command timeout (see
+    /// [`Janitor::forget`](crate::client::jobs::Janitor::forget)). Not after a command that
+    /// timed out: the server did not answer within a whole command timeout, and a try at once
+    /// would most likely wait another one for nothing (the janitor retries it, and the drain
+    /// of a dropped client tries it once more).
+    pub(crate) in_line: bool,
+}
+
+impl Why {
+    /// The undo of an acquire that failed with `e` after it was sent: a write that too few
+    /// replicas confirmed (the server answered: undone in-line), or a reply that was lost.
+    pub(crate) fn acquire(e: &crate::LockError) -> Why {
+        match e {
+            crate::LockError::NotReplicated { .. } => Why {
+                cause: Cause::NotReplicated,
+                in_line: true,
+            },
+            _ => Why {
+                cause: Cause::LostAcquireReply,
+                in_line: !e.is_timeout(),
+            },
+        }
+    }
+
+    /// The retry of a release that failed with `e`.
+    pub(crate) fn release(e: &crate::LockError) -> Why {
+        Why {
+            cause: Cause::FailedRelease,
+            in_line: !e.is_timeout(),
+        }
+    }
+}
+
 /// Why a clean-up job exists (for the log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cause {
     /// An acquire whose reply was lost: the value may or may not have been written.
     LostAcquireReply,
+    /// An acquire answered, but confirmed by fewer replicas than the client requires: the
+    /// write stands on the primary and is undone (no reply was lost).
+    NotReplicated,
     /// A release that failed on a connection error.
     FailedRelease,
     /// A release done on a Sentinel master shortly before a switch was announced: the new
@@ -31,6 +71,7 @@ impl Cause {
     pub(crate) fn describe(self) -> &'static str {
         match self {
             Cause::LostAcquireReply => "an acquire whose reply was lost",
+            Cause::NotReplicated => "an acquire the replicas did not confirm",
             Cause::FailedRelease => "a release that failed",
             Cause::ReleasedBeforeSwitch => "a release done on the old master before the switch",
         }

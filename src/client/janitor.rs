@@ -32,12 +32,13 @@
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::client::cleanup::{Cause, Cleanup, Done, Redo};
+use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
 use crate::client::jobs::{Janitor, Job, Jobs, Shared, MAX_JOBS};
 use crate::client::repeats::log_repeat;
 use crate::client::{LockClient, WeakClient};
@@ -52,31 +53,225 @@ pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(100);
 const THREAD_NAME: &str = "dlock-janitor";
 /// Longest wait of the thread when the only due jobs wait for a try in flight of their key.
 const BLOCKED_POLL: Duration = Duration::from_millis(5);
+/// Most keys named in the log of a dropped client's clean-ups not done.
+const DRAIN_KEYS_LOGGED: usize = 8;
+
+/// The end of a clean-up's try on the caller's thread (an undo or a release retried in-line,
+/// or the drain of a dropped client), from `now`: one command timeout of the client (its
+/// connect timeout without one), which bounds the checkout, a connection's opening and the
+/// command alike.
+pub(crate) fn in_line_bound(client: &LockClient, now: Instant) -> Instant {
+    crate::time::saturating_add(now, client.command_timeout())
+}
 impl Janitor {
-    /// Runs `cleanup` (of `value` at `key`) in the background, trying until it is answered or
-    /// until `until`, when the hold expires anyway. A counted clean-up must be settled by the
-    /// owner's next acquire of the key ([`settle`](Self::settle)).
+    /// Runs `cleanup` (of `value` at `key`) now, on the caller's thread, within
+    /// [`in_line_bound`] (the client's command timeout, and never past `until`), unless `why`
+    /// says the server did not answer in time; if that try fails (or is not made), in the
+    /// background, trying until it is answered or until `until`, when the hold
+    /// expires anyway. A counted clean-up still pending must be settled by the owner's next
+    /// acquire of the key ([`settle`](Self::settle)).
+    ///
+    /// The try in-line is what lets a short-lived caller (a CLI, a cron job) exit with nothing
+    /// left behind: a write undone only in the background would be left for its whole lease
+    /// when the process exits first.
     pub(crate) fn forget(
         &self,
         client: &LockClient,
         key: &str,
         value: &[u8],
         cleanup: Cleanup,
-        cause: Cause,
+        why: Why,
         until: Instant,
     ) {
         let now = Instant::now();
         if until <= now {
             return;
         }
-        log::info!(
-            "lock {key:?}: {}; {} of {} in the background (until it would expire, in {} ms)",
+        let cause = why.cause;
+        if !why.in_line {
+            log::info!(
+                "lock {key:?}: {} (no reply within the command timeout); {} of {} in the \
+                 background (until it would expire, in {} ms)",
+                cause.describe(),
+                cleanup.what,
+                printable(value),
+                until.saturating_duration_since(now).as_millis()
+            );
+            self.push(client, key, value, cleanup, cause, until);
+            return;
+        }
+        log::debug!(
+            "lock {key:?}: {}; {} of {} now",
             cause.describe(),
             cleanup.what,
             printable(value),
-            until.saturating_duration_since(now).as_millis()
         );
-        self.push(client, key, value, cleanup, cause, until);
+        let what = cleanup.what;
+        let seq = {
+            let mut jobs = self.shared.lock();
+            let seq = self.push_locked(&mut jobs, key, value, cleanup, cause, until);
+            if jobs.held_back {
+                return;
+            }
+            seq
+        };
+        let bound = in_line_bound(client, now).min(until);
+        let failed = match self.in_line(client, key, value, seq, bound) {
+            Ok(()) => return,
+            Err(e) => e,
+        };
+        // Not a warning yet: the background tries usually succeed (a failover, a restart);
+        // one that gives up, or a client dropped with it undone, warns.
+        log::info!(
+            "lock {key:?}: {}: {} of {} could not be done within {} ms ({}); retried in the \
+             background until it would expire (in {} ms)",
+            cause.describe(),
+            what,
+            printable(value),
+            bound.saturating_duration_since(now).as_millis(),
+            failed,
+            until.saturating_duration_since(Instant::now()).as_millis()
+        );
+        let mut jobs = self.shared.lock();
+        if !jobs.list.is_empty() {
+            self.ensure_thread(&mut jobs, client, key);
+        }
+    }
+
+    /// Runs the job `seq` (of `value` at `key`) on the caller's thread, after the older jobs
+    /// of the same key and value (one at a time, as the thread does), waiting for a try of
+    /// theirs in flight; nothing past `bound`. `Ok` when it is done (by this thread or by
+    /// another try), else why not; a job whose try failed is back in the queue.
+    fn in_line(
+        &self,
+        client: &LockClient,
+        key: &str,
+        value: &[u8],
+        seq: u64,
+        bound: Instant,
+    ) -> std::result::Result<(), String> {
+        loop {
+            let job = {
+                let mut jobs = self.shared.lock();
+                loop {
+                    if !jobs.list.iter().any(|j| j.seq == seq)
+                        && jobs.is_in_flight(key, value).is_none()
+                    {
+                        // Done (or given up) by another try.
+                        return Ok(());
+                    }
+                    let now = Instant::now();
+                    if now >= bound {
+                        return Err("no time left".to_owned());
+                    }
+                    if jobs.shutdown {
+                        return Err("the client is closing".to_owned());
+                    }
+                    if jobs.is_in_flight(key, value).is_some() {
+                        jobs = self
+                            .shared
+                            .done
+                            .wait_timeout(jobs, bound.saturating_duration_since(now))
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                        continue;
+                    }
+                    let Some(i) = jobs.pick(now, Some((key, value))) else {
+                        return Ok(());
+                    };
+                    let job = jobs.list.remove(i);
+                    jobs.in_flight
+                        .push((job.key.clone(), job.value.clone(), job.until));
+                    break job;
+                }
+            };
+            let ours = job.seq == seq;
+            let (again, result) = attempt(client, job, Some(bound), When::InLine);
+            self.finish(client, key, value, again);
+            match result {
+                // Older jobs of the key and value run first: stop at the first that fails.
+                Err(e) => return Err(e.report().to_string()),
+                Ok(()) if ours => return Ok(()),
+                Ok(()) => {}
+            }
+        }
+    }
+
+    /// Tries every pending job once more, on the caller's thread, within [`in_line_bound`] for
+    /// them all (and waits as long for the tries in flight on the thread): called when the
+    /// last handle of the client is dropped, before its threads stop. What is not done by then
+    /// is logged: those locks expire with their leases.
+    pub(crate) fn drain(&self, client: &LockClient) {
+        if self.pending() == 0 {
+            return;
+        }
+        let start = Instant::now();
+        let bound = in_line_bound(client, start);
+        let mut tried: HashSet<u64> = HashSet::new();
+        let mut done = 0usize;
+        loop {
+            let job = {
+                let mut jobs = self.shared.lock();
+                loop {
+                    let now = Instant::now();
+                    if now >= bound {
+                        break None;
+                    }
+                    if let Some(i) = jobs.pick_untried(&tried) {
+                        let job = jobs.list.remove(i);
+                        jobs.in_flight
+                            .push((job.key.clone(), job.value.clone(), job.until));
+                        break Some(job);
+                    }
+                    if jobs.in_flight.is_empty() {
+                        break None;
+                    }
+                    // A try in flight on the thread (or in an owner's call): wait for it, and
+                    // for the jobs of its key and value behind it.
+                    jobs = self
+                        .shared
+                        .done
+                        .wait_timeout(jobs, bound.saturating_duration_since(now))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+            };
+            let Some(job) = job else {
+                break;
+            };
+            tried.insert(job.seq);
+            let (key, value) = (job.key.clone(), job.value.clone());
+            let (again, result) = attempt(client, job, Some(bound), When::Drain);
+            if result.is_ok() {
+                done += 1;
+            }
+            let mut jobs = self.shared.lock();
+            jobs.finished(&key, &value);
+            if let Some(job) = again {
+                jobs.insert(job);
+            }
+            drop(jobs);
+            self.shared.done.notify_all();
+        }
+        let jobs = self.shared.lock();
+        let left = jobs.list.len() + jobs.in_flight.len();
+        if left == 0 {
+            log::debug!("the client is dropped: its {done} pending clean-ups are done");
+            return;
+        }
+        let keys: Vec<&str> = jobs
+            .list
+            .iter()
+            .map(|j| j.key.as_str())
+            .chain(jobs.in_flight.iter().map(|(k, _, _)| k.as_str()))
+            .take(DRAIN_KEYS_LOGGED)
+            .collect();
+        log::warn!(
+            "the client is dropped with {left} clean-ups not done within {} ms (locks {keys:?}{}); \
+             those locks expire with their leases",
+            bound.saturating_duration_since(start).as_millis(),
+            if left > keys.len() { ", ..." } else { "" }
+        );
     }
 
     /// Does `jobs` (releases done on an old master) on the current master now, pipelined on
@@ -173,7 +368,8 @@ impl Janitor {
                 if did != Done::Nothing {
                     done += 1;
                     client.counters().orphan_cleaned();
-                    log::warn!(
+                    // A clean-up that worked: not a warning.
+                    log::info!(
                         "lock {:?}: released on the new master the hold released on the old one \
                          only (value {})",
                         j.key,
@@ -246,7 +442,7 @@ impl Janitor {
                 return Ok(());
             };
             log::debug!("lock {key:?}: the owner's acquire finishes its pending clean-up first");
-            let (again, result) = attempt(client, job);
+            let (again, result) = attempt(client, job, None, When::Background);
             self.finish(client, key, owner, again);
             // Every job of the owner runs before its acquire: stop at the first that fails.
             result?;
@@ -278,8 +474,22 @@ impl Janitor {
         cause: Cause,
         until: Instant,
     ) {
-        let now = Instant::now();
         let mut jobs = self.shared.lock();
+        self.push_locked(&mut jobs, key, value, cleanup, cause, until);
+        self.ensure_thread(&mut jobs, client, key);
+    }
+
+    /// Queues a job (the thread not woken): its `seq`. At most [`MAX_JOBS`] are kept.
+    fn push_locked(
+        &self,
+        jobs: &mut Jobs,
+        key: &str,
+        value: &[u8],
+        cleanup: Cleanup,
+        cause: Cause,
+        until: Instant,
+    ) -> u64 {
+        let now = Instant::now();
         if jobs.list.len() >= MAX_JOBS {
             // Past their holds' expiry first, then the oldest job of a key that has a newer
             // one (the newest per key is kept), then the oldest of all.
@@ -325,7 +535,7 @@ impl Janitor {
             tries: 0,
             seq,
         });
-        self.ensure_thread(&mut jobs, client, key);
+        seq
     }
 
     /// Wakes the janitor thread for a job just queued, or starts it if it is not running.
@@ -433,7 +643,7 @@ fn run(shared: &Shared, client: &WeakClient) {
             return;
         };
         let (key, value) = (due.key.clone(), due.value.clone());
-        let (again, _) = attempt(&client, due);
+        let (again, _) = attempt(&client, due, None, When::Background);
         let mut jobs = shared.lock();
         jobs.finished(&key, &value);
         if let Some(job) = again {
@@ -464,8 +674,35 @@ fn holds_again(client: &LockClient, key: &str, owner: &[u8]) -> bool {
     holds
 }
 
-/// Tries one job: `Some(job)` to try again later, and the try's error, if any.
-fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
+/// Where a clean-up is tried (for the log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum When {
+    /// On the caller's thread, before the failed call returns.
+    InLine,
+    /// On the janitor thread, or by the owner's next acquire.
+    Background,
+    /// By the drain of a dropped client.
+    Drain,
+}
+
+impl When {
+    fn describe(self) -> &'static str {
+        match self {
+            When::InLine => "before the call returned",
+            When::Background => "in the background",
+            When::Drain => "as the client was dropped",
+        }
+    }
+}
+
+/// Tries one job, nothing waiting past `until` (if given): `Some(job)` to try again later, and
+/// the try's error, if any.
+fn attempt(
+    client: &LockClient,
+    mut job: Job,
+    until: Option<Instant>,
+    when: When,
+) -> (Option<Job>, Result<()>) {
     job.tries = job.tries.saturating_add(1);
     let key = job.key.as_str();
     let counted = job.cleanup.counted;
@@ -477,7 +714,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
         job_gone(client, true);
         return (None, Ok(()));
     }
-    let reply: Result<redis::Value> = client.with_conn(key, |con, s| {
+    let reply: Result<redis::Value> = client.with_conn_until(key, until, |con, s| {
         let keys: Vec<&str> = job.cleanup.keys.iter().map(String::as_str).collect();
         (job.cleanup.script)(s).eval_keys(con, &keys, &job.cleanup.args)
     });
@@ -492,7 +729,7 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
                     log::trace!("lock {key:?}: granted to a thread of this client");
                 }
             }
-            done(client, &job, did);
+            done(client, &job, did, when);
             (None, Ok(()))
         }
         Err(e) => (retry_later(client, job, &e), Err(e)),
@@ -503,21 +740,24 @@ fn attempt(client: &LockClient, mut job: Job) -> (Option<Job>, Result<()>) {
     (again, result)
 }
 
-/// Logs what a job's script did.
-fn done(client: &LockClient, job: &Job, did: Done) {
+/// Logs what a job's script did: info, since the clean-up worked (what is left behind is
+/// what the warnings are for).
+fn done(client: &LockClient, job: &Job, did: Done, when: When) {
     let key = job.key.as_str();
+    let when = when.describe();
     match did {
         Done::Freed | Done::GaveBack => {
             client.counters().orphan_cleaned();
             let freed = did == Done::Freed;
-            log::warn!(
-                "lock {key:?}: {} left by {} is done, {} (try {})",
-                job.cleanup.what,
+            log::info!(
+                "lock {key:?}: after {}, {} (value {}) {} {when} (try {})",
                 job.cause.describe(),
+                job.cleanup.what,
+                printable(&job.value),
                 if freed {
-                    "the lock is free"
+                    "freed the lock"
                 } else {
-                    "a hold given back"
+                    "gave a hold back"
                 },
                 job.tries
             );
@@ -526,8 +766,8 @@ fn done(client: &LockClient, job: &Job, did: Done) {
             }
         }
         Done::Nothing => log::info!(
-            "lock {key:?}: nothing to clean up after {} (it had run, was never written, \
-             expired, or was taken over)",
+            "lock {key:?}: after {}, nothing left to clean up {when} (it had run, was never \
+             written, expired, or was taken over)",
             job.cause.describe()
         ),
     }

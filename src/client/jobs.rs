@@ -42,6 +42,9 @@ pub(crate) struct Jobs {
     pub(crate) in_flight: Vec<(String, Vec<u8>, Instant)>,
     pub(crate) running: bool,
     pub(crate) shutdown: bool,
+    /// For the crate's tests (`LockClient::hold_cleanups_back`): new jobs are queued only,
+    /// neither tried in-line nor by the thread, until the client's drain.
+    pub(crate) held_back: bool,
 }
 
 impl Jobs {
@@ -76,6 +79,25 @@ impl Jobs {
                 return Some(i);
             }
             blocked.insert(pair);
+        }
+        None
+    }
+
+    /// The index of the oldest job not in `tried` whose key and value have no try in flight
+    /// and no older job left (due or not): the drain of a dropped client, which tries each
+    /// job once, in creation order per key and value.
+    pub(crate) fn pick_untried(&self, tried: &HashSet<u64>) -> Option<usize> {
+        let mut blocked: HashSet<(&str, &[u8])> = HashSet::new();
+        for (i, j) in self.list.iter().enumerate() {
+            let pair = (j.key.as_str(), j.value.as_slice());
+            if blocked.contains(&pair) {
+                continue;
+            }
+            if tried.contains(&j.seq) || self.is_in_flight(pair.0, pair.1).is_some() {
+                blocked.insert(pair);
+                continue;
+            }
+            return Some(i);
         }
         None
     }
@@ -185,5 +207,28 @@ mod tests {
         assert_eq!(jobs.pick(later, Some(("k", b"o"))), None);
         jobs.finished("k", b"o");
         assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(2));
+    }
+
+    #[test]
+    fn a_drain_tries_each_job_once_oldest_first_per_key_and_value() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        let mut jobs = Jobs::default();
+        jobs.insert(job("k", b"o", 1, later));
+        jobs.insert(job("k", b"o", 2, now));
+        jobs.insert(job("x", b"o", 3, later));
+        let mut tried = HashSet::new();
+        // Due or not, the oldest of its key and value.
+        assert_eq!(jobs.pick_untried(&tried).map(|i| jobs.list[i].seq), Some(1));
+        // Job 1 tried and back in the queue (it failed): job 2 of its key and value waits
+        // behind it, job 3 is next.
+        tried.insert(1);
+        assert_eq!(jobs.pick_untried(&tried).map(|i| jobs.list[i].seq), Some(3));
+        // A try in flight of ("x", "o") blocks its jobs; nothing else is left.
+        jobs.in_flight.push(("x".to_owned(), b"o".to_vec(), later));
+        assert_eq!(jobs.pick_untried(&tried), None);
+        jobs.finished("x", b"o");
+        tried.insert(3);
+        assert_eq!(jobs.pick_untried(&tried), None);
     }
 }

@@ -76,6 +76,12 @@ pub(crate) const TOKEN_PREFIX_LEN: usize = 16;
 /// Cheap to clone (an `Arc`); build it once per process and make locks from it with
 /// [`LockClient::lock`].
 ///
+/// When its last handle is dropped (the client, its clones and the locks built from it), the
+/// clean-ups still pending (see [`pending_cleanups`](Self::pending_cleanups)) are tried once
+/// more on the dropping thread, within one command timeout for them all, before the client's
+/// threads stop; what is not done by then is logged. Drop it before the process exits
+/// (`std::process::exit` runs no destructors).
+///
 /// ```no_run
 /// use redis_dlock::{DistributedLock, LockClient, Strategy};
 /// # fn main() -> Result<(), redis_dlock::LockError> {
@@ -86,12 +92,40 @@ pub(crate) const TOKEN_PREFIX_LEN: usize = 16;
 /// assert!(guard.unlock()?, "the lock expired while we held it");
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
 pub struct LockClient {
     inner: Arc<Inner>,
+    /// A handle of the application's (counted in `Inner::handles`), not a background
+    /// thread's upgrade of its [`WeakClient`].
+    counted: bool,
+}
+
+impl Clone for LockClient {
+    fn clone(&self) -> Self {
+        if self.counted {
+            self.inner.handles.fetch_add(1, Ordering::Relaxed);
+        }
+        LockClient {
+            inner: Arc::clone(&self.inner),
+            counted: self.counted,
+        }
+    }
+}
+
+/// The last handle of the application (a clone, or a lock's) drains the janitor: its pending
+/// clean-ups are tried once more, within one command timeout, before its threads stop with
+/// the client (see `Janitor::drain`). A background thread's handle is not counted: it lives
+/// for one round of its work.
+impl Drop for LockClient {
+    fn drop(&mut self) {
+        if self.counted && self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.janitor.drain(self);
+        }
+    }
 }
 
 struct Inner {
+    /// The application's handles (see [`LockClient`]'s `Drop`).
+    handles: std::sync::atomic::AtomicUsize,
     pool: Pool,
     scripts: Scripts,
     waiters: Arc<WaitQueues>,
@@ -145,7 +179,10 @@ pub(crate) struct WeakClient {
 impl WeakClient {
     /// The client, unless every handle to it has been dropped.
     pub(crate) fn upgrade(&self) -> Option<LockClient> {
-        self.inner.upgrade().map(|inner| LockClient { inner })
+        self.inner.upgrade().map(|inner| LockClient {
+            inner,
+            counted: false,
+        })
     }
 
     /// False once every handle to the client has been dropped.
@@ -209,7 +246,9 @@ impl LockClient {
         let waiters = Arc::new(WaitQueues::default());
         let instance = crate::ids::new_uuid();
         LockClient {
+            counted: true,
             inner: Arc::new(Inner {
+                handles: std::sync::atomic::AtomicUsize::new(1),
                 token_prefix: token_prefix_of(&instance),
                 pool,
                 scripts: Scripts::new(),
@@ -279,6 +318,12 @@ impl LockClient {
     /// The client's instance id (a random UUID): the first part of its owner ids.
     pub fn instance_id(&self) -> &str {
         &self.inner.instance
+    }
+
+    /// The client's command timeout (its connect timeout without one): the bound of a
+    /// clean-up tried on the caller's thread.
+    pub(crate) fn command_timeout(&self) -> Duration {
+        self.inner.timeout
     }
 
     /// True for a Redis Cluster client.
@@ -489,6 +534,15 @@ impl LockClient {
     /// See `docs/production.md`.
     pub fn pending_cleanups(&self) -> usize {
         self.inner.janitor.pending()
+    }
+
+    /// For the crate's own tests: while `on`, a clean-up is queued only, neither tried before
+    /// the call returns nor by the janitor thread, so that a test can see what the drain of a
+    /// dropped client does with it.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn hold_cleanups_back(&self, on: bool) {
+        self.inner.janitor.shared.lock().held_back = on;
     }
 
     /// Watched holds the watchdog currently renews (for tests and monitoring).
@@ -734,7 +788,7 @@ impl LockClient {
 
     /// [`with_conn`](Self::with_conn), waiting past `until` (if given) for nothing: see
     /// [`with_conn_confirmed_until`](Self::with_conn_confirmed_until).
-    fn with_conn_until<T>(
+    pub(crate) fn with_conn_until<T>(
         &self,
         key: &str,
         until: Option<Instant>,

@@ -573,7 +573,7 @@ impl ClassicLock {
                 wrote.set(matches!(attempt, Attempt::Won | Attempt::TookOver { .. }));
                 Ok(attempt)
             },
-            || {
+            |why| {
                 if wrote.get() {
                     let until = start.checked_add(self.ttl).unwrap_or(start);
                     self.client.janitor().forget(
@@ -581,9 +581,16 @@ impl ClassicLock {
                         &self.key,
                         value,
                         string_value::delete_cleanup(&self.key, value, None),
-                        Cause::LostAcquireReply,
+                        why,
                         until,
                     );
+                } else if why.cause == Cause::NotReplicated {
+                    // Answered, and it wrote nothing (refused): nothing to undo.
+                    log::debug!(
+                        "lock {:?}: a refused acquire not confirmed by the replicas wrote \
+                         nothing",
+                        self.key
+                    )
                 } else {
                     log::warn!(
                         "lock {:?}: no reply to an acquire; if it ran, the key holds our \

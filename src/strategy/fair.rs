@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::access;
-use crate::client::cleanup::{Cleanup, Done};
+use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
 use crate::client::subscriber::Delivery;
 use crate::client::waiters::Offer;
@@ -363,7 +363,7 @@ impl FairLock {
             &self.client,
             &self.key,
             |con, _| string_value::set_nx_px(&self.key, token, self.opts.lease_ms()).query(con),
-            || self.undo_lost(token, until),
+            |why| self.undo_lost(token, until, why),
         )?;
         if reply != Value::Okay {
             self.contended();
@@ -390,13 +390,13 @@ impl FairLock {
     /// lock ours, granted or taken, or our entry in the queue, with nobody waiting for either.
     /// The janitor sends our release (`lua/fair_release.lua`) until it is answered or until
     /// `until`: it passes the lock on to the next waiter if it is ours, else removes our entry.
-    fn undo_lost(&self, token: &Token, until: Instant) {
+    fn undo_lost(&self, token: &Token, until: Instant, why: Why) {
         self.client.janitor().forget(
             &self.client,
             &self.key,
             token,
             self.fair_release(token),
-            crate::client::cleanup::Cause::LostAcquireReply,
+            why,
             until,
         );
     }
@@ -465,7 +465,7 @@ impl FairLock {
                     ),
                 )
             },
-            || self.undo_lost(token, until),
+            |why| self.undo_lost(token, until, why),
         )?;
         match reply.as_slice() {
             [1, fence] => {
@@ -692,7 +692,7 @@ impl FairLock {
                 s.extend
                     .eval(con, &self.key, (&token[..], self.opts.lease_ms()))
             },
-            || self.undo_lost(token, until),
+            |why| self.undo_lost(token, until, why),
         )?;
         if raised != 1 {
             log::debug!(
@@ -1045,18 +1045,19 @@ impl DistributedLock for FairLock {
             };
             waiters.offer_settled(&self.key, token, at_us);
         }
-        if reply
+        if let Some(e) = reply
             .as_ref()
-            .is_err_and(crate::client::cleanup::worth_retrying)
+            .err()
+            .filter(|e| crate::client::cleanup::worth_retrying(e))
         {
-            // The same release, retried in the background: owner-checked by the token, and
+            // The same release, retried (in-line first): owner-checked by the token, and
             // granting the lock to the head of the queue as this one would have.
             self.client.janitor().forget(
                 &self.client,
                 &self.key,
                 lease.value(),
                 self.fair_release(lease.value()),
-                crate::client::cleanup::Cause::FailedRelease,
+                Why::release(e),
                 lease.valid_until(),
             );
         }

@@ -30,7 +30,7 @@ use redis::Value;
 
 use crate::client::access;
 use crate::client::acquire::Line;
-use crate::client::cleanup::{Cause, Cleanup, Done};
+use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -267,9 +267,9 @@ impl ReentrantLock {
         });
         // Sent and unanswered, or answered but not confirmed by the replicas the client
         // requires: the hold it may have counted is given back, owner-checked.
-        if let Err(LockError::Connection { .. } | LockError::NotReplicated { .. }) = &reply {
+        if let Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })) = &reply {
             if sent.get() {
-                self.forget_lost_acquire(&owner, start);
+                self.forget_lost_acquire(&owner, start, Why::acquire(e));
             }
         }
         let reply = reply?;
@@ -367,7 +367,7 @@ impl ReentrantLock {
     /// out for the whole lease. The janitor gives that hold back in the background if the
     /// owner's count is the one the acquire would have left (its count before, as this thread
     /// last saw it, plus one); if the acquire never ran, the count is lower and nothing changes.
-    fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant) {
+    fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant, why: Why) {
         let before = local_count(owner, &self.key).unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         self.client.janitor().forget(
@@ -375,7 +375,7 @@ impl ReentrantLock {
             &self.key,
             owner.as_bytes(),
             self.forget_cleanup(owner.as_bytes(), before.saturating_add(1)),
-            Cause::LostAcquireReply,
+            why,
             until,
         );
     }
@@ -417,7 +417,7 @@ impl ReentrantLock {
     /// rest of its lease and a hold is never given back twice. Only the calling thread's own
     /// holds are known well enough (their count); a lease released by another thread expires
     /// with its lease.
-    fn forget_failed_release(&self, lease: &Lease) {
+    fn forget_failed_release(&self, lease: &Lease, why: Why) {
         let owner = self.owner();
         let count = (lease.value() == owner.as_bytes())
             .then(|| local_count(&owner, &self.key))
@@ -437,7 +437,7 @@ impl ReentrantLock {
             &self.key,
             lease.value(),
             self.forget_cleanup(lease.value(), count),
-            Cause::FailedRelease,
+            why,
             lease.valid_until(),
         );
         // The janitor makes it happen (or the hold expires): count it given back.
@@ -548,11 +548,12 @@ impl DistributedLock for ReentrantLock {
         // janitor's now).
         self.client
             .owner_released(&self.key, lease.value(), self.opts.lease);
-        if reply
+        if let Some(e) = reply
             .as_ref()
-            .is_err_and(crate::client::cleanup::worth_retrying)
+            .err()
+            .filter(|e| crate::client::cleanup::worth_retrying(e))
         {
-            self.forget_failed_release(lease);
+            self.forget_failed_release(lease, Why::release(e));
         }
         let reply = reply?;
         if matches!(reply, Some(n) if n >= 0) {

@@ -7,7 +7,7 @@ use std::cell::Cell;
 
 use redis::{ConnectionLike, RedisResult, Value};
 
-use crate::client::cleanup::{Cause, Cleanup};
+use crate::client::cleanup::{Cleanup, Why};
 use crate::client::native::{self, Command};
 use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
@@ -345,23 +345,23 @@ pub(crate) fn delete_cleanup(key: &str, value: &[u8], notice: Option<Notice<'_>>
 }
 
 /// Runs an acquire `f` on a pooled connection; if it was sent but not answered (a connection
-/// error), or answered but not confirmed by the replicas the client requires, calls `undo`,
-/// which hands the janitor what undoes, owner-checked, whatever the acquire may have written
-/// (now, or when it runs late).
+/// error), or answered but not confirmed by the replicas the client requires, calls `undo`
+/// with that cause, which hands the janitor what undoes, owner-checked, whatever the acquire
+/// may have written (now, before the call returns, or when it runs late).
 pub(crate) fn acquire_undone_by<T>(
     client: &LockClient,
     key: &str,
     mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
-    undo: impl FnOnce(),
+    undo: impl FnOnce(Why),
 ) -> Result<T> {
     let sent = Cell::new(false);
     let reply = client.with_conn_confirmed(key, |con, s| {
         sent.set(true);
         f(con, s)
     });
-    if let Err(LockError::Connection { .. } | LockError::NotReplicated { .. }) = &reply {
+    if let Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })) = &reply {
         if sent.get() {
-            undo();
+            undo(Why::acquire(e));
         }
     }
     reply
@@ -393,16 +393,17 @@ pub(crate) fn release(
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
-    if reply
+    if let Some(e) = reply
         .as_ref()
-        .is_err_and(crate::client::cleanup::worth_retrying)
+        .err()
+        .filter(|e| crate::client::cleanup::worth_retrying(e))
     {
         client.janitor().forget(
             client,
             key,
             lease.value(),
             delete_cleanup(key, lease.value(), notice),
-            Cause::FailedRelease,
+            Why::release(e),
             lease.valid_until(),
         );
     }

@@ -35,7 +35,7 @@ use redis::Value;
 
 use crate::client::access;
 use crate::client::acquire::{Line, Wake};
-use crate::client::cleanup::Cause;
+use crate::client::cleanup::Why;
 use crate::client::native::{self, Command};
 use crate::client::{Conn, LiveValue, LockClient};
 use crate::error::{LockError, Result};
@@ -199,8 +199,9 @@ const TOKEN_VALUE_LEN: usize = 32;
 struct Acquiring {
     /// Sent by every attempt.
     token: OwnValue,
-    /// Set when an attempt's reply was lost: until when what it may have written lives.
-    lost_until: Cell<Option<Instant>>,
+    /// Set when an attempt's reply was lost (or its write not confirmed by the replicas):
+    /// until when what it may have written lives, and why it is undone.
+    lost_until: Cell<Option<(Instant, Why)>>,
 }
 
 impl std::fmt::Debug for TokenLock {
@@ -431,20 +432,20 @@ impl TokenLock {
         f: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        string_value::acquire_undone_by(&self.client, &self.key, f, || match acq {
-            Some(acq) => acq.lost_until.set(Some(until)),
-            None => self.forget_lost(token, until),
+        string_value::acquire_undone_by(&self.client, &self.key, f, |why| match acq {
+            Some(acq) => acq.lost_until.set(Some((until, why))),
+            None => self.forget_lost(token, until, why),
         })
     }
 
     /// The janitor deletes `token` at the key if an acquire whose reply was lost wrote it.
-    fn forget_lost(&self, token: &[u8], until: Instant) {
+    fn forget_lost(&self, token: &[u8], until: Instant, why: Why) {
         self.client.janitor().forget(
             &self.client,
             &self.key,
             token,
             string_value::delete_cleanup(&self.key, token, Some(self.dialect.notice())),
-            Cause::LostAcquireReply,
+            why,
             until,
         );
     }
@@ -519,8 +520,8 @@ impl TokenLock {
             self.check_type()
         });
         if result.is_err() {
-            if let Some(until) = acq.lost_until.get() {
-                self.forget_lost(&acq.token, until);
+            if let Some((until, why)) = acq.lost_until.get() {
+                self.forget_lost(&acq.token, until, why);
             }
         }
         self.client.counters().blocking(self.dialect.kind, &result);
@@ -677,8 +678,8 @@ impl TokenLock {
                 lost_until: Cell::new(None),
             };
             let attempt = self.attempt_waiting(&acq);
-            if let Some(until) = acq.lost_until.get() {
-                self.forget_lost(&acq.token, until);
+            if let Some((until, why)) = acq.lost_until.get() {
+                self.forget_lost(&acq.token, until, why);
             }
             return Ok(match attempt? {
                 Attempt::Acquired(lease) => Some(lease),

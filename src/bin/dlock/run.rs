@@ -263,8 +263,8 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
         }
         Err(e) => {
             say!(
-                "the command finished but the lock could not be released ({}); it expires by \
-                 itself within {:?}",
+                "the command finished but the lock could not be released ({}); tried once more \
+                 before dlock exits, else it expires by itself within {:?}",
                 Failure::from_lock_error(&e, &o.target.url).message,
                 lease.remaining()
             );
