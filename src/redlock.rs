@@ -212,7 +212,9 @@ enum Effect {
 /// .node_timeout(Duration::from_millis(50))
 /// .build()?;
 /// let lock = client.lock("jobs:nightly-report").ttl(Duration::from_secs(30)).build()?;
-/// let guard = lock.lock()?; // Err(Timeout) if no majority could be had in time
+/// // Err(Timeout) if other owners kept it for the whole wait, Err(NoQuorum) if too few nodes
+/// // answered on the last attempt.
+/// let guard = lock.lock()?;
 /// // ... work, finished well before guard.valid_until() ...
 /// if !guard.unlock()? {
 ///     eprintln!("a majority of nodes no longer had our token: the work was not exclusive");
@@ -836,9 +838,17 @@ fn checked_ttl(key: &str, ttl: Duration) -> Result<Duration> {
 /// or paused minority costs nothing once a majority has answered.
 ///
 /// A node that returns an error or does not answer within the node timeout is a failed vote,
-/// never an error of the call: with too few nodes up, [`try_lock`](DistributedLock::try_lock)
-/// gives [`LockError::Held`] and [`lock`](DistributedLock::lock) [`LockError::Timeout`] (a
-/// warning is logged with the vote counts).
+/// never an error of the call by itself. What a lost majority gives depends on the votes:
+/// - some node refused (it holds the key for another owner): contention,
+///   [`LockError::Held`] from [`try_lock`](DistributedLock::try_lock), and
+///   [`LockError::Timeout`] from [`lock`](DistributedLock::lock) if it stays so until the
+///   deadline;
+/// - no node refused, the majority was lost only to nodes that failed or did not answer (too
+///   few nodes up): [`LockError::NoQuorum`] with the vote counts (a warning is logged), from
+///   `try_lock` at once and from `lock` if its last attempt ended so (it is
+///   [transient](LockError::is_transient): retried until the deadline);
+/// - a majority said yes, but after the validity ran out: [`LockError::LateReply`] (also
+///   transient), the token deleted again.
 #[derive(Debug)]
 pub struct RedLock {
     client: RedLockClient,
