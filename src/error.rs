@@ -207,7 +207,10 @@ impl LockError {
     /// reset or dropped, or no connection could be opened (no master known yet, no node known
     /// for a Cluster slot); or the server answered `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`,
     /// `READONLY` or `LOADING`; or too few replicas confirmed a write
-    /// ([`NotReplicated`](Self::NotReplicated)).
+    /// ([`NotReplicated`](Self::NotReplicated)); or a win came back too late and was released
+    /// again ([`LateReply`](Self::LateReply)); or a RedLock acquire got no majority because too
+    /// many nodes failed or did not answer ([`NoQuorum`](Self::NoQuorum)). A blocking acquire
+    /// retries exactly the failures this is true for.
     ///
     /// A command that timed out is not transient: it may still run on a slow or paused server,
     /// and the caller is told at once ([`is_timeout`](Self::is_timeout)). A
@@ -215,7 +218,9 @@ impl LockError {
     /// client was built.
     pub fn is_transient(&self) -> bool {
         match self {
-            LockError::NotReplicated { .. } => true,
+            LockError::NotReplicated { .. }
+            | LockError::LateReply { .. }
+            | LockError::NoQuorum { .. } => true,
             LockError::Connection { fault, .. } | LockError::Redis { fault, .. } => {
                 fault.is_transient()
             }
