@@ -531,6 +531,20 @@ fn redlock_over_tls() {
         "still held on {} nodes after unlock",
         holding()
     );
+
+    // The same nodes given as `rediss://` URLs: each node is built as `LockClient::builder`
+    // builds one (TLS from the URL), with the certificates given through `node_options`.
+    let certs = pki.client_certificates(true);
+    let urls: Vec<String> = servers.iter().map(|s| s.tls_url()).collect();
+    let redlock = RedLockClient::builder(&urls)
+        .node_timeout(Duration::from_secs(2))
+        .node_options(move |node| node.tls_certificates(certs.clone()))
+        .build()
+        .expect("RedLock client from URLs");
+    let lock = redlock.lock(key).build().expect("build");
+    let guard = lock.try_lock().expect("quorum over TLS, nodes from URLs");
+    assert!(holding() >= 2, "held on {} of 3 nodes", holding());
+    assert!(guard.unlock().expect("unlock"));
 }
 
 /// `tls-rustls-insecure`: the `#insecure` URL fragment skips certificate checks (for test
