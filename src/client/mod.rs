@@ -378,7 +378,9 @@ impl LockClient {
     }
 
     /// Entries of the client's live set (see `client/live.rs`): the writes under way and the
-    /// holds whose lifetime has not run out. For the tests that check it stays bounded.
+    /// holds whose lifetime has not run out. For the tests that check it stays bounded: only
+    /// with the hidden feature `test-hooks`.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn live_values(&self) -> usize {
         self.inner.live.len()
