@@ -137,6 +137,7 @@ fn lock_and_unlock_over_tls() {
     assert_eq!(connections_on(&mut admin, server.port()), 1);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn pubsub_wakes_a_waiter_over_tls_on_one_subscriber_connection() {
     if !support::tls_available() {
