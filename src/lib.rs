@@ -72,6 +72,7 @@ mod lease;
 mod lock;
 mod retry;
 mod scripts;
+mod server;
 mod stats;
 mod time;
 

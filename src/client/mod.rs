@@ -111,7 +111,8 @@ struct Inner {
     janitor: Janitor,
     /// Values this client is writing or holds (see `client/live.rs`).
     live: LiveValues,
-    /// The server takes `SET … NX PX … GET` (Redis 7.0+): until a server refuses it.
+    /// The server takes `SET … NX PX … GET` (Redis 7.0+), as it said at `build()` (assumed
+    /// when it was not asked), until a server that refused it says it lacks it.
     set_get: AtomicBool,
     /// The native commands the server has (learned at `build()`), until a server refuses one.
     native: Native,
@@ -210,7 +211,7 @@ impl LockClient {
             inner: Arc::new(Inner {
                 token_prefix: token_prefix_of(&instance),
                 pool,
-                scripts: Scripts::new(),
+                scripts: Scripts::for_server(detected.version.as_ref()),
                 wakeups: Wakeups::new(
                     resolve,
                     Arc::clone(&waiters),
@@ -224,7 +225,12 @@ impl LockClient {
                 courtesy,
                 janitor: Janitor::default(),
                 live: LiveValues::default(),
-                set_get: AtomicBool::new(true),
+                set_get: AtomicBool::new(
+                    detected
+                        .version
+                        .as_ref()
+                        .is_none_or(crate::server::Version::has_set_nx_get),
+                ),
                 native: Native::new(&detected),
                 detected,
                 addr,
@@ -306,19 +312,28 @@ impl LockClient {
         &self.inner.wakeups
     }
 
-    /// True until a server refused `SET … NX PX … GET` (servers before Redis 7.0).
+    /// True while the client sends `SET … NX PX … GET` (the server has it: Redis 7.0+).
     pub(crate) fn set_get(&self) -> bool {
         self.inner.set_get.load(Ordering::Relaxed)
     }
 
-    /// A server refused `SET … NX PX … GET`: use plain `SET … NX PX` from now on.
-    pub(crate) fn no_set_get(&self) {
-        if self.inner.set_get.swap(false, Ordering::Relaxed) {
+    /// After `SET … NX PX … GET` was answered with `e` on `con`: true if the client is to send
+    /// plain `SET … NX PX` instead, for this call and from now on, which is only when the
+    /// server, asked on `con` (`INFO server`), says it lacks it (before Redis 7.0). Any other
+    /// error is the caller's to return.
+    pub(crate) fn lacks_set_get(
+        &self,
+        con: &mut dyn redis::ConnectionLike,
+        e: &redis::RedisError,
+    ) -> bool {
+        let lacks = crate::server::lacks(con, e, crate::server::Version::has_set_nx_get).is_some();
+        if lacks && self.inner.set_get.swap(false, Ordering::Relaxed) {
             log::info!(
                 "the server does not take SET ... NX PX ... GET (Redis < 7.0): Token acquires \
                  use SET ... NX PX, and a key of another type is found only when a wait ends"
             );
         }
+        lacks
     }
 
     /// The client's scripts (their SHAs, for commands packed in advance).
