@@ -60,20 +60,6 @@ use crate::time::check_duration;
 /// The stats label of RedLocks.
 pub(crate) const KIND: Kind = Kind::new("redlock");
 
-/// Default lifetime of a [`RedLock`] (as for [`Strategy::Token`](crate::Strategy::Token)).
-pub const REDLOCK_DEFAULT_TTL: Duration = Duration::from_secs(10);
-
-/// Default per-node timeout: how long an operation waits for each node's answer, and the
-/// command timeout of nodes built from URLs. The Redis page suggests 5–50 ms for a
-/// 10 s lock: far shorter than the lifetime, so a dead node costs little of it.
-pub const REDLOCK_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
-
-/// Default number of worker threads (and pooled connections, for nodes built from URLs) per
-/// node: one, the threads that asking every node at once needs. Operations on one key use one
-/// of them per node; different keys spread over them, so more of them work on more keys at
-/// once.
-pub const REDLOCK_DEFAULT_WORKERS: u32 = 1;
-
 /// A job run by a node's worker thread.
 type Job = Box<dyn FnOnce(&mut Lane) + Send + 'static>;
 
@@ -352,15 +338,24 @@ pub(crate) enum NodeSpec {
 
 impl RedLockClientBuilder {
     /// Default node timeout ([`node_timeout`](Self::node_timeout)): 50 ms.
-    pub const DEFAULT_NODE_TIMEOUT: Duration = REDLOCK_DEFAULT_NODE_TIMEOUT;
+    ///
+    /// Default per-node timeout: how long an operation waits for each node's answer, and the
+    /// command timeout of nodes built from URLs. The Redis page suggests 5–50 ms for a
+    /// 10 s lock: far shorter than the lifetime, so a dead node costs little of it.
+    pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
     /// Default worker threads per node ([`workers_per_node`](Self::workers_per_node)): 1.
-    pub const DEFAULT_WORKERS: u32 = REDLOCK_DEFAULT_WORKERS;
+    ///
+    /// Default number of worker threads (and pooled connections, for nodes built from URLs) per
+    /// node: one, the threads that asking every node at once needs. Operations on one key use one
+    /// of them per node; different keys spread over them, so more of them work on more keys at
+    /// once.
+    pub const DEFAULT_WORKERS: u32 = 1;
 
     pub(crate) fn new(nodes: NodeSpec) -> Self {
         RedLockClientBuilder {
             nodes,
-            node_timeout: REDLOCK_DEFAULT_NODE_TIMEOUT,
-            workers: REDLOCK_DEFAULT_WORKERS,
+            node_timeout: RedLockClientBuilder::DEFAULT_NODE_TIMEOUT,
+            workers: RedLockClientBuilder::DEFAULT_WORKERS,
         }
     }
 
@@ -765,7 +760,7 @@ impl RedLockBuilder {
     pub fn build(self) -> Result<RedLock> {
         let (ttl, retry) = check_lock_options(
             &self.key,
-            self.ttl.unwrap_or(REDLOCK_DEFAULT_TTL),
+            self.ttl.unwrap_or(RedLock::DEFAULT_TTL),
             self.retry.unwrap_or_else(RedLock::default_retry_policy),
         )?;
         let ttl = checked_ttl(&self.key, ttl)?;
@@ -850,7 +845,7 @@ pub struct RedLock {
 
 impl RedLock {
     /// Default lifetime of a RedLock hold ([`RedLockBuilder::ttl`]): 10 s.
-    pub const DEFAULT_TTL: Duration = REDLOCK_DEFAULT_TTL;
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 }
 
 impl RedLock {

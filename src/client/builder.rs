@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::{ConnectionAddr, RedisResult};
 
-use super::confirm::{Acks, ReplicaAcks, DEFAULT_REPLICA_ACK_TIMEOUT};
+use super::confirm::{Acks, ReplicaAcks};
 use super::native::Detected;
 use super::pool::{
     cluster_retries, master_info, sentinel_master_addr, unreaped, ConnectErrors, Lazy, Manager,
@@ -17,10 +17,7 @@ use super::sentinel_watch;
 use super::subscriber::Resolve;
 use super::switches::Switches;
 use super::target::ConnectionTarget;
-use super::{
-    LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDOFF_COURTESY,
-    DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
-};
+use super::{LockClient, MAX_CLIENT_TIMEOUT};
 use crate::error::{LockError, Result};
 use crate::redlock::{NodeClient, NodeSpec, RedLockClient, RedLockClientBuilder};
 
@@ -79,6 +76,34 @@ impl LockClient {
     /// ```
     pub fn open(target: impl ConnectionTarget) -> Result<Self> {
         Self::builder(target).build()
+    }
+
+    /// Uses a pool the application already has.
+    ///
+    /// The pool's own settings apply. For the one-round-trip hot path, build it with
+    /// `test_on_check_out(false)`: r2d2's default sends a `PING` on every checkout, which doubles
+    /// the cost of every lock operation. Set read timeouts on its connections, or a paused Redis
+    /// blocks callers for as long as the OS lets a socket wait.
+    ///
+    /// Such a client has no address to open its subscriber connection to, so its waiters poll
+    /// (by their retry policy) instead of being woken by pub/sub.
+    pub fn from_pool(pool: r2d2::Pool<redis::Client>) -> Self {
+        Self::with_pool(
+            Pool::External(pool),
+            None,
+            false,
+            ClientBuilder::DEFAULT_COMMAND_TIMEOUT,
+            ClientBuilder::DEFAULT_HANDOFF_COURTESY,
+            ("the application's pool".to_owned(), Arc::default()),
+            None,
+            Arc::default(),
+            Detected::scripts_only(),
+            Arc::new(Acks::new(
+                ReplicaAcks::Off,
+                ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+                false,
+            )),
+        )
     }
 
     /// A builder for one server, to tune the pool and timeouts; `target` as for
@@ -246,11 +271,11 @@ impl TargetSpec {
 
 impl ClientBuilder {
     /// Default number of pooled connections ([`pool_size`](Self::pool_size)): 16.
-    pub const DEFAULT_POOL_SIZE: u32 = DEFAULT_POOL_SIZE;
+    pub const DEFAULT_POOL_SIZE: u32 = 16;
     /// Default time to open a connection ([`connect_timeout`](Self::connect_timeout)): 2 s.
-    pub const DEFAULT_CONNECT_TIMEOUT: Duration = DEFAULT_CONNECT_TIMEOUT;
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
     /// Default time allowed for one reply ([`command_timeout`](Self::command_timeout)): 2 s.
-    pub const DEFAULT_COMMAND_TIMEOUT: Duration = DEFAULT_COMMAND_TIMEOUT;
+    pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
     /// The longest connect or command timeout [`build`](Self::build) accepts (one year; no
     /// command timeout at all is `command_timeout(None)`): longer values overflow deadline
     /// arithmetic on some platforms' clocks and mean "never" in practice.
@@ -258,23 +283,23 @@ impl ClientBuilder {
     /// Default bound of a replica confirmation
     /// ([`replica_ack_timeout`](Self::replica_ack_timeout)): 1 s, as Redisson's
     /// `slavesSyncTimeout`.
-    pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = DEFAULT_REPLICA_ACK_TIMEOUT;
+    pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = Duration::from_secs(1);
     /// Default pause before a thread takes again a lock its client just released while
     /// another client waits ([`handoff_courtesy`](Self::handoff_courtesy)): 3 ms.
-    pub const DEFAULT_HANDOFF_COURTESY: Duration = DEFAULT_HANDOFF_COURTESY;
+    pub const DEFAULT_HANDOFF_COURTESY: Duration = Duration::from_millis(3);
     /// The longest handoff courtesy [`build`](Self::build) accepts: 1 s.
-    pub const MAX_HANDOFF_COURTESY: Duration = MAX_HANDOFF_COURTESY;
+    pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
 
     pub(super) fn new(target: TargetSpec) -> Self {
         ClientBuilder {
             target,
-            pool_size: DEFAULT_POOL_SIZE,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            command_timeout: Some(DEFAULT_COMMAND_TIMEOUT),
-            courtesy: DEFAULT_HANDOFF_COURTESY,
+            pool_size: Self::DEFAULT_POOL_SIZE,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: Some(Self::DEFAULT_COMMAND_TIMEOUT),
+            courtesy: Self::DEFAULT_HANDOFF_COURTESY,
             lazy: false,
             replica_acks: ReplicaAcks::Auto,
-            replica_ack_timeout: DEFAULT_REPLICA_ACK_TIMEOUT,
+            replica_ack_timeout: Self::DEFAULT_REPLICA_ACK_TIMEOUT,
             #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
             tls: None,
         }
@@ -441,10 +466,11 @@ impl ClientBuilder {
                      command_timeout(None) waits without limit"
             )));
         }
-        if self.courtesy > MAX_HANDOFF_COURTESY {
+        if self.courtesy > Self::MAX_HANDOFF_COURTESY {
             return Err(LockError::client_config(format!(
                 "handoff courtesy {:?} is longer than MAX_HANDOFF_COURTESY ({:?})",
-                self.courtesy, MAX_HANDOFF_COURTESY
+                self.courtesy,
+                Self::MAX_HANDOFF_COURTESY
             )));
         }
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);

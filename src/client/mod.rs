@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use redis::RedisResult;
 
 use crate::client::cluster_deadline::within;
-use crate::client::confirm::{Acks, ReplicaAcks};
+use crate::client::confirm::Acks;
 use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;
 use crate::client::native::{Detected, Native};
@@ -49,18 +49,6 @@ use crate::error::{self, Context, Fault, LockError, Result, Rounded};
 use crate::scripts::Scripts;
 use crate::stats::{Counters, Stats};
 
-/// Default number of pooled connections.
-pub const DEFAULT_POOL_SIZE: u32 = 16;
-/// Default time allowed to open a connection (and to wait for a free pooled one).
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Default time allowed for Redis to answer one command.
-pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-/// Default head start a releasing client gives other clients' waiters: see
-/// [`ClientBuilder::handoff_courtesy`](crate::ClientBuilder::handoff_courtesy).
-pub const DEFAULT_HANDOFF_COURTESY: Duration = Duration::from_millis(3);
-/// The longest handoff courtesy [`ClientBuilder::build`](crate::ClientBuilder::build) accepts: the courtesy is a head start
-/// of a few round trips, and a longer one would only stall the releasing client.
-pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
 /// The longest connect or command timeout [`ClientBuilder::build`](crate::ClientBuilder::build) accepts (one year; no
 /// command timeout at all is `command_timeout(None)`). Longer values overflow deadline
 /// arithmetic on some platforms' clocks and mean "never" in practice.
@@ -164,34 +152,6 @@ impl std::fmt::Debug for LockClient {
 }
 
 impl LockClient {
-    /// Uses a pool the application already has.
-    ///
-    /// The pool's own settings apply. For the one-round-trip hot path, build it with
-    /// `test_on_check_out(false)`: r2d2's default sends a `PING` on every checkout, which doubles
-    /// the cost of every lock operation. Set read timeouts on its connections, or a paused Redis
-    /// blocks callers for as long as the OS lets a socket wait.
-    ///
-    /// Such a client has no address to open its subscriber connection to, so its waiters poll
-    /// (by their retry policy) instead of being woken by pub/sub.
-    pub fn from_pool(pool: r2d2::Pool<redis::Client>) -> Self {
-        Self::with_pool(
-            Pool::External(pool),
-            None,
-            false,
-            DEFAULT_COMMAND_TIMEOUT,
-            DEFAULT_HANDOFF_COURTESY,
-            ("the application's pool".to_owned(), Arc::default()),
-            None,
-            Arc::default(),
-            Detected::scripts_only(),
-            Arc::new(Acks::new(
-                ReplicaAcks::Off,
-                confirm::DEFAULT_REPLICA_ACK_TIMEOUT,
-                false,
-            )),
-        )
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn with_pool(
         pool: Pool,
