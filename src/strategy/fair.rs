@@ -278,8 +278,8 @@ impl FairLock {
     ///
     /// # Errors
     ///
-    /// [`LockError::Config`] for a key with whose cluster slot no such name can be
-    /// made (the same keys for which building the lock fails).
+    /// None in practice: every key has such a name (see `docs/deployments.md`); the `Result`
+    /// is kept for the API's stability.
     pub fn queue_key_for(key: &str) -> Result<String> {
         keys::aux_key(QUEUE_PREFIX, key)
     }
