@@ -12,7 +12,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::ClassicOptions;
-use redis_dlock::Lock;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, RedLockClient, RetryPolicy, Strategy, TokenLock,
 };
@@ -152,7 +151,7 @@ fn pubsub_wakes_a_waiter_over_tls_on_one_subscriber_connection() {
     );
     let mut admin = server.conn();
     let keys = ["tls:wake:1", "tls:wake:2"];
-    let holders: Vec<Lock> = keys
+    let holders: Vec<redis_dlock::Lock> = keys
         .iter()
         .map(|k| {
             a.lock(*k)
