@@ -13,7 +13,7 @@
 //! - **Names only this library uses** (the fencing counter `dlock_fence`) are always in the
 //!   key's slot, since a script touches them together with the key: `<prefix>:{<key>}`, or
 //!   `<prefix>:<key>` when the key has a hash tag, whichever lands in the key's slot; for a key
-//!   whose braces defeat both forms (`a{}b`, `}a{b`), `<prefix>:{<n>}:<key>` with the smallest
+//!   whose braces defeat both forms (`a{}b`, `}a{b`, `a}b`), `<prefix>:{<n>}:<key>` with the smallest
 //!   hexadecimal `n` whose hash tag lands there. Each try hashes only `n` (at most 5 bytes), and
 //!   every slot is reached below [`TAG_TRIES`] (a unit test checks all 16 384), so the search is
 //!   bounded and never fails. These names are the library's own: Redisson has no such keys.
@@ -195,6 +195,7 @@ mod tests {
             "{}",
             "x{}{y}",
             "}{",
+            "a}b",
             "",
         ] {
             let aux = fence_key(key).expect("same slot");
