@@ -28,12 +28,21 @@ pub(crate) struct Version {
 
 impl Version {
     /// Reads the reply to `INFO server`; `None` for anything else (an error, a user that may
-    /// not run `INFO`).
+    /// not run `INFO`). A Cluster connection sends `INFO` to every primary and answers with a
+    /// map of their replies: the oldest server is the one read (what every node has).
     pub(crate) fn from_info(info: &Value) -> Option<Version> {
         let text = match info {
             Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
             Value::VerbatimString { text, .. } => text.clone(),
             Value::SimpleString(s) => s.clone(),
+            Value::Map(nodes) => {
+                let versions = nodes.iter().map(|(_, reply)| Version::from_info(reply));
+                // Any node that does not say leaves the answer unknown.
+                let versions: Option<Vec<Version>> = versions.collect();
+                return versions?
+                    .into_iter()
+                    .min_by_key(|v| (v.family == Family::Valkey, v.number));
+            }
             _ => return None,
         };
         let field = |name: &str| {
@@ -73,6 +82,12 @@ impl Version {
     /// `SET … NX … GET` (NX with GET): Redis 7.0 and later.
     pub(crate) fn has_set_nx_get(&self) -> bool {
         self.redis_7()
+    }
+
+    /// `DELIFEQ`: Valkey 9.0 and later (by version; `COMMAND INFO DELIFEQ` also says whether a
+    /// server has it under that name).
+    pub(crate) fn has_delifeq(&self) -> bool {
+        self.family == Family::Valkey && self.at_least(9, 0)
     }
 
     /// `SET … IFEQ`: Valkey 8.1 and later (`COMMAND INFO` lists no options to ask about).
@@ -231,6 +246,21 @@ pub(crate) mod tests {
         let v = Version::from_info(&info("valkey_version:10.0\r\n")).expect("a version");
         assert!(v.has_set_ifeq());
         assert_eq!(Version::from_info(&Value::Nil), None);
+        // A Cluster's answer: one reply per primary, the oldest read.
+        let node =
+            |addr: &str, text: &str| (Value::BulkString(addr.as_bytes().to_vec()), info(text));
+        let mixed = Value::Map(vec![
+            node("a:1", "valkey_version:9.1.2\r\n"),
+            node("b:2", "valkey_version:8.1.8\r\n"),
+        ]);
+        let v = Version::from_info(&mixed).expect("a version");
+        assert_eq!(v.to_string(), "valkey 8.1.8");
+        assert!(v.has_set_ifeq() && !v.has_delifeq());
+        let unknown = Value::Map(vec![
+            node("a:1", "valkey_version:9.1.2\r\n"),
+            (Value::Nil, Value::Nil),
+        ]);
+        assert_eq!(Version::from_info(&unknown), None);
         assert_eq!(Version::from_info(&info("# Server\r\n")), None);
     }
 }

@@ -93,20 +93,27 @@ fn describes_a_command(command_info: &Value) -> Option<bool> {
     }
 }
 
-/// Asks the server on `con` whether it has `command`, in one round trip (`COMMAND INFO
-/// DELIFEQ` with `INFO server`, as at `build()`); `None` when it does not say.
+/// Asks the server on `con` whether it has `command` (`INFO server`, and `COMMAND INFO
+/// DELIFEQ` for `DELIFEQ`, as at `build()`; one command at a time, as a Cluster connection
+/// takes `INFO` outside a pipeline only, and sends it to every primary); `None` when it does
+/// not say.
 fn server_has(con: &mut dyn ConnectionLike, command: Command) -> Option<bool> {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    pipe.add_command(server::info_cmd());
-    pipe.cmd("COMMAND").arg("INFO").arg("DELIFEQ");
-    let replies: Vec<Value> = pipe.query(con).ok()?;
-    let [info, command_info] = replies.as_slice() else {
-        return None;
-    };
+    let version = server::ask(con);
     match command {
-        Command::DelIfEq => describes_a_command(command_info),
-        Command::SetIfEq => Version::from_info(info).map(|v| v.has_set_ifeq()),
+        Command::SetIfEq => version.map(|v| v.has_set_ifeq()),
+        Command::DelIfEq => {
+            let described = redis::cmd("COMMAND")
+                .arg("INFO")
+                .arg("DELIFEQ")
+                .query::<Value>(con)
+                .ok()
+                .and_then(|reply| describes_a_command(&reply));
+            match (described, version) {
+                (Some(false), _) => Some(false),
+                (_, Some(v)) if !v.has_delifeq() => Some(false),
+                (described, _) => described,
+            }
+        }
     }
 }
 
