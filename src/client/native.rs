@@ -168,10 +168,10 @@ impl Native {
     }
 
     /// After `command` was answered with `e` on `con`: true if the client is to use the script
-    /// instead, for this call and (but for a full server's `OOM`, which refuses this one call)
-    /// from now on. So only when the user may not run the command (`NOPERM`: the script may be
-    /// allowed), or when the server, asked on `con`, says it lacks the command (a plain `ERR`:
-    /// an unknown command, a syntax error). Any other error is the caller's to return.
+    /// instead, for this call and from now on. So only when the user may not run the command
+    /// (`NOPERM`: the script may be allowed), or when the server, asked on `con`, says it lacks
+    /// the command (after a plain `ERR`: an unknown command, a syntax error). Any other error
+    /// (a full server's `OOM` included) is the caller's to handle.
     pub(crate) fn lacks(
         &self,
         con: &mut dyn ConnectionLike,

@@ -582,17 +582,19 @@ fn renew_natively(
                 if native::is_oom(&e) {
                     return Ok(None);
                 }
-                // Asked on a connection of its own (the pipeline's is back in the pool).
-                if client.with_conn_until(key, until, |con, _| {
-                    Ok(client.native().lacks(con, Command::SetIfEq, key, &e))
-                })? {
-                    return Ok(None);
-                }
                 if e.code() == Some("WRONGTYPE") {
                     out.push(0);
-                } else {
-                    return Err(crate::error::LockError::from_redis(key, e));
+                    continue;
                 }
+                // Asked on a connection of its own (the pipeline's is back in the pool); a
+                // question that fails leaves the refusal as it is.
+                let lacks = client.with_conn_until(key, until, |con, _| {
+                    Ok(client.native().lacks(con, Command::SetIfEq, key, &e))
+                });
+                if lacks.unwrap_or(false) {
+                    return Ok(None);
+                }
+                return Err(crate::error::LockError::from_redis(key, e));
             }
             other => {
                 return Err(crate::error::LockError::from_redis(
