@@ -234,7 +234,10 @@ impl LockError {
     /// reset or dropped, or no connection could be opened (no master known yet, no node known
     /// for a Cluster slot); or the server answered `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`,
     /// `READONLY` or `LOADING`; or too few replicas confirmed a write
-    /// ([`NotReplicated`](Self::NotReplicated)).
+    /// ([`NotReplicated`](Self::NotReplicated)); or a win came back too late and was released
+    /// again ([`LateReply`](Self::LateReply)); or a RedLock acquire got no majority because too
+    /// many nodes failed or did not answer ([`NoQuorum`](Self::NoQuorum)). A blocking acquire
+    /// retries exactly the failures this is true for.
     ///
     /// Also a [`Config`](Self::Config) error of
     /// [`ClientBuilder::build`](crate::ClientBuilder::build) that says the server could not be
@@ -245,7 +248,9 @@ impl LockError {
     /// and the caller is told at once ([`is_timeout`](Self::is_timeout)).
     pub fn is_transient(&self) -> bool {
         match self {
-            LockError::NotReplicated { .. } => true,
+            LockError::NotReplicated { .. }
+            | LockError::LateReply { .. }
+            | LockError::NoQuorum { .. } => true,
             LockError::Connection { fault, .. }
             | LockError::Redis { fault, .. }
             | LockError::Config { fault, .. } => fault.is_transient(),

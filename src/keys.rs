@@ -13,8 +13,10 @@
 //! - **Names only this library uses** (the fencing counter `dlock_fence`) are always in the
 //!   key's slot, since a script touches them together with the key: `<prefix>:{<key>}`, or
 //!   `<prefix>:<key>` when the key has a hash tag, whichever lands in the key's slot; for a key
-//!   whose braces defeat both forms (`a{}b`, `}a{b`), `<prefix>:<key>:<n>` with the smallest
-//!   hexadecimal `n` that lands there.
+//!   whose braces defeat both forms (`a{}b`, `}a{b`, `a}b`), `<prefix>:{<n>}:<key>` with the smallest
+//!   hexadecimal `n` whose hash tag lands there. Each try hashes only `n` (at most 5 bytes), and
+//!   every slot is reached below [`TAG_TRIES`] (a unit test checks all 16 384), so the search is
+//!   bounded and never fails. These names are the library's own: Redisson has no such keys.
 
 use crate::error::{LockError, Result};
 
@@ -24,9 +26,10 @@ pub(crate) const CHANNEL_PREFIX: &str = "redisson_lock__channel";
 pub(crate) const FENCE_PREFIX: &str = "dlock_fence";
 /// The message published on a release (Redisson's `UNLOCK_MESSAGE`).
 pub(crate) const UNLOCK_MESSAGE: &str = "0";
-/// The most suffixes tried for a library-only name of a key whose braces defeat both prefix
-/// forms; a slot is hit after about 16 384 on average.
-const SUFFIX_TRIES: u32 = 1 << 22;
+/// How many hexadecimal hash tags `0, 1, …` are tried for a library-only name of a key whose
+/// braces defeat both prefix forms: every one of the 16 384 slots is the slot of one of them
+/// (the last first reached by `4cd70`); a slot is hit after about 16 384 tries on average.
+const TAG_TRIES: u32 = 314_737;
 
 /// The channel on which releases of `key` are announced: Redisson's name for it.
 pub(crate) fn channel(key: &str) -> String {
@@ -50,9 +53,8 @@ pub(crate) fn redisson_name(prefix: &str, key: &str) -> String {
 
 /// A name for a companion key only this library uses, in the key's cluster slot:
 /// Redisson's form if it lands there, else the braced form `<prefix>:{<key>}`, else (a key
-/// whose braces defeat both, such as `a{}b`) `<prefix>:<key>:<n>` with the smallest
-/// hexadecimal `n` that lands there (such a name has no hash tag either, so it is hashed
-/// whole, like the key).
+/// whose braces defeat both, such as `a{}b`) `<prefix>:{<n>}:<key>` with the smallest
+/// hexadecimal `n` whose slot is the key's (the name's first braces are then its hash tag).
 pub(crate) fn aux_key(prefix: &str, key: &str) -> Result<String> {
     let slot = hash_slot(key.as_bytes());
     let redisson = redisson_name(prefix, key);
@@ -63,15 +65,10 @@ pub(crate) fn aux_key(prefix: &str, key: &str) -> Result<String> {
     if hash_slot(braced.as_bytes()) == slot {
         return Ok(braced);
     }
-    let mut name = String::with_capacity(redisson.len() + 8);
-    for n in 0..SUFFIX_TRIES {
-        use std::fmt::Write as _;
-        name.clear();
-        let _ = write!(name, "{redisson}:{n:x}");
-        if hash_slot(name.as_bytes()) == slot {
-            log::debug!("key {key:?}: companion {name:?} (its braces form no hash tag)");
-            return Ok(name);
-        }
+    if let Some(tag) = tag_of_slot(slot) {
+        let name = format!("{prefix}:{{{tag}}}:{key}");
+        log::debug!("key {key:?}: companion {name:?} (its braces form no hash tag)");
+        return Ok(name);
     }
     Err(LockError::config(
         key,
@@ -80,6 +77,21 @@ pub(crate) fn aux_key(prefix: &str, key: &str) -> Result<String> {
              with a non-empty {{tag}} or no braces"
         ),
     ))
+}
+
+/// The smallest hexadecimal number whose text hashes to `slot` (as a hash tag): one exists
+/// below [`TAG_TRIES`] for every slot.
+fn tag_of_slot(slot: u16) -> Option<String> {
+    use std::fmt::Write as _;
+    let mut tag = String::with_capacity(8);
+    for n in 0..TAG_TRIES {
+        tag.clear();
+        let _ = write!(tag, "{n:x}");
+        if hash_slot(tag.as_bytes()) == slot {
+            return Some(tag);
+        }
+    }
+    None
 }
 
 /// The part of a key Redis Cluster hashes: the first `{…}` if non-empty, else the whole key.
@@ -168,7 +180,10 @@ mod tests {
         );
         assert_eq!(fence_key("a{b").expect("open brace"), "dlock_fence:{a{b}");
         let odd = fence_key("a{}b").expect("empty tag");
-        assert!(odd.starts_with("dlock_fence:a{}b:"), "{odd}");
+        assert!(
+            odd.starts_with("dlock_fence:{") && odd.ends_with("}:a{}b"),
+            "{odd}"
+        );
         for key in [
             "a",
             "orders:42",
@@ -180,6 +195,7 @@ mod tests {
             "{}",
             "x{}{y}",
             "}{",
+            "a}b",
             "",
         ] {
             let aux = fence_key(key).expect("same slot");
@@ -189,5 +205,22 @@ mod tests {
                 "{key} -> {aux}"
             );
         }
+    }
+
+    /// Every slot has a hexadecimal tag below `TAG_TRIES`, and the bound is tight: the
+    /// search for a companion name is bounded and never fails.
+    #[test]
+    fn every_slot_has_a_hex_tag_below_the_bound() {
+        let mut first = vec![None; 16384];
+        for n in 0..TAG_TRIES {
+            let slot = usize::from(hash_slot(format!("{n:x}").as_bytes()));
+            first[slot].get_or_insert(n);
+        }
+        assert!(first.iter().all(Option::is_some));
+        assert_eq!(first.iter().flatten().max(), Some(&(TAG_TRIES - 1)));
+        assert_eq!(
+            tag_of_slot(hash_slot(b"a{}b")).map(|t| hash_slot(t.as_bytes())),
+            Some(hash_slot(b"a{}b"))
+        );
     }
 }

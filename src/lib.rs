@@ -72,6 +72,7 @@ mod lease;
 mod lock;
 mod retry;
 mod scripts;
+mod server;
 mod stats;
 mod time;
 
@@ -105,8 +106,10 @@ pub use client::confirm::ReplicaAcks;
 pub use client::target::ConnectionTarget;
 pub use client::LockClient;
 // The defaults and bounds are associated constants of the types they configure
-// (`ClientBuilder::DEFAULT_POOL_SIZE`, `RedLock::DEFAULT_TTL`, ...); inside the crate, their
-// plain names.
+// (`ClientBuilder::DEFAULT_POOL_SIZE`, `RedLock::DEFAULT_TTL`, ...), each defined there once.
+// One bound also has a crate-internal name: the longest timeout, which `RedLockClientBuilder`
+// (a layer below `ClientBuilder`, which it may not name) checks its node timeout against;
+// `ClientBuilder::MAX_TIMEOUT` is this constant.
 pub(crate) use client::MAX_CLIENT_TIMEOUT;
 pub use error::{LockError, Result};
 pub use lease::{Lease, LossReason, LostLock};

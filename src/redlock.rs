@@ -46,7 +46,6 @@ use redis::Value;
 
 use crate::client::admin::KeyState;
 use crate::client::repeats::{log_repeat, Repeats};
-use crate::client::target::ConnectionTarget;
 use crate::client::waiters::WaitQueues;
 use crate::client::LockClient;
 use crate::error::{Fault, LockError, Result};
@@ -61,20 +60,6 @@ use crate::time::check_duration;
 
 /// The stats label of RedLocks.
 pub(crate) const KIND: Kind = Kind::new("redlock");
-
-/// Default lifetime of a [`RedLock`] (as for [`Strategy::Token`](crate::Strategy::Token)).
-pub const REDLOCK_DEFAULT_TTL: Duration = Duration::from_secs(10);
-
-/// Default per-node timeout: how long an operation waits for each node's answer, and the
-/// connect and command timeouts of nodes built from URLs. The Redis page suggests 5–50 ms for a
-/// 10 s lock: far shorter than the lifetime, so a dead node costs little of it.
-pub const REDLOCK_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
-
-/// Default number of worker threads (and pooled connections, for nodes built from URLs) per
-/// node: one, the threads that asking every node at once needs. Operations on one key use one
-/// of them per node; different keys spread over them, so more of them work on more keys at
-/// once.
-pub const REDLOCK_DEFAULT_WORKERS: u32 = 1;
 
 /// A job run by a node's worker thread.
 type Job = Box<dyn FnOnce(&mut Lane) + Send + 'static>;
@@ -213,7 +198,9 @@ enum Effect {
 /// .node_timeout(Duration::from_millis(50))
 /// .build()?;
 /// let lock = client.lock("jobs:nightly-report").ttl(Duration::from_secs(30)).build()?;
-/// let guard = lock.lock()?; // Err(Timeout) if no majority could be had in time
+/// // Err(Timeout) if other owners kept it for the whole wait, Err(NoQuorum) if too few nodes
+/// // answered on the last attempt.
+/// let guard = lock.lock()?;
 /// // ... work, finished well before guard.valid_until() ...
 /// if !guard.unlock()? {
 ///     eprintln!("a majority of nodes no longer had our token: the work was not exclusive");
@@ -254,27 +241,6 @@ impl fmt::Debug for RedLockClient {
 }
 
 impl RedLockClient {
-    /// Connects to the independent masters at `nodes` (`redis://host:port/db`, or anything else
-    /// [`LockClient::open`] takes) with the default settings ([`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT),
-    /// [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS)).
-    pub fn open<T: ConnectionTarget + Clone>(nodes: &[T]) -> Result<Self> {
-        Self::builder(nodes).build()
-    }
-
-    /// A builder for the independent masters at `nodes`, to tune the node timeout and workers.
-    /// Each node gets its own [`LockClient`] with connect and command timeouts equal to the node
-    /// timeout and a pool of one connection per worker. A malformed URL is reported by
-    /// [`RedLockClientBuilder::build`].
-    pub fn builder<T: ConnectionTarget + Clone>(nodes: &[T]) -> RedLockClientBuilder {
-        RedLockClientBuilder::new(NodeSpec::Targets(
-            nodes
-                .iter()
-                .cloned()
-                .map(ConnectionTarget::into_target_info)
-                .collect(),
-        ))
-    }
-
     /// A builder over clients the application already has, one per independent master. Their
     /// own pool settings and timeouts apply to their commands: build them with short timeouts
     /// (e.g. `LockClient::builder(url).connect_timeout(t).command_timeout(Some(t))`) or a dead
@@ -332,6 +298,7 @@ impl RedLockClient {
 /// | --- | --- |
 /// | [`node_timeout`](Self::node_timeout) | [`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT) (50 ms) |
 /// | [`workers_per_node`](Self::workers_per_node) | [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS) (1) |
+/// | [`node_options`](Self::node_options) | none: each node built from a URL has the [`ClientBuilder`](crate::ClientBuilder) defaults but for its command timeout (the node timeout), its pool size (the workers) and a lazy connect |
 ///
 /// N = 0 nodes is rejected with [`LockError::Config`]. Any N ≥ 1 works, but an odd N
 /// is recommended: an even N tolerates no more failed nodes than N − 1 (4 nodes need 3 votes
@@ -344,11 +311,16 @@ pub struct RedLockClientBuilder {
     workers: u32,
 }
 
+/// Builds the client of one node given as a URL: its settings, the workers per node, the node
+/// timeout.
+pub(crate) type NodeClient =
+    Arc<dyn Fn(redis::ConnectionInfo, u32, Duration) -> Result<LockClient> + Send + Sync>;
+
 impl fmt::Debug for RedLockClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The node count only: a URL may carry a password.
         let nodes = match &self.nodes {
-            NodeSpec::Targets(u) => u.len(),
+            NodeSpec::Targets(u, _) => u.len(),
             NodeSpec::Clients(c) => c.len(),
         };
         f.debug_struct("RedLockClientBuilder")
@@ -360,28 +332,46 @@ impl fmt::Debug for RedLockClientBuilder {
 }
 
 #[derive(Clone)]
-enum NodeSpec {
-    Targets(Vec<redis::RedisResult<redis::ConnectionInfo>>),
+pub(crate) enum NodeSpec {
+    /// Nodes given as URLs, and how each becomes a client (made by the facade, which owns
+    /// `ClientBuilder`).
+    Targets(Vec<redis::RedisResult<redis::ConnectionInfo>>, NodeClient),
     Clients(Vec<LockClient>),
 }
 
 impl RedLockClientBuilder {
     /// Default node timeout ([`node_timeout`](Self::node_timeout)): 50 ms.
-    pub const DEFAULT_NODE_TIMEOUT: Duration = REDLOCK_DEFAULT_NODE_TIMEOUT;
+    ///
+    /// Default per-node timeout: how long an operation waits for each node's answer, and the
+    /// command timeout of nodes built from URLs. The Redis page suggests 5–50 ms for a
+    /// 10 s lock: far shorter than the lifetime, so a dead node costs little of it.
+    pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
     /// Default worker threads per node ([`workers_per_node`](Self::workers_per_node)): 1.
-    pub const DEFAULT_WORKERS: u32 = REDLOCK_DEFAULT_WORKERS;
+    ///
+    /// Default number of worker threads (and pooled connections, for nodes built from URLs) per
+    /// node: one, the threads that asking every node at once needs. Operations on one key use one
+    /// of them per node; different keys spread over them, so more of them work on more keys at
+    /// once.
+    pub const DEFAULT_WORKERS: u32 = 1;
 
-    fn new(nodes: NodeSpec) -> Self {
+    pub(crate) fn new(nodes: NodeSpec) -> Self {
         RedLockClientBuilder {
             nodes,
-            node_timeout: REDLOCK_DEFAULT_NODE_TIMEOUT,
-            workers: REDLOCK_DEFAULT_WORKERS,
+            node_timeout: RedLockClientBuilder::DEFAULT_NODE_TIMEOUT,
+            workers: RedLockClientBuilder::DEFAULT_WORKERS,
         }
+    }
+
+    /// The nodes, for the facade's [`node_options`](Self::node_options).
+    pub(crate) fn nodes_mut(&mut self) -> &mut NodeSpec {
+        &mut self.nodes
     }
 
     /// How long an operation waits for each node's answer before counting it as a failed vote
     /// (default [`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT)). For nodes given as URLs it is also each
-    /// connection's connect and command timeout. Keep it far below the lock's lifetime: every
+    /// connection's command timeout (a later reply is a lost vote anyway); their connect
+    /// timeout is [`ClientBuilder`](crate::ClientBuilder)'s, so that a TLS handshake is not cut short: a node that
+    /// is slow to connect holds its worker, never the operation. Keep it far below the lock's lifetime: every
     /// millisecond an acquire waits is taken off the validity. More than zero and at most
     /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
     pub fn node_timeout(mut self, d: Duration) -> Self {
@@ -405,7 +395,7 @@ impl RedLockClientBuilder {
     pub fn build(self) -> Result<RedLockClient> {
         let setup = |msg: String| LockError::client_config(msg);
         let count = match &self.nodes {
-            NodeSpec::Targets(u) => u.len(),
+            NodeSpec::Targets(u, _) => u.len(),
             NodeSpec::Clients(c) => c.len(),
         };
         if count == 0 {
@@ -429,19 +419,14 @@ impl RedLockClientBuilder {
         }
         let clients = match self.nodes {
             NodeSpec::Clients(c) => c,
-            NodeSpec::Targets(targets) => targets
+            NodeSpec::Targets(targets, node_client) => targets
                 .into_iter()
                 .map(|target| {
                     let info = target.map_err(|e| {
                         setup("a RedLock node is not a valid Redis URL".into())
                             .caused_by(Box::new(e))
                     })?;
-                    LockClient::builder(info)
-                        .pool_size(self.workers)
-                        .connect_timeout(self.node_timeout)
-                        .command_timeout(Some(self.node_timeout))
-                        .lazy_connect()
-                        .build()
+                    node_client(info, self.workers, self.node_timeout)
                 })
                 .collect::<Result<Vec<_>>>()?,
         };
@@ -807,7 +792,7 @@ impl RedLockBuilder {
     pub fn build(self) -> Result<RedLock> {
         let (ttl, retry) = check_lock_options(
             &self.key,
-            self.ttl.unwrap_or(REDLOCK_DEFAULT_TTL),
+            self.ttl.unwrap_or(RedLock::DEFAULT_TTL),
             self.retry.unwrap_or_else(RedLock::default_retry_policy),
         )?;
         let ttl = checked_ttl(&self.key, ttl)?;
@@ -868,9 +853,17 @@ fn checked_ttl(key: &str, ttl: Duration) -> Result<Duration> {
 /// or paused minority costs nothing once a majority has answered.
 ///
 /// A node that returns an error or does not answer within the node timeout is a failed vote,
-/// never an error of the call: with too few nodes up, [`try_lock`](DistributedLock::try_lock)
-/// gives [`LockError::Held`] and [`lock`](DistributedLock::lock) [`LockError::Timeout`] (a
-/// warning is logged with the vote counts).
+/// never an error of the call by itself. What a lost majority gives depends on the votes:
+/// - some node refused (it holds the key for another owner): contention,
+///   [`LockError::Held`] from [`try_lock`](DistributedLock::try_lock), and
+///   [`LockError::Timeout`] from [`lock`](DistributedLock::lock) if it stays so until the
+///   deadline;
+/// - no node refused, the majority was lost only to nodes that failed or did not answer (too
+///   few nodes up): [`LockError::NoQuorum`] with the vote counts (a warning is logged), from
+///   `try_lock` at once and from `lock` if its last attempt ended so (it is
+///   [transient](LockError::is_transient): retried until the deadline);
+/// - a majority said yes, but after the validity ran out: [`LockError::LateReply`] (also
+///   transient), the token deleted again.
 #[derive(Debug)]
 pub struct RedLock {
     client: RedLockClient,
@@ -884,7 +877,7 @@ pub struct RedLock {
 
 impl RedLock {
     /// Default lifetime of a RedLock hold ([`RedLockBuilder::ttl`]): 10 s.
-    pub const DEFAULT_TTL: Duration = REDLOCK_DEFAULT_TTL;
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 }
 
 impl RedLock {

@@ -4,13 +4,6 @@ use std::time::{Duration, Instant};
 
 use rand::RngExt;
 
-/// The shortest sleep between two polling attempts of one waiter, whatever the policy says
-/// (`fixed_delay(Duration::ZERO)` included): without it a single waiter would send tens of
-/// thousands of commands a second. It does not delay the first attempt, a waiter woken by a
-/// release of its own client or by a published release, nor the immediate retry right after a
-/// fresh pub/sub subscription is confirmed.
-pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
-
 /// How a blocking [`lock`](crate::DistributedLock::lock) retries.
 ///
 /// An acquire makes one attempt, then sleeps and retries until the lock is taken, `max_retries`
@@ -51,7 +44,13 @@ pub struct RetryPolicy {
 
 impl RetryPolicy {
     /// The shortest sleep between two attempts of a polling wait: 1 ms.
-    pub const MIN_DELAY: Duration = MIN_RETRY_DELAY;
+    ///
+    /// The shortest sleep between two polling attempts of one waiter, whatever the policy says
+    /// (`fixed_delay(Duration::ZERO)` included): without it a single waiter would send tens of
+    /// thousands of commands a second. It does not delay the first attempt, a waiter woken by a
+    /// release of its own client or by a published release, nor the immediate retry right after a
+    /// fresh pub/sub subscription is confirmed.
+    pub const MIN_DELAY: Duration = Duration::from_millis(1);
 
     /// The legacy lockers' policy: 5 retries, a constant 200 ms sleep, no
     /// jitter; about one second of waiting in all. The default for
@@ -225,7 +224,7 @@ impl<'a> Attempts<'a> {
             let half = sleep / 2;
             sleep = half.saturating_add(rand::rng().random_range(Duration::ZERO..=sleep - half));
         }
-        sleep = sleep.max(MIN_RETRY_DELAY);
+        sleep = sleep.max(RetryPolicy::MIN_DELAY);
         self.next_delay = self
             .next_delay
             .saturating_mul(self.policy.backoff)
@@ -296,7 +295,7 @@ mod tests {
         let mut a = Attempts::new(&p);
         for _ in 0..5 {
             a.record();
-            assert_eq!(a.next_sleep(), Some(MIN_RETRY_DELAY));
+            assert_eq!(a.next_sleep(), Some(RetryPolicy::MIN_DELAY));
         }
         // With jitter a 1 ns delay would draw 0 or 1 ns: floored as well.
         let p = RetryPolicy::standard()
@@ -304,7 +303,7 @@ mod tests {
             .jitter(true);
         let mut a = Attempts::new(&p);
         a.record();
-        assert_eq!(a.next_sleep(), Some(MIN_RETRY_DELAY));
+        assert_eq!(a.next_sleep(), Some(RetryPolicy::MIN_DELAY));
     }
 
     #[test]

@@ -46,9 +46,6 @@ use crate::stats::Kind;
 use crate::strategy::hold::{HoldOptions, WakeUp};
 use crate::time::check_duration;
 
-/// The shortest default writer intent: see [`ReadWriteLockBuilder::writer_intent`].
-pub const RW_MIN_WRITER_INTENT: Duration = Duration::from_millis(100);
-
 /// How many retry sleeps (at the policy's longest) a writer intent outlives by default.
 const INTENT_SLEEPS: u32 = 4;
 
@@ -210,7 +207,7 @@ impl LockClient {
 
 impl ReadWriteLock {
     /// The shortest writer intent: 100 ms (see [`ReadWriteLockBuilder::writer_intent`]).
-    pub const MIN_WRITER_INTENT: Duration = RW_MIN_WRITER_INTENT;
+    pub const MIN_WRITER_INTENT: Duration = Duration::from_millis(100);
 
     /// The handle that takes shared (read) holds.
     pub fn read_lock(&self) -> &ReadLock {
@@ -380,7 +377,7 @@ impl ReadWriteLockBuilder {
             opts.retry
                 .max_delay
                 .saturating_mul(INTENT_SLEEPS)
-                .max(RW_MIN_WRITER_INTENT)
+                .max(ReadWriteLock::MIN_WRITER_INTENT)
         });
         check_duration(&self.key, "writer_intent", intent, true).map_err(|e| {
             if self.intent.is_some() {

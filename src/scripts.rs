@@ -9,14 +9,20 @@
 //!
 //! A script that must be able to write when the server is out of memory (`maxmemory` reached
 //! with the `noeviction` policy), like the Classic extend, is sent with the Redis 7 shebang
-//! `#!lua flags=allow-oom`. Servers before Redis 7 do not know shebangs and reject the text
-//! as a Lua syntax error: the client then falls back to the same script without the shebang
-//! for the rest of its life (those servers refuse the script's write under OOM, as before).
+//! `#!lua flags=allow-oom`. Servers before Redis 7 do not know shebangs: a client that learned
+//! at `build()` that its server is one of them (`INFO server`, see [`crate::server`]) sends the
+//! same script without the shebang (those servers refuse the script's write under OOM, as
+//! before). A client that was not told (built lazily, or from an application's pool) sends the
+//! shebang; if a server refuses that script with a plain `ERR`, the client asks it its version
+//! on the same connection, and only if it is older than Redis 7 sends the script without the
+//! shebang, for that call and the rest of its life. Any other refusal is returned as it is.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use redis::{ConnectionLike, FromRedisValue, RedisResult, ToRedisArgs};
+
+use crate::server::{self, Version};
 
 /// The Redis 7 script header that lets a script write when `maxmemory` is reached.
 const ALLOW_OOM: &str = "#!lua flags=allow-oom\n";
@@ -32,8 +38,8 @@ pub(crate) struct LuaScript {
     plain: Option<Arc<Plain>>,
 }
 
-/// The shebang-less variant of a script, and whether this client has seen a server reject the
-/// shebang (then only the variant is sent).
+/// The shebang-less variant of a script, and whether this client's server lacks shebangs (as
+/// it said: then only the variant is sent).
 #[derive(Debug)]
 struct Plain {
     script: LuaScript,
@@ -179,16 +185,19 @@ impl LuaScript {
             return plain.script.eval_one(con, key, &args);
         }
         match self.eval_one(con, key, &args) {
-            Err(err) if rejects_shebang(&err) => {
+            Err(err) => {
+                let Some(version) = server::lacks(con, &err, Version::has_shebang) else {
+                    return Err(err);
+                };
                 log::info!(
-                    "lock {key:?}: the server does not accept script flags (before Redis 7: \
+                    "lock {key:?}: {version} does not take script flags (before Redis 7: \
                      {err}); script {} is sent without them from now on",
                     self.name
                 );
                 plain.shebang_rejected.store(true, Ordering::Relaxed);
                 plain.script.eval_one(con, key, &args)
             }
-            other => other,
+            ok => ok,
         }
     }
 
@@ -256,6 +265,11 @@ impl LuaScript {
 /// A server before Redis 7 compiling a script that starts with a shebang: "Error compiling
 /// script (new function): user_script:1: unexpected symbol near '#'".
 /// A Redis 7+ server that does not know a flag names the shebang.
+///
+/// Only for the scripting probe that `build()` sends in the same round trip as `INFO server`
+/// (`client/pool.rs`), before the version is known: a fixed `return 1` whose only refusal by a
+/// server that runs scripts is its shebang. What a client sends afterwards follows the version
+/// the server gave, never this.
 pub(crate) fn rejects_shebang(err: &redis::RedisError) -> bool {
     let text = err.to_string();
     text.contains("near '#'")
@@ -318,6 +332,18 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
+    /// The scripts for a server of `version`: without the shebangs before Redis 7 (`None`:
+    /// not known; with them, see the module notes).
+    pub(crate) fn for_server(version: Option<&Version>) -> Self {
+        let scripts = Scripts::new();
+        if version.is_some_and(|v| !v.has_shebang()) {
+            if let Some(plain) = &scripts.compare_and_set.plain {
+                plain.shebang_rejected.store(true, Ordering::Relaxed);
+            }
+        }
+        scripts
+    }
+
     pub(crate) fn new() -> Self {
         Scripts {
             unlock: LuaScript::new("unlock", include_str!("../lua/unlock.lua")),
@@ -402,6 +428,23 @@ mod tests {
         assert_eq!(cas.code(), format!("{ALLOW_OOM}{}", plain.script.code()));
         assert_ne!(cas.script.get_hash(), plain.script.script.get_hash());
         assert!(s.unlock.plain.is_none());
+    }
+
+    /// The shebang follows the version the server gave: off before Redis 7, on after and when
+    /// not known.
+    #[test]
+    fn the_shebang_follows_the_version() {
+        use crate::server::tests::info;
+        let sent_plain = |v: Option<&str>| {
+            let version = v.and_then(|t| Version::from_info(&info(t)));
+            let s = Scripts::for_server(version.as_ref());
+            let plain = s.compare_and_set.plain.as_ref().expect("a fallback");
+            plain.shebang_rejected.load(Ordering::Relaxed)
+        };
+        assert!(sent_plain(Some("redis_version:6.2.14\r\n")));
+        assert!(!sent_plain(Some("redis_version:7.0.15\r\n")));
+        assert!(!sent_plain(Some("valkey_version:8.1.8\r\n")));
+        assert!(!sent_plain(None));
     }
 
     #[test]

@@ -23,6 +23,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("keys", VOCABULARY),
     ("ids", VOCABULARY),
     ("scripts", VOCABULARY),
+    ("server", VOCABULARY),
     ("stats", VOCABULARY),
     ("lease", VOCABULARY),
     ("lock", VOCABULARY),

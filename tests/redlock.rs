@@ -156,6 +156,17 @@ fn invalid_settings_are_rejected() {
             .build(),
         Err(LockError::Config { key: None, .. })
     ));
+    // Each node is built by a `ClientBuilder` that `node_options` changes: its checks apply.
+    assert!(matches!(
+        RedLockClient::builder(&["redis://127.0.0.1:1/"])
+            .node_options(|node| node.connect_timeout(Duration::ZERO))
+            .build(),
+        Err(LockError::Config { key: None, .. })
+    ));
+    assert!(RedLockClient::builder(&["redis://127.0.0.1:1/"])
+        .node_options(|node| node.connect_timeout(Duration::from_millis(500)))
+        .build()
+        .is_ok());
 }
 
 #[test]

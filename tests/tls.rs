@@ -12,7 +12,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis_dlock::ClassicOptions;
-use redis_dlock::Lock;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, RedLockClient, RetryPolicy, Strategy, TokenLock,
 };
@@ -137,6 +136,7 @@ fn lock_and_unlock_over_tls() {
     assert_eq!(connections_on(&mut admin, server.port()), 1);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn pubsub_wakes_a_waiter_over_tls_on_one_subscriber_connection() {
     if !support::tls_available() {
@@ -151,7 +151,7 @@ fn pubsub_wakes_a_waiter_over_tls_on_one_subscriber_connection() {
     );
     let mut admin = server.conn();
     let keys = ["tls:wake:1", "tls:wake:2"];
-    let holders: Vec<Lock> = keys
+    let holders: Vec<redis_dlock::Lock> = keys
         .iter()
         .map(|k| {
             a.lock(*k)
@@ -531,6 +531,20 @@ fn redlock_over_tls() {
         "still held on {} nodes after unlock",
         holding()
     );
+
+    // The same nodes given as `rediss://` URLs: each node is built as `LockClient::builder`
+    // builds one (TLS from the URL), with the certificates given through `node_options`.
+    let certs = pki.client_certificates(true);
+    let urls: Vec<String> = servers.iter().map(|s| s.tls_url()).collect();
+    let redlock = RedLockClient::builder(&urls)
+        .node_timeout(Duration::from_secs(2))
+        .node_options(move |node| node.tls_certificates(certs.clone()))
+        .build()
+        .expect("RedLock client from URLs");
+    let lock = redlock.lock(key).build().expect("build");
+    let guard = lock.try_lock().expect("quorum over TLS, nodes from URLs");
+    assert!(holding() >= 2, "held on {} of 3 nodes", holding());
+    assert!(guard.unlock().expect("unlock"));
 }
 
 /// `tls-rustls-insecure`: the `#insecure` URL fragment skips certificate checks (for test

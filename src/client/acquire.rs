@@ -267,18 +267,14 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     })
 }
 
-/// An attempt that won too late ([`LockError::LateReply`], already released), got no RedLock
-/// majority for want of answers ([`LockError::NoQuorum`]), or met a transient failure
-/// ([`LockError::is_transient`]: a failover, a restart) counts as refused in a blocking
-/// acquire, which retries it with the policy's backoff until its deadline; the error is kept
-/// in `late` until an attempt ends otherwise, and returned instead of a timeout if it was the
-/// last.
+/// An attempt that met a transient failure ([`LockError::is_transient`]: a failover, a
+/// restart, a win that came back too late and was released, a RedLock majority lost for want
+/// of answers) counts as refused in a blocking acquire, which retries it with the policy's
+/// backoff until its deadline; the error is kept in `late` until an attempt ends otherwise,
+/// and returned instead of a timeout if it was the last. One predicate decides: what a
+/// blocking acquire retries is what `is_transient` says.
 fn refused_if_late(outcome: Result<Attempt>, late: &mut Option<LockError>) -> Result<Attempt> {
     match outcome {
-        Err(e @ (LockError::LateReply { .. } | LockError::NoQuorum { .. })) => {
-            *late = Some(e);
-            Ok(Attempt::Held { pttl: None })
-        }
         Err(e) if e.is_transient() => {
             log::debug!("{}; retried until the deadline", e.report());
             *late = Some(e);
@@ -303,4 +299,61 @@ pub(crate) fn note_release(waiters: &WaitQueues, key: &str, ours: bool) -> bool 
         );
     }
     ours
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A blocking acquire retries exactly the failures `is_transient` names: one
+    /// classification for the predicate users read and the retry loop.
+    #[test]
+    fn a_blocking_acquire_retries_what_is_transient_says() {
+        let key = "k".to_string();
+        let redis = |kind, text| LockError::from_redis("k", redis::RedisError::from((kind, text)));
+        let failures = [
+            LockError::LateReply {
+                key: key.clone(),
+                elapsed: Duration::from_millis(9),
+                ttl: Duration::from_millis(10),
+            },
+            LockError::NoQuorum {
+                key: key.clone(),
+                granted: 1,
+                refused: 0,
+                failed: 2,
+                nodes: 3,
+                quorum: 2,
+                source: None,
+            },
+            LockError::NotReplicated {
+                key: key.clone(),
+                confirmed: 0,
+                required: 1,
+            },
+            redis(redis::ErrorKind::Io, "reset"),
+            LockError::Lost { key: key.clone() },
+            LockError::WrongType { key: key.clone() },
+            LockError::config("k", "bad"),
+        ];
+        for e in failures {
+            let transient = e.is_transient();
+            let expected = matches!(
+                e,
+                LockError::LateReply { .. }
+                    | LockError::NoQuorum { .. }
+                    | LockError::NotReplicated { .. }
+                    | LockError::Connection { .. }
+            );
+            assert_eq!(transient, expected, "{e:?}");
+            let shown = format!("{e:?}");
+            let mut late = None;
+            let retried = matches!(
+                refused_if_late(Err(e), &mut late),
+                Ok(Attempt::Held { pttl: None })
+            );
+            assert_eq!(retried, transient, "{shown}");
+            assert_eq!(late.is_some(), transient, "{shown}");
+        }
+    }
 }

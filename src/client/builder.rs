@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::{ConnectionAddr, RedisResult};
 
-use super::confirm::{Acks, ReplicaAcks, DEFAULT_REPLICA_ACK_TIMEOUT};
+use super::confirm::{Acks, ReplicaAcks};
 use super::native::Detected;
 use super::pool::{
     cluster_retries, master_info, sentinel_master_addr, unreaped, ConnectErrors, Lazy, Manager,
@@ -17,11 +17,9 @@ use super::sentinel_watch;
 use super::subscriber::Resolve;
 use super::switches::Switches;
 use super::target::ConnectionTarget;
-use super::{
-    LockClient, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDOFF_COURTESY,
-    DEFAULT_POOL_SIZE, MAX_CLIENT_TIMEOUT, MAX_HANDOFF_COURTESY,
-};
+use super::{LockClient, MAX_CLIENT_TIMEOUT};
 use crate::error::{LockError, Result};
+use crate::redlock::{NodeClient, NodeSpec, RedLockClient, RedLockClientBuilder};
 
 /// Settings for [`LockClient`], with documented defaults.
 #[derive(Clone)]
@@ -80,6 +78,34 @@ impl LockClient {
         Self::builder(target).build()
     }
 
+    /// Uses a pool the application already has.
+    ///
+    /// The pool's own settings apply. For the one-round-trip hot path, build it with
+    /// `test_on_check_out(false)`: r2d2's default sends a `PING` on every checkout, which doubles
+    /// the cost of every lock operation. Set read timeouts on its connections, or a paused Redis
+    /// blocks callers for as long as the OS lets a socket wait.
+    ///
+    /// Such a client has no address to open its subscriber connection to, so its waiters poll
+    /// (by their retry policy) instead of being woken by pub/sub.
+    pub fn from_pool(pool: r2d2::Pool<redis::Client>) -> Self {
+        Self::with_pool(
+            Pool::External(pool),
+            None,
+            false,
+            ClientBuilder::DEFAULT_COMMAND_TIMEOUT,
+            ClientBuilder::DEFAULT_HANDOFF_COURTESY,
+            ("the application's pool".to_owned(), Arc::default()),
+            None,
+            Arc::default(),
+            Detected::scripts_only(),
+            Arc::new(Acks::new(
+                ReplicaAcks::Off,
+                ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+                false,
+            )),
+        )
+    }
+
     /// A builder for one server, to tune the pool and timeouts; `target` as for
     /// [`open`](Self::open). A malformed URL is reported by [`ClientBuilder::build`].
     pub fn builder(target: impl ConnectionTarget) -> ClientBuilder {
@@ -120,6 +146,87 @@ impl LockClient {
             sentinels: targets(sentinels),
             service: service.to_owned(),
         })
+    }
+}
+
+/// A RedLock's nodes given as URLs: each one a [`LockClient`] built by a [`ClientBuilder`].
+impl RedLockClient {
+    /// Connects to the independent masters at `nodes` (`redis://host:port/db`, or anything else
+    /// [`LockClient::open`] takes) with the default settings ([`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT),
+    /// [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS)).
+    pub fn open<T: ConnectionTarget + Clone>(nodes: &[T]) -> Result<Self> {
+        Self::builder(nodes).build()
+    }
+
+    /// A builder for the independent masters at `nodes`, to tune the node timeout and workers.
+    /// Each node gets its own [`LockClient`], built as [`LockClient::builder`] builds one (its
+    /// defaults, among them the connect timeout, and TLS for `rediss://` URLs), with a command
+    /// timeout equal to the node timeout, a pool of one connection per worker and a lazy
+    /// connect; [`node_options`](RedLockClientBuilder::node_options) changes any of it (TLS
+    /// certificates, the connect timeout, …). A malformed URL is reported by
+    /// [`RedLockClientBuilder::build`].
+    pub fn builder<T: ConnectionTarget + Clone>(nodes: &[T]) -> RedLockClientBuilder {
+        let infos = nodes
+            .iter()
+            .cloned()
+            .map(ConnectionTarget::into_target_info)
+            .collect();
+        RedLockClientBuilder::new(NodeSpec::Targets(infos, redlock_node(None)))
+    }
+}
+
+/// What [`RedLockClientBuilder::node_options`] applies to each node's builder.
+type NodeOptions = Arc<dyn Fn(ClientBuilder) -> ClientBuilder + Send + Sync>;
+
+/// How a RedLock node given as a URL becomes a client: [`LockClient::builder`] with the
+/// RedLock settings (the node timeout as the command timeout, a connection per worker, a lazy
+/// connect), then the application's `options`.
+fn redlock_node(options: Option<NodeOptions>) -> NodeClient {
+    Arc::new(move |info, workers, node_timeout| {
+        let node = LockClient::builder(info)
+            .pool_size(workers)
+            .command_timeout(Some(node_timeout))
+            .lazy_connect();
+        match &options {
+            Some(options) => options(node),
+            None => node,
+        }
+        .build()
+    })
+}
+
+impl RedLockClientBuilder {
+    /// Settings for every node given as a URL: `options` gets the node's [`ClientBuilder`],
+    /// with the RedLock settings already applied (the node timeout as its command timeout, a
+    /// connection per worker, a lazy connect), and returns it changed: TLS certificates, a
+    /// connect or command timeout, replica confirmation, a pool size. Nodes given as clients
+    /// ([`RedLockClient::from_clients`]) are left as they are. A later call replaces an earlier
+    /// one.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redis_dlock::RedLockClient;
+    /// # fn main() -> Result<(), redis_dlock::LockError> {
+    /// let client = RedLockClient::builder(&[
+    ///     "redis://10.0.0.1:6379/",
+    ///     "redis://10.0.0.2:6379/",
+    ///     "redis://10.0.0.3:6379/",
+    /// ])
+    /// .node_options(|node| node.connect_timeout(Duration::from_millis(500)))
+    /// .build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// With the `tls-rustls` or `tls-native-tls` feature, certificates for `rediss://` nodes:
+    /// `.node_options(move |node| node.tls_certificates(certs.clone()))`.
+    pub fn node_options(
+        mut self,
+        options: impl Fn(ClientBuilder) -> ClientBuilder + Send + Sync + 'static,
+    ) -> Self {
+        if let NodeSpec::Targets(_, node_client) = self.nodes_mut() {
+            *node_client = redlock_node(Some(Arc::new(options)));
+        }
+        self
     }
 }
 
@@ -164,11 +271,11 @@ impl TargetSpec {
 
 impl ClientBuilder {
     /// Default number of pooled connections ([`pool_size`](Self::pool_size)): 16.
-    pub const DEFAULT_POOL_SIZE: u32 = DEFAULT_POOL_SIZE;
+    pub const DEFAULT_POOL_SIZE: u32 = 16;
     /// Default time to open a connection ([`connect_timeout`](Self::connect_timeout)): 2 s.
-    pub const DEFAULT_CONNECT_TIMEOUT: Duration = DEFAULT_CONNECT_TIMEOUT;
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
     /// Default time allowed for one reply ([`command_timeout`](Self::command_timeout)): 2 s.
-    pub const DEFAULT_COMMAND_TIMEOUT: Duration = DEFAULT_COMMAND_TIMEOUT;
+    pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
     /// The longest connect or command timeout [`build`](Self::build) accepts (one year; no
     /// command timeout at all is `command_timeout(None)`): longer values overflow deadline
     /// arithmetic on some platforms' clocks and mean "never" in practice.
@@ -176,23 +283,23 @@ impl ClientBuilder {
     /// Default bound of a replica confirmation
     /// ([`replica_ack_timeout`](Self::replica_ack_timeout)): 1 s, as Redisson's
     /// `slavesSyncTimeout`.
-    pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = DEFAULT_REPLICA_ACK_TIMEOUT;
+    pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = Duration::from_secs(1);
     /// Default pause before a thread takes again a lock its client just released while
     /// another client waits ([`handoff_courtesy`](Self::handoff_courtesy)): 3 ms.
-    pub const DEFAULT_HANDOFF_COURTESY: Duration = DEFAULT_HANDOFF_COURTESY;
+    pub const DEFAULT_HANDOFF_COURTESY: Duration = Duration::from_millis(3);
     /// The longest handoff courtesy [`build`](Self::build) accepts: 1 s.
-    pub const MAX_HANDOFF_COURTESY: Duration = MAX_HANDOFF_COURTESY;
+    pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
 
     pub(super) fn new(target: TargetSpec) -> Self {
         ClientBuilder {
             target,
-            pool_size: DEFAULT_POOL_SIZE,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            command_timeout: Some(DEFAULT_COMMAND_TIMEOUT),
-            courtesy: DEFAULT_HANDOFF_COURTESY,
+            pool_size: Self::DEFAULT_POOL_SIZE,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: Some(Self::DEFAULT_COMMAND_TIMEOUT),
+            courtesy: Self::DEFAULT_HANDOFF_COURTESY,
             lazy: false,
             replica_acks: ReplicaAcks::Auto,
-            replica_ack_timeout: DEFAULT_REPLICA_ACK_TIMEOUT,
+            replica_ack_timeout: Self::DEFAULT_REPLICA_ACK_TIMEOUT,
             #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
             tls: None,
         }
@@ -363,10 +470,11 @@ impl ClientBuilder {
                      command_timeout(None) waits without limit"
             )));
         }
-        if self.courtesy > MAX_HANDOFF_COURTESY {
+        if self.courtesy > Self::MAX_HANDOFF_COURTESY {
             return Err(LockError::client_config(format!(
                 "handoff courtesy {:?} is longer than MAX_HANDOFF_COURTESY ({:?})",
-                self.courtesy, MAX_HANDOFF_COURTESY
+                self.courtesy,
+                Self::MAX_HANDOFF_COURTESY
             )));
         }
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);

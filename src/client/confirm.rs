@@ -43,10 +43,6 @@ pub enum ReplicaAcks {
     Off,
 }
 
-/// The default bound of each confirmation (`WAIT`'s timeout), as Redisson's
-/// `slavesSyncTimeout`.
-pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = Duration::from_secs(1);
-
 /// A client's confirmation settings, and what it learnt of its primary.
 #[derive(Debug)]
 pub(crate) struct Acks {
@@ -305,6 +301,8 @@ impl Wait {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT;
 
     #[test]
     fn auto_learns_once_per_primary_and_only_for_sentinel() {

@@ -285,6 +285,7 @@ impl LiveValues {
     }
 
     /// Entries kept, after dropping the holds past their deadline.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(crate) fn len(&self) -> usize {
         let now = Instant::now();
         self.shards

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use redis::RedisResult;
 
 use crate::client::cluster_deadline::within;
-use crate::client::confirm::{Acks, ReplicaAcks};
+use crate::client::confirm::Acks;
 use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;
 use crate::client::native::{Detected, Native};
@@ -51,18 +51,6 @@ use crate::error::{self, Context, Fault, LockError, Result, Rounded};
 use crate::scripts::Scripts;
 use crate::stats::{Counters, Stats};
 
-/// Default number of pooled connections.
-pub const DEFAULT_POOL_SIZE: u32 = 16;
-/// Default time allowed to open a connection (and to wait for a free pooled one).
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Default time allowed for Redis to answer one command.
-pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-/// Default head start a releasing client gives other clients' waiters: see
-/// [`ClientBuilder::handoff_courtesy`](crate::ClientBuilder::handoff_courtesy).
-pub const DEFAULT_HANDOFF_COURTESY: Duration = Duration::from_millis(3);
-/// The longest handoff courtesy [`ClientBuilder::build`](crate::ClientBuilder::build) accepts: the courtesy is a head start
-/// of a few round trips, and a longer one would only stall the releasing client.
-pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
 /// The longest connect or command timeout [`ClientBuilder::build`](crate::ClientBuilder::build) accepts (one year; no
 /// command timeout at all is `command_timeout(None)`). Longer values overflow deadline
 /// arithmetic on some platforms' clocks and mean "never" in practice.
@@ -147,7 +135,8 @@ struct Inner {
     janitor: Janitor,
     /// Values this client is writing or holds (see `client/live.rs`).
     live: LiveValues,
-    /// The server takes `SET … NX PX … GET` (Redis 7.0+): until a server refuses it.
+    /// The server takes `SET … NX PX … GET` (Redis 7.0+), as it said at `build()` (assumed
+    /// when it was not asked), until a server that refused it says it lacks it.
     set_get: AtomicBool,
     /// The native commands the server has (learned at `build()`), until a server refuses one.
     native: Native,
@@ -202,34 +191,6 @@ impl std::fmt::Debug for LockClient {
 }
 
 impl LockClient {
-    /// Uses a pool the application already has.
-    ///
-    /// The pool's own settings apply. For the one-round-trip hot path, build it with
-    /// `test_on_check_out(false)`: r2d2's default sends a `PING` on every checkout, which doubles
-    /// the cost of every lock operation. Set read timeouts on its connections, or a paused Redis
-    /// blocks callers for as long as the OS lets a socket wait.
-    ///
-    /// Such a client has no address to open its subscriber connection to, so its waiters poll
-    /// (by their retry policy) instead of being woken by pub/sub.
-    pub fn from_pool(pool: r2d2::Pool<redis::Client>) -> Self {
-        Self::with_pool(
-            Pool::External(pool),
-            None,
-            false,
-            DEFAULT_COMMAND_TIMEOUT,
-            DEFAULT_HANDOFF_COURTESY,
-            ("the application's pool".to_owned(), Arc::default()),
-            None,
-            Arc::default(),
-            Detected::scripts_only(),
-            Arc::new(Acks::new(
-                ReplicaAcks::Off,
-                confirm::DEFAULT_REPLICA_ACK_TIMEOUT,
-                false,
-            )),
-        )
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn with_pool(
         pool: Pool,
@@ -251,7 +212,7 @@ impl LockClient {
                 handles: std::sync::atomic::AtomicUsize::new(1),
                 token_prefix: token_prefix_of(&instance),
                 pool,
-                scripts: Scripts::new(),
+                scripts: Scripts::for_server(detected.version.as_ref()),
                 wakeups: Wakeups::new(
                     resolve,
                     Arc::clone(&waiters),
@@ -266,7 +227,12 @@ impl LockClient {
                 courtesy,
                 janitor: Janitor::default(),
                 live: LiveValues::default(),
-                set_get: AtomicBool::new(true),
+                set_get: AtomicBool::new(
+                    detected
+                        .version
+                        .as_ref()
+                        .is_none_or(crate::server::Version::has_set_nx_get),
+                ),
                 native: Native::new(&detected),
                 detected,
                 addr,
@@ -360,19 +326,28 @@ impl LockClient {
         &self.inner.wakeups
     }
 
-    /// True until a server refused `SET … NX PX … GET` (servers before Redis 7.0).
+    /// True while the client sends `SET … NX PX … GET` (the server has it: Redis 7.0+).
     pub(crate) fn set_get(&self) -> bool {
         self.inner.set_get.load(Ordering::Relaxed)
     }
 
-    /// A server refused `SET … NX PX … GET`: use plain `SET … NX PX` from now on.
-    pub(crate) fn no_set_get(&self) {
-        if self.inner.set_get.swap(false, Ordering::Relaxed) {
+    /// After `SET … NX PX … GET` was answered with `e` on `con`: true if the client is to send
+    /// plain `SET … NX PX` instead, for this call and from now on, which is only when the
+    /// server, asked on `con` (`INFO server`), says it lacks it (before Redis 7.0). Any other
+    /// error is the caller's to return.
+    pub(crate) fn lacks_set_get(
+        &self,
+        con: &mut dyn redis::ConnectionLike,
+        e: &redis::RedisError,
+    ) -> bool {
+        let lacks = crate::server::lacks(con, e, crate::server::Version::has_set_nx_get).is_some();
+        if lacks && self.inner.set_get.swap(false, Ordering::Relaxed) {
             log::info!(
                 "the server does not take SET ... NX PX ... GET (Redis < 7.0): Token acquires \
                  use SET ... NX PX, and a key of another type is found only when a wait ends"
             );
         }
+        lacks
     }
 
     /// The client's scripts (their SHAs, for commands packed in advance).
@@ -432,7 +407,9 @@ impl LockClient {
     }
 
     /// Entries of the client's live set (see `client/live.rs`): the writes under way and the
-    /// holds whose lifetime has not run out. For the tests that check it stays bounded.
+    /// holds whose lifetime has not run out. For the tests that check it stays bounded: only
+    /// with the hidden feature `test-hooks`.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn live_values(&self) -> usize {
         self.inner.live.len()

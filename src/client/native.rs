@@ -11,16 +11,21 @@
 //! Redis 8.4 has `SET … IFEQ` and `DELEX key IFEQ value` too, but no such server runs in this
 //! crate's tests, so they are not used there (Redis servers keep the scripts).
 //!
+//! The same answer tells which Redis 7 features the server has (`SET … NX … GET`, script
+//! shebangs): see [`crate::server`].
+//!
 //! A client built with `lazy_connect`, or from an application's pool, asked nothing: it uses
-//! the scripts. A node that answers a native command with "unknown command" (a mixed cluster,
-//! a failover to an older server) or a syntax error makes the client switch that command back
-//! to its script, for the call at hand and from then on, said once in the log.
+//! the scripts. A node that refuses a native command with a plain `ERR` (a mixed cluster, a
+//! failover to an older server) is asked the same two questions on that connection; only if it
+//! says it lacks the command does the client switch that command back to its script, for the
+//! call at hand and from then on, said once in the log. Any other refusal is returned as it is.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use redis::Value;
+use redis::{ConnectionLike, Value};
 
 use crate::error::{LockError, Result};
+use crate::server::{self, Version};
 
 /// One native command of [`Native`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +50,8 @@ impl Command {
 pub(crate) struct Detected {
     /// `valkey 9.1.2`, `redis 7.0.15`, or empty when `INFO server` was not answered.
     pub(crate) server: String,
+    /// The server's version, when `INFO server` was answered.
+    pub(crate) version: Option<Version>,
     /// `DELIFEQ` is known (`COMMAND INFO DELIFEQ` describes it).
     pub(crate) delifeq: bool,
     /// `SET … IFEQ` is known (Valkey 8.1 and later, by `valkey_version`).
@@ -65,41 +72,49 @@ impl Detected {
     /// Reads the replies of `INFO server` and `COMMAND INFO DELIFEQ` (either may be an error,
     /// e.g. for a user without `@slow`: then nothing native is assumed).
     pub(crate) fn from_replies(info: &Value, command_info: &Value) -> Self {
-        let text = match info {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            Value::VerbatimString { text, .. } => text.clone(),
-            Value::SimpleString(s) => s.clone(),
-            _ => String::new(),
-        };
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.trim().to_owned())
-        };
-        let valkey = field("valkey_version:");
-        let server = match (&valkey, field("redis_version:")) {
-            (Some(v), _) => format!("valkey {v}"),
-            (None, Some(v)) => format!("redis {v}"),
-            (None, None) => String::new(),
-        };
-        let delifeq = matches!(command_info,
-            Value::Array(items) if items.first().is_some_and(|i| matches!(i, Value::Array(_))));
-        // `SET … IFEQ` cannot be asked about (COMMAND INFO lists no options): Valkey 8.1+.
-        let set_ifeq = valkey.as_deref().is_some_and(|v| at_least(v, (8, 1)));
+        let version = Version::from_info(info);
         Detected {
-            server,
-            delifeq,
-            set_ifeq,
+            server: version.as_ref().map(Version::to_string).unwrap_or_default(),
+            delifeq: describes_a_command(command_info) == Some(true),
+            // `SET … IFEQ` cannot be asked about (COMMAND INFO lists no options): by version.
+            set_ifeq: version.as_ref().is_some_and(Version::has_set_ifeq),
+            version,
             scripting: true,
         }
     }
 }
 
-/// True if the version `v` ("8.1.8") is at least `major.minor`.
-fn at_least(v: &str, (major, minor): (u32, u32)) -> bool {
-    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    found >= (major, minor)
+/// Whether a reply to `COMMAND INFO <name>` describes the command (`Some(false)`: the server
+/// answered and does not know it; `None`: no answer, e.g. an error).
+fn describes_a_command(command_info: &Value) -> Option<bool> {
+    match command_info {
+        Value::Array(items) => Some(items.first().is_some_and(|i| matches!(i, Value::Array(_)))),
+        _ => None,
+    }
+}
+
+/// Asks the server on `con` whether it has `command` (`INFO server`, and `COMMAND INFO
+/// DELIFEQ` for `DELIFEQ`, as at `build()`; one command at a time, as a Cluster connection
+/// takes `INFO` outside a pipeline only, and sends it to every primary); `None` when it does
+/// not say.
+fn server_has(con: &mut dyn ConnectionLike, command: Command) -> Option<bool> {
+    let version = server::ask(con);
+    match command {
+        Command::SetIfEq => version.map(|v| v.has_set_ifeq()),
+        Command::DelIfEq => {
+            let described = redis::cmd("COMMAND")
+                .arg("INFO")
+                .arg("DELIFEQ")
+                .query::<Value>(con)
+                .ok()
+                .and_then(|reply| describes_a_command(&reply));
+            match (described, version) {
+                (Some(false), _) => Some(false),
+                (_, Some(v)) if !v.has_delifeq() => Some(false),
+                (described, _) => described,
+            }
+        }
+    }
 }
 
 /// The native commands a client uses, each until a server refuses it.
@@ -152,8 +167,28 @@ impl Native {
         }
     }
 
+    /// After `command` was answered with `e` on `con`: true if the client is to use the script
+    /// instead, for this call and from now on. So only when the user may not run the command
+    /// (`NOPERM`: the script may be allowed), or when the server, asked on `con`, says it lacks
+    /// the command (after a plain `ERR`: an unknown command, a syntax error). Any other error
+    /// (a full server's `OOM` included) is the caller's to handle.
+    pub(crate) fn lacks(
+        &self,
+        con: &mut dyn ConnectionLike,
+        command: Command,
+        key: &str,
+        e: &redis::RedisError,
+    ) -> bool {
+        let lacks = crate::error::is_access_denied(e)
+            || (server::may_lack_capability(e) && server_has(con, command) == Some(false));
+        if lacks {
+            self.refused(command, key, e);
+        }
+        lacks
+    }
+
     /// Stops using `command` (the scripts take over), said once.
-    pub(crate) fn refused(&self, command: Command, key: &str, e: &redis::RedisError) {
+    fn refused(&self, command: Command, key: &str, e: &redis::RedisError) {
         if self.flag(command).swap(false, Ordering::Relaxed) {
             log::warn!(
                 "lock {key:?}: a server refused {} ({e}); this client uses the script instead \
@@ -170,17 +205,6 @@ impl Native {
         self.delifeq.store(native && d.delifeq, Ordering::Relaxed);
         self.set_ifeq.store(native && d.set_ifeq, Ordering::Relaxed);
     }
-}
-
-/// True for an answer that says the server does not have a native command in this form: an
-/// unknown command (a server before Valkey 9.0 asked `DELIFEQ`), a syntax error (before Valkey
-/// 8.1 asked `SET … IFEQ`), or a command denied to the user (the script may be allowed).
-pub(crate) fn is_unsupported(e: &redis::RedisError) -> bool {
-    if crate::error::is_access_denied(e) {
-        return true;
-    }
-    let text = e.to_string().to_ascii_lowercase();
-    e.code() == Some("ERR") && (text.contains("unknown command") || text.contains("syntax error"))
 }
 
 /// True for the refusal of a write on a full server (`maxmemory` reached, `noeviction`):
@@ -269,11 +293,57 @@ mod tests {
             (d.server.as_str(), d.delifeq, d.set_ifeq),
             ("", false, false)
         );
-        assert!(!at_least("8.0.2", (8, 1)) && at_least("10.0", (8, 1)));
+    }
+
+    /// A native command refused with a plain `ERR` is turned off only when the server, asked,
+    /// says it lacks it; a `NOPERM` turns it off (the script may be allowed) without asking.
+    #[test]
+    fn a_refused_native_command_is_asked_about() {
+        use crate::server::tests::{info, server_error, Canned};
+        let detected = Detected::from_replies(
+            &info("valkey_version:9.1.2\r\n"),
+            &Value::Array(vec![Value::Array(vec![])]),
+        );
+        let syntax = server_error("ERR", "syntax error");
+        // Valkey 9.1 says it has both: the error is the caller's, the commands stay on.
+        let native = Native::new(&detected);
+        let mut has_both = Canned::new(vec![
+            info("valkey_version:9.1.2\r\n"),
+            Value::Array(vec![Value::Array(vec![])]),
+        ]);
+        assert!(!native.lacks(&mut has_both, Command::DelIfEq, "k", &syntax));
+        assert!(!native.lacks(&mut has_both, Command::SetIfEq, "k", &syntax));
+        assert!(native.has(Command::DelIfEq) && native.has(Command::SetIfEq));
+        // A node of Valkey 8.0 (a mixed fleet): it lacks both.
+        let mut older = Canned::new(vec![
+            info("valkey_version:8.0.2\r\n"),
+            Value::Array(vec![Value::Nil]),
+            info("valkey_version:8.0.2\r\n"),
+            Value::Array(vec![Value::Nil]),
+        ]);
+        assert!(native.lacks(&mut older, Command::DelIfEq, "k", &syntax));
+        assert!(native.lacks(&mut older, Command::SetIfEq, "k", &syntax));
+        assert!(!native.has(Command::DelIfEq) && !native.has(Command::SetIfEq));
+        // NOPERM: by its code, nothing asked.
+        let native = Native::new(&detected);
+        let mut nothing = Canned::new(vec![]);
+        let denied = server_error(
+            "NOPERM",
+            "User u has no permissions to run the 'delifeq' command",
+        );
+        assert!(native.lacks(&mut nothing, Command::DelIfEq, "k", &denied));
+        assert_eq!(nothing.sent, 0);
+        // WRONGTYPE is an answer, not a missing command.
+        let wrongtype = server_error(
+            "WRONGTYPE",
+            "Operation against a key holding the wrong kind of value",
+        );
+        assert!(!native.lacks(&mut nothing, Command::SetIfEq, "k", &wrongtype));
+        assert!(native.has(Command::SetIfEq));
     }
 
     #[test]
-    fn unsupported_answers_are_recognised() {
+    fn a_full_server_is_recognised_by_its_code() {
         let err = |code: &str, msg: &str| {
             let resp = format!("-{code} {msg}\r\n");
             match redis::parse_redis_value(resp.as_bytes()) {
@@ -281,18 +351,15 @@ mod tests {
                 other => panic!("not a server error: {other:?}"),
             }
         };
-        assert!(is_unsupported(&err(
-            "ERR",
-            "unknown command 'delifeq', with args beginning with: 'k' 'a'"
-        )));
-        assert!(is_unsupported(&err("ERR", "syntax error")));
-        assert!(!is_unsupported(&err(
-            "WRONGTYPE",
-            "Operation against a key holding the wrong kind of value"
-        )));
         assert!(is_oom(&err(
             "OOM",
             "command not allowed when used memory > 'maxmemory'."
         )));
+        assert!(!is_oom(&err("ERR", "syntax error")));
+        assert_eq!(
+            describes_a_command(&Value::Array(vec![Value::Nil])),
+            Some(false)
+        );
+        assert_eq!(describes_a_command(&Value::Nil), None);
     }
 }

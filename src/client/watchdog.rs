@@ -535,8 +535,9 @@ fn renew_replies(
 }
 
 /// The pipelined `SET … IFEQ … PX` renewal of the holds `which` of `batch`: their answers, or
-/// `None` when the server refused the command (then the script renews them: an unknown
-/// command or syntax error from now on, a full server's `OOM` for this call). A key of another
+/// `None` when the server refused the command (then the script renews them: from now on when
+/// the server, asked, says it lacks the command or the user may not run it; for this call on a
+/// full server's `OOM`). A key of another
 /// type counts as not the owner's, as in the script.
 fn renew_natively(
     client: &crate::client::LockClient,
@@ -547,19 +548,22 @@ fn renew_natively(
     let key = batch[which[0]].1.key();
     if let [i] = which {
         let state = &batch[*i].1;
-        let reply = client.with_conn_confirmed_until(key, until, |con, _| {
-            native::set_ifeq_px(state.key(), state.value(), lease_ms(state))
-                .query::<redis::Value>(con)
-        });
+        // `None`: the server lacks the command (asked on this connection).
+        let reply =
+            client.with_conn_confirmed_until(key, until, |con, _| {
+                match native::set_ifeq_px(state.key(), state.value(), lease_ms(state))
+                    .query::<redis::Value>(con)
+                {
+                    Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => Ok(None),
+                    other => other.map(Some),
+                }
+            });
         return match reply {
-            Ok(redis::Value::Nil) => Ok(Some(vec![0])),
-            Ok(_) => Ok(Some(vec![1])),
+            Ok(None) => Ok(None),
+            Ok(Some(redis::Value::Nil)) => Ok(Some(vec![0])),
+            Ok(Some(_)) => Ok(Some(vec![1])),
             // A key of another type counts as not the owner's, as in the script.
             Err(LockError::WrongType { .. }) => Ok(Some(vec![0])),
-            Err(LockError::Redis { source, .. }) if native::is_unsupported(&source) => {
-                client.native().refused(Command::SetIfEq, key, &source);
-                Ok(None)
-            }
             Err(LockError::Redis { source, .. }) if native::is_oom(&source) => Ok(None),
             Err(e) => Err(e),
         };
@@ -583,18 +587,22 @@ fn renew_natively(
             redis::Value::Nil => out.push(0),
             redis::Value::ServerError(e) => {
                 let e = redis::RedisError::from(e);
-                if native::is_unsupported(&e) {
-                    client.native().refused(Command::SetIfEq, key, &e);
-                    return Ok(None);
-                }
                 if native::is_oom(&e) {
                     return Ok(None);
                 }
                 if e.code() == Some("WRONGTYPE") {
                     out.push(0);
-                } else {
-                    return Err(crate::error::LockError::from_redis(key, e));
+                    continue;
                 }
+                // Asked on a connection of its own (the pipeline's is back in the pool); a
+                // question that fails leaves the refusal as it is.
+                let lacks = client.with_conn_until(key, until, |con, _| {
+                    Ok(client.native().lacks(con, Command::SetIfEq, key, &e))
+                });
+                if lacks.unwrap_or(false) {
+                    return Ok(None);
+                }
+                return Err(crate::error::LockError::from_redis(key, e));
             }
             other => {
                 return Err(crate::error::LockError::from_redis(

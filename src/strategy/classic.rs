@@ -33,8 +33,6 @@ use crate::stats::Kind;
 use crate::strategy::hold;
 use crate::strategy::string_value;
 
-/// Default lifetime ("timeout") of a [`Strategy::Classic`](crate::Strategy::Classic) lock, as in the legacy lockers.
-pub const CLASSIC_DEFAULT_TTL: Duration = Duration::from_secs(1);
 /// How a Classic lock encodes its expiry timestamp in the value: the format of the legacy
 /// family that shares its keys. Every client of one key must use one encoding (a value in
 /// another format is [`LockError::Corrupt`] to us, and some families take it over as expired:
@@ -407,7 +405,7 @@ impl std::fmt::Debug for ClassicLock {
 
 impl ClassicLock {
     /// Default lifetime ("timeout") of a Classic lock, as in the legacy lockers: 1 s.
-    pub const DEFAULT_TTL: Duration = CLASSIC_DEFAULT_TTL;
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
 
     pub(crate) fn new(
         client: LockClient,

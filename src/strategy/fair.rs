@@ -69,18 +69,6 @@ use crate::strategy::string_value;
 /// The stats label of fair locks.
 pub(crate) const KIND: Kind = Kind::new("fair");
 
-/// The lease a release writes when it grants the lock to the next waiter (shorter if the
-/// lock's own lease is shorter). A grant to a waiter that died meanwhile therefore blocks the
-/// line for at most this long (plus the next waiter's poll, 100–120 ms). A living waiter's
-/// client raises it to the lock's lease a third of it after the grant (at once, before its
-/// `lock()` returns, when the client requires replicas to confirm its writes).
-pub const FAIR_GRANT_LEASE: Duration = Duration::from_millis(600);
-/// How long a waiter's queue entry lives without a refresh. A waiting thread refreshes it with
-/// each poll (every 100–600 ms), so the entry of a waiter that died lapses within this long and
-/// is skipped by the next grant. A lock whose retry policy sleeps longer polls no faster than
-/// its longest sleep (plus up to a half at random): its entries live three times that sleep
-/// instead, when that is longer, so that they never lapse between two polls.
-pub const FAIR_QUEUE_ENTRY_TTL: Duration = Duration::from_secs(2);
 /// How long a lock object that found the lock held sends its first attempts as the script
 /// (which queues) rather than as a plain `SET NX PX` (which cannot).
 const CONTENDED_MEMORY: Duration = Duration::from_secs(1);
@@ -139,7 +127,7 @@ fn client_id(client: &LockClient) -> [u8; CLIENT_ID_LEN] {
 /// At most a day (the scripts double it for the queue's own lifetime).
 fn entry_ttl(max_delay: Duration) -> Duration {
     const LONGEST: Duration = Duration::from_secs(24 * 3600);
-    let ttl = FAIR_QUEUE_ENTRY_TTL.max(POLL_DEEP.max(max_delay).saturating_mul(3));
+    let ttl = FairLock::QUEUE_ENTRY_TTL.max(POLL_DEEP.max(max_delay).saturating_mul(3));
     // Whole milliseconds, as sent.
     Duration::from_millis(ttl.min(LONGEST).as_millis() as u64)
 }
@@ -234,16 +222,28 @@ impl Drop for Offering<'_> {
 impl FairLock {
     /// The short lease a release gives the next waiter's grant, until the waiter's watchdog
     /// raises it: 600 ms.
-    pub const GRANT_LEASE: Duration = FAIR_GRANT_LEASE;
+    ///
+    /// The lease a release writes when it grants the lock to the next waiter (shorter if the
+    /// lock's own lease is shorter). A grant to a waiter that died meanwhile therefore blocks the
+    /// line for at most this long (plus the next waiter's poll, 100–120 ms). A living waiter's
+    /// client raises it to the lock's lease a third of it after the grant (at once, before its
+    /// `lock()` returns, when the client requires replicas to confirm its writes).
+    pub const GRANT_LEASE: Duration = Duration::from_millis(600);
     /// How long a waiter's queue entry lives without a refresh: 2 s.
-    pub const QUEUE_ENTRY_TTL: Duration = FAIR_QUEUE_ENTRY_TTL;
+    ///
+    /// How long a waiter's queue entry lives without a refresh. A waiting thread refreshes it with
+    /// each poll (every 100–600 ms), so the entry of a waiter that died lapses within this long and
+    /// is skipped by the next grant. A lock whose retry policy sleeps longer polls no faster than
+    /// its longest sleep (plus up to a half at random): its entries live three times that sleep
+    /// instead, when that is longer, so that they never lapse between two polls.
+    pub const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(2);
 
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Result<Self> {
         let queue = Self::queue_key_for(&key)?;
         let deadlines = keys::aux_key(DEADLINES_PREFIX, &key)?;
         let id = client_id(&client);
         let channel = format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id));
-        let grant = FAIR_GRANT_LEASE.min(opts.lease);
+        let grant = FairLock::GRANT_LEASE.min(opts.lease);
         let entry_ttl = entry_ttl(opts.retry.max_delay);
         Ok(FairLock {
             client,
@@ -278,8 +278,8 @@ impl FairLock {
     ///
     /// # Errors
     ///
-    /// [`LockError::Config`] for a key with whose cluster slot no such name can be
-    /// made (the same keys for which building the lock fails).
+    /// None in practice: every key has such a name (see `docs/deployments.md`); the `Result`
+    /// is kept for the API's stability.
     pub fn queue_key_for(key: &str) -> Result<String> {
         keys::aux_key(QUEUE_PREFIX, key)
     }
@@ -1222,7 +1222,7 @@ mod tests {
             "dlock_fair_q:x{a}b"
         );
         // Braces that form no hash tag: another name, in the key's slot.
-        for key in ["a{}b", "a{b", "job{}x"] {
+        for key in ["a{}b", "a{b", "job{}x", "a}b"] {
             let q = FairLock::queue_key_for(key).unwrap();
             assert_eq!(
                 crate::keys::hash_slot(q.as_bytes()),
@@ -1230,8 +1230,6 @@ mod tests {
                 "{key} -> {q}"
             );
         }
-        // No name can share the slot of "a}b" (each one's tag is "a"): no fair lock on it.
-        assert!(FairLock::queue_key_for("a}b").is_err());
     }
 
     #[test]
@@ -1271,8 +1269,8 @@ mod tests {
     fn entries_outlive_the_longest_poll() {
         let ms = Duration::from_millis;
         // Defaults and short sleeps: the documented 2 s.
-        assert_eq!(entry_ttl(ms(0)), FAIR_QUEUE_ENTRY_TTL);
-        assert_eq!(entry_ttl(ms(500)), FAIR_QUEUE_ENTRY_TTL);
+        assert_eq!(entry_ttl(ms(0)), FairLock::QUEUE_ENTRY_TTL);
+        assert_eq!(entry_ttl(ms(500)), FairLock::QUEUE_ENTRY_TTL);
         // A poll floor of 5 s polls within 7.5 s (a half more at random): 15 s.
         assert_eq!(entry_ttl(ms(5_000)), ms(15_000));
         assert_eq!(entry_ttl(Duration::MAX), Duration::from_secs(24 * 3600));

@@ -2,7 +2,6 @@
 
 // The algorithms, and the public names of each (passed on by lib.rs as they are).
 pub(crate) mod classic;
-use classic::CLASSIC_DEFAULT_TTL;
 pub use classic::{ClassicLock, ClassicOptions, Encoding, Takeover};
 pub(crate) mod fair;
 pub use fair::FairLock;
@@ -457,7 +456,7 @@ impl LockBuilder {
         }
         let (ttl, retry) = check_lock_options(
             &self.key,
-            self.ttl.unwrap_or(CLASSIC_DEFAULT_TTL),
+            self.ttl.unwrap_or(ClassicLock::DEFAULT_TTL),
             self.retry.clone().unwrap_or_else(RetryPolicy::legacy),
         )?;
         check_duration(&self.key, "clock_skew", opts.clock_skew, true)?;

@@ -39,9 +39,6 @@ use crate::strategy::token::{self, Dialect, OwnValue, TokenLock};
 /// The stats label of Spring locks.
 pub(crate) const KIND: Kind = Kind::new("spring");
 
-/// The longest registry key [`SpringOptions`] holds.
-const SPRING_REGISTRY_MAX: usize = 64;
-
 /// The options of [`Strategy::Spring`](crate::Strategy::Spring): the registry key of the Spring
 /// services' `RedisLockRegistry` (its constructor's `registryKey`).
 ///
@@ -63,7 +60,7 @@ const SPRING_REGISTRY_MAX: usize = 64;
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SpringOptions {
-    registry: [u8; SPRING_REGISTRY_MAX],
+    registry: [u8; SpringOptions::MAX_REGISTRY_LEN],
     /// `u8::MAX`: a registry key longer than [`MAX_REGISTRY_LEN`](Self::MAX_REGISTRY_LEN), refused by `build`.
     len: u8,
 }
@@ -71,12 +68,14 @@ pub struct SpringOptions {
 impl SpringOptions {
     /// The longest registry key it holds: 64 bytes (kept inline, so that a
     /// [`Strategy`](crate::Strategy) stays `Copy`).
-    pub const MAX_REGISTRY_LEN: usize = SPRING_REGISTRY_MAX;
+    ///
+    /// The longest registry key [`SpringOptions`] holds.
+    pub const MAX_REGISTRY_LEN: usize = 64;
 
     /// The registry key `registry` (at most [`MAX_REGISTRY_LEN`](Self::MAX_REGISTRY_LEN) bytes: a longer one is
     /// refused by [`build`](crate::LockBuilder::build) with [`LockError::Config`]).
     pub fn new(registry: &str) -> Self {
-        let mut buf = [0u8; SPRING_REGISTRY_MAX];
+        let mut buf = [0u8; SpringOptions::MAX_REGISTRY_LEN];
         match buf.get_mut(..registry.len()) {
             Some(slot) => {
                 slot.copy_from_slice(registry.as_bytes());
@@ -151,7 +150,10 @@ impl SpringLock {
         if spring.len == u8::MAX {
             return Err(LockError::config(
                 &key,
-                format!("a Spring registry key is at most {SPRING_REGISTRY_MAX} bytes"),
+                format!(
+                    "a Spring registry key is at most {} bytes",
+                    SpringOptions::MAX_REGISTRY_LEN
+                ),
             ));
         }
         let prefix = format!("{}:", spring.registry());
@@ -291,9 +293,9 @@ mod tests {
         );
         assert_eq!(s.registry_channel(), "orders-channel");
         assert_eq!(format!("{s:?}"), "SpringOptions { registry: \"orders\" }");
-        let long = "r".repeat(SPRING_REGISTRY_MAX + 1);
+        let long = "r".repeat(SpringOptions::MAX_REGISTRY_LEN + 1);
         assert_eq!(SpringOptions::new(&long).len, u8::MAX);
-        let max = "r".repeat(SPRING_REGISTRY_MAX);
+        let max = "r".repeat(SpringOptions::MAX_REGISTRY_LEN);
         assert_eq!(SpringOptions::new(&max).registry(), max);
     }
 

@@ -311,12 +311,6 @@ pub(crate) fn set_nx_px_get(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd 
     cmd
 }
 
-/// True for the error a server before 7.0 answers to `SET … NX … GET` (NX with GET is new in
-/// 7.0).
-pub(crate) fn is_syntax_error(e: &redis::RedisError) -> bool {
-    e.code() == Some("ERR") && e.to_string().to_ascii_lowercase().contains("syntax")
-}
-
 /// `SETNX key value`: the legacy Classic acquire. Replies 1 when set.
 pub(crate) fn setnx(key: &str, value: &[u8]) -> redis::Cmd {
     let mut cmd = redis::Cmd::with_capacity(3, CMD_OVERHEAD + key.len() + value.len());
@@ -464,9 +458,7 @@ pub(crate) fn compare_and_delete(
                 notice,
                 packed.and_then(|p| p.native.as_ref()),
             ) {
-                Err(e) if native::is_unsupported(&e) => {
-                    client.native().refused(Command::DelIfEq, key, &e)
-                }
+                Err(e) if client.native().lacks(con, Command::DelIfEq, key, &e) => {}
                 other => return other,
             }
         }
@@ -533,10 +525,8 @@ pub(crate) fn extend(client: &LockClient, key: &str, value: &[u8], ttl_ms: u64) 
     client.with_conn_confirmed(key, |con, s| {
         if client.native().has(Command::SetIfEq) {
             match native::set_ifeq_px(key, value, ttl_ms).query::<Option<redis::Value>>(con) {
-                Err(e) if native::is_unsupported(&e) => {
-                    client.native().refused(Command::SetIfEq, key, &e)
-                }
                 Err(e) if native::is_oom(&e) => {}
+                Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => {}
                 Ok(reply) => return Ok(reply.is_some()),
                 Err(e) => return Err(e),
             }

@@ -560,7 +560,7 @@ impl TokenLock {
                     None => cmd().query(con),
                 };
                 match sent {
-                    Err(e) if string_value::is_syntax_error(&e) => self.client.no_set_get(),
+                    Err(e) if self.client.lacks_set_get(con, &e) => {}
                     // Nil: set; the value found: held (or ours, if this is a resend of an
                     // acquire that landed); a WRONGTYPE error: a key of another type.
                     Ok(Value::Nil) => return Ok(Value::Okay),

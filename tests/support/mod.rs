@@ -443,6 +443,7 @@ pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
 /// Waits until `client` has seen `event` at least `n` times since it was built (the crate's
 /// test hooks: a subscription confirmed, a waiter queued, a renewal, a master switch); fails
 /// the test after [`EVENT_TIMEOUT`].
+#[cfg(feature = "test-hooks")]
 pub fn wait_event(client: &redis_dlock::LockClient, event: redis_dlock::test_hooks::Event, n: u64) {
     assert!(
         client.test_hooks().wait_for(event, n, EVENT_TIMEOUT),
@@ -452,6 +453,7 @@ pub fn wait_event(client: &redis_dlock::LockClient, event: redis_dlock::test_hoo
 }
 
 /// Waits until `client` sees `event` once more than it has now.
+#[cfg(feature = "test-hooks")]
 pub fn wait_next_event(client: &redis_dlock::LockClient, event: redis_dlock::test_hooks::Event) {
     let n = client.test_hooks().count(event) + 1;
     wait_event(client, event, n);
@@ -474,6 +476,7 @@ pub fn wait_renewals(client: &redis_dlock::LockClient, from: u64, holds: u64, ro
 /// subscription is confirmed (`subscribed` of them in all), and the attempt it makes once
 /// subscribed was refused (`refusals` of the client's attempts in all). A release from now on
 /// is heard, not found by a poll. (A fair waiter notes `Event::Listening` itself: wait for that.)
+#[cfg(feature = "test-hooks")]
 pub fn wait_listening(client: &redis_dlock::LockClient, subscribed: u64, refusals: u64) {
     use redis_dlock::test_hooks::Event;
     wait_event(client, Event::Queued, 1);
