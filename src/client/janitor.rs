@@ -34,12 +34,12 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
-use crate::client::jobs::{Janitor, Job, Jobs, Shared, MAX_JOBS};
+use crate::client::jobs::{wait, Janitor, Job, Jobs, Shared, MAX_JOBS};
 use crate::client::repeats::log_repeat;
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
@@ -55,6 +55,14 @@ const THREAD_NAME: &str = "dlock-janitor";
 const BLOCKED_POLL: Duration = Duration::from_millis(5);
 /// Most keys named in the log of a dropped client's clean-ups not done.
 const DRAIN_KEYS_LOGGED: usize = 8;
+
+/// Where a clean-up is tried (for the log): on the caller's thread, before the failed call
+/// returns;
+const IN_LINE: &str = "before the call returned";
+/// on the janitor thread, or by the owner's next acquire;
+const BACKGROUND: &str = "in the background";
+/// by the drain of a dropped client.
+const DRAIN: &str = "as the client was dropped";
 
 /// The end of a clean-up's try on the caller's thread (an undo or a release retried in-line,
 /// or the drain of a dropped client), from `now`: one command timeout of the client (its
@@ -132,10 +140,7 @@ impl Janitor {
             failed,
             until.saturating_duration_since(Instant::now()).as_millis()
         );
-        let mut jobs = self.shared.lock();
-        if !jobs.list.is_empty() {
-            self.ensure_thread(&mut jobs, client, key);
-        }
+        self.ensure_thread_if_pending(client, key);
     }
 
     /// Runs the job `seq` (of `value` at `key`) on the caller's thread, after the older jobs
@@ -154,41 +159,29 @@ impl Janitor {
             let job = {
                 let mut jobs = self.shared.lock();
                 loop {
-                    if !jobs.list.iter().any(|j| j.seq == seq)
-                        && jobs.is_in_flight(key, value).is_none()
-                    {
+                    let in_flight = jobs.is_in_flight(key, value).is_some();
+                    if !in_flight && !jobs.list.iter().any(|j| j.seq == seq) {
                         // Done (or given up) by another try.
                         return Ok(());
                     }
-                    let now = Instant::now();
-                    if now >= bound {
+                    if Instant::now() >= bound {
                         return Err("no time left".to_owned());
                     }
                     if jobs.shutdown {
                         return Err("the client is closing".to_owned());
                     }
-                    if jobs.is_in_flight(key, value).is_some() {
-                        jobs = self
-                            .shared
-                            .done
-                            .wait_timeout(jobs, bound.saturating_duration_since(now))
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
+                    if in_flight {
+                        jobs = wait(&self.shared.done, jobs, bound);
                         continue;
                     }
-                    let Some(i) = jobs.pick(now, Some((key, value))) else {
+                    let Some(i) = jobs.pick(Instant::now(), Some((key, value))) else {
                         return Ok(());
                     };
-                    let job = jobs.list.remove(i);
-                    jobs.in_flight
-                        .push((job.key.clone(), job.value.clone(), job.until));
-                    break job;
+                    break jobs.take(i);
                 }
             };
             let ours = job.seq == seq;
-            let (again, result) = attempt(client, job, Some(bound), When::InLine);
-            self.finish(client, key, value, again);
-            match result {
+            match attempt(client, job, Some(bound), IN_LINE) {
                 // Older jobs of the key and value run first: stop at the first that fails.
                 Err(e) => return Err(e.report().to_string()),
                 Ok(()) if ours => return Ok(()),
@@ -213,45 +206,27 @@ impl Janitor {
             let job = {
                 let mut jobs = self.shared.lock();
                 loop {
-                    let now = Instant::now();
-                    if now >= bound {
+                    if Instant::now() >= bound {
                         break None;
                     }
                     if let Some(i) = jobs.pick_untried(&tried) {
-                        let job = jobs.list.remove(i);
-                        jobs.in_flight
-                            .push((job.key.clone(), job.value.clone(), job.until));
-                        break Some(job);
+                        break Some(jobs.take(i));
                     }
                     if jobs.in_flight.is_empty() {
                         break None;
                     }
                     // A try in flight on the thread (or in an owner's call): wait for it, and
                     // for the jobs of its key and value behind it.
-                    jobs = self
-                        .shared
-                        .done
-                        .wait_timeout(jobs, bound.saturating_duration_since(now))
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
+                    jobs = wait(&self.shared.done, jobs, bound);
                 }
             };
             let Some(job) = job else {
                 break;
             };
             tried.insert(job.seq);
-            let (key, value) = (job.key.clone(), job.value.clone());
-            let (again, result) = attempt(client, job, Some(bound), When::Drain);
-            if result.is_ok() {
+            if attempt(client, job, Some(bound), DRAIN).is_ok() {
                 done += 1;
             }
-            let mut jobs = self.shared.lock();
-            jobs.finished(&key, &value);
-            if let Some(job) = again {
-                jobs.insert(job);
-            }
-            drop(jobs);
-            self.shared.done.notify_all();
         }
         let jobs = self.shared.lock();
         let left = jobs.list.len() + jobs.in_flight.len();
@@ -287,23 +262,19 @@ impl Janitor {
             // `settle`), so that it cannot add a hold the job would take for the old one.
             // Marked first, then an owner that acquires or holds the lock already (entered
             // before its acquire settles) is left alone: its count may be its live hold's.
-            let counted: Vec<(String, Vec<u8>)> = batch
+            let counted: Vec<(String, Vec<u8>, Instant)> = batch
                 .iter()
                 .filter(|j| j.cleanup.counted)
-                .map(|j| (j.key.clone(), j.value.clone()))
+                .map(|j| (j.key.clone(), j.value.clone(), j.until))
                 .collect();
             if !counted.is_empty() {
-                let mut list = self.shared.lock();
-                for j in batch.iter().filter(|j| j.cleanup.counted) {
-                    list.in_flight
-                        .push((j.key.clone(), j.value.clone(), j.until));
-                }
+                self.shared.lock().in_flight.extend(counted.iter().cloned());
                 self.shared
                     .counted
                     .fetch_add(counted.len(), Ordering::AcqRel);
             }
             let settled = Settled {
-                janitor: self,
+                shared: &self.shared,
                 counted,
             };
             batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value)));
@@ -357,17 +328,8 @@ impl Janitor {
                         j.key
                     );
                     self.queue(client, j);
-                    continue;
-                }
-                let (did, granted) = (j.cleanup.read)(&v);
-                if let Some((token, grant)) = granted {
-                    if client.waiters().deliver_grant(&token, grant) {
-                        client.wakeups().nudge();
-                    }
-                }
-                if did != Done::Nothing {
+                } else if read_reply(client, &j.key, &j.cleanup, &v) != Done::Nothing {
                     done += 1;
-                    client.counters().orphan_cleaned();
                     // A clean-up that worked: not a warning.
                     log::info!(
                         "lock {:?}: released on the new master the hold released on the old one \
@@ -375,9 +337,6 @@ impl Janitor {
                         j.key,
                         printable(&j.value)
                     );
-                    if did == Done::Freed {
-                        client.waiters().notify_release(&j.key);
-                    }
                 }
             }
             drop(settled);
@@ -413,56 +372,30 @@ impl Janitor {
                 let mut jobs = self.shared.lock();
                 loop {
                     if let Some(until) = jobs.is_in_flight(key, owner) {
-                        let now = Instant::now();
-                        if until <= now || jobs.shutdown {
+                        if until <= Instant::now() || jobs.shutdown {
                             break None;
                         }
                         // Not under way while it waits: the try in flight may be a replay
                         // that waits for this owner's attempts (see `holds_again`).
                         client.owner_attempt_pauses(key, owner);
-                        jobs = self
-                            .shared
-                            .done
-                            .wait_timeout(jobs, until.saturating_duration_since(now))
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
+                        jobs = wait(&self.shared.done, jobs, until);
                         client.owner_attempt_resumes(key, owner);
                         continue;
                     }
-                    let Some(i) = jobs.pick(Instant::now(), Some((key, owner))) else {
-                        break None;
-                    };
-                    let job = jobs.list.remove(i);
-                    jobs.in_flight
-                        .push((job.key.clone(), job.value.clone(), job.until));
-                    break Some(job);
+                    let i = jobs.pick(Instant::now(), Some((key, owner)));
+                    break i.map(|i| jobs.take(i));
                 }
             };
             let Some(job) = job else {
                 return Ok(());
             };
             log::debug!("lock {key:?}: the owner's acquire finishes its pending clean-up first");
-            let (again, result) = attempt(client, job, None, When::Background);
-            self.finish(client, key, owner, again);
             // Every job of the owner runs before its acquire: stop at the first that fails.
-            result?;
+            if let Err(e) = attempt(client, job, None, BACKGROUND) {
+                self.ensure_thread_if_pending(client, key);
+                return Err(e);
+            }
         }
-    }
-
-    /// Marks the try of the job on `key`/`value` ended; `again` is queued for another try.
-    fn finish(&self, client: &LockClient, key: &str, value: &[u8], again: Option<Job>) {
-        let mut jobs = self.shared.lock();
-        jobs.finished(key, value);
-        if let Some(job) = again {
-            jobs.insert(job);
-            // The thread may have ended while this job was out of the list (in flight here):
-            // a job queued again needs one as much as a new one.
-            self.ensure_thread(&mut jobs, client, key);
-        }
-        drop(jobs);
-        // The thread may wait for this key's try to end.
-        self.shared.wake.notify_one();
-        self.shared.done.notify_all();
     }
 
     fn push(
@@ -493,12 +426,12 @@ impl Janitor {
         if jobs.list.len() >= MAX_JOBS {
             // Past their holds' expiry first, then the oldest job of a key that has a newer
             // one (the newest per key is kept), then the oldest of all.
+            let shared = &self.shared;
             jobs.list.retain(|j| {
-                let keep = j.until > now;
-                if !keep {
-                    j.gone(&self.shared);
+                if j.until <= now && j.cleanup.counted {
+                    shared.gone(1);
                 }
-                keep
+                j.until > now
             });
             if jobs.list.len() >= MAX_JOBS {
                 let at = jobs
@@ -512,7 +445,9 @@ impl Janitor {
                     })
                     .unwrap_or(0);
                 let dropped = jobs.list.remove(at);
-                dropped.gone(&self.shared);
+                if dropped.cleanup.counted {
+                    shared.gone(1);
+                }
                 log::warn!(
                     "lock {:?}: too many pending clean-ups, this one is dropped (the lock \
                      expires with its lease)",
@@ -538,6 +473,16 @@ impl Janitor {
         seq
     }
 
+    /// Starts the janitor thread for the jobs left by a try on the caller's thread that
+    /// failed, unless none is left: the thread may have ended while they were out of the list
+    /// (in flight here), and a job queued again needs one as much as a new one.
+    fn ensure_thread_if_pending(&self, client: &LockClient, key: &str) {
+        let mut jobs = self.shared.lock();
+        if !jobs.list.is_empty() {
+            self.ensure_thread(&mut jobs, client, key);
+        }
+    }
+
     /// Wakes the janitor thread for a job just queued, or starts it if it is not running.
     fn ensure_thread(&self, jobs: &mut Jobs, client: &LockClient, key: &str) {
         if jobs.running {
@@ -559,40 +504,19 @@ impl Janitor {
     }
 }
 
-/// A job of `client`'s janitor is done or given up (counted ones are counted).
-fn job_gone(client: &LockClient, counted: bool) {
-    if counted {
-        client
-            .janitor()
-            .shared
-            .counted
-            .fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// Ends the tries of a replay batch's counted jobs (whatever their outcome: a failed one is
 /// queued again before this is dropped) and wakes the owners waiting for them.
 struct Settled<'a> {
-    janitor: &'a Janitor,
-    counted: Vec<(String, Vec<u8>)>,
+    shared: &'a Shared,
+    counted: Vec<(String, Vec<u8>, Instant)>,
 }
 
 impl Drop for Settled<'_> {
     fn drop(&mut self) {
-        if self.counted.is_empty() {
-            return;
+        for (k, v, _) in &self.counted {
+            self.shared.finish(k, v, None);
         }
-        let shared = &self.janitor.shared;
-        let mut jobs = shared.lock();
-        for (k, v) in &self.counted {
-            jobs.finished(k, v);
-        }
-        drop(jobs);
-        shared
-            .counted
-            .fetch_sub(self.counted.len(), Ordering::AcqRel);
-        shared.wake.notify_one();
-        shared.done.notify_all();
+        self.shared.gone(self.counted.len());
     }
 }
 
@@ -618,10 +542,7 @@ fn run(shared: &Shared, client: &WeakClient) {
                 }
                 let now = Instant::now();
                 if let Some(i) = jobs.pick(now, None) {
-                    let job = jobs.list.remove(i);
-                    jobs.in_flight
-                        .push((job.key.clone(), job.value.clone(), job.until));
-                    break job;
+                    break jobs.take(i);
                 }
                 let Some(next) = jobs.list.iter().map(|j| j.next).min() else {
                     // Nothing left: the thread ends (the next job starts a new one). Marked
@@ -631,26 +552,14 @@ fn run(shared: &Shared, client: &WeakClient) {
                 };
                 // A due job whose key is being cleaned up by its owner's acquire waits for it
                 // (woken by `finish`), or for the next due time.
-                let wait = next.saturating_duration_since(now).max(BLOCKED_POLL);
-                jobs = shared
-                    .wake
-                    .wait_timeout(jobs, wait)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
+                let poll = crate::time::saturating_add(now, BLOCKED_POLL);
+                jobs = wait(&shared.wake, jobs, next.max(poll));
             }
         };
         let Some(client) = client.upgrade() else {
             return;
         };
-        let (key, value) = (due.key.clone(), due.value.clone());
-        let (again, _) = attempt(&client, due, None, When::Background);
-        let mut jobs = shared.lock();
-        jobs.finished(&key, &value);
-        if let Some(job) = again {
-            jobs.insert(job);
-        }
-        drop(jobs);
-        shared.done.notify_all();
+        let _ = attempt(&client, due, None, BACKGROUND);
     }
 }
 
@@ -674,97 +583,79 @@ fn holds_again(client: &LockClient, key: &str, owner: &[u8]) -> bool {
     holds
 }
 
-/// Where a clean-up is tried (for the log).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum When {
-    /// On the caller's thread, before the failed call returns.
-    InLine,
-    /// On the janitor thread, or by the owner's next acquire.
-    Background,
-    /// By the drain of a dropped client.
-    Drain,
-}
-
-impl When {
-    fn describe(self) -> &'static str {
-        match self {
-            When::InLine => "before the call returned",
-            When::Background => "in the background",
-            When::Drain => "as the client was dropped",
-        }
-    }
-}
-
-/// Tries one job, nothing waiting past `until` (if given): `Some(job)` to try again later, and
-/// the try's error, if any.
-fn attempt(
-    client: &LockClient,
-    mut job: Job,
-    until: Option<Instant>,
-    when: When,
-) -> (Option<Job>, Result<()>) {
+/// Tries one job taken off the list (`when`, for the log), nothing waiting past `until` (if
+/// given), then marks its try ended, the job queued again if it failed and may be tried
+/// again later (see [`retry_later`]). The try's error, if any.
+fn attempt(client: &LockClient, mut job: Job, until: Option<Instant>, when: &str) -> Result<()> {
     job.tries = job.tries.saturating_add(1);
-    let key = job.key.as_str();
+    let (key, value) = (job.key.clone(), job.value.clone());
     let counted = job.cleanup.counted;
     // A counted release remembered across a Sentinel switch may have reached the new master
     // already, and the owner may hold the lock again since: its count then matches a live
     // hold. Such a job is dropped (the owner's next acquire cannot race it: see `settle`).
-    if counted && job.cause == Cause::ReleasedBeforeSwitch && holds_again(client, key, &job.value) {
-        log::debug!("lock {key:?}: the owner holds the lock again; the release is not done again");
-        job_gone(client, true);
-        return (None, Ok(()));
-    }
-    let reply: Result<redis::Value> = client.with_conn_until(key, until, |con, s| {
-        let keys: Vec<&str> = job.cleanup.keys.iter().map(String::as_str).collect();
-        (job.cleanup.script)(s).eval_keys(con, &keys, &job.cleanup.args)
-    });
-    let (again, result) = match reply {
-        Ok(v) => {
-            let (did, granted) = (job.cleanup.read)(&v);
-            if let Some((token, grant)) = granted {
-                // The script published the grant; a waiter of this client is also told
-                // directly.
-                if client.waiters().deliver_grant(&token, grant) {
-                    client.wakeups().nudge();
-                    log::trace!("lock {key:?}: granted to a thread of this client");
-                }
-            }
-            done(client, &job, did, when);
+    let (again, result) =
+        if counted && job.cause == Cause::ReleasedBeforeSwitch && holds_again(client, &key, &value)
+        {
             (None, Ok(()))
-        }
-        Err(e) => (retry_later(client, job, &e), Err(e)),
-    };
-    if again.is_none() {
-        job_gone(client, counted);
+        } else {
+            let reply = client.with_conn_until(&key, until, |con, s| {
+                let keys: Vec<&str> = job.cleanup.keys.iter().map(String::as_str).collect();
+                (job.cleanup.script)(s).eval_keys(con, &keys, &job.cleanup.args)
+            });
+            match reply {
+                Ok(v) => {
+                    let did = read_reply(client, &key, &job.cleanup, &v);
+                    log_done(&job, did, when);
+                    (None, Ok(()))
+                }
+                Err(e) => (retry_later(client, job, &e), Err(e)),
+            }
+        };
+    let shared = &client.janitor().shared;
+    if counted && again.is_none() {
+        shared.gone(1);
     }
-    (again, result)
+    shared.finish(&key, &value, again);
+    result
+}
+
+/// Reads the reply of a clean-up of `key`: a grant the script made (and published) is also
+/// handed directly to a waiter of this client; a clean-up that worked is counted, and one
+/// that freed the lock wakes this client's waiters.
+fn read_reply(client: &LockClient, key: &str, cleanup: &Cleanup, v: &redis::Value) -> Done {
+    let (did, granted) = (cleanup.read)(v);
+    if let Some((token, grant)) = granted {
+        if client.waiters().deliver_grant(&token, grant) {
+            client.wakeups().nudge();
+            log::trace!("lock {key:?}: granted to a thread of this client");
+        }
+    }
+    if did != Done::Nothing {
+        client.counters().orphan_cleaned();
+    }
+    if did == Done::Freed {
+        client.waiters().notify_release(key);
+    }
+    did
 }
 
 /// Logs what a job's script did: info, since the clean-up worked (what is left behind is
 /// what the warnings are for).
-fn done(client: &LockClient, job: &Job, did: Done, when: When) {
+fn log_done(job: &Job, did: Done, when: &str) {
     let key = job.key.as_str();
-    let when = when.describe();
     match did {
-        Done::Freed | Done::GaveBack => {
-            client.counters().orphan_cleaned();
-            let freed = did == Done::Freed;
-            log::info!(
-                "lock {key:?}: after {}, {} (value {}) {} {when} (try {})",
-                job.cause.describe(),
-                job.cleanup.what,
-                printable(&job.value),
-                if freed {
-                    "freed the lock"
-                } else {
-                    "gave a hold back"
-                },
-                job.tries
-            );
-            if freed {
-                client.waiters().notify_release(key);
-            }
-        }
+        Done::Freed | Done::GaveBack => log::info!(
+            "lock {key:?}: after {}, {} (value {}) {} {when} (try {})",
+            job.cause.describe(),
+            job.cleanup.what,
+            printable(&job.value),
+            if did == Done::Freed {
+                "freed the lock"
+            } else {
+                "gave a hold back"
+            },
+            job.tries
+        ),
         Done::Nothing => log::info!(
             "lock {key:?}: after {}, nothing left to clean up {when} (it had run, was never \
              written, expired, or was taken over)",
@@ -772,7 +663,6 @@ fn done(client: &LockClient, job: &Job, did: Done, when: When) {
         ),
     }
 }
-
 /// A job whose try failed with `e`: `Some(job)` to try again after [`RETRY_DELAY`], `None` when
 /// the hold expires before that.
 fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Option<Job> {

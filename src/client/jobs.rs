@@ -102,6 +102,14 @@ impl Jobs {
         None
     }
 
+    /// Takes the job at `i` off the list, marked in flight.
+    pub(crate) fn take(&mut self, i: usize) -> Job {
+        let job = self.list.remove(i);
+        self.in_flight
+            .push((job.key.clone(), job.value.clone(), job.until));
+        job
+    }
+
     pub(crate) fn finished(&mut self, key: &str, value: &[u8]) {
         if let Some(i) = self
             .in_flight
@@ -129,6 +137,36 @@ impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Jobs> {
         self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Marks the try of the job on `key`/`value` ended, `again` queued for another try, and
+    /// wakes the thread (it may wait for this key's try to end) and the owners waiting.
+    pub(crate) fn finish(&self, key: &str, value: &[u8], again: Option<Job>) {
+        let mut jobs = self.lock();
+        jobs.finished(key, value);
+        if let Some(job) = again {
+            jobs.insert(job);
+        }
+        drop(jobs);
+        self.wake.notify_one();
+        self.done.notify_all();
+    }
+
+    /// `n` counted jobs are done or given up.
+    pub(crate) fn gone(&self, n: usize) {
+        self.counted.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// Waits on `cv` until woken or until `until`.
+pub(crate) fn wait<'a>(
+    cv: &Condvar,
+    jobs: MutexGuard<'a, Jobs>,
+    until: Instant,
+) -> MutexGuard<'a, Jobs> {
+    let left = until.saturating_duration_since(Instant::now());
+    cv.wait_timeout(jobs, left)
+        .unwrap_or_else(PoisonError::into_inner)
+        .0
 }
 
 /// The clean-up queue of one client (see the module docs).
@@ -150,15 +188,6 @@ impl Janitor {
     pub(crate) fn pending(&self) -> usize {
         let jobs = self.shared.lock();
         jobs.list.len() + jobs.in_flight.len()
-    }
-}
-
-impl Job {
-    /// The job is done or given up: no longer counted.
-    pub(crate) fn gone(&self, shared: &Shared) {
-        if self.cleanup.counted {
-            shared.counted.fetch_sub(1, Ordering::AcqRel);
-        }
     }
 }
 
