@@ -163,10 +163,7 @@ pub(crate) fn wait<'a>(
     jobs: MutexGuard<'a, Jobs>,
     until: Instant,
 ) -> MutexGuard<'a, Jobs> {
-    let left = until.saturating_duration_since(Instant::now());
-    cv.wait_timeout(jobs, left)
-        .unwrap_or_else(PoisonError::into_inner)
-        .0
+    crate::client::waiters::wait_for(cv, jobs, until.saturating_duration_since(Instant::now()))
 }
 
 /// The clean-up queue of one client (see the module docs).

@@ -124,11 +124,7 @@ impl Queue {
         st.sleepers += 1;
         let mut st = match left {
             None => self.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
-            Some(left) => self
-                .cv
-                .wait_timeout(st, left)
-                .map(|(st, _)| st)
-                .unwrap_or_else(|p| p.into_inner().0),
+            Some(left) => wait_for(&self.cv, st, left),
         };
         st.sleepers -= 1;
         st
@@ -149,6 +145,17 @@ impl Queue {
 /// numbers) is still consistent, so carry on rather than panic too.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Waits on `cv` at most `left` (a poisoned mutex is taken as it is, as by [`lock`]).
+pub(crate) fn wait_for<'a, T>(
+    cv: &Condvar,
+    guard: MutexGuard<'a, T>,
+    left: Duration,
+) -> MutexGuard<'a, T> {
+    cv.wait_timeout(guard, left)
+        .map(|(guard, _)| guard)
+        .unwrap_or_else(|p| p.into_inner().0)
 }
 
 impl WaitQueues {

@@ -11,7 +11,7 @@ use redis::{ConnectionInfo, PushKind, RedisResult, Value};
 
 use crate::client::repeats::{log_repeat, Repeats};
 use crate::client::subscriber::registry::{lock, Link, Op, State};
-use crate::client::waiters::WaitQueues;
+use crate::client::waiters::{wait_for, WaitQueues};
 use crate::error::Rounded;
 use crate::stats::Counters;
 
@@ -139,31 +139,29 @@ fn run(shared: &Shared) {
     let mut backoff = BACKOFF_MIN;
     loop {
         let end = match connect(shared) {
-            Ok(con) => match shared.go_up() {
-                true => {
-                    if shared.was_lost.swap(false, Ordering::Relaxed) {
-                        shared.counters.reconnect();
-                        log_repeat!(
-                            shared.repeats,
-                            "pub/sub: connected again",
-                            log::Level::Info,
-                            "pub/sub: connected again; waiters are woken by releases again"
-                        );
-                    }
-                    let started = Instant::now();
-                    let end = read_loop(shared, con);
-                    if matches!(end, End::Lost { .. } | End::Switched) {
-                        shared.was_lost.store(true, Ordering::Relaxed);
-                    }
-                    shared.go_down();
-                    // A connection that lived a while was healthy: reconnect promptly.
-                    if started.elapsed() > BACKOFF_MAX {
-                        backoff = BACKOFF_MIN;
-                    }
-                    end
+            Ok(_) if !shared.go_up() => End::Shutdown,
+            Ok(con) => {
+                if shared.was_lost.swap(false, Ordering::Relaxed) {
+                    shared.counters.reconnect();
+                    log_repeat!(
+                        shared.repeats,
+                        "pub/sub: connected again",
+                        log::Level::Info,
+                        "pub/sub: connected again; waiters are woken by releases again"
+                    );
                 }
-                false => End::Shutdown,
-            },
+                let started = Instant::now();
+                let end = read_loop(shared, con);
+                if matches!(end, End::Lost { .. } | End::Switched) {
+                    shared.was_lost.store(true, Ordering::Relaxed);
+                }
+                shared.go_down();
+                // A connection that lived a while was healthy: reconnect promptly.
+                if started.elapsed() > BACKOFF_MAX {
+                    backoff = BACKOFF_MIN;
+                }
+                end
+            }
             Err(end) => end,
         };
         let mut st = lock(&shared.state);
@@ -217,11 +215,7 @@ fn run(shared: &Shared) {
             if st.shutdown || left.is_zero() {
                 break;
             }
-            st = shared
-                .cv
-                .wait_timeout(st, left)
-                .map(|(st, _)| st)
-                .unwrap_or_else(|p| p.into_inner().0);
+            st = wait_for(&shared.cv, st, left);
         }
         if st.shutdown || st.channels.values().all(|c| c.users == 0) {
             st.channels.clear();
@@ -261,12 +255,8 @@ impl Shared {
 
     /// The link changed: borrowers return to their caller, which looks at the subscription.
     pub(super) fn link_event(&self) {
-        let mut l = lock_lend(&self.lend);
-        l.link_events += 1;
-        if l.sleeping > 0 {
-            drop(l);
-            self.lend_cv.notify_all();
-        }
+        lock_lend(&self.lend).link_events += 1;
+        self.nudge();
     }
 
     fn heard(&self) {
@@ -657,7 +647,7 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
         last_heard: Instant::now(),
         read_timeout: shared.timeout,
     };
-    loop {
+    let end = loop {
         let mut st = lock(&shared.state);
         if st.shutdown {
             return End::Shutdown;
@@ -676,11 +666,7 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
             let wake = st.next_linger_end().map_or(ping_at, |t| t.min(ping_at));
             let left = wake.saturating_duration_since(Instant::now());
             if !left.is_zero() {
-                st = shared
-                    .cv
-                    .wait_timeout(st, left)
-                    .map(|(st, _)| st)
-                    .unwrap_or_else(|p| p.into_inner().0);
+                st = wait_for(&shared.cv, st, left);
                 if st.shutdown {
                     return End::Shutdown;
                 }
@@ -690,21 +676,13 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
         let ops = std::mem::take(&mut st.queue);
         drop(st);
         for op in ops {
-            let done = match op {
-                Op::Subscribe(names) => reader.request(
-                    shared,
-                    redis::cmd("SUBSCRIBE").arg(&names),
-                    "SUBSCRIBE",
-                    names.len(),
-                ),
-                Op::Unsubscribe(names) => reader.request(
-                    shared,
-                    redis::cmd("UNSUBSCRIBE").arg(&names),
-                    "UNSUBSCRIBE",
-                    names.len(),
-                ),
+            let (what, names) = match op {
+                Op::Subscribe(names) => ("SUBSCRIBE", names),
+                Op::Unsubscribe(names) => ("UNSUBSCRIBE", names),
             };
-            if let Err(end) = done {
+            if let Err(end) =
+                reader.request(shared, redis::cmd(what).arg(&names), what, names.len())
+            {
                 return end;
             }
         }
@@ -718,28 +696,22 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
                 return end;
             }
         }
-        if reader.subscribed > 0 && Shared::may_lend(&lock(&shared.state)) {
-            reader = match lend(shared, reader) {
-                Ok(reader) => reader,
-                Err(end) => {
-                    return if lock(&shared.state).shutdown {
-                        End::Shutdown
-                    } else {
-                        end
-                    }
-                }
-            };
+        if reader.subscribed == 0 {
             continue;
         }
-        if reader.subscribed > 0 {
-            if let Err(end) = reader.read_push(shared) {
-                return if lock(&shared.state).shutdown {
-                    End::Shutdown
-                } else {
-                    end
-                };
+        if Shared::may_lend(&lock(&shared.state)) {
+            match lend(shared, reader) {
+                Ok(lent_back) => reader = lent_back,
+                Err(end) => break end,
             }
+        } else if let Err(end) = reader.read_push(shared) {
+            break end;
         }
+    };
+    if lock(&shared.state).shutdown {
+        End::Shutdown
+    } else {
+        end
     }
 }
 
@@ -782,11 +754,7 @@ fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
                 continue;
             }
         }
-        l = shared
-            .reader_cv
-            .wait_timeout(l, tick())
-            .map(|(l, _)| l)
-            .unwrap_or_else(|p| p.into_inner().0);
+        l = wait_for(&shared.reader_cv, l, tick());
     };
     l.reader = None;
     shared.lent.store(false, Ordering::SeqCst);
