@@ -181,21 +181,15 @@ impl Native {
     ) -> bool {
         let lacks = crate::error::is_access_denied(e)
             || (server::may_lack_capability(e) && server_has(con, command) == Some(false));
-        if lacks {
-            self.refused(command, key, e);
-        }
-        lacks
-    }
-
-    /// Stops using `command` (the scripts take over), said once.
-    fn refused(&self, command: Command, key: &str, e: &redis::RedisError) {
-        if self.flag(command).swap(false, Ordering::Relaxed) {
+        // Stops using `command` (the scripts take over), said once.
+        if lacks && self.flag(command).swap(false, Ordering::Relaxed) {
             log::warn!(
                 "lock {key:?}: a server refused {} ({e}); this client uses the script instead \
                  from now on",
                 command.name()
             );
         }
+        lacks
     }
 
     /// For the benchmarks: use the scripts (`false`) or what the server offers (`true`, as

@@ -195,12 +195,7 @@ impl WaitQueues {
         let mut courtesy = lock(&self.courtesy);
         let now = Instant::now();
         courtesy.retain(|_, u| *u > now);
-        match courtesy.get_mut(line) {
-            Some(u) => *u = until,
-            None => {
-                courtesy.insert(line.to_owned(), until);
-            }
-        }
+        courtesy.insert(line.to_owned(), until);
         self.courtesies.store(courtesy.len(), Ordering::SeqCst);
     }
 

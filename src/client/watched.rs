@@ -16,6 +16,7 @@ use crate::lease::WatchState;
 /// client drops the client, and with it this struct, whose `Drop` tells the thread to exit
 /// (without joining it: the client may be dropped on the watchdog thread itself, by the
 /// round's temporary handle).
+#[derive(Default)]
 pub(crate) struct Watchdog {
     pub(crate) shared: Arc<Shared>,
 }
@@ -28,13 +29,8 @@ impl fmt::Debug for Watchdog {
     }
 }
 
-impl Default for Watchdog {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// What the client's side and the thread share.
+#[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) list: Mutex<List>,
     /// Signalled when an entry is due before the thread's planned wake-up, and on shutdown.
@@ -87,12 +83,7 @@ impl Shared {
 impl Watchdog {
     /// A watchdog whose thread starts with the first watched hold.
     pub(crate) fn new() -> Self {
-        Watchdog {
-            shared: Arc::new(Shared {
-                list: Mutex::new(List::default()),
-                wake: Condvar::new(),
-            }),
-        }
+        Self::default()
     }
 
     /// Holds currently watched: neither released, dropped by their holder, nor lost.
