@@ -246,20 +246,17 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     on_give_up(attempts.made())?;
     // Returned to the caller: logged for debugging only (an outage is logged by the paths that
     // meet it, a few lines per cause, not by every caller's acquire).
+    log::debug!(
+        "lock {key:?}: gave up after {} attempts in {:?}{}",
+        attempts.made(),
+        attempts.waited(),
+        late.as_ref()
+            .map(|err| format!(", the last failed: {}", err.report()))
+            .unwrap_or_default()
+    );
     if let Some(err) = late {
-        log::debug!(
-            "lock {key:?}: gave up after {} attempts in {:?}, the last failed: {}",
-            attempts.made(),
-            attempts.waited(),
-            err.report()
-        );
         return Err(err);
     }
-    log::debug!(
-        "lock {key:?}: gave up after {} attempts in {:?}",
-        attempts.made(),
-        attempts.waited()
-    );
     Err(LockError::Timeout {
         key: key.to_owned(),
         attempts: attempts.made(),

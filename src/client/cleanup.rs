@@ -153,8 +153,9 @@ pub(crate) fn read_delete(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) 
     }
 }
 
-/// A release to do again on a new master (see `sentinel_watch`): the key, the value (or owner)
-/// it checks, the clean-up, and until when its hold could live.
+/// A clean-up to queue, as a failed call leaves it or as a release to do again on a new master
+/// (see `sentinel_watch`): the key, the value (or owner) it checks, the clean-up, and until
+/// when its hold could live.
 #[derive(Debug)]
 pub(crate) struct Redo {
     pub(crate) key: String,

@@ -96,28 +96,34 @@ impl Janitor {
             return;
         }
         let cause = why.cause;
+        let what = cleanup.what;
+        let job = Redo {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            cleanup,
+            until,
+        };
         if !why.in_line {
             log::info!(
                 "lock {key:?}: {} (no reply within the command timeout); {} of {} in the \
                  background (until it would expire, in {} ms)",
                 cause.describe(),
-                cleanup.what,
+                what,
                 printable(value),
                 until.saturating_duration_since(now).as_millis()
             );
-            self.push(client, key, value, cleanup, cause, until);
+            self.push(client, job, cause);
             return;
         }
         log::debug!(
             "lock {key:?}: {}; {} of {} now",
             cause.describe(),
-            cleanup.what,
+            what,
             printable(value),
         );
-        let what = cleanup.what;
         let seq = {
             let mut jobs = self.shared.lock();
-            let seq = self.push_locked(&mut jobs, key, value, cleanup, cause, until);
+            let seq = self.push_locked(&mut jobs, job, cause);
             if jobs.held_back {
                 return;
             }
@@ -315,7 +321,7 @@ impl Janitor {
                         );
                     }
                     for j in batch {
-                        self.queue(client, j);
+                        self.push(client, j, Cause::ReleasedBeforeSwitch);
                     }
                     continue;
                 }
@@ -327,7 +333,7 @@ impl Janitor {
                         "lock {:?}: replay answered {v:?}; retried in the background",
                         j.key
                     );
-                    self.queue(client, j);
+                    self.push(client, j, Cause::ReleasedBeforeSwitch);
                 } else if read_reply(client, &j.key, &j.cleanup, &v) != Done::Nothing {
                     done += 1;
                     // A clean-up that worked: not a warning.
@@ -342,18 +348,6 @@ impl Janitor {
             drop(settled);
             log::info!("Sentinel: replay batch done, {done} holds released on the new master");
         }
-    }
-
-    /// Queues a replay job for the janitor thread.
-    fn queue(&self, client: &LockClient, j: Redo) {
-        self.push(
-            client,
-            &j.key,
-            &j.value,
-            j.cleanup,
-            Cause::ReleasedBeforeSwitch,
-            j.until,
-        );
     }
 
     /// Called by an acquire of `owner` at `key` under way (see `LockClient::owner_attempt`).
@@ -398,30 +392,16 @@ impl Janitor {
         }
     }
 
-    fn push(
-        &self,
-        client: &LockClient,
-        key: &str,
-        value: &[u8],
-        cleanup: Cleanup,
-        cause: Cause,
-        until: Instant,
-    ) {
+    /// Queues a job for the janitor thread, started if it is not running.
+    fn push(&self, client: &LockClient, job: Redo, cause: Cause) {
+        let key = job.key.clone();
         let mut jobs = self.shared.lock();
-        self.push_locked(&mut jobs, key, value, cleanup, cause, until);
-        self.ensure_thread(&mut jobs, client, key);
+        self.push_locked(&mut jobs, job, cause);
+        self.ensure_thread(&mut jobs, client, &key);
     }
 
     /// Queues a job (the thread not woken): its `seq`. At most [`MAX_JOBS`] are kept.
-    fn push_locked(
-        &self,
-        jobs: &mut Jobs,
-        key: &str,
-        value: &[u8],
-        cleanup: Cleanup,
-        cause: Cause,
-        until: Instant,
-    ) -> u64 {
+    fn push_locked(&self, jobs: &mut Jobs, job: Redo, cause: Cause) -> u64 {
         let now = Instant::now();
         if jobs.list.len() >= MAX_JOBS {
             // Past their holds' expiry first, then the oldest job of a key that has a newer
@@ -455,17 +435,17 @@ impl Janitor {
                 );
             }
         }
-        if cleanup.counted {
+        if job.cleanup.counted {
             self.shared.counted.fetch_add(1, Ordering::AcqRel);
         }
         let seq = jobs.next_seq;
         jobs.next_seq = seq.wrapping_add(1);
         jobs.list.push(Job {
-            key: key.to_owned(),
-            value: value.to_vec(),
-            cleanup,
+            key: job.key,
+            value: job.value,
+            cleanup: job.cleanup,
             cause,
-            until,
+            until: job.until,
             next: now,
             tries: 0,
             seq,

@@ -65,39 +65,32 @@ impl Jobs {
     /// none of its key and value in flight. With `only`, jobs of that key and value alone,
     /// due or not.
     pub(crate) fn pick(&self, now: Instant, only: Option<(&str, &[u8])>) -> Option<usize> {
-        let mut blocked: HashSet<(&str, &[u8])> = HashSet::new();
-        for (i, j) in self.list.iter().enumerate() {
-            let pair = (j.key.as_str(), j.value.as_slice());
-            if only.is_some_and(|o| o != pair) || blocked.contains(&pair) {
-                continue;
-            }
-            if self.is_in_flight(pair.0, pair.1).is_some() {
-                blocked.insert(pair);
-                continue;
-            }
-            if only.is_some() || j.next <= now {
-                return Some(i);
-            }
-            blocked.insert(pair);
-        }
-        None
+        self.pick_by(|j| match only {
+            Some((k, v)) => j.key == k && j.value == v,
+            None => j.next <= now,
+        })
     }
 
     /// The index of the oldest job not in `tried` whose key and value have no try in flight
     /// and no older job left (due or not): the drain of a dropped client, which tries each
     /// job once, in creation order per key and value.
     pub(crate) fn pick_untried(&self, tried: &HashSet<u64>) -> Option<usize> {
+        self.pick_by(|j| !tried.contains(&j.seq))
+    }
+
+    /// The index of the oldest job that `ready` takes whose key and value have no try in
+    /// flight and no older job left: jobs of one key and value run one at a time, oldest first.
+    fn pick_by(&self, ready: impl Fn(&Job) -> bool) -> Option<usize> {
         let mut blocked: HashSet<(&str, &[u8])> = HashSet::new();
         for (i, j) in self.list.iter().enumerate() {
             let pair = (j.key.as_str(), j.value.as_slice());
             if blocked.contains(&pair) {
                 continue;
             }
-            if tried.contains(&j.seq) || self.is_in_flight(pair.0, pair.1).is_some() {
-                blocked.insert(pair);
-                continue;
+            if self.is_in_flight(pair.0, pair.1).is_none() && ready(j) {
+                return Some(i);
             }
-            return Some(i);
+            blocked.insert(pair);
         }
         None
     }
