@@ -130,9 +130,10 @@ impl Janitor {
             seq
         };
         let bound = in_line_bound(client, now).min(until);
-        let failed = match self.in_line(client, key, value, seq, bound) {
-            Ok(()) => return,
-            Err(e) => e,
+        let failed = match self.run_own(client, key, value, Some(seq), Some(bound)) {
+            Ok(true) => return,
+            Ok(false) => "no time left, or the client is closing".to_owned(),
+            Err(e) => e.report().to_string(),
         };
         // Not a warning yet: the background tries usually succeed (a failover, a restart);
         // one that gives up, or a client dropped with it undone, warns.
@@ -149,49 +150,65 @@ impl Janitor {
         self.ensure_thread_if_pending(client, key);
     }
 
-    /// Runs the job `seq` (of `value` at `key`) on the caller's thread, after the older jobs
-    /// of the same key and value (one at a time, as the thread does), waiting for a try of
-    /// theirs in flight; nothing past `bound`. `Ok` when it is done (by this thread or by
-    /// another try), else why not; a job whose try failed is back in the queue.
-    fn in_line(
+    /// Runs, on the caller's thread, the pending jobs of `value` at `key`, oldest first (one
+    /// at a time, as the thread does), waiting for a try of theirs in flight: until the job
+    /// `upto` is done (by this thread or by another try), or all of them without it (an
+    /// owner's acquire, see [`settle`](Self::settle)). Nothing past `bound`; without it, a try
+    /// in flight is waited for until its hold would expire. Stops at the first try that fails
+    /// (its job is back in the queue) with its error; `Ok(false)` when it stopped for want of
+    /// time, or as the client closes.
+    fn run_own(
         &self,
         client: &LockClient,
         key: &str,
         value: &[u8],
-        seq: u64,
-        bound: Instant,
-    ) -> std::result::Result<(), String> {
+        upto: Option<u64>,
+        bound: Option<Instant>,
+    ) -> Result<bool> {
         loop {
             let job = {
                 let mut jobs = self.shared.lock();
                 loop {
-                    let in_flight = jobs.is_in_flight(key, value).is_some();
-                    if !in_flight && !jobs.list.iter().any(|j| j.seq == seq) {
+                    let in_flight = jobs.is_in_flight(key, value);
+                    if in_flight.is_none()
+                        && upto.is_some_and(|seq| !jobs.list.iter().any(|j| j.seq == seq))
+                    {
                         // Done (or given up) by another try.
-                        return Ok(());
+                        return Ok(true);
                     }
-                    if Instant::now() >= bound {
-                        return Err("no time left".to_owned());
+                    let end = bound.or(in_flight);
+                    if jobs.shutdown || end.is_some_and(|end| end <= Instant::now()) {
+                        return Ok(false);
                     }
-                    if jobs.shutdown {
-                        return Err("the client is closing".to_owned());
-                    }
-                    if in_flight {
-                        jobs = wait(&self.shared.done, jobs, bound);
-                        continue;
-                    }
-                    let Some(i) = jobs.pick(Instant::now(), Some((key, value))) else {
-                        return Ok(());
+                    let Some(until) = in_flight else {
+                        let Some(i) = jobs.pick(Instant::now(), Some((key, value))) else {
+                            return Ok(true);
+                        };
+                        break jobs.take(i);
                     };
-                    break jobs.take(i);
+                    // An owner's acquire is not under way while it waits: the try in flight
+                    // may be a replay that waits for this owner's attempts (see
+                    // `holds_again`).
+                    if upto.is_none() {
+                        client.owner_attempt_pauses(key, value);
+                    }
+                    jobs = wait(&self.shared.done, jobs, bound.unwrap_or(until));
+                    if upto.is_none() {
+                        client.owner_attempt_resumes(key, value);
+                    }
                 }
             };
-            let ours = job.seq == seq;
-            match attempt(client, job, Some(bound), IN_LINE) {
-                // Older jobs of the key and value run first: stop at the first that fails.
-                Err(e) => return Err(e.report().to_string()),
-                Ok(()) if ours => return Ok(()),
-                Ok(()) => {}
+            let ours = upto == Some(job.seq);
+            let when = if upto.is_some() { IN_LINE } else { BACKGROUND };
+            if upto.is_none() {
+                log::debug!(
+                    "lock {key:?}: the owner's acquire finishes its pending clean-up first"
+                );
+            }
+            // Older jobs of the key and value run first: stop at the first that fails.
+            attempt(client, job, bound, when)?;
+            if ours {
+                return Ok(true);
             }
         }
     }
@@ -361,35 +378,11 @@ impl Janitor {
         if self.shared.counted.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        loop {
-            let job = {
-                let mut jobs = self.shared.lock();
-                loop {
-                    if let Some(until) = jobs.is_in_flight(key, owner) {
-                        if until <= Instant::now() || jobs.shutdown {
-                            break None;
-                        }
-                        // Not under way while it waits: the try in flight may be a replay
-                        // that waits for this owner's attempts (see `holds_again`).
-                        client.owner_attempt_pauses(key, owner);
-                        jobs = wait(&self.shared.done, jobs, until);
-                        client.owner_attempt_resumes(key, owner);
-                        continue;
-                    }
-                    let i = jobs.pick(Instant::now(), Some((key, owner)));
-                    break i.map(|i| jobs.take(i));
-                }
-            };
-            let Some(job) = job else {
-                return Ok(());
-            };
-            log::debug!("lock {key:?}: the owner's acquire finishes its pending clean-up first");
-            // Every job of the owner runs before its acquire: stop at the first that fails.
-            if let Err(e) = attempt(client, job, None, BACKGROUND) {
-                self.ensure_thread_if_pending(client, key);
-                return Err(e);
-            }
+        if let Err(e) = self.run_own(client, key, owner, None, None) {
+            self.ensure_thread_if_pending(client, key);
+            return Err(e);
         }
+        Ok(())
     }
 
     /// Queues a job for the janitor thread, started if it is not running.
