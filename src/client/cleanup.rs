@@ -31,15 +31,14 @@ impl Why {
     /// The undo of an acquire that failed with `e` after it was sent: a write that too few
     /// replicas confirmed (the server answered: undone in-line), or a reply that was lost.
     pub(crate) fn acquire(e: &crate::LockError) -> Why {
-        match e {
-            crate::LockError::NotReplicated { .. } => Why {
-                cause: Cause::NotReplicated,
-                in_line: true,
-            },
-            _ => Why {
-                cause: Cause::LostAcquireReply,
-                in_line: !e.is_timeout(),
-            },
+        let cause = match e {
+            crate::LockError::NotReplicated { .. } => Cause::NotReplicated,
+            _ => Cause::LostAcquireReply,
+        };
+        // Not a timeout for a write the replicas did not confirm: the server answered.
+        Why {
+            cause,
+            in_line: !e.is_timeout(),
         }
     }
 
