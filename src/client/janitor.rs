@@ -132,7 +132,8 @@ impl Janitor {
         let bound = in_line_bound(client, now).min(until);
         let failed = match self.run_own(client, key, value, Some(seq), Some(bound)) {
             Ok(true) => return,
-            Ok(false) => "no time left, or the client is closing".to_owned(),
+            Ok(false) if self.shared.lock().shutdown => "the client is closing".to_owned(),
+            Ok(false) => "no time left".to_owned(),
             Err(e) => e.report().to_string(),
         };
         // Not a warning yet: the background tries usually succeed (a failover, a restart);

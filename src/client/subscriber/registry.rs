@@ -101,10 +101,9 @@ pub(super) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 impl State {
     /// True if a `SUBSCRIBE` of `channel` is queued for the reader and not sent yet.
     pub(super) fn subscribe_queued(&self, channel: &str) -> bool {
-        self.queue.iter().any(|op| match op {
-            Op::Subscribe(channels) => channels.iter().any(|c| c == channel),
-            Op::Unsubscribe(_) => false,
-        })
+        self.queue
+            .iter()
+            .any(|op| matches!(op, Op::Subscribe(chs) if chs.iter().any(|c| c == channel)))
     }
 
     pub(super) fn is_confirmed(&self, channel: &str) -> bool {
