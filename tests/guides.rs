@@ -177,7 +177,8 @@ fn is_snippet(code: &str, table: bool) -> bool {
 /// arguments (up to [`WILDCARD`] characters).
 fn is_compiled(code: &str, compiled: &str) -> bool {
     let code: String = code.chars().filter(|c| !c.is_whitespace()).collect();
-    let code = code.replace("(..)", "(…)");
+    // A `|` in a table cell is written `\|`.
+    let code = code.replace("(..)", "(…)").replace("\\|", "|");
     let pieces: Vec<&str> = code.split('…').collect();
     let (first, rest) = pieces
         .split_first()
