@@ -138,26 +138,14 @@ impl Lane {
         let mut pending = std::mem::take(&mut self.redo);
         pending.retain(|(_, _, until)| *until > now);
         let mut rest = pending.into_iter();
-        for (key, token, until) in rest.by_ref() {
-            match self
-                .client
-                .with_conn(&key, |con, s| s.unlock.eval::<i64>(con, &key, &token[..]))
-            {
-                Ok(deleted) => {
-                    self.forget(&token);
-                    log::debug!(
-                        "lock {key:?}: RedLock resent a delete that had failed ({})",
-                        if deleted == 1 {
-                            "deleted"
-                        } else {
-                            "already gone"
-                        }
-                    );
-                }
-                Err(_) => {
-                    self.redo.push((key, token, until));
-                    break;
-                }
+        // A delete that fails again is kept by `delete` (its token is still in `written`).
+        for (key, token, _) in rest.by_ref() {
+            match self.delete(&key, &token) {
+                Ok(deleted) => log::debug!(
+                    "lock {key:?}: RedLock resent a delete that had failed ({})",
+                    if deleted { "deleted" } else { "already gone" }
+                ),
+                Err(_) => break,
             }
         }
         self.redo.extend(rest);
@@ -319,12 +307,8 @@ pub(crate) type NodeClient =
 impl fmt::Debug for RedLockClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The node count only: a URL may carry a password.
-        let nodes = match &self.nodes {
-            NodeSpec::Targets(u, _) => u.len(),
-            NodeSpec::Clients(c) => c.len(),
-        };
         f.debug_struct("RedLockClientBuilder")
-            .field("nodes", &nodes)
+            .field("nodes", &self.nodes.len())
             .field("node_timeout", &self.node_timeout)
             .field("workers_per_node", &self.workers)
             .finish()
@@ -337,6 +321,15 @@ pub(crate) enum NodeSpec {
     /// `ClientBuilder`).
     Targets(Vec<redis::RedisResult<redis::ConnectionInfo>>, NodeClient),
     Clients(Vec<LockClient>),
+}
+
+impl NodeSpec {
+    fn len(&self) -> usize {
+        match self {
+            NodeSpec::Targets(u, _) => u.len(),
+            NodeSpec::Clients(c) => c.len(),
+        }
+    }
 }
 
 impl RedLockClientBuilder {
@@ -394,10 +387,7 @@ impl RedLockClientBuilder {
     /// worker count, a bad URL, or a worker thread that could not be started.
     pub fn build(self) -> Result<RedLockClient> {
         let setup = |msg: String| LockError::client_config(msg);
-        let count = match &self.nodes {
-            NodeSpec::Targets(u, _) => u.len(),
-            NodeSpec::Clients(c) => c.len(),
-        };
+        let count = self.nodes.len();
         if count == 0 {
             return Err(LockError::client_config(
                 "RedLock needs at least one Redis master (an odd number, e.g. 5, is recommended)",
@@ -592,40 +582,60 @@ impl Inner {
     where
         F: Fn(&mut Lane) -> Result<bool> + Send + Sync + 'static,
     {
+        let rx = self.dispatch(key, lane, Vote::Failed, move |lane| {
+            let must_send = matches!(&effect, Effect::Delete { token } if lane.may_hold(token));
+            if Instant::now() >= deadline && !must_send {
+                return Some((Vote::Skipped, false));
+            }
+            let result = op(lane);
+            if let Effect::Write { token, ttl } = &effect {
+                match result {
+                    Ok(true) | Err(_) => lane.wrote(token, *ttl),
+                    Ok(false) => lane.forget(token),
+                }
+            }
+            Some(match result {
+                Ok(true) => (Vote::Yes, true),
+                Ok(false) => (Vote::No, true),
+                Err(e) => (Vote::Failed(e), false),
+            })
+        });
+        Ballot { rx, deadline }
+    }
+
+    /// Runs `op` on every node, on the key's lane, and returns the receiver of their answers
+    /// by node index (`gone` makes the answer of a node whose worker is gone). `op` returns
+    /// the answer and whether the node answered (then the lane resends its failed deletes,
+    /// after the answer is sent), or `None` to send no answer.
+    fn dispatch<T, F>(
+        &self,
+        key: &str,
+        lane: usize,
+        gone: impl Fn(LockError) -> T,
+        op: F,
+    ) -> Receiver<(usize, T)>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Lane) -> Option<(T, bool)> + Send + Sync + 'static,
+    {
         let (tx, rx) = mpsc::channel();
         let op = Arc::new(op);
         for (i, node) in self.nodes.iter().enumerate() {
-            let (reply, op, effect) = (tx.clone(), Arc::clone(&op), effect.clone());
+            let (reply, op) = (tx.clone(), Arc::clone(&op));
             let job: Job = Box::new(move |lane| {
-                let must_send = matches!(&effect, Effect::Delete { token } if lane.may_hold(token));
-                let vote = if Instant::now() >= deadline && !must_send {
-                    Vote::Skipped
-                } else {
-                    let result = op(lane);
-                    if let Effect::Write { token, ttl } = &effect {
-                        match result {
-                            Ok(true) | Err(_) => lane.wrote(token, *ttl),
-                            Ok(false) => lane.forget(token),
-                        }
+                if let Some((answer, answered)) = op(lane) {
+                    // The caller may have stopped waiting; then nobody needs the answer.
+                    let _ = reply.send((i, answer));
+                    if answered {
+                        lane.redo();
                     }
-                    match result {
-                        Ok(true) => Vote::Yes,
-                        Ok(false) => Vote::No,
-                        Err(e) => Vote::Failed(e),
-                    }
-                };
-                let answered = matches!(vote, Vote::Yes | Vote::No);
-                // The caller may have stopped waiting; then nobody needs the vote.
-                let _ = reply.send((i, vote));
-                if answered {
-                    lane.redo();
                 }
             });
             if node.lanes[lane].send(job).is_err() {
-                let _ = tx.send((i, Vote::Failed(worker_gone(key, i))));
+                let _ = tx.send((i, gone(worker_gone(key, i))));
             }
         }
-        Ballot { rx, deadline }
+        rx
     }
 
     /// Compare-and-delete `token` on every node whose lane may have written it, and on the
@@ -639,37 +649,28 @@ impl Inner {
         lane: usize,
         token: &[u8],
         deadline: Option<Instant>,
-    ) -> Receiver<usize> {
-        let token: Arc<[u8]> = Arc::from(token);
-        let (tx, rx) = mpsc::channel();
-        for (i, node) in self.nodes.iter().enumerate() {
-            let (token, key_owned, done) = (Arc::clone(&token), key.to_owned(), tx.clone());
-            let job: Job = Box::new(move |lane| {
-                let in_time = deadline.is_some_and(|d| Instant::now() < d);
-                if in_time || lane.may_hold(&token) {
-                    match lane.delete(&key_owned, &token) {
-                        Ok(_) => lane.redo(),
-                        Err(e) => log::debug!(
-                            "lock {key_owned:?}: RedLock cleanup on node {i} failed (resent \
-                             once the node answers again; else the key expires by its TTL \
-                             there): {}",
-                            e.report()
-                        ),
-                    }
+    ) -> Receiver<(usize, ())> {
+        let (token, key_owned) = (Arc::<[u8]>::from(token), key.to_owned());
+        let gone = |e: LockError| log::error!("lock {key:?}: {}", e.report());
+        self.dispatch(key, lane, gone, move |lane| {
+            let in_time = deadline.is_some_and(|d| Instant::now() < d);
+            if in_time || lane.may_hold(&token) {
+                match lane.delete(&key_owned, &token) {
+                    Ok(_) => lane.redo(),
+                    Err(e) => log::debug!(
+                        "lock {key_owned:?}: RedLock cleanup failed (resent once the node \
+                         answers again; else the key expires by its TTL there): {}",
+                        e.report()
+                    ),
                 }
-                // The caller may have stopped waiting.
-                let _ = done.send(i);
-            });
-            if node.lanes[lane].send(job).is_err() {
-                log::error!("lock {key:?}: RedLock worker of node {i} is gone");
             }
-        }
-        rx
+            Some(((), false))
+        })
     }
 }
 
 /// Waits until `nodes` jobs reported on `rx` or until `deadline`: how many did not.
-fn wait_for_nodes(rx: &Receiver<usize>, nodes: usize, deadline: Instant) -> usize {
+fn wait_for_nodes(rx: &Receiver<(usize, ())>, nodes: usize, deadline: Instant) -> usize {
     let mut done = 0;
     while done < nodes {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -693,27 +694,11 @@ impl Inner {
         T: Send + 'static,
         F: Fn(&mut Lane) -> Result<T> + Send + Sync + 'static,
     {
-        let (tx, rx) = mpsc::channel();
-        let op = Arc::new(op);
-        for (i, node) in self.nodes.iter().enumerate() {
-            let (reply, op) = (tx.clone(), Arc::clone(&op));
-            let job: Job = Box::new(move |lane| {
-                if Instant::now() >= deadline {
-                    return;
-                }
-                let result = op(lane);
-                let answered = result.is_ok();
-                // The caller may have stopped waiting; then nobody needs the answer.
-                let _ = reply.send((i, result));
-                if answered {
-                    lane.redo();
-                }
-            });
-            if node.lanes[lane].send(job).is_err() {
-                let _ = tx.send((i, Err(worker_gone(key, i))));
-            }
-        }
-        drop(tx);
+        let rx = self.dispatch(key, lane, Err, move |lane| {
+            let result = (Instant::now() < deadline).then(|| op(lane))?;
+            let answered = result.is_ok();
+            Some((result, answered))
+        });
         let mut answers: Vec<Option<Result<T>>> = self.nodes.iter().map(|_| None).collect();
         for _ in 0..self.nodes.len() {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -925,6 +910,20 @@ impl RedLock {
             .inner()
             .broadcast(&self.key, self.lane, deadline, effect, op);
         (ballot, start)
+    }
+
+    /// [`Inner::ask`] with this lock's key and lane, for a node timeout.
+    fn ask<T, F>(&self, op: F) -> Vec<Option<Result<T>>>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Lane, &str) -> Result<T> + Send + Sync + 'static,
+    {
+        let (key, deadline) = (
+            self.key.clone(),
+            crate::time::after(self.inner().node_timeout),
+        );
+        let ask = move |lane: &mut Lane| op(lane, &key);
+        self.inner().ask(&self.key, self.lane, deadline, ask)
     }
 
     fn count(&self, ballot: &Ballot) -> Tally {
@@ -1151,16 +1150,12 @@ impl crate::lock::LockAdmin for RedLock {
     /// Locked when a majority of the nodes hold one same value: see
     /// [`LockAdmin::state`](crate::LockAdmin::state).
     fn state(&self) -> Result<LockState> {
-        let key = self.key.clone();
-        let deadline = crate::time::after(self.inner().node_timeout);
-        let answers = self
-            .inner()
-            .ask(&self.key, self.lane, deadline, move |lane| {
-                let reply: Value = lane
-                    .client
-                    .with_conn(&key, |con, s| s.lock_state.eval(con, &key, "value"))?;
-                KeyState::decode(&key, reply)
-            });
+        let answers = self.ask(|lane, key| {
+            let reply: Value = lane
+                .client
+                .with_conn(key, |con, s| s.lock_state.eval(con, key, "value"))?;
+            KeyState::decode(key, reply)
+        });
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
         let (mut unanswered, mut first_error) = (0, None);
         // Each value found, with the PTTL of every node that holds it.
@@ -1192,12 +1187,7 @@ impl crate::lock::LockAdmin for RedLock {
             // The majority breaks when the quorum-th longest PTTL runs out (no expiry sorts
             // as the longest).
             let mut ttls = ttls.clone();
-            ttls.sort_by(|a, b| match (a, b) {
-                (None, None) => std::cmp::Ordering::Equal,
-                (None, Some(_)) => std::cmp::Ordering::Less,
-                (Some(_), None) => std::cmp::Ordering::Greater,
-                (Some(a), Some(b)) => b.cmp(a),
-            });
+            ttls.sort_by_key(|t| std::cmp::Reverse(t.unwrap_or(Duration::MAX)));
             return Ok(LockState::Locked {
                 ttl: ttls.get(quorum - 1).copied().flatten(),
             });
@@ -1219,15 +1209,11 @@ impl crate::lock::LockAdmin for RedLock {
     /// [`LockAdmin::force_unlock`](crate::LockAdmin::force_unlock). RedLock publishes nothing (its waiters poll); this
     /// client's waiters are woken.
     fn force_unlock(&self) -> Result<bool> {
-        let key = self.key.clone();
-        let deadline = crate::time::after(self.inner().node_timeout);
-        let answers = self
-            .inner()
-            .ask(&self.key, self.lane, deadline, move |lane| {
-                lane.client.with_conn(&key, |con, s| {
-                    s.force_unlock.eval::<i64>(con, &key, ("", "", ""))
-                })
-            });
+        let answers = self.ask(|lane, key| {
+            lane.client.with_conn(key, |con, s| {
+                s.force_unlock.eval::<i64>(con, key, ("", "", ""))
+            })
+        });
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
         let (mut answered, mut deleted, mut first_error) = (0, 0, None);
         for answer in answers.into_iter().flatten() {
