@@ -89,10 +89,7 @@ enum Mode {
 impl Mode {
     /// The kind of lock in the client's stats.
     fn kind(self) -> Kind {
-        match self {
-            Mode::Read => Kind::new("read"),
-            Mode::Write => Kind::new("write"),
-        }
+        Kind::new(self.as_str())
     }
 
     fn as_str(self) -> &'static str {
@@ -396,11 +393,9 @@ impl ReadWriteLockBuilder {
         let writers = prefix_name(WRITERS_PREFIX, &self.key);
         if self.client.is_cluster() {
             let slot = keys::hash_slot(self.key.as_bytes());
-            let timeout = format!("{}:x:rwlock_timeout:1", self.key);
-            let timeout = if self.key.contains('{') {
-                timeout
-            } else {
-                format!("{{{}}}:x:rwlock_timeout:1", self.key)
+            let timeout = match self.key.contains('{') {
+                true => format!("{}:x:rwlock_timeout:1", self.key),
+                false => format!("{{{}}}:x:rwlock_timeout:1", self.key),
             };
             if keys::hash_slot(timeout.as_bytes()) != slot
                 || keys::hash_slot(writers.as_bytes()) != slot
@@ -498,6 +493,14 @@ impl Known {
 }
 
 impl Shared {
+    /// The `Debug` of one side, `name`.
+    fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("key", &self.key)
+            .field("instance", &self.client.instance_id())
+            .finish_non_exhaustive()
+    }
+
     /// Redisson's owner: the client's instance id and the thread.
     fn owner(&self) -> String {
         format!("{}:{}", self.client.instance_id(), owner::thread_num())
@@ -566,10 +569,6 @@ impl Shared {
     fn forget_known(&self, owner: &str) {
         let slot = self.slot(owner);
         self.owners().known.remove(&slot);
-    }
-
-    fn holds_any(&self, owner: &str) -> bool {
-        self.reported(owner).is_some()
     }
 
     /// The pub/sub wake-up of this lock's waiters, on Redisson's channel, if enabled.
@@ -876,11 +875,8 @@ impl Shared {
                 until,
             );
             // The janitor makes it happen (or the hold expires): count it given back.
-            let left = self
-                .reported(&String::from_utf8_lossy(lease.value()))
-                .map(|n| n - 1);
-            if let Some(left) = left {
-                self.note_holds(lease.value(), left);
+            if let Some(n) = self.reported(&String::from_utf8_lossy(lease.value())) {
+                self.note_holds(lease.value(), n - 1);
             }
         }
         let (code, _) = reply?;
@@ -971,15 +967,11 @@ impl Shared {
     /// Deletes the hash if it is in `mode` (Redisson's `forceUnlock` of that side), publishing
     /// Redisson's message for a release of that mode.
     fn force_unlock(&self, mode: Mode) -> Result<bool> {
-        let message = match mode {
-            Mode::Read => "0",
-            Mode::Write => "1",
-        };
         admin::force_delete(
             &self.client,
             &self.key,
             Some(&self.channel),
-            message,
+            if mode == Mode::Write { "1" } else { "0" },
             Some(mode.as_str()),
             &[&self.key, &self.read_line, &self.write_line],
         )
@@ -1022,7 +1014,7 @@ impl Shared {
             queues: self.client.waiters(),
             name: line,
             fifo,
-            barge: !fifo || self.holds_any(&owner),
+            barge: !fifo || self.reported(&owner).is_some(),
             wake: self.wake(),
         };
         let attempt = || self.attempt(mode, &owner, intent_ms);
@@ -1080,19 +1072,13 @@ pub struct WriteLock {
 
 impl fmt::Debug for ReadLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadLock")
-            .field("key", &self.shared.key)
-            .field("instance", &self.shared.client.instance_id())
-            .finish_non_exhaustive()
+        self.shared.debug("ReadLock", f)
     }
 }
 
 impl fmt::Debug for WriteLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteLock")
-            .field("key", &self.shared.key)
-            .field("instance", &self.shared.client.instance_id())
-            .finish_non_exhaustive()
+        self.shared.debug("WriteLock", f)
     }
 }
 
