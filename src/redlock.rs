@@ -153,7 +153,6 @@ impl Lane {
 }
 
 /// What a broadcast operation does to our token on a node, for [`Lane::written`].
-#[derive(Clone)]
 enum Effect {
     /// Reads only.
     Read,
@@ -386,26 +385,22 @@ impl RedLockClientBuilder {
     /// Errors: [`LockError::Config`] for zero nodes, a zero or too long node timeout, a zero
     /// worker count, a bad URL, or a worker thread that could not be started.
     pub fn build(self) -> Result<RedLockClient> {
-        let setup = |msg: String| LockError::client_config(msg);
+        let setup = |msg: &str| LockError::client_config(msg);
         let count = self.nodes.len();
         if count == 0 {
-            return Err(LockError::client_config(
+            return Err(setup(
                 "RedLock needs at least one Redis master (an odd number, e.g. 5, is recommended)",
             ));
         }
-        if self.node_timeout.is_zero() {
-            return Err(setup(
-                "the RedLock node timeout must be greater than zero".into(),
-            ));
-        }
-        if self.node_timeout > crate::MAX_CLIENT_TIMEOUT {
-            return Err(setup(format!(
-                "the RedLock node timeout must be at most MAX_CLIENT_TIMEOUT ({:?})",
+        if self.node_timeout.is_zero() || self.node_timeout > crate::MAX_CLIENT_TIMEOUT {
+            return Err(LockError::client_config(format!(
+                "the RedLock node timeout must be greater than zero and at most \
+                 MAX_CLIENT_TIMEOUT ({:?})",
                 crate::MAX_CLIENT_TIMEOUT
             )));
         }
         if self.workers == 0 {
-            return Err(setup("RedLock needs at least one worker per node".into()));
+            return Err(setup("RedLock needs at least one worker per node"));
         }
         let clients = match self.nodes {
             NodeSpec::Clients(c) => c,
@@ -413,8 +408,7 @@ impl RedLockClientBuilder {
                 .into_iter()
                 .map(|target| {
                     let info = target.map_err(|e| {
-                        setup("a RedLock node is not a valid Redis URL".into())
-                            .caused_by(Box::new(e))
+                        setup("a RedLock node is not a valid Redis URL").caused_by(Box::new(e))
                     })?;
                     node_client(info, self.workers, self.node_timeout)
                 })
@@ -426,7 +420,7 @@ impl RedLockClientBuilder {
                 .map(|lane| spawn_worker(index, lane, client.clone()))
                 .collect::<std::io::Result<Vec<_>>>()
                 .map_err(|e| {
-                    setup("could not start a RedLock worker thread".into()).caused_by(Box::new(e))
+                    setup("could not start a RedLock worker thread").caused_by(Box::new(e))
                 })?;
             nodes.push(NodeHandle { client, lanes });
         }
@@ -568,9 +562,9 @@ impl Ballot {
 }
 
 impl Inner {
-    /// Sends `op` to every node, on the key's lane; a node's job that has not started by
-    /// `deadline` is skipped (except deletes of a token the lane may have written, see
-    /// [`Effect`]). `op` returns the node's vote: `Ok(true)` yes, `Ok(false)` no.
+    /// Sends `op` to every node, on the key's lane, and counts the votes; a node's job that
+    /// has not started by `deadline` is skipped (except deletes of a token the lane may have
+    /// written, see [`Effect`]). `op` returns the node's vote: `Ok(true)` yes, `Ok(false)` no.
     fn broadcast<F>(
         &self,
         key: &str,
@@ -578,16 +572,16 @@ impl Inner {
         deadline: Instant,
         effect: Effect,
         op: F,
-    ) -> Ballot
+    ) -> Tally
     where
-        F: Fn(&mut Lane) -> Result<bool> + Send + Sync + 'static,
+        F: Fn(&mut Lane, &str) -> Result<bool> + Send + Sync + 'static,
     {
-        let rx = self.dispatch(key, lane, Vote::Failed, move |lane| {
+        let rx = self.dispatch(key, lane, Vote::Failed, move |lane, key| {
             let must_send = matches!(&effect, Effect::Delete { token } if lane.may_hold(token));
             if Instant::now() >= deadline && !must_send {
                 return Some((Vote::Skipped, false));
             }
-            let result = op(lane);
+            let result = op(lane, key);
             if let Effect::Write { token, ttl } = &effect {
                 match result {
                     Ok(true) | Err(_) => lane.wrote(token, *ttl),
@@ -600,13 +594,13 @@ impl Inner {
                 Err(e) => (Vote::Failed(e), false),
             })
         });
-        Ballot { rx, deadline }
+        Ballot { rx, deadline }.count(self.nodes.len(), self.quorum)
     }
 
-    /// Runs `op` on every node, on the key's lane, and returns the receiver of their answers
-    /// by node index (`gone` makes the answer of a node whose worker is gone). `op` returns
-    /// the answer and whether the node answered (then the lane resends its failed deletes,
-    /// after the answer is sent), or `None` to send no answer.
+    /// Runs `op` (given the lane and the key) on every node, on the key's lane, and returns
+    /// the receiver of their answers by node index (`gone` makes the answer of a node whose
+    /// worker is gone). `op` returns the answer and whether the node answered (then the lane
+    /// resends its failed deletes, after the answer is sent), or `None` to send no answer.
     fn dispatch<T, F>(
         &self,
         key: &str,
@@ -616,14 +610,15 @@ impl Inner {
     ) -> Receiver<(usize, T)>
     where
         T: Send + 'static,
-        F: Fn(&mut Lane) -> Option<(T, bool)> + Send + Sync + 'static,
+        F: Fn(&mut Lane, &str) -> Option<(T, bool)> + Send + Sync + 'static,
     {
         let (tx, rx) = mpsc::channel();
         let op = Arc::new(op);
+        let key_owned: Arc<str> = Arc::from(key);
         for (i, node) in self.nodes.iter().enumerate() {
-            let (reply, op) = (tx.clone(), Arc::clone(&op));
+            let (reply, op, k) = (tx.clone(), Arc::clone(&op), Arc::clone(&key_owned));
             let job: Job = Box::new(move |lane| {
-                if let Some((answer, answered)) = op(lane) {
+                if let Some((answer, answered)) = op(lane, &k) {
                     // The caller may have stopped waiting; then nobody needs the answer.
                     let _ = reply.send((i, answer));
                     if answered {
@@ -650,16 +645,16 @@ impl Inner {
         token: &[u8],
         deadline: Option<Instant>,
     ) -> Receiver<(usize, ())> {
-        let (token, key_owned) = (Arc::<[u8]>::from(token), key.to_owned());
+        let token = Arc::<[u8]>::from(token);
         let gone = |e: LockError| log::error!("lock {key:?}: {}", e.report());
-        self.dispatch(key, lane, gone, move |lane| {
+        self.dispatch(key, lane, gone, move |lane, key| {
             let in_time = deadline.is_some_and(|d| Instant::now() < d);
             if in_time || lane.may_hold(&token) {
-                match lane.delete(&key_owned, &token) {
+                match lane.delete(key, &token) {
                     Ok(_) => lane.redo(),
                     Err(e) => log::debug!(
-                        "lock {key_owned:?}: RedLock cleanup failed (resent once the node \
-                         answers again; else the key expires by its TTL there): {}",
+                        "lock {key:?}: RedLock cleanup failed (resent once the node answers \
+                         again; else the key expires by its TTL there): {}",
                         e.report()
                     ),
                 }
@@ -667,35 +662,17 @@ impl Inner {
             Some(((), false))
         })
     }
-}
 
-/// Waits until `nodes` jobs reported on `rx` or until `deadline`: how many did not.
-fn wait_for_nodes(rx: &Receiver<(usize, ())>, nodes: usize, deadline: Instant) -> usize {
-    let mut done = 0;
-    while done < nodes {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        match rx.recv_timeout(left) {
-            Ok(_) => done += 1,
-            Err(_) => break,
-        }
-    }
-    nodes - done
-}
-
-impl Inner {
     /// Runs `op` on every node, on the key's lane, and collects the answers until `deadline`
     /// (a job not started by then is skipped): one entry per node, `None` when it did not
     /// answer in time.
     fn ask<T, F>(&self, key: &str, lane: usize, deadline: Instant, op: F) -> Vec<Option<Result<T>>>
     where
         T: Send + 'static,
-        F: Fn(&mut Lane) -> Result<T> + Send + Sync + 'static,
+        F: Fn(&mut Lane, &str) -> Result<T> + Send + Sync + 'static,
     {
-        let rx = self.dispatch(key, lane, Err, move |lane| {
-            let result = (Instant::now() < deadline).then(|| op(lane))?;
+        let rx = self.dispatch(key, lane, Err, move |lane, key| {
+            let result = (Instant::now() < deadline).then(|| op(lane, key))?;
             let answered = result.is_ok();
             Some((result, answered))
         });
@@ -709,6 +686,16 @@ impl Inner {
         }
         answers
     }
+}
+
+/// Waits until `nodes` jobs reported on `rx` or until `deadline`: how many did not.
+fn wait_for_nodes(rx: &Receiver<(usize, ())>, nodes: usize, deadline: Instant) -> usize {
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let mut done = 0;
+    while done < nodes && rx.recv_timeout(left()).is_ok() {
+        done += 1;
+    }
+    nodes - done
 }
 
 /// A query that too few nodes answered to decide.
@@ -863,9 +850,7 @@ pub struct RedLock {
 impl RedLock {
     /// Default lifetime of a RedLock hold ([`RedLockBuilder::ttl`]): 10 s.
     pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
-}
 
-impl RedLock {
     /// The clock-drift allowance for a lifetime of `ttl`: 1% of it plus 2 ms, as in the Redis
     /// page. Subtracted from every validity, it covers the nodes' clocks running up to 1% fast
     /// relative to ours, plus the millisecond granularity of `PX`.
@@ -898,18 +883,19 @@ impl RedLock {
         &self.client.inner
     }
 
-    /// Broadcasts `op` with this lock's key and lane; returns the ballot and the instant
+    /// Broadcasts `op` with this lock's key and lane; returns the votes and the instant
     /// before anything was sent.
-    fn broadcast<F>(&self, effect: Effect, op: F) -> (Ballot, Instant)
+    fn broadcast<F>(&self, effect: Effect, op: F) -> (Tally, Instant)
     where
-        F: Fn(&mut Lane) -> Result<bool> + Send + Sync + 'static,
+        F: Fn(&mut Lane, &str) -> Result<bool> + Send + Sync + 'static,
     {
         let start = Instant::now();
         let deadline = crate::time::saturating_add(start, self.inner().node_timeout);
-        let ballot = self
-            .inner()
-            .broadcast(&self.key, self.lane, deadline, effect, op);
-        (ballot, start)
+        let inner = self.inner();
+        (
+            inner.broadcast(&self.key, self.lane, deadline, effect, op),
+            start,
+        )
     }
 
     /// [`Inner::ask`] with this lock's key and lane, for a node timeout.
@@ -918,16 +904,8 @@ impl RedLock {
         T: Send + 'static,
         F: Fn(&mut Lane, &str) -> Result<T> + Send + Sync + 'static,
     {
-        let (key, deadline) = (
-            self.key.clone(),
-            crate::time::after(self.inner().node_timeout),
-        );
-        let ask = move |lane: &mut Lane| op(lane, &key);
-        self.inner().ask(&self.key, self.lane, deadline, ask)
-    }
-
-    fn count(&self, ballot: &Ballot) -> Tally {
-        ballot.count(self.inner().nodes.len(), self.inner().quorum)
+        let deadline = crate::time::after(self.inner().node_timeout);
+        self.inner().ask(&self.key, self.lane, deadline, op)
     }
 
     /// Logs an operation that failed because too few nodes answered at all.
@@ -953,16 +931,15 @@ impl RedLock {
     /// One attempt: `Ok(None)` when another owner holds the lock.
     fn try_take(&self) -> Result<Option<Lease>> {
         let token = new_token();
-        let key = self.key.clone();
         let ttl_ms = self.ttl.as_millis() as u64;
         let effect = Effect::Write {
             token: Arc::from(&token[..]),
             ttl: self.ttl,
         };
-        let (ballot, start) = self.broadcast(effect, move |lane| {
-            let reply: Value = lane.client.with_conn(&key, |con, _| {
+        let (tally, start) = self.broadcast(effect, move |lane, key| {
+            let reply: Value = lane.client.with_conn(key, |con, _| {
                 redis::cmd("SET")
-                    .arg(&key)
+                    .arg(key)
                     .arg(&token[..])
                     .arg("NX")
                     .arg("PX")
@@ -971,7 +948,6 @@ impl RedLock {
             })?;
             Ok(matches!(reply, Value::Okay))
         });
-        let tally = self.count(&ballot);
         // validity = ttl − elapsed − drift > 0  ⇔  now < start + ttl − drift
         let lifetime = self.ttl - self.drift;
         let valid = Instant::now() < crate::time::saturating_add(start, lifetime);
@@ -1060,13 +1036,11 @@ impl DistributedLock for RedLock {
     fn release(&self, lease: &Lease) -> Result<bool> {
         // A hold whose validity passed is reported lost even if a majority still had it.
         let overran = lease.is_expired();
-        let key = self.key.clone();
         let value: Arc<[u8]> = Arc::from(lease.value());
         let effect = Effect::Delete {
             token: Arc::clone(&value),
         };
-        let (ballot, _) = self.broadcast(effect, move |lane| lane.delete(&key, &value));
-        let tally = self.count(&ballot);
+        let (tally, _) = self.broadcast(effect, move |lane, key| lane.delete(key, &value));
         let ours = tally.yes >= self.inner().quorum;
         if !ours {
             self.note_unreachable("release", &tally);
@@ -1083,20 +1057,18 @@ impl DistributedLock for RedLock {
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ttl = checked_ttl(&self.key, ttl)?;
         let lifetime = ttl - RedLock::clock_drift(ttl);
-        let key = self.key.clone();
         let value: Arc<[u8]> = Arc::from(lease.value());
         let ttl_ms = ttl.as_millis() as u64;
         let effect = Effect::Write {
             token: Arc::clone(&value),
             ttl,
         };
-        let (ballot, start) = self.broadcast(effect, move |lane| {
-            let extended: i64 = lane.client.with_conn(&key, |con, s| {
-                s.extend.eval(con, &key, (&value[..], ttl_ms))
-            })?;
+        let (tally, start) = self.broadcast(effect, move |lane, key| {
+            let extended: i64 = lane
+                .client
+                .with_conn(key, |con, s| s.extend.eval(con, key, (&value[..], ttl_ms)))?;
             Ok(extended == 1)
         });
-        let tally = self.count(&ballot);
         if tally.yes >= self.inner().quorum
             && Instant::now() < crate::time::saturating_add(start, lifetime)
         {
@@ -1126,15 +1098,13 @@ impl DistributedLock for RedLock {
         if lease.is_expired() {
             return Ok(false);
         }
-        let key = self.key.clone();
         let value: Arc<[u8]> = Arc::from(lease.value());
-        let (ballot, _) = self.broadcast(Effect::Read, move |lane| {
+        let (tally, _) = self.broadcast(Effect::Read, move |lane, key| {
             let current: Option<Vec<u8>> = lane
                 .client
-                .with_conn(&key, |con, _| redis::cmd("GET").arg(&key).query(con))?;
+                .with_conn(key, |con, _| redis::cmd("GET").arg(key).query(con))?;
             Ok(current.as_deref() == Some(&value[..]))
         });
-        let tally = self.count(&ballot);
         Ok(tally.yes >= self.inner().quorum && !lease.is_expired())
     }
 
