@@ -456,6 +456,7 @@ struct Shared {
 /// thread (two handles in one thread re-enter instead of waiting for each other), and they
 /// must all see the same counts. Entries go at zero holds, so the maps are bounded by the
 /// owners that hold something.
+#[derive(Default)]
 struct Owners {
     /// Holds (read + write) that Redis reported for the owner after our latest operation for
     /// it; only used to let a thread that already holds the lock skip the writers' line (it
@@ -469,12 +470,7 @@ struct Owners {
     known: HashMap<String, Known>,
 }
 
-static OWNERS: LazyLock<Mutex<Owners>> = LazyLock::new(|| {
-    Mutex::new(Owners {
-        reported: HashMap::new(),
-        known: HashMap::new(),
-    })
-});
+static OWNERS: LazyLock<Mutex<Owners>> = LazyLock::new(Mutex::default);
 
 /// One entry of [`Owners::known`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
