@@ -764,9 +764,7 @@ impl Shared {
             LATCH_MS.to_string().into_bytes(),
         ];
         // A nil ARGV is not sent at all (as by the release's own call).
-        if let Some(e) = expect {
-            args.push(e.to_string().into_bytes());
-        }
+        args.extend(expect.map(|e| e.to_string().into_bytes()));
         Cleanup {
             script: |s| &s.rw_release,
             keys: vec![self.key.clone(), self.writers.clone(), latch.to_owned()],
@@ -1135,9 +1133,7 @@ side!(WriteLock, Mode::Write);
 /// latch, by the release that ran before); anything else changed nothing.
 fn read_release(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
     match v {
-        redis::Value::Array(items) if items.first() == Some(&redis::Value::Int(1)) => {
-            (Done::GaveBack, None)
-        }
+        Value::Array(items) if items.first() == Some(&Value::Int(1)) => (Done::GaveBack, None),
         _ => (Done::Nothing, None),
     }
 }
