@@ -698,30 +698,6 @@ fn wait_for_nodes(rx: &Receiver<(usize, ())>, nodes: usize, deadline: Instant) -
     nodes - done
 }
 
-/// A query that too few nodes answered to decide.
-fn undecided(
-    key: &str,
-    what: &str,
-    answered: usize,
-    nodes: usize,
-    quorum: usize,
-    first: Option<LockError>,
-) -> LockError {
-    // No answer from a majority goes away as nodes come back, like a refused connection.
-    LockError::connection(
-        key,
-        Fault::UNREACHABLE,
-        format!(
-            "RedLock {what}: {answered} of {nodes} nodes answered, too few to decide (a \
-             majority is {quorum}){}",
-            first
-                .map(|e| format!("; first error: {}", e.report()))
-                .unwrap_or_default()
-        )
-        .into(),
-    )
-}
-
 fn worker_gone(key: &str, node: usize) -> LockError {
     LockError::connection(
         key,
@@ -906,6 +882,24 @@ impl RedLock {
     {
         let deadline = crate::time::after(self.inner().node_timeout);
         self.inner().ask(&self.key, self.lane, deadline, op)
+    }
+
+    /// A query that too few nodes answered to decide.
+    fn undecided(&self, what: &str, answered: usize, first: Option<LockError>) -> LockError {
+        let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
+        // No answer from a majority goes away as nodes come back, like a refused connection.
+        LockError::connection(
+            &self.key,
+            Fault::UNREACHABLE,
+            format!(
+                "RedLock {what}: {answered} of {nodes} nodes answered, too few to decide (a \
+                 majority is {quorum}){}",
+                first
+                    .map(|e| format!("; first error: {}", e.report()))
+                    .unwrap_or_default()
+            )
+            .into(),
+        )
     }
 
     /// Logs an operation that failed because too few nodes answered at all.
@@ -1165,14 +1159,7 @@ impl crate::lock::LockAdmin for RedLock {
         if count + unanswered < quorum {
             return Ok(LockState::Unlocked);
         }
-        Err(undecided(
-            &self.key,
-            "state",
-            nodes - unanswered,
-            nodes,
-            quorum,
-            first_error,
-        ))
+        Err(self.undecided("state", nodes - unanswered, first_error))
     }
 
     /// Deletes the key on every node whoever holds it: see
@@ -1205,14 +1192,7 @@ impl crate::lock::LockAdmin for RedLock {
             self.inner().waiters.notify_release(&self.key);
         }
         if answered < quorum {
-            return Err(undecided(
-                &self.key,
-                "force unlock",
-                answered,
-                nodes,
-                quorum,
-                first_error,
-            ));
+            return Err(self.undecided("force unlock", answered, first_error));
         }
         Ok(deleted > 0)
     }
