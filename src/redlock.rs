@@ -424,7 +424,7 @@ impl RedLockClientBuilder {
                 })?;
             nodes.push(NodeHandle { client, lanes });
         }
-        if count % 2 == 0 {
+        if count.is_multiple_of(2) {
             log::info!(
                 "RedLock over {count} nodes: an even count tolerates no more failures than \
                  {} nodes; an odd count is recommended",
@@ -662,30 +662,6 @@ impl Inner {
             Some(((), false))
         })
     }
-
-    /// Runs `op` on every node, on the key's lane, and collects the answers until `deadline`
-    /// (a job not started by then is skipped): one entry per node, `None` when it did not
-    /// answer in time.
-    fn ask<T, F>(&self, key: &str, lane: usize, deadline: Instant, op: F) -> Vec<Option<Result<T>>>
-    where
-        T: Send + 'static,
-        F: Fn(&mut Lane, &str) -> Result<T> + Send + Sync + 'static,
-    {
-        let rx = self.dispatch(key, lane, Err, move |lane, key| {
-            let result = (Instant::now() < deadline).then(|| op(lane, key))?;
-            let answered = result.is_ok();
-            Some((result, answered))
-        });
-        let mut answers: Vec<Option<Result<T>>> = self.nodes.iter().map(|_| None).collect();
-        for _ in 0..self.nodes.len() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok((i, result)) => answers[i] = Some(result),
-                Err(_) => break,
-            }
-        }
-        answers
-    }
 }
 
 /// Waits until `nodes` jobs reported on `rx` or until `deadline`: how many did not.
@@ -874,14 +850,31 @@ impl RedLock {
         )
     }
 
-    /// [`Inner::ask`] with this lock's key and lane, for a node timeout.
-    fn ask<T, F>(&self, op: F) -> Vec<Option<Result<T>>>
+    /// Runs `op` on every node, on this lock's lane, and collects the answers until a node
+    /// timeout has passed (a job not started by then is skipped): the answers, and the first
+    /// error a node answered with; nodes missing from them failed or did not answer in time.
+    fn ask<T, F>(&self, op: F) -> (Vec<T>, Option<LockError>)
     where
         T: Send + 'static,
         F: Fn(&mut Lane, &str) -> Result<T> + Send + Sync + 'static,
     {
         let deadline = crate::time::after(self.inner().node_timeout);
-        self.inner().ask(&self.key, self.lane, deadline, op)
+        let rx = self
+            .inner()
+            .dispatch(&self.key, self.lane, Err, move |lane, key| {
+                let result = (Instant::now() < deadline).then(|| op(lane, key))?;
+                let answered = result.is_ok();
+                Some((result, answered))
+            });
+        let (mut answers, mut first_error) = (Vec::new(), None);
+        for _ in 0..self.inner().nodes.len() {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok((_, Ok(answer))) => answers.push(answer),
+                Ok((_, Err(e))) => first_error = first_error.or(Some(e)),
+                Err(_) => break,
+            }
+        }
+        (answers, first_error)
     }
 
     /// A query that too few nodes answered to decide.
@@ -1114,35 +1107,25 @@ impl crate::lock::LockAdmin for RedLock {
     /// Locked when a majority of the nodes hold one same value: see
     /// [`LockAdmin::state`](crate::LockAdmin::state).
     fn state(&self) -> Result<LockState> {
-        let answers = self.ask(|lane, key| {
+        let (answers, first_error) = self.ask(|lane, key| {
             let reply: Value = lane
                 .client
                 .with_conn(key, |con, s| s.lock_state.eval(con, key, "value"))?;
             KeyState::decode(key, reply)
         });
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
-        let (mut unanswered, mut first_error) = (0, None);
+        let unanswered = nodes - answers.len();
         // Each value found, with the PTTL of every node that holds it.
         let mut held: Vec<(Vec<u8>, Vec<Option<Duration>>)> = Vec::new();
-        for answer in answers {
-            match answer {
-                None => unanswered += 1,
-                Some(Err(e)) => {
-                    unanswered += 1;
-                    first_error.get_or_insert(e);
-                }
-                Some(Ok(found)) if found.is_absent() => {}
-                Some(Ok(found)) => {
-                    // A key of another type is some value nobody else has.
-                    let value = match found.detail {
-                        Some(v) if found.kind == "string" => v,
-                        _ => format!("<{}>", found.kind).into_bytes(),
-                    };
-                    match held.iter_mut().find(|(v, _)| *v == value) {
-                        Some((_, ttls)) => ttls.push(found.pttl),
-                        None => held.push((value, vec![found.pttl])),
-                    }
-                }
+        for found in answers.into_iter().filter(|found| !found.is_absent()) {
+            // A key of another type is some value nobody else has.
+            let value = match found.detail {
+                Some(v) if found.kind == "string" => v,
+                _ => format!("<{}>", found.kind).into_bytes(),
+            };
+            match held.iter_mut().find(|(v, _)| *v == value) {
+                Some((_, ttls)) => ttls.push(found.pttl),
+                None => held.push((value, vec![found.pttl])),
             }
         }
         let most = held.iter().max_by_key(|(_, ttls)| ttls.len());
@@ -1166,24 +1149,13 @@ impl crate::lock::LockAdmin for RedLock {
     /// [`LockAdmin::force_unlock`](crate::LockAdmin::force_unlock). RedLock publishes nothing (its waiters poll); this
     /// client's waiters are woken.
     fn force_unlock(&self) -> Result<bool> {
-        let answers = self.ask(|lane, key| {
+        let (answers, first_error) = self.ask(|lane, key| {
             lane.client.with_conn(key, |con, s| {
                 s.force_unlock.eval::<i64>(con, key, ("", "", ""))
             })
         });
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
-        let (mut answered, mut deleted, mut first_error) = (0, 0, None);
-        for answer in answers.into_iter().flatten() {
-            match answer {
-                Ok(n) => {
-                    answered += 1;
-                    deleted += usize::from(n == 1);
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
+        let (answered, deleted) = (answers.len(), answers.iter().filter(|n| **n == 1).count());
         if deleted > 0 {
             log::info!(
                 "lock {:?}: RedLock force-unlocked (deleted on {deleted} of {nodes} nodes)",
