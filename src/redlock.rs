@@ -135,9 +135,8 @@ impl Lane {
             return;
         }
         let now = Instant::now();
-        let mut pending = std::mem::take(&mut self.redo);
-        pending.retain(|(_, _, until)| *until > now);
-        let mut rest = pending.into_iter();
+        let pending = std::mem::take(&mut self.redo).into_iter();
+        let mut rest = pending.filter(|(_, _, until)| *until > now);
         // A delete that fails again is kept by `delete` (its token is still in `written`).
         for (key, token, _) in rest.by_ref() {
             match self.delete(&key, &token) {
@@ -917,7 +916,7 @@ impl RedLock {
 impl RedLock {
     /// One attempt: `Ok(None)` when another owner holds the lock.
     fn try_take(&self) -> Result<Option<Lease>> {
-        let token = new_token();
+        let (token, inner) = (new_token(), self.inner());
         let ttl_ms = self.ttl.as_millis() as u64;
         let effect = Effect::Write {
             token: Arc::from(&token[..]),
@@ -938,12 +937,12 @@ impl RedLock {
         // validity = ttl − elapsed − drift > 0  ⇔  now < start + ttl − drift
         let lifetime = self.ttl - self.drift;
         let valid = Instant::now() < crate::time::saturating_add(start, lifetime);
-        if tally.yes >= self.inner().quorum && valid {
+        if tally.yes >= inner.quorum && valid {
             log::trace!("lock {:?}: RedLock acquired: {tally}", self.key);
-            self.inner().counters.attempt(KIND, true);
+            inner.counters.attempt(KIND, true);
             return Ok(Some(Lease::new(&token, start, lifetime).drift_included()));
         }
-        if tally.yes >= self.inner().quorum {
+        if tally.yes >= inner.quorum {
             log::warn!(
                 "lock {:?}: RedLock majority reached too late (after {:?}, ttl {:?}): no validity \
                  left; releasing",
@@ -960,14 +959,9 @@ impl RedLock {
         // next (a CLI, a cron job) leaves nothing behind where a node answers; a node that
         // does not gets the delete when it answers again (see `Lane::redo`), if the process
         // still runs.
-        let undone = self
-            .inner()
-            .release_everywhere(&self.key, self.lane, &token, None);
-        let nodes_left = wait_for_nodes(
-            &undone,
-            self.inner().nodes.len(),
-            crate::time::after(self.inner().node_timeout),
-        );
+        let undone = inner.release_everywhere(&self.key, self.lane, &token, None);
+        let deadline = crate::time::after(inner.node_timeout);
+        let nodes_left = wait_for_nodes(&undone, inner.nodes.len(), deadline);
         if nodes_left > 0 {
             log::debug!(
                 "lock {:?}: RedLock's undo of a failed acquire not done on {nodes_left} nodes \
@@ -975,8 +969,7 @@ impl RedLock {
                 self.key
             );
         }
-        let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
-        if tally.yes >= quorum {
+        if tally.yes >= inner.quorum {
             return Err(LockError::LateReply {
                 key: self.key.clone(),
                 elapsed: start.elapsed(),
@@ -986,7 +979,7 @@ impl RedLock {
         if tally.no > 0 {
             // Some node holds it for another owner, who may hold a majority (counting nodes we
             // could not hear): contention.
-            self.inner().counters.attempt(KIND, false);
+            inner.counters.attempt(KIND, false);
             return Ok(None);
         }
         // No node refused: the majority was lost only to nodes that failed or did not
@@ -996,8 +989,8 @@ impl RedLock {
             granted: tally.yes,
             refused: tally.no,
             failed: tally.unreachable(),
-            nodes,
-            quorum,
+            nodes: inner.nodes.len(),
+            quorum: inner.quorum,
             source: tally.first_error.map(Box::new),
         })
     }
@@ -1042,7 +1035,7 @@ impl DistributedLock for RedLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ttl = checked_ttl(&self.key, ttl)?;
+        let (ttl, inner) = (checked_ttl(&self.key, ttl)?, self.inner());
         let lifetime = ttl - RedLock::clock_drift(ttl);
         let value: Arc<[u8]> = Arc::from(lease.value());
         let ttl_ms = ttl.as_millis() as u64;
@@ -1056,7 +1049,7 @@ impl DistributedLock for RedLock {
                 .with_conn(key, |con, s| s.extend.eval(con, key, (&value[..], ttl_ms)))?;
             Ok(extended == 1)
         });
-        if tally.yes >= self.inner().quorum
+        if tally.yes >= inner.quorum
             && Instant::now() < crate::time::saturating_add(start, lifetime)
         {
             lease.renew(None, start, lifetime);
@@ -1068,14 +1061,10 @@ impl DistributedLock for RedLock {
             "lock {:?}: RedLock lost, extend not confirmed by a majority in time: {tally}",
             self.key
         );
-        self.inner().counters.lost_on_extend(KIND, lease);
+        inner.counters.lost_on_extend(KIND, lease);
         // Fire and forget: the caller is told its hold is lost at once.
-        drop(self.inner().release_everywhere(
-            &self.key,
-            self.lane,
-            lease.value(),
-            Some(crate::time::after(self.inner().node_timeout)),
-        ));
+        let deadline = Some(crate::time::after(inner.node_timeout));
+        drop(inner.release_everywhere(&self.key, self.lane, lease.value(), deadline));
         Err(LockError::Lost {
             key: self.key.clone(),
         })
