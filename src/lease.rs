@@ -41,11 +41,7 @@ impl PartialEq for Lease {
             && self.acquired_at == other.acquired_at
             && self.valid_until == other.valid_until
             && self.fence == other.fence
-            && match (&self.watch, &other.watch) {
-                (None, None) => true,
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                _ => false,
-            }
+            && self.watch.as_ref().map(Arc::as_ptr) == other.watch.as_ref().map(Arc::as_ptr)
     }
 }
 

@@ -63,16 +63,6 @@ const LATCH_MS: u64 = 10_000;
 /// the latch.
 const LATCH_RESEND: Duration = Duration::from_millis(LATCH_MS / 2);
 
-/// Redisson's `prefixName`: `prefix:name` when the name contains `{` anywhere, else
-/// `prefix:{name}`.
-pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
-    if name.contains('{') {
-        format!("{prefix}:{name}")
-    } else {
-        format!("{prefix}:{{{name}}}")
-    }
-}
-
 /// A random request id for an unlock latch (128 bits in hex).
 fn request_id() -> String {
     // The Token lock's 128-bit random hex token, which is ASCII.
@@ -390,7 +380,7 @@ impl ReadWriteLockBuilder {
             )
         })?;
         let intent = Duration::from_millis(intent.as_millis() as u64);
-        let writers = prefix_name(WRITERS_PREFIX, &self.key);
+        let writers = keys::redisson_name(WRITERS_PREFIX, &self.key);
         if self.client.is_cluster() {
             let slot = keys::hash_slot(self.key.as_bytes());
             let timeout = match self.key.contains('{') {
@@ -411,8 +401,8 @@ impl ReadWriteLockBuilder {
         let shared = Arc::new(Shared {
             read_line: format!("{}\0read", self.key),
             write_line: format!("{}\0write", self.key),
-            channel: prefix_name(CHANNEL_PREFIX, &self.key),
-            latch_base: prefix_name(LATCH_PREFIX, &self.key),
+            channel: keys::redisson_name(CHANNEL_PREFIX, &self.key),
+            latch_base: keys::redisson_name(LATCH_PREFIX, &self.key),
             writers,
             client: self.client,
             key: self.key,
@@ -1141,6 +1131,7 @@ fn read_release(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::redisson_name as prefix_name;
 
     const SCRIPTS: [(&str, &str); 4] = [
         ("rw_acquire", include_str!("../lua/rw_acquire.lua")),
