@@ -704,9 +704,9 @@ pub(crate) fn check_lock_options(
     if key.is_empty() {
         return Err(LockError::config("", "the lock key is empty"));
     }
-    check_duration(key, "ttl", ttl, false)?;
+    let ttl = check_duration(key, "ttl", ttl, false)?;
     retry
         .validate()
         .map_err(|reason| LockError::config(key, reason))?;
-    Ok((Duration::from_millis(ttl.as_millis() as u64), retry))
+    Ok((ttl, retry))
 }

@@ -736,8 +736,7 @@ impl RedLockBuilder {
 
 /// A lifetime in whole milliseconds that leaves a positive validity after the drift allowance.
 fn checked_ttl(key: &str, ttl: Duration) -> Result<Duration> {
-    check_duration(key, "ttl", ttl, false)?;
-    let ttl = Duration::from_millis(ttl.as_millis() as u64);
+    let ttl = check_duration(key, "ttl", ttl, false)?;
     let drift = RedLock::clock_drift(ttl);
     if ttl <= drift {
         return Err(LockError::config(

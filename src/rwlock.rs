@@ -366,7 +366,7 @@ impl ReadWriteLockBuilder {
                 .saturating_mul(INTENT_SLEEPS)
                 .max(ReadWriteLock::MIN_WRITER_INTENT)
         });
-        check_duration(&self.key, "writer_intent", intent, true).map_err(|e| {
+        let intent = check_duration(&self.key, "writer_intent", intent, true).map_err(|e| {
             if self.intent.is_some() {
                 return e;
             }
@@ -379,7 +379,6 @@ impl ReadWriteLockBuilder {
                 ),
             )
         })?;
-        let intent = Duration::from_millis(intent.as_millis() as u64);
         let writers = keys::redisson_name(WRITERS_PREFIX, &self.key);
         if self.client.is_cluster() {
             let slot = keys::hash_slot(self.key.as_bytes());
@@ -894,8 +893,7 @@ impl Shared {
     }
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        check_duration(&self.key, "ttl", ttl, false)?;
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        let ttl = check_duration(&self.key, "ttl", ttl, false)?;
         let start = Instant::now();
         let (code, _, _) = self.run_sent(
             |s| &s.rw_extend,
