@@ -566,39 +566,26 @@ impl Shared {
     }
 
     /// Runs one script on `keys` and decodes its `{code, holds[, wait]}` reply, recording the
-    /// holds of `owner`.
+    /// holds of `owner`. With `confirm`, a hold write: confirmed by the replicas the client
+    /// requires ([`LockError::NotReplicated`] otherwise), and the cell set once the script was
+    /// handed to a connection (an error after that may come with the script run).
     fn run(
         &self,
         script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
         keys: &[&str],
         owner: &[u8],
         args: impl redis::ToRedisArgs,
-    ) -> Result<(i64, Option<i64>)> {
-        self.run_sent(script, keys, owner, args, &Cell::new(false), false)
-            .map(|(code, _, wait)| (code, wait))
-    }
-
-    /// [`run`](Self::run), setting `sent` once the script was handed to a connection (an
-    /// error after that may come with the script run). `confirm`: a hold write, confirmed by
-    /// the replicas the client requires ([`LockError::NotReplicated`] otherwise). Returns the
-    /// owner's holds too.
-    fn run_sent(
-        &self,
-        script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
-        keys: &[&str],
-        owner: &[u8],
-        args: impl redis::ToRedisArgs,
-        sent: &Cell<bool>,
-        confirm: bool,
+        confirm: Option<&Cell<bool>>,
     ) -> Result<(i64, i64, Option<i64>)> {
         let call = |con: &mut crate::client::Conn, s: &crate::scripts::Scripts| {
-            sent.set(true);
+            if let Some(sent) = confirm {
+                sent.set(true);
+            }
             script(s).eval_keys(con, keys, &args)
         };
-        let reply: Value = if confirm {
-            self.client.with_conn_confirmed(&self.key, call)?
-        } else {
-            self.client.with_conn(&self.key, call)?
+        let reply: Value = match confirm {
+            Some(_) => self.client.with_conn_confirmed(&self.key, call)?,
+            None => self.client.with_conn(&self.key, call)?,
         };
         let (code, holds, wait) = self.decode(reply)?;
         self.note_holds(owner, holds);
@@ -648,7 +635,7 @@ impl Shared {
         // What this thread holds: more on the server is a stale hold of its own (a release lost
         // in a failover), which the script sets back first.
         let known = self.known(owner);
-        let reply = self.run_sent(
+        let reply = self.run(
             |s| &s.rw_acquire,
             &[self.key.as_str(), self.writers.as_str()],
             owner.as_bytes(),
@@ -660,8 +647,7 @@ impl Shared {
                 known.read,
                 known.write,
             ),
-            &sent,
-            true,
+            Some(&sent),
         );
         // Sent and unanswered, or answered but not confirmed by the replicas: it may have
         // counted a hold that a failover would lose, or that nobody releases.
@@ -819,6 +805,7 @@ impl Shared {
                 self.opts.lease_ms(),
                 LATCH_MS,
             ),
+            None,
         );
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
@@ -862,7 +849,7 @@ impl Shared {
                 self.note_holds(lease.value(), n - 1);
             }
         }
-        let (code, _) = reply?;
+        let (code, ..) = reply?;
         let ours = code == 1;
         if !ours || overran {
             self.client.counters().lost_on_release(mode.kind(), lease);
@@ -895,13 +882,12 @@ impl Shared {
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ttl = check_duration(&self.key, "ttl", ttl, false)?;
         let start = Instant::now();
-        let (code, _, _) = self.run_sent(
+        let (code, ..) = self.run(
             |s| &s.rw_extend,
             &[self.key.as_str()],
             lease.value(),
             (mode.as_str(), lease.value(), ttl.as_millis() as u64),
-            &Cell::new(false),
-            true,
+            Some(&Cell::new(false)),
         )?;
         if code == 1 {
             lease.renew(None, start, ttl);
@@ -960,11 +946,12 @@ impl Shared {
     }
 
     fn is_held(&self, mode: Mode, lease: &Lease) -> Result<bool> {
-        let (code, _) = self.run(
+        let (code, ..) = self.run(
             |s| &s.rw_held,
             &[self.key.as_str()],
             lease.value(),
             (mode.as_str(), lease.value()),
+            None,
         )?;
         Ok(code == 1 && !lease.is_expired())
     }
@@ -1015,6 +1002,7 @@ impl Shared {
                             self.opts.lease_ms(),
                             LATCH_MS,
                         ),
+                        None,
                     );
                     if let Err(e) = withdrawn {
                         log::warn!(
