@@ -251,10 +251,7 @@ impl LockError {
             LockError::NotReplicated { .. }
             | LockError::LateReply { .. }
             | LockError::NoQuorum { .. } => true,
-            LockError::Connection { fault, .. }
-            | LockError::Redis { fault, .. }
-            | LockError::Config { fault, .. } => fault.is_transient(),
-            _ => false,
+            _ => self.fault().is_some_and(Fault::is_transient),
         }
     }
 
@@ -444,9 +441,11 @@ impl std::fmt::Display for Subject<'_> {
 
 /// A cause with the context a bare Redis error lacks (which server, which step), e.g. "no
 /// reply from 127.0.0.1:6379 within 2 s", whose own source is the Redis error.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
 pub(crate) struct Context {
     what: String,
+    #[source]
     source: Option<redis::RedisError>,
 }
 
@@ -456,20 +455,6 @@ impl Context {
             what: what.into(),
             source,
         }
-    }
-}
-
-impl std::fmt::Display for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.what)
-    }
-}
-
-impl std::error::Error for Context {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_ref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
