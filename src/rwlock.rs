@@ -497,21 +497,18 @@ impl Shared {
     }
 
     /// The entry of `owner` on this key in [`Owners`].
-    fn slot(&self, owner: &str) -> String {
-        format!("{owner}\0{}", self.key)
+    fn slot(&self, owner: &[u8]) -> String {
+        format!("{}\0{}", String::from_utf8_lossy(owner), self.key)
     }
 
     /// The owner's holds (read + write) that Redis last reported.
-    fn reported(&self, owner: &str) -> Option<i64> {
+    fn reported(&self, owner: &[u8]) -> Option<i64> {
         let slot = self.slot(owner);
         self.owners().reported.get(&slot).copied()
     }
 
     /// Records the owner's hold count that a script reported.
     fn note_holds(&self, owner: &[u8], holds: i64) {
-        let Ok(owner) = std::str::from_utf8(owner) else {
-            return;
-        };
         let slot = self.slot(owner);
         let mut owners = self.owners();
         if holds > 0 {
@@ -522,7 +519,7 @@ impl Shared {
     }
 
     /// What the owner's holds are known to be (see [`Owners::known`]).
-    fn known(&self, owner: &str) -> Known {
+    fn known(&self, owner: &[u8]) -> Known {
         let slot = self.slot(owner);
         self.owners().known.get(&slot).copied().unwrap_or_default()
     }
@@ -530,9 +527,6 @@ impl Shared {
     /// One hold of the owner more (`taken`) or fewer in `mode`. Changes are counted, never
     /// set, so that releases of the owner's leases on other threads cannot race its acquires.
     fn note_known(&self, owner: &[u8], mode: Mode, taken: bool) {
-        let Ok(owner) = std::str::from_utf8(owner) else {
-            return;
-        };
         let slot = self.slot(owner);
         let mut owners = self.owners();
         let map = &mut owners.known;
@@ -551,7 +545,7 @@ impl Shared {
     /// The owner's thread was refused and Redis counts no hold of the owner: it holds nothing
     /// (a hold it counts expired or was lost). Only this thread can add holds of the owner,
     /// and other threads' releases only count down, so this cannot lose a live hold.
-    fn forget_known(&self, owner: &str) {
+    fn forget_known(&self, owner: &[u8]) {
         let slot = self.slot(owner);
         self.owners().known.remove(&slot);
     }
@@ -634,7 +628,7 @@ impl Shared {
         let sent = Cell::new(false);
         // What this thread holds: more on the server is a stale hold of its own (a release lost
         // in a failover), which the script sets back first.
-        let known = self.known(owner);
+        let known = self.known(owner.as_bytes());
         let reply = self.run(
             |s| &s.rw_acquire,
             &[self.key.as_str(), self.writers.as_str()],
@@ -684,7 +678,7 @@ impl Shared {
             }
             0 | -1 => {
                 if holds == 0 {
-                    self.forget_known(owner);
+                    self.forget_known(owner.as_bytes());
                 }
                 let mut wait = wait
                     .and_then(|w| u64::try_from(w).ok())
@@ -752,7 +746,7 @@ impl Shared {
     }
 
     fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant, why: Why) {
-        let before = self.reported(owner).unwrap_or(0);
+        let before = self.reported(owner.as_bytes()).unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let latch = format!("{}:{}", self.latch_base, request_id());
         let release = self.release_cleanup(
@@ -845,7 +839,7 @@ impl Shared {
                 until,
             );
             // The janitor makes it happen (or the hold expires): count it given back.
-            if let Some(n) = self.reported(&String::from_utf8_lossy(lease.value())) {
+            if let Some(n) = self.reported(lease.value()) {
                 self.note_holds(lease.value(), n - 1);
             }
         }
@@ -983,7 +977,7 @@ impl Shared {
             queues: self.client.waiters(),
             name: line,
             fifo,
-            barge: !fifo || self.reported(&owner).is_some(),
+            barge: !fifo || self.reported(owner.as_bytes()).is_some(),
             wake: self.wake(),
         };
         let attempt = || self.attempt(mode, &owner, intent_ms);
