@@ -418,6 +418,11 @@ impl LockError {
         self
     }
 
+    /// The hold on `key` is no longer ours ([`Lost`](Self::Lost)).
+    pub(crate) fn lost(key: &str) -> Self {
+        LockError::Lost { key: key.into() }
+    }
+
     /// A request the lock does not grant ([`Unsupported`](Self::Unsupported)).
     pub(crate) fn unsupported(key: &str, reason: impl Into<String>) -> Self {
         LockError::Unsupported {

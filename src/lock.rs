@@ -377,9 +377,7 @@ where
         if !self.lease.is_lost() && self.lock.is_held(&self.lease)? {
             Ok(())
         } else {
-            Err(LockError::Lost {
-                key: self.lock.key().to_owned(),
-            })
+            Err(LockError::lost(self.lock.key()))
         }
     }
 

@@ -1064,9 +1064,7 @@ impl DistributedLock for RedLock {
         // Fire and forget: the caller is told its hold is lost at once.
         let deadline = Some(crate::time::after(inner.node_timeout));
         drop(inner.release_everywhere(&self.key, self.lane, lease.value(), deadline));
-        Err(LockError::Lost {
-            key: self.key.clone(),
-        })
+        Err(LockError::lost(&self.key))
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {

@@ -900,9 +900,7 @@ impl Shared {
                 mode.as_str()
             );
             self.client.counters().lost_on_extend(mode.kind(), lease);
-            Err(LockError::Lost {
-                key: self.key.clone(),
-            })
+            Err(LockError::lost(&self.key))
         }
     }
 
