@@ -200,7 +200,9 @@ pub trait ArcLockExt<L: DistributedLock + ?Sized> {
     /// [`DistributedLock::try_lock_for`], returning an owned guard.
     fn try_lock_arc_for(&self, wait: Duration) -> Result<OwnedLockGuard<L>>;
     /// [`DistributedLock::try_lock_until`], returning an owned guard.
-    fn try_lock_arc_until(&self, deadline: Instant) -> Result<OwnedLockGuard<L>>;
+    fn try_lock_arc_until(&self, deadline: Instant) -> Result<OwnedLockGuard<L>> {
+        self.try_lock_arc_for(deadline.saturating_duration_since(Instant::now()))
+    }
 }
 
 impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
@@ -216,11 +218,6 @@ impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
 
     fn try_lock_arc_for(&self, wait: Duration) -> Result<OwnedLockGuard<L>> {
         let lease = self.try_lock_for(wait)?.into_lease();
-        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
-    }
-
-    fn try_lock_arc_until(&self, deadline: Instant) -> Result<OwnedLockGuard<L>> {
-        let lease = self.try_lock_until(deadline)?.into_lease();
         Ok(OwnedLockGuard::new(Arc::clone(self), lease))
     }
 }
