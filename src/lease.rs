@@ -227,6 +227,16 @@ impl Lease {
     }
 }
 
+impl crate::stats::LossNote for Lease {
+    fn note_lost(&mut self) -> bool {
+        Lease::note_lost(self)
+    }
+
+    fn loss_noted(&self) -> bool {
+        Lease::loss_noted(self)
+    }
+}
+
 /// Printable form of a stored value: ASCII as is, other bytes as `\xNN`.
 pub(crate) fn printable(value: &[u8]) -> String {
     value.escape_ascii().to_string()
@@ -240,6 +250,12 @@ pub(crate) enum Attempt {
     /// Held by another owner; `pttl` is the hold's remaining lifetime when the attempt's reply
     /// carried it (a waiter woken by pub/sub sleeps at most that long).
     Held { pttl: Option<Duration> },
+}
+
+impl crate::stats::Outcome for Attempt {
+    fn won(&self) -> bool {
+        matches!(self, Attempt::Acquired(_))
+    }
 }
 
 impl Attempt {

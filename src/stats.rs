@@ -4,8 +4,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::lease::{Attempt, Lease};
-
 /// What a client has counted since it was built: a snapshot from
 /// [`LockClient::stats`](crate::LockClient::stats) (or
 /// [`RedLockClient::stats`](crate::RedLockClient::stats)).
@@ -86,6 +84,22 @@ impl Kind {
     }
 }
 
+/// An attempt's outcome as the counters see it (the lease layer's attempt type): won or
+/// refused. A trait, so that the counters sit below the types they count.
+pub(crate) trait Outcome {
+    /// True if the attempt took the lock.
+    fn won(&self) -> bool;
+}
+
+/// A hold whose loss is counted once, whoever notices it first (an extend, a release, the
+/// watchdog): the lease remembers that it was counted.
+pub(crate) trait LossNote {
+    /// Records the loss; true if it was not recorded before.
+    fn note_lost(&mut self) -> bool;
+    /// True once the loss was recorded.
+    fn loss_noted(&self) -> bool;
+}
+
 /// The live counters of one client.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -156,9 +170,9 @@ impl Counters {
 
     /// The outcome of one attempt (after the late-reply check): a win or a refusal is counted,
     /// an error is not.
-    pub(crate) fn outcome(&self, kind: Kind, result: &crate::Result<Attempt>) {
+    pub(crate) fn outcome(&self, kind: Kind, result: &crate::Result<impl Outcome>) {
         if let Ok(attempt) = result {
-            self.attempt(kind, matches!(attempt, Attempt::Acquired(_)));
+            self.attempt(kind, attempt.won());
         }
     }
 
@@ -174,7 +188,7 @@ impl Counters {
     pub(crate) fn extended(
         &self,
         kind: Kind,
-        lease: &mut Lease,
+        lease: &mut impl LossNote,
         result: crate::Result<()>,
     ) -> crate::Result<()> {
         if let Err(crate::LockError::Lost { .. }) = &result {
@@ -192,14 +206,14 @@ impl Counters {
 
     /// A hold found lost by an `extend`: counted unless this lease (or the watchdog) already
     /// counted it; the lease remembers it.
-    pub(crate) fn lost_on_extend(&self, kind: Kind, lease: &mut Lease) {
+    pub(crate) fn lost_on_extend(&self, kind: Kind, lease: &mut impl LossNote) {
         if lease.note_lost() {
             count!(self.lost_holds, 1, kind);
         }
     }
 
     /// A release found the hold lost: counted unless the lease (or the watchdog) already did.
-    pub(crate) fn lost_on_release(&self, kind: Kind, lease: &Lease) {
+    pub(crate) fn lost_on_release(&self, kind: Kind, lease: &impl LossNote) {
         if !lease.loss_noted() {
             count!(self.lost_holds, 1, kind);
         }
