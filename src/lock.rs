@@ -281,7 +281,7 @@ impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
 
     /// The lock key.
     pub fn key(&self) -> &str {
-        self.held.key()
+        self.held.lock.key()
     }
 
     /// The lease behind the guard (value, validity, fencing token).
@@ -306,7 +306,7 @@ impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
 
     /// Asks Redis whether the lock is still ours and within its lifetime.
     pub fn is_held(&self) -> Result<bool> {
-        self.held.is_held()
+        self.held.lock.is_held(&self.held.lease)
     }
 
     /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise; see
@@ -318,7 +318,7 @@ impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
     /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
     /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.held.extend(ttl)
+        self.held.lock.extend(&mut self.held.lease, ttl)
     }
 
     /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost.
@@ -361,14 +361,6 @@ where
         }
     }
 
-    fn key(&self) -> &str {
-        self.lock.key()
-    }
-
-    fn is_held(&self) -> Result<bool> {
-        self.lock.is_held(&self.lease)
-    }
-
     /// A hold already known lost fails without a round trip; otherwise Redis is asked.
     fn check(&self) -> Result<()> {
         if !self.lease.is_lost() && self.lock.is_held(&self.lease)? {
@@ -376,10 +368,6 @@ where
         } else {
             Err(LockError::lost(self.lock.key()))
         }
-    }
-
-    fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.lock.extend(&mut self.lease, ttl)
     }
 
     fn unlock(&mut self) -> Result<bool> {
@@ -430,7 +418,7 @@ where
     /// The guard's `Debug`, under the guard's `name`.
     fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(name)
-            .field("key", &self.key())
+            .field("key", &self.lock.key())
             .field("lease", &self.lease)
             .finish()
     }
@@ -530,7 +518,7 @@ impl<'a> LockGuard<'a> {
 impl<'a, M> LockGuard<'a, M> {
     /// The lock key.
     pub fn key(&self) -> &str {
-        self.held.key()
+        self.held.lock.key()
     }
 
     /// The owner value stored at the key.
@@ -572,7 +560,7 @@ impl<'a, M> LockGuard<'a, M> {
 
     /// Asks Redis whether the lock is still ours and within its lifetime.
     pub fn is_held(&self) -> Result<bool> {
-        self.held.is_held()
+        self.held.lock.is_held(&self.held.lease)
     }
 
     /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise: for `guard.check()?`
@@ -585,7 +573,7 @@ impl<'a, M> LockGuard<'a, M> {
     /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
     /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.held.extend(ttl)
+        self.held.lock.extend(&mut self.held.lease, ttl)
     }
 
     /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost
