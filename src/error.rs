@@ -194,7 +194,7 @@ pub enum LockError {
     /// false and [`is_transient`](Self::is_transient) true. Build the client again later, or
     /// build it with [`lazy_connect`](crate::ClientBuilder::lazy_connect), which sends nothing
     /// until the first lock operation.
-    #[error("{}: {reason}", Subject(.key))]
+    #[error("{}: {reason}", subject(.key))]
     #[non_exhaustive]
     Config {
         /// The lock key, when a lock's options are at fault; `None` for the client's.
@@ -433,15 +433,9 @@ impl LockError {
 }
 
 /// What an error is about, in its `Display`: the lock, or the client.
-struct Subject<'a>(&'a Option<String>);
-
-impl std::fmt::Display for Subject<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(key) => write!(f, "lock {key:?}"),
-            None => f.write_str("redis-dlock client"),
-        }
-    }
+fn subject(key: &Option<String>) -> String {
+    key.as_ref()
+        .map_or_else(|| "redis-dlock client".into(), |k| format!("lock {k:?}"))
 }
 
 /// A cause with the context a bare Redis error lacks (which server, which step), e.g. "no
