@@ -74,7 +74,7 @@ pub enum LockError {
     /// A blocking acquire gave up: its deadline passed or its retries ran out.
     #[error(
         "lock {key:?}: gave up after {attempts} attempt{} in {}",
-        plural(*.attempts),
+        if *.attempts == 1 { "" } else { "s" },
         Rounded(*.waited)
     )]
     Timeout {
@@ -194,7 +194,7 @@ pub enum LockError {
     /// false and [`is_transient`](Self::is_transient) true. Build the client again later, or
     /// build it with [`lazy_connect`](crate::ClientBuilder::lazy_connect), which sends nothing
     /// until the first lock operation.
-    #[error("{}: {reason}", Subject(.key))]
+    #[error("{}: {reason}", subject(.key))]
     #[non_exhaustive]
     Config {
         /// The lock key, when a lock's options are at fault; `None` for the client's.
@@ -251,10 +251,7 @@ impl LockError {
             LockError::NotReplicated { .. }
             | LockError::LateReply { .. }
             | LockError::NoQuorum { .. } => true,
-            LockError::Connection { fault, .. }
-            | LockError::Redis { fault, .. }
-            | LockError::Config { fault, .. } => fault.is_transient(),
-            _ => false,
+            _ => self.fault().is_some_and(Fault::is_transient),
         }
     }
 
@@ -367,23 +364,13 @@ impl LockError {
 
     /// A lock option or key that cannot be (a [`Config`](Self::Config) error about `key`).
     pub(crate) fn config(key: &str, reason: impl Into<String>) -> Self {
-        LockError::Config {
-            key: Some(key.to_owned()),
-            reason: reason.into(),
-            source: None,
-            fault: Fault::OTHER,
-        }
+        LockError::setup(Some(key), reason.into(), Fault::OTHER, None)
     }
 
     /// A mistake in the client's configuration (a [`Config`](Self::Config) error about no
     /// lock).
     pub(crate) fn client_config(reason: impl Into<String>) -> Self {
-        LockError::Config {
-            key: None,
-            reason: reason.into(),
-            source: None,
-            fault: Fault::OTHER,
-        }
+        LockError::setup(None, reason.into(), Fault::OTHER, None)
     }
 
     /// A set-up step of the client that Redis refused: a [`Config`](Self::Config) error whose
@@ -394,43 +381,46 @@ impl LockError {
             f if f.is_transient() || f == Fault::TIMEOUT => Fault::OTHER,
             f => f,
         };
-        LockError::Config {
-            key: None,
-            reason: reason.into(),
-            fault,
-            source: Some(Box::new(err)),
-        }
+        LockError::setup(None, reason.into(), fault, Some(Box::new(err)))
     }
 
     /// A set-up step of the client that found no server to talk to (refused, reset, no answer
     /// in time): a [`Config`](Self::Config) error that is [`is_transient`](Self::is_transient),
     /// not [`is_config`](Self::is_config).
     pub(crate) fn setup_unreachable(reason: impl Into<String>, err: redis::RedisError) -> Self {
+        LockError::setup(None, reason.into(), Fault::UNREACHABLE, Some(Box::new(err)))
+    }
+
+    /// A [`Config`](Self::Config) error.
+    fn setup(
+        key: Option<&str>,
+        reason: String,
+        fault: Fault,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
         LockError::Config {
-            key: None,
-            reason: reason.into(),
-            fault: Fault::UNREACHABLE,
-            source: Some(Box::new(err)),
+            key: key.map(str::to_owned),
+            reason,
+            source,
+            fault,
         }
     }
 
     /// The same error with `cause` as its source, for a [`Config`](Self::Config) error that
     /// has none (other variants are returned unchanged).
-    pub(crate) fn caused_by(self, cause: Box<dyn std::error::Error + Send + Sync>) -> Self {
-        match self {
-            LockError::Config {
-                key,
-                reason,
-                source: None,
-                fault,
-            } => LockError::Config {
-                key,
-                reason,
-                source: Some(cause),
-                fault,
-            },
-            other => other,
+    pub(crate) fn caused_by(mut self, cause: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        if let LockError::Config {
+            source: s @ None, ..
+        } = &mut self
+        {
+            *s = Some(cause);
         }
+        self
+    }
+
+    /// The hold on `key` is no longer ours ([`Lost`](Self::Lost)).
+    pub(crate) fn lost(key: &str) -> Self {
+        LockError::Lost { key: key.into() }
     }
 
     /// A request the lock does not grant ([`Unsupported`](Self::Unsupported)).
@@ -443,22 +433,18 @@ impl LockError {
 }
 
 /// What an error is about, in its `Display`: the lock, or the client.
-struct Subject<'a>(&'a Option<String>);
-
-impl std::fmt::Display for Subject<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(key) => write!(f, "lock {key:?}"),
-            None => f.write_str("redis-dlock client"),
-        }
-    }
+fn subject(key: &Option<String>) -> String {
+    key.as_ref()
+        .map_or_else(|| "redis-dlock client".into(), |k| format!("lock {k:?}"))
 }
 
 /// A cause with the context a bare Redis error lacks (which server, which step), e.g. "no
 /// reply from 127.0.0.1:6379 within 2 s", whose own source is the Redis error.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
 pub(crate) struct Context {
     what: String,
+    #[source]
     source: Option<redis::RedisError>,
 }
 
@@ -468,20 +454,6 @@ impl Context {
             what: what.into(),
             source,
         }
-    }
-}
-
-impl std::fmt::Display for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.what)
-    }
-}
-
-impl std::error::Error for Context {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_ref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -537,11 +509,6 @@ impl Fault {
     fn is_transient(self) -> bool {
         matches!(self.0, Kind::Unreachable | Kind::Failover)
     }
-
-    /// Wrong credentials or a missing permission.
-    pub(crate) fn is_denied(self) -> bool {
-        self.0 == Kind::Denied
-    }
 }
 
 /// True when the server answered `e` with one of `codes` (also inside a pipeline's or a
@@ -556,16 +523,7 @@ fn has_code(e: &redis::RedisError, codes: &[&str]) -> bool {
 /// True for a Redis error that says the credentials or the user's permissions are wrong:
 /// retrying will not help.
 pub(crate) fn is_access_denied(e: &redis::RedisError) -> bool {
-    Fault::of(e).is_denied()
-}
-
-/// "s" unless `n` is 1.
-fn plural(n: u32) -> &'static str {
-    if n == 1 {
-        ""
-    } else {
-        "s"
-    }
+    Fault::of(e).0 == Kind::Denied
 }
 
 /// A duration as people read it: `850 ms`, `1.5 s`, `12 s`.

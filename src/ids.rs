@@ -38,14 +38,7 @@ pub(crate) fn new_uuid() -> String {
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h = hex::encode(b);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    [&h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..]].join("-")
 }
 
 /// The owner id of the calling thread for the client with instance id `instance`.
@@ -94,13 +87,8 @@ impl OwnerId {
 
     /// The id as text.
     pub(crate) fn as_str(&self) -> &str {
-        match &self.0 {
-            // Valid UTF-8: a `&str`, an ASCII ':' and ASCII digits, cut at their end.
-            Repr::Inline { buf, len } => {
-                std::str::from_utf8(&buf[..usize::from(*len)]).unwrap_or_default()
-            }
-            Repr::Heap(s) => s,
-        }
+        // Valid UTF-8: a `&str`, an ASCII ':' and ASCII digits, cut at their end.
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
     }
 
     /// The id's bytes, as stored in a lease.

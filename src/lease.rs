@@ -41,11 +41,7 @@ impl PartialEq for Lease {
             && self.acquired_at == other.acquired_at
             && self.valid_until == other.valid_until
             && self.fence == other.fence
-            && match (&self.watch, &other.watch) {
-                (None, None) => true,
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                _ => false,
-            }
+            && self.watch.as_ref().map(Arc::as_ptr) == other.watch.as_ref().map(Arc::as_ptr)
     }
 }
 
@@ -106,23 +102,6 @@ impl Lease {
         self.margin = Duration::ZERO;
         self.drift_included = true;
         self
-    }
-
-    /// Notes that the hold was found lost; true the first time (for the stats). A watched
-    /// hold is also marked lost for the watchdog, quietly (the caller is told by an error), so
-    /// that the watchdog neither counts nor reports it again.
-    pub(crate) fn note_lost(&mut self) -> bool {
-        if self.loss_noted {
-            return false;
-        }
-        self.loss_noted = true;
-        self.watch.as_ref().is_none_or(|w| w.set_lost_quietly())
-    }
-
-    /// True once the hold's loss was noted (by this lease, or for a watched hold by the
-    /// watchdog).
-    pub(crate) fn loss_noted(&self) -> bool {
-        self.loss_noted || self.watch.as_ref().is_some_and(|w| w.marked_lost())
     }
 
     /// With the fencing token the acquire returned.
@@ -232,12 +211,21 @@ impl Lease {
 }
 
 impl crate::stats::LossNote for Lease {
+    /// Notes that the hold was found lost; true the first time (for the stats). A watched
+    /// hold is also marked lost for the watchdog, quietly (the caller is told by an error), so
+    /// that the watchdog neither counts nor reports it again.
     fn note_lost(&mut self) -> bool {
-        Lease::note_lost(self)
+        if self.loss_noted {
+            return false;
+        }
+        self.loss_noted = true;
+        self.watch.as_ref().is_none_or(|w| w.set_lost_quietly())
     }
 
+    /// True once the hold's loss was noted (by this lease, or for a watched hold by the
+    /// watchdog).
     fn loss_noted(&self) -> bool {
-        Lease::loss_noted(self)
+        self.loss_noted || self.watch.as_ref().is_some_and(|w| w.marked_lost())
     }
 }
 

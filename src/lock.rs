@@ -200,7 +200,9 @@ pub trait ArcLockExt<L: DistributedLock + ?Sized> {
     /// [`DistributedLock::try_lock_for`], returning an owned guard.
     fn try_lock_arc_for(&self, wait: Duration) -> Result<OwnedLockGuard<L>>;
     /// [`DistributedLock::try_lock_until`], returning an owned guard.
-    fn try_lock_arc_until(&self, deadline: Instant) -> Result<OwnedLockGuard<L>>;
+    fn try_lock_arc_until(&self, deadline: Instant) -> Result<OwnedLockGuard<L>> {
+        self.try_lock_arc_for(deadline.saturating_duration_since(Instant::now()))
+    }
 }
 
 impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
@@ -216,11 +218,6 @@ impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
 
     fn try_lock_arc_for(&self, wait: Duration) -> Result<OwnedLockGuard<L>> {
         let lease = self.try_lock_for(wait)?.into_lease();
-        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
-    }
-
-    fn try_lock_arc_until(&self, deadline: Instant) -> Result<OwnedLockGuard<L>> {
-        let lease = self.try_lock_until(deadline)?.into_lease();
         Ok(OwnedLockGuard::new(Arc::clone(self), lease))
     }
 }
@@ -284,7 +281,7 @@ impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
 
     /// The lock key.
     pub fn key(&self) -> &str {
-        self.held.key()
+        self.held.lock.key()
     }
 
     /// The lease behind the guard (value, validity, fencing token).
@@ -309,7 +306,7 @@ impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
 
     /// Asks Redis whether the lock is still ours and within its lifetime.
     pub fn is_held(&self) -> Result<bool> {
-        self.held.is_held()
+        self.held.lock.is_held(&self.held.lease)
     }
 
     /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise; see
@@ -321,7 +318,7 @@ impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
     /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
     /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.held.extend(ttl)
+        self.held.lock.extend(&mut self.held.lease, ttl)
     }
 
     /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost.
@@ -364,27 +361,13 @@ where
         }
     }
 
-    fn key(&self) -> &str {
-        self.lock.key()
-    }
-
-    fn is_held(&self) -> Result<bool> {
-        self.lock.is_held(&self.lease)
-    }
-
     /// A hold already known lost fails without a round trip; otherwise Redis is asked.
     fn check(&self) -> Result<()> {
         if !self.lease.is_lost() && self.lock.is_held(&self.lease)? {
             Ok(())
         } else {
-            Err(LockError::Lost {
-                key: self.lock.key().to_owned(),
-            })
+            Err(LockError::lost(self.lock.key()))
         }
-    }
-
-    fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.lock.extend(&mut self.lease, ttl)
     }
 
     fn unlock(&mut self) -> Result<bool> {
@@ -435,7 +418,7 @@ where
     /// The guard's `Debug`, under the guard's `name`.
     fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(name)
-            .field("key", &self.key())
+            .field("key", &self.lock.key())
             .field("lease", &self.lease)
             .finish()
     }
@@ -535,7 +518,7 @@ impl<'a> LockGuard<'a> {
 impl<'a, M> LockGuard<'a, M> {
     /// The lock key.
     pub fn key(&self) -> &str {
-        self.held.key()
+        self.held.lock.key()
     }
 
     /// The owner value stored at the key.
@@ -577,7 +560,7 @@ impl<'a, M> LockGuard<'a, M> {
 
     /// Asks Redis whether the lock is still ours and within its lifetime.
     pub fn is_held(&self) -> Result<bool> {
-        self.held.is_held()
+        self.held.lock.is_held(&self.held.lease)
     }
 
     /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise: for `guard.check()?`
@@ -590,7 +573,7 @@ impl<'a, M> LockGuard<'a, M> {
     /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
     /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
     pub fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.held.extend(ttl)
+        self.held.lock.extend(&mut self.held.lease, ttl)
     }
 
     /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost
@@ -704,9 +687,9 @@ pub(crate) fn check_lock_options(
     if key.is_empty() {
         return Err(LockError::config("", "the lock key is empty"));
     }
-    check_duration(key, "ttl", ttl, false)?;
+    let ttl = check_duration(key, "ttl", ttl, false)?;
     retry
         .validate()
         .map_err(|reason| LockError::config(key, reason))?;
-    Ok((Duration::from_millis(ttl.as_millis() as u64), retry))
+    Ok((ttl, retry))
 }

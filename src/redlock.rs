@@ -135,29 +135,16 @@ impl Lane {
             return;
         }
         let now = Instant::now();
-        let mut pending = std::mem::take(&mut self.redo);
-        pending.retain(|(_, _, until)| *until > now);
-        let mut rest = pending.into_iter();
-        for (key, token, until) in rest.by_ref() {
-            match self
-                .client
-                .with_conn(&key, |con, s| s.unlock.eval::<i64>(con, &key, &token[..]))
-            {
-                Ok(deleted) => {
-                    self.forget(&token);
-                    log::debug!(
-                        "lock {key:?}: RedLock resent a delete that had failed ({})",
-                        if deleted == 1 {
-                            "deleted"
-                        } else {
-                            "already gone"
-                        }
-                    );
-                }
-                Err(_) => {
-                    self.redo.push((key, token, until));
-                    break;
-                }
+        let pending = std::mem::take(&mut self.redo).into_iter();
+        let mut rest = pending.filter(|(_, _, until)| *until > now);
+        // A delete that fails again is kept by `delete` (its token is still in `written`).
+        for (key, token, _) in rest.by_ref() {
+            match self.delete(&key, &token) {
+                Ok(deleted) => log::debug!(
+                    "lock {key:?}: RedLock resent a delete that had failed ({})",
+                    if deleted { "deleted" } else { "already gone" }
+                ),
+                Err(_) => break,
             }
         }
         self.redo.extend(rest);
@@ -165,7 +152,6 @@ impl Lane {
 }
 
 /// What a broadcast operation does to our token on a node, for [`Lane::written`].
-#[derive(Clone)]
 enum Effect {
     /// Reads only.
     Read,
@@ -319,12 +305,8 @@ pub(crate) type NodeClient =
 impl fmt::Debug for RedLockClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The node count only: a URL may carry a password.
-        let nodes = match &self.nodes {
-            NodeSpec::Targets(u, _) => u.len(),
-            NodeSpec::Clients(c) => c.len(),
-        };
         f.debug_struct("RedLockClientBuilder")
-            .field("nodes", &nodes)
+            .field("nodes", &self.nodes.len())
             .field("node_timeout", &self.node_timeout)
             .field("workers_per_node", &self.workers)
             .finish()
@@ -337,6 +319,15 @@ pub(crate) enum NodeSpec {
     /// `ClientBuilder`).
     Targets(Vec<redis::RedisResult<redis::ConnectionInfo>>, NodeClient),
     Clients(Vec<LockClient>),
+}
+
+impl NodeSpec {
+    fn len(&self) -> usize {
+        match self {
+            NodeSpec::Targets(u, _) => u.len(),
+            NodeSpec::Clients(c) => c.len(),
+        }
+    }
 }
 
 impl RedLockClientBuilder {
@@ -393,29 +384,22 @@ impl RedLockClientBuilder {
     /// Errors: [`LockError::Config`] for zero nodes, a zero or too long node timeout, a zero
     /// worker count, a bad URL, or a worker thread that could not be started.
     pub fn build(self) -> Result<RedLockClient> {
-        let setup = |msg: String| LockError::client_config(msg);
-        let count = match &self.nodes {
-            NodeSpec::Targets(u, _) => u.len(),
-            NodeSpec::Clients(c) => c.len(),
-        };
+        let setup = |msg: &str| LockError::client_config(msg);
+        let count = self.nodes.len();
         if count == 0 {
-            return Err(LockError::client_config(
+            return Err(setup(
                 "RedLock needs at least one Redis master (an odd number, e.g. 5, is recommended)",
             ));
         }
-        if self.node_timeout.is_zero() {
-            return Err(setup(
-                "the RedLock node timeout must be greater than zero".into(),
-            ));
-        }
-        if self.node_timeout > crate::MAX_CLIENT_TIMEOUT {
-            return Err(setup(format!(
-                "the RedLock node timeout must be at most MAX_CLIENT_TIMEOUT ({:?})",
+        if self.node_timeout.is_zero() || self.node_timeout > crate::MAX_CLIENT_TIMEOUT {
+            return Err(LockError::client_config(format!(
+                "the RedLock node timeout must be greater than zero and at most \
+                 MAX_CLIENT_TIMEOUT ({:?})",
                 crate::MAX_CLIENT_TIMEOUT
             )));
         }
         if self.workers == 0 {
-            return Err(setup("RedLock needs at least one worker per node".into()));
+            return Err(setup("RedLock needs at least one worker per node"));
         }
         let clients = match self.nodes {
             NodeSpec::Clients(c) => c,
@@ -423,8 +407,7 @@ impl RedLockClientBuilder {
                 .into_iter()
                 .map(|target| {
                     let info = target.map_err(|e| {
-                        setup("a RedLock node is not a valid Redis URL".into())
-                            .caused_by(Box::new(e))
+                        setup("a RedLock node is not a valid Redis URL").caused_by(Box::new(e))
                     })?;
                     node_client(info, self.workers, self.node_timeout)
                 })
@@ -436,11 +419,11 @@ impl RedLockClientBuilder {
                 .map(|lane| spawn_worker(index, lane, client.clone()))
                 .collect::<std::io::Result<Vec<_>>>()
                 .map_err(|e| {
-                    setup("could not start a RedLock worker thread".into()).caused_by(Box::new(e))
+                    setup("could not start a RedLock worker thread").caused_by(Box::new(e))
                 })?;
             nodes.push(NodeHandle { client, lanes });
         }
-        if count % 2 == 0 {
+        if count.is_multiple_of(2) {
             log::info!(
                 "RedLock over {count} nodes: an even count tolerates no more failures than \
                  {} nodes; an odd count is recommended",
@@ -578,9 +561,9 @@ impl Ballot {
 }
 
 impl Inner {
-    /// Sends `op` to every node, on the key's lane; a node's job that has not started by
-    /// `deadline` is skipped (except deletes of a token the lane may have written, see
-    /// [`Effect`]). `op` returns the node's vote: `Ok(true)` yes, `Ok(false)` no.
+    /// Sends `op` to every node, on the key's lane, and counts the votes; a node's job that
+    /// has not started by `deadline` is skipped (except deletes of a token the lane may have
+    /// written, see [`Effect`]). `op` returns the node's vote: `Ok(true)` yes, `Ok(false)` no.
     fn broadcast<F>(
         &self,
         key: &str,
@@ -588,44 +571,65 @@ impl Inner {
         deadline: Instant,
         effect: Effect,
         op: F,
-    ) -> Ballot
+    ) -> Tally
     where
-        F: Fn(&mut Lane) -> Result<bool> + Send + Sync + 'static,
+        F: Fn(&mut Lane, &str) -> Result<bool> + Send + Sync + 'static,
+    {
+        let rx = self.dispatch(key, lane, Vote::Failed, move |lane, key| {
+            let must_send = matches!(&effect, Effect::Delete { token } if lane.may_hold(token));
+            if Instant::now() >= deadline && !must_send {
+                return Some((Vote::Skipped, false));
+            }
+            let result = op(lane, key);
+            if let Effect::Write { token, ttl } = &effect {
+                match result {
+                    Ok(true) | Err(_) => lane.wrote(token, *ttl),
+                    Ok(false) => lane.forget(token),
+                }
+            }
+            Some(match result {
+                Ok(true) => (Vote::Yes, true),
+                Ok(false) => (Vote::No, true),
+                Err(e) => (Vote::Failed(e), false),
+            })
+        });
+        Ballot { rx, deadline }.count(self.nodes.len(), self.quorum)
+    }
+
+    /// Runs `op` (given the lane and the key) on every node, on the key's lane, and returns
+    /// the receiver of their answers by node index (`gone` makes the answer of a node whose
+    /// worker is gone). `op` returns the answer and whether the node answered (then the lane
+    /// resends its failed deletes, after the answer is sent), or `None` to send no answer.
+    fn dispatch<T, F>(
+        &self,
+        key: &str,
+        lane: usize,
+        gone: impl Fn(LockError) -> T,
+        op: F,
+    ) -> Receiver<(usize, T)>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Lane, &str) -> Option<(T, bool)> + Send + Sync + 'static,
     {
         let (tx, rx) = mpsc::channel();
         let op = Arc::new(op);
+        let key_owned: Arc<str> = Arc::from(key);
         for (i, node) in self.nodes.iter().enumerate() {
-            let (reply, op, effect) = (tx.clone(), Arc::clone(&op), effect.clone());
+            let (reply, op, k) = (tx.clone(), Arc::clone(&op), Arc::clone(&key_owned));
             let job: Job = Box::new(move |lane| {
-                let must_send = matches!(&effect, Effect::Delete { token } if lane.may_hold(token));
-                let vote = if Instant::now() >= deadline && !must_send {
-                    Vote::Skipped
-                } else {
-                    let result = op(lane);
-                    if let Effect::Write { token, ttl } = &effect {
-                        match result {
-                            Ok(true) | Err(_) => lane.wrote(token, *ttl),
-                            Ok(false) => lane.forget(token),
-                        }
+                if let Some((answer, answered)) = op(lane, &k) {
+                    // The caller may have stopped waiting; then nobody needs the answer.
+                    let _ = reply.send((i, answer));
+                    if answered {
+                        lane.redo();
                     }
-                    match result {
-                        Ok(true) => Vote::Yes,
-                        Ok(false) => Vote::No,
-                        Err(e) => Vote::Failed(e),
-                    }
-                };
-                let answered = matches!(vote, Vote::Yes | Vote::No);
-                // The caller may have stopped waiting; then nobody needs the vote.
-                let _ = reply.send((i, vote));
-                if answered {
-                    lane.redo();
                 }
             });
             if node.lanes[lane].send(job).is_err() {
-                let _ = tx.send((i, Vote::Failed(worker_gone(key, i))));
+                let _ = tx.send((i, gone(worker_gone(key, i))));
             }
         }
-        Ballot { rx, deadline }
+        rx
     }
 
     /// Compare-and-delete `token` on every node whose lane may have written it, and on the
@@ -639,115 +643,34 @@ impl Inner {
         lane: usize,
         token: &[u8],
         deadline: Option<Instant>,
-    ) -> Receiver<usize> {
-        let token: Arc<[u8]> = Arc::from(token);
-        let (tx, rx) = mpsc::channel();
-        for (i, node) in self.nodes.iter().enumerate() {
-            let (token, key_owned, done) = (Arc::clone(&token), key.to_owned(), tx.clone());
-            let job: Job = Box::new(move |lane| {
-                let in_time = deadline.is_some_and(|d| Instant::now() < d);
-                if in_time || lane.may_hold(&token) {
-                    match lane.delete(&key_owned, &token) {
-                        Ok(_) => lane.redo(),
-                        Err(e) => log::debug!(
-                            "lock {key_owned:?}: RedLock cleanup on node {i} failed (resent \
-                             once the node answers again; else the key expires by its TTL \
-                             there): {}",
-                            e.report()
-                        ),
-                    }
+    ) -> Receiver<(usize, ())> {
+        let token = Arc::<[u8]>::from(token);
+        let gone = |e: LockError| log::error!("lock {key:?}: {}", e.report());
+        self.dispatch(key, lane, gone, move |lane, key| {
+            let in_time = deadline.is_some_and(|d| Instant::now() < d);
+            if in_time || lane.may_hold(&token) {
+                match lane.delete(key, &token) {
+                    Ok(_) => lane.redo(),
+                    Err(e) => log::debug!(
+                        "lock {key:?}: RedLock cleanup failed (resent once the node answers \
+                         again; else the key expires by its TTL there): {}",
+                        e.report()
+                    ),
                 }
-                // The caller may have stopped waiting.
-                let _ = done.send(i);
-            });
-            if node.lanes[lane].send(job).is_err() {
-                log::error!("lock {key:?}: RedLock worker of node {i} is gone");
             }
-        }
-        rx
+            Some(((), false))
+        })
     }
 }
 
 /// Waits until `nodes` jobs reported on `rx` or until `deadline`: how many did not.
-fn wait_for_nodes(rx: &Receiver<usize>, nodes: usize, deadline: Instant) -> usize {
+fn wait_for_nodes(rx: &Receiver<(usize, ())>, nodes: usize, deadline: Instant) -> usize {
+    let left = || deadline.saturating_duration_since(Instant::now());
     let mut done = 0;
-    while done < nodes {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        match rx.recv_timeout(left) {
-            Ok(_) => done += 1,
-            Err(_) => break,
-        }
+    while done < nodes && rx.recv_timeout(left()).is_ok() {
+        done += 1;
     }
     nodes - done
-}
-
-impl Inner {
-    /// Runs `op` on every node, on the key's lane, and collects the answers until `deadline`
-    /// (a job not started by then is skipped): one entry per node, `None` when it did not
-    /// answer in time.
-    fn ask<T, F>(&self, key: &str, lane: usize, deadline: Instant, op: F) -> Vec<Option<Result<T>>>
-    where
-        T: Send + 'static,
-        F: Fn(&mut Lane) -> Result<T> + Send + Sync + 'static,
-    {
-        let (tx, rx) = mpsc::channel();
-        let op = Arc::new(op);
-        for (i, node) in self.nodes.iter().enumerate() {
-            let (reply, op) = (tx.clone(), Arc::clone(&op));
-            let job: Job = Box::new(move |lane| {
-                if Instant::now() >= deadline {
-                    return;
-                }
-                let result = op(lane);
-                let answered = result.is_ok();
-                // The caller may have stopped waiting; then nobody needs the answer.
-                let _ = reply.send((i, result));
-                if answered {
-                    lane.redo();
-                }
-            });
-            if node.lanes[lane].send(job).is_err() {
-                let _ = tx.send((i, Err(worker_gone(key, i))));
-            }
-        }
-        drop(tx);
-        let mut answers: Vec<Option<Result<T>>> = self.nodes.iter().map(|_| None).collect();
-        for _ in 0..self.nodes.len() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok((i, result)) => answers[i] = Some(result),
-                Err(_) => break,
-            }
-        }
-        answers
-    }
-}
-
-/// A query that too few nodes answered to decide.
-fn undecided(
-    key: &str,
-    what: &str,
-    answered: usize,
-    nodes: usize,
-    quorum: usize,
-    first: Option<LockError>,
-) -> LockError {
-    // No answer from a majority goes away as nodes come back, like a refused connection.
-    LockError::connection(
-        key,
-        Fault::UNREACHABLE,
-        format!(
-            "RedLock {what}: {answered} of {nodes} nodes answered, too few to decide (a \
-             majority is {quorum}){}",
-            first
-                .map(|e| format!("; first error: {}", e.report()))
-                .unwrap_or_default()
-        )
-        .into(),
-    )
 }
 
 fn worker_gone(key: &str, node: usize) -> LockError {
@@ -813,8 +736,7 @@ impl RedLockBuilder {
 
 /// A lifetime in whole milliseconds that leaves a positive validity after the drift allowance.
 fn checked_ttl(key: &str, ttl: Duration) -> Result<Duration> {
-    check_duration(key, "ttl", ttl, false)?;
-    let ttl = Duration::from_millis(ttl.as_millis() as u64);
+    let ttl = check_duration(key, "ttl", ttl, false)?;
     let drift = RedLock::clock_drift(ttl);
     if ttl <= drift {
         return Err(LockError::config(
@@ -878,9 +800,7 @@ pub struct RedLock {
 impl RedLock {
     /// Default lifetime of a RedLock hold ([`RedLockBuilder::ttl`]): 10 s.
     pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
-}
 
-impl RedLock {
     /// The clock-drift allowance for a lifetime of `ttl`: 1% of it plus 2 ms, as in the Redis
     /// page. Subtracted from every validity, it covers the nodes' clocks running up to 1% fast
     /// relative to ours, plus the millisecond granularity of `PX`.
@@ -913,22 +833,64 @@ impl RedLock {
         &self.client.inner
     }
 
-    /// Broadcasts `op` with this lock's key and lane; returns the ballot and the instant
+    /// Broadcasts `op` with this lock's key and lane; returns the votes and the instant
     /// before anything was sent.
-    fn broadcast<F>(&self, effect: Effect, op: F) -> (Ballot, Instant)
+    fn broadcast<F>(&self, effect: Effect, op: F) -> (Tally, Instant)
     where
-        F: Fn(&mut Lane) -> Result<bool> + Send + Sync + 'static,
+        F: Fn(&mut Lane, &str) -> Result<bool> + Send + Sync + 'static,
     {
         let start = Instant::now();
         let deadline = crate::time::saturating_add(start, self.inner().node_timeout);
-        let ballot = self
-            .inner()
-            .broadcast(&self.key, self.lane, deadline, effect, op);
-        (ballot, start)
+        let inner = self.inner();
+        (
+            inner.broadcast(&self.key, self.lane, deadline, effect, op),
+            start,
+        )
     }
 
-    fn count(&self, ballot: &Ballot) -> Tally {
-        ballot.count(self.inner().nodes.len(), self.inner().quorum)
+    /// Runs `op` on every node, on this lock's lane, and collects the answers until a node
+    /// timeout has passed (a job not started by then is skipped): the answers, and the first
+    /// error a node answered with; nodes missing from them failed or did not answer in time.
+    fn ask<T, F>(&self, op: F) -> (Vec<T>, Option<LockError>)
+    where
+        T: Send + 'static,
+        F: Fn(&mut Lane, &str) -> Result<T> + Send + Sync + 'static,
+    {
+        let deadline = crate::time::after(self.inner().node_timeout);
+        let rx = self
+            .inner()
+            .dispatch(&self.key, self.lane, Err, move |lane, key| {
+                let result = (Instant::now() < deadline).then(|| op(lane, key))?;
+                let answered = result.is_ok();
+                Some((result, answered))
+            });
+        let (mut answers, mut first_error) = (Vec::new(), None);
+        for _ in 0..self.inner().nodes.len() {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok((_, Ok(answer))) => answers.push(answer),
+                Ok((_, Err(e))) => first_error = first_error.or(Some(e)),
+                Err(_) => break,
+            }
+        }
+        (answers, first_error)
+    }
+
+    /// A query that too few nodes answered to decide.
+    fn undecided(&self, what: &str, answered: usize, first: Option<LockError>) -> LockError {
+        let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
+        // No answer from a majority goes away as nodes come back, like a refused connection.
+        LockError::connection(
+            &self.key,
+            Fault::UNREACHABLE,
+            format!(
+                "RedLock {what}: {answered} of {nodes} nodes answered, too few to decide (a \
+                 majority is {quorum}){}",
+                first
+                    .map(|e| format!("; first error: {}", e.report()))
+                    .unwrap_or_default()
+            )
+            .into(),
+        )
     }
 
     /// Logs an operation that failed because too few nodes answered at all.
@@ -953,17 +915,16 @@ impl RedLock {
 impl RedLock {
     /// One attempt: `Ok(None)` when another owner holds the lock.
     fn try_take(&self) -> Result<Option<Lease>> {
-        let token = new_token();
-        let key = self.key.clone();
+        let (token, inner) = (new_token(), self.inner());
         let ttl_ms = self.ttl.as_millis() as u64;
         let effect = Effect::Write {
             token: Arc::from(&token[..]),
             ttl: self.ttl,
         };
-        let (ballot, start) = self.broadcast(effect, move |lane| {
-            let reply: Value = lane.client.with_conn(&key, |con, _| {
+        let (tally, start) = self.broadcast(effect, move |lane, key| {
+            let reply: Value = lane.client.with_conn(key, |con, _| {
                 redis::cmd("SET")
-                    .arg(&key)
+                    .arg(key)
                     .arg(&token[..])
                     .arg("NX")
                     .arg("PX")
@@ -972,16 +933,15 @@ impl RedLock {
             })?;
             Ok(matches!(reply, Value::Okay))
         });
-        let tally = self.count(&ballot);
         // validity = ttl − elapsed − drift > 0  ⇔  now < start + ttl − drift
         let lifetime = self.ttl - self.drift;
         let valid = Instant::now() < crate::time::saturating_add(start, lifetime);
-        if tally.yes >= self.inner().quorum && valid {
+        if tally.yes >= inner.quorum && valid {
             log::trace!("lock {:?}: RedLock acquired: {tally}", self.key);
-            self.inner().counters.attempt(KIND, true);
+            inner.counters.attempt(KIND, true);
             return Ok(Some(Lease::new(&token, start, lifetime).drift_included()));
         }
-        if tally.yes >= self.inner().quorum {
+        if tally.yes >= inner.quorum {
             log::warn!(
                 "lock {:?}: RedLock majority reached too late (after {:?}, ttl {:?}): no validity \
                  left; releasing",
@@ -998,14 +958,9 @@ impl RedLock {
         // next (a CLI, a cron job) leaves nothing behind where a node answers; a node that
         // does not gets the delete when it answers again (see `Lane::redo`), if the process
         // still runs.
-        let undone = self
-            .inner()
-            .release_everywhere(&self.key, self.lane, &token, None);
-        let nodes_left = wait_for_nodes(
-            &undone,
-            self.inner().nodes.len(),
-            crate::time::after(self.inner().node_timeout),
-        );
+        let undone = inner.release_everywhere(&self.key, self.lane, &token, None);
+        let deadline = crate::time::after(inner.node_timeout);
+        let nodes_left = wait_for_nodes(&undone, inner.nodes.len(), deadline);
         if nodes_left > 0 {
             log::debug!(
                 "lock {:?}: RedLock's undo of a failed acquire not done on {nodes_left} nodes \
@@ -1013,8 +968,7 @@ impl RedLock {
                 self.key
             );
         }
-        let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
-        if tally.yes >= quorum {
+        if tally.yes >= inner.quorum {
             return Err(LockError::LateReply {
                 key: self.key.clone(),
                 elapsed: start.elapsed(),
@@ -1024,7 +978,7 @@ impl RedLock {
         if tally.no > 0 {
             // Some node holds it for another owner, who may hold a majority (counting nodes we
             // could not hear): contention.
-            self.inner().counters.attempt(KIND, false);
+            inner.counters.attempt(KIND, false);
             return Ok(None);
         }
         // No node refused: the majority was lost only to nodes that failed or did not
@@ -1034,8 +988,8 @@ impl RedLock {
             granted: tally.yes,
             refused: tally.no,
             failed: tally.unreachable(),
-            nodes,
-            quorum,
+            nodes: inner.nodes.len(),
+            quorum: inner.quorum,
             source: tally.first_error.map(Box::new),
         })
     }
@@ -1061,13 +1015,11 @@ impl DistributedLock for RedLock {
     fn release(&self, lease: &Lease) -> Result<bool> {
         // A hold whose validity passed is reported lost even if a majority still had it.
         let overran = lease.is_expired();
-        let key = self.key.clone();
         let value: Arc<[u8]> = Arc::from(lease.value());
         let effect = Effect::Delete {
             token: Arc::clone(&value),
         };
-        let (ballot, _) = self.broadcast(effect, move |lane| lane.delete(&key, &value));
-        let tally = self.count(&ballot);
+        let (tally, _) = self.broadcast(effect, move |lane, key| lane.delete(key, &value));
         let ours = tally.yes >= self.inner().quorum;
         if !ours {
             self.note_unreachable("release", &tally);
@@ -1082,23 +1034,21 @@ impl DistributedLock for RedLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ttl = checked_ttl(&self.key, ttl)?;
+        let (ttl, inner) = (checked_ttl(&self.key, ttl)?, self.inner());
         let lifetime = ttl - RedLock::clock_drift(ttl);
-        let key = self.key.clone();
         let value: Arc<[u8]> = Arc::from(lease.value());
         let ttl_ms = ttl.as_millis() as u64;
         let effect = Effect::Write {
             token: Arc::clone(&value),
             ttl,
         };
-        let (ballot, start) = self.broadcast(effect, move |lane| {
-            let extended: i64 = lane.client.with_conn(&key, |con, s| {
-                s.extend.eval(con, &key, (&value[..], ttl_ms))
-            })?;
+        let (tally, start) = self.broadcast(effect, move |lane, key| {
+            let extended: i64 = lane
+                .client
+                .with_conn(key, |con, s| s.extend.eval(con, key, (&value[..], ttl_ms)))?;
             Ok(extended == 1)
         });
-        let tally = self.count(&ballot);
-        if tally.yes >= self.inner().quorum
+        if tally.yes >= inner.quorum
             && Instant::now() < crate::time::saturating_add(start, lifetime)
         {
             lease.renew(None, start, lifetime);
@@ -1110,32 +1060,24 @@ impl DistributedLock for RedLock {
             "lock {:?}: RedLock lost, extend not confirmed by a majority in time: {tally}",
             self.key
         );
-        self.inner().counters.lost_on_extend(KIND, lease);
+        inner.counters.lost_on_extend(KIND, lease);
         // Fire and forget: the caller is told its hold is lost at once.
-        drop(self.inner().release_everywhere(
-            &self.key,
-            self.lane,
-            lease.value(),
-            Some(crate::time::after(self.inner().node_timeout)),
-        ));
-        Err(LockError::Lost {
-            key: self.key.clone(),
-        })
+        let deadline = Some(crate::time::after(inner.node_timeout));
+        drop(inner.release_everywhere(&self.key, self.lane, lease.value(), deadline));
+        Err(LockError::lost(&self.key))
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
         if lease.is_expired() {
             return Ok(false);
         }
-        let key = self.key.clone();
         let value: Arc<[u8]> = Arc::from(lease.value());
-        let (ballot, _) = self.broadcast(Effect::Read, move |lane| {
+        let (tally, _) = self.broadcast(Effect::Read, move |lane, key| {
             let current: Option<Vec<u8>> = lane
                 .client
-                .with_conn(&key, |con, _| redis::cmd("GET").arg(&key).query(con))?;
+                .with_conn(key, |con, _| redis::cmd("GET").arg(key).query(con))?;
             Ok(current.as_deref() == Some(&value[..]))
         });
-        let tally = self.count(&ballot);
         Ok(tally.yes >= self.inner().quorum && !lease.is_expired())
     }
 
@@ -1151,39 +1093,25 @@ impl crate::lock::LockAdmin for RedLock {
     /// Locked when a majority of the nodes hold one same value: see
     /// [`LockAdmin::state`](crate::LockAdmin::state).
     fn state(&self) -> Result<LockState> {
-        let key = self.key.clone();
-        let deadline = crate::time::after(self.inner().node_timeout);
-        let answers = self
-            .inner()
-            .ask(&self.key, self.lane, deadline, move |lane| {
-                let reply: Value = lane
-                    .client
-                    .with_conn(&key, |con, s| s.lock_state.eval(con, &key, "value"))?;
-                KeyState::decode(&key, reply)
-            });
+        let (answers, first_error) = self.ask(|lane, key| {
+            let reply: Value = lane
+                .client
+                .with_conn(key, |con, s| s.lock_state.eval(con, key, "value"))?;
+            KeyState::decode(key, reply)
+        });
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
-        let (mut unanswered, mut first_error) = (0, None);
+        let unanswered = nodes - answers.len();
         // Each value found, with the PTTL of every node that holds it.
         let mut held: Vec<(Vec<u8>, Vec<Option<Duration>>)> = Vec::new();
-        for answer in answers {
-            match answer {
-                None => unanswered += 1,
-                Some(Err(e)) => {
-                    unanswered += 1;
-                    first_error.get_or_insert(e);
-                }
-                Some(Ok(found)) if found.is_absent() => {}
-                Some(Ok(found)) => {
-                    // A key of another type is some value nobody else has.
-                    let value = match found.detail {
-                        Some(v) if found.kind == "string" => v,
-                        _ => format!("<{}>", found.kind).into_bytes(),
-                    };
-                    match held.iter_mut().find(|(v, _)| *v == value) {
-                        Some((_, ttls)) => ttls.push(found.pttl),
-                        None => held.push((value, vec![found.pttl])),
-                    }
-                }
+        for found in answers.into_iter().filter(|found| !found.is_absent()) {
+            // A key of another type is some value nobody else has.
+            let value = match found.detail {
+                Some(v) if found.kind == "string" => v,
+                _ => format!("<{}>", found.kind).into_bytes(),
+            };
+            match held.iter_mut().find(|(v, _)| *v == value) {
+                Some((_, ttls)) => ttls.push(found.pttl),
+                None => held.push((value, vec![found.pttl])),
             }
         }
         let most = held.iter().max_by_key(|(_, ttls)| ttls.len());
@@ -1192,12 +1120,7 @@ impl crate::lock::LockAdmin for RedLock {
             // The majority breaks when the quorum-th longest PTTL runs out (no expiry sorts
             // as the longest).
             let mut ttls = ttls.clone();
-            ttls.sort_by(|a, b| match (a, b) {
-                (None, None) => std::cmp::Ordering::Equal,
-                (None, Some(_)) => std::cmp::Ordering::Less,
-                (Some(_), None) => std::cmp::Ordering::Greater,
-                (Some(a), Some(b)) => b.cmp(a),
-            });
+            ttls.sort_by_key(|t| std::cmp::Reverse(t.unwrap_or(Duration::MAX)));
             return Ok(LockState::Locked {
                 ttl: ttls.get(quorum - 1).copied().flatten(),
             });
@@ -1205,42 +1128,20 @@ impl crate::lock::LockAdmin for RedLock {
         if count + unanswered < quorum {
             return Ok(LockState::Unlocked);
         }
-        Err(undecided(
-            &self.key,
-            "state",
-            nodes - unanswered,
-            nodes,
-            quorum,
-            first_error,
-        ))
+        Err(self.undecided("state", nodes - unanswered, first_error))
     }
 
     /// Deletes the key on every node whoever holds it: see
     /// [`LockAdmin::force_unlock`](crate::LockAdmin::force_unlock). RedLock publishes nothing (its waiters poll); this
     /// client's waiters are woken.
     fn force_unlock(&self) -> Result<bool> {
-        let key = self.key.clone();
-        let deadline = crate::time::after(self.inner().node_timeout);
-        let answers = self
-            .inner()
-            .ask(&self.key, self.lane, deadline, move |lane| {
-                lane.client.with_conn(&key, |con, s| {
-                    s.force_unlock.eval::<i64>(con, &key, ("", "", ""))
-                })
-            });
+        let (answers, first_error) = self.ask(|lane, key| {
+            lane.client.with_conn(key, |con, s| {
+                s.force_unlock.eval::<i64>(con, key, ("", "", ""))
+            })
+        });
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
-        let (mut answered, mut deleted, mut first_error) = (0, 0, None);
-        for answer in answers.into_iter().flatten() {
-            match answer {
-                Ok(n) => {
-                    answered += 1;
-                    deleted += usize::from(n == 1);
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
+        let (answered, deleted) = (answers.len(), answers.iter().filter(|n| **n == 1).count());
         if deleted > 0 {
             log::info!(
                 "lock {:?}: RedLock force-unlocked (deleted on {deleted} of {nodes} nodes)",
@@ -1249,14 +1150,7 @@ impl crate::lock::LockAdmin for RedLock {
             self.inner().waiters.notify_release(&self.key);
         }
         if answered < quorum {
-            return Err(undecided(
-                &self.key,
-                "force unlock",
-                answered,
-                nodes,
-                quorum,
-                first_error,
-            ));
+            return Err(self.undecided("force unlock", answered, first_error));
         }
         Ok(deleted > 0)
     }

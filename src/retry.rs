@@ -157,29 +157,21 @@ pub(crate) struct Attempts<'a> {
 impl<'a> Attempts<'a> {
     /// Limits from the policy.
     pub(crate) fn new(policy: &'a RetryPolicy) -> Self {
-        let started = Instant::now();
-        let deadline = policy.max_wait.and_then(|w| started.checked_add(w));
-        Self::with_limits(policy, started, deadline, policy.max_retries)
+        Self::with_limits(policy, policy.max_wait, policy.max_retries)
     }
 
     /// The caller's wait instead of the policy's limits (no deadline when it cannot be
     /// represented: a wait of `Duration::MAX` is a wait forever).
     pub(crate) fn for_duration(policy: &'a RetryPolicy, wait: Duration) -> Self {
-        let started = Instant::now();
-        Self::with_limits(policy, started, crate::time::deadline_after(wait), None)
+        Self::with_limits(policy, Some(wait), None)
     }
 
-    fn with_limits(
-        policy: &'a RetryPolicy,
-        started: Instant,
-        deadline: Option<Instant>,
-        max_retries: Option<u32>,
-    ) -> Self {
+    fn with_limits(policy: &'a RetryPolicy, wait: Option<Duration>, retries: Option<u32>) -> Self {
         Attempts {
             policy,
-            started,
-            deadline,
-            max_retries,
+            started: Instant::now(),
+            deadline: wait.and_then(crate::time::deadline_after),
+            max_retries: retries,
             made: 0,
             next_delay: policy.delay,
         }

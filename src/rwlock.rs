@@ -63,16 +63,6 @@ const LATCH_MS: u64 = 10_000;
 /// the latch.
 const LATCH_RESEND: Duration = Duration::from_millis(LATCH_MS / 2);
 
-/// Redisson's `prefixName`: `prefix:name` when the name contains `{` anywhere, else
-/// `prefix:{name}`.
-pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
-    if name.contains('{') {
-        format!("{prefix}:{name}")
-    } else {
-        format!("{prefix}:{{{name}}}")
-    }
-}
-
 /// A random request id for an unlock latch (128 bits in hex).
 fn request_id() -> String {
     // The Token lock's 128-bit random hex token, which is ASCII.
@@ -89,10 +79,7 @@ enum Mode {
 impl Mode {
     /// The kind of lock in the client's stats.
     fn kind(self) -> Kind {
-        match self {
-            Mode::Read => Kind::new("read"),
-            Mode::Write => Kind::new("write"),
-        }
+        Kind::new(self.as_str())
     }
 
     fn as_str(self) -> &'static str {
@@ -379,7 +366,7 @@ impl ReadWriteLockBuilder {
                 .saturating_mul(INTENT_SLEEPS)
                 .max(ReadWriteLock::MIN_WRITER_INTENT)
         });
-        check_duration(&self.key, "writer_intent", intent, true).map_err(|e| {
+        let intent = check_duration(&self.key, "writer_intent", intent, true).map_err(|e| {
             if self.intent.is_some() {
                 return e;
             }
@@ -392,15 +379,12 @@ impl ReadWriteLockBuilder {
                 ),
             )
         })?;
-        let intent = Duration::from_millis(intent.as_millis() as u64);
-        let writers = prefix_name(WRITERS_PREFIX, &self.key);
+        let writers = keys::redisson_name(WRITERS_PREFIX, &self.key);
         if self.client.is_cluster() {
             let slot = keys::hash_slot(self.key.as_bytes());
-            let timeout = format!("{}:x:rwlock_timeout:1", self.key);
-            let timeout = if self.key.contains('{') {
-                timeout
-            } else {
-                format!("{{{}}}:x:rwlock_timeout:1", self.key)
+            let timeout = match self.key.contains('{') {
+                true => format!("{}:x:rwlock_timeout:1", self.key),
+                false => format!("{{{}}}:x:rwlock_timeout:1", self.key),
             };
             if keys::hash_slot(timeout.as_bytes()) != slot
                 || keys::hash_slot(writers.as_bytes()) != slot
@@ -416,8 +400,8 @@ impl ReadWriteLockBuilder {
         let shared = Arc::new(Shared {
             read_line: format!("{}\0read", self.key),
             write_line: format!("{}\0write", self.key),
-            channel: prefix_name(CHANNEL_PREFIX, &self.key),
-            latch_base: prefix_name(LATCH_PREFIX, &self.key),
+            channel: keys::redisson_name(CHANNEL_PREFIX, &self.key),
+            latch_base: keys::redisson_name(LATCH_PREFIX, &self.key),
             writers,
             client: self.client,
             key: self.key,
@@ -461,6 +445,7 @@ struct Shared {
 /// thread (two handles in one thread re-enter instead of waiting for each other), and they
 /// must all see the same counts. Entries go at zero holds, so the maps are bounded by the
 /// owners that hold something.
+#[derive(Default)]
 struct Owners {
     /// Holds (read + write) that Redis reported for the owner after our latest operation for
     /// it; only used to let a thread that already holds the lock skip the writers' line (it
@@ -474,12 +459,7 @@ struct Owners {
     known: HashMap<String, Known>,
 }
 
-static OWNERS: LazyLock<Mutex<Owners>> = LazyLock::new(|| {
-    Mutex::new(Owners {
-        reported: HashMap::new(),
-        known: HashMap::new(),
-    })
-});
+static OWNERS: LazyLock<Mutex<Owners>> = LazyLock::new(Mutex::default);
 
 /// One entry of [`Owners::known`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -498,6 +478,14 @@ impl Known {
 }
 
 impl Shared {
+    /// The `Debug` of one side, `name`.
+    fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("key", &self.key)
+            .field("instance", &self.client.instance_id())
+            .finish_non_exhaustive()
+    }
+
     /// Redisson's owner: the client's instance id and the thread.
     fn owner(&self) -> String {
         format!("{}:{}", self.client.instance_id(), owner::thread_num())
@@ -509,21 +497,18 @@ impl Shared {
     }
 
     /// The entry of `owner` on this key in [`Owners`].
-    fn slot(&self, owner: &str) -> String {
-        format!("{owner}\0{}", self.key)
+    fn slot(&self, owner: &[u8]) -> String {
+        format!("{}\0{}", String::from_utf8_lossy(owner), self.key)
     }
 
     /// The owner's holds (read + write) that Redis last reported.
-    fn reported(&self, owner: &str) -> Option<i64> {
+    fn reported(&self, owner: &[u8]) -> Option<i64> {
         let slot = self.slot(owner);
         self.owners().reported.get(&slot).copied()
     }
 
     /// Records the owner's hold count that a script reported.
     fn note_holds(&self, owner: &[u8], holds: i64) {
-        let Ok(owner) = std::str::from_utf8(owner) else {
-            return;
-        };
         let slot = self.slot(owner);
         let mut owners = self.owners();
         if holds > 0 {
@@ -534,7 +519,7 @@ impl Shared {
     }
 
     /// What the owner's holds are known to be (see [`Owners::known`]).
-    fn known(&self, owner: &str) -> Known {
+    fn known(&self, owner: &[u8]) -> Known {
         let slot = self.slot(owner);
         self.owners().known.get(&slot).copied().unwrap_or_default()
     }
@@ -542,9 +527,6 @@ impl Shared {
     /// One hold of the owner more (`taken`) or fewer in `mode`. Changes are counted, never
     /// set, so that releases of the owner's leases on other threads cannot race its acquires.
     fn note_known(&self, owner: &[u8], mode: Mode, taken: bool) {
-        let Ok(owner) = std::str::from_utf8(owner) else {
-            return;
-        };
         let slot = self.slot(owner);
         let mut owners = self.owners();
         let map = &mut owners.known;
@@ -563,13 +545,9 @@ impl Shared {
     /// The owner's thread was refused and Redis counts no hold of the owner: it holds nothing
     /// (a hold it counts expired or was lost). Only this thread can add holds of the owner,
     /// and other threads' releases only count down, so this cannot lose a live hold.
-    fn forget_known(&self, owner: &str) {
+    fn forget_known(&self, owner: &[u8]) {
         let slot = self.slot(owner);
         self.owners().known.remove(&slot);
-    }
-
-    fn holds_any(&self, owner: &str) -> bool {
-        self.reported(owner).is_some()
     }
 
     /// The pub/sub wake-up of this lock's waiters, on Redisson's channel, if enabled.
@@ -582,39 +560,26 @@ impl Shared {
     }
 
     /// Runs one script on `keys` and decodes its `{code, holds[, wait]}` reply, recording the
-    /// holds of `owner`.
+    /// holds of `owner`. With `confirm`, a hold write: confirmed by the replicas the client
+    /// requires ([`LockError::NotReplicated`] otherwise), and the cell set once the script was
+    /// handed to a connection (an error after that may come with the script run).
     fn run(
         &self,
         script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
         keys: &[&str],
         owner: &[u8],
         args: impl redis::ToRedisArgs,
-    ) -> Result<(i64, Option<i64>)> {
-        self.run_sent(script, keys, owner, args, &Cell::new(false), false)
-            .map(|(code, _, wait)| (code, wait))
-    }
-
-    /// [`run`](Self::run), setting `sent` once the script was handed to a connection (an
-    /// error after that may come with the script run). `confirm`: a hold write, confirmed by
-    /// the replicas the client requires ([`LockError::NotReplicated`] otherwise). Returns the
-    /// owner's holds too.
-    fn run_sent(
-        &self,
-        script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
-        keys: &[&str],
-        owner: &[u8],
-        args: impl redis::ToRedisArgs,
-        sent: &Cell<bool>,
-        confirm: bool,
+        confirm: Option<&Cell<bool>>,
     ) -> Result<(i64, i64, Option<i64>)> {
         let call = |con: &mut crate::client::Conn, s: &crate::scripts::Scripts| {
-            sent.set(true);
+            if let Some(sent) = confirm {
+                sent.set(true);
+            }
             script(s).eval_keys(con, keys, &args)
         };
-        let reply: Value = if confirm {
-            self.client.with_conn_confirmed(&self.key, call)?
-        } else {
-            self.client.with_conn(&self.key, call)?
+        let reply: Value = match confirm {
+            Some(_) => self.client.with_conn_confirmed(&self.key, call)?,
+            None => self.client.with_conn(&self.key, call)?,
         };
         let (code, holds, wait) = self.decode(reply)?;
         self.note_holds(owner, holds);
@@ -663,8 +628,8 @@ impl Shared {
         let sent = Cell::new(false);
         // What this thread holds: more on the server is a stale hold of its own (a release lost
         // in a failover), which the script sets back first.
-        let known = self.known(owner);
-        let reply = self.run_sent(
+        let known = self.known(owner.as_bytes());
+        let reply = self.run(
             |s| &s.rw_acquire,
             &[self.key.as_str(), self.writers.as_str()],
             owner.as_bytes(),
@@ -676,8 +641,7 @@ impl Shared {
                 known.read,
                 known.write,
             ),
-            &sent,
-            true,
+            Some(&sent),
         );
         // Sent and unanswered, or answered but not confirmed by the replicas: it may have
         // counted a hold that a failover would lose, or that nobody releases.
@@ -714,7 +678,7 @@ impl Shared {
             }
             0 | -1 => {
                 if holds == 0 {
-                    self.forget_known(owner);
+                    self.forget_known(owner.as_bytes());
                 }
                 let mut wait = wait
                     .and_then(|w| u64::try_from(w).ok())
@@ -769,9 +733,7 @@ impl Shared {
             LATCH_MS.to_string().into_bytes(),
         ];
         // A nil ARGV is not sent at all (as by the release's own call).
-        if let Some(e) = expect {
-            args.push(e.to_string().into_bytes());
-        }
+        args.extend(expect.map(|e| e.to_string().into_bytes()));
         Cleanup {
             script: |s| &s.rw_release,
             keys: vec![self.key.clone(), self.writers.clone(), latch.to_owned()],
@@ -784,7 +746,7 @@ impl Shared {
     }
 
     fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant, why: Why) {
-        let before = self.reported(owner).unwrap_or(0);
+        let before = self.reported(owner.as_bytes()).unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let latch = format!("{}:{}", self.latch_base, request_id());
         let release = self.release_cleanup(
@@ -837,6 +799,7 @@ impl Shared {
                 self.opts.lease_ms(),
                 LATCH_MS,
             ),
+            None,
         );
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
@@ -876,14 +839,11 @@ impl Shared {
                 until,
             );
             // The janitor makes it happen (or the hold expires): count it given back.
-            let left = self
-                .reported(&String::from_utf8_lossy(lease.value()))
-                .map(|n| n - 1);
-            if let Some(left) = left {
-                self.note_holds(lease.value(), left);
+            if let Some(n) = self.reported(lease.value()) {
+                self.note_holds(lease.value(), n - 1);
             }
         }
-        let (code, _) = reply?;
+        let (code, ..) = reply?;
         let ours = code == 1;
         if !ours || overran {
             self.client.counters().lost_on_release(mode.kind(), lease);
@@ -914,16 +874,14 @@ impl Shared {
     }
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        check_duration(&self.key, "ttl", ttl, false)?;
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        let ttl = check_duration(&self.key, "ttl", ttl, false)?;
         let start = Instant::now();
-        let (code, _, _) = self.run_sent(
+        let (code, ..) = self.run(
             |s| &s.rw_extend,
             &[self.key.as_str()],
             lease.value(),
             (mode.as_str(), lease.value(), ttl.as_millis() as u64),
-            &Cell::new(false),
-            true,
+            Some(&Cell::new(false)),
         )?;
         if code == 1 {
             lease.renew(None, start, ttl);
@@ -942,9 +900,7 @@ impl Shared {
                 mode.as_str()
             );
             self.client.counters().lost_on_extend(mode.kind(), lease);
-            Err(LockError::Lost {
-                key: self.key.clone(),
-            })
+            Err(LockError::lost(&self.key))
         }
     }
 
@@ -971,26 +927,23 @@ impl Shared {
     /// Deletes the hash if it is in `mode` (Redisson's `forceUnlock` of that side), publishing
     /// Redisson's message for a release of that mode.
     fn force_unlock(&self, mode: Mode) -> Result<bool> {
-        let message = match mode {
-            Mode::Read => "0",
-            Mode::Write => "1",
-        };
         admin::force_delete(
             &self.client,
             &self.key,
             Some(&self.channel),
-            message,
+            if mode == Mode::Write { "1" } else { "0" },
             Some(mode.as_str()),
             &[&self.key, &self.read_line, &self.write_line],
         )
     }
 
     fn is_held(&self, mode: Mode, lease: &Lease) -> Result<bool> {
-        let (code, _) = self.run(
+        let (code, ..) = self.run(
             |s| &s.rw_held,
             &[self.key.as_str()],
             lease.value(),
             (mode.as_str(), lease.value()),
+            None,
         )?;
         Ok(code == 1 && !lease.is_expired())
     }
@@ -1022,7 +975,7 @@ impl Shared {
             queues: self.client.waiters(),
             name: line,
             fifo,
-            barge: !fifo || self.holds_any(&owner),
+            barge: !fifo || self.reported(owner.as_bytes()).is_some(),
             wake: self.wake(),
         };
         let attempt = || self.attempt(mode, &owner, intent_ms);
@@ -1041,6 +994,7 @@ impl Shared {
                             self.opts.lease_ms(),
                             LATCH_MS,
                         ),
+                        None,
                     );
                     if let Err(e) = withdrawn {
                         log::warn!(
@@ -1080,19 +1034,13 @@ pub struct WriteLock {
 
 impl fmt::Debug for ReadLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadLock")
-            .field("key", &self.shared.key)
-            .field("instance", &self.shared.client.instance_id())
-            .finish_non_exhaustive()
+        self.shared.debug("ReadLock", f)
     }
 }
 
 impl fmt::Debug for WriteLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteLock")
-            .field("key", &self.shared.key)
-            .field("instance", &self.shared.client.instance_id())
-            .finish_non_exhaustive()
+        self.shared.debug("WriteLock", f)
     }
 }
 
@@ -1153,9 +1101,7 @@ side!(WriteLock, Mode::Write);
 /// latch, by the release that ran before); anything else changed nothing.
 fn read_release(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
     match v {
-        redis::Value::Array(items) if items.first() == Some(&redis::Value::Int(1)) => {
-            (Done::GaveBack, None)
-        }
+        Value::Array(items) if items.first() == Some(&Value::Int(1)) => (Done::GaveBack, None),
         _ => (Done::Nothing, None),
     }
 }
@@ -1163,6 +1109,7 @@ fn read_release(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::redisson_name as prefix_name;
 
     const SCRIPTS: [(&str, &str); 4] = [
         ("rw_acquire", include_str!("../lua/rw_acquire.lua")),

@@ -47,7 +47,14 @@ struct Plain {
 }
 
 impl LuaScript {
+    /// A script; a `-- #include rw_prelude.lua` line is replaced by the read-write scripts'
+    /// shared opening (`lua/rw_prelude.lua`), a `-- #include fair_live_head.lua` line by the
+    /// queue walk both fair scripts share (Redis scripts cannot load one another).
     fn new(name: &'static str, code: &str) -> Self {
+        let code =
+            &code
+                .replacen(RW_INCLUDE, RW_PRELUDE, 1)
+                .replacen(FAIR_INCLUDE, FAIR_LIVE_HEAD, 1);
         LuaScript {
             name,
             code: code.to_owned(),
@@ -71,13 +78,7 @@ impl LuaScript {
     /// `EVALSHA <sha> 1 key args…`, its buffer sized once for the usual arguments (a value of
     /// up to 64 bytes and two numbers).
     pub(crate) fn evalsha(&self, key: &str, args: &impl ToRedisArgs) -> redis::Cmd {
-        let mut cmd = redis::Cmd::with_capacity(7, 160 + key.len());
-        cmd.arg("EVALSHA")
-            .arg(self.script.get_hash())
-            .arg(1)
-            .arg(key)
-            .arg(args);
-        cmd
+        self.evalsha_keys(&[key], args)
     }
 
     /// `EVALSHA <sha> <n> keys… args…`, its buffer sized once like [`evalsha`](Self::evalsha)'s.
@@ -134,41 +135,13 @@ impl LuaScript {
         } else {
             self.evalsha_keys(keys, &args).query(con)
         };
-        match first {
-            Err(err)
-                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                log::debug!(
-                    "script {} not on the server (NOSCRIPT), sending it with EVAL",
-                    self.name
-                );
-                redis::cmd("EVAL")
-                    .arg(&self.code)
-                    .arg(keys.len())
-                    .arg(keys)
-                    .arg(&args)
-                    .query(con)
-            }
-            other => other,
-        }
+        self.or_eval(con, keys, &args, first)
     }
 
     /// The script's full text.
     #[cfg(any(test, feature = "bench-hooks"))]
     pub(crate) fn code(&self) -> &str {
         &self.code
-    }
-
-    /// A read-write lock script: its `-- #include rw_prelude.lua` line replaced by the shared
-    /// opening in `lua/rw_prelude.lua` (Redis scripts cannot load one another).
-    fn with_rw_prelude(name: &'static str, code: &str) -> Self {
-        Self::new(name, &code.replacen(RW_INCLUDE, RW_PRELUDE, 1))
-    }
-
-    /// A fair lock script: its `-- #include fair_live_head.lua` line replaced by the queue walk
-    /// both fair scripts share (`lua/fair_live_head.lua`).
-    fn with_fair_live_head(name: &'static str, code: &str) -> Self {
-        Self::new(name, &code.replacen(FAIR_INCLUDE, FAIR_LIVE_HEAD, 1))
     }
 
     /// Runs the script on one key with `args` (a tuple writes one ARGV per element).
@@ -209,7 +182,7 @@ impl LuaScript {
         args: &impl ToRedisArgs,
     ) -> RedisResult<T> {
         let first = self.evalsha(key, args).query(con);
-        self.or_eval(con, key, args, first)
+        self.or_eval(con, &[key], args, first)
     }
 
     /// [`eval`](Self::eval) with its `EVALSHA <sha> 1 key args…` packed by the caller
@@ -230,15 +203,15 @@ impl LuaScript {
         let first = con
             .req_packed_command(evalsha)
             .and_then(|v| Ok(redis::from_redis_value(v.extract_error()?)?));
-        self.or_eval(con, key, args, first)
+        self.or_eval(con, &[key], args, first)
     }
 
-    /// After the `EVALSHA` of [`eval_one`](Self::eval_one): on `NOSCRIPT` the same call is
-    /// sent as `EVAL` with the script's text.
+    /// After an `EVALSHA` of this script: on `NOSCRIPT` the same call is sent as `EVAL` with
+    /// the script's text.
     fn or_eval<T: FromRedisValue>(
         &self,
         con: &mut dyn ConnectionLike,
-        key: &str,
+        keys: &[&str],
         args: &impl ToRedisArgs,
         first: RedisResult<T>,
     ) -> RedisResult<T> {
@@ -247,13 +220,14 @@ impl LuaScript {
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 log::debug!(
-                    "lock {key:?}: script {} not on the server (NOSCRIPT), sending it with EVAL",
+                    "lock {:?}: script {} not on the server (NOSCRIPT), sending it with EVAL",
+                    keys.first().unwrap_or(&""),
                     self.name
                 );
                 redis::cmd("EVAL")
                     .arg(&self.code)
-                    .arg(1)
-                    .arg(key)
+                    .arg(keys.len())
+                    .arg(keys)
                     .arg(args)
                     .query(con)
             }
@@ -357,19 +331,10 @@ impl Scripts {
                 "compare_and_set",
                 include_str!("../lua/compare_and_set.lua"),
             ),
-            rw_acquire: LuaScript::with_rw_prelude(
-                "rw_acquire",
-                include_str!("../lua/rw_acquire.lua"),
-            ),
-            rw_release: LuaScript::with_rw_prelude(
-                "rw_release",
-                include_str!("../lua/rw_release.lua"),
-            ),
-            rw_extend: LuaScript::with_rw_prelude(
-                "rw_extend",
-                include_str!("../lua/rw_extend.lua"),
-            ),
-            rw_held: LuaScript::with_rw_prelude("rw_held", include_str!("../lua/rw_held.lua")),
+            rw_acquire: LuaScript::new("rw_acquire", include_str!("../lua/rw_acquire.lua")),
+            rw_release: LuaScript::new("rw_release", include_str!("../lua/rw_release.lua")),
+            rw_extend: LuaScript::new("rw_extend", include_str!("../lua/rw_extend.lua")),
+            rw_held: LuaScript::new("rw_held", include_str!("../lua/rw_held.lua")),
             renew_batch: LuaScript::new("renew_batch", include_str!("../lua/renew_batch.lua")),
             reentrant_acquire: LuaScript::new(
                 "reentrant_acquire",
@@ -390,14 +355,8 @@ impl Scripts {
             ),
             lock_state: LuaScript::new("lock_state", include_str!("../lua/lock_state.lua")),
             force_unlock: LuaScript::new("force_unlock", include_str!("../lua/force_unlock.lua")),
-            fair_acquire: LuaScript::with_fair_live_head(
-                "fair_acquire",
-                include_str!("../lua/fair_acquire.lua"),
-            ),
-            fair_release: LuaScript::with_fair_live_head(
-                "fair_release",
-                include_str!("../lua/fair_release.lua"),
-            ),
+            fair_acquire: LuaScript::new("fair_acquire", include_str!("../lua/fair_acquire.lua")),
+            fair_release: LuaScript::new("fair_release", include_str!("../lua/fair_release.lua")),
         }
     }
 }

@@ -69,19 +69,15 @@ impl Version {
         self.number >= (major, minor)
     }
 
-    /// What Redis 7.0 brought and every Valkey has (forked from Redis 7.2).
-    fn redis_7(&self) -> bool {
+    /// Script shebangs and their flags (`#!lua flags=allow-oom`): Redis 7.0 and later, and
+    /// every Valkey (forked from Redis 7.2).
+    pub(crate) fn has_shebang(&self) -> bool {
         self.family == Family::Valkey || self.at_least(7, 0)
     }
 
-    /// Script shebangs and their flags (`#!lua flags=allow-oom`): Redis 7.0 and later.
-    pub(crate) fn has_shebang(&self) -> bool {
-        self.redis_7()
-    }
-
-    /// `SET … NX … GET` (NX with GET): Redis 7.0 and later.
+    /// `SET … NX … GET` (NX with GET): Redis 7.0 and later, like [`has_shebang`](Self::has_shebang).
     pub(crate) fn has_set_nx_get(&self) -> bool {
-        self.redis_7()
+        self.has_shebang()
     }
 
     /// `DELIFEQ`: Valkey 9.0 and later (by version; `COMMAND INFO DELIFEQ` also says whether a

@@ -38,9 +38,10 @@ pub(crate) fn deadline_after(d: Duration) -> Option<Instant> {
 /// overflows Redis's 64-bit expiry (which Redis rejects with "invalid expire time").
 pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
 
-/// Checks a lifetime-like duration: whole milliseconds count, at most [`MAX_TTL`].
-pub(crate) fn check_duration(key: &str, what: &str, d: Duration, zero_ok: bool) -> Result<()> {
-    if !zero_ok && d.as_millis() == 0 {
+/// Checks a lifetime-like duration: whole milliseconds count, at most [`MAX_TTL`]. Returns
+/// its whole milliseconds.
+pub(crate) fn check_duration(key: &str, what: &str, d: Duration, zero: bool) -> Result<Duration> {
+    if !zero && d.as_millis() == 0 {
         return Err(LockError::config(
             key,
             format!("{what} must be at least 1 ms, got {d:?}"),
@@ -52,7 +53,7 @@ pub(crate) fn check_duration(key: &str, what: &str, d: Duration, zero_ok: bool) 
             format!("{what} {d:?} is beyond the longest Redis accepts (MAX_TTL = {MAX_TTL:?})"),
         ));
     }
-    Ok(())
+    Ok(Duration::from_millis(d.as_millis() as u64))
 }
 
 #[cfg(test)]
