@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::client::cluster_deadline::within;
+use crate::client::pool::within;
 use crate::client::confirm::{Acks, ReplicaAcks};
 use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;

@@ -9,13 +9,11 @@ use std::time::{Duration, Instant};
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use redis::{
-    ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
+    ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult,
+    Value,
 };
 
-use super::cluster_deadline::{
-    connect_within, is_suspect, left_until, time_is_up, with_deadline, within, within_opt,
-    Deadlined,
-};
+use super::cluster_deadline::{is_suspect, time_is_up, with_deadline, Deadlined};
 use super::confirm::{Acks, Wait};
 use super::native::Detected;
 use super::switches::Switches;
@@ -1050,6 +1048,57 @@ impl ConnectionLike for Conn {
             Pooled::External(c) => c.is_open(),
         }
     }
+}
+
+/// The time left until `until`: `Ok(None)` without one, an I/O timeout error (a command that
+/// did not answer in time) when it has passed.
+pub(crate) fn left_until(until: Option<Instant>) -> RedisResult<Option<Duration>> {
+    let Some(deadline) = until else {
+        return Ok(None);
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the command's deadline ran out (cluster redirections and retries included, \
+             a cluster connection's opening bounded by the connect timeout, or a watchdog \
+             renewal bounded by a hold's loss deadline)",
+        )));
+    }
+    Ok(Some(left))
+}
+
+/// `timeout`, cut to the time left until `until`; an I/O timeout error when none is left.
+pub(crate) fn within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(left_until(until)?.map_or(timeout, |left| left.min(timeout)))
+}
+
+/// The replies redis-rs's connection set-up may wait for, each with the whole connect timeout
+/// left after the TCP connect: `HELLO` or `AUTH`, `SELECT`, and two `CLIENT SETINFO` (it reads
+/// every reply of its set-up pipeline, even after one timed out).
+const SETUP_REPLIES: u32 = 4;
+
+/// The connect timeout to give redis-rs for a connection that must be open, set-up included,
+/// within `left` (`None`: `timeout` as it is): a fourth of it at most (see [`SETUP_REPLIES`]).
+pub(crate) fn connect_timeout(timeout: Duration, left: Option<Duration>) -> Duration {
+    left.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES))
+}
+
+/// [`connect_timeout`] for a connection to open by `until`; an I/O timeout error when that
+/// has passed.
+pub(crate) fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(connect_timeout(timeout, left_until(until)?))
+}
+
+/// [`within`] for an optional timeout (`None`: none, unless `until` gives one).
+pub(crate) fn within_opt(
+    timeout: Option<Duration>,
+    until: Option<Instant>,
+) -> RedisResult<Option<Duration>> {
+    Ok(match (timeout, left_until(until)?) {
+        (Some(t), Some(left)) => Some(t.min(left)),
+        (t, left) => t.or(left),
+    })
 }
 
 #[cfg(test)]
