@@ -11,7 +11,7 @@ use super::confirm::{Acks, ReplicaAcks, DEFAULT_REPLICA_ACK_TIMEOUT};
 use super::native::Detected;
 use super::pool::{
     cluster_retries, master_info, sentinel_master_addr, unreaped, ConnectErrors, Lazy, Manager,
-    Pool, SharedErrors, Target,
+    Pool, SharedErrors, Target, CLUSTER_TRIES,
 };
 use super::sentinel_watch;
 use super::subscriber::Resolve;
@@ -91,10 +91,10 @@ impl LockClient {
     /// [`ClientBuilder::build`]). Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
     ///
     /// Each command, its redirections and retries included (`TRYAGAIN`, `CLUSTERDOWN`, a
-    /// failed-over node), returns within the command timeout plus at most one retry sleep of a
-    /// tenth of it: every read, write and connect of it is cut to the time left before one
-    /// deadline. Waiting for a pooled connection and opening a new one are bounded by the
-    /// connect timeout, as for a single server. See `docs/deployments.md`.
+    /// failed-over node), returns within the command timeout plus the retry sleeps (less than
+    /// a sixth of it): redis-rs's cluster client tries it at most three times, each try waiting a third
+    /// of the command timeout for its reply. A node connection redis-rs opens meanwhile is
+    /// bounded by a fourth of the connect timeout. See `docs/deployments.md`.
     pub fn cluster_builder<S: ConnectionTarget + Clone>(nodes: &[S]) -> ClientBuilder {
         ClientBuilder::new(TargetSpec::Cluster(targets(nodes)))
     }
@@ -427,8 +427,13 @@ impl ClientBuilder {
                 for first in 0..nodes.len().max(1) {
                     let mut seeds = nodes.clone();
                     seeds.rotate_left(first);
+                    // redis-rs's set-up of a node connection waits for up to four replies, each
+                    // with the whole connection timeout: a fourth of the connect timeout.
                     let mut b = redis::cluster::ClusterClientBuilder::new(seeds)
-                        .connection_timeout(self.connect_timeout)
+                        .connection_timeout(super::pool::connect_timeout(
+                            self.connect_timeout,
+                            Some(self.connect_timeout),
+                        ))
                         .retries(retries)
                         .min_retry_wait(min_wait)
                         .max_retry_wait(max_wait)
@@ -445,13 +450,12 @@ impl ClientBuilder {
                         ));
                     }
                     if let Some(t) = self.command_timeout {
-                        b = b.response_timeout(t);
+                        b = b.response_timeout(t / CLUSTER_TRIES);
                     }
                     clients.push(b.build().map_err(bad_url)?);
                 }
                 Target::Cluster {
                     clients,
-                    seeds: nodes.iter().map(|n| n.addr().to_string()).collect(),
                     first: AtomicUsize::new(0),
                 }
             }

@@ -10,7 +10,6 @@ pub(crate) mod acquire;
 pub(crate) mod admin;
 pub(crate) mod builder;
 pub(crate) mod cleanup;
-pub(crate) mod cluster_deadline;
 pub(crate) mod confirm;
 pub(crate) mod grants;
 pub(crate) mod janitor;
@@ -36,11 +35,11 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::client::pool::within;
 use crate::client::confirm::{Acks, ReplicaAcks};
 use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;
 use crate::client::native::{Detected, Native};
+use crate::client::pool::within;
 use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::switches::Switches;
 use crate::client::waiters::WaitQueues;
@@ -651,15 +650,26 @@ impl LockClient {
     ) -> Result<T> {
         let mut short = None;
         let reply = if self.inner.cluster {
-            // On a Cluster each node connection sends the `WAIT` after what it carries (see
-            // `cluster_deadline`): to the primary that ran the write.
+            // On a Cluster the `WAIT` rides with the write too: redis-rs sends a pipeline to
+            // the node of its first command's key, and follows its redirections with the whole
+            // pipeline, so the `WAIT` reaches the primary that ran the write.
             if !self.inner.acks.may_confirm() {
                 return self.with_conn_until(key, until, f);
             }
             self.with_conn_until(key, until, |con, s| {
-                let (reply, shortfall) =
-                    cluster_deadline::with_confirm(&self.inner.acks, || f(con, s));
-                short = shortfall;
+                let wait = self
+                    .inner
+                    .acks
+                    .cluster_wait(key, || con.primary_role(key))?;
+                con.set_wait(wait);
+                let reply = f(con, s);
+                short = con.take_wait().and_then(|w| w.shortfall());
+                if let Some(missed) = short {
+                    short = self
+                        .inner
+                        .acks
+                        .cluster_recheck(key, || con.primary_role(key), missed);
+                }
                 reply
             })?
         } else {

@@ -13,8 +13,7 @@ use redis::{
     Value,
 };
 
-use super::cluster_deadline::{is_suspect, time_is_up, with_deadline, Deadlined};
-use super::confirm::{Acks, Wait};
+use super::confirm::{Acks, NodeRole, Wait};
 use super::native::Detected;
 use super::switches::Switches;
 use crate::error::{self, LockError, Result, Rounded};
@@ -91,19 +90,27 @@ impl r2d2::HandleError<redis::RedisError> for SharedErrors {
 /// and the bounds of the sleep before a retry after `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
 /// `LOADING` or `READONLY` (in ms).
 ///
+/// Two retries: a `MOVED` and an `ASK` of a slot in migration, or one timeout and one
+/// redirection. Each of the three tries waits at most a third of the command timeout (see
+/// [`CLUSTER_TRIES`]), so that the whole command returns within it plus the retry sleeps.
 /// redis-rs sleeps a random time in `[min, min(max, min · 2^retry))` before retry number
-/// `retry` (1, 2, …). With `min = t/40` and `max = t/10` (at least 1 and 2 ms) the five sleeps
-/// of a command add up to less than `18 · t/40 = 0.45 t`, where redis-rs's defaults (16
-/// retries, 1.28 s to 655 s each) add up to minutes. Redirections (`MOVED`, `ASK`) need no
-/// sleep; five retries cover a `MOVED` and an `ASK` of a slot in migration with room to spare.
-/// The whole command, redirections and retries included, is bounded by its deadline (see
-/// [`crate::client::cluster_deadline`]); the short sleeps make it return at most one sleep (`t/10`)
-/// after it.
+/// `retry`; with `min = t/40` and `max = t/10` (at least 1 and 2 ms) the two sleeps add up to
+/// less than `0.15 t`, where redis-rs's defaults (16 retries, 1.28 s to 655 s each) add up to
+/// minutes.
 pub(crate) fn cluster_retries(t: Duration) -> (u32, u64, u64) {
     let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
     let min = (ms / 40).max(1);
     let max = (ms / 10).max(min + 1);
-    (5, min, max)
+    (CLUSTER_TRIES - 1, min, max)
+}
+
+/// The tries of one Cluster command (see [`cluster_retries`]): each waits for at most this
+/// fraction of the command's time.
+pub(crate) const CLUSTER_TRIES: u32 = 3;
+
+/// Each try's timeout of a Cluster command whose whole time is `t` (see [`cluster_retries`]).
+fn per_try(t: Duration) -> Duration {
+    (t / CLUSTER_TRIES).max(Duration::from_micros(1))
 }
 
 /// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
@@ -172,8 +179,6 @@ pub(super) enum Target {
     /// [`Manager::cluster`].
     Cluster {
         clients: Vec<redis::cluster::ClusterClient>,
-        /// Each client's first seed, `host:port`.
-        seeds: Vec<String>,
         /// The seed that answered last, tried first next time.
         first: AtomicUsize,
     },
@@ -485,68 +490,54 @@ impl Manager {
 }
 
 impl Manager {
-    /// A cluster connection, built from the first seed that answers `CLUSTER SLOTS`, starting
-    /// with the one that answered last, all within the connect timeout. Seeds whose node
-    /// connection failed (an I/O error, a timeout) and has not answered since are asked last.
+    /// A cluster connection, built by redis-rs from the first seed that answers, starting with
+    /// the one that answered last; nothing starts past `until` (a watchdog renewal's cap).
     ///
-    /// Its node connections open at their first command (see
-    /// [`cluster_deadline`](crate::client::cluster_deadline)), so building it costs one seed's
-    /// connect and one round trip, whichever nodes are unreachable. redis-rs tries its seeds in
-    /// their order only while connecting to them; once its first seed's connection is made it
+    /// redis-rs connects to its seeds in their order only until one connection is made, then
     /// asks that seed for the slot map and fails if it does not answer, so the seeds are tried
-    /// here, one client each. A seed that refuses the connection costs nothing; one that does
-    /// not answer costs the rest of the connect timeout, and the next connection starts with
-    /// the seed after it. Nothing waits past `until` (a watchdog renewal's cap).
-    ///
-    /// `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection node
-    /// connections of our own type.
+    /// here, one client each; the next connection starts with the seed after one that failed.
+    /// redis-rs then connects to every node of the slot map, one after the other, each within
+    /// its connection timeout (a fourth of the client's connect timeout, see
+    /// `ClientBuilder::build`): a node that does not answer costs every new cluster connection
+    /// that much, and is left out of it until a command needs it.
     fn cluster(
         &self,
         clients: &[redis::cluster::ClusterClient],
-        seeds: &[String],
         first: &AtomicUsize,
         until: Option<Instant>,
     ) -> RedisResult<Link> {
         let n = clients.len();
         let start = first.load(Ordering::Relaxed);
-        // Seeds whose node failed and has not answered since go last.
-        let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
-        order.sort_by_key(|&i| seeds.get(i).is_some_and(|a| is_suspect(a)));
         let mut last_err = None;
-        with_deadline(Some(self.connect_timeout), until, || {
+        for i in (0..n).map(|k| (start + k) % n) {
             left_until(until)?;
-            for i in order {
-                match clients[i].get_generic_connection::<Deadlined>() {
-                    Ok(con) => {
-                        first.store(i, Ordering::Relaxed);
-                        return Ok(Link::new(Node::Cluster(
-                            Box::new(con),
-                            self.command_timeout,
-                        )));
+            match clients[i].get_connection() {
+                Ok(con) => {
+                    first.store(i, Ordering::Relaxed);
+                    let per_try = self.command_timeout.map(per_try);
+                    con.set_read_timeout(per_try)?;
+                    con.set_write_timeout(per_try)?;
+                    return Ok(Link::new(Node::Cluster(Box::new(con))).with_read_timeout(per_try));
+                }
+                Err(e) => {
+                    log::debug!("cluster: seed {i} did not give the slot map: {e}");
+                    // The next connection starts after the seed that failed first (unless
+                    // another thread's connection moved it meanwhile).
+                    if i == start {
+                        let _ = first.compare_exchange(
+                            i,
+                            (i + 1) % n,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
                     }
-                    Err(e) => {
-                        log::debug!("cluster: seed {i} did not give the slot map: {e}");
-                        // The next connection starts after the seed that failed first (unless
-                        // another thread's connection moved it meanwhile).
-                        if i == start {
-                            let _ = first.compare_exchange(
-                                i,
-                                (i + 1) % n,
-                                Ordering::Relaxed,
-                                Ordering::Relaxed,
-                            );
-                        }
-                        last_err = Some(e);
-                        if time_is_up() {
-                            break;
-                        }
-                    }
+                    last_err = Some(e);
                 }
             }
-            Err(last_err.unwrap_or_else(|| {
-                redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
-            }))
-        })
+        }
+        Err(last_err.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
+        }))
     }
 
     /// Opens a connection to the target (the Sentinels' master, for a Sentinel client),
@@ -554,11 +545,7 @@ impl Manager {
     fn open(&self, until: Option<Instant>) -> RedisResult<Link> {
         let link = match &self.target {
             Target::Single(client) => self.single(client, until),
-            Target::Cluster {
-                clients,
-                seeds,
-                first,
-            } => self.cluster(clients, seeds, first, until),
+            Target::Cluster { clients, first } => self.cluster(clients, first, until),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
             Target::Sentinel {
@@ -668,21 +655,31 @@ enum Node {
     /// Not opened yet: the checkout that takes it opens it with this manager.
     Unopened(Arc<Manager>),
     Single(redis::Connection),
-    /// Boxed: a cluster connection is four times the size of a single one. Its node
-    /// connections keep to each command's deadline (see [`crate::client::cluster_deadline`]).
-    /// The second field is the command timeout: each command's deadline.
-    Cluster(
-        Box<redis::cluster::ClusterConnection<Deadlined>>,
-        Option<Duration>,
-    ),
+    /// Boxed: a cluster connection is four times the size of a single one. Its timeouts are
+    /// each try's (see [`per_try`]).
+    Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
 impl Node {
+    /// Sets the read and write timeouts: a single server's socket's, or each try's of a
+    /// cluster command.
+    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> RedisResult<()> {
+        match self {
+            Node::Unopened(_) => Ok(()),
+            Node::Single(c) => c
+                .set_read_timeout(read)
+                .and_then(|()| c.set_write_timeout(write)),
+            Node::Cluster(c) => c
+                .set_read_timeout(read)
+                .and_then(|()| c.set_write_timeout(write)),
+        }
+    }
+
     fn is_open(&self) -> bool {
         match self {
             Node::Unopened(_) => true,
             Node::Single(c) => c.is_open(),
-            Node::Cluster(c, _) => c.is_open(),
+            Node::Cluster(c) => c.is_open(),
         }
     }
 }
@@ -712,10 +709,13 @@ impl Link {
     fn extend_read_timeout(&mut self, extra: Option<Duration>) {
         self.extra = extra;
         let read = self.full_read_timeout();
-        if let Node::Single(c) = &mut self.node {
-            if c.set_read_timeout(read).is_err() {
-                self.broken = true;
-            }
+        let set = match &self.node {
+            Node::Single(c) => c.set_read_timeout(read),
+            Node::Cluster(c) => c.set_read_timeout(read),
+            Node::Unopened(_) => Ok(()),
+        };
+        if set.is_err() {
+            self.broken = true;
         }
     }
 
@@ -732,41 +732,38 @@ impl Link {
     /// from now on waits past `until` (a watchdog renewal's cap: the earliest loss deadline of
     /// the holds it carries), or no cap (`None`: the timeouts are restored). A single server's
     /// socket timeouts are cut to the time left before each command, a cluster command's
-    /// deadline is the earlier of its own and `until`; a command with no time left fails at
-    /// once with a timeout, sending nothing. A failure to restore marks the link broken.
+    /// tries to a third of it each (see [`cluster_retries`]); a command with no time left fails
+    /// at once with a timeout, sending nothing. A failure to restore marks the link broken.
     pub(super) fn cap(&mut self, until: Option<Instant>) {
         self.until = until;
         if until.is_some() || !std::mem::take(&mut self.capped) {
             return;
         }
-        let read = self.full_read_timeout();
-        if let Node::Single(c) = &mut self.node {
-            if c.set_read_timeout(read).is_err() || c.set_write_timeout(self.read_timeout).is_err()
-            {
-                self.broken = true;
-            }
+        if self
+            .node
+            .set_timeouts(self.full_read_timeout(), self.read_timeout)
+            .is_err()
+        {
+            self.broken = true;
         }
     }
 
-    /// Before a command on a single server's connection: cuts the socket's timeouts to the
-    /// time left before the cap, if any; a timeout error (nothing sent) when none is left.
+    /// Before a command: cuts the timeouts to the time left before the cap, if any (a third of
+    /// it for each try of a cluster command); a timeout error (nothing sent) when none is left.
     fn arm(&mut self) -> RedisResult<()> {
         let Some(until) = self.until else {
             return Ok(());
         };
-        let (read, write) = (
-            within_opt(self.full_read_timeout(), Some(until))?,
-            within_opt(self.read_timeout, Some(until))?,
-        );
-        if let Node::Single(c) = &mut self.node {
-            self.capped = true;
-            if let Err(e) = c
-                .set_read_timeout(read)
-                .and_then(|()| c.set_write_timeout(write))
-            {
-                self.broken = true;
-                return Err(e);
-            }
+        let mut left = left_until(Some(until))?.unwrap_or_default();
+        if matches!(self.node, Node::Cluster(_)) {
+            left = per_try(left);
+        }
+        let cut = |t: Option<Duration>| Some(t.map_or(left, |t| t.min(left)));
+        let (read, write) = (cut(self.full_read_timeout()), cut(self.read_timeout));
+        self.capped = true;
+        if let Err(e) = self.node.set_timeouts(read, write) {
+            self.broken = true;
+            return Err(e);
         }
         Ok(())
     }
@@ -791,8 +788,8 @@ impl Link {
     ///
     /// A cluster connection is replaced after such an error on any of its nodes too: its slot
     /// map may be stale (a failover), and redis-rs refreshes it only on `MOVED` or `READONLY`. Its
-    /// replacement costs one round trip to one seed (see [`Manager::cluster`]), not one
-    /// connect per node, so a node that does not answer delays only the commands for its slots.
+    /// replacement costs one seed's slot map and a connect to each node (see
+    /// [`Manager::cluster`]).
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         self.used = true;
         if let Err(e) = &result {
@@ -815,7 +812,7 @@ impl ConnectionLike for Link {
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_command(cmd),
-            Node::Cluster(c, t) => with_deadline(*t, self.until, || c.req_packed_command(cmd)),
+            Node::Cluster(c) => c.req_packed_command(cmd),
         };
         self.note(r)
     }
@@ -835,9 +832,7 @@ impl ConnectionLike for Link {
                 }
                 _ => c.req_packed_commands(cmd, offset, count),
             },
-            Node::Cluster(c, t) => {
-                with_deadline(*t, self.until, || c.req_packed_commands(cmd, offset, count))
-            }
+            Node::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         };
         self.note(r)
     }
@@ -847,7 +842,7 @@ impl ConnectionLike for Link {
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_command(cmd),
-            Node::Cluster(c, t) => with_deadline(*t, self.until, || c.req_command(cmd)),
+            Node::Cluster(c) => c.req_command(cmd),
         };
         self.note(r)
     }
@@ -856,7 +851,7 @@ impl ConnectionLike for Link {
         match &self.node {
             Node::Unopened(_) => 0,
             Node::Single(c) => c.get_db(),
-            Node::Cluster(c, _) => c.get_db(),
+            Node::Cluster(c) => c.get_db(),
         }
     }
 
@@ -864,7 +859,7 @@ impl ConnectionLike for Link {
         match &mut self.node {
             Node::Unopened(_) => false,
             Node::Single(c) => c.check_connection(),
-            Node::Cluster(c, _) => c.check_connection(),
+            Node::Cluster(c) => c.check_connection(),
         }
     }
 
@@ -986,6 +981,25 @@ impl Conn {
         if let Pooled::Managed(c) = &mut self.link {
             c.cap(until);
         }
+    }
+
+    /// Cluster: what `INFO replication` says of the primary that serves `key`'s slot (routed
+    /// there by redis-rs); `None` on another kind of connection.
+    pub(super) fn primary_role(&mut self, key: &str) -> RedisResult<Option<NodeRole>> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let Pooled::Managed(link) = &mut self.link else {
+            return Ok(None);
+        };
+        let Node::Cluster(c) = &mut link.node else {
+            return Ok(None);
+        };
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+            key,
+            SlotAddr::Master,
+        )));
+        let info = c.route_command(redis::cmd("INFO").arg("replication"), route);
+        let info: String = redis::from_redis_value(link.note(info)?)?;
+        Ok(Some(NodeRole::parse(&info)))
     }
 
     fn link(&mut self) -> &mut dyn ConnectionLike {

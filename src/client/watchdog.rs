@@ -33,8 +33,8 @@
 //! deadline, also when Redis does not answer: no call of a round waits past the earliest loss
 //! deadline of the holds watched (less [`CAP_ALLOWANCE`]). The pool checkout, the opening of a
 //! new connection and every reply are bounded by it as by the client's own timeouts (see
-//! `Link::cap` in `pool.rs`; in a cluster, the command's deadline of
-//! [`cluster_deadline`](crate::client::cluster_deadline)), and a call cut short is a failed
+//! `Link::cap` in `pool.rs`; in a cluster, each try of a command gets a third of the time
+//! left), and a call cut short is a failed
 //! renewal. Before each call the holds whose deadline has passed (while earlier calls of the
 //! round ran) are reported, and not renewed; the others are retried as above. A call to an
 //! unresponsive Redis thus delays the renewal of the client's other holds (up to the command
