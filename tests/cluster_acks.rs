@@ -287,7 +287,7 @@ fn without_confirmation_a_failover_grants_the_same_lock_twice() {
 
 /// Not a check: what the confirmation costs, the uncontended Token cycle (`try_lock()` then
 /// `unlock()`) on one shard with its replica, `Auto` against `Off`, interleaved in rounds;
-/// prints the median ratio and its spread. `cargo test --release --test cluster_acks cost --
+/// prints the median ratio and its spread. `cargo test --release --features cluster --test cluster_acks cost --
 /// --ignored --nocapture`.
 #[test]
 #[ignore]

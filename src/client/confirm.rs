@@ -16,11 +16,14 @@
 //! slot, at the first confirmed write in that slot, and again after a write that fell short
 //! (a failover: a promoted replica starts a new replication ID, so it is learnt afresh).
 
+#[cfg(feature = "cluster")]
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+#[cfg(feature = "cluster")]
 use redis::cluster_routing::{Route, SlotAddr};
 use redis::{ConnectionLike, RedisResult, Value};
 
@@ -55,22 +58,27 @@ pub(crate) struct Acks {
     timeout_ms: u64,
     /// Replicas that must confirm now (0: off).
     required: AtomicU32,
+    #[cfg(feature = "sentinel")]
     /// The primary `required` was learnt from (host, port).
     learnt: Mutex<Option<(String, u16)>>,
+    #[cfg(feature = "cluster")]
     /// Cluster clients: the replicas `Auto` requires of each primary, by replication ID.
     primaries: Mutex<HashMap<String, u32>>,
+    #[cfg(feature = "cluster")]
     /// Cluster clients: the same, by slot (its route), for the slots written so far.
     slots: Mutex<HashMap<Route, u32>>,
 }
 
 /// What `INFO replication` says of a node, for [`Acks::learn_node`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg(feature = "cluster")]
 pub(crate) struct NodeRole {
     pub(crate) primary: bool,
     pub(crate) replicas: usize,
     pub(crate) replid: String,
 }
 
+#[cfg(feature = "cluster")]
 impl NodeRole {
     /// Parses `INFO replication`'s text (Redis and Valkey alike).
     pub(crate) fn parse(info: &str) -> NodeRole {
@@ -110,8 +118,11 @@ impl Acks {
                 .unwrap_or(u64::MAX)
                 .max(1),
             required: AtomicU32::new(required),
+            #[cfg(feature = "sentinel")]
             learnt: Mutex::new(None),
+            #[cfg(feature = "cluster")]
             primaries: Mutex::new(HashMap::new()),
+            #[cfg(feature = "cluster")]
             slots: Mutex::new(HashMap::new()),
         }
     }
@@ -125,6 +136,7 @@ impl Acks {
         }
     }
 
+    #[cfg(feature = "cluster")]
     /// Cluster: the replicas each write on the primary at `addr` needs, when no node socket
     /// has to learn it first: `Require(n)`'s `n`, or `None` under `Auto` (see
     /// [`learn_node`](Self::learn_node)).
@@ -136,6 +148,7 @@ impl Acks {
         }
     }
 
+    #[cfg(feature = "cluster")]
     /// Cluster, `Auto`: the primary of the slot `slot` was found as `role` says; returns the
     /// replicas each write there needs from now on. A primary met for the first time (by its
     /// replication ID: a promoted replica starts a new one) needs one replica if it has any,
@@ -168,6 +181,7 @@ impl Acks {
         required
     }
 
+    #[cfg(feature = "cluster")]
     /// Cluster: the `WAIT` a write of `key` needs, if any: `Require(n)`'s, or under `Auto`
     /// what the primary of `key`'s slot needs (asked once with `role`, see
     /// [`learn_node`](Self::learn_node)).
@@ -198,6 +212,7 @@ impl Acks {
         Ok(self.wait_for(required))
     }
 
+    #[cfg(feature = "cluster")]
     /// Cluster, after a write of `key` that `missed` (`(confirmed, required)`): under `Auto`
     /// the slot's primary is asked again (`role`), and a new one (a failover) is learnt afresh;
     /// returns the shortfall that stands.
@@ -219,6 +234,7 @@ impl Acks {
         }
     }
 
+    #[cfg(feature = "sentinel")]
     /// A connection to the primary at `addr` found it with `replicas` replicas: the first
     /// report from a primary sets what `Auto` requires until the client connects to another.
     pub(crate) fn learn(&self, addr: &(String, u16), replicas: usize) {
@@ -341,6 +357,7 @@ impl Wait {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "sentinel")]
     #[test]
     fn auto_learns_once_per_primary_and_only_for_sentinel() {
         let (m1, m2) = (("a".to_owned(), 1), ("b".to_owned(), 2));
@@ -368,10 +385,12 @@ mod tests {
         assert!(off.wait().is_none());
     }
 
+    #[cfg(feature = "cluster")]
     fn slot(n: u16) -> Route {
         Route::new(n, SlotAddr::Master)
     }
 
+    #[cfg(feature = "cluster")]
     fn primary(replicas: usize, replid: &str) -> NodeRole {
         NodeRole {
             primary: true,
@@ -380,6 +399,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "cluster")]
     #[test]
     fn cluster_auto_learns_each_primary_once_per_replication_id() {
         let acks = Acks::new(ReplicaAcks::Auto, DEFAULT_REPLICA_ACK_TIMEOUT, true);
@@ -418,6 +438,7 @@ mod tests {
         assert!(!single.may_confirm());
     }
 
+    #[cfg(feature = "cluster")]
     #[test]
     fn info_replication_is_parsed() {
         let redis = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\

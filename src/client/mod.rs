@@ -145,6 +145,7 @@ impl WeakClient {
         self.inner.upgrade().map(|inner| LockClient { inner })
     }
 
+    #[cfg(feature = "sentinel")]
     /// False once every handle to the client has been dropped.
     pub(crate) fn is_alive(&self) -> bool {
         self.inner.strong_count() > 0
@@ -649,14 +650,15 @@ impl LockClient {
         mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
         let mut short = None;
-        let reply = if self.inner.cluster {
+        #[cfg(feature = "cluster")]
+        if self.inner.cluster {
             // On a Cluster the `WAIT` rides with the write too: redis-rs sends a pipeline to
             // the node of its first command's key, and follows its redirections with the whole
             // pipeline, so the `WAIT` reaches the primary that ran the write.
             if !self.inner.acks.may_confirm() {
                 return self.with_conn_until(key, until, f);
             }
-            self.with_conn_until(key, until, |con, s| {
+            let reply = self.with_conn_until(key, until, |con, s| {
                 let wait = self
                     .inner
                     .acks
@@ -671,31 +673,19 @@ impl LockClient {
                         .cluster_recheck(key, || con.primary_role(key), missed);
                 }
                 reply
-            })?
-        } else {
-            if self.inner.acks.required() == 0 {
-                return self.with_conn_until(key, until, f);
-            }
-            self.with_conn_until(key, until, |con, s| {
-                con.set_wait(self.inner.acks.wait());
-                let reply = f(con, s);
-                short = con.take_wait().and_then(|w| w.shortfall());
-                reply
-            })?
-        };
-        match short {
-            Some((confirmed, required)) => {
-                log::debug!(
-                    "lock {key:?}: a write confirmed by {confirmed} of {required} replicas"
-                );
-                Err(LockError::NotReplicated {
-                    key: key.to_owned(),
-                    confirmed,
-                    required,
-                })
-            }
-            None => Ok(reply),
+            })?;
+            return confirmed(key, reply, short);
         }
+        if self.inner.acks.required() == 0 {
+            return self.with_conn_until(key, until, f);
+        }
+        let reply = self.with_conn_until(key, until, |con, s| {
+            con.set_wait(self.inner.acks.wait());
+            let reply = f(con, s);
+            short = con.take_wait().and_then(|w| w.shortfall());
+            reply
+        })?;
+        confirmed(key, reply, short)
     }
 
     /// Runs `f` on a pooled connection, mapping Redis errors to [`LockError`] for `key`.
@@ -859,4 +849,20 @@ impl Drop for LiveValue<'_> {
 /// after which the command may still run.
 fn is_dropped(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() && !e.is_timeout()
+}
+
+/// `reply`, or [`LockError::NotReplicated`] when `short` says that fewer replicas than
+/// required confirmed the write: `(confirmed, required)`.
+fn confirmed<T>(key: &str, reply: T, short: Option<(u32, u32)>) -> Result<T> {
+    match short {
+        Some((confirmed, required)) => {
+            log::debug!("lock {key:?}: a write confirmed by {confirmed} of {required} replicas");
+            Err(LockError::NotReplicated {
+                key: key.to_owned(),
+                confirmed,
+                required,
+            })
+        }
+        None => Ok(reply),
+    }
 }

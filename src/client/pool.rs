@@ -2,19 +2,24 @@
 //! master that Sentinels name, a Cluster) and opens, checks and hands out connections through
 //! redis-rs, TLS and AUTH/ACL included.
 
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use scheduled_thread_pool::ScheduledThreadPool;
 
-use redis::{
-    ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult,
-    Value,
-};
+#[cfg(feature = "sentinel")]
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+use redis::{ConnectionLike, RedisError, RedisResult, Value};
 
-use super::confirm::{Acks, NodeRole, Wait};
+#[cfg(feature = "sentinel")]
+use super::confirm::Acks;
+#[cfg(feature = "cluster")]
+use super::confirm::NodeRole;
+use super::confirm::Wait;
 use super::native::Detected;
+#[cfg(feature = "sentinel")]
 use super::switches::Switches;
 use crate::error::{self, LockError, Result, Rounded};
 use crate::scripts;
@@ -86,6 +91,7 @@ impl r2d2::HandleError<redis::RedisError> for SharedErrors {
     }
 }
 
+#[cfg(feature = "cluster")]
 /// Retries of redis-rs's cluster connection for a command timeout `t`: the number of retries
 /// and the bounds of the sleep before a retry after `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
 /// `LOADING` or `READONLY` (in ms).
@@ -104,15 +110,18 @@ pub(crate) fn cluster_retries(t: Duration) -> (u32, u64, u64) {
     (CLUSTER_TRIES - 1, min, max)
 }
 
+#[cfg(feature = "cluster")]
 /// The tries of one Cluster command (see [`cluster_retries`]): each waits for at most this
 /// fraction of the command's time.
 pub(crate) const CLUSTER_TRIES: u32 = 3;
 
+#[cfg(feature = "cluster")]
 /// Each try's timeout of a Cluster command whose whole time is `t` (see [`cluster_retries`]).
 fn per_try(t: Duration) -> Duration {
     (t / CLUSTER_TRIES).max(Duration::from_micros(1))
 }
 
+#[cfg(feature = "sentinel")]
 /// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
 /// `rediss://` address, whose certificates and `insecure` flag are reused), or in plain TCP.
 pub(super) fn master_info(
@@ -135,6 +144,7 @@ pub(super) fn master_info(
     }
 }
 
+#[cfg(feature = "sentinel")]
 /// Asks each Sentinel in turn for `service`'s master address; each step bounded by the
 /// timeouts.
 pub(super) fn sentinel_master_addr(
@@ -175,6 +185,7 @@ pub(super) fn sentinel_master_addr(
 /// Where connections go.
 pub(super) enum Target {
     Single(redis::Client),
+    #[cfg(feature = "cluster")]
     /// One client per seed, each with the seeds in turn from that one: see
     /// [`Manager::cluster`].
     Cluster {
@@ -182,6 +193,7 @@ pub(super) enum Target {
         /// The seed that answered last, tried first next time.
         first: AtomicUsize,
     },
+    #[cfg(feature = "sentinel")]
     /// Sentinels asked for the current master of `service` on every new connection. Not
     /// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the
     /// Sentinel connections nor on its `ROLE` check of the master, so one frozen server hung
@@ -199,6 +211,16 @@ pub(super) enum Target {
     },
 }
 
+impl Target {
+    fn is_cluster(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if let Target::Cluster { .. } = self {
+            return true;
+        }
+        false
+    }
+}
+
 /// The script that [`Manager::check`] runs by `EVAL` and `EVALSHA` on every new connection.
 const PROBE: &str = "#!lua flags=no-writes\nreturn 1";
 
@@ -212,6 +234,7 @@ pub(crate) struct Manager {
     pub(super) command_timeout: Option<Duration>,
     /// Connects with TLS (`rediss://`): connection errors may be the handshake's.
     pub(super) tls: bool,
+    #[cfg(feature = "sentinel")]
     /// Replica confirmation: learns the primary's replicas from its `ROLE`.
     pub(super) acks: Arc<Acks>,
 }
@@ -225,6 +248,7 @@ impl Manager {
         Ok(Link::new(Node::Single(con)).with_read_timeout(self.command_timeout))
     }
 
+    #[cfg(feature = "sentinel")]
     /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout,
     /// none past `until`.
     fn discovery(
@@ -243,6 +267,7 @@ impl Manager {
         Ok(con)
     }
 
+    #[cfg(feature = "sentinel")]
     /// Asks each Sentinel in turn for `service`'s master and connects to the first one named
     /// that answers `ROLE` as a master. An address is tried once per call even if several
     /// Sentinels name it, so a frozen old master costs one timeout, not one per Sentinel.
@@ -348,6 +373,7 @@ impl Manager {
         // redis-rs reports as a plain `ERR` reply.
         let db = match &self.target {
             Target::Single(client) => client.get_connection_info().redis_settings().db(),
+            #[allow(unreachable_patterns)]
             _ => 0,
         };
         let mut con = self.open(None).map_err(|e| {
@@ -426,7 +452,7 @@ impl Manager {
                 if error::is_access_denied(&e)
                     && detected.delifeq
                     && detected.set_ifeq
-                    && !matches!(self.target, Target::Cluster { .. }) =>
+                    && !self.target.is_cluster() =>
             {
                 log::info!(
                     "{addr} ({}): the user may not run scripts ({e}); Token locks without \
@@ -454,6 +480,7 @@ impl Manager {
         }
     }
 
+    #[cfg(feature = "sentinel")]
     /// A connection to `addr` once `ROLE` says it is a master, and its number of replicas;
     /// no step waits past `until`.
     fn checked_master(
@@ -483,13 +510,16 @@ impl Manager {
     /// The generation a link must have to be used: that of the last master switch heard of.
     fn generation(&self) -> u64 {
         match &self.target {
+            #[cfg(feature = "sentinel")]
             Target::Sentinel { switches, .. } => switches.generation(),
+            #[allow(unreachable_patterns)]
             _ => 0,
         }
     }
 }
 
 impl Manager {
+    #[cfg(feature = "cluster")]
     /// A cluster connection, built by redis-rs from the first seed that answers, starting with
     /// the one that answered last; nothing starts past `until` (a watchdog renewal's cap).
     ///
@@ -545,9 +575,11 @@ impl Manager {
     fn open(&self, until: Option<Instant>) -> RedisResult<Link> {
         let link = match &self.target {
             Target::Single(client) => self.single(client, until),
+            #[cfg(feature = "cluster")]
             Target::Cluster { clients, first } => self.cluster(clients, first, until),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
+            #[cfg(feature = "sentinel")]
             Target::Sentinel {
                 sentinels,
                 service,
@@ -655,6 +687,7 @@ enum Node {
     /// Not opened yet: the checkout that takes it opens it with this manager.
     Unopened(Arc<Manager>),
     Single(redis::Connection),
+    #[cfg(feature = "cluster")]
     /// Boxed: a cluster connection is four times the size of a single one. Its timeouts are
     /// each try's (see [`per_try`]).
     Cluster(Box<redis::cluster::ClusterConnection>),
@@ -669,6 +702,7 @@ impl Node {
             Node::Single(c) => c
                 .set_read_timeout(read)
                 .and_then(|()| c.set_write_timeout(write)),
+            #[cfg(feature = "cluster")]
             Node::Cluster(c) => c
                 .set_read_timeout(read)
                 .and_then(|()| c.set_write_timeout(write)),
@@ -679,6 +713,7 @@ impl Node {
         match self {
             Node::Unopened(_) => true,
             Node::Single(c) => c.is_open(),
+            #[cfg(feature = "cluster")]
             Node::Cluster(c) => c.is_open(),
         }
     }
@@ -711,6 +746,7 @@ impl Link {
         let read = self.full_read_timeout();
         let set = match &self.node {
             Node::Single(c) => c.set_read_timeout(read),
+            #[cfg(feature = "cluster")]
             Node::Cluster(c) => c.set_read_timeout(read),
             Node::Unopened(_) => Ok(()),
         };
@@ -754,10 +790,12 @@ impl Link {
         let Some(until) = self.until else {
             return Ok(());
         };
-        let mut left = left_until(Some(until))?.unwrap_or_default();
-        if matches!(self.node, Node::Cluster(_)) {
-            left = per_try(left);
-        }
+        let left = left_until(Some(until))?.unwrap_or_default();
+        #[cfg(feature = "cluster")]
+        let left = match self.node {
+            Node::Cluster(_) => per_try(left),
+            _ => left,
+        };
         let cut = |t: Option<Duration>| Some(t.map_or(left, |t| t.min(left)));
         let (read, write) = (cut(self.full_read_timeout()), cut(self.read_timeout));
         self.capped = true;
@@ -768,6 +806,7 @@ impl Link {
         Ok(())
     }
 
+    #[cfg(feature = "sentinel")]
     fn of_generation(mut self, generation: u64) -> Self {
         self.generation = generation;
         self
@@ -812,6 +851,7 @@ impl ConnectionLike for Link {
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
             Node::Cluster(c) => c.req_packed_command(cmd),
         };
         self.note(r)
@@ -832,6 +872,7 @@ impl ConnectionLike for Link {
                 }
                 _ => c.req_packed_commands(cmd, offset, count),
             },
+            #[cfg(feature = "cluster")]
             Node::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         };
         self.note(r)
@@ -842,6 +883,7 @@ impl ConnectionLike for Link {
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_command(cmd),
+            #[cfg(feature = "cluster")]
             Node::Cluster(c) => c.req_command(cmd),
         };
         self.note(r)
@@ -851,6 +893,7 @@ impl ConnectionLike for Link {
         match &self.node {
             Node::Unopened(_) => 0,
             Node::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
             Node::Cluster(c) => c.get_db(),
         }
     }
@@ -859,6 +902,7 @@ impl ConnectionLike for Link {
         match &mut self.node {
             Node::Unopened(_) => false,
             Node::Single(c) => c.check_connection(),
+            #[cfg(feature = "cluster")]
             Node::Cluster(c) => c.check_connection(),
         }
     }
@@ -983,6 +1027,7 @@ impl Conn {
         }
     }
 
+    #[cfg(feature = "cluster")]
     /// Cluster: what `INFO replication` says of the primary that serves `key`'s slot (routed
     /// there by redis-rs); `None` on another kind of connection.
     pub(super) fn primary_role(&mut self, key: &str) -> RedisResult<Option<NodeRole>> {
