@@ -109,13 +109,7 @@ fn modules(src: &Path) -> BTreeMap<String, String> {
 
 /// The text without comments, string contents and the unit tests (which come last in a file).
 fn code(text: &str) -> String {
-    // `#[cfg(test)]`, or `#[cfg(all(test, feature = ...))]` for the tests of a feature.
-    let start = text.match_indices("\nmod tests").find_map(|(i, _)| {
-        let line = text[..i].rfind('\n').map_or(0, |n| n + 1);
-        let cfg = &text[line..i];
-        (cfg == "#[cfg(test)]" || cfg.starts_with("#[cfg(all(test, ")).then_some(line)
-    });
-    let text = match start {
+    let text = match text.find("#[cfg(test)]\nmod tests") {
         Some(i) => &text[..i],
         None => text,
     };

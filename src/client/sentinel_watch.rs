@@ -330,8 +330,10 @@ fn current_master(con: &mut redis::Connection, service: &str) -> RedisResult<((S
     Ok(((field("ip")?, port), epoch))
 }
 
-#[cfg(all(test, feature = "sentinel"))]
+#[cfg(test)]
 mod tests {
+    #![cfg(feature = "sentinel")]
+
     use std::time::{Duration, Instant};
 
     /// Threads of this process named like the watcher (Linux only: `None` elsewhere).

@@ -213,8 +213,10 @@ impl Switches {
     }
 }
 
-#[cfg(all(test, feature = "sentinel"))]
+#[cfg(test)]
 mod tests {
+    #![cfg(feature = "sentinel")]
+
     use super::*;
     use std::time::Duration;
 
