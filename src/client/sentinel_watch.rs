@@ -330,6 +330,8 @@ fn current_master(con: &mut redis::Connection, service: &str) -> RedisResult<((S
     Ok(((field("ip")?, port), epoch))
 }
 
+// The tests of the Sentinel feature: `#[cfg(test)]` outside, as the layer check expects.
+#[allow(clippy::mixed_attributes_style)]
 #[cfg(test)]
 mod tests {
     #![cfg(feature = "sentinel")]

@@ -213,6 +213,8 @@ impl Switches {
     }
 }
 
+// The tests of the Sentinel feature: `#[cfg(test)]` outside, as the layer check expects.
+#[allow(clippy::mixed_attributes_style)]
 #[cfg(test)]
 mod tests {
     #![cfg(feature = "sentinel")]
