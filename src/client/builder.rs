@@ -102,7 +102,9 @@ impl LockClient {
     /// failed-over node), returns within the command timeout plus the retry sleeps (less than
     /// a sixth of it): redis-rs's cluster client tries it at most three times, each try waiting a third
     /// of the command timeout for its reply. A node connection redis-rs opens meanwhile is
-    /// bounded by a fourth of the connect timeout. See `docs/deployments.md`.
+    /// bounded by a fourth of the connect timeout. A command that fails on an I/O error or a
+    /// timeout replaces its pooled cluster connection before it returns (seeds tried for at
+    /// most half the connect timeout). See `docs/deployments.md`.
     pub fn cluster_builder<S: ConnectionTarget + Clone>(nodes: &[S]) -> ClientBuilder {
         ClientBuilder::new(TargetSpec::Cluster(targets(nodes)))
     }

@@ -521,15 +521,17 @@ impl Manager {
 impl Manager {
     #[cfg(feature = "cluster")]
     /// A cluster connection, built by redis-rs from the first seed that answers, starting with
-    /// the one that answered last; nothing starts past `until` (a watchdog renewal's cap).
+    /// the one that answered last; no seed is tried past the connect timeout or `until` (a
+    /// watchdog renewal's cap), whichever comes first.
     ///
     /// redis-rs connects to its seeds in their order only until one connection is made, then
-    /// asks that seed for the slot map and fails if it does not answer, so the seeds are tried
-    /// here, one client each; the next connection starts with the seed after one that failed.
-    /// redis-rs then connects to every node of the slot map, one after the other, each within
-    /// its connection timeout (a fourth of the client's connect timeout, see
-    /// `ClientBuilder::build`): a node that does not answer costs every new cluster connection
-    /// that much, and is left out of it until a command needs it.
+    /// asks that seed for the slot map and fails if it does not answer, and it tries every
+    /// seed in one call, so the seeds are tried here, one client of one seed each; the next
+    /// connection starts with the seed after one that failed. redis-rs then connects to every
+    /// node of the slot map, one after the other, each within its connection timeout (a fourth
+    /// of the client's connect timeout, see `ClientBuilder::build`, twice for a node that
+    /// accepts the connection and answers nothing): such a node costs every new cluster
+    /// connection that much, and is left out of it until a command needs it.
     fn cluster(
         &self,
         clients: &[redis::cluster::ClusterClient],
@@ -539,8 +541,16 @@ impl Manager {
         let n = clients.len();
         let start = first.load(Ordering::Relaxed);
         let mut last_err = None;
+        let by = Instant::now().checked_add(self.connect_timeout);
+        let until = match (until, by) {
+            (Some(u), Some(b)) => Some(u.min(b)),
+            (u, b) => u.or(b),
+        };
         for i in (0..n).map(|k| (start + k) % n) {
-            left_until(until)?;
+            if let Err(e) = left_until(until) {
+                last_err.get_or_insert(e);
+                break;
+            }
             match clients[i].get_connection() {
                 Ok(con) => {
                     first.store(i, Ordering::Relaxed);
@@ -681,6 +691,10 @@ pub(crate) struct Link {
     until: Option<Instant>,
     /// The socket's timeouts were cut for `until`: to restore once it is lifted.
     capped: bool,
+    /// A cluster link: its manager, to replace it in place once broken (see
+    /// [`Link::renew_if_broken`]).
+    #[cfg(feature = "cluster")]
+    manager: Option<Arc<Manager>>,
 }
 
 enum Node {
@@ -731,6 +745,8 @@ impl Link {
             extra: None,
             until: None,
             capped: false,
+            #[cfg(feature = "cluster")]
+            manager: None,
         }
     }
 
@@ -816,9 +832,35 @@ impl Link {
     /// nothing.
     pub(super) fn open_if_needed(&mut self, until: Option<Instant>) -> RedisResult<()> {
         if let Node::Unopened(manager) = &self.node {
-            *self = Arc::clone(manager).open(until)?;
+            let manager = Arc::clone(manager);
+            *self = manager.open(until)?;
+            #[cfg(feature = "cluster")]
+            if let Node::Cluster(_) = self.node {
+                self.manager = Some(manager);
+            }
         }
         Ok(())
+    }
+
+    /// A broken cluster link is replaced in place, on the thread that saw it break, before it
+    /// goes back to the pool: opening a cluster connection connects to every node (redis-rs),
+    /// which costs the connection timeouts of a node that does not answer, and a link the pool
+    /// replaced would be opened by whichever checkout took it next, for any key, on any shard.
+    /// No seed is tried past half the connect timeout; a failed replacement leaves the link
+    /// broken: the pool drops it.
+    #[cfg(feature = "cluster")]
+    fn renew_if_broken(&mut self) {
+        let Some(manager) = self.manager.take() else {
+            return;
+        };
+        if self.broken && matches!(self.node, Node::Cluster(_)) {
+            let until = Instant::now().checked_add(manager.connect_timeout / 2);
+            if let Ok(new) = manager.open(until) {
+                manager.counters.reconnect();
+                *self = new;
+            }
+        }
+        self.manager = Some(manager);
     }
 
     /// Marks the connection for replacement after an error that leaves it unusable or pointed
@@ -1056,9 +1098,13 @@ impl Conn {
 }
 
 impl Drop for Conn {
-    /// Back to the pool without a cap (see [`Conn::cap`]).
+    /// Back to the pool without a cap (see [`Conn::cap`]), a broken cluster link replaced.
     fn drop(&mut self) {
         self.cap(None);
+        #[cfg(feature = "cluster")]
+        if let Pooled::Managed(c) = &mut self.link {
+            c.renew_if_broken();
+        }
     }
 }
 
