@@ -13,8 +13,10 @@
 //! by its first command's key and follows a `MOVED` or `ASK` with the whole pipeline, so the
 //! `WAIT` goes to the very primary that ran the write. Each slot's primary is learnt on its own
 //! ([`Acks::learn_node`]): from `INFO replication`, routed by redis-rs to the primary of the
-//! slot, at the first confirmed write in that slot, and again after a write that fell short
-//! (a failover: a promoted replica starts a new replication ID, so it is learnt afresh).
+//! slot, at the first confirmed write in that slot, and again after a write that fell short or
+//! failed (a failover: a promoted replica starts a new replication ID, so it is learnt afresh;
+//! without that, the first write on it would wait `WAIT`'s whole bound for a replica it does
+//! not have).
 
 #[cfg(feature = "cluster")]
 use std::collections::HashMap;
@@ -213,6 +215,17 @@ impl Acks {
     }
 
     #[cfg(feature = "cluster")]
+    /// Cluster: what was learnt of each slot's primary is asked again at the slot's next
+    /// confirmed write (after a failure, which may be a failover). The primaries stay known
+    /// by their replication IDs.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn forget_slots(&self) {
+        self.slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
     /// Cluster, after a write of `key` that `missed` (`(confirmed, required)`): under `Auto`
     /// the slot's primary is asked again (`role`), and a new one (a failover) is learnt afresh;
     /// returns the shortfall that stands.

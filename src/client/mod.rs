@@ -673,7 +673,10 @@ impl LockClient {
                         .cluster_recheck(key, || con.primary_role(key), missed);
                 }
                 reply
-            })?;
+            });
+            // A failure may be a failover: each slot's primary is asked again at its next
+            // confirmed write, so that a promoted replica is learnt afresh.
+            let reply = reply.inspect_err(|_| self.inner.acks.forget_slots())?;
             return confirmed(key, reply, short);
         }
         if self.inner.acks.required() == 0 {
