@@ -214,7 +214,6 @@ impl Acks {
         Ok(self.wait_for(required))
     }
 
-    #[cfg(feature = "cluster")]
     /// Cluster: what was learnt of each slot's primary is asked again at the slot's next
     /// confirmed write (after a failure, which may be a failover). The primaries stay known
     /// by their replication IDs.
@@ -226,6 +225,7 @@ impl Acks {
             .clear();
     }
 
+    #[cfg(feature = "cluster")]
     /// Cluster, after a write of `key` that `missed` (`(confirmed, required)`): under `Auto`
     /// the slot's primary is asked again (`role`), and a new one (a failover) is learnt afresh;
     /// returns the shortfall that stands.
