@@ -129,6 +129,7 @@ mod tests {
         assert_eq!(hash_slot(b"foo{{bar}}zap"), hash_slot(b"{bar"));
     }
 
+    #[cfg(feature = "cluster")]
     #[test]
     fn slots_match_redis_rs_routing() {
         use redis::cluster_routing::{Route, SlotAddr};

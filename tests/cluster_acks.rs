@@ -1,5 +1,5 @@
 //! Replica confirmation on a Redis Cluster of 3 primaries with one replica each: each write of
-//! a hold is followed by `WAIT` on the node that ran it (see `src/client/cluster_deadline.rs`).
+//! a hold is followed by `WAIT` on the node that ran it (in the same pipeline, see `src/client/confirm.rs`).
 //!
 //! - healthy replicas: every lock works, and the shard's replica has the key when the acquire
 //!   returns; `Require(2)` with one replica per shard is refused;
@@ -231,8 +231,8 @@ fn an_acquire_its_shards_replica_did_not_confirm_is_refused_and_undone() {
             assert!(g.unlock().expect("unlock"), "{}", lock.key());
         }
     }
-    // Several acquires at once open new sockets to the cut-off primary: each learns it
-    // again, without its replica now, and still requires one.
+    // Several acquires at once, in slots not written before: each asks the cut-off primary,
+    // without its replica now, and knows it by its replication ID: it still requires one.
     std::thread::scope(|s| {
         for key in &threads {
             let client = &client;
@@ -293,7 +293,7 @@ fn without_confirmation_a_failover_grants_the_same_lock_twice() {
 
 /// Not a check: what the confirmation costs, the uncontended Token cycle (`try_lock()` then
 /// `unlock()`) on one shard with its replica, `Auto` against `Off`, interleaved in rounds;
-/// prints the median ratio and its spread. `cargo test --release --test cluster_acks cost --
+/// prints the median ratio and its spread. `cargo test --release --features cluster --test cluster_acks cost --
 /// --ignored --nocapture`.
 #[test]
 #[ignore]

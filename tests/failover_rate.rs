@@ -42,8 +42,8 @@
 //! update, the sections of its key that overlapped):
 //!
 //! ```text
-//! cargo test --test failover_rate -- --nocapture
-//! DLOCK_FAILOVER_MIN_RATE=10000 cargo test --release --test failover_rate -- --nocapture
+//! cargo test --features cluster,sentinel --test failover_rate -- --nocapture
+//! DLOCK_FAILOVER_MIN_RATE=10000 cargo test --release --features cluster,sentinel --test failover_rate -- --nocapture
 //! ```
 
 mod support;

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use redis_dlock::test_hooks::Event;
 use redis_dlock::{DistributedLock, FairLock, LockClient, LockError, RetryPolicy, Strategy};
 use support::worker::{self, WorkerProcess};
-use support::{init_logging, raw, Cluster, RedisServer};
+#[cfg(feature = "cluster")]
+use support::Cluster;
+use support::{init_logging, raw, RedisServer};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -1608,6 +1610,7 @@ fn joins_behind_a_long_queue_drop_lapsed_entries() {
     assert!(held.unlock().expect("release"));
 }
 
+#[cfg(feature = "cluster")]
 /// A Redis Cluster: the queue, deadlines and fence keys share the lock key's slot, and a
 /// grant works across clients.
 #[test]

@@ -19,7 +19,9 @@ use redis_dlock::Lock;
 use redis_dlock::{DistributedLock, LockClient, LockError, Strategy};
 use store::{FencedStore, Stale};
 use support::worker::{self, WorkerProcess};
-use support::{init_logging, raw, wait_until, Cluster, RedisServer};
+#[cfg(feature = "cluster")]
+use support::Cluster;
+use support::{init_logging, raw, wait_until, RedisServer};
 
 fn client(server: &RedisServer) -> LockClient {
     LockClient::open(server.url()).expect("client")
@@ -392,6 +394,7 @@ fn reentrant_counter_is_named_after_the_key_has_no_ttl_and_outlives_holds() {
     counter_name_and_lifetime(Strategy::Reentrant);
 }
 
+#[cfg(feature = "cluster")]
 #[test]
 fn counters_share_their_keys_slot_on_a_cluster() {
     init_logging();

@@ -32,7 +32,6 @@ const LAYERS: &[(&str, u8)] = &[
     ("client::acquire", RUNTIME),
     ("client::admin", RUNTIME),
     ("client::cleanup", RUNTIME),
-    ("client::cluster_deadline", RUNTIME),
     ("client::confirm", RUNTIME),
     ("client::grants", RUNTIME),
     ("client::janitor", RUNTIME),

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use redis_dlock::test_hooks::Event;
 use redis_dlock::ReentrantLock;
 use redis_dlock::{DistributedLock, LockClient, RetryPolicy, Strategy};
-use support::{init_logging, raw, wait_until, Cluster, RedisServer};
+#[cfg(feature = "cluster")]
+use support::Cluster;
+use support::{init_logging, raw, wait_until, RedisServer};
 
 fn client(server: &RedisServer) -> LockClient {
     LockClient::open(server.url()).expect("client")
@@ -619,6 +621,7 @@ fn a_reentrant_release_sent_again_after_a_lost_reply_gives_back_one_hold() {
     assert_eq!(redisson::unlock(&mut conn, key, 30_000), Some(1));
 }
 
+#[cfg(feature = "cluster")]
 #[test]
 fn every_key_works_on_a_cluster_and_only_the_channel_leaves_the_slot() {
     init_logging();

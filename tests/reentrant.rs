@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use redis_dlock::test_hooks::Event;
 use redis_dlock::{DistributedLock, LockClient, LockError, ReentrantLock, RetryPolicy, Strategy};
-use support::{init_logging, raw, wait_until, Cluster, RedisServer};
+#[cfg(feature = "cluster")]
+use support::Cluster;
+use support::{init_logging, raw, wait_until, RedisServer};
 
 fn client(server: &RedisServer) -> LockClient {
     LockClient::open(server.url()).expect("client")
@@ -769,6 +771,7 @@ fn watched_holds_are_renewed_while_any_hold_of_the_owner_lives() {
     assert!(!raw::exists(&mut conn, key));
 }
 
+#[cfg(feature = "cluster")]
 #[test]
 fn cluster_hash_tag_keeps_channel_and_fence_in_the_key_slot() {
     init_logging();

@@ -27,7 +27,9 @@ use rand::RngExt;
 use redis_dlock::test_hooks::Event;
 use redis_dlock::{DistributedLock, LockClient, LockError, ReadWriteLock, RetryPolicy, MAX_TTL};
 use support::worker::{self, WorkerProcess};
-use support::{init_logging, raw, wait_event, wait_until, Cluster, RedisServer};
+#[cfg(feature = "cluster")]
+use support::Cluster;
+use support::{init_logging, raw, wait_event, wait_until, RedisServer};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -1162,6 +1164,7 @@ fn wrong_types_foreign_hashes_and_bad_input_are_errors() {
 // ---------------------------------------------------------------------------------------------
 // Redis Cluster
 
+#[cfg(feature = "cluster")]
 #[test]
 fn works_on_a_three_master_cluster() {
     init_logging();

@@ -77,6 +77,8 @@ fn a_malformed_url_fails_at_build() {
     );
 }
 
+#[cfg(feature = "cluster")]
+#[cfg(feature = "sentinel")]
 #[test]
 fn sentinel_and_cluster_builders_take_targets_too() {
     init_logging();

@@ -15,10 +15,14 @@ use redis_dlock::ClassicOptions;
 use redis_dlock::{
     DistributedLock, LockClient, LockError, RedLockClient, RetryPolicy, Strategy, TokenLock,
 };
-use support::tls::{tls_args, Pki};
-#[cfg(feature = "tls-rustls")]
+#[cfg(any(feature = "sentinel", all(feature = "cluster", feature = "tls-rustls")))]
+use support::tls::tls_args;
+use support::tls::Pki;
+#[cfg(all(feature = "cluster", feature = "tls-rustls"))]
 use support::Cluster;
-use support::{init_logging, raw, wait_until, Launch, RedisServer, SENTINEL_SERVICE};
+use support::{init_logging, raw, wait_until, RedisServer};
+#[cfg(feature = "sentinel")]
+use support::{Launch, SENTINEL_SERVICE};
 
 /// A client of `server`'s TLS port trusting `pki`'s CA (and presenting its client
 /// certificate if `client_cert`).
@@ -337,6 +341,7 @@ fn wrong_ca_is_a_clear_tls_error() {
     );
 }
 
+#[cfg(feature = "sentinel")]
 #[test]
 fn sentinel_over_tls() {
     if !support::tls_available() {
@@ -415,6 +420,7 @@ fn sentinel_over_tls() {
     assert_eq!(connections_on(&mut admin, master.port()), 1);
 }
 
+#[cfg(feature = "cluster")]
 /// Custom certificates for a cluster need rustls (redis-rs's cluster client takes them only
 /// with `tls-rustls`).
 #[cfg(feature = "tls-rustls")]

@@ -477,6 +477,7 @@ fn deleted_or_taken_key_marks_the_hold_gone_once() {
     assert!(g_other.unlock().unwrap());
 }
 
+#[cfg(feature = "cluster")]
 #[test]
 fn cluster_holds_are_renewed_per_slot() {
     init_logging();

@@ -1,7 +1,10 @@
 //! [`ClientBuilder`]: what a [`LockClient`] connects to (a URL, Sentinels or Cluster seeds,
 //! TLS certificates) and its pool and timeout settings, checked when the client is built.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+use std::sync::atomic::AtomicUsize;
+#[cfg(feature = "cluster")]
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,12 +12,15 @@ use redis::{ConnectionAddr, RedisResult};
 
 use super::confirm::{Acks, ReplicaAcks};
 use super::native::Detected;
-use super::pool::{
-    cluster_retries, master_info, sentinel_master_addr, unreaped, ConnectErrors, Lazy, Manager,
-    Pool, SharedErrors, Target,
-};
+#[cfg(feature = "cluster")]
+use super::pool::{cluster_retries, CLUSTER_TRIES};
+#[cfg(feature = "sentinel")]
+use super::pool::{master_info, sentinel_master_addr};
+use super::pool::{unreaped, ConnectErrors, Lazy, Manager, Pool, SharedErrors, Target};
+#[cfg(feature = "sentinel")]
 use super::sentinel_watch;
 use super::subscriber::Resolve;
+#[cfg(feature = "sentinel")]
 use super::switches::Switches;
 use super::target::ConnectionTarget;
 use super::{LockClient, MAX_CLIENT_TIMEOUT};
@@ -112,19 +118,24 @@ impl LockClient {
         ClientBuilder::new(TargetSpec::Single(target.into_target_info()))
     }
 
+    #[cfg(feature = "cluster")]
     /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port`, or
     /// any other [`ConnectionTarget`]; a malformed URL is reported by
     /// [`ClientBuilder::build`]). Commands follow `MOVED`/`ASK` redirections; every key of one lock lives in one slot.
+    /// Needs the cargo feature `cluster`.
     ///
     /// Each command, its redirections and retries included (`TRYAGAIN`, `CLUSTERDOWN`, a
-    /// failed-over node), returns within the command timeout plus at most one retry sleep of a
-    /// tenth of it: every read, write and connect of it is cut to the time left before one
-    /// deadline. Waiting for a pooled connection and opening a new one are bounded by the
-    /// connect timeout, as for a single server. See `docs/deployments.md`.
+    /// failed-over node), returns within the command timeout plus the retry sleeps (less than
+    /// a sixth of it): redis-rs's cluster client tries it at most three times, each try waiting a third
+    /// of the command timeout for its reply. A node connection redis-rs opens meanwhile is
+    /// bounded by a fourth of the connect timeout. A command that fails on an I/O error or a
+    /// timeout replaces its pooled cluster connection before it returns (seeds tried for at
+    /// most half the connect timeout). See `docs/deployments.md`.
     pub fn cluster_builder<S: ConnectionTarget + Clone>(nodes: &[S]) -> ClientBuilder {
         ClientBuilder::new(TargetSpec::Cluster(targets(nodes)))
     }
 
+    #[cfg(feature = "sentinel")]
     /// A builder for the master that the Sentinels at `sentinels` (URLs, or any other
     /// [`ConnectionTarget`]) name for `service`. After a
     /// failover, new connections go to the new master. The client follows the Sentinels'
@@ -138,6 +149,8 @@ impl LockClient {
     /// checks with `ROLE` that the server named is a master. Each of these steps is bounded by
     /// the connect and command timeouts (the connect timeout if the command timeout is `None`),
     /// so a frozen Sentinel or old master delays a reconnection but never blocks it.
+    ///
+    /// Needs the cargo feature `sentinel`.
     pub fn sentinel_builder<S: ConnectionTarget + Clone>(
         sentinels: &[S],
         service: &str,
@@ -230,6 +243,7 @@ impl RedLockClientBuilder {
     }
 }
 
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 /// The connection settings of every node, or the first that is not one.
 fn targets<S: ConnectionTarget + Clone>(nodes: &[S]) -> RedisResult<Vec<redis::ConnectionInfo>> {
     nodes.iter().map(|n| n.clone().into_target_info()).collect()
@@ -239,7 +253,9 @@ fn targets<S: ConnectionTarget + Clone>(nodes: &[S]) -> RedisResult<Vec<redis::C
 pub(super) enum TargetSpec {
     /// One server; a malformed URL is reported by `build`, as for the others.
     Single(RedisResult<redis::ConnectionInfo>),
+    #[cfg(feature = "cluster")]
     Cluster(RedisResult<Vec<redis::ConnectionInfo>>),
+    #[cfg(feature = "sentinel")]
     Sentinel {
         sentinels: RedisResult<Vec<redis::ConnectionInfo>>,
         service: String,
@@ -251,9 +267,10 @@ impl TargetSpec {
     fn describe(&self) -> String {
         match self {
             TargetSpec::Single(Ok(info)) => info.addr().to_string(),
-            TargetSpec::Single(Err(_)) | TargetSpec::Cluster(Err(_)) => {
-                "an unparsable URL".to_owned()
-            }
+            TargetSpec::Single(Err(_)) => "an unparsable URL".to_owned(),
+            #[cfg(feature = "cluster")]
+            TargetSpec::Cluster(Err(_)) => "an unparsable URL".to_owned(),
+            #[cfg(feature = "cluster")]
             TargetSpec::Cluster(Ok(nodes)) => format!(
                 "the cluster ({})",
                 nodes
@@ -262,6 +279,7 @@ impl TargetSpec {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            #[cfg(feature = "sentinel")]
             TargetSpec::Sentinel { service, .. } => {
                 format!("the master of Sentinel service {service:?}")
             }
@@ -478,15 +496,19 @@ impl ClientBuilder {
             )));
         }
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
-        let (connect_timeout, cluster) = (
-            self.connect_timeout,
-            matches!(self.target, TargetSpec::Cluster(_)),
-        );
+        #[cfg(feature = "sentinel")]
+        let connect_timeout = self.connect_timeout;
+        #[cfg(feature = "cluster")]
+        let cluster = matches!(self.target, TargetSpec::Cluster(_));
+        #[cfg(not(feature = "cluster"))]
+        let cluster = false;
         let bad = |e: &redis::RedisError| bad_url(e.clone());
         let infos = match &self.target {
             TargetSpec::Single(info) => std::slice::from_ref(info.as_ref().map_err(bad)?),
-            TargetSpec::Cluster(nodes)
-            | TargetSpec::Sentinel {
+            #[cfg(feature = "cluster")]
+            TargetSpec::Cluster(nodes) => nodes.as_ref().map_err(bad)?.as_slice(),
+            #[cfg(feature = "sentinel")]
+            TargetSpec::Sentinel {
                 sentinels: nodes, ..
             } => nodes.as_ref().map_err(bad)?.as_slice(),
         };
@@ -505,7 +527,9 @@ impl ClientBuilder {
         }
         let addr = self.target.describe();
         let resolve: Option<Resolve>;
+        #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
         let mut switches = None;
+        #[cfg(feature = "sentinel")]
         let mut watch = None;
         let target = match &self.target {
             TargetSpec::Single(info) => {
@@ -515,6 +539,7 @@ impl ClientBuilder {
                 resolve = Some(Box::new(move || Ok(info.clone())));
                 Target::Single(client)
             }
+            #[cfg(feature = "cluster")]
             TargetSpec::Cluster(_) => {
                 let nodes = infos.to_vec();
                 // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
@@ -539,8 +564,13 @@ impl ClientBuilder {
                 for first in 0..nodes.len().max(1) {
                     let mut seeds = nodes.clone();
                     seeds.rotate_left(first);
+                    // redis-rs's set-up of a node connection waits for up to four replies, each
+                    // with the whole connection timeout: a fourth of the connect timeout.
                     let mut b = redis::cluster::ClusterClientBuilder::new(seeds)
-                        .connection_timeout(self.connect_timeout)
+                        .connection_timeout(super::pool::connect_timeout(
+                            self.connect_timeout,
+                            Some(self.connect_timeout),
+                        ))
                         .retries(retries)
                         .min_retry_wait(min_wait)
                         .max_retry_wait(max_wait)
@@ -557,16 +587,16 @@ impl ClientBuilder {
                         ));
                     }
                     if let Some(t) = self.command_timeout {
-                        b = b.response_timeout(t);
+                        b = b.response_timeout(t / CLUSTER_TRIES);
                     }
                     clients.push(b.build().map_err(bad_url)?);
                 }
                 Target::Cluster {
                     clients,
-                    seeds: nodes.iter().map(|n| n.addr().to_string()).collect(),
                     first: AtomicUsize::new(0),
                 }
             }
+            #[cfg(feature = "sentinel")]
             TargetSpec::Sentinel { service, .. } => {
                 if infos.is_empty() {
                     return Err(LockError::client_config(
@@ -608,7 +638,10 @@ impl ClientBuilder {
                 }
             }
         };
+        #[cfg(feature = "sentinel")]
         let sentinel = matches!(self.target, TargetSpec::Sentinel { .. });
+        #[cfg(not(feature = "sentinel"))]
+        let sentinel = false;
         if self.replica_ack_timeout.is_zero() {
             return Err(LockError::client_config(
                 "replica_ack_timeout is zero (WAIT would block until every replica confirms)",
@@ -621,6 +654,7 @@ impl ClientBuilder {
         ));
         let counters = Arc::new(crate::stats::Counters::default());
         let manager = Manager {
+            #[cfg(feature = "sentinel")]
             acks: Arc::clone(&acks),
             counters: Arc::clone(&counters),
             target,
@@ -655,6 +689,7 @@ impl ClientBuilder {
             detected,
             acks,
         );
+        #[cfg(feature = "sentinel")]
         if let Some(watch) = watch {
             sentinel_watch::start(watch, &client);
         }

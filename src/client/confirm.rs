@@ -9,18 +9,24 @@
 //! first connection to each other primary (a master switch). A replica that drops out later (a
 //! partition) does not lower it: that is when the confirmation matters.
 //!
-//! On a Cluster the `WAIT` is sent by the node connection that carries the write (see
-//! [`cluster_deadline`](super::cluster_deadline)), so it goes to the very primary that ran the
-//! write, after a `MOVED` or `ASK` redirection too, and each primary is learnt on its own
-//! ([`Acks::learn_node`]): from `INFO replication` on the first confirmed write of each new
-//! node socket, kept for as long as the node keeps its replication ID (the same primary; a
-//! replica promoted by a failover starts a new one, so it is learnt afresh).
+//! On a Cluster the `WAIT` rides in the same pipeline as the write: redis-rs routes a pipeline
+//! by its first command's key and follows a `MOVED` or `ASK` with the whole pipeline, so the
+//! `WAIT` goes to the very primary that ran the write. Each slot's primary is learnt on its own
+//! ([`Acks::learn_node`]): from `INFO replication`, routed by redis-rs to the primary of the
+//! slot, at the first confirmed write in that slot, and again after a write that fell short or
+//! failed (a failover: a promoted replica starts a new replication ID, so it is learnt afresh;
+//! without that, the first write on it would wait `WAIT`'s whole bound for a replica it does
+//! not have).
 
+#[cfg(feature = "cluster")]
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+#[cfg(feature = "cluster")]
+use redis::cluster_routing::{Route, SlotAddr};
 use redis::{ConnectionLike, RedisResult, Value};
 
 /// Whether a client's hold writes (acquires, extends, watchdog renewals) wait for replicas
@@ -50,30 +56,27 @@ pub(crate) struct Acks {
     timeout_ms: u64,
     /// Replicas that must confirm now (0: off).
     required: AtomicU32,
+    #[cfg(feature = "sentinel")]
     /// The primary `required` was learnt from (host, port).
     learnt: Mutex<Option<(String, u16)>>,
-    /// Cluster clients: what `Auto` learnt of each primary, by `host:port`.
-    nodes: Mutex<HashMap<String, Learnt>>,
-}
-
-/// What `Auto` learnt of one Cluster primary.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Learnt {
-    /// The primary's replication ID when it was learnt: another one at the same address is
-    /// another primary (a promoted replica, a restart with a new data set).
-    replid: String,
-    /// Replicas that must confirm each write there.
-    required: u32,
+    #[cfg(feature = "cluster")]
+    /// Cluster clients: the replicas `Auto` requires of each primary, by replication ID.
+    primaries: Mutex<HashMap<String, u32>>,
+    #[cfg(feature = "cluster")]
+    /// Cluster clients: the same, by slot (its route), for the slots written so far.
+    slots: Mutex<HashMap<Route, u32>>,
 }
 
 /// What `INFO replication` says of a node, for [`Acks::learn_node`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg(feature = "cluster")]
 pub(crate) struct NodeRole {
     pub(crate) primary: bool,
     pub(crate) replicas: usize,
     pub(crate) replid: String,
 }
 
+#[cfg(feature = "cluster")]
 impl NodeRole {
     /// Parses `INFO replication`'s text (Redis and Valkey alike).
     pub(crate) fn parse(info: &str) -> NodeRole {
@@ -113,8 +116,12 @@ impl Acks {
                 .unwrap_or(u64::MAX)
                 .max(1),
             required: AtomicU32::new(required),
+            #[cfg(feature = "sentinel")]
             learnt: Mutex::new(None),
-            nodes: Mutex::new(HashMap::new()),
+            #[cfg(feature = "cluster")]
+            primaries: Mutex::new(HashMap::new()),
+            #[cfg(feature = "cluster")]
+            slots: Mutex::new(HashMap::new()),
         }
     }
 
@@ -127,11 +134,7 @@ impl Acks {
         }
     }
 
-    /// `WAIT`'s bound.
-    pub(crate) fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
-    }
-
+    #[cfg(feature = "cluster")]
     /// Cluster: the replicas each write on the primary at `addr` needs, when no node socket
     /// has to learn it first: `Require(n)`'s `n`, or `None` under `Auto` (see
     /// [`learn_node`](Self::learn_node)).
@@ -143,47 +146,104 @@ impl Acks {
         }
     }
 
-    /// Cluster, `Auto`: a new socket to the node at `addr` found it as `role` says; returns the
-    /// replicas each write there needs from now on. A primary met for the first time (or with
-    /// another replication ID: another primary at that address) needs one replica if it has
-    /// any, none otherwise; a primary met again keeps what it needed, whatever replicas it has
-    /// now (one that dropped out during a partition does not turn the confirmation off). A
-    /// node that is no primary needs none, and is forgotten.
-    pub(crate) fn learn_node(&self, addr: &str, role: &NodeRole) -> u32 {
-        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
-        if !role.primary {
-            nodes.remove(addr);
-            return 0;
-        }
-        if let Some(known) = nodes.get(addr) {
-            if known.replid == role.replid {
-                return known.required;
-            }
-        }
-        let required = u32::from(role.replicas > 0);
-        log::info!(
-            "replica confirmation {} on the Cluster primary {addr}: it has {} replicas",
-            if required > 0 { "on" } else { "off" },
-            role.replicas
-        );
-        nodes.insert(
-            addr.to_owned(),
-            Learnt {
-                replid: role.replid.clone(),
-                required,
-            },
-        );
+    #[cfg(feature = "cluster")]
+    /// Cluster, `Auto`: the primary of the slot `slot` was found as `role` says; returns the
+    /// replicas each write there needs from now on. A primary met for the first time (by its
+    /// replication ID: a promoted replica starts a new one) needs one replica if it has any,
+    /// none otherwise; a primary met again keeps what it needed, whatever replicas it has now
+    /// (one that dropped out during a partition does not turn the confirmation off). A node
+    /// that is no primary needs none.
+    pub(crate) fn learn_node(&self, slot: Route, role: &NodeRole) -> u32 {
+        let required = if role.primary {
+            let mut primaries = self
+                .primaries
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            *primaries.entry(role.replid.clone()).or_insert_with(|| {
+                let required = u32::from(role.replicas > 0);
+                log::info!(
+                    "replica confirmation {} on the Cluster primary {}: it has {} replicas",
+                    if required > 0 { "on" } else { "off" },
+                    role.replid,
+                    role.replicas
+                );
+                required
+            })
+        } else {
+            0
+        };
+        self.slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(slot, required);
         required
     }
 
-    /// The packed `WAIT` for `required` replicas with this client's bound.
-    pub(crate) fn packed_wait(&self, required: u32) -> Vec<u8> {
-        redis::cmd("WAIT")
-            .arg(required)
-            .arg(self.timeout_ms)
-            .get_packed_command()
+    #[cfg(feature = "cluster")]
+    /// Cluster: the `WAIT` a write of `key` needs, if any: `Require(n)`'s, or under `Auto`
+    /// what the primary of `key`'s slot needs (asked once with `role`, see
+    /// [`learn_node`](Self::learn_node)).
+    pub(crate) fn cluster_wait(
+        &self,
+        key: &str,
+        role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
+    ) -> RedisResult<Option<Wait>> {
+        let required = match self.node_fixed() {
+            Some(n) => n,
+            None => {
+                let slot = Route::with_key(key, SlotAddr::Master);
+                let known = self
+                    .slots
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&slot)
+                    .copied();
+                match known {
+                    Some(n) => n,
+                    None => match role()? {
+                        Some(role) => self.learn_node(slot, &role),
+                        None => 0,
+                    },
+                }
+            }
+        };
+        Ok(self.wait_for(required))
     }
 
+    /// Cluster: what was learnt of each slot's primary is asked again at the slot's next
+    /// confirmed write (after a failure, which may be a failover). The primaries stay known
+    /// by their replication IDs.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn forget_slots(&self) {
+        self.slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    #[cfg(feature = "cluster")]
+    /// Cluster, after a write of `key` that `missed` (`(confirmed, required)`): under `Auto`
+    /// the slot's primary is asked again (`role`), and a new one (a failover) is learnt afresh;
+    /// returns the shortfall that stands.
+    pub(crate) fn cluster_recheck(
+        &self,
+        key: &str,
+        role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
+        missed: (u32, u32),
+    ) -> Option<(u32, u32)> {
+        if self.node_fixed().is_some() {
+            return Some(missed);
+        }
+        match role() {
+            Ok(Some(role)) => {
+                let required = self.learn_node(Route::with_key(key, SlotAddr::Master), &role);
+                (missed.0 < required).then_some((missed.0, required))
+            }
+            _ => Some(missed),
+        }
+    }
+
+    #[cfg(feature = "sentinel")]
     /// A connection to the primary at `addr` found it with `replicas` replicas: the first
     /// report from a primary sets what `Auto` requires until the client connects to another.
     pub(crate) fn learn(&self, addr: &(String, u16), replicas: usize) {
@@ -216,7 +276,11 @@ impl Acks {
 
     /// The `WAIT` to send after a write, when one is required.
     pub(crate) fn wait(&self) -> Option<Wait> {
-        let required = self.required();
+        self.wait_for(self.required())
+    }
+
+    /// The `WAIT` for `required` replicas, if any.
+    fn wait_for(&self, required: u32) -> Option<Wait> {
         (required > 0).then(|| Wait {
             required,
             timeout: Duration::from_millis(self.timeout_ms),
@@ -302,12 +366,15 @@ impl Wait {
 mod tests {
     use super::*;
 
-    const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT;
-
+    #[cfg(feature = "sentinel")]
     #[test]
     fn auto_learns_once_per_primary_and_only_for_sentinel() {
         let (m1, m2) = (("a".to_owned(), 1), ("b".to_owned(), 2));
-        let acks = Acks::new(ReplicaAcks::Auto, DEFAULT_REPLICA_ACK_TIMEOUT, true);
+        let acks = Acks::new(
+            ReplicaAcks::Auto,
+            crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+            true,
+        );
         assert_eq!(acks.required(), 0);
         acks.learn(&m1, 1);
         assert_eq!(acks.required(), 1);
@@ -319,18 +386,36 @@ mod tests {
         assert_eq!(acks.required(), 0);
         acks.learn(&m2, 2);
         assert_eq!(acks.required(), 0);
-        let single = Acks::new(ReplicaAcks::Auto, DEFAULT_REPLICA_ACK_TIMEOUT, false);
+        let single = Acks::new(
+            ReplicaAcks::Auto,
+            crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+            false,
+        );
         single.learn(&m1, 3);
         assert_eq!(single.required(), 0);
-        let required = Acks::new(ReplicaAcks::Require(2), DEFAULT_REPLICA_ACK_TIMEOUT, false);
+        let required = Acks::new(
+            ReplicaAcks::Require(2),
+            crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+            false,
+        );
         required.learn(&m1, 0);
         assert_eq!(required.required(), 2);
-        let off = Acks::new(ReplicaAcks::Off, DEFAULT_REPLICA_ACK_TIMEOUT, true);
+        let off = Acks::new(
+            ReplicaAcks::Off,
+            crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+            true,
+        );
         off.learn(&m1, 3);
         assert_eq!(off.required(), 0);
         assert!(off.wait().is_none());
     }
 
+    #[cfg(feature = "cluster")]
+    fn slot(n: u16) -> Route {
+        Route::new(n, SlotAddr::Master)
+    }
+
+    #[cfg(feature = "cluster")]
     fn primary(replicas: usize, replid: &str) -> NodeRole {
         NodeRole {
             primary: true,
@@ -339,42 +424,62 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "cluster")]
     #[test]
     fn cluster_auto_learns_each_primary_once_per_replication_id() {
-        let acks = Acks::new(ReplicaAcks::Auto, DEFAULT_REPLICA_ACK_TIMEOUT, true);
+        let acks = Acks::new(
+            ReplicaAcks::Auto,
+            crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+            true,
+        );
         assert!(acks.may_confirm());
         assert_eq!(acks.node_fixed(), None);
         // Two shards: one with a replica, one without.
-        assert_eq!(acks.learn_node("a:1", &primary(1, "r1")), 1);
-        assert_eq!(acks.learn_node("b:2", &primary(0, "r2")), 0);
+        assert_eq!(acks.learn_node(slot(1), &primary(1, "r1")), 1);
+        assert_eq!(acks.learn_node(slot(2), &primary(0, "r2")), 0);
         // a's replica drops out (a partition), a new socket learns again: still 1.
-        assert_eq!(acks.learn_node("a:1", &primary(0, "r1")), 1);
+        assert_eq!(acks.learn_node(slot(1), &primary(0, "r1")), 1);
+        // Another slot of a's primary, first written after that: still 1.
+        assert_eq!(acks.learn_node(slot(4), &primary(0, "r1")), 1);
         // b gains a replica: still 0 (learnt once, as a Sentinel primary).
-        assert_eq!(acks.learn_node("b:2", &primary(1, "r2")), 0);
+        assert_eq!(acks.learn_node(slot(2), &primary(1, "r2")), 0);
         // a failover: a's replica, promoted at c, without a replica of its own.
-        assert_eq!(acks.learn_node("c:3", &primary(0, "r3")), 0);
+        assert_eq!(acks.learn_node(slot(3), &primary(0, "r3")), 0);
         // The old primary back at a's address as a replica: forgotten...
         let replica = NodeRole {
             primary: false,
             replicas: 0,
             replid: "r3".to_owned(),
         };
-        assert_eq!(acks.learn_node("a:1", &replica), 0);
+        assert_eq!(acks.learn_node(slot(1), &replica), 0);
         // ... and promoted again (a new replication ID) without replicas: learnt afresh.
-        assert_eq!(acks.learn_node("a:1", &primary(0, "r4")), 0);
+        assert_eq!(acks.learn_node(slot(1), &primary(0, "r4")), 0);
         // Same address, new replication ID without the replica-role sighting (a restart with
         // a new data set): learnt afresh too.
-        assert_eq!(acks.learn_node("b:2", &primary(1, "r5")), 1);
+        assert_eq!(acks.learn_node(slot(2), &primary(1, "r5")), 1);
         // Fixed modes learn nothing.
-        let required = Acks::new(ReplicaAcks::Require(2), DEFAULT_REPLICA_ACK_TIMEOUT, true);
+        let required = Acks::new(
+            ReplicaAcks::Require(2),
+            crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+            true,
+        );
         assert_eq!(required.node_fixed(), Some(2));
-        let off = Acks::new(ReplicaAcks::Off, DEFAULT_REPLICA_ACK_TIMEOUT, true);
+        let off = Acks::new(
+            ReplicaAcks::Off,
+            crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+            true,
+        );
         assert!(!off.may_confirm());
         // Auto where it is off (a single server).
-        let single = Acks::new(ReplicaAcks::Auto, DEFAULT_REPLICA_ACK_TIMEOUT, false);
+        let single = Acks::new(
+            ReplicaAcks::Auto,
+            crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
+            false,
+        );
         assert!(!single.may_confirm());
     }
 
+    #[cfg(feature = "cluster")]
     #[test]
     fn info_replication_is_parsed() {
         let redis = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\

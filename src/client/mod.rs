@@ -10,7 +10,6 @@ pub(crate) mod acquire;
 pub(crate) mod admin;
 pub(crate) mod builder;
 pub(crate) mod cleanup;
-pub(crate) mod cluster_deadline;
 pub(crate) mod confirm;
 pub(crate) mod grants;
 pub(crate) mod janitor;
@@ -37,11 +36,11 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::client::cluster_deadline::within;
 use crate::client::confirm::Acks;
 use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;
 use crate::client::native::{Detected, Native};
+use crate::client::pool::within;
 use crate::client::repeats::log_repeat;
 use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::switches::Switches;
@@ -174,6 +173,7 @@ impl WeakClient {
         })
     }
 
+    #[cfg(feature = "sentinel")]
     /// False once every handle to the client has been dropped.
     pub(crate) fn is_alive(&self) -> bool {
         self.inner.strong_count() > 0
@@ -700,42 +700,45 @@ impl LockClient {
         mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
         let mut short = None;
-        let reply = if self.inner.cluster {
-            // On a Cluster each node connection sends the `WAIT` after what it carries (see
-            // `cluster_deadline`): to the primary that ran the write.
+        #[cfg(feature = "cluster")]
+        if self.inner.cluster {
+            // On a Cluster the `WAIT` rides with the write too: redis-rs sends a pipeline to
+            // the node of its first command's key, and follows its redirections with the whole
+            // pipeline, so the `WAIT` reaches the primary that ran the write.
             if !self.inner.acks.may_confirm() {
                 return self.with_conn_until(key, until, f);
             }
-            self.with_conn_until(key, until, |con, s| {
-                let (reply, shortfall) =
-                    cluster_deadline::with_confirm(&self.inner.acks, || f(con, s));
-                short = shortfall;
-                reply
-            })?
-        } else {
-            if self.inner.acks.required() == 0 {
-                return self.with_conn_until(key, until, f);
-            }
-            self.with_conn_until(key, until, |con, s| {
-                con.set_wait(self.inner.acks.wait());
+            let reply = self.with_conn_until(key, until, |con, s| {
+                let wait = self
+                    .inner
+                    .acks
+                    .cluster_wait(key, || con.primary_role(key))?;
+                con.set_wait(wait);
                 let reply = f(con, s);
                 short = con.take_wait().and_then(|w| w.shortfall());
+                if let Some(missed) = short {
+                    short = self
+                        .inner
+                        .acks
+                        .cluster_recheck(key, || con.primary_role(key), missed);
+                }
                 reply
-            })?
-        };
-        match short {
-            Some((confirmed, required)) => {
-                log::debug!(
-                    "lock {key:?}: a write confirmed by {confirmed} of {required} replicas"
-                );
-                Err(LockError::NotReplicated {
-                    key: key.to_owned(),
-                    confirmed,
-                    required,
-                })
-            }
-            None => Ok(reply),
+            });
+            // A failure may be a failover: each slot's primary is asked again at its next
+            // confirmed write, so that a promoted replica is learnt afresh.
+            let reply = reply.inspect_err(|_| self.inner.acks.forget_slots())?;
+            return confirmed(key, reply, short);
         }
+        if self.inner.acks.required() == 0 {
+            return self.with_conn_until(key, until, f);
+        }
+        let reply = self.with_conn_until(key, until, |con, s| {
+            con.set_wait(self.inner.acks.wait());
+            let reply = f(con, s);
+            short = con.take_wait().and_then(|w| w.shortfall());
+            reply
+        })?;
+        confirmed(key, reply, short)
     }
 
     /// Runs `f` on a pooled connection, mapping Redis errors to [`LockError`] for `key`.
@@ -905,4 +908,20 @@ impl Drop for LiveValue<'_> {
 /// after which the command may still run.
 fn is_dropped(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() && !e.is_timeout()
+}
+
+/// `reply`, or [`LockError::NotReplicated`] when `short` says that fewer replicas than
+/// required confirmed the write: `(confirmed, required)`.
+fn confirmed<T>(key: &str, reply: T, short: Option<(u32, u32)>) -> Result<T> {
+    match short {
+        Some((confirmed, required)) => {
+            log::debug!("lock {key:?}: a write confirmed by {confirmed} of {required} replicas");
+            Err(LockError::NotReplicated {
+                key: key.to_owned(),
+                confirmed,
+                required,
+            })
+        }
+        None => Ok(reply),
+    }
 }

@@ -2,22 +2,24 @@
 //! master that Sentinels name, a Cluster) and opens, checks and hands out connections through
 //! redis-rs, TLS and AUTH/ACL included.
 
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use scheduled_thread_pool::ScheduledThreadPool;
 
-use redis::{
-    ConnectionAddr, ConnectionInfo, ConnectionLike, IntoConnectionInfo, RedisResult, Value,
-};
+#[cfg(feature = "sentinel")]
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+use redis::{ConnectionLike, RedisError, RedisResult, Value};
 
-use super::cluster_deadline::{
-    connect_within, is_suspect, left_until, time_is_up, with_deadline, within, within_opt,
-    Deadlined,
-};
-use super::confirm::{Acks, Wait};
+#[cfg(feature = "sentinel")]
+use super::confirm::Acks;
+#[cfg(feature = "cluster")]
+use super::confirm::NodeRole;
+use super::confirm::Wait;
 use super::native::Detected;
+#[cfg(feature = "sentinel")]
 use super::switches::Switches;
 use crate::client::repeats::{log_repeat, Repeats};
 use crate::error::{self, LockError, Result, Rounded};
@@ -98,25 +100,37 @@ impl r2d2::HandleError<redis::RedisError> for SharedErrors {
     }
 }
 
+#[cfg(feature = "cluster")]
 /// Retries of redis-rs's cluster connection for a command timeout `t`: the number of retries
 /// and the bounds of the sleep before a retry after `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
 /// `LOADING` or `READONLY` (in ms).
 ///
+/// Two retries: a `MOVED` and an `ASK` of a slot in migration, or one timeout and one
+/// redirection. Each of the three tries waits at most a third of the command timeout (see
+/// [`CLUSTER_TRIES`]), so that the whole command returns within it plus the retry sleeps.
 /// redis-rs sleeps a random time in `[min, min(max, min · 2^retry))` before retry number
-/// `retry` (1, 2, …). With `min = t/40` and `max = t/10` (at least 1 and 2 ms) the five sleeps
-/// of a command add up to less than `18 · t/40 = 0.45 t`, where redis-rs's defaults (16
-/// retries, 1.28 s to 655 s each) add up to minutes. Redirections (`MOVED`, `ASK`) need no
-/// sleep; five retries cover a `MOVED` and an `ASK` of a slot in migration with room to spare.
-/// The whole command, redirections and retries included, is bounded by its deadline (see
-/// [`crate::client::cluster_deadline`]); the short sleeps make it return at most one sleep (`t/10`)
-/// after it.
+/// `retry`; with `min = t/40` and `max = t/10` (at least 1 and 2 ms) the two sleeps add up to
+/// less than `0.15 t`, where redis-rs's defaults (16 retries, 1.28 s to 655 s each) add up to
+/// minutes.
 pub(crate) fn cluster_retries(t: Duration) -> (u32, u64, u64) {
     let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
     let min = (ms / 40).max(1);
     let max = (ms / 10).max(min + 1);
-    (5, min, max)
+    (CLUSTER_TRIES - 1, min, max)
 }
 
+#[cfg(feature = "cluster")]
+/// The tries of one Cluster command (see [`cluster_retries`]): each waits for at most this
+/// fraction of the command's time.
+pub(crate) const CLUSTER_TRIES: u32 = 3;
+
+#[cfg(feature = "cluster")]
+/// Each try's timeout of a Cluster command whose whole time is `t` (see [`cluster_retries`]).
+fn per_try(t: Duration) -> Duration {
+    (t / CLUSTER_TRIES).max(Duration::from_micros(1))
+}
+
+#[cfg(feature = "sentinel")]
 /// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
 /// `rediss://` address, whose certificates and `insecure` flag are reused), or in plain TCP.
 pub(super) fn master_info(
@@ -139,6 +153,7 @@ pub(super) fn master_info(
     }
 }
 
+#[cfg(feature = "sentinel")]
 /// Asks each Sentinel in turn for `service`'s master address; each step bounded by the
 /// timeouts.
 pub(super) fn sentinel_master_addr(
@@ -179,15 +194,15 @@ pub(super) fn sentinel_master_addr(
 /// Where connections go.
 pub(super) enum Target {
     Single(redis::Client),
+    #[cfg(feature = "cluster")]
     /// One client per seed, each with the seeds in turn from that one: see
     /// [`Manager::cluster`].
     Cluster {
         clients: Vec<redis::cluster::ClusterClient>,
-        /// Each client's first seed, `host:port`.
-        seeds: Vec<String>,
         /// The seed that answered last, tried first next time.
         first: AtomicUsize,
     },
+    #[cfg(feature = "sentinel")]
     /// Sentinels asked for the current master of `service` on every new connection. Not
     /// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the
     /// Sentinel connections nor on its `ROLE` check of the master, so one frozen server hung
@@ -205,6 +220,16 @@ pub(super) enum Target {
     },
 }
 
+impl Target {
+    fn is_cluster(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if let Target::Cluster { .. } = self {
+            return true;
+        }
+        false
+    }
+}
+
 /// The script that [`Manager::check`] runs by `EVAL` and `EVALSHA` on every new connection.
 const PROBE: &str = "#!lua flags=no-writes\nreturn 1";
 
@@ -218,6 +243,7 @@ pub(crate) struct Manager {
     pub(super) command_timeout: Option<Duration>,
     /// Connects with TLS (`rediss://`): connection errors may be the handshake's.
     pub(super) tls: bool,
+    #[cfg(feature = "sentinel")]
     /// Replica confirmation: learns the primary's replicas from its `ROLE`.
     pub(super) acks: Arc<Acks>,
 }
@@ -231,6 +257,7 @@ impl Manager {
         Ok(Link::new(Node::Single(con)).with_read_timeout(self.command_timeout))
     }
 
+    #[cfg(feature = "sentinel")]
     /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout,
     /// none past `until`.
     fn discovery(
@@ -249,6 +276,7 @@ impl Manager {
         Ok(con)
     }
 
+    #[cfg(feature = "sentinel")]
     /// Asks each Sentinel in turn for `service`'s master and connects to the first one named
     /// that answers `ROLE` as a master. An address is tried once per call even if several
     /// Sentinels name it, so a frozen old master costs one timeout, not one per Sentinel.
@@ -354,6 +382,7 @@ impl Manager {
         // redis-rs reports as a plain `ERR` reply.
         let db = match &self.target {
             Target::Single(client) => client.get_connection_info().redis_settings().db(),
+            #[allow(unreachable_patterns)]
             _ => 0,
         };
         let mut con = self.open(None).map_err(|e| {
@@ -440,7 +469,7 @@ impl Manager {
                 if error::is_access_denied(&e)
                     && detected.delifeq
                     && detected.set_ifeq
-                    && !matches!(self.target, Target::Cluster { .. }) =>
+                    && !self.target.is_cluster() =>
             {
                 log::info!(
                     "{addr} ({}): the user may not run scripts ({e}); Token locks without \
@@ -486,6 +515,7 @@ impl Manager {
         }
     }
 
+    #[cfg(feature = "sentinel")]
     /// A connection to `addr` once `ROLE` says it is a master, and its number of replicas;
     /// no step waits past `until`.
     fn checked_master(
@@ -515,75 +545,74 @@ impl Manager {
     /// The generation a link must have to be used: that of the last master switch heard of.
     fn generation(&self) -> u64 {
         match &self.target {
+            #[cfg(feature = "sentinel")]
             Target::Sentinel { switches, .. } => switches.generation(),
+            #[allow(unreachable_patterns)]
             _ => 0,
         }
     }
 }
 
 impl Manager {
-    /// A cluster connection, built from the first seed that answers `CLUSTER SLOTS`, starting
-    /// with the one that answered last, all within the connect timeout. Seeds whose node
-    /// connection failed (an I/O error, a timeout) and has not answered since are asked last.
+    #[cfg(feature = "cluster")]
+    /// A cluster connection, built by redis-rs from the first seed that answers, starting with
+    /// the one that answered last; no seed is tried past the connect timeout or `until` (a
+    /// watchdog renewal's cap), whichever comes first.
     ///
-    /// Its node connections open at their first command (see
-    /// [`cluster_deadline`](crate::client::cluster_deadline)), so building it costs one seed's
-    /// connect and one round trip, whichever nodes are unreachable. redis-rs tries its seeds in
-    /// their order only while connecting to them; once its first seed's connection is made it
-    /// asks that seed for the slot map and fails if it does not answer, so the seeds are tried
-    /// here, one client each. A seed that refuses the connection costs nothing; one that does
-    /// not answer costs the rest of the connect timeout, and the next connection starts with
-    /// the seed after it. Nothing waits past `until` (a watchdog renewal's cap).
-    ///
-    /// `get_generic_connection` is redis-rs's (hidden) way to give a cluster connection node
-    /// connections of our own type.
+    /// redis-rs connects to its seeds in their order only until one connection is made, then
+    /// asks that seed for the slot map and fails if it does not answer, and it tries every
+    /// seed in one call, so the seeds are tried here, one client of one seed each; the next
+    /// connection starts with the seed after one that failed. redis-rs then connects to every
+    /// node of the slot map, one after the other, each within its connection timeout (a fourth
+    /// of the client's connect timeout, see `ClientBuilder::build`, twice for a node that
+    /// accepts the connection and answers nothing): such a node costs every new cluster
+    /// connection that much, and is left out of it until a command needs it.
     fn cluster(
         &self,
         clients: &[redis::cluster::ClusterClient],
-        seeds: &[String],
         first: &AtomicUsize,
         until: Option<Instant>,
     ) -> RedisResult<Link> {
         let n = clients.len();
         let start = first.load(Ordering::Relaxed);
-        // Seeds whose node failed and has not answered since go last.
-        let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
-        order.sort_by_key(|&i| seeds.get(i).is_some_and(|a| is_suspect(a)));
         let mut last_err = None;
-        with_deadline(Some(self.connect_timeout), until, || {
-            left_until(until)?;
-            for i in order {
-                match clients[i].get_generic_connection::<Deadlined>() {
-                    Ok(con) => {
-                        first.store(i, Ordering::Relaxed);
-                        return Ok(Link::new(Node::Cluster(
-                            Box::new(con),
-                            self.command_timeout,
-                        )));
+        let by = Instant::now().checked_add(self.connect_timeout);
+        let until = match (until, by) {
+            (Some(u), Some(b)) => Some(u.min(b)),
+            (u, b) => u.or(b),
+        };
+        for i in (0..n).map(|k| (start + k) % n) {
+            if let Err(e) = left_until(until) {
+                last_err.get_or_insert(e);
+                break;
+            }
+            match clients[i].get_connection() {
+                Ok(con) => {
+                    first.store(i, Ordering::Relaxed);
+                    let per_try = self.command_timeout.map(per_try);
+                    con.set_read_timeout(per_try)?;
+                    con.set_write_timeout(per_try)?;
+                    return Ok(Link::new(Node::Cluster(Box::new(con))).with_read_timeout(per_try));
+                }
+                Err(e) => {
+                    log::debug!("cluster: seed {i} did not give the slot map: {e}");
+                    // The next connection starts after the seed that failed first (unless
+                    // another thread's connection moved it meanwhile).
+                    if i == start {
+                        let _ = first.compare_exchange(
+                            i,
+                            (i + 1) % n,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
                     }
-                    Err(e) => {
-                        log::debug!("cluster: seed {i} did not give the slot map: {e}");
-                        // The next connection starts after the seed that failed first (unless
-                        // another thread's connection moved it meanwhile).
-                        if i == start {
-                            let _ = first.compare_exchange(
-                                i,
-                                (i + 1) % n,
-                                Ordering::Relaxed,
-                                Ordering::Relaxed,
-                            );
-                        }
-                        last_err = Some(e);
-                        if time_is_up() {
-                            break;
-                        }
-                    }
+                    last_err = Some(e);
                 }
             }
-            Err(last_err.unwrap_or_else(|| {
-                redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
-            }))
-        })
+        }
+        Err(last_err.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
+        }))
     }
 
     /// Opens a connection to the target (the Sentinels' master, for a Sentinel client),
@@ -591,13 +620,11 @@ impl Manager {
     fn open(&self, until: Option<Instant>) -> RedisResult<Link> {
         let link = match &self.target {
             Target::Single(client) => self.single(client, until),
-            Target::Cluster {
-                clients,
-                seeds,
-                first,
-            } => self.cluster(clients, seeds, first, until),
+            #[cfg(feature = "cluster")]
+            Target::Cluster { clients, first } => self.cluster(clients, first, until),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
+            #[cfg(feature = "sentinel")]
             Target::Sentinel {
                 sentinels,
                 service,
@@ -699,27 +726,44 @@ pub(crate) struct Link {
     until: Option<Instant>,
     /// The socket's timeouts were cut for `until`: to restore once it is lifted.
     capped: bool,
+    /// A cluster link: its manager, to replace it in place once broken (see
+    /// [`Link::renew_if_broken`]).
+    #[cfg(feature = "cluster")]
+    manager: Option<Arc<Manager>>,
 }
 
 enum Node {
     /// Not opened yet: the checkout that takes it opens it with this manager.
     Unopened(Arc<Manager>),
     Single(redis::Connection),
-    /// Boxed: a cluster connection is four times the size of a single one. Its node
-    /// connections keep to each command's deadline (see [`crate::client::cluster_deadline`]).
-    /// The second field is the command timeout: each command's deadline.
-    Cluster(
-        Box<redis::cluster::ClusterConnection<Deadlined>>,
-        Option<Duration>,
-    ),
+    #[cfg(feature = "cluster")]
+    /// Boxed: a cluster connection is four times the size of a single one. Its timeouts are
+    /// each try's (see [`per_try`]).
+    Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
 impl Node {
+    /// Sets the read and write timeouts: a single server's socket's, or each try's of a
+    /// cluster command.
+    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> RedisResult<()> {
+        match self {
+            Node::Unopened(_) => Ok(()),
+            Node::Single(c) => c
+                .set_read_timeout(read)
+                .and_then(|()| c.set_write_timeout(write)),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => c
+                .set_read_timeout(read)
+                .and_then(|()| c.set_write_timeout(write)),
+        }
+    }
+
     fn is_open(&self) -> bool {
         match self {
             Node::Unopened(_) => true,
             Node::Single(c) => c.is_open(),
-            Node::Cluster(c, _) => c.is_open(),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => c.is_open(),
         }
     }
 }
@@ -736,6 +780,8 @@ impl Link {
             extra: None,
             until: None,
             capped: false,
+            #[cfg(feature = "cluster")]
+            manager: None,
         }
     }
 
@@ -749,10 +795,14 @@ impl Link {
     fn extend_read_timeout(&mut self, extra: Option<Duration>) {
         self.extra = extra;
         let read = self.full_read_timeout();
-        if let Node::Single(c) = &mut self.node {
-            if c.set_read_timeout(read).is_err() {
-                self.broken = true;
-            }
+        let set = match &self.node {
+            Node::Single(c) => c.set_read_timeout(read),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => c.set_read_timeout(read),
+            Node::Unopened(_) => Ok(()),
+        };
+        if set.is_err() {
+            self.broken = true;
         }
     }
 
@@ -769,45 +819,45 @@ impl Link {
     /// from now on waits past `until` (a watchdog renewal's cap: the earliest loss deadline of
     /// the holds it carries), or no cap (`None`: the timeouts are restored). A single server's
     /// socket timeouts are cut to the time left before each command, a cluster command's
-    /// deadline is the earlier of its own and `until`; a command with no time left fails at
-    /// once with a timeout, sending nothing. A failure to restore marks the link broken.
+    /// tries to a third of it each (see [`cluster_retries`]); a command with no time left fails
+    /// at once with a timeout, sending nothing. A failure to restore marks the link broken.
     pub(super) fn cap(&mut self, until: Option<Instant>) {
         self.until = until;
         if until.is_some() || !std::mem::take(&mut self.capped) {
             return;
         }
-        let read = self.full_read_timeout();
-        if let Node::Single(c) = &mut self.node {
-            if c.set_read_timeout(read).is_err() || c.set_write_timeout(self.read_timeout).is_err()
-            {
-                self.broken = true;
-            }
+        if self
+            .node
+            .set_timeouts(self.full_read_timeout(), self.read_timeout)
+            .is_err()
+        {
+            self.broken = true;
         }
     }
 
-    /// Before a command on a single server's connection: cuts the socket's timeouts to the
-    /// time left before the cap, if any; a timeout error (nothing sent) when none is left.
+    /// Before a command: cuts the timeouts to the time left before the cap, if any (a third of
+    /// it for each try of a cluster command); a timeout error (nothing sent) when none is left.
     fn arm(&mut self) -> RedisResult<()> {
         let Some(until) = self.until else {
             return Ok(());
         };
-        let (read, write) = (
-            within_opt(self.full_read_timeout(), Some(until))?,
-            within_opt(self.read_timeout, Some(until))?,
-        );
-        if let Node::Single(c) = &mut self.node {
-            self.capped = true;
-            if let Err(e) = c
-                .set_read_timeout(read)
-                .and_then(|()| c.set_write_timeout(write))
-            {
-                self.broken = true;
-                return Err(e);
-            }
+        let left = left_until(Some(until))?.unwrap_or_default();
+        #[cfg(feature = "cluster")]
+        let left = match self.node {
+            Node::Cluster(_) => per_try(left),
+            _ => left,
+        };
+        let cut = |t: Option<Duration>| Some(t.map_or(left, |t| t.min(left)));
+        let (read, write) = (cut(self.full_read_timeout()), cut(self.read_timeout));
+        self.capped = true;
+        if let Err(e) = self.node.set_timeouts(read, write) {
+            self.broken = true;
+            return Err(e);
         }
         Ok(())
     }
 
+    #[cfg(feature = "sentinel")]
     fn of_generation(mut self, generation: u64) -> Self {
         self.generation = generation;
         self
@@ -817,9 +867,35 @@ impl Link {
     /// nothing.
     pub(super) fn open_if_needed(&mut self, until: Option<Instant>) -> RedisResult<()> {
         if let Node::Unopened(manager) = &self.node {
-            *self = Arc::clone(manager).open(until)?;
+            let manager = Arc::clone(manager);
+            *self = manager.open(until)?;
+            #[cfg(feature = "cluster")]
+            if let Node::Cluster(_) = self.node {
+                self.manager = Some(manager);
+            }
         }
         Ok(())
+    }
+
+    /// A broken cluster link is replaced in place, on the thread that saw it break, before it
+    /// goes back to the pool: opening a cluster connection connects to every node (redis-rs),
+    /// which costs the connection timeouts of a node that does not answer, and a link the pool
+    /// replaced would be opened by whichever checkout took it next, for any key, on any shard.
+    /// No seed is tried past half the connect timeout; a failed replacement leaves the link
+    /// broken: the pool drops it.
+    #[cfg(feature = "cluster")]
+    fn renew_if_broken(&mut self) {
+        let Some(manager) = self.manager.take() else {
+            return;
+        };
+        if self.broken && matches!(self.node, Node::Cluster(_)) {
+            let until = Instant::now().checked_add(manager.connect_timeout / 2);
+            if let Ok(new) = manager.open(until) {
+                manager.counters.reconnect();
+                *self = new;
+            }
+        }
+        self.manager = Some(manager);
     }
 
     /// Marks the connection for replacement after an error that leaves it unusable or pointed
@@ -828,8 +904,8 @@ impl Link {
     ///
     /// A cluster connection is replaced after such an error on any of its nodes too: its slot
     /// map may be stale (a failover), and redis-rs refreshes it only on `MOVED` or `READONLY`. Its
-    /// replacement costs one round trip to one seed (see [`Manager::cluster`]), not one
-    /// connect per node, so a node that does not answer delays only the commands for its slots.
+    /// replacement costs one seed's slot map and a connect to each node (see
+    /// [`Manager::cluster`]).
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         self.used = true;
         if let Err(e) = &result {
@@ -852,7 +928,8 @@ impl ConnectionLike for Link {
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_command(cmd),
-            Node::Cluster(c, t) => with_deadline(*t, self.until, || c.req_packed_command(cmd)),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => c.req_packed_command(cmd),
         };
         self.note(r)
     }
@@ -872,9 +949,8 @@ impl ConnectionLike for Link {
                 }
                 _ => c.req_packed_commands(cmd, offset, count),
             },
-            Node::Cluster(c, t) => {
-                with_deadline(*t, self.until, || c.req_packed_commands(cmd, offset, count))
-            }
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         };
         self.note(r)
     }
@@ -884,7 +960,8 @@ impl ConnectionLike for Link {
         let r = match &mut self.node {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_command(cmd),
-            Node::Cluster(c, t) => with_deadline(*t, self.until, || c.req_command(cmd)),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => c.req_command(cmd),
         };
         self.note(r)
     }
@@ -893,7 +970,8 @@ impl ConnectionLike for Link {
         match &self.node {
             Node::Unopened(_) => 0,
             Node::Single(c) => c.get_db(),
-            Node::Cluster(c, _) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => c.get_db(),
         }
     }
 
@@ -901,7 +979,8 @@ impl ConnectionLike for Link {
         match &mut self.node {
             Node::Unopened(_) => false,
             Node::Single(c) => c.check_connection(),
-            Node::Cluster(c, _) => c.check_connection(),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => c.check_connection(),
         }
     }
 
@@ -1025,6 +1104,26 @@ impl Conn {
         }
     }
 
+    #[cfg(feature = "cluster")]
+    /// Cluster: what `INFO replication` says of the primary that serves `key`'s slot (routed
+    /// there by redis-rs); `None` on another kind of connection.
+    pub(super) fn primary_role(&mut self, key: &str) -> RedisResult<Option<NodeRole>> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let Pooled::Managed(link) = &mut self.link else {
+            return Ok(None);
+        };
+        let Node::Cluster(c) = &mut link.node else {
+            return Ok(None);
+        };
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+            key,
+            SlotAddr::Master,
+        )));
+        let info = c.route_command(redis::cmd("INFO").arg("replication"), route);
+        let info: String = redis::from_redis_value(link.note(info)?)?;
+        Ok(Some(NodeRole::parse(&info)))
+    }
+
     fn link(&mut self) -> &mut dyn ConnectionLike {
         match &mut self.link {
             Pooled::Managed(c) => &mut **c,
@@ -1034,9 +1133,13 @@ impl Conn {
 }
 
 impl Drop for Conn {
-    /// Back to the pool without a cap (see [`Conn::cap`]).
+    /// Back to the pool without a cap (see [`Conn::cap`]), a broken cluster link replaced.
     fn drop(&mut self) {
         self.cap(None);
+        #[cfg(feature = "cluster")]
+        if let Pooled::Managed(c) = &mut self.link {
+            c.renew_if_broken();
+        }
     }
 }
 
@@ -1085,6 +1188,57 @@ impl ConnectionLike for Conn {
             Pooled::External(c) => c.is_open(),
         }
     }
+}
+
+/// The time left until `until`: `Ok(None)` without one, an I/O timeout error (a command that
+/// did not answer in time) when it has passed.
+pub(crate) fn left_until(until: Option<Instant>) -> RedisResult<Option<Duration>> {
+    let Some(deadline) = until else {
+        return Ok(None);
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the command's deadline ran out (cluster redirections and retries included, \
+             a cluster connection's opening bounded by the connect timeout, or a watchdog \
+             renewal bounded by a hold's loss deadline)",
+        )));
+    }
+    Ok(Some(left))
+}
+
+/// `timeout`, cut to the time left until `until`; an I/O timeout error when none is left.
+pub(crate) fn within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(left_until(until)?.map_or(timeout, |left| left.min(timeout)))
+}
+
+/// The replies redis-rs's connection set-up may wait for, each with the whole connect timeout
+/// left after the TCP connect: `HELLO` or `AUTH`, `SELECT`, and two `CLIENT SETINFO` (it reads
+/// every reply of its set-up pipeline, even after one timed out).
+const SETUP_REPLIES: u32 = 4;
+
+/// The connect timeout to give redis-rs for a connection that must be open, set-up included,
+/// within `left` (`None`: `timeout` as it is): a fourth of it at most (see [`SETUP_REPLIES`]).
+pub(crate) fn connect_timeout(timeout: Duration, left: Option<Duration>) -> Duration {
+    left.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES))
+}
+
+/// [`connect_timeout`] for a connection to open by `until`; an I/O timeout error when that
+/// has passed.
+pub(crate) fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(connect_timeout(timeout, left_until(until)?))
+}
+
+/// [`within`] for an optional timeout (`None`: none, unless `until` gives one).
+pub(crate) fn within_opt(
+    timeout: Option<Duration>,
+    until: Option<Instant>,
+) -> RedisResult<Option<Duration>> {
+    Ok(match (timeout, left_until(until)?) {
+        (Some(t), Some(left)) => Some(t.min(left)),
+        (t, left) => t.or(left),
+    })
 }
 
 #[cfg(test)]

@@ -42,27 +42,38 @@
 //! released. Pipelined; what fails goes to the janitor. See docs/deployments.md, "the replay
 //! rule".
 
+#[cfg(feature = "sentinel")]
 use std::thread;
-use std::time::{Duration, Instant};
+#[cfg(feature = "sentinel")]
+use std::time::Duration;
+use std::time::Instant;
 
+#[cfg(feature = "sentinel")]
 use redis::RedisResult;
 
 use crate::client::cleanup::{Cleanup, Redo};
 use crate::client::repeats::log_repeat;
 use crate::client::switches::Released;
-use crate::client::{LockClient, WeakClient};
+use crate::client::LockClient;
+#[cfg(feature = "sentinel")]
+use crate::client::WeakClient;
 
+#[cfg(feature = "sentinel")]
 /// Read timeout of the subscribed connection: how often the thread checks that its client is
 /// still alive.
 pub(crate) const POLL: Duration = Duration::from_millis(500);
+#[cfg(feature = "sentinel")]
 /// Pause before subscribing again (to the next Sentinel) after an error.
 pub(crate) const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+#[cfg(feature = "sentinel")]
 /// How often the thread also asks its Sentinel for the current master, beside the
 /// announcements: a switch whose `+switch-master` this connection did not deliver is followed
 /// within about this long (Redisson's Sentinel scan runs every second too).
 pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
+#[cfg(feature = "sentinel")]
 /// The Sentinel channel that announces a completed failover.
 const SWITCH_CHANNEL: &str = "+switch-master";
+#[cfg(feature = "sentinel")]
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-sentinel";
 /// Remembers a successful release of `value` at `key` by `client` (see the module docs), to
@@ -101,6 +112,7 @@ pub(crate) fn remember(
     }
 }
 
+#[cfg(feature = "sentinel")]
 /// `client` learnt that the master is `master`: after a switch, its recent releases are done
 /// again on the new master, owner-checked.
 fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &str) {
@@ -179,6 +191,7 @@ fn replay(client: &LockClient, releases: Vec<Released>) {
     client.janitor().replay(client, jobs);
 }
 
+#[cfg(feature = "sentinel")]
 /// Settings of the watcher thread.
 pub(crate) struct Watch {
     pub(crate) sentinels: Vec<redis::Client>,
@@ -188,6 +201,7 @@ pub(crate) struct Watch {
     pub(crate) timeout: Duration,
 }
 
+#[cfg(feature = "sentinel")]
 /// Starts the watcher thread of `client` (held weakly).
 pub(crate) fn start(watch: Watch, client: &LockClient) {
     let weak = client.downgrade();
@@ -202,6 +216,7 @@ pub(crate) fn start(watch: Watch, client: &LockClient) {
     }
 }
 
+#[cfg(feature = "sentinel")]
 fn run(watch: &Watch, client: &WeakClient) {
     let n = watch.sentinels.len();
     let mut i = 0usize;
@@ -225,6 +240,7 @@ fn run(watch: &Watch, client: &WeakClient) {
     log::trace!("Sentinel: client dropped, watcher thread ends");
 }
 
+#[cfg(feature = "sentinel")]
 /// Subscribes on `sentinel` and follows its announcements until an error (`Err`) or until the
 /// client is dropped (`Ok`).
 fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> RedisResult<()> {
@@ -294,6 +310,7 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
     }
 }
 
+#[cfg(feature = "sentinel")]
 /// The master the Sentinel on `con` names for `service`, with its configuration epoch
 /// (`SENTINEL MASTER`).
 fn current_master(con: &mut redis::Connection, service: &str) -> RedisResult<((String, u16), u64)> {
@@ -317,8 +334,12 @@ fn current_master(con: &mut redis::Connection, service: &str) -> RedisResult<((S
     Ok(((field("ip")?, port), epoch))
 }
 
+// The tests of the Sentinel feature: `#[cfg(test)]` outside, as the layer check expects.
+#[allow(clippy::mixed_attributes_style)]
 #[cfg(test)]
 mod tests {
+    #![cfg(feature = "sentinel")]
+
     use std::time::{Duration, Instant};
 
     /// Threads of this process named like the watcher (Linux only: `None` elsewhere).

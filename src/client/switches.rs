@@ -64,6 +64,7 @@ impl Released {
 pub(crate) struct Switches {
     /// Bumped on every switch of the service's master.
     generation: AtomicU64,
+    #[cfg(feature = "sentinel")]
     /// The master the last switch announced (or the watcher last learnt), if any.
     master: Mutex<Known>,
     /// The latest release per key (and owner, for the hash layouts) whose hold would not have
@@ -80,6 +81,7 @@ struct Recent {
 
 /// What the watcher knows of the master.
 #[derive(Debug, Default)]
+#[cfg(feature = "sentinel")]
 struct Known {
     master: Option<(String, u16)>,
     /// Sentinel's configuration epoch of `master` is at least this: an answer with a lower one
@@ -93,6 +95,7 @@ impl Switches {
         self.generation.load(Ordering::Acquire)
     }
 
+    #[cfg(feature = "sentinel")]
     /// The master the Sentinels announced last, if the watcher has heard of one.
     pub(crate) fn announced(&self) -> Option<(String, u16)> {
         self.master
@@ -133,6 +136,7 @@ impl Switches {
         None
     }
 
+    #[cfg(feature = "sentinel")]
     /// The releases remembered whose holds would not have expired yet.
     pub(crate) fn take_recent(&self) -> Vec<Released> {
         let now = Instant::now();
@@ -147,7 +151,7 @@ impl Switches {
     }
 
     /// Entries remembered (for tests).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "sentinel"))]
     pub(crate) fn remembered(&self) -> usize {
         self.recent
             .lock()
@@ -156,6 +160,7 @@ impl Switches {
             .len()
     }
 
+    #[cfg(feature = "sentinel")]
     /// Records `master` as the current master, announced by `+switch-master` (`epoch` `None`)
     /// or named by a Sentinel whose configuration epoch is `epoch` (ignored when older than
     /// what was learnt before). A change of master bumps the generation; true if it did.
@@ -208,8 +213,12 @@ impl Switches {
     }
 }
 
+// The tests of the Sentinel feature: `#[cfg(test)]` outside, as the layer check expects.
+#[allow(clippy::mixed_attributes_style)]
 #[cfg(test)]
 mod tests {
+    #![cfg(feature = "sentinel")]
+
     use super::*;
     use std::time::Duration;
 

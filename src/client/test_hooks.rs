@@ -20,6 +20,7 @@ pub enum Event {
     /// The watchdog renewed a batch of holds (one event per call that renewed any).
     Renewed,
     /// A Sentinel client followed a master switch (its recent releases replayed).
+    #[cfg(feature = "sentinel")]
     Switched,
     /// A fair waiter took a grant made to it by a release (heard as a message or handed over
     /// by a thread of its client), before it checks the grant's age or confirms it.
@@ -40,6 +41,7 @@ impl Event {
             Event::Subscribed => 0,
             Event::Queued => 1,
             Event::Renewed => 2,
+            #[cfg(feature = "sentinel")]
             Event::Switched => 3,
             Event::Granted => 4,
             Event::Listening => 5,

@@ -33,9 +33,12 @@
 //! deadline, also when Redis does not answer: no call of a round waits past the earliest loss
 //! deadline of the holds watched (less [`CAP_ALLOWANCE`]). The pool checkout, the opening of a
 //! new connection and every reply are bounded by it as by the client's own timeouts (see
-//! `Link::cap` in `pool.rs`; in a cluster, the command's deadline of
-//! [`cluster_deadline`](crate::client::cluster_deadline)), and a call cut short is a failed
-//! renewal. Before each call the holds whose deadline has passed (while earlier calls of the
+//! `Link::cap` in `pool.rs`; in a cluster, each try of a command gets a third of the time
+//! left), and a call cut short is a failed renewal. One exception on a Cluster: a new cluster
+//! connection is opened by redis-rs, which connects to every node with its own connection
+//! timeout (a fourth of the connect timeout, twice for a node that accepts the connection and
+//! answers nothing), so a renewal that must open one may end, and report a loss, up to that
+//! much past the deadline (docs/architecture.md). Before each call the holds whose deadline has passed (while earlier calls of the
 //! round ran) are reported, and not renewed; the others are retried as above. A call to an
 //! unresponsive Redis thus delays the renewal of the client's other holds (up to the command
 //! timeout), not the report of their loss. Holds watched while a call is under way are the one

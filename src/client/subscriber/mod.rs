@@ -276,6 +276,7 @@ impl Wakeups {
         }
     }
 
+    #[cfg(feature = "sentinel")]
     /// The master switched (a Sentinel failover): a graceful one leaves the old master up and
     /// answering, so the subscriber connection would stay on it and hear no release published
     /// on the new one (waiters would poll). The reader drops it and connects again at once.
