@@ -115,12 +115,6 @@ enum Outcome {
     },
 }
 
-/// The client's id in fair-lock tokens: the first 16 hex digits of its instance id (a random
-/// UUID).
-fn client_id(client: &LockClient) -> [u8; CLIENT_ID_LEN] {
-    client.token_prefix()
-}
-
 /// How long the queue entries of a lock whose retry policy sleeps at most `max_delay` live
 /// without a refresh: [`FairLock::QUEUE_ENTRY_TTL`](crate::FairLock::QUEUE_ENTRY_TTL), or three times its waiters' longest poll floor
 /// (`max(POLL_DEEP, max_delay)`; a poll adds up to a half of it at random), if that is longer.
@@ -241,7 +235,8 @@ impl FairLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Result<Self> {
         let queue = Self::queue_key_for(&key)?;
         let deadlines = keys::aux_key(DEADLINES_PREFIX, &key)?;
-        let id = client_id(&client);
+        // The client's id in fair-lock tokens: the first 16 hex digits of its instance id.
+        let id = client.token_prefix();
         let channel = format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id));
         let grant = FairLock::GRANT_LEASE.min(opts.lease);
         let entry_ttl = entry_ttl(opts.retry.max_delay);
@@ -370,18 +365,7 @@ impl FairLock {
             self.client.counters().attempt(KIND, false);
             return Ok(None);
         }
-        self.took();
-        let lease = self.opts.lease(
-            &self.client,
-            &self.key,
-            RenewKind::ScriptedValue(KIND),
-            token,
-            start,
-            None,
-        );
-        let result =
-            crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
-                .map(Some);
+        let result = self.won(token, start, 0).map(Some);
         self.client.counters().outcome_lease(KIND, &result);
         result
     }
@@ -406,13 +390,9 @@ impl FairLock {
     /// queue, grants it the lock and publishes the grant, as the release did; a token that only
     /// waited in the queue is removed from it.
     fn fair_release(&self, token: &[u8]) -> Cleanup {
-        let mut keys = vec![self.key.clone(), self.queue.clone(), self.deadlines.clone()];
-        if let Some(fence) = &self.opts.fence_key {
-            keys.push(fence.clone());
-        }
         Cleanup {
             script: |s| &s.fair_release,
-            keys,
+            keys: self.script_keys().into_iter().map(str::to_owned).collect(),
             args: vec![
                 token.to_vec(),
                 self.grant_ms().to_string().into_bytes(),
@@ -469,24 +449,8 @@ impl FairLock {
         )?;
         match reply.as_slice() {
             [1, fence] => {
-                self.took();
-                let fence = self
-                    .opts
-                    .fence_key
-                    .as_ref()
-                    .and_then(|_| u64::try_from(*fence).ok().filter(|&f| f > 0));
-                let lease = self.opts.lease(
-                    &self.client,
-                    &self.key,
-                    RenewKind::ScriptedValue(KIND),
-                    token,
-                    start,
-                    fence,
-                );
-                let result = crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
-                    self.release(l)
-                })
-                .map(Outcome::Taken);
+                let fence = u64::try_from(*fence).unwrap_or(0);
+                let result = self.won(token, start, fence).map(Outcome::Taken);
                 if result.is_ok() {
                     self.client.counters().attempt(KIND, true);
                 }
@@ -566,15 +530,9 @@ impl FairLock {
             );
             return None;
         }
-        let fence = grant.fence;
         let sent = start;
-        let fence = self
-            .opts
-            .fence_key
-            .as_ref()
-            .and_then(|_| Some(fence).filter(|&f| f > 0));
         self.took();
-        let lease = Lease::new(token, sent, self.grant).with_fence(fence);
+        let lease = Lease::new(token, sent, self.grant).with_fence(self.fence(grant.fence));
         let state = WatchState::new(
             std::sync::Arc::clone(self.opts.key_arc()),
             RenewKind::ScriptedValue(KIND),
@@ -701,21 +659,27 @@ impl FairLock {
             );
             return Ok(None);
         }
-        self.took();
-        let fence = self
-            .opts
+        self.won(token, start, grant.fence).map(Some)
+    }
+
+    /// The fencing token of a hold, if the lock is fenced: `fence` unless 0 (none).
+    fn fence(&self, fence: u64) -> Option<u64> {
+        self.opts
             .fence_key
             .as_ref()
-            .and_then(|_| Some(grant.fence).filter(|&f| f > 0));
-        let lease = self.opts.lease(
-            &self.client,
-            &self.key,
-            RenewKind::ScriptedValue(KIND),
-            token,
-            start,
-            fence,
-        );
-        crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l)).map(Some)
+            .and(Some(fence).filter(|&f| f > 0))
+    }
+
+    /// The lock is ours (taken, or a grant confirmed) by a call sent at `start`: the hold,
+    /// checked against its lease.
+    fn won(&self, token: &Token, start: Instant, fence: u64) -> Result<Lease> {
+        self.took();
+        let kind = RenewKind::ScriptedValue(KIND);
+        let fence = self.fence(fence);
+        let lease = self
+            .opts
+            .lease(&self.client, &self.key, kind, token, start, fence);
+        crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
     }
 
     /// Before a waiter that offered `token` (`did_offer`) leaves the queue: a release that carries

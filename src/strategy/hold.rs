@@ -62,13 +62,7 @@ pub(crate) struct HoldOptions {
 
 impl std::fmt::Debug for HoldOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HoldOptions")
-            .field("lease", &self.lease)
-            .field("watched", &self.watched)
-            .field("on_lost", &self.on_lost.is_some())
-            .field("retry", &self.retry)
-            .field("wake_up", &self.wake_up)
-            .field("fence_key", &self.fence_key)
+        self.debug_fields(&mut f.debug_struct("HoldOptions"))
             .finish()
     }
 }
@@ -122,49 +116,24 @@ impl HoldOptions {
                 "a watchdog lease must be at least 3 ms (it is renewed every third)",
             ));
         }
-        Self::new(
-            key,
-            lease,
-            watched,
-            on_lost,
-            retry,
-            wake_up.unwrap_or_default(),
-            fencing,
-        )
-        .map(|o| HoldOptions {
-            at_least: at_least.map(|d| Duration::from_millis(d.as_millis() as u64)),
-            ..o
-        })
-    }
-
-    /// Derives the channel and fencing key names of `key` (both in its hash slot).
-    fn new(
-        key: &str,
-        lease: Duration,
-        watched: bool,
-        on_lost: Option<LostCallback>,
-        retry: RetryPolicy,
-        wake_up: WakeUp,
-        fencing: bool,
-    ) -> Result<Self> {
         Ok(HoldOptions {
             key: Arc::from(key),
             lease,
             watched,
             on_lost,
             retry,
-            wake_up,
+            wake_up: wake_up.unwrap_or_default(),
+            // The channel and fencing key names of `key` (both in its hash slot).
             channel: keys::channel(key),
             fence_key: if fencing {
                 Some(keys::fence_key(key)?)
             } else {
                 None
             },
-            at_least: None,
+            at_least: at_least.map(|d| Duration::from_millis(d.as_millis() as u64)),
         })
     }
 
-    /// The lock key, shared (reentrant locks' per-thread records of holds keep it).
     pub(crate) fn key_arc(&self) -> &Arc<str> {
         &self.key
     }
@@ -193,16 +162,15 @@ impl HoldOptions {
         start: Instant,
         fence: Option<u64>,
     ) -> Lease {
-        self.lease_seen(client, key, kind, value, start, fence, None)
+        debug_assert_eq!(key, &*self.key);
+        self.lease_seen(client, kind, value, start, fence, None)
     }
 
     /// [`lease`](Self::lease), the acquire's reply having been read at `seen` (if given: the
     /// watchdog's first renewal is counted from it, without reading the clock again).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn lease_seen(
         &self,
         client: &LockClient,
-        key: &str,
         kind: RenewKind,
         value: &[u8],
         start: Instant,
@@ -213,7 +181,6 @@ impl HoldOptions {
         if !self.watched {
             return lease;
         }
-        debug_assert_eq!(key, &*self.key);
         let state = WatchState::new(
             Arc::clone(&self.key),
             kind,

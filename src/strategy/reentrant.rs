@@ -292,7 +292,6 @@ impl ReentrantLock {
             self.opts
                 .lease_seen(
                     &self.client,
-                    &self.key,
                     RenewKind::HashField(KIND),
                     owner.as_bytes(),
                     start,

@@ -370,7 +370,8 @@ impl TokenLock {
         start: Instant,
         decoded: AcquireReply,
     ) -> Result<Attempt> {
-        let attempt = decoded.into_attempt(|fence| self.new_lease(live.value(), start, fence));
+        let attempt =
+            decoded.into_attempt(|fence| self.new_lease_seen(live.value(), start, fence, None));
         let result =
             crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
         if matches!(result, Ok(Attempt::Acquired(_))) {
@@ -462,11 +463,7 @@ impl TokenLock {
         }
     }
 
-    fn new_lease(&self, token: &[u8], start: Instant, fence: Option<u64>) -> Lease {
-        self.new_lease_seen(token, start, fence, None)
-    }
-
-    /// [`new_lease`](Self::new_lease), the reply having been read at `seen` (if given).
+    /// A fresh hold of `token`, the reply having been read at `seen` (if given).
     fn new_lease_seen(
         &self,
         token: &[u8],
@@ -476,7 +473,6 @@ impl TokenLock {
     ) -> Lease {
         self.opts.lease_seen(
             &self.client,
-            &self.key,
             RenewKind::Value(self.dialect.kind),
             token,
             start,
