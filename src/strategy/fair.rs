@@ -800,47 +800,43 @@ impl FairLock {
                     // Made before our latest attempt, which did not find the lock ours: that
                     // grant lapsed (or was released) already. A late message; ignored.
                     log::debug!("lock {:?}: ignored a grant heard late", self.key);
-                } else if self.client.confirms_writes() {
-                    // The grant is a write of another client's release, which no `WAIT` of
-                    // ours covers: our own write on it is confirmed before it is a hold.
-                    match self.confirm_grant(&token, grant) {
-                        Ok(Some(lease)) => {
-                            self.client.counters().attempt(KIND, true);
-                            log::debug!(
-                                "lock {:?}: granted (confirmed) after {} attempts in {:?}",
-                                self.key,
-                                attempts.made(),
-                                attempts.waited()
-                            );
-                            live.keep(self.opts.lease);
-                            return Ok(LockGuard::new(self, lease));
-                        }
-                        // The grant was gone before our raise: ask Redis.
-                        Ok(None) => ask = true,
-                        // Too late to be used: released again; Redis is asked.
-                        Err(e @ LockError::LateReply { .. }) => {
-                            late = Some(e);
-                            ask = true;
-                        }
-                        Err(e) => {
-                            drop(subscription);
-                            return Err(self.give_up_after(&token, did_offer, e));
-                        }
-                    }
-                } else if let Some(lease) = basis.and_then(|(sent, attempt_us)| {
-                    self.granted_lease(&token, sent, attempt_us, grant)
-                }) {
-                    self.client.counters().attempt(KIND, true);
-                    log::debug!(
-                        "lock {:?}: granted after {} attempts in {:?}",
-                        self.key,
-                        attempts.made(),
-                        attempts.waited()
-                    );
-                    live.keep(self.opts.lease);
-                    return Ok(LockGuard::new(self, lease));
                 } else {
-                    ask = true;
+                    let confirmed = self.client.confirms_writes();
+                    let lease = if confirmed {
+                        // The grant is a write of another client's release, which no `WAIT`
+                        // of ours covers: our own write on it is confirmed before it is a hold.
+                        match self.confirm_grant(&token, grant) {
+                            // None: the grant was gone before our raise.
+                            Ok(lease) => lease,
+                            // Too late to be used: released again.
+                            Err(e @ LockError::LateReply { .. }) => {
+                                late = Some(e);
+                                None
+                            }
+                            Err(e) => {
+                                drop(subscription);
+                                return Err(self.give_up_after(&token, did_offer, e));
+                            }
+                        }
+                    } else {
+                        basis.and_then(|(sent, attempt_us)| {
+                            self.granted_lease(&token, sent, attempt_us, grant)
+                        })
+                    };
+                    // No hold from the grant: Redis is asked.
+                    ask = lease.is_none();
+                    if let Some(lease) = lease {
+                        self.client.counters().attempt(KIND, true);
+                        log::debug!(
+                            "lock {:?}: granted{} after {} attempts in {:?}",
+                            self.key,
+                            if confirmed { " (confirmed)" } else { "" },
+                            attempts.made(),
+                            attempts.waited()
+                        );
+                        live.keep(self.opts.lease);
+                        return Ok(LockGuard::new(self, lease));
+                    }
                 }
             }
             if !ask {

@@ -640,30 +640,22 @@ impl TokenLock {
             lease.value(),
             rest.as_millis() as u64,
         );
-        match kept {
-            Ok(true) => {
-                self.client.hold_renewed(lease.value(), rest);
-                log::debug!(
-                    "lock {:?}: kept for {rest:?} more (lock_at_least)",
-                    self.key
-                );
-                if overran {
-                    self.client
-                        .counters()
-                        .lost_on_release(self.dialect.kind, lease);
-                }
-                Ok(!overran)
-            }
-            other => {
-                self.client.hold_released(lease.value());
-                if matches!(other, Ok(false)) {
-                    self.client
-                        .counters()
-                        .lost_on_release(self.dialect.kind, lease);
-                }
-                other
-            }
+        if matches!(kept, Ok(true)) {
+            self.client.hold_renewed(lease.value(), rest);
+            log::debug!(
+                "lock {:?}: kept for {rest:?} more (lock_at_least)",
+                self.key
+            );
+        } else {
+            self.client.hold_released(lease.value());
         }
+        // Lost: no longer ours, or kept after its lifetime had passed.
+        if matches!(kept, Ok(false)) || (overran && matches!(kept, Ok(true))) {
+            self.client
+                .counters()
+                .lost_on_release(self.dialect.kind, lease);
+        }
+        kept.map(|kept| kept && !overran)
     }
 
     /// One attempt: `Ok(None)` when another owner holds the lock.
