@@ -292,17 +292,23 @@ pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {
             fence: u64::try_from(*fence).ok().filter(|&f| f > 0),
         }),
         (Value::Int(0), Value::Int(pttl)) => Ok(AcquireReply::Held {
-            pttl: match *pttl {
-                -2 => Some(Duration::ZERO),
-                p if p >= 0 => Some(Duration::from_millis(p as u64)),
-                _ => None,
-            },
+            pttl: pttl_of(*pttl),
         }),
         _ => Err(unexpected(key, reply)),
     }
 }
 
 /// An acquire script's answer.
+/// A holder's `PTTL` reply as time left: none when the key has no TTL (-1), zero when it is
+/// gone (-2).
+pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
+    match pttl {
+        -2 => Some(Duration::ZERO),
+        p if p >= 0 => Some(Duration::from_millis(p as u64)),
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     Taken { fence: Option<u64> },

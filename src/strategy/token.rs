@@ -39,7 +39,7 @@ use crate::client::cleanup::Why;
 use crate::client::native::{self, Command};
 use crate::client::{Conn, LiveValue, LockClient};
 use crate::error::{LockError, Result};
-use crate::ids::{new_token, VALUE_CAPACITY};
+use crate::ids::new_token;
 use crate::lease::RenewKind;
 use crate::lease::{Attempt, Lease};
 use crate::lock::LockState;
@@ -121,7 +121,7 @@ pub(crate) struct Dialect {
     /// The stats label of its holds.
     pub(crate) kind: Kind,
     /// A fresh value for one acquire (every attempt of a blocking acquire sends the same).
-    pub(crate) new_value: fn(&LockClient) -> OwnValue,
+    pub(crate) new_value: fn(&LockClient) -> Vec<u8>,
     /// What a release publishes on each of `channels`.
     pub(crate) message: Vec<u8>,
     /// The channels a release publishes on. This lock's waiters listen on the first two.
@@ -136,7 +136,7 @@ impl Dialect {
     pub(crate) fn token(channel: &str) -> Self {
         Dialect {
             kind: KIND,
-            new_value: |client| OwnValue::new(&token_value(client)),
+            new_value: |client| token_value(client).to_vec(),
             message: crate::keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
             channels: vec![channel.to_owned()],
             shedlock: false,
@@ -147,37 +147,6 @@ impl Dialect {
         string_value::Notice {
             message: &self.message,
             channels: &self.channels,
-        }
-    }
-}
-
-/// A value a lock writes, inline up to [`VALUE_CAPACITY`] bytes (Token's 32 hex digits, a
-/// UUID's 36 characters), on the heap beyond (ShedLock's value, which names the host).
-#[derive(Clone)]
-pub(crate) enum OwnValue {
-    Inline([u8; VALUE_CAPACITY], u8),
-    Heap(Vec<u8>),
-}
-
-impl OwnValue {
-    pub(crate) fn new(value: &[u8]) -> Self {
-        match u8::try_from(value.len()) {
-            Ok(len) if value.len() <= VALUE_CAPACITY => {
-                let mut buf = [0u8; VALUE_CAPACITY];
-                buf[..value.len()].copy_from_slice(value);
-                OwnValue::Inline(buf, len)
-            }
-            _ => OwnValue::Heap(value.to_vec()),
-        }
-    }
-}
-
-impl std::ops::Deref for OwnValue {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            OwnValue::Inline(buf, len) => &buf[..usize::from(*len)],
-            OwnValue::Heap(v) => v,
         }
     }
 }
@@ -198,7 +167,7 @@ const TOKEN_VALUE_LEN: usize = 32;
 /// `TokenLock::acquire_blocking`).
 struct Acquiring {
     /// Sent by every attempt.
-    token: OwnValue,
+    token: Vec<u8>,
     /// Set when an attempt's reply was lost (or its write not confirmed by the replicas):
     /// until when what it may have written lives, and why it is undone.
     lost_until: Cell<Option<(Instant, Why)>>,
@@ -247,7 +216,7 @@ impl TokenLock {
     }
 
     /// A fresh owner value of the lock's dialect.
-    fn new_token(&self) -> OwnValue {
+    fn new_token(&self) -> Vec<u8> {
         (self.dialect.new_value)(&self.client)
     }
 
@@ -352,11 +321,7 @@ impl TokenLock {
                     self.note_no_ttl();
                 }
                 AcquireReply::Held {
-                    pttl: match pttl {
-                        -2 => Some(Duration::ZERO),
-                        p if p >= 0 => Some(Duration::from_millis(p as u64)),
-                        _ => None,
-                    },
+                    pttl: hold::pttl_of(pttl),
                 }
             }
         };
