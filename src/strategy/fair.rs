@@ -296,15 +296,7 @@ impl FairLock {
             .iter()
             .map(|&b| if b == b'0' { '1' } else { '0' })
             .collect();
-        let other_channel = format!("{CHANNEL_PREFIX}{other}");
-        let checks = access_checks(&FairNames {
-            key: &self.key,
-            queue: &self.queue,
-            deadlines: &self.deadlines,
-            fence: self.opts.fence_key.as_deref(),
-            own_channel: &self.channel,
-            other_channel: &other_channel,
-        });
+        let checks = self.access_checks(&format!("{CHANNEL_PREFIX}{other}"));
         crate::client::access::verify(&self.client, &self.key, "fair", &checks)
     }
 
@@ -1092,74 +1084,64 @@ impl crate::lock::LockAdmin for FairLock {
     }
 }
 
-/// The keys and channels of a fair lock, for [`access_checks`].
-pub(crate) struct FairNames<'a> {
-    pub(crate) key: &'a str,
-    pub(crate) queue: &'a str,
-    pub(crate) deadlines: &'a str,
-    pub(crate) fence: Option<&'a str>,
-    /// This client's grant channel (`dlock_fair_ch:<our client id>`): subscribed to, and
-    /// published on when a release grants the lock to another thread of this client.
-    pub(crate) own_channel: &'a str,
-    /// Another client's grant channel (`dlock_fair_ch:<some other id>`): a release publishes
-    /// its grant on the grantee's channel, whoever that is, so the user needs the whole
-    /// pattern `dlock_fair_ch:*`. One representative name is checked.
-    pub(crate) other_channel: &'a str,
-}
-
-/// The commands of a fair lock (see `fair.rs`, `lua/fair_acquire.lua`, `lua/fair_release.lua`,
-/// `lua/fair_live_head.lua`): the plain acquire (`SET … NX PX`), the scripts themselves
-/// (`EVALSHA`, and `EVAL` after a `NOSCRIPT`) on their keys, and what the scripts run: `GET`,
-/// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZPOPMIN`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
-/// `PTTL`, `PEXPIRE`, `DEL`, `PUBLISH` of grants (on another client's channel and on ours),
-/// `INCR` and `GET` of the fencing counter; extend and renewal (`GET`, `PEXPIRE`); the
-/// clean-up of a lost reply or failed release (`GET`, `DEL`); and the subscriber's commands on
-/// this client's own grant channel.
-pub(crate) fn access_checks(n: &FairNames<'_>) -> Vec<access::Check> {
-    let (key, q, d) = (n.key, n.queue, n.deadlines);
-    let mut script_keys = vec![key, q, d];
-    if let Some(f) = n.fence {
-        script_keys.push(f);
+impl FairLock {
+    /// The commands of a fair lock (see `fair.rs`, `lua/fair_acquire.lua`, `lua/fair_release.lua`,
+    /// `lua/fair_live_head.lua`): the plain acquire (`SET … NX PX`), the scripts themselves
+    /// (`EVALSHA`, and `EVAL` after a `NOSCRIPT`) on their keys, and what the scripts run: `GET`,
+    /// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZPOPMIN`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
+    /// `PTTL`, `PEXPIRE`, `DEL`, `PUBLISH` of grants (on another client's channel and on ours),
+    /// `INCR` and `GET` of the fencing counter; extend and renewal (`GET`, `PEXPIRE`); the
+    /// clean-up of a lost reply or failed release (`GET`, `DEL`); and the subscriber's commands on
+    /// this client's own grant channel.
+    ///
+    /// Grants are published on this client's channel (`dlock_fair_ch:<our client id>`) when a
+    /// release grants the lock to another thread of this client, and on `other_channel`, another
+    /// client's (`dlock_fair_ch:<some other id>`): a release publishes its grant on the grantee's
+    /// channel, whoever that is, so the user needs the whole pattern `dlock_fair_ch:*`. One
+    /// representative name is checked.
+    fn access_checks(&self, other_channel: &str) -> Vec<access::Check> {
+        let (key, q, d) = (&self.key[..], &self.queue[..], &self.deadlines[..]);
+        let script_keys = self.script_keys();
+        let numkeys = script_keys.len().to_string();
+        let script = |name: &'static str, body: &str| {
+            let mut args = vec![body, numkeys.as_str()];
+            args.extend_from_slice(&script_keys);
+            args.push("v");
+            access::check(name, &args)
+        };
+        let grant = "dlock-grant:v:0:0:0";
+        let mut c = vec![
+            access::check("set", &[key, "v", "NX", "PX", "1000"]),
+            script("evalsha", "0000000000000000000000000000000000000000"),
+            script("eval", "return 0"),
+            access::check("get", &[key]),
+            access::check("exists", &[q]),
+            access::check("set", &[key, "v", "px", "1000"]),
+            access::check("time", &[]),
+            access::check("zadd", &[q, "NX", "1", "v"]),
+            access::check("zadd", &[d, "1", "v"]),
+            access::check("zrem", &[q, "v"]),
+            access::check("zrem", &[d, "v"]),
+            access::check("zpopmin", &[q]),
+            access::check("zrangebyscore", &[d, "-inf", "1", "limit", "0", "100"]),
+            access::check("zscore", &[d, "v"]),
+            access::check("zrank", &[q, "v"]),
+            access::check("pttl", &[key]),
+            access::check("pttl", &[q]),
+            access::check("pexpire", &[key, "1000"]),
+            access::check("pexpire", &[q, "1000"]),
+            access::check("pexpire", &[d, "1000"]),
+            access::check("del", &[key]),
+            access::check("publish", &[other_channel, grant]),
+            access::check("publish", &[&self.channel, grant]),
+        ];
+        if let Some(f) = &self.opts.fence_key {
+            c.push(access::check("incr", &[f]));
+            c.push(access::check("get", &[f]));
+        }
+        c.extend(access::subscriber(&self.channel));
+        c
     }
-    let numkeys = script_keys.len().to_string();
-    let script = |name: &'static str, body: &str| {
-        let mut args = vec![body, numkeys.as_str()];
-        args.extend_from_slice(&script_keys);
-        args.push("v");
-        access::check(name, &args)
-    };
-    let grant = "dlock-grant:v:0:0:0";
-    let mut c = vec![
-        access::check("set", &[key, "v", "NX", "PX", "1000"]),
-        script("evalsha", "0000000000000000000000000000000000000000"),
-        script("eval", "return 0"),
-        access::check("get", &[key]),
-        access::check("exists", &[q]),
-        access::check("set", &[key, "v", "px", "1000"]),
-        access::check("time", &[]),
-        access::check("zadd", &[q, "NX", "1", "v"]),
-        access::check("zadd", &[d, "1", "v"]),
-        access::check("zrem", &[q, "v"]),
-        access::check("zrem", &[d, "v"]),
-        access::check("zpopmin", &[q]),
-        access::check("zrangebyscore", &[d, "-inf", "1", "limit", "0", "100"]),
-        access::check("zscore", &[d, "v"]),
-        access::check("zrank", &[q, "v"]),
-        access::check("pttl", &[key]),
-        access::check("pttl", &[q]),
-        access::check("pexpire", &[key, "1000"]),
-        access::check("pexpire", &[q, "1000"]),
-        access::check("pexpire", &[d, "1000"]),
-        access::check("del", &[key]),
-        access::check("publish", &[n.other_channel, grant]),
-        access::check("publish", &[n.own_channel, grant]),
-    ];
-    if let Some(f) = n.fence {
-        c.push(access::check("incr", &[f]));
-        c.push(access::check("get", &[f]));
-    }
-    c.extend(access::subscriber(n.own_channel));
-    c
 }
 
 /// True if `value`, read at a lock key, has the shape of a fair lock's value: [`TOKEN_LEN`] (48)
