@@ -522,26 +522,21 @@ impl FairLock {
             );
             return None;
         }
-        let sent = start;
         self.took();
-        let lease = Lease::new(token, sent, self.grant).with_fence(self.fence(grant.fence));
+        let lease = Lease::new(token, start, self.grant).with_fence(self.fence(grant.fence));
         let state = WatchState::new(
             std::sync::Arc::clone(self.opts.key_arc()),
             RenewKind::ScriptedValue(KIND),
             token,
             self.opts.lease,
-            sent,
-            if self.opts.watched {
-                self.opts.on_lost.clone()
-            } else {
-                None
-            },
+            start,
+            self.opts.on_lost.clone().filter(|_| self.opts.watched),
         );
         state.granted_for(self.grant);
         if !self.opts.watched {
             state.renew_once();
         }
-        let due = crate::time::saturating_add(sent, self.grant / 3);
+        let due = crate::time::saturating_add(start, self.grant / 3);
         self.client.watchdog().watch_from(&self.client, &state, due);
         Some(lease.with_watch(state))
     }

@@ -568,23 +568,17 @@ impl DistributedLock for ReentrantLock {
                 (Seen::Nothing, true)
             }
             // Returned as `Ok(false)`; a guard dropped without `unlock` warns.
-            None if sent > 1 => {
-                log::debug!(
-                    "lock {:?}: release by owner {} sent again after a dropped connection found \
-                     no hold: the first copy may have freed it (its reply was lost), or the hold \
-                     had expired; nothing was changed by the second copy",
-                    self.key,
-                    printable(lease.value())
-                );
-                (Seen::Nothing, false)
-            }
             None => {
-                log::debug!(
-                    "lock {:?}: release by owner {} found no hold of it (it expired, or the \
-                     owner never held the lock); nothing was changed",
-                    self.key,
-                    printable(lease.value())
-                );
+                let found = if sent > 1 {
+                    "sent again after a dropped connection found no hold: the first copy may \
+                     have freed it (its reply was lost), or the hold had expired; nothing was \
+                     changed by the second copy"
+                } else {
+                    "found no hold of it (it expired, or the owner never held the lock); nothing \
+                     was changed"
+                };
+                let owner = printable(lease.value());
+                log::debug!("lock {:?}: release by owner {owner} {found}", self.key);
                 (Seen::Nothing, false)
             }
             Some(other) => return Err(self.unexpected(other)),
