@@ -992,11 +992,7 @@ impl DistributedLock for FairLock {
             };
             waiters.offer_settled(&self.key, token, at_us);
         }
-        if let Some(e) = reply
-            .as_ref()
-            .err()
-            .filter(|e| crate::client::cleanup::worth_retrying(e))
-        {
+        if let Some(why) = hold::failed_release(&reply) {
             // The same release, retried (in-line first): owner-checked by the token, and
             // granting the lock to the head of the queue as this one would have.
             self.client.janitor().forget(
@@ -1004,7 +1000,7 @@ impl DistributedLock for FairLock {
                 &self.key,
                 lease.value(),
                 self.fair_release(lease.value()),
-                Why::release(e),
+                why,
                 lease.valid_until(),
             );
         }

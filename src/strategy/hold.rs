@@ -220,6 +220,14 @@ pub(crate) fn after_publish(client: &LockClient, line: &str, channel: &str, rece
 
 /// An `extend` under way, of a lock whose hold is its key alone: the checks before the
 /// strategy's owner-checked extend and what follows its answer are the same for all of them.
+/// Why the janitor retries a release that failed with `reply`: a connection error or a
+/// transient refusal (a failover, a restart) would leave the lock for the rest of its lease.
+/// None when the release was answered, or failed for good.
+pub(crate) fn failed_release<T>(reply: &Result<T>) -> Option<crate::client::cleanup::Why> {
+    let e = reply.as_ref().err()?;
+    crate::client::cleanup::worth_retrying(e).then(|| crate::client::cleanup::Why::release(e))
+}
+
 pub(crate) struct Extending {
     /// The new lifetime, in whole milliseconds as sent.
     pub(crate) ttl: Duration,

@@ -547,12 +547,8 @@ impl DistributedLock for ReentrantLock {
         // janitor's now).
         self.client
             .owner_released(&self.key, lease.value(), self.opts.lease);
-        if let Some(e) = reply
-            .as_ref()
-            .err()
-            .filter(|e| crate::client::cleanup::worth_retrying(e))
-        {
-            self.forget_failed_release(lease, Why::release(e));
+        if let Some(why) = hold::failed_release(&reply) {
+            self.forget_failed_release(lease, why);
         }
         let reply = reply?;
         if matches!(reply, Some(n) if n >= 0) {
