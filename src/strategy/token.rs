@@ -82,20 +82,24 @@ struct Wire {
 }
 
 impl TokenLock {
-    fn packed_set(&self, get: bool) -> Option<&string_value::Packed> {
+    /// Sends `SET key <token> NX PX <lease ms>`, with `GET` if `get`: packed from the second
+    /// send on (see [`Wire`]).
+    fn send_set(&self, con: &mut Conn, token: &[u8], get: bool) -> redis::RedisResult<Value> {
         let (ttl, key) = (self.opts.lease_ms(), self.key.as_str());
-        if get {
-            self.wire.set_nx_px_get.get(|| {
-                string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
-                    string_value::set_nx_px_get(key, v, ttl).get_packed_command()
-                })
-            })
+        let (wire, cmd) = if get {
+            let cmd: fn(&str, &[u8], u64) -> redis::Cmd = string_value::set_nx_px_get;
+            (&self.wire.set_nx_px_get, cmd)
         } else {
-            self.wire.set_nx_px.get(|| {
-                string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
-                    string_value::set_nx_px(key, v, ttl).get_packed_command()
-                })
+            (&self.wire.set_nx_px, string_value::set_nx_px as _)
+        };
+        let packed = wire.get(|| {
+            string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
+                cmd(key, v, ttl).get_packed_command()
             })
+        });
+        match packed {
+            Some(p) => p.query(con, token, || cmd(key, token, ttl)),
+            None => cmd(key, token, ttl).query(con),
         }
     }
 
@@ -513,14 +517,8 @@ impl TokenLock {
         // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
         let mut live = self.client.live_value_at(token, start);
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
-            let ttl = self.opts.lease_ms();
             if self.client.set_get() {
-                let cmd = || string_value::set_nx_px_get(&self.key, token, ttl);
-                let sent = match self.packed_set(true) {
-                    Some(p) => p.query(con, token, cmd),
-                    None => cmd().query(con),
-                };
-                match sent {
+                match self.send_set(con, token, true) {
                     Err(e) if self.client.lacks_set_get(con, &e) => {}
                     // Nil: set; the value found: held (or ours, if this is a resend of an
                     // acquire that landed); a WRONGTYPE error: a key of another type.
@@ -533,11 +531,7 @@ impl TokenLock {
                     other => return other,
                 }
             }
-            let cmd = || string_value::set_nx_px(&self.key, token, ttl);
-            match self.packed_set(false) {
-                Some(p) => p.query(con, token, cmd),
-                None => cmd().query(con),
-            }
+            self.send_set(con, token, false)
         })?;
         let result = match reply {
             Value::Okay => {
