@@ -32,7 +32,7 @@ use crate::client::access;
 use crate::client::acquire::Line;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
-use crate::client::LockClient;
+use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
 use crate::ids::OwnerId;
@@ -244,12 +244,12 @@ impl ReentrantLock {
             .janitor()
             .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
-        let sent = std::cell::Cell::new(false);
         // What this thread holds: more on the server is a stale hold of its own (a release lost
         // in a failover), which the script sets back first.
         let known = local_count(&owner, &self.key).unwrap_or(0);
-        let reply: Result<Value> = self.client.with_conn_confirmed(&self.key, |con, s| {
-            sent.set(true);
+        // Sent and unanswered, or answered but not confirmed by the replicas the client
+        // requires: the hold it may have counted is given back, owner-checked.
+        let acquire = |con: &mut Conn, s: &Scripts| {
             // Its bytes: the same argument as its text, without the UTF-8 check.
             let args = (self.opts.lease_ms(), owner.as_bytes(), known);
             match &self.opts.fence_key {
@@ -264,15 +264,11 @@ impl ReentrantLock {
                     None => s.reentrant_acquire.eval(con, &self.key, args),
                 },
             }
-        });
-        // Sent and unanswered, or answered but not confirmed by the replicas the client
-        // requires: the hold it may have counted is given back, owner-checked.
-        if let Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })) = &reply {
-            if sent.get() {
-                self.forget_lost_acquire(&owner, start, Why::acquire(e));
-            }
-        }
-        let reply = reply?;
+        };
+        let reply: Value =
+            string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
+                self.forget_lost_acquire(&owner, start, why)
+            })?;
         let reply = hold::decode_acquire(&self.key, &reply)?;
         // Taken: one reading of the clock after the reply for the live set, the watchdog's
         // first renewal and the late-reply check.
