@@ -178,17 +178,11 @@ enum Attempt {
 
 /// An encoded expiry: at most 20 decimal digits (with sign), a float of at most 24
 /// characters, 8 bytes, or a 36-character UUID, `:` and 20 digits.
-pub(crate) struct Encoded {
-    buf: [u8; ENCODED_CAPACITY],
-    len: usize,
-}
-
-/// Room for the longest encoded expiry (`<uuid>:<i64>`: 57 bytes).
-const ENCODED_CAPACITY: usize = 64;
+pub(crate) struct Encoded(Vec<u8>);
 
 impl Encoded {
     pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+        &self.0
     }
 }
 
@@ -200,31 +194,24 @@ const NS_PER_S: i128 = 1_000_000_000;
 /// the sub-millisecond part, the float one the sub-microsecond part). `owner`: the UUID of a
 /// [`Encoding::UuidMs`] value.
 fn encode(encoding: Encoding, owner: &str, expiry_ns: i128) -> Encoded {
-    use std::io::Write;
-    let mut buf = [0u8; ENCODED_CAPACITY];
     let ms = expiry_ns.div_euclid(NS_PER_MS) as i64;
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    // The buffer holds the longest value of every encoding, so no write can fail (an owner
-    // id longer than a UUID would be cut, and then never match a value of ours at the key).
-    let _ = match encoding {
-        Encoding::BigEndian => cursor.write_all(&ms.to_be_bytes()),
-        Encoding::Decimal => write!(cursor, "{ms}"),
-        Encoding::UuidMs => write!(cursor, "{owner}:{ms}"),
-        Encoding::Nanos => write!(cursor, "{}", expiry_ns as i64),
+    Encoded(match encoding {
+        Encoding::BigEndian => ms.to_be_bytes().to_vec(),
+        Encoding::Decimal => ms.to_string().into_bytes(),
+        Encoding::UuidMs => format!("{owner}:{ms}").into_bytes(),
+        Encoding::Nanos => (expiry_ns as i64).to_string().into_bytes(),
         Encoding::FloatSeconds => {
             let us = expiry_ns.div_euclid(NS_PER_US);
             let secs = us as f64 / 1e6;
             // Rust's `{}` for f64 is the shortest round-trip digits, never an exponent, and no
             // decimal point for a whole number: Python's repr adds `.0`.
             if secs.fract() == 0.0 {
-                write!(cursor, "{secs}.0")
+                format!("{secs}.0").into_bytes()
             } else {
-                write!(cursor, "{secs}")
+                secs.to_string().into_bytes()
             }
         }
-    };
-    let len = cursor.position() as usize;
-    Encoded { buf, len }
+    })
 }
 
 /// 2000-01-01T00:00:00Z in epoch milliseconds. No legacy locker ever wrote an expiry before it,

@@ -115,12 +115,6 @@ enum Outcome {
     },
 }
 
-/// The client's id in fair-lock tokens: the first 16 hex digits of its instance id (a random
-/// UUID).
-fn client_id(client: &LockClient) -> [u8; CLIENT_ID_LEN] {
-    client.token_prefix()
-}
-
 /// How long the queue entries of a lock whose retry policy sleeps at most `max_delay` live
 /// without a refresh: [`FairLock::QUEUE_ENTRY_TTL`](crate::FairLock::QUEUE_ENTRY_TTL), or three times its waiters' longest poll floor
 /// (`max(POLL_DEEP, max_delay)`; a poll adds up to a half of it at random), if that is longer.
@@ -241,7 +235,8 @@ impl FairLock {
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Result<Self> {
         let queue = Self::queue_key_for(&key)?;
         let deadlines = keys::aux_key(DEADLINES_PREFIX, &key)?;
-        let id = client_id(&client);
+        // The client's id in fair-lock tokens: the first 16 hex digits of its instance id.
+        let id = client.token_prefix();
         let channel = format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id));
         let grant = FairLock::GRANT_LEASE.min(opts.lease);
         let entry_ttl = entry_ttl(opts.retry.max_delay);
@@ -301,15 +296,7 @@ impl FairLock {
             .iter()
             .map(|&b| if b == b'0' { '1' } else { '0' })
             .collect();
-        let other_channel = format!("{CHANNEL_PREFIX}{other}");
-        let checks = access_checks(&FairNames {
-            key: &self.key,
-            queue: &self.queue,
-            deadlines: &self.deadlines,
-            fence: self.opts.fence_key.as_deref(),
-            own_channel: &self.channel,
-            other_channel: &other_channel,
-        });
+        let checks = self.access_checks(&format!("{CHANNEL_PREFIX}{other}"));
         crate::client::access::verify(&self.client, &self.key, "fair", &checks)
     }
 
@@ -370,18 +357,7 @@ impl FairLock {
             self.client.counters().attempt(KIND, false);
             return Ok(None);
         }
-        self.took();
-        let lease = self.opts.lease(
-            &self.client,
-            &self.key,
-            RenewKind::ScriptedValue(KIND),
-            token,
-            start,
-            None,
-        );
-        let result =
-            crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
-                .map(Some);
+        let result = self.won(token, start, 0).map(Some);
         self.client.counters().outcome_lease(KIND, &result);
         result
     }
@@ -406,13 +382,9 @@ impl FairLock {
     /// queue, grants it the lock and publishes the grant, as the release did; a token that only
     /// waited in the queue is removed from it.
     fn fair_release(&self, token: &[u8]) -> Cleanup {
-        let mut keys = vec![self.key.clone(), self.queue.clone(), self.deadlines.clone()];
-        if let Some(fence) = &self.opts.fence_key {
-            keys.push(fence.clone());
-        }
         Cleanup {
             script: |s| &s.fair_release,
-            keys,
+            keys: self.script_keys().into_iter().map(str::to_owned).collect(),
             args: vec![
                 token.to_vec(),
                 self.grant_ms().to_string().into_bytes(),
@@ -469,24 +441,8 @@ impl FairLock {
         )?;
         match reply.as_slice() {
             [1, fence] => {
-                self.took();
-                let fence = self
-                    .opts
-                    .fence_key
-                    .as_ref()
-                    .and_then(|_| u64::try_from(*fence).ok().filter(|&f| f > 0));
-                let lease = self.opts.lease(
-                    &self.client,
-                    &self.key,
-                    RenewKind::ScriptedValue(KIND),
-                    token,
-                    start,
-                    fence,
-                );
-                let result = crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
-                    self.release(l)
-                })
-                .map(Outcome::Taken);
+                let fence = u64::try_from(*fence).unwrap_or(0);
+                let result = self.won(token, start, fence).map(Outcome::Taken);
                 if result.is_ok() {
                     self.client.counters().attempt(KIND, true);
                 }
@@ -566,32 +522,21 @@ impl FairLock {
             );
             return None;
         }
-        let fence = grant.fence;
-        let sent = start;
-        let fence = self
-            .opts
-            .fence_key
-            .as_ref()
-            .and_then(|_| Some(fence).filter(|&f| f > 0));
         self.took();
-        let lease = Lease::new(token, sent, self.grant).with_fence(fence);
+        let lease = Lease::new(token, start, self.grant).with_fence(self.fence(grant.fence));
         let state = WatchState::new(
             std::sync::Arc::clone(self.opts.key_arc()),
             RenewKind::ScriptedValue(KIND),
             token,
             self.opts.lease,
-            sent,
-            if self.opts.watched {
-                self.opts.on_lost.clone()
-            } else {
-                None
-            },
+            start,
+            self.opts.on_lost.clone().filter(|_| self.opts.watched),
         );
         state.granted_for(self.grant);
         if !self.opts.watched {
             state.renew_once();
         }
-        let due = crate::time::saturating_add(sent, self.grant / 3);
+        let due = crate::time::saturating_add(start, self.grant / 3);
         self.client.watchdog().watch_from(&self.client, &state, due);
         Some(lease.with_watch(state))
     }
@@ -701,21 +646,27 @@ impl FairLock {
             );
             return Ok(None);
         }
-        self.took();
-        let fence = self
-            .opts
+        self.won(token, start, grant.fence).map(Some)
+    }
+
+    /// The fencing token of a hold, if the lock is fenced: `fence` unless 0 (none).
+    fn fence(&self, fence: u64) -> Option<u64> {
+        self.opts
             .fence_key
             .as_ref()
-            .and_then(|_| Some(grant.fence).filter(|&f| f > 0));
-        let lease = self.opts.lease(
-            &self.client,
-            &self.key,
-            RenewKind::ScriptedValue(KIND),
-            token,
-            start,
-            fence,
-        );
-        crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l)).map(Some)
+            .and(Some(fence).filter(|&f| f > 0))
+    }
+
+    /// The lock is ours (taken, or a grant confirmed) by a call sent at `start`: the hold,
+    /// checked against its lease.
+    fn won(&self, token: &Token, start: Instant, fence: u64) -> Result<Lease> {
+        self.took();
+        let kind = RenewKind::ScriptedValue(KIND);
+        let fence = self.fence(fence);
+        let lease = self
+            .opts
+            .lease(&self.client, &self.key, kind, token, start, fence);
+        crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
     }
 
     /// Before a waiter that offered `token` (`did_offer`) leaves the queue: a release that carries
@@ -836,47 +787,43 @@ impl FairLock {
                     // Made before our latest attempt, which did not find the lock ours: that
                     // grant lapsed (or was released) already. A late message; ignored.
                     log::debug!("lock {:?}: ignored a grant heard late", self.key);
-                } else if self.client.confirms_writes() {
-                    // The grant is a write of another client's release, which no `WAIT` of
-                    // ours covers: our own write on it is confirmed before it is a hold.
-                    match self.confirm_grant(&token, grant) {
-                        Ok(Some(lease)) => {
-                            self.client.counters().attempt(KIND, true);
-                            log::debug!(
-                                "lock {:?}: granted (confirmed) after {} attempts in {:?}",
-                                self.key,
-                                attempts.made(),
-                                attempts.waited()
-                            );
-                            live.keep(self.opts.lease);
-                            return Ok(LockGuard::new(self, lease));
-                        }
-                        // The grant was gone before our raise: ask Redis.
-                        Ok(None) => ask = true,
-                        // Too late to be used: released again; Redis is asked.
-                        Err(e @ LockError::LateReply { .. }) => {
-                            late = Some(e);
-                            ask = true;
-                        }
-                        Err(e) => {
-                            drop(subscription);
-                            return Err(self.give_up_after(&token, did_offer, e));
-                        }
-                    }
-                } else if let Some(lease) = basis.and_then(|(sent, attempt_us)| {
-                    self.granted_lease(&token, sent, attempt_us, grant)
-                }) {
-                    self.client.counters().attempt(KIND, true);
-                    log::debug!(
-                        "lock {:?}: granted after {} attempts in {:?}",
-                        self.key,
-                        attempts.made(),
-                        attempts.waited()
-                    );
-                    live.keep(self.opts.lease);
-                    return Ok(LockGuard::new(self, lease));
                 } else {
-                    ask = true;
+                    let confirmed = self.client.confirms_writes();
+                    let lease = if confirmed {
+                        // The grant is a write of another client's release, which no `WAIT`
+                        // of ours covers: our own write on it is confirmed before it is a hold.
+                        match self.confirm_grant(&token, grant) {
+                            // None: the grant was gone before our raise.
+                            Ok(lease) => lease,
+                            // Too late to be used: released again.
+                            Err(e @ LockError::LateReply { .. }) => {
+                                late = Some(e);
+                                None
+                            }
+                            Err(e) => {
+                                drop(subscription);
+                                return Err(self.give_up_after(&token, did_offer, e));
+                            }
+                        }
+                    } else {
+                        basis.and_then(|(sent, attempt_us)| {
+                            self.granted_lease(&token, sent, attempt_us, grant)
+                        })
+                    };
+                    // No hold from the grant: Redis is asked.
+                    ask = lease.is_none();
+                    if let Some(lease) = lease {
+                        self.client.counters().attempt(KIND, true);
+                        log::debug!(
+                            "lock {:?}: granted{} after {} attempts in {:?}",
+                            self.key,
+                            if confirmed { " (confirmed)" } else { "" },
+                            attempts.made(),
+                            attempts.waited()
+                        );
+                        live.keep(self.opts.lease);
+                        return Ok(LockGuard::new(self, lease));
+                    }
                 }
             }
             if !ask {
@@ -1045,11 +992,7 @@ impl DistributedLock for FairLock {
             };
             waiters.offer_settled(&self.key, token, at_us);
         }
-        if let Some(e) = reply
-            .as_ref()
-            .err()
-            .filter(|e| crate::client::cleanup::worth_retrying(e))
-        {
+        if let Some(why) = hold::failed_release(&reply) {
             // The same release, retried (in-line first): owner-checked by the token, and
             // granting the lock to the head of the queue as this one would have.
             self.client.janitor().forget(
@@ -1057,7 +1000,7 @@ impl DistributedLock for FairLock {
                 &self.key,
                 lease.value(),
                 self.fair_release(lease.value()),
-                Why::release(e),
+                why,
                 lease.valid_until(),
             );
         }
@@ -1132,74 +1075,64 @@ impl crate::lock::LockAdmin for FairLock {
     }
 }
 
-/// The keys and channels of a fair lock, for [`access_checks`].
-pub(crate) struct FairNames<'a> {
-    pub(crate) key: &'a str,
-    pub(crate) queue: &'a str,
-    pub(crate) deadlines: &'a str,
-    pub(crate) fence: Option<&'a str>,
-    /// This client's grant channel (`dlock_fair_ch:<our client id>`): subscribed to, and
-    /// published on when a release grants the lock to another thread of this client.
-    pub(crate) own_channel: &'a str,
-    /// Another client's grant channel (`dlock_fair_ch:<some other id>`): a release publishes
-    /// its grant on the grantee's channel, whoever that is, so the user needs the whole
-    /// pattern `dlock_fair_ch:*`. One representative name is checked.
-    pub(crate) other_channel: &'a str,
-}
-
-/// The commands of a fair lock (see `fair.rs`, `lua/fair_acquire.lua`, `lua/fair_release.lua`,
-/// `lua/fair_live_head.lua`): the plain acquire (`SET … NX PX`), the scripts themselves
-/// (`EVALSHA`, and `EVAL` after a `NOSCRIPT`) on their keys, and what the scripts run: `GET`,
-/// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZPOPMIN`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
-/// `PTTL`, `PEXPIRE`, `DEL`, `PUBLISH` of grants (on another client's channel and on ours),
-/// `INCR` and `GET` of the fencing counter; extend and renewal (`GET`, `PEXPIRE`); the
-/// clean-up of a lost reply or failed release (`GET`, `DEL`); and the subscriber's commands on
-/// this client's own grant channel.
-pub(crate) fn access_checks(n: &FairNames<'_>) -> Vec<access::Check> {
-    let (key, q, d) = (n.key, n.queue, n.deadlines);
-    let mut script_keys = vec![key, q, d];
-    if let Some(f) = n.fence {
-        script_keys.push(f);
+impl FairLock {
+    /// The commands of a fair lock (see `fair.rs`, `lua/fair_acquire.lua`, `lua/fair_release.lua`,
+    /// `lua/fair_live_head.lua`): the plain acquire (`SET … NX PX`), the scripts themselves
+    /// (`EVALSHA`, and `EVAL` after a `NOSCRIPT`) on their keys, and what the scripts run: `GET`,
+    /// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZPOPMIN`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
+    /// `PTTL`, `PEXPIRE`, `DEL`, `PUBLISH` of grants (on another client's channel and on ours),
+    /// `INCR` and `GET` of the fencing counter; extend and renewal (`GET`, `PEXPIRE`); the
+    /// clean-up of a lost reply or failed release (`GET`, `DEL`); and the subscriber's commands on
+    /// this client's own grant channel.
+    ///
+    /// Grants are published on this client's channel (`dlock_fair_ch:<our client id>`) when a
+    /// release grants the lock to another thread of this client, and on `other_channel`, another
+    /// client's (`dlock_fair_ch:<some other id>`): a release publishes its grant on the grantee's
+    /// channel, whoever that is, so the user needs the whole pattern `dlock_fair_ch:*`. One
+    /// representative name is checked.
+    fn access_checks(&self, other_channel: &str) -> Vec<access::Check> {
+        let (key, q, d) = (&self.key[..], &self.queue[..], &self.deadlines[..]);
+        let script_keys = self.script_keys();
+        let numkeys = script_keys.len().to_string();
+        let script = |name: &'static str, body: &str| {
+            let mut args = vec![body, numkeys.as_str()];
+            args.extend_from_slice(&script_keys);
+            args.push("v");
+            access::check(name, &args)
+        };
+        let grant = "dlock-grant:v:0:0:0";
+        let mut c = vec![
+            access::check("set", &[key, "v", "NX", "PX", "1000"]),
+            script("evalsha", "0000000000000000000000000000000000000000"),
+            script("eval", "return 0"),
+            access::check("get", &[key]),
+            access::check("exists", &[q]),
+            access::check("set", &[key, "v", "px", "1000"]),
+            access::check("time", &[]),
+            access::check("zadd", &[q, "NX", "1", "v"]),
+            access::check("zadd", &[d, "1", "v"]),
+            access::check("zrem", &[q, "v"]),
+            access::check("zrem", &[d, "v"]),
+            access::check("zpopmin", &[q]),
+            access::check("zrangebyscore", &[d, "-inf", "1", "limit", "0", "100"]),
+            access::check("zscore", &[d, "v"]),
+            access::check("zrank", &[q, "v"]),
+            access::check("pttl", &[key]),
+            access::check("pttl", &[q]),
+            access::check("pexpire", &[key, "1000"]),
+            access::check("pexpire", &[q, "1000"]),
+            access::check("pexpire", &[d, "1000"]),
+            access::check("del", &[key]),
+            access::check("publish", &[other_channel, grant]),
+            access::check("publish", &[&self.channel, grant]),
+        ];
+        if let Some(f) = &self.opts.fence_key {
+            c.push(access::check("incr", &[f]));
+            c.push(access::check("get", &[f]));
+        }
+        c.extend(access::subscriber(&self.channel));
+        c
     }
-    let numkeys = script_keys.len().to_string();
-    let script = |name: &'static str, body: &str| {
-        let mut args = vec![body, numkeys.as_str()];
-        args.extend_from_slice(&script_keys);
-        args.push("v");
-        access::check(name, &args)
-    };
-    let grant = "dlock-grant:v:0:0:0";
-    let mut c = vec![
-        access::check("set", &[key, "v", "NX", "PX", "1000"]),
-        script("evalsha", "0000000000000000000000000000000000000000"),
-        script("eval", "return 0"),
-        access::check("get", &[key]),
-        access::check("exists", &[q]),
-        access::check("set", &[key, "v", "px", "1000"]),
-        access::check("time", &[]),
-        access::check("zadd", &[q, "NX", "1", "v"]),
-        access::check("zadd", &[d, "1", "v"]),
-        access::check("zrem", &[q, "v"]),
-        access::check("zrem", &[d, "v"]),
-        access::check("zpopmin", &[q]),
-        access::check("zrangebyscore", &[d, "-inf", "1", "limit", "0", "100"]),
-        access::check("zscore", &[d, "v"]),
-        access::check("zrank", &[q, "v"]),
-        access::check("pttl", &[key]),
-        access::check("pttl", &[q]),
-        access::check("pexpire", &[key, "1000"]),
-        access::check("pexpire", &[q, "1000"]),
-        access::check("pexpire", &[d, "1000"]),
-        access::check("del", &[key]),
-        access::check("publish", &[n.other_channel, grant]),
-        access::check("publish", &[n.own_channel, grant]),
-    ];
-    if let Some(f) = n.fence {
-        c.push(access::check("incr", &[f]));
-        c.push(access::check("get", &[f]));
-    }
-    c.extend(access::subscriber(n.own_channel));
-    c
 }
 
 /// True if `value`, read at a lock key, has the shape of a fair lock's value: [`TOKEN_LEN`] (48)

@@ -62,13 +62,7 @@ pub(crate) struct HoldOptions {
 
 impl std::fmt::Debug for HoldOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HoldOptions")
-            .field("lease", &self.lease)
-            .field("watched", &self.watched)
-            .field("on_lost", &self.on_lost.is_some())
-            .field("retry", &self.retry)
-            .field("wake_up", &self.wake_up)
-            .field("fence_key", &self.fence_key)
+        self.debug_fields(&mut f.debug_struct("HoldOptions"))
             .finish()
     }
 }
@@ -122,49 +116,24 @@ impl HoldOptions {
                 "a watchdog lease must be at least 3 ms (it is renewed every third)",
             ));
         }
-        Self::new(
-            key,
-            lease,
-            watched,
-            on_lost,
-            retry,
-            wake_up.unwrap_or_default(),
-            fencing,
-        )
-        .map(|o| HoldOptions {
-            at_least: at_least.map(|d| Duration::from_millis(d.as_millis() as u64)),
-            ..o
-        })
-    }
-
-    /// Derives the channel and fencing key names of `key` (both in its hash slot).
-    fn new(
-        key: &str,
-        lease: Duration,
-        watched: bool,
-        on_lost: Option<LostCallback>,
-        retry: RetryPolicy,
-        wake_up: WakeUp,
-        fencing: bool,
-    ) -> Result<Self> {
         Ok(HoldOptions {
             key: Arc::from(key),
             lease,
             watched,
             on_lost,
             retry,
-            wake_up,
+            wake_up: wake_up.unwrap_or_default(),
+            // The channel and fencing key names of `key` (both in its hash slot).
             channel: keys::channel(key),
             fence_key: if fencing {
                 Some(keys::fence_key(key)?)
             } else {
                 None
             },
-            at_least: None,
+            at_least: at_least.map(|d| Duration::from_millis(d.as_millis() as u64)),
         })
     }
 
-    /// The lock key, shared (reentrant locks' per-thread records of holds keep it).
     pub(crate) fn key_arc(&self) -> &Arc<str> {
         &self.key
     }
@@ -193,16 +162,15 @@ impl HoldOptions {
         start: Instant,
         fence: Option<u64>,
     ) -> Lease {
-        self.lease_seen(client, key, kind, value, start, fence, None)
+        debug_assert_eq!(key, &*self.key);
+        self.lease_seen(client, kind, value, start, fence, None)
     }
 
     /// [`lease`](Self::lease), the acquire's reply having been read at `seen` (if given: the
     /// watchdog's first renewal is counted from it, without reading the clock again).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn lease_seen(
         &self,
         client: &LockClient,
-        key: &str,
         kind: RenewKind,
         value: &[u8],
         start: Instant,
@@ -213,7 +181,6 @@ impl HoldOptions {
         if !self.watched {
             return lease;
         }
-        debug_assert_eq!(key, &*self.key);
         let state = WatchState::new(
             Arc::clone(&self.key),
             kind,
@@ -253,6 +220,14 @@ pub(crate) fn after_publish(client: &LockClient, line: &str, channel: &str, rece
 
 /// An `extend` under way, of a lock whose hold is its key alone: the checks before the
 /// strategy's owner-checked extend and what follows its answer are the same for all of them.
+/// Why the janitor retries a release that failed with `reply`: a connection error or a
+/// transient refusal (a failover, a restart) would leave the lock for the rest of its lease.
+/// None when the release was answered, or failed for good.
+pub(crate) fn failed_release<T>(reply: &Result<T>) -> Option<crate::client::cleanup::Why> {
+    let e = reply.as_ref().err()?;
+    crate::client::cleanup::worth_retrying(e).then(|| crate::client::cleanup::Why::release(e))
+}
+
 pub(crate) struct Extending {
     /// The new lifetime, in whole milliseconds as sent.
     pub(crate) ttl: Duration,
@@ -325,17 +300,23 @@ pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {
             fence: u64::try_from(*fence).ok().filter(|&f| f > 0),
         }),
         (Value::Int(0), Value::Int(pttl)) => Ok(AcquireReply::Held {
-            pttl: match *pttl {
-                -2 => Some(Duration::ZERO),
-                p if p >= 0 => Some(Duration::from_millis(p as u64)),
-                _ => None,
-            },
+            pttl: pttl_of(*pttl),
         }),
         _ => Err(unexpected(key, reply)),
     }
 }
 
 /// An acquire script's answer.
+/// A holder's `PTTL` reply as time left: none when the key has no TTL (-1), zero when it is
+/// gone (-2).
+pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
+    match pttl {
+        -2 => Some(Duration::ZERO),
+        p if p >= 0 => Some(Duration::from_millis(p as u64)),
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     Taken { fence: Option<u64> },

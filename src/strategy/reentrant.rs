@@ -32,7 +32,7 @@ use crate::client::access;
 use crate::client::acquire::Line;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
-use crate::client::LockClient;
+use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
 use crate::ids::OwnerId;
@@ -244,12 +244,12 @@ impl ReentrantLock {
             .janitor()
             .settle(&self.client, &self.key, owner.as_bytes())?;
         let start = Instant::now();
-        let sent = std::cell::Cell::new(false);
         // What this thread holds: more on the server is a stale hold of its own (a release lost
         // in a failover), which the script sets back first.
         let known = local_count(&owner, &self.key).unwrap_or(0);
-        let reply: Result<Value> = self.client.with_conn_confirmed(&self.key, |con, s| {
-            sent.set(true);
+        // Sent and unanswered, or answered but not confirmed by the replicas the client
+        // requires: the hold it may have counted is given back, owner-checked.
+        let acquire = |con: &mut Conn, s: &Scripts| {
             // Its bytes: the same argument as its text, without the UTF-8 check.
             let args = (self.opts.lease_ms(), owner.as_bytes(), known);
             match &self.opts.fence_key {
@@ -264,15 +264,11 @@ impl ReentrantLock {
                     None => s.reentrant_acquire.eval(con, &self.key, args),
                 },
             }
-        });
-        // Sent and unanswered, or answered but not confirmed by the replicas the client
-        // requires: the hold it may have counted is given back, owner-checked.
-        if let Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })) = &reply {
-            if sent.get() {
-                self.forget_lost_acquire(&owner, start, Why::acquire(e));
-            }
-        }
-        let reply = reply?;
+        };
+        let reply: Value =
+            string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
+                self.forget_lost_acquire(&owner, start, why)
+            })?;
         let reply = hold::decode_acquire(&self.key, &reply)?;
         // Taken: one reading of the clock after the reply for the live set, the watchdog's
         // first renewal and the late-reply check.
@@ -292,7 +288,6 @@ impl ReentrantLock {
             self.opts
                 .lease_seen(
                     &self.client,
-                    &self.key,
                     RenewKind::HashField(KIND),
                     owner.as_bytes(),
                     start,
@@ -548,12 +543,8 @@ impl DistributedLock for ReentrantLock {
         // janitor's now).
         self.client
             .owner_released(&self.key, lease.value(), self.opts.lease);
-        if let Some(e) = reply
-            .as_ref()
-            .err()
-            .filter(|e| crate::client::cleanup::worth_retrying(e))
-        {
-            self.forget_failed_release(lease, Why::release(e));
+        if let Some(why) = hold::failed_release(&reply) {
+            self.forget_failed_release(lease, why);
         }
         let reply = reply?;
         if matches!(reply, Some(n) if n >= 0) {
@@ -569,23 +560,17 @@ impl DistributedLock for ReentrantLock {
                 (Seen::Nothing, true)
             }
             // Returned as `Ok(false)`; a guard dropped without `unlock` warns.
-            None if sent > 1 => {
-                log::debug!(
-                    "lock {:?}: release by owner {} sent again after a dropped connection found \
-                     no hold: the first copy may have freed it (its reply was lost), or the hold \
-                     had expired; nothing was changed by the second copy",
-                    self.key,
-                    printable(lease.value())
-                );
-                (Seen::Nothing, false)
-            }
             None => {
-                log::debug!(
-                    "lock {:?}: release by owner {} found no hold of it (it expired, or the \
-                     owner never held the lock); nothing was changed",
-                    self.key,
-                    printable(lease.value())
-                );
+                let found = if sent > 1 {
+                    "sent again after a dropped connection found no hold: the first copy may \
+                     have freed it (its reply was lost), or the hold had expired; nothing was \
+                     changed by the second copy"
+                } else {
+                    "found no hold of it (it expired, or the owner never held the lock); nothing \
+                     was changed"
+                };
+                let owner = printable(lease.value());
+                log::debug!("lock {:?}: release by owner {owner} {found}", self.key);
                 (Seen::Nothing, false)
             }
             Some(other) => return Err(self.unexpected(other)),

@@ -17,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::client::LockClient;
 use crate::keys;
-use crate::strategy::token::{Dialect, OwnValue, KIND};
+use crate::strategy::token::{Dialect, KIND};
 
 /// The key ShedLock's Redis providers lock for the job `name` in environment `env` (ShedLock's
 /// default environment is `default`) with the default prefix: `job-lock:<env>:<name>`.
@@ -35,7 +35,7 @@ pub(crate) fn recognizes(value: &[u8]) -> bool {
 pub(crate) fn dialect(channel: &str) -> Dialect {
     Dialect {
         kind: KIND,
-        new_value: |_: &LockClient| OwnValue::new(value(SystemTime::now()).as_bytes()),
+        new_value: |_: &LockClient| value(SystemTime::now()).into_bytes(),
         message: keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
         channels: vec![channel.to_owned()],
         shedlock: true,

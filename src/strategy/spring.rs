@@ -34,7 +34,7 @@ use crate::lock::{DistributedLock, LockAdmin, LockGuard, LockState};
 use crate::retry::RetryPolicy;
 use crate::stats::Kind;
 use crate::strategy::hold::{HoldOptions, WakeUp};
-use crate::strategy::token::{self, Dialect, OwnValue, TokenLock};
+use crate::strategy::token::{self, Dialect, TokenLock};
 
 /// The stats label of Spring locks.
 pub(crate) const KIND: Kind = Kind::new("spring");
@@ -76,19 +76,15 @@ impl SpringOptions {
     /// refused by [`build`](crate::LockBuilder::build) with [`LockError::Config`]).
     pub fn new(registry: &str) -> Self {
         let mut buf = [0u8; SpringOptions::MAX_REGISTRY_LEN];
-        match buf.get_mut(..registry.len()) {
+        // Too long: `len` u8::MAX, refused when the lock is built.
+        let len = match buf.get_mut(..registry.len()) {
             Some(slot) => {
                 slot.copy_from_slice(registry.as_bytes());
-                SpringOptions {
-                    registry: buf,
-                    len: registry.len() as u8,
-                }
+                registry.len() as u8
             }
-            None => SpringOptions {
-                registry: buf,
-                len: u8::MAX,
-            },
-        }
+            None => u8::MAX,
+        };
+        SpringOptions { registry: buf, len }
     }
 
     /// The registry key (empty if it was too long).
@@ -170,7 +166,7 @@ impl SpringLock {
         opts.channel = channels[0].clone();
         let dialect = Dialect {
             kind: KIND,
-            new_value: |_| OwnValue::new(crate::ids::new_uuid().as_bytes()),
+            new_value: |_| crate::ids::new_uuid().into_bytes(),
             message: key.as_bytes().to_vec(),
             channels,
             shedlock: false,

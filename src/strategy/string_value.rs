@@ -387,17 +387,13 @@ pub(crate) fn release(
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
-    if let Some(e) = reply
-        .as_ref()
-        .err()
-        .filter(|e| crate::client::cleanup::worth_retrying(e))
-    {
+    if let Some(why) = hold::failed_release(&reply) {
         client.janitor().forget(
             client,
             key,
             lease.value(),
             delete_cleanup(key, lease.value(), notice),
-            Why::release(e),
+            why,
             lease.valid_until(),
         );
     }

@@ -39,7 +39,7 @@ use crate::client::cleanup::Why;
 use crate::client::native::{self, Command};
 use crate::client::{Conn, LiveValue, LockClient};
 use crate::error::{LockError, Result};
-use crate::ids::{new_token, VALUE_CAPACITY};
+use crate::ids::new_token;
 use crate::lease::RenewKind;
 use crate::lease::{Attempt, Lease};
 use crate::lock::LockState;
@@ -82,20 +82,24 @@ struct Wire {
 }
 
 impl TokenLock {
-    fn packed_set(&self, get: bool) -> Option<&string_value::Packed> {
+    /// Sends `SET key <token> NX PX <lease ms>`, with `GET` if `get`: packed from the second
+    /// send on (see [`Wire`]).
+    fn send_set(&self, con: &mut Conn, token: &[u8], get: bool) -> redis::RedisResult<Value> {
         let (ttl, key) = (self.opts.lease_ms(), self.key.as_str());
-        if get {
-            self.wire.set_nx_px_get.get(|| {
-                string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
-                    string_value::set_nx_px_get(key, v, ttl).get_packed_command()
-                })
-            })
+        let (wire, cmd) = if get {
+            let cmd: fn(&str, &[u8], u64) -> redis::Cmd = string_value::set_nx_px_get;
+            (&self.wire.set_nx_px_get, cmd)
         } else {
-            self.wire.set_nx_px.get(|| {
-                string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
-                    string_value::set_nx_px(key, v, ttl).get_packed_command()
-                })
+            (&self.wire.set_nx_px, string_value::set_nx_px as _)
+        };
+        let packed = wire.get(|| {
+            string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
+                cmd(key, v, ttl).get_packed_command()
             })
+        });
+        match packed {
+            Some(p) => p.query(con, token, || cmd(key, token, ttl)),
+            None => cmd(key, token, ttl).query(con),
         }
     }
 
@@ -121,7 +125,7 @@ pub(crate) struct Dialect {
     /// The stats label of its holds.
     pub(crate) kind: Kind,
     /// A fresh value for one acquire (every attempt of a blocking acquire sends the same).
-    pub(crate) new_value: fn(&LockClient) -> OwnValue,
+    pub(crate) new_value: fn(&LockClient) -> Vec<u8>,
     /// What a release publishes on each of `channels`.
     pub(crate) message: Vec<u8>,
     /// The channels a release publishes on. This lock's waiters listen on the first two.
@@ -136,7 +140,7 @@ impl Dialect {
     pub(crate) fn token(channel: &str) -> Self {
         Dialect {
             kind: KIND,
-            new_value: |client| OwnValue::new(&token_value(client)),
+            new_value: |client| token_value(client).to_vec(),
             message: crate::keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
             channels: vec![channel.to_owned()],
             shedlock: false,
@@ -147,37 +151,6 @@ impl Dialect {
         string_value::Notice {
             message: &self.message,
             channels: &self.channels,
-        }
-    }
-}
-
-/// A value a lock writes, inline up to [`VALUE_CAPACITY`] bytes (Token's 32 hex digits, a
-/// UUID's 36 characters), on the heap beyond (ShedLock's value, which names the host).
-#[derive(Clone)]
-pub(crate) enum OwnValue {
-    Inline([u8; VALUE_CAPACITY], u8),
-    Heap(Vec<u8>),
-}
-
-impl OwnValue {
-    pub(crate) fn new(value: &[u8]) -> Self {
-        match u8::try_from(value.len()) {
-            Ok(len) if value.len() <= VALUE_CAPACITY => {
-                let mut buf = [0u8; VALUE_CAPACITY];
-                buf[..value.len()].copy_from_slice(value);
-                OwnValue::Inline(buf, len)
-            }
-            _ => OwnValue::Heap(value.to_vec()),
-        }
-    }
-}
-
-impl std::ops::Deref for OwnValue {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            OwnValue::Inline(buf, len) => &buf[..usize::from(*len)],
-            OwnValue::Heap(v) => v,
         }
     }
 }
@@ -198,7 +171,7 @@ const TOKEN_VALUE_LEN: usize = 32;
 /// `TokenLock::acquire_blocking`).
 struct Acquiring {
     /// Sent by every attempt.
-    token: OwnValue,
+    token: Vec<u8>,
     /// Set when an attempt's reply was lost (or its write not confirmed by the replicas):
     /// until when what it may have written lives, and why it is undone.
     lost_until: Cell<Option<(Instant, Why)>>,
@@ -247,7 +220,7 @@ impl TokenLock {
     }
 
     /// A fresh owner value of the lock's dialect.
-    fn new_token(&self) -> OwnValue {
+    fn new_token(&self) -> Vec<u8> {
         (self.dialect.new_value)(&self.client)
     }
 
@@ -352,11 +325,7 @@ impl TokenLock {
                     self.note_no_ttl();
                 }
                 AcquireReply::Held {
-                    pttl: match pttl {
-                        -2 => Some(Duration::ZERO),
-                        p if p >= 0 => Some(Duration::from_millis(p as u64)),
-                        _ => None,
-                    },
+                    pttl: hold::pttl_of(pttl),
                 }
             }
         };
@@ -370,7 +339,8 @@ impl TokenLock {
         start: Instant,
         decoded: AcquireReply,
     ) -> Result<Attempt> {
-        let attempt = decoded.into_attempt(|fence| self.new_lease(live.value(), start, fence));
+        let attempt =
+            decoded.into_attempt(|fence| self.new_lease_seen(live.value(), start, fence, None));
         let result =
             crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
         if matches!(result, Ok(Attempt::Acquired(_))) {
@@ -462,11 +432,7 @@ impl TokenLock {
         }
     }
 
-    fn new_lease(&self, token: &[u8], start: Instant, fence: Option<u64>) -> Lease {
-        self.new_lease_seen(token, start, fence, None)
-    }
-
-    /// [`new_lease`](Self::new_lease), the reply having been read at `seen` (if given).
+    /// A fresh hold of `token`, the reply having been read at `seen` (if given).
     fn new_lease_seen(
         &self,
         token: &[u8],
@@ -476,7 +442,6 @@ impl TokenLock {
     ) -> Lease {
         self.opts.lease_seen(
             &self.client,
-            &self.key,
             RenewKind::Value(self.dialect.kind),
             token,
             start,
@@ -552,14 +517,8 @@ impl TokenLock {
         // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
         let mut live = self.client.live_value_at(token, start);
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
-            let ttl = self.opts.lease_ms();
             if self.client.set_get() {
-                let cmd = || string_value::set_nx_px_get(&self.key, token, ttl);
-                let sent = match self.packed_set(true) {
-                    Some(p) => p.query(con, token, cmd),
-                    None => cmd().query(con),
-                };
-                match sent {
+                match self.send_set(con, token, true) {
                     Err(e) if self.client.lacks_set_get(con, &e) => {}
                     // Nil: set; the value found: held (or ours, if this is a resend of an
                     // acquire that landed); a WRONGTYPE error: a key of another type.
@@ -572,11 +531,7 @@ impl TokenLock {
                     other => return other,
                 }
             }
-            let cmd = || string_value::set_nx_px(&self.key, token, ttl);
-            match self.packed_set(false) {
-                Some(p) => p.query(con, token, cmd),
-                None => cmd().query(con),
-            }
+            self.send_set(con, token, false)
         })?;
         let result = match reply {
             Value::Okay => {
@@ -644,30 +599,22 @@ impl TokenLock {
             lease.value(),
             rest.as_millis() as u64,
         );
-        match kept {
-            Ok(true) => {
-                self.client.hold_renewed(lease.value(), rest);
-                log::debug!(
-                    "lock {:?}: kept for {rest:?} more (lock_at_least)",
-                    self.key
-                );
-                if overran {
-                    self.client
-                        .counters()
-                        .lost_on_release(self.dialect.kind, lease);
-                }
-                Ok(!overran)
-            }
-            other => {
-                self.client.hold_released(lease.value());
-                if matches!(other, Ok(false)) {
-                    self.client
-                        .counters()
-                        .lost_on_release(self.dialect.kind, lease);
-                }
-                other
-            }
+        if matches!(kept, Ok(true)) {
+            self.client.hold_renewed(lease.value(), rest);
+            log::debug!(
+                "lock {:?}: kept for {rest:?} more (lock_at_least)",
+                self.key
+            );
+        } else {
+            self.client.hold_released(lease.value());
         }
+        // Lost: no longer ours, or kept after its lifetime had passed.
+        if matches!(kept, Ok(false)) || (overran && matches!(kept, Ok(true))) {
+            self.client
+                .counters()
+                .lost_on_release(self.dialect.kind, lease);
+        }
+        kept.map(|kept| kept && !overran)
     }
 
     /// One attempt: `Ok(None)` when another owner holds the lock.
