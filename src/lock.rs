@@ -59,6 +59,13 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// nobody had taken it over (its value is still removed then, so the lock is free at
     /// once); another owner's hold is never deleted. The check is local: the release is still
     /// one round trip.
+    ///
+    /// A release that fails on a connection error or a transient refusal is tried once more
+    /// before it returns; if that try is answered, the release reports as above. An `Err`
+    /// means it is still pending: the client retries it in the background until it is
+    /// answered or the lease ends (see `docs/production.md`). Do not release the same lease
+    /// again yourself: for a counted hold (Reentrant, read-write) a second release would give
+    /// back a second hold.
     fn release(&self, lease: &Lease) -> Result<bool>;
 
     /// Gives our hold a new lifetime of `ttl` from now. [`LockError::Lost`] when it is no longer

@@ -787,6 +787,7 @@ impl Shared {
         lease.stop_renewal();
         let latch = format!("{}:{}", self.latch_base, request_id());
         let sent = Instant::now();
+        let mut redone = false;
         let generation = self.client.switch_generation();
         let reply = self.run(
             |s| &s.rw_release,
@@ -830,7 +831,7 @@ impl Shared {
             .filter(|e| crate::client::cleanup::worth_retrying(e))
         {
             let (release, until) = resend();
-            self.client.janitor().forget(
+            let done = self.client.janitor().forget(
                 &self.client,
                 &self.key,
                 lease.value(),
@@ -842,9 +843,10 @@ impl Shared {
             if let Some(n) = self.reported(lease.value()) {
                 self.note_holds(lease.value(), n - 1);
             }
+            // Done in-line: the hold is given back (at most once: the latch), released.
+            redone = done;
         }
-        let (code, ..) = reply?;
-        let ours = code == 1;
+        let ours = redone || reply?.0 == 1;
         if !ours || overran {
             self.client.counters().lost_on_release(mode.kind(), lease);
         }

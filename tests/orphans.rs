@@ -805,3 +805,58 @@ fn rw_reentry_whose_reply_was_lost_is_given_back_once() {
         assert!(!raw::exists(&mut server.conn(), key), "ran {ran}");
     }
 }
+
+/// A client through `proxy` with short timeouts, one pooled connection, warmed up.
+fn impatient_via(proxy: &Proxy) -> LockClient {
+    let c = LockClient::builder(proxy.url())
+        .connect_timeout(TIMEOUT)
+        .command_timeout(Some(TIMEOUT))
+        .pool_size(1)
+        .build()
+        .expect("client");
+    let warm = c.lock("orphan:warm-up").build().expect("lock");
+    assert!(warm.try_lock().expect("warm-up").unlock().expect("warm-up"));
+    c
+}
+
+/// A release whose first send fails on a dropped connection (not a timeout: it is retried
+/// in-line) and whose in-line retry is answered reports the release done, not the error: the
+/// lock is free, nothing is left for the janitor. For a reentrant owner holding twice, the
+/// hold given back in-line is the only one: the outer hold still keeps others out.
+#[test]
+fn release_whose_in_line_retry_succeeded_reports_it_done() {
+    init_logging();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let c1 = impatient_via(&proxy);
+    let c2 = patient(&server);
+
+    let key = "orphan:redone-token";
+    let l1 = c1.lock(key).build().unwrap();
+    let guard = l1.try_lock().unwrap();
+    // The pooled connection and the fresh one the release falls back to.
+    proxy.reset_next(2);
+    assert!(matches!(guard.unlock(), Ok(true)));
+    assert_eq!(c1.pending_cleanups(), 0);
+    assert!(!raw::exists(&mut server.conn(), key));
+
+    let key = "orphan:redone-reentrant";
+    let lock: ReentrantLock = c1
+        .lock(key)
+        .strategy(Strategy::Reentrant)
+        .build()
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let outer = lock.try_lock().unwrap();
+    let inner = lock.try_lock().unwrap();
+    proxy.reset_next(2);
+    assert!(matches!(inner.unlock(), Ok(true)));
+    assert_eq!(c1.pending_cleanups(), 0);
+    assert_eq!(lock.hold_count().unwrap(), 1, "one hold given back");
+    let other = c2.lock(key).strategy(Strategy::Reentrant).build().unwrap();
+    assert!(other.try_lock().is_err(), "the outer hold keeps others out");
+    assert!(outer.unlock().unwrap());
+    assert!(!raw::exists(&mut server.conn(), key));
+    assert!(other.try_lock().is_ok());
+}

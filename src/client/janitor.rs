@@ -82,6 +82,10 @@ impl Janitor {
     /// The try in-line is what lets a short-lived caller (a CLI, a cron job) exit with nothing
     /// left behind: a write undone only in the background would be left for its whole lease
     /// when the process exits first.
+    ///
+    /// `true` when the clean-up was done in-line, before this returned (a release that failed
+    /// then reports what that try did: see the releases); `false` when it is still pending
+    /// (the janitor owns it now) or was not needed (`until` has passed).
     pub(crate) fn forget(
         &self,
         client: &LockClient,
@@ -90,10 +94,10 @@ impl Janitor {
         cleanup: Cleanup,
         why: Why,
         until: Instant,
-    ) {
+    ) -> bool {
         let now = Instant::now();
         if until <= now {
-            return;
+            return false;
         }
         let cause = why.cause;
         let what = cleanup.what;
@@ -113,7 +117,7 @@ impl Janitor {
                 until.saturating_duration_since(now).as_millis()
             );
             self.push(client, job, cause);
-            return;
+            return false;
         }
         log::debug!(
             "lock {key:?}: {}; {} of {} now",
@@ -125,13 +129,13 @@ impl Janitor {
             let mut jobs = self.shared.lock();
             let seq = self.push_locked(&mut jobs, job, cause);
             if jobs.held_back {
-                return;
+                return false;
             }
             seq
         };
         let bound = in_line_bound(client, now).min(until);
         let failed = match self.run_own(client, key, value, Some(seq), Some(bound)) {
-            Ok(true) => return,
+            Ok(true) => return true,
             Ok(false) if self.shared.lock().shutdown => "the client is closing".to_owned(),
             Ok(false) => "no time left".to_owned(),
             Err(e) => e.report().to_string(),
@@ -149,6 +153,7 @@ impl Janitor {
             until.saturating_duration_since(Instant::now()).as_millis()
         );
         self.ensure_thread_if_pending(client, key);
+        false
     }
 
     /// Runs, on the caller's thread, the pending jobs of `value` at `key`, oldest first (one

@@ -995,14 +995,23 @@ impl DistributedLock for FairLock {
         if let Some(why) = hold::failed_release(&reply) {
             // The same release, retried (in-line first): owner-checked by the token, and
             // granting the lock to the head of the queue as this one would have.
-            self.client.janitor().forget(
+            if self.client.janitor().forget(
                 &self.client,
                 &self.key,
                 lease.value(),
                 self.fair_release(lease.value()),
                 why,
                 lease.valid_until(),
-            );
+            ) {
+                // Done before the call returned: released.
+                return Ok(string_value::redone_release(
+                    &self.client,
+                    KIND,
+                    &self.key,
+                    lease,
+                    overran,
+                ));
+            }
         }
         let ReleaseReply {
             ours,

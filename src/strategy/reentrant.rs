@@ -412,7 +412,9 @@ impl ReentrantLock {
     /// rest of its lease and a hold is never given back twice. Only the calling thread's own
     /// holds are known well enough (their count); a lease released by another thread expires
     /// with its lease.
-    fn forget_failed_release(&self, lease: &Lease, why: Why) {
+    ///
+    /// `true` when the hold was given back in-line, before this returned.
+    fn forget_failed_release(&self, lease: &Lease, why: Why) -> bool {
         let owner = self.owner();
         let count = (lease.value() == owner.as_bytes())
             .then(|| local_count(&owner, &self.key))
@@ -425,9 +427,9 @@ impl ReentrantLock {
                 self.key,
                 printable(lease.value())
             );
-            return;
+            return false;
         };
-        self.client.janitor().forget(
+        let done = self.client.janitor().forget(
             &self.client,
             &self.key,
             lease.value(),
@@ -442,6 +444,7 @@ impl ReentrantLock {
             Seen::Nothing
         };
         note_local(&owner, self.opts.key_arc(), seen);
+        done
     }
 
     /// The acquire's bytes for `owner` with `known` (see [`Wire`]), if packed.
@@ -544,7 +547,17 @@ impl DistributedLock for ReentrantLock {
         self.client
             .owner_released(&self.key, lease.value(), self.opts.lease);
         if let Some(why) = hold::failed_release(&reply) {
-            self.forget_failed_release(lease, why);
+            if self.forget_failed_release(lease, why) {
+                // The in-line retry gave the hold back (owner-checked by the count, so at most
+                // once): released. Sending this release again would give back a second hold.
+                return Ok(string_value::redone_release(
+                    &self.client,
+                    KIND,
+                    &self.key,
+                    lease,
+                    overran,
+                ));
+            }
         }
         let reply = reply?;
         if matches!(reply, Some(n) if n >= 0) {

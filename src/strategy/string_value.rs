@@ -387,7 +387,7 @@ pub(crate) fn release(
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
-    if let Some(why) = hold::failed_release(&reply) {
+    let redone = hold::failed_release(&reply).is_some_and(|why| {
         client.janitor().forget(
             client,
             key,
@@ -395,10 +395,14 @@ pub(crate) fn release(
             delete_cleanup(key, lease.value(), notice),
             why,
             lease.valid_until(),
-        );
-    }
+        )
+    });
     // Held no longer, whatever the answer: a failed release is the janitor's now.
     client.hold_released(lease.value());
+    if redone {
+        // The in-line retry deleted the key if it was still ours: released.
+        return Ok(redone_release(client, kind, key, lease, overran));
+    }
     let reply = reply?;
     if reply >= 1 && client.switches().is_some() {
         // Done again on the new master if a Sentinel switch is announced soon.
@@ -427,6 +431,22 @@ pub(crate) fn release(
     }
     // Waiters are woken by what happened to the key; the caller hears of the hold.
     Ok(crate::client::acquire::note_release(client.waiters(), key, deleted) && !overran)
+}
+
+/// What a release whose first send failed reports when its in-line retry (owner-checked)
+/// was done before the call returned: the hold is given back (or was already gone), so it
+/// was released unless its lifetime had passed. Waiters are told as for a release.
+pub(crate) fn redone_release(
+    client: &LockClient,
+    kind: Kind,
+    key: &str,
+    lease: &Lease,
+    overran: bool,
+) -> bool {
+    if overran {
+        client.counters().lost_on_release(kind, lease);
+    }
+    crate::client::acquire::note_release(client.waiters(), key, true) && !overran
 }
 
 /// Deletes `key` if it holds `value`, publishing the release as `notice` says (Token,

@@ -50,6 +50,9 @@ struct Shared {
     streams: Mutex<Vec<TcpStream>>,
     /// Bytes dropped (blackhole, or replies dropped).
     dropped: AtomicU64,
+    /// Connections still to close at their next client-to-server chunk, which is not
+    /// forwarded (see [`Proxy::reset_next`]).
+    resets: AtomicU64,
 }
 
 /// The proxy (see the module's documentation).
@@ -68,6 +71,7 @@ impl Proxy {
             stop: AtomicBool::new(false),
             streams: Mutex::new(Vec::new()),
             dropped: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
         });
         let s = Arc::clone(&shared);
         thread::Builder::new()
@@ -93,6 +97,13 @@ impl Proxy {
     }
 
     /// Bytes dropped so far ([`Mode::Blackhole`], [`Mode::DropReplies`]).
+    /// The next `n` chunks sent by clients are not forwarded: their connection is closed
+    /// instead, as a server that went away would (not a timeout).
+    #[allow(dead_code)]
+    pub fn reset_next(&self, n: u64) {
+        self.shared.resets.store(n, Ordering::SeqCst);
+    }
+
     pub fn dropped(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
     }
@@ -166,6 +177,15 @@ fn pump(mut from: TcpStream, to: TcpStream, replies: bool, shared: Arc<Shared>) 
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if !replies
+            && shared
+                .resets
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| r.checked_sub(1))
+                .is_ok()
+        {
+            let _ = from.shutdown(Shutdown::Both);
+            break;
+        }
         let mode = *shared.mode.lock().unwrap();
         let now = Instant::now();
         let due = match mode {
