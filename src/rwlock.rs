@@ -783,10 +783,11 @@ impl Shared {
     fn release(&self, mode: Mode, lease: &Lease) -> Result<bool> {
         // A hold whose lifetime passed is reported lost even if the owner's count was still
         // there (kept alive by its later holds, say): its section overran.
-        let overran = lease.is_expired();
+        // By the local clock, read once: the lifetime check and the latch's start.
+        let sent = Instant::now();
+        let overran = sent >= lease.valid_until();
         lease.stop_renewal();
         let latch = format!("{}:{}", self.latch_base, request_id());
-        let sent = Instant::now();
         let mut redone = false;
         let generation = self.client.switch_generation();
         let reply = self.run(
