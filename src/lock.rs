@@ -414,6 +414,12 @@ where
                  took it over); no other owner's lock was deleted",
                 lock.key()
             ),
+            // Queued for the client's janitor: not lost yet.
+            Err(e) if crate::client::cleanup::worth_retrying(&e) => log::warn!(
+                "lock {:?}: release on drop failed: {}; retried in the background",
+                lock.key(),
+                e.report()
+            ),
             Err(e) => log::error!(
                 "lock {:?}: release on drop failed: {}",
                 lock.key(),
