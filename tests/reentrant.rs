@@ -419,22 +419,24 @@ fn a_release_by_a_non_owner_changes_nothing() {
     assert_eq!(before.get(&lock.owner_id()).map(String::as_str), Some("2"));
 
     assert!(!other_client.release(&foreign).unwrap(), "another client's");
-    assert!(!lock.release(&thread_lease).unwrap(), "another thread's");
+    // Another thread's lease is refused here: released only on its own thread.
+    assert!(matches!(
+        lock.release(&thread_lease),
+        Err(LockError::Unsupported { .. })
+    ));
     assert_eq!(
         hash(&mut conn, key),
         before,
         "nothing decremented or deleted"
     );
     assert!(raw::pttl(&mut conn, key) > 0);
-    // The other thread, releasing again from its own thread, is refused too.
+    // From yet another thread, refused too.
     let again = {
         let lock = Arc::clone(&lock);
         let lease = thread_lease.clone();
-        thread::spawn(move || lock.release(&lease).unwrap())
-            .join()
-            .unwrap()
+        thread::spawn(move || lock.release(&lease)).join().unwrap()
     };
-    assert!(!again);
+    assert!(matches!(again, Err(LockError::Unsupported { .. })));
     assert_eq!(hash(&mut conn, key), before);
     // extend and is_held with a non-owner's lease: lost / not held, nothing changed.
     let mut stale = foreign.clone();
@@ -512,12 +514,18 @@ fn redisson_and_this_crate_share_the_lock() {
     assert_eq!(hash(&mut conn, key).len(), 1, "our refusal wrote nothing");
 
     // Our thread blocks in lock(); Java's last release (its publish) wakes it.
+    // It keeps its hold, and releases it on its own thread when told (a Reentrant hold is
+    // released on the thread that took it).
+    let (got_tx, got_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let waiter = {
         let lock = Arc::clone(&lock);
         thread::spawn(move || {
             let g = lock.lock().expect("woken and acquired");
             let got = Instant::now();
-            (g.into_lease(), got)
+            got_tx.send((g.value().to_vec(), got)).unwrap();
+            go_rx.recv().unwrap();
+            g.unlock()
         })
     };
     assert!(
@@ -537,13 +545,12 @@ fn redisson_and_this_crate_share_the_lock() {
         Some(1),
         "Java's last release deletes and publishes"
     );
-    let (lease, got) = waiter.join().unwrap();
+    let (ours, got) = got_rx.recv().unwrap();
     let woken_after = got.saturating_duration_since(released);
     assert!(
         woken_after < Duration::from_secs(3),
         "woken by the publish, not by the 5 s poll: {woken_after:?}"
     );
-    let ours = lease.value().to_vec();
     let ours = String::from_utf8(ours).unwrap();
     assert!(is_owner_id(&ours), "{ours}");
     assert_eq!(
@@ -572,7 +579,8 @@ fn redisson_and_this_crate_share_the_lock() {
     pubsub
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-    assert!(lock.release(&lease).unwrap());
+    go_tx.send(()).unwrap();
+    assert!(waiter.join().unwrap().unwrap());
     let msg = pubsub.get_message().expect("the release is published");
     assert_eq!(msg.get_channel_name(), channel);
     assert_eq!(msg.get_payload::<String>().unwrap(), "0");
@@ -904,4 +912,38 @@ fn a_stale_hold_of_the_owner_does_not_outlive_its_next_release() {
     assert!(again.unlock().unwrap());
     assert!(outer.unlock().unwrap());
     assert!(!raw::exists(&mut conn, key), "{:?}", hash(&mut conn, key));
+}
+
+/// A lease moved to another thread is released only on its own thread: refused elsewhere,
+/// nothing changed, and the owner thread's record of its holds stays right, so its next failed
+/// release is still retried exactly (its count known).
+#[test]
+fn a_lease_is_released_on_its_own_thread_only() {
+    init_logging();
+    let server = RedisServer::start();
+    let c1 = client(&server);
+    let key = "re:moved-lease";
+    let lock = Arc::new(reentrant(&c1, key, Duration::from_secs(10)));
+    let mut conn = server.conn();
+    let outer = lock.try_lock().unwrap();
+    let inner = lock.try_acquire().unwrap();
+    assert_eq!(lock.hold_count().unwrap(), 2);
+    let (inner, refused) = {
+        let lock = Arc::clone(&lock);
+        thread::spawn(move || {
+            let refused = lock.release(&inner);
+            (inner, refused)
+        })
+        .join()
+        .unwrap()
+    };
+    assert!(
+        matches!(refused, Err(LockError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(lock.hold_count().unwrap(), 2, "nothing given back");
+    assert!(lock.release(&inner).unwrap(), "released on its own thread");
+    assert_eq!(lock.hold_count().unwrap(), 1);
+    assert!(outer.unlock().unwrap());
+    assert!(!raw::exists(&mut conn, key));
 }

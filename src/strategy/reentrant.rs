@@ -232,6 +232,16 @@ impl ReentrantLock {
         OwnerId::new(self.client.instance_id())
     }
 
+    /// True when `lease` names another thread of this client than the calling one.
+    fn of_another_thread(&self, lease: &Lease) -> bool {
+        let value = lease.value();
+        let instance = self.client.instance_id().as_bytes();
+        value.len() > instance.len()
+            && value.starts_with(instance)
+            && value.get(instance.len()) == Some(&b':')
+            && value != self.owner().as_bytes()
+    }
+
     /// One attempt by `lua/reentrant_acquire.lua`: take, re-enter, or learn the holder's PTTL.
     fn attempt(&self) -> Result<Attempt> {
         let owner = self.owner();
@@ -514,7 +524,23 @@ impl DistributedLock for ReentrantLock {
     /// Gives back the hold of `lease`: `Ok(true)` when its owner held the lock (one hold given
     /// back; the lock is free once the owner's last hold is), `Ok(false)` when the owner holds
     /// nothing, in which case nothing was changed.
+    ///
+    /// Only on the thread that took the hold: a lease of another thread of this client (moved
+    /// here) is refused with [`LockError::Unsupported`] and nothing changes, the lease still
+    /// renewed if it is watched. Release it on its own thread (see `docs/reentrant.md`):
+    /// that thread's record of its holds, which its later acquires and failed releases rely
+    /// on, is kept there.
     fn release(&self, lease: &Lease) -> Result<bool> {
+        if self.of_another_thread(lease) {
+            return Err(LockError::unsupported(
+                &self.key,
+                format!(
+                    "a Reentrant hold is released on the thread that took it: owner {} is \
+                     another thread of this client; nothing was changed",
+                    printable(lease.value())
+                ),
+            ));
+        }
         // A hold whose lifetime passed is reported lost even if the owner's count was still
         // there (kept alive by a later re-entry, say): its section overran.
         let overran = lease.is_expired();
