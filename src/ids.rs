@@ -32,6 +32,15 @@ pub(crate) fn thread_num() -> u64 {
     THREAD_NUM.with(|n| *n)
 }
 
+/// True when `owner` (`<instance>:<thread>`) names the calling thread.
+pub(crate) fn names_this_thread(owner: &[u8]) -> bool {
+    let mut digits = [0u8; 20];
+    let digits = decimal(thread_num(), &mut digits);
+    owner
+        .strip_suffix(digits)
+        .is_some_and(|rest| rest.ends_with(b":"))
+}
+
 /// A random version-4 UUID in text form, e.g. `8743c9c0-0795-4907-87fd-6c719a6b4586`.
 pub(crate) fn new_uuid() -> String {
     let mut b: [u8; 16] = rand::rng().random();
@@ -175,6 +184,15 @@ mod tests {
         assert!(matches!(heap.0, Repr::Heap(_)));
         assert_eq!(heap.as_str(), format!("{long}:{}", thread_num()));
         assert_eq!(heap.as_bytes(), heap.as_str().as_bytes());
+    }
+
+    #[test]
+    fn owner_ids_name_their_thread() {
+        let here = OwnerId::new("inst");
+        assert!(names_this_thread(here.as_bytes()));
+        let there = std::thread::spawn(|| OwnerId::new("inst")).join().unwrap();
+        assert!(!names_this_thread(there.as_bytes()));
+        assert!(!names_this_thread(b"inst"));
     }
 
     #[test]

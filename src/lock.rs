@@ -255,7 +255,10 @@ impl<L: DistributedLock + ?Sized, M> fmt::Debug for OwnedLockGuard<L, M> {
 
 impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
     /// Wraps a fresh lease of `lock`. The guard stays on the calling thread: see
-    /// [`into_send`](Self::into_send).
+    /// [`into_send`](Self::into_send). Build the guard of a thread-owned lease
+    /// ([`Lease::is_thread_owned`]: Reentrant, read-write) on the thread that took it: a
+    /// Reentrant release elsewhere is refused, and a guard of a thread's hold on another
+    /// thread breaks the thread's exclusion; a guard built elsewhere logs a warning.
     pub fn new(lock: Arc<L>, lease: Lease) -> Self {
         OwnedLockGuard {
             held: Held::new(lock, lease),
@@ -361,6 +364,16 @@ where
     R::Target: DistributedLock,
 {
     fn new(lock: R, lease: Lease) -> Self {
+        if lease.is_thread_owned() && !crate::ids::names_this_thread(lease.value()) {
+            // Not refused (the constructors return the guard): its release will be refused
+            // or will not know the owner's count; the caller learns of it here.
+            log::warn!(
+                "lock {:?}: a guard built for a thread-owned lease of another thread ({}); \
+                 build it on the thread that took the lease",
+                lock.key(),
+                crate::lease::printable(lease.value())
+            );
+        }
         Held {
             lock,
             lease,
@@ -490,7 +503,9 @@ impl<M> fmt::Debug for LockGuard<'_, M> {
 
 impl<'a> LockGuard<'a> {
     /// Wraps a fresh lease of `lock`. The guard stays on the calling thread: see
-    /// [`into_send`](Self::into_send).
+    /// [`into_send`](Self::into_send). Build the guard of a thread-owned lease
+    /// ([`Lease::is_thread_owned`]: Reentrant, read-write) on the thread that took it (see
+    /// [`OwnedLockGuard::new`]); a guard built elsewhere logs a warning.
     pub fn new(lock: &'a dyn DistributedLock, lease: Lease) -> Self {
         LockGuard {
             held: Held::new(lock, lease),

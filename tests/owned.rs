@@ -158,3 +158,32 @@ fn guards_take_the_send_form_unless_the_hold_is_the_threads() {
         assert!(!raw::exists(&mut conn, &key), "{key}: released");
     }
 }
+
+/// A guard of a thread-owned lease is built on the thread that took it: built elsewhere it
+/// warns (no panic), and its release there is refused, the lease untouched.
+#[test]
+fn a_guard_of_another_threads_lease_warns_and_its_release_is_refused() {
+    support::init_logging();
+    let server = support::RedisServer::start();
+    let client = redis_dlock::LockClient::open(server.url()).unwrap();
+    let lock: std::sync::Arc<redis_dlock::ReentrantLock> = std::sync::Arc::new(
+        client
+            .lock("owned:moved-lease")
+            .strategy(redis_dlock::Strategy::Reentrant)
+            .build()
+            .unwrap()
+            .try_into()
+            .unwrap(),
+    );
+    let lease = {
+        let lock = std::sync::Arc::clone(&lock);
+        std::thread::spawn(move || redis_dlock::DistributedLock::try_acquire(&*lock).unwrap())
+            .join()
+            .unwrap()
+    };
+    let guard = redis_dlock::OwnedLockGuard::new(std::sync::Arc::clone(&lock), lease);
+    assert!(matches!(
+        guard.unlock(),
+        Err(redis_dlock::LockError::Unsupported { .. })
+    ));
+}
