@@ -99,6 +99,7 @@ pub mod bench_hooks;
 pub mod test_hooks {
     pub use crate::client::test_hooks::{Event, TestHooks};
     pub use crate::lease::set_zero_loss_margin;
+    pub use crate::rwlock::owner_entries as rw_owner_entries;
 }
 
 pub use client::builder::ClientBuilder;

@@ -443,8 +443,9 @@ struct Shared {
 /// Per owner and key, not per `ReadWriteLock` value: the owner is `<client instance>:<thread>`,
 /// as Redisson's, so every handle of the key built on one client is the same owner on one
 /// thread (two handles in one thread re-enter instead of waiting for each other), and they
-/// must all see the same counts. Entries go at zero holds, so the maps are bounded by the
-/// owners that hold something.
+/// must all see the same counts. Entries go at zero holds, and all of a thread's when it
+/// exits ([`PruneOnExit`]), so the maps are bounded by the live threads' owners and the keys
+/// they hold or held without a release.
 #[derive(Default)]
 struct Owners {
     /// Holds (read + write) that Redis reported for the owner after our latest operation for
@@ -460,6 +461,60 @@ struct Owners {
 }
 
 static OWNERS: LazyLock<Mutex<Owners>> = LazyLock::new(Mutex::default);
+
+impl Owners {
+    /// Drops every entry of an owner on thread `thread` (any client, any key).
+    fn prune_thread(&mut self, thread: u64) {
+        let mut digits = String::with_capacity(21);
+        digits.push(':');
+        digits.push_str(&thread.to_string());
+        let of_thread = |slot: &String| {
+            slot.split('\0')
+                .next()
+                .is_some_and(|owner| owner.ends_with(&digits))
+        };
+        self.reported.retain(|slot, _| !of_thread(slot));
+        self.known.retain(|slot, _| !of_thread(slot));
+    }
+
+    /// Entries in both maps (for the crate's tests).
+    fn len(&self) -> usize {
+        self.reported.len() + self.known.len()
+    }
+}
+
+/// Prunes the exiting thread's entries from [`OWNERS`]: once a thread is gone nobody acquires
+/// as its owners (thread numbers are never reused), so what they count can only go stale, and
+/// a hold of theirs that is never released (a lease dropped unreleased, a guard forgotten, a
+/// release that failed for good) would otherwise keep its entry for good.
+struct PruneOnExit(u64);
+
+impl Drop for PruneOnExit {
+    fn drop(&mut self) {
+        OWNERS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .prune_thread(self.0);
+    }
+}
+
+thread_local! {
+    static PRUNE_ON_EXIT: PruneOnExit = PruneOnExit(owner::thread_num());
+}
+
+/// Makes sure the calling thread's entries go when it exits (registers its
+/// [`PruneOnExit`] on first use; nothing once the thread is exiting).
+fn prune_on_exit() {
+    let _ = PRUNE_ON_EXIT.try_with(|_| ());
+}
+
+/// The entries of the process's record of read-write lock owners: for the crate's tests,
+/// which check that it does not grow with threads that exited.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub fn owner_entries() -> usize {
+    OWNERS.lock().unwrap_or_else(|p| p.into_inner()).len()
+}
 
 /// One entry of [`Owners::known`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -510,6 +565,9 @@ impl Shared {
     /// Records the owner's hold count that a script reported.
     fn note_holds(&self, owner: &[u8], holds: i64) {
         let slot = self.slot(owner);
+        if holds > 0 {
+            prune_on_exit();
+        }
         let mut owners = self.owners();
         if holds > 0 {
             owners.reported.insert(slot, holds);
@@ -528,6 +586,9 @@ impl Shared {
     /// set, so that releases of the owner's leases on other threads cannot race its acquires.
     fn note_known(&self, owner: &[u8], mode: Mode, taken: bool) {
         let slot = self.slot(owner);
+        if taken {
+            prune_on_exit();
+        }
         let mut owners = self.owners();
         let map = &mut owners.known;
         if taken {
