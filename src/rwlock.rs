@@ -478,6 +478,7 @@ impl Owners {
     }
 
     /// Entries in both maps (for the crate's tests).
+    #[cfg(feature = "test-hooks")]
     fn len(&self) -> usize {
         self.reported.len() + self.known.len()
     }
