@@ -420,8 +420,8 @@ impl ReentrantLock {
     /// not have run. The janitor gives the hold back in the background if the owner's count is
     /// still the one it had before (`lua/reentrant_forget.lua`), so the lock is not left for the
     /// rest of its lease and a hold is never given back twice. Only the calling thread's own
-    /// holds are known well enough (their count); a lease released by another thread expires
-    /// with its lease.
+    /// holds are known well enough (their count); another client's lease (another thread's
+    /// is refused before this) expires with its lease.
     ///
     /// `true` when the hold was given back in-line, before this returned.
     fn forget_failed_release(&self, lease: &Lease, why: Why) -> bool {
