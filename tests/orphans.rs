@@ -859,4 +859,25 @@ fn release_whose_in_line_retry_succeeded_reports_it_done() {
     assert!(outer.unlock().unwrap());
     assert!(!raw::exists(&mut server.conn(), key));
     assert!(other.try_lock().is_ok());
+
+    let key = "orphan:redone-rw";
+    let rw = c1
+        .rw_lock(key)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let write = rw.write_lock().try_lock().unwrap();
+    proxy.reset_next(2);
+    assert!(matches!(write.unlock(), Ok(true)));
+    assert_eq!(c1.pending_cleanups(), 0);
+    assert!(!raw::exists(&mut server.conn(), key));
+
+    let key = "orphan:redone-fair";
+    let fair = slow_polling_fair(&c1, key);
+    let held = fair.try_lock().unwrap();
+    proxy.reset_next(2);
+    assert!(matches!(held.unlock(), Ok(true)));
+    assert_eq!(c1.pending_cleanups(), 0);
+    let rival = slow_polling_fair(&c2, key);
+    assert!(rival.try_lock().is_ok(), "free at once");
 }
