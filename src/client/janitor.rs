@@ -211,8 +211,18 @@ impl Janitor {
                     "lock {key:?}: the owner's acquire finishes its pending clean-up first"
                 );
             }
-            // Older jobs of the key and value run first: stop at the first that fails.
-            attempt(client, job, bound, when)?;
+            // Older jobs of the key and value run first: stop at the first that fails. The
+            // owner's acquire is not under way during the try either: a replayed counted
+            // release waits for the owner's attempts (see `holds_again`), and would wait
+            // for this very one.
+            if upto.is_none() {
+                client.owner_attempt_pauses(key, value);
+            }
+            let tried = attempt(client, job, bound, when);
+            if upto.is_none() {
+                client.owner_attempt_resumes(key, value);
+            }
+            tried?;
             if ours {
                 return Ok(true);
             }
@@ -306,7 +316,7 @@ impl Janitor {
                 shared: &self.shared,
                 counted,
             };
-            batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value)));
+            batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value, None)));
             let Some(first) = batch.first().map(|j| j.key.clone()) else {
                 continue;
             };
@@ -548,10 +558,11 @@ const ATTEMPT_WAIT: Duration = Duration::from_secs(5);
 /// For a counted release done again after a Sentinel switch, whose try is marked in flight
 /// (so the owner's next acquire waits for it in [`Janitor::settle`]): waits for the owner's
 /// acquire under way, if any (it may have passed `settle` before the mark; at most
-/// [`ATTEMPT_WAIT`]), then true if the owner holds the lock again: its count on the new master
-/// may then be that live hold's, which the release must not give back.
-fn holds_again(client: &LockClient, key: &str, owner: &[u8]) -> bool {
-    let end = crate::time::after(ATTEMPT_WAIT);
+/// [`ATTEMPT_WAIT`], and never past `until`: the bound of a try on a caller's thread), then
+/// true if the owner holds the lock again: its count on the new master may then be that live
+/// hold's, which the release must not give back.
+fn holds_again(client: &LockClient, key: &str, owner: &[u8], until: Option<Instant>) -> bool {
+    let end = attempt_wait_end(Instant::now(), until);
     while client.owner_attempting(key, owner) && Instant::now() < end {
         thread::sleep(Duration::from_millis(1));
     }
@@ -560,6 +571,12 @@ fn holds_again(client: &LockClient, key: &str, owner: &[u8]) -> bool {
         log::debug!("lock {key:?}: the owner holds the lock again; its release is not done again");
     }
     holds
+}
+
+/// The end of [`holds_again`]'s wait from `now`: [`ATTEMPT_WAIT`], cut to `until`.
+fn attempt_wait_end(now: Instant, until: Option<Instant>) -> Instant {
+    let end = crate::time::saturating_add(now, ATTEMPT_WAIT);
+    until.map_or(end, |u| end.min(u))
 }
 
 /// Tries one job taken off the list (`when`, for the log), nothing waiting past `until` (if
@@ -572,24 +589,25 @@ fn attempt(client: &LockClient, mut job: Job, until: Option<Instant>, when: &str
     // A counted release remembered across a Sentinel switch may have reached the new master
     // already, and the owner may hold the lock again since: its count then matches a live
     // hold. Such a job is dropped (the owner's next acquire cannot race it: see `settle`).
-    let (again, result) =
-        if counted && job.cause == Cause::ReleasedBeforeSwitch && holds_again(client, &key, &value)
-        {
-            (None, Ok(()))
-        } else {
-            let reply = client.with_conn_until(&key, until, |con, s| {
-                let keys: Vec<&str> = job.cleanup.keys.iter().map(String::as_str).collect();
-                (job.cleanup.script)(s).eval_keys(con, &keys, &job.cleanup.args)
-            });
-            match reply {
-                Ok(v) => {
-                    let did = read_reply(client, &key, &job.cleanup, &v);
-                    log_done(&job, did, when);
-                    (None, Ok(()))
-                }
-                Err(e) => (retry_later(client, job, &e), Err(e)),
+    let (again, result) = if counted
+        && job.cause == Cause::ReleasedBeforeSwitch
+        && holds_again(client, &key, &value, until)
+    {
+        (None, Ok(()))
+    } else {
+        let reply = client.with_conn_until(&key, until, |con, s| {
+            let keys: Vec<&str> = job.cleanup.keys.iter().map(String::as_str).collect();
+            (job.cleanup.script)(s).eval_keys(con, &keys, &job.cleanup.args)
+        });
+        match reply {
+            Ok(v) => {
+                let did = read_reply(client, &key, &job.cleanup, &v);
+                log_done(&job, did, when);
+                (None, Ok(()))
             }
-        };
+            Err(e) => (retry_later(client, job, &e), Err(e)),
+        }
+    };
     let shared = &client.janitor().shared;
     if counted && again.is_none() {
         shared.gone(1);
@@ -672,4 +690,70 @@ fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Optio
     );
     job.next = next;
     Some(job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client that sends nothing until asked, to a port nothing listens on (refused at once).
+    fn refused_client() -> LockClient {
+        crate::LockClient::builder("redis://127.0.0.1:1/")
+            .lazy_connect()
+            .build()
+            .expect("client")
+    }
+
+    fn counted_replay(key: &str, owner: &[u8]) -> Redo {
+        let mut cleanup = Cleanup::delete_for_test(key, owner);
+        cleanup.counted = true;
+        Redo {
+            key: key.to_owned(),
+            value: owner.to_vec(),
+            cleanup,
+            until: crate::time::after(Duration::from_secs(60)),
+        }
+    }
+
+    #[test]
+    fn an_owners_acquire_settling_a_replayed_release_does_not_wait_for_itself() {
+        let client = refused_client();
+        let (key, owner) = ("k", b"owner".as_slice());
+        client.janitor().push(
+            &client,
+            counted_replay(key, owner),
+            Cause::ReleasedBeforeSwitch,
+        );
+        // The owner's acquire registers itself, then settles its pending clean-ups first (as
+        // the reentrant and read-write acquires do).
+        let attempt = client.owner_attempt(key, owner);
+        let start = Instant::now();
+        let settled = client.janitor().settle(&client, key, owner);
+        let took = start.elapsed();
+        drop(attempt);
+        // The try is refused (nothing listens): what matters is that it was made at once,
+        // not after waiting `ATTEMPT_WAIT` (5 s) for the caller's own attempt.
+        assert!(settled.is_err(), "the try was refused");
+        assert!(took < Duration::from_millis(2_500), "settle took {took:?}");
+        assert!(
+            !client.owner_attempting(key, owner),
+            "registration balanced"
+        );
+    }
+
+    #[test]
+    fn the_wait_for_an_owners_attempt_ends_at_the_bound() {
+        let client = refused_client();
+        let (key, owner) = ("k", b"owner".as_slice());
+        let _attempt = client.owner_attempt(key, owner);
+        let start = Instant::now();
+        let bound = crate::time::after(Duration::from_millis(100));
+        assert!(!holds_again(&client, key, owner, Some(bound)));
+        let took = start.elapsed();
+        assert!(took < Duration::from_millis(2_500), "waited {took:?}");
+        let now = Instant::now();
+        assert_eq!(attempt_wait_end(now, None), now + ATTEMPT_WAIT);
+        let soon = now + Duration::from_millis(10);
+        assert_eq!(attempt_wait_end(now, Some(soon)), soon);
+    }
 }
