@@ -300,6 +300,12 @@ impl LockError {
         }
     }
 
+    /// True when no command was sent: no connection could be had for it (a failed or timed
+    /// out checkout or connect). An outage ([`is_transient`](Self::is_transient)).
+    pub(crate) fn nothing_sent(&self) -> bool {
+        self.fault() == Some(Fault::NOT_CONNECTED)
+    }
+
     /// The classification of an error that has one.
     fn fault(&self) -> Option<Fault> {
         match self {
@@ -470,6 +476,9 @@ enum Kind {
     /// The connection was refused, reset, dropped or garbled, or there is no server to connect
     /// to yet (no master named, no node for a slot, no connection free).
     Unreachable,
+    /// No connection could be had for a command (the pool's checkout, or the opening of a
+    /// connection, failed or timed out): nothing was sent. Retried as an outage.
+    NotConnected,
     /// A server in a state that a failover or a restart passes through.
     Failover,
     /// Wrong credentials, or a command the user may not run.
@@ -481,6 +490,7 @@ enum Kind {
 impl Fault {
     pub(crate) const TIMEOUT: Fault = Fault(Kind::Timeout);
     pub(crate) const UNREACHABLE: Fault = Fault(Kind::Unreachable);
+    pub(crate) const NOT_CONNECTED: Fault = Fault(Kind::NotConnected);
     pub(crate) const OTHER: Fault = Fault(Kind::Other);
 
     /// The classification of a Redis error, from its kind, its server error codes and the kind
@@ -507,7 +517,10 @@ impl Fault {
 
     /// Goes away by itself: see [`LockError::is_transient`].
     fn is_transient(self) -> bool {
-        matches!(self.0, Kind::Unreachable | Kind::Failover)
+        matches!(
+            self.0,
+            Kind::Unreachable | Kind::NotConnected | Kind::Failover
+        )
     }
 }
 

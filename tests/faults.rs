@@ -524,3 +524,42 @@ fn blocking_lock_rides_through_a_restart_within_its_budget() {
         assert!(took < Duration::from_secs(6), "took {took:?}");
     });
 }
+
+/// A release that fails because no connection could be had (a paused server: its pooled
+/// connection timed out and was dropped, and a new one cannot be set up) fails within about one
+/// bound, not two: nothing was sent, so the clean-up is not tried again before the call
+/// returns, but left to the background (and the drain of the dropped client).
+#[test]
+fn a_release_with_no_connection_fails_within_one_bound() {
+    init_logging();
+    let server = RedisServer::start();
+    let (connect, command) = (Duration::from_secs(2), Duration::from_secs(6));
+    let c = LockClient::builder(server.url())
+        .pool_size(1)
+        .connect_timeout(connect)
+        .command_timeout(Some(command))
+        .build()
+        .expect("client");
+    let lock = c
+        .lock("f:no-conn")
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = lock.try_lock().unwrap();
+
+    server.pause();
+    // The pooled connection times out and is dropped (a read: it leaves no clean-up behind,
+    // nor a background try competing for the pool): the release needs a new connection.
+    assert!(held.is_held().expect_err("paused").is_timeout());
+
+    let started = Instant::now();
+    let released = held.unlock();
+    let took = started.elapsed();
+    server.resume();
+    let e = released.expect_err("no connection to the paused server");
+    assert!(e.is_transient() && !e.is_timeout(), "{}", e.report());
+    // One checkout of a connection that cannot be set up (about 2 connect timeouts here: 4 s);
+    // a second try in-line took as long again (about 8 s). Between the two, with 2 s of margin
+    // either way.
+    assert!(took < 3 * connect, "unlock took {took:?}");
+}

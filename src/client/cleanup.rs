@@ -23,8 +23,12 @@ pub(crate) struct Why {
     /// [`Janitor::forget`](crate::client::jobs::Janitor::forget)). Not after a command that
     /// timed out: the server did not answer within a whole command timeout, and a try at once
     /// would most likely wait another one for nothing (the janitor retries it, and the drain
-    /// of a dropped client tries it once more).
+    /// of a dropped client tries it once more). Nor when no connection could be had (nothing
+    /// was sent): the checkout or the connect already took its bound, and a try at once would
+    /// most likely fail (or time out) the same way.
     pub(crate) in_line: bool,
+    /// Nothing was sent: no connection could be had (for the log).
+    pub(crate) nothing_sent: bool,
 }
 
 impl Why {
@@ -36,17 +40,31 @@ impl Why {
             _ => Cause::LostAcquireReply,
         };
         // Not a timeout for a write the replicas did not confirm: the server answered.
-        Why {
-            cause,
-            in_line: !e.is_timeout(),
-        }
+        Why::after(cause, e)
     }
 
     /// The retry of a release that failed with `e`.
     pub(crate) fn release(e: &crate::LockError) -> Why {
+        Why::after(Cause::FailedRelease, e)
+    }
+
+    /// A clean-up for `cause` after a call that failed with `e`: in-line unless the command
+    /// timed out or nothing was sent.
+    fn after(cause: Cause, e: &crate::LockError) -> Why {
+        let nothing_sent = e.nothing_sent();
         Why {
-            cause: Cause::FailedRelease,
-            in_line: !e.is_timeout(),
+            cause,
+            in_line: !e.is_timeout() && !nothing_sent,
+            nothing_sent,
+        }
+    }
+
+    /// Why the clean-up is not tried before the call returns (for the log).
+    pub(crate) fn not_in_line(&self) -> &'static str {
+        if self.nothing_sent {
+            "no connection to the server within the connect timeout"
+        } else {
+            "no reply within the command timeout"
         }
     }
 }
@@ -124,6 +142,31 @@ impl Cleanup {
             *slot = value.to_vec();
         }
         c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Fault;
+    use crate::LockError;
+
+    fn failed(fault: Fault) -> LockError {
+        LockError::connection("k", fault, "test".into())
+    }
+
+    #[test]
+    fn only_a_sent_command_that_did_not_time_out_is_cleaned_up_in_line() {
+        let refused = Why::release(&failed(Fault::UNREACHABLE));
+        assert!(refused.in_line && !refused.nothing_sent);
+        let timed_out = Why::release(&failed(Fault::TIMEOUT));
+        assert!(!timed_out.in_line);
+        // A checkout or connect that failed (also by its timeout) sent nothing.
+        let no_conn = Why::release(&failed(Fault::NOT_CONNECTED));
+        assert!(!no_conn.in_line && no_conn.nothing_sent);
+        assert!(failed(Fault::NOT_CONNECTED).is_transient());
+        assert!(!failed(Fault::NOT_CONNECTED).is_timeout());
+        assert!(!Why::acquire(&failed(Fault::NOT_CONNECTED)).in_line);
     }
 }
 

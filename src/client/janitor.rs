@@ -109,9 +109,10 @@ impl Janitor {
         };
         if !why.in_line {
             log::info!(
-                "lock {key:?}: {} (no reply within the command timeout); {} of {} in the \
-                 background (until it would expire, in {} ms)",
+                "lock {key:?}: {} ({}); {} of {} in the background (until it would expire, \
+                 in {} ms)",
                 cause.describe(),
+                why.not_in_line(),
                 what,
                 printable(value),
                 until.saturating_duration_since(now).as_millis()

@@ -644,10 +644,10 @@ impl LockClient {
             // No command was sent: an outage, retried as one even when connecting timed out.
             Some(last) => LockError::connection(
                 key,
-                Fault::UNREACHABLE,
+                Fault::NOT_CONNECTED,
                 Box::new(Context::new(format!("no connection to {addr}"), Some(last))),
             ),
-            None => LockError::connection(key, Fault::UNREACHABLE, Box::new(e)),
+            None => LockError::connection(key, Fault::NOT_CONNECTED, Box::new(e)),
         }
     }
 
