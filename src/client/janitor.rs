@@ -424,16 +424,7 @@ impl Janitor {
                 j.until > now
             });
             if jobs.list.len() >= MAX_JOBS {
-                let at = jobs
-                    .list
-                    .iter()
-                    .position(|j| {
-                        jobs.list
-                            .iter()
-                            .rev()
-                            .any(|later| later.key == j.key && later.seq > j.seq)
-                    })
-                    .unwrap_or(0);
+                let at = jobs.to_drop_at_cap();
                 let dropped = jobs.list.remove(at);
                 if dropped.cleanup.counted {
                     shared.gone(1);
