@@ -20,7 +20,8 @@
 //! it can never touch another owner's lock nor give back a hold twice. The janitor retries it
 //! on a pooled connection (broken connections are replaced; on Sentinel a new connection goes
 //! to the current primary) every [`RETRY_DELAY`] until it is answered, or until the hold would
-//! have expired by itself (the job's deadline), whichever comes first. Each outcome is logged.
+//! have expired by itself (the job's deadline), whichever comes first, or until it is refused in
+//! a way retrying does not change (see [`retry_later`]). Each outcome is logged.
 //!
 //! A counted clean-up (a hold given back from a hash's count) must not be mistaken for the
 //! owner's next hold: the owner's next acquire of that key first finishes the job itself (or
@@ -38,7 +39,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
+use crate::client::cleanup::{worth_retrying, Cause, Cleanup, Done, Redo, Why};
 use crate::client::jobs::{wait, Janitor, Job, Jobs, Shared, MAX_JOBS};
 use crate::client::repeats::log_repeat;
 use crate::client::{LockClient, WeakClient};
@@ -653,9 +654,21 @@ fn log_done(job: &Job, did: Done, when: &str) {
     }
 }
 /// A job whose try failed with `e`: `Some(job)` to try again after [`RETRY_DELAY`], `None` when
-/// the hold expires before that.
+/// the hold expires before that, or when `e` is not worth retrying (a refusal that retrying
+/// does not change: no permission, a wrong-type key, a reply that makes no sense).
 fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Option<Job> {
     let key = job.key.as_str();
+    if !worth_retrying(e) {
+        log::warn!(
+            "lock {key:?}: gave up {} of {} after {} ({} tries): the server refused it in a way              retrying does not change: {}; the lock expires with its lease",
+            job.cleanup.what,
+            printable(&job.value),
+            job.cause.describe(),
+            job.tries,
+            e.report()
+        );
+        return None;
+    }
     let now = Instant::now();
     let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
     if next >= job.until {
@@ -731,6 +744,45 @@ mod tests {
             !client.owner_attempting(key, owner),
             "registration balanced"
         );
+    }
+
+    #[test]
+    fn a_clean_up_refused_for_good_is_not_retried() {
+        let client = refused_client();
+        let job = |seq| Job {
+            key: "k".to_owned(),
+            value: b"v".to_vec(),
+            cleanup: Cleanup::delete_for_test("k", b"v"),
+            cause: Cause::FailedRelease,
+            until: crate::time::after(Duration::from_secs(60)),
+            next: Instant::now(),
+            tries: 1,
+            seq,
+        };
+        let wrong_type = crate::LockError::WrongType {
+            key: "k".to_owned(),
+        };
+        assert!(retry_later(&client, job(1), &wrong_type).is_none());
+        let denied = crate::LockError::from_redis(
+            "k",
+            redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+                "no permission",
+            )),
+        );
+        assert!(retry_later(&client, job(2), &denied).is_none());
+        let reset = crate::LockError::connection(
+            "k",
+            crate::error::Fault::UNREACHABLE,
+            "connection reset".into(),
+        );
+        assert!(retry_later(&client, job(3), &reset).is_some());
+        let transient = crate::LockError::connection(
+            "k",
+            crate::error::Fault::NOT_CONNECTED,
+            "no connection".into(),
+        );
+        assert!(retry_later(&client, job(4), &transient).is_some());
     }
 
     #[test]
