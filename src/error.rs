@@ -300,8 +300,9 @@ impl LockError {
         }
     }
 
-    /// True when no command was sent: no connection could be had for it (a failed or timed
-    /// out checkout or connect). An outage ([`is_transient`](Self::is_transient)).
+    /// True when no command was sent because no connection could be had for it within the
+    /// connect timeout (a checkout or connect that timed out). An outage
+    /// ([`is_transient`](Self::is_transient)), not a command timeout.
     pub(crate) fn nothing_sent(&self) -> bool {
         self.fault() == Some(Fault::NOT_CONNECTED)
     }
@@ -476,8 +477,9 @@ enum Kind {
     /// The connection was refused, reset, dropped or garbled, or there is no server to connect
     /// to yet (no master named, no node for a slot, no connection free).
     Unreachable,
-    /// No connection could be had for a command (the pool's checkout, or the opening of a
-    /// connection, failed or timed out): nothing was sent. Retried as an outage.
+    /// No connection could be had for a command within the connect timeout (connecting, or
+    /// waiting for a free pooled connection, timed out): nothing was sent. Retried as an
+    /// outage.
     NotConnected,
     /// A server in a state that a failover or a restart passes through.
     Failover,

@@ -23,11 +23,12 @@ pub(crate) struct Why {
     /// [`Janitor::forget`](crate::client::jobs::Janitor::forget)). Not after a command that
     /// timed out: the server did not answer within a whole command timeout, and a try at once
     /// would most likely wait another one for nothing (the janitor retries it, and the drain
-    /// of a dropped client tries it once more). Nor when no connection could be had (nothing
-    /// was sent): the checkout or the connect already took its bound, and a try at once would
-    /// most likely fail (or time out) the same way.
+    /// of a dropped client tries it once more). Nor when no connection could be had within
+    /// the connect timeout (nothing was sent): the checkout or the connect already took its
+    /// bound, and a try at once would most likely time out the same way. A connection refused
+    /// or reset at once is tried again in-line (it costs no bound).
     pub(crate) in_line: bool,
-    /// Nothing was sent: no connection could be had (for the log).
+    /// Nothing was sent: no connection within the connect timeout (for the log).
     pub(crate) nothing_sent: bool,
 }
 
@@ -49,7 +50,7 @@ impl Why {
     }
 
     /// A clean-up for `cause` after a call that failed with `e`: in-line unless the command
-    /// timed out or nothing was sent.
+    /// timed out or no connection could be had in time.
     fn after(cause: Cause, e: &crate::LockError) -> Why {
         let nothing_sent = e.nothing_sent();
         Why {
@@ -161,7 +162,7 @@ mod tests {
         assert!(refused.in_line && !refused.nothing_sent);
         let timed_out = Why::release(&failed(Fault::TIMEOUT));
         assert!(!timed_out.in_line);
-        // A checkout or connect that failed (also by its timeout) sent nothing.
+        // A checkout or connect that timed out sent nothing, and took its bound.
         let no_conn = Why::release(&failed(Fault::NOT_CONNECTED));
         assert!(!no_conn.in_line && no_conn.nothing_sent);
         assert!(failed(Fault::NOT_CONNECTED).is_transient());

@@ -642,9 +642,15 @@ impl LockClient {
                 source: Some(Box::new(last)),
             },
             // No command was sent: an outage, retried as one even when connecting timed out.
+            // One that took the whole connect timeout (connecting, or waiting for a free
+            // connection) says so: a clean-up is not tried again at once (see `Why`).
             Some(last) => LockError::connection(
                 key,
-                Fault::NOT_CONNECTED,
+                if last.is_timeout() {
+                    Fault::NOT_CONNECTED
+                } else {
+                    Fault::UNREACHABLE
+                },
                 Box::new(Context::new(format!("no connection to {addr}"), Some(last))),
             ),
             None => LockError::connection(key, Fault::NOT_CONNECTED, Box::new(e)),
