@@ -211,6 +211,14 @@ pub enum LockError {
 }
 
 impl LockError {
+    /// True for a release error after which the release may still be needed and can be tried
+    /// again: a connection error (it may or may not have run), or a server's transient refusal
+    /// (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`: it did not run; a
+    /// Cluster answers `CLUSTERDOWN` on every node while a failed primary is replaced).
+    pub(crate) fn worth_retrying(&self) -> bool {
+        matches!(self, LockError::Connection { .. }) || self.is_transient()
+    }
+
     /// True for "someone else has the lock" outcomes ([`Held`](Self::Held),
     /// [`Timeout`](Self::Timeout)), false for failures.
     pub fn is_contention(&self) -> bool {

@@ -428,7 +428,7 @@ where
                 lock.key()
             ),
             // Queued for the client's janitor: not lost yet.
-            Err(e) if crate::client::cleanup::worth_retrying(&e) => log::warn!(
+            Err(e) if e.worth_retrying() => log::warn!(
                 "lock {:?}: release on drop failed: {}; retried in the background",
                 lock.key(),
                 e.report()

@@ -875,7 +875,7 @@ impl Shared {
         // release this lease again: it stays counted.
         if reply
             .as_ref()
-            .map_or_else(crate::client::cleanup::worth_retrying, |_| true)
+            .map_or_else(LockError::worth_retrying, |_| true)
         {
             self.note_known(lease.value(), mode, false);
         }
@@ -888,11 +888,7 @@ impl Shared {
                 lease.valid_until().min(latch_lives),
             )
         };
-        if let Some(e) = reply
-            .as_ref()
-            .err()
-            .filter(|e| crate::client::cleanup::worth_retrying(e))
-        {
+        if let Some(e) = reply.as_ref().err().filter(|e| e.worth_retrying()) {
             let (release, until) = resend();
             let done = self.client.janitor().forget(
                 &self.client,

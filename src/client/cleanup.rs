@@ -7,14 +7,6 @@ use std::time::Instant;
 use crate::client::grants::Grant;
 use crate::scripts::{LuaScript, Scripts};
 
-/// True for a release error after which the release may still be needed and can be tried
-/// again: a connection error (it may or may not have run), or a server's transient refusal
-/// (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `LOADING`, `READONLY`: it did not run; a Cluster
-/// answers `CLUSTERDOWN` on every node while a failed primary is replaced).
-pub(crate) fn worth_retrying(e: &crate::LockError) -> bool {
-    matches!(e, crate::LockError::Connection { .. }) || e.is_transient()
-}
-
 /// Why a clean-up is needed, and whether it is tried before the call returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Why {

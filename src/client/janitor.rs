@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::client::cleanup::{worth_retrying, Cause, Cleanup, Done, Redo, Why};
+use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
 use crate::client::jobs::{wait, Janitor, Job, Jobs, Shared, MAX_JOBS};
 use crate::client::repeats::log_repeat;
 use crate::client::{LockClient, WeakClient};
@@ -658,7 +658,7 @@ fn log_done(job: &Job, did: Done, when: &str) {
 /// does not change: no permission, a wrong-type key, a reply that makes no sense).
 fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Option<Job> {
     let key = job.key.as_str();
-    if !worth_retrying(e) {
+    if !e.worth_retrying() {
         log::warn!(
             "lock {key:?}: gave up {} of {} after {} ({} tries): the server refused it in a way              retrying does not change: {}; the lock expires with its lease",
             job.cleanup.what,

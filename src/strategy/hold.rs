@@ -225,7 +225,8 @@ pub(crate) fn after_publish(client: &LockClient, line: &str, channel: &str, rece
 /// None when the release was answered, or failed for good.
 pub(crate) fn failed_release<T>(reply: &Result<T>) -> Option<crate::client::cleanup::Why> {
     let e = reply.as_ref().err()?;
-    crate::client::cleanup::worth_retrying(e).then(|| crate::client::cleanup::Why::release(e))
+    e.worth_retrying()
+        .then(|| crate::client::cleanup::Why::release(e))
 }
 
 pub(crate) struct Extending {
