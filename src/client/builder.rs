@@ -25,7 +25,6 @@ use super::switches::Switches;
 use super::target::ConnectionTarget;
 use super::{LockClient, MAX_CLIENT_TIMEOUT};
 use crate::error::{LockError, Result};
-use crate::redlock::{NodeClient, NodeSpec, RedLockClient, RedLockClientBuilder};
 
 /// Settings for [`LockClient`], with documented defaults.
 #[derive(Clone)]
@@ -159,87 +158,6 @@ impl LockClient {
             sentinels: targets(sentinels),
             service: service.to_owned(),
         })
-    }
-}
-
-/// A RedLock's nodes given as URLs: each one a [`LockClient`] built by a [`ClientBuilder`].
-impl RedLockClient {
-    /// Connects to the independent masters at `nodes` (`redis://host:port/db`, or anything else
-    /// [`LockClient::open`] takes) with the default settings ([`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT),
-    /// [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS)).
-    pub fn open<T: ConnectionTarget + Clone>(nodes: &[T]) -> Result<Self> {
-        Self::builder(nodes).build()
-    }
-
-    /// A builder for the independent masters at `nodes`, to tune the node timeout and workers.
-    /// Each node gets its own [`LockClient`], built as [`LockClient::builder`] builds one (its
-    /// defaults, among them the connect timeout, and TLS for `rediss://` URLs), with a command
-    /// timeout equal to the node timeout, a pool of one connection per worker and a lazy
-    /// connect; [`node_options`](RedLockClientBuilder::node_options) changes any of it (TLS
-    /// certificates, the connect timeout, …). A malformed URL is reported by
-    /// [`RedLockClientBuilder::build`].
-    pub fn builder<T: ConnectionTarget + Clone>(nodes: &[T]) -> RedLockClientBuilder {
-        let infos = nodes
-            .iter()
-            .cloned()
-            .map(ConnectionTarget::into_target_info)
-            .collect();
-        RedLockClientBuilder::new(NodeSpec::Targets(infos, redlock_node(None)))
-    }
-}
-
-/// What [`RedLockClientBuilder::node_options`] applies to each node's builder.
-type NodeOptions = Arc<dyn Fn(ClientBuilder) -> ClientBuilder + Send + Sync>;
-
-/// How a RedLock node given as a URL becomes a client: [`LockClient::builder`] with the
-/// RedLock settings (the node timeout as the command timeout, a connection per worker, a lazy
-/// connect), then the application's `options`.
-fn redlock_node(options: Option<NodeOptions>) -> NodeClient {
-    Arc::new(move |info, workers, node_timeout| {
-        let node = LockClient::builder(info)
-            .pool_size(workers)
-            .command_timeout(Some(node_timeout))
-            .lazy_connect();
-        match &options {
-            Some(options) => options(node),
-            None => node,
-        }
-        .build()
-    })
-}
-
-impl RedLockClientBuilder {
-    /// Settings for every node given as a URL: `options` gets the node's [`ClientBuilder`],
-    /// with the RedLock settings already applied (the node timeout as its command timeout, a
-    /// connection per worker, a lazy connect), and returns it changed: TLS certificates, a
-    /// connect or command timeout, replica confirmation, a pool size. Nodes given as clients
-    /// ([`RedLockClient::from_clients`]) are left as they are. A later call replaces an earlier
-    /// one.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use redis_dlock::RedLockClient;
-    /// # fn main() -> Result<(), redis_dlock::LockError> {
-    /// let client = RedLockClient::builder(&[
-    ///     "redis://10.0.0.1:6379/",
-    ///     "redis://10.0.0.2:6379/",
-    ///     "redis://10.0.0.3:6379/",
-    /// ])
-    /// .node_options(|node| node.connect_timeout(Duration::from_millis(500)))
-    /// .build()?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// With the `tls-rustls` or `tls-native-tls` feature, certificates for `rediss://` nodes:
-    /// `.node_options(move |node| node.tls_certificates(certs.clone()))`.
-    pub fn node_options(
-        mut self,
-        options: impl Fn(ClientBuilder) -> ClientBuilder + Send + Sync + 'static,
-    ) -> Self {
-        if let NodeSpec::Targets(_, node_client) = self.nodes_mut() {
-            *node_client = redlock_node(Some(Arc::new(options)));
-        }
-        self
     }
 }
 
