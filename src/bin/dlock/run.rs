@@ -338,6 +338,44 @@ fn stopped(stop: &Receiver<()>, d: Duration) -> bool {
     !matches!(stop.recv_timeout(d), Err(RecvTimeoutError::Timeout))
 }
 
+/// How long a repeated WARN of a loop is held back, as the library's own repeated lines.
+const QUIET: Duration = Duration::from_secs(5);
+
+/// One loop's repeated WARN: written at most once per [`QUIET`] while Redis stays away (a short
+/// lease retries its renewal every few hundred ms), with the count of those left out.
+#[derive(Debug, Default)]
+struct Quiet {
+    last: Option<Instant>,
+    left_out: u32,
+}
+
+impl Quiet {
+    /// `Some(left out since the last one)` when the line may be written at `now`; otherwise
+    /// counts it as left out.
+    fn allow(&mut self, now: Instant) -> Option<u32> {
+        if self
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) < QUIET)
+        {
+            self.left_out = self.left_out.saturating_add(1);
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.left_out))
+    }
+}
+
+/// The tail of a line written after some like it were left out.
+fn left_out_note(left_out: u32) -> String {
+    match left_out {
+        0 => String::new(),
+        n => format!(
+            " ({n} more like this in the last {} s were not logged)",
+            QUIET.as_secs()
+        ),
+    }
+}
+
 /// Extends a Classic hold every third of `lease`.
 fn renew_loop(
     dlock: &dyn DistributedLock,
@@ -350,6 +388,7 @@ fn renew_loop(
     let period = lease / 3;
     let retry = (lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut next = period;
+    let mut quiet = Quiet::default();
     loop {
         if stopped(stop, next) {
             return;
@@ -368,7 +407,12 @@ fn renew_loop(
                 return;
             }
             Err(e) => {
-                log::warn!("lock {key:?}: renewal failed, retrying in {retry:?}: {e}");
+                if let Some(left_out) = quiet.allow(Instant::now()) {
+                    log::warn!(
+                        "lock {key:?}: renewal failed, retrying in {retry:?}: {e}{}",
+                        left_out_note(left_out)
+                    );
+                }
                 // The supervising loop sees the lease run out by the local clock.
                 next = retry;
             }
@@ -386,6 +430,7 @@ fn check_loop(
     stop: &Receiver<()>,
 ) {
     let period = (ttl / 3).clamp(Duration::from_millis(10), MAX_CHECK_INTERVAL);
+    let mut quiet = Quiet::default();
     loop {
         if stopped(stop, period) {
             return;
@@ -403,7 +448,12 @@ fn check_loop(
                 ));
                 return;
             }
-            Err(e) => log::warn!("lock {:?}: check failed: {e}", dlock.key()),
+            Err(e) => {
+                if let Some(left_out) = quiet.allow(Instant::now()) {
+                    let note = left_out_note(left_out);
+                    log::warn!("lock {:?}: check failed: {e}{note}", dlock.key());
+                }
+            }
         }
     }
 }
@@ -565,5 +615,29 @@ fn forward(pid: u32, sig: i32) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_warning_is_written_once_per_quiet_period_with_the_count_left_out() {
+        let mut quiet = Quiet::default();
+        let t0 = Instant::now();
+        assert_eq!(quiet.allow(t0), Some(0));
+        // A renewal retried every 300 ms for 4.5 s: held back.
+        for i in 1..=15 {
+            assert_eq!(quiet.allow(t0 + Duration::from_millis(300 * i)), None);
+        }
+        // The next one after the quiet period says how many were left out, and starts again.
+        assert_eq!(quiet.allow(t0 + QUIET + Duration::from_millis(1)), Some(15));
+        assert_eq!(quiet.allow(t0 + QUIET + Duration::from_millis(2)), None);
+        assert_eq!(left_out_note(0), "");
+        assert_eq!(
+            left_out_note(15),
+            " (15 more like this in the last 5 s were not logged)"
+        );
     }
 }
