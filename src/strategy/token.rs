@@ -593,12 +593,10 @@ impl TokenLock {
         // A hold whose lifetime passed is reported lost, as by `string_value::release`.
         let overran = lease.is_expired();
         lease.stop_renewal();
-        let kept = string_value::extend(
-            &self.client,
-            &self.key,
-            lease.value(),
-            rest.as_millis() as u64,
-        );
+        // Rounded up: `lock_at_least` is a least, and whole milliseconds cut down would end the
+        // hold up to 1 ms before it (a ShedLock peer then ran its job that much early).
+        let rest_ms = u64::try_from(rest.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        let kept = string_value::extend(&self.client, &self.key, lease.value(), rest_ms);
         if matches!(kept, Ok(true)) {
             self.client.hold_renewed(lease.value(), rest);
             log::debug!(
@@ -658,7 +656,7 @@ impl DistributedLock for TokenLock {
         if let Some(rest) = self.opts.at_least.and_then(|d| {
             crate::time::saturating_add(lease.acquired_at(), d)
                 .checked_duration_since(Instant::now())
-                .filter(|rest| rest.as_millis() > 0)
+                .filter(|rest| !rest.is_zero())
         }) {
             return self.keep_at_least(lease, rest);
         }
