@@ -28,7 +28,12 @@ const SLACK: Duration = Duration::from_millis(2_500);
 /// A client with short timeouts whose pool already holds a connection (one lock cycle on
 /// another key), so that the acquire under test is really sent, as in a running service.
 fn impatient(server: &RedisServer) -> LockClient {
-    let c = LockClient::builder(server.url())
+    impatient_at(server.url())
+}
+
+/// [`impatient`] at any URL (a proxy's).
+fn impatient_at(url: String) -> LockClient {
+    let c = LockClient::builder(url)
         .connect_timeout(TIMEOUT)
         .command_timeout(Some(TIMEOUT))
         .pool_size(1)
@@ -806,19 +811,6 @@ fn rw_reentry_whose_reply_was_lost_is_given_back_once() {
     }
 }
 
-/// A client through `proxy` with short timeouts, one pooled connection, warmed up.
-fn impatient_via(proxy: &Proxy) -> LockClient {
-    let c = LockClient::builder(proxy.url())
-        .connect_timeout(TIMEOUT)
-        .command_timeout(Some(TIMEOUT))
-        .pool_size(1)
-        .build()
-        .expect("client");
-    let warm = c.lock("orphan:warm-up").build().expect("lock");
-    assert!(warm.try_lock().expect("warm-up").unlock().expect("warm-up"));
-    c
-}
-
 /// A release whose first send fails on a dropped connection (not a timeout: it is retried
 /// in-line) and whose in-line retry is answered reports the release done, not the error: the
 /// lock is free, nothing is left for the janitor. For a reentrant owner holding twice, the
@@ -828,7 +820,7 @@ fn release_whose_in_line_retry_succeeded_reports_it_done() {
     init_logging();
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let c1 = impatient_via(&proxy);
+    let c1 = impatient_at(proxy.url());
     let c2 = patient(&server);
 
     let key = "orphan:redone-token";
