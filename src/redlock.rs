@@ -98,10 +98,6 @@ impl Lane {
             .is_some_and(|until| Instant::now() < *until)
     }
 
-    fn forget(&mut self, token: &[u8]) {
-        self.written.remove(token);
-    }
-
     /// Compare-and-delete of `token`. Once the node answered, the lane forgets the token; if
     /// it did not and the token may be there, the delete is kept for [`redo`](Self::redo).
     fn delete(&mut self, key: &str, token: &[u8]) -> Result<bool> {
@@ -110,7 +106,7 @@ impl Lane {
             .with_conn(key, |con, s| s.unlock.eval::<i64>(con, key, token))
         {
             Ok(deleted) => {
-                self.forget(token);
+                self.written.remove(token);
                 Ok(deleted == 1)
             }
             Err(e) => {
@@ -526,78 +522,35 @@ impl fmt::Display for Tally {
     }
 }
 
-/// The votes of one broadcast, arriving.
-struct Ballot {
-    rx: Receiver<(usize, Vote)>,
-    deadline: Instant,
-}
-
-impl Ballot {
-    /// Collects votes until the outcome is decided (`quorum` yes votes, or too few nodes left
-    /// to reach it), every node answered, or the deadline passed. Nodes still out count as
-    /// unanswered.
-    fn count(&self, nodes: usize, quorum: usize) -> Tally {
-        let mut tally = Tally {
-            nodes,
-            ..Tally::default()
-        };
-        loop {
-            let settled = tally.answered() + tally.unanswered;
-            if tally.yes >= quorum || settled == nodes || tally.yes + (nodes - settled) < quorum {
-                break;
-            }
-            let left = self.deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match self.rx.recv_timeout(left) {
-                Ok((_, vote)) => tally.add(vote),
-                Err(_) => break,
-            }
+/// Collects the votes arriving on `rx` until the outcome is decided (`quorum` yes votes, or too
+/// few nodes left to reach it), every node answered, or `deadline` passed. Nodes still out
+/// count as unanswered.
+fn count(rx: &Receiver<Vote>, deadline: Instant, nodes: usize, quorum: usize) -> Tally {
+    let mut tally = Tally {
+        nodes,
+        ..Tally::default()
+    };
+    loop {
+        let settled = tally.answered() + tally.unanswered;
+        if tally.yes >= quorum || settled == nodes || tally.yes + (nodes - settled) < quorum {
+            break;
         }
-        tally.unanswered = nodes - tally.answered();
-        tally
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match rx.recv_timeout(left) {
+            Ok(vote) => tally.add(vote),
+            Err(_) => break,
+        }
     }
+    tally.unanswered = nodes - tally.answered();
+    tally
 }
 
 impl Inner {
-    /// Sends `op` to every node, on the key's lane, and counts the votes; a node's job that
-    /// has not started by `deadline` is skipped (except deletes of a token the lane may have
-    /// written, see [`Effect`]). `op` returns the node's vote: `Ok(true)` yes, `Ok(false)` no.
-    fn broadcast<F>(
-        &self,
-        key: &str,
-        lane: usize,
-        deadline: Instant,
-        effect: Effect,
-        op: F,
-    ) -> Tally
-    where
-        F: Fn(&mut Lane, &str) -> Result<bool> + Send + Sync + 'static,
-    {
-        let rx = self.dispatch(key, lane, Vote::Failed, move |lane, key| {
-            let must_send = matches!(&effect, Effect::Delete { token } if lane.may_hold(token));
-            if Instant::now() >= deadline && !must_send {
-                return Some((Vote::Skipped, false));
-            }
-            let result = op(lane, key);
-            if let Effect::Write { token, ttl } = &effect {
-                match result {
-                    Ok(true) | Err(_) => lane.wrote(token, *ttl),
-                    Ok(false) => lane.forget(token),
-                }
-            }
-            Some(match result {
-                Ok(true) => (Vote::Yes, true),
-                Ok(false) => (Vote::No, true),
-                Err(e) => (Vote::Failed(e), false),
-            })
-        });
-        Ballot { rx, deadline }.count(self.nodes.len(), self.quorum)
-    }
-
     /// Runs `op` (given the lane and the key) on every node, on the key's lane, and returns
-    /// the receiver of their answers by node index (`gone` makes the answer of a node whose
+    /// the receiver of their answers (`gone` makes the answer of a node whose
     /// worker is gone). `op` returns the answer and whether the node answered (then the lane
     /// resends its failed deletes, after the answer is sent), or `None` to send no answer.
     fn dispatch<T, F>(
@@ -606,7 +559,7 @@ impl Inner {
         lane: usize,
         gone: impl Fn(LockError) -> T,
         op: F,
-    ) -> Receiver<(usize, T)>
+    ) -> Receiver<T>
     where
         T: Send + 'static,
         F: Fn(&mut Lane, &str) -> Option<(T, bool)> + Send + Sync + 'static,
@@ -619,14 +572,19 @@ impl Inner {
             let job: Job = Box::new(move |lane| {
                 if let Some((answer, answered)) = op(lane, &k) {
                     // The caller may have stopped waiting; then nobody needs the answer.
-                    let _ = reply.send((i, answer));
+                    let _ = reply.send(answer);
                     if answered {
                         lane.redo();
                     }
                 }
             });
             if node.lanes[lane].send(job).is_err() {
-                let _ = tx.send((i, gone(worker_gone(key, i))));
+                let e = LockError::connection(
+                    key,
+                    Fault::UNREACHABLE,
+                    format!("the RedLock worker thread of node {i} is gone").into(),
+                );
+                let _ = tx.send(gone(e));
             }
         }
         rx
@@ -636,14 +594,14 @@ impl Inner {
     /// others only until `deadline` (never, if `None`). Runs in the key's lane, so after any
     /// earlier command of this key on that node. Each node's job, once done (or skipped),
     /// sends its index on the receiver returned: a caller that must not return before the
-    /// deletes waits on it ([`wait_for_nodes`]); others drop it (fire and forget).
+    /// deletes waits on it; others drop it (fire and forget).
     fn release_everywhere(
         &self,
         key: &str,
         lane: usize,
         token: &[u8],
         deadline: Option<Instant>,
-    ) -> Receiver<(usize, ())> {
+    ) -> Receiver<()> {
         let token = Arc::<[u8]>::from(token);
         let gone = |e: LockError| log::error!("lock {key:?}: {}", e.report());
         self.dispatch(key, lane, gone, move |lane, key| {
@@ -661,24 +619,6 @@ impl Inner {
             Some(((), false))
         })
     }
-}
-
-/// Waits until `nodes` jobs reported on `rx` or until `deadline`: how many did not.
-fn wait_for_nodes(rx: &Receiver<(usize, ())>, nodes: usize, deadline: Instant) -> usize {
-    let left = || deadline.saturating_duration_since(Instant::now());
-    let mut done = 0;
-    while done < nodes && rx.recv_timeout(left()).is_ok() {
-        done += 1;
-    }
-    nodes - done
-}
-
-fn worker_gone(key: &str, node: usize) -> LockError {
-    LockError::connection(
-        key,
-        Fault::UNREACHABLE,
-        format!("the RedLock worker thread of node {node} is gone").into(),
-    )
 }
 
 /// Settings of one [`RedLock`]. Start from [`RedLockClient::lock`].
@@ -727,7 +667,6 @@ impl RedLockBuilder {
             client: self.client,
             key: self.key,
             ttl,
-            drift: RedLock::clock_drift(ttl),
             retry,
             lane,
         })
@@ -791,7 +730,6 @@ pub struct RedLock {
     client: RedLockClient,
     key: String,
     ttl: Duration,
-    drift: Duration,
     retry: RetryPolicy,
     /// The worker of each node that serves this key.
     lane: usize,
@@ -821,7 +759,7 @@ impl RedLock {
 
     /// The clock-drift allowance of this lock's lifetime.
     pub fn drift(&self) -> Duration {
-        self.drift
+        RedLock::clock_drift(self.ttl)
     }
 
     /// The client (nodes) this lock runs on.
@@ -833,19 +771,35 @@ impl RedLock {
         &self.client.inner
     }
 
-    /// Broadcasts `op` with this lock's key and lane; returns the votes and the instant
-    /// before anything was sent.
+    /// Sends `op` to every node, on this lock's lane, and counts the votes; a node's job that
+    /// has not started within the node timeout is skipped (except deletes of a token the lane
+    /// may have written, see [`Effect`]). `op` returns the node's vote: `Ok(true)` yes,
+    /// `Ok(false)` no. Returns the votes and the instant before anything was sent.
     fn broadcast<F>(&self, effect: Effect, op: F) -> (Tally, Instant)
     where
         F: Fn(&mut Lane, &str) -> Result<bool> + Send + Sync + 'static,
     {
-        let start = Instant::now();
-        let deadline = crate::time::saturating_add(start, self.inner().node_timeout);
-        let inner = self.inner();
-        (
-            inner.broadcast(&self.key, self.lane, deadline, effect, op),
-            start,
-        )
+        let (start, inner) = (Instant::now(), self.inner());
+        let deadline = crate::time::saturating_add(start, inner.node_timeout);
+        let rx = inner.dispatch(&self.key, self.lane, Vote::Failed, move |lane, key| {
+            let must_send = matches!(&effect, Effect::Delete { token } if lane.may_hold(token));
+            if Instant::now() >= deadline && !must_send {
+                return Some((Vote::Skipped, false));
+            }
+            let result = op(lane, key);
+            if let Effect::Write { token, ttl } = &effect {
+                match result {
+                    Ok(true) | Err(_) => lane.wrote(token, *ttl),
+                    Ok(false) => drop(lane.written.remove(&token[..])),
+                }
+            }
+            Some(match result {
+                Ok(true) => (Vote::Yes, true),
+                Ok(false) => (Vote::No, true),
+                Err(e) => (Vote::Failed(e), false),
+            })
+        });
+        (count(&rx, deadline, inner.nodes.len(), inner.quorum), start)
     }
 
     /// Runs `op` on every node, on this lock's lane, and collects the answers until a node
@@ -867,8 +821,8 @@ impl RedLock {
         let (mut answers, mut first_error) = (Vec::new(), None);
         for _ in 0..self.inner().nodes.len() {
             match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok((_, Ok(answer))) => answers.push(answer),
-                Ok((_, Err(e))) => first_error = first_error.or(Some(e)),
+                Ok(Ok(answer)) => answers.push(answer),
+                Ok(Err(e)) => first_error = first_error.or(Some(e)),
                 Err(_) => break,
             }
         }
@@ -934,7 +888,7 @@ impl RedLock {
             Ok(matches!(reply, Value::Okay))
         });
         // validity = ttl − elapsed − drift > 0  ⇔  now < start + ttl − drift
-        let lifetime = self.ttl - self.drift;
+        let lifetime = self.ttl - self.drift();
         let valid = Instant::now() < crate::time::saturating_add(start, lifetime);
         if tally.yes >= inner.quorum && valid {
             log::trace!("lock {:?}: RedLock acquired: {tally}", self.key);
@@ -960,7 +914,11 @@ impl RedLock {
         // still runs.
         let undone = inner.release_everywhere(&self.key, self.lane, &token, None);
         let deadline = crate::time::after(inner.node_timeout);
-        let nodes_left = wait_for_nodes(&undone, inner.nodes.len(), deadline);
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let nodes_left = inner.nodes.len()
+            - (0..inner.nodes.len())
+                .take_while(|_| undone.recv_timeout(left()).is_ok())
+                .count();
         if nodes_left > 0 {
             log::debug!(
                 "lock {:?}: RedLock's undo of a failed acquire not done on {nodes_left} nodes \
@@ -1102,24 +1060,21 @@ impl crate::lock::LockAdmin for RedLock {
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
         let unanswered = nodes - answers.len();
         // Each value found, with the PTTL of every node that holds it.
-        let mut held: Vec<(Vec<u8>, Vec<Option<Duration>>)> = Vec::new();
+        let mut held: HashMap<Vec<u8>, Vec<Option<Duration>>> = HashMap::new();
         for found in answers.into_iter().filter(|found| !found.is_absent()) {
             // A key of another type is some value nobody else has.
             let value = match found.detail {
                 Some(v) if found.kind == "string" => v,
                 _ => format!("<{}>", found.kind).into_bytes(),
             };
-            match held.iter_mut().find(|(v, _)| *v == value) {
-                Some((_, ttls)) => ttls.push(found.pttl),
-                None => held.push((value, vec![found.pttl])),
-            }
+            held.entry(value).or_default().push(found.pttl);
         }
-        let most = held.iter().max_by_key(|(_, ttls)| ttls.len());
-        let count = most.map_or(0, |(_, ttls)| ttls.len());
-        if let Some((_, ttls)) = most.filter(|_| count >= quorum) {
+        // Only one value can be held by a majority: the most common one.
+        let mut ttls = held.into_values().max_by_key(Vec::len).unwrap_or_default();
+        let count = ttls.len();
+        if count >= quorum {
             // The majority breaks when the quorum-th longest PTTL runs out (no expiry sorts
             // as the longest).
-            let mut ttls = ttls.clone();
             ttls.sort_by_key(|t| std::cmp::Reverse(t.unwrap_or(Duration::MAX)));
             return Ok(LockState::Locked {
                 ttl: ttls.get(quorum - 1).copied().flatten(),
@@ -1210,20 +1165,17 @@ mod tests {
     #[test]
     fn tally_stops_when_decided() {
         let (tx, rx) = mpsc::channel();
-        let ballot = Ballot {
-            rx,
-            deadline: Instant::now() + Duration::from_secs(30),
-        };
+        let deadline = Instant::now() + Duration::from_secs(30);
         // 3 of 5 no: the outcome is decided without waiting for the other two.
-        for i in 0..3 {
-            tx.send((i, Vote::No)).unwrap();
+        for _ in 0..3 {
+            tx.send(Vote::No).unwrap();
         }
-        let t = ballot.count(5, 3);
+        let t = count(&rx, deadline, 5, 3);
         assert_eq!((t.yes, t.no, t.unanswered), (0, 3, 2));
-        for i in 0..3 {
-            tx.send((i, Vote::Yes)).unwrap();
+        for _ in 0..3 {
+            tx.send(Vote::Yes).unwrap();
         }
-        let t = ballot.count(5, 3);
+        let t = count(&rx, deadline, 5, 3);
         assert_eq!((t.yes, t.unanswered), (3, 2));
     }
 }
