@@ -23,7 +23,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -438,51 +438,31 @@ struct Shared {
     write_line: String,
 }
 
-/// What this process knows of the holds of each owner of a key, by `<owner>\0<key>`.
+/// What this process knows of the holds of one owner of a key, by `<owner>\0<key>` in
+/// [`OWNERS`].
 ///
 /// Per owner and key, not per `ReadWriteLock` value: the owner is `<client instance>:<thread>`,
 /// as Redisson's, so every handle of the key built on one client is the same owner on one
 /// thread (two handles in one thread re-enter instead of waiting for each other), and they
-/// must all see the same counts. Entries go at zero holds, and all of a thread's when it
-/// exits ([`PruneOnExit`]), so the maps are bounded by the live threads' owners and the keys
-/// they hold or held without a release.
-#[derive(Default)]
-struct Owners {
+/// must all see the same counts. An entry goes when all of it is zero, and all of a thread's
+/// when it exits ([`PruneOnExit`]), so the map is bounded by the live threads' owners and the
+/// keys they hold or held without a release.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Holds {
     /// Holds (read + write) that Redis reported for the owner after our latest operation for
     /// it; only used to let a thread that already holds the lock skip the writers' line (it
     /// must never wait behind a writer that waits for it).
-    reported: HashMap<String, i64>,
+    reported: i64,
     /// The owner's read and write holds as its own acquires and the releases of its leases
     /// counted them (not as Redis reported them). Never below the holds a lease of the owner
     /// still has: only the owner's thread acquires as that owner, and a hold leaves it only
-    /// when a lease is released. The acquire sends it, and Redis sets larger counts of the
-    /// owner back to it: stale holds, whose releases a failover lost.
-    known: HashMap<String, Known>,
+    /// when a lease is released. The acquire sends them, and Redis sets larger counts of the
+    /// owner back to them: stale holds, whose releases a failover lost.
+    read: u32,
+    write: u32,
 }
 
-static OWNERS: LazyLock<Mutex<Owners>> = LazyLock::new(Mutex::default);
-
-impl Owners {
-    /// Drops every entry of an owner on thread `thread` (any client, any key).
-    fn prune_thread(&mut self, thread: u64) {
-        let mut digits = String::with_capacity(21);
-        digits.push(':');
-        digits.push_str(&thread.to_string());
-        let of_thread = |slot: &String| {
-            slot.split('\0')
-                .next()
-                .is_some_and(|owner| owner.ends_with(&digits))
-        };
-        self.reported.retain(|slot, _| !of_thread(slot));
-        self.known.retain(|slot, _| !of_thread(slot));
-    }
-
-    /// Entries in both maps (for the crate's tests).
-    #[cfg(feature = "test-hooks")]
-    fn len(&self) -> usize {
-        self.reported.len() + self.known.len()
-    }
-}
+static OWNERS: LazyLock<Mutex<HashMap<String, Holds>>> = LazyLock::new(Mutex::default);
 
 /// Prunes the exiting thread's entries from [`OWNERS`]: once a thread is gone nobody acquires
 /// as its owners (thread numbers are never reused), so what they count can only go stale, and
@@ -492,21 +472,21 @@ struct PruneOnExit(u64);
 
 impl Drop for PruneOnExit {
     fn drop(&mut self) {
+        let digits = format!(":{}", self.0);
         OWNERS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .prune_thread(self.0);
+            .retain(|slot, _| {
+                !slot
+                    .split('\0')
+                    .next()
+                    .is_some_and(|o| o.ends_with(&digits))
+            });
     }
 }
 
 thread_local! {
     static PRUNE_ON_EXIT: PruneOnExit = PruneOnExit(owner::thread_num());
-}
-
-/// Makes sure the calling thread's entries go when it exits (registers its
-/// [`PruneOnExit`] on first use; nothing once the thread is exiting).
-fn prune_on_exit() {
-    let _ = PRUNE_ON_EXIT.try_with(|_| ());
 }
 
 /// The entries of the process's record of read-write lock owners: for the crate's tests,
@@ -515,22 +495,6 @@ fn prune_on_exit() {
 #[doc(hidden)]
 pub fn owner_entries() -> usize {
     OWNERS.lock().unwrap_or_else(|p| p.into_inner()).len()
-}
-
-/// One entry of [`Owners::known`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Known {
-    read: u32,
-    write: u32,
-}
-
-impl Known {
-    fn of(&mut self, mode: Mode) -> &mut u32 {
-        match mode {
-            Mode::Read => &mut self.read,
-            Mode::Write => &mut self.write,
-        }
-    }
 }
 
 impl Shared {
@@ -547,69 +511,49 @@ impl Shared {
         format!("{}:{}", self.client.instance_id(), owner::thread_num())
     }
 
-    /// The process's record of owners (see [`Owners`]).
-    fn owners(&self) -> MutexGuard<'static, Owners> {
-        OWNERS.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The entry of `owner` on this key in [`Owners`].
-    fn slot(&self, owner: &[u8]) -> String {
-        format!("{}\0{}", String::from_utf8_lossy(owner), self.key)
-    }
-
-    /// The owner's holds (read + write) that Redis last reported.
-    fn reported(&self, owner: &[u8]) -> Option<i64> {
-        let slot = self.slot(owner);
-        self.owners().reported.get(&slot).copied()
+    /// Reads or changes what is known of `owner`'s holds on this key (see [`Holds`]); an entry
+    /// left at zero goes. Makes sure the calling thread's entries go when it exits (registers
+    /// its [`PruneOnExit`] on first use; nothing once the thread is exiting).
+    fn holds<R>(&self, owner: &[u8], f: impl FnOnce(&mut Holds) -> R) -> R {
+        let _ = PRUNE_ON_EXIT.try_with(|_| ());
+        let slot = format!("{}\0{}", String::from_utf8_lossy(owner), self.key);
+        let mut owners = OWNERS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut holds = owners.get(&slot).copied().unwrap_or_default();
+        let result = f(&mut holds);
+        if holds == Holds::default() {
+            owners.remove(&slot);
+        } else {
+            owners.insert(slot, holds);
+        }
+        result
     }
 
     /// Records the owner's hold count that a script reported.
     fn note_holds(&self, owner: &[u8], holds: i64) {
-        let slot = self.slot(owner);
-        if holds > 0 {
-            prune_on_exit();
-        }
-        let mut owners = self.owners();
-        if holds > 0 {
-            owners.reported.insert(slot, holds);
-        } else {
-            owners.reported.remove(&slot);
-        }
-    }
-
-    /// What the owner's holds are known to be (see [`Owners::known`]).
-    fn known(&self, owner: &[u8]) -> Known {
-        let slot = self.slot(owner);
-        self.owners().known.get(&slot).copied().unwrap_or_default()
+        self.holds(owner, |h| h.reported = holds.max(0));
     }
 
     /// One hold of the owner more (`taken`) or fewer in `mode`. Changes are counted, never
     /// set, so that releases of the owner's leases on other threads cannot race its acquires.
     fn note_known(&self, owner: &[u8], mode: Mode, taken: bool) {
-        let slot = self.slot(owner);
-        if taken {
-            prune_on_exit();
-        }
-        let mut owners = self.owners();
-        let map = &mut owners.known;
-        if taken {
-            let n = map.entry(slot).or_default().of(mode);
-            *n = n.saturating_add(1);
-        } else if let Some(k) = map.get_mut(&slot) {
-            let n = k.of(mode);
-            *n = n.saturating_sub(1);
-            if *k == Known::default() {
-                map.remove(&slot);
-            }
-        }
+        self.holds(owner, |h| {
+            let n = match mode {
+                Mode::Read => &mut h.read,
+                Mode::Write => &mut h.write,
+            };
+            *n = if taken {
+                n.saturating_add(1)
+            } else {
+                n.saturating_sub(1)
+            };
+        });
     }
 
     /// The owner's thread was refused and Redis counts no hold of the owner: it holds nothing
     /// (a hold it counts expired or was lost). Only this thread can add holds of the owner,
     /// and other threads' releases only count down, so this cannot lose a live hold.
     fn forget_known(&self, owner: &[u8]) {
-        let slot = self.slot(owner);
-        self.owners().known.remove(&slot);
+        self.holds(owner, |h| (h.read, h.write) = (0, 0));
     }
 
     /// The pub/sub wake-up of this lock's waiters, on Redisson's channel, if enabled.
@@ -690,7 +634,7 @@ impl Shared {
         let sent = Cell::new(false);
         // What this thread holds: more on the server is a stale hold of its own (a release lost
         // in a failover), which the script sets back first.
-        let known = self.known(owner.as_bytes());
+        let known = self.holds(owner.as_bytes(), |h| *h);
         let reply = self.run(
             |s| &s.rw_acquire,
             &[self.key.as_str(), self.writers.as_str()],
@@ -808,7 +752,7 @@ impl Shared {
     }
 
     fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant, why: Why) {
-        let before = self.reported(owner.as_bytes()).unwrap_or(0);
+        let before = self.holds(owner.as_bytes(), |h| h.reported);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let latch = format!("{}:{}", self.latch_base, request_id());
         let release = self.release_cleanup(
@@ -899,9 +843,7 @@ impl Shared {
                 until,
             );
             // The janitor makes it happen (or the hold expires): count it given back.
-            if let Some(n) = self.reported(lease.value()) {
-                self.note_holds(lease.value(), n - 1);
-            }
+            self.holds(lease.value(), |h| h.reported = (h.reported - 1).max(0));
             // Done in-line: the hold is given back (at most once: the latch), released.
             redone = done;
         }
@@ -1036,7 +978,7 @@ impl Shared {
             queues: self.client.waiters(),
             name: line,
             fifo,
-            barge: !fifo || self.reported(owner.as_bytes()).is_some(),
+            barge: !fifo || self.holds(owner.as_bytes(), |h| h.reported > 0),
             wake: self.wake(),
         };
         let attempt = || self.attempt(mode, &owner, intent_ms);
