@@ -128,15 +128,13 @@ fn entry_ttl(max_delay: Duration) -> Duration {
 
 /// A reply of `lua/fair_release.lua`.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct ReleaseReply {
+struct ReleaseReply {
     /// The lock held our token (and was released or passed on).
-    pub(crate) ours: bool,
-    /// Subscriber connections the grant was published to (0 when nothing was granted).
-    pub(crate) receivers: i64,
+    ours: bool,
     /// The token the lock was granted to (empty when nothing was granted).
-    pub(crate) granted: Vec<u8>,
+    granted: Vec<u8>,
     /// The grant's fence and server time (zero when nothing was granted).
-    pub(crate) grant: Grant,
+    grant: Grant,
 }
 
 /// Reads a reply of `lua/fair_release.lua` sent again by the janitor or a Sentinel replay: the
@@ -154,10 +152,9 @@ fn read_release(v: &Value) -> (Done, Option<(Vec<u8>, Grant)>) {
 /// Parses a reply of `lua/fair_release.lua`: `0` (not ours), `1` (released, nobody to grant
 /// to) or `{1, receivers, token, fence, seconds, microseconds}` (granted). `None` for anything
 /// else.
-pub(crate) fn parse_release(reply: &Value) -> Option<ReleaseReply> {
+fn parse_release(reply: &Value) -> Option<ReleaseReply> {
     let nothing = |ours| ReleaseReply {
         ours,
-        receivers: 0,
         granted: Vec::new(),
         grant: Grant::new(0, 0, 0),
     };
@@ -165,7 +162,7 @@ pub(crate) fn parse_release(reply: &Value) -> Option<ReleaseReply> {
         Value::Int(0) => Some(nothing(false)),
         Value::Int(1) => Some(nothing(true)),
         Value::Array(items) => match items.as_slice() {
-            [Value::Int(ok), Value::Int(n), granted, Value::Int(fence), Value::Int(secs), Value::Int(micros)] =>
+            [Value::Int(ok), Value::Int(_), granted, Value::Int(fence), Value::Int(secs), Value::Int(micros)] =>
             {
                 let granted = match granted {
                     Value::BulkString(b) => b.clone(),
@@ -174,7 +171,6 @@ pub(crate) fn parse_release(reply: &Value) -> Option<ReleaseReply> {
                 let u = |v: &i64| u64::try_from(*v).unwrap_or(0);
                 Some(ReleaseReply {
                     ours: *ok == 1,
-                    receivers: *n,
                     granted,
                     grant: Grant::new(u(fence), u(secs), u(micros)),
                 })
@@ -185,31 +181,23 @@ pub(crate) fn parse_release(reply: &Value) -> Option<ReleaseReply> {
     }
 }
 
-/// Removes a thread's expected grant when it stops waiting, however it leaves.
+/// When a thread stops waiting, however it leaves: withdraws its offer to be queued by
+/// another thread's release, if it made one (see
+/// [`WaitQueues::offer`](crate::client::waiters::WaitQueues::offer)), then removes its
+/// expected grant.
 struct Expecting<'a> {
-    client: &'a LockClient,
+    lock: &'a FairLock,
     token: Token,
+    offered: bool,
 }
 
 impl Drop for Expecting<'_> {
     fn drop(&mut self) {
-        self.client.waiters().grants.forget(&self.token);
-    }
-}
-
-/// Withdraws a thread's offer to be queued by another thread's release (see
-/// [`WaitQueues::offer`](crate::client::waiters::WaitQueues::offer)) when it stops waiting.
-struct Offering<'a> {
-    client: &'a LockClient,
-    key: &'a str,
-    token: Token,
-}
-
-impl Drop for Offering<'_> {
-    fn drop(&mut self) {
-        self.client
-            .waiters()
-            .withdraw_offer(self.key, &self.token, None);
+        let waiters = self.lock.client.waiters();
+        if self.offered {
+            waiters.withdraw_offer(&self.lock.key, &self.token, None);
+        }
+        waiters.grants.forget(&self.token);
     }
 }
 
@@ -330,12 +318,6 @@ impl FairLock {
         (self.base.elapsed().as_millis() as u64) < self.contended_until_ms.load(Ordering::Relaxed)
     }
 
-    /// The lock is ours (taken or granted): while other threads of this client wait for it,
-    /// the head of their line offers to be queued by our release (see `acquire_blocking`).
-    fn took(&self) {
-        self.client.waiters().note_local_hold(&self.key);
-    }
-
     /// The lock was found held: attempts go to the script for a while.
     fn contended(&self) {
         let until = (self.base.elapsed() + CONTENDED_MEMORY).as_millis() as u64;
@@ -408,12 +390,7 @@ impl FairLock {
             return Ok(None);
         }
         attempts.record();
-        let token = self.new_token();
-        let mut live = self.client.live_value(&token);
-        let lease = self.attempt_plain(&token)?;
-        if lease.is_some() {
-            live.keep(self.opts.lease);
-        }
+        let lease = self.take(|token| self.attempt_plain(token))?;
         Ok(lease.map(|lease| LockGuard::new(self, lease)))
     }
 
@@ -455,15 +432,9 @@ impl FairLock {
                     "lock {:?}: refused, {rank} waiters ahead in Redis",
                     self.key
                 );
-                let at = Grant::new(
-                    0,
-                    u64::try_from(*secs).unwrap_or(0),
-                    u64::try_from(*micros).unwrap_or(0),
-                );
-                Ok(Outcome::Refused {
-                    at_us: at.at_us,
-                    rank: *rank,
-                })
+                let u = |v: &i64| u64::try_from(*v).unwrap_or(0);
+                let at_us = Grant::new(0, u(secs), u(micros)).at_us;
+                Ok(Outcome::Refused { at_us, rank: *rank })
             }
             _ => Err(LockError::unexpected_reply(
                 &self.key,
@@ -522,7 +493,9 @@ impl FairLock {
             );
             return None;
         }
-        self.took();
+        // Ours: while other threads of this client wait for it, the head of their line offers
+        // to be queued by our release (see `acquire_blocking`).
+        self.client.waiters().note_local_hold(&self.key);
         let lease = Lease::new(token, start, self.grant).with_fence(self.fence(grant.fence));
         let state = WatchState::new(
             std::sync::Arc::clone(self.opts.key_arc()),
@@ -577,11 +550,8 @@ impl FairLock {
             s.fair_release
                 .eval_keys_after(con, &keys, args, grant_first)
         })?;
-        parse_release(&reply).ok_or_else(|| self.unexpected(&reply))
-    }
-
-    fn unexpected(&self, reply: &impl std::fmt::Debug) -> LockError {
-        LockError::unexpected_reply(&self.key, "fair_release.lua", reply)
+        parse_release(&reply)
+            .ok_or_else(|| LockError::unexpected_reply(&self.key, "fair_release.lua", &reply))
     }
 
     fn timeout(&self, attempts: &Attempts<'_>) -> LockError {
@@ -660,7 +630,7 @@ impl FairLock {
     /// The lock is ours (taken, or a grant confirmed) by a call sent at `start`: the hold,
     /// checked against its lease.
     fn won(&self, token: &Token, start: Instant, fence: u64) -> Result<Lease> {
-        self.took();
+        self.client.waiters().note_local_hold(&self.key);
         let kind = RenewKind::ScriptedValue(KIND);
         let fence = self.fence(fence);
         let lease = self
@@ -733,10 +703,6 @@ impl FairLock {
         // Live until taken or given up: a grant to it may be written by any release.
         let mut live = self.client.live_value(&token);
         queues.grants.register(&token, &self.key);
-        let _expecting = Expecting {
-            client: &self.client,
-            token,
-        };
         // The subscriber generation confirmed when the latest attempt was sent: a grant
         // published later, while it stays confirmed, is heard.
         let mut heard = wakeups.confirmed_on(&self.channel);
@@ -744,11 +710,11 @@ impl FairLock {
         // grants us the lock) in the same script: we offer our token and send nothing now.
         let mut offered = queues.offer(&self.key, &token);
         let did_offer = offered;
-        let _offer = did_offer.then_some(Offering {
-            client: &self.client,
-            key: &self.key,
+        let _expecting = Expecting {
+            lock: self,
             token,
-        });
+            offered,
+        };
         let (mut sent, mut last_us, mut rank) = (Instant::now(), 0, 0);
         if !offered {
             sent = Instant::now();
@@ -939,16 +905,20 @@ impl FairLock {
 impl FairLock {
     /// One attempt: `Ok(None)` when another owner holds the lock.
     fn try_take(&self) -> Result<Option<Lease>> {
+        self.take(|token| match self.quiet() {
+            true => self.attempt_plain(token),
+            false => match self.attempt(token, false, Instant::now())? {
+                Outcome::Taken(lease) => Ok(Some(lease)),
+                Outcome::Refused { .. } => Ok(None),
+            },
+        })
+    }
+
+    /// One attempt with a fresh token, kept live for the lease if it took the lock.
+    fn take(&self, attempt: impl FnOnce(&Token) -> Result<Option<Lease>>) -> Result<Option<Lease>> {
         let token = self.new_token();
         let mut live = self.client.live_value(&token);
-        let lease = if self.quiet() {
-            self.attempt_plain(&token)?
-        } else {
-            match self.attempt(&token, false, Instant::now())? {
-                Outcome::Taken(lease) => Some(lease),
-                Outcome::Refused { .. } => None,
-            }
-        };
+        let lease = attempt(&token)?;
         if lease.is_some() {
             live.keep(self.opts.lease);
         }
@@ -1179,7 +1149,6 @@ mod tests {
         let int = Value::Int;
         let none = |ours| ReleaseReply {
             ours,
-            receivers: 0,
             granted: Vec::new(),
             grant: Grant::new(0, 0, 0),
         };
@@ -1198,7 +1167,6 @@ mod tests {
             parse_release(&granted),
             Some(ReleaseReply {
                 ours: true,
-                receivers: 1,
                 granted: b"tok".to_vec(),
                 grant: Grant::new(7, 1_700_000_000, 42),
             })
