@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::client::acquire::{Line, Wake};
+use crate::client::acquire::Line;
 use crate::client::admin;
 use crate::client::admin::Detail;
 use crate::client::cleanup::{Cleanup, Done, Why};
@@ -162,13 +162,7 @@ pub struct ReadWriteLock {
 
 impl fmt::Debug for ReadWriteLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = &self.read.shared;
-        f.debug_struct("ReadWriteLock")
-            .field("key", &s.key)
-            .field("instance", &s.client.instance_id())
-            .field("ttl", &s.opts.lease)
-            .field("writer_intent", &s.intent)
-            .finish_non_exhaustive()
+        self.read.shared.debug("ReadWriteLock", f)
     }
 }
 
@@ -249,7 +243,7 @@ impl ReadWriteLock {
     /// The channel releases are published on: Redisson's `redisson_rwlock:{key}` (`prefixName`:
     /// no braces added when the key contains `{`).
     pub fn channel(&self) -> &str {
-        &self.read.shared.channel
+        &self.read.shared.opts.channel
     }
 }
 
@@ -350,7 +344,7 @@ impl ReadWriteLockBuilder {
     /// in other slots.
     pub fn build(self) -> Result<ReadWriteLock> {
         crate::client::native::needs_scripts(self.client.native(), &self.key, "a read-write lock")?;
-        let opts = HoldOptions::checked(
+        let mut opts = HoldOptions::checked(
             &self.key,
             self.ttl,
             self.watchdog_lease,
@@ -379,6 +373,8 @@ impl ReadWriteLockBuilder {
                 ),
             )
         })?;
+        // Releases are published on Redisson's channel `redisson_rwlock:{key}`.
+        opts.channel = keys::redisson_name(CHANNEL_PREFIX, &self.key);
         let writers = keys::redisson_name(WRITERS_PREFIX, &self.key);
         if self.client.is_cluster() {
             let slot = keys::hash_slot(self.key.as_bytes());
@@ -400,7 +396,6 @@ impl ReadWriteLockBuilder {
         let shared = Arc::new(Shared {
             read_line: format!("{}\0read", self.key),
             write_line: format!("{}\0write", self.key),
-            channel: keys::redisson_name(CHANNEL_PREFIX, &self.key),
             latch_base: keys::redisson_name(LATCH_PREFIX, &self.key),
             writers,
             client: self.client,
@@ -425,8 +420,6 @@ struct Shared {
     /// Lease or watchdog, retry policy, wake-up.
     opts: HoldOptions,
     intent: Duration,
-    /// Redisson's channel `redisson_rwlock:{key}`.
-    channel: String,
     /// `redisson_unlock_latch:{key}`; a release appends `:<request id>`.
     latch_base: String,
     /// The sorted set of waiting writers' intents, `dlock_rwlock_writers:{key}`.
@@ -498,11 +491,14 @@ pub fn owner_entries() -> usize {
 }
 
 impl Shared {
-    /// The `Debug` of one side, `name`.
+    /// The `Debug` of the lock or of one side, `name`.
     fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct(name)
-            .field("key", &self.key)
-            .field("instance", &self.client.instance_id())
+        let mut d = f.debug_struct(name);
+        d.field("key", &self.key)
+            .field("instance", &self.client.instance_id());
+        self.opts
+            .debug_fields(&mut d)
+            .field("writer_intent", &self.intent)
             .finish_non_exhaustive()
     }
 
@@ -554,15 +550,6 @@ impl Shared {
     /// and other threads' releases only count down, so this cannot lose a live hold.
     fn forget_known(&self, owner: &[u8]) {
         self.holds(owner, |h| (h.read, h.write) = (0, 0));
-    }
-
-    /// The pub/sub wake-up of this lock's waiters, on Redisson's channel, if enabled.
-    fn wake(&self) -> Option<Wake<'_>> {
-        (self.opts.wake_up == WakeUp::PubSub).then(|| Wake {
-            wakeups: self.client.wakeups(),
-            channel: &self.channel,
-            also: None,
-        })
     }
 
     /// Runs one script on `keys` and decodes its `{code, holds[, wait]}` reply, recording the
@@ -734,7 +721,7 @@ impl Shared {
         let mut args = vec![
             mode.as_str().as_bytes().to_vec(),
             owner.to_vec(),
-            self.channel.as_bytes().to_vec(),
+            self.opts.channel.as_bytes().to_vec(),
             self.opts.lease_ms().to_string().into_bytes(),
             LATCH_MS.to_string().into_bytes(),
         ];
@@ -803,7 +790,7 @@ impl Shared {
             (
                 mode.as_str(),
                 lease.value(),
-                self.channel.as_str(),
+                self.opts.channel.as_str(),
                 self.opts.lease_ms(),
                 LATCH_MS,
             ),
@@ -910,21 +897,9 @@ impl Shared {
     /// Locked in `mode`, as Redisson's `isLocked` of that side: the hash's field `mode`.
     fn state(&self, mode: Mode) -> Result<LockState> {
         let found = admin::read(&self.client, &self.key, Detail::Mode)?;
-        if found.is_absent() {
-            return Ok(LockState::Unlocked);
-        }
-        if found.kind != "hash" {
-            return Err(LockError::WrongType {
-                key: self.key.clone(),
-            });
-        }
-        Ok(
-            if found.detail.as_deref() == Some(mode.as_str().as_bytes()) {
-                LockState::Locked { ttl: found.pttl }
-            } else {
-                LockState::Unlocked
-            },
-        )
+        let in_mode = found.detail.as_deref() == Some(mode.as_str().as_bytes());
+        let state = found.plain(&self.key, "hash")?;
+        Ok(if in_mode { state } else { LockState::Unlocked })
     }
 
     /// Deletes the hash if it is in `mode` (Redisson's `forceUnlock` of that side), publishing
@@ -933,7 +908,7 @@ impl Shared {
         admin::force_delete(
             &self.client,
             &self.key,
-            Some(&self.channel),
+            Some(&self.opts.channel),
             if mode == Mode::Write { "1" } else { "0" },
             Some(mode.as_str()),
             &[&self.key, &self.read_line, &self.write_line],
@@ -979,7 +954,7 @@ impl Shared {
             name: line,
             fifo,
             barge: !fifo || self.holds(owner.as_bytes(), |h| h.reported > 0),
-            wake: self.wake(),
+            wake: self.opts.wake(&self.client),
         };
         let attempt = || self.attempt(mode, &owner, intent_ms);
         let result =
@@ -993,7 +968,7 @@ impl Shared {
                         (
                             "wait",
                             owner.as_str(),
-                            self.channel.as_str(),
+                            self.opts.channel.as_str(),
                             self.opts.lease_ms(),
                             LATCH_MS,
                         ),
