@@ -278,14 +278,7 @@ impl FairLock {
     /// (`dlock_fair_ch:` and an id that is not ours): a release grants to whoever heads the
     /// queue, so the user needs the pattern `dlock_fair_ch:*`, not only its own channel.
     pub(crate) fn check_access(&self) -> Result<()> {
-        // Every digit of our id turned into another hex digit: surely another client's id.
-        let other: String = self
-            .id
-            .iter()
-            .map(|&b| if b == b'0' { '1' } else { '0' })
-            .collect();
-        let checks = self.access_checks(&format!("{CHANNEL_PREFIX}{other}"));
-        crate::client::access::verify(&self.client, &self.key, "fair", &checks)
+        access::verify(&self.client, &self.key, "fair", &self.access_checks())
     }
 
     /// A fresh owner token: this client's id, then 128 random bits in hex.
@@ -987,7 +980,6 @@ impl DistributedLock for FairLock {
             ours,
             granted,
             grant,
-            ..
         } = reply?;
         if ours && self.client.switches().is_some() {
             // Done again on the new master if a Sentinel switch is announced soon: the same
@@ -1003,7 +995,7 @@ impl DistributedLock for FairLock {
                 lease.valid_until(),
             );
         }
-        if !granted.is_empty() && self.client.waiters().deliver_grant(&granted, grant) {
+        if !granted.is_empty() && waiters.deliver_grant(&granted, grant) {
             self.client.wakeups().nudge();
             log::trace!("lock {:?}: granted to a thread of this client", self.key);
         }
@@ -1065,11 +1057,18 @@ impl FairLock {
     /// this client's own grant channel.
     ///
     /// Grants are published on this client's channel (`dlock_fair_ch:<our client id>`) when a
-    /// release grants the lock to another thread of this client, and on `other_channel`, another
-    /// client's (`dlock_fair_ch:<some other id>`): a release publishes its grant on the grantee's
+    /// release grants the lock to another thread of this client, and on another client's
+    /// (`dlock_fair_ch:<some other id>`): a release publishes its grant on the grantee's
     /// channel, whoever that is, so the user needs the whole pattern `dlock_fair_ch:*`. One
     /// representative name is checked.
-    fn access_checks(&self, other_channel: &str) -> Vec<access::Check> {
+    fn access_checks(&self) -> Vec<access::Check> {
+        // Every digit of our id turned into another hex digit: surely another client's id.
+        let other: String = self
+            .id
+            .iter()
+            .map(|&b| if b == b'0' { '1' } else { '0' })
+            .collect();
+        let other_channel = &format!("{CHANNEL_PREFIX}{other}");
         let (key, q, d) = (&self.key[..], &self.queue[..], &self.deadlines[..]);
         let script_keys = self.script_keys();
         let numkeys = script_keys.len().to_string();
