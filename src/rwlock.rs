@@ -43,7 +43,7 @@ use crate::lock::LockState;
 use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::stats::Kind;
-use crate::strategy::hold::{HoldOptions, WakeUp};
+use crate::strategy::hold::{self, HoldOptions, WakeUp};
 use crate::time::check_duration;
 
 /// How many retry sleeps (at the policy's longest) a writer intent outlives by default.
@@ -360,19 +360,13 @@ impl ReadWriteLockBuilder {
                 .saturating_mul(INTENT_SLEEPS)
                 .max(ReadWriteLock::MIN_WRITER_INTENT)
         });
-        let intent = check_duration(&self.key, "writer_intent", intent, true).map_err(|e| {
-            if self.intent.is_some() {
-                return e;
+        let what = match self.intent {
+            Some(_) => "writer_intent",
+            None => {
+                "the default writer_intent (4 × the retry policy's max_delay; set one explicitly)"
             }
-            LockError::config(
-                &self.key,
-                format!(
-                    "the default writer_intent (4 × the retry policy's max_delay {:?}) is beyond \
-                     MAX_TTL: set writer_intent explicitly",
-                    opts.retry.max_delay
-                ),
-            )
-        })?;
+        };
+        let intent = check_duration(&self.key, what, intent, true)?;
         // Releases are published on Redisson's channel `redisson_rwlock:{key}`.
         opts.channel = keys::redisson_name(CHANNEL_PREFIX, &self.key);
         let writers = keys::redisson_name(WRITERS_PREFIX, &self.key);
@@ -781,21 +775,11 @@ impl Shared {
         let overran = sent >= lease.valid_until();
         lease.stop_renewal();
         let latch = format!("{}:{}", self.latch_base, request_id());
-        let mut redone = false;
+        // Sent as the janitor or a Sentinel replay would send it again.
+        let release = self.release_cleanup(mode, lease.value(), &latch, None);
         let generation = self.client.switch_generation();
-        let reply = self.run(
-            |s| &s.rw_release,
-            &[self.key.as_str(), self.writers.as_str(), latch.as_str()],
-            lease.value(),
-            (
-                mode.as_str(),
-                lease.value(),
-                self.opts.channel.as_str(),
-                self.opts.lease_ms(),
-                LATCH_MS,
-            ),
-            None,
-        );
+        let keys: Vec<&str> = release.keys.iter().map(String::as_str).collect();
+        let reply = self.run(|s| &s.rw_release, &keys, lease.value(), &release.args, None);
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
         self.client
@@ -812,34 +796,28 @@ impl Shared {
         }
         // Resent only while the latch is sure to live (it starts when the release first runs,
         // which is after `sent`): a resend that found it gone could give back a second hold.
-        let resend = || {
-            let latch_lives = sent.checked_add(LATCH_RESEND).unwrap_or(sent);
-            (
-                self.release_cleanup(mode, lease.value(), &latch, None),
-                lease.valid_until().min(latch_lives),
-            )
-        };
+        let until = lease
+            .valid_until()
+            .min(sent.checked_add(LATCH_RESEND).unwrap_or(sent));
+        let mut redone = false;
         if let Some(e) = reply.as_ref().err().filter(|e| e.worth_retrying()) {
-            let (release, until) = resend();
-            let done = self.client.janitor().forget(
+            // Done in-line: the hold is given back (at most once: the latch), released.
+            redone = self.client.janitor().forget(
                 &self.client,
                 &self.key,
                 lease.value(),
-                release,
+                release.clone(),
                 Why::release(e),
                 until,
             );
             // The janitor makes it happen (or the hold expires): count it given back.
             self.holds(lease.value(), |h| h.reported = (h.reported - 1).max(0));
-            // Done in-line: the hold is given back (at most once: the latch), released.
-            redone = done;
         }
         let ours = redone || reply?.0 == 1;
         if !ours || overran {
             self.client.counters().lost_on_release(mode.kind(), lease);
         }
         if ours && self.client.switches().is_some() {
-            let (release, until) = resend();
             crate::client::sentinel_watch::remember(
                 &self.client,
                 &self.key,
@@ -864,34 +842,18 @@ impl Shared {
     }
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ttl = check_duration(&self.key, "ttl", ttl, false)?;
-        let start = Instant::now();
+        let ext = hold::Extending::start(&self.key, ttl)?;
         let (code, ..) = self.run(
             |s| &s.rw_extend,
             &[self.key.as_str()],
             lease.value(),
-            (mode.as_str(), lease.value(), ttl.as_millis() as u64),
+            (mode.as_str(), lease.value(), ext.ttl_ms()),
             Some(&Cell::new(false)),
         )?;
         if code == 1 {
-            lease.renew(None, start, ttl);
-            self.client.owner_renewed(&self.key, lease.value(), ttl);
-            log::debug!(
-                "lock {:?}: {} hold extended by {ttl:?}",
-                self.key,
-                mode.as_str()
-            );
-            Ok(())
-        } else {
-            // Returned as `LockError::Lost`: not also a warning.
-            log::debug!(
-                "lock {:?}: {} hold lost, extend found no live hold of its owner",
-                self.key,
-                mode.as_str()
-            );
-            self.client.counters().lost_on_extend(mode.kind(), lease);
-            Err(LockError::lost(&self.key))
+            self.client.owner_renewed(&self.key, lease.value(), ext.ttl);
         }
+        ext.finish(&self.client, mode.kind(), &self.key, code == 1, lease, None)
     }
 
     /// Locked in `mode`, as Redisson's `isLocked` of that side: the hash's field `mode`.
