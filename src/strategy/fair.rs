@@ -153,32 +153,20 @@ fn read_release(v: &Value) -> (Done, Option<(Vec<u8>, Grant)>) {
 /// to) or `{1, receivers, token, fence, seconds, microseconds}` (granted). `None` for anything
 /// else.
 fn parse_release(reply: &Value) -> Option<ReleaseReply> {
-    let nothing = |ours| ReleaseReply {
-        ours,
-        granted: Vec::new(),
-        grant: Grant::new(0, 0, 0),
+    let (ours, granted, fence, secs, micros) = match reply {
+        Value::Int(ok @ (0 | 1)) => (*ok == 1, Vec::new(), 0, 0, 0),
+        Value::Array(_) => {
+            let (ok, _, granted, fence, secs, micros): (i64, i64, Vec<u8>, u64, u64, u64) =
+                redis::from_redis_value_ref(reply).ok()?;
+            (ok == 1, granted, fence, secs, micros)
+        }
+        _ => return None,
     };
-    match reply {
-        Value::Int(0) => Some(nothing(false)),
-        Value::Int(1) => Some(nothing(true)),
-        Value::Array(items) => match items.as_slice() {
-            [Value::Int(ok), Value::Int(_), granted, Value::Int(fence), Value::Int(secs), Value::Int(micros)] =>
-            {
-                let granted = match granted {
-                    Value::BulkString(b) => b.clone(),
-                    _ => Vec::new(),
-                };
-                let u = |v: &i64| u64::try_from(*v).unwrap_or(0);
-                Some(ReleaseReply {
-                    ours: *ok == 1,
-                    granted,
-                    grant: Grant::new(u(fence), u(secs), u(micros)),
-                })
-            }
-            _ => None,
-        },
-        _ => None,
-    }
+    Some(ReleaseReply {
+        ours,
+        granted,
+        grant: Grant::new(fence, secs, micros),
+    })
 }
 
 /// When a thread stops waiting, however it leaves: withdraws its offer to be queued by
