@@ -573,23 +573,27 @@ impl Shared {
         Ok((code, holds, wait))
     }
 
+    /// Sends `lua/rw_release.lua` with the keys and arguments of `release` (see
+    /// [`release_cleanup`](Self::release_cleanup)), recording the holds of `owner`.
+    fn send(&self, release: &Cleanup, owner: &[u8]) -> Result<(i64, i64, Option<i64>)> {
+        let keys: Vec<&str> = release.keys.iter().map(String::as_str).collect();
+        self.run(release.script, &keys, owner, &release.args, None)
+    }
+
     /// `{code, holds}` or (acquire) `{code, holds, wait ms}`.
     fn decode(&self, reply: Value) -> Result<(i64, i64, Option<i64>)> {
-        match reply {
-            Value::Array(items) => match items.as_slice() {
-                [Value::Int(code), Value::Int(holds)] => Ok((*code, *holds, None)),
-                [Value::Int(code), Value::Int(holds), Value::Int(wait)] => {
-                    Ok((*code, *holds, Some(*wait)))
-                }
-                _ => Err(self.unexpected(&Value::Array(items))),
-            },
-            Value::BulkString(entry) => Err(LockError::Corrupt {
+        if let Value::BulkString(entry) = &reply {
+            return Err(LockError::Corrupt {
                 key: self.key.clone(),
-                value: printable(&entry),
+                value: printable(entry),
                 reason: "a hash that is not a read-write lock's (another lock type, or a \
                          damaged hash); it is left alone",
-            }),
-            other => Err(self.unexpected(&other)),
+            });
+        }
+        match redis::from_redis_value_ref::<Vec<i64>>(&reply).as_deref() {
+            Ok([code, holds]) => Ok((*code, *holds, None)),
+            Ok([code, holds, wait]) => Ok((*code, *holds, Some(*wait))),
+            _ => Err(self.unexpected(&reply)),
         }
     }
 
@@ -705,15 +709,17 @@ impl Shared {
     /// answers from the latch, so at most one hold is given back. With `expect`, the hold is
     /// given back only if the owner's read and write holds add up to it (the undo of an
     /// acquire whose reply was lost: the count it would have left).
+    ///
+    /// `side` `wait` with no latch: the withdrawal of a writer intent.
     fn release_cleanup(
         &self,
-        mode: Mode,
+        side: &str,
         owner: &[u8],
-        latch: &str,
+        latch: Option<&str>,
         expect: Option<i64>,
     ) -> Cleanup {
         let mut args = vec![
-            mode.as_str().as_bytes().to_vec(),
+            side.as_bytes().to_vec(),
             owner.to_vec(),
             self.opts.channel.as_bytes().to_vec(),
             self.opts.lease_ms().to_string().into_bytes(),
@@ -723,7 +729,11 @@ impl Shared {
         args.extend(expect.map(|e| e.to_string().into_bytes()));
         Cleanup {
             script: |s| &s.rw_release,
-            keys: vec![self.key.clone(), self.writers.clone(), latch.to_owned()],
+            keys: [Some(&*self.key), Some(&self.writers), latch]
+                .into_iter()
+                .flatten()
+                .map(str::to_owned)
+                .collect(),
             args,
             value_arg: 1,
             read: read_release,
@@ -737,9 +747,9 @@ impl Shared {
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let latch = format!("{}:{}", self.latch_base, request_id());
         let release = self.release_cleanup(
-            mode,
+            mode.as_str(),
             owner.as_bytes(),
-            &latch,
+            Some(&latch),
             Some(before.saturating_add(1)),
         );
         self.client.janitor().forget(
@@ -776,10 +786,9 @@ impl Shared {
         lease.stop_renewal();
         let latch = format!("{}:{}", self.latch_base, request_id());
         // Sent as the janitor or a Sentinel replay would send it again.
-        let release = self.release_cleanup(mode, lease.value(), &latch, None);
+        let release = self.release_cleanup(mode.as_str(), lease.value(), Some(&latch), None);
         let generation = self.client.switch_generation();
-        let keys: Vec<&str> = release.keys.iter().map(String::as_str).collect();
-        let reply = self.run(|s| &s.rw_release, &keys, lease.value(), &release.args, None);
+        let reply = self.send(&release, lease.value());
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
         self.client
@@ -923,20 +932,8 @@ impl Shared {
             crate::client::acquire::acquire_in_line(handle, line, attempts, attempt, |made| {
                 if intent_ms > 0 && made > 0 {
                     // Withdraw our intent so that readers need not wait for it to expire.
-                    let withdrawn = self.run(
-                        |s| &s.rw_release,
-                        &[self.key.as_str(), self.writers.as_str()],
-                        owner.as_bytes(),
-                        (
-                            "wait",
-                            owner.as_str(),
-                            self.opts.channel.as_str(),
-                            self.opts.lease_ms(),
-                            LATCH_MS,
-                        ),
-                        None,
-                    );
-                    if let Err(e) = withdrawn {
+                    let withdraw = self.release_cleanup("wait", owner.as_bytes(), None, None);
+                    if let Err(e) = self.send(&withdraw, owner.as_bytes()) {
                         log::warn!(
                         "lock {:?}: could not withdraw the writer intent ({}); it expires in {:?}",
                         self.key,
