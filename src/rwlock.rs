@@ -639,7 +639,22 @@ impl Shared {
         if let (Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })), true) =
             (&reply, sent.get())
         {
-            self.forget_lost_acquire(mode, owner, start, Why::acquire(e));
+            // The janitor gives one hold back in the background if the owner's holds add up to
+            // what the acquire would have left (as this lock last saw them, plus one); if the
+            // acquire never ran, they are fewer and nothing changes.
+            let before = self.holds(owner.as_bytes(), |h| h.reported);
+            let undo = self.release_cleanup(
+                mode.as_str(),
+                owner.as_bytes(),
+                true,
+                Some(before.saturating_add(1)),
+            );
+            let until = start.checked_add(self.opts.lease).unwrap_or(start);
+            let client = &self.client;
+            let why = Why::acquire(e);
+            client
+                .janitor()
+                .forget(client, &self.key, owner.as_bytes(), undo, why, until);
         }
         let (code, holds, wait) = reply?;
         match code {
@@ -699,25 +714,22 @@ impl Shared {
         }
     }
 
-    /// An acquire was sent but its reply was lost (a timeout, a failover): it may have counted
-    /// a hold that nobody will release, keeping every other owner out for the whole lease.
-    /// The janitor gives one hold back in the background if the owner's holds add up to what
-    /// the acquire would have left (as this lock last saw them, plus one); if the acquire
-    /// never ran, they are fewer and nothing changes.
-    /// The release of `owner` in `mode` sent again (`lua/rw_release.lua`) with its unlock
-    /// `latch` (the script's third key, request id included): a release that ran already
-    /// answers from the latch, so at most one hold is given back. With `expect`, the hold is
-    /// given back only if the owner's read and write holds add up to it (the undo of an
-    /// acquire whose reply was lost: the count it would have left).
-    ///
-    /// `side` `wait` with no latch: the withdrawal of a writer intent.
+    /// The release of `owner` on `side` (`lua/rw_release.lua`), as sent and as sent again,
+    /// `latched`: with a fresh unlock latch (the script's third key,
+    /// `redisson_unlock_latch:{key}:<request id>`): a release that ran already answers from the
+    /// latch, so at most one hold is given back. With `expect`, the hold is given back only if
+    /// the owner's read and write holds add up to it (the undo of an acquire whose reply was
+    /// lost: the count it would have left). `side` `wait` with no latch: the withdrawal of a
+    /// writer intent.
     fn release_cleanup(
         &self,
         side: &str,
         owner: &[u8],
-        latch: Option<&str>,
+        latched: bool,
         expect: Option<i64>,
     ) -> Cleanup {
+        let mut keys = vec![self.key.clone(), self.writers.clone()];
+        keys.extend(latched.then(|| format!("{}:{}", self.latch_base, request_id())));
         let mut args = vec![
             side.as_bytes().to_vec(),
             owner.to_vec(),
@@ -729,37 +741,13 @@ impl Shared {
         args.extend(expect.map(|e| e.to_string().into_bytes()));
         Cleanup {
             script: |s| &s.rw_release,
-            keys: [Some(&*self.key), Some(&self.writers), latch]
-                .into_iter()
-                .flatten()
-                .map(str::to_owned)
-                .collect(),
+            keys,
             args,
             value_arg: 1,
             read: read_release,
             counted: true,
             what: "the read-write release with its unlock latch",
         }
-    }
-
-    fn forget_lost_acquire(&self, mode: Mode, owner: &str, start: Instant, why: Why) {
-        let before = self.holds(owner.as_bytes(), |h| h.reported);
-        let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        let latch = format!("{}:{}", self.latch_base, request_id());
-        let release = self.release_cleanup(
-            mode.as_str(),
-            owner.as_bytes(),
-            Some(&latch),
-            Some(before.saturating_add(1)),
-        );
-        self.client.janitor().forget(
-            &self.client,
-            &self.key,
-            owner.as_bytes(),
-            release,
-            why,
-            until,
-        );
     }
 
     fn try_acquire(&self, mode: Mode) -> Result<Option<Lease>> {
@@ -784,9 +772,8 @@ impl Shared {
         let sent = Instant::now();
         let overran = sent >= lease.valid_until();
         lease.stop_renewal();
-        let latch = format!("{}:{}", self.latch_base, request_id());
         // Sent as the janitor or a Sentinel replay would send it again.
-        let release = self.release_cleanup(mode.as_str(), lease.value(), Some(&latch), None);
+        let release = self.release_cleanup(mode.as_str(), lease.value(), true, None);
         let generation = self.client.switch_generation();
         let reply = self.send(&release, lease.value());
         // One hold of the owner fewer, whatever the answer (a failed release is the
@@ -932,7 +919,7 @@ impl Shared {
             crate::client::acquire::acquire_in_line(handle, line, attempts, attempt, |made| {
                 if intent_ms > 0 && made > 0 {
                     // Withdraw our intent so that readers need not wait for it to expire.
-                    let withdraw = self.release_cleanup("wait", owner.as_bytes(), None, None);
+                    let withdraw = self.release_cleanup("wait", owner.as_bytes(), false, None);
                     if let Err(e) = self.send(&withdraw, owner.as_bytes()) {
                         log::warn!(
                         "lock {:?}: could not withdraw the writer intent ({}); it expires in {:?}",
