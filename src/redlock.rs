@@ -877,13 +877,7 @@ impl RedLock {
         };
         let (tally, start) = self.broadcast(effect, move |lane, key| {
             let reply: Value = lane.client.with_conn(key, |con, _| {
-                redis::cmd("SET")
-                    .arg(key)
-                    .arg(&token[..])
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl_ms)
-                    .query(con)
+                crate::strategy::string_value::set_nx_px(key, &token, ttl_ms).query(con)
             })?;
             Ok(matches!(reply, Value::Okay))
         });
