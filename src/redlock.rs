@@ -51,9 +51,7 @@ use crate::client::LockClient;
 use crate::error::{Fault, LockError, Result};
 use crate::ids::new_token;
 use crate::lease::Lease;
-use crate::lock::check_lock_options;
-use crate::lock::LockState;
-use crate::lock::{self, DistributedLock};
+use crate::lock::{self, check_lock_options, DistributedLock, LockState};
 use crate::retry::RetryPolicy;
 use crate::stats::{Counters, Kind, Stats};
 use crate::time::check_duration;
@@ -151,12 +149,12 @@ impl Lane {
 enum Effect {
     /// Reads only.
     Read,
-    /// `SET NX PX` / extend: a yes vote, or no definite answer, may leave `token` for `ttl`; a
-    /// definite no means it is not (or no longer) there.
-    Write { token: Arc<[u8]>, ttl: Duration },
-    /// Compare-and-delete of `token`: sent even after the deadline where the lane may have
+    /// `SET NX PX` / extend: a yes vote, or no definite answer, may leave the token for this
+    /// long; a definite no means it is not (or no longer) there.
+    Write(Duration),
+    /// Compare-and-delete of the token: sent even after the deadline where the lane may have
     /// written it.
-    Delete { token: Arc<[u8]> },
+    Delete,
 }
 
 /// A handle to N independent Redis masters for [`RedLock`]s: one [`LockClient`] per node, the
@@ -774,22 +772,24 @@ impl RedLock {
     /// Sends `op` to every node, on this lock's lane, and counts the votes; a node's job that
     /// has not started within the node timeout is skipped (except deletes of a token the lane
     /// may have written, see [`Effect`]). `op` returns the node's vote: `Ok(true)` yes,
-    /// `Ok(false)` no. Returns the votes and the instant before anything was sent.
-    fn broadcast<F>(&self, effect: Effect, op: F) -> (Tally, Instant)
+    /// `Ok(false)` no, given the lane, the key and `token`, our value that the operation is
+    /// about. Returns the votes and the instant before anything was sent.
+    fn broadcast<F>(&self, token: &[u8], effect: Effect, op: F) -> (Tally, Instant)
     where
-        F: Fn(&mut Lane, &str) -> Result<bool> + Send + Sync + 'static,
+        F: Fn(&mut Lane, &str, &[u8]) -> Result<bool> + Send + Sync + 'static,
     {
         let (start, inner) = (Instant::now(), self.inner());
         let deadline = crate::time::saturating_add(start, inner.node_timeout);
+        let token: Arc<[u8]> = Arc::from(token);
         let rx = inner.dispatch(&self.key, self.lane, Vote::Failed, move |lane, key| {
-            let must_send = matches!(&effect, Effect::Delete { token } if lane.may_hold(token));
+            let must_send = matches!(effect, Effect::Delete) && lane.may_hold(&token);
             if Instant::now() >= deadline && !must_send {
                 return Some((Vote::Skipped, false));
             }
-            let result = op(lane, key);
-            if let Effect::Write { token, ttl } = &effect {
+            let result = op(lane, key, &token);
+            if let Effect::Write(ttl) = effect {
                 match result {
-                    Ok(true) | Err(_) => lane.wrote(token, *ttl),
+                    Ok(true) | Err(_) => lane.wrote(&token, ttl),
                     Ok(false) => drop(lane.written.remove(&token[..])),
                 }
             }
@@ -871,16 +871,13 @@ impl RedLock {
     fn try_take(&self) -> Result<Option<Lease>> {
         let (token, inner) = (new_token(), self.inner());
         let ttl_ms = self.ttl.as_millis() as u64;
-        let effect = Effect::Write {
-            token: Arc::from(&token[..]),
-            ttl: self.ttl,
-        };
-        let (tally, start) = self.broadcast(effect, move |lane, key| {
-            let reply: Value = lane.client.with_conn(key, |con, _| {
-                crate::strategy::string_value::set_nx_px(key, &token, ttl_ms).query(con)
-            })?;
-            Ok(matches!(reply, Value::Okay))
-        });
+        let (tally, start) =
+            self.broadcast(&token, Effect::Write(self.ttl), move |lane, key, v| {
+                let reply: Value = lane.client.with_conn(key, |con, _| {
+                    crate::strategy::string_value::set_nx_px(key, v, ttl_ms).query(con)
+                })?;
+                Ok(matches!(reply, Value::Okay))
+            });
         // validity = ttl − elapsed − drift > 0  ⇔  now < start + ttl − drift
         let lifetime = self.ttl - self.drift();
         let valid = Instant::now() < crate::time::saturating_add(start, lifetime);
@@ -967,11 +964,9 @@ impl DistributedLock for RedLock {
     fn release(&self, lease: &Lease) -> Result<bool> {
         // A hold whose validity passed is reported lost even if a majority still had it.
         let overran = lease.is_expired();
-        let value: Arc<[u8]> = Arc::from(lease.value());
-        let effect = Effect::Delete {
-            token: Arc::clone(&value),
-        };
-        let (tally, _) = self.broadcast(effect, move |lane, key| lane.delete(key, &value));
+        let (tally, _) = self.broadcast(lease.value(), Effect::Delete, |lane, key, v| {
+            lane.delete(key, v)
+        });
         let ours = tally.yes >= self.inner().quorum;
         if !ours {
             self.note_unreachable("release", &tally);
@@ -988,16 +983,12 @@ impl DistributedLock for RedLock {
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let (ttl, inner) = (checked_ttl(&self.key, ttl)?, self.inner());
         let lifetime = ttl - RedLock::clock_drift(ttl);
-        let value: Arc<[u8]> = Arc::from(lease.value());
         let ttl_ms = ttl.as_millis() as u64;
-        let effect = Effect::Write {
-            token: Arc::clone(&value),
-            ttl,
-        };
-        let (tally, start) = self.broadcast(effect, move |lane, key| {
+        let effect = Effect::Write(ttl);
+        let (tally, start) = self.broadcast(lease.value(), effect, move |lane, key, v| {
             let extended: i64 = lane
                 .client
-                .with_conn(key, |con, s| s.extend.eval(con, key, (&value[..], ttl_ms)))?;
+                .with_conn(key, |con, s| s.extend.eval(con, key, (v, ttl_ms)))?;
             Ok(extended == 1)
         });
         if tally.yes >= inner.quorum
@@ -1023,12 +1014,11 @@ impl DistributedLock for RedLock {
         if lease.is_expired() {
             return Ok(false);
         }
-        let value: Arc<[u8]> = Arc::from(lease.value());
-        let (tally, _) = self.broadcast(Effect::Read, move |lane, key| {
+        let (tally, _) = self.broadcast(lease.value(), Effect::Read, |lane, key, v| {
             let current: Option<Vec<u8>> = lane
                 .client
                 .with_conn(key, |con, _| redis::cmd("GET").arg(key).query(con))?;
-            Ok(current.as_deref() == Some(&value[..]))
+            Ok(current.as_deref() == Some(v))
         });
         Ok(tally.yes >= self.inner().quorum && !lease.is_expired())
     }
