@@ -57,10 +57,8 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::ids::new_token;
 use crate::keys;
-use crate::lease::Lease;
-use crate::lease::{RenewKind, WatchState};
-use crate::lock::LockState;
-use crate::lock::{self, DistributedLock, LockGuard};
+use crate::lease::{Lease, RenewKind, WatchState};
+use crate::lock::{self, DistributedLock, LockGuard, LockState};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::stats::Kind;
 use crate::strategy::hold::{self, HoldOptions};
@@ -209,25 +207,20 @@ impl FairLock {
     pub const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(2);
 
     pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Result<Self> {
-        let queue = Self::queue_key_for(&key)?;
-        let deadlines = keys::aux_key(DEADLINES_PREFIX, &key)?;
         // The client's id in fair-lock tokens: the first 16 hex digits of its instance id.
         let id = client.token_prefix();
-        let channel = format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id));
-        let grant = FairLock::GRANT_LEASE.min(opts.lease);
-        let entry_ttl = entry_ttl(opts.retry.max_delay);
         Ok(FairLock {
+            queue: Self::queue_key_for(&key)?,
+            deadlines: keys::aux_key(DEADLINES_PREFIX, &key)?,
+            channel: format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id)),
+            id,
+            grant: FairLock::GRANT_LEASE.min(opts.lease),
+            entry_ttl: entry_ttl(opts.retry.max_delay),
+            base: Instant::now(),
+            contended_until_ms: AtomicU64::new(0),
             client,
             key,
             opts,
-            queue,
-            deadlines,
-            channel,
-            id,
-            grant,
-            entry_ttl,
-            base: Instant::now(),
-            contended_until_ms: AtomicU64::new(0),
         })
     }
 
@@ -315,12 +308,12 @@ impl FairLock {
             |con, _| string_value::set_nx_px(&self.key, token, self.opts.lease_ms()).query(con),
             |why| self.undo_lost(token, until, why),
         )?;
-        if reply != Value::Okay {
+        let result = if reply == Value::Okay {
+            self.won(token, start, 0).map(Some)
+        } else {
             self.contended();
-            self.client.counters().attempt(KIND, false);
-            return Ok(None);
-        }
-        let result = self.won(token, start, 0).map(Some);
+            Ok(None)
+        };
         self.client.counters().outcome_lease(KIND, &result);
         result
     }
@@ -943,26 +936,24 @@ impl DistributedLock for FairLock {
             };
             waiters.offer_settled(&self.key, token, at_us);
         }
-        if let Some(why) = hold::failed_release(&reply) {
-            // The same release, retried (in-line first): owner-checked by the token, and
-            // granting the lock to the head of the queue as this one would have.
-            if self.client.janitor().forget(
+        // The same release, retried (in-line first): owner-checked by the token, and granting
+        // the lock to the head of the queue as this one would have.
+        let redone = hold::failed_release(&reply).is_some_and(|why| {
+            self.client.janitor().forget(
                 &self.client,
                 &self.key,
                 lease.value(),
                 self.fair_release(lease.value()),
                 why,
                 lease.valid_until(),
-            ) {
-                // Done before the call returned: released.
-                return Ok(string_value::redone_release(
-                    &self.client,
-                    KIND,
-                    &self.key,
-                    lease,
-                    overran,
-                ));
-            }
+            )
+        });
+        if redone {
+            // Done before the call returned: released.
+            let client = &self.client;
+            return Ok(string_value::redone_release(
+                client, KIND, &self.key, lease, overran,
+            ));
         }
         let ReleaseReply {
             ours,
