@@ -32,6 +32,7 @@ use crate::client::acquire::Line;
 use crate::client::admin::{self, Detail};
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
+use crate::client::sentinel_watch;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -536,13 +537,6 @@ impl Shared {
         });
     }
 
-    /// The owner's thread was refused and Redis counts no hold of the owner: it holds nothing
-    /// (a hold it counts expired or was lost). Only this thread can add holds of the owner,
-    /// and other threads' releases only count down, so this cannot lose a live hold.
-    fn forget_known(&self, owner: &[u8]) {
-        self.holds(owner, |h| (h.read, h.write) = (0, 0));
-    }
-
     /// Runs one script on `keys` and decodes its `{code, holds[, wait]}` reply, recording the
     /// holds of `owner`. With `confirm`, a hold write: confirmed by the replicas the client
     /// requires ([`LockError::NotReplicated`] otherwise), and the cell set once the script was
@@ -606,21 +600,20 @@ impl Shared {
     fn attempt(&self, mode: Mode, owner: &str, intent_ms: u64) -> Result<Attempt> {
         // Under way from before it settles: a Sentinel replay of this owner's release waits
         // for it (see `Janitor::replay`).
-        let attempt_live = self.client.owner_attempt(&self.key, owner.as_bytes());
+        let id = owner.as_bytes();
+        let attempt_live = self.client.owner_attempt(&self.key, id);
         // A release or an undo of ours may still be pending with the janitor: finish it first,
         // so that a later try cannot take the new hold for the old one.
-        self.client
-            .janitor()
-            .settle(&self.client, &self.key, owner.as_bytes())?;
+        self.client.janitor().settle(&self.client, &self.key, id)?;
         let start = Instant::now();
         let sent = Cell::new(false);
         // What this thread holds: more on the server is a stale hold of its own (a release lost
         // in a failover), which the script sets back first.
-        let known = self.holds(owner.as_bytes(), |h| *h);
+        let known = self.holds(id, |h| *h);
         let reply = self.run(
             |s| &s.rw_acquire,
             &[self.key.as_str(), self.writers.as_str()],
-            owner.as_bytes(),
+            id,
             (
                 mode.as_str(),
                 owner,
@@ -639,25 +632,21 @@ impl Shared {
             // The janitor gives one hold back in the background if the owner's holds add up to
             // what the acquire would have left (as this lock last saw them, plus one); if the
             // acquire never ran, they are fewer and nothing changes.
-            let before = self.holds(owner.as_bytes(), |h| h.reported);
-            let undo = self.release_cleanup(
-                mode.as_str(),
-                owner.as_bytes(),
-                true,
-                Some(before.saturating_add(1)),
-            );
+            let before = self.holds(id, |h| h.reported);
+            let undo =
+                self.release_cleanup(mode.as_str(), id, true, Some(before.saturating_add(1)));
             let until = start.checked_add(self.opts.lease).unwrap_or(start);
             let client = &self.client;
             let why = Why::acquire(e);
             client
                 .janitor()
-                .forget(client, &self.key, owner.as_bytes(), undo, why, until);
+                .forget(client, &self.key, id, undo, why, until);
         }
         let (code, holds, wait) = reply?;
         match code {
             1 => {
                 // Counted before `checked_win`, whose release of a late hold counts it off.
-                self.note_known(owner.as_bytes(), mode, true);
+                self.note_known(id, mode, true);
                 log::trace!(
                     "lock {:?}: {} hold taken by {owner}",
                     self.key,
@@ -670,7 +659,7 @@ impl Shared {
                 };
                 let lease = self
                     .opts
-                    .lease(&self.client, &self.key, kind, owner.as_bytes(), start, None)
+                    .lease(&self.client, &self.key, kind, id, start, None)
                     .owned_by_thread();
                 let result = crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
                     self.release(mode, l)
@@ -681,7 +670,10 @@ impl Shared {
             }
             0 | -1 => {
                 if holds == 0 {
-                    self.forget_known(owner.as_bytes());
+                    // Redis counts no hold of the owner: it holds nothing (a hold it counts
+                    // expired or was lost). Only this thread can add holds of the owner, and
+                    // other threads' releases only count down, so this cannot lose a live hold.
+                    self.holds(id, |h| (h.read, h.write) = (0, 0));
                 }
                 let mut wait = wait
                     .and_then(|w| u64::try_from(w).ok())
@@ -769,14 +761,14 @@ impl Shared {
         let sent = Instant::now();
         let overran = sent >= lease.valid_until();
         lease.stop_renewal();
+        let (client, owner) = (&self.client, lease.value());
         // Sent as the janitor or a Sentinel replay would send it again.
-        let release = self.release_cleanup(mode.as_str(), lease.value(), true, None);
+        let release = self.release_cleanup(mode.as_str(), owner, true, None);
         let generation = self.client.switch_generation();
-        let reply = self.send(&release, lease.value());
+        let reply = self.send(&release, owner);
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
-        self.client
-            .owner_released(&self.key, lease.value(), self.opts.lease);
+        client.owner_released(&self.key, owner, self.opts.lease);
         // The lease's hold is gone from the owner's known count once Redis answered (given
         // back, or found gone) or the janitor took the release over (it gives it back, or gives
         // up and leaves a hold that no lease has). After another error the caller may still
@@ -785,7 +777,7 @@ impl Shared {
             .as_ref()
             .map_or_else(LockError::worth_retrying, |_| true)
         {
-            self.note_known(lease.value(), mode, false);
+            self.note_known(owner, mode, false);
         }
         // Resent only while the latch is sure to live (it starts when the release first runs,
         // which is after `sent`): a resend that found it gone could give back a second hold.
@@ -795,31 +787,19 @@ impl Shared {
         let mut redone = false;
         if let Some(e) = reply.as_ref().err().filter(|e| e.worth_retrying()) {
             // Done in-line: the hold is given back (at most once: the latch), released.
-            redone = self.client.janitor().forget(
-                &self.client,
-                &self.key,
-                lease.value(),
-                release.clone(),
-                Why::release(e),
-                until,
-            );
+            let why = Why::release(e);
+            redone = client
+                .janitor()
+                .forget(client, &self.key, owner, release.clone(), why, until);
             // The janitor makes it happen (or the hold expires): count it given back.
-            self.holds(lease.value(), |h| h.reported = (h.reported - 1).max(0));
+            self.holds(owner, |h| h.reported = (h.reported - 1).max(0));
         }
         let ours = redone || reply?.0 == 1;
         if !ours || overran {
             self.client.counters().lost_on_release(mode.kind(), lease);
         }
         if ours && self.client.switches().is_some() {
-            crate::client::sentinel_watch::remember(
-                &self.client,
-                &self.key,
-                lease.value(),
-                release,
-                None,
-                generation,
-                until,
-            );
+            sentinel_watch::remember(client, &self.key, owner, release, None, generation, until);
         }
         if ours {
             // Any release may let the other side in: a write release (or a downgrade) frees
@@ -828,10 +808,8 @@ impl Shared {
             waiters.notify_release(&self.read_line);
             waiters.notify_release(&self.write_line);
         }
-        Ok(
-            crate::client::acquire::note_release(self.client.waiters(), &self.key, ours)
-                && !overran,
-        )
+        let released = crate::client::acquire::note_release(client.waiters(), &self.key, ours);
+        Ok(released && !overran)
     }
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
