@@ -489,16 +489,25 @@ impl FairLock {
     }
 
     /// Leaves the queue (a waiter giving up): removes our entry, or releases (and passes on) a
-    /// grant that reached us meanwhile. True if there was such a grant.
-    fn leave(&self, token: &Token) -> Result<bool> {
-        let ours = self.release_script(token, None)?.ours;
-        if ours {
-            log::info!(
+    /// grant that reached us meanwhile. A failure to leave is logged at `level` (the entry
+    /// lapses by itself).
+    fn leave(&self, token: &Token, level: log::Level) {
+        match self.release_script(token, None) {
+            Ok(reply) if reply.ours => log::info!(
                 "lock {:?}: granted to us as we gave up; released and passed on",
                 self.key
-            );
+            ),
+            Ok(_) => {}
+            Err(e) => log::log!(
+                level,
+                "lock {:?}: giving up, could not leave the queue ({}); the entry lapses within \
+                 {:?}, a grant to it within {:?}",
+                self.key,
+                e.report(),
+                self.entry_ttl,
+                self.grant
+            ),
         }
-        Ok(ours)
     }
 
     /// One `lua/fair_release.lua` call; `successor`: the token of this client's thread that
@@ -548,16 +557,8 @@ impl FairLock {
     /// passed on to the next waiter (owner-checked by the token). Returns `e`.
     fn give_up_after(&self, token: &Token, did_offer: bool, e: LockError) -> LockError {
         self.settle_offer(token, did_offer);
-        if let Err(left) = self.leave(token) {
-            log::debug!(
-                "lock {:?}: could not leave the queue after a failure ({}); the entry lapses \
-                 within {:?}, a grant to it within {:?}",
-                self.key,
-                left.report(),
-                self.entry_ttl,
-                self.grant
-            );
-        }
+        // The failure itself is returned: leaving is logged for debugging only.
+        self.leave(token, log::Level::Debug);
         e
     }
 
@@ -859,16 +860,7 @@ impl FairLock {
         self.settle_offer(&token, did_offer);
         drop(ticket);
         // Withdraw: our entry goes, or a grant that reached us meanwhile is passed on.
-        if let Err(e) = self.leave(&token) {
-            log::warn!(
-                "lock {:?}: giving up, could not leave the queue ({}); the entry lapses within \
-                 {:?}, a grant to it within {:?}",
-                self.key,
-                e.report(),
-                self.entry_ttl,
-                self.grant
-            );
-        }
+        self.leave(&token, log::Level::Warn);
         if let Some(e) = late {
             return Err(e);
         }
