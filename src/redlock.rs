@@ -810,16 +810,15 @@ impl RedLock {
         T: Send + 'static,
         F: Fn(&mut Lane, &str) -> Result<T> + Send + Sync + 'static,
     {
-        let deadline = crate::time::after(self.inner().node_timeout);
-        let rx = self
-            .inner()
-            .dispatch(&self.key, self.lane, Err, move |lane, key| {
-                let result = (Instant::now() < deadline).then(|| op(lane, key))?;
-                let answered = result.is_ok();
-                Some((result, answered))
-            });
+        let inner = self.inner();
+        let deadline = crate::time::after(inner.node_timeout);
+        let rx = inner.dispatch(&self.key, self.lane, Err, move |lane, key| {
+            let result = (Instant::now() < deadline).then(|| op(lane, key))?;
+            let answered = result.is_ok();
+            Some((result, answered))
+        });
         let (mut answers, mut first_error) = (Vec::new(), None);
-        for _ in 0..self.inner().nodes.len() {
+        for _ in 0..inner.nodes.len() {
             match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(Ok(answer)) => answers.push(answer),
                 Ok(Err(e)) => first_error = first_error.or(Some(e)),
@@ -974,10 +973,8 @@ impl DistributedLock for RedLock {
         if !ours || overran {
             self.inner().counters.lost_on_release(KIND, lease);
         }
-        Ok(
-            crate::client::acquire::note_release(&self.inner().waiters, &self.key, ours)
-                && !overran,
-        )
+        let released = crate::client::acquire::note_release(&self.inner().waiters, &self.key, ours);
+        Ok(released && !overran)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
