@@ -49,17 +49,18 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::access;
-use crate::client::cleanup::{Cleanup, Done, Why};
+use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
 use crate::client::subscriber::Delivery;
 use crate::client::waiters::Offer;
-use crate::client::LockClient;
+use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids::new_token;
 use crate::keys;
 use crate::lease::{Lease, RenewKind, WatchState};
 use crate::lock::{self, DistributedLock, LockGuard, LockState};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, HoldOptions};
 use crate::strategy::string_value;
@@ -301,13 +302,9 @@ impl FairLock {
     /// One plain `SET key <token> NX PX <lease>`: the lease if taken, `None` if held.
     fn attempt_plain(&self, token: &Token) -> Result<Option<Lease>> {
         let start = Instant::now();
-        let until = crate::time::saturating_add(start, self.opts.lease);
-        let reply: Value = string_value::acquire_undone_by(
-            &self.client,
-            &self.key,
-            |con, _| string_value::set_nx_px(&self.key, token, self.opts.lease_ms()).query(con),
-            |why| self.undo_lost(token, until, why),
-        )?;
+        let reply: Value = self.acquire_undone(token, start, |con, _| {
+            string_value::set_nx_px(&self.key, token, self.opts.lease_ms()).query(con)
+        })?;
         let result = if reply == Value::Okay {
             self.won(token, start, 0).map(Some)
         } else {
@@ -318,19 +315,24 @@ impl FairLock {
         result
     }
 
-    /// An acquire sent with `token` got no reply: it may still run (or have run) and leave the
-    /// lock ours, granted or taken, or our entry in the queue, with nobody waiting for either.
-    /// The janitor sends our release (`lua/fair_release.lua`) until it is answered or until
-    /// `until`: it passes the lock on to the next waiter if it is ours, else removes our entry.
-    fn undo_lost(&self, token: &Token, until: Instant, why: Why) {
-        self.client.janitor().forget(
-            &self.client,
-            &self.key,
-            token,
-            self.fair_release(token),
-            why,
-            until,
-        );
+    /// Sends an acquire with `token` (or a grant's raise), started at `start`, by `send`. If it
+    /// got no reply, it may still run (or have run) and leave the lock ours, granted or taken, or
+    /// our entry in the queue, with nobody waiting for either: the janitor sends our release
+    /// (`lua/fair_release.lua`) until it is answered or until a lease from `start` has passed;
+    /// it passes the lock on to the next waiter if it is ours, else removes our entry.
+    fn acquire_undone<T>(
+        &self,
+        token: &Token,
+        start: Instant,
+        send: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        string_value::acquire_undone_by(&self.client, &self.key, send, |why| {
+            let (client, undo) = (&self.client, self.fair_release(token));
+            let until = crate::time::saturating_add(start, self.opts.lease);
+            client
+                .janitor()
+                .forget(client, &self.key, token, undo, why, until);
+        })
     }
 
     /// The release of `token` sent again (`lua/fair_release.lua`, owner-checked by the token):
@@ -370,26 +372,20 @@ impl FairLock {
 
     /// One `lua/fair_acquire.lua` call; `wait`: join (or refresh) the queue when refused.
     fn attempt(&self, token: &Token, wait: bool, start: Instant) -> Result<Outcome> {
-        let until = crate::time::saturating_add(start, self.opts.lease);
-        let reply: Vec<i64> = string_value::acquire_undone_by(
-            &self.client,
-            &self.key,
-            |con, s| {
-                s.fair_acquire.eval_keys(
-                    con,
-                    &self.script_keys(),
-                    (
-                        &token[..],
-                        self.opts.lease_ms(),
-                        if wait { "w" } else { "t" },
-                        self.entry_ttl.as_millis() as u64,
-                        self.grant_ms(),
-                        CHANNEL_PREFIX,
-                    ),
-                )
-            },
-            |why| self.undo_lost(token, until, why),
-        )?;
+        let reply: Vec<i64> = self.acquire_undone(token, start, |con, s| {
+            s.fair_acquire.eval_keys(
+                con,
+                &self.script_keys(),
+                (
+                    &token[..],
+                    self.opts.lease_ms(),
+                    if wait { "w" } else { "t" },
+                    self.entry_ttl.as_millis() as u64,
+                    self.grant_ms(),
+                    CHANNEL_PREFIX,
+                ),
+            )
+        })?;
         match reply.as_slice() {
             [1, fence] => {
                 let fence = u64::try_from(*fence).unwrap_or(0);
@@ -574,16 +570,10 @@ impl FairLock {
     /// and the caller leaves the queue, as after a failed attempt.
     fn confirm_grant(&self, token: &Token, grant: Grant) -> Result<Option<Lease>> {
         let start = Instant::now();
-        let until = crate::time::saturating_add(start, self.opts.lease);
-        let raised: i64 = string_value::acquire_undone_by(
-            &self.client,
-            &self.key,
-            |con, s| {
-                s.extend
-                    .eval(con, &self.key, (&token[..], self.opts.lease_ms()))
-            },
-            |why| self.undo_lost(token, until, why),
-        )?;
+        let raised: i64 = self.acquire_undone(token, start, |con, s| {
+            s.extend
+                .eval(con, &self.key, (&token[..], self.opts.lease_ms()))
+        })?;
         if raised != 1 {
             log::debug!(
                 "lock {:?}: the grant was gone before its confirmed raise; asking Redis",
