@@ -35,7 +35,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
@@ -658,9 +658,8 @@ impl RedLockBuilder {
         )?;
         let ttl = checked_ttl(&self.key, ttl)?;
         let workers = self.client.workers().max(1);
-        let mut h = DefaultHasher::new();
-        self.key.hash(&mut h);
-        let lane = (h.finish() % workers as u64) as usize;
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(&self.key);
+        let lane = (hash % workers as u64) as usize;
         Ok(RedLock {
             client: self.client,
             key: self.key,

@@ -516,11 +516,6 @@ impl Shared {
         result
     }
 
-    /// Records the owner's hold count that a script reported.
-    fn note_holds(&self, owner: &[u8], holds: i64) {
-        self.holds(owner, |h| h.reported = holds.max(0));
-    }
-
     /// One hold of the owner more (`taken`) or fewer in `mode`. Changes are counted, never
     /// set, so that releases of the owner's leases on other threads cannot race its acquires.
     fn note_known(&self, owner: &[u8], mode: Mode, taken: bool) {
@@ -560,7 +555,8 @@ impl Shared {
             None => self.client.with_conn(&self.key, call)?,
         };
         let (code, holds, wait) = self.decode(reply)?;
-        self.note_holds(owner, holds);
+        // The owner's hold count as the script reported it.
+        self.holds(owner, |h| h.reported = holds.max(0));
         Ok((code, holds, wait))
     }
 
