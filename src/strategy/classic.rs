@@ -31,6 +31,7 @@ use crate::lock::{self, DistributedLock};
 use crate::retry::RetryPolicy;
 use crate::stats::Kind;
 use crate::strategy::hold;
+use crate::strategy::spring::recognizes as is_uuid;
 use crate::strategy::string_value;
 
 /// How a Classic lock encodes its expiry timestamp in the value: the format of the legacy
@@ -290,15 +291,6 @@ fn decimal_i64(value: &[u8]) -> Option<i64> {
         .ok()
         .filter(|s| !s.is_empty() && s.len() <= 20)
         .and_then(|s| s.parse::<i64>().ok())
-}
-
-/// True for a UUID in its 36-character text form (hex digits, dashes at 8, 13, 18 and 23).
-fn is_uuid(value: &[u8]) -> bool {
-    value.len() == 36
-        && value.iter().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => *b == b'-',
-            _ => b.is_ascii_hexdigit(),
-        })
 }
 
 /// A float written by Python's `repr` (or `str`) of a timestamp: `<digits>.<digits>`, at

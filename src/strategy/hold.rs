@@ -218,8 +218,6 @@ pub(crate) fn after_publish(client: &LockClient, line: &str, channel: &str, rece
     }
 }
 
-/// An `extend` under way, of a lock whose hold is its key alone: the checks before the
-/// strategy's owner-checked extend and what follows its answer are the same for all of them.
 /// Why the janitor retries a release that failed with `reply`: a connection error or a
 /// transient refusal (a failover, a restart) would leave the lock for the rest of its lease.
 /// None when the release was answered, or failed for good.
@@ -229,6 +227,8 @@ pub(crate) fn failed_release<T>(reply: &Result<T>) -> Option<crate::client::clea
         .then(|| crate::client::cleanup::Why::release(e))
 }
 
+/// An `extend` under way, of a lock whose hold is its key alone: the checks before the
+/// strategy's owner-checked extend and what follows its answer are the same for all of them.
 pub(crate) struct Extending {
     /// The new lifetime, in whole milliseconds as sent.
     pub(crate) ttl: Duration,
@@ -262,11 +262,19 @@ impl Extending {
         lease: &mut Lease,
         new_value: Option<&[u8]>,
     ) -> Result<()> {
-        let result = extended(key, done, lease, new_value, self.start, self.ttl);
-        if result.is_ok() {
+        let result = if done {
+            lease.renew(new_value, self.start, self.ttl);
+            log::debug!("lock {key:?}: extended by {:?}", self.ttl);
             // A value of the client's live set stays live for the new lifetime.
             client.hold_renewed(lease.value(), self.ttl);
-        }
+            Ok(())
+        } else {
+            // Returned as `LockError::Lost`: not also a warning.
+            log::debug!("lock {key:?}: lost, extend found another owner or none");
+            Err(LockError::Lost {
+                key: key.to_owned(),
+            })
+        };
         client.counters().extended(kind, lease, result)
     }
 }
@@ -307,7 +315,6 @@ pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {
     }
 }
 
-/// An acquire script's answer.
 /// A holder's `PTTL` reply as time left: none when the key has no TTL (-1), zero when it is
 /// gone (-2).
 pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
@@ -318,6 +325,7 @@ pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
     }
 }
 
+/// An acquire script's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     Taken { fence: Option<u64> },
@@ -336,27 +344,4 @@ impl AcquireReply {
 
 fn unexpected(key: &str, reply: &Value) -> LockError {
     LockError::unexpected_reply(key, "an acquire script", reply)
-}
-
-/// Applies the answer of an extend script: renews the lease (with the new value, if the
-/// strategy wrote one) when `done`, else reports the lock lost.
-fn extended(
-    key: &str,
-    done: bool,
-    lease: &mut Lease,
-    new_value: Option<&[u8]>,
-    start: Instant,
-    ttl: Duration,
-) -> Result<()> {
-    if done {
-        lease.renew(new_value, start, ttl);
-        log::debug!("lock {key:?}: extended by {ttl:?}");
-        Ok(())
-    } else {
-        // Returned as `LockError::Lost`: not also a warning.
-        log::debug!("lock {key:?}: lost, extend found another owner or none");
-        Err(LockError::Lost {
-            key: key.to_owned(),
-        })
-    }
 }

@@ -126,11 +126,6 @@ fn local_count(owner: &OwnerId, key: &str) -> Option<u32> {
     })
 }
 
-/// True if the calling thread, as `owner`, last saw itself holding `key`.
-fn holds_local(owner: &OwnerId, key: &str) -> bool {
-    LOCAL_HOLDS.with(|holds| holds.borrow().iter().any(|h| h.is(owner, key)))
-}
-
 /// A lock of [`Strategy::Reentrant`](crate::Strategy::Reentrant), wire-compatible with
 /// Redisson's `RLock` (`RedissonClient.getLock(key)`). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
@@ -172,15 +167,15 @@ pub struct ReentrantLock {
 
 /// The commands of every acquire and release of a reentrant lock, packed by redis-rs once but
 /// for the owner and the argument that changes (see
-/// [`PackedPair`](string_value::PackedPair)), at their second use: the same bytes as built
+/// [`Packed`](string_value::Packed)), at their second use: the same bytes as built
 /// afresh, without the building. Owners of other lengths, counts of more than one digit and
 /// fenced acquires are sent the usual way.
 #[derive(Default)]
 struct Wire {
     /// `EVALSHA <reentrant_acquire.lua> 1 key <lease ms> <owner> <count>`.
-    acquire: Lazy<string_value::PackedPair>,
+    acquire: Lazy<string_value::Packed>,
     /// `EVALSHA <reentrant_release.lua> 1 key 0 <lease ms> <owner> <channel> <request id>`.
-    release: Lazy<string_value::PackedPair>,
+    release: Lazy<string_value::Packed>,
 }
 
 impl std::fmt::Debug for ReentrantLock {
@@ -331,7 +326,7 @@ impl ReentrantLock {
             queues: self.client.waiters(),
             name: &self.key,
             fifo: true,
-            barge: holds_local(&self.owner(), &self.key),
+            barge: local_count(&self.owner(), &self.key).is_some(),
             wake: self.opts.wake(&self.client),
         };
         // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
@@ -465,13 +460,13 @@ impl ReentrantLock {
         self.wire
             .acquire
             .get(|| {
-                string_value::PackedPair::new((owner.len(), 1), |o, k| {
+                string_value::Packed::new(&[owner.len(), 1], 1, |v| {
                     s.reentrant_acquire
-                        .evalsha(&self.key, &(lease_ms, o, k))
+                        .evalsha(&self.key, &(lease_ms, v[0], v[1]))
                         .get_packed_command()
                 })
             })?
-            .with(owner, &[b'0' + digit])
+            .with(&[owner, &[b'0' + digit]])
     }
 
     /// The release's bytes for `owner` with `request` (see [`Wire`]), if packed.
@@ -480,13 +475,16 @@ impl ReentrantLock {
         self.wire
             .release
             .get(|| {
-                string_value::PackedPair::new((owner.len(), request.len()), |o, r| {
+                string_value::Packed::new(&[owner.len(), request.len()], 1, |v| {
                     s.reentrant_release
-                        .evalsha(&self.key, &(keys::UNLOCK_MESSAGE, lease_ms, o, channel, r))
+                        .evalsha(
+                            &self.key,
+                            &(keys::UNLOCK_MESSAGE, lease_ms, v[0], channel, v[1]),
+                        )
                         .get_packed_command()
                 })
             })?
-            .with(owner, request)
+            .with(&[owner, request])
     }
 
     fn unexpected(&self, reply: i64) -> LockError {
@@ -671,12 +669,8 @@ fn read_forget(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
 }
 
 /// The commands of a reentrant lock (Redisson's `RLock` scripts and the library's own).
-pub(crate) fn access_checks(
-    key: &str,
-    channel: &str,
-    fence: Option<&str>,
-    pubsub: bool,
-) -> Vec<access::Check> {
+pub(crate) fn access_checks(key: &str, opts: &HoldOptions) -> Vec<access::Check> {
+    let channel = opts.channel.as_str();
     let mut c = vec![
         access::check("exists", &[key]),
         access::check("hexists", &[key, "owner"]),
@@ -689,12 +683,12 @@ pub(crate) fn access_checks(
         access::check("del", &[key]),
         access::check("publish", &[channel, "0"]),
     ];
-    if let Some(f) = fence {
+    if let Some(f) = &opts.fence_key {
         c.push(access::check("incr", &[f]));
         // A re-entry reads the counter's current value.
         c.push(access::check("get", &[f]));
     }
-    if pubsub {
+    if opts.wake_up == hold::WakeUp::PubSub {
         c.extend(access::subscriber(channel));
     }
     c
@@ -703,6 +697,11 @@ pub(crate) fn access_checks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// True if the calling thread, as `owner`, last saw itself holding `key`.
+    fn holds_local(owner: &OwnerId, key: &str) -> bool {
+        local_count(owner, key).is_some()
+    }
 
     #[test]
     fn local_holds_count_per_instance_and_key() {
