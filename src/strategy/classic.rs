@@ -159,11 +159,11 @@ pub(crate) const KIND: Kind = Kind::new("classic");
 /// A lock of [`Strategy::Classic`](crate::Strategy::Classic). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
 pub struct ClassicLock {
-    client: LockClient,
-    key: String,
-    ttl: Duration,
-    retry: RetryPolicy,
-    opts: ClassicOptions,
+    pub(crate) client: LockClient,
+    pub(crate) key: String,
+    pub(crate) ttl: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) opts: ClassicOptions,
 }
 
 /// What one acquire attempt found.
@@ -385,22 +385,6 @@ impl std::fmt::Debug for ClassicLock {
 impl ClassicLock {
     /// Default lifetime ("timeout") of a Classic lock, as in the legacy lockers: 1 s.
     pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
-
-    pub(crate) fn new(
-        client: LockClient,
-        key: String,
-        ttl: Duration,
-        retry: RetryPolicy,
-        opts: ClassicOptions,
-    ) -> Self {
-        ClassicLock {
-            client,
-            key,
-            ttl,
-            retry,
-            opts,
-        }
-    }
 
     /// The options in force.
     pub fn options(&self) -> &ClassicOptions {

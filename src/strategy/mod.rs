@@ -386,12 +386,17 @@ impl LockBuilder {
         self.verify("Token", || {
             token::access_checks(&self.client, &self.key, &opts)
         })?;
-        Ok(if shedlock {
-            let dialect = shedlock::dialect(&opts.channel);
-            TokenLock::with_dialect(self.client, self.key, opts, dialect)
+        let dialect = if shedlock {
+            shedlock::dialect(&opts.channel)
         } else {
-            TokenLock::new(self.client, self.key, opts)
-        })
+            token::Dialect::token(&opts.channel)
+        };
+        Ok(TokenLock::with_dialect(
+            self.client,
+            self.key,
+            opts,
+            dialect,
+        ))
     }
 
     fn build_reentrant(self) -> Result<ReentrantLock> {
@@ -461,7 +466,13 @@ impl LockBuilder {
         self.verify("Classic", || {
             classic::access_checks(&self.client, &self.key)
         })?;
-        Ok(ClassicLock::new(self.client, self.key, ttl, retry, opts))
+        Ok(ClassicLock {
+            client: self.client,
+            key: self.key,
+            ttl,
+            retry,
+            opts,
+        })
     }
 }
 

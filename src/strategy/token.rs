@@ -189,11 +189,6 @@ impl std::fmt::Debug for TokenLock {
 }
 
 impl TokenLock {
-    pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Self {
-        let dialect = Dialect::token(&opts.channel);
-        Self::with_dialect(client, key, opts, dialect)
-    }
-
     /// True for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock): Token's protocol
     /// with ShedLock's values.
     pub(crate) fn is_shedlock(&self) -> bool {
