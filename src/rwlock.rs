@@ -729,7 +729,7 @@ impl Shared {
                 };
                 let lease = self
                     .opts
-                    .lease(&self.client, &self.key, kind, owner.as_bytes(), start, None)
+                    .lease(&self.client, kind, owner.as_bytes(), start, None, None)
                     .owned_by_thread();
                 let result = crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
                     self.release(mode, l)

@@ -153,22 +153,9 @@ impl HoldOptions {
     }
 
     /// A fresh hold: with its fencing token, and handed to the watchdog if the lock is watched.
-    pub(crate) fn lease(
-        &self,
-        client: &LockClient,
-        key: &str,
-        kind: RenewKind,
-        value: &[u8],
-        start: Instant,
-        fence: Option<u64>,
-    ) -> Lease {
-        debug_assert_eq!(key, &*self.key);
-        self.lease_seen(client, kind, value, start, fence, None)
-    }
-
-    /// [`lease`](Self::lease), the acquire's reply having been read at `seen` (if given: the
+    /// `seen`: when the acquire's reply was read, if the caller read the clock then (the
     /// watchdog's first renewal is counted from it, without reading the clock again).
-    pub(crate) fn lease_seen(
+    pub(crate) fn lease(
         &self,
         client: &LockClient,
         kind: RenewKind,
@@ -315,6 +302,16 @@ pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {
     }
 }
 
+/// The lease of a won attempt; [`LockError::Held`] when another owner holds the lock.
+pub(crate) fn taken(key: &str, attempt: Result<Attempt>) -> Result<Lease> {
+    match attempt? {
+        Attempt::Acquired(lease) => Ok(lease),
+        Attempt::Held { .. } => Err(LockError::Held {
+            key: key.to_owned(),
+        }),
+    }
+}
+
 /// A holder's `PTTL` reply as time left: none when the key has no TTL (-1), zero when it is
 /// gone (-2).
 pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
@@ -330,16 +327,6 @@ pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
 pub(crate) enum AcquireReply {
     Taken { fence: Option<u64> },
     Held { pttl: Option<Duration> },
-}
-
-impl AcquireReply {
-    /// The attempt's outcome, building the lease with `make` when taken.
-    pub(crate) fn into_attempt(self, make: impl FnOnce(Option<u64>) -> Lease) -> Attempt {
-        match self {
-            AcquireReply::Taken { fence } => Attempt::Acquired(make(fence)),
-            AcquireReply::Held { pttl } => Attempt::Held { pttl },
-        }
-    }
 }
 
 fn unexpected(key: &str, reply: &Value) -> LockError {

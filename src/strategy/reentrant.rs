@@ -274,44 +274,25 @@ impl ReentrantLock {
             string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
                 self.forget_lost_acquire(&owner, start, why)
             })?;
-        let reply = hold::decode_acquire(&self.key, &reply)?;
-        // Taken: one reading of the clock after the reply for the live set, the watchdog's
-        // first renewal and the late-reply check.
-        let mut now = None;
-        let seen = match reply {
-            AcquireReply::Taken { .. } => {
+        let result = match hold::decode_acquire(&self.key, &reply)? {
+            AcquireReply::Taken { fence } => {
                 log::trace!("lock {:?}: hold taken by {owner}", self.key);
-                let at = *now.insert(Instant::now());
-                attempt_live.took_at(self.opts.lease, at);
-                Seen::Taken
+                // One reading of the clock after the reply for the live set, the watchdog's
+                // first renewal and the late-reply check.
+                let now = Instant::now();
+                attempt_live.took_at(self.opts.lease, now);
+                note_local(&owner, self.opts.key_arc(), Seen::Taken);
+                let (kind, value) = (RenewKind::HashField(KIND), owner.as_bytes());
+                let lease = (self.opts).lease(&self.client, kind, value, start, fence, Some(now));
+                let release = |l: &Lease| self.release(l);
+                let ttl = self.opts.lease;
+                crate::lease::checked_win_at(&self.key, lease.owned_by_thread(), ttl, now, release)
+                    .map(Attempt::Acquired)
             }
-            // Refused, so this owner holds nothing (else the script had let it re-enter).
-            AcquireReply::Held { .. } => Seen::Nothing,
-        };
-        note_local(&owner, self.opts.key_arc(), seen);
-        let attempt = reply.into_attempt(|fence| {
-            self.opts
-                .lease_seen(
-                    &self.client,
-                    RenewKind::HashField(KIND),
-                    owner.as_bytes(),
-                    start,
-                    fence,
-                    now,
-                )
-                .owned_by_thread()
-        });
-        let result = match (attempt, now) {
-            (Attempt::Acquired(lease), Some(now)) => {
-                crate::lease::checked_win_at(&self.key, lease, self.opts.lease, now, |l| {
-                    self.release(l)
-                })
-                .map(Attempt::Acquired)
-            }
-            (attempt, _) => {
-                crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| {
-                    self.release(l)
-                })
+            AcquireReply::Held { pttl } => {
+                // Refused, so this owner holds nothing (else the script had let it re-enter).
+                note_local(&owner, self.opts.key_arc(), Seen::Nothing);
+                Ok(Attempt::Held { pttl })
             }
         };
         self.client.counters().outcome(KIND, &result);
@@ -486,20 +467,6 @@ impl ReentrantLock {
             })?
             .with(&[owner, request])
     }
-
-    fn unexpected(&self, reply: i64) -> LockError {
-        LockError::unexpected_reply(&self.key, "the reentrant release script", &reply)
-    }
-}
-
-impl ReentrantLock {
-    /// One attempt: `Ok(None)` when another owner holds the lock.
-    fn try_take(&self) -> Result<Option<Lease>> {
-        Ok(match self.attempt()? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
-    }
 }
 
 impl DistributedLock for ReentrantLock {
@@ -516,7 +483,7 @@ impl DistributedLock for ReentrantLock {
     }
 
     fn try_acquire(&self) -> Result<Lease> {
-        crate::lock::taken_or_held(&self.key, self.try_take())
+        hold::taken(&self.key, self.attempt())
     }
 
     /// Gives back the hold of `lease`: `Ok(true)` when its owner held the lock (one hold given
@@ -610,7 +577,10 @@ impl DistributedLock for ReentrantLock {
                 log::debug!("lock {:?}: release by owner {owner} {found}", self.key);
                 (Seen::Nothing, false)
             }
-            Some(other) => return Err(self.unexpected(other)),
+            Some(other) => {
+                let what = "the reentrant release script";
+                return Err(LockError::unexpected_reply(&self.key, what, &other));
+            }
         };
         if !ours || overran {
             self.client.counters().lost_on_release(KIND, lease);

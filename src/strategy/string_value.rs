@@ -107,23 +107,6 @@ impl Packed {
         Some(out)
     }
 
-    /// Sends the single command with `value` (built by `cmd` if the value does not fit): the
-    /// reply as `Cmd::query::<Value>` gives it.
-    pub(crate) fn query(
-        &self,
-        con: &mut dyn ConnectionLike,
-        value: &[u8],
-        cmd: impl FnOnce() -> redis::Cmd,
-    ) -> RedisResult<Value> {
-        debug_assert_eq!(self.commands, 1);
-        match self.with(&[value]) {
-            Some(bytes) => con
-                .req_packed_command(&bytes)
-                .and_then(Value::extract_error),
-            None => cmd().query(con),
-        }
-    }
-
     /// Sends the pipeline with `value`: its integer replies, as `pipeline().query::<Vec<i64>>`
     /// gives them; any other reply (an error) is read by redis-rs's pipeline (`pipeline()`,
     /// the same commands), as if it had sent them.
@@ -199,6 +182,26 @@ impl<T> Lazy<T> {
     }
 }
 
+impl Lazy<Packed> {
+    /// Sends the single command `cmd(value)`, packed for values of `len` bytes from the second
+    /// send on: the reply as `Cmd::query::<Value>` gives it.
+    pub(crate) fn query(
+        &self,
+        con: &mut dyn ConnectionLike,
+        len: usize,
+        value: &[u8],
+        cmd: impl Fn(&[u8]) -> redis::Cmd,
+    ) -> RedisResult<Value> {
+        let packed = self.get(|| Packed::new(&[len], 1, |v| cmd(v[0]).get_packed_command()));
+        match packed.and_then(|p| p.with(&[value])) {
+            Some(bytes) => con
+                .req_packed_command(&bytes)
+                .and_then(Value::extract_error),
+            None => cmd(value).query(con),
+        }
+    }
+}
+
 /// Replies already read, handed to redis-rs's pipeline as its connection's answer.
 struct Replies(Option<Vec<Value>>);
 
@@ -252,15 +255,10 @@ impl PackedRelease {
             }
             pipe.get_packed_pipeline()
         });
-        let script = match notice.channels {
-            [ch] => Packed::new(&[len], 1, |value| {
-                scripts
-                    .unlock
-                    .evalsha(key, &(value[0], notice.message, ch.as_bytes()))
-                    .get_packed_command()
-            }),
-            _ => None,
-        };
+        let script = Packed::new(&[len], 1, |value| {
+            let args = (value[0], notice.message, notice.channels);
+            scripts.unlock.evalsha(key, &args).get_packed_command()
+        });
         PackedRelease { native, script }
     }
 }
@@ -455,24 +453,14 @@ pub(crate) fn compare_and_delete(
                 other => return other,
             }
         }
-        match notice {
-            None => s.unlock.eval(con, key, value),
-            Some(n) => match (
-                n.channels,
-                packed.and_then(|p| p.script.as_ref()?.with(&[value])),
-            ) {
-                ([ch], Some(evalsha)) => {
-                    s.unlock
-                        .eval_packed(con, &evalsha, key, &(value, n.message, ch.as_bytes()))
-                }
-                ([ch], None) => s.unlock.eval(con, key, (value, n.message, ch.as_bytes())),
-                (channels, _) => {
-                    let mut args: Vec<&[u8]> = Vec::with_capacity(2 + channels.len());
-                    args.extend([value, n.message]);
-                    args.extend(channels.iter().map(|ch| ch.as_bytes()));
-                    s.unlock.eval(con, key, args)
-                }
-            },
+        let packed = packed.and_then(|p| p.script.as_ref()?.with(&[value]));
+        match (notice, packed) {
+            (None, _) => s.unlock.eval(con, key, value),
+            (Some(n), None) => s.unlock.eval(con, key, (value, n.message, n.channels)),
+            (Some(n), Some(evalsha)) => {
+                let args = (value, n.message, n.channels);
+                s.unlock.eval_packed(con, &evalsha, key, &args)
+            }
         }
     })
 }
@@ -655,8 +643,12 @@ mod tests {
         let native = release.native.as_ref().expect("packed");
         assert_eq!(native.with(&[value]), Some(pipe.get_packed_pipeline()));
         assert_eq!(native.commands, 3);
-        // The script's form is packed for one channel only.
-        assert!(release.script.is_none());
+        // The script's form, each channel an argument.
+        let args: (&[u8], &[u8], &[u8], &[u8]) = (value, b"0", b"ch:a", b"ch:bb");
+        assert_eq!(
+            release.script.as_ref().expect("packed").with(&[value]),
+            Some(scripts.unlock.evalsha(key, &args).get_packed_command())
+        );
         let one = vec!["ch:a".to_owned()];
         let release = PackedRelease::new(
             &scripts,
@@ -730,11 +722,18 @@ mod tests {
             cmd.arg("k").arg(v).arg("NX");
             cmd
         };
-        let single = Packed::new(&[1], 1, |v| set(v[0]).get_packed_command()).expect("packed");
+        let single: Lazy<Packed> = Lazy::default();
         let mut con = Canned {
-            replies: vec![error()],
+            replies: vec![Value::Okay, error()],
             sent: Vec::new(),
         };
-        assert!(single.query(&mut con, b"v", || set(b"v")).is_err());
+        assert!(matches!(
+            single.query(&mut con, 1, b"v", set),
+            Ok(Value::Okay)
+        ));
+        assert!(single.packed.get().is_none(), "packed at the second send");
+        assert!(single.query(&mut con, 1, b"v", set).is_err());
+        assert!(single.packed.get().is_some_and(Option::is_some));
+        assert_eq!(con.sent, set(b"v").get_packed_command().repeat(2));
     }
 }

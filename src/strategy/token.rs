@@ -86,20 +86,14 @@ impl TokenLock {
     /// send on (see [`Wire`]).
     fn send_set(&self, con: &mut Conn, token: &[u8], get: bool) -> redis::RedisResult<Value> {
         let (ttl, key) = (self.opts.lease_ms(), self.key.as_str());
-        let (wire, cmd) = if get {
-            let cmd: fn(&str, &[u8], u64) -> redis::Cmd = string_value::set_nx_px_get;
-            (&self.wire.set_nx_px_get, cmd)
+        if get {
+            let cmd = |v: &[u8]| string_value::set_nx_px_get(key, v, ttl);
+            self.wire
+                .set_nx_px_get
+                .query(con, TOKEN_VALUE_LEN, token, cmd)
         } else {
-            (&self.wire.set_nx_px, string_value::set_nx_px as _)
-        };
-        let packed = wire.get(|| {
-            string_value::Packed::new(&[TOKEN_VALUE_LEN], 1, |v| {
-                cmd(key, v[0], ttl).get_packed_command()
-            })
-        });
-        match packed {
-            Some(p) => p.query(con, token, || cmd(key, token, ttl)),
-            None => cmd(key, token, ttl).query(con),
+            let cmd = |v: &[u8]| string_value::set_nx_px(key, v, ttl);
+            self.wire.set_nx_px.query(con, TOKEN_VALUE_LEN, token, cmd)
         }
     }
 
@@ -359,14 +353,8 @@ impl TokenLock {
                 // watchdog's first renewal and the live set.
                 let now = Instant::now();
                 let kind = RenewKind::Value(self.dialect.kind);
-                let lease = (self.opts).lease_seen(
-                    &self.client,
-                    kind,
-                    live.value(),
-                    start,
-                    fence,
-                    Some(now),
-                );
+                let lease =
+                    (self.opts).lease(&self.client, kind, live.value(), start, fence, Some(now));
                 let won =
                     crate::lease::checked_win_at(&self.key, lease, self.opts.lease, now, |l| {
                         self.release(l)
@@ -550,17 +538,6 @@ impl TokenLock {
         }
         kept.map(|kept| kept && !overran)
     }
-
-    /// One attempt: `Ok(None)` when another owner holds the lock.
-    fn try_take(&self) -> Result<Option<Lease>> {
-        let acq = self.acquiring();
-        let attempt = self.attempt(&acq, self.opts.fence_key.is_none());
-        self.forget_lost(&acq);
-        Ok(match attempt? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
-    }
 }
 
 impl DistributedLock for TokenLock {
@@ -577,7 +554,10 @@ impl DistributedLock for TokenLock {
     }
 
     fn try_acquire(&self) -> Result<Lease> {
-        crate::lock::taken_or_held(&self.key, self.try_take())
+        let acq = self.acquiring();
+        let attempt = self.attempt(&acq, self.opts.fence_key.is_none());
+        self.forget_lost(&acq);
+        hold::taken(&self.key, attempt)
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
