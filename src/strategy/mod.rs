@@ -344,14 +344,7 @@ impl LockBuilder {
     }
 
     fn build_spring(self, spring: SpringOptions) -> Result<SpringLock> {
-        let opts = self.hold_options()?;
-        if opts.fence_key.is_some() {
-            needs_scripts(
-                self.client.native(),
-                &self.key,
-                "a Spring lock with fencing",
-            )?;
-        }
+        let opts = self.token_options("a Spring lock with fencing")?;
         let lock = SpringLock::new(self.client.clone(), self.key.clone(), opts, spring)?;
         self.verify("Spring", || {
             spring::access_checks(&self.client, &self.key, lock.hold(), &spring)
@@ -379,10 +372,7 @@ impl LockBuilder {
 
     /// A Token lock, in ShedLock's values with `shedlock`.
     fn build_token(self, shedlock: bool) -> Result<TokenLock> {
-        let opts = self.hold_options()?;
-        if opts.fence_key.is_some() {
-            needs_scripts(self.client.native(), &self.key, "a Token lock with fencing")?;
-        }
+        let opts = self.token_options("a Token lock with fencing")?;
         self.verify("Token", || {
             token::access_checks(&self.client, &self.key, &opts)
         })?;
@@ -427,6 +417,16 @@ impl LockBuilder {
             ));
         }
         Ok(())
+    }
+
+    /// The checked options of a lock of Token's protocol, which needs scripts only for fencing
+    /// (`fenced` names it).
+    fn token_options(&self, fenced: &str) -> Result<HoldOptions> {
+        let opts = self.hold_options()?;
+        if opts.fence_key.is_some() {
+            needs_scripts(self.client.native(), &self.key, fenced)?;
+        }
+        Ok(opts)
     }
 
     /// The checked options of a Token, Reentrant or Fair lock.

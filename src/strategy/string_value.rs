@@ -26,13 +26,6 @@ pub(crate) struct Notice<'a> {
     pub(crate) channels: &'a [String],
 }
 
-impl<'a> Notice<'a> {
-    /// The channel this lock's own waiters wait on.
-    fn first(&self) -> Option<&'a str> {
-        self.channels.first().map(String::as_str)
-    }
-}
-
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
 const CMD_OVERHEAD: usize = 48;
@@ -391,7 +384,7 @@ pub(crate) fn release(
             lease.valid_until(),
         );
     }
-    if let Some(ch) = notice.and_then(|n| n.first()) {
+    if let Some(ch) = notice.and_then(|n| n.channels.first()) {
         hold::after_publish(client, key, ch, reply - 1);
     }
     let deleted = reply >= 1;
