@@ -31,7 +31,7 @@ pub fn classic_value(encoding: Encoding, ttl: Duration) -> Result<([u8; 20], usi
     let encoded =
         crate::strategy::classic::expiry_value("bench", encoding, owner, ttl, Duration::ZERO)?;
     let mut buf = [0u8; 20];
-    let bytes = encoded.as_bytes();
+    let bytes = encoded.as_slice();
     if bytes.len() > buf.len() {
         return Err(crate::LockError::config(
             "bench",

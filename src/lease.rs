@@ -352,19 +352,6 @@ pub(crate) fn checked_win_at(
     })
 }
 
-/// [`checked_win`] for the outcome of an attempt: a refusal passes unchanged.
-pub(crate) fn checked_attempt(
-    key: &str,
-    attempt: Attempt,
-    ttl: Duration,
-    release: impl FnOnce(&Lease) -> Result<bool>,
-) -> Result<Attempt> {
-    match attempt {
-        Attempt::Acquired(lease) => checked_win(key, lease, ttl, release).map(Attempt::Acquired),
-        held => Ok(held),
-    }
-}
-
 /// The default lease of a watched lock, renewed every third of it: 30 s, as Redisson.
 pub const WATCHDOG_DEFAULT_LEASE: Duration = Duration::from_secs(30);
 

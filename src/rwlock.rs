@@ -655,7 +655,7 @@ impl Shared {
                 };
                 let lease = self
                     .opts
-                    .lease(&self.client, &self.key, kind, id, start, None)
+                    .lease(&self.client, kind, id, start, None, None)
                     .owned_by_thread();
                 let result = crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
                     self.release(mode, l)

@@ -31,6 +31,7 @@ use crate::lock::{self, DistributedLock};
 use crate::retry::RetryPolicy;
 use crate::stats::Kind;
 use crate::strategy::hold;
+use crate::strategy::spring::recognizes as is_uuid;
 use crate::strategy::string_value;
 
 /// How a Classic lock encodes its expiry timestamp in the value: the format of the legacy
@@ -158,11 +159,11 @@ pub(crate) const KIND: Kind = Kind::new("classic");
 /// A lock of [`Strategy::Classic`](crate::Strategy::Classic). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
 pub struct ClassicLock {
-    client: LockClient,
-    key: String,
-    ttl: Duration,
-    retry: RetryPolicy,
-    opts: ClassicOptions,
+    pub(crate) client: LockClient,
+    pub(crate) key: String,
+    pub(crate) ttl: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) opts: ClassicOptions,
 }
 
 /// What one acquire attempt found.
@@ -176,26 +177,17 @@ enum Attempt {
     Corrupt(Vec<u8>, &'static str),
 }
 
-/// An encoded expiry: at most 20 decimal digits (with sign), a float of at most 24
-/// characters, 8 bytes, or a 36-character UUID, `:` and 20 digits.
-pub(crate) struct Encoded(Vec<u8>);
-
-impl Encoded {
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
-
 const NS_PER_US: i128 = 1_000;
 const NS_PER_MS: i128 = 1_000_000;
 const NS_PER_S: i128 = 1_000_000_000;
 
 /// Encodes an expiry, `expiry_ns` epoch nanoseconds, in `encoding` (millisecond encodings drop
 /// the sub-millisecond part, the float one the sub-microsecond part). `owner`: the UUID of a
-/// [`Encoding::UuidMs`] value.
-fn encode(encoding: Encoding, owner: &str, expiry_ns: i128) -> Encoded {
+/// [`Encoding::UuidMs`] value. At most 20 decimal digits (with sign), a float of at most 24
+/// characters, 8 bytes, or a 36-character UUID, `:` and 20 digits.
+fn encode(encoding: Encoding, owner: &str, expiry_ns: i128) -> Vec<u8> {
     let ms = expiry_ns.div_euclid(NS_PER_MS) as i64;
-    Encoded(match encoding {
+    match encoding {
         Encoding::BigEndian => ms.to_be_bytes().to_vec(),
         Encoding::Decimal => ms.to_string().into_bytes(),
         Encoding::UuidMs => format!("{owner}:{ms}").into_bytes(),
@@ -211,7 +203,7 @@ fn encode(encoding: Encoding, owner: &str, expiry_ns: i128) -> Encoded {
                 secs.to_string().into_bytes()
             }
         }
-    })
+    }
 }
 
 /// 2000-01-01T00:00:00Z in epoch milliseconds. No legacy locker ever wrote an expiry before it,
@@ -292,15 +284,6 @@ fn decimal_i64(value: &[u8]) -> Option<i64> {
         .and_then(|s| s.parse::<i64>().ok())
 }
 
-/// True for a UUID in its 36-character text form (hex digits, dashes at 8, 13, 18 and 23).
-fn is_uuid(value: &[u8]) -> bool {
-    value.len() == 36
-        && value.iter().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => *b == b'-',
-            _ => b.is_ascii_hexdigit(),
-        })
-}
-
 /// A float written by Python's `repr` (or `str`) of a timestamp: `<digits>.<digits>`, at
 /// most 24 characters; its value in nanoseconds, read as the exact decimal (digits past the
 /// ninth decimal dropped), not through an `f64` whose rounding would move it.
@@ -362,7 +345,7 @@ pub(crate) fn expiry_value(
     owner: &str,
     ttl: Duration,
     skew: Duration,
-) -> Result<Encoded> {
+) -> Result<Vec<u8>> {
     let now = now_epoch_ns(key)?;
     let (ttl, skew) = (ttl.as_nanos() as i128, skew.as_nanos() as i128);
     let expiry = match encoding {
@@ -394,22 +377,6 @@ impl ClassicLock {
     /// Default lifetime ("timeout") of a Classic lock, as in the legacy lockers: 1 s.
     pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
 
-    pub(crate) fn new(
-        client: LockClient,
-        key: String,
-        ttl: Duration,
-        retry: RetryPolicy,
-        opts: ClassicOptions,
-    ) -> Self {
-        ClassicLock {
-            client,
-            key,
-            ttl,
-            retry,
-            opts,
-        }
-    }
-
     /// The options in force.
     pub fn options(&self) -> &ClassicOptions {
         &self.opts
@@ -417,7 +384,7 @@ impl ClassicLock {
 
     /// The value to store for a hold of `ttl` starting now: `now + ttl + skew` (see
     /// [`expiry_value`]).
-    fn expiry_value(&self, ttl: Duration) -> Result<Encoded> {
+    fn expiry_value(&self, ttl: Duration) -> Result<Vec<u8>> {
         let owner = self.client.instance_id();
         expiry_value(
             &self.key,
@@ -543,7 +510,7 @@ impl ClassicLock {
     fn try_take(&self) -> Result<Option<Lease>> {
         let start = Instant::now();
         let value = self.expiry_value(self.ttl)?;
-        let value = value.as_bytes();
+        let value = value.as_slice();
         let now_ns = now_epoch_ns(&self.key)?;
         // Undone only if the reply said we wrote: a Classic value is an expiry, not an owner,
         // and a contender that wrote in the same millisecond wrote the same bytes, so after a
@@ -636,9 +603,9 @@ impl DistributedLock for ClassicLock {
         let redis_ttl = if self.opts.key_ttl { ext.ttl_ms() } else { 0 };
         let swapped: i64 = self.client.with_conn(&self.key, |con, s| {
             s.compare_and_set
-                .eval(con, &self.key, (lease.value(), value.as_bytes(), redis_ttl))
+                .eval(con, &self.key, (lease.value(), value.as_slice(), redis_ttl))
         })?;
-        let value = Some(value.as_bytes());
+        let value = Some(value.as_slice());
         ext.finish(&self.client, KIND, &self.key, swapped == 1, lease, value)
     }
 
@@ -758,8 +725,6 @@ mod tests {
 
     fn enc(encoding: Encoding, ms: i64) -> Vec<u8> {
         encode(encoding, OWNER, i128::from(ms) * NS_PER_MS)
-            .as_bytes()
-            .to_vec()
     }
 
     #[test]
@@ -798,7 +763,7 @@ mod tests {
     fn float_seconds_are_written_as_python_repr() {
         let at = |us: i128| {
             let v = encode(Encoding::FloatSeconds, OWNER, us * NS_PER_US);
-            String::from_utf8(v.as_bytes().to_vec()).expect("ascii")
+            String::from_utf8(v).expect("ascii")
         };
         // repr(1764262805.123456), repr(1764262806.0), repr(2147483649.0), repr(1764262805.1)
         assert_eq!(at(1_764_262_805_123_456), "1764262805.123456");
@@ -824,7 +789,7 @@ mod tests {
             Duration::ZERO,
         )
         .expect("clock");
-        let text = std::str::from_utf8(written.as_bytes()).expect("ascii");
+        let text = std::str::from_utf8(&written).expect("ascii");
         let (int, frac) = text.split_once('.').expect("a decimal point");
         assert_eq!(int.len(), 10, "{text}");
         assert!((1..=6).contains(&frac.len()), "{text}");
@@ -915,7 +880,7 @@ mod tests {
             assert_eq!(recognize(&enc(e, ms)), Some((ms, e)), "{e:?}");
             let written = expiry_value("k", e, OWNER, Duration::from_secs(1), Duration::ZERO);
             let written = written.expect("clock");
-            assert_eq!(recognize(written.as_bytes()).map(|(_, e)| e), Some(e));
+            assert_eq!(recognize(&written).map(|(_, e)| e), Some(e));
             // Before 2000 or after 2500: not an expiry.
             assert_eq!(recognize(&enc(e, 1)), None, "{e:?}");
             assert_eq!(recognize(&enc(e, 946_684_799_999)), None, "{e:?}");

@@ -600,7 +600,7 @@ impl FairLock {
         let fence = self.fence(fence);
         let lease = self
             .opts
-            .lease(&self.client, &self.key, kind, token, start, fence);
+            .lease(&self.client, kind, token, start, fence, None);
         crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
     }
 

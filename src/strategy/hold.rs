@@ -153,22 +153,9 @@ impl HoldOptions {
     }
 
     /// A fresh hold: with its fencing token, and handed to the watchdog if the lock is watched.
-    pub(crate) fn lease(
-        &self,
-        client: &LockClient,
-        key: &str,
-        kind: RenewKind,
-        value: &[u8],
-        start: Instant,
-        fence: Option<u64>,
-    ) -> Lease {
-        debug_assert_eq!(key, &*self.key);
-        self.lease_seen(client, kind, value, start, fence, None)
-    }
-
-    /// [`lease`](Self::lease), the acquire's reply having been read at `seen` (if given: the
+    /// `seen`: when the acquire's reply was read, if the caller read the clock then (the
     /// watchdog's first renewal is counted from it, without reading the clock again).
-    pub(crate) fn lease_seen(
+    pub(crate) fn lease(
         &self,
         client: &LockClient,
         kind: RenewKind,
@@ -218,8 +205,6 @@ pub(crate) fn after_publish(client: &LockClient, line: &str, channel: &str, rece
     }
 }
 
-/// An `extend` under way, of a lock whose hold is its key alone: the checks before the
-/// strategy's owner-checked extend and what follows its answer are the same for all of them.
 /// Why the janitor retries a release that failed with `reply`: a connection error or a
 /// transient refusal (a failover, a restart) would leave the lock for the rest of its lease.
 /// None when the release was answered, or failed for good.
@@ -229,6 +214,8 @@ pub(crate) fn failed_release<T>(reply: &Result<T>) -> Option<crate::client::clea
         .then(|| crate::client::cleanup::Why::release(e))
 }
 
+/// An `extend` under way, of a lock whose hold is its key alone: the checks before the
+/// strategy's owner-checked extend and what follows its answer are the same for all of them.
 pub(crate) struct Extending {
     /// The new lifetime, in whole milliseconds as sent.
     pub(crate) ttl: Duration,
@@ -262,11 +249,19 @@ impl Extending {
         lease: &mut Lease,
         new_value: Option<&[u8]>,
     ) -> Result<()> {
-        let result = extended(key, done, lease, new_value, self.start, self.ttl);
-        if result.is_ok() {
+        let result = if done {
+            lease.renew(new_value, self.start, self.ttl);
+            log::debug!("lock {key:?}: extended by {:?}", self.ttl);
             // A value of the client's live set stays live for the new lifetime.
             client.hold_renewed(lease.value(), self.ttl);
-        }
+            Ok(())
+        } else {
+            // Returned as `LockError::Lost`: not also a warning.
+            log::debug!("lock {key:?}: lost, extend found another owner or none");
+            Err(LockError::Lost {
+                key: key.to_owned(),
+            })
+        };
         client.counters().extended(kind, lease, result)
     }
 }
@@ -307,7 +302,16 @@ pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {
     }
 }
 
-/// An acquire script's answer.
+/// The lease of a won attempt; [`LockError::Held`] when another owner holds the lock.
+pub(crate) fn taken(key: &str, attempt: Result<Attempt>) -> Result<Lease> {
+    match attempt? {
+        Attempt::Acquired(lease) => Ok(lease),
+        Attempt::Held { .. } => Err(LockError::Held {
+            key: key.to_owned(),
+        }),
+    }
+}
+
 /// A holder's `PTTL` reply as time left: none when the key has no TTL (-1), zero when it is
 /// gone (-2).
 pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
@@ -318,45 +322,13 @@ pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
     }
 }
 
+/// An acquire script's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     Taken { fence: Option<u64> },
     Held { pttl: Option<Duration> },
 }
 
-impl AcquireReply {
-    /// The attempt's outcome, building the lease with `make` when taken.
-    pub(crate) fn into_attempt(self, make: impl FnOnce(Option<u64>) -> Lease) -> Attempt {
-        match self {
-            AcquireReply::Taken { fence } => Attempt::Acquired(make(fence)),
-            AcquireReply::Held { pttl } => Attempt::Held { pttl },
-        }
-    }
-}
-
 fn unexpected(key: &str, reply: &Value) -> LockError {
     LockError::unexpected_reply(key, "an acquire script", reply)
-}
-
-/// Applies the answer of an extend script: renews the lease (with the new value, if the
-/// strategy wrote one) when `done`, else reports the lock lost.
-fn extended(
-    key: &str,
-    done: bool,
-    lease: &mut Lease,
-    new_value: Option<&[u8]>,
-    start: Instant,
-    ttl: Duration,
-) -> Result<()> {
-    if done {
-        lease.renew(new_value, start, ttl);
-        log::debug!("lock {key:?}: extended by {ttl:?}");
-        Ok(())
-    } else {
-        // Returned as `LockError::Lost`: not also a warning.
-        log::debug!("lock {key:?}: lost, extend found another owner or none");
-        Err(LockError::Lost {
-            key: key.to_owned(),
-        })
-    }
 }

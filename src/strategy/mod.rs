@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use crate::client::access;
 use crate::client::builder::ClientBuilder;
 use crate::client::native::needs_scripts;
 use crate::client::target::ConnectionTarget;
@@ -343,19 +344,11 @@ impl LockBuilder {
     }
 
     fn build_spring(self, spring: SpringOptions) -> Result<SpringLock> {
-        let opts = self.hold_options()?;
-        if opts.fence_key.is_some() {
-            needs_scripts(
-                self.client.native(),
-                &self.key,
-                "a Spring lock with fencing",
-            )?;
-        }
+        let opts = self.token_options("a Spring lock with fencing")?;
         let lock = SpringLock::new(self.client.clone(), self.key.clone(), opts, spring)?;
-        if self.check_access {
-            let checks = spring::access_checks(&self.client, &self.key, lock.hold(), &spring);
-            crate::client::access::verify(&self.client, &self.key, "Spring", &checks)?;
-        }
+        self.verify("Spring", || {
+            spring::access_checks(&self.client, &self.key, lock.hold(), &spring)
+        })?;
         Ok(lock)
     }
 
@@ -379,42 +372,38 @@ impl LockBuilder {
 
     /// A Token lock, in ShedLock's values with `shedlock`.
     fn build_token(self, shedlock: bool) -> Result<TokenLock> {
-        let opts = self.hold_options()?;
-        if opts.fence_key.is_some() {
-            needs_scripts(self.client.native(), &self.key, "a Token lock with fencing")?;
-        }
-        if self.check_access {
-            let checks = token::access_checks(
-                &self.client,
-                &self.key,
-                &opts.channel,
-                opts.fence_key.as_deref(),
-                opts.wake_up == WakeUp::PubSub,
-            );
-            crate::client::access::verify(&self.client, &self.key, "Token", &checks)?;
-        }
-        Ok(if shedlock {
-            let dialect = shedlock::dialect(&opts.channel);
-            TokenLock::with_dialect(self.client, self.key, opts, dialect)
+        let opts = self.token_options("a Token lock with fencing")?;
+        self.verify("Token", || {
+            token::access_checks(&self.client, &self.key, &opts)
+        })?;
+        let dialect = if shedlock {
+            shedlock::dialect(&opts.channel)
         } else {
-            TokenLock::new(self.client, self.key, opts)
-        })
+            token::Dialect::token(&opts.channel)
+        };
+        Ok(TokenLock::with_dialect(
+            self.client,
+            self.key,
+            opts,
+            dialect,
+        ))
     }
 
     fn build_reentrant(self) -> Result<ReentrantLock> {
         self.token_only("Reentrant")?;
         let opts = self.hold_options()?;
         needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
-        if self.check_access {
-            let checks = reentrant::access_checks(
-                &self.key,
-                &opts.channel,
-                opts.fence_key.as_deref(),
-                opts.wake_up == WakeUp::PubSub,
-            );
-            crate::client::access::verify(&self.client, &self.key, "reentrant", &checks)?;
-        }
+        self.verify("reentrant", || reentrant::access_checks(&self.key, &opts))?;
         Ok(ReentrantLock::new(self.client, self.key, opts))
+    }
+
+    /// With [`check_access`](Self::check_access): asks the server whether the client may send
+    /// the `checks` of the lock `what`.
+    fn verify(&self, what: &str, checks: impl FnOnce() -> Vec<access::Check>) -> Result<()> {
+        if !self.check_access {
+            return Ok(());
+        }
+        access::verify(&self.client, &self.key, what, &checks())
     }
 
     /// Refuses the options of Token (Spring, ShedLock) alone for `strategy`.
@@ -428,6 +417,16 @@ impl LockBuilder {
             ));
         }
         Ok(())
+    }
+
+    /// The checked options of a lock of Token's protocol, which needs scripts only for fencing
+    /// (`fenced` names it).
+    fn token_options(&self, fenced: &str) -> Result<HoldOptions> {
+        let opts = self.hold_options()?;
+        if opts.fence_key.is_some() {
+            needs_scripts(self.client.native(), &self.key, fenced)?;
+        }
+        Ok(opts)
     }
 
     /// The checked options of a Token, Reentrant or Fair lock.
@@ -464,11 +463,16 @@ impl LockBuilder {
         )?;
         check_duration(&self.key, "clock_skew", opts.clock_skew, true)?;
         needs_scripts(self.client.native(), &self.key, "a Classic lock")?;
-        if self.check_access {
-            let checks = classic::access_checks(&self.client, &self.key);
-            crate::client::access::verify(&self.client, &self.key, "Classic", &checks)?;
-        }
-        Ok(ClassicLock::new(self.client, self.key, ttl, retry, opts))
+        self.verify("Classic", || {
+            classic::access_checks(&self.client, &self.key)
+        })?;
+        Ok(ClassicLock {
+            client: self.client,
+            key: self.key,
+            ttl,
+            retry,
+            opts,
+        })
     }
 }
 

@@ -126,11 +126,6 @@ fn local_count(owner: &OwnerId, key: &str) -> Option<u32> {
     })
 }
 
-/// True if the calling thread, as `owner`, last saw itself holding `key`.
-fn holds_local(owner: &OwnerId, key: &str) -> bool {
-    LOCAL_HOLDS.with(|holds| holds.borrow().iter().any(|h| h.is(owner, key)))
-}
-
 /// A lock of [`Strategy::Reentrant`](crate::Strategy::Reentrant), wire-compatible with
 /// Redisson's `RLock` (`RedissonClient.getLock(key)`). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
@@ -172,15 +167,15 @@ pub struct ReentrantLock {
 
 /// The commands of every acquire and release of a reentrant lock, packed by redis-rs once but
 /// for the owner and the argument that changes (see
-/// [`PackedPair`](string_value::PackedPair)), at their second use: the same bytes as built
+/// [`Packed`](string_value::Packed)), at their second use: the same bytes as built
 /// afresh, without the building. Owners of other lengths, counts of more than one digit and
 /// fenced acquires are sent the usual way.
 #[derive(Default)]
 struct Wire {
     /// `EVALSHA <reentrant_acquire.lua> 1 key <lease ms> <owner> <count>`.
-    acquire: Lazy<string_value::PackedPair>,
+    acquire: Lazy<string_value::Packed>,
     /// `EVALSHA <reentrant_release.lua> 1 key 0 <lease ms> <owner> <channel> <request id>`.
-    release: Lazy<string_value::PackedPair>,
+    release: Lazy<string_value::Packed>,
 }
 
 impl std::fmt::Debug for ReentrantLock {
@@ -279,44 +274,25 @@ impl ReentrantLock {
             string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
                 self.forget_lost_acquire(&owner, start, why)
             })?;
-        let reply = hold::decode_acquire(&self.key, &reply)?;
-        // Taken: one reading of the clock after the reply for the live set, the watchdog's
-        // first renewal and the late-reply check.
-        let mut now = None;
-        let seen = match reply {
-            AcquireReply::Taken { .. } => {
+        let result = match hold::decode_acquire(&self.key, &reply)? {
+            AcquireReply::Taken { fence } => {
                 log::trace!("lock {:?}: hold taken by {owner}", self.key);
-                let at = *now.insert(Instant::now());
-                attempt_live.took_at(self.opts.lease, at);
-                Seen::Taken
+                // One reading of the clock after the reply for the live set, the watchdog's
+                // first renewal and the late-reply check.
+                let now = Instant::now();
+                attempt_live.took_at(self.opts.lease, now);
+                note_local(&owner, self.opts.key_arc(), Seen::Taken);
+                let (kind, value) = (RenewKind::HashField(KIND), owner.as_bytes());
+                let lease = (self.opts).lease(&self.client, kind, value, start, fence, Some(now));
+                let release = |l: &Lease| self.release(l);
+                let ttl = self.opts.lease;
+                crate::lease::checked_win_at(&self.key, lease.owned_by_thread(), ttl, now, release)
+                    .map(Attempt::Acquired)
             }
-            // Refused, so this owner holds nothing (else the script had let it re-enter).
-            AcquireReply::Held { .. } => Seen::Nothing,
-        };
-        note_local(&owner, self.opts.key_arc(), seen);
-        let attempt = reply.into_attempt(|fence| {
-            self.opts
-                .lease_seen(
-                    &self.client,
-                    RenewKind::HashField(KIND),
-                    owner.as_bytes(),
-                    start,
-                    fence,
-                    now,
-                )
-                .owned_by_thread()
-        });
-        let result = match (attempt, now) {
-            (Attempt::Acquired(lease), Some(now)) => {
-                crate::lease::checked_win_at(&self.key, lease, self.opts.lease, now, |l| {
-                    self.release(l)
-                })
-                .map(Attempt::Acquired)
-            }
-            (attempt, _) => {
-                crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| {
-                    self.release(l)
-                })
+            AcquireReply::Held { pttl } => {
+                // Refused, so this owner holds nothing (else the script had let it re-enter).
+                note_local(&owner, self.opts.key_arc(), Seen::Nothing);
+                Ok(Attempt::Held { pttl })
             }
         };
         self.client.counters().outcome(KIND, &result);
@@ -331,7 +307,7 @@ impl ReentrantLock {
             queues: self.client.waiters(),
             name: &self.key,
             fifo: true,
-            barge: holds_local(&self.owner(), &self.key),
+            barge: local_count(&self.owner(), &self.key).is_some(),
             wake: self.opts.wake(&self.client),
         };
         // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
@@ -465,13 +441,13 @@ impl ReentrantLock {
         self.wire
             .acquire
             .get(|| {
-                string_value::PackedPair::new((owner.len(), 1), |o, k| {
+                string_value::Packed::new(&[owner.len(), 1], 1, |v| {
                     s.reentrant_acquire
-                        .evalsha(&self.key, &(lease_ms, o, k))
+                        .evalsha(&self.key, &(lease_ms, v[0], v[1]))
                         .get_packed_command()
                 })
             })?
-            .with(owner, &[b'0' + digit])
+            .with(&[owner, &[b'0' + digit]])
     }
 
     /// The release's bytes for `owner` with `request` (see [`Wire`]), if packed.
@@ -480,27 +456,16 @@ impl ReentrantLock {
         self.wire
             .release
             .get(|| {
-                string_value::PackedPair::new((owner.len(), request.len()), |o, r| {
+                string_value::Packed::new(&[owner.len(), request.len()], 1, |v| {
                     s.reentrant_release
-                        .evalsha(&self.key, &(keys::UNLOCK_MESSAGE, lease_ms, o, channel, r))
+                        .evalsha(
+                            &self.key,
+                            &(keys::UNLOCK_MESSAGE, lease_ms, v[0], channel, v[1]),
+                        )
                         .get_packed_command()
                 })
             })?
-            .with(owner, request)
-    }
-
-    fn unexpected(&self, reply: i64) -> LockError {
-        LockError::unexpected_reply(&self.key, "the reentrant release script", &reply)
-    }
-}
-
-impl ReentrantLock {
-    /// One attempt: `Ok(None)` when another owner holds the lock.
-    fn try_take(&self) -> Result<Option<Lease>> {
-        Ok(match self.attempt()? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
+            .with(&[owner, request])
     }
 }
 
@@ -518,7 +483,7 @@ impl DistributedLock for ReentrantLock {
     }
 
     fn try_acquire(&self) -> Result<Lease> {
-        crate::lock::taken_or_held(&self.key, self.try_take())
+        hold::taken(&self.key, self.attempt())
     }
 
     /// Gives back the hold of `lease`: `Ok(true)` when its owner held the lock (one hold given
@@ -612,7 +577,10 @@ impl DistributedLock for ReentrantLock {
                 log::debug!("lock {:?}: release by owner {owner} {found}", self.key);
                 (Seen::Nothing, false)
             }
-            Some(other) => return Err(self.unexpected(other)),
+            Some(other) => {
+                let what = "the reentrant release script";
+                return Err(LockError::unexpected_reply(&self.key, what, &other));
+            }
         };
         if !ours || overran {
             self.client.counters().lost_on_release(KIND, lease);
@@ -671,12 +639,8 @@ fn read_forget(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
 }
 
 /// The commands of a reentrant lock (Redisson's `RLock` scripts and the library's own).
-pub(crate) fn access_checks(
-    key: &str,
-    channel: &str,
-    fence: Option<&str>,
-    pubsub: bool,
-) -> Vec<access::Check> {
+pub(crate) fn access_checks(key: &str, opts: &HoldOptions) -> Vec<access::Check> {
+    let channel = opts.channel.as_str();
     let mut c = vec![
         access::check("exists", &[key]),
         access::check("hexists", &[key, "owner"]),
@@ -689,12 +653,12 @@ pub(crate) fn access_checks(
         access::check("del", &[key]),
         access::check("publish", &[channel, "0"]),
     ];
-    if let Some(f) = fence {
+    if let Some(f) = &opts.fence_key {
         c.push(access::check("incr", &[f]));
         // A re-entry reads the counter's current value.
         c.push(access::check("get", &[f]));
     }
-    if pubsub {
+    if opts.wake_up == hold::WakeUp::PubSub {
         c.extend(access::subscriber(channel));
     }
     c
@@ -703,6 +667,11 @@ pub(crate) fn access_checks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// True if the calling thread, as `owner`, last saw itself holding `key`.
+    fn holds_local(owner: &OwnerId, key: &str) -> bool {
+        local_count(owner, key).is_some()
+    }
 
     #[test]
     fn local_holds_count_per_instance_and_key() {

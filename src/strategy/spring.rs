@@ -246,26 +246,26 @@ impl LockAdmin for SpringLock {
 }
 
 /// The commands of a Spring lock: Token's (see [`token::access_checks`]) on the registry's
-/// newer channel, and `PUBLISH` (and the subscriber's commands) on its registry-wide one.
+/// newer channel (its `opts.channel`), and `PUBLISH` (and the subscriber's commands) on its
+/// registry-wide one.
 pub(crate) fn access_checks(
     client: &LockClient,
     key: &str,
     opts: &HoldOptions,
     spring: &SpringOptions,
 ) -> Vec<access::Check> {
-    let pubsub = opts.wake_up == WakeUp::PubSub;
-    let channel = spring.channel(key);
     let shared = spring.registry_channel();
-    let mut c = token::access_checks(client, key, &channel, opts.fence_key.as_deref(), pubsub);
+    let mut c = token::access_checks(client, key, opts);
     c.push(access::check("publish", &[&shared, key]));
-    if pubsub {
+    if opts.wake_up == WakeUp::PubSub {
         c.extend(access::subscriber(&shared));
     }
     c
 }
 
 /// True if `value` has the shape of a registry's id: a UUID in its 36-character text form
-/// (`8-4-4-4-12` hex digits), as Java's `UUID.toString()` writes it.
+/// (`8-4-4-4-12` hex digits), as Java's `UUID.toString()` writes it. (Also Classic's test of
+/// the UUID of an [`Encoding::UuidMs`](crate::Encoding::UuidMs) value.)
 pub(crate) fn recognizes(value: &[u8]) -> bool {
     value.len() == 36
         && value.iter().enumerate().all(|(i, b)| match i {

@@ -26,77 +26,78 @@ pub(crate) struct Notice<'a> {
     pub(crate) channels: &'a [String],
 }
 
-impl<'a> Notice<'a> {
-    /// The channel this lock's own waiters wait on.
-    fn first(&self) -> Option<&'a str> {
-        self.channels.first().map(String::as_str)
-    }
-}
-
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
 const CMD_OVERHEAD: usize = 48;
 
-/// A command (or a pipeline of commands) as redis-rs packs it, kept for values of one length:
-/// the bytes before the value and after it. A lock sends the same commands with a new value
-/// each time; this spares each send building a `redis::Cmd` (three buffers) and packing it.
-/// The bytes are redis-rs's own: it packs the commands twice, with two placeholder values of
-/// the length, and the bytes where the two differ are the value's place (no RESP is written
-/// here). A value of another length is sent the usual way.
+/// A command (or a pipeline of commands) as redis-rs packs it, kept for values of given
+/// lengths: the bytes before, between and after the values. A lock sends the same commands
+/// with new values each time; this spares each send building a `redis::Cmd` (three buffers)
+/// and packing it. The bytes are redis-rs's own: it packs the commands with placeholder values
+/// of the lengths, once more for each value with another placeholder there, and the bytes
+/// where two packings differ are that value's place (no RESP is written here). Values of
+/// other lengths are sent the usual way.
 #[derive(Debug, Clone)]
 pub(crate) struct Packed {
-    head: Vec<u8>,
-    tail: Vec<u8>,
-    /// The value's length.
-    len: usize,
+    /// The bytes around the values: one part more than values.
+    parts: Vec<Vec<u8>>,
+    /// The values' lengths.
+    lens: Vec<usize>,
+    /// The length of the bytes to send.
+    size: usize,
     /// Commands in it.
     commands: usize,
 }
 
 impl Packed {
-    /// `pack(value)`: redis-rs's bytes for the `commands` commands with `value` in them. None
-    /// unless a value of `len` bytes stands in one place of them.
+    /// `pack(values)`: redis-rs's bytes for the `commands` commands with `values` in them.
+    /// None unless each value of its length in `lens` stands in one place of them, in order.
     pub(crate) fn new(
-        len: usize,
+        lens: &[usize],
         commands: usize,
-        pack: impl Fn(&[u8]) -> Vec<u8>,
+        pack: impl Fn(&[&[u8]]) -> Vec<u8>,
     ) -> Option<Self> {
-        let a = pack(&vec![b'a'; len]);
-        let (start, end) = differing_span(&a, &pack(&vec![b'b'; len]), len)?;
+        let placeholders: Vec<Vec<u8>> = lens.iter().map(|&len| vec![b'a'; len]).collect();
+        // Packed with the placeholders, but `other` as the `i`th value.
+        let pack_with = |i: usize, other: &[u8]| {
+            let mut values: Vec<&[u8]> = placeholders.iter().map(Vec::as_slice).collect();
+            if let Some(value) = values.get_mut(i) {
+                *value = other;
+            }
+            pack(&values)
+        };
+        let base = pack_with(usize::MAX, &[]);
+        let (mut parts, mut at) = (Vec::with_capacity(lens.len() + 1), 0);
+        for (i, &len) in lens.iter().enumerate() {
+            let (start, end) = differing_span(&base, &pack_with(i, &vec![b'b'; len]), len)?;
+            if start < at {
+                return None;
+            }
+            parts.push(base[at..start].to_vec());
+            at = end;
+        }
+        parts.push(base[at..].to_vec());
         Some(Packed {
-            head: a[..start].to_vec(),
-            tail: a[end..].to_vec(),
-            len,
+            parts,
+            lens: lens.to_vec(),
+            size: base.len(),
             commands,
         })
     }
 
-    /// The bytes to send for `value`, if it has the packed length.
-    pub(crate) fn with(&self, value: &[u8]) -> Option<Vec<u8>> {
-        (value.len() == self.len).then(|| {
-            let mut out = Vec::with_capacity(self.head.len() + value.len() + self.tail.len());
-            out.extend_from_slice(&self.head);
-            out.extend_from_slice(value);
-            out.extend_from_slice(&self.tail);
-            out
-        })
-    }
-
-    /// Sends the single command with `value` (built by `cmd` if the value does not fit): the
-    /// reply as `Cmd::query::<Value>` gives it.
-    pub(crate) fn query(
-        &self,
-        con: &mut dyn ConnectionLike,
-        value: &[u8],
-        cmd: impl FnOnce() -> redis::Cmd,
-    ) -> RedisResult<Value> {
-        debug_assert_eq!(self.commands, 1);
-        match self.with(value) {
-            Some(bytes) => con
-                .req_packed_command(&bytes)
-                .and_then(Value::extract_error),
-            None => cmd().query(con),
+    /// The bytes to send for `values`, if they have the packed lengths.
+    pub(crate) fn with(&self, values: &[&[u8]]) -> Option<Vec<u8>> {
+        let fits = |(v, len): (&&[u8], &usize)| v.len() == *len;
+        if values.len() != self.lens.len() || !values.iter().zip(&self.lens).all(fits) {
+            return None;
         }
+        let mut out = Vec::with_capacity(self.size);
+        out.extend_from_slice(&self.parts[0]);
+        for (value, part) in values.iter().zip(&self.parts[1..]) {
+            out.extend_from_slice(value);
+            out.extend_from_slice(part);
+        }
+        Some(out)
     }
 
     /// Sends the pipeline with `value`: its integer replies, as `pipeline().query::<Vec<i64>>`
@@ -108,7 +109,7 @@ impl Packed {
         value: &[u8],
         pipeline: impl FnOnce() -> redis::Pipeline,
     ) -> RedisResult<Vec<i64>> {
-        let Some(bytes) = self.with(value) else {
+        let Some(bytes) = self.with(&[value]) else {
             return pipeline().query(con);
         };
         let replies = con.req_packed_commands(&bytes, 0, self.commands)?;
@@ -142,54 +143,6 @@ fn differing_span(base: &[u8], other: &[u8], len: usize) -> Option<(usize, usize
     (end - start == len).then_some((start, end))
 }
 
-/// A command as redis-rs packs it, kept for two values of given lengths (as [`Packed`] for
-/// one): the bytes before the first value, between the two and after the second. Found the
-/// same way, from redis-rs's own bytes for placeholder values.
-#[derive(Debug, Clone)]
-pub(crate) struct PackedPair {
-    head: Vec<u8>,
-    mid: Vec<u8>,
-    tail: Vec<u8>,
-    /// The values' lengths.
-    lens: (usize, usize),
-}
-
-impl PackedPair {
-    /// `pack(first, second)`: redis-rs's bytes for the command with the two values in it. None
-    /// unless each value stands in one place of them, the first before the second.
-    pub(crate) fn new(
-        lens: (usize, usize),
-        pack: impl Fn(&[u8], &[u8]) -> Vec<u8>,
-    ) -> Option<Self> {
-        let (a1, b1) = (vec![b'a'; lens.0], vec![b'b'; lens.0]);
-        let (a2, b2) = (vec![b'a'; lens.1], vec![b'b'; lens.1]);
-        let base = pack(&a1, &a2);
-        let (s1, e1) = differing_span(&base, &pack(&b1, &a2), lens.0)?;
-        let (s2, e2) = differing_span(&base, &pack(&a1, &b2), lens.1)?;
-        (e1 <= s2).then(|| PackedPair {
-            head: base[..s1].to_vec(),
-            mid: base[e1..s2].to_vec(),
-            tail: base[e2..].to_vec(),
-            lens,
-        })
-    }
-
-    /// The bytes to send for `first` and `second`, if they have the packed lengths.
-    pub(crate) fn with(&self, first: &[u8], second: &[u8]) -> Option<Vec<u8>> {
-        (first.len() == self.lens.0 && second.len() == self.lens.1).then(|| {
-            let mut out = Vec::with_capacity(
-                self.head.len() + first.len() + self.mid.len() + second.len() + self.tail.len(),
-            );
-            out.extend_from_slice(&self.head);
-            out.extend_from_slice(first);
-            out.extend_from_slice(&self.mid);
-            out.extend_from_slice(second);
-            out.extend_from_slice(&self.tail);
-            out
-        })
-    }
-}
-
 /// What a lock packs (a [`Packed`], a [`PackedRelease`]) made at its second send of the
 /// command, not when the lock is built: a lock built for one acquire and release, as many
 /// callers build them, packs nothing more than before.
@@ -219,6 +172,26 @@ impl<T> Lazy<T> {
             return None;
         }
         self.packed.get_or_init(make).as_ref()
+    }
+}
+
+impl Lazy<Packed> {
+    /// Sends the single command `cmd(value)`, packed for values of `len` bytes from the second
+    /// send on: the reply as `Cmd::query::<Value>` gives it.
+    pub(crate) fn query(
+        &self,
+        con: &mut dyn ConnectionLike,
+        len: usize,
+        value: &[u8],
+        cmd: impl Fn(&[u8]) -> redis::Cmd,
+    ) -> RedisResult<Value> {
+        let packed = self.get(|| Packed::new(&[len], 1, |v| cmd(v[0]).get_packed_command()));
+        match packed.and_then(|p| p.with(&[value])) {
+            Some(bytes) => con
+                .req_packed_command(&bytes)
+                .and_then(Value::extract_error),
+            None => cmd(value).query(con),
+        }
     }
 }
 
@@ -267,23 +240,18 @@ pub(crate) struct PackedRelease {
 
 impl PackedRelease {
     pub(crate) fn new(scripts: &Scripts, key: &str, notice: Notice<'_>, len: usize) -> Self {
-        let native = Packed::new(len, 1 + notice.channels.len(), |value| {
+        let native = Packed::new(&[len], 1 + notice.channels.len(), |value| {
             let mut pipe = redis::pipe();
-            pipe.add_command(native::delifeq(key, value));
+            pipe.add_command(native::delifeq(key, value[0]));
             for ch in notice.channels {
                 pipe.cmd("PUBLISH").arg(ch).arg(notice.message);
             }
             pipe.get_packed_pipeline()
         });
-        let script = match notice.channels {
-            [ch] => Packed::new(len, 1, |value| {
-                scripts
-                    .unlock
-                    .evalsha(key, &(value, notice.message, ch.as_bytes()))
-                    .get_packed_command()
-            }),
-            _ => None,
-        };
+        let script = Packed::new(&[len], 1, |value| {
+            let args = (value[0], notice.message, notice.channels);
+            scripts.unlock.evalsha(key, &args).get_packed_command()
+        });
         PackedRelease { native, script }
     }
 }
@@ -416,7 +384,7 @@ pub(crate) fn release(
             lease.valid_until(),
         );
     }
-    if let Some(ch) = notice.and_then(|n| n.first()) {
+    if let Some(ch) = notice.and_then(|n| n.channels.first()) {
         hold::after_publish(client, key, ch, reply - 1);
     }
     let deleted = reply >= 1;
@@ -478,24 +446,14 @@ pub(crate) fn compare_and_delete(
                 other => return other,
             }
         }
-        match notice {
-            None => s.unlock.eval(con, key, value),
-            Some(n) => match (
-                n.channels,
-                packed.and_then(|p| p.script.as_ref()?.with(value)),
-            ) {
-                ([ch], Some(evalsha)) => {
-                    s.unlock
-                        .eval_packed(con, &evalsha, key, &(value, n.message, ch.as_bytes()))
-                }
-                ([ch], None) => s.unlock.eval(con, key, (value, n.message, ch.as_bytes())),
-                (channels, _) => {
-                    let mut args: Vec<&[u8]> = Vec::with_capacity(2 + channels.len());
-                    args.extend([value, n.message]);
-                    args.extend(channels.iter().map(|ch| ch.as_bytes()));
-                    s.unlock.eval(con, key, args)
-                }
-            },
+        let packed = packed.and_then(|p| p.script.as_ref()?.with(&[value]));
+        match (notice, packed) {
+            (None, _) => s.unlock.eval(con, key, value),
+            (Some(n), None) => s.unlock.eval(con, key, (value, n.message, n.channels)),
+            (Some(n), Some(evalsha)) => {
+                let args = (value, n.message, n.channels);
+                s.unlock.eval_packed(con, &evalsha, key, &args)
+            }
         }
     })
 }
@@ -612,27 +570,27 @@ mod tests {
                 .arg(b)
                 .get_packed_command()
         };
-        let pair = PackedPair::new((5, 3), cmd).expect("one place for each value");
+        let pair = Packed::new(&[5, 3], 1, |v| cmd(v[0], v[1])).expect("one place for each value");
         for (a, b) in [
             (&b"owner"[..], &b"123"[..]),
             (&[b'\r'; 5], &[b'$'; 3]),
             (&b"ch\r\nk"[..], &b"aaa"[..]),
         ] {
-            assert_eq!(pair.with(a, b), Some(cmd(a, b)));
+            assert_eq!(pair.with(&[a, b]), Some(cmd(a, b)));
         }
         // Other lengths are not packed (their length prefixes differ).
-        assert_eq!(pair.with(b"owner2", b"123"), None);
-        assert_eq!(pair.with(b"owner", b"1234"), None);
+        assert_eq!(pair.with(&[b"owner2", b"123"]), None);
+        assert_eq!(pair.with(&[b"owner", b"1234"]), None);
         // A value in two places has no one place; the second before the first is refused.
-        assert!(PackedPair::new((4, 4), |a, b| redis::cmd("SET")
-            .arg(a)
-            .arg(a)
-            .arg(b)
+        assert!(Packed::new(&[4, 4], 1, |v| redis::cmd("SET")
+            .arg(v[0])
+            .arg(v[0])
+            .arg(v[1])
             .get_packed_command())
         .is_none());
-        assert!(PackedPair::new((4, 4), |a, b| redis::cmd("SET")
-            .arg(b)
-            .arg(a)
+        assert!(Packed::new(&[4, 4], 1, |v| redis::cmd("SET")
+            .arg(v[1])
+            .arg(v[0])
             .get_packed_command())
         .is_none());
     }
@@ -640,8 +598,8 @@ mod tests {
     #[test]
     fn packed_commands_are_the_bytes_redis_rs_packs() {
         let key = "orders:42";
-        let get = Packed::new(32, 1, |v| {
-            set_nx_px_get(key, v, 30_000).get_packed_command()
+        let get = Packed::new(&[32], 1, |v| {
+            set_nx_px_get(key, v[0], 30_000).get_packed_command()
         })
         .expect("one place for the value");
         for value in [
@@ -650,16 +608,16 @@ mod tests {
             &[b'$'; 32],
         ] {
             assert_eq!(
-                get.with(value),
+                get.with(&[value]),
                 Some(set_nx_px_get(key, value, 30_000).get_packed_command())
             );
         }
         // Another length is not packed (its length prefix differs).
-        assert_eq!(get.with(b"short"), None);
+        assert_eq!(get.with(&[b"short"]), None);
         // A value in two places has no one place.
-        assert!(Packed::new(8, 1, |v| redis::cmd("SET")
-            .arg(v)
-            .arg(v)
+        assert!(Packed::new(&[8], 1, |v| redis::cmd("SET")
+            .arg(v[0])
+            .arg(v[0])
             .get_packed_command())
         .is_none());
         let channels = vec!["ch:a".to_owned(), "ch:bb".to_owned()];
@@ -676,10 +634,14 @@ mod tests {
             pipe.cmd("PUBLISH").arg(ch).arg("0");
         }
         let native = release.native.as_ref().expect("packed");
-        assert_eq!(native.with(value), Some(pipe.get_packed_pipeline()));
+        assert_eq!(native.with(&[value]), Some(pipe.get_packed_pipeline()));
         assert_eq!(native.commands, 3);
-        // The script's form is packed for one channel only.
-        assert!(release.script.is_none());
+        // The script's form, each channel an argument.
+        let args: (&[u8], &[u8], &[u8], &[u8]) = (value, b"0", b"ch:a", b"ch:bb");
+        assert_eq!(
+            release.script.as_ref().expect("packed").with(&[value]),
+            Some(scripts.unlock.evalsha(key, &args).get_packed_command())
+        );
         let one = vec!["ch:a".to_owned()];
         let release = PackedRelease::new(
             &scripts,
@@ -692,7 +654,7 @@ mod tests {
         );
         let args: (&[u8], &[u8], &[u8]) = (value, b"0", b"ch:a");
         assert_eq!(
-            release.script.as_ref().expect("packed").with(value),
+            release.script.as_ref().expect("packed").with(&[value]),
             Some(scripts.unlock.evalsha(key, &args).get_packed_command())
         );
     }
@@ -713,9 +675,9 @@ mod tests {
 
     #[test]
     fn packed_replies_read_as_redis_rs_reads_them() {
-        let packed = Packed::new(1, 2, |v| {
+        let packed = Packed::new(&[1], 2, |v| {
             let mut pipe = redis::pipe();
-            pipe.cmd("DELIFEQ").arg("k").arg(v).cmd("PING");
+            pipe.cmd("DELIFEQ").arg("k").arg(v[0]).cmd("PING");
             pipe.get_packed_pipeline()
         })
         .expect("one place for the value");
@@ -753,11 +715,18 @@ mod tests {
             cmd.arg("k").arg(v).arg("NX");
             cmd
         };
-        let single = Packed::new(1, 1, |v| set(v).get_packed_command()).expect("packed");
+        let single: Lazy<Packed> = Lazy::default();
         let mut con = Canned {
-            replies: vec![error()],
+            replies: vec![Value::Okay, error()],
             sent: Vec::new(),
         };
-        assert!(single.query(&mut con, b"v", || set(b"v")).is_err());
+        assert!(matches!(
+            single.query(&mut con, 1, b"v", set),
+            Ok(Value::Okay)
+        ));
+        assert!(single.packed.get().is_none(), "packed at the second send");
+        assert!(single.query(&mut con, 1, b"v", set).is_err());
+        assert!(single.packed.get().is_some_and(Option::is_some));
+        assert_eq!(con.sent, set(b"v").get_packed_command().repeat(2));
     }
 }

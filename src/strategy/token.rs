@@ -47,7 +47,7 @@ use crate::lock::{self, DistributedLock, LockGuard};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::hold::{self, AcquireReply, HoldOptions};
+use crate::strategy::hold::{self, AcquireReply, HoldOptions, WakeUp};
 use crate::strategy::string_value::{self, Lazy};
 
 /// The stats label of Token locks.
@@ -86,20 +86,14 @@ impl TokenLock {
     /// send on (see [`Wire`]).
     fn send_set(&self, con: &mut Conn, token: &[u8], get: bool) -> redis::RedisResult<Value> {
         let (ttl, key) = (self.opts.lease_ms(), self.key.as_str());
-        let (wire, cmd) = if get {
-            let cmd: fn(&str, &[u8], u64) -> redis::Cmd = string_value::set_nx_px_get;
-            (&self.wire.set_nx_px_get, cmd)
+        if get {
+            let cmd = |v: &[u8]| string_value::set_nx_px_get(key, v, ttl);
+            self.wire
+                .set_nx_px_get
+                .query(con, TOKEN_VALUE_LEN, token, cmd)
         } else {
-            (&self.wire.set_nx_px, string_value::set_nx_px as _)
-        };
-        let packed = wire.get(|| {
-            string_value::Packed::new(TOKEN_VALUE_LEN, 1, |v| {
-                cmd(key, v, ttl).get_packed_command()
-            })
-        });
-        match packed {
-            Some(p) => p.query(con, token, || cmd(key, token, ttl)),
-            None => cmd(key, token, ttl).query(con),
+            let cmd = |v: &[u8]| string_value::set_nx_px(key, v, ttl);
+            self.wire.set_nx_px.query(con, TOKEN_VALUE_LEN, token, cmd)
         }
     }
 
@@ -167,7 +161,10 @@ fn token_value(client: &LockClient) -> [u8; TOKEN_VALUE_LEN] {
 /// The length of a Token value.
 const TOKEN_VALUE_LEN: usize = 32;
 
-/// What one blocking acquire carries from attempt to attempt (see
+/// The value a refused attempt found at the key, if it says.
+type Holder = Option<Vec<u8>>;
+
+/// What one acquire carries from attempt to attempt (see
 /// `TokenLock::acquire_blocking`).
 struct Acquiring {
     /// Sent by every attempt.
@@ -186,11 +183,6 @@ impl std::fmt::Debug for TokenLock {
 }
 
 impl TokenLock {
-    pub(crate) fn new(client: LockClient, key: String, opts: HoldOptions) -> Self {
-        let dialect = Dialect::token(&opts.channel);
-        Self::with_dialect(client, key, opts, dialect)
-    }
-
     /// True for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock): Token's protocol
     /// with ShedLock's values.
     pub(crate) fn is_shedlock(&self) -> bool {
@@ -219,42 +211,66 @@ impl TokenLock {
         &self.opts
     }
 
-    /// A fresh owner value of the lock's dialect.
-    fn new_token(&self) -> Vec<u8> {
-        (self.dialect.new_value)(&self.client)
-    }
-
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
     pub fn is_watched(&self) -> bool {
         self.opts.watched
     }
 
-    /// One attempt made while waiting, with the acquire's token: by `lua/token_acquire.lua`,
-    /// or without a script where the server releases natively ([`attempt_pipelined`](Self::attempt_pipelined)
-    /// (Self::attempt_pipelined)). Both report the fence or the holder's PTTL, and take a key
-    /// that already holds the token (an earlier attempt of the same acquire whose reply was
-    /// lost). A refusal by a stale hold of this client's own is cleared and tried again once.
-    fn attempt_waiting(&self, acq: &Acquiring) -> Result<Attempt> {
-        let once = |acq| {
-            if self.pipelined_attempts() {
-                self.attempt_pipelined(acq)
+    /// One attempt with the acquire's token: a plain `SET … NX PX` if `set` ([`set_once`](Self::set_once)),
+    /// else one made while waiting, by `lua/token_acquire.lua` ([`scripted_once`](Self::scripted_once))
+    /// or without a script where the server releases natively ([`pipelined_once`](Self::pipelined_once)):
+    /// both report the fence or the holder's PTTL, and take a key that already holds the token
+    /// (an earlier attempt of the same acquire whose reply was lost). A refusal by a stale hold
+    /// of this client's own is cleared and tried again once.
+    fn attempt(&self, acq: &Acquiring, set: bool) -> Result<Attempt> {
+        let once = || {
+            let start = Instant::now();
+            // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
+            let mut live = self.client.live_value_at(&acq.token, start);
+            let (reply, holder) = if set {
+                self.set_once(acq, start)
+            } else if self.pipelined_attempts() {
+                self.pipelined_once(acq, start)
             } else {
-                self.attempt_scripted_once(acq)
-            }
+                self.scripted_once(acq, start)
+            }?;
+            Ok::<_, LockError>((self.finish_attempt(&mut live, start, reply)?, holder))
         };
-        match once(acq)? {
-            (Attempt::Held { .. }, Some(holder)) if self.clear_stale(&holder) => Ok(once(acq)?.0),
+        match once()? {
+            (Attempt::Held { .. }, Some(holder)) if self.clear_stale(&holder) => Ok(once()?.0),
             (attempt, _) => Ok(attempt),
         }
     }
 
-    /// One attempt by `lua/token_acquire.lua`: a refusal also returns the value held.
-    fn attempt_scripted_once(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
+    /// `SET key token NX PX ttl`, with `GET` where the server takes it (then a refusal also
+    /// returns the value held).
+    fn set_once(&self, acq: &Acquiring, start: Instant) -> Result<(AcquireReply, Holder)> {
         let token = &acq.token[..];
-        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        let mut live = self.client.live_value(token);
-        let start = Instant::now();
-        let mut reply: Value = self.send_acquire(token, start, Some(acq), |con, s| {
+        let held = |holder| (AcquireReply::Held { pttl: None }, holder);
+        let reply = self.send_acquire(acq, start, |con, _| {
+            if self.client.set_get() {
+                match self.send_set(con, token, true) {
+                    Err(e) if self.client.lacks_set_get(con, &e) => {}
+                    // Nil: set; the value found: held (or ours, if this is a resend of an
+                    // acquire that landed); a WRONGTYPE error: a key of another type.
+                    Ok(Value::Nil) => return Ok(Value::Okay),
+                    Ok(Value::BulkString(v)) if v == token => return Ok(Value::Okay),
+                    other => return other,
+                }
+            }
+            self.send_set(con, token, false)
+        })?;
+        Ok(match reply {
+            Value::Okay => (AcquireReply::Taken { fence: None }, None),
+            Value::BulkString(v) => held(Some(v)),
+            _ => held(None),
+        })
+    }
+
+    /// One attempt by `lua/token_acquire.lua`: a refusal also returns the value held.
+    fn scripted_once(&self, acq: &Acquiring, start: Instant) -> Result<(AcquireReply, Holder)> {
+        let token = &acq.token[..];
+        let mut reply: Value = self.send_acquire(acq, start, |con, s| {
             let args = (token, self.opts.lease_ms());
             match &self.opts.fence_key {
                 Some(fence) => s
@@ -273,12 +289,10 @@ impl TokenLock {
             }
         }
         let decoded = hold::decode_acquire(&self.key, &reply)?;
-        if let Value::Array(items) = &reply {
-            if items.as_slice() == [Value::Int(0), Value::Int(-1)] {
-                self.note_no_ttl();
-            }
+        if decoded == (AcquireReply::Held { pttl: None }) {
+            self.note_no_ttl();
         }
-        Ok((self.finish_attempt(&mut live, start, decoded)?, holder))
+        Ok((decoded, holder))
     }
 
     /// One attempt without a script, where the server has the native release (so that a Token
@@ -287,12 +301,10 @@ impl TokenLock {
     /// A key that holds the acquire's own token (an earlier attempt whose reply was lost) is
     /// taken with a fresh lifetime by `SET … IFEQ … PX` (one more round trip, only then). A
     /// refusal also returns the value held.
-    fn attempt_pipelined(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
+    fn pipelined_once(&self, acq: &Acquiring, start: Instant) -> Result<(AcquireReply, Holder)> {
         let token = &acq.token[..];
-        let mut live = self.client.live_value(token);
-        let start = Instant::now();
         let ttl = self.opts.lease_ms();
-        let (set, pttl): (Value, i64) = self.send_acquire(token, start, Some(acq), |con, _| {
+        let (set, pttl): (Value, i64) = self.send_acquire(acq, start, |con, _| {
             let mut pipe = redis::pipe();
             pipe.add_command(string_value::set_nx_px_get(&self.key, token, ttl))
                 .cmd("PTTL")
@@ -313,23 +325,19 @@ impl TokenLock {
             }
             Ok((set, pttl))
         })?;
-        let mut holder = None;
-        let decoded = match set {
+        if set == Value::Nil {
             // Set (or, above, found ours and renewed).
-            Value::Nil => AcquireReply::Taken { fence: None },
-            found => {
-                if let Value::BulkString(v) = found {
-                    holder = Some(v);
-                }
-                if pttl == -1 {
-                    self.note_no_ttl();
-                }
-                AcquireReply::Held {
-                    pttl: hold::pttl_of(pttl),
-                }
-            }
+            return Ok((AcquireReply::Taken { fence: None }, None));
+        }
+        if pttl == -1 {
+            self.note_no_ttl();
+        }
+        let holder = match set {
+            Value::BulkString(v) => Some(v),
+            _ => None,
         };
-        Ok((self.finish_attempt(&mut live, start, decoded)?, holder))
+        let pttl = hold::pttl_of(pttl);
+        Ok((AcquireReply::Held { pttl }, holder))
     }
 
     /// Turns an attempt's answer into its outcome (a won hold is checked against its lease).
@@ -337,19 +345,30 @@ impl TokenLock {
         &self,
         live: &mut LiveValue<'_>,
         start: Instant,
-        decoded: AcquireReply,
+        reply: AcquireReply,
     ) -> Result<Attempt> {
-        let attempt =
-            decoded.into_attempt(|fence| self.new_lease_seen(live.value(), start, fence, None));
-        let result =
-            crate::lease::checked_attempt(&self.key, attempt, self.opts.lease, |l| self.release(l));
-        if matches!(result, Ok(Attempt::Acquired(_))) {
-            live.keep(self.opts.lease);
-        }
+        let result = match reply {
+            AcquireReply::Taken { fence } => {
+                // One reading of the clock after the reply for the late-reply check, the
+                // watchdog's first renewal and the live set.
+                let now = Instant::now();
+                let kind = RenewKind::Value(self.dialect.kind);
+                let lease =
+                    (self.opts).lease(&self.client, kind, live.value(), start, fence, Some(now));
+                let won =
+                    crate::lease::checked_win_at(&self.key, lease, self.opts.lease, now, |l| {
+                        self.release(l)
+                    });
+                if won.is_ok() {
+                    live.keep_at(self.opts.lease, now);
+                }
+                won.map(Attempt::Acquired)
+            }
+            AcquireReply::Held { pttl } => Ok(Attempt::Held { pttl }),
+        };
         self.client.counters().outcome(self.dialect.kind, &result);
         result
     }
-
     /// A refused attempt found `holder` at the key: if it is a token of this client that no
     /// thread of it holds or is writing, it is a hold nobody will release (released on a
     /// primary that lost the release in a failover, or written by an acquire whose reply was
@@ -389,35 +408,31 @@ impl TokenLock {
         }
     }
 
-    /// Sends an acquire of `token`. One whose reply is lost may still run (or have run) and
-    /// leave a lock nobody holds: within a blocking acquire (`acq`), the next attempt, which
-    /// sends the same token, takes it, and only an acquire that gives up leaves it to the
-    /// janitor (see `acquire_blocking`); otherwise the janitor deletes it in the background
-    /// at once, owner-checked.
+    /// Sends an acquire of `acq`'s token. One whose reply is lost may still run (or have run)
+    /// and leave a lock nobody holds: within a blocking acquire, the next attempt, which sends
+    /// the same token, takes it, and only an acquire that gives up leaves it to the janitor
+    /// ([`forget_lost`](Self::forget_lost), see `acquire_blocking`); a `try_acquire` leaves it
+    /// to the janitor at once, which deletes it in the background, owner-checked.
     fn send_acquire<T>(
         &self,
-        token: &[u8],
+        acq: &Acquiring,
         start: Instant,
-        acq: Option<&Acquiring>,
         f: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        string_value::acquire_undone_by(&self.client, &self.key, f, |why| match acq {
-            Some(acq) => acq.lost_until.set(Some((until, why))),
-            None => self.forget_lost(token, until, why),
+        string_value::acquire_undone_by(&self.client, &self.key, f, |why| {
+            acq.lost_until.set(Some((until, why)))
         })
     }
 
-    /// The janitor deletes `token` at the key if an acquire whose reply was lost wrote it.
-    fn forget_lost(&self, token: &[u8], until: Instant, why: Why) {
-        self.client.janitor().forget(
-            &self.client,
-            &self.key,
-            token,
-            string_value::delete_cleanup(&self.key, token, Some(self.dialect.notice())),
-            why,
-            until,
-        );
+    /// The janitor deletes `acq`'s token at the key if an attempt whose reply was lost wrote it.
+    fn forget_lost(&self, acq: &Acquiring) {
+        if let Some((until, why)) = acq.lost_until.get() {
+            let token = &acq.token[..];
+            let notice = Some(self.dialect.notice());
+            let cleanup = string_value::delete_cleanup(&self.key, token, notice);
+            (self.client.janitor()).forget(&self.client, &self.key, token, cleanup, why, until);
+        }
     }
 
     /// A refused attempt found a value without a TTL at the key: not written by a Token lock
@@ -430,24 +445,6 @@ impl TokenLock {
                 self.key
             );
         }
-    }
-
-    /// A fresh hold of `token`, the reply having been read at `seen` (if given).
-    fn new_lease_seen(
-        &self,
-        token: &[u8],
-        start: Instant,
-        fence: Option<u64>,
-        seen: Option<Instant>,
-    ) -> Lease {
-        self.opts.lease_seen(
-            &self.client,
-            RenewKind::Value(self.dialect.kind),
-            token,
-            start,
-            fence,
-            seen,
-        )
     }
 
     /// The blocking acquire: the first attempt is a plain `SET NX PX` (unless fencing), later
@@ -465,98 +462,25 @@ impl TokenLock {
                 ..w
             }),
         };
-        let acq = Acquiring {
-            token: self.new_token(),
-            lost_until: Cell::new(None),
-        };
-        let mut first = true;
-        let attempt = || {
-            if std::mem::take(&mut first) && self.opts.fence_key.is_none() {
-                self.try_acquire_as(&acq.token, Some(&acq))
-                    .map(|lease| match lease {
-                        Some(lease) => Attempt::Acquired(lease),
-                        None => Attempt::Held { pttl: None },
-                    })
-            } else {
-                self.attempt_waiting(&acq)
-            }
-        };
+        let acq = self.acquiring();
+        let mut set = self.opts.fence_key.is_none();
+        let attempt = || self.attempt(&acq, std::mem::take(&mut set));
         let result = crate::client::acquire::acquire_in_line(self, line, attempts, attempt, |_| {
             self.check_type()
         });
         if result.is_err() {
-            if let Some((until, why)) = acq.lost_until.get() {
-                self.forget_lost(&acq.token, until, why);
-            }
+            self.forget_lost(&acq);
         }
         self.client.counters().blocking(self.dialect.kind, &result);
         result
     }
 
-    /// One `SET NX PX` attempt with `token` (see [`send_acquire`](Self::send_acquire) for
-    /// `acq`).
-    fn try_acquire_as(&self, token: &[u8], acq: Option<&Acquiring>) -> Result<Option<Lease>> {
-        let found = Cell::new(None);
-        match self.try_acquire_once(token, acq, &found)? {
-            None if found.take().is_some_and(|holder| self.clear_stale(&holder)) => {
-                self.try_acquire_once(token, acq, &found)
-            }
-            other => Ok(other),
+    /// A new acquire, with a fresh token.
+    fn acquiring(&self) -> Acquiring {
+        Acquiring {
+            token: (self.dialect.new_value)(&self.client),
+            lost_until: Cell::new(None),
         }
-    }
-
-    /// [`try_acquire_as`](Self::try_acquire_as) without the clean-up of a stale hold: a
-    /// refusal that reports the value held puts it in `found`.
-    fn try_acquire_once(
-        &self,
-        token: &[u8],
-        acq: Option<&Acquiring>,
-        found: &Cell<Option<Vec<u8>>>,
-    ) -> Result<Option<Lease>> {
-        let start = Instant::now();
-        // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        let mut live = self.client.live_value_at(token, start);
-        let reply: Value = self.send_acquire(token, start, acq, |con, _| {
-            if self.client.set_get() {
-                match self.send_set(con, token, true) {
-                    Err(e) if self.client.lacks_set_get(con, &e) => {}
-                    // Nil: set; the value found: held (or ours, if this is a resend of an
-                    // acquire that landed); a WRONGTYPE error: a key of another type.
-                    Ok(Value::Nil) => return Ok(Value::Okay),
-                    Ok(Value::BulkString(v)) if v == token => return Ok(Value::Okay),
-                    Ok(Value::BulkString(v)) => {
-                        found.set(Some(v));
-                        return Ok(Value::Nil);
-                    }
-                    other => return other,
-                }
-            }
-            self.send_set(con, token, false)
-        })?;
-        let result = match reply {
-            Value::Okay => {
-                // One reading of the clock after the reply for the late-reply check, the
-                // watchdog's first renewal and the live set.
-                let now = Instant::now();
-                let won = crate::lease::checked_win_at(
-                    &self.key,
-                    self.new_lease_seen(token, start, None, Some(now)),
-                    self.opts.lease,
-                    now,
-                    |l| self.release(l),
-                )
-                .map(Some);
-                if won.is_ok() {
-                    live.keep_at(self.opts.lease, now);
-                }
-                won
-            }
-            _ => Ok(None),
-        };
-        self.client
-            .counters()
-            .outcome_lease(self.dialect.kind, &result);
-        result
     }
 
     /// True if attempts made while waiting go without the script: no fencing, and the server
@@ -614,25 +538,6 @@ impl TokenLock {
         }
         kept.map(|kept| kept && !overran)
     }
-
-    /// One attempt: `Ok(None)` when another owner holds the lock.
-    fn try_take(&self) -> Result<Option<Lease>> {
-        if self.opts.fence_key.is_some() {
-            let acq = Acquiring {
-                token: self.new_token(),
-                lost_until: Cell::new(None),
-            };
-            let attempt = self.attempt_waiting(&acq);
-            if let Some((until, why)) = acq.lost_until.get() {
-                self.forget_lost(&acq.token, until, why);
-            }
-            return Ok(match attempt? {
-                Attempt::Acquired(lease) => Some(lease),
-                Attempt::Held { .. } => None,
-            });
-        }
-        self.try_acquire_as(&self.new_token(), None)
-    }
 }
 
 impl DistributedLock for TokenLock {
@@ -649,7 +554,10 @@ impl DistributedLock for TokenLock {
     }
 
     fn try_acquire(&self) -> Result<Lease> {
-        crate::lock::taken_or_held(&self.key, self.try_take())
+        let acq = self.acquiring();
+        let attempt = self.attempt(&acq, self.opts.fence_key.is_none());
+        self.forget_lost(&acq);
+        hold::taken(&self.key, attempt)
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {
@@ -731,10 +639,9 @@ impl crate::lock::LockAdmin for TokenLock {
 pub(crate) fn access_checks(
     client: &LockClient,
     key: &str,
-    channel: &str,
-    fence: Option<&str>,
-    pubsub: bool,
+    opts: &HoldOptions,
 ) -> Vec<access::Check> {
+    let channel = opts.channel.as_str();
     let mut c = access::native(client, key);
     c.extend([
         access::check("set", &[key, "v", "NX", "PX", "1000", "GET"]),
@@ -745,17 +652,17 @@ pub(crate) fn access_checks(
         access::check("type", &[key]),
         access::check("publish", &[channel, "0"]),
     ]);
-    if let Some(f) = fence {
+    if let Some(f) = &opts.fence_key {
         c.push(access::check("incr", &[f]));
     }
-    if pubsub {
+    if opts.wake_up == WakeUp::PubSub {
         c.extend(access::subscriber(channel));
     }
     c
 }
 
 /// True if `value`, read at a lock key, has the shape of a Token lock's value: 32 hex digits,
-/// as `TokenLock::new_token` builds them (the client's id, then random bits; lowercase as this
+/// as `token_value` builds them (the client's id, then random bits; lowercase as this
 /// crate writes them, though either case is accepted). A guess from the shape alone: any other
 /// value of 32 hex digits passes too.
 pub(crate) fn recognizes(value: &[u8]) -> bool {
