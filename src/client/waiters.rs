@@ -141,9 +141,10 @@ impl Queue {
     }
 }
 
-/// Mutex poisoning only means another thread panicked while holding it; the state (a queue of
-/// numbers) is still consistent, so carry on rather than panic too.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Mutex poisoning only means another thread panicked while holding it; the states these
+/// mutexes guard (a queue of numbers, the subscriber's registry: each change a few field
+/// updates) are still consistent, so carry on rather than panic too.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

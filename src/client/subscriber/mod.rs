@@ -41,9 +41,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::client::repeats::Repeats;
-use crate::client::subscriber::reader::{lock_lend, start_thread, Lend, Shared};
-use crate::client::subscriber::registry::{lock, Link, Op, State};
-use crate::client::waiters::WaitQueues;
+use crate::client::subscriber::reader::{start_thread, Lend, Shared};
+use crate::client::subscriber::registry::{Link, Op, State};
+use crate::client::waiters::{lock, wait_for, WaitQueues};
 use crate::stats::Counters;
 
 pub(crate) use crate::client::subscriber::reader::Resolve;
@@ -138,13 +138,9 @@ impl Wakeups {
         }
         let generation = st.generation;
         let ch = st.channels.entry(channel.to_owned()).or_default();
-        ch.users += 1;
+        *ch.lines.entry(line.to_owned()).or_default() += 1;
         ch.idle_since = None;
         ch.hand_off = delivery == Delivery::HandOff;
-        match ch.lines.iter_mut().find(|(name, _)| name == line) {
-            Some((_, n)) => *n += 1,
-            None => ch.lines.push((line.to_owned(), 1)),
-        }
         // While connecting, the reader subscribes every waited-on channel once it is up.
         let must_send = ch.sent != Some(generation) && st.link == Link::Up;
         if must_send {
@@ -182,11 +178,7 @@ impl Wakeups {
                 log::debug!("pub/sub: {channel:?} not confirmed in time; polling meanwhile");
                 break;
             }
-            st = shared
-                .cv
-                .wait_timeout(st, left)
-                .map(|(st, _)| st)
-                .unwrap_or_else(|p| p.into_inner().0);
+            st = wait_for(&shared.cv, st, left);
         }
         if !st.is_confirmed(channel) {
             // The waiter polls meanwhile: wake it once the channel is confirmed, since a
@@ -224,7 +216,7 @@ impl Wakeups {
         };
         lock(&shared.state).borrowers += 1;
         let _leave = Borrowing(shared);
-        let mut l = lock_lend(&shared.lend);
+        let mut l = lock(&shared.lend);
         let link = l.link_events;
         loop {
             if grants.is_granted(token) || l.link_events != link {
@@ -238,7 +230,7 @@ impl Wakeups {
                 if let Some(mut reader) = l.reader.take() {
                     drop(l);
                     let read = reader.read_for(shared, grants, token, until);
-                    l = lock_lend(&shared.lend);
+                    l = lock(&shared.lend);
                     match read {
                         Ok(()) => {
                             l.reader = Some(reader);
@@ -258,11 +250,7 @@ impl Wakeups {
                 }
             }
             l.sleeping += 1;
-            l = shared
-                .lend_cv
-                .wait_timeout(l, until - now)
-                .map(|(l, _)| l)
-                .unwrap_or_else(|p| p.into_inner().0);
+            l = wait_for(&shared.lend_cv, l, until - now);
             l.sleeping -= 1;
         }
     }
@@ -378,16 +366,13 @@ impl Drop for Subscription<'_> {
         };
         let mut st = lock(&shared.state);
         if let Some(ch) = st.channels.get_mut(&self.channel) {
-            ch.users = ch.users.saturating_sub(1);
-            if let Some(i) = ch.lines.iter().position(|(l, _)| *l == self.line) {
-                if let Some(entry) = ch.lines.get_mut(i) {
-                    entry.1 = entry.1.saturating_sub(1);
-                    if entry.1 == 0 {
-                        ch.lines.swap_remove(i);
-                    }
+            if let Some(n) = ch.lines.get_mut(&self.line) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    ch.lines.remove(&self.line);
                 }
             }
-            if ch.users == 0 {
+            if ch.lines.is_empty() {
                 ch.idle_since = Some(Instant::now());
             }
         }

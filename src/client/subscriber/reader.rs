@@ -4,14 +4,14 @@
 use std::io;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::{ConnectionInfo, PushKind, RedisResult, Value};
+use redis::{ConnectionInfo, RedisResult, Value};
 
 use crate::client::repeats::{log_repeat, Repeats};
-use crate::client::subscriber::registry::{lock, Link, Op, State};
-use crate::client::waiters::{wait_for, WaitQueues};
+use crate::client::subscriber::registry::{Link, Op, State};
+use crate::client::waiters::{lock, wait_for, WaitQueues};
 use crate::error::Rounded;
 use crate::stats::Counters;
 
@@ -93,10 +93,6 @@ pub(super) struct Lend {
     pub(super) link_events: u64,
     /// Borrowers blocked on `lend_cv` (another one is reading).
     pub(super) sleeping: usize,
-}
-
-pub(super) fn lock_lend(m: &Mutex<Lend>) -> MutexGuard<'_, Lend> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub(super) fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
@@ -217,7 +213,7 @@ fn run(shared: &Shared) {
             }
             st = wait_for(&shared.cv, st, left);
         }
-        if st.shutdown || st.channels.values().all(|c| c.users == 0) {
+        if st.shutdown || st.channels.values().all(|c| c.lines.is_empty()) {
             st.channels.clear();
             st.queue.clear();
             st.link = Link::Stopped;
@@ -237,7 +233,7 @@ impl Shared {
     /// asleep (the usual case: the borrower that read a grant is its recipient) no system call
     /// is made.
     pub(super) fn nudge(&self) {
-        let l = lock_lend(&self.lend);
+        let l = lock(&self.lend);
         if l.sleeping > 0 {
             drop(l);
             self.lend_cv.notify_all();
@@ -248,14 +244,14 @@ impl Shared {
     /// back.
     pub(super) fn wake_reader(&self) {
         if self.lent.load(Ordering::SeqCst) {
-            drop(lock_lend(&self.lend));
+            drop(lock(&self.lend));
             self.reader_cv.notify_all();
         }
     }
 
     /// The link changed: borrowers return to their caller, which looks at the subscription.
     pub(super) fn link_event(&self) {
-        lock_lend(&self.lend).link_events += 1;
+        lock(&self.lend).link_events += 1;
         self.nudge();
     }
 
@@ -287,7 +283,10 @@ impl Shared {
             && !st.shutdown
             && !st.reconnect
             && st.link == Link::Up
-            && st.channels.iter().all(|(_, c)| c.users == 0 || c.hand_off)
+            && st
+                .channels
+                .iter()
+                .all(|(_, c)| c.lines.is_empty() || c.hand_off)
     }
 
     /// A new connection is ready: bump the generation, queue a `SUBSCRIBE` of every channel
@@ -299,7 +298,7 @@ impl Shared {
         }
         st.generation += 1;
         let generation = st.generation;
-        st.channels.retain(|_, c| c.users > 0);
+        st.channels.retain(|_, c| !c.lines.is_empty());
         st.queue.clear();
         let names: Vec<String> = st.channels.keys().cloned().collect();
         for c in st.channels.values_mut() {
@@ -325,10 +324,8 @@ impl Shared {
         for c in st.channels.values_mut() {
             c.sent = None;
             c.confirmed = None;
-            c.rewake = c.users > 0;
-            if c.users > 0 {
-                lines.extend(c.lines.iter().map(|(l, _)| l.clone()));
-            }
+            c.rewake = !c.lines.is_empty();
+            lines.extend(c.lines.keys().cloned());
         }
         let shutdown = st.shutdown;
         drop(st);
@@ -352,21 +349,11 @@ impl Shared {
             }
             return;
         }
-        self.message(channel);
-    }
-
-    /// A release was published on `channel`: wake its lines.
-    fn message(&self, channel: &str) {
-        let st = lock(&self.state);
-        let (lines, waiting): (Vec<String>, bool) = match st.channels.get(channel) {
-            Some(c) => (
-                c.lines.iter().map(|(l, _)| l.clone()).collect(),
-                c.users > 0,
-            ),
+        let lines: Vec<String> = match lock(&self.state).channels.get(channel) {
+            Some(c) => c.lines.keys().cloned().collect(),
             None => return,
         };
-        drop(st);
-        if waiting {
+        if !lines.is_empty() {
             self.counters.woken();
         }
         for line in lines {
@@ -386,7 +373,7 @@ impl Shared {
                     .hooks
                     .note(crate::client::test_hooks::Event::Subscribed);
                 if std::mem::take(&mut c.rewake) {
-                    lines = c.lines.iter().map(|(l, _)| l.clone()).collect();
+                    lines = c.lines.keys().cloned().collect();
                 }
             }
         }
@@ -400,97 +387,27 @@ impl Shared {
     }
 }
 
-/// What the server sent on the subscriber connection, in RESP2 or RESP3.
-#[derive(Debug, PartialEq, Eq)]
-enum Push {
-    Message(String),
-    /// A message whose payload is a grant: the channel and the payload.
-    Grant(String, Vec<u8>),
-    Subscribed {
-        channel: String,
-        count: i64,
-    },
-    Unsubscribed {
-        count: i64,
-    },
-    Pong,
-    Refused {
-        code: String,
-        detail: String,
-    },
-    Other,
-}
-
-fn classify(value: Value) -> Push {
-    let (kind, items): (String, Vec<Value>) = match value {
-        Value::Array(mut items) => {
-            if items.is_empty() {
-                return Push::Other;
-            }
-            let Some(kind) = text(&items.remove(0)).map(str::to_ascii_lowercase) else {
-                return Push::Other;
-            };
-            (kind, items)
-        }
-        Value::Push { kind, data } => {
-            let kind = match kind {
-                PushKind::Message => "message",
-                PushKind::Subscribe => "subscribe",
-                PushKind::Unsubscribe => "unsubscribe",
-                PushKind::PMessage | PushKind::SMessage => "pmessage",
-                _ => return Push::Other,
-            };
-            (kind.to_owned(), data)
-        }
-        Value::SimpleString(s) if s.eq_ignore_ascii_case("pong") => return Push::Pong,
-        Value::ServerError(e) => {
-            return Push::Refused {
-                code: e.code().to_owned(),
-                detail: e.details().unwrap_or("").to_owned(),
-            }
-        }
-        _ => return Push::Other,
+/// A reply that is not a message, as its kind (lower case) and its first item (the channel of a
+/// confirmation): `[kind, channel, count]` or `PONG` in RESP2, a push of that kind in RESP3.
+fn kind_and_channel(value: Value) -> (String, String) {
+    let items = match value {
+        Value::Push { kind, data } => std::iter::once(Value::SimpleString(kind.to_string()))
+            .chain(data)
+            .collect(),
+        Value::Array(items) => items,
+        other => vec![other],
     };
-    let channel = || items.first().and_then(text).map(str::to_owned);
-    let count = || match items.get(1) {
-        Some(Value::Int(n)) => *n,
-        _ => 0,
+    let text = |i: usize| {
+        let item = items.get(i);
+        item.and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+            .unwrap_or_default()
     };
-    match kind.as_str() {
-        "message" => match (channel(), items.get(1)) {
-            (Some(channel), Some(Value::BulkString(payload)))
-                if payload.starts_with(crate::client::grants::GRANT_PREFIX) =>
-            {
-                Push::Grant(channel, payload.clone())
-            }
-            (channel, _) => channel.map_or(Push::Other, Push::Message),
-        },
-        "subscribe" => channel().map_or(Push::Other, |channel| Push::Subscribed {
-            channel,
-            count: count(),
-        }),
-        "unsubscribe" => Push::Unsubscribed { count: count() },
-        "pong" => Push::Pong,
-        _ => Push::Other,
-    }
+    (text(0).to_ascii_lowercase(), text(1))
 }
 
-/// A push element as text (channel names and kinds are bulk strings in RESP2).
-fn text(v: &Value) -> Option<&str> {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok(),
-        Value::SimpleString(s) => Some(s),
-        _ => None,
-    }
-}
-
-/// The reader's side of one connection: how many channels the server says it has
-/// subscribed, and when it last heard from it.
+/// The reader's side of one connection.
 pub(super) struct Reader {
     con: redis::Connection,
-    /// Channels subscribed on the server, from its last confirmation.
-    subscribed: i64,
-    last_heard: Instant,
     /// The read timeout currently set on the connection.
     read_timeout: Duration,
 }
@@ -516,6 +433,12 @@ impl Reader {
         what: &str,
         mut replies: usize,
     ) -> Result<(), End> {
+        // The kind of the replies counted: a confirmation of `what`, or `pong`.
+        let reply = if what == "PING" {
+            "pong"
+        } else {
+            &what.to_ascii_lowercase()
+        };
         self.set_read_timeout(shared.timeout)?;
         self.con
             .send_packed_command(&cmd.get_packed_command())
@@ -528,34 +451,30 @@ impl Reader {
                     format!("{what}: {e}")
                 })
             })?;
-            self.last_heard = Instant::now();
             shared.heard();
-            match classify(value) {
-                Push::Message(channel) => shared.message(&channel),
-                Push::Grant(channel, payload) => shared.dispatch(&channel, &payload),
-                Push::Subscribed { channel, count } if what == "SUBSCRIBE" => {
-                    self.subscribed = count;
+            if let Value::ServerError(e) = &value {
+                // Only our SUBSCRIBE, UNSUBSCRIBE or PING can be refused. A server that is
+                // loading or busy may accept them later; any other refusal (an ACL, pub/sub
+                // not allowed) will not change.
+                let (code, detail) = (e.code(), e.details().unwrap_or(""));
+                let why = format!("the server refused {what}: {code} {detail}");
+                return Err(match code {
+                    "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" => {
+                        End::lost(why)
+                    }
+                    _ => End::Unavailable(why),
+                });
+            }
+            if let Some(msg) = redis::Msg::from_value(&value) {
+                shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
+                continue;
+            }
+            let (kind, channel) = kind_and_channel(value);
+            if kind == reply {
+                replies -= 1;
+                if kind == "subscribe" {
                     shared.confirmed(&channel);
-                    replies -= 1;
                 }
-                Push::Unsubscribed { count } if what == "UNSUBSCRIBE" => {
-                    self.subscribed = count;
-                    replies -= 1;
-                }
-                Push::Pong if what == "PING" => replies -= 1,
-                Push::Refused { code, detail } => {
-                    // Only our SUBSCRIBE, UNSUBSCRIBE or PING can be refused. A server that
-                    // is loading or busy may accept them later; any other refusal (an ACL,
-                    // pub/sub not allowed) will not change.
-                    let why = format!("the server refused {what}: {code} {detail}");
-                    return Err(match code.as_str() {
-                        "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" => {
-                            End::lost(why)
-                        }
-                        _ => End::Unavailable(why),
-                    });
-                }
-                _ => {}
             }
         }
         Ok(())
@@ -610,7 +529,6 @@ impl Reader {
         let mut pubsub = ManuallyDrop::new(self.con.as_pubsub());
         match pubsub.get_message() {
             Ok(msg) => {
-                self.last_heard = Instant::now();
                 shared.heard();
                 shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
                 Ok(())
@@ -643,10 +561,9 @@ fn interrupted(e: &redis::RedisError) -> bool {
 fn read_loop(shared: &Shared, con: redis::Connection) -> End {
     let mut reader = Reader {
         con,
-        subscribed: 0,
-        last_heard: Instant::now(),
         read_timeout: shared.timeout,
     };
+    shared.heard();
     let end = loop {
         let mut st = lock(&shared.state);
         if st.shutdown {
@@ -656,15 +573,14 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
             return End::Switched;
         }
         st.sweep(Instant::now());
-        if st.queue.is_empty() && reader.subscribed == 0 {
+        if st.queue.is_empty() && !st.subscribed() {
             // Sleep until a command is queued, a linger ends, the keepalive is due or the
             // client is dropped.
-            let ping_at = reader
-                .last_heard
-                .checked_add(KEEPALIVE)
-                .unwrap_or(reader.last_heard);
-            let wake = st.next_linger_end().map_or(ping_at, |t| t.min(ping_at));
-            let left = wake.saturating_duration_since(Instant::now());
+            let ping_in = KEEPALIVE.saturating_sub(shared.since_heard());
+            let linger_end = st.next_linger_end();
+            let left = linger_end.map_or(ping_in, |t| {
+                ping_in.min(t.saturating_duration_since(Instant::now()))
+            });
             if !left.is_zero() {
                 st = wait_for(&shared.cv, st, left);
                 if st.shutdown {
@@ -674,6 +590,8 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
             }
         }
         let ops = std::mem::take(&mut st.queue);
+        // As it will be once `ops` are sent (their channels are marked, or removed, already).
+        let subscribed = st.subscribed();
         drop(st);
         for op in ops {
             let (what, names) = match op {
@@ -686,17 +604,17 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
                 return end;
             }
         }
-        let keepalive = if reader.subscribed > 0 {
+        let keepalive = if subscribed {
             shared.timeout
         } else {
             KEEPALIVE
         };
-        if reader.last_heard.elapsed() >= keepalive {
+        if shared.since_heard() >= keepalive {
             if let Err(end) = reader.request(shared, &redis::cmd("PING"), "PING", 1) {
                 return end;
             }
         }
-        if reader.subscribed == 0 {
+        if !subscribed {
             continue;
         }
         if Shared::may_lend(&lock(&shared.state)) {
@@ -725,38 +643,32 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
 fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
     lock(&shared.state).reading = true;
     shared.recall.store(false, Ordering::SeqCst);
-    let keepalive = shared.timeout;
-    let mut l = lock_lend(&shared.lend);
+    let mut l = lock(&shared.lend);
     l.reader = Some(reader);
     shared.lent.store(true, Ordering::SeqCst);
     if l.sleeping > 0 {
         shared.lend_cv.notify_all();
     }
-    let mut recalling = false;
     let outcome = loop {
         if let Some(end) = l.broken.take() {
             break Err(end);
         }
-        if recalling {
+        if shared.recall.load(Ordering::SeqCst) {
             if let Some(reader) = l.reader.take() {
                 break Ok(reader);
             }
         } else {
             drop(l);
-            let want_back = {
-                let st = lock(&shared.state);
-                !Shared::may_keep_lent(&st)
-            } || shared.since_heard() >= keepalive;
-            l = lock_lend(&shared.lend);
+            let want_back = !Shared::may_keep_lent(&lock(&shared.state))
+                || shared.since_heard() >= shared.timeout;
+            l = lock(&shared.lend);
             if want_back {
-                recalling = true;
                 shared.recall.store(true, Ordering::SeqCst);
                 continue;
             }
         }
         l = wait_for(&shared.reader_cv, l, tick());
     };
-    l.reader = None;
     shared.lent.store(false, Ordering::SeqCst);
     drop(l);
     shared.recall.store(false, Ordering::SeqCst);
@@ -814,7 +726,7 @@ fn connect_error(addr: &str, e: &redis::RedisError) -> End {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redis::Parser;
+    use redis::{Parser, PushKind};
     use std::io::Read;
 
     #[test]
@@ -882,68 +794,36 @@ mod tests {
 
     /// The replies the reader matches, in RESP2 (arrays) and RESP3 (pushes).
     #[test]
-    fn classifies_resp2_and_resp3_replies() {
+    fn reads_resp2_and_resp3_replies() {
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let subscribed = Push::Subscribed {
-            channel: "ch".into(),
-            count: 2,
+        let subscribed = ("subscribe".to_owned(), "ch".to_owned());
+        let resp2 = Value::Array(vec![bulk("subscribe"), bulk("ch"), Value::Int(2)]);
+        assert_eq!(kind_and_channel(resp2), subscribed);
+        let resp3 = Value::Push {
+            kind: PushKind::Subscribe,
+            data: vec![bulk("ch"), Value::Int(2)],
         };
+        assert_eq!(kind_and_channel(resp3), subscribed);
+        let unsubscribed = Value::Array(vec![bulk("unsubscribe"), bulk("ch"), Value::Int(0)]);
+        assert_eq!(kind_and_channel(unsubscribed).0, "unsubscribe");
+        let pong = Value::Array(vec![bulk("pong"), bulk("")]);
+        assert_eq!(kind_and_channel(pong).0, "pong");
         assert_eq!(
-            classify(Value::Array(vec![
-                bulk("subscribe"),
-                bulk("ch"),
-                Value::Int(2)
-            ])),
-            subscribed
+            kind_and_channel(Value::SimpleString("PONG".into())).0,
+            "pong"
         );
-        assert_eq!(
-            classify(Value::Push {
-                kind: PushKind::Subscribe,
-                data: vec![bulk("ch"), Value::Int(2)],
-            }),
-            subscribed
-        );
-        assert_eq!(
-            classify(Value::Array(vec![bulk("message"), bulk("ch"), bulk("0")])),
-            Push::Message("ch".into())
-        );
-        assert_eq!(
-            classify(Value::Push {
+        for message in [
+            Value::Array(vec![bulk("message"), bulk("ch"), bulk("0")]),
+            Value::Push {
                 kind: PushKind::Message,
                 data: vec![bulk("ch"), bulk("0")],
-            }),
-            Push::Message("ch".into())
-        );
-        assert_eq!(
-            classify(Value::Array(vec![
-                bulk("unsubscribe"),
-                bulk("ch"),
-                Value::Int(0)
-            ])),
-            Push::Unsubscribed { count: 0 }
-        );
-        assert_eq!(
-            classify(Value::Array(vec![bulk("pong"), bulk("")])),
-            Push::Pong
-        );
-        assert_eq!(classify(Value::SimpleString("PONG".into())), Push::Pong);
-        assert_eq!(
-            classify(Value::Array(vec![
-                bulk("pmessage"),
-                bulk("p*"),
-                bulk("ch"),
-                bulk("0")
-            ])),
-            Push::Other
-        );
-        let refused = redis::parse_redis_value(b"-NOPERM no permissions to access a channel\r\n")
-            .expect("an error reply");
-        assert_eq!(
-            classify(refused),
-            Push::Refused {
-                code: "NOPERM".into(),
-                detail: "no permissions to access a channel".into(),
-            }
-        );
+            },
+        ] {
+            let msg = redis::Msg::from_value(&message).expect("a message");
+            assert_eq!(
+                (msg.get_channel_name(), msg.get_payload_bytes()),
+                ("ch", &b"0"[..])
+            );
+        }
     }
 }

@@ -2,7 +2,6 @@
 //! queued for the reader to send, and the state of the link.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long a hand-off channel (a Fair client's grant channel) nobody waits on stays
@@ -74,10 +73,9 @@ pub(super) enum Link {
 
 #[derive(Debug, Default)]
 pub(super) struct Channel {
-    /// Lines woken by a message, with how many subscriptions named each.
-    pub(super) lines: Vec<(String, usize)>,
-    /// Live subscriptions.
-    pub(super) users: usize,
+    /// Lines woken by a message, with how many live subscriptions named each (none: nobody
+    /// waits on the channel).
+    pub(super) lines: HashMap<String, usize>,
     /// `SUBSCRIBE` was queued (or sent) on this connection generation.
     pub(super) sent: Option<u64>,
     /// The server confirmed the subscription on this generation.
@@ -92,18 +90,19 @@ pub(super) struct Channel {
     pub(super) rewake: bool,
 }
 
-/// Mutex poisoning only means a thread panicked while holding it; the state is still
-/// consistent (every change is a few field updates), so carry on rather than panic too.
-pub(super) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl State {
     /// True if a `SUBSCRIBE` of `channel` is queued for the reader and not sent yet.
     pub(super) fn subscribe_queued(&self, channel: &str) -> bool {
         self.queue
             .iter()
             .any(|op| matches!(op, Op::Subscribe(chs) if chs.iter().any(|c| c == channel)))
+    }
+
+    /// True if a channel is subscribed (or its `SUBSCRIBE` queued) on the current connection:
+    /// pushes may arrive.
+    pub(super) fn subscribed(&self) -> bool {
+        let current = Some(self.generation);
+        self.channels.values().any(|c| c.sent == current)
     }
 
     pub(super) fn is_confirmed(&self, channel: &str) -> bool {
@@ -122,7 +121,7 @@ impl State {
         let up = self.link == Link::Up;
         let mut unsubscribe: Vec<String> = Vec::new();
         self.channels.retain(|name, ch| {
-            let Some(idle) = ch.idle_since.filter(|_| ch.users == 0) else {
+            let Some(idle) = ch.idle_since.filter(|_| ch.lines.is_empty()) else {
                 return true;
             };
             if !up || ch.sent != Some(generation) {
@@ -144,7 +143,7 @@ impl State {
     pub(super) fn next_linger_end(&self) -> Option<Instant> {
         self.channels
             .values()
-            .filter(|c| c.users == 0)
+            .filter(|c| c.lines.is_empty())
             .filter_map(|c| {
                 let idle = c.idle_since?;
                 Some(idle.checked_add(linger(c)).unwrap_or(idle))
