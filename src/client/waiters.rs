@@ -114,18 +114,11 @@ impl Offer {
 }
 
 impl Queue {
-    /// Waits on the line's condvar (at most `left`, or without limit), counted in
+    /// Waits on the line's condvar at most `left` (`Duration::MAX`: without limit), counted in
     /// [`State::sleepers`] meanwhile.
-    fn wait<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, State>,
-        left: Option<Duration>,
-    ) -> MutexGuard<'a, State> {
+    fn wait<'a>(&'a self, mut st: MutexGuard<'a, State>, left: Duration) -> MutexGuard<'a, State> {
         st.sleepers += 1;
-        let mut st = match left {
-            None => self.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
-            Some(left) => wait_for(&self.cv, st, left),
-        };
+        let mut st = wait_for(&self.cv, st, left);
         st.sleepers -= 1;
         st
     }
@@ -148,7 +141,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Waits on `cv` at most `left` (a poisoned mutex is taken as it is, as by [`lock`]).
+/// Waits on `cv` at most `left`, a wait without limit if the clock cannot represent its end
+/// (a poisoned mutex is taken as it is, as by [`lock`]).
 pub(crate) fn wait_for<'a, T>(
     cv: &Condvar,
     guard: MutexGuard<'a, T>,
@@ -391,7 +385,7 @@ impl WaitQueues {
                 break;
             }
             st.withdrawing = true;
-            st = q.wait(st, Some(left));
+            st = q.wait(st, left);
         }
         st.withdrawing = false;
         if st.offer.is_some_and(|o| o.token() == token) {
@@ -435,16 +429,12 @@ impl Ticket<'_> {
                 self.seen_releases = st.releases;
                 return true;
             }
-            let left = match deadline {
-                None => None,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return false;
-                    }
-                    Some(left)
-                }
-            };
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return false;
+            }
             st = self.queue.wait(st, left);
         }
     }
@@ -499,7 +489,7 @@ impl Ticket<'_> {
                     since.elapsed()
                 ));
             }
-            st = self.queue.wait(st, Some(left));
+            st = self.queue.wait(st, left);
         }
         let (at, err) = st.failed.as_ref()?;
         if st.answered_at.is_some_and(|answered| answered > *at) {
@@ -532,7 +522,7 @@ impl Ticket<'_> {
             if left.is_zero() {
                 return false;
             }
-            st = self.queue.wait(st, Some(left));
+            st = self.queue.wait(st, left);
         }
         true
     }

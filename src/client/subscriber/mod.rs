@@ -136,41 +136,29 @@ impl Wakeups {
             st.thread = true;
             st.link = Link::Connecting;
         }
-        let generation = st.generation;
+        let up = st.link == Link::Up;
         let ch = st.channels.entry(channel.to_owned()).or_default();
         *ch.lines.entry(line.to_owned()).or_default() += 1;
         ch.idle_since = None;
         ch.hand_off = delivery == Delivery::HandOff;
         // While connecting, the reader subscribes every waited-on channel once it is up.
-        let must_send = ch.sent != Some(generation) && st.link == Link::Up;
-        if must_send {
-            if let Some(ch) = st.channels.get_mut(channel) {
-                ch.sent = Some(generation);
-            }
-        }
-        // After counting this user, so that a lingering `channel` is kept, not re-subscribed.
-        st.sweep(now);
-        if must_send {
+        if up && !ch.sent {
+            ch.sent = true;
             st.queue.push(Op::Subscribe(vec![channel.to_owned()]));
             shared.cv.notify_all();
         }
+        // After counting this user, so that a lingering `channel` is kept, not re-subscribed.
+        st.sweep(now);
         // Sent only once the reader's current read returns (up to TICK): poll meanwhile
         // rather than wait; the confirmation wakes this waiter (`rewake`). So also when
         // another thread queued the channel's `SUBSCRIBE` and it still waits behind that read
         // (a thread at the head of its line would otherwise hold the line until the tick).
         let behind_a_read = st.reading && st.subscribe_queued(channel);
-        let subscription = Subscription {
-            wakeups: self,
-            channel: channel.to_owned(),
-            line: line.to_owned(),
-        };
         loop {
-            if st.is_confirmed(channel) || behind_a_read {
-                break;
-            }
             // Connecting (or waiting for the reply) is worth waiting for; a reader that
             // failed to connect is not (it pauses before retrying): poll meanwhile.
-            if st.shutdown || matches!(st.link, Link::Backoff | Link::Unavailable) {
+            let polling = st.shutdown || matches!(st.link, Link::Backoff | Link::Unavailable);
+            if st.is_confirmed(channel) || behind_a_read || polling {
                 break;
             }
             let left = until.saturating_duration_since(Instant::now());
@@ -195,7 +183,11 @@ impl Wakeups {
         if take_back {
             shared.wake_reader();
         }
-        Some(subscription)
+        Some(Subscription {
+            wakeups: self,
+            channel: channel.to_owned(),
+            line: line.to_owned(),
+        })
     }
 
     /// Waits until a grant to `token` is in `grants`, until `until`, or until the subscriber's
@@ -292,10 +284,7 @@ impl Wakeups {
             return false;
         };
         let st = lock(&shared.state);
-        let current = Some(st.generation);
-        st.channels
-            .get(channel)
-            .is_some_and(|c| c.sent == current || c.confirmed == current)
+        st.channels.get(channel).is_some_and(|c| c.sent)
     }
 
     /// The connection generation on which `channel` is confirmed now, if it is: a message

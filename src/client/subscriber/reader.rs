@@ -178,25 +178,26 @@ fn run(shared: &Shared) {
                 st.queue.clear();
             }
             End::Lost { why, warn } => {
-                if warn {
-                    log_repeat!(
-                        shared.repeats,
+                let (cause, level, meanwhile) = if warn {
+                    (
                         "pub/sub: cannot connect",
                         log::Level::Warn,
-                        "pub/sub: cannot connect ({why}); waiters poll until it works, \
-                         retrying in {}",
-                        Rounded(backoff)
-                    );
+                        "until it works",
+                    )
                 } else {
-                    log_repeat!(
-                        shared.repeats,
-                        "pub/sub: connection lost",
+                    (
+                        "pub/sub: connection lost or refused",
                         log::Level::Info,
-                        "pub/sub: connection lost or refused ({why}); waiters poll meanwhile, \
-                         retrying in {}",
-                        Rounded(backoff)
-                    );
-                }
+                        "meanwhile",
+                    )
+                };
+                log_repeat!(
+                    shared.repeats,
+                    cause,
+                    level,
+                    "{cause} ({why}); waiters poll {meanwhile}, retrying in {}",
+                    Rounded(backoff)
+                );
                 st.link = Link::Backoff;
             }
         }
@@ -297,12 +298,11 @@ impl Shared {
             return false;
         }
         st.generation += 1;
-        let generation = st.generation;
         st.channels.retain(|_, c| !c.lines.is_empty());
         st.queue.clear();
         let names: Vec<String> = st.channels.keys().cloned().collect();
         for c in st.channels.values_mut() {
-            c.sent = Some(generation);
+            c.sent = true;
         }
         if !names.is_empty() {
             st.queue.push(Op::Subscribe(names));
@@ -322,8 +322,8 @@ impl Shared {
         st.queue.clear();
         let mut lines = Vec::new();
         for c in st.channels.values_mut() {
-            c.sent = None;
-            c.confirmed = None;
+            c.sent = false;
+            c.confirmed = false;
             c.rewake = !c.lines.is_empty();
             lines.extend(c.lines.keys().cloned());
         }
@@ -364,11 +364,10 @@ impl Shared {
     /// The server confirmed `SUBSCRIBE channel` on the current connection.
     fn confirmed(&self, channel: &str) {
         let mut st = lock(&self.state);
-        let generation = st.generation;
         let mut lines = Vec::new();
         if let Some(c) = st.channels.get_mut(channel) {
-            if c.sent == Some(generation) {
-                c.confirmed = Some(generation);
+            if c.sent {
+                c.confirmed = true;
                 self.waiters
                     .hooks
                     .note(crate::client::test_hooks::Event::Subscribed);

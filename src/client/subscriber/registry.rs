@@ -26,7 +26,10 @@ pub(super) struct State {
     pub(super) channels: HashMap<String, Channel>,
     /// Commands for the reader to send on the current connection, in order.
     pub(super) queue: Vec<Op>,
-    /// Bumped at every connection: a confirmation counts only for the connection it came on.
+    /// Bumped at every connection: a grant waiter that saw the same generation confirmed
+    /// before and after a wait heard every message of it ([`Wakeups::confirmed_on`]).
+    ///
+    /// [`Wakeups::confirmed_on`]: super::Wakeups::confirmed_on
     pub(super) generation: u64,
     pub(super) link: Link,
     /// A reader thread is running (it clears this, under the lock, as it exits).
@@ -76,10 +79,11 @@ pub(super) struct Channel {
     /// Lines woken by a message, with how many live subscriptions named each (none: nobody
     /// waits on the channel).
     pub(super) lines: HashMap<String, usize>,
-    /// `SUBSCRIBE` was queued (or sent) on this connection generation.
-    pub(super) sent: Option<u64>,
-    /// The server confirmed the subscription on this generation.
-    pub(super) confirmed: Option<u64>,
+    /// `SUBSCRIBE` was queued (or sent) on the current connection. Both flags are cleared
+    /// when a connection ends, so a confirmation counts only for the connection it came on.
+    pub(super) sent: bool,
+    /// The server confirmed the subscription on the current connection.
+    pub(super) confirmed: bool,
     /// Its waiters take grants (see [`Delivery::HandOff`]): the connection may be lent to them.
     ///
     /// [`Delivery::HandOff`]: super::Delivery::HandOff
@@ -101,34 +105,27 @@ impl State {
     /// True if a channel is subscribed (or its `SUBSCRIBE` queued) on the current connection:
     /// pushes may arrive.
     pub(super) fn subscribed(&self) -> bool {
-        let current = Some(self.generation);
-        self.channels.values().any(|c| c.sent == current)
+        self.channels.values().any(|c| c.sent)
     }
 
     pub(super) fn is_confirmed(&self, channel: &str) -> bool {
-        self.link == Link::Up
-            && self
-                .channels
-                .get(channel)
-                .is_some_and(|c| c.confirmed == Some(self.generation))
+        self.link == Link::Up && self.channels.get(channel).is_some_and(|c| c.confirmed)
     }
 
     /// Forgets the channels nobody waits on: at once if they are not subscribed on this
     /// connection, after their linger (queueing an `UNSUBSCRIBE`) if they are. A channel whose
     /// `SUBSCRIBE` is not confirmed yet stays until it is.
     pub(super) fn sweep(&mut self, now: Instant) {
-        let generation = self.generation;
         let up = self.link == Link::Up;
         let mut unsubscribe: Vec<String> = Vec::new();
         self.channels.retain(|name, ch| {
             let Some(idle) = ch.idle_since.filter(|_| ch.lines.is_empty()) else {
                 return true;
             };
-            if !up || ch.sent != Some(generation) {
+            if !up || !ch.sent {
                 return false;
             }
-            if ch.confirmed != Some(generation) || now.saturating_duration_since(idle) < linger(ch)
-            {
+            if !ch.confirmed || now.saturating_duration_since(idle) < linger(ch) {
                 return true;
             }
             unsubscribe.push(name.clone());
