@@ -268,15 +268,9 @@ impl Shared {
             .saturating_sub(Duration::from_micros(us))
     }
 
-    /// True if the connection may be lent: hand-off waiters wait for grants and
-    /// [`may_keep_lent`](Self::may_keep_lent).
-    fn may_lend(st: &State) -> bool {
-        crate::client::tuning::lend() && st.borrowers > 0 && Self::may_keep_lent(st)
-    }
-
-    /// True if the lent connection may stay lent: nothing is to be sent, and no channel other
-    /// than hand-off channels is waited on (its messages wake lines through the reader
-    /// thread). It stays lent while no borrower reads it, between one hand-off waiter's
+    /// True if the connection may be lent (to waiters for grants), or stay lent: nothing is to
+    /// be sent, and no channel other than hand-off channels is waited on (its messages wake
+    /// lines through the reader thread). It stays lent while no borrower reads it, between one hand-off waiter's
     /// grant and its next wait: only grants to this client's waiters can be waited for then,
     /// and each of those waiters reads it again when it next waits.
     pub(super) fn may_keep_lent(st: &State) -> bool {
@@ -479,22 +473,6 @@ impl Reader {
         Ok(())
     }
 
-    /// Waits up to [`TICK`] for a push and dispatches it. `Ok` also on a timeout, and at once
-    /// if a command was queued meanwhile.
-    fn read_push(&mut self, shared: &Shared) -> Result<(), End> {
-        self.set_read_timeout(tick())?;
-        {
-            let mut st = lock(&shared.state);
-            if !st.queue.is_empty() || st.shutdown {
-                return Ok(());
-            }
-            st.reading = true;
-        }
-        let read = self.read_one(shared);
-        lock(&shared.state).reading = false;
-        read
-    }
-
     /// A borrower's reads ([`Wakeups::await_grant`]): until a grant to `token` arrived,
     /// `until`, or the reader thread wants the connection back.
     ///
@@ -558,18 +536,28 @@ fn interrupted(e: &redis::RedisError) -> bool {
 /// subscribed (sleeps while none are: nothing can arrive), and checks a silent server with
 /// `PING`.
 fn read_loop(shared: &Shared, con: redis::Connection) -> End {
+    let Err(end) = serve(shared, con);
+    if lock(&shared.state).shutdown {
+        End::Shutdown
+    } else {
+        end
+    }
+}
+
+/// [`read_loop`]'s loop, until the connection ends.
+fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infallible, End> {
     let mut reader = Reader {
         con,
         read_timeout: shared.timeout,
     };
     shared.heard();
-    let end = loop {
+    loop {
         let mut st = lock(&shared.state);
         if st.shutdown {
-            return End::Shutdown;
+            return Err(End::Shutdown);
         }
         if std::mem::take(&mut st.reconnect) {
-            return End::Switched;
+            return Err(End::Switched);
         }
         st.sweep(Instant::now());
         if st.queue.is_empty() && !st.subscribed() {
@@ -583,7 +571,7 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
             if !left.is_zero() {
                 st = wait_for(&shared.cv, st, left);
                 if st.shutdown {
-                    return End::Shutdown;
+                    return Err(End::Shutdown);
                 }
                 st.sweep(Instant::now());
             }
@@ -597,11 +585,7 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
                 Op::Subscribe(names) => ("SUBSCRIBE", names),
                 Op::Unsubscribe(names) => ("UNSUBSCRIBE", names),
             };
-            if let Err(end) =
-                reader.request(shared, redis::cmd(what).arg(&names), what, names.len())
-            {
-                return end;
-            }
+            reader.request(shared, redis::cmd(what).arg(&names), what, names.len())?;
         }
         let keepalive = if subscribed {
             shared.timeout
@@ -609,26 +593,29 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
             KEEPALIVE
         };
         if shared.since_heard() >= keepalive {
-            if let Err(end) = reader.request(shared, &redis::cmd("PING"), "PING", 1) {
-                return end;
-            }
+            reader.request(shared, &redis::cmd("PING"), "PING", 1)?;
         }
         if !subscribed {
             continue;
         }
-        if Shared::may_lend(&lock(&shared.state)) {
-            match lend(shared, reader) {
-                Ok(lent_back) => reader = lent_back,
-                Err(end) => break end,
-            }
-        } else if let Err(end) = reader.read_push(shared) {
-            break end;
+        let mut st = lock(&shared.state);
+        // Hand-off waiters wait for grants, and the connection may stay lent to them.
+        if crate::client::tuning::lend() && st.borrowers > 0 && Shared::may_keep_lent(&st) {
+            drop(st);
+            reader = lend(shared, reader)?;
+            continue;
         }
-    };
-    if lock(&shared.state).shutdown {
-        End::Shutdown
-    } else {
-        end
+        // Waits up to TICK for a push, not at all if a command was queued meanwhile.
+        if !st.queue.is_empty() || st.shutdown {
+            continue;
+        }
+        st.reading = true;
+        drop(st);
+        let read = reader
+            .set_read_timeout(tick())
+            .and_then(|()| reader.read_one(shared));
+        lock(&shared.state).reading = false;
+        read?;
     }
 }
 
@@ -691,7 +678,17 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
     let client = redis::Client::open(info).map_err(|e| End::lost(format!("{addr}: {e}")))?;
     let mut con = client
         .get_connection_with_timeout(shared.timeout)
-        .map_err(|e| connect_error(&addr, &crate::client::pool::tls_context(e)))?;
+        .map_err(|e| {
+            // Routine (refused, timed out: the server is down or restarting) or worth a
+            // warning (TLS handshake, authentication, anything else).
+            let e = crate::client::pool::tls_context(e);
+            let routine = e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped();
+            let why = format!("{addr}: {e}");
+            End::Lost {
+                why,
+                warn: !routine,
+            }
+        })?;
     let timeouts = con
         .set_read_timeout(Some(shared.timeout))
         .and_then(|()| con.set_write_timeout(Some(shared.timeout)));
@@ -709,16 +706,6 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
         }
         // Refused (an ACL without CLIENT, or renamed away): the name is only a courtesy.
         Err(_) => Ok(con),
-    }
-}
-
-/// A failed connection attempt: routine (refused, timed out: the server is down or
-/// restarting) or worth a warning (TLS handshake, authentication, anything else).
-fn connect_error(addr: &str, e: &redis::RedisError) -> End {
-    let routine = e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped();
-    End::Lost {
-        why: format!("{addr}: {e}"),
-        warn: !routine,
     }
 }
 
