@@ -36,7 +36,7 @@
 mod reader;
 mod registry;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -100,8 +100,7 @@ impl Wakeups {
                     reader_cv: Condvar::new(),
                     lent: AtomicBool::new(false),
                     recall: AtomicBool::new(false),
-                    heard_us: AtomicU64::new(0),
-                    base: Instant::now(),
+                    heard: Mutex::new(Instant::now()),
                 })
             }),
         }
@@ -211,35 +210,33 @@ impl Wakeups {
         let mut l = lock(&shared.lend);
         let link = l.link_events;
         loop {
-            if grants.is_granted(token) || l.link_events != link {
-                return true;
-            }
             let now = Instant::now();
-            if now >= until {
+            if grants.is_granted(token) || l.link_events != link || now >= until {
                 return true;
             }
-            if !shared.recall.load(Ordering::SeqCst) {
-                if let Some(mut reader) = l.reader.take() {
-                    drop(l);
-                    let read = reader.read_for(shared, grants, token, until);
-                    l = lock(&shared.lend);
-                    match read {
-                        Ok(()) => {
-                            l.reader = Some(reader);
-                            if shared.recall.load(Ordering::SeqCst) {
-                                shared.reader_cv.notify_all();
-                            }
-                            if l.sleeping > 0 {
-                                shared.lend_cv.notify_all();
-                            }
-                        }
-                        Err(end) => {
-                            l.broken = Some(end);
-                            shared.reader_cv.notify_all();
-                        }
+            let recalled = shared.recall.load(Ordering::SeqCst);
+            if let Some(mut reader) = l.reader.take_if(|_| !recalled) {
+                drop(l);
+                let read = reader.read_for(shared, grants, token, until);
+                l = lock(&shared.lend);
+                // Wake the reader thread if it waits for the connection back, or it broke.
+                let wanted = match read {
+                    Ok(()) => {
+                        l.reader = Some(reader);
+                        shared.recall.load(Ordering::SeqCst)
                     }
-                    continue;
+                    Err(end) => {
+                        l.broken = Some(end);
+                        true
+                    }
+                };
+                if wanted {
+                    shared.reader_cv.notify_all();
                 }
+                if l.sleeping > 0 {
+                    shared.lend_cv.notify_all();
+                }
+                continue;
             }
             l.sleeping += 1;
             l = wait_for(&shared.lend_cv, l, until - now);

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -75,9 +75,8 @@ pub(super) struct Shared {
     /// The reader thread wants the lent connection back: a borrower returns it after its
     /// current read (at most [`TICK`]).
     pub(super) recall: AtomicBool,
-    /// When the server was last heard, in µs since `base` (read while the connection is lent).
-    pub(super) heard_us: AtomicU64,
-    pub(super) base: Instant,
+    /// When the server was last heard (by the reader thread, or a borrower).
+    pub(super) heard: Mutex<Instant>,
 }
 
 /// The connection lent by the reader thread to the hand-off waiters of its client: while one
@@ -256,18 +255,6 @@ impl Shared {
         self.nudge();
     }
 
-    fn heard(&self) {
-        let us = self.base.elapsed().as_micros() as u64;
-        self.heard_us.store(us, Ordering::Relaxed);
-    }
-
-    fn since_heard(&self) -> Duration {
-        let us = self.heard_us.load(Ordering::Relaxed);
-        self.base
-            .elapsed()
-            .saturating_sub(Duration::from_micros(us))
-    }
-
     /// True if the connection may be lent (to waiters for grants), or stay lent: nothing is to
     /// be sent, and no channel other than hand-off channels is waited on (its messages wake
     /// lines through the reader thread). It stays lent while no borrower reads it, between one hand-off waiter's
@@ -444,7 +431,7 @@ impl Reader {
                     format!("{what}: {e}")
                 })
             })?;
-            shared.heard();
+            *lock(&shared.heard) = Instant::now();
             if let Value::ServerError(e) = &value {
                 // Only our SUBSCRIBE, UNSUBSCRIBE or PING can be refused. A server that is
                 // loading or busy may accept them later; any other refusal (an ACL, pub/sub
@@ -506,7 +493,7 @@ impl Reader {
         let mut pubsub = ManuallyDrop::new(self.con.as_pubsub());
         match pubsub.get_message() {
             Ok(msg) => {
-                shared.heard();
+                *lock(&shared.heard) = Instant::now();
                 shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
                 Ok(())
             }
@@ -550,7 +537,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         con,
         read_timeout: shared.timeout,
     };
-    shared.heard();
+    *lock(&shared.heard) = Instant::now();
     loop {
         let mut st = lock(&shared.state);
         if st.shutdown {
@@ -563,7 +550,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         if st.queue.is_empty() && !st.subscribed() {
             // Sleep until a command is queued, a linger ends, the keepalive is due or the
             // client is dropped.
-            let ping_in = KEEPALIVE.saturating_sub(shared.since_heard());
+            let ping_in = KEEPALIVE.saturating_sub(lock(&shared.heard).elapsed());
             let linger_end = st.next_linger_end();
             let left = linger_end.map_or(ping_in, |t| {
                 ping_in.min(t.saturating_duration_since(Instant::now()))
@@ -592,7 +579,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         } else {
             KEEPALIVE
         };
-        if shared.since_heard() >= keepalive {
+        if lock(&shared.heard).elapsed() >= keepalive {
             reader.request(shared, &redis::cmd("PING"), "PING", 1)?;
         }
         if !subscribed {
@@ -646,7 +633,7 @@ fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
         } else {
             drop(l);
             let want_back = !Shared::may_keep_lent(&lock(&shared.state))
-                || shared.since_heard() >= shared.timeout;
+                || lock(&shared.heard).elapsed() >= shared.timeout;
             l = lock(&shared.lend);
             if want_back {
                 shared.recall.store(true, Ordering::SeqCst);
