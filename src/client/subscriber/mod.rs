@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use crate::client::repeats::Repeats;
 use crate::client::subscriber::reader::{start_thread, Lend, Shared};
 use crate::client::subscriber::registry::{Link, Op, State};
-use crate::client::waiters::{lock, wait_for, WaitQueues};
+use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::stats::Counters;
 
 pub(crate) use crate::client::subscriber::reader::Resolve;
@@ -121,8 +121,9 @@ impl Wakeups {
     ) -> Option<Subscription<'_>> {
         let shared = self.shared.as_ref()?;
         let now = Instant::now();
-        let longest = crate::time::saturating_add(now, shared.timeout);
-        let until = deadline.map_or(longest, |d| d.min(longest));
+        let left = deadline.map_or(shared.timeout, |d| {
+            shared.timeout.min(d.saturating_duration_since(now))
+        });
         let mut st = lock(&shared.state);
         if st.shutdown || st.link == Link::Unavailable {
             return None;
@@ -153,19 +154,15 @@ impl Wakeups {
         // another thread queued the channel's `SUBSCRIBE` and it still waits behind that read
         // (a thread at the head of its line would otherwise hold the line until the tick).
         let behind_a_read = st.reading && st.subscribe_queued(channel);
-        loop {
-            // Connecting (or waiting for the reply) is worth waiting for; a reader that
-            // failed to connect is not (it pauses before retrying): poll meanwhile.
+        // Connecting (or waiting for the reply) is worth waiting for; a reader that failed to
+        // connect is not (it pauses before retrying): poll meanwhile.
+        let mut waiting = |st: &mut State| {
             let polling = st.shutdown || matches!(st.link, Link::Backoff | Link::Unavailable);
-            if st.is_confirmed(channel) || behind_a_read || polling {
-                break;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                log::debug!("pub/sub: {channel:?} not confirmed in time; polling meanwhile");
-                break;
-            }
-            st = wait_for(&shared.cv, st, left);
+            !(st.is_confirmed(channel) || behind_a_read || polling)
+        };
+        st = wait_while(&shared.cv, st, left, &mut waiting);
+        if waiting(&mut st) {
+            log::debug!("pub/sub: {channel:?} not confirmed in time; polling meanwhile");
         }
         if !st.is_confirmed(channel) {
             // The waiter polls meanwhile: wake it once the channel is confirmed, since a

@@ -11,7 +11,7 @@ use redis::{ConnectionInfo, RedisResult, Value};
 
 use crate::client::repeats::{log_repeat, Repeats};
 use crate::client::subscriber::registry::{Link, Op, State};
-use crate::client::waiters::{lock, wait_for, WaitQueues};
+use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::error::Rounded;
 use crate::stats::Counters;
 
@@ -205,14 +205,7 @@ fn run(shared: &Shared) {
             st.thread = false;
             return;
         }
-        let until = crate::time::after(backoff_now);
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if st.shutdown || left.is_zero() {
-                break;
-            }
-            st = wait_for(&shared.cv, st, left);
-        }
+        st = wait_while(&shared.cv, st, backoff_now, |st| !st.shutdown);
         if st.shutdown || st.channels.values().all(|c| c.lines.is_empty()) {
             st.channels.clear();
             st.queue.clear();
