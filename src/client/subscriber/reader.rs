@@ -250,9 +250,9 @@ impl Shared {
 
     /// True if the connection may be lent (to waiters for grants), or stay lent: nothing is to
     /// be sent, and no channel other than hand-off channels is waited on (its messages wake
-    /// lines through the reader thread). It stays lent while no borrower reads it, between one hand-off waiter's
-    /// grant and its next wait: only grants to this client's waiters can be waited for then,
-    /// and each of those waiters reads it again when it next waits.
+    /// lines through the reader thread). It stays lent while no borrower reads it, between one
+    /// hand-off waiter's grant and its next wait: only grants to this client's waiters can be
+    /// waited for then, and each of those waiters reads it again when it next waits.
     pub(super) fn may_keep_lent(st: &State) -> bool {
         st.queue.is_empty()
             && !st.shutdown
@@ -371,9 +371,8 @@ fn kind_and_channel(value: Value) -> (String, String) {
         other => vec![other],
     };
     let text = |i: usize| {
-        let item = items.get(i);
-        item.and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
-            .unwrap_or_default()
+        let text = items.get(i).map(redis::from_redis_value_ref::<String>);
+        text.and_then(Result::ok).unwrap_or_default()
     };
     (text(0).to_ascii_lowercase(), text(1))
 }
