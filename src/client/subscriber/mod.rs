@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::repeats::Repeats;
 use crate::client::subscriber::reader::{start_thread, Lend, Shared};
-use crate::client::subscriber::registry::{Link, Op, State};
+use crate::client::subscriber::registry::{Link, State};
 use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::stats::Counters;
 
@@ -144,7 +144,7 @@ impl Wakeups {
         // While connecting, the reader subscribes every waited-on channel once it is up.
         if up && !ch.sent {
             ch.sent = true;
-            st.queue.push(Op::Subscribe(vec![channel.to_owned()]));
+            st.queue.push(("SUBSCRIBE", vec![channel.to_owned()]));
             shared.cv.notify_all();
         }
         // After counting this user, so that a lingering `channel` is kept, not re-subscribed.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionInfo, RedisResult, Value};
 
 use crate::client::repeats::{log_repeat, Repeats};
-use crate::client::subscriber::registry::{Link, Op, State};
+use crate::client::subscriber::registry::{Link, State};
 use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::error::Rounded;
 use crate::stats::Counters;
@@ -279,7 +279,7 @@ impl Shared {
             c.sent = true;
         }
         if !names.is_empty() {
-            st.queue.push(Op::Subscribe(names));
+            st.queue.push(("SUBSCRIBE", names));
         }
         st.link = Link::Up;
         drop(st);
@@ -395,16 +395,12 @@ impl Reader {
         Ok(())
     }
 
-    /// Sends `cmd` and reads until `replies` replies of its kind came back (dispatching any
-    /// message read meanwhile), each within the client's timeout. A timeout ends the
-    /// connection: redis-rs then expects a late reply, and the server may be frozen anyway.
-    fn request(
-        &mut self,
-        shared: &Shared,
-        cmd: &redis::Cmd,
-        what: &str,
-        mut replies: usize,
-    ) -> Result<(), End> {
+    /// Sends the command `what` with `names` and reads until its replies came back (one per
+    /// name, or one `pong`), dispatching any message read meanwhile, each within the client's
+    /// timeout. A timeout ends the connection: redis-rs then expects a late reply, and the
+    /// server may be frozen anyway.
+    fn request(&mut self, shared: &Shared, what: &str, names: &[String]) -> Result<(), End> {
+        let mut replies = names.len().max(1);
         // The kind of the replies counted: a confirmation of `what`, or `pong`.
         let reply = if what == "PING" {
             "pong"
@@ -413,7 +409,7 @@ impl Reader {
         };
         self.set_read_timeout(shared.timeout)?;
         self.con
-            .send_packed_command(&cmd.get_packed_command())
+            .send_packed_command(&redis::cmd(what).arg(names).get_packed_command())
             .map_err(|e| End::lost(format!("{what}: {e}")))?;
         while replies > 0 {
             let value = self.con.recv_response().map_err(|e| {
@@ -559,12 +555,8 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         // As it will be once `ops` are sent (their channels are marked, or removed, already).
         let subscribed = st.subscribed();
         drop(st);
-        for op in ops {
-            let (what, names) = match op {
-                Op::Subscribe(names) => ("SUBSCRIBE", names),
-                Op::Unsubscribe(names) => ("UNSUBSCRIBE", names),
-            };
-            reader.request(shared, redis::cmd(what).arg(&names), what, names.len())?;
+        for (what, names) in ops {
+            reader.request(shared, what, &names)?;
         }
         let keepalive = if subscribed {
             shared.timeout
@@ -572,7 +564,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
             KEEPALIVE
         };
         if lock(&shared.heard).elapsed() >= keepalive {
-            reader.request(shared, &redis::cmd("PING"), "PING", 1)?;
+            reader.request(shared, "PING", &[])?;
         }
         if !subscribed {
             continue;
@@ -790,5 +782,10 @@ mod tests {
                 ("ch", &b"0"[..])
             );
         }
+        // `request` sends a PING as the command with no names: a bare PING.
+        let ping = redis::cmd("PING")
+            .arg(&[] as &[String])
+            .get_packed_command();
+        assert_eq!(ping, redis::cmd("PING").get_packed_command());
     }
 }

@@ -50,12 +50,8 @@ pub(super) struct State {
     pub(super) borrowers: usize,
 }
 
-/// A command queued for the reader.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Op {
-    Subscribe(Vec<String>),
-    Unsubscribe(Vec<String>),
-}
+/// A command queued for the reader: `SUBSCRIBE` or `UNSUBSCRIBE`, and its channels.
+pub(super) type Op = (&'static str, Vec<String>);
 
 /// The subscriber connection's state.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +95,7 @@ impl State {
     pub(super) fn subscribe_queued(&self, channel: &str) -> bool {
         self.queue
             .iter()
-            .any(|op| matches!(op, Op::Subscribe(chs) if chs.iter().any(|c| c == channel)))
+            .any(|(what, chs)| *what == "SUBSCRIBE" && chs.iter().any(|c| c == channel))
     }
 
     /// True if a channel is subscribed (or its `SUBSCRIBE` queued) on the current connection:
@@ -132,7 +128,7 @@ impl State {
             false
         });
         if !unsubscribe.is_empty() {
-            self.queue.push(Op::Unsubscribe(unsubscribe));
+            self.queue.push(("UNSUBSCRIBE", unsubscribe));
         }
     }
 
