@@ -390,7 +390,10 @@ impl WaitQueues {
         };
         let mut st = lock(&q.state);
         if let Some(patience) = patience {
-            let taken = |st: &mut State| matches!(st.offer, Some(Offer::Taken { token: t, .. }) if t == *token);
+            let taken = |st: &mut State| match st.offer {
+                Some(Offer::Taken { token: t, .. }) => t == *token,
+                _ => false,
+            };
             st.withdrawing = true;
             st = q.wait_while(st, patience, taken);
         }
