@@ -274,11 +274,9 @@ impl Wakeups {
     /// `channel` on the current connection: a message published there reaches this client too,
     /// so a `PUBLISH` reply counts it among the receivers.
     pub(crate) fn hears(&self, channel: &str) -> bool {
-        let Some(shared) = &self.shared else {
-            return false;
-        };
-        let st = lock(&shared.state);
-        st.channels.get(channel).is_some_and(|c| c.sent)
+        self.shared
+            .as_ref()
+            .is_some_and(|s| lock(&s.state).channels.get(channel).is_some_and(|c| c.sent))
     }
 
     /// The connection generation on which `channel` is confirmed now, if it is: a message
