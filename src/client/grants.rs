@@ -53,17 +53,16 @@ fn lock(m: &Mutex<HashMap<Token, Expected>>) -> MutexGuard<'_, HashMap<Token, Ex
 
 /// Parses a grant message: the token and the grant, or `None` if it is none.
 pub(crate) fn parse(payload: &[u8]) -> Option<(Token, Grant)> {
-    let rest = payload.strip_prefix(GRANT_PREFIX)?;
-    let token: Token = rest.get(..TOKEN_LEN)?.try_into().ok()?;
-    let rest = std::str::from_utf8(rest.get(TOKEN_LEN..)?.strip_prefix(b":")?).ok()?;
-    let mut parts = rest.split(':');
-    let fence = parts.next()?.parse().ok()?;
-    let secs: u64 = parts.next()?.parse().ok()?;
-    let micros: u64 = parts.next()?.parse().ok()?;
-    if parts.next().is_some() {
-        return None;
-    }
-    Some((token, Grant::new(fence, secs, micros)))
+    let mut parts = std::str::from_utf8(payload.strip_prefix(GRANT_PREFIX)?)
+        .ok()?
+        .split(':');
+    let token: Token = parts.next()?.as_bytes().try_into().ok()?;
+    let mut number = || parts.next()?.parse().ok();
+    let (fence, secs, micros) = (number()?, number()?, number()?);
+    parts
+        .next()
+        .is_none()
+        .then(|| (token, Grant::new(fence, secs, micros)))
 }
 
 impl Grant {

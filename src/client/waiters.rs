@@ -114,18 +114,16 @@ impl Offer {
 }
 
 impl Queue {
-    /// Waits on the line's condvar (at most `left`, or without limit), counted in
-    /// [`State::sleepers`] meanwhile.
-    fn wait<'a>(
+    /// Waits on the line's condvar while `cond` holds, at most `left` (`Duration::MAX`: without
+    /// limit), counted in [`State::sleepers`] meanwhile.
+    fn wait_while<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
-        left: Option<Duration>,
+        left: Duration,
+        cond: impl FnMut(&mut State) -> bool,
     ) -> MutexGuard<'a, State> {
         st.sleepers += 1;
-        let mut st = match left {
-            None => self.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
-            Some(left) => wait_for(&self.cv, st, left),
-        };
+        let mut st = wait_while(&self.cv, st, left, cond);
         st.sleepers -= 1;
         st
     }
@@ -141,13 +139,26 @@ impl Queue {
     }
 }
 
-/// Mutex poisoning only means another thread panicked while holding it; the state (a queue of
-/// numbers) is still consistent, so carry on rather than panic too.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Mutex poisoning only means another thread panicked while holding it; the states these
+/// mutexes guard (a queue of numbers, the subscriber's registry: each change a few field
+/// updates) are still consistent, so carry on rather than panic too.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Waits on `cv` at most `left` (a poisoned mutex is taken as it is, as by [`lock`]).
+/// Waits on `cv` while `cond` holds, at most `left` (`Duration::MAX`: without limit; a poisoned
+/// mutex is taken as it is, as by [`lock`]).
+pub(crate) fn wait_while<'a, T>(
+    cv: &Condvar,
+    guard: MutexGuard<'a, T>,
+    left: Duration,
+    cond: impl FnMut(&mut T) -> bool,
+) -> MutexGuard<'a, T> {
+    cv.wait_timeout_while(guard, left, cond)
+        .map_or_else(|p| p.into_inner().0, |(g, _)| g)
+}
+
+/// Waits on `cv` at most `left`, or until notified (a poisoned mutex is taken as it is).
 pub(crate) fn wait_for<'a, T>(
     cv: &Condvar,
     guard: MutexGuard<'a, T>,
@@ -271,13 +282,8 @@ impl WaitQueues {
     /// A grant to `token` was published (or returned by this client's own
     /// release): if a thread of this client expects it, record it and wake its line.
     pub(crate) fn deliver_grant(&self, token: &[u8], grant: crate::client::grants::Grant) -> bool {
-        match self.grants.deliver(token, grant) {
-            Some(line) => {
-                self.notify_release(&line);
-                true
-            }
-            None => false,
-        }
+        let line = self.grants.deliver(token, grant);
+        line.inspect(|line| self.notify_release(line)).is_some()
     }
 
     /// The line of `key`, if a thread of this client waits for it.
@@ -382,15 +388,14 @@ impl WaitQueues {
         let Some(q) = self.line(key) else {
             return;
         };
-        let until = patience.map(crate::time::after);
         let mut st = lock(&q.state);
-        while let (Some(Offer::Taken { token: t, .. }), Some(until)) = (st.offer, until) {
-            let left = until.saturating_duration_since(Instant::now());
-            if t != *token || left.is_zero() {
-                break;
-            }
+        if let Some(patience) = patience {
+            let taken = |st: &mut State| match st.offer {
+                Some(Offer::Taken { token: t, .. }) => t == *token,
+                _ => false,
+            };
             st.withdrawing = true;
-            st = q.wait(st, Some(left));
+            st = q.wait_while(st, patience, taken);
         }
         st.withdrawing = false;
         if st.offer.is_some_and(|o| o.token() == token) {
@@ -428,24 +433,19 @@ impl Ticket<'_> {
 
     /// Waits until this ticket is the head of the line. False if `deadline` passed first.
     pub(crate) fn wait_turn(&mut self, deadline: Option<Instant>) -> bool {
-        let mut st = lock(&self.queue.state);
-        loop {
-            if st.order.front() == Some(&self.id) {
-                self.seen_releases = st.releases;
-                return true;
-            }
-            let left = match deadline {
-                None => None,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return false;
-                    }
-                    Some(left)
-                }
-            };
-            st = self.queue.wait(st, left);
+        let left = deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let id = Some(self.id);
+        let st = lock(&self.queue.state);
+        let st = self
+            .queue
+            .wait_while(st, left, |st| st.order.front().copied() != id);
+        let head = st.order.front().copied() == id;
+        if head {
+            self.seen_releases = st.releases;
         }
+        head
     }
 
     /// Remembers the release count before an attempt, so a release that happens while the
@@ -487,18 +487,16 @@ impl Ticket<'_> {
     /// has no reply after `patience` (an outage); `None` when the attempts were answered (the
     /// lock is held).
     pub(crate) fn outage(&self, patience: Duration) -> Option<String> {
-        let until = crate::time::after(patience);
-        let mut st = lock(&self.queue.state);
-        while let Some((_, since)) = st.in_flight {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Some(format!(
-                    "an attempt of another thread of this client waiting for the lock has had \
-                     no reply from Redis for {:?}",
-                    since.elapsed()
-                ));
-            }
-            st = self.queue.wait(st, Some(left));
+        let st = lock(&self.queue.state);
+        let st = self
+            .queue
+            .wait_while(st, patience, |st| st.in_flight.is_some());
+        if let Some((_, since)) = st.in_flight {
+            return Some(format!(
+                "an attempt of another thread of this client waiting for the lock has had no \
+                 reply from Redis for {:?}",
+                since.elapsed()
+            ));
         }
         let (at, err) = st.failed.as_ref()?;
         if st.answered_at.is_some_and(|answered| answered > *at) {
@@ -522,18 +520,12 @@ impl Ticket<'_> {
     ///
     /// [`mark`]: Self::mark
     pub(crate) fn sleep(&self, d: Duration) -> bool {
-        let until = Instant::now().checked_add(d);
-        let mut st = lock(&self.queue.state);
-        while st.releases == self.seen_releases {
-            let left = until.map_or(Duration::MAX, |u| {
-                u.saturating_duration_since(Instant::now())
-            });
-            if left.is_zero() {
-                return false;
-            }
-            st = self.queue.wait(st, Some(left));
-        }
-        true
+        let seen = self.seen_releases;
+        let st = lock(&self.queue.state);
+        self.queue
+            .wait_while(st, d, |st| st.releases == seen)
+            .releases
+            != seen
     }
 }
 

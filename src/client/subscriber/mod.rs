@@ -36,14 +36,14 @@
 mod reader;
 mod registry;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::client::repeats::Repeats;
-use crate::client::subscriber::reader::{lock_lend, start_thread, Lend, Shared};
-use crate::client::subscriber::registry::{lock, Link, Op, State};
-use crate::client::waiters::WaitQueues;
+use crate::client::subscriber::reader::{start_thread, Lend, Shared};
+use crate::client::subscriber::registry::{Link, State};
+use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::stats::Counters;
 
 pub(crate) use crate::client::subscriber::reader::Resolve;
@@ -100,8 +100,7 @@ impl Wakeups {
                     reader_cv: Condvar::new(),
                     lent: AtomicBool::new(false),
                     recall: AtomicBool::new(false),
-                    heard_us: AtomicU64::new(0),
-                    base: Instant::now(),
+                    heard: Mutex::new(Instant::now()),
                 })
             }),
         }
@@ -122,8 +121,9 @@ impl Wakeups {
     ) -> Option<Subscription<'_>> {
         let shared = self.shared.as_ref()?;
         let now = Instant::now();
-        let longest = crate::time::saturating_add(now, shared.timeout);
-        let until = deadline.map_or(longest, |d| d.min(longest));
+        let left = deadline.map_or(shared.timeout, |d| {
+            shared.timeout.min(d.saturating_duration_since(now))
+        });
         let mut st = lock(&shared.state);
         if st.shutdown || st.link == Link::Unavailable {
             return None;
@@ -136,57 +136,33 @@ impl Wakeups {
             st.thread = true;
             st.link = Link::Connecting;
         }
-        let generation = st.generation;
+        let up = st.link == Link::Up;
         let ch = st.channels.entry(channel.to_owned()).or_default();
-        ch.users += 1;
+        *ch.lines.entry(line.to_owned()).or_default() += 1;
         ch.idle_since = None;
         ch.hand_off = delivery == Delivery::HandOff;
-        match ch.lines.iter_mut().find(|(name, _)| name == line) {
-            Some((_, n)) => *n += 1,
-            None => ch.lines.push((line.to_owned(), 1)),
-        }
         // While connecting, the reader subscribes every waited-on channel once it is up.
-        let must_send = ch.sent != Some(generation) && st.link == Link::Up;
-        if must_send {
-            if let Some(ch) = st.channels.get_mut(channel) {
-                ch.sent = Some(generation);
-            }
+        if up && !ch.sent {
+            ch.sent = true;
+            st.queue.push(("SUBSCRIBE", vec![channel.to_owned()]));
+            shared.cv.notify_all();
         }
         // After counting this user, so that a lingering `channel` is kept, not re-subscribed.
         st.sweep(now);
-        if must_send {
-            st.queue.push(Op::Subscribe(vec![channel.to_owned()]));
-            shared.cv.notify_all();
-        }
         // Sent only once the reader's current read returns (up to TICK): poll meanwhile
         // rather than wait; the confirmation wakes this waiter (`rewake`). So also when
         // another thread queued the channel's `SUBSCRIBE` and it still waits behind that read
         // (a thread at the head of its line would otherwise hold the line until the tick).
         let behind_a_read = st.reading && st.subscribe_queued(channel);
-        let subscription = Subscription {
-            wakeups: self,
-            channel: channel.to_owned(),
-            line: line.to_owned(),
+        // Connecting (or waiting for the reply) is worth waiting for; a reader that failed to
+        // connect is not (it pauses before retrying): poll meanwhile.
+        let mut waiting = |st: &mut State| {
+            let polling = st.shutdown || matches!(st.link, Link::Backoff | Link::Unavailable);
+            !(st.is_confirmed(channel) || behind_a_read || polling)
         };
-        loop {
-            if st.is_confirmed(channel) || behind_a_read {
-                break;
-            }
-            // Connecting (or waiting for the reply) is worth waiting for; a reader that
-            // failed to connect is not (it pauses before retrying): poll meanwhile.
-            if st.shutdown || matches!(st.link, Link::Backoff | Link::Unavailable) {
-                break;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                log::debug!("pub/sub: {channel:?} not confirmed in time; polling meanwhile");
-                break;
-            }
-            st = shared
-                .cv
-                .wait_timeout(st, left)
-                .map(|(st, _)| st)
-                .unwrap_or_else(|p| p.into_inner().0);
+        st = wait_while(&shared.cv, st, left, &mut waiting);
+        if waiting(&mut st) {
+            log::debug!("pub/sub: {channel:?} not confirmed in time; polling meanwhile");
         }
         if !st.is_confirmed(channel) {
             // The waiter polls meanwhile: wake it once the channel is confirmed, since a
@@ -203,7 +179,11 @@ impl Wakeups {
         if take_back {
             shared.wake_reader();
         }
-        Some(subscription)
+        Some(Subscription {
+            wakeups: self,
+            channel: channel.to_owned(),
+            line: line.to_owned(),
+        })
     }
 
     /// Waits until a grant to `token` is in `grants`, until `until`, or until the subscriber's
@@ -224,45 +204,39 @@ impl Wakeups {
         };
         lock(&shared.state).borrowers += 1;
         let _leave = Borrowing(shared);
-        let mut l = lock_lend(&shared.lend);
+        let mut l = lock(&shared.lend);
         let link = l.link_events;
         loop {
-            if grants.is_granted(token) || l.link_events != link {
-                return true;
-            }
             let now = Instant::now();
-            if now >= until {
+            if grants.is_granted(token) || l.link_events != link || now >= until {
                 return true;
             }
-            if !shared.recall.load(Ordering::SeqCst) {
-                if let Some(mut reader) = l.reader.take() {
-                    drop(l);
-                    let read = reader.read_for(shared, grants, token, until);
-                    l = lock_lend(&shared.lend);
-                    match read {
-                        Ok(()) => {
-                            l.reader = Some(reader);
-                            if shared.recall.load(Ordering::SeqCst) {
-                                shared.reader_cv.notify_all();
-                            }
-                            if l.sleeping > 0 {
-                                shared.lend_cv.notify_all();
-                            }
-                        }
-                        Err(end) => {
-                            l.broken = Some(end);
-                            shared.reader_cv.notify_all();
-                        }
+            let recalled = shared.recall.load(Ordering::SeqCst);
+            if let Some(mut reader) = l.reader.take_if(|_| !recalled) {
+                drop(l);
+                let read = reader.read_for(shared, grants, token, until);
+                l = lock(&shared.lend);
+                // Wake the reader thread if it waits for the connection back, or it broke.
+                let wanted = match read {
+                    Ok(()) => {
+                        l.reader = Some(reader);
+                        shared.recall.load(Ordering::SeqCst)
                     }
-                    continue;
+                    Err(end) => {
+                        l.broken = Some(end);
+                        true
+                    }
+                };
+                if wanted {
+                    shared.reader_cv.notify_all();
                 }
+                if l.sleeping > 0 {
+                    shared.lend_cv.notify_all();
+                }
+                continue;
             }
             l.sleeping += 1;
-            l = shared
-                .lend_cv
-                .wait_timeout(l, until - now)
-                .map(|(l, _)| l)
-                .unwrap_or_else(|p| p.into_inner().0);
+            l = wait_for(&shared.lend_cv, l, until - now);
             l.sleeping -= 1;
         }
     }
@@ -300,14 +274,9 @@ impl Wakeups {
     /// `channel` on the current connection: a message published there reaches this client too,
     /// so a `PUBLISH` reply counts it among the receivers.
     pub(crate) fn hears(&self, channel: &str) -> bool {
-        let Some(shared) = &self.shared else {
-            return false;
-        };
-        let st = lock(&shared.state);
-        let current = Some(st.generation);
-        st.channels
-            .get(channel)
-            .is_some_and(|c| c.sent == current || c.confirmed == current)
+        self.shared
+            .as_ref()
+            .is_some_and(|s| lock(&s.state).channels.get(channel).is_some_and(|c| c.sent))
     }
 
     /// The connection generation on which `channel` is confirmed now, if it is: a message
@@ -378,16 +347,13 @@ impl Drop for Subscription<'_> {
         };
         let mut st = lock(&shared.state);
         if let Some(ch) = st.channels.get_mut(&self.channel) {
-            ch.users = ch.users.saturating_sub(1);
-            if let Some(i) = ch.lines.iter().position(|(l, _)| *l == self.line) {
-                if let Some(entry) = ch.lines.get_mut(i) {
-                    entry.1 = entry.1.saturating_sub(1);
-                    if entry.1 == 0 {
-                        ch.lines.swap_remove(i);
-                    }
+            if let Some(n) = ch.lines.get_mut(&self.line) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    ch.lines.remove(&self.line);
                 }
             }
-            if ch.users == 0 {
+            if ch.lines.is_empty() {
                 ch.idle_since = Some(Instant::now());
             }
         }

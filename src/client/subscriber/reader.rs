@@ -3,15 +3,15 @@
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::{ConnectionInfo, PushKind, RedisResult, Value};
+use redis::{ConnectionInfo, RedisResult, Value};
 
 use crate::client::repeats::{log_repeat, Repeats};
-use crate::client::subscriber::registry::{lock, Link, Op, State};
-use crate::client::waiters::{wait_for, WaitQueues};
+use crate::client::subscriber::registry::{Link, State};
+use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::error::Rounded;
 use crate::stats::Counters;
 
@@ -75,9 +75,8 @@ pub(super) struct Shared {
     /// The reader thread wants the lent connection back: a borrower returns it after its
     /// current read (at most [`TICK`]).
     pub(super) recall: AtomicBool,
-    /// When the server was last heard, in µs since `base` (read while the connection is lent).
-    pub(super) heard_us: AtomicU64,
-    pub(super) base: Instant,
+    /// When the server was last heard (by the reader thread, or a borrower).
+    pub(super) heard: Mutex<Instant>,
 }
 
 /// The connection lent by the reader thread to the hand-off waiters of its client: while one
@@ -93,10 +92,6 @@ pub(super) struct Lend {
     pub(super) link_events: u64,
     /// Borrowers blocked on `lend_cv` (another one is reading).
     pub(super) sleeping: usize,
-}
-
-pub(super) fn lock_lend(m: &Mutex<Lend>) -> MutexGuard<'_, Lend> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub(super) fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
@@ -182,25 +177,26 @@ fn run(shared: &Shared) {
                 st.queue.clear();
             }
             End::Lost { why, warn } => {
-                if warn {
-                    log_repeat!(
-                        shared.repeats,
+                let (cause, level, meanwhile) = if warn {
+                    (
                         "pub/sub: cannot connect",
                         log::Level::Warn,
-                        "pub/sub: cannot connect ({why}); waiters poll until it works, \
-                         retrying in {}",
-                        Rounded(backoff)
-                    );
+                        "until it works",
+                    )
                 } else {
-                    log_repeat!(
-                        shared.repeats,
-                        "pub/sub: connection lost",
+                    (
+                        "pub/sub: connection lost or refused",
                         log::Level::Info,
-                        "pub/sub: connection lost or refused ({why}); waiters poll meanwhile, \
-                         retrying in {}",
-                        Rounded(backoff)
-                    );
-                }
+                        "meanwhile",
+                    )
+                };
+                log_repeat!(
+                    shared.repeats,
+                    cause,
+                    level,
+                    "{cause} ({why}); waiters poll {meanwhile}, retrying in {}",
+                    Rounded(backoff)
+                );
                 st.link = Link::Backoff;
             }
         }
@@ -209,15 +205,8 @@ fn run(shared: &Shared) {
             st.thread = false;
             return;
         }
-        let until = crate::time::after(backoff_now);
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if st.shutdown || left.is_zero() {
-                break;
-            }
-            st = wait_for(&shared.cv, st, left);
-        }
-        if st.shutdown || st.channels.values().all(|c| c.users == 0) {
+        st = wait_while(&shared.cv, st, backoff_now, |st| !st.shutdown);
+        if st.shutdown || st.channels.values().all(|c| c.lines.is_empty()) {
             st.channels.clear();
             st.queue.clear();
             st.link = Link::Stopped;
@@ -237,7 +226,7 @@ impl Shared {
     /// asleep (the usual case: the borrower that read a grant is its recipient) no system call
     /// is made.
     pub(super) fn nudge(&self) {
-        let l = lock_lend(&self.lend);
+        let l = lock(&self.lend);
         if l.sleeping > 0 {
             drop(l);
             self.lend_cv.notify_all();
@@ -248,46 +237,31 @@ impl Shared {
     /// back.
     pub(super) fn wake_reader(&self) {
         if self.lent.load(Ordering::SeqCst) {
-            drop(lock_lend(&self.lend));
+            drop(lock(&self.lend));
             self.reader_cv.notify_all();
         }
     }
 
     /// The link changed: borrowers return to their caller, which looks at the subscription.
     pub(super) fn link_event(&self) {
-        lock_lend(&self.lend).link_events += 1;
+        lock(&self.lend).link_events += 1;
         self.nudge();
     }
 
-    fn heard(&self) {
-        let us = self.base.elapsed().as_micros() as u64;
-        self.heard_us.store(us, Ordering::Relaxed);
-    }
-
-    fn since_heard(&self) -> Duration {
-        let us = self.heard_us.load(Ordering::Relaxed);
-        self.base
-            .elapsed()
-            .saturating_sub(Duration::from_micros(us))
-    }
-
-    /// True if the connection may be lent: hand-off waiters wait for grants and
-    /// [`may_keep_lent`](Self::may_keep_lent).
-    fn may_lend(st: &State) -> bool {
-        crate::client::tuning::lend() && st.borrowers > 0 && Self::may_keep_lent(st)
-    }
-
-    /// True if the lent connection may stay lent: nothing is to be sent, and no channel other
-    /// than hand-off channels is waited on (its messages wake lines through the reader
-    /// thread). It stays lent while no borrower reads it, between one hand-off waiter's
-    /// grant and its next wait: only grants to this client's waiters can be waited for then,
-    /// and each of those waiters reads it again when it next waits.
+    /// True if the connection may be lent (to waiters for grants), or stay lent: nothing is to
+    /// be sent, and no channel other than hand-off channels is waited on (its messages wake
+    /// lines through the reader thread). It stays lent while no borrower reads it, between one
+    /// hand-off waiter's grant and its next wait: only grants to this client's waiters can be
+    /// waited for then, and each of those waiters reads it again when it next waits.
     pub(super) fn may_keep_lent(st: &State) -> bool {
         st.queue.is_empty()
             && !st.shutdown
             && !st.reconnect
             && st.link == Link::Up
-            && st.channels.iter().all(|(_, c)| c.users == 0 || c.hand_off)
+            && st
+                .channels
+                .iter()
+                .all(|(_, c)| c.lines.is_empty() || c.hand_off)
     }
 
     /// A new connection is ready: bump the generation, queue a `SUBSCRIBE` of every channel
@@ -298,15 +272,14 @@ impl Shared {
             return false;
         }
         st.generation += 1;
-        let generation = st.generation;
-        st.channels.retain(|_, c| c.users > 0);
+        st.channels.retain(|_, c| !c.lines.is_empty());
         st.queue.clear();
         let names: Vec<String> = st.channels.keys().cloned().collect();
         for c in st.channels.values_mut() {
-            c.sent = Some(generation);
+            c.sent = true;
         }
         if !names.is_empty() {
-            st.queue.push(Op::Subscribe(names));
+            st.queue.push(("SUBSCRIBE", names));
         }
         st.link = Link::Up;
         drop(st);
@@ -323,12 +296,10 @@ impl Shared {
         st.queue.clear();
         let mut lines = Vec::new();
         for c in st.channels.values_mut() {
-            c.sent = None;
-            c.confirmed = None;
-            c.rewake = c.users > 0;
-            if c.users > 0 {
-                lines.extend(c.lines.iter().map(|(l, _)| l.clone()));
-            }
+            c.sent = false;
+            c.confirmed = false;
+            c.rewake = !c.lines.is_empty();
+            lines.extend(c.lines.keys().cloned());
         }
         let shutdown = st.shutdown;
         drop(st);
@@ -352,21 +323,11 @@ impl Shared {
             }
             return;
         }
-        self.message(channel);
-    }
-
-    /// A release was published on `channel`: wake its lines.
-    fn message(&self, channel: &str) {
-        let st = lock(&self.state);
-        let (lines, waiting): (Vec<String>, bool) = match st.channels.get(channel) {
-            Some(c) => (
-                c.lines.iter().map(|(l, _)| l.clone()).collect(),
-                c.users > 0,
-            ),
+        let lines: Vec<String> = match lock(&self.state).channels.get(channel) {
+            Some(c) => c.lines.keys().cloned().collect(),
             None => return,
         };
-        drop(st);
-        if waiting {
+        if !lines.is_empty() {
             self.counters.woken();
         }
         for line in lines {
@@ -377,16 +338,15 @@ impl Shared {
     /// The server confirmed `SUBSCRIBE channel` on the current connection.
     fn confirmed(&self, channel: &str) {
         let mut st = lock(&self.state);
-        let generation = st.generation;
         let mut lines = Vec::new();
         if let Some(c) = st.channels.get_mut(channel) {
-            if c.sent == Some(generation) {
-                c.confirmed = Some(generation);
+            if c.sent {
+                c.confirmed = true;
                 self.waiters
                     .hooks
                     .note(crate::client::test_hooks::Event::Subscribed);
                 if std::mem::take(&mut c.rewake) {
-                    lines = c.lines.iter().map(|(l, _)| l.clone()).collect();
+                    lines = c.lines.keys().cloned().collect();
                 }
             }
         }
@@ -400,97 +360,26 @@ impl Shared {
     }
 }
 
-/// What the server sent on the subscriber connection, in RESP2 or RESP3.
-#[derive(Debug, PartialEq, Eq)]
-enum Push {
-    Message(String),
-    /// A message whose payload is a grant: the channel and the payload.
-    Grant(String, Vec<u8>),
-    Subscribed {
-        channel: String,
-        count: i64,
-    },
-    Unsubscribed {
-        count: i64,
-    },
-    Pong,
-    Refused {
-        code: String,
-        detail: String,
-    },
-    Other,
-}
-
-fn classify(value: Value) -> Push {
-    let (kind, items): (String, Vec<Value>) = match value {
-        Value::Array(mut items) => {
-            if items.is_empty() {
-                return Push::Other;
-            }
-            let Some(kind) = text(&items.remove(0)).map(str::to_ascii_lowercase) else {
-                return Push::Other;
-            };
-            (kind, items)
-        }
-        Value::Push { kind, data } => {
-            let kind = match kind {
-                PushKind::Message => "message",
-                PushKind::Subscribe => "subscribe",
-                PushKind::Unsubscribe => "unsubscribe",
-                PushKind::PMessage | PushKind::SMessage => "pmessage",
-                _ => return Push::Other,
-            };
-            (kind.to_owned(), data)
-        }
-        Value::SimpleString(s) if s.eq_ignore_ascii_case("pong") => return Push::Pong,
-        Value::ServerError(e) => {
-            return Push::Refused {
-                code: e.code().to_owned(),
-                detail: e.details().unwrap_or("").to_owned(),
-            }
-        }
-        _ => return Push::Other,
+/// A reply that is not a message, as its kind (lower case) and its first item (the channel of a
+/// confirmation): `[kind, channel, count]` or `PONG` in RESP2, a push of that kind in RESP3.
+fn kind_and_channel(value: Value) -> (String, String) {
+    let items = match value {
+        Value::Push { kind, data } => std::iter::once(Value::SimpleString(kind.to_string()))
+            .chain(data)
+            .collect(),
+        Value::Array(items) => items,
+        other => vec![other],
     };
-    let channel = || items.first().and_then(text).map(str::to_owned);
-    let count = || match items.get(1) {
-        Some(Value::Int(n)) => *n,
-        _ => 0,
+    let text = |i: usize| {
+        let text = items.get(i).map(redis::from_redis_value_ref::<String>);
+        text.and_then(Result::ok).unwrap_or_default()
     };
-    match kind.as_str() {
-        "message" => match (channel(), items.get(1)) {
-            (Some(channel), Some(Value::BulkString(payload)))
-                if payload.starts_with(crate::client::grants::GRANT_PREFIX) =>
-            {
-                Push::Grant(channel, payload.clone())
-            }
-            (channel, _) => channel.map_or(Push::Other, Push::Message),
-        },
-        "subscribe" => channel().map_or(Push::Other, |channel| Push::Subscribed {
-            channel,
-            count: count(),
-        }),
-        "unsubscribe" => Push::Unsubscribed { count: count() },
-        "pong" => Push::Pong,
-        _ => Push::Other,
-    }
+    (text(0).to_ascii_lowercase(), text(1))
 }
 
-/// A push element as text (channel names and kinds are bulk strings in RESP2).
-fn text(v: &Value) -> Option<&str> {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok(),
-        Value::SimpleString(s) => Some(s),
-        _ => None,
-    }
-}
-
-/// The reader's side of one connection: how many channels the server says it has
-/// subscribed, and when it last heard from it.
+/// The reader's side of one connection.
 pub(super) struct Reader {
     con: redis::Connection,
-    /// Channels subscribed on the server, from its last confirmation.
-    subscribed: i64,
-    last_heard: Instant,
     /// The read timeout currently set on the connection.
     read_timeout: Duration,
 }
@@ -506,19 +395,21 @@ impl Reader {
         Ok(())
     }
 
-    /// Sends `cmd` and reads until `replies` replies of its kind came back (dispatching any
-    /// message read meanwhile), each within the client's timeout. A timeout ends the
-    /// connection: redis-rs then expects a late reply, and the server may be frozen anyway.
-    fn request(
-        &mut self,
-        shared: &Shared,
-        cmd: &redis::Cmd,
-        what: &str,
-        mut replies: usize,
-    ) -> Result<(), End> {
+    /// Sends the command `what` with `names` and reads until its replies came back (one per
+    /// name, or one `pong`), dispatching any message read meanwhile, each within the client's
+    /// timeout. A timeout ends the connection: redis-rs then expects a late reply, and the
+    /// server may be frozen anyway.
+    fn request(&mut self, shared: &Shared, what: &str, names: &[String]) -> Result<(), End> {
+        let mut replies = names.len().max(1);
+        // The kind of the replies counted: a confirmation of `what`, or `pong`.
+        let reply = if what == "PING" {
+            "pong"
+        } else {
+            &what.to_ascii_lowercase()
+        };
         self.set_read_timeout(shared.timeout)?;
         self.con
-            .send_packed_command(&cmd.get_packed_command())
+            .send_packed_command(&redis::cmd(what).arg(names).get_packed_command())
             .map_err(|e| End::lost(format!("{what}: {e}")))?;
         while replies > 0 {
             let value = self.con.recv_response().map_err(|e| {
@@ -528,53 +419,33 @@ impl Reader {
                     format!("{what}: {e}")
                 })
             })?;
-            self.last_heard = Instant::now();
-            shared.heard();
-            match classify(value) {
-                Push::Message(channel) => shared.message(&channel),
-                Push::Grant(channel, payload) => shared.dispatch(&channel, &payload),
-                Push::Subscribed { channel, count } if what == "SUBSCRIBE" => {
-                    self.subscribed = count;
+            *lock(&shared.heard) = Instant::now();
+            if let Value::ServerError(e) = &value {
+                // Only our SUBSCRIBE, UNSUBSCRIBE or PING can be refused. A server that is
+                // loading or busy may accept them later; any other refusal (an ACL, pub/sub
+                // not allowed) will not change.
+                let (code, detail) = (e.code(), e.details().unwrap_or(""));
+                let why = format!("the server refused {what}: {code} {detail}");
+                return Err(match code {
+                    "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" => {
+                        End::lost(why)
+                    }
+                    _ => End::Unavailable(why),
+                });
+            }
+            if let Some(msg) = redis::Msg::from_value(&value) {
+                shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
+                continue;
+            }
+            let (kind, channel) = kind_and_channel(value);
+            if kind == reply {
+                replies -= 1;
+                if kind == "subscribe" {
                     shared.confirmed(&channel);
-                    replies -= 1;
                 }
-                Push::Unsubscribed { count } if what == "UNSUBSCRIBE" => {
-                    self.subscribed = count;
-                    replies -= 1;
-                }
-                Push::Pong if what == "PING" => replies -= 1,
-                Push::Refused { code, detail } => {
-                    // Only our SUBSCRIBE, UNSUBSCRIBE or PING can be refused. A server that
-                    // is loading or busy may accept them later; any other refusal (an ACL,
-                    // pub/sub not allowed) will not change.
-                    let why = format!("the server refused {what}: {code} {detail}");
-                    return Err(match code.as_str() {
-                        "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" => {
-                            End::lost(why)
-                        }
-                        _ => End::Unavailable(why),
-                    });
-                }
-                _ => {}
             }
         }
         Ok(())
-    }
-
-    /// Waits up to [`TICK`] for a push and dispatches it. `Ok` also on a timeout, and at once
-    /// if a command was queued meanwhile.
-    fn read_push(&mut self, shared: &Shared) -> Result<(), End> {
-        self.set_read_timeout(tick())?;
-        {
-            let mut st = lock(&shared.state);
-            if !st.queue.is_empty() || st.shutdown {
-                return Ok(());
-            }
-            st.reading = true;
-        }
-        let read = self.read_one(shared);
-        lock(&shared.state).reading = false;
-        read
     }
 
     /// A borrower's reads ([`Wakeups::await_grant`]): until a grant to `token` arrived,
@@ -610,8 +481,7 @@ impl Reader {
         let mut pubsub = ManuallyDrop::new(self.con.as_pubsub());
         match pubsub.get_message() {
             Ok(msg) => {
-                self.last_heard = Instant::now();
-                shared.heard();
+                *lock(&shared.heard) = Instant::now();
                 shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
                 Ok(())
             }
@@ -641,77 +511,82 @@ fn interrupted(e: &redis::RedisError) -> bool {
 /// subscribed (sleeps while none are: nothing can arrive), and checks a silent server with
 /// `PING`.
 fn read_loop(shared: &Shared, con: redis::Connection) -> End {
+    let Err(end) = serve(shared, con);
+    if lock(&shared.state).shutdown {
+        End::Shutdown
+    } else {
+        end
+    }
+}
+
+/// [`read_loop`]'s loop, until the connection ends.
+fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infallible, End> {
     let mut reader = Reader {
         con,
-        subscribed: 0,
-        last_heard: Instant::now(),
         read_timeout: shared.timeout,
     };
-    let end = loop {
+    *lock(&shared.heard) = Instant::now();
+    loop {
         let mut st = lock(&shared.state);
         if st.shutdown {
-            return End::Shutdown;
+            return Err(End::Shutdown);
         }
         if std::mem::take(&mut st.reconnect) {
-            return End::Switched;
+            return Err(End::Switched);
         }
         st.sweep(Instant::now());
-        if st.queue.is_empty() && reader.subscribed == 0 {
+        if st.queue.is_empty() && !st.subscribed() {
             // Sleep until a command is queued, a linger ends, the keepalive is due or the
             // client is dropped.
-            let ping_at = reader
-                .last_heard
-                .checked_add(KEEPALIVE)
-                .unwrap_or(reader.last_heard);
-            let wake = st.next_linger_end().map_or(ping_at, |t| t.min(ping_at));
-            let left = wake.saturating_duration_since(Instant::now());
+            let ping_in = KEEPALIVE.saturating_sub(lock(&shared.heard).elapsed());
+            let linger_end = st.next_linger_end();
+            let left = linger_end.map_or(ping_in, |t| {
+                ping_in.min(t.saturating_duration_since(Instant::now()))
+            });
             if !left.is_zero() {
                 st = wait_for(&shared.cv, st, left);
                 if st.shutdown {
-                    return End::Shutdown;
+                    return Err(End::Shutdown);
                 }
                 st.sweep(Instant::now());
             }
         }
         let ops = std::mem::take(&mut st.queue);
+        // As it will be once `ops` are sent (their channels are marked, or removed, already).
+        let subscribed = st.subscribed();
         drop(st);
-        for op in ops {
-            let (what, names) = match op {
-                Op::Subscribe(names) => ("SUBSCRIBE", names),
-                Op::Unsubscribe(names) => ("UNSUBSCRIBE", names),
-            };
-            if let Err(end) =
-                reader.request(shared, redis::cmd(what).arg(&names), what, names.len())
-            {
-                return end;
-            }
+        for (what, names) in ops {
+            reader.request(shared, what, &names)?;
         }
-        let keepalive = if reader.subscribed > 0 {
+        let keepalive = if subscribed {
             shared.timeout
         } else {
             KEEPALIVE
         };
-        if reader.last_heard.elapsed() >= keepalive {
-            if let Err(end) = reader.request(shared, &redis::cmd("PING"), "PING", 1) {
-                return end;
-            }
+        if lock(&shared.heard).elapsed() >= keepalive {
+            reader.request(shared, "PING", &[])?;
         }
-        if reader.subscribed == 0 {
+        if !subscribed {
             continue;
         }
-        if Shared::may_lend(&lock(&shared.state)) {
-            match lend(shared, reader) {
-                Ok(lent_back) => reader = lent_back,
-                Err(end) => break end,
-            }
-        } else if let Err(end) = reader.read_push(shared) {
-            break end;
+        let mut st = lock(&shared.state);
+        // Hand-off waiters wait for grants, and the connection may stay lent to them.
+        if crate::client::tuning::lend() && st.borrowers > 0 && Shared::may_keep_lent(&st) {
+            drop(st);
+            reader = lend(shared, reader)?;
+            continue;
         }
-    };
-    if lock(&shared.state).shutdown {
-        End::Shutdown
-    } else {
-        end
+        // Waits up to TICK for a push, not at all if a command was queued meanwhile.
+        if !st.queue.is_empty() || st.shutdown {
+            continue;
+        }
+        st.reading = true;
+        drop(st);
+        let read = reader
+            .set_read_timeout(tick())
+            .and_then(|()| reader.read_one(shared));
+        lock(&shared.state).reading = false;
+        read?;
     }
 }
 
@@ -725,38 +600,32 @@ fn read_loop(shared: &Shared, con: redis::Connection) -> End {
 fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
     lock(&shared.state).reading = true;
     shared.recall.store(false, Ordering::SeqCst);
-    let keepalive = shared.timeout;
-    let mut l = lock_lend(&shared.lend);
+    let mut l = lock(&shared.lend);
     l.reader = Some(reader);
     shared.lent.store(true, Ordering::SeqCst);
     if l.sleeping > 0 {
         shared.lend_cv.notify_all();
     }
-    let mut recalling = false;
     let outcome = loop {
         if let Some(end) = l.broken.take() {
             break Err(end);
         }
-        if recalling {
+        if shared.recall.load(Ordering::SeqCst) {
             if let Some(reader) = l.reader.take() {
                 break Ok(reader);
             }
         } else {
             drop(l);
-            let want_back = {
-                let st = lock(&shared.state);
-                !Shared::may_keep_lent(&st)
-            } || shared.since_heard() >= keepalive;
-            l = lock_lend(&shared.lend);
+            let want_back = !Shared::may_keep_lent(&lock(&shared.state))
+                || lock(&shared.heard).elapsed() >= shared.timeout;
+            l = lock(&shared.lend);
             if want_back {
-                recalling = true;
                 shared.recall.store(true, Ordering::SeqCst);
                 continue;
             }
         }
         l = wait_for(&shared.reader_cv, l, tick());
     };
-    l.reader = None;
     shared.lent.store(false, Ordering::SeqCst);
     drop(l);
     shared.recall.store(false, Ordering::SeqCst);
@@ -780,7 +649,17 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
     let client = redis::Client::open(info).map_err(|e| End::lost(format!("{addr}: {e}")))?;
     let mut con = client
         .get_connection_with_timeout(shared.timeout)
-        .map_err(|e| connect_error(&addr, &crate::client::pool::tls_context(e)))?;
+        .map_err(|e| {
+            // Routine (refused, timed out: the server is down or restarting) or worth a
+            // warning (TLS handshake, authentication, anything else).
+            let e = crate::client::pool::tls_context(e);
+            let routine = e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped();
+            let why = format!("{addr}: {e}");
+            End::Lost {
+                why,
+                warn: !routine,
+            }
+        })?;
     let timeouts = con
         .set_read_timeout(Some(shared.timeout))
         .and_then(|()| con.set_write_timeout(Some(shared.timeout)));
@@ -801,20 +680,10 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
     }
 }
 
-/// A failed connection attempt: routine (refused, timed out: the server is down or
-/// restarting) or worth a warning (TLS handshake, authentication, anything else).
-fn connect_error(addr: &str, e: &redis::RedisError) -> End {
-    let routine = e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped();
-    End::Lost {
-        why: format!("{addr}: {e}"),
-        warn: !routine,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redis::Parser;
+    use redis::{Parser, PushKind};
     use std::io::Read;
 
     #[test]
@@ -882,68 +751,41 @@ mod tests {
 
     /// The replies the reader matches, in RESP2 (arrays) and RESP3 (pushes).
     #[test]
-    fn classifies_resp2_and_resp3_replies() {
+    fn reads_resp2_and_resp3_replies() {
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let subscribed = Push::Subscribed {
-            channel: "ch".into(),
-            count: 2,
+        let subscribed = ("subscribe".to_owned(), "ch".to_owned());
+        let resp2 = Value::Array(vec![bulk("subscribe"), bulk("ch"), Value::Int(2)]);
+        assert_eq!(kind_and_channel(resp2), subscribed);
+        let resp3 = Value::Push {
+            kind: PushKind::Subscribe,
+            data: vec![bulk("ch"), Value::Int(2)],
         };
+        assert_eq!(kind_and_channel(resp3), subscribed);
+        let unsubscribed = Value::Array(vec![bulk("unsubscribe"), bulk("ch"), Value::Int(0)]);
+        assert_eq!(kind_and_channel(unsubscribed).0, "unsubscribe");
+        let pong = Value::Array(vec![bulk("pong"), bulk("")]);
+        assert_eq!(kind_and_channel(pong).0, "pong");
         assert_eq!(
-            classify(Value::Array(vec![
-                bulk("subscribe"),
-                bulk("ch"),
-                Value::Int(2)
-            ])),
-            subscribed
+            kind_and_channel(Value::SimpleString("PONG".into())).0,
+            "pong"
         );
-        assert_eq!(
-            classify(Value::Push {
-                kind: PushKind::Subscribe,
-                data: vec![bulk("ch"), Value::Int(2)],
-            }),
-            subscribed
-        );
-        assert_eq!(
-            classify(Value::Array(vec![bulk("message"), bulk("ch"), bulk("0")])),
-            Push::Message("ch".into())
-        );
-        assert_eq!(
-            classify(Value::Push {
+        for message in [
+            Value::Array(vec![bulk("message"), bulk("ch"), bulk("0")]),
+            Value::Push {
                 kind: PushKind::Message,
                 data: vec![bulk("ch"), bulk("0")],
-            }),
-            Push::Message("ch".into())
-        );
-        assert_eq!(
-            classify(Value::Array(vec![
-                bulk("unsubscribe"),
-                bulk("ch"),
-                Value::Int(0)
-            ])),
-            Push::Unsubscribed { count: 0 }
-        );
-        assert_eq!(
-            classify(Value::Array(vec![bulk("pong"), bulk("")])),
-            Push::Pong
-        );
-        assert_eq!(classify(Value::SimpleString("PONG".into())), Push::Pong);
-        assert_eq!(
-            classify(Value::Array(vec![
-                bulk("pmessage"),
-                bulk("p*"),
-                bulk("ch"),
-                bulk("0")
-            ])),
-            Push::Other
-        );
-        let refused = redis::parse_redis_value(b"-NOPERM no permissions to access a channel\r\n")
-            .expect("an error reply");
-        assert_eq!(
-            classify(refused),
-            Push::Refused {
-                code: "NOPERM".into(),
-                detail: "no permissions to access a channel".into(),
-            }
-        );
+            },
+        ] {
+            let msg = redis::Msg::from_value(&message).expect("a message");
+            assert_eq!(
+                (msg.get_channel_name(), msg.get_payload_bytes()),
+                ("ch", &b"0"[..])
+            );
+        }
+        // `request` sends a PING as the command with no names: a bare PING.
+        let ping = redis::cmd("PING")
+            .arg(&[] as &[String])
+            .get_packed_command();
+        assert_eq!(ping, redis::cmd("PING").get_packed_command());
     }
 }

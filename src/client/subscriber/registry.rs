@@ -2,7 +2,6 @@
 //! queued for the reader to send, and the state of the link.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long a hand-off channel (a Fair client's grant channel) nobody waits on stays
@@ -27,7 +26,10 @@ pub(super) struct State {
     pub(super) channels: HashMap<String, Channel>,
     /// Commands for the reader to send on the current connection, in order.
     pub(super) queue: Vec<Op>,
-    /// Bumped at every connection: a confirmation counts only for the connection it came on.
+    /// Bumped at every connection: a grant waiter that saw the same generation confirmed
+    /// before and after a wait heard every message of it ([`Wakeups::confirmed_on`]).
+    ///
+    /// [`Wakeups::confirmed_on`]: super::Wakeups::confirmed_on
     pub(super) generation: u64,
     pub(super) link: Link,
     /// A reader thread is running (it clears this, under the lock, as it exits).
@@ -48,12 +50,8 @@ pub(super) struct State {
     pub(super) borrowers: usize,
 }
 
-/// A command queued for the reader.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Op {
-    Subscribe(Vec<String>),
-    Unsubscribe(Vec<String>),
-}
+/// A command queued for the reader: `SUBSCRIBE` or `UNSUBSCRIBE`, and its channels.
+pub(super) type Op = (&'static str, Vec<String>);
 
 /// The subscriber connection's state.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -74,14 +72,14 @@ pub(super) enum Link {
 
 #[derive(Debug, Default)]
 pub(super) struct Channel {
-    /// Lines woken by a message, with how many subscriptions named each.
-    pub(super) lines: Vec<(String, usize)>,
-    /// Live subscriptions.
-    pub(super) users: usize,
-    /// `SUBSCRIBE` was queued (or sent) on this connection generation.
-    pub(super) sent: Option<u64>,
-    /// The server confirmed the subscription on this generation.
-    pub(super) confirmed: Option<u64>,
+    /// Lines woken by a message, with how many live subscriptions named each (none: nobody
+    /// waits on the channel).
+    pub(super) lines: HashMap<String, usize>,
+    /// `SUBSCRIBE` was queued (or sent) on the current connection. Both flags are cleared
+    /// when a connection ends, so a confirmation counts only for the connection it came on.
+    pub(super) sent: bool,
+    /// The server confirmed the subscription on the current connection.
+    pub(super) confirmed: bool,
     /// Its waiters take grants (see [`Delivery::HandOff`]): the connection may be lent to them.
     ///
     /// [`Delivery::HandOff`]: super::Delivery::HandOff
@@ -92,51 +90,45 @@ pub(super) struct Channel {
     pub(super) rewake: bool,
 }
 
-/// Mutex poisoning only means a thread panicked while holding it; the state is still
-/// consistent (every change is a few field updates), so carry on rather than panic too.
-pub(super) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl State {
     /// True if a `SUBSCRIBE` of `channel` is queued for the reader and not sent yet.
     pub(super) fn subscribe_queued(&self, channel: &str) -> bool {
         self.queue
             .iter()
-            .any(|op| matches!(op, Op::Subscribe(chs) if chs.iter().any(|c| c == channel)))
+            .any(|(what, chs)| *what == "SUBSCRIBE" && chs.iter().any(|c| c == channel))
+    }
+
+    /// True if a channel is subscribed (or its `SUBSCRIBE` queued) on the current connection:
+    /// pushes may arrive.
+    pub(super) fn subscribed(&self) -> bool {
+        self.channels.values().any(|c| c.sent)
     }
 
     pub(super) fn is_confirmed(&self, channel: &str) -> bool {
-        self.link == Link::Up
-            && self
-                .channels
-                .get(channel)
-                .is_some_and(|c| c.confirmed == Some(self.generation))
+        self.link == Link::Up && self.channels.get(channel).is_some_and(|c| c.confirmed)
     }
 
     /// Forgets the channels nobody waits on: at once if they are not subscribed on this
     /// connection, after their linger (queueing an `UNSUBSCRIBE`) if they are. A channel whose
     /// `SUBSCRIBE` is not confirmed yet stays until it is.
     pub(super) fn sweep(&mut self, now: Instant) {
-        let generation = self.generation;
         let up = self.link == Link::Up;
         let mut unsubscribe: Vec<String> = Vec::new();
         self.channels.retain(|name, ch| {
-            let Some(idle) = ch.idle_since.filter(|_| ch.users == 0) else {
+            let Some(idle) = ch.idle_since.filter(|_| ch.lines.is_empty()) else {
                 return true;
             };
-            if !up || ch.sent != Some(generation) {
+            if !up || !ch.sent {
                 return false;
             }
-            if ch.confirmed != Some(generation) || now.saturating_duration_since(idle) < linger(ch)
-            {
+            if !ch.confirmed || now.saturating_duration_since(idle) < linger(ch) {
                 return true;
             }
             unsubscribe.push(name.clone());
             false
         });
         if !unsubscribe.is_empty() {
-            self.queue.push(Op::Unsubscribe(unsubscribe));
+            self.queue.push(("UNSUBSCRIBE", unsubscribe));
         }
     }
 
@@ -144,7 +136,7 @@ impl State {
     pub(super) fn next_linger_end(&self) -> Option<Instant> {
         self.channels
             .values()
-            .filter(|c| c.users == 0)
+            .filter(|c| c.lines.is_empty())
             .filter_map(|c| {
                 let idle = c.idle_since?;
                 Some(idle.checked_add(linger(c)).unwrap_or(idle))
