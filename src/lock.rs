@@ -324,25 +324,6 @@ impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
 }
 
 impl<R: Deref<Target: DistributedLock>> Guard<R> {
-    fn wrap(lock: R, lease: Lease) -> Self {
-        if lease.is_thread_owned() && !crate::ids::names_this_thread(lease.value()) {
-            // Not refused (the constructors return the guard): its release will be refused
-            // or will not know the owner's count; the caller learns of it here.
-            log::warn!(
-                "lock {:?}: a guard built for a thread-owned lease of another thread ({}); \
-                 build it on the thread that took the lease",
-                lock.key(),
-                crate::lease::printable(lease.value())
-            );
-        }
-        Guard {
-            lock,
-            lease,
-            armed: true,
-            marker: PhantomData,
-        }
-    }
-
     /// The same guard in a form that may be sent to another thread (`Send`), if the hold is
     /// not the thread's ([`Lease::is_thread_owned`]: Token, Classic, Fair, Spring, ShedLock,
     /// RedLock); otherwise (Reentrant, read-write lock) the guard back, unchanged, still
@@ -370,17 +351,30 @@ impl<R: Deref<Target: DistributedLock>> Guard<R> {
             return Err(self);
         }
         // The lease is cloned, as for `into_lease`; a watched hold's renewals follow the clone.
-        let lease = self.give_up();
-        Ok(Guard {
-            lock: self.lock.clone(),
-            lease,
-            armed: true,
-            marker: PhantomData,
-        })
+        Ok(Guard::wrap(self.lock.clone(), self.give_up()))
     }
 }
 
 impl<R: Deref<Target: DistributedLock>, M> Guard<R, M> {
+    fn wrap(lock: R, lease: Lease) -> Self {
+        if lease.is_thread_owned() && !crate::ids::names_this_thread(lease.value()) {
+            // Not refused (the constructors return the guard): its release will be refused
+            // or will not know the owner's count; the caller learns of it here.
+            log::warn!(
+                "lock {:?}: a guard built for a thread-owned lease of another thread ({}); \
+                 build it on the thread that took the lease",
+                lock.key(),
+                crate::lease::printable(lease.value())
+            );
+        }
+        Guard {
+            lock,
+            lease,
+            armed: true,
+            marker: PhantomData,
+        }
+    }
+
     /// The lock key.
     pub fn key(&self) -> &str {
         self.lock.key()
@@ -511,11 +505,6 @@ pub struct GuardNoSend(PhantomData<std::sync::MutexGuard<'static, ()>>);
 #[derive(Debug, Clone, Copy)]
 pub struct GuardSend(());
 
-/// `try_lock` in terms of `try_acquire`.
-pub(crate) fn acquire_once<L: DistributedLock>(lock: &L) -> Result<LockGuard<'_>> {
-    lock.try_acquire().map(|lease| LockGuard::new(lock, lease))
-}
-
 /// The public answer of one attempt made by a lock's own code: taken, or [`LockError::Held`].
 pub(crate) fn taken_or_held(key: &str, attempt: Result<Option<Lease>>) -> Result<Lease> {
     attempt?.ok_or_else(|| LockError::Held {
@@ -524,14 +513,15 @@ pub(crate) fn taken_or_held(key: &str, attempt: Result<Option<Lease>>) -> Result
 }
 
 /// `try_lock`, `lock` and `try_lock_for` of a lock of this crate, written inside its
-/// `impl DistributedLock`: one attempt ([`acquire_once`]), or the lock's blocking acquire
+/// `impl DistributedLock`: one attempt (`try_acquire`), or the lock's blocking acquire
 /// `|this, attempts| …` (a [`LockGuard`] of `this`) given the attempts of its retry policy, or
 /// the policy's sleeps within the caller's wait. A macro, not default methods: a default body
 /// cannot make the guard's `&dyn DistributedLock` of a `Self` that may be unsized.
 macro_rules! guard_methods {
     (|$this:ident, $attempts:ident| $blocking:expr) => {
         fn try_lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-            $crate::lock::acquire_once(self)
+            let lease = $crate::lock::DistributedLock::try_acquire(self)?;
+            Ok($crate::lock::LockGuard::new(self, lease))
         }
 
         fn lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
