@@ -278,14 +278,11 @@ impl LockError {
     /// `Display` too, and no cause is written twice.
     pub fn report(&self) -> String {
         let mut out = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(c) = cause {
-            let text = c.to_string();
-            if !text.is_empty() && !out.contains(text.as_str()) {
-                out.push_str(": ");
-                out.push_str(&text);
+        for cause in std::iter::successors(std::error::Error::source(self), |c| c.source()) {
+            let text = cause.to_string();
+            if !text.is_empty() && !out.contains(&text) {
+                out = format!("{out}: {text}");
             }
-            cause = c.source();
         }
         out
     }

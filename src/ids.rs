@@ -23,22 +23,26 @@ pub(crate) const VALUE_CAPACITY: usize = 136;
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    /// This thread's number: process-unique, assigned on first use, never reused.
-    static THREAD_NUM: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+    /// This thread's number (process-unique, assigned on first use, never reused) and its
+    /// decimal digits, as owner ids write it.
+    static THREAD: (u64, String) = {
+        let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+        (n, n.to_string())
+    };
 }
 
 /// The calling thread's number in owner ids.
 pub(crate) fn thread_num() -> u64 {
-    THREAD_NUM.with(|n| *n)
+    THREAD.with(|t| t.0)
 }
 
 /// True when `owner` (`<instance>:<thread>`) names the calling thread.
 pub(crate) fn names_this_thread(owner: &[u8]) -> bool {
-    let mut digits = [0u8; 20];
-    let digits = decimal(thread_num(), &mut digits);
-    owner
-        .strip_suffix(digits)
-        .is_some_and(|rest| rest.ends_with(b":"))
+    THREAD.with(|(_, digits)| {
+        owner
+            .strip_suffix(digits.as_bytes())
+            .is_some_and(|rest| rest.ends_with(b":"))
+    })
 }
 
 /// A random version-4 UUID in text form, e.g. `8743c9c0-0795-4907-87fd-6c719a6b4586`.
@@ -95,9 +99,7 @@ pub(crate) struct OwnerId(Inline);
 impl OwnerId {
     /// The calling thread's owner id for the client with instance id `instance`.
     pub(crate) fn new(instance: &str) -> Self {
-        let mut digits = [0u8; 20];
-        let digits = decimal(thread_num(), &mut digits);
-        OwnerId(Inline::new(&[instance.as_bytes(), b":", digits]))
+        THREAD.with(|(_, n)| OwnerId(Inline::new(&[instance.as_bytes(), b":", n.as_bytes()])))
     }
 
     /// The id as text.
@@ -121,19 +123,6 @@ impl std::fmt::Debug for OwnerId {
 impl std::fmt::Display for OwnerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// `n` in decimal ASCII, written at the end of `buf` (20 digits hold any `u64`).
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
     }
 }
 
@@ -188,13 +177,5 @@ mod tests {
         let there = std::thread::spawn(|| OwnerId::new("inst")).join().unwrap();
         assert!(!names_this_thread(there.as_bytes()));
         assert!(!names_this_thread(b"inst"));
-    }
-
-    #[test]
-    fn decimal_digits() {
-        for n in [0, 1, 9, 10, 12_345, u64::from(u32::MAX), u64::MAX] {
-            let mut buf = [0u8; 20];
-            assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
-        }
     }
 }
