@@ -26,10 +26,9 @@ pub struct Lease {
     /// This lease was found lost and counted in the client's stats.
     loss_noted: bool,
     /// How long before `valid_until` the hold counts as lost ([`loss_margin`] of the latest
-    /// grant's lifetime; zero for a validity that already has the drift taken off).
-    margin: Duration,
-    /// The validity has the drift taken off already (RedLock): no margin on renewals either.
-    drift_included: bool,
+    /// grant's lifetime); `None` for a validity that has the drift taken off already (RedLock):
+    /// no margin, on renewals either.
+    margin: Option<Duration>,
     /// The hold is its owner thread's (Reentrant, read-write lock): its guard stays there.
     thread_owned: bool,
 }
@@ -68,8 +67,7 @@ impl Lease {
             fence: None,
             watch: None,
             loss_noted: false,
-            margin: loss_margin(ttl),
-            drift_included: false,
+            margin: Some(loss_margin(ttl)),
             thread_owned: false,
         }
     }
@@ -94,8 +92,7 @@ impl Lease {
     /// The validity given (and given by every renewal) has the clock-drift allowance taken off
     /// already (RedLock's): [`is_lost`](Self::is_lost) adds no margin of its own.
     pub(crate) fn drift_included(mut self) -> Self {
-        self.margin = Duration::ZERO;
-        self.drift_included = true;
+        self.margin = None;
         self
     }
 
@@ -125,8 +122,8 @@ impl Lease {
             self.value = Inline::new(&[value]);
         }
         self.valid_until = crate::time::saturating_add(start, ttl);
-        if !self.drift_included {
-            self.margin = loss_margin(ttl);
+        if let Some(margin) = &mut self.margin {
+            *margin = loss_margin(ttl);
         }
         if let Some(w) = &self.watch {
             w.renewed(start, ttl);
@@ -189,7 +186,7 @@ impl Lease {
             // The lease's end itself if the clock cannot go back that far (a young process).
             None => self
                 .valid_until
-                .checked_sub(self.margin)
+                .checked_sub(self.margin.unwrap_or_default())
                 .unwrap_or(self.valid_until),
         }
     }
