@@ -214,17 +214,13 @@ pub trait ArcLockExt<L: DistributedLock + ?Sized> {
 
 impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
     fn lock_arc(&self) -> Result<OwnedLockGuard<L>> {
-        Ok(OwnedLockGuard::new(
-            Arc::clone(self),
-            self.lock()?.into_lease(),
-        ))
+        let lease = self.lock()?.into_lease();
+        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
     }
 
     fn try_lock_arc(&self) -> Result<OwnedLockGuard<L>> {
-        Ok(OwnedLockGuard::new(
-            Arc::clone(self),
-            self.try_lock()?.into_lease(),
-        ))
+        let lease = self.try_lock()?.into_lease();
+        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
     }
 
     fn try_lock_arc_for(&self, wait: Duration) -> Result<OwnedLockGuard<L>> {
