@@ -278,14 +278,11 @@ impl LockError {
     /// `Display` too, and no cause is written twice.
     pub fn report(&self) -> String {
         let mut out = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(c) = cause {
-            let text = c.to_string();
-            if !text.is_empty() && !out.contains(text.as_str()) {
-                out.push_str(": ");
-                out.push_str(&text);
+        for cause in std::iter::successors(std::error::Error::source(self), |c| c.source()) {
+            let text = cause.to_string();
+            if !text.is_empty() && !out.contains(&text) {
+                out = format!("{out}: {text}");
             }
-            cause = c.source();
         }
         out
     }
@@ -554,18 +551,11 @@ pub(crate) struct Rounded(pub(crate) Duration);
 
 impl std::fmt::Display for Rounded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = self.0.as_millis();
-        if ms < 1_000 {
-            write!(f, "{ms} ms")
-        } else if ms < 10_000 {
-            let tenths = (ms + 50) / 100;
-            if tenths.is_multiple_of(10) {
-                write!(f, "{} s", tenths / 10)
-            } else {
-                write!(f, "{}.{} s", tenths / 10, tenths % 10)
-            }
-        } else {
-            write!(f, "{} s", (ms + 500) / 1_000)
+        match self.0.as_millis() {
+            ms @ 0..1_000 => write!(f, "{ms} ms"),
+            // Tenths, exact in an `f64`, which prints `1.5` or `2`.
+            ms @ 1_000..10_000 => write!(f, "{} s", ((ms + 50) / 100) as f64 / 10.0),
+            ms => write!(f, "{} s", (ms + 500) / 1_000),
         }
     }
 }

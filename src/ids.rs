@@ -23,22 +23,26 @@ pub(crate) const VALUE_CAPACITY: usize = 136;
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    /// This thread's number: process-unique, assigned on first use, never reused.
-    static THREAD_NUM: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+    /// This thread's number (process-unique, assigned on first use, never reused) and its
+    /// decimal digits, as owner ids write it.
+    static THREAD: (u64, String) = {
+        let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+        (n, n.to_string())
+    };
 }
 
 /// The calling thread's number in owner ids.
 pub(crate) fn thread_num() -> u64 {
-    THREAD_NUM.with(|n| *n)
+    THREAD.with(|t| t.0)
 }
 
 /// True when `owner` (`<instance>:<thread>`) names the calling thread.
 pub(crate) fn names_this_thread(owner: &[u8]) -> bool {
-    let mut digits = [0u8; 20];
-    let digits = decimal(thread_num(), &mut digits);
-    owner
-        .strip_suffix(digits)
-        .is_some_and(|rest| rest.ends_with(b":"))
+    THREAD.with(|(_, digits)| {
+        owner
+            .strip_suffix(digits.as_bytes())
+            .is_some_and(|rest| rest.ends_with(b":"))
+    })
 }
 
 /// A random version-4 UUID in text form, e.g. `8743c9c0-0795-4907-87fd-6c719a6b4586`.
@@ -55,67 +59,60 @@ pub(crate) fn owner_id(instance: &str) -> String {
     OwnerId::new(instance).as_str().to_owned()
 }
 
-/// Room for an owner id held inline: a 36-character UUID, `:` and a `u64` (20 digits) fit, as
-/// they fit a lease's value.
-const INLINE_CAPACITY: usize = VALUE_CAPACITY;
+/// Bytes held inline, without touching the heap (an owner value of a lease, an owner id): at
+/// most [`VALUE_CAPACITY`], which every value and id the crate writes fits (a longer one
+/// would be cut).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Inline {
+    buf: [u8; VALUE_CAPACITY],
+    len: u8,
+}
+
+impl Inline {
+    /// `parts`, one after the other.
+    pub(crate) fn new(parts: &[&[u8]]) -> Self {
+        let mut inline = Inline {
+            buf: [0; VALUE_CAPACITY],
+            len: 0,
+        };
+        for part in parts {
+            let (at, n) = (usize::from(inline.len), part.len());
+            let n = n.min(VALUE_CAPACITY - at);
+            inline.buf[at..at + n].copy_from_slice(&part[..n]);
+            // Fits: `at + n <= VALUE_CAPACITY` (136).
+            inline.len = (at + n) as u8;
+        }
+        inline
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
 
 /// The owner id of the calling thread, `<instance>:<thread number>`, built without touching the
 /// heap (it is built on every acquire and release of a reentrant lock). Same text as
-/// [`owner_id`].
-#[derive(Clone)]
-pub(crate) struct OwnerId(Repr);
-
-#[derive(Clone)]
-enum Repr {
-    /// The id is `buf[..len]`: always, for the UUID instance ids of clients.
-    Inline { buf: [u8; INLINE_CAPACITY], len: u8 },
-    /// An instance id too long to fit inline (none in practice; kept so that no id is ever cut).
-    Heap(String),
-}
+/// [`owner_id`]. Instance ids are UUIDs: the id always fits [`Inline`].
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct OwnerId(Inline);
 
 impl OwnerId {
     /// The calling thread's owner id for the client with instance id `instance`.
     pub(crate) fn new(instance: &str) -> Self {
-        let num = thread_num();
-        let mut buf = [0u8; INLINE_CAPACITY];
-        let mut digits = [0u8; 20];
-        let digits = decimal(num, &mut digits);
-        let len = instance.len() + 1 + digits.len();
-        if len > INLINE_CAPACITY {
-            return OwnerId(Repr::Heap(format!("{instance}:{num}")));
-        }
-        buf[..instance.len()].copy_from_slice(instance.as_bytes());
-        buf[instance.len()] = b':';
-        buf[instance.len() + 1..len].copy_from_slice(digits);
-        OwnerId(Repr::Inline {
-            buf,
-            // Fits: `len <= INLINE_CAPACITY` (64).
-            len: len as u8,
-        })
+        THREAD.with(|(_, n)| OwnerId(Inline::new(&[instance.as_bytes(), b":", n.as_bytes()])))
     }
 
     /// The id as text.
     pub(crate) fn as_str(&self) -> &str {
-        // Valid UTF-8: a `&str`, an ASCII ':' and ASCII digits, cut at their end.
+        // Valid UTF-8: a `&str`, an ASCII ':' and ASCII digits (a UUID is ASCII: never cut).
         std::str::from_utf8(self.as_bytes()).unwrap_or_default()
     }
 
     /// The id's bytes, as stored in a lease.
     pub(crate) fn as_bytes(&self) -> &[u8] {
-        match &self.0 {
-            Repr::Inline { buf, len } => &buf[..usize::from(*len)],
-            Repr::Heap(s) => s.as_bytes(),
-        }
+        self.0.as_bytes()
     }
 }
-
-impl PartialEq for OwnerId {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_bytes() == other.as_bytes()
-    }
-}
-
-impl Eq for OwnerId {}
 
 impl std::fmt::Debug for OwnerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -126,19 +123,6 @@ impl std::fmt::Debug for OwnerId {
 impl std::fmt::Display for OwnerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// `n` in decimal ASCII, written at the end of `buf` (20 digits hold any `u64`).
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
     }
 }
 
@@ -176,14 +160,14 @@ mod tests {
         let id = OwnerId::new(&u);
         assert_eq!(id.as_str(), format!("{u}:{}", thread_num()));
         assert_eq!(id.as_bytes(), id.as_str().as_bytes());
-        assert!(matches!(id.0, Repr::Inline { .. }));
         assert_eq!(id, OwnerId::new(&u));
         assert_eq!(id.to_string(), owner_id(&u));
-        let long = "x".repeat(INLINE_CAPACITY);
-        let heap = OwnerId::new(&long);
-        assert!(matches!(heap.0, Repr::Heap(_)));
-        assert_eq!(heap.as_str(), format!("{long}:{}", thread_num()));
-        assert_eq!(heap.as_bytes(), heap.as_str().as_bytes());
+        // Cut, never a panic, for an instance id no client has.
+        let long = "x".repeat(VALUE_CAPACITY);
+        assert_eq!(OwnerId::new(&long).as_str(), long);
+        let parts = Inline::new(&[b"ab", b"", b"c"]);
+        assert_eq!(parts.as_bytes(), b"abc");
+        assert!(parts == Inline::new(&[b"abc"]));
     }
 
     #[test]
@@ -193,13 +177,5 @@ mod tests {
         let there = std::thread::spawn(|| OwnerId::new("inst")).join().unwrap();
         assert!(!names_this_thread(there.as_bytes()));
         assert!(!names_this_thread(b"inst"));
-    }
-
-    #[test]
-    fn decimal_digits() {
-        for n in [0, 1, 9, 10, 12_345, u64::from(u32::MAX), u64::MAX] {
-            let mut buf = [0u8; 20];
-            assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
-        }
     }
 }

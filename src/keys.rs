@@ -82,16 +82,9 @@ pub(crate) fn aux_key(prefix: &str, key: &str) -> Result<String> {
 /// The smallest hexadecimal number whose text hashes to `slot` (as a hash tag): one exists
 /// below [`TAG_TRIES`] for every slot.
 fn tag_of_slot(slot: u16) -> Option<String> {
-    use std::fmt::Write as _;
-    let mut tag = String::with_capacity(8);
-    for n in 0..TAG_TRIES {
-        tag.clear();
-        let _ = write!(tag, "{n:x}");
-        if hash_slot(tag.as_bytes()) == slot {
-            return Some(tag);
-        }
-    }
-    None
+    (0..TAG_TRIES)
+        .map(|n| format!("{n:x}"))
+        .find(|tag| hash_slot(tag.as_bytes()) == slot)
 }
 
 /// The part of a key Redis Cluster hashes: the first `{…}` if non-empty, else the whole key.

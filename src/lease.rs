@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{LockError, Result};
-use crate::ids::VALUE_CAPACITY;
+use crate::ids::Inline;
 use crate::stats::Kind;
 
 /// One successful acquire: the owner value written to Redis, how long the hold is valid and,
@@ -18,8 +18,7 @@ use crate::stats::Kind;
 /// released: dropping every copy stops the renewals, and the hold then expires by itself.
 #[derive(Clone)]
 pub struct Lease {
-    value: [u8; VALUE_CAPACITY],
-    len: u8,
+    value: Inline,
     acquired_at: Instant,
     valid_until: Instant,
     fence: Option<u64>,
@@ -27,10 +26,9 @@ pub struct Lease {
     /// This lease was found lost and counted in the client's stats.
     loss_noted: bool,
     /// How long before `valid_until` the hold counts as lost ([`loss_margin`] of the latest
-    /// grant's lifetime; zero for a validity that already has the drift taken off).
-    margin: Duration,
-    /// The validity has the drift taken off already (RedLock): no margin on renewals either.
-    drift_included: bool,
+    /// grant's lifetime); `None` for a validity that has the drift taken off already (RedLock):
+    /// no margin, on renewals either.
+    margin: Option<Duration>,
     /// The hold is its owner thread's (Reentrant, read-write lock): its guard stays there.
     thread_owned: bool,
 }
@@ -62,19 +60,14 @@ impl Lease {
     /// A lease for `value`, valid for `ttl` from `start` (taken before the command was sent, so
     /// the validity errs on the short side).
     pub(crate) fn new(value: &[u8], start: Instant, ttl: Duration) -> Self {
-        let mut buf = [0u8; VALUE_CAPACITY];
-        let len = value.len().min(VALUE_CAPACITY);
-        buf[..len].copy_from_slice(&value[..len]);
         Lease {
-            value: buf,
-            len: len as u8,
+            value: Inline::new(&[value]),
             acquired_at: start,
             valid_until: crate::time::saturating_add(start, ttl),
             fence: None,
             watch: None,
             loss_noted: false,
-            margin: loss_margin(ttl),
-            drift_included: false,
+            margin: Some(loss_margin(ttl)),
             thread_owned: false,
         }
     }
@@ -99,8 +92,7 @@ impl Lease {
     /// The validity given (and given by every renewal) has the clock-drift allowance taken off
     /// already (RedLock's): [`is_lost`](Self::is_lost) adds no margin of its own.
     pub(crate) fn drift_included(mut self) -> Self {
-        self.margin = Duration::ZERO;
-        self.drift_included = true;
+        self.margin = None;
         self
     }
 
@@ -127,13 +119,11 @@ impl Lease {
     /// the stored value (Classic stores a new expiry).
     pub(crate) fn renew(&mut self, new_value: Option<&[u8]>, start: Instant, ttl: Duration) {
         if let Some(value) = new_value {
-            let fresh = Lease::new(value, start, ttl);
-            self.value = fresh.value;
-            self.len = fresh.len;
+            self.value = Inline::new(&[value]);
         }
         self.valid_until = crate::time::saturating_add(start, ttl);
-        if !self.drift_included {
-            self.margin = loss_margin(ttl);
+        if let Some(margin) = &mut self.margin {
+            *margin = loss_margin(ttl);
         }
         if let Some(w) = &self.watch {
             w.renewed(start, ttl);
@@ -142,7 +132,7 @@ impl Lease {
 
     /// The owner value stored at the key (a token, or a legacy expiry timestamp).
     pub fn value(&self) -> &[u8] {
-        &self.value[..usize::from(self.len)]
+        self.value.as_bytes()
     }
 
     /// When the lock was acquired (monotonic clock).
@@ -193,7 +183,11 @@ impl Lease {
     pub fn loss_deadline(&self) -> Instant {
         match &self.watch {
             Some(w) => w.loss_deadline(),
-            None => sub(self.valid_until, self.margin),
+            // The lease's end itself if the clock cannot go back that far (a young process).
+            None => self
+                .valid_until
+                .checked_sub(self.margin.unwrap_or_default())
+                .unwrap_or(self.valid_until),
         }
     }
 
@@ -289,11 +283,6 @@ static ZERO_LOSS_MARGIN: AtomicBool = AtomicBool::new(false);
 #[cfg(feature = "test-hooks")]
 pub fn set_zero_loss_margin(zero: bool) {
     ZERO_LOSS_MARGIN.store(zero, Ordering::Relaxed);
-}
-
-/// `t - d`, or `t` itself if the clock cannot go back that far (a process younger than `d`).
-fn sub(t: Instant, d: Duration) -> Instant {
-    t.checked_sub(d).unwrap_or(t)
 }
 
 /// The safety margin a won acquire must leave: the larger of the time its reply took and a
@@ -444,8 +433,7 @@ pub(crate) struct WatchState {
     key: Arc<str>,
     kind: RenewKind,
     /// The owner value, inline (no allocation per hold beyond the state itself).
-    value: [u8; VALUE_CAPACITY],
-    value_len: u8,
+    value: Inline,
     lease: Duration,
     /// Base of `valid_until_ns`.
     base: Instant,
@@ -461,18 +449,6 @@ pub(crate) struct WatchState {
     on_lost: Option<LostCallback>,
 }
 
-impl fmt::Debug for WatchState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WatchState")
-            .field("key", &self.key)
-            .field("kind", &self.kind)
-            .field("lease", &self.lease)
-            .field("lost", &self.lost.load(Ordering::Relaxed))
-            .field("stopped", &self.stopped.load(Ordering::Relaxed))
-            .finish()
-    }
-}
-
 impl WatchState {
     /// The state of a hold of `key` by `value`, acquired with `lease` from `start` (taken
     /// before the acquire was sent).
@@ -484,14 +460,10 @@ impl WatchState {
         start: Instant,
         on_lost: Option<LostCallback>,
     ) -> Arc<Self> {
-        let mut inline = [0u8; VALUE_CAPACITY];
-        let len = value.len().min(VALUE_CAPACITY);
-        inline[..len].copy_from_slice(&value[..len]);
         Arc::new(WatchState {
             key: key.into(),
             kind,
-            value: inline,
-            value_len: len as u8,
+            value: Inline::new(&[value]),
             lease,
             base: start,
             valid_until_ns: AtomicU64::new(nanos(lease)),
@@ -512,7 +484,7 @@ impl WatchState {
     }
 
     pub(crate) fn value(&self) -> &[u8] {
-        &self.value[..usize::from(self.value_len)]
+        self.value.as_bytes()
     }
 
     /// The lease each renewal grants.
@@ -565,7 +537,8 @@ impl WatchState {
     /// (see [`Lease::loss_deadline`]).
     pub(crate) fn loss_deadline(&self) -> Instant {
         let margin = Duration::from_nanos(self.margin_ns.load(Ordering::Acquire));
-        sub(self.valid_until(), margin)
+        let end = self.valid_until();
+        end.checked_sub(margin).unwrap_or(end)
     }
 
     /// Lost: marked so by the watchdog, or past its loss deadline by the local clock.

@@ -115,7 +115,7 @@ pub(crate) use client::MAX_CLIENT_TIMEOUT;
 pub use error::{LockError, Result};
 pub use lease::{Lease, LossReason, LostLock};
 pub use lock::{
-    ArcLockExt, DistributedLock, GuardNoSend, GuardSend, LockAdmin, LockGuard, LockState,
+    ArcLockExt, DistributedLock, Guard, GuardNoSend, GuardSend, LockAdmin, LockGuard, LockState,
     OwnedLockGuard,
 };
 /// The `r2d2` crate of [`LockClient::from_pool`] and [`LockClient::pool_state`].

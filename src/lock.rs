@@ -230,9 +230,10 @@ impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
 }
 
 /// A held lock that owns an `Arc` of its lock ([`ArcLockExt`]); releases it when dropped, like
-/// [`LockGuard`]. `M` says whether it may leave its thread, as for [`LockGuard`]: not by
-/// default ([`GuardNoSend`]); [`into_send`](Self::into_send) gives the [`GuardSend`] form for a
-/// hold that is not the thread's.
+/// [`LockGuard`]: the same [`Guard`], with an `Arc` where [`LockGuard`] has a reference. `M`
+/// says whether it may leave its thread, as for [`LockGuard`]: not by default
+/// ([`GuardNoSend`]); [`into_send`](Guard::into_send) gives the [`GuardSend`] form for a hold
+/// that is not the thread's.
 ///
 /// ```compile_fail
 /// # fn f(lock: std::sync::Arc<redis_dlock::ReentrantLock>) -> redis_dlock::Result<()> {
@@ -241,129 +242,117 @@ impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
 /// std::thread::spawn(move || drop(guard)); // error: the guard is not `Send`
 /// # Ok(()) }
 /// ```
+pub type OwnedLockGuard<L = dyn DistributedLock, M = GuardNoSend> = Guard<Arc<L>, M>;
+
+/// A held lock; releases it when dropped.
+///
+/// Dropping releases with an owner check and logs the outcome (a release error or a lost lock is
+/// logged, never a panic). Call [`unlock`](Guard::unlock) to see the result instead.
+///
+/// **Threads.** Some holds belong to the thread that took them: those of
+/// [`Strategy::Reentrant`](crate::Strategy::Reentrant) and of the read-write lock, whose owner
+/// is `<instance>:<thread>` (as Redisson's, whose locks belong to their thread). That thread
+/// re-enters while it holds the lock, so a guard that went to another thread would let the
+/// first thread in again while the second works under the lock. So a guard is not `Send`, as
+/// std's `MutexGuard` and `parking_lot`'s guards are not:
+///
+/// ```compile_fail
+/// # fn f(rw: redis_dlock::ReadWriteLock) -> redis_dlock::Result<()> {
+/// use redis_dlock::DistributedLock;
+/// let guard = rw.write_lock().lock()?;
+/// std::thread::scope(|s| {
+///     s.spawn(move || drop(guard)); // error: the guard is not `Send`
+/// });
+/// # Ok(()) }
+/// ```
+///
+/// The holds of the other strategies (Token, Classic, Fair, Spring, ShedLock, RedLock) are
+/// their stored value's, whichever thread has it: [`into_send`](Guard::into_send) turns their
+/// guard into a `LockGuard<'_, GuardSend>`, which is `Send`, and gives a thread-owned one back
+/// as it is. The strategy of a [`Lock`](crate::Lock) or a `dyn DistributedLock` is known at run
+/// time only, so the check is made there, on the hold ([`Lease::is_thread_owned`]).
+pub type LockGuard<'a, M = GuardNoSend> = Guard<&'a dyn DistributedLock, M>;
+
+/// What both guard kinds are and do: a lease of the lock reached through `R` (a reference for
+/// [`LockGuard`], an `Arc` for [`OwnedLockGuard`]), released when the guard is dropped unless
+/// it was unlocked or given up first. Named by those two aliases; see [`LockGuard`].
 #[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct OwnedLockGuard<L: DistributedLock + ?Sized = dyn DistributedLock, M = GuardNoSend> {
-    held: Held<Arc<L>>,
+pub struct Guard<R: Deref<Target: DistributedLock>, M = GuardNoSend> {
+    lock: R,
+    lease: Lease,
+    /// Cleared by `unlock` and `into_lease`, so that the guard's drop releases nothing.
+    armed: bool,
     marker: PhantomData<M>,
 }
 
-impl<L: DistributedLock + ?Sized, M> fmt::Debug for OwnedLockGuard<L, M> {
+impl<R: Deref<Target: DistributedLock>, M> fmt::Debug for Guard<R, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.held.debug("OwnedLockGuard", f)
+        f.debug_struct("LockGuard")
+            .field("key", &self.lock.key())
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+impl<'a> LockGuard<'a> {
+    /// Wraps a fresh lease of `lock`. The guard stays on the calling thread: see
+    /// [`into_send`](Guard::into_send). Build the guard of a thread-owned lease
+    /// ([`Lease::is_thread_owned`]: Reentrant, read-write) on the thread that took it: a
+    /// Reentrant release elsewhere is refused, and a guard of a thread's hold on another
+    /// thread breaks the thread's exclusion; a guard built elsewhere logs a warning.
+    pub fn new(lock: &'a dyn DistributedLock, lease: Lease) -> Self {
+        Guard::wrap(lock, lease)
     }
 }
 
 impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
-    /// Wraps a fresh lease of `lock`. The guard stays on the calling thread: see
-    /// [`into_send`](Self::into_send). Build the guard of a thread-owned lease
-    /// ([`Lease::is_thread_owned`]: Reentrant, read-write) on the thread that took it: a
-    /// Reentrant release elsewhere is refused, and a guard of a thread's hold on another
-    /// thread breaks the thread's exclusion; a guard built elsewhere logs a warning.
+    /// Wraps a fresh lease of `lock`, as [`LockGuard::new`].
     pub fn new(lock: Arc<L>, lease: Lease) -> Self {
-        OwnedLockGuard {
-            held: Held::new(lock, lease),
-            marker: PhantomData,
-        }
-    }
-
-    /// The same guard in a form that may be sent to another thread, if the hold is not the
-    /// thread's ([`Lease::is_thread_owned`]); otherwise the guard back, unchanged. See
-    /// [`LockGuard::into_send`].
-    // The guard itself comes back on refusal, as from `Arc::try_unwrap`: boxing it would
-    // allocate for every caller.
-    #[allow(clippy::result_large_err)]
-    pub fn into_send(mut self) -> std::result::Result<OwnedLockGuard<L, GuardSend>, Self> {
-        if self.held.lease.is_thread_owned() {
-            return Err(self);
-        }
-        Ok(OwnedLockGuard {
-            held: self.held.hand_over(),
-            marker: PhantomData,
-        })
+        Guard::wrap(lock, lease)
     }
 }
 
 impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
     /// The lock this guard holds.
     pub fn lock(&self) -> &Arc<L> {
-        &self.held.lock
-    }
-
-    /// The lock key.
-    pub fn key(&self) -> &str {
-        self.held.lock.key()
-    }
-
-    /// The lease behind the guard (value, validity, fencing token).
-    pub fn lease(&self) -> &Lease {
-        &self.held.lease
-    }
-
-    /// The fencing token of this hold, if the lock was built with fencing.
-    pub fn fence(&self) -> Option<u64> {
-        self.held.lease.fence()
-    }
-
-    /// Time left before the hold expires, by the local clock.
-    pub fn remaining(&self) -> Duration {
-        self.held.lease.remaining()
-    }
-
-    /// True once the hold must be taken as lost, without a round trip: see [`Lease::is_lost`].
-    pub fn is_lost(&self) -> bool {
-        self.held.lease.is_lost()
-    }
-
-    /// Asks Redis whether the lock is still ours and within its lifetime.
-    pub fn is_held(&self) -> Result<bool> {
-        self.held.lock.is_held(&self.held.lease)
-    }
-
-    /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise; see
-    /// [`LockGuard::check`].
-    pub fn check(&self) -> Result<()> {
-        self.held.check()
-    }
-
-    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
-    /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
-    pub fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.held.lock.extend(&mut self.held.lease, ttl)
-    }
-
-    /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost.
-    pub fn unlock(mut self) -> Result<bool> {
-        self.held.unlock()
-    }
-
-    /// Gives up the guard without releasing; see [`LockGuard::into_lease`].
-    pub fn into_lease(mut self) -> Lease {
-        self.held.give_up()
+        &self.lock
     }
 }
 
-impl<L: DistributedLock + ?Sized, M> Drop for OwnedLockGuard<L, M> {
-    fn drop(&mut self) {
-        self.held.release_on_drop();
+impl<R: Deref<Target: DistributedLock>> Guard<R> {
+    /// The same guard in a form that may be sent to another thread (`Send`), if the hold is
+    /// not the thread's ([`Lease::is_thread_owned`]: Token, Classic, Fair, Spring, ShedLock,
+    /// RedLock); otherwise (Reentrant, read-write lock) the guard back, unchanged, still
+    /// holding the lock. Costs no round trip.
+    ///
+    /// ```no_run
+    /// use redis_dlock::{DistributedLock, LockClient};
+    /// # fn main() -> Result<(), redis_dlock::LockError> {
+    /// let client = LockClient::open("redis://127.0.0.1:6379/")?;
+    /// let lock = client.lock("jobs:import").build()?; // Token
+    /// let guard = lock.lock()?.into_send().expect("a Token hold is not the thread's");
+    /// std::thread::scope(|s| {
+    ///     s.spawn(move || guard.unlock()).join().expect("worker")
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    // The guard itself comes back on refusal, as from `Arc::try_unwrap`: boxing it would
+    // allocate for every caller.
+    #[allow(clippy::result_large_err)]
+    pub fn into_send(mut self) -> std::result::Result<Guard<R, GuardSend>, Self>
+    where
+        R: Clone,
+    {
+        if self.lease.is_thread_owned() {
+            return Err(self);
+        }
+        // The lease is cloned, as for `into_lease`; a watched hold's renewals follow the clone.
+        Ok(Guard::wrap(self.lock.clone(), self.give_up()))
     }
 }
 
-/// What both guard kinds are and do: a lease of the lock reached through `R` (a reference for
-/// [`LockGuard`], an `Arc` for [`OwnedLockGuard`]), released when the guard is dropped unless
-/// it was unlocked or given up first. The guards wrap it for their own signatures and docs.
-struct Held<R> {
-    lock: R,
-    lease: Lease,
-    /// Cleared by `unlock` and `give_up`, so that the guard's drop releases nothing.
-    armed: bool,
-}
-
-impl<R> Held<R>
-where
-    R: Deref,
-    R::Target: DistributedLock,
-{
-    fn new(lock: R, lease: Lease) -> Self {
+impl<R: Deref<Target: DistributedLock>, M> Guard<R, M> {
+    fn wrap(lock: R, lease: Lease) -> Self {
         if lease.is_thread_owned() && !crate::ids::names_this_thread(lease.value()) {
             // Not refused (the constructors return the guard): its release will be refused
             // or will not know the owner's count; the caller learns of it here.
@@ -374,15 +363,65 @@ where
                 crate::lease::printable(lease.value())
             );
         }
-        Held {
+        Guard {
             lock,
             lease,
             armed: true,
+            marker: PhantomData,
         }
     }
 
-    /// A hold already known lost fails without a round trip; otherwise Redis is asked.
-    fn check(&self) -> Result<()> {
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        self.lock.key()
+    }
+
+    /// The owner value stored at the key.
+    pub fn value(&self) -> &[u8] {
+        self.lease.value()
+    }
+
+    /// The monotonic instant until which the hold is valid.
+    pub fn valid_until(&self) -> Instant {
+        self.lease.valid_until()
+    }
+
+    /// Time left before the hold expires, by the local clock.
+    pub fn remaining(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// True once the lifetime has passed by the local clock (no round trip).
+    pub fn is_expired(&self) -> bool {
+        self.lease.is_expired()
+    }
+
+    /// The lease behind the guard (value, validity, fencing token).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The fencing token of this hold (locks built with
+    /// [`fencing`](crate::LockBuilder::fencing)); pass it to the resource the lock protects.
+    pub fn fence(&self) -> Option<u64> {
+        self.lease.fence()
+    }
+
+    /// True once the hold must be taken as lost, without a round trip: see [`Lease::is_lost`].
+    /// For a watched lock this is how the watchdog tells the holder that renewal failed.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// Asks Redis whether the lock is still ours and within its lifetime.
+    pub fn is_held(&self) -> Result<bool> {
+        self.lock.is_held(&self.lease)
+    }
+
+    /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise: for `guard.check()?`
+    /// before a step that must run under the lock. A hold already known lost
+    /// ([`is_lost`](Self::is_lost)) fails without a round trip; otherwise Redis is asked.
+    pub fn check(&self) -> Result<()> {
         if !self.lease.is_lost() && self.lock.is_held(&self.lease)? {
             Ok(())
         } else {
@@ -390,31 +429,39 @@ where
         }
     }
 
-    fn unlock(&mut self) -> Result<bool> {
+    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
+    /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
+    pub fn extend(&mut self, ttl: Duration) -> Result<()> {
+        self.lock.extend(&mut self.lease, ttl)
+    }
+
+    /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost
+    /// (expired, or taken over by another owner), in which case no other owner's lock was deleted.
+    pub fn unlock(mut self) -> Result<bool> {
         self.armed = false;
         self.lock.release(&self.lease)
     }
 
-    /// `into_lease`: the lease is cloned, as the guard (which implements `Drop`) cannot give
-    /// its own away.
+    /// Gives up the guard without releasing: the hold stays until it expires or
+    /// [`DistributedLock::release`] is called with the returned lease. A watched hold stays
+    /// renewed while the returned lease (or a clone) lives.
+    pub fn into_lease(mut self) -> Lease {
+        self.give_up()
+    }
+
+    /// Disarms the guard and clones its lease, as the guard (which implements `Drop`) cannot
+    /// give its own away.
     fn give_up(&mut self) -> Lease {
         self.armed = false;
         self.lease.clone()
     }
+}
 
-    /// The same hold for another guard (`into_send`): this one is disarmed. The lease is
-    /// cloned, as for `give_up`; a watched hold's renewals follow the clone.
-    fn hand_over(&mut self) -> Held<R>
-    where
-        R: Clone,
-    {
-        Held::new(self.lock.clone(), self.give_up())
-    }
-
-    /// The guard's drop, unless disarmed: stop renewals even if the release fails, then
-    /// release owner-checked. Nobody sees the outcome, so a failure and a loss are logged here
-    /// (`release` itself returns them without a warning).
-    fn release_on_drop(&mut self) {
+/// The guard's drop, unless disarmed: stop renewals even if the release fails, then release
+/// owner-checked. Nobody sees the outcome, so a failure and a loss are logged here (`release`
+/// itself returns them without a warning).
+impl<R: Deref<Target: DistributedLock>, M> Drop for Guard<R, M> {
+    fn drop(&mut self) {
         if !self.armed {
             return;
         }
@@ -440,14 +487,6 @@ where
             ),
         }
     }
-
-    /// The guard's `Debug`, under the guard's `name`.
-    fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct(name)
-            .field("key", &self.lock.key())
-            .field("lease", &self.lease)
-            .finish()
-    }
 }
 
 /// Marker of a guard that stays on the thread that took its hold: the guard is not `Send`, as
@@ -458,176 +497,9 @@ where
 pub struct GuardNoSend(PhantomData<std::sync::MutexGuard<'static, ()>>);
 
 /// Marker of a guard that may be sent to another thread (`lock_api`'s `GuardSend`): what
-/// [`LockGuard::into_send`] gives for a hold that is not the thread's.
+/// [`into_send`](Guard::into_send) gives for a hold that is not the thread's.
 #[derive(Debug, Clone, Copy)]
 pub struct GuardSend(());
-
-/// A held lock; releases it when dropped.
-///
-/// Dropping releases with an owner check and logs the outcome (a release error or a lost lock is
-/// logged, never a panic). Call [`unlock`](Self::unlock) to see the result instead.
-///
-/// **Threads.** Some holds belong to the thread that took them: those of
-/// [`Strategy::Reentrant`](crate::Strategy::Reentrant) and of the read-write lock, whose owner
-/// is `<instance>:<thread>` (as Redisson's, whose locks belong to their thread). That thread
-/// re-enters while it holds the lock, so a guard that went to another thread would let the
-/// first thread in again while the second works under the lock. So a guard is not `Send`, as
-/// std's `MutexGuard` and `parking_lot`'s guards are not:
-///
-/// ```compile_fail
-/// # fn f(rw: redis_dlock::ReadWriteLock) -> redis_dlock::Result<()> {
-/// use redis_dlock::DistributedLock;
-/// let guard = rw.write_lock().lock()?;
-/// std::thread::scope(|s| {
-///     s.spawn(move || drop(guard)); // error: the guard is not `Send`
-/// });
-/// # Ok(()) }
-/// ```
-///
-/// The holds of the other strategies (Token, Classic, Fair, Spring, ShedLock, RedLock) are
-/// their stored value's, whichever thread has it: [`into_send`](Self::into_send) turns their
-/// guard into a `LockGuard<'_, GuardSend>`, which is `Send`, and gives a thread-owned one back
-/// as it is. The strategy of a [`Lock`](crate::Lock) or a `dyn DistributedLock` is known at run
-/// time only, so the check is made there, on the hold ([`Lease::is_thread_owned`]).
-#[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct LockGuard<'a, M = GuardNoSend> {
-    held: Held<&'a dyn DistributedLock>,
-    marker: PhantomData<M>,
-}
-
-impl<M> fmt::Debug for LockGuard<'_, M> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.held.debug("LockGuard", f)
-    }
-}
-
-impl<'a> LockGuard<'a> {
-    /// Wraps a fresh lease of `lock`. The guard stays on the calling thread: see
-    /// [`into_send`](Self::into_send). Build the guard of a thread-owned lease
-    /// ([`Lease::is_thread_owned`]: Reentrant, read-write) on the thread that took it (see
-    /// [`OwnedLockGuard::new`]); a guard built elsewhere logs a warning.
-    pub fn new(lock: &'a dyn DistributedLock, lease: Lease) -> Self {
-        LockGuard {
-            held: Held::new(lock, lease),
-            marker: PhantomData,
-        }
-    }
-
-    /// The same guard in a form that may be sent to another thread (`Send`), if the hold is
-    /// not the thread's ([`Lease::is_thread_owned`]: Token, Classic, Fair, Spring, ShedLock,
-    /// RedLock); otherwise (Reentrant, read-write lock) the guard back, unchanged, still
-    /// holding the lock. Costs no round trip.
-    ///
-    /// ```no_run
-    /// use redis_dlock::{DistributedLock, LockClient};
-    /// # fn main() -> Result<(), redis_dlock::LockError> {
-    /// let client = LockClient::open("redis://127.0.0.1:6379/")?;
-    /// let lock = client.lock("jobs:import").build()?; // Token
-    /// let guard = lock.lock()?.into_send().expect("a Token hold is not the thread's");
-    /// std::thread::scope(|s| {
-    ///     s.spawn(move || guard.unlock()).join().expect("worker")
-    /// })?;
-    /// # Ok(()) }
-    /// ```
-    // The guard itself comes back on refusal, as from `Arc::try_unwrap`: boxing it would
-    // allocate for every caller.
-    #[allow(clippy::result_large_err)]
-    pub fn into_send(mut self) -> std::result::Result<LockGuard<'a, GuardSend>, Self> {
-        if self.held.lease.is_thread_owned() {
-            return Err(self);
-        }
-        Ok(LockGuard {
-            held: self.held.hand_over(),
-            marker: PhantomData,
-        })
-    }
-}
-
-impl<'a, M> LockGuard<'a, M> {
-    /// The lock key.
-    pub fn key(&self) -> &str {
-        self.held.lock.key()
-    }
-
-    /// The owner value stored at the key.
-    pub fn value(&self) -> &[u8] {
-        self.held.lease.value()
-    }
-
-    /// The monotonic instant until which the hold is valid.
-    pub fn valid_until(&self) -> Instant {
-        self.held.lease.valid_until()
-    }
-
-    /// Time left before the hold expires.
-    pub fn remaining(&self) -> Duration {
-        self.held.lease.remaining()
-    }
-
-    /// True once the lifetime has passed by the local clock (no round trip).
-    pub fn is_expired(&self) -> bool {
-        self.held.lease.is_expired()
-    }
-
-    /// The lease behind the guard.
-    pub fn lease(&self) -> &Lease {
-        &self.held.lease
-    }
-
-    /// The fencing token of this hold (locks built with
-    /// [`fencing`](crate::LockBuilder::fencing)); pass it to the resource the lock protects.
-    pub fn fence(&self) -> Option<u64> {
-        self.held.lease.fence()
-    }
-
-    /// True once the hold must be taken as lost, without a round trip: see [`Lease::is_lost`].
-    /// For a watched lock this is how the watchdog tells the holder that renewal failed.
-    pub fn is_lost(&self) -> bool {
-        self.held.lease.is_lost()
-    }
-
-    /// Asks Redis whether the lock is still ours and within its lifetime.
-    pub fn is_held(&self) -> Result<bool> {
-        self.held.lock.is_held(&self.held.lease)
-    }
-
-    /// `Ok(())` while the lock is ours, [`LockError::Lost`] otherwise: for `guard.check()?`
-    /// before a step that must run under the lock. A hold already known lost
-    /// ([`is_lost`](Self::is_lost)) fails without a round trip; otherwise Redis is asked.
-    pub fn check(&self) -> Result<()> {
-        self.held.check()
-    }
-
-    /// Extends the hold to `ttl` from now; [`LockError::Lost`] if it is no longer ours. `ttl`
-    /// replaces the time left, it is not added to it (see [`DistributedLock::extend`]).
-    pub fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.held.lock.extend(&mut self.held.lease, ttl)
-    }
-
-    /// Releases the lock now: `Ok(true)` if it was still ours, `Ok(false)` if it had been lost
-    /// (expired, or taken over by another owner), in which case no other owner's lock was deleted.
-    pub fn unlock(mut self) -> Result<bool> {
-        self.held.unlock()
-    }
-
-    /// Gives up the guard without releasing: the hold stays until it expires or
-    /// [`DistributedLock::release`] is called with the returned lease. A watched hold stays
-    /// renewed while the returned lease (or a clone) lives.
-    pub fn into_lease(mut self) -> Lease {
-        self.held.give_up()
-    }
-}
-
-impl<M> Drop for LockGuard<'_, M> {
-    fn drop(&mut self) {
-        self.held.release_on_drop();
-    }
-}
-
-/// `try_lock` in terms of `try_acquire`.
-pub(crate) fn acquire_once<L: DistributedLock>(lock: &L) -> Result<LockGuard<'_>> {
-    lock.try_acquire().map(|lease| LockGuard::new(lock, lease))
-}
 
 /// The public answer of one attempt made by a lock's own code: taken, or [`LockError::Held`].
 pub(crate) fn taken_or_held(key: &str, attempt: Result<Option<Lease>>) -> Result<Lease> {
@@ -637,14 +509,15 @@ pub(crate) fn taken_or_held(key: &str, attempt: Result<Option<Lease>>) -> Result
 }
 
 /// `try_lock`, `lock` and `try_lock_for` of a lock of this crate, written inside its
-/// `impl DistributedLock`: one attempt ([`acquire_once`]), or the lock's blocking acquire
+/// `impl DistributedLock`: one attempt (`try_acquire`), or the lock's blocking acquire
 /// `|this, attempts| …` (a [`LockGuard`] of `this`) given the attempts of its retry policy, or
 /// the policy's sleeps within the caller's wait. A macro, not default methods: a default body
 /// cannot make the guard's `&dyn DistributedLock` of a `Self` that may be unsized.
 macro_rules! guard_methods {
     (|$this:ident, $attempts:ident| $blocking:expr) => {
         fn try_lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-            $crate::lock::acquire_once(self)
+            let lease = $crate::lock::DistributedLock::try_acquire(self)?;
+            Ok($crate::lock::LockGuard::new(self, lease))
         }
 
         fn lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {

@@ -106,6 +106,16 @@ impl LuaScript {
         cmd
     }
 
+    /// Runs the script on one key with `args` (a tuple writes one ARGV per element).
+    pub(crate) fn eval<T: FromRedisValue>(
+        &self,
+        con: &mut dyn ConnectionLike,
+        key: &str,
+        args: impl ToRedisArgs,
+    ) -> RedisResult<T> {
+        self.eval_keys_after(con, &[key], args, false)
+    }
+
     /// Runs the script on several keys (all of one hash slot in a cluster) with `args`.
     pub(crate) fn eval_keys<T: FromRedisValue>(
         &self,
@@ -118,7 +128,9 @@ impl LuaScript {
 
     /// As [`eval_keys`](Self::eval_keys), with `PING` sent in front when `ping` (in the same
     /// round trip): the connection then has output in Redis before anything the script
-    /// publishes (see `FairLock`'s release). On `NOSCRIPT` only the `EVAL` is sent.
+    /// publishes (see `FairLock`'s release). On `NOSCRIPT` only the `EVAL` is sent. A script
+    /// with a shebang that the server refuses is sent without it if the server is older than
+    /// Redis 7 (see the module notes).
     pub(crate) fn eval_keys_after<T: FromRedisValue>(
         &self,
         con: &mut dyn ConnectionLike,
@@ -126,63 +138,54 @@ impl LuaScript {
         args: impl ToRedisArgs,
         ping: bool,
     ) -> RedisResult<T> {
+        let Some(plain) = &self.plain else {
+            return self.send(con, keys, &args, ping);
+        };
+        if plain.shebang_rejected.load(Ordering::Relaxed) {
+            return plain.script.send(con, keys, &args, ping);
+        }
+        match self.send(con, keys, &args, ping) {
+            Err(err) => {
+                let Some(version) = server::lacks(con, &err, Version::has_shebang) else {
+                    return Err(err);
+                };
+                log::info!(
+                    "lock {:?}: {version} does not take script flags (before Redis 7: {err}); \
+                     script {} is sent without them from now on",
+                    keys.first().unwrap_or(&""),
+                    self.name
+                );
+                plain.shebang_rejected.store(true, Ordering::Relaxed);
+                plain.script.send(con, keys, &args, ping)
+            }
+            ok => ok,
+        }
+    }
+
+    /// [`eval_keys_after`](Self::eval_keys_after) of this very text (no fallback).
+    fn send<T: FromRedisValue>(
+        &self,
+        con: &mut dyn ConnectionLike,
+        keys: &[&str],
+        args: &impl ToRedisArgs,
+        ping: bool,
+    ) -> RedisResult<T> {
         let first = if ping {
             let mut pipe = redis::pipe();
             pipe.cmd("PING")
                 .ignore()
-                .add_command(self.evalsha_keys(keys, &args));
+                .add_command(self.evalsha_keys(keys, args));
             pipe.query::<(T,)>(con).map(|(reply,)| reply)
         } else {
-            self.evalsha_keys(keys, &args).query(con)
+            self.evalsha_keys(keys, args).query(con)
         };
-        self.or_eval(con, keys, &args, first)
+        self.or_eval(con, keys, args, first)
     }
 
     /// The script's full text.
     #[cfg(any(test, feature = "bench-hooks"))]
     pub(crate) fn code(&self) -> &str {
         &self.code
-    }
-
-    /// Runs the script on one key with `args` (a tuple writes one ARGV per element).
-    pub(crate) fn eval<T: FromRedisValue>(
-        &self,
-        con: &mut dyn ConnectionLike,
-        key: &str,
-        args: impl ToRedisArgs,
-    ) -> RedisResult<T> {
-        let Some(plain) = &self.plain else {
-            return self.eval_one(con, key, &args);
-        };
-        if plain.shebang_rejected.load(Ordering::Relaxed) {
-            return plain.script.eval_one(con, key, &args);
-        }
-        match self.eval_one(con, key, &args) {
-            Err(err) => {
-                let Some(version) = server::lacks(con, &err, Version::has_shebang) else {
-                    return Err(err);
-                };
-                log::info!(
-                    "lock {key:?}: {version} does not take script flags (before Redis 7: \
-                     {err}); script {} is sent without them from now on",
-                    self.name
-                );
-                plain.shebang_rejected.store(true, Ordering::Relaxed);
-                plain.script.eval_one(con, key, &args)
-            }
-            ok => ok,
-        }
-    }
-
-    /// [`eval`](Self::eval) of this very text (no fallback).
-    fn eval_one<T: FromRedisValue>(
-        &self,
-        con: &mut dyn ConnectionLike,
-        key: &str,
-        args: &impl ToRedisArgs,
-    ) -> RedisResult<T> {
-        let first = self.evalsha(key, args).query(con);
-        self.or_eval(con, &[key], args, first)
     }
 
     /// [`eval`](Self::eval) with its `EVALSHA <sha> 1 key args…` packed by the caller
@@ -305,59 +308,50 @@ pub(crate) struct Scripts {
     pub(crate) fair_release: LuaScript,
 }
 
+/// The script `lua/<name>.lua`, named `name`.
+macro_rules! lua {
+    ($name:literal) => {
+        LuaScript::new($name, include_str!(concat!("../lua/", $name, ".lua")))
+    };
+}
+
 impl Scripts {
     /// The scripts for a server of `version`: without the shebangs before Redis 7 (`None`:
     /// not known; with them, see the module notes).
     pub(crate) fn for_server(version: Option<&Version>) -> Self {
-        let scripts = Scripts::new();
-        if version.is_some_and(|v| !v.has_shebang()) {
-            if let Some(plain) = &scripts.compare_and_set.plain {
-                plain.shebang_rejected.store(true, Ordering::Relaxed);
-            }
+        // Classic extend must rewrite the value (it is the expiry) even on a full server.
+        let compare_and_set = if version.is_some_and(|v| !v.has_shebang()) {
+            lua!("compare_and_set")
+        } else {
+            let code = include_str!("../lua/compare_and_set.lua");
+            LuaScript::allowing_oom("compare_and_set", code)
+        };
+        Scripts {
+            unlock: lua!("unlock"),
+            extend: lua!("extend"),
+            token_acquire: lua!("token_acquire"),
+            compare_and_set,
+            rw_acquire: lua!("rw_acquire"),
+            rw_release: lua!("rw_release"),
+            rw_extend: lua!("rw_extend"),
+            rw_held: lua!("rw_held"),
+            renew_batch: lua!("renew_batch"),
+            reentrant_acquire: lua!("reentrant_acquire"),
+            acl_check: lua!("acl_check"),
+            reentrant_release: lua!("reentrant_release"),
+            reentrant_extend: lua!("reentrant_extend"),
+            reentrant_forget: lua!("reentrant_forget"),
+            lock_state: lua!("lock_state"),
+            force_unlock: lua!("force_unlock"),
+            fair_acquire: lua!("fair_acquire"),
+            fair_release: lua!("fair_release"),
         }
-        scripts
     }
 
+    /// The scripts for a server of unknown version.
+    #[cfg(any(test, feature = "bench-hooks"))]
     pub(crate) fn new() -> Self {
-        Scripts {
-            unlock: LuaScript::new("unlock", include_str!("../lua/unlock.lua")),
-            extend: LuaScript::new("extend", include_str!("../lua/extend.lua")),
-            token_acquire: LuaScript::new(
-                "token_acquire",
-                include_str!("../lua/token_acquire.lua"),
-            ),
-            // Classic extend must rewrite the value (it is the expiry) even on a full server.
-            compare_and_set: LuaScript::allowing_oom(
-                "compare_and_set",
-                include_str!("../lua/compare_and_set.lua"),
-            ),
-            rw_acquire: LuaScript::new("rw_acquire", include_str!("../lua/rw_acquire.lua")),
-            rw_release: LuaScript::new("rw_release", include_str!("../lua/rw_release.lua")),
-            rw_extend: LuaScript::new("rw_extend", include_str!("../lua/rw_extend.lua")),
-            rw_held: LuaScript::new("rw_held", include_str!("../lua/rw_held.lua")),
-            renew_batch: LuaScript::new("renew_batch", include_str!("../lua/renew_batch.lua")),
-            reentrant_acquire: LuaScript::new(
-                "reentrant_acquire",
-                include_str!("../lua/reentrant_acquire.lua"),
-            ),
-            acl_check: LuaScript::new("acl_check", include_str!("../lua/acl_check.lua")),
-            reentrant_release: LuaScript::new(
-                "reentrant_release",
-                include_str!("../lua/reentrant_release.lua"),
-            ),
-            reentrant_extend: LuaScript::new(
-                "reentrant_extend",
-                include_str!("../lua/reentrant_extend.lua"),
-            ),
-            reentrant_forget: LuaScript::new(
-                "reentrant_forget",
-                include_str!("../lua/reentrant_forget.lua"),
-            ),
-            lock_state: LuaScript::new("lock_state", include_str!("../lua/lock_state.lua")),
-            force_unlock: LuaScript::new("force_unlock", include_str!("../lua/force_unlock.lua")),
-            fair_acquire: LuaScript::new("fair_acquire", include_str!("../lua/fair_acquire.lua")),
-            fair_release: LuaScript::new("fair_release", include_str!("../lua/fair_release.lua")),
-        }
+        Scripts::for_server(None)
     }
 }
 
@@ -397,8 +391,7 @@ mod tests {
         let sent_plain = |v: Option<&str>| {
             let version = v.and_then(|t| Version::from_info(&info(t)));
             let s = Scripts::for_server(version.as_ref());
-            let plain = s.compare_and_set.plain.as_ref().expect("a fallback");
-            plain.shebang_rejected.load(Ordering::Relaxed)
+            !s.compare_and_set.code().starts_with('#')
         };
         assert!(sent_plain(Some("redis_version:6.2.14\r\n")));
         assert!(!sent_plain(Some("redis_version:7.0.15\r\n")));

@@ -117,23 +117,20 @@ pub(crate) struct Counters {
     reconnects: AtomicU64,
 }
 
-/// Adds `n` to a counter, and reports it through `metrics` when that feature is on.
+/// Adds `n` to a counter, and reports it through `metrics` when that feature is on (with the
+/// `strategy` label of the kind, if given).
 macro_rules! count {
-    ($self:ident . $field:ident, $n:expr) => {{
+    ($self:ident . $field:ident, $n:expr $(, $kind:expr)?) => {{
         let n: u64 = $n;
         $self.$field.fetch_add(n, Ordering::Relaxed);
-        #[cfg(feature = "metrics")]
-        metrics::counter!(concat!("dlock_", stringify!($field), "_total")).increment(n);
-    }};
-    ($self:ident . $field:ident, $n:expr, $kind:expr) => {{
-        let n: u64 = $n;
-        $self.$field.fetch_add(n, Ordering::Relaxed);
-        #[cfg(not(feature = "metrics"))]
-        let _: Kind = $kind;
+        $(
+            #[cfg(not(feature = "metrics"))]
+            let _: Kind = $kind;
+        )?
         #[cfg(feature = "metrics")]
         metrics::counter!(
-            concat!("dlock_", stringify!($field), "_total"),
-            "strategy" => $kind.as_str()
+            concat!("dlock_", stringify!($field), "_total")
+            $(, "strategy" => $kind.as_str())?
         )
         .increment(n);
     }};
