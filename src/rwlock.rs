@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::acquire::Line;
-use crate::client::admin::{self, Detail};
+use crate::client::admin;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::sentinel_watch;
@@ -825,7 +825,7 @@ impl Shared {
 
     /// Locked in `mode`, as Redisson's `isLocked` of that side: the hash's field `mode`.
     fn state(&self, mode: Mode) -> Result<LockState> {
-        let found = admin::read(&self.client, &self.key, Detail::Mode)?;
+        let found = admin::read(&self.client, &self.key, "mode")?;
         let in_mode = found.detail.as_deref() == Some(mode.as_str().as_bytes());
         let state = found.plain(&self.key, "hash")?;
         Ok(if in_mode { state } else { LockState::Unlocked })

@@ -1,10 +1,7 @@
 //! [`ClientBuilder`]: what a [`LockClient`] connects to (a URL, Sentinels or Cluster seeds,
 //! TLS certificates) and its pool and timeout settings, checked when the client is built.
 
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
-use std::sync::atomic::AtomicUsize;
-#[cfg(feature = "cluster")]
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,16 +9,14 @@ use redis::{ConnectionAddr, RedisResult};
 
 use super::confirm::{Acks, ReplicaAcks};
 use super::native::Detected;
-#[cfg(feature = "cluster")]
-use super::pool::{cluster_retries, CLUSTER_TRIES};
 #[cfg(feature = "sentinel")]
-use super::pool::{master_info, sentinel_master_addr};
-use super::pool::{unreaped, ConnectErrors, Lazy, Manager, Pool, SharedErrors, Target};
+use super::pool::Sentinels;
+#[cfg(feature = "cluster")]
+use super::pool::{cluster_retries, CLUSTER_TRIES, SETUP_REPLIES};
+use super::pool::{unreaped, Lazy, Manager, Pool, Target};
 #[cfg(feature = "sentinel")]
 use super::sentinel_watch;
 use super::subscriber::Resolve;
-#[cfg(feature = "sentinel")]
-use super::switches::Switches;
 use super::target::ConnectionTarget;
 use super::{LockClient, MAX_CLIENT_TIMEOUT};
 use crate::error::{LockError, Result};
@@ -31,6 +26,8 @@ use crate::error::{LockError, Result};
 #[must_use]
 pub struct ClientBuilder {
     target: TargetSpec,
+    /// The server, the seeds or the Sentinels; a malformed URL is reported by `build`.
+    nodes: RedisResult<Vec<redis::ConnectionInfo>>,
     pool_size: u32,
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
@@ -47,7 +44,7 @@ impl std::fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The target as `host:port` only: a URL or connection info may carry a password.
         f.debug_struct("ClientBuilder")
-            .field("target", &self.target.describe())
+            .field("target", &self.describe())
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
@@ -103,18 +100,18 @@ impl LockClient {
             None,
             Arc::default(),
             Detected::scripts_only(),
-            Arc::new(Acks::new(
-                ReplicaAcks::Off,
-                ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
-                false,
-            )),
+            // No confirmation, so no `WAIT` bound.
+            Arc::new(Acks::new(ReplicaAcks::Off, Duration::ZERO, false)),
         )
     }
 
     /// A builder for one server, to tune the pool and timeouts; `target` as for
     /// [`open`](Self::open). A malformed URL is reported by [`ClientBuilder::build`].
     pub fn builder(target: impl ConnectionTarget) -> ClientBuilder {
-        ClientBuilder::new(TargetSpec::Single(target.into_target_info()))
+        ClientBuilder::new(
+            TargetSpec::Single,
+            target.into_target_info().map(|i| vec![i]),
+        )
     }
 
     #[cfg(feature = "cluster")]
@@ -131,7 +128,7 @@ impl LockClient {
     /// timeout replaces its pooled cluster connection before it returns (seeds tried for at
     /// most half the connect timeout). See `docs/deployments.md`.
     pub fn cluster_builder<S: ConnectionTarget + Clone>(nodes: &[S]) -> ClientBuilder {
-        ClientBuilder::new(TargetSpec::Cluster(targets(nodes)))
+        ClientBuilder::new(TargetSpec::Cluster, targets(nodes))
     }
 
     #[cfg(feature = "sentinel")]
@@ -154,10 +151,7 @@ impl LockClient {
         sentinels: &[S],
         service: &str,
     ) -> ClientBuilder {
-        ClientBuilder::new(TargetSpec::Sentinel {
-            sentinels: targets(sentinels),
-            service: service.to_owned(),
-        })
+        ClientBuilder::new(TargetSpec::Sentinel(service.to_owned()), targets(sentinels))
     }
 }
 
@@ -167,42 +161,15 @@ fn targets<S: ConnectionTarget + Clone>(nodes: &[S]) -> RedisResult<Vec<redis::C
     nodes.iter().map(|n| n.clone().into_target_info()).collect()
 }
 
+/// What a client connects to through its nodes: one server, a Cluster, or the master that
+/// the Sentinels name for a service.
 #[derive(Debug, Clone)]
 pub(super) enum TargetSpec {
-    /// One server; a malformed URL is reported by `build`, as for the others.
-    Single(RedisResult<redis::ConnectionInfo>),
+    Single,
     #[cfg(feature = "cluster")]
-    Cluster(RedisResult<Vec<redis::ConnectionInfo>>),
+    Cluster,
     #[cfg(feature = "sentinel")]
-    Sentinel {
-        sentinels: RedisResult<Vec<redis::ConnectionInfo>>,
-        service: String,
-    },
-}
-
-impl TargetSpec {
-    /// Where the client connects, for messages: `host:port` (no credentials).
-    fn describe(&self) -> String {
-        match self {
-            TargetSpec::Single(Ok(info)) => info.addr().to_string(),
-            TargetSpec::Single(Err(_)) => "an unparsable URL".to_owned(),
-            #[cfg(feature = "cluster")]
-            TargetSpec::Cluster(Err(_)) => "an unparsable URL".to_owned(),
-            #[cfg(feature = "cluster")]
-            TargetSpec::Cluster(Ok(nodes)) => format!(
-                "the cluster ({})",
-                nodes
-                    .iter()
-                    .map(|n| n.addr().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            #[cfg(feature = "sentinel")]
-            TargetSpec::Sentinel { service, .. } => {
-                format!("the master of Sentinel service {service:?}")
-            }
-        }
-    }
+    Sentinel(String),
 }
 
 impl ClientBuilder {
@@ -226,9 +193,10 @@ impl ClientBuilder {
     /// The longest handoff courtesy [`build`](Self::build) accepts: 1 s.
     pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
 
-    pub(super) fn new(target: TargetSpec) -> Self {
+    pub(super) fn new(target: TargetSpec, nodes: RedisResult<Vec<redis::ConnectionInfo>>) -> Self {
         ClientBuilder {
             target,
+            nodes,
             pool_size: Self::DEFAULT_POOL_SIZE,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             command_timeout: Some(Self::DEFAULT_COMMAND_TIMEOUT),
@@ -277,13 +245,22 @@ impl ClientBuilder {
         self
     }
 
-    /// A `redis::Client` for `url`, with the custom certificates if any.
-    fn open_client(&self, target: impl redis::IntoConnectionInfo) -> RedisResult<redis::Client> {
-        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-        if let Some(certs) = &self.tls {
-            return redis::Client::build_with_tls(target, certs.clone());
+    /// Where the client connects, for messages: `host:port` (no credentials).
+    fn describe(&self) -> String {
+        let addrs = |nodes: &[redis::ConnectionInfo]| {
+            let addrs = nodes.iter().map(|n| n.addr().to_string());
+            addrs.collect::<Vec<_>>().join(", ")
+        };
+        match (&self.target, &self.nodes) {
+            #[cfg(feature = "sentinel")]
+            (TargetSpec::Sentinel(service), _) => {
+                format!("the master of Sentinel service {service:?}")
+            }
+            (_, Err(_)) => "an unparsable URL".to_owned(),
+            #[cfg(feature = "cluster")]
+            (TargetSpec::Cluster, Ok(nodes)) => format!("the cluster ({})", addrs(nodes)),
+            (_, Ok(nodes)) => addrs(nodes),
         }
-        redis::Client::open(target)
     }
 
     /// Most connections the pool opens (default [`ClientBuilder::DEFAULT_POOL_SIZE`](crate::ClientBuilder::DEFAULT_POOL_SIZE)). A thread waiting on a
@@ -414,22 +391,7 @@ impl ClientBuilder {
             )));
         }
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
-        #[cfg(feature = "sentinel")]
-        let connect_timeout = self.connect_timeout;
-        #[cfg(feature = "cluster")]
-        let cluster = matches!(self.target, TargetSpec::Cluster(_));
-        #[cfg(not(feature = "cluster"))]
-        let cluster = false;
-        let bad = |e: &redis::RedisError| bad_url(e.clone());
-        let infos = match &self.target {
-            TargetSpec::Single(info) => std::slice::from_ref(info.as_ref().map_err(bad)?),
-            #[cfg(feature = "cluster")]
-            TargetSpec::Cluster(nodes) => nodes.as_ref().map_err(bad)?.as_slice(),
-            #[cfg(feature = "sentinel")]
-            TargetSpec::Sentinel {
-                sentinels: nodes, ..
-            } => nodes.as_ref().map_err(bad)?.as_slice(),
-        };
+        let infos = self.nodes.as_ref().map_err(|e| bad_url(e.clone()))?;
         let tls_target = infos
             .iter()
             .map(redis::ConnectionInfo::addr)
@@ -443,52 +405,52 @@ impl ClientBuilder {
                 )));
             }
         }
-        let addr = self.target.describe();
-        let resolve: Option<Resolve>;
+        let addr = self.describe();
+        // A `redis::Client` for each node, with the custom certificates if any.
+        let mut clients = infos
+            .iter()
+            .map(|info| {
+                #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+                if let Some(certs) = &self.tls {
+                    return redis::Client::build_with_tls(info.clone(), certs.clone());
+                }
+                redis::Client::open(info.clone())
+            })
+            .collect::<RedisResult<Vec<_>>>()
+            .map_err(bad_url)?;
+        // The subscriber's server: the one server, or any node of a cluster in turn (PUBLISH
+        // reaches every node); a Sentinel client's follows the master (see below).
+        let nodes: Vec<_> = clients
+            .iter()
+            .map(|c| c.get_connection_info().clone())
+            .collect();
+        let next = AtomicUsize::new(0);
         #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
-        let mut switches = None;
-        #[cfg(feature = "sentinel")]
-        let mut watch = None;
+        let mut resolve: Option<Resolve> = Some(Box::new(move || {
+            let i = next.fetch_add(1, Ordering::Relaxed) % nodes.len().max(1);
+            nodes.get(i).cloned().ok_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
+            })
+        }));
         let target = match &self.target {
-            TargetSpec::Single(info) => {
-                let info = info.clone().map_err(bad_url)?;
-                let client = self.open_client(info).map_err(bad_url)?;
-                let info = client.get_connection_info().clone();
-                resolve = Some(Box::new(move || Ok(info.clone())));
-                Target::Single(client)
-            }
+            TargetSpec::Single => Target::Single(clients.pop().ok_or_else(|| {
+                bad_url(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "no URL",
+                )))
+            })?),
             #[cfg(feature = "cluster")]
-            TargetSpec::Cluster(_) => {
-                let nodes = infos.to_vec();
-                // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
-                let infos = nodes
-                    .iter()
-                    .map(|n| {
-                        self.open_client(n.clone())
-                            .map(|c| c.get_connection_info().clone())
-                    })
-                    .collect::<RedisResult<Vec<_>>>()
-                    .map_err(bad_url)?;
-                let next = AtomicUsize::new(0);
-                resolve = Some(Box::new(move || {
-                    let i = next.fetch_add(1, Ordering::Relaxed) % infos.len().max(1);
-                    infos.get(i).cloned().ok_or_else(|| {
-                        redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
-                    })
-                }));
+            TargetSpec::Cluster => {
                 let (retries, min_wait, max_wait) = cluster_retries(timeout);
                 // One client per seed, that seed first (see `Manager::cluster`).
-                let mut clients = Vec::with_capacity(nodes.len());
-                for first in 0..nodes.len().max(1) {
-                    let mut seeds = nodes.clone();
+                let mut clients = Vec::with_capacity(infos.len());
+                for first in 0..infos.len().max(1) {
+                    let mut seeds = infos.to_vec();
                     seeds.rotate_left(first);
                     // redis-rs's set-up of a node connection waits for up to four replies, each
                     // with the whole connection timeout: a fourth of the connect timeout.
                     let mut b = redis::cluster::ClusterClientBuilder::new(seeds)
-                        .connection_timeout(super::pool::connect_timeout(
-                            self.connect_timeout,
-                            Some(self.connect_timeout),
-                        ))
+                        .connection_timeout(self.connect_timeout / SETUP_REPLIES)
                         .retries(retries)
                         .min_retry_wait(min_wait)
                         .max_retry_wait(max_wait)
@@ -515,51 +477,27 @@ impl ClientBuilder {
                 }
             }
             #[cfg(feature = "sentinel")]
-            TargetSpec::Sentinel { service, .. } => {
+            TargetSpec::Sentinel(service) => {
                 if infos.is_empty() {
                     return Err(LockError::client_config(
                         "at least one Sentinel address is required",
                     ));
                 }
-                let sentinels = infos
-                    .iter()
-                    .map(|info| self.open_client(info.clone()))
-                    .collect::<RedisResult<Vec<_>>>()
-                    .map_err(bad_url)?;
                 // The master is reached as the Sentinels are: over TLS, with the same
                 // certificates, when their URLs are `rediss://`.
-                let master_tls = sentinels
+                let master_tls = clients
                     .first()
                     .map(|s| s.get_connection_info().addr().clone())
                     .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
-                // The subscriber follows the current master too (PUBLISH on a master reaches
-                // its replicas' subscribers as well, so a stale answer still hears releases).
-                let (asked, svc, tls) = (sentinels.clone(), service.clone(), master_tls.clone());
-                resolve = Some(Box::new(move || {
-                    let addr = sentinel_master_addr(&asked, &svc, connect_timeout, timeout)?;
-                    master_info(tls.as_ref(), addr)
-                }));
-                let found = Arc::new(Switches::default());
-                watch = Some(sentinel_watch::Watch {
-                    sentinels: sentinels.clone(),
-                    service: service.clone(),
-                    connect_timeout,
-                    timeout,
-                });
-                switches = Some(Arc::clone(&found));
-                Target::Sentinel {
-                    sentinels,
+                Target::Sentinel(Sentinels {
+                    clients,
                     service: service.clone(),
                     first: AtomicUsize::new(0),
-                    switches: found,
+                    switches: Arc::default(),
                     master_tls,
-                }
+                })
             }
         };
-        #[cfg(feature = "sentinel")]
-        let sentinel = matches!(self.target, TargetSpec::Sentinel { .. });
-        #[cfg(not(feature = "sentinel"))]
-        let sentinel = false;
         if self.replica_ack_timeout.is_zero() {
             return Err(LockError::client_config(
                 "replica_ack_timeout is zero (WAIT would block until every replica confirms)",
@@ -568,10 +506,11 @@ impl ClientBuilder {
         let acks = Arc::new(Acks::new(
             self.replica_acks,
             self.replica_ack_timeout,
-            sentinel || cluster,
+            !matches!(self.target, TargetSpec::Single),
         ));
         let counters = Arc::new(crate::stats::Counters::default());
-        let manager = Manager {
+        let cluster = target.is_cluster();
+        let manager = Arc::new(Manager {
             #[cfg(feature = "sentinel")]
             acks: Arc::clone(&acks),
             counters: Arc::clone(&counters),
@@ -579,29 +518,44 @@ impl ClientBuilder {
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
             tls: tls_target.is_some(),
-        };
+        });
+        #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
+        let mut switches = None;
+        #[cfg(feature = "sentinel")]
+        let mut watch = None;
+        #[cfg(feature = "sentinel")]
+        if let Target::Sentinel(s) = &manager.target {
+            // The subscriber follows the current master too (see `Manager::named_master`).
+            let m = Arc::clone(&manager);
+            resolve = Some(Box::new(move || m.named_master()));
+            switches = Some(Arc::clone(&s.switches));
+            watch = Some(sentinel_watch::Watch {
+                sentinels: s.clients.clone(),
+                service: s.service.clone(),
+                connect_timeout: self.connect_timeout,
+                timeout,
+            });
+        }
         let detected = if self.lazy {
             Detected::scripts_only()
         } else {
             manager.check(&addr)?
         };
-        let connect_errors = Arc::new(ConnectErrors::default());
         let pool = unreaped()
-            .error_handler(Box::new(SharedErrors(Arc::clone(&connect_errors))))
             .max_size(self.pool_size)
             .min_idle(Some(0))
             // A checkout PING would double every lock operation's cost; broken connections mark
             // themselves (see `Conn`) and are replaced instead.
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
-            .build_unchecked(Lazy(Arc::new(manager)));
+            .build_unchecked(Lazy(manager));
         let client = LockClient::with_pool(
             Pool::Managed(pool),
             resolve,
             cluster,
             timeout,
             self.courtesy,
-            (addr, connect_errors),
+            (addr, Arc::default()),
             switches,
             counters,
             detected,

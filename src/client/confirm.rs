@@ -127,17 +127,11 @@ impl Acks {
 
     /// True if some writes may need confirming: `Require(n > 0)`, or `Auto` where it is on.
     pub(crate) fn may_confirm(&self) -> bool {
-        match self.mode {
-            ReplicaAcks::Require(n) => n > 0,
-            ReplicaAcks::Auto => true,
-            ReplicaAcks::Off => false,
-        }
+        self.node_fixed() != Some(0)
     }
 
-    #[cfg(feature = "cluster")]
-    /// Cluster: the replicas each write on the primary at `addr` needs, when no node socket
-    /// has to learn it first: `Require(n)`'s `n`, or `None` under `Auto` (see
-    /// [`learn_node`](Self::learn_node)).
+    /// The replicas each write needs, when no primary has to be learnt first: `Require(n)`'s
+    /// `n`, `Off`'s 0, or `None` under `Auto` (see [`learn_node`](Self::learn_node)).
     pub(crate) fn node_fixed(&self) -> Option<u32> {
         match self.mode {
             ReplicaAcks::Require(n) => Some(n),
@@ -188,24 +182,11 @@ impl Acks {
         key: &str,
         role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
     ) -> RedisResult<Option<Wait>> {
-        let required = match self.node_fixed() {
+        let slot = Route::with_key(key, SlotAddr::Master);
+        let slots = || self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let required = match self.node_fixed().or_else(|| slots().get(&slot).copied()) {
             Some(n) => n,
-            None => {
-                let slot = Route::with_key(key, SlotAddr::Master);
-                let known = self
-                    .slots
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(&slot)
-                    .copied();
-                match known {
-                    Some(n) => n,
-                    None => match role()? {
-                        Some(role) => self.learn_node(slot, &role),
-                        None => 0,
-                    },
-                }
-            }
+            None => role()?.map_or(0, |role| self.learn_node(slot, &role)),
         };
         Ok(self.wait_for(required))
     }
@@ -309,14 +290,6 @@ impl Wait {
         self.timeout
     }
 
-    /// `cmd` (one or more packed commands) with the `WAIT` after it.
-    fn append(&self, cmd: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(cmd.len() + self.packed.len());
-        out.extend_from_slice(cmd);
-        out.extend_from_slice(&self.packed);
-        out
-    }
-
     /// `WAIT`'s reply: the replicas that confirmed (an error counts as none).
     fn note(&mut self, reply: Option<Value>) {
         let n = match reply {
@@ -340,10 +313,7 @@ impl Wait {
         con: &mut (impl ConnectionLike + ?Sized),
         cmd: &[u8],
     ) -> RedisResult<Value> {
-        let mut replies = con.req_packed_commands(&self.append(cmd), 0, 2)?;
-        let wait = replies.pop();
-        self.note(wait);
-        Ok(replies.pop().unwrap_or(Value::Nil))
+        Ok(self.commands(con, cmd, 0, 1)?.pop().unwrap_or(Value::Nil))
     }
 
     /// Sends the pipeline `cmd` then the `WAIT` in one round trip; returns the pipeline's
@@ -355,7 +325,8 @@ impl Wait {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        let mut replies = con.req_packed_commands(&self.append(cmd), offset, count + 1)?;
+        let sent = [cmd, &self.packed].concat();
+        let mut replies = con.req_packed_commands(&sent, offset, count + 1)?;
         let wait = replies.pop();
         self.note(wait);
         Ok(replies)

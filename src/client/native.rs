@@ -93,14 +93,14 @@ fn describes_a_command(command_info: &Value) -> Option<bool> {
     }
 }
 
-/// Asks the server on `con` whether it has `command` (`INFO server`, and `COMMAND INFO
+/// Asks the server on `con` whether it lacks `command` (`INFO server`, and `COMMAND INFO
 /// DELIFEQ` for `DELIFEQ`, as at `build()`; one command at a time, as a Cluster connection
-/// takes `INFO` outside a pipeline only, and sends it to every primary); `None` when it does
+/// takes `INFO` outside a pipeline only, and sends it to every primary); false when it does
 /// not say.
-fn server_has(con: &mut dyn ConnectionLike, command: Command) -> Option<bool> {
+fn server_lacks(con: &mut dyn ConnectionLike, command: Command) -> bool {
     let version = server::ask(con);
     match command {
-        Command::SetIfEq => version.map(|v| v.has_set_ifeq()),
+        Command::SetIfEq => version.is_some_and(|v| !v.has_set_ifeq()),
         Command::DelIfEq => {
             let described = redis::cmd("COMMAND")
                 .arg("INFO")
@@ -108,11 +108,7 @@ fn server_has(con: &mut dyn ConnectionLike, command: Command) -> Option<bool> {
                 .query::<Value>(con)
                 .ok()
                 .and_then(|reply| describes_a_command(&reply));
-            match (described, version) {
-                (Some(false), _) => Some(false),
-                (_, Some(v)) if !v.has_delifeq() => Some(false),
-                (described, _) => described,
-            }
+            described == Some(false) || version.is_some_and(|v| !v.has_delifeq())
         }
     }
 }
@@ -122,7 +118,10 @@ fn server_has(con: &mut dyn ConnectionLike, command: Command) -> Option<bool> {
 pub(crate) struct Native {
     delifeq: AtomicBool,
     set_ifeq: AtomicBool,
-    scripting: bool,
+    /// Whether the client's user may run scripts (false only when a server with both native
+    /// commands refused `EVAL` at `build()`).
+    pub(crate) scripting: bool,
+    /// `valkey 9.1.2`, `redis 7.0.15`, or empty when not known.
     server: String,
 }
 
@@ -149,17 +148,6 @@ impl Native {
         self.flag(command).load(Ordering::Relaxed)
     }
 
-    /// Whether the client's user may run scripts (false only when a server with both native
-    /// commands refused `EVAL` at `build()`).
-    pub(crate) fn scripting(&self) -> bool {
-        self.scripting
-    }
-
-    /// `valkey 9.1.2`, `redis 7.0.15`, or empty when not known.
-    pub(crate) fn server(&self) -> &str {
-        &self.server
-    }
-
     fn flag(&self, command: Command) -> &AtomicBool {
         match command {
             Command::DelIfEq => &self.delifeq,
@@ -180,7 +168,7 @@ impl Native {
         e: &redis::RedisError,
     ) -> bool {
         let lacks = crate::error::is_access_denied(e)
-            || (server::may_lack_capability(e) && server_has(con, command) == Some(false));
+            || (server::may_lack_capability(e) && server_lacks(con, command));
         // Stops using `command` (the scripts take over), said once.
         if lacks && self.flag(command).swap(false, Ordering::Relaxed) {
             log::warn!(
@@ -230,7 +218,7 @@ pub(crate) fn set_ifeq_px(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
 /// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
 /// (see [`crate::client::native`]): only a Token lock without fencing goes without.
 pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()> {
-    if native.scripting() {
+    if native.scripting {
         return Ok(());
     }
     Err(LockError::config(
@@ -238,7 +226,7 @@ pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()
         format!(
             "{what} runs Lua scripts, which this client's user may not (NOPERM on EVAL when \
              the client was built); on {} only a Token lock without fencing needs none",
-            native.server()
+            native.server
         ),
     ))
 }

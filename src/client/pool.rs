@@ -21,43 +21,42 @@ use super::confirm::Wait;
 use super::native::Detected;
 #[cfg(feature = "sentinel")]
 use super::switches::Switches;
-use crate::client::repeats::{log_repeat, Repeats};
+use crate::client::repeats::Repeats;
 use crate::error::{self, LockError, Result, Rounded};
 use crate::scripts;
 
-/// The scheduler that every client pool of the process shares: ONE thread
-/// (`dlock-pool`), started with the first client built and kept for the life of the
-/// process. r2d2 adds a pool's connections on it when a checkout finds none idle; the pools
-/// schedule nothing else (see [`unreaped`]), so an idle client costs it nothing. It sends
-/// nothing and never waits for a server: what it adds is an unopened [`Link`], which the
-/// checkout that takes it opens on its own thread (see [`Lazy`]), so a server slow to answer
-/// delays no other client's connections.
-pub(crate) fn shared_scheduler() -> Arc<ScheduledThreadPool> {
+/// A pool builder on the scheduler that every client pool of the process shares: ONE thread
+/// (`dlock-pool`), started with the first client built and kept for the life of the process.
+/// r2d2 adds a pool's connections on it when a checkout finds none idle; the pools schedule
+/// nothing else, so an idle client costs it nothing. It sends nothing and never waits for a
+/// server: what it adds is an unopened [`Link`], which the checkout that takes it opens on its
+/// own thread (see [`Lazy`]), so a server slow to answer delays no other client's connections.
+///
+/// Without r2d2's idle-connection reaper: the reaper is a job repeated every 30 s on the
+/// scheduler that nothing cancels when its pool is dropped, so on a shared scheduler each
+/// client built would leave one behind. A pooled connection thus stays open until its client
+/// is dropped or it breaks (a server's idle `timeout` closing it included: it is then replaced
+/// at its next use).
+pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
     static SCHEDULER: OnceLock<Arc<ScheduledThreadPool>> = OnceLock::new();
-    Arc::clone(SCHEDULER.get_or_init(|| {
+    let scheduler = SCHEDULER.get_or_init(|| {
         Arc::new(
             ScheduledThreadPool::builder()
                 .num_threads(1)
                 .thread_name_pattern("dlock-pool")
                 .build(),
         )
-    }))
-}
-
-/// A pool builder on the [`shared_scheduler`] without r2d2's idle-connection reaper: the
-/// reaper is a job repeated every 30 s on the scheduler that nothing cancels when its pool is
-/// dropped, so on a shared scheduler each client built would leave one behind. A pooled
-/// connection thus stays open until its client is dropped or it breaks (a server's idle
-/// `timeout` closing it included: it is then replaced at its next use).
-pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
+    });
     r2d2::Pool::builder()
-        .thread_pool(shared_scheduler())
+        .thread_pool(Arc::clone(scheduler))
         .idle_timeout(None)
         .max_lifetime(None)
 }
 
 /// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
-/// for connection", so its error handler keeps what actually went wrong.
+/// for connection", so the checkout that failed to open one keeps what actually went wrong.
+/// (r2d2's own error handler is never called: [`Lazy`] adds connections unopened, and no
+/// checkout is tested.)
 #[derive(Debug, Default)]
 pub(crate) struct ConnectErrors {
     last: std::sync::Mutex<Option<redis::RedisError>>,
@@ -68,35 +67,12 @@ pub(crate) struct ConnectErrors {
 
 impl ConnectErrors {
     pub(super) fn note(&self, e: redis::RedisError) {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        *last = Some(e);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
     }
 
     /// The latest failure.
     pub(super) fn last(&self) -> Option<redis::RedisError> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
-impl r2d2::HandleError<redis::RedisError> for ConnectErrors {
-    fn handle_error(&self, e: redis::RedisError) {
-        log_repeat!(
-            self.repeats,
-            "pool: opening a connection failed",
-            log::Level::Debug,
-            "pool: opening a connection failed: {e}"
-        );
-        self.note(e);
-    }
-}
-
-/// Lets the pool own an `Arc` of the client's [`ConnectErrors`].
-#[derive(Debug)]
-pub(super) struct SharedErrors(pub(super) Arc<ConnectErrors>);
-
-impl r2d2::HandleError<redis::RedisError> for SharedErrors {
-    fn handle_error(&self, e: redis::RedisError) {
-        r2d2::HandleError::handle_error(self.0.as_ref(), e);
     }
 }
 
@@ -133,11 +109,11 @@ fn per_try(t: Duration) -> Duration {
 #[cfg(feature = "sentinel")]
 /// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
 /// `rediss://` address, whose certificates and `insecure` flag are reused), or in plain TCP.
-pub(super) fn master_info(
+fn master_info(
     tls: Option<&ConnectionAddr>,
     (host, port): (String, u16),
 ) -> RedisResult<ConnectionInfo> {
-    match tls {
+    let addr = match tls {
         Some(ConnectionAddr::TcpTls {
             insecure,
             tls_params,
@@ -147,48 +123,10 @@ pub(super) fn master_info(
             port,
             insecure: *insecure,
             tls_params: tls_params.clone(),
-        }
-        .into_connection_info(),
-        _ => ConnectionAddr::Tcp(host, port).into_connection_info(),
-    }
-}
-
-#[cfg(feature = "sentinel")]
-/// Asks each Sentinel in turn for `service`'s master address; each step bounded by the
-/// timeouts.
-pub(super) fn sentinel_master_addr(
-    sentinels: &[redis::Client],
-    service: &str,
-    connect_timeout: Duration,
-    timeout: Duration,
-) -> RedisResult<(String, u16)> {
-    let mut last_err = None;
-    for sentinel in sentinels {
-        let named: RedisResult<Option<(String, u16)>> = sentinel
-            .get_connection_with_timeout(connect_timeout)
-            .and_then(|con| {
-                con.set_read_timeout(Some(timeout))?;
-                con.set_write_timeout(Some(timeout))?;
-                Ok(con)
-            })
-            .and_then(|mut con| {
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(service)
-                    .query(&mut con)
-            });
-        match named {
-            Ok(Some(addr)) => return Ok(addr),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-    }
-    Err(last_err.unwrap_or_else(|| {
-        redis::RedisError::from((
-            redis::ErrorKind::MasterNameNotFoundBySentinel,
-            "no Sentinel named a master for the service",
-        ))
-    }))
+        },
+        _ => ConnectionAddr::Tcp(host, port),
+    };
+    addr.into_connection_info()
 }
 
 /// Where connections go.
@@ -203,25 +141,28 @@ pub(super) enum Target {
         first: AtomicUsize,
     },
     #[cfg(feature = "sentinel")]
-    /// Sentinels asked for the current master of `service` on every new connection. Not
-    /// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the
-    /// Sentinel connections nor on its `ROLE` check of the master, so one frozen server hung
-    /// every later reconnection of the pool for good.
-    Sentinel {
-        sentinels: Vec<redis::Client>,
-        service: String,
-        /// The Sentinel that answered last, asked first next time (the Sentinel clients
-        /// guideline), so a dead or frozen one costs one timeout, not one per connection.
-        first: AtomicUsize,
-        /// The master switches announced by the Sentinels (`+switch-master`).
-        switches: Arc<Switches>,
-        /// A Sentinel's TLS address when they are reached over TLS: the master is too.
-        master_tls: Option<ConnectionAddr>,
-    },
+    Sentinel(Sentinels),
+}
+
+#[cfg(feature = "sentinel")]
+/// Sentinels asked for the current master of `service` on every new connection. Not
+/// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the Sentinel
+/// connections nor on its `ROLE` check of the master, so one frozen server hung every later
+/// reconnection of the pool for good.
+pub(super) struct Sentinels {
+    pub(super) clients: Vec<redis::Client>,
+    pub(super) service: String,
+    /// The Sentinel that answered last, asked first next time (the Sentinel clients
+    /// guideline), so a dead or frozen one costs one timeout, not one per connection.
+    pub(super) first: AtomicUsize,
+    /// The master switches announced by the Sentinels (`+switch-master`).
+    pub(super) switches: Arc<Switches>,
+    /// A Sentinel's TLS address when they are reached over TLS: the master is too.
+    pub(super) master_tls: Option<ConnectionAddr>,
 }
 
 impl Target {
-    fn is_cluster(&self) -> bool {
+    pub(super) fn is_cluster(&self) -> bool {
         #[cfg(feature = "cluster")]
         if let Target::Cluster { .. } = self {
             return true;
@@ -249,14 +190,6 @@ pub(crate) struct Manager {
 }
 
 impl Manager {
-    fn single(&self, client: &redis::Client, until: Option<Instant>) -> RedisResult<Link> {
-        let con =
-            client.get_connection_with_timeout(connect_within(self.connect_timeout, until)?)?;
-        con.set_read_timeout(self.command_timeout)?;
-        con.set_write_timeout(self.command_timeout)?;
-        Ok(Link::new(Node::Single(con)).with_read_timeout(self.command_timeout))
-    }
-
     #[cfg(feature = "sentinel")]
     /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout,
     /// none past `until`.
@@ -277,107 +210,115 @@ impl Manager {
     }
 
     #[cfg(feature = "sentinel")]
-    /// Asks each Sentinel in turn for `service`'s master and connects to the first one named
-    /// that answers `ROLE` as a master. An address is tried once per call even if several
-    /// Sentinels name it, so a frozen old master costs one timeout, not one per Sentinel.
+    /// Asks each Sentinel in turn, the one that answered last first, for the service's master
+    /// until `take` accepts an address one names (`None`: passed over); `last_err` is the
+    /// error to return if none does and no Sentinel fails. No step waits past `until`.
+    fn ask_sentinels<T>(
+        &self,
+        s: &Sentinels,
+        until: Option<Instant>,
+        mut last_err: Option<RedisError>,
+        mut take: impl FnMut((String, u16)) -> Option<RedisResult<T>>,
+    ) -> RedisResult<T> {
+        let (n, start) = (s.clients.len(), s.first.load(Ordering::Relaxed));
+        for i in (0..n).map(|k| (start + k) % n) {
+            let named: RedisResult<Option<(String, u16)>> =
+                self.discovery(&s.clients[i], until).and_then(|mut con| {
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(&s.service)
+                        .query(&mut con)
+                });
+            let taken = match named {
+                Ok(Some(addr)) => take(addr),
+                Ok(None) => Some(Err(RedisError::from((
+                    redis::ErrorKind::MasterNameNotFoundBySentinel,
+                    "the Sentinel does not know the service",
+                    s.service.clone(),
+                )))),
+                Err(e) => Some(Err(e)),
+            };
+            match taken {
+                Some(Ok(t)) => {
+                    s.first.store(i, Ordering::Relaxed);
+                    return Ok(t);
+                }
+                Some(Err(e)) => last_err = Some(e),
+                None => {}
+            }
+        }
+        Err(last_err.unwrap_or_else(|| {
+            RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel to ask"))
+        }))
+    }
+
+    #[cfg(feature = "sentinel")]
+    /// Where the Sentinels say the master is, for the subscriber: not checked with `ROLE`
+    /// (`PUBLISH` on a master reaches its replicas' subscribers as well, so a stale answer
+    /// still hears releases).
+    pub(super) fn named_master(&self) -> RedisResult<ConnectionInfo> {
+        let Target::Sentinel(s) = &self.target else {
+            return Err(RedisError::from((redis::ErrorKind::Client, "no Sentinel")));
+        };
+        let info = |addr| Some(master_info(s.master_tls.as_ref(), addr));
+        self.ask_sentinels(s, None, None, info)
+    }
+
+    #[cfg(feature = "sentinel")]
+    /// Connects to the first master the Sentinels name that answers `ROLE` as a master. An
+    /// address is tried once per call even if several Sentinels name it, so a frozen old
+    /// master costs one timeout, not one per Sentinel.
     ///
     /// The master the last `+switch-master` announced, if any, is tried first: a Sentinel that
     /// has not heard of the switch yet would still name the old master, which answers `ROLE` as
     /// a master until Sentinel reconfigures it.
     ///
     /// No step waits past `until`.
-    fn sentinel_master(
-        &self,
-        sentinels: &[redis::Client],
-        service: &str,
-        first: &AtomicUsize,
-        switches: &Switches,
-        master_tls: Option<&ConnectionAddr>,
-        until: Option<Instant>,
-    ) -> RedisResult<Link> {
+    fn sentinel_master(&self, s: &Sentinels, until: Option<Instant>) -> RedisResult<Link> {
         // Read before asking: a switch during this connect makes the link stale at once.
-        let generation = switches.generation();
+        let generation = s.switches.generation();
         let mut tried: Vec<(String, u16)> = Vec::new();
-        let mut last_err = None;
+        let mut check = |addr: (String, u16)| {
+            if tried.contains(&addr) {
+                return None;
+            }
+            tried.push(addr.clone());
+            Some(self.checked_master(s, addr, generation, until))
+        };
         // The master this client follows, and why its check failed, if it did.
         let mut passed_over = None;
-        if let Some(addr) = switches.announced() {
-            tried.push(addr.clone());
-            match self.checked_master(addr.clone(), master_tls, until) {
-                Ok((link, replicas)) => {
-                    self.acks.learn(&addr, replicas);
-                    return Ok(link.of_generation(generation));
-                }
-                Err(e) => {
-                    passed_over = Some((addr, e.to_string()));
-                    last_err = Some(e);
-                }
+        if let Some(addr) = s.switches.announced() {
+            match check(addr.clone()) {
+                Some(Ok(link)) => return Ok(link),
+                Some(Err(e)) => passed_over = Some((addr, e)),
+                None => {}
             }
         }
-        let start = first.load(Ordering::Relaxed);
-        for i in (0..sentinels.len()).map(|k| (start + k) % sentinels.len()) {
-            let sentinel = &sentinels[i];
-            let named: RedisResult<Option<(String, u16)>> =
-                self.discovery(sentinel, until).and_then(|mut con| {
-                    redis::cmd("SENTINEL")
-                        .arg("GET-MASTER-ADDR-BY-NAME")
-                        .arg(service)
-                        .query(&mut con)
-                });
-            let addr = match named {
-                Ok(Some(addr)) => addr,
-                Ok(None) => {
-                    last_err = Some(redis::RedisError::from((
-                        redis::ErrorKind::MasterNameNotFoundBySentinel,
-                        "the Sentinel does not know the service",
-                        service.to_owned(),
-                    )));
-                    continue;
-                }
-                Err(e) => {
-                    last_err = Some(e);
-                    continue;
-                }
-            };
-            if tried.contains(&addr) {
-                continue;
+        let last_err = passed_over.as_ref().map(|(_, e)| e.clone());
+        self.ask_sentinels(s, until, last_err, |addr| {
+            let link = check(addr.clone())?;
+            if let (Ok(_), Some((followed, why))) = (&link, &passed_over) {
+                log::info!(
+                    "Sentinel: a new connection goes to {}:{}, which a Sentinel names, not to \
+                     {}:{}, the master this client follows ({why})",
+                    addr.0,
+                    addr.1,
+                    followed.0,
+                    followed.1
+                );
             }
-            tried.push(addr.clone());
-            match self.checked_master(addr.clone(), master_tls, until) {
-                Ok((link, replicas)) => {
-                    self.acks.learn(&addr, replicas);
-                    first.store(i, Ordering::Relaxed);
-                    if let Some((followed, why)) = &passed_over {
-                        log::info!(
-                            "Sentinel: a new connection goes to {}:{}, which a Sentinel names, \
-                             not to {}:{}, the master this client follows ({why})",
-                            addr.0,
-                            addr.1,
-                            followed.0,
-                            followed.1
-                        );
-                    }
-                    return Ok(link.of_generation(generation));
-                }
-                Err(e) => last_err = Some(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| {
-            redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel to ask"))
-        }))
+            Some(link)
+        })
     }
-}
 
-impl Manager {
     /// The check of [`ClientBuilder::build`](crate::ClientBuilder::build): opens one connection (which sends AUTH, SELECT
     /// and the TLS handshake as the URL asks) and runs a one-line script by `EVAL` and by
-    /// `EVALSHA`, the two ways the library runs its scripts. The `EVAL` goes in one round trip
+    /// `EVALSHA`, the two ways the library runs its scripts. The `EVAL` and `EVALSHA` go in one round trip
     /// with `INFO server` and `COMMAND INFO DELIFEQ`, which tell the native commands the
     /// server has (see [`native`](super::native)). Any failure is a [`LockError::Config`] that
     /// names the step and the server; a user denied scripts is no failure on a server with
     /// both native commands (Token locks without fencing need no script there).
-    pub(super) fn check(&self, addr: &str) -> Result<Detected> {
-        let setup = |what: String, e: redis::RedisError| LockError::setup_failed(what, e);
+    pub(super) fn check(self: &Arc<Self>, addr: &str) -> Result<Detected> {
         // The database the URL names: refused by `SELECT` during the connection's set-up, which
         // redis-rs reports as a plain `ERR` reply.
         let db = match &self.target {
@@ -405,41 +346,44 @@ impl Manager {
             if self.unreachable(&e) {
                 LockError::setup_unreachable(what, e)
             } else {
-                setup(what, e)
+                LockError::setup_failed(what, e)
             }
         })?;
         let scripting = |e: redis::RedisError, cmd: &str, server: &str| {
-            let why =
-                if e.code() == Some("NOAUTH") {
-                    "the server requires authentication (NOAUTH): give the user and password in \
-                 the URL"
-                        .to_owned()
-                } else if error::is_access_denied(&e) {
-                    format!(
+            let transient = e.is_timeout() || e.is_io_error();
+            let why = if e.code() == Some("NOAUTH") {
+                "the server requires authentication (NOAUTH): give the user and password in the \
+                 URL"
+                .to_owned()
+            } else if error::is_access_denied(&e) {
+                format!(
                     "the user may not run it (NOPERM); the locks' release and extend need EVAL \
                      and EVALSHA (ACL category @scripting) on {}, which lacks DELIFEQ and \
                      SET ... IFEQ (Valkey 9.0 and later have both: there a Token lock without \
                      fencing needs no script)",
-                    if server.is_empty() { "this server" } else { server }
+                    if server.is_empty() {
+                        "this server"
+                    } else {
+                        server
+                    }
                 )
-                } else if e.is_timeout() || e.is_io_error() {
-                    "no reply in time (a paused, overloaded or unreachable server?)".to_owned()
-                } else {
-                    "the server refused it (renamed or disabled command?); the locks' release and \
-                 extend need EVAL and EVALSHA"
-                        .to_owned()
-                };
-            if e.is_timeout() || e.is_io_error() {
-                LockError::setup_unreachable(format!("{cmd} on {addr}: {why}"), e)
+            } else if transient {
+                "no reply in time (a paused, overloaded or unreachable server?)".to_owned()
             } else {
-                setup(format!("{cmd} on {addr}: {why}"), e)
+                "the server refused it (renamed or disabled command?); the locks' release and \
+                 extend need EVAL and EVALSHA"
+                    .to_owned()
+            };
+            let what = format!("{cmd} on {addr}: {why}");
+            if transient {
+                LockError::setup_unreachable(what, e)
+            } else {
+                LockError::setup_failed(what, e)
             }
         };
         // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
         // WRITE`, as during a `FAILOVER`) answers at once instead of holding the new connection
         // for the rest of the pause; servers before 7 reject the shebang and run it plain.
-        let eval =
-            |text: &str, con: &mut Link| redis::cmd("EVAL").arg(text).arg(0).query::<i64>(con);
         // The capability questions ride with the first EVAL; a user denied them (no @slow) is
         // told nothing and the client keeps to the scripts.
         let mut pipe = redis::pipe();
@@ -447,22 +391,25 @@ impl Manager {
         pipe.cmd("INFO").arg("server");
         pipe.cmd("COMMAND").arg("INFO").arg("DELIFEQ");
         pipe.cmd("EVAL").arg(PROBE).arg(0);
+        // NOSCRIPT also proves that EVALSHA exists and is allowed.
+        pipe.cmd("EVALSHA")
+            .arg(redis::Script::new(PROBE).get_hash())
+            .arg(0);
         let replies: Vec<Value> = pipe.query(&mut con).map_err(|e| scripting(e, "EVAL", ""))?;
-        let (info, command_info, probe) = match replies.as_slice() {
-            [a, b, c] => (a, b, c.clone()),
-            _ => (&Value::Nil, &Value::Nil, Value::Nil),
+        let reply = |i: usize| replies.get(i).cloned().unwrap_or(Value::Nil);
+        let script = |i: usize| -> RedisResult<i64> {
+            match reply(i) {
+                Value::ServerError(e) => Err(e.into()),
+                other => redis::from_redis_value(other).map_err(redis::RedisError::from),
+            }
         };
-        let mut detected = Detected::from_replies(info, command_info);
-        let first: RedisResult<i64> = match probe {
-            Value::ServerError(e) => Err(e.into()),
-            other => redis::from_redis_value(other).map_err(redis::RedisError::from),
-        };
-        let text = match first {
-            Ok(_) => PROBE,
+        let mut detected = Detected::from_replies(&reply(0), &reply(1));
+        match script(2) {
+            Ok(_) => {}
             Err(e) if scripts::rejects_shebang(&e) => {
                 let plain = PROBE.lines().last().unwrap_or_default();
-                eval(plain, &mut con).map_err(|e| scripting(e, "EVAL", &detected.server))?;
-                plain
+                let eval = redis::cmd("EVAL").arg(plain).arg(0).query::<i64>(&mut con);
+                eval.map_err(|e| scripting(e, "EVAL", &detected.server))?;
             }
             // Not in a cluster, where the Token release's PUBLISH keeps the script.
             Err(e)
@@ -480,20 +427,12 @@ impl Manager {
                 return Ok(detected);
             }
             Err(e) => return Err(scripting(e, "EVAL", &detected.server)),
-        };
-        let probe = redis::Script::new(text);
-        // NOSCRIPT also proves that EVALSHA exists and is allowed (on a cluster the EVAL above
-        // may have gone to another node).
-        match redis::cmd("EVALSHA")
-            .arg(probe.get_hash())
-            .arg(0)
-            .query::<i64>(&mut con)
-        {
-            Ok(_) => Ok(detected),
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                Ok(detected)
+        }
+        match script(3) {
+            Err(e) if e.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Err(scripting(e, "EVALSHA", &detected.server))
             }
-            Err(e) => Err(scripting(e, "EVALSHA", &detected.server)),
+            _ => Ok(detected),
         }
     }
 
@@ -516,15 +455,18 @@ impl Manager {
     }
 
     #[cfg(feature = "sentinel")]
-    /// A connection to `addr` once `ROLE` says it is a master, and its number of replicas;
-    /// no step waits past `until`.
+    /// A connection to `addr` once `ROLE` says it is a master, of the master-switch
+    /// `generation`; the master's replicas are learnt (see [`Acks::learn`]). No step waits past
+    /// `until`.
     fn checked_master(
         &self,
+        s: &Sentinels,
         addr: (String, u16),
-        master_tls: Option<&ConnectionAddr>,
+        generation: u64,
         until: Option<Instant>,
-    ) -> RedisResult<(Link, usize)> {
-        let client = master_info(master_tls, addr.clone()).and_then(redis::Client::open)?;
+    ) -> RedisResult<Link> {
+        let client =
+            master_info(s.master_tls.as_ref(), addr.clone()).and_then(redis::Client::open)?;
         let mut con = self.discovery(&client, until)?;
         let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
         let redis::Role::Primary { replicas, .. } = role else {
@@ -534,26 +476,22 @@ impl Manager {
                 format!("{}:{}", addr.0, addr.1),
             )));
         };
-        con.set_read_timeout(self.command_timeout)?;
-        con.set_write_timeout(self.command_timeout)?;
-        Ok((
-            Link::new(Node::Single(con)).with_read_timeout(self.command_timeout),
-            replicas.len(),
-        ))
+        let mut link = Link::opened(Node::Single(con), self.command_timeout)?;
+        link.generation = generation;
+        self.acks.learn(&addr, replicas.len());
+        Ok(link)
     }
 
     /// The generation a link must have to be used: that of the last master switch heard of.
     fn generation(&self) -> u64 {
         match &self.target {
             #[cfg(feature = "sentinel")]
-            Target::Sentinel { switches, .. } => switches.generation(),
+            Target::Sentinel(s) => s.switches.generation(),
             #[allow(unreachable_patterns)]
             _ => 0,
         }
     }
-}
 
-impl Manager {
     #[cfg(feature = "cluster")]
     /// A cluster connection, built by redis-rs from the first seed that answers, starting with
     /// the one that answered last; no seed is tried past the connect timeout or `until` (a
@@ -568,19 +506,15 @@ impl Manager {
     /// accepts the connection and answers nothing): such a node costs every new cluster
     /// connection that much, and is left out of it until a command needs it.
     fn cluster(
-        &self,
+        self: &Arc<Self>,
         clients: &[redis::cluster::ClusterClient],
         first: &AtomicUsize,
         until: Option<Instant>,
     ) -> RedisResult<Link> {
-        let n = clients.len();
-        let start = first.load(Ordering::Relaxed);
+        let (n, start) = (clients.len(), first.load(Ordering::Relaxed));
         let mut last_err = None;
         let by = Instant::now().checked_add(self.connect_timeout);
-        let until = match (until, by) {
-            (Some(u), Some(b)) => Some(u.min(b)),
-            (u, b) => u.or(b),
-        };
+        let until = until.into_iter().chain(by).min();
         for i in (0..n).map(|k| (start + k) % n) {
             if let Err(e) = left_until(until) {
                 last_err.get_or_insert(e);
@@ -590,9 +524,7 @@ impl Manager {
                 Ok(con) => {
                     first.store(i, Ordering::Relaxed);
                     let per_try = self.command_timeout.map(per_try);
-                    con.set_read_timeout(per_try)?;
-                    con.set_write_timeout(per_try)?;
-                    return Ok(Link::new(Node::Cluster(Box::new(con))).with_read_timeout(per_try));
+                    return Link::opened(Node::Cluster(Box::new(con), Arc::clone(self)), per_try);
                 }
                 Err(e) => {
                     log::debug!("cluster: seed {i} did not give the slot map: {e}");
@@ -617,28 +549,17 @@ impl Manager {
 
     /// Opens a connection to the target (the Sentinels' master, for a Sentinel client),
     /// waiting past `until` for nothing (a watchdog renewal's cap, see [`Link::cap`]).
-    fn open(&self, until: Option<Instant>) -> RedisResult<Link> {
+    fn open(self: &Arc<Self>, until: Option<Instant>) -> RedisResult<Link> {
         let link = match &self.target {
-            Target::Single(client) => self.single(client, until),
+            Target::Single(client) => connect_within(self.connect_timeout, until)
+                .and_then(|t| client.get_connection_with_timeout(t))
+                .and_then(|con| Link::opened(Node::Single(con), self.command_timeout)),
             #[cfg(feature = "cluster")]
             Target::Cluster { clients, first } => self.cluster(clients, first, until),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
             #[cfg(feature = "sentinel")]
-            Target::Sentinel {
-                sentinels,
-                service,
-                first,
-                switches,
-                master_tls,
-            } => self.sentinel_master(
-                sentinels,
-                service,
-                first,
-                switches,
-                master_tls.as_ref(),
-                until,
-            ),
+            Target::Sentinel(s) => self.sentinel_master(s, until),
         };
         match link {
             Err(e) if self.tls => Err(tls_context(e)),
@@ -648,7 +569,7 @@ impl Manager {
 }
 
 /// The managed pool's connection manager: the pool "connects" on the shared scheduler
-/// thread (see [`shared_scheduler`]) by adding an unopened [`Link`] at once, and the checkout
+/// thread (see [`unreaped`]) by adding an unopened [`Link`] at once, and the checkout
 /// that takes it opens it ([`Link::open_if_needed`]), on the caller's thread and within the
 /// client's connect timeout. A failed open leaves the link unopened in the pool, for the next
 /// checkout to try again.
@@ -659,7 +580,7 @@ impl r2d2::ManageConnection for Lazy {
     type Error = redis::RedisError;
 
     fn connect(&self) -> RedisResult<Link> {
-        Ok(Link::new(Node::Unopened(Arc::clone(&self.0))))
+        Ok(Link::new(Node::Unopened(Arc::clone(&self.0)), None))
     }
 
     fn is_valid(&self, con: &mut Link) -> RedisResult<()> {
@@ -717,19 +638,14 @@ pub(crate) struct Link {
     opened: Instant,
     /// Sentinel clients: the master-switch generation the link was opened in (0 otherwise).
     pub(super) generation: u64,
-    /// The command timeout of a single server's connection, which a replica confirmation
-    /// lengthens by its own bound while it waits (see [`Conn::set_wait`]).
+    /// The command timeout: the socket's write timeout (each try's of a cluster command).
+    timeout: Option<Duration>,
+    /// The read timeout: the command timeout, lengthened by a replica confirmation's bound
+    /// while it waits (see [`Conn::set_wait`]).
     read_timeout: Option<Duration>,
-    /// That lengthening, while a confirmation waits.
-    extra: Option<Duration>,
-    /// The instant no command may wait past (a watchdog renewal's cap, see [`Link::cap`]).
+    /// The instant no command may wait past (a watchdog renewal's cap, see [`Link::cap`]);
+    /// the socket's timeouts may have been cut for it, to restore once it is lifted.
     until: Option<Instant>,
-    /// The socket's timeouts were cut for `until`: to restore once it is lifted.
-    capped: bool,
-    /// A cluster link: its manager, to replace it in place once broken (see
-    /// [`Link::renew_if_broken`]).
-    #[cfg(feature = "cluster")]
-    manager: Option<Arc<Manager>>,
 }
 
 enum Node {
@@ -738,81 +654,68 @@ enum Node {
     Single(redis::Connection),
     #[cfg(feature = "cluster")]
     /// Boxed: a cluster connection is four times the size of a single one. Its timeouts are
-    /// each try's (see [`per_try`]).
-    Cluster(Box<redis::cluster::ClusterConnection>),
+    /// each try's (see [`per_try`]). With its manager, to replace it in place once broken (see
+    /// [`Link::renew_if_broken`]).
+    Cluster(Box<redis::cluster::ClusterConnection>, Arc<Manager>),
 }
 
 impl Node {
-    /// Sets the read and write timeouts: a single server's socket's, or each try's of a
-    /// cluster command.
-    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> RedisResult<()> {
-        match self {
-            Node::Unopened(_) => Ok(()),
-            Node::Single(c) => c
-                .set_read_timeout(read)
-                .and_then(|()| c.set_write_timeout(write)),
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c
-                .set_read_timeout(read)
-                .and_then(|()| c.set_write_timeout(write)),
-        }
-    }
-
     fn is_open(&self) -> bool {
         match self {
             Node::Unopened(_) => true,
             Node::Single(c) => c.is_open(),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.is_open(),
+            Node::Cluster(c, _) => c.is_open(),
         }
     }
 }
 
 impl Link {
-    fn new(node: Node) -> Self {
+    fn new(node: Node, timeout: Option<Duration>) -> Self {
         Link {
             node,
             broken: false,
             used: false,
             opened: Instant::now(),
             generation: 0,
-            read_timeout: None,
-            extra: None,
+            timeout,
+            read_timeout: timeout,
             until: None,
-            capped: false,
-            #[cfg(feature = "cluster")]
-            manager: None,
         }
     }
 
-    fn with_read_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.read_timeout = timeout;
-        self
+    /// A link on a connection just opened, with `timeout` as its command timeout.
+    fn opened(node: Node, timeout: Option<Duration>) -> RedisResult<Self> {
+        let mut link = Link::new(node, timeout);
+        link.set_timeouts(timeout, timeout)?;
+        Ok(link)
+    }
+
+    /// Sets the read and write timeouts: a single server's socket's, or each try's of a
+    /// cluster command. A failure marks the link broken.
+    fn set_timeouts(&mut self, read: Option<Duration>, write: Option<Duration>) -> RedisResult<()> {
+        let set = match &self.node {
+            Node::Unopened(_) => Ok(()),
+            Node::Single(c) => c
+                .set_read_timeout(read)
+                .and_then(|()| c.set_write_timeout(write)),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c, _) => c
+                .set_read_timeout(read)
+                .and_then(|()| c.set_write_timeout(write)),
+        };
+        self.broken |= set.is_err();
+        set
     }
 
     /// Lengthens the read timeout by `extra` (a replica confirmation's bound), or restores it
     /// (`None`). A failure to set it marks the link broken.
     fn extend_read_timeout(&mut self, extra: Option<Duration>) {
-        self.extra = extra;
-        let read = self.full_read_timeout();
-        let set = match &self.node {
-            Node::Single(c) => c.set_read_timeout(read),
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.set_read_timeout(read),
-            Node::Unopened(_) => Ok(()),
-        };
-        if set.is_err() {
-            self.broken = true;
-        }
-    }
-
-    /// The read timeout without a cap: the command timeout, lengthened by a confirmation's
-    /// bound while it waits.
-    fn full_read_timeout(&self) -> Option<Duration> {
-        match (self.read_timeout, self.extra) {
+        self.read_timeout = match (self.timeout, extra) {
             (Some(t), Some(e)) => Some(t.saturating_add(e)),
             (t, _) => t,
-        }
+        };
+        let _ = self.set_timeouts(self.read_timeout, self.timeout);
     }
 
     /// The symmetric of [`extend_read_timeout`](Self::extend_read_timeout): no command sent
@@ -822,16 +725,9 @@ impl Link {
     /// tries to a third of it each (see [`cluster_retries`]); a command with no time left fails
     /// at once with a timeout, sending nothing. A failure to restore marks the link broken.
     pub(super) fn cap(&mut self, until: Option<Instant>) {
-        self.until = until;
-        if until.is_some() || !std::mem::take(&mut self.capped) {
-            return;
-        }
-        if self
-            .node
-            .set_timeouts(self.full_read_timeout(), self.read_timeout)
-            .is_err()
-        {
-            self.broken = true;
+        let lifted = std::mem::replace(&mut self.until, until).is_some() && until.is_none();
+        if lifted {
+            let _ = self.set_timeouts(self.read_timeout, self.timeout);
         }
     }
 
@@ -844,35 +740,18 @@ impl Link {
         let left = left_until(Some(until))?.unwrap_or_default();
         #[cfg(feature = "cluster")]
         let left = match self.node {
-            Node::Cluster(_) => per_try(left),
+            Node::Cluster(..) => per_try(left),
             _ => left,
         };
         let cut = |t: Option<Duration>| Some(t.map_or(left, |t| t.min(left)));
-        let (read, write) = (cut(self.full_read_timeout()), cut(self.read_timeout));
-        self.capped = true;
-        if let Err(e) = self.node.set_timeouts(read, write) {
-            self.broken = true;
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    #[cfg(feature = "sentinel")]
-    fn of_generation(mut self, generation: u64) -> Self {
-        self.generation = generation;
-        self
+        self.set_timeouts(cut(self.read_timeout), cut(self.timeout))
     }
 
     /// Opens the link if the pool added it unopened (see [`Lazy`]), waiting past `until` for
     /// nothing.
     pub(super) fn open_if_needed(&mut self, until: Option<Instant>) -> RedisResult<()> {
         if let Node::Unopened(manager) = &self.node {
-            let manager = Arc::clone(manager);
-            *self = manager.open(until)?;
-            #[cfg(feature = "cluster")]
-            if let Node::Cluster(_) = self.node {
-                self.manager = Some(manager);
-            }
+            *self = Arc::clone(manager).open(until)?;
         }
         Ok(())
     }
@@ -885,17 +764,14 @@ impl Link {
     /// broken: the pool drops it.
     #[cfg(feature = "cluster")]
     fn renew_if_broken(&mut self) {
-        let Some(manager) = self.manager.take() else {
-            return;
-        };
-        if self.broken && matches!(self.node, Node::Cluster(_)) {
+        if let (true, Node::Cluster(_, manager)) = (self.broken, &self.node) {
+            let manager = Arc::clone(manager);
             let until = Instant::now().checked_add(manager.connect_timeout / 2);
             if let Ok(new) = manager.open(until) {
                 manager.counters.reconnect();
                 *self = new;
             }
         }
-        self.manager = Some(manager);
     }
 
     /// Marks the connection for replacement after an error that leaves it unusable or pointed
@@ -929,7 +805,7 @@ impl ConnectionLike for Link {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_command(cmd),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.req_packed_command(cmd),
+            Node::Cluster(c, _) => c.req_packed_command(cmd),
         };
         self.note(r)
     }
@@ -945,23 +821,12 @@ impl ConnectionLike for Link {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => match self.until {
                 Some(until) if offset == 0 => {
-                    capped_commands(c, self.read_timeout, self.extra, until, cmd, count)
+                    capped_commands(c, self.read_timeout, until, cmd, count)
                 }
                 _ => c.req_packed_commands(cmd, offset, count),
             },
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        };
-        self.note(r)
-    }
-
-    fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
-        self.arm()?;
-        let r = match &mut self.node {
-            Node::Unopened(_) => Err(unopened()),
-            Node::Single(c) => c.req_command(cmd),
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.req_command(cmd),
+            Node::Cluster(c, _) => c.req_packed_commands(cmd, offset, count),
         };
         self.note(r)
     }
@@ -971,7 +836,7 @@ impl ConnectionLike for Link {
             Node::Unopened(_) => 0,
             Node::Single(c) => c.get_db(),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.get_db(),
+            Node::Cluster(c, _) => c.get_db(),
         }
     }
 
@@ -980,7 +845,7 @@ impl ConnectionLike for Link {
             Node::Unopened(_) => false,
             Node::Single(c) => c.check_connection(),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.check_connection(),
+            Node::Cluster(c, _) => c.check_connection(),
         }
     }
 
@@ -992,28 +857,24 @@ impl ConnectionLike for Link {
 /// `req_packed_commands` of a single server's connection with no reply waited for past
 /// `until`: redis-rs's reads every reply of a pipeline even after one timed out, each with the
 /// whole read timeout, so a pipeline of `n` commands to an unresponsive server would take `n`
-/// times the time left. Here the read timeout is cut to the time left before each reply, and
-/// the first failure ends the call. As redis-rs's: server errors stay in their place, RESP3 push
-/// messages are skipped. (Transactions, `offset > 0`, which the watchdog never sends, go to
-/// redis-rs's.)
+/// times the time left. Here the read timeout (`read`, uncut) is cut to the time left before
+/// each reply, and the first failure ends the call. As redis-rs's: server errors stay in their
+/// place, RESP3 push messages are skipped. (Transactions, `offset > 0`, which the watchdog never
+/// sends, go to redis-rs's.)
 fn capped_commands(
     c: &mut redis::Connection,
-    read_timeout: Option<Duration>,
-    extra: Option<Duration>,
+    read: Option<Duration>,
     until: Instant,
     cmd: &[u8],
     count: usize,
 ) -> RedisResult<Vec<Value>> {
-    let full = match (read_timeout, extra) {
-        (Some(t), Some(e)) => Some(t.saturating_add(e)),
-        (t, _) => t,
-    };
+    let within = || within(read.unwrap_or(Duration::MAX), Some(until)).map(Some);
     c.send_packed_command(cmd)?;
     let mut replies = Vec::with_capacity(count);
     // The timeout `arm` set for the first reply.
-    let mut armed = within_opt(full, Some(until))?;
+    let mut armed = within()?;
     while replies.len() < count {
-        let want = within_opt(full, Some(until))?;
+        let want = within()?;
         if want < armed {
             c.set_read_timeout(want)?;
             armed = want;
@@ -1063,23 +924,43 @@ impl Conn {
         }
     }
 
+    /// The managed pool's link; `None` for a connection of an application's own pool.
+    fn own_link(&mut self) -> Option<&mut Link> {
+        match &mut self.link {
+            Pooled::Managed(c) => Some(c),
+            Pooled::External(_) => None,
+        }
+    }
+
+    fn link(&self) -> &dyn ConnectionLike {
+        match &self.link {
+            Pooled::Managed(c) => &**c,
+            Pooled::External(c) => &**c,
+        }
+    }
+
+    fn link_mut(&mut self) -> &mut dyn ConnectionLike {
+        match &mut self.link {
+            Pooled::Managed(c) => &mut **c,
+            Pooled::External(c) => &mut **c,
+        }
+    }
+
     /// True if the connection carried commands before this checkout, or waited in the pool
     /// since it was opened ([`IDLE_STALE`] or more): either may have gone stale meanwhile (a
     /// restart, an idle timeout), so a dropped-connection error on it may be sent again on a
     /// fresh one. Connections of an application's own pool are not tracked: they count as
     /// fresh, so never retried.
-    pub(super) fn was_used(&self) -> bool {
-        match &self.link {
-            Pooled::Managed(c) => c.used || c.opened.elapsed() >= IDLE_STALE,
-            Pooled::External(_) => false,
-        }
+    pub(super) fn was_used(&mut self) -> bool {
+        self.own_link()
+            .is_some_and(|c| c.used || c.opened.elapsed() >= IDLE_STALE)
     }
 
     /// Every command sent from now on is followed by `wait`'s `WAIT`, in the same round trip;
     /// the read timeout grows by the `WAIT`'s bound meanwhile, so that a confirmation that
     /// takes its time is not taken for a server that does not answer.
     pub(super) fn set_wait(&mut self, wait: Option<Wait>) {
-        if let (Some(w), Pooled::Managed(c)) = (&wait, &mut self.link) {
+        if let (Some(w), Some(c)) = (&wait, self.own_link()) {
             c.extend_read_timeout(Some(w.timeout()));
         }
         self.wait = wait;
@@ -1089,7 +970,7 @@ impl Conn {
     /// timeout is back to the command timeout.
     pub(super) fn take_wait(&mut self) -> Option<Wait> {
         let wait = self.wait.take();
-        if let (Some(_), Pooled::Managed(c)) = (&wait, &mut self.link) {
+        if let (Some(_), Some(c)) = (&wait, self.own_link()) {
             c.extend_read_timeout(None);
         }
         wait
@@ -1099,7 +980,7 @@ impl Conn {
     /// [`Link::cap`]. A connection of an application's own pool keeps its read timeouts (they
     /// are the application's, and could not be restored).
     pub(super) fn cap(&mut self, until: Option<Instant>) {
-        if let Pooled::Managed(c) = &mut self.link {
+        if let Some(c) = self.own_link() {
             c.cap(until);
         }
     }
@@ -1109,10 +990,10 @@ impl Conn {
     /// there by redis-rs); `None` on another kind of connection.
     pub(super) fn primary_role(&mut self, key: &str) -> RedisResult<Option<NodeRole>> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        let Pooled::Managed(link) = &mut self.link else {
+        let Some(link) = self.own_link() else {
             return Ok(None);
         };
-        let Node::Cluster(c) = &mut link.node else {
+        let Node::Cluster(c, _) = &mut link.node else {
             return Ok(None);
         };
         let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
@@ -1123,21 +1004,14 @@ impl Conn {
         let info: String = redis::from_redis_value(link.note(info)?)?;
         Ok(Some(NodeRole::parse(&info)))
     }
-
-    fn link(&mut self) -> &mut dyn ConnectionLike {
-        match &mut self.link {
-            Pooled::Managed(c) => &mut **c,
-            Pooled::External(c) => &mut **c,
-        }
-    }
 }
 
 impl Drop for Conn {
     /// Back to the pool without a cap (see [`Conn::cap`]), a broken cluster link replaced.
     fn drop(&mut self) {
-        self.cap(None);
-        #[cfg(feature = "cluster")]
-        if let Pooled::Managed(c) = &mut self.link {
+        if let Some(c) = self.own_link() {
+            c.cap(None);
+            #[cfg(feature = "cluster")]
             c.renew_if_broken();
         }
     }
@@ -1147,11 +1021,11 @@ impl ConnectionLike for Conn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         match self.wait.take() {
             Some(mut wait) => {
-                let reply = wait.command(self.link(), cmd);
+                let reply = wait.command(self.link_mut(), cmd);
                 self.wait = Some(wait);
                 reply
             }
-            None => self.link().req_packed_command(cmd),
+            None => self.link_mut().req_packed_command(cmd),
         }
     }
 
@@ -1163,30 +1037,24 @@ impl ConnectionLike for Conn {
     ) -> RedisResult<Vec<Value>> {
         match self.wait.take() {
             Some(mut wait) => {
-                let reply = wait.commands(self.link(), cmd, offset, count);
+                let reply = wait.commands(self.link_mut(), cmd, offset, count);
                 self.wait = Some(wait);
                 reply
             }
-            None => self.link().req_packed_commands(cmd, offset, count),
+            None => self.link_mut().req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
-        match &self.link {
-            Pooled::Managed(c) => c.get_db(),
-            Pooled::External(c) => c.get_db(),
-        }
+        self.link().get_db()
     }
 
     fn check_connection(&mut self) -> bool {
-        self.link().check_connection()
+        self.link_mut().check_connection()
     }
 
     fn is_open(&self) -> bool {
-        match &self.link {
-            Pooled::Managed(c) => c.is_open(),
-            Pooled::External(c) => c.is_open(),
-        }
+        self.link().is_open()
     }
 }
 
@@ -1216,29 +1084,13 @@ pub(crate) fn within(timeout: Duration, until: Option<Instant>) -> RedisResult<D
 /// The replies redis-rs's connection set-up may wait for, each with the whole connect timeout
 /// left after the TCP connect: `HELLO` or `AUTH`, `SELECT`, and two `CLIENT SETINFO` (it reads
 /// every reply of its set-up pipeline, even after one timed out).
-const SETUP_REPLIES: u32 = 4;
+pub(crate) const SETUP_REPLIES: u32 = 4;
 
 /// The connect timeout to give redis-rs for a connection that must be open, set-up included,
-/// within `left` (`None`: `timeout` as it is): a fourth of it at most (see [`SETUP_REPLIES`]).
-pub(crate) fn connect_timeout(timeout: Duration, left: Option<Duration>) -> Duration {
-    left.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES))
-}
-
-/// [`connect_timeout`] for a connection to open by `until`; an I/O timeout error when that
-/// has passed.
-pub(crate) fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
-    Ok(connect_timeout(timeout, left_until(until)?))
-}
-
-/// [`within`] for an optional timeout (`None`: none, unless `until` gives one).
-pub(crate) fn within_opt(
-    timeout: Option<Duration>,
-    until: Option<Instant>,
-) -> RedisResult<Option<Duration>> {
-    Ok(match (timeout, left_until(until)?) {
-        (Some(t), Some(left)) => Some(t.min(left)),
-        (t, left) => t.or(left),
-    })
+/// by `until` (`None`: `timeout` as it is): a fourth of the time left at most (see
+/// [`SETUP_REPLIES`]); an I/O timeout error when that has passed.
+fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(left_until(until)?.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES)))
 }
 
 #[cfg(test)]
