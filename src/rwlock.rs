@@ -33,6 +33,7 @@ use crate::client::admin;
 use crate::client::admin::Detail;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
+use crate::client::live;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -680,7 +681,7 @@ impl Shared {
     fn attempt(&self, mode: Mode, owner: &str, intent_ms: u64) -> Result<Attempt> {
         // Under way from before it settles: a Sentinel replay of this owner's release waits
         // for it (see `Janitor::replay`).
-        let attempt_live = self.client.owner_attempt(&self.key, owner.as_bytes());
+        let attempt_live = self.client.live().attempt(&self.key, owner.as_bytes());
         // A release or an undo of ours may still be pending with the janitor: finish it first,
         // so that a later try cannot take the new hold for the old one.
         self.client
@@ -867,8 +868,10 @@ impl Shared {
         );
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
-        self.client
-            .owner_released(&self.key, lease.value(), self.opts.lease);
+        self.client.live().release(
+            live::holding(&self.key, lease.value()),
+            Some(self.opts.lease),
+        );
         // The lease's hold is gone from the owner's known count once Redis answered (given
         // back, or found gone) or the janitor took the release over (it gives it back, or gives
         // up and leaves a hold that no lease has). After another error the caller may still
@@ -946,7 +949,9 @@ impl Shared {
         )?;
         if code == 1 {
             lease.renew(None, start, ttl);
-            self.client.owner_renewed(&self.key, lease.value(), ttl);
+            self.client
+                .live()
+                .renew(live::holding(&self.key, lease.value()), ttl);
             log::debug!(
                 "lock {:?}: {} hold extended by {ttl:?}",
                 self.key,

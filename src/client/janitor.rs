@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
 use crate::client::jobs::{wait, Janitor, Job, Jobs, Shared, MAX_JOBS};
+use crate::client::live;
 use crate::client::repeats::log_repeat;
 use crate::client::{LockClient, WeakClient};
 use crate::error::Result;
@@ -173,6 +174,8 @@ impl Janitor {
         upto: Option<u64>,
         bound: Option<Instant>,
     ) -> Result<bool> {
+        // The entry of an owner's acquire, paused while it waits and tries (see below).
+        let owner = upto.is_none().then(|| live::attempting(key, value));
         loop {
             let job = {
                 let mut jobs = self.shared.lock();
@@ -197,13 +200,10 @@ impl Janitor {
                     // An owner's acquire is not under way while it waits: the try in flight
                     // may be a replay that waits for this owner's attempts (see
                     // `holds_again`).
-                    if upto.is_none() {
-                        client.owner_attempt_pauses(key, value);
-                    }
-                    jobs = wait(&self.shared.done, jobs, bound.unwrap_or(until));
-                    if upto.is_none() {
-                        client.owner_attempt_resumes(key, value);
-                    }
+                    let end = bound.unwrap_or(until);
+                    jobs = client
+                        .live()
+                        .paused(owner, || wait(&self.shared.done, jobs, end));
                 }
             };
             let ours = upto == Some(job.seq);
@@ -217,14 +217,9 @@ impl Janitor {
             // owner's acquire is not under way during the try either: a replayed counted
             // release waits for the owner's attempts (see `holds_again`), and would wait
             // for this very one.
-            if upto.is_none() {
-                client.owner_attempt_pauses(key, value);
-            }
-            let tried = attempt(client, job, bound, when);
-            if upto.is_none() {
-                client.owner_attempt_resumes(key, value);
-            }
-            tried?;
+            client
+                .live()
+                .paused(owner, || attempt(client, job, bound, when))?;
             if ours {
                 return Ok(true);
             }
@@ -385,7 +380,7 @@ impl Janitor {
         }
     }
 
-    /// Called by an acquire of `owner` at `key` under way (see `LockClient::owner_attempt`).
+    /// Called by an acquire of `owner` at `key` under way (see `LiveValues::attempt`).
     ///
     /// Runs, on the caller's thread, a pending counted job of `owner` on `key` (and waits for
     /// a try of it in flight on the janitor thread), so that the owner's next acquire cannot be
@@ -556,10 +551,10 @@ const ATTEMPT_WAIT: Duration = Duration::from_secs(5);
 /// hold's, which the release must not give back.
 fn holds_again(client: &LockClient, key: &str, owner: &[u8], until: Option<Instant>) -> bool {
     let end = attempt_wait_end(Instant::now(), until);
-    while client.owner_attempting(key, owner) && Instant::now() < end {
+    while client.live().contains(live::attempting(key, owner)) && Instant::now() < end {
         thread::sleep(Duration::from_millis(1));
     }
-    let holds = client.owner_holds(key, owner);
+    let holds = client.live().contains(live::holding(key, owner));
     if holds {
         log::debug!("lock {key:?}: the owner holds the lock again; its release is not done again");
     }
@@ -731,7 +726,7 @@ mod tests {
         );
         // The owner's acquire registers itself, then settles its pending clean-ups first (as
         // the reentrant and read-write acquires do).
-        let attempt = client.owner_attempt(key, owner);
+        let attempt = client.live().attempt(key, owner);
         let start = Instant::now();
         let settled = client.janitor().settle(&client, key, owner);
         let took = start.elapsed();
@@ -741,7 +736,7 @@ mod tests {
         assert!(settled.is_err(), "the try was refused");
         assert!(took < Duration::from_millis(2_500), "settle took {took:?}");
         assert!(
-            !client.owner_attempting(key, owner),
+            !client.live().contains(live::attempting(key, owner)),
             "registration balanced"
         );
     }
@@ -789,7 +784,7 @@ mod tests {
     fn the_wait_for_an_owners_attempt_ends_at_the_bound() {
         let client = refused_client();
         let (key, owner) = ("k", b"owner".as_slice());
-        let _attempt = client.owner_attempt(key, owner);
+        let _attempt = client.live().attempt(key, owner);
         let start = Instant::now();
         let bound = crate::time::after(Duration::from_millis(100));
         assert!(!holds_again(&client, key, owner, Some(bound)));

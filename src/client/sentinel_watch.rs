@@ -52,6 +52,7 @@ use std::time::Instant;
 use redis::RedisResult;
 
 use crate::client::cleanup::{Cleanup, Redo};
+use crate::client::live;
 use crate::client::repeats::log_repeat;
 use crate::client::switches::Released;
 use crate::client::LockClient;
@@ -183,7 +184,7 @@ fn replay(client: &LockClient, releases: Vec<Released>) {
             let ours = r.sweep.as_deref().is_some_and(|p| value.starts_with(p));
             // Read after the value was found: a hold whose write the read saw was registered
             // before it was sent.
-            if ours && !client.is_live(&value) {
+            if ours && !client.live().contains(live::value(&value)) {
                 jobs.push(r.redo(value));
             }
         }

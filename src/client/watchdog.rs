@@ -54,6 +54,7 @@ use std::sync::{Arc, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::client::live;
 use crate::client::native::{self, Command};
 use crate::client::repeats::log_repeat;
 use crate::client::watched::{Entry, Shared, ThreadState, Watchdog};
@@ -659,14 +660,13 @@ fn lease_ms(state: &WatchState) -> u64 {
 
 /// A renewed hold stays in the client's live set for its new lifetime.
 fn renewed_live(client: &crate::client::LockClient, state: &WatchState) {
-    match state.kind() {
-        RenewKind::Value(_) | RenewKind::ScriptedValue(_) => {
-            client.hold_renewed(state.value(), state.lease());
-        }
+    let entry = match state.kind() {
+        RenewKind::Value(_) | RenewKind::ScriptedValue(_) => live::value(state.value()),
         RenewKind::HashField(_) | RenewKind::ReadEntry(_) | RenewKind::WriteEntry(_) => {
-            client.owner_renewed(state.key(), state.value(), state.lease());
+            live::holding(state.key(), state.value())
         }
-    }
+    };
+    client.live().renew(entry, state.lease());
 }
 
 /// Marks `state` lost (ignored if stopped), keeping the thread alive if the callback panics;

@@ -10,6 +10,7 @@ use redis::Value;
 
 use crate::client::acquire::Wake;
 use crate::client::admin::{self, Detail};
+use crate::client::live;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::keys;
@@ -265,7 +266,7 @@ impl Extending {
         let result = extended(key, done, lease, new_value, self.start, self.ttl);
         if result.is_ok() {
             // A value of the client's live set stays live for the new lifetime.
-            client.hold_renewed(lease.value(), self.ttl);
+            client.live().renew(live::value(lease.value()), self.ttl);
         }
         client.counters().extended(kind, lease, result)
     }

@@ -36,8 +36,9 @@ use redis::Value;
 use crate::client::access;
 use crate::client::acquire::{Line, Wake};
 use crate::client::cleanup::Why;
+use crate::client::live::{self, LiveValue};
 use crate::client::native::{self, Command};
-use crate::client::{Conn, LiveValue, LockClient};
+use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids::new_token;
 use crate::lease::RenewKind;
@@ -252,7 +253,7 @@ impl TokenLock {
     fn attempt_scripted_once(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = &acq.token[..];
         // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        let mut live = self.client.live_value(token);
+        let mut live = self.client.live().write(token, Instant::now());
         let start = Instant::now();
         let mut reply: Value = self.send_acquire(token, start, Some(acq), |con, s| {
             let args = (token, self.opts.lease_ms());
@@ -289,7 +290,7 @@ impl TokenLock {
     /// refusal also returns the value held.
     fn attempt_pipelined(&self, acq: &Acquiring) -> Result<(Attempt, Option<Vec<u8>>)> {
         let token = &acq.token[..];
-        let mut live = self.client.live_value(token);
+        let mut live = self.client.live().write(token, Instant::now());
         let start = Instant::now();
         let ttl = self.opts.lease_ms();
         let (set, pttl): (Value, i64) = self.send_acquire(token, start, Some(acq), |con, _| {
@@ -515,7 +516,7 @@ impl TokenLock {
     ) -> Result<Option<Lease>> {
         let start = Instant::now();
         // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-        let mut live = self.client.live_value_at(token, start);
+        let mut live = self.client.live().write(token, start);
         let reply: Value = self.send_acquire(token, start, acq, |con, _| {
             if self.client.set_get() {
                 match self.send_set(con, token, true) {
@@ -598,13 +599,13 @@ impl TokenLock {
         let rest_ms = u64::try_from(rest.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
         let kept = string_value::extend(&self.client, &self.key, lease.value(), rest_ms);
         if matches!(kept, Ok(true)) {
-            self.client.hold_renewed(lease.value(), rest);
+            self.client.live().renew(live::value(lease.value()), rest);
             log::debug!(
                 "lock {:?}: kept for {rest:?} more (lock_at_least)",
                 self.key
             );
         } else {
-            self.client.hold_released(lease.value());
+            self.client.live().release(live::value(lease.value()), None);
         }
         // Lost: no longer ours, or kept after its lifetime had passed.
         if matches!(kept, Ok(false)) || (overran && matches!(kept, Ok(true))) {
