@@ -172,12 +172,6 @@ impl WeakClient {
             counted: false,
         })
     }
-
-    #[cfg(feature = "sentinel")]
-    /// False once every handle to the client has been dropped.
-    pub(crate) fn is_alive(&self) -> bool {
-        self.inner.strong_count() > 0
-    }
 }
 
 impl std::fmt::Debug for LockClient {
@@ -222,7 +216,7 @@ impl LockClient {
                 ),
                 waiters,
                 instance,
-                watchdog: Watchdog::new(),
+                watchdog: Watchdog::default(),
                 cluster,
                 courtesy,
                 janitor: Janitor::default(),

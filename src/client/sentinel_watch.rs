@@ -115,13 +115,16 @@ pub(crate) fn remember(
 
 #[cfg(feature = "sentinel")]
 /// `client` learnt that the master is `master`: after a switch, its recent releases are done
-/// again on the new master, owner-checked.
-fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &str) {
+/// again on the new master, owner-checked. False once the client is dropped.
+fn learn(client: &WeakClient, master: (String, u16), epoch: Option<u64>, why: &str) -> bool {
+    let Some(client) = client.upgrade() else {
+        return false;
+    };
     let Some(switches) = client.switches() else {
-        return;
+        return true;
     };
     if !switches.learn(master, epoch, why) {
-        return;
+        return true;
     }
     // Releases published on the new master must reach this client's waiters.
     client.wakeups().reconnect();
@@ -133,8 +136,9 @@ fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &s
             recent.len()
         );
     }
-    replay(client, recent);
+    replay(&client, recent);
     client.note(crate::client::test_hooks::Event::Switched);
+    true
 }
 
 /// Most commands in one pipeline of a replay.
@@ -221,7 +225,7 @@ pub(crate) fn start(watch: Watch, client: &LockClient) {
 fn run(watch: &Watch, client: &WeakClient) {
     let n = watch.sentinels.len();
     let mut i = 0usize;
-    while client.is_alive() {
+    while client.upgrade().is_some() {
         let Some(sentinel) = watch.sentinels.get(i % n.max(1)) else {
             return;
         };
@@ -257,9 +261,8 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
     query.set_write_timeout(Some(watch.timeout))?;
     query.set_read_timeout(Some(watch.timeout))?;
     let (named, epoch) = current_master(&mut query, &watch.service)?;
-    match client.upgrade() {
-        Some(c) => learn(&c, named, Some(epoch), "named by a Sentinel"),
-        None => return Ok(()),
+    if !learn(client, named, Some(epoch), "named by a Sentinel") {
+        return Ok(());
     }
     let mut checked = Instant::now();
     loop {
@@ -270,20 +273,19 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
         if checked.elapsed() >= CHECK_EVERY {
             checked = Instant::now();
             let (named, epoch) = current_master(&mut query, &watch.service)?;
-            match client.upgrade() {
-                Some(c) => learn(
-                    &c,
-                    named,
-                    Some(epoch),
-                    "named by a Sentinel, periodic check",
-                ),
-                None => return Ok(()),
+            if !learn(
+                client,
+                named,
+                Some(epoch),
+                "named by a Sentinel, periodic check",
+            ) {
+                return Ok(());
             }
         }
         let msg = match pubsub.get_message() {
             Ok(msg) => msg,
             Err(e) if e.is_timeout() => {
-                if !client.is_alive() {
+                if client.upgrade().is_none() {
                     return Ok(());
                 }
                 continue;
@@ -304,9 +306,8 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
             log::debug!("Sentinel: unexpected +switch-master message {payload:?}");
             continue;
         };
-        match client.upgrade() {
-            Some(c) => learn(&c, ((*ip).to_owned(), port), None, "+switch-master"),
-            None => return Ok(()),
+        if !learn(client, ((*ip).to_owned(), port), None, "+switch-master") {
+            return Ok(());
         }
     }
 }
