@@ -43,7 +43,7 @@ use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
 use crate::client::jobs::{wait, Janitor, Job, Jobs, Shared, MAX_JOBS};
 use crate::client::live;
 use crate::client::repeats::log_repeat;
-use crate::client::{LockClient, WeakClient};
+use crate::client::{LockClient, OnExit, WeakClient};
 use crate::error::Result;
 use crate::lease::printable;
 
@@ -497,19 +497,11 @@ impl Drop for Settled<'_> {
     }
 }
 
-/// Marks the thread stopped when it exits, also by a panic, so the next job starts another.
-struct OffOnExit<'a>(&'a Shared);
-
-impl Drop for OffOnExit<'_> {
-    fn drop(&mut self) {
-        self.0.lock().running = false;
-    }
-}
-
 /// The janitor thread: runs jobs as they come due; exits when none is left or the client is
 /// gone.
 fn run(shared: &Shared, client: &WeakClient) {
-    let _off = OffOnExit(shared);
+    // Marks the thread stopped when it exits, also by a panic, so the next job starts another.
+    let _off = OnExit(|| shared.lock().running = false);
     loop {
         let due = {
             let mut jobs = shared.lock();

@@ -174,6 +174,15 @@ impl WeakClient {
     }
 }
 
+/// Runs its closure when dropped: a worker thread's mark that it stopped, also by a panic.
+pub(crate) struct OnExit<F: FnMut()>(pub(crate) F);
+
+impl<F: FnMut()> Drop for OnExit<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
 impl std::fmt::Debug for LockClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = self.pool_state();

@@ -50,15 +50,16 @@
 //! sent) is never renewed again, and a late renewal result for it is ignored.
 
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::live;
 use crate::client::native::{self, Command};
 use crate::client::repeats::log_repeat;
+use crate::client::waiters::wait_for;
 use crate::client::watched::{Entry, Shared, ThreadState, Watchdog};
-use crate::client::WeakClient;
+use crate::client::{OnExit, WeakClient};
 use crate::error::LockError;
 use crate::keys;
 use crate::lease::{LossReason, RenewKind, WatchState};
@@ -134,20 +135,12 @@ impl Watchdog {
     }
 }
 
-/// Marks the thread stopped when it exits, also by a panic, so that the next `watch` starts
-/// another.
-struct OffOnExit<'a>(&'a Shared);
-
-impl Drop for OffOnExit<'_> {
-    fn drop(&mut self) {
-        self.0.lock().thread = ThreadState::Off;
-    }
-}
-
 /// The watchdog thread: sleeps until the earliest renewal is due, then runs one round; exits
 /// when the client is gone.
 fn run(shared: &Shared, client: &WeakClient) {
-    let _off = OffOnExit(shared);
+    // Marks the thread stopped when it exits, also by a panic, so that the next `watch`
+    // starts another.
+    let _off = OnExit(|| shared.lock().thread = ThreadState::Off);
     log::debug!("watchdog thread started");
     while sleep_until_due(shared) {
         // A strong handle only for the round: a client dropped meanwhile is dropped here, after
@@ -163,34 +156,19 @@ fn run(shared: &Shared, client: &WeakClient) {
 /// Waits until some entry is due; false on shutdown.
 fn sleep_until_due(shared: &Shared) -> bool {
     let mut list = shared.lock();
-    loop {
-        if list.shutdown {
-            return false;
-        }
+    while !list.shutdown {
         let now = Instant::now();
         let next = list.entries.iter().filter(|e| !e.gone).map(|e| e.due).min();
-        list = match next {
-            Some(due) if due <= now => {
-                list.thread = ThreadState::Busy;
-                return true;
-            }
-            Some(due) => {
-                list.thread = ThreadState::Asleep(Some(due));
-                shared
-                    .wake
-                    .wait_timeout(list, due - now)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0
-            }
-            None => {
-                list.thread = ThreadState::Asleep(None);
-                shared
-                    .wake
-                    .wait(list)
-                    .unwrap_or_else(PoisonError::into_inner)
-            }
-        };
+        if next.is_some_and(|due| due <= now) {
+            list.thread = ThreadState::Busy;
+            return true;
+        }
+        list.thread = ThreadState::Asleep(next);
+        // Without an entry, until woken (std waits for ever on a timeout this long).
+        let left = next.map_or(Duration::MAX, |due| due - now);
+        list = wait_for(&shared.wake, list, left);
     }
+    false
 }
 
 /// One round: renews every entry due now or soon, in as few script calls as the key slots
@@ -332,33 +310,30 @@ fn renew(
     let Some((_, first)) = batch.first() else {
         return;
     };
-    let reply = renew_replies(client, batch, until);
-    let results = match reply {
+    let results = match renew_replies(client, batch, until) {
         Ok(results) if results.len() == batch.len() => results,
-        Ok(results) => {
-            log_repeat!(
-                client.repeats(),
-                "watchdog: renewal answered too few results",
-                log::Level::Warn,
-                "watchdog: renewal of {} holds ({:?}, ...) answered {} results; retrying",
-                batch.len(),
-                first.key(),
-                results.len()
-            );
-            client.counters().renewals_failed(batch.len());
-            return retry_later(client, batch, outcomes);
-        }
-        Err(e) => {
-            log_repeat!(
-                client.repeats(),
-                "watchdog: renewal failed",
-                log::Level::Warn,
-                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
-                 run out: {}",
-                batch.len(),
-                first.key(),
-                e.report()
-            );
+        failed => {
+            match failed {
+                Ok(results) => log_repeat!(
+                    client.repeats(),
+                    "watchdog: renewal answered too few results",
+                    log::Level::Warn,
+                    "watchdog: renewal of {} holds ({:?}, ...) answered {} results; retrying",
+                    batch.len(),
+                    first.key(),
+                    results.len()
+                ),
+                Err(e) => log_repeat!(
+                    client.repeats(),
+                    "watchdog: renewal failed",
+                    log::Level::Warn,
+                    "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their \
+                     leases run out: {}",
+                    batch.len(),
+                    first.key(),
+                    e.report()
+                ),
+            }
             client.counters().renewals_failed(batch.len());
             return retry_later(client, batch, outcomes);
         }
