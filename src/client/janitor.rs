@@ -47,8 +47,8 @@ use crate::client::{LockClient, OnExit, WeakClient};
 use crate::error::Result;
 use crate::lease::printable;
 
-/// Most commands in one pipeline of a replay.
-const REPLAY_BATCH: usize = 512;
+/// Most commands in one pipeline of a replay (its reads, in `sentinel_watch`, too).
+pub(crate) const REPLAY_BATCH: usize = 512;
 /// Pause between two tries of a clean-up that failed.
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(100);
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
@@ -290,8 +290,7 @@ impl Janitor {
     /// reply says nothing, is queued for the janitor thread, which retries it until `until`.
     pub(crate) fn replay(&self, client: &LockClient, jobs: Vec<Redo>) {
         let now = Instant::now();
-        let jobs: Vec<Redo> = jobs.into_iter().filter(|j| j.until > now).collect();
-        let mut iter = jobs.into_iter().peekable();
+        let mut iter = jobs.into_iter().filter(|j| j.until > now).peekable();
         while iter.peek().is_some() {
             let mut batch: Vec<Redo> = iter.by_ref().take(REPLAY_BATCH).collect();
             // Counted holds: the owner's next acquire of the key waits for this try (see

@@ -728,13 +728,9 @@ impl LockClient {
 /// [`LockClient::token_prefix`]).
 fn token_prefix_of(instance: &str) -> [u8; TOKEN_PREFIX_LEN] {
     let mut id = [b'0'; TOKEN_PREFIX_LEN];
-    for (slot, b) in id.iter_mut().zip(
-        instance
-            .bytes()
-            .filter(u8::is_ascii_hexdigit)
-            .map(|b| b.to_ascii_lowercase()),
-    ) {
-        *slot = b;
+    let hex = instance.bytes().filter(u8::is_ascii_hexdigit);
+    for (slot, b) in id.iter_mut().zip(hex) {
+        *slot = b.to_ascii_lowercase();
     }
     id
 }

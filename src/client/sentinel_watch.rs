@@ -52,6 +52,7 @@ use std::time::Instant;
 use redis::RedisResult;
 
 use crate::client::cleanup::{Cleanup, Redo};
+use crate::client::janitor::REPLAY_BATCH;
 use crate::client::live;
 use crate::client::repeats::log_repeat;
 use crate::client::switches::Released;
@@ -140,9 +141,6 @@ fn learn(client: &WeakClient, master: (String, u16), epoch: Option<u64>, why: &s
     client.note(crate::client::test_hooks::Event::Switched);
     true
 }
-
-/// Most commands in one pipeline of a replay.
-const REPLAY_BATCH: usize = 512;
 
 /// Does `releases` again on the current master: a sweep entry reads its key and releases the
 /// value found if this client wrote it and does not hold it; any other entry is sent again

@@ -128,9 +128,10 @@ impl Watchdog {
                     ),
                 }
             }
-            ThreadState::Asleep(None) => self.shared.wake.notify_one(),
-            ThreadState::Asleep(Some(wake_at)) if due < wake_at => self.shared.wake.notify_one(),
-            ThreadState::Asleep(Some(_)) | ThreadState::Busy => {}
+            ThreadState::Asleep(at) if at.is_none_or(|at| due < at) => {
+                self.shared.wake.notify_one()
+            }
+            ThreadState::Asleep(_) | ThreadState::Busy => {}
         }
     }
 }
