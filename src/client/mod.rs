@@ -616,46 +616,37 @@ impl LockClient {
         until: Option<Instant>,
         mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
+        if !self.confirms_writes() {
+            return self.with_conn_until(key, until, f);
+        }
+        let acks = &self.inner.acks;
         let mut short = None;
-        #[cfg(feature = "cluster")]
-        if self.inner.cluster {
+        let reply = self.with_conn_until(key, until, |con, s| {
             // On a Cluster the `WAIT` rides with the write too: redis-rs sends a pipeline to
             // the node of its first command's key, and follows its redirections with the whole
             // pipeline, so the `WAIT` reaches the primary that ran the write.
-            if !self.inner.acks.may_confirm() {
-                return self.with_conn_until(key, until, f);
-            }
-            let reply = self.with_conn_until(key, until, |con, s| {
-                let wait = self
-                    .inner
-                    .acks
-                    .cluster_wait(key, || con.primary_role(key))?;
-                con.set_wait(wait);
-                let reply = f(con, s);
-                short = con.take_wait().and_then(|w| w.shortfall());
-                if let Some(missed) = short {
-                    short = self
-                        .inner
-                        .acks
-                        .cluster_recheck(key, || con.primary_role(key), missed);
-                }
-                reply
-            });
-            // A failure may be a failover: each slot's primary is asked again at its next
-            // confirmed write, so that a promoted replica is learnt afresh.
-            let reply = reply.inspect_err(|_| self.inner.acks.forget_slots())?;
-            return confirmed(key, reply, short);
-        }
-        if self.inner.acks.required() == 0 {
-            return self.with_conn_until(key, until, f);
-        }
-        let reply = self.with_conn_until(key, until, |con, s| {
-            con.set_wait(self.inner.acks.wait());
+            #[cfg(feature = "cluster")]
+            let wait = match self.inner.cluster {
+                true => acks.cluster_wait(key, || con.primary_role(key))?,
+                false => acks.wait(),
+            };
+            #[cfg(not(feature = "cluster"))]
+            let wait = acks.wait();
+            con.set_wait(wait);
             let reply = f(con, s);
             short = con.take_wait().and_then(|w| w.shortfall());
+            #[cfg(feature = "cluster")]
+            if let Some(missed) = short.filter(|_| self.inner.cluster) {
+                short = acks.cluster_recheck(key, || con.primary_role(key), missed);
+            }
             reply
-        })?;
-        confirmed(key, reply, short)
+        });
+        // On a Cluster a failure may be a failover: each slot's primary is asked again at its
+        // next confirmed write, so that a promoted replica is learnt afresh (no slot is known
+        // on other deployments).
+        #[cfg(feature = "cluster")]
+        let reply = reply.inspect_err(|_| acks.forget_slots());
+        confirmed(key, reply?, short)
     }
 
     /// Runs `f` on a pooled connection, mapping Redis errors to [`LockError`] for `key`.
