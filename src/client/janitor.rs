@@ -192,7 +192,7 @@ impl Janitor {
                         return Ok(false);
                     }
                     let Some(until) = in_flight else {
-                        let Some(i) = jobs.pick(Instant::now(), Some((key, value))) else {
+                        let Some(i) = jobs.pick(|j| j.key == key && j.value == value) else {
                             return Ok(true);
                         };
                         break jobs.take(i);
@@ -245,7 +245,7 @@ impl Janitor {
                     if Instant::now() >= bound {
                         break None;
                     }
-                    if let Some(i) = jobs.pick_untried(&tried) {
+                    if let Some(i) = jobs.pick(|j| !tried.contains(&j.seq)) {
                         break Some(jobs.take(i));
                     }
                     if jobs.in_flight.is_empty() {
@@ -509,7 +509,7 @@ fn run(shared: &Shared, client: &WeakClient) {
                     return;
                 }
                 let now = Instant::now();
-                if let Some(i) = jobs.pick(now, None) {
+                if let Some(i) = jobs.pick(|j| j.next <= now) {
                     break jobs.take(i);
                 }
                 let Some(next) = jobs.list.iter().map(|j| j.next).min() else {
