@@ -308,10 +308,15 @@ impl Janitor {
                     .counted
                     .fetch_add(counted.len(), Ordering::AcqRel);
             }
-            let settled = Settled {
-                shared: &self.shared,
-                counted,
-            };
+            // Ends their tries (whatever their outcome: a failed one is queued again before
+            // this is dropped) and wakes the owners waiting for them.
+            let shared = &self.shared;
+            let settled = OnExit(move || {
+                for (k, v, _) in &counted {
+                    shared.finish(k, v, None);
+                }
+                shared.gone(counted.len());
+            });
             batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value, None)));
             let Some(first) = batch.first().map(|j| j.key.clone()) else {
                 continue;
@@ -477,22 +482,6 @@ impl Janitor {
                  its lease"
             ),
         }
-    }
-}
-
-/// Ends the tries of a replay batch's counted jobs (whatever their outcome: a failed one is
-/// queued again before this is dropped) and wakes the owners waiting for them.
-struct Settled<'a> {
-    shared: &'a Shared,
-    counted: Vec<(String, Vec<u8>, Instant)>,
-}
-
-impl Drop for Settled<'_> {
-    fn drop(&mut self) {
-        for (k, v, _) in &self.counted {
-            self.shared.finish(k, v, None);
-        }
-        self.shared.gone(self.counted.len());
     }
 }
 

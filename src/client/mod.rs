@@ -174,7 +174,8 @@ impl WeakClient {
     }
 }
 
-/// Runs its closure when dropped: a worker thread's mark that it stopped, also by a panic.
+/// Runs its closure when dropped, also by a panic: a worker thread's mark that it stopped, a
+/// replay batch's end of its tries.
 pub(crate) struct OnExit<F: FnMut()>(pub(crate) F);
 
 impl<F: FnMut()> Drop for OnExit<F> {
