@@ -395,11 +395,9 @@ impl Janitor {
         if self.shared.counted.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        if let Err(e) = self.run_own(client, key, owner, None, None) {
-            self.ensure_thread_if_pending(client, key);
-            return Err(e);
-        }
-        Ok(())
+        self.run_own(client, key, owner, None, None)
+            .map(drop)
+            .inspect_err(|_| self.ensure_thread_if_pending(client, key))
     }
 
     /// Queues a job for the janitor thread, started if it is not running.

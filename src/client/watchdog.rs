@@ -355,7 +355,14 @@ fn renew(
             Outcome::Drop
         } else {
             state.renewed(start, state.lease());
-            renewed_live(client, state);
+            // It stays in the client's live set for its new lifetime.
+            let entry = match state.kind() {
+                RenewKind::Value(_) | RenewKind::ScriptedValue(_) => live::value(state.value()),
+                RenewKind::HashField(_) | RenewKind::ReadEntry(_) | RenewKind::WriteEntry(_) => {
+                    live::holding(state.key(), state.value())
+                }
+            };
+            client.live().renew(entry, state.lease());
             log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
             renewed += 1;
             if state.renews_once() {
@@ -550,17 +557,6 @@ fn lease_ms(state: &WatchState) -> u64 {
     u64::try_from(state.lease().as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
-}
-
-/// A renewed hold stays in the client's live set for its new lifetime.
-fn renewed_live(client: &crate::client::LockClient, state: &WatchState) {
-    let entry = match state.kind() {
-        RenewKind::Value(_) | RenewKind::ScriptedValue(_) => live::value(state.value()),
-        RenewKind::HashField(_) | RenewKind::ReadEntry(_) | RenewKind::WriteEntry(_) => {
-            live::holding(state.key(), state.value())
-        }
-    };
-    client.live().renew(entry, state.lease());
 }
 
 /// Marks `state` lost (ignored if stopped), keeping the thread alive if the callback panics;
