@@ -109,12 +109,12 @@ impl Janitor {
             cleanup,
             until,
         };
-        if !why.in_line {
+        if let Some(not_in_line) = why.not_in_line {
             log::info!(
                 "lock {key:?}: {} ({}); {} of {} in the background (until it would expire, \
                  in {} ms)",
                 cause.describe(),
-                why.not_in_line(),
+                not_in_line,
                 what,
                 printable(value),
                 until.saturating_duration_since(now).as_millis()
