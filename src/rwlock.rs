@@ -33,6 +33,7 @@ use crate::client::admin;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::sentinel_watch;
+use crate::client::live;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -597,7 +598,7 @@ impl Shared {
         // Under way from before it settles: a Sentinel replay of this owner's release waits
         // for it (see `Janitor::replay`).
         let id = owner.as_bytes();
-        let attempt_live = self.client.owner_attempt(&self.key, id);
+        let attempt_live = self.client.live().attempt(&self.key, id);
         // A release or an undo of ours may still be pending with the janitor: finish it first,
         // so that a later try cannot take the new hold for the old one.
         self.client.janitor().settle(&self.client, &self.key, id)?;
@@ -764,7 +765,9 @@ impl Shared {
         let reply = self.send(&release, owner);
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
-        client.owner_released(&self.key, owner, self.opts.lease);
+        client
+            .live()
+            .release(live::holding(&self.key, owner), Some(self.opts.lease));
         // The lease's hold is gone from the owner's known count once Redis answered (given
         // back, or found gone) or the janitor took the release over (it gives it back, or gives
         // up and leaves a hold that no lease has). After another error the caller may still
@@ -818,7 +821,9 @@ impl Shared {
             Some(&Cell::new(false)),
         )?;
         if code == 1 {
-            self.client.owner_renewed(&self.key, lease.value(), ext.ttl);
+            self.client
+                .live()
+                .renew(live::holding(&self.key, lease.value()), ext.ttl);
         }
         ext.finish(&self.client, mode.kind(), &self.key, code == 1, lease, None)
     }

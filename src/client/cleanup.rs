@@ -11,17 +11,16 @@ use crate::scripts::{LuaScript, Scripts};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Why {
     pub(crate) cause: Cause,
-    /// Tried on the caller's thread first, within one command timeout (see
-    /// [`Janitor::forget`](crate::client::jobs::Janitor::forget)). Not after a command that
-    /// timed out: the server did not answer within a whole command timeout, and a try at once
-    /// would most likely wait another one for nothing (the janitor retries it, and the drain
-    /// of a dropped client tries it once more). Nor when no connection could be had within
-    /// the connect timeout (nothing was sent): the checkout or the connect already took its
-    /// bound, and a try at once would most likely time out the same way. A connection refused
-    /// or reset at once is tried again in-line (it costs no bound).
-    pub(crate) in_line: bool,
-    /// Nothing was sent: no connection within the connect timeout (for the log).
-    pub(crate) nothing_sent: bool,
+    /// `None`: tried on the caller's thread first, within one command timeout (see
+    /// [`Janitor::forget`](crate::client::jobs::Janitor::forget)). Else why not (for the log).
+    /// Not after a command that timed out: the server did not answer within a whole command
+    /// timeout, and a try at once would most likely wait another one for nothing (the janitor
+    /// retries it, and the drain of a dropped client tries it once more). Nor when no
+    /// connection could be had within the connect timeout (nothing was sent): the checkout or
+    /// the connect already took its bound, and a try at once would most likely time out the
+    /// same way. A connection refused or reset at once is tried again in-line (it costs no
+    /// bound).
+    pub(crate) not_in_line: Option<&'static str>,
 }
 
 impl Why {
@@ -44,21 +43,14 @@ impl Why {
     /// A clean-up for `cause` after a call that failed with `e`: in-line unless the command
     /// timed out or no connection could be had in time.
     fn after(cause: Cause, e: &crate::LockError) -> Why {
-        let nothing_sent = e.nothing_sent();
-        Why {
-            cause,
-            in_line: !e.is_timeout() && !nothing_sent,
-            nothing_sent,
-        }
-    }
-
-    /// Why the clean-up is not tried before the call returns (for the log).
-    pub(crate) fn not_in_line(&self) -> &'static str {
-        if self.nothing_sent {
-            "no connection to the server within the connect timeout"
+        let not_in_line = if e.nothing_sent() {
+            Some("no connection to the server within the connect timeout")
+        } else if e.is_timeout() {
+            Some("no reply within the command timeout")
         } else {
-            "no reply within the command timeout"
-        }
+            None
+        };
+        Why { cause, not_in_line }
     }
 }
 
@@ -151,15 +143,23 @@ mod tests {
     #[test]
     fn only_a_sent_command_that_did_not_time_out_is_cleaned_up_in_line() {
         let refused = Why::release(&failed(Fault::UNREACHABLE));
-        assert!(refused.in_line && !refused.nothing_sent);
+        assert_eq!(refused.not_in_line, None);
         let timed_out = Why::release(&failed(Fault::TIMEOUT));
-        assert!(!timed_out.in_line);
+        assert_eq!(
+            timed_out.not_in_line,
+            Some("no reply within the command timeout")
+        );
         // A checkout or connect that timed out sent nothing, and took its bound.
         let no_conn = Why::release(&failed(Fault::NOT_CONNECTED));
-        assert!(!no_conn.in_line && no_conn.nothing_sent);
+        assert_eq!(
+            no_conn.not_in_line,
+            Some("no connection to the server within the connect timeout")
+        );
         assert!(failed(Fault::NOT_CONNECTED).is_transient());
         assert!(!failed(Fault::NOT_CONNECTED).is_timeout());
-        assert!(!Why::acquire(&failed(Fault::NOT_CONNECTED)).in_line);
+        assert!(Why::acquire(&failed(Fault::NOT_CONNECTED))
+            .not_in_line
+            .is_some());
     }
 }
 

@@ -41,13 +41,14 @@ use std::time::{Duration, Instant};
 
 use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
 use crate::client::jobs::{wait, Janitor, Job, Jobs, Shared, MAX_JOBS};
+use crate::client::live;
 use crate::client::repeats::log_repeat;
-use crate::client::{LockClient, WeakClient};
+use crate::client::{LockClient, OnExit, WeakClient};
 use crate::error::Result;
 use crate::lease::printable;
 
-/// Most commands in one pipeline of a replay.
-const REPLAY_BATCH: usize = 512;
+/// Most commands in one pipeline of a replay (its reads, in `sentinel_watch`, too).
+pub(crate) const REPLAY_BATCH: usize = 512;
 /// Pause between two tries of a clean-up that failed.
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(100);
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
@@ -108,12 +109,12 @@ impl Janitor {
             cleanup,
             until,
         };
-        if !why.in_line {
+        if let Some(not_in_line) = why.not_in_line {
             log::info!(
                 "lock {key:?}: {} ({}); {} of {} in the background (until it would expire, \
                  in {} ms)",
                 cause.describe(),
-                why.not_in_line(),
+                not_in_line,
                 what,
                 printable(value),
                 until.saturating_duration_since(now).as_millis()
@@ -173,6 +174,8 @@ impl Janitor {
         upto: Option<u64>,
         bound: Option<Instant>,
     ) -> Result<bool> {
+        // The entry of an owner's acquire, paused while it waits and tries (see below).
+        let owner = upto.is_none().then(|| live::attempting(key, value));
         loop {
             let job = {
                 let mut jobs = self.shared.lock();
@@ -189,7 +192,7 @@ impl Janitor {
                         return Ok(false);
                     }
                     let Some(until) = in_flight else {
-                        let Some(i) = jobs.pick(Instant::now(), Some((key, value))) else {
+                        let Some(i) = jobs.pick(|j| j.key == key && j.value == value) else {
                             return Ok(true);
                         };
                         break jobs.take(i);
@@ -197,13 +200,10 @@ impl Janitor {
                     // An owner's acquire is not under way while it waits: the try in flight
                     // may be a replay that waits for this owner's attempts (see
                     // `holds_again`).
-                    if upto.is_none() {
-                        client.owner_attempt_pauses(key, value);
-                    }
-                    jobs = wait(&self.shared.done, jobs, bound.unwrap_or(until));
-                    if upto.is_none() {
-                        client.owner_attempt_resumes(key, value);
-                    }
+                    let end = bound.unwrap_or(until);
+                    jobs = client
+                        .live()
+                        .paused(owner, || wait(&self.shared.done, jobs, end));
                 }
             };
             let ours = upto == Some(job.seq);
@@ -217,14 +217,9 @@ impl Janitor {
             // owner's acquire is not under way during the try either: a replayed counted
             // release waits for the owner's attempts (see `holds_again`), and would wait
             // for this very one.
-            if upto.is_none() {
-                client.owner_attempt_pauses(key, value);
-            }
-            let tried = attempt(client, job, bound, when);
-            if upto.is_none() {
-                client.owner_attempt_resumes(key, value);
-            }
-            tried?;
+            client
+                .live()
+                .paused(owner, || attempt(client, job, bound, when))?;
             if ours {
                 return Ok(true);
             }
@@ -250,7 +245,7 @@ impl Janitor {
                     if Instant::now() >= bound {
                         break None;
                     }
-                    if let Some(i) = jobs.pick_untried(&tried) {
+                    if let Some(i) = jobs.pick(|j| !tried.contains(&j.seq)) {
                         break Some(jobs.take(i));
                     }
                     if jobs.in_flight.is_empty() {
@@ -295,8 +290,7 @@ impl Janitor {
     /// reply says nothing, is queued for the janitor thread, which retries it until `until`.
     pub(crate) fn replay(&self, client: &LockClient, jobs: Vec<Redo>) {
         let now = Instant::now();
-        let jobs: Vec<Redo> = jobs.into_iter().filter(|j| j.until > now).collect();
-        let mut iter = jobs.into_iter().peekable();
+        let mut iter = jobs.into_iter().filter(|j| j.until > now).peekable();
         while iter.peek().is_some() {
             let mut batch: Vec<Redo> = iter.by_ref().take(REPLAY_BATCH).collect();
             // Counted holds: the owner's next acquire of the key waits for this try (see
@@ -314,10 +308,15 @@ impl Janitor {
                     .counted
                     .fetch_add(counted.len(), Ordering::AcqRel);
             }
-            let settled = Settled {
-                shared: &self.shared,
-                counted,
-            };
+            // Ends their tries (whatever their outcome: a failed one is queued again before
+            // this is dropped) and wakes the owners waiting for them.
+            let shared = &self.shared;
+            let settled = OnExit(move || {
+                for (k, v, _) in &counted {
+                    shared.finish(k, v, None);
+                }
+                shared.gone(counted.len());
+            });
             batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value, None)));
             let Some(first) = batch.first().map(|j| j.key.clone()) else {
                 continue;
@@ -385,7 +384,7 @@ impl Janitor {
         }
     }
 
-    /// Called by an acquire of `owner` at `key` under way (see `LockClient::owner_attempt`).
+    /// Called by an acquire of `owner` at `key` under way (see `LiveValues::attempt`).
     ///
     /// Runs, on the caller's thread, a pending counted job of `owner` on `key` (and waits for
     /// a try of it in flight on the janitor thread), so that the owner's next acquire cannot be
@@ -396,11 +395,9 @@ impl Janitor {
         if self.shared.counted.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        if let Err(e) = self.run_own(client, key, owner, None, None) {
-            self.ensure_thread_if_pending(client, key);
-            return Err(e);
-        }
-        Ok(())
+        self.run_own(client, key, owner, None, None)
+            .map(drop)
+            .inspect_err(|_| self.ensure_thread_if_pending(client, key))
     }
 
     /// Queues a job for the janitor thread, started if it is not running.
@@ -486,35 +483,11 @@ impl Janitor {
     }
 }
 
-/// Ends the tries of a replay batch's counted jobs (whatever their outcome: a failed one is
-/// queued again before this is dropped) and wakes the owners waiting for them.
-struct Settled<'a> {
-    shared: &'a Shared,
-    counted: Vec<(String, Vec<u8>, Instant)>,
-}
-
-impl Drop for Settled<'_> {
-    fn drop(&mut self) {
-        for (k, v, _) in &self.counted {
-            self.shared.finish(k, v, None);
-        }
-        self.shared.gone(self.counted.len());
-    }
-}
-
-/// Marks the thread stopped when it exits, also by a panic, so the next job starts another.
-struct OffOnExit<'a>(&'a Shared);
-
-impl Drop for OffOnExit<'_> {
-    fn drop(&mut self) {
-        self.0.lock().running = false;
-    }
-}
-
 /// The janitor thread: runs jobs as they come due; exits when none is left or the client is
 /// gone.
 fn run(shared: &Shared, client: &WeakClient) {
-    let _off = OffOnExit(shared);
+    // Marks the thread stopped when it exits, also by a panic, so the next job starts another.
+    let _off = OnExit(|| shared.lock().running = false);
     loop {
         let due = {
             let mut jobs = shared.lock();
@@ -523,7 +496,7 @@ fn run(shared: &Shared, client: &WeakClient) {
                     return;
                 }
                 let now = Instant::now();
-                if let Some(i) = jobs.pick(now, None) {
+                if let Some(i) = jobs.pick(|j| j.next <= now) {
                     break jobs.take(i);
                 }
                 let Some(next) = jobs.list.iter().map(|j| j.next).min() else {
@@ -556,10 +529,10 @@ const ATTEMPT_WAIT: Duration = Duration::from_secs(5);
 /// hold's, which the release must not give back.
 fn holds_again(client: &LockClient, key: &str, owner: &[u8], until: Option<Instant>) -> bool {
     let end = attempt_wait_end(Instant::now(), until);
-    while client.owner_attempting(key, owner) && Instant::now() < end {
+    while client.live().contains(live::attempting(key, owner)) && Instant::now() < end {
         thread::sleep(Duration::from_millis(1));
     }
-    let holds = client.owner_holds(key, owner);
+    let holds = client.live().contains(live::holding(key, owner));
     if holds {
         log::debug!("lock {key:?}: the owner holds the lock again; its release is not done again");
     }
@@ -731,7 +704,7 @@ mod tests {
         );
         // The owner's acquire registers itself, then settles its pending clean-ups first (as
         // the reentrant and read-write acquires do).
-        let attempt = client.owner_attempt(key, owner);
+        let attempt = client.live().attempt(key, owner);
         let start = Instant::now();
         let settled = client.janitor().settle(&client, key, owner);
         let took = start.elapsed();
@@ -741,7 +714,7 @@ mod tests {
         assert!(settled.is_err(), "the try was refused");
         assert!(took < Duration::from_millis(2_500), "settle took {took:?}");
         assert!(
-            !client.owner_attempting(key, owner),
+            !client.live().contains(live::attempting(key, owner)),
             "registration balanced"
         );
     }
@@ -789,7 +762,7 @@ mod tests {
     fn the_wait_for_an_owners_attempt_ends_at_the_bound() {
         let client = refused_client();
         let (key, owner) = ("k", b"owner".as_slice());
-        let _attempt = client.owner_attempt(key, owner);
+        let _attempt = client.live().attempt(key, owner);
         let start = Instant::now();
         let bound = crate::time::after(Duration::from_millis(100));
         assert!(!holds_again(&client, key, owner, Some(bound)));

@@ -76,26 +76,11 @@ impl Jobs {
         self.list.insert(at, job);
     }
 
-    /// The index of the job to run next: the oldest job of its key and value, due at `now`,
-    /// none of its key and value in flight. With `only`, jobs of that key and value alone,
-    /// due or not.
-    pub(crate) fn pick(&self, now: Instant, only: Option<(&str, &[u8])>) -> Option<usize> {
-        self.pick_by(|j| match only {
-            Some((k, v)) => j.key == k && j.value == v,
-            None => j.next <= now,
-        })
-    }
-
-    /// The index of the oldest job not in `tried` whose key and value have no try in flight
-    /// and no older job left (due or not): the drain of a dropped client, which tries each
-    /// job once, in creation order per key and value.
-    pub(crate) fn pick_untried(&self, tried: &HashSet<u64>) -> Option<usize> {
-        self.pick_by(|j| !tried.contains(&j.seq))
-    }
-
     /// The index of the oldest job that `ready` takes whose key and value have no try in
-    /// flight and no older job left: jobs of one key and value run one at a time, oldest first.
-    fn pick_by(&self, ready: impl Fn(&Job) -> bool) -> Option<usize> {
+    /// flight and no older job left (due or not): jobs of one key and value run one at a time,
+    /// oldest first. The thread takes the jobs due, an owner's acquire its own jobs (due or
+    /// not), the drain of a dropped client each job once.
+    pub(crate) fn pick(&self, ready: impl Fn(&Job) -> bool) -> Option<usize> {
         let mut blocked: HashSet<(&str, &[u8])> = HashSet::new();
         for (i, j) in self.list.iter().enumerate() {
             let pair = (j.key.as_str(), j.value.as_slice());
@@ -227,20 +212,33 @@ mod tests {
             jobs.list.iter().map(|j| j.seq).collect::<Vec<_>>(),
             [1, 2, 3]
         );
-        assert_eq!(jobs.pick(now, None).map(|i| jobs.list[i].seq), Some(3));
-        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(1));
+        assert_eq!(
+            jobs.pick(|j| j.next <= now).map(|i| jobs.list[i].seq),
+            Some(3)
+        );
+        assert_eq!(
+            jobs.pick(|j| j.next <= later).map(|i| jobs.list[i].seq),
+            Some(1)
+        );
         // An owner's acquire takes its own jobs, due or not, oldest first.
         assert_eq!(
-            jobs.pick(now, Some(("k", b"o"))).map(|i| jobs.list[i].seq),
+            jobs.pick(|j| j.key == "k" && j.value == b"o")
+                .map(|i| jobs.list[i].seq),
             Some(1)
         );
         // While one of ("k", "o") is in flight, none of its others is picked.
         let first = jobs.list.remove(0);
         jobs.in_flight.push((first.key, first.value, first.until));
-        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(3));
-        assert_eq!(jobs.pick(later, Some(("k", b"o"))), None);
+        assert_eq!(
+            jobs.pick(|j| j.next <= later).map(|i| jobs.list[i].seq),
+            Some(3)
+        );
+        assert_eq!(jobs.pick(|j| j.key == "k" && j.value == b"o"), None);
         jobs.finished("k", b"o");
-        assert_eq!(jobs.pick(later, None).map(|i| jobs.list[i].seq), Some(2));
+        assert_eq!(
+            jobs.pick(|j| j.next <= later).map(|i| jobs.list[i].seq),
+            Some(2)
+        );
     }
 
     #[test]
@@ -253,17 +251,25 @@ mod tests {
         jobs.insert(job("x", b"o", 3, later));
         let mut tried = HashSet::new();
         // Due or not, the oldest of its key and value.
-        assert_eq!(jobs.pick_untried(&tried).map(|i| jobs.list[i].seq), Some(1));
+        assert_eq!(
+            jobs.pick(|j| !tried.contains(&j.seq))
+                .map(|i| jobs.list[i].seq),
+            Some(1)
+        );
         // Job 1 tried and back in the queue (it failed): job 2 of its key and value waits
         // behind it, job 3 is next.
         tried.insert(1);
-        assert_eq!(jobs.pick_untried(&tried).map(|i| jobs.list[i].seq), Some(3));
+        assert_eq!(
+            jobs.pick(|j| !tried.contains(&j.seq))
+                .map(|i| jobs.list[i].seq),
+            Some(3)
+        );
         // A try in flight of ("x", "o") blocks its jobs; nothing else is left.
         jobs.in_flight.push(("x".to_owned(), b"o".to_vec(), later));
-        assert_eq!(jobs.pick_untried(&tried), None);
+        assert_eq!(jobs.pick(|j| !tried.contains(&j.seq)), None);
         jobs.finished("x", b"o");
         tried.insert(3);
-        assert_eq!(jobs.pick_untried(&tried), None);
+        assert_eq!(jobs.pick(|j| !tried.contains(&j.seq)), None);
     }
 
     #[test]

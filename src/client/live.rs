@@ -117,17 +117,29 @@ impl Shard {
     }
 }
 
-/// A 64-bit fingerprint of `value` (FNV-1a, its bits then spread by MurmurHash3's finalizer
-/// step, a bijection: the shard, the table's index and its tags each take other bits). Two
-/// values with one fingerprint are both taken for live: the safe side (a stale hold is then
-/// left to expire).
-fn fingerprint(value: &[u8]) -> u64 {
+/// The entry of a value written at a lock key (a token): a 64-bit fingerprint of `value`
+/// (FNV-1a, its bits then spread by MurmurHash3's finalizer step, a bijection: the shard, the
+/// table's index and its tags each take other bits). Two values with one fingerprint are both
+/// taken for live: the safe side (a stale hold is then left to expire).
+pub(crate) fn value(value: &[u8]) -> u64 {
     fingerprint_of(&[value])
 }
 
-/// The [`fingerprint`] of the concatenation of `parts`, without building it (FNV-1a runs
+/// The entry of `owner` holding a counted hold (a hash field) at `key`: the fingerprint of
+/// `\0 h key \0 owner` (a NUL cannot start a token), not built.
+pub(crate) fn holding(key: &str, owner: &[u8]) -> u64 {
+    fingerprint_of(&[b"\0h", key.as_bytes(), b"\0", owner])
+}
+
+/// The entry of an acquire of a counted hold of `owner` at `key` under way (see
+/// [`LiveValues::attempt`]): as [`holding`], with `a`.
+pub(crate) fn attempting(key: &str, owner: &[u8]) -> u64 {
+    fingerprint_of(&[b"\0a", key.as_bytes(), b"\0", owner])
+}
+
+/// The fingerprint of the concatenation of `parts`, without building it (FNV-1a runs
 /// byte by byte, so the parts give the same fingerprint as the whole).
-pub(crate) fn fingerprint_of(parts: &[&[u8]]) -> u64 {
+fn fingerprint_of(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     // Nested loops, not `flat_map`: its per-byte bookkeeping tripled the cost.
     for part in parts {
@@ -149,6 +161,7 @@ fn deadline(now: Instant, ttl: Duration) -> Instant {
     crate::time::saturating_add(now, ttl.saturating_add(drift))
 }
 
+/// Every entry is named by its fingerprint: [`value`], [`holding`] or [`attempting`].
 impl LiveValues {
     /// The shard of fingerprint `f`, its expired holds dropped.
     fn shard(&self, f: u64, now: Instant) -> MutexGuard<'_, Shard> {
@@ -166,31 +179,16 @@ impl LiveValues {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A write of `value` is about to be sent.
-    #[cfg(test)]
-    pub(crate) fn begin(&self, value: &[u8]) {
-        self.begin_at(value, Instant::now());
-    }
-
-    /// [`begin`](Self::begin) with the time read by the caller.
-    pub(crate) fn begin_at(&self, value: &[u8], now: Instant) {
-        self.begin_fp(fingerprint(value), now);
-    }
-
-    /// [`begin_at`](Self::begin_at) of the value of fingerprint `f` ([`fingerprint_of`]).
-    pub(crate) fn begin_fp(&self, f: u64, now: Instant) {
+    /// A write of entry `f` is about to be sent (or an owner's acquire begins), the clock
+    /// read by the caller at `now`.
+    pub(crate) fn begin(&self, f: u64, now: Instant) {
         let mut s = self.shard(f, now);
         let e = s.entries.entry(f).or_default();
         e.writing = e.writing.saturating_add(1);
     }
 
-    /// The write of `value` is over and took no hold (one that did: [`took`](Self::took)).
-    pub(crate) fn end(&self, value: &[u8]) {
-        self.end_fp(fingerprint(value), Instant::now());
-    }
-
-    /// [`end`](Self::end) of the value of fingerprint `f`, the clock read by the caller.
-    pub(crate) fn end_fp(&self, f: u64, now: Instant) {
+    /// The write of entry `f` is over and took no hold (one that did: [`hold`](Self::hold)).
+    pub(crate) fn end(&self, f: u64, now: Instant) {
         let mut s = self.shard(f, now);
         if let Some(e) = s.entries.get_mut(&f) {
             e.writing = e.writing.saturating_sub(1);
@@ -198,30 +196,10 @@ impl LiveValues {
         }
     }
 
-    /// A hold of `value` was taken, written with lifetime `ttl`.
-    #[cfg(test)]
-    pub(crate) fn hold(&self, value: &[u8], ttl: Duration) {
-        self.add_hold(fingerprint(value), ttl, false, Instant::now());
-    }
-
-    /// [`hold`](Self::hold) of the value of fingerprint `f`, the reply having been read at
-    /// `now`.
-    pub(crate) fn hold_fp(&self, f: u64, ttl: Duration, now: Instant) {
-        self.add_hold(f, ttl, false, now);
-    }
-
-    /// The write of `value` took a hold, written with lifetime `ttl`: [`hold`](Self::hold)
-    /// and [`end`](Self::end) at once.
-    pub(crate) fn took(&self, value: &[u8], ttl: Duration) {
-        self.add_hold(fingerprint(value), ttl, true, Instant::now());
-    }
-
-    /// [`took`](Self::took), the reply having been read at `now`.
-    pub(crate) fn took_at(&self, value: &[u8], ttl: Duration, now: Instant) {
-        self.add_hold(fingerprint(value), ttl, true, now);
-    }
-
-    fn add_hold(&self, f: u64, ttl: Duration, write_over: bool, now: Instant) {
+    /// A hold of entry `f` was taken, written with lifetime `ttl`, the reply having been read
+    /// at `now`; with `write_over`, the write that took it is over too ([`end`](Self::end) at
+    /// once).
+    pub(crate) fn hold(&self, f: u64, ttl: Duration, write_over: bool, now: Instant) {
         let mut s = self.shard(f, now);
         let e = s.entries.entry(f).or_default();
         if write_over {
@@ -231,13 +209,9 @@ impl LiveValues {
         s.push_deadline(f, deadline(now, ttl));
     }
 
-    /// A hold of `value` was renewed or extended to lifetime `ttl` (ignored unless held).
-    pub(crate) fn renew(&self, value: &[u8], ttl: Duration) {
-        self.renew_fp(fingerprint(value), ttl);
-    }
-
-    /// [`renew`](Self::renew) of the value of fingerprint `f`.
-    pub(crate) fn renew_fp(&self, f: u64, ttl: Duration) {
+    /// The holds of entry `f` were renewed or extended to lifetime `ttl` (ignored unless
+    /// held).
+    pub(crate) fn renew(&self, f: u64, ttl: Duration) {
         let now = Instant::now();
         let mut s = self.shard(f, now);
         if s.entries.get(&f).is_some_and(|e| e.holds > 0) {
@@ -245,17 +219,12 @@ impl LiveValues {
         }
     }
 
-    /// One hold of `value` was released (or its release handed to the janitor). Drops no other
+    /// One hold of entry `f` was released (or its release handed to the janitor), then, with
+    /// `renew`, the holds left (if any) renewed to that lifetime, as [`renew`](Self::renew):
+    /// under one lock of the shard, and the clock read only if holds are left. Drops no other
     /// entry (that would read the clock on every release): the next write or hold on the
     /// shard does.
-    pub(crate) fn release(&self, value: &[u8]) {
-        self.release_fp(fingerprint(value), None);
-    }
-
-    /// [`release`](Self::release) of the value of fingerprint `f`, then, with `renew`, the
-    /// holds left (if any) renewed to that lifetime, as [`renew_fp`](Self::renew_fp): under
-    /// one lock of the shard, and the clock read only if holds are left.
-    pub(crate) fn release_fp(&self, f: u64, renew: Option<Duration>) {
+    pub(crate) fn release(&self, f: u64, renew: Option<Duration>) {
         let mut s = self.shard_of(f);
         let Some(e) = s.entries.get_mut(&f) else {
             return;
@@ -274,14 +243,52 @@ impl LiveValues {
         }
     }
 
-    /// True while `value` is being written, or held and within its deadline.
-    pub(crate) fn contains(&self, value: &[u8]) -> bool {
-        self.contains_fp(fingerprint(value))
+    /// True while entry `f` is being written, or held and within its deadline.
+    pub(crate) fn contains(&self, f: u64) -> bool {
+        self.shard(f, Instant::now()).entries.contains_key(&f)
     }
 
-    /// [`contains`](Self::contains) of the value of fingerprint `f`.
-    pub(crate) fn contains_fp(&self, f: u64) -> bool {
-        self.shard(f, Instant::now()).entries.contains_key(&f)
+    /// Runs `run` with the write (or owner's acquire) of entry `f`, if any, not under way.
+    pub(crate) fn paused<T>(&self, f: Option<u64>, run: impl FnOnce() -> T) -> T {
+        if let Some(f) = f {
+            self.end(f, Instant::now());
+        }
+        let out = run();
+        if let Some(f) = f {
+            self.begin(f, Instant::now());
+        }
+        out
+    }
+
+    /// `value` (a token) is about to be written, the clock read by the caller at `now`: nothing
+    /// may delete it as a stale hold of this client's until the returned guard is dropped,
+    /// unless the write took a hold, recorded by [`LiveValue::keep`].
+    pub(crate) fn write<'a>(&'a self, value: &'a [u8], now: Instant) -> LiveValue<'a> {
+        let f = self::value(value);
+        self.begin(f, now);
+        LiveValue {
+            live: self,
+            value,
+            f,
+            kept: false,
+        }
+    }
+
+    /// An acquire of a counted hold of `owner` at `key` begins: until the returned guard is
+    /// dropped, its [`attempting`] entry is live; [`OwnerAttempt::took`] counts the hold it
+    /// took (its [`holding`] entry) until its release or the end of its lifetime. A Sentinel
+    /// replay of a counted release waits for the owner's attempts under way and then leaves an
+    /// owner that holds the lock alone (see `Janitor::replay`).
+    pub(crate) fn attempt<'a>(&'a self, key: &'a str, owner: &'a [u8]) -> OwnerAttempt<'a> {
+        let attempting = attempting(key, owner);
+        self.begin(attempting, Instant::now());
+        OwnerAttempt {
+            live: self,
+            key,
+            owner,
+            attempting,
+            seen: std::cell::Cell::new(None),
+        }
     }
 
     /// Entries kept, after dropping the holds past their deadline.
@@ -313,25 +320,111 @@ impl LiveValues {
     }
 }
 
+/// A value being written by an acquire (see [`LiveValues::write`]).
+pub(crate) struct LiveValue<'a> {
+    live: &'a LiveValues,
+    value: &'a [u8],
+    f: u64,
+    kept: bool,
+}
+
+impl LiveValue<'_> {
+    /// The value being written.
+    pub(crate) fn value(&self) -> &[u8] {
+        self.value
+    }
+
+    /// The acquire took the lock with lifetime `ttl`: the write is over, and the value stays
+    /// live until its release, or until that lifetime (or a later one written by an extend or
+    /// renewal) has run out.
+    pub(crate) fn keep(&mut self, ttl: Duration) {
+        self.keep_at(ttl, Instant::now());
+    }
+
+    /// [`keep`](Self::keep), the reply having been read at `now`.
+    pub(crate) fn keep_at(&mut self, ttl: Duration, now: Instant) {
+        if !std::mem::replace(&mut self.kept, true) {
+            self.live.hold(self.f, ttl, true, now);
+        }
+    }
+}
+
+impl Drop for LiveValue<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.live.end(self.f, Instant::now());
+        }
+    }
+}
+
+/// An acquire of a counted hold under way (see [`LiveValues::attempt`]).
+pub(crate) struct OwnerAttempt<'a> {
+    live: &'a LiveValues,
+    key: &'a str,
+    owner: &'a [u8],
+    /// Fingerprint of the attempting entry (computed once for its begin and end).
+    attempting: u64,
+    /// When the reply that took the hold was read: the clock reading the end reuses.
+    seen: std::cell::Cell<Option<Instant>>,
+}
+
+impl OwnerAttempt<'_> {
+    /// The server counted a hold for the owner, with lifetime `ttl`: counted until its
+    /// release or the end of its lifetime.
+    pub(crate) fn took(&self, ttl: Duration) {
+        self.took_at(ttl, Instant::now());
+    }
+
+    /// [`took`](Self::took), the reply having been read at `now`.
+    pub(crate) fn took_at(&self, ttl: Duration, now: Instant) {
+        let f = holding(self.key, self.owner);
+        self.live.hold(f, ttl, false, now);
+        self.seen.set(Some(now));
+    }
+}
+
+impl Drop for OwnerAttempt<'_> {
+    fn drop(&mut self) {
+        let now = self.seen.get().unwrap_or_else(Instant::now);
+        self.live.end(self.attempting, now);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::LiveValues;
-    use std::time::Duration;
+    use super::{value, LiveValues};
+    use std::time::{Duration, Instant};
+
+    /// The operations on the entry of a value, as the tests use them.
+    impl LiveValues {
+        fn begin_v(&self, v: &[u8]) {
+            self.begin(value(v), Instant::now());
+        }
+        fn end_v(&self, v: &[u8]) {
+            self.end(value(v), Instant::now());
+        }
+        fn hold_v(&self, v: &[u8], ttl: Duration, write_over: bool) {
+            self.hold(value(v), ttl, write_over, Instant::now());
+        }
+        fn has(&self, v: &[u8]) -> bool {
+            self.contains(value(v))
+        }
+    }
 
     #[test]
     fn a_write_is_live_from_begin_to_its_last_end() {
         let live = LiveValues::default();
-        assert!(!live.contains(b"t"));
-        live.begin(b"t");
-        live.begin(b"t");
-        live.end(b"t");
-        assert!(live.contains(b"t"));
-        live.end(b"t");
-        assert!(!live.contains(b"t"));
-        live.end(b"t");
-        assert!(!live.contains(b"t"));
-        live.begin(b"u");
-        assert!(!live.contains(b"t"));
+        assert!(!live.has(b"t"));
+        live.begin_v(b"t");
+        live.begin_v(b"t");
+        live.end_v(b"t");
+        assert!(live.has(b"t"));
+        live.end_v(b"t");
+        assert!(!live.has(b"t"));
+        live.end_v(b"t");
+        assert!(!live.has(b"t"));
+        live.begin_v(b"u");
+        assert!(!live.has(b"t"));
         assert_eq!(live.len(), 1);
     }
 
@@ -340,36 +433,36 @@ mod tests {
         let live = LiveValues::default();
         let long = Duration::from_secs(60);
         // Taken: the write ends as the hold is recorded, and the value stays.
-        live.begin(b"t");
-        live.took(b"t", long);
-        assert!(live.contains(b"t"));
-        live.release(b"t");
-        assert!(!live.contains(b"t"));
+        live.begin_v(b"t");
+        live.hold_v(b"t", long, true);
+        assert!(live.has(b"t"));
+        live.release(value(b"t"), None);
+        assert!(!live.has(b"t"));
         // Counted holds: live until the last release.
-        live.hold(b"c", long);
-        live.hold(b"c", long);
-        live.release(b"c");
-        assert!(live.contains(b"c"));
-        live.release(b"c");
-        assert!(!live.contains(b"c"));
+        live.hold_v(b"c", long, false);
+        live.hold_v(b"c", long, false);
+        live.release(value(b"c"), None);
+        assert!(live.has(b"c"));
+        live.release(value(b"c"), None);
+        assert!(!live.has(b"c"));
         // A renewal of a value not held adds nothing.
-        live.renew(b"x", long);
-        assert!(!live.contains(b"x"));
+        live.renew(value(b"x"), long);
+        assert!(!live.has(b"x"));
         assert_eq!(live.len(), 0);
         // A hold whose lifetime ran out leaves by itself; one renewed in time stays.
-        live.hold(b"e", Duration::ZERO);
-        live.hold(b"r", Duration::ZERO);
-        live.renew(b"r", long);
+        live.hold_v(b"e", Duration::ZERO, false);
+        live.hold_v(b"r", Duration::ZERO, false);
+        live.renew(value(b"r"), long);
         std::thread::sleep(Duration::from_millis(5));
-        assert!(!live.contains(b"e"));
-        assert!(live.contains(b"r"));
+        assert!(!live.has(b"e"));
+        assert!(live.has(b"r"));
         // A write under way keeps the value past its hold's deadline.
-        live.begin(b"w");
-        live.hold(b"w", Duration::ZERO);
+        live.begin_v(b"w");
+        live.hold_v(b"w", Duration::ZERO, false);
         std::thread::sleep(Duration::from_millis(5));
-        assert!(live.contains(b"w"));
-        live.end(b"w");
-        assert!(!live.contains(b"w"));
+        assert!(live.has(b"w"));
+        live.end_v(b"w");
+        assert!(!live.has(b"w"));
     }
 
     #[test]
@@ -378,13 +471,13 @@ mod tests {
         // Given up: taken, never released, with a lifetime that has run out (2 ms of drift).
         for i in 0..10_000u32 {
             let v = i.to_be_bytes();
-            live.begin(&v);
-            live.took(&v, Duration::ZERO);
+            live.begin_v(&v);
+            live.hold_v(&v, Duration::ZERO, true);
         }
         std::thread::sleep(Duration::from_millis(5));
         // Ordinary operations on every shard drop them: what stays is what is live.
         for i in 0..1_000u32 {
-            live.begin(format!("w{i}").as_bytes());
+            live.begin_v(format!("w{i}").as_bytes());
         }
         assert_eq!(live.stored(), 1_000);
         assert_eq!(live.len(), 1_000);

@@ -14,7 +14,7 @@ pub(crate) mod confirm;
 pub(crate) mod grants;
 pub(crate) mod janitor;
 pub(crate) mod jobs;
-mod live;
+pub(crate) mod live;
 pub(crate) mod native;
 pub(crate) mod pool;
 pub(crate) mod repeats;
@@ -172,11 +172,15 @@ impl WeakClient {
             counted: false,
         })
     }
+}
 
-    #[cfg(feature = "sentinel")]
-    /// False once every handle to the client has been dropped.
-    pub(crate) fn is_alive(&self) -> bool {
-        self.inner.strong_count() > 0
+/// Runs its closure when dropped, also by a panic: a worker thread's mark that it stopped, a
+/// replay batch's end of its tries.
+pub(crate) struct OnExit<F: FnMut()>(pub(crate) F);
+
+impl<F: FnMut()> Drop for OnExit<F> {
+    fn drop(&mut self) {
+        (self.0)();
     }
 }
 
@@ -222,7 +226,7 @@ impl LockClient {
                 ),
                 waiters,
                 instance,
-                watchdog: Watchdog::new(),
+                watchdog: Watchdog::default(),
                 cluster,
                 courtesy,
                 janitor: Janitor::default(),
@@ -386,24 +390,9 @@ impl LockClient {
         self.inner.token_prefix
     }
 
-    /// The write of `value` is over, and took no hold.
-    pub(crate) fn write_ends(&self, value: &[u8]) {
-        self.inner.live.end(value);
-    }
-
-    /// The hold of `value` was extended or renewed to lifetime `ttl`.
-    pub(crate) fn hold_renewed(&self, value: &[u8], ttl: Duration) {
-        self.inner.live.renew(value, ttl);
-    }
-
-    /// `value` is no longer held (released, or its release is the janitor's).
-    pub(crate) fn hold_released(&self, value: &[u8]) {
-        self.inner.live.release(value);
-    }
-
-    /// True while `value` is being written or held by this client.
-    pub(crate) fn is_live(&self, value: &[u8]) -> bool {
-        self.inner.live.contains(value)
+    /// Values this client is writing or holds (see `client/live.rs`).
+    pub(crate) fn live(&self) -> &LiveValues {
+        &self.inner.live
     }
 
     /// Entries of the client's live set (see `client/live.rs`): the writes under way and the
@@ -415,89 +404,12 @@ impl LockClient {
         self.inner.live.len()
     }
 
-    /// One hold of `owner` (a counted hold: a hash field) at `key` was released (see
-    /// [`owner_attempt`](Self::owner_attempt)); the release gives the owner's other holds,
-    /// if any, lifetime `ttl` again.
-    pub(crate) fn owner_released(&self, key: &str, owner: &[u8], ttl: Duration) {
-        self.inner
-            .live
-            .release_fp(owner_slot(b'h', key, owner), Some(ttl));
-    }
-
-    /// The holds of `owner` at `key` were extended or renewed to lifetime `ttl`.
-    pub(crate) fn owner_renewed(&self, key: &str, owner: &[u8], ttl: Duration) {
-        self.inner.live.renew_fp(owner_slot(b'h', key, owner), ttl);
-    }
-
-    /// True while `owner` holds the counted lock at `key` (as far as this client knows).
-    pub(crate) fn owner_holds(&self, key: &str, owner: &[u8]) -> bool {
-        self.inner.live.contains_fp(owner_slot(b'h', key, owner))
-    }
-
-    /// The acquire of `owner` at `key` waits in `Janitor::settle` for a clean-up of its own
-    /// in flight (which may be a replay waiting for attempts under way): not under way
-    /// meanwhile. Paired with [`owner_attempt_resumes`](Self::owner_attempt_resumes).
-    pub(crate) fn owner_attempt_pauses(&self, key: &str, owner: &[u8]) {
-        self.inner
-            .live
-            .end_fp(owner_slot(b'a', key, owner), Instant::now());
-    }
-
-    /// See [`owner_attempt_pauses`](Self::owner_attempt_pauses).
-    pub(crate) fn owner_attempt_resumes(&self, key: &str, owner: &[u8]) {
-        self.inner
-            .live
-            .begin_fp(owner_slot(b'a', key, owner), Instant::now());
-    }
-
-    /// True while an acquire of `owner` at `key` is under way (from before it settles its
-    /// pending clean-ups until its answer is read).
-    pub(crate) fn owner_attempting(&self, key: &str, owner: &[u8]) -> bool {
-        self.inner.live.contains_fp(owner_slot(b'a', key, owner))
-    }
-
     /// True if `value`, found at a lock key, was written by this client (a token)
     /// and is neither held nor being written by it: a hold nobody will release.
     pub(crate) fn is_stale_own(&self, value: &[u8]) -> bool {
         value.len() > TOKEN_PREFIX_LEN
             && value.starts_with(&self.token_prefix())
-            && !self.is_live(value)
-    }
-
-    /// `value` (a token) is about to be written: nothing may delete it as a stale hold of
-    /// this client's (see `client/live.rs`) until the returned guard is dropped
-    /// ([`write_ends`](Self::write_ends)), unless the write took a hold, recorded by
-    /// [`LiveValue::keep`].
-    pub(crate) fn live_value<'a>(&'a self, value: &'a [u8]) -> LiveValue<'a> {
-        self.live_value_at(value, Instant::now())
-    }
-
-    /// [`live_value`](Self::live_value), the clock read by the caller at `now`.
-    pub(crate) fn live_value_at<'a>(&'a self, value: &'a [u8], now: Instant) -> LiveValue<'a> {
-        self.inner.live.begin_at(value, now);
-        LiveValue {
-            client: self,
-            entry: value,
-            kept: false,
-        }
-    }
-
-    /// An acquire of a counted hold of `owner` at `key` begins: until the returned guard is
-    /// dropped, [`owner_attempting`](Self::owner_attempting) is true; [`OwnerAttempt::took`]
-    /// counts the hold it took until its [`owner_released`](Self::owner_released) or the end
-    /// of its lifetime. A Sentinel
-    /// replay of a counted release waits for the owner's attempts under way and then leaves an
-    /// owner that holds the lock alone (see `Janitor::replay`).
-    pub(crate) fn owner_attempt<'a>(&'a self, key: &'a str, owner: &'a [u8]) -> OwnerAttempt<'a> {
-        let attempting = owner_slot(b'a', key, owner);
-        self.inner.live.begin_fp(attempting, Instant::now());
-        OwnerAttempt {
-            client: self,
-            key,
-            owner,
-            attempting,
-            seen: std::cell::Cell::new(None),
-        }
+            && !self.inner.live.contains(live::value(value))
     }
 
     /// The client's background clean-ups.
@@ -705,46 +617,37 @@ impl LockClient {
         until: Option<Instant>,
         mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
     ) -> Result<T> {
+        if !self.confirms_writes() {
+            return self.with_conn_until(key, until, f);
+        }
+        let acks = &self.inner.acks;
         let mut short = None;
-        #[cfg(feature = "cluster")]
-        if self.inner.cluster {
+        let reply = self.with_conn_until(key, until, |con, s| {
             // On a Cluster the `WAIT` rides with the write too: redis-rs sends a pipeline to
             // the node of its first command's key, and follows its redirections with the whole
             // pipeline, so the `WAIT` reaches the primary that ran the write.
-            if !self.inner.acks.may_confirm() {
-                return self.with_conn_until(key, until, f);
-            }
-            let reply = self.with_conn_until(key, until, |con, s| {
-                let wait = self
-                    .inner
-                    .acks
-                    .cluster_wait(key, || con.primary_role(key))?;
-                con.set_wait(wait);
-                let reply = f(con, s);
-                short = con.take_wait().and_then(|w| w.shortfall());
-                if let Some(missed) = short {
-                    short = self
-                        .inner
-                        .acks
-                        .cluster_recheck(key, || con.primary_role(key), missed);
-                }
-                reply
-            });
-            // A failure may be a failover: each slot's primary is asked again at its next
-            // confirmed write, so that a promoted replica is learnt afresh.
-            let reply = reply.inspect_err(|_| self.inner.acks.forget_slots())?;
-            return confirmed(key, reply, short);
-        }
-        if self.inner.acks.required() == 0 {
-            return self.with_conn_until(key, until, f);
-        }
-        let reply = self.with_conn_until(key, until, |con, s| {
-            con.set_wait(self.inner.acks.wait());
+            #[cfg(feature = "cluster")]
+            let wait = match self.inner.cluster {
+                true => acks.cluster_wait(key, || con.primary_role(key))?,
+                false => acks.wait(),
+            };
+            #[cfg(not(feature = "cluster"))]
+            let wait = acks.wait();
+            con.set_wait(wait);
             let reply = f(con, s);
             short = con.take_wait().and_then(|w| w.shortfall());
+            #[cfg(feature = "cluster")]
+            if let Some(missed) = short.filter(|_| self.inner.cluster) {
+                short = acks.cluster_recheck(key, || con.primary_role(key), missed);
+            }
             reply
-        })?;
-        confirmed(key, reply, short)
+        });
+        // On a Cluster a failure may be a failover: each slot's primary is asked again at its
+        // next confirmed write, so that a promoted replica is learnt afresh (no slot is known
+        // on other deployments).
+        #[cfg(feature = "cluster")]
+        let reply = reply.inspect_err(|_| acks.forget_slots());
+        confirmed(key, reply?, short)
     }
 
     /// Runs `f` on a pooled connection, mapping Redis errors to [`LockError`] for `key`.
@@ -817,13 +720,9 @@ impl LockClient {
 /// [`LockClient::token_prefix`]).
 fn token_prefix_of(instance: &str) -> [u8; TOKEN_PREFIX_LEN] {
     let mut id = [b'0'; TOKEN_PREFIX_LEN];
-    for (slot, b) in id.iter_mut().zip(
-        instance
-            .bytes()
-            .filter(u8::is_ascii_hexdigit)
-            .map(|b| b.to_ascii_lowercase()),
-    ) {
-        *slot = b;
+    let hex = instance.bytes().filter(u8::is_ascii_hexdigit);
+    for (slot, b) in id.iter_mut().zip(hex) {
+        *slot = b.to_ascii_lowercase();
     }
     id
 }
@@ -831,85 +730,6 @@ fn token_prefix_of(instance: &str) -> [u8; TOKEN_PREFIX_LEN] {
 /// How many times a command that still met `MOVED` or `ASK` after redis-rs's own redirections
 /// is sent again (each within its own command timeout).
 const MOVED_RESENDS: u32 = 2;
-/// The fingerprint of the entry of `owner` at `key` in the client's live set, attempting
-/// (`a`) or holding (`h`): `\0 what key \0 owner` (a NUL cannot start a token), not built.
-fn owner_slot(what: u8, key: &str, owner: &[u8]) -> u64 {
-    live::fingerprint_of(&[&[0, what], key.as_bytes(), &[0], owner])
-}
-
-/// An acquire of a counted hold under way (see [`LockClient::owner_attempt`]).
-pub(crate) struct OwnerAttempt<'a> {
-    client: &'a LockClient,
-    key: &'a str,
-    owner: &'a [u8],
-    /// Fingerprint of the attempting entry (computed once for its begin and end).
-    attempting: u64,
-    /// When the reply that took the hold was read: the clock reading the end reuses.
-    seen: std::cell::Cell<Option<Instant>>,
-}
-
-impl OwnerAttempt<'_> {
-    /// The server counted a hold for the owner, with lifetime `ttl`: counted until its
-    /// release or the end of its lifetime.
-    pub(crate) fn took(&self, ttl: Duration) {
-        self.took_at(ttl, Instant::now());
-    }
-
-    /// [`took`](Self::took), the reply having been read at `now`.
-    pub(crate) fn took_at(&self, ttl: Duration, now: Instant) {
-        self.client
-            .inner
-            .live
-            .hold_fp(owner_slot(b'h', self.key, self.owner), ttl, now);
-        self.seen.set(Some(now));
-    }
-}
-
-impl Drop for OwnerAttempt<'_> {
-    fn drop(&mut self) {
-        let now = self.seen.get().unwrap_or_else(Instant::now);
-        self.client.inner.live.end_fp(self.attempting, now);
-    }
-}
-
-/// A value being written by an acquire (see [`LockClient::live_value`]).
-pub(crate) struct LiveValue<'a> {
-    client: &'a LockClient,
-    entry: &'a [u8],
-    kept: bool,
-}
-
-impl LiveValue<'_> {
-    /// The value being written.
-    pub(crate) fn value(&self) -> &[u8] {
-        self.entry
-    }
-
-    /// The acquire took the lock with lifetime `ttl`: the write is over, and the value stays
-    /// live until its release, or until that lifetime (or a later one written by an extend or
-    /// renewal) has run out.
-    pub(crate) fn keep(&mut self, ttl: Duration) {
-        if !std::mem::replace(&mut self.kept, true) {
-            self.client.inner.live.took(self.entry, ttl);
-        }
-    }
-
-    /// [`keep`](Self::keep), the reply having been read at `now`.
-    pub(crate) fn keep_at(&mut self, ttl: Duration, now: Instant) {
-        if !std::mem::replace(&mut self.kept, true) {
-            self.client.inner.live.took_at(self.entry, ttl, now);
-        }
-    }
-}
-
-impl Drop for LiveValue<'_> {
-    fn drop(&mut self) {
-        if !self.kept {
-            self.client.write_ends(self.entry);
-        }
-    }
-}
-
 /// An error that says the socket is dead (the peer closed or reset it), as opposed to a timeout
 /// after which the command may still run.
 fn is_dropped(e: &redis::RedisError) -> bool {

@@ -47,13 +47,9 @@ impl std::fmt::Display for LeftOut {
 }
 
 impl Repeats {
-    /// `Some` when a line of `cause` may be written now (with the count of those left out
-    /// before it), `None` when it is left out (and counted).
-    pub(crate) fn admit(&self, cause: &'static str) -> Option<LeftOut> {
-        self.admit_at(cause, Instant::now())
-    }
-
-    fn admit_at(&self, cause: &'static str, now: Instant) -> Option<LeftOut> {
+    /// `Some` when a line of `cause` may be written at `now` (with the count of those left
+    /// out before it), `None` when it is left out (and counted).
+    pub(crate) fn admit_at(&self, cause: &'static str, now: Instant) -> Option<LeftOut> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         match slots.iter_mut().find(|s| s.cause == cause) {
             None => {
@@ -87,7 +83,7 @@ macro_rules! log_repeat {
     ($repeats:expr, $cause:expr, $level:expr, $($arg:tt)+) => {{
         let level: log::Level = $level;
         if log::log_enabled!(level) {
-            if let Some(left_out) = $repeats.admit($cause) {
+            if let Some(left_out) = $repeats.admit_at($cause, std::time::Instant::now()) {
                 log::log!(level, "{}{}", format_args!($($arg)+), left_out);
             }
         }

@@ -52,6 +52,8 @@ use std::time::Instant;
 use redis::RedisResult;
 
 use crate::client::cleanup::{Cleanup, Redo};
+use crate::client::janitor::REPLAY_BATCH;
+use crate::client::live;
 use crate::client::repeats::log_repeat;
 use crate::client::switches::Released;
 use crate::client::LockClient;
@@ -114,13 +116,16 @@ pub(crate) fn remember(
 
 #[cfg(feature = "sentinel")]
 /// `client` learnt that the master is `master`: after a switch, its recent releases are done
-/// again on the new master, owner-checked.
-fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &str) {
+/// again on the new master, owner-checked. False once the client is dropped.
+fn learn(client: &WeakClient, master: (String, u16), epoch: Option<u64>, why: &str) -> bool {
+    let Some(client) = client.upgrade() else {
+        return false;
+    };
     let Some(switches) = client.switches() else {
-        return;
+        return true;
     };
     if !switches.learn(master, epoch, why) {
-        return;
+        return true;
     }
     // Releases published on the new master must reach this client's waiters.
     client.wakeups().reconnect();
@@ -132,12 +137,10 @@ fn learn(client: &LockClient, master: (String, u16), epoch: Option<u64>, why: &s
             recent.len()
         );
     }
-    replay(client, recent);
+    replay(&client, recent);
     client.note(crate::client::test_hooks::Event::Switched);
+    true
 }
-
-/// Most commands in one pipeline of a replay.
-const REPLAY_BATCH: usize = 512;
 
 /// Does `releases` again on the current master: a sweep entry reads its key and releases the
 /// value found if this client wrote it and does not hold it; any other entry is sent again
@@ -183,7 +186,7 @@ fn replay(client: &LockClient, releases: Vec<Released>) {
             let ours = r.sweep.as_deref().is_some_and(|p| value.starts_with(p));
             // Read after the value was found: a hold whose write the read saw was registered
             // before it was sent.
-            if ours && !client.is_live(&value) {
+            if ours && !client.live().contains(live::value(&value)) {
                 jobs.push(r.redo(value));
             }
         }
@@ -220,7 +223,7 @@ pub(crate) fn start(watch: Watch, client: &LockClient) {
 fn run(watch: &Watch, client: &WeakClient) {
     let n = watch.sentinels.len();
     let mut i = 0usize;
-    while client.is_alive() {
+    while client.upgrade().is_some() {
         let Some(sentinel) = watch.sentinels.get(i % n.max(1)) else {
             return;
         };
@@ -256,9 +259,8 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
     query.set_write_timeout(Some(watch.timeout))?;
     query.set_read_timeout(Some(watch.timeout))?;
     let (named, epoch) = current_master(&mut query, &watch.service)?;
-    match client.upgrade() {
-        Some(c) => learn(&c, named, Some(epoch), "named by a Sentinel"),
-        None => return Ok(()),
+    if !learn(client, named, Some(epoch), "named by a Sentinel") {
+        return Ok(());
     }
     let mut checked = Instant::now();
     loop {
@@ -269,20 +271,19 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
         if checked.elapsed() >= CHECK_EVERY {
             checked = Instant::now();
             let (named, epoch) = current_master(&mut query, &watch.service)?;
-            match client.upgrade() {
-                Some(c) => learn(
-                    &c,
-                    named,
-                    Some(epoch),
-                    "named by a Sentinel, periodic check",
-                ),
-                None => return Ok(()),
+            if !learn(
+                client,
+                named,
+                Some(epoch),
+                "named by a Sentinel, periodic check",
+            ) {
+                return Ok(());
             }
         }
         let msg = match pubsub.get_message() {
             Ok(msg) => msg,
             Err(e) if e.is_timeout() => {
-                if !client.is_alive() {
+                if client.upgrade().is_none() {
                     return Ok(());
                 }
                 continue;
@@ -303,9 +304,8 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
             log::debug!("Sentinel: unexpected +switch-master message {payload:?}");
             continue;
         };
-        match client.upgrade() {
-            Some(c) => learn(&c, ((*ip).to_owned(), port), None, "+switch-master"),
-            None => return Ok(()),
+        if !learn(client, ((*ip).to_owned(), port), None, "+switch-master") {
+            return Ok(());
         }
     }
 }

@@ -181,17 +181,16 @@ impl Switches {
             Some(e) => known.epoch = e,
             None => {}
         }
-        let switched = known.master.as_ref().is_some_and(|old| *old != master);
-        // An announced switch raises the epoch by one at least. An announcement of the master
-        // already known (the periodic check got there first) leaves it, so that the next check,
-        // which names that master with its real epoch, is not taken for a stale Sentinel.
-        if epoch.is_none() && switched {
-            known.epoch = known.epoch.saturating_add(1);
-        }
-        let known = &mut known.master;
-        match known.as_ref() {
-            Some(_) if !switched => false,
-            Some(old) => {
+        match known.master.replace(master.clone()) {
+            None => log::debug!("Sentinel: current master {}:{} ({why})", master.0, master.1),
+            Some(old) if old != master => {
+                // An announced switch raises the epoch by one at least. An announcement of the
+                // master already known (the periodic check got there first) leaves it, so that
+                // the next check, which names that master with its real epoch, is not taken for
+                // a stale Sentinel.
+                if epoch.is_none() {
+                    known.epoch = known.epoch.saturating_add(1);
+                }
                 let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
                 log::warn!(
                     "Sentinel: master switched from {}:{} to {}:{} ({why}); connections to the \
@@ -201,15 +200,11 @@ impl Switches {
                     master.0,
                     master.1
                 );
-                *known = Some(master);
-                true
+                return true;
             }
-            None => {
-                log::debug!("Sentinel: current master {}:{} ({why})", master.0, master.1);
-                *known = Some(master);
-                false
-            }
+            Some(_) => {}
         }
+        false
     }
 }
 

@@ -2,7 +2,6 @@
 //! lock holders share. State only: the client owns it, and the thread that renews the holds is
 //! in `watchdog.rs` (which needs the client to send commands).
 
-use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
@@ -19,14 +18,6 @@ use crate::lease::WatchState;
 #[derive(Default)]
 pub(crate) struct Watchdog {
     pub(crate) shared: Arc<Shared>,
-}
-
-impl fmt::Debug for Watchdog {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Watchdog")
-            .field("watched", &self.watched())
-            .finish_non_exhaustive()
-    }
 }
 
 /// What the client's side and the thread share.
@@ -81,11 +72,6 @@ impl Shared {
 }
 
 impl Watchdog {
-    /// A watchdog whose thread starts with the first watched hold.
-    pub(crate) fn new() -> Self {
-        Self::default()
-    }
-
     /// Holds currently watched: neither released, dropped by their holder, nor lost.
     pub(crate) fn watched(&self) -> usize {
         self.shared

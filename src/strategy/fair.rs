@@ -51,6 +51,7 @@ use redis::Value;
 use crate::client::access;
 use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
+use crate::client::live;
 use crate::client::subscriber::Delivery;
 use crate::client::waiters::Offer;
 use crate::client::{Conn, LockClient};
@@ -666,7 +667,7 @@ impl FairLock {
         }
         let token = self.new_token();
         // Live until taken or given up: a grant to it may be written by any release.
-        let mut live = self.client.live_value(&token);
+        let mut live = self.client.live().write(&token, Instant::now());
         queues.grants.register(&token, &self.key);
         // The subscriber generation confirmed when the latest attempt was sent: a grant
         // published later, while it stays confirmed, is heard.
@@ -873,7 +874,7 @@ impl FairLock {
     /// One attempt with a fresh token, kept live for the lease if it took the lock.
     fn take(&self, attempt: impl FnOnce(&Token) -> Result<Option<Lease>>) -> Result<Option<Lease>> {
         let token = self.new_token();
-        let mut live = self.client.live_value(&token);
+        let mut live = self.client.live().write(&token, Instant::now());
         let lease = attempt(&token)?;
         if lease.is_some() {
             live.keep(self.opts.lease);
@@ -908,7 +909,7 @@ impl DistributedLock for FairLock {
         let generation = self.client.switch_generation();
         let reply = self.release_script(lease.value(), successor.as_ref());
         // Held no longer, whatever the answer: a failed release is the janitor's now.
-        self.client.hold_released(lease.value());
+        self.client.live().release(live::value(lease.value()), None);
         if let Some(token) = &successor {
             // The server's time of the release, which the successor's grant is counted from;
             // none when the lock was not ours (the successor was not queued) or no reply came.

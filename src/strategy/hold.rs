@@ -10,6 +10,7 @@ use redis::Value;
 
 use crate::client::acquire::Wake;
 use crate::client::admin;
+use crate::client::live;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::keys;
@@ -253,7 +254,7 @@ impl Extending {
             lease.renew(new_value, self.start, self.ttl);
             log::debug!("lock {key:?}: extended by {:?}", self.ttl);
             // A value of the client's live set stays live for the new lifetime.
-            client.hold_renewed(lease.value(), self.ttl);
+            client.live().renew(live::value(lease.value()), self.ttl);
             Ok(())
         } else {
             // Returned as `LockError::Lost`: not also a warning.

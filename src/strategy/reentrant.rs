@@ -32,6 +32,7 @@ use crate::client::access;
 use crate::client::acquire::Line;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
+use crate::client::live;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -242,7 +243,7 @@ impl ReentrantLock {
         let owner = self.owner();
         // Under way from before it settles: a Sentinel replay of this owner's release waits
         // for it (see `Janitor::replay`).
-        let attempt_live = self.client.owner_attempt(&self.key, owner.as_bytes());
+        let attempt_live = self.client.live().attempt(&self.key, owner.as_bytes());
         // A release of ours that failed on a connection error may still be retried by the
         // janitor: finish it first, so that a later try cannot take the new hold for the old.
         self.client
@@ -535,8 +536,10 @@ impl DistributedLock for ReentrantLock {
         });
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
-        self.client
-            .owner_released(&self.key, lease.value(), self.opts.lease);
+        self.client.live().release(
+            live::holding(&self.key, lease.value()),
+            Some(self.opts.lease),
+        );
         if let Some(why) = hold::failed_release(&reply) {
             if self.forget_failed_release(lease, why) {
                 // The in-line retry gave the hold back (owner-checked by the count, so at most
@@ -600,7 +603,9 @@ impl DistributedLock for ReentrantLock {
                 .eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;
         if renewed == 1 {
-            self.client.owner_renewed(&self.key, lease.value(), ext.ttl);
+            self.client
+                .live()
+                .renew(live::holding(&self.key, lease.value()), ext.ttl);
         }
         ext.finish(&self.client, KIND, &self.key, renewed == 1, lease, None)
     }

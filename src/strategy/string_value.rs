@@ -8,6 +8,7 @@ use std::cell::Cell;
 use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::client::cleanup::{Cleanup, Why};
+use crate::client::live;
 use crate::client::native::{self, Command};
 use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
@@ -366,7 +367,7 @@ pub(crate) fn release(
         )
     });
     // Held no longer, whatever the answer: a failed release is the janitor's now.
-    client.hold_released(lease.value());
+    client.live().release(live::value(lease.value()), None);
     if redone {
         // The in-line retry deleted the key if it was still ours: released.
         return Ok(redone_release(client, kind, key, lease, overran));

@@ -36,8 +36,9 @@ use redis::Value;
 use crate::client::access;
 use crate::client::acquire::{Line, Wake};
 use crate::client::cleanup::Why;
+use crate::client::live::{self, LiveValue};
 use crate::client::native::{self, Command};
-use crate::client::{Conn, LiveValue, LockClient};
+use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids::new_token;
 use crate::lease::RenewKind;
@@ -226,7 +227,7 @@ impl TokenLock {
         let once = || {
             let start = Instant::now();
             // Before it is sent: a Sentinel replay that reads the key after the write sees it live.
-            let mut live = self.client.live_value_at(&acq.token, start);
+            let mut live = self.client.live().write(&acq.token, start);
             let (reply, holder) = if set {
                 self.set_once(acq, start)
             } else if self.pipelined_attempts() {
@@ -522,13 +523,13 @@ impl TokenLock {
         let rest_ms = u64::try_from(rest.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
         let kept = string_value::extend(&self.client, &self.key, lease.value(), rest_ms);
         if matches!(kept, Ok(true)) {
-            self.client.hold_renewed(lease.value(), rest);
+            self.client.live().renew(live::value(lease.value()), rest);
             log::debug!(
                 "lock {:?}: kept for {rest:?} more (lock_at_least)",
                 self.key
             );
         } else {
-            self.client.hold_released(lease.value());
+            self.client.live().release(live::value(lease.value()), None);
         }
         // Lost: no longer ours, or kept after its lifetime had passed.
         if matches!(kept, Ok(false)) || (overran && matches!(kept, Ok(true))) {
