@@ -12,11 +12,11 @@ use redis::{ConnectionAddr, RedisResult};
 
 use super::confirm::{Acks, ReplicaAcks};
 use super::native::Detected;
-#[cfg(feature = "cluster")]
-use super::pool::{cluster_retries, CLUSTER_TRIES};
 #[cfg(feature = "sentinel")]
-use super::pool::{master_info, sentinel_master_addr};
-use super::pool::{unreaped, ConnectErrors, Lazy, Manager, Pool, SharedErrors, Target};
+use super::pool::Sentinels;
+#[cfg(feature = "cluster")]
+use super::pool::{cluster_retries, CLUSTER_TRIES, SETUP_REPLIES};
+use super::pool::{unreaped, Lazy, Manager, Pool, Target};
 #[cfg(feature = "sentinel")]
 use super::sentinel_watch;
 use super::subscriber::Resolve;
@@ -414,12 +414,6 @@ impl ClientBuilder {
             )));
         }
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
-        #[cfg(feature = "sentinel")]
-        let connect_timeout = self.connect_timeout;
-        #[cfg(feature = "cluster")]
-        let cluster = matches!(self.target, TargetSpec::Cluster(_));
-        #[cfg(not(feature = "cluster"))]
-        let cluster = false;
         let bad = |e: &redis::RedisError| bad_url(e.clone());
         let infos = match &self.target {
             TargetSpec::Single(info) => std::slice::from_ref(info.as_ref().map_err(bad)?),
@@ -444,7 +438,8 @@ impl ClientBuilder {
             }
         }
         let addr = self.target.describe();
-        let resolve: Option<Resolve>;
+        #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
+        let mut resolve: Option<Resolve>;
         #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
         let mut switches = None;
         #[cfg(feature = "sentinel")]
@@ -485,10 +480,7 @@ impl ClientBuilder {
                     // redis-rs's set-up of a node connection waits for up to four replies, each
                     // with the whole connection timeout: a fourth of the connect timeout.
                     let mut b = redis::cluster::ClusterClientBuilder::new(seeds)
-                        .connection_timeout(super::pool::connect_timeout(
-                            self.connect_timeout,
-                            Some(self.connect_timeout),
-                        ))
+                        .connection_timeout(self.connect_timeout / SETUP_REPLIES)
                         .retries(retries)
                         .min_retry_wait(min_wait)
                         .max_retry_wait(max_wait)
@@ -532,34 +524,25 @@ impl ClientBuilder {
                     .first()
                     .map(|s| s.get_connection_info().addr().clone())
                     .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
-                // The subscriber follows the current master too (PUBLISH on a master reaches
-                // its replicas' subscribers as well, so a stale answer still hears releases).
-                let (asked, svc, tls) = (sentinels.clone(), service.clone(), master_tls.clone());
-                resolve = Some(Box::new(move || {
-                    let addr = sentinel_master_addr(&asked, &svc, connect_timeout, timeout)?;
-                    master_info(tls.as_ref(), addr)
-                }));
+                // Set once the manager is built (see `Manager::named_master`).
+                resolve = None;
                 let found = Arc::new(Switches::default());
                 watch = Some(sentinel_watch::Watch {
                     sentinels: sentinels.clone(),
                     service: service.clone(),
-                    connect_timeout,
+                    connect_timeout: self.connect_timeout,
                     timeout,
                 });
                 switches = Some(Arc::clone(&found));
-                Target::Sentinel {
-                    sentinels,
+                Target::Sentinel(Sentinels {
+                    clients: sentinels,
                     service: service.clone(),
                     first: AtomicUsize::new(0),
                     switches: found,
                     master_tls,
-                }
+                })
             }
         };
-        #[cfg(feature = "sentinel")]
-        let sentinel = matches!(self.target, TargetSpec::Sentinel { .. });
-        #[cfg(not(feature = "sentinel"))]
-        let sentinel = false;
         if self.replica_ack_timeout.is_zero() {
             return Err(LockError::client_config(
                 "replica_ack_timeout is zero (WAIT would block until every replica confirms)",
@@ -568,10 +551,11 @@ impl ClientBuilder {
         let acks = Arc::new(Acks::new(
             self.replica_acks,
             self.replica_ack_timeout,
-            sentinel || cluster,
+            !matches!(self.target, TargetSpec::Single(_)),
         ));
         let counters = Arc::new(crate::stats::Counters::default());
-        let manager = Manager {
+        let cluster = target.is_cluster();
+        let manager = Arc::new(Manager {
             #[cfg(feature = "sentinel")]
             acks: Arc::clone(&acks),
             counters: Arc::clone(&counters),
@@ -579,29 +563,33 @@ impl ClientBuilder {
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
             tls: tls_target.is_some(),
-        };
+        });
+        // The subscriber follows the current master too (see `Manager::named_master`).
+        #[cfg(feature = "sentinel")]
+        if matches!(manager.target, Target::Sentinel(_)) {
+            let manager = Arc::clone(&manager);
+            resolve = Some(Box::new(move || manager.named_master()));
+        }
         let detected = if self.lazy {
             Detected::scripts_only()
         } else {
             manager.check(&addr)?
         };
-        let connect_errors = Arc::new(ConnectErrors::default());
         let pool = unreaped()
-            .error_handler(Box::new(SharedErrors(Arc::clone(&connect_errors))))
             .max_size(self.pool_size)
             .min_idle(Some(0))
             // A checkout PING would double every lock operation's cost; broken connections mark
             // themselves (see `Conn`) and are replaced instead.
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
-            .build_unchecked(Lazy(Arc::new(manager)));
+            .build_unchecked(Lazy(manager));
         let client = LockClient::with_pool(
             Pool::Managed(pool),
             resolve,
             cluster,
             timeout,
             self.courtesy,
-            (addr, connect_errors),
+            (addr, Arc::default()),
             switches,
             counters,
             detected,

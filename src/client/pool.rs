@@ -21,43 +21,42 @@ use super::confirm::Wait;
 use super::native::Detected;
 #[cfg(feature = "sentinel")]
 use super::switches::Switches;
-use crate::client::repeats::{log_repeat, Repeats};
+use crate::client::repeats::Repeats;
 use crate::error::{self, LockError, Result, Rounded};
 use crate::scripts;
 
-/// The scheduler that every client pool of the process shares: ONE thread
-/// (`dlock-pool`), started with the first client built and kept for the life of the
-/// process. r2d2 adds a pool's connections on it when a checkout finds none idle; the pools
-/// schedule nothing else (see [`unreaped`]), so an idle client costs it nothing. It sends
-/// nothing and never waits for a server: what it adds is an unopened [`Link`], which the
-/// checkout that takes it opens on its own thread (see [`Lazy`]), so a server slow to answer
-/// delays no other client's connections.
-pub(crate) fn shared_scheduler() -> Arc<ScheduledThreadPool> {
+/// A pool builder on the scheduler that every client pool of the process shares: ONE thread
+/// (`dlock-pool`), started with the first client built and kept for the life of the process.
+/// r2d2 adds a pool's connections on it when a checkout finds none idle; the pools schedule
+/// nothing else, so an idle client costs it nothing. It sends nothing and never waits for a
+/// server: what it adds is an unopened [`Link`], which the checkout that takes it opens on its
+/// own thread (see [`Lazy`]), so a server slow to answer delays no other client's connections.
+///
+/// Without r2d2's idle-connection reaper: the reaper is a job repeated every 30 s on the
+/// scheduler that nothing cancels when its pool is dropped, so on a shared scheduler each
+/// client built would leave one behind. A pooled connection thus stays open until its client
+/// is dropped or it breaks (a server's idle `timeout` closing it included: it is then replaced
+/// at its next use).
+pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
     static SCHEDULER: OnceLock<Arc<ScheduledThreadPool>> = OnceLock::new();
-    Arc::clone(SCHEDULER.get_or_init(|| {
+    let scheduler = SCHEDULER.get_or_init(|| {
         Arc::new(
             ScheduledThreadPool::builder()
                 .num_threads(1)
                 .thread_name_pattern("dlock-pool")
                 .build(),
         )
-    }))
-}
-
-/// A pool builder on the [`shared_scheduler`] without r2d2's idle-connection reaper: the
-/// reaper is a job repeated every 30 s on the scheduler that nothing cancels when its pool is
-/// dropped, so on a shared scheduler each client built would leave one behind. A pooled
-/// connection thus stays open until its client is dropped or it breaks (a server's idle
-/// `timeout` closing it included: it is then replaced at its next use).
-pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
+    });
     r2d2::Pool::builder()
-        .thread_pool(shared_scheduler())
+        .thread_pool(Arc::clone(scheduler))
         .idle_timeout(None)
         .max_lifetime(None)
 }
 
 /// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
-/// for connection", so its error handler keeps what actually went wrong.
+/// for connection", so the checkout that failed to open one keeps what actually went wrong.
+/// (r2d2's own error handler is never called: [`Lazy`] adds connections unopened, and no
+/// checkout is tested.)
 #[derive(Debug, Default)]
 pub(crate) struct ConnectErrors {
     last: std::sync::Mutex<Option<redis::RedisError>>,
@@ -75,28 +74,6 @@ impl ConnectErrors {
     /// The latest failure.
     pub(super) fn last(&self) -> Option<redis::RedisError> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
-impl r2d2::HandleError<redis::RedisError> for ConnectErrors {
-    fn handle_error(&self, e: redis::RedisError) {
-        log_repeat!(
-            self.repeats,
-            "pool: opening a connection failed",
-            log::Level::Debug,
-            "pool: opening a connection failed: {e}"
-        );
-        self.note(e);
-    }
-}
-
-/// Lets the pool own an `Arc` of the client's [`ConnectErrors`].
-#[derive(Debug)]
-pub(super) struct SharedErrors(pub(super) Arc<ConnectErrors>);
-
-impl r2d2::HandleError<redis::RedisError> for SharedErrors {
-    fn handle_error(&self, e: redis::RedisError) {
-        r2d2::HandleError::handle_error(self.0.as_ref(), e);
     }
 }
 
@@ -153,44 +130,6 @@ pub(super) fn master_info(
     }
 }
 
-#[cfg(feature = "sentinel")]
-/// Asks each Sentinel in turn for `service`'s master address; each step bounded by the
-/// timeouts.
-pub(super) fn sentinel_master_addr(
-    sentinels: &[redis::Client],
-    service: &str,
-    connect_timeout: Duration,
-    timeout: Duration,
-) -> RedisResult<(String, u16)> {
-    let mut last_err = None;
-    for sentinel in sentinels {
-        let named: RedisResult<Option<(String, u16)>> = sentinel
-            .get_connection_with_timeout(connect_timeout)
-            .and_then(|con| {
-                con.set_read_timeout(Some(timeout))?;
-                con.set_write_timeout(Some(timeout))?;
-                Ok(con)
-            })
-            .and_then(|mut con| {
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(service)
-                    .query(&mut con)
-            });
-        match named {
-            Ok(Some(addr)) => return Ok(addr),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-    }
-    Err(last_err.unwrap_or_else(|| {
-        redis::RedisError::from((
-            redis::ErrorKind::MasterNameNotFoundBySentinel,
-            "no Sentinel named a master for the service",
-        ))
-    }))
-}
-
 /// Where connections go.
 pub(super) enum Target {
     Single(redis::Client),
@@ -203,25 +142,28 @@ pub(super) enum Target {
         first: AtomicUsize,
     },
     #[cfg(feature = "sentinel")]
-    /// Sentinels asked for the current master of `service` on every new connection. Not
-    /// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the
-    /// Sentinel connections nor on its `ROLE` check of the master, so one frozen server hung
-    /// every later reconnection of the pool for good.
-    Sentinel {
-        sentinels: Vec<redis::Client>,
-        service: String,
-        /// The Sentinel that answered last, asked first next time (the Sentinel clients
-        /// guideline), so a dead or frozen one costs one timeout, not one per connection.
-        first: AtomicUsize,
-        /// The master switches announced by the Sentinels (`+switch-master`).
-        switches: Arc<Switches>,
-        /// A Sentinel's TLS address when they are reached over TLS: the master is too.
-        master_tls: Option<ConnectionAddr>,
-    },
+    Sentinel(Sentinels),
+}
+
+#[cfg(feature = "sentinel")]
+/// Sentinels asked for the current master of `service` on every new connection. Not
+/// `redis::sentinel::SentinelClient`: its blocking lookup sets no read timeout on the Sentinel
+/// connections nor on its `ROLE` check of the master, so one frozen server hung every later
+/// reconnection of the pool for good.
+pub(super) struct Sentinels {
+    pub(super) clients: Vec<redis::Client>,
+    pub(super) service: String,
+    /// The Sentinel that answered last, asked first next time (the Sentinel clients
+    /// guideline), so a dead or frozen one costs one timeout, not one per connection.
+    pub(super) first: AtomicUsize,
+    /// The master switches announced by the Sentinels (`+switch-master`).
+    pub(super) switches: Arc<Switches>,
+    /// A Sentinel's TLS address when they are reached over TLS: the master is too.
+    pub(super) master_tls: Option<ConnectionAddr>,
 }
 
 impl Target {
-    fn is_cluster(&self) -> bool {
+    pub(super) fn is_cluster(&self) -> bool {
         #[cfg(feature = "cluster")]
         if let Target::Cluster { .. } = self {
             return true;
@@ -252,9 +194,7 @@ impl Manager {
     fn single(&self, client: &redis::Client, until: Option<Instant>) -> RedisResult<Link> {
         let con =
             client.get_connection_with_timeout(connect_within(self.connect_timeout, until)?)?;
-        con.set_read_timeout(self.command_timeout)?;
-        con.set_write_timeout(self.command_timeout)?;
-        Ok(Link::new(Node::Single(con)).with_read_timeout(self.command_timeout))
+        Link::opened(Node::Single(con), self.command_timeout)
     }
 
     #[cfg(feature = "sentinel")]
@@ -277,98 +217,112 @@ impl Manager {
     }
 
     #[cfg(feature = "sentinel")]
-    /// Asks each Sentinel in turn for `service`'s master and connects to the first one named
-    /// that answers `ROLE` as a master. An address is tried once per call even if several
-    /// Sentinels name it, so a frozen old master costs one timeout, not one per Sentinel.
+    /// Asks each Sentinel in turn, the one that answered last first, for the service's master
+    /// until `take` accepts an address one names (`None`: passed over); `last_err` is the
+    /// error to return if none does and no Sentinel fails. No step waits past `until`.
+    fn ask_sentinels<T>(
+        &self,
+        s: &Sentinels,
+        until: Option<Instant>,
+        mut last_err: Option<RedisError>,
+        mut take: impl FnMut((String, u16)) -> Option<RedisResult<T>>,
+    ) -> RedisResult<T> {
+        let (n, start) = (s.clients.len(), s.first.load(Ordering::Relaxed));
+        for i in (0..n).map(|k| (start + k) % n) {
+            let named: RedisResult<Option<(String, u16)>> =
+                self.discovery(&s.clients[i], until).and_then(|mut con| {
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(&s.service)
+                        .query(&mut con)
+                });
+            let taken = match named {
+                Ok(Some(addr)) => take(addr),
+                Ok(None) => Some(Err(RedisError::from((
+                    redis::ErrorKind::MasterNameNotFoundBySentinel,
+                    "the Sentinel does not know the service",
+                    s.service.clone(),
+                )))),
+                Err(e) => Some(Err(e)),
+            };
+            match taken {
+                Some(Ok(t)) => {
+                    s.first.store(i, Ordering::Relaxed);
+                    return Ok(t);
+                }
+                Some(Err(e)) => last_err = Some(e),
+                None => {}
+            }
+        }
+        Err(last_err.unwrap_or_else(|| {
+            RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel to ask"))
+        }))
+    }
+
+    #[cfg(feature = "sentinel")]
+    /// Where the Sentinels say the master is, for the subscriber: not checked with `ROLE`
+    /// (`PUBLISH` on a master reaches its replicas' subscribers as well, so a stale answer
+    /// still hears releases).
+    pub(super) fn named_master(&self) -> RedisResult<ConnectionInfo> {
+        let Target::Sentinel(s) = &self.target else {
+            return Err(RedisError::from((redis::ErrorKind::Client, "no Sentinel")));
+        };
+        let info = |addr| Some(master_info(s.master_tls.as_ref(), addr));
+        self.ask_sentinels(s, None, None, info)
+    }
+
+    #[cfg(feature = "sentinel")]
+    /// Connects to the first master the Sentinels name that answers `ROLE` as a master. An
+    /// address is tried once per call even if several Sentinels name it, so a frozen old
+    /// master costs one timeout, not one per Sentinel.
     ///
     /// The master the last `+switch-master` announced, if any, is tried first: a Sentinel that
     /// has not heard of the switch yet would still name the old master, which answers `ROLE` as
     /// a master until Sentinel reconfigures it.
     ///
     /// No step waits past `until`.
-    fn sentinel_master(
-        &self,
-        sentinels: &[redis::Client],
-        service: &str,
-        first: &AtomicUsize,
-        switches: &Switches,
-        master_tls: Option<&ConnectionAddr>,
-        until: Option<Instant>,
-    ) -> RedisResult<Link> {
+    fn sentinel_master(&self, s: &Sentinels, until: Option<Instant>) -> RedisResult<Link> {
         // Read before asking: a switch during this connect makes the link stale at once.
-        let generation = switches.generation();
+        let generation = s.switches.generation();
         let mut tried: Vec<(String, u16)> = Vec::new();
-        let mut last_err = None;
+        let mut check = |addr: (String, u16)| {
+            if tried.contains(&addr) {
+                return None;
+            }
+            tried.push(addr.clone());
+            let checked = self.checked_master(addr.clone(), s.master_tls.as_ref(), until);
+            Some(checked.map(|(mut link, replicas)| {
+                self.acks.learn(&addr, replicas);
+                link.generation = generation;
+                link
+            }))
+        };
         // The master this client follows, and why its check failed, if it did.
         let mut passed_over = None;
-        if let Some(addr) = switches.announced() {
-            tried.push(addr.clone());
-            match self.checked_master(addr.clone(), master_tls, until) {
-                Ok((link, replicas)) => {
-                    self.acks.learn(&addr, replicas);
-                    return Ok(link.of_generation(generation));
-                }
-                Err(e) => {
-                    passed_over = Some((addr, e.to_string()));
-                    last_err = Some(e);
-                }
+        if let Some(addr) = s.switches.announced() {
+            match check(addr.clone()) {
+                Some(Ok(link)) => return Ok(link),
+                Some(Err(e)) => passed_over = Some((addr, e)),
+                None => {}
             }
         }
-        let start = first.load(Ordering::Relaxed);
-        for i in (0..sentinels.len()).map(|k| (start + k) % sentinels.len()) {
-            let sentinel = &sentinels[i];
-            let named: RedisResult<Option<(String, u16)>> =
-                self.discovery(sentinel, until).and_then(|mut con| {
-                    redis::cmd("SENTINEL")
-                        .arg("GET-MASTER-ADDR-BY-NAME")
-                        .arg(service)
-                        .query(&mut con)
-                });
-            let addr = match named {
-                Ok(Some(addr)) => addr,
-                Ok(None) => {
-                    last_err = Some(redis::RedisError::from((
-                        redis::ErrorKind::MasterNameNotFoundBySentinel,
-                        "the Sentinel does not know the service",
-                        service.to_owned(),
-                    )));
-                    continue;
-                }
-                Err(e) => {
-                    last_err = Some(e);
-                    continue;
-                }
-            };
-            if tried.contains(&addr) {
-                continue;
+        let last_err = passed_over.as_ref().map(|(_, e)| e.clone());
+        self.ask_sentinels(s, until, last_err, |addr| {
+            let link = check(addr.clone())?;
+            if let (Ok(_), Some((followed, why))) = (&link, &passed_over) {
+                log::info!(
+                    "Sentinel: a new connection goes to {}:{}, which a Sentinel names, not to \
+                     {}:{}, the master this client follows ({why})",
+                    addr.0,
+                    addr.1,
+                    followed.0,
+                    followed.1
+                );
             }
-            tried.push(addr.clone());
-            match self.checked_master(addr.clone(), master_tls, until) {
-                Ok((link, replicas)) => {
-                    self.acks.learn(&addr, replicas);
-                    first.store(i, Ordering::Relaxed);
-                    if let Some((followed, why)) = &passed_over {
-                        log::info!(
-                            "Sentinel: a new connection goes to {}:{}, which a Sentinel names, \
-                             not to {}:{}, the master this client follows ({why})",
-                            addr.0,
-                            addr.1,
-                            followed.0,
-                            followed.1
-                        );
-                    }
-                    return Ok(link.of_generation(generation));
-                }
-                Err(e) => last_err = Some(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| {
-            redis::RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel to ask"))
-        }))
+            Some(link)
+        })
     }
-}
 
-impl Manager {
     /// The check of [`ClientBuilder::build`](crate::ClientBuilder::build): opens one connection (which sends AUTH, SELECT
     /// and the TLS handshake as the URL asks) and runs a one-line script by `EVAL` and by
     /// `EVALSHA`, the two ways the library runs its scripts. The `EVAL` goes in one round trip
@@ -534,10 +488,8 @@ impl Manager {
                 format!("{}:{}", addr.0, addr.1),
             )));
         };
-        con.set_read_timeout(self.command_timeout)?;
-        con.set_write_timeout(self.command_timeout)?;
         Ok((
-            Link::new(Node::Single(con)).with_read_timeout(self.command_timeout),
+            Link::opened(Node::Single(con), self.command_timeout)?,
             replicas.len(),
         ))
     }
@@ -546,14 +498,12 @@ impl Manager {
     fn generation(&self) -> u64 {
         match &self.target {
             #[cfg(feature = "sentinel")]
-            Target::Sentinel { switches, .. } => switches.generation(),
+            Target::Sentinel(s) => s.switches.generation(),
             #[allow(unreachable_patterns)]
             _ => 0,
         }
     }
-}
 
-impl Manager {
     #[cfg(feature = "cluster")]
     /// A cluster connection, built by redis-rs from the first seed that answers, starting with
     /// the one that answered last; no seed is tried past the connect timeout or `until` (a
@@ -590,9 +540,7 @@ impl Manager {
                 Ok(con) => {
                     first.store(i, Ordering::Relaxed);
                     let per_try = self.command_timeout.map(per_try);
-                    con.set_read_timeout(per_try)?;
-                    con.set_write_timeout(per_try)?;
-                    return Ok(Link::new(Node::Cluster(Box::new(con))).with_read_timeout(per_try));
+                    return Link::opened(Node::Cluster(Box::new(con)), per_try);
                 }
                 Err(e) => {
                     log::debug!("cluster: seed {i} did not give the slot map: {e}");
@@ -625,20 +573,7 @@ impl Manager {
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
             #[cfg(feature = "sentinel")]
-            Target::Sentinel {
-                sentinels,
-                service,
-                first,
-                switches,
-                master_tls,
-            } => self.sentinel_master(
-                sentinels,
-                service,
-                first,
-                switches,
-                master_tls.as_ref(),
-                until,
-            ),
+            Target::Sentinel(s) => self.sentinel_master(s, until),
         };
         match link {
             Err(e) if self.tls => Err(tls_context(e)),
@@ -648,7 +583,7 @@ impl Manager {
 }
 
 /// The managed pool's connection manager: the pool "connects" on the shared scheduler
-/// thread (see [`shared_scheduler`]) by adding an unopened [`Link`] at once, and the checkout
+/// thread (see [`unreaped`]) by adding an unopened [`Link`] at once, and the checkout
 /// that takes it opens it ([`Link::open_if_needed`]), on the caller's thread and within the
 /// client's connect timeout. A failed open leaves the link unopened in the pool, for the next
 /// checkout to try again.
@@ -659,7 +594,7 @@ impl r2d2::ManageConnection for Lazy {
     type Error = redis::RedisError;
 
     fn connect(&self) -> RedisResult<Link> {
-        Ok(Link::new(Node::Unopened(Arc::clone(&self.0))))
+        Ok(Link::new(Node::Unopened(Arc::clone(&self.0)), None))
     }
 
     fn is_valid(&self, con: &mut Link) -> RedisResult<()> {
@@ -717,11 +652,11 @@ pub(crate) struct Link {
     opened: Instant,
     /// Sentinel clients: the master-switch generation the link was opened in (0 otherwise).
     pub(super) generation: u64,
-    /// The command timeout of a single server's connection, which a replica confirmation
-    /// lengthens by its own bound while it waits (see [`Conn::set_wait`]).
+    /// The command timeout: the socket's write timeout (each try's of a cluster command).
+    timeout: Option<Duration>,
+    /// The read timeout: the command timeout, lengthened by a replica confirmation's bound
+    /// while it waits (see [`Conn::set_wait`]).
     read_timeout: Option<Duration>,
-    /// That lengthening, while a confirmation waits.
-    extra: Option<Duration>,
     /// The instant no command may wait past (a watchdog renewal's cap, see [`Link::cap`]).
     until: Option<Instant>,
     /// The socket's timeouts were cut for `until`: to restore once it is lifted.
@@ -743,21 +678,6 @@ enum Node {
 }
 
 impl Node {
-    /// Sets the read and write timeouts: a single server's socket's, or each try's of a
-    /// cluster command.
-    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> RedisResult<()> {
-        match self {
-            Node::Unopened(_) => Ok(()),
-            Node::Single(c) => c
-                .set_read_timeout(read)
-                .and_then(|()| c.set_write_timeout(write)),
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c
-                .set_read_timeout(read)
-                .and_then(|()| c.set_write_timeout(write)),
-        }
-    }
-
     fn is_open(&self) -> bool {
         match self {
             Node::Unopened(_) => true,
@@ -769,15 +689,15 @@ impl Node {
 }
 
 impl Link {
-    fn new(node: Node) -> Self {
+    fn new(node: Node, timeout: Option<Duration>) -> Self {
         Link {
             node,
             broken: false,
             used: false,
             opened: Instant::now(),
             generation: 0,
-            read_timeout: None,
-            extra: None,
+            timeout,
+            read_timeout: timeout,
             until: None,
             capped: false,
             #[cfg(feature = "cluster")]
@@ -785,34 +705,38 @@ impl Link {
         }
     }
 
-    fn with_read_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.read_timeout = timeout;
-        self
+    /// A link on a connection just opened, with `timeout` as its command timeout.
+    fn opened(node: Node, timeout: Option<Duration>) -> RedisResult<Self> {
+        let mut link = Link::new(node, timeout);
+        link.set_timeouts(timeout, timeout)?;
+        Ok(link)
+    }
+
+    /// Sets the read and write timeouts: a single server's socket's, or each try's of a
+    /// cluster command. A failure marks the link broken.
+    fn set_timeouts(&mut self, read: Option<Duration>, write: Option<Duration>) -> RedisResult<()> {
+        let set = match &self.node {
+            Node::Unopened(_) => Ok(()),
+            Node::Single(c) => c
+                .set_read_timeout(read)
+                .and_then(|()| c.set_write_timeout(write)),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => c
+                .set_read_timeout(read)
+                .and_then(|()| c.set_write_timeout(write)),
+        };
+        self.broken |= set.is_err();
+        set
     }
 
     /// Lengthens the read timeout by `extra` (a replica confirmation's bound), or restores it
     /// (`None`). A failure to set it marks the link broken.
     fn extend_read_timeout(&mut self, extra: Option<Duration>) {
-        self.extra = extra;
-        let read = self.full_read_timeout();
-        let set = match &self.node {
-            Node::Single(c) => c.set_read_timeout(read),
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.set_read_timeout(read),
-            Node::Unopened(_) => Ok(()),
-        };
-        if set.is_err() {
-            self.broken = true;
-        }
-    }
-
-    /// The read timeout without a cap: the command timeout, lengthened by a confirmation's
-    /// bound while it waits.
-    fn full_read_timeout(&self) -> Option<Duration> {
-        match (self.read_timeout, self.extra) {
+        self.read_timeout = match (self.timeout, extra) {
             (Some(t), Some(e)) => Some(t.saturating_add(e)),
             (t, _) => t,
-        }
+        };
+        let _ = self.set_timeouts(self.read_timeout, self.timeout);
     }
 
     /// The symmetric of [`extend_read_timeout`](Self::extend_read_timeout): no command sent
@@ -823,15 +747,8 @@ impl Link {
     /// at once with a timeout, sending nothing. A failure to restore marks the link broken.
     pub(super) fn cap(&mut self, until: Option<Instant>) {
         self.until = until;
-        if until.is_some() || !std::mem::take(&mut self.capped) {
-            return;
-        }
-        if self
-            .node
-            .set_timeouts(self.full_read_timeout(), self.read_timeout)
-            .is_err()
-        {
-            self.broken = true;
+        if until.is_none() && std::mem::take(&mut self.capped) {
+            let _ = self.set_timeouts(self.read_timeout, self.timeout);
         }
     }
 
@@ -848,19 +765,8 @@ impl Link {
             _ => left,
         };
         let cut = |t: Option<Duration>| Some(t.map_or(left, |t| t.min(left)));
-        let (read, write) = (cut(self.full_read_timeout()), cut(self.read_timeout));
         self.capped = true;
-        if let Err(e) = self.node.set_timeouts(read, write) {
-            self.broken = true;
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    #[cfg(feature = "sentinel")]
-    fn of_generation(mut self, generation: u64) -> Self {
-        self.generation = generation;
-        self
+        self.set_timeouts(cut(self.read_timeout), cut(self.timeout))
     }
 
     /// Opens the link if the pool added it unopened (see [`Lazy`]), waiting past `until` for
@@ -945,23 +851,12 @@ impl ConnectionLike for Link {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => match self.until {
                 Some(until) if offset == 0 => {
-                    capped_commands(c, self.read_timeout, self.extra, until, cmd, count)
+                    capped_commands(c, self.read_timeout, until, cmd, count)
                 }
                 _ => c.req_packed_commands(cmd, offset, count),
             },
             #[cfg(feature = "cluster")]
             Node::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        };
-        self.note(r)
-    }
-
-    fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
-        self.arm()?;
-        let r = match &mut self.node {
-            Node::Unopened(_) => Err(unopened()),
-            Node::Single(c) => c.req_command(cmd),
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.req_command(cmd),
         };
         self.note(r)
     }
@@ -992,28 +887,23 @@ impl ConnectionLike for Link {
 /// `req_packed_commands` of a single server's connection with no reply waited for past
 /// `until`: redis-rs's reads every reply of a pipeline even after one timed out, each with the
 /// whole read timeout, so a pipeline of `n` commands to an unresponsive server would take `n`
-/// times the time left. Here the read timeout is cut to the time left before each reply, and
-/// the first failure ends the call. As redis-rs's: server errors stay in their place, RESP3 push
-/// messages are skipped. (Transactions, `offset > 0`, which the watchdog never sends, go to
-/// redis-rs's.)
+/// times the time left. Here the read timeout (`read`, uncut) is cut to the time left before
+/// each reply, and the first failure ends the call. As redis-rs's: server errors stay in their
+/// place, RESP3 push messages are skipped. (Transactions, `offset > 0`, which the watchdog never
+/// sends, go to redis-rs's.)
 fn capped_commands(
     c: &mut redis::Connection,
-    read_timeout: Option<Duration>,
-    extra: Option<Duration>,
+    read: Option<Duration>,
     until: Instant,
     cmd: &[u8],
     count: usize,
 ) -> RedisResult<Vec<Value>> {
-    let full = match (read_timeout, extra) {
-        (Some(t), Some(e)) => Some(t.saturating_add(e)),
-        (t, _) => t,
-    };
     c.send_packed_command(cmd)?;
     let mut replies = Vec::with_capacity(count);
     // The timeout `arm` set for the first reply.
-    let mut armed = within_opt(full, Some(until))?;
+    let mut armed = within_opt(read, Some(until))?;
     while replies.len() < count {
-        let want = within_opt(full, Some(until))?;
+        let want = within_opt(read, Some(until))?;
         if want < armed {
             c.set_read_timeout(want)?;
             armed = want;
@@ -1216,18 +1106,13 @@ pub(crate) fn within(timeout: Duration, until: Option<Instant>) -> RedisResult<D
 /// The replies redis-rs's connection set-up may wait for, each with the whole connect timeout
 /// left after the TCP connect: `HELLO` or `AUTH`, `SELECT`, and two `CLIENT SETINFO` (it reads
 /// every reply of its set-up pipeline, even after one timed out).
-const SETUP_REPLIES: u32 = 4;
+pub(crate) const SETUP_REPLIES: u32 = 4;
 
 /// The connect timeout to give redis-rs for a connection that must be open, set-up included,
-/// within `left` (`None`: `timeout` as it is): a fourth of it at most (see [`SETUP_REPLIES`]).
-pub(crate) fn connect_timeout(timeout: Duration, left: Option<Duration>) -> Duration {
-    left.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES))
-}
-
-/// [`connect_timeout`] for a connection to open by `until`; an I/O timeout error when that
-/// has passed.
-pub(crate) fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
-    Ok(connect_timeout(timeout, left_until(until)?))
+/// by `until` (`None`: `timeout` as it is): a fourth of the time left at most (see
+/// [`SETUP_REPLIES`]); an I/O timeout error when that has passed.
+fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(left_until(until)?.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES)))
 }
 
 /// [`within`] for an optional timeout (`None`: none, unless `until` gives one).
