@@ -1,10 +1,7 @@
 //! [`ClientBuilder`]: what a [`LockClient`] connects to (a URL, Sentinels or Cluster seeds,
 //! TLS certificates) and its pool and timeout settings, checked when the client is built.
 
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
-use std::sync::atomic::AtomicUsize;
-#[cfg(feature = "cluster")]
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +17,6 @@ use super::pool::{unreaped, Lazy, Manager, Pool, Target};
 #[cfg(feature = "sentinel")]
 use super::sentinel_watch;
 use super::subscriber::Resolve;
-#[cfg(feature = "sentinel")]
-use super::switches::Switches;
 use super::target::ConnectionTarget;
 use super::{LockClient, MAX_CLIENT_TIMEOUT};
 use crate::error::{LockError, Result};
@@ -438,44 +433,39 @@ impl ClientBuilder {
             }
         }
         let addr = self.target.describe();
+        let mut clients = infos
+            .iter()
+            .map(|info| self.open_client(info.clone()))
+            .collect::<RedisResult<Vec<_>>>()
+            .map_err(bad_url)?;
+        // The subscriber's server: the one server, or any node of a cluster in turn (PUBLISH
+        // reaches every node); a Sentinel client's follows the master (see below).
+        let nodes: Vec<_> = clients
+            .iter()
+            .map(|c| c.get_connection_info().clone())
+            .collect();
+        let next = AtomicUsize::new(0);
         #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
-        let mut resolve: Option<Resolve>;
-        #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
-        let mut switches = None;
-        #[cfg(feature = "sentinel")]
-        let mut watch = None;
+        let mut resolve: Option<Resolve> = Some(Box::new(move || {
+            let i = next.fetch_add(1, Ordering::Relaxed) % nodes.len().max(1);
+            nodes.get(i).cloned().ok_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
+            })
+        }));
         let target = match &self.target {
-            TargetSpec::Single(info) => {
-                let info = info.clone().map_err(bad_url)?;
-                let client = self.open_client(info).map_err(bad_url)?;
-                let info = client.get_connection_info().clone();
-                resolve = Some(Box::new(move || Ok(info.clone())));
-                Target::Single(client)
-            }
+            TargetSpec::Single(_) => Target::Single(clients.pop().ok_or_else(|| {
+                bad_url(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "no URL",
+                )))
+            })?),
             #[cfg(feature = "cluster")]
             TargetSpec::Cluster(_) => {
-                let nodes = infos.to_vec();
-                // PUBLISH reaches every node of a cluster: any node serves as the subscriber.
-                let infos = nodes
-                    .iter()
-                    .map(|n| {
-                        self.open_client(n.clone())
-                            .map(|c| c.get_connection_info().clone())
-                    })
-                    .collect::<RedisResult<Vec<_>>>()
-                    .map_err(bad_url)?;
-                let next = AtomicUsize::new(0);
-                resolve = Some(Box::new(move || {
-                    let i = next.fetch_add(1, Ordering::Relaxed) % infos.len().max(1);
-                    infos.get(i).cloned().ok_or_else(|| {
-                        redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
-                    })
-                }));
                 let (retries, min_wait, max_wait) = cluster_retries(timeout);
                 // One client per seed, that seed first (see `Manager::cluster`).
-                let mut clients = Vec::with_capacity(nodes.len());
-                for first in 0..nodes.len().max(1) {
-                    let mut seeds = nodes.clone();
+                let mut clients = Vec::with_capacity(infos.len());
+                for first in 0..infos.len().max(1) {
+                    let mut seeds = infos.to_vec();
                     seeds.rotate_left(first);
                     // redis-rs's set-up of a node connection waits for up to four replies, each
                     // with the whole connection timeout: a fourth of the connect timeout.
@@ -513,32 +503,17 @@ impl ClientBuilder {
                         "at least one Sentinel address is required",
                     ));
                 }
-                let sentinels = infos
-                    .iter()
-                    .map(|info| self.open_client(info.clone()))
-                    .collect::<RedisResult<Vec<_>>>()
-                    .map_err(bad_url)?;
                 // The master is reached as the Sentinels are: over TLS, with the same
                 // certificates, when their URLs are `rediss://`.
-                let master_tls = sentinels
+                let master_tls = clients
                     .first()
                     .map(|s| s.get_connection_info().addr().clone())
                     .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
-                // Set once the manager is built (see `Manager::named_master`).
-                resolve = None;
-                let found = Arc::new(Switches::default());
-                watch = Some(sentinel_watch::Watch {
-                    sentinels: sentinels.clone(),
-                    service: service.clone(),
-                    connect_timeout: self.connect_timeout,
-                    timeout,
-                });
-                switches = Some(Arc::clone(&found));
                 Target::Sentinel(Sentinels {
-                    clients: sentinels,
+                    clients,
                     service: service.clone(),
                     first: AtomicUsize::new(0),
-                    switches: found,
+                    switches: Arc::default(),
                     master_tls,
                 })
             }
@@ -564,11 +539,22 @@ impl ClientBuilder {
             command_timeout: self.command_timeout,
             tls: tls_target.is_some(),
         });
-        // The subscriber follows the current master too (see `Manager::named_master`).
+        #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
+        let mut switches = None;
         #[cfg(feature = "sentinel")]
-        if matches!(manager.target, Target::Sentinel(_)) {
-            let manager = Arc::clone(&manager);
-            resolve = Some(Box::new(move || manager.named_master()));
+        let mut watch = None;
+        #[cfg(feature = "sentinel")]
+        if let Target::Sentinel(s) = &manager.target {
+            // The subscriber follows the current master too (see `Manager::named_master`).
+            let m = Arc::clone(&manager);
+            resolve = Some(Box::new(move || m.named_master()));
+            switches = Some(Arc::clone(&s.switches));
+            watch = Some(sentinel_watch::Watch {
+                sentinels: s.clients.clone(),
+                service: s.service.clone(),
+                connect_timeout: self.connect_timeout,
+                timeout,
+            });
         }
         let detected = if self.lazy {
             Detected::scripts_only()

@@ -309,14 +309,6 @@ impl Wait {
         self.timeout
     }
 
-    /// `cmd` (one or more packed commands) with the `WAIT` after it.
-    fn append(&self, cmd: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(cmd.len() + self.packed.len());
-        out.extend_from_slice(cmd);
-        out.extend_from_slice(&self.packed);
-        out
-    }
-
     /// `WAIT`'s reply: the replicas that confirmed (an error counts as none).
     fn note(&mut self, reply: Option<Value>) {
         let n = match reply {
@@ -340,10 +332,7 @@ impl Wait {
         con: &mut (impl ConnectionLike + ?Sized),
         cmd: &[u8],
     ) -> RedisResult<Value> {
-        let mut replies = con.req_packed_commands(&self.append(cmd), 0, 2)?;
-        let wait = replies.pop();
-        self.note(wait);
-        Ok(replies.pop().unwrap_or(Value::Nil))
+        Ok(self.commands(con, cmd, 0, 1)?.pop().unwrap_or(Value::Nil))
     }
 
     /// Sends the pipeline `cmd` then the `WAIT` in one round trip; returns the pipeline's
@@ -355,7 +344,8 @@ impl Wait {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        let mut replies = con.req_packed_commands(&self.append(cmd), offset, count + 1)?;
+        let sent = [cmd, &self.packed].concat();
+        let mut replies = con.req_packed_commands(&sent, offset, count + 1)?;
         let wait = replies.pop();
         self.note(wait);
         Ok(replies)

@@ -93,14 +93,14 @@ fn describes_a_command(command_info: &Value) -> Option<bool> {
     }
 }
 
-/// Asks the server on `con` whether it has `command` (`INFO server`, and `COMMAND INFO
+/// Asks the server on `con` whether it lacks `command` (`INFO server`, and `COMMAND INFO
 /// DELIFEQ` for `DELIFEQ`, as at `build()`; one command at a time, as a Cluster connection
-/// takes `INFO` outside a pipeline only, and sends it to every primary); `None` when it does
+/// takes `INFO` outside a pipeline only, and sends it to every primary); false when it does
 /// not say.
-fn server_has(con: &mut dyn ConnectionLike, command: Command) -> Option<bool> {
+fn server_lacks(con: &mut dyn ConnectionLike, command: Command) -> bool {
     let version = server::ask(con);
     match command {
-        Command::SetIfEq => version.map(|v| v.has_set_ifeq()),
+        Command::SetIfEq => version.is_some_and(|v| !v.has_set_ifeq()),
         Command::DelIfEq => {
             let described = redis::cmd("COMMAND")
                 .arg("INFO")
@@ -108,11 +108,7 @@ fn server_has(con: &mut dyn ConnectionLike, command: Command) -> Option<bool> {
                 .query::<Value>(con)
                 .ok()
                 .and_then(|reply| describes_a_command(&reply));
-            match (described, version) {
-                (Some(false), _) => Some(false),
-                (_, Some(v)) if !v.has_delifeq() => Some(false),
-                (described, _) => described,
-            }
+            described == Some(false) || version.is_some_and(|v| !v.has_delifeq())
         }
     }
 }
@@ -180,7 +176,7 @@ impl Native {
         e: &redis::RedisError,
     ) -> bool {
         let lacks = crate::error::is_access_denied(e)
-            || (server::may_lack_capability(e) && server_has(con, command) == Some(false));
+            || (server::may_lack_capability(e) && server_lacks(con, command));
         // Stops using `command` (the scripts take over), said once.
         if lacks && self.flag(command).swap(false, Ordering::Relaxed) {
             log::warn!(

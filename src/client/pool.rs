@@ -110,11 +110,11 @@ fn per_try(t: Duration) -> Duration {
 #[cfg(feature = "sentinel")]
 /// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
 /// `rediss://` address, whose certificates and `insecure` flag are reused), or in plain TCP.
-pub(super) fn master_info(
+fn master_info(
     tls: Option<&ConnectionAddr>,
     (host, port): (String, u16),
 ) -> RedisResult<ConnectionInfo> {
-    match tls {
+    let addr = match tls {
         Some(ConnectionAddr::TcpTls {
             insecure,
             tls_params,
@@ -124,10 +124,10 @@ pub(super) fn master_info(
             port,
             insecure: *insecure,
             tls_params: tls_params.clone(),
-        }
-        .into_connection_info(),
-        _ => ConnectionAddr::Tcp(host, port).into_connection_info(),
-    }
+        },
+        _ => ConnectionAddr::Tcp(host, port),
+    };
+    addr.into_connection_info()
 }
 
 /// Where connections go.
@@ -331,7 +331,6 @@ impl Manager {
     /// names the step and the server; a user denied scripts is no failure on a server with
     /// both native commands (Token locks without fencing need no script there).
     pub(super) fn check(&self, addr: &str) -> Result<Detected> {
-        let setup = |what: String, e: redis::RedisError| LockError::setup_failed(what, e);
         // The database the URL names: refused by `SELECT` during the connection's set-up, which
         // redis-rs reports as a plain `ERR` reply.
         let db = match &self.target {
@@ -359,41 +358,44 @@ impl Manager {
             if self.unreachable(&e) {
                 LockError::setup_unreachable(what, e)
             } else {
-                setup(what, e)
+                LockError::setup_failed(what, e)
             }
         })?;
         let scripting = |e: redis::RedisError, cmd: &str, server: &str| {
-            let why =
-                if e.code() == Some("NOAUTH") {
-                    "the server requires authentication (NOAUTH): give the user and password in \
-                 the URL"
-                        .to_owned()
-                } else if error::is_access_denied(&e) {
-                    format!(
+            let transient = e.is_timeout() || e.is_io_error();
+            let why = if e.code() == Some("NOAUTH") {
+                "the server requires authentication (NOAUTH): give the user and password in the \
+                 URL"
+                .to_owned()
+            } else if error::is_access_denied(&e) {
+                format!(
                     "the user may not run it (NOPERM); the locks' release and extend need EVAL \
                      and EVALSHA (ACL category @scripting) on {}, which lacks DELIFEQ and \
                      SET ... IFEQ (Valkey 9.0 and later have both: there a Token lock without \
                      fencing needs no script)",
-                    if server.is_empty() { "this server" } else { server }
+                    if server.is_empty() {
+                        "this server"
+                    } else {
+                        server
+                    }
                 )
-                } else if e.is_timeout() || e.is_io_error() {
-                    "no reply in time (a paused, overloaded or unreachable server?)".to_owned()
-                } else {
-                    "the server refused it (renamed or disabled command?); the locks' release and \
-                 extend need EVAL and EVALSHA"
-                        .to_owned()
-                };
-            if e.is_timeout() || e.is_io_error() {
-                LockError::setup_unreachable(format!("{cmd} on {addr}: {why}"), e)
+            } else if transient {
+                "no reply in time (a paused, overloaded or unreachable server?)".to_owned()
             } else {
-                setup(format!("{cmd} on {addr}: {why}"), e)
+                "the server refused it (renamed or disabled command?); the locks' release and \
+                 extend need EVAL and EVALSHA"
+                    .to_owned()
+            };
+            let what = format!("{cmd} on {addr}: {why}");
+            if transient {
+                LockError::setup_unreachable(what, e)
+            } else {
+                LockError::setup_failed(what, e)
             }
         };
         // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
         // WRITE`, as during a `FAILOVER`) answers at once instead of holding the new connection
         // for the rest of the pause; servers before 7 reject the shebang and run it plain.
-        let eval =
-            |text: &str, con: &mut Link| redis::cmd("EVAL").arg(text).arg(0).query::<i64>(con);
         // The capability questions ride with the first EVAL; a user denied them (no @slow) is
         // told nothing and the client keeps to the scripts.
         let mut pipe = redis::pipe();
@@ -415,7 +417,8 @@ impl Manager {
             Ok(_) => PROBE,
             Err(e) if scripts::rejects_shebang(&e) => {
                 let plain = PROBE.lines().last().unwrap_or_default();
-                eval(plain, &mut con).map_err(|e| scripting(e, "EVAL", &detected.server))?;
+                let eval = redis::cmd("EVAL").arg(plain).arg(0).query::<i64>(&mut con);
+                eval.map_err(|e| scripting(e, "EVAL", &detected.server))?;
                 plain
             }
             // Not in a cluster, where the Token release's PUBLISH keeps the script.
@@ -527,10 +530,7 @@ impl Manager {
         let start = first.load(Ordering::Relaxed);
         let mut last_err = None;
         let by = Instant::now().checked_add(self.connect_timeout);
-        let until = match (until, by) {
-            (Some(u), Some(b)) => Some(u.min(b)),
-            (u, b) => u.or(b),
-        };
+        let until = until.into_iter().chain(by).min();
         for i in (0..n).map(|k| (start + k) % n) {
             if let Err(e) = left_until(until) {
                 last_err.get_or_insert(e);
@@ -898,12 +898,13 @@ fn capped_commands(
     cmd: &[u8],
     count: usize,
 ) -> RedisResult<Vec<Value>> {
+    let within = || within(read.unwrap_or(Duration::MAX), Some(until)).map(Some);
     c.send_packed_command(cmd)?;
     let mut replies = Vec::with_capacity(count);
     // The timeout `arm` set for the first reply.
-    let mut armed = within_opt(read, Some(until))?;
+    let mut armed = within()?;
     while replies.len() < count {
-        let want = within_opt(read, Some(until))?;
+        let want = within()?;
         if want < armed {
             c.set_read_timeout(want)?;
             armed = want;
@@ -953,23 +954,43 @@ impl Conn {
         }
     }
 
+    /// The managed pool's link; `None` for a connection of an application's own pool.
+    fn own_link(&mut self) -> Option<&mut Link> {
+        match &mut self.link {
+            Pooled::Managed(c) => Some(c),
+            Pooled::External(_) => None,
+        }
+    }
+
+    fn link(&self) -> &dyn ConnectionLike {
+        match &self.link {
+            Pooled::Managed(c) => &**c,
+            Pooled::External(c) => &**c,
+        }
+    }
+
+    fn link_mut(&mut self) -> &mut dyn ConnectionLike {
+        match &mut self.link {
+            Pooled::Managed(c) => &mut **c,
+            Pooled::External(c) => &mut **c,
+        }
+    }
+
     /// True if the connection carried commands before this checkout, or waited in the pool
     /// since it was opened ([`IDLE_STALE`] or more): either may have gone stale meanwhile (a
     /// restart, an idle timeout), so a dropped-connection error on it may be sent again on a
     /// fresh one. Connections of an application's own pool are not tracked: they count as
     /// fresh, so never retried.
-    pub(super) fn was_used(&self) -> bool {
-        match &self.link {
-            Pooled::Managed(c) => c.used || c.opened.elapsed() >= IDLE_STALE,
-            Pooled::External(_) => false,
-        }
+    pub(super) fn was_used(&mut self) -> bool {
+        self.own_link()
+            .is_some_and(|c| c.used || c.opened.elapsed() >= IDLE_STALE)
     }
 
     /// Every command sent from now on is followed by `wait`'s `WAIT`, in the same round trip;
     /// the read timeout grows by the `WAIT`'s bound meanwhile, so that a confirmation that
     /// takes its time is not taken for a server that does not answer.
     pub(super) fn set_wait(&mut self, wait: Option<Wait>) {
-        if let (Some(w), Pooled::Managed(c)) = (&wait, &mut self.link) {
+        if let (Some(w), Some(c)) = (&wait, self.own_link()) {
             c.extend_read_timeout(Some(w.timeout()));
         }
         self.wait = wait;
@@ -979,7 +1000,7 @@ impl Conn {
     /// timeout is back to the command timeout.
     pub(super) fn take_wait(&mut self) -> Option<Wait> {
         let wait = self.wait.take();
-        if let (Some(_), Pooled::Managed(c)) = (&wait, &mut self.link) {
+        if let (Some(_), Some(c)) = (&wait, self.own_link()) {
             c.extend_read_timeout(None);
         }
         wait
@@ -989,7 +1010,7 @@ impl Conn {
     /// [`Link::cap`]. A connection of an application's own pool keeps its read timeouts (they
     /// are the application's, and could not be restored).
     pub(super) fn cap(&mut self, until: Option<Instant>) {
-        if let Pooled::Managed(c) = &mut self.link {
+        if let Some(c) = self.own_link() {
             c.cap(until);
         }
     }
@@ -999,7 +1020,7 @@ impl Conn {
     /// there by redis-rs); `None` on another kind of connection.
     pub(super) fn primary_role(&mut self, key: &str) -> RedisResult<Option<NodeRole>> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        let Pooled::Managed(link) = &mut self.link else {
+        let Some(link) = self.own_link() else {
             return Ok(None);
         };
         let Node::Cluster(c) = &mut link.node else {
@@ -1013,21 +1034,14 @@ impl Conn {
         let info: String = redis::from_redis_value(link.note(info)?)?;
         Ok(Some(NodeRole::parse(&info)))
     }
-
-    fn link(&mut self) -> &mut dyn ConnectionLike {
-        match &mut self.link {
-            Pooled::Managed(c) => &mut **c,
-            Pooled::External(c) => &mut **c,
-        }
-    }
 }
 
 impl Drop for Conn {
     /// Back to the pool without a cap (see [`Conn::cap`]), a broken cluster link replaced.
     fn drop(&mut self) {
-        self.cap(None);
-        #[cfg(feature = "cluster")]
-        if let Pooled::Managed(c) = &mut self.link {
+        if let Some(c) = self.own_link() {
+            c.cap(None);
+            #[cfg(feature = "cluster")]
             c.renew_if_broken();
         }
     }
@@ -1037,11 +1051,11 @@ impl ConnectionLike for Conn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         match self.wait.take() {
             Some(mut wait) => {
-                let reply = wait.command(self.link(), cmd);
+                let reply = wait.command(self.link_mut(), cmd);
                 self.wait = Some(wait);
                 reply
             }
-            None => self.link().req_packed_command(cmd),
+            None => self.link_mut().req_packed_command(cmd),
         }
     }
 
@@ -1053,30 +1067,24 @@ impl ConnectionLike for Conn {
     ) -> RedisResult<Vec<Value>> {
         match self.wait.take() {
             Some(mut wait) => {
-                let reply = wait.commands(self.link(), cmd, offset, count);
+                let reply = wait.commands(self.link_mut(), cmd, offset, count);
                 self.wait = Some(wait);
                 reply
             }
-            None => self.link().req_packed_commands(cmd, offset, count),
+            None => self.link_mut().req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
-        match &self.link {
-            Pooled::Managed(c) => c.get_db(),
-            Pooled::External(c) => c.get_db(),
-        }
+        self.link().get_db()
     }
 
     fn check_connection(&mut self) -> bool {
-        self.link().check_connection()
+        self.link_mut().check_connection()
     }
 
     fn is_open(&self) -> bool {
-        match &self.link {
-            Pooled::Managed(c) => c.is_open(),
-            Pooled::External(c) => c.is_open(),
-        }
+        self.link().is_open()
     }
 }
 
@@ -1113,17 +1121,6 @@ pub(crate) const SETUP_REPLIES: u32 = 4;
 /// [`SETUP_REPLIES`]); an I/O timeout error when that has passed.
 fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
     Ok(left_until(until)?.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES)))
-}
-
-/// [`within`] for an optional timeout (`None`: none, unless `until` gives one).
-pub(crate) fn within_opt(
-    timeout: Option<Duration>,
-    until: Option<Instant>,
-) -> RedisResult<Option<Duration>> {
-    Ok(match (timeout, left_until(until)?) {
-        (Some(t), Some(left)) => Some(t.min(left)),
-        (t, left) => t.or(left),
-    })
 }
 
 #[cfg(test)]
