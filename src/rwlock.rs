@@ -30,7 +30,6 @@ use redis::Value;
 
 use crate::client::acquire::{Line, Wake};
 use crate::client::admin;
-use crate::client::admin::Detail;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::LockClient;
@@ -967,7 +966,7 @@ impl Shared {
 
     /// Locked in `mode`, as Redisson's `isLocked` of that side: the hash's field `mode`.
     fn state(&self, mode: Mode) -> Result<LockState> {
-        let found = admin::read(&self.client, &self.key, Detail::Mode)?;
+        let found = admin::read(&self.client, &self.key, "mode")?;
         if found.is_absent() {
             return Ok(LockState::Unlocked);
         }

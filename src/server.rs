@@ -102,16 +102,10 @@ impl fmt::Display for Version {
     }
 }
 
-/// `INFO server`.
-pub(crate) fn info_cmd() -> redis::Cmd {
-    let mut cmd = redis::cmd("INFO");
-    cmd.arg("server");
-    cmd
-}
-
-/// Asks the server on `con` what it is (one round trip); `None` if it does not say.
+/// Asks the server on `con` what it is (`INFO server`, one round trip); `None` if it does not
+/// say.
 pub(crate) fn ask(con: &mut dyn ConnectionLike) -> Option<Version> {
-    let reply: Value = info_cmd().query(con).ok()?;
+    let reply: Value = redis::cmd("INFO").arg("server").query(con).ok()?;
     Version::from_info(&reply)
 }
 

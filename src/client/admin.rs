@@ -10,27 +10,6 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::LockState;
 
-/// What to read besides the key's type and PTTL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Detail {
-    /// Nothing.
-    None,
-    /// A string key's value.
-    Value,
-    /// A hash's field `mode` (read-write lock).
-    Mode,
-}
-
-impl Detail {
-    fn arg(self) -> &'static str {
-        match self {
-            Detail::None => "",
-            Detail::Value => "value",
-            Detail::Mode => "mode",
-        }
-    }
-}
-
 /// One `lua/lock_state.lua` reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyState {
@@ -92,9 +71,11 @@ impl KeyState {
     }
 }
 
-/// Reads `key` with `lua/lock_state.lua` (one round trip).
-pub(crate) fn read(client: &LockClient, key: &str, detail: Detail) -> Result<KeyState> {
-    let reply: Value = client.with_conn(key, |con, s| s.lock_state.eval(con, key, detail.arg()))?;
+/// Reads `key` with `lua/lock_state.lua` (one round trip), and besides its type and PTTL
+/// `detail`: `"value"`, a string key's value; `"mode"`, a hash's field `mode` (read-write
+/// lock); `""`, nothing.
+pub(crate) fn read(client: &LockClient, key: &str, detail: &str) -> Result<KeyState> {
+    let reply: Value = client.with_conn(key, |con, s| s.lock_state.eval(con, key, detail))?;
     KeyState::decode(key, reply)
 }
 

@@ -127,17 +127,11 @@ impl Acks {
 
     /// True if some writes may need confirming: `Require(n > 0)`, or `Auto` where it is on.
     pub(crate) fn may_confirm(&self) -> bool {
-        match self.mode {
-            ReplicaAcks::Require(n) => n > 0,
-            ReplicaAcks::Auto => true,
-            ReplicaAcks::Off => false,
-        }
+        self.node_fixed() != Some(0)
     }
 
-    #[cfg(feature = "cluster")]
-    /// Cluster: the replicas each write on the primary at `addr` needs, when no node socket
-    /// has to learn it first: `Require(n)`'s `n`, or `None` under `Auto` (see
-    /// [`learn_node`](Self::learn_node)).
+    /// The replicas each write needs, when no primary has to be learnt first: `Require(n)`'s
+    /// `n`, `Off`'s 0, or `None` under `Auto` (see [`learn_node`](Self::learn_node)).
     pub(crate) fn node_fixed(&self) -> Option<u32> {
         match self.mode {
             ReplicaAcks::Require(n) => Some(n),

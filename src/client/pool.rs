@@ -330,7 +330,7 @@ impl Manager {
     /// server has (see [`native`](super::native)). Any failure is a [`LockError::Config`] that
     /// names the step and the server; a user denied scripts is no failure on a server with
     /// both native commands (Token locks without fencing need no script there).
-    pub(super) fn check(&self, addr: &str) -> Result<Detected> {
+    pub(super) fn check(self: &Arc<Self>, addr: &str) -> Result<Detected> {
         // The database the URL names: refused by `SELECT` during the connection's set-up, which
         // redis-rs reports as a plain `ERR` reply.
         let db = match &self.target {
@@ -521,7 +521,7 @@ impl Manager {
     /// accepts the connection and answers nothing): such a node costs every new cluster
     /// connection that much, and is left out of it until a command needs it.
     fn cluster(
-        &self,
+        self: &Arc<Self>,
         clients: &[redis::cluster::ClusterClient],
         first: &AtomicUsize,
         until: Option<Instant>,
@@ -540,7 +540,7 @@ impl Manager {
                 Ok(con) => {
                     first.store(i, Ordering::Relaxed);
                     let per_try = self.command_timeout.map(per_try);
-                    return Link::opened(Node::Cluster(Box::new(con)), per_try);
+                    return Link::opened(Node::Cluster(Box::new(con), Arc::clone(self)), per_try);
                 }
                 Err(e) => {
                     log::debug!("cluster: seed {i} did not give the slot map: {e}");
@@ -565,7 +565,7 @@ impl Manager {
 
     /// Opens a connection to the target (the Sentinels' master, for a Sentinel client),
     /// waiting past `until` for nothing (a watchdog renewal's cap, see [`Link::cap`]).
-    fn open(&self, until: Option<Instant>) -> RedisResult<Link> {
+    fn open(self: &Arc<Self>, until: Option<Instant>) -> RedisResult<Link> {
         let link = match &self.target {
             Target::Single(client) => self.single(client, until),
             #[cfg(feature = "cluster")]
@@ -661,10 +661,6 @@ pub(crate) struct Link {
     until: Option<Instant>,
     /// The socket's timeouts were cut for `until`: to restore once it is lifted.
     capped: bool,
-    /// A cluster link: its manager, to replace it in place once broken (see
-    /// [`Link::renew_if_broken`]).
-    #[cfg(feature = "cluster")]
-    manager: Option<Arc<Manager>>,
 }
 
 enum Node {
@@ -673,8 +669,9 @@ enum Node {
     Single(redis::Connection),
     #[cfg(feature = "cluster")]
     /// Boxed: a cluster connection is four times the size of a single one. Its timeouts are
-    /// each try's (see [`per_try`]).
-    Cluster(Box<redis::cluster::ClusterConnection>),
+    /// each try's (see [`per_try`]). With its manager, to replace it in place once broken (see
+    /// [`Link::renew_if_broken`]).
+    Cluster(Box<redis::cluster::ClusterConnection>, Arc<Manager>),
 }
 
 impl Node {
@@ -683,7 +680,7 @@ impl Node {
             Node::Unopened(_) => true,
             Node::Single(c) => c.is_open(),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.is_open(),
+            Node::Cluster(c, _) => c.is_open(),
         }
     }
 }
@@ -700,8 +697,6 @@ impl Link {
             read_timeout: timeout,
             until: None,
             capped: false,
-            #[cfg(feature = "cluster")]
-            manager: None,
         }
     }
 
@@ -721,7 +716,7 @@ impl Link {
                 .set_read_timeout(read)
                 .and_then(|()| c.set_write_timeout(write)),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c
+            Node::Cluster(c, _) => c
                 .set_read_timeout(read)
                 .and_then(|()| c.set_write_timeout(write)),
         };
@@ -761,7 +756,7 @@ impl Link {
         let left = left_until(Some(until))?.unwrap_or_default();
         #[cfg(feature = "cluster")]
         let left = match self.node {
-            Node::Cluster(_) => per_try(left),
+            Node::Cluster(..) => per_try(left),
             _ => left,
         };
         let cut = |t: Option<Duration>| Some(t.map_or(left, |t| t.min(left)));
@@ -773,12 +768,7 @@ impl Link {
     /// nothing.
     pub(super) fn open_if_needed(&mut self, until: Option<Instant>) -> RedisResult<()> {
         if let Node::Unopened(manager) = &self.node {
-            let manager = Arc::clone(manager);
-            *self = manager.open(until)?;
-            #[cfg(feature = "cluster")]
-            if let Node::Cluster(_) = self.node {
-                self.manager = Some(manager);
-            }
+            *self = Arc::clone(manager).open(until)?;
         }
         Ok(())
     }
@@ -791,17 +781,14 @@ impl Link {
     /// broken: the pool drops it.
     #[cfg(feature = "cluster")]
     fn renew_if_broken(&mut self) {
-        let Some(manager) = self.manager.take() else {
-            return;
-        };
-        if self.broken && matches!(self.node, Node::Cluster(_)) {
+        if let (true, Node::Cluster(_, manager)) = (self.broken, &self.node) {
+            let manager = Arc::clone(manager);
             let until = Instant::now().checked_add(manager.connect_timeout / 2);
             if let Ok(new) = manager.open(until) {
                 manager.counters.reconnect();
                 *self = new;
             }
         }
-        self.manager = Some(manager);
     }
 
     /// Marks the connection for replacement after an error that leaves it unusable or pointed
@@ -835,7 +822,7 @@ impl ConnectionLike for Link {
             Node::Unopened(_) => Err(unopened()),
             Node::Single(c) => c.req_packed_command(cmd),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.req_packed_command(cmd),
+            Node::Cluster(c, _) => c.req_packed_command(cmd),
         };
         self.note(r)
     }
@@ -856,7 +843,7 @@ impl ConnectionLike for Link {
                 _ => c.req_packed_commands(cmd, offset, count),
             },
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Node::Cluster(c, _) => c.req_packed_commands(cmd, offset, count),
         };
         self.note(r)
     }
@@ -866,7 +853,7 @@ impl ConnectionLike for Link {
             Node::Unopened(_) => 0,
             Node::Single(c) => c.get_db(),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.get_db(),
+            Node::Cluster(c, _) => c.get_db(),
         }
     }
 
@@ -875,7 +862,7 @@ impl ConnectionLike for Link {
             Node::Unopened(_) => false,
             Node::Single(c) => c.check_connection(),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c) => c.check_connection(),
+            Node::Cluster(c, _) => c.check_connection(),
         }
     }
 
@@ -1023,7 +1010,7 @@ impl Conn {
         let Some(link) = self.own_link() else {
             return Ok(None);
         };
-        let Node::Cluster(c) = &mut link.node else {
+        let Node::Cluster(c, _) = &mut link.node else {
             return Ok(None);
         };
         let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(

@@ -21,7 +21,6 @@ use redis::Value;
 
 use crate::client::access;
 use crate::client::admin;
-use crate::client::admin::Detail;
 use crate::client::cleanup::Cause;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
@@ -658,7 +657,7 @@ impl crate::lock::LockAdmin for ClassicLock {
     /// Held while the stored expiry has not passed by this client's clock (the rule its
     /// acquires follow): see [`LockAdmin::state`](crate::LockAdmin::state).
     fn state(&self) -> Result<LockState> {
-        let found = admin::read(&self.client, &self.key, Detail::Value)?;
+        let found = admin::read(&self.client, &self.key, "value")?;
         if found.is_absent() {
             return Ok(LockState::Unlocked);
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::acquire::Wake;
-use crate::client::admin::{self, Detail};
+use crate::client::admin;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::keys;
@@ -274,7 +274,7 @@ impl Extending {
 /// The `state` of a lock whose hold is its key alone, of Redis type `kind` (`string`, or
 /// `hash` for Redisson's layout): see [`admin::KeyState::plain`].
 pub(crate) fn state(client: &LockClient, key: &str, kind: &str) -> Result<LockState> {
-    admin::read(client, key, Detail::None)?.plain(key, kind)
+    admin::read(client, key, "")?.plain(key, kind)
 }
 
 /// The `force_unlock` of a lock whose hold is its key alone: deletes the key and wakes this
