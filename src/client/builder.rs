@@ -26,6 +26,8 @@ use crate::error::{LockError, Result};
 #[must_use]
 pub struct ClientBuilder {
     target: TargetSpec,
+    /// The server, the seeds or the Sentinels; a malformed URL is reported by `build`.
+    nodes: RedisResult<Vec<redis::ConnectionInfo>>,
     pool_size: u32,
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
@@ -42,7 +44,7 @@ impl std::fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The target as `host:port` only: a URL or connection info may carry a password.
         f.debug_struct("ClientBuilder")
-            .field("target", &self.target.describe())
+            .field("target", &self.describe())
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
@@ -109,7 +111,10 @@ impl LockClient {
     /// A builder for one server, to tune the pool and timeouts; `target` as for
     /// [`open`](Self::open). A malformed URL is reported by [`ClientBuilder::build`].
     pub fn builder(target: impl ConnectionTarget) -> ClientBuilder {
-        ClientBuilder::new(TargetSpec::Single(target.into_target_info()))
+        ClientBuilder::new(
+            TargetSpec::Single,
+            target.into_target_info().map(|i| vec![i]),
+        )
     }
 
     #[cfg(feature = "cluster")]
@@ -126,7 +131,7 @@ impl LockClient {
     /// timeout replaces its pooled cluster connection before it returns (seeds tried for at
     /// most half the connect timeout). See `docs/deployments.md`.
     pub fn cluster_builder<S: ConnectionTarget + Clone>(nodes: &[S]) -> ClientBuilder {
-        ClientBuilder::new(TargetSpec::Cluster(targets(nodes)))
+        ClientBuilder::new(TargetSpec::Cluster, targets(nodes))
     }
 
     #[cfg(feature = "sentinel")]
@@ -149,10 +154,7 @@ impl LockClient {
         sentinels: &[S],
         service: &str,
     ) -> ClientBuilder {
-        ClientBuilder::new(TargetSpec::Sentinel {
-            sentinels: targets(sentinels),
-            service: service.to_owned(),
-        })
+        ClientBuilder::new(TargetSpec::Sentinel(service.to_owned()), targets(sentinels))
     }
 }
 
@@ -162,42 +164,15 @@ fn targets<S: ConnectionTarget + Clone>(nodes: &[S]) -> RedisResult<Vec<redis::C
     nodes.iter().map(|n| n.clone().into_target_info()).collect()
 }
 
+/// What a client connects to through its nodes: one server, a Cluster, or the master that
+/// the Sentinels name for a service.
 #[derive(Debug, Clone)]
 pub(super) enum TargetSpec {
-    /// One server; a malformed URL is reported by `build`, as for the others.
-    Single(RedisResult<redis::ConnectionInfo>),
+    Single,
     #[cfg(feature = "cluster")]
-    Cluster(RedisResult<Vec<redis::ConnectionInfo>>),
+    Cluster,
     #[cfg(feature = "sentinel")]
-    Sentinel {
-        sentinels: RedisResult<Vec<redis::ConnectionInfo>>,
-        service: String,
-    },
-}
-
-impl TargetSpec {
-    /// Where the client connects, for messages: `host:port` (no credentials).
-    fn describe(&self) -> String {
-        match self {
-            TargetSpec::Single(Ok(info)) => info.addr().to_string(),
-            TargetSpec::Single(Err(_)) => "an unparsable URL".to_owned(),
-            #[cfg(feature = "cluster")]
-            TargetSpec::Cluster(Err(_)) => "an unparsable URL".to_owned(),
-            #[cfg(feature = "cluster")]
-            TargetSpec::Cluster(Ok(nodes)) => format!(
-                "the cluster ({})",
-                nodes
-                    .iter()
-                    .map(|n| n.addr().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            #[cfg(feature = "sentinel")]
-            TargetSpec::Sentinel { service, .. } => {
-                format!("the master of Sentinel service {service:?}")
-            }
-        }
-    }
+    Sentinel(String),
 }
 
 impl ClientBuilder {
@@ -221,9 +196,10 @@ impl ClientBuilder {
     /// The longest handoff courtesy [`build`](Self::build) accepts: 1 s.
     pub const MAX_HANDOFF_COURTESY: Duration = Duration::from_secs(1);
 
-    pub(super) fn new(target: TargetSpec) -> Self {
+    pub(super) fn new(target: TargetSpec, nodes: RedisResult<Vec<redis::ConnectionInfo>>) -> Self {
         ClientBuilder {
             target,
+            nodes,
             pool_size: Self::DEFAULT_POOL_SIZE,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             command_timeout: Some(Self::DEFAULT_COMMAND_TIMEOUT),
@@ -270,6 +246,24 @@ impl ClientBuilder {
     pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
         self.tls = Some(certificates);
         self
+    }
+
+    /// Where the client connects, for messages: `host:port` (no credentials).
+    fn describe(&self) -> String {
+        let addrs = |nodes: &[redis::ConnectionInfo]| {
+            let addrs = nodes.iter().map(|n| n.addr().to_string());
+            addrs.collect::<Vec<_>>().join(", ")
+        };
+        match (&self.target, &self.nodes) {
+            #[cfg(feature = "sentinel")]
+            (TargetSpec::Sentinel(service), _) => {
+                format!("the master of Sentinel service {service:?}")
+            }
+            (_, Err(_)) => "an unparsable URL".to_owned(),
+            #[cfg(feature = "cluster")]
+            (TargetSpec::Cluster, Ok(nodes)) => format!("the cluster ({})", addrs(nodes)),
+            (_, Ok(nodes)) => addrs(nodes),
+        }
     }
 
     /// A `redis::Client` for `url`, with the custom certificates if any.
@@ -409,16 +403,7 @@ impl ClientBuilder {
             )));
         }
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
-        let bad = |e: &redis::RedisError| bad_url(e.clone());
-        let infos = match &self.target {
-            TargetSpec::Single(info) => std::slice::from_ref(info.as_ref().map_err(bad)?),
-            #[cfg(feature = "cluster")]
-            TargetSpec::Cluster(nodes) => nodes.as_ref().map_err(bad)?.as_slice(),
-            #[cfg(feature = "sentinel")]
-            TargetSpec::Sentinel {
-                sentinels: nodes, ..
-            } => nodes.as_ref().map_err(bad)?.as_slice(),
-        };
+        let infos = self.nodes.as_ref().map_err(|e| bad_url(e.clone()))?;
         let tls_target = infos
             .iter()
             .map(redis::ConnectionInfo::addr)
@@ -432,7 +417,7 @@ impl ClientBuilder {
                 )));
             }
         }
-        let addr = self.target.describe();
+        let addr = self.describe();
         let mut clients = infos
             .iter()
             .map(|info| self.open_client(info.clone()))
@@ -453,14 +438,14 @@ impl ClientBuilder {
             })
         }));
         let target = match &self.target {
-            TargetSpec::Single(_) => Target::Single(clients.pop().ok_or_else(|| {
+            TargetSpec::Single => Target::Single(clients.pop().ok_or_else(|| {
                 bad_url(redis::RedisError::from((
                     redis::ErrorKind::Client,
                     "no URL",
                 )))
             })?),
             #[cfg(feature = "cluster")]
-            TargetSpec::Cluster(_) => {
+            TargetSpec::Cluster => {
                 let (retries, min_wait, max_wait) = cluster_retries(timeout);
                 // One client per seed, that seed first (see `Manager::cluster`).
                 let mut clients = Vec::with_capacity(infos.len());
@@ -497,7 +482,7 @@ impl ClientBuilder {
                 }
             }
             #[cfg(feature = "sentinel")]
-            TargetSpec::Sentinel { service, .. } => {
+            TargetSpec::Sentinel(service) => {
                 if infos.is_empty() {
                     return Err(LockError::client_config(
                         "at least one Sentinel address is required",
@@ -526,7 +511,7 @@ impl ClientBuilder {
         let acks = Arc::new(Acks::new(
             self.replica_acks,
             self.replica_ack_timeout,
-            !matches!(self.target, TargetSpec::Single(_)),
+            !matches!(self.target, TargetSpec::Single),
         ));
         let counters = Arc::new(crate::stats::Counters::default());
         let cluster = target.is_cluster();
