@@ -325,7 +325,7 @@ impl Manager {
 
     /// The check of [`ClientBuilder::build`](crate::ClientBuilder::build): opens one connection (which sends AUTH, SELECT
     /// and the TLS handshake as the URL asks) and runs a one-line script by `EVAL` and by
-    /// `EVALSHA`, the two ways the library runs its scripts. The `EVAL` goes in one round trip
+    /// `EVALSHA`, the two ways the library runs its scripts. The `EVAL` and `EVALSHA` go in one round trip
     /// with `INFO server` and `COMMAND INFO DELIFEQ`, which tell the native commands the
     /// server has (see [`native`](super::native)). Any failure is a [`LockError::Config`] that
     /// names the step and the server; a user denied scripts is no failure on a server with
@@ -403,23 +403,25 @@ impl Manager {
         pipe.cmd("INFO").arg("server");
         pipe.cmd("COMMAND").arg("INFO").arg("DELIFEQ");
         pipe.cmd("EVAL").arg(PROBE).arg(0);
+        // NOSCRIPT also proves that EVALSHA exists and is allowed.
+        pipe.cmd("EVALSHA")
+            .arg(redis::Script::new(PROBE).get_hash())
+            .arg(0);
         let replies: Vec<Value> = pipe.query(&mut con).map_err(|e| scripting(e, "EVAL", ""))?;
-        let (info, command_info, probe) = match replies.as_slice() {
-            [a, b, c] => (a, b, c.clone()),
-            _ => (&Value::Nil, &Value::Nil, Value::Nil),
+        let reply = |i: usize| replies.get(i).cloned().unwrap_or(Value::Nil);
+        let script = |i: usize| -> RedisResult<i64> {
+            match reply(i) {
+                Value::ServerError(e) => Err(e.into()),
+                other => redis::from_redis_value(other).map_err(redis::RedisError::from),
+            }
         };
-        let mut detected = Detected::from_replies(info, command_info);
-        let first: RedisResult<i64> = match probe {
-            Value::ServerError(e) => Err(e.into()),
-            other => redis::from_redis_value(other).map_err(redis::RedisError::from),
-        };
-        let text = match first {
-            Ok(_) => PROBE,
+        let mut detected = Detected::from_replies(&reply(0), &reply(1));
+        match script(2) {
+            Ok(_) => {}
             Err(e) if scripts::rejects_shebang(&e) => {
                 let plain = PROBE.lines().last().unwrap_or_default();
                 let eval = redis::cmd("EVAL").arg(plain).arg(0).query::<i64>(&mut con);
                 eval.map_err(|e| scripting(e, "EVAL", &detected.server))?;
-                plain
             }
             // Not in a cluster, where the Token release's PUBLISH keeps the script.
             Err(e)
@@ -437,20 +439,12 @@ impl Manager {
                 return Ok(detected);
             }
             Err(e) => return Err(scripting(e, "EVAL", &detected.server)),
-        };
-        let probe = redis::Script::new(text);
-        // NOSCRIPT also proves that EVALSHA exists and is allowed (on a cluster the EVAL above
-        // may have gone to another node).
-        match redis::cmd("EVALSHA")
-            .arg(probe.get_hash())
-            .arg(0)
-            .query::<i64>(&mut con)
-        {
-            Ok(_) => Ok(detected),
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                Ok(detected)
+        }
+        match script(3) {
+            Err(e) if e.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Err(scripting(e, "EVALSHA", &detected.server))
             }
-            Err(e) => Err(scripting(e, "EVALSHA", &detected.server)),
+            _ => Ok(detected),
         }
     }
 
