@@ -290,12 +290,7 @@ impl Manager {
                 return None;
             }
             tried.push(addr.clone());
-            let checked = self.checked_master(addr.clone(), s.master_tls.as_ref(), until);
-            Some(checked.map(|(mut link, replicas)| {
-                self.acks.learn(&addr, replicas);
-                link.generation = generation;
-                link
-            }))
+            Some(self.checked_master(s, addr, generation, until))
         };
         // The master this client follows, and why its check failed, if it did.
         let mut passed_over = None;
@@ -467,15 +462,18 @@ impl Manager {
     }
 
     #[cfg(feature = "sentinel")]
-    /// A connection to `addr` once `ROLE` says it is a master, and its number of replicas;
-    /// no step waits past `until`.
+    /// A connection to `addr` once `ROLE` says it is a master, of the master-switch
+    /// `generation`; the master's replicas are learnt (see [`Acks::learn`]). No step waits past
+    /// `until`.
     fn checked_master(
         &self,
+        s: &Sentinels,
         addr: (String, u16),
-        master_tls: Option<&ConnectionAddr>,
+        generation: u64,
         until: Option<Instant>,
-    ) -> RedisResult<(Link, usize)> {
-        let client = master_info(master_tls, addr.clone()).and_then(redis::Client::open)?;
+    ) -> RedisResult<Link> {
+        let client =
+            master_info(s.master_tls.as_ref(), addr.clone()).and_then(redis::Client::open)?;
         let mut con = self.discovery(&client, until)?;
         let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
         let redis::Role::Primary { replicas, .. } = role else {
@@ -485,10 +483,10 @@ impl Manager {
                 format!("{}:{}", addr.0, addr.1),
             )));
         };
-        Ok((
-            Link::opened(Node::Single(con), self.command_timeout)?,
-            replicas.len(),
-        ))
+        let mut link = Link::opened(Node::Single(con), self.command_timeout)?;
+        link.generation = generation;
+        self.acks.learn(&addr, replicas.len());
+        Ok(link)
     }
 
     /// The generation a link must have to be used: that of the last master switch heard of.
