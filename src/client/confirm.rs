@@ -182,24 +182,11 @@ impl Acks {
         key: &str,
         role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
     ) -> RedisResult<Option<Wait>> {
-        let required = match self.node_fixed() {
+        let slot = Route::with_key(key, SlotAddr::Master);
+        let slots = || self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let required = match self.node_fixed().or_else(|| slots().get(&slot).copied()) {
             Some(n) => n,
-            None => {
-                let slot = Route::with_key(key, SlotAddr::Master);
-                let known = self
-                    .slots
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(&slot)
-                    .copied();
-                match known {
-                    Some(n) => n,
-                    None => match role()? {
-                        Some(role) => self.learn_node(slot, &role),
-                        None => 0,
-                    },
-                }
-            }
+            None => role()?.map_or(0, |role| self.learn_node(slot, &role)),
         };
         Ok(self.wait_for(required))
     }

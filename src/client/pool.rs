@@ -649,10 +649,9 @@ pub(crate) struct Link {
     /// The read timeout: the command timeout, lengthened by a replica confirmation's bound
     /// while it waits (see [`Conn::set_wait`]).
     read_timeout: Option<Duration>,
-    /// The instant no command may wait past (a watchdog renewal's cap, see [`Link::cap`]).
+    /// The instant no command may wait past (a watchdog renewal's cap, see [`Link::cap`]);
+    /// the socket's timeouts may have been cut for it, to restore once it is lifted.
     until: Option<Instant>,
-    /// The socket's timeouts were cut for `until`: to restore once it is lifted.
-    capped: bool,
 }
 
 enum Node {
@@ -688,7 +687,6 @@ impl Link {
             timeout,
             read_timeout: timeout,
             until: None,
-            capped: false,
         }
     }
 
@@ -733,8 +731,8 @@ impl Link {
     /// tries to a third of it each (see [`cluster_retries`]); a command with no time left fails
     /// at once with a timeout, sending nothing. A failure to restore marks the link broken.
     pub(super) fn cap(&mut self, until: Option<Instant>) {
-        self.until = until;
-        if until.is_none() && std::mem::take(&mut self.capped) {
+        let lifted = std::mem::replace(&mut self.until, until).is_some() && until.is_none();
+        if lifted {
             let _ = self.set_timeouts(self.read_timeout, self.timeout);
         }
     }
@@ -752,7 +750,6 @@ impl Link {
             _ => left,
         };
         let cut = |t: Option<Duration>| Some(t.map_or(left, |t| t.min(left)));
-        self.capped = true;
         self.set_timeouts(cut(self.read_timeout), cut(self.timeout))
     }
 
