@@ -100,11 +100,8 @@ impl LockClient {
             None,
             Arc::default(),
             Detected::scripts_only(),
-            Arc::new(Acks::new(
-                ReplicaAcks::Off,
-                ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT,
-                false,
-            )),
+            // No confirmation, so no `WAIT` bound.
+            Arc::new(Acks::new(ReplicaAcks::Off, Duration::ZERO, false)),
         )
     }
 
@@ -266,15 +263,6 @@ impl ClientBuilder {
         }
     }
 
-    /// A `redis::Client` for `url`, with the custom certificates if any.
-    fn open_client(&self, target: impl redis::IntoConnectionInfo) -> RedisResult<redis::Client> {
-        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-        if let Some(certs) = &self.tls {
-            return redis::Client::build_with_tls(target, certs.clone());
-        }
-        redis::Client::open(target)
-    }
-
     /// Most connections the pool opens (default [`ClientBuilder::DEFAULT_POOL_SIZE`](crate::ClientBuilder::DEFAULT_POOL_SIZE)). A thread waiting on a
     /// lock holds no connection while it sleeps, so this bounds concurrent commands, not waiters.
     pub fn pool_size(mut self, n: u32) -> Self {
@@ -418,9 +406,16 @@ impl ClientBuilder {
             }
         }
         let addr = self.describe();
+        // A `redis::Client` for each node, with the custom certificates if any.
         let mut clients = infos
             .iter()
-            .map(|info| self.open_client(info.clone()))
+            .map(|info| {
+                #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+                if let Some(certs) = &self.tls {
+                    return redis::Client::build_with_tls(info.clone(), certs.clone());
+                }
+                redis::Client::open(info.clone())
+            })
             .collect::<RedisResult<Vec<_>>>()
             .map_err(bad_url)?;
         // The subscriber's server: the one server, or any node of a cluster in turn (PUBLISH
