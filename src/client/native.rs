@@ -118,7 +118,10 @@ fn server_lacks(con: &mut dyn ConnectionLike, command: Command) -> bool {
 pub(crate) struct Native {
     delifeq: AtomicBool,
     set_ifeq: AtomicBool,
-    scripting: bool,
+    /// Whether the client's user may run scripts (false only when a server with both native
+    /// commands refused `EVAL` at `build()`).
+    pub(crate) scripting: bool,
+    /// `valkey 9.1.2`, `redis 7.0.15`, or empty when not known.
     server: String,
 }
 
@@ -143,17 +146,6 @@ impl Native {
     /// Whether `command` is used (not refused so far).
     pub(crate) fn has(&self, command: Command) -> bool {
         self.flag(command).load(Ordering::Relaxed)
-    }
-
-    /// Whether the client's user may run scripts (false only when a server with both native
-    /// commands refused `EVAL` at `build()`).
-    pub(crate) fn scripting(&self) -> bool {
-        self.scripting
-    }
-
-    /// `valkey 9.1.2`, `redis 7.0.15`, or empty when not known.
-    pub(crate) fn server(&self) -> &str {
-        &self.server
     }
 
     fn flag(&self, command: Command) -> &AtomicBool {
@@ -226,7 +218,7 @@ pub(crate) fn set_ifeq_px(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
 /// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
 /// (see [`crate::client::native`]): only a Token lock without fencing goes without.
 pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()> {
-    if native.scripting() {
+    if native.scripting {
         return Ok(());
     }
     Err(LockError::config(
@@ -234,7 +226,7 @@ pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()
         format!(
             "{what} runs Lua scripts, which this client's user may not (NOPERM on EVAL when \
              the client was built); on {} only a Token lock without fencing needs none",
-            native.server()
+            native.server
         ),
     ))
 }

@@ -191,12 +191,6 @@ pub(crate) struct Manager {
 }
 
 impl Manager {
-    fn single(&self, client: &redis::Client, until: Option<Instant>) -> RedisResult<Link> {
-        let con =
-            client.get_connection_with_timeout(connect_within(self.connect_timeout, until)?)?;
-        Link::opened(Node::Single(con), self.command_timeout)
-    }
-
     #[cfg(feature = "sentinel")]
     /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout,
     /// none past `until`.
@@ -559,7 +553,9 @@ impl Manager {
     /// waiting past `until` for nothing (a watchdog renewal's cap, see [`Link::cap`]).
     fn open(self: &Arc<Self>, until: Option<Instant>) -> RedisResult<Link> {
         let link = match &self.target {
-            Target::Single(client) => self.single(client, until),
+            Target::Single(client) => connect_within(self.connect_timeout, until)
+                .and_then(|t| client.get_connection_with_timeout(t))
+                .and_then(|con| Link::opened(Node::Single(con), self.command_timeout)),
             #[cfg(feature = "cluster")]
             Target::Cluster { clients, first } => self.cluster(clients, first, until),
             // Ask the Sentinels for the current master each time: after a failover the next
