@@ -67,8 +67,7 @@ pub(crate) struct ConnectErrors {
 
 impl ConnectErrors {
     pub(super) fn note(&self, e: redis::RedisError) {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        *last = Some(e);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
     }
 
     /// The latest failure.
@@ -512,8 +511,7 @@ impl Manager {
         first: &AtomicUsize,
         until: Option<Instant>,
     ) -> RedisResult<Link> {
-        let n = clients.len();
-        let start = first.load(Ordering::Relaxed);
+        let (n, start) = (clients.len(), first.load(Ordering::Relaxed));
         let mut last_err = None;
         let by = Instant::now().checked_add(self.connect_timeout);
         let until = until.into_iter().chain(by).min();
