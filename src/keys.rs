@@ -89,14 +89,12 @@ fn tag_of_slot(slot: u16) -> Option<String> {
 
 /// The part of a key Redis Cluster hashes: the first `{…}` if non-empty, else the whole key.
 fn hash_tag(key: &[u8]) -> &[u8] {
-    if let Some(open) = key.iter().position(|&b| b == b'{') {
-        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
+    let rest = key
+        .iter()
+        .position(|&b| b == b'{')
+        .map(|open| &key[open + 1..]);
+    let tag = rest.and_then(|r| r.iter().position(|&b| b == b'}').map(|close| &r[..close]));
+    tag.filter(|tag| !tag.is_empty()).unwrap_or(key)
 }
 
 /// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag, modulo 16384, computed by

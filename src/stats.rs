@@ -76,12 +76,6 @@ impl Kind {
     pub(crate) const fn new(label: &'static str) -> Kind {
         Kind(label)
     }
-
-    /// The label value.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(crate) fn as_str(self) -> &'static str {
-        self.0
-    }
 }
 
 /// An attempt's outcome as the counters see it (the lease layer's attempt type): won or
@@ -130,7 +124,7 @@ macro_rules! count {
         #[cfg(feature = "metrics")]
         metrics::counter!(
             concat!("dlock_", stringify!($field), "_total")
-            $(, "strategy" => $kind.as_str())?
+            $(, "strategy" => $kind.0)?
         )
         .increment(n);
     }};
