@@ -239,21 +239,6 @@ impl LuaScript {
     }
 }
 
-/// A server before Redis 7 compiling a script that starts with a shebang: "Error compiling
-/// script (new function): user_script:1: unexpected symbol near '#'".
-/// A Redis 7+ server that does not know a flag names the shebang.
-///
-/// Only for the scripting probe that `build()` sends in the same round trip as `INFO server`
-/// (`client/pool.rs`), before the version is known: a fixed `return 1` whose only refusal by a
-/// server that runs scripts is its shebang. What a client sends afterwards follows the version
-/// the server gave, never this.
-pub(crate) fn rejects_shebang(err: &redis::RedisError) -> bool {
-    let text = err.to_string();
-    text.contains("near '#'")
-        || text.contains("shebang")
-        || (text.contains("compiling script") && text.contains('#'))
-}
-
 /// The line of a `lua/rw_*.lua` script that stands for [`RW_PRELUDE`].
 const RW_INCLUDE: &str = "-- #include rw_prelude.lua\n";
 /// The opening shared by the read-write lock scripts.
@@ -397,28 +382,5 @@ mod tests {
         assert!(!sent_plain(Some("redis_version:7.0.15\r\n")));
         assert!(!sent_plain(Some("valkey_version:8.1.8\r\n")));
         assert!(!sent_plain(None));
-    }
-
-    #[test]
-    fn shebang_rejections_are_recognised() {
-        let err = |msg: &str| {
-            redis::RedisError::from((redis::ErrorKind::Client, "script error", msg.to_owned()))
-        };
-        // Redis 6 compiling `#!lua flags=allow-oom`.
-        assert!(rejects_shebang(&err(
-            "ERR Error compiling script (new function): user_script:1: unexpected symbol near \
-             '#'"
-        )));
-        // Redis 7 with a flag it does not know.
-        assert!(rejects_shebang(&err(
-            "ERR Unexpected flag in script shebang: allow-oom"
-        )));
-        // Other failures are passed on.
-        assert!(!rejects_shebang(&err(
-            "OOM command not allowed when used memory > 'maxmemory'."
-        )));
-        assert!(!rejects_shebang(&err(
-            "ERR Error running script (call to f_1234): @user_script:11: WRONGTYPE"
-        )));
     }
 }

@@ -23,7 +23,7 @@ use super::native::Detected;
 use super::switches::Switches;
 use crate::client::repeats::Repeats;
 use crate::error::{self, LockError, Result, Rounded};
-use crate::scripts;
+use crate::server::{self, Version};
 
 /// A pool builder on the scheduler that every client pool of the process shares: ONE thread
 /// (`dlock-pool`), started with the first client built and kept for the life of the process.
@@ -383,7 +383,7 @@ impl Manager {
         };
         // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
         // WRITE`, as during a `FAILOVER`) answers at once instead of holding the new connection
-        // for the rest of the pause; servers before 7 reject the shebang and run it plain.
+        // for the rest of the pause; servers before 7 refuse the shebang and run it plain.
         // The capability questions ride with the first EVAL; a user denied them (no @slow) is
         // told nothing and the client keeps to the scripts.
         let mut pipe = redis::pipe();
@@ -406,7 +406,12 @@ impl Manager {
         let mut detected = Detected::from_replies(&reply(0), &reply(1));
         match script(2) {
             Ok(_) => {}
-            Err(e) if scripts::rejects_shebang(&e) => {
+            // A plain `ERR` from a server whose version has no shebangs (before Redis 7), or
+            // that did not say its version: the probe runs plain, as the client's scripts will.
+            Err(e)
+                if server::may_lack_capability(&e)
+                    && !detected.version.as_ref().is_some_and(Version::has_shebang) =>
+            {
                 let plain = PROBE.lines().last().unwrap_or_default();
                 let eval = redis::cmd("EVAL").arg(plain).arg(0).query::<i64>(&mut con);
                 eval.map_err(|e| scripting(e, "EVAL", &detected.server))?;
