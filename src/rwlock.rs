@@ -927,21 +927,15 @@ pub struct WriteLock {
     shared: Arc<Shared>,
 }
 
-impl fmt::Debug for ReadLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.debug("ReadLock", f)
-    }
-}
-
-impl fmt::Debug for WriteLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.debug("WriteLock", f)
-    }
-}
-
-/// The trait for one side; `$mode` picks it.
+/// The trait and `Debug` for one side; `$mode` picks it.
 macro_rules! side {
     ($handle:ty, $mode:expr) => {
+        impl fmt::Debug for $handle {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.shared.debug(stringify!($handle), f)
+            }
+        }
+
         impl DistributedLock for $handle {
             fn key(&self) -> &str {
                 &self.shared.key
