@@ -192,6 +192,7 @@ pub struct RedLockClient {
     inner: Arc<Inner>,
 }
 
+#[derive(Default)]
 struct Inner {
     nodes: Vec<NodeHandle>,
     quorum: usize,
@@ -429,9 +430,7 @@ impl RedLockClientBuilder {
                 nodes,
                 quorum: count / 2 + 1,
                 node_timeout: self.node_timeout,
-                waiters: WaitQueues::default(),
-                counters: Counters::default(),
-                repeats: Repeats::default(),
+                ..Inner::default()
             }),
         })
     }

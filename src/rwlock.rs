@@ -875,17 +875,16 @@ impl Shared {
         attempts: Attempts<'_>,
     ) -> Result<LockGuard<'a>> {
         let owner = self.owner();
-        let (line, fifo, intent_ms) = match mode {
-            Mode::Read => (self.read_line.as_str(), false, 0),
-            Mode::Write => (
-                self.write_line.as_str(),
-                true,
-                self.intent.as_millis() as u64,
-            ),
-        };
+        // Writers wait in turn and leave an intent; readers do neither.
+        let (fifo, intent) = (mode == Mode::Write, self.intent.as_millis() as u64);
+        let intent_ms = if fifo { intent } else { 0 };
         let line = Line {
             queues: self.client.waiters(),
-            name: line,
+            name: if fifo {
+                &self.write_line
+            } else {
+                &self.read_line
+            },
             fifo,
             barge: !fifo || self.holds(owner.as_bytes(), |h| h.reported > 0),
             wake: self.opts.wake(&self.client),
@@ -932,21 +931,15 @@ pub struct WriteLock {
     shared: Arc<Shared>,
 }
 
-impl fmt::Debug for ReadLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.debug("ReadLock", f)
-    }
-}
-
-impl fmt::Debug for WriteLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.debug("WriteLock", f)
-    }
-}
-
-/// The trait for one side; `$mode` picks it.
+/// The trait and `Debug` for one side; `$mode` picks it.
 macro_rules! side {
     ($handle:ty, $mode:expr) => {
+        impl fmt::Debug for $handle {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.shared.debug(stringify!($handle), f)
+            }
+        }
+
         impl DistributedLock for $handle {
             fn key(&self) -> &str {
                 &self.shared.key

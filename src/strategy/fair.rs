@@ -683,7 +683,6 @@ impl FairLock {
         };
         let (mut sent, mut last_us, mut rank) = (Instant::now(), 0, 0);
         if !offered {
-            sent = Instant::now();
             attempts.record();
             (last_us, rank) = match self.attempt(&token, true, sent)? {
                 Outcome::Taken(lease) => {
@@ -833,12 +832,10 @@ impl FairLock {
                     live.keep(self.opts.lease);
                     return Ok(LockGuard::new(self, lease));
                 }
+                // `sent` and `last_us`: the pair a grant's lease is counted from (see
+                // `granted_lease`).
                 Ok(Outcome::Refused { at_us, rank: r }) => {
-                    // The pair a grant's lease is counted from (see `granted_lease`).
-                    sent = at;
-                    last_us = at_us;
-                    rank = r;
-                    late = None;
+                    (sent, last_us, rank, late) = (at, at_us, r, None);
                 }
                 Err(e @ LockError::LateReply { .. }) => late = Some(e),
                 Err(e) => {
