@@ -27,8 +27,8 @@ use crate::client::native::needs_scripts;
 use crate::client::target::ConnectionTarget;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lease::{Lease, LostCallback, LostLock};
-use crate::lock::{check_lock_options, DistributedLock, LockAdmin, LockGuard, LockState};
+use crate::lease::{LostCallback, LostLock};
+use crate::lock::{check_lock_options, DistributedLock, LockAdmin};
 use crate::redlock::{NodeClient, NodeSpec, RedLockClient, RedLockClientBuilder};
 use crate::retry::RetryPolicy;
 use crate::strategy::hold::HoldOptions;
@@ -506,27 +506,25 @@ pub enum Lock {
     Spring(SpringLock),
 }
 
-/// `$call` on the typed lock inside a [`Lock`], bound to `$l`.
-macro_rules! each {
-    ($lock:expr, |$l:ident| $call:expr) => {
-        match $lock {
-            Lock::Token($l) => $call,
-            Lock::Classic($l) => $call,
-            Lock::Reentrant($l) => $call,
-            Lock::Fair($l) => $call,
-            Lock::Spring($l) => $call,
-        }
-    };
-}
-
 /// The typed lock's own: `TokenLock { key: .., .. }`.
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        each!(self, |l| l.fmt(f))
+        self.underneath().fmt(f)
     }
 }
 
 impl Lock {
+    /// The typed lock inside, which does the work of every method.
+    fn underneath(&self) -> &dyn LockAdmin {
+        match self {
+            Lock::Token(l) => l,
+            Lock::Classic(l) => l,
+            Lock::Reentrant(l) => l,
+            Lock::Fair(l) => l,
+            Lock::Spring(l) => l,
+        }
+    }
+
     /// The strategy the lock was built with, with its options.
     pub fn strategy(&self) -> Strategy {
         match self {
@@ -586,57 +584,73 @@ typed!(
     Spring(SpringLock)
 );
 
-impl DistributedLock for Lock {
-    fn key(&self) -> &str {
-        each!(self, |l| l.key())
-    }
+/// The `DistributedLock` and `LockAdmin` of a lock that is another one underneath (a [`Lock`],
+/// a [`SpringLock`]): each method is the one of its `underneath()`.
+macro_rules! forward_lock {
+    ($ty:ty) => {
+        impl DistributedLock for $ty {
+            fn key(&self) -> &str {
+                self.underneath().key()
+            }
 
-    fn ttl(&self) -> Duration {
-        each!(self, |l| l.ttl())
-    }
+            fn ttl(&self) -> ::std::time::Duration {
+                self.underneath().ttl()
+            }
 
-    fn retry_policy(&self) -> &RetryPolicy {
-        each!(self, |l| l.retry_policy())
-    }
+            fn retry_policy(&self) -> &$crate::retry::RetryPolicy {
+                self.underneath().retry_policy()
+            }
 
-    fn try_acquire(&self) -> Result<Lease> {
-        each!(self, |l| l.try_acquire())
-    }
+            fn try_acquire(&self) -> $crate::error::Result<$crate::lease::Lease> {
+                self.underneath().try_acquire()
+            }
 
-    fn release(&self, lease: &Lease) -> Result<bool> {
-        each!(self, |l| l.release(lease))
-    }
+            fn release(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
+                self.underneath().release(lease)
+            }
 
-    fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        each!(self, |l| l.extend(lease, ttl))
-    }
+            fn extend(
+                &self,
+                lease: &mut $crate::lease::Lease,
+                ttl: ::std::time::Duration,
+            ) -> $crate::error::Result<()> {
+                self.underneath().extend(lease, ttl)
+            }
 
-    fn is_held(&self, lease: &Lease) -> Result<bool> {
-        each!(self, |l| l.is_held(lease))
-    }
+            fn is_held(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
+                self.underneath().is_held(lease)
+            }
 
-    fn try_lock(&self) -> Result<LockGuard<'_>> {
-        each!(self, |l| l.try_lock())
-    }
+            fn try_lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+                self.underneath().try_lock()
+            }
 
-    fn lock(&self) -> Result<LockGuard<'_>> {
-        each!(self, |l| l.lock())
-    }
+            fn lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+                self.underneath().lock()
+            }
 
-    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        each!(self, |l| l.try_lock_for(wait))
-    }
+            fn try_lock_for(
+                &self,
+                wait: ::std::time::Duration,
+            ) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+                self.underneath().try_lock_for(wait)
+            }
+        }
+
+        impl LockAdmin for $ty {
+            fn state(&self) -> $crate::error::Result<$crate::lock::LockState> {
+                self.underneath().state()
+            }
+
+            fn force_unlock(&self) -> $crate::error::Result<bool> {
+                self.underneath().force_unlock()
+            }
+        }
+    };
 }
+use forward_lock;
 
-impl LockAdmin for Lock {
-    fn state(&self) -> Result<LockState> {
-        each!(self, |l| l.state())
-    }
-
-    fn force_unlock(&self) -> Result<bool> {
-        each!(self, |l| l.force_unlock())
-    }
-}
+forward_lock!(Lock);
 
 /// A RedLock's nodes given as URLs: each one a [`LockClient`] built by a [`ClientBuilder`].
 impl RedLockClient {
