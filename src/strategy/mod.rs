@@ -333,6 +333,7 @@ impl LockBuilder {
     /// Checks the options and builds the lock. Sends nothing to Redis, unless
     /// [`check_access`](Self::check_access) was asked for.
     pub fn build(self) -> Result<Lock> {
+        self.check_applies()?;
         Ok(match self.strategy {
             Strategy::Token => Lock::Token(self.build_token(false)?),
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
@@ -353,14 +354,6 @@ impl LockBuilder {
     }
 
     fn build_fair(self) -> Result<FairLock> {
-        self.token_only("Fair")?;
-        if self.wake_up.is_some() {
-            return Err(LockError::config(
-                &self.key,
-                "wake_up does not apply to Strategy::Fair (its waiters are always woken by the \
-                 grant message)",
-            ));
-        }
         let opts = self.hold_options()?;
         needs_scripts(self.client.native(), &self.key, "a fair lock")?;
         let lock = FairLock::new(self.client, self.key, opts)?;
@@ -390,7 +383,6 @@ impl LockBuilder {
     }
 
     fn build_reentrant(self) -> Result<ReentrantLock> {
-        self.token_only("Reentrant")?;
         let opts = self.hold_options()?;
         needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
         self.verify("reentrant", || reentrant::access_checks(&self.key, &opts))?;
@@ -406,17 +398,30 @@ impl LockBuilder {
         access::verify(&self.client, &self.key, what, &checks())
     }
 
-    /// Refuses the options of Token (Spring, ShedLock) alone for `strategy`.
-    fn token_only(&self, strategy: &str) -> Result<()> {
-        if self.at_least.is_some() {
-            return Err(LockError::config(
-                &self.key,
-                format!(
-                    "lock_at_least applies to Strategy::Token, Spring and ShedLock, not {strategy}"
-                ),
-            ));
-        }
-        Ok(())
+    /// Refuses the options that do not apply to the strategy: those of Token (Spring,
+    /// ShedLock) alone, `wake_up` for Fair, those of the watched locks for Classic.
+    fn check_applies(&self) -> Result<()> {
+        let strategy = match self.strategy {
+            Strategy::Reentrant => "Reentrant",
+            Strategy::Fair => "Fair",
+            Strategy::Classic(_) => "Classic",
+            _ => return Ok(()),
+        };
+        let watched = self.watchdog_lease.is_some() || self.on_lost.is_some() || self.fencing;
+        let refused = if self.at_least.is_some() {
+            format!("lock_at_least applies to Strategy::Token, Spring and ShedLock, not {strategy}")
+        } else if strategy == "Fair" && self.wake_up.is_some() {
+            "wake_up does not apply to Strategy::Fair (its waiters are always woken by the grant \
+             message)"
+                .into()
+        } else if strategy == "Classic" && (watched || self.wake_up.is_some()) {
+            "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic (its \
+             legacy peers neither renew, count nor publish)"
+                .into()
+        } else {
+            return Ok(());
+        };
+        Err(LockError::config(&self.key, refused))
     }
 
     /// The checked options of a lock of Token's protocol, which needs scripts only for fencing
@@ -444,18 +449,6 @@ impl LockBuilder {
     }
 
     fn build_classic(self, opts: ClassicOptions) -> Result<ClassicLock> {
-        self.token_only("Classic")?;
-        if self.watchdog_lease.is_some()
-            || self.on_lost.is_some()
-            || self.fencing
-            || self.wake_up.is_some()
-        {
-            return Err(LockError::config(
-                &self.key,
-                "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic \
-                 (its legacy peers neither renew, count nor publish)",
-            ));
-        }
         let (ttl, retry) = check_lock_options(
             &self.key,
             self.ttl.unwrap_or(ClassicLock::DEFAULT_TTL),
@@ -674,27 +667,22 @@ impl RedLockClient {
             .cloned()
             .map(ConnectionTarget::into_target_info)
             .collect();
-        RedLockClientBuilder::new(NodeSpec::Targets(infos, redlock_node(None)))
+        RedLockClientBuilder::new(NodeSpec::Targets(infos, redlock_node(|node| node)))
     }
 }
-
-/// What [`RedLockClientBuilder::node_options`] applies to each node's builder.
-type NodeOptions = Arc<dyn Fn(ClientBuilder) -> ClientBuilder + Send + Sync>;
 
 /// How a RedLock node given as a URL becomes a client: [`LockClient::builder`] with the
 /// RedLock settings (the node timeout as the command timeout, a connection per worker, a lazy
 /// connect), then the application's `options`.
-fn redlock_node(options: Option<NodeOptions>) -> NodeClient {
+fn redlock_node(
+    options: impl Fn(ClientBuilder) -> ClientBuilder + Send + Sync + 'static,
+) -> NodeClient {
     Arc::new(move |info, workers, node_timeout| {
         let node = LockClient::builder(info)
             .pool_size(workers)
             .command_timeout(Some(node_timeout))
             .lazy_connect();
-        match &options {
-            Some(options) => options(node),
-            None => node,
-        }
-        .build()
+        options(node).build()
     })
 }
 
@@ -727,7 +715,7 @@ impl RedLockClientBuilder {
         options: impl Fn(ClientBuilder) -> ClientBuilder + Send + Sync + 'static,
     ) -> Self {
         if let NodeSpec::Targets(_, node_client) = self.nodes_mut() {
-            *node_client = redlock_node(Some(Arc::new(options)));
+            *node_client = redlock_node(options);
         }
         self
     }
