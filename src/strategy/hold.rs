@@ -18,6 +18,7 @@ use crate::lease::{LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
 use crate::lock::{check_lock_options, LockState};
 use crate::retry::RetryPolicy;
 use crate::stats::Kind;
+use crate::strategy::string_value::Notice;
 use crate::time::check_duration;
 
 /// How blocked threads learn that a lock was released.
@@ -273,15 +274,26 @@ pub(crate) fn state(client: &LockClient, key: &str, kind: &str) -> Result<LockSt
 }
 
 /// The `force_unlock` of a lock whose hold is its key alone: deletes the key and wakes this
-/// client's waiters for it; publishes Redisson's release message on `channel` if given, else
-/// nothing.
-pub(crate) fn force_unlock(client: &LockClient, key: &str, channel: Option<&str>) -> Result<bool> {
-    let message = if channel.is_some() {
-        keys::UNLOCK_MESSAGE
-    } else {
-        ""
-    };
-    admin::force_delete(client, key, channel, message, None, &[key])
+/// client's waiters for it; publishes a release's `notice` if given (on its first channel in the
+/// same script, on the others after it), else nothing.
+pub(crate) fn force_unlock(
+    client: &LockClient,
+    key: &str,
+    notice: Option<Notice<'_>>,
+) -> Result<bool> {
+    let (message, channels) = notice.map_or((&b""[..], &[][..]), |n| (n.message, n.channels));
+    let message = std::str::from_utf8(message).unwrap_or(keys::UNLOCK_MESSAGE);
+    let first = channels.first().map(String::as_str);
+    let deleted = admin::force_delete(client, key, first, message, None, &[key])?;
+    for channel in channels.iter().skip(1).filter(|_| deleted) {
+        client.with_conn(key, |con, _| {
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(message)
+                .query::<i64>(con)
+        })?;
+    }
+    Ok(deleted)
 }
 
 /// Decodes the reply of an acquire script: `{1, fence}` (taken; fence 0 = no fencing) or

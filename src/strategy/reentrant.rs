@@ -624,7 +624,11 @@ impl crate::lock::LockAdmin for ReentrantLock {
     }
 
     fn force_unlock(&self) -> Result<bool> {
-        hold::force_unlock(&self.client, &self.key, Some(&self.opts.channel))
+        let notice = string_value::Notice {
+            message: keys::UNLOCK_MESSAGE.as_bytes(),
+            channels: std::slice::from_ref(&self.opts.channel),
+        };
+        hold::force_unlock(&self.client, &self.key, Some(notice))
     }
 }
 
