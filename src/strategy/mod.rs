@@ -334,68 +334,60 @@ impl LockBuilder {
     /// [`check_access`](Self::check_access) was asked for.
     pub fn build(self) -> Result<Lock> {
         self.check_applies()?;
-        Ok(match self.strategy {
-            Strategy::Token => Lock::Token(self.build_token(false)?),
+        let (client, key) = (self.client.clone(), self.key.clone());
+        let lock = match self.strategy {
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
-            Strategy::Reentrant => Lock::Reentrant(self.build_reentrant()?),
-            Strategy::Fair => Lock::Fair(self.build_fair()?),
-            Strategy::Spring(opts) => Lock::Spring(self.build_spring(opts)?),
-            Strategy::ShedLock => Lock::Token(self.build_token(true)?),
-        })
-    }
-
-    fn build_spring(self, spring: SpringOptions) -> Result<SpringLock> {
-        let opts = self.token_options("a Spring lock with fencing")?;
-        let lock = SpringLock::new(self.client.clone(), self.key.clone(), opts, spring)?;
-        self.verify("Spring", || {
-            spring::access_checks(&self.client, &self.key, lock.hold(), &spring)
-        })?;
-        Ok(lock)
-    }
-
-    fn build_fair(self) -> Result<FairLock> {
-        let opts = self.hold_options()?;
-        needs_scripts(self.client.native(), &self.key, "a fair lock")?;
-        let lock = FairLock::new(self.client, self.key, opts)?;
-        if self.check_access {
-            lock.check_access()?;
-        }
-        Ok(lock)
-    }
-
-    /// A Token lock, in ShedLock's values with `shedlock`.
-    fn build_token(self, shedlock: bool) -> Result<TokenLock> {
-        let opts = self.token_options("a Token lock with fencing")?;
-        self.verify("Token", || {
-            token::access_checks(&self.client, &self.key, &opts)
-        })?;
-        let dialect = if shedlock {
-            shedlock::dialect(&opts.channel)
-        } else {
-            token::Dialect::token(&opts.channel)
+            strategy => {
+                let opts = self.hold_options()?;
+                // Reentrant and Fair always run scripts, Token's protocol only for fencing.
+                let fenced = opts.fence_key.is_some();
+                let scripted = match strategy {
+                    Strategy::Reentrant => Some("a reentrant lock"),
+                    Strategy::Fair => Some("a fair lock"),
+                    Strategy::Spring(_) => fenced.then_some("a Spring lock with fencing"),
+                    _ => fenced.then_some("a Token lock with fencing"),
+                };
+                if let Some(what) = scripted {
+                    needs_scripts(self.client.native(), &self.key, what)?;
+                }
+                match strategy {
+                    Strategy::Reentrant => Lock::Reentrant(ReentrantLock::new(client, key, opts)),
+                    Strategy::Fair => Lock::Fair(FairLock::new(client, key, opts)?),
+                    Strategy::Spring(spring) => {
+                        Lock::Spring(SpringLock::new(client, key, opts, spring)?)
+                    }
+                    _ => {
+                        let dialect = if strategy == Strategy::ShedLock {
+                            shedlock::dialect(&opts.channel)
+                        } else {
+                            token::Dialect::token(&opts.channel)
+                        };
+                        Lock::Token(TokenLock::with_dialect(client, key, opts, dialect))
+                    }
+                }
+            }
         };
-        Ok(TokenLock::with_dialect(
-            self.client,
-            self.key,
-            opts,
-            dialect,
-        ))
-    }
-
-    fn build_reentrant(self) -> Result<ReentrantLock> {
-        let opts = self.hold_options()?;
-        needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
-        self.verify("reentrant", || reentrant::access_checks(&self.key, &opts))?;
-        Ok(ReentrantLock::new(self.client, self.key, opts))
-    }
-
-    /// With [`check_access`](Self::check_access): asks the server whether the client may send
-    /// the `checks` of the lock `what`.
-    fn verify(&self, what: &str, checks: impl FnOnce() -> Vec<access::Check>) -> Result<()> {
-        if !self.check_access {
-            return Ok(());
+        if self.check_access {
+            self.verify(&lock)?;
         }
-        access::verify(&self.client, &self.key, what, &checks())
+        Ok(lock)
+    }
+
+    /// [`check_access`](Self::check_access): asks the server whether the client may send the
+    /// commands of `lock`.
+    fn verify(&self, lock: &Lock) -> Result<()> {
+        let (client, key) = (&self.client, self.key.as_str());
+        let (what, checks) = match lock {
+            Lock::Token(l) => ("Token", token::access_checks(client, key, l.hold())),
+            Lock::Classic(_) => ("Classic", classic::access_checks(client, key)),
+            Lock::Reentrant(l) => ("reentrant", reentrant::access_checks(key, l.hold())),
+            Lock::Fair(l) => return l.check_access(),
+            Lock::Spring(l) => {
+                let checks = spring::access_checks(client, key, l.hold(), l.options());
+                ("Spring", checks)
+            }
+        };
+        access::verify(client, key, what, &checks)
     }
 
     /// Refuses the options that do not apply to the strategy: those of Token (Spring,
@@ -424,16 +416,6 @@ impl LockBuilder {
         Err(LockError::config(&self.key, refused))
     }
 
-    /// The checked options of a lock of Token's protocol, which needs scripts only for fencing
-    /// (`fenced` names it).
-    fn token_options(&self, fenced: &str) -> Result<HoldOptions> {
-        let opts = self.hold_options()?;
-        if opts.fence_key.is_some() {
-            needs_scripts(self.client.native(), &self.key, fenced)?;
-        }
-        Ok(opts)
-    }
-
     /// The checked options of a Token, Reentrant or Fair lock.
     fn hold_options(&self) -> Result<HoldOptions> {
         HoldOptions::checked(
@@ -448,7 +430,7 @@ impl LockBuilder {
         )
     }
 
-    fn build_classic(self, opts: ClassicOptions) -> Result<ClassicLock> {
+    fn build_classic(&self, opts: ClassicOptions) -> Result<ClassicLock> {
         let (ttl, retry) = check_lock_options(
             &self.key,
             self.ttl.unwrap_or(ClassicLock::DEFAULT_TTL),
@@ -456,12 +438,9 @@ impl LockBuilder {
         )?;
         check_duration(&self.key, "clock_skew", opts.clock_skew, true)?;
         needs_scripts(self.client.native(), &self.key, "a Classic lock")?;
-        self.verify("Classic", || {
-            classic::access_checks(&self.client, &self.key)
-        })?;
         Ok(ClassicLock {
-            client: self.client,
-            key: self.key,
+            client: self.client.clone(),
+            key: self.key.clone(),
             ttl,
             retry,
             opts,

@@ -197,6 +197,11 @@ impl ReentrantLock {
         }
     }
 
+    /// The checked options of its holds.
+    pub(crate) fn hold(&self) -> &HoldOptions {
+        &self.opts
+    }
+
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
     pub fn is_watched(&self) -> bool {
         self.opts.watched
