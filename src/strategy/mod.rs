@@ -556,73 +556,7 @@ typed!(
     Spring(SpringLock)
 );
 
-/// The `DistributedLock` and `LockAdmin` of a lock that is another one underneath (a [`Lock`],
-/// a [`SpringLock`]): each method is the one of its `underneath()`.
-macro_rules! forward_lock {
-    ($ty:ty) => {
-        impl DistributedLock for $ty {
-            fn key(&self) -> &str {
-                self.underneath().key()
-            }
-
-            fn ttl(&self) -> ::std::time::Duration {
-                self.underneath().ttl()
-            }
-
-            fn retry_policy(&self) -> &$crate::retry::RetryPolicy {
-                self.underneath().retry_policy()
-            }
-
-            fn try_acquire(&self) -> $crate::error::Result<$crate::lease::Lease> {
-                self.underneath().try_acquire()
-            }
-
-            fn release(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
-                self.underneath().release(lease)
-            }
-
-            fn extend(
-                &self,
-                lease: &mut $crate::lease::Lease,
-                ttl: ::std::time::Duration,
-            ) -> $crate::error::Result<()> {
-                self.underneath().extend(lease, ttl)
-            }
-
-            fn is_held(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
-                self.underneath().is_held(lease)
-            }
-
-            fn try_lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-                self.underneath().try_lock()
-            }
-
-            fn lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-                self.underneath().lock()
-            }
-
-            fn try_lock_for(
-                &self,
-                wait: ::std::time::Duration,
-            ) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-                self.underneath().try_lock_for(wait)
-            }
-        }
-
-        impl LockAdmin for $ty {
-            fn state(&self) -> $crate::error::Result<$crate::lock::LockState> {
-                self.underneath().state()
-            }
-
-            fn force_unlock(&self) -> $crate::error::Result<bool> {
-                self.underneath().force_unlock()
-            }
-        }
-    };
-}
-use forward_lock;
-
-forward_lock!(Lock);
+hold::forward_lock!(Lock);
 
 /// A RedLock's nodes given as URLs: each one a [`LockClient`] built by a [`ClientBuilder`].
 impl RedLockClient {

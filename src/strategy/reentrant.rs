@@ -623,7 +623,7 @@ impl crate::lock::LockAdmin for ReentrantLock {
     }
 
     fn force_unlock(&self) -> Result<bool> {
-        let notice = string_value::Notice {
+        let notice = hold::Notice {
             message: keys::UNLOCK_MESSAGE.as_bytes(),
             channels: std::slice::from_ref(&self.opts.channel),
         };

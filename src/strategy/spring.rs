@@ -194,7 +194,7 @@ impl SpringLock {
     }
 }
 
-crate::strategy::forward_lock!(SpringLock);
+crate::strategy::hold::forward_lock!(SpringLock);
 
 /// The commands of a Spring lock: Token's (see [`token::access_checks`]) on the registry's
 /// newer channel (its `opts.channel`), and `PUBLISH` (and the subscriber's commands) on its

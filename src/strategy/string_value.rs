@@ -15,16 +15,7 @@ use crate::error::{LockError, Result};
 use crate::lease::Lease;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::hold;
-
-/// What a release publishes in the same step as its delete: `message` on each of `channels`,
-/// in order (Token: `0` on Redisson's channel; Spring: the key on the registry's two channels).
-/// The first channel is the one this lock's own waiters wait on.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Notice<'a> {
-    pub(crate) message: &'a [u8],
-    pub(crate) channels: &'a [String],
-}
+use crate::strategy::hold::{self, Notice};
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.

@@ -141,8 +141,8 @@ impl Dialect {
         }
     }
 
-    fn notice(&self) -> string_value::Notice<'_> {
-        string_value::Notice {
+    fn notice(&self) -> hold::Notice<'_> {
+        hold::Notice {
             message: &self.message,
             channels: &self.channels,
         }
