@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::strategy::Encoding;
+use crate::strategy::{ClassicOptions, Encoding};
 
 /// Makes `client`'s Token (and Classic) locks use their scripts even where the server has the
 /// native commands (`DELIFEQ`, `SET … IFEQ`), to measure one against the other in one run.
@@ -28,8 +28,8 @@ pub fn token() -> [u8; 32] {
 /// `buf[..len]`.
 pub fn classic_value(encoding: Encoding, ttl: Duration) -> Result<([u8; 20], usize)> {
     let owner = "00000000-0000-4000-8000-000000000000";
-    let encoded =
-        crate::strategy::classic::expiry_value("bench", encoding, owner, ttl, Duration::ZERO)?;
+    let opts = ClassicOptions::new().encoding(encoding);
+    let encoded = crate::strategy::classic::expiry_value("bench", opts, owner, ttl)?;
     let mut buf = [0u8; 20];
     let bytes = encoded.as_slice();
     if bytes.len() > buf.len() {

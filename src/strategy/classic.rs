@@ -334,20 +334,20 @@ fn now_epoch_ns(key: &str) -> Result<i128> {
         .map_err(|_| LockError::config(key, "the system clock is before 1970"))
 }
 
-/// The value for a hold of `ttl` starting now, encoded: its expiry is `now + ttl + skew`, plus
+/// The value for a hold of `ttl` starting now, encoded as `opts` say: its expiry is
+/// `now + ttl + skew` (`opts.clock_skew`), plus
 /// 1 ms in the millisecond encodings (as the Java lockers write), to the microsecond in the
 /// float one and to the nanosecond in the nanosecond one. `owner`: the UUID of an
 /// [`Encoding::UuidMs`] value (the client's instance id).
 pub(crate) fn expiry_value(
     key: &str,
-    encoding: Encoding,
+    opts: ClassicOptions,
     owner: &str,
     ttl: Duration,
-    skew: Duration,
 ) -> Result<Vec<u8>> {
     let now = now_epoch_ns(key)?;
-    let (ttl, skew) = (ttl.as_nanos() as i128, skew.as_nanos() as i128);
-    let expiry = match encoding {
+    let (ttl, skew) = (ttl.as_nanos() as i128, opts.clock_skew.as_nanos() as i128);
+    let expiry = match opts.encoding {
         Encoding::Decimal | Encoding::BigEndian | Encoding::UuidMs => {
             let per = |ns: i128| ns.div_euclid(NS_PER_MS);
             (per(now) + per(ttl) + 1 + per(skew)) * NS_PER_MS
@@ -358,7 +358,7 @@ pub(crate) fn expiry_value(
         }
         Encoding::Nanos => now + ttl + skew,
     };
-    Ok(encode(encoding, owner, expiry))
+    Ok(encode(opts.encoding, owner, expiry))
 }
 
 impl std::fmt::Debug for ClassicLock {
@@ -379,19 +379,6 @@ impl ClassicLock {
     /// The options in force.
     pub fn options(&self) -> &ClassicOptions {
         &self.opts
-    }
-
-    /// The value to store for a hold of `ttl` starting now: `now + ttl + skew` (see
-    /// [`expiry_value`]).
-    fn expiry_value(&self, ttl: Duration) -> Result<Vec<u8>> {
-        let owner = self.client.instance_id();
-        expiry_value(
-            &self.key,
-            self.opts.encoding,
-            owner,
-            ttl,
-            self.opts.clock_skew,
-        )
     }
 
     /// One acquire attempt on one connection: SETNX, then GET and a takeover if stale.
@@ -508,7 +495,8 @@ impl ClassicLock {
     /// One attempt: `Ok(None)` when another owner holds the lock.
     fn try_take(&self) -> Result<Option<Lease>> {
         let start = Instant::now();
-        let value = self.expiry_value(self.ttl)?;
+        let owner = self.client.instance_id();
+        let value = expiry_value(&self.key, self.opts, owner, self.ttl)?;
         let value = value.as_slice();
         let now_ns = now_epoch_ns(&self.key)?;
         // Undone only if the reply said we wrote: a Classic value is an expiry, not an owner,
@@ -598,7 +586,7 @@ impl DistributedLock for ClassicLock {
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ext = hold::Extending::start(&self.key, ttl)?;
-        let value = self.expiry_value(ext.ttl)?;
+        let value = expiry_value(&self.key, self.opts, self.client.instance_id(), ext.ttl)?;
         let redis_ttl = if self.opts.key_ttl { ext.ttl_ms() } else { 0 };
         let swapped: i64 = self.client.with_conn(&self.key, |con, s| {
             s.compare_and_set
@@ -780,14 +768,8 @@ mod tests {
             decode(Encoding::FloatSeconds, b"1764262805.123456"),
             Ok(1_764_262_805_123_456_000)
         );
-        let written = expiry_value(
-            "k",
-            Encoding::FloatSeconds,
-            OWNER,
-            Duration::from_secs(1),
-            Duration::ZERO,
-        )
-        .expect("clock");
+        let opts = ClassicOptions::new().encoding(Encoding::FloatSeconds);
+        let written = expiry_value("k", opts, OWNER, Duration::from_secs(1)).expect("clock");
         let text = std::str::from_utf8(&written).expect("ascii");
         let (int, frac) = text.split_once('.').expect("a decimal point");
         assert_eq!(int.len(), 10, "{text}");
@@ -877,7 +859,8 @@ mod tests {
         let ms = 1_700_000_000_123;
         for e in ALL {
             assert_eq!(recognize(&enc(e, ms)), Some((ms, e)), "{e:?}");
-            let written = expiry_value("k", e, OWNER, Duration::from_secs(1), Duration::ZERO);
+            let opts = ClassicOptions::new().encoding(e);
+            let written = expiry_value("k", opts, OWNER, Duration::from_secs(1));
             let written = written.expect("clock");
             assert_eq!(recognize(&written).map(|(_, e)| e), Some(e));
             // Before 2000 or after 2500: not an expiry.

@@ -1,7 +1,8 @@
 //! What the Token and reentrant locks share beyond their wire format: a lease that is either
 //! explicit or watched, an optional fencing token, and waits woken by pub/sub. Also the parts
 //! of `extend`, `state` and `force_unlock` that are the same for every lock whose hold is its
-//! key alone (Token, Fair, Reentrant, Classic).
+//! key alone (Token, Fair, Reentrant, Classic), and the forwarding `impl`s of a lock that is
+//! another one underneath (`Lock`, `SpringLock`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -189,6 +190,15 @@ impl HoldOptions {
     }
 }
 
+/// What a release publishes in the same step as its delete: `message` on each of `channels`,
+/// in order (Token: `0` on Redisson's channel; Spring: the key on the registry's two channels).
+/// The first channel is the one this lock's own waiters wait on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Notice<'a> {
+    pub(crate) message: &'a [u8],
+    pub(crate) channels: &'a [String],
+}
+
 /// After a release that was published to `receivers` subscriber connections: if any belongs
 /// to another client, this client's next blocking acquire of `line` first waits the client's
 /// handoff courtesy ([`ClientBuilder::handoff_courtesy`](crate::ClientBuilder::handoff_courtesy),
@@ -274,16 +284,93 @@ pub(crate) fn state(client: &LockClient, key: &str, kind: &str) -> Result<LockSt
 }
 
 /// The `force_unlock` of a lock whose hold is its key alone: deletes the key and wakes this
-/// client's waiters for it; publishes Redisson's release message on `channel` if given, else
-/// nothing.
-pub(crate) fn force_unlock(client: &LockClient, key: &str, channel: Option<&str>) -> Result<bool> {
-    let message = if channel.is_some() {
-        keys::UNLOCK_MESSAGE
-    } else {
-        ""
-    };
-    admin::force_delete(client, key, channel, message, None, &[key])
+/// client's waiters for it; publishes a release's `notice` if given (on its first channel in the
+/// same script, on the others after it), else nothing.
+pub(crate) fn force_unlock(
+    client: &LockClient,
+    key: &str,
+    notice: Option<Notice<'_>>,
+) -> Result<bool> {
+    let (message, channels) = notice.map_or((&b""[..], &[][..]), |n| (n.message, n.channels));
+    let message = std::str::from_utf8(message).unwrap_or(keys::UNLOCK_MESSAGE);
+    let first = channels.first().map(String::as_str);
+    let deleted = admin::force_delete(client, key, first, message, None, &[key])?;
+    for channel in channels.iter().skip(1).filter(|_| deleted) {
+        client.with_conn(key, |con, _| {
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(message)
+                .query::<i64>(con)
+        })?;
+    }
+    Ok(deleted)
 }
+
+/// The `DistributedLock` and `LockAdmin` of a lock that is another one underneath (a `Lock`, a
+/// `SpringLock`): each method is the one of its `underneath()`.
+macro_rules! forward_lock {
+    ($ty:ty) => {
+        impl DistributedLock for $ty {
+            fn key(&self) -> &str {
+                self.underneath().key()
+            }
+
+            fn ttl(&self) -> ::std::time::Duration {
+                self.underneath().ttl()
+            }
+
+            fn retry_policy(&self) -> &$crate::retry::RetryPolicy {
+                self.underneath().retry_policy()
+            }
+
+            fn try_acquire(&self) -> $crate::error::Result<$crate::lease::Lease> {
+                self.underneath().try_acquire()
+            }
+
+            fn release(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
+                self.underneath().release(lease)
+            }
+
+            fn extend(
+                &self,
+                lease: &mut $crate::lease::Lease,
+                ttl: ::std::time::Duration,
+            ) -> $crate::error::Result<()> {
+                self.underneath().extend(lease, ttl)
+            }
+
+            fn is_held(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
+                self.underneath().is_held(lease)
+            }
+
+            fn try_lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+                self.underneath().try_lock()
+            }
+
+            fn lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+                self.underneath().lock()
+            }
+
+            fn try_lock_for(
+                &self,
+                wait: ::std::time::Duration,
+            ) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
+                self.underneath().try_lock_for(wait)
+            }
+        }
+
+        impl LockAdmin for $ty {
+            fn state(&self) -> $crate::error::Result<$crate::lock::LockState> {
+                self.underneath().state()
+            }
+
+            fn force_unlock(&self) -> $crate::error::Result<bool> {
+                self.underneath().force_unlock()
+            }
+        }
+    };
+}
+pub(crate) use forward_lock;
 
 /// Decodes the reply of an acquire script: `{1, fence}` (taken; fence 0 = no fencing) or
 /// `{0, pttl}` (held; pttl as Redis's `PTTL`: -1 no expiry, -2 gone).

@@ -27,8 +27,8 @@ use crate::client::native::needs_scripts;
 use crate::client::target::ConnectionTarget;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lease::{Lease, LostCallback, LostLock};
-use crate::lock::{check_lock_options, DistributedLock, LockAdmin, LockGuard, LockState};
+use crate::lease::{LostCallback, LostLock};
+use crate::lock::{check_lock_options, DistributedLock, LockAdmin};
 use crate::redlock::{NodeClient, NodeSpec, RedLockClient, RedLockClientBuilder};
 use crate::retry::RetryPolicy;
 use crate::strategy::hold::HoldOptions;
@@ -333,100 +333,87 @@ impl LockBuilder {
     /// Checks the options and builds the lock. Sends nothing to Redis, unless
     /// [`check_access`](Self::check_access) was asked for.
     pub fn build(self) -> Result<Lock> {
-        Ok(match self.strategy {
-            Strategy::Token => Lock::Token(self.build_token(false)?),
+        self.check_applies()?;
+        let (client, key) = (self.client.clone(), self.key.clone());
+        let lock = match self.strategy {
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
-            Strategy::Reentrant => Lock::Reentrant(self.build_reentrant()?),
-            Strategy::Fair => Lock::Fair(self.build_fair()?),
-            Strategy::Spring(opts) => Lock::Spring(self.build_spring(opts)?),
-            Strategy::ShedLock => Lock::Token(self.build_token(true)?),
-        })
-    }
-
-    fn build_spring(self, spring: SpringOptions) -> Result<SpringLock> {
-        let opts = self.token_options("a Spring lock with fencing")?;
-        let lock = SpringLock::new(self.client.clone(), self.key.clone(), opts, spring)?;
-        self.verify("Spring", || {
-            spring::access_checks(&self.client, &self.key, lock.hold(), &spring)
-        })?;
-        Ok(lock)
-    }
-
-    fn build_fair(self) -> Result<FairLock> {
-        self.token_only("Fair")?;
-        if self.wake_up.is_some() {
-            return Err(LockError::config(
-                &self.key,
-                "wake_up does not apply to Strategy::Fair (its waiters are always woken by the \
-                 grant message)",
-            ));
-        }
-        let opts = self.hold_options()?;
-        needs_scripts(self.client.native(), &self.key, "a fair lock")?;
-        let lock = FairLock::new(self.client, self.key, opts)?;
-        if self.check_access {
-            lock.check_access()?;
-        }
-        Ok(lock)
-    }
-
-    /// A Token lock, in ShedLock's values with `shedlock`.
-    fn build_token(self, shedlock: bool) -> Result<TokenLock> {
-        let opts = self.token_options("a Token lock with fencing")?;
-        self.verify("Token", || {
-            token::access_checks(&self.client, &self.key, &opts)
-        })?;
-        let dialect = if shedlock {
-            shedlock::dialect(&opts.channel)
-        } else {
-            token::Dialect::token(&opts.channel)
+            strategy => {
+                let opts = self.hold_options()?;
+                // Reentrant and Fair always run scripts, Token's protocol only for fencing.
+                let fenced = opts.fence_key.is_some();
+                let scripted = match strategy {
+                    Strategy::Reentrant => Some("a reentrant lock"),
+                    Strategy::Fair => Some("a fair lock"),
+                    Strategy::Spring(_) => fenced.then_some("a Spring lock with fencing"),
+                    _ => fenced.then_some("a Token lock with fencing"),
+                };
+                if let Some(what) = scripted {
+                    needs_scripts(self.client.native(), &self.key, what)?;
+                }
+                match strategy {
+                    Strategy::Reentrant => Lock::Reentrant(ReentrantLock::new(client, key, opts)),
+                    Strategy::Fair => Lock::Fair(FairLock::new(client, key, opts)?),
+                    Strategy::Spring(spring) => {
+                        Lock::Spring(SpringLock::new(client, key, opts, spring)?)
+                    }
+                    _ => {
+                        let dialect = if strategy == Strategy::ShedLock {
+                            shedlock::dialect(&opts.channel)
+                        } else {
+                            token::Dialect::token(&opts.channel)
+                        };
+                        Lock::Token(TokenLock::with_dialect(client, key, opts, dialect))
+                    }
+                }
+            }
         };
-        Ok(TokenLock::with_dialect(
-            self.client,
-            self.key,
-            opts,
-            dialect,
-        ))
+        if self.check_access {
+            self.verify(&lock)?;
+        }
+        Ok(lock)
     }
 
-    fn build_reentrant(self) -> Result<ReentrantLock> {
-        self.token_only("Reentrant")?;
-        let opts = self.hold_options()?;
-        needs_scripts(self.client.native(), &self.key, "a reentrant lock")?;
-        self.verify("reentrant", || reentrant::access_checks(&self.key, &opts))?;
-        Ok(ReentrantLock::new(self.client, self.key, opts))
+    /// [`check_access`](Self::check_access): asks the server whether the client may send the
+    /// commands of `lock`.
+    fn verify(&self, lock: &Lock) -> Result<()> {
+        let (client, key) = (&self.client, self.key.as_str());
+        let (what, checks) = match lock {
+            Lock::Token(l) => ("Token", token::access_checks(client, key, l.hold())),
+            Lock::Classic(_) => ("Classic", classic::access_checks(client, key)),
+            Lock::Reentrant(l) => ("reentrant", reentrant::access_checks(key, l.hold())),
+            Lock::Fair(l) => return l.check_access(),
+            Lock::Spring(l) => {
+                let checks = spring::access_checks(client, key, l.hold(), l.options());
+                ("Spring", checks)
+            }
+        };
+        access::verify(client, key, what, &checks)
     }
 
-    /// With [`check_access`](Self::check_access): asks the server whether the client may send
-    /// the `checks` of the lock `what`.
-    fn verify(&self, what: &str, checks: impl FnOnce() -> Vec<access::Check>) -> Result<()> {
-        if !self.check_access {
+    /// Refuses the options that do not apply to the strategy: those of Token (Spring,
+    /// ShedLock) alone, `wake_up` for Fair, those of the watched locks for Classic.
+    fn check_applies(&self) -> Result<()> {
+        let strategy = match self.strategy {
+            Strategy::Reentrant => "Reentrant",
+            Strategy::Fair => "Fair",
+            Strategy::Classic(_) => "Classic",
+            _ => return Ok(()),
+        };
+        let watched = self.watchdog_lease.is_some() || self.on_lost.is_some() || self.fencing;
+        let refused = if self.at_least.is_some() {
+            format!("lock_at_least applies to Strategy::Token, Spring and ShedLock, not {strategy}")
+        } else if strategy == "Fair" && self.wake_up.is_some() {
+            "wake_up does not apply to Strategy::Fair (its waiters are always woken by the grant \
+             message)"
+                .into()
+        } else if strategy == "Classic" && (watched || self.wake_up.is_some()) {
+            "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic (its \
+             legacy peers neither renew, count nor publish)"
+                .into()
+        } else {
             return Ok(());
-        }
-        access::verify(&self.client, &self.key, what, &checks())
-    }
-
-    /// Refuses the options of Token (Spring, ShedLock) alone for `strategy`.
-    fn token_only(&self, strategy: &str) -> Result<()> {
-        if self.at_least.is_some() {
-            return Err(LockError::config(
-                &self.key,
-                format!(
-                    "lock_at_least applies to Strategy::Token, Spring and ShedLock, not {strategy}"
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The checked options of a lock of Token's protocol, which needs scripts only for fencing
-    /// (`fenced` names it).
-    fn token_options(&self, fenced: &str) -> Result<HoldOptions> {
-        let opts = self.hold_options()?;
-        if opts.fence_key.is_some() {
-            needs_scripts(self.client.native(), &self.key, fenced)?;
-        }
-        Ok(opts)
+        };
+        Err(LockError::config(&self.key, refused))
     }
 
     /// The checked options of a Token, Reentrant or Fair lock.
@@ -443,19 +430,7 @@ impl LockBuilder {
         )
     }
 
-    fn build_classic(self, opts: ClassicOptions) -> Result<ClassicLock> {
-        self.token_only("Classic")?;
-        if self.watchdog_lease.is_some()
-            || self.on_lost.is_some()
-            || self.fencing
-            || self.wake_up.is_some()
-        {
-            return Err(LockError::config(
-                &self.key,
-                "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic \
-                 (its legacy peers neither renew, count nor publish)",
-            ));
-        }
+    fn build_classic(&self, opts: ClassicOptions) -> Result<ClassicLock> {
         let (ttl, retry) = check_lock_options(
             &self.key,
             self.ttl.unwrap_or(ClassicLock::DEFAULT_TTL),
@@ -463,12 +438,9 @@ impl LockBuilder {
         )?;
         check_duration(&self.key, "clock_skew", opts.clock_skew, true)?;
         needs_scripts(self.client.native(), &self.key, "a Classic lock")?;
-        self.verify("Classic", || {
-            classic::access_checks(&self.client, &self.key)
-        })?;
         Ok(ClassicLock {
-            client: self.client,
-            key: self.key,
+            client: self.client.clone(),
+            key: self.key.clone(),
             ttl,
             retry,
             opts,
@@ -506,27 +478,25 @@ pub enum Lock {
     Spring(SpringLock),
 }
 
-/// `$call` on the typed lock inside a [`Lock`], bound to `$l`.
-macro_rules! each {
-    ($lock:expr, |$l:ident| $call:expr) => {
-        match $lock {
-            Lock::Token($l) => $call,
-            Lock::Classic($l) => $call,
-            Lock::Reentrant($l) => $call,
-            Lock::Fair($l) => $call,
-            Lock::Spring($l) => $call,
-        }
-    };
-}
-
 /// The typed lock's own: `TokenLock { key: .., .. }`.
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        each!(self, |l| l.fmt(f))
+        self.underneath().fmt(f)
     }
 }
 
 impl Lock {
+    /// The typed lock inside, which does the work of every method.
+    fn underneath(&self) -> &dyn LockAdmin {
+        match self {
+            Lock::Token(l) => l,
+            Lock::Classic(l) => l,
+            Lock::Reentrant(l) => l,
+            Lock::Fair(l) => l,
+            Lock::Spring(l) => l,
+        }
+    }
+
     /// The strategy the lock was built with, with its options.
     pub fn strategy(&self) -> Strategy {
         match self {
@@ -586,57 +556,7 @@ typed!(
     Spring(SpringLock)
 );
 
-impl DistributedLock for Lock {
-    fn key(&self) -> &str {
-        each!(self, |l| l.key())
-    }
-
-    fn ttl(&self) -> Duration {
-        each!(self, |l| l.ttl())
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        each!(self, |l| l.retry_policy())
-    }
-
-    fn try_acquire(&self) -> Result<Lease> {
-        each!(self, |l| l.try_acquire())
-    }
-
-    fn release(&self, lease: &Lease) -> Result<bool> {
-        each!(self, |l| l.release(lease))
-    }
-
-    fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        each!(self, |l| l.extend(lease, ttl))
-    }
-
-    fn is_held(&self, lease: &Lease) -> Result<bool> {
-        each!(self, |l| l.is_held(lease))
-    }
-
-    fn try_lock(&self) -> Result<LockGuard<'_>> {
-        each!(self, |l| l.try_lock())
-    }
-
-    fn lock(&self) -> Result<LockGuard<'_>> {
-        each!(self, |l| l.lock())
-    }
-
-    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        each!(self, |l| l.try_lock_for(wait))
-    }
-}
-
-impl LockAdmin for Lock {
-    fn state(&self) -> Result<LockState> {
-        each!(self, |l| l.state())
-    }
-
-    fn force_unlock(&self) -> Result<bool> {
-        each!(self, |l| l.force_unlock())
-    }
-}
+hold::forward_lock!(Lock);
 
 /// A RedLock's nodes given as URLs: each one a [`LockClient`] built by a [`ClientBuilder`].
 impl RedLockClient {
@@ -660,27 +580,22 @@ impl RedLockClient {
             .cloned()
             .map(ConnectionTarget::into_target_info)
             .collect();
-        RedLockClientBuilder::new(NodeSpec::Targets(infos, redlock_node(None)))
+        RedLockClientBuilder::new(NodeSpec::Targets(infos, redlock_node(|node| node)))
     }
 }
-
-/// What [`RedLockClientBuilder::node_options`] applies to each node's builder.
-type NodeOptions = Arc<dyn Fn(ClientBuilder) -> ClientBuilder + Send + Sync>;
 
 /// How a RedLock node given as a URL becomes a client: [`LockClient::builder`] with the
 /// RedLock settings (the node timeout as the command timeout, a connection per worker, a lazy
 /// connect), then the application's `options`.
-fn redlock_node(options: Option<NodeOptions>) -> NodeClient {
+fn redlock_node(
+    options: impl Fn(ClientBuilder) -> ClientBuilder + Send + Sync + 'static,
+) -> NodeClient {
     Arc::new(move |info, workers, node_timeout| {
         let node = LockClient::builder(info)
             .pool_size(workers)
             .command_timeout(Some(node_timeout))
             .lazy_connect();
-        match &options {
-            Some(options) => options(node),
-            None => node,
-        }
-        .build()
+        options(node).build()
     })
 }
 
@@ -713,7 +628,7 @@ impl RedLockClientBuilder {
         options: impl Fn(ClientBuilder) -> ClientBuilder + Send + Sync + 'static,
     ) -> Self {
         if let NodeSpec::Targets(_, node_client) = self.nodes_mut() {
-            *node_client = redlock_node(Some(Arc::new(options)));
+            *node_client = redlock_node(options);
         }
         self
     }

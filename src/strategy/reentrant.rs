@@ -198,6 +198,11 @@ impl ReentrantLock {
         }
     }
 
+    /// The checked options of its holds.
+    pub(crate) fn hold(&self) -> &HoldOptions {
+        &self.opts
+    }
+
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
     pub fn is_watched(&self) -> bool {
         self.opts.watched
@@ -352,14 +357,15 @@ impl ReentrantLock {
     fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant, why: Why) {
         let before = local_count(owner, &self.key).unwrap_or(0);
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        self.client.janitor().forget(
-            &self.client,
-            &self.key,
-            owner.as_bytes(),
-            self.forget_cleanup(owner.as_bytes(), before.saturating_add(1)),
-            why,
-            until,
-        );
+        self.forget(owner.as_bytes(), before.saturating_add(1), why, until);
+    }
+
+    /// Hands the janitor the give-back of one hold of `owner` if its count is still `count`
+    /// ([`forget_cleanup`](Self::forget_cleanup)), while a hold may live (`until`). True when it
+    /// was done in-line, before this returned.
+    fn forget(&self, owner: &[u8], count: u32, why: Why, until: Instant) -> bool {
+        let cleanup = self.forget_cleanup(owner, count);
+        (self.client.janitor()).forget(&self.client, &self.key, owner, cleanup, why, until)
     }
 
     /// A Sentinel client remembers a release of the calling thread's own hold for a while: if a
@@ -416,14 +422,7 @@ impl ReentrantLock {
             );
             return false;
         };
-        let done = self.client.janitor().forget(
-            &self.client,
-            &self.key,
-            lease.value(),
-            self.forget_cleanup(lease.value(), count),
-            why,
-            lease.valid_until(),
-        );
+        let done = self.forget(lease.value(), count, why, lease.valid_until());
         // The janitor makes it happen (or the hold expires): count it given back.
         let seen = if count > 1 {
             Seen::Decremented
@@ -629,7 +628,11 @@ impl crate::lock::LockAdmin for ReentrantLock {
     }
 
     fn force_unlock(&self) -> Result<bool> {
-        hold::force_unlock(&self.client, &self.key, Some(&self.opts.channel))
+        let notice = hold::Notice {
+            message: keys::UNLOCK_MESSAGE.as_bytes(),
+            channels: std::slice::from_ref(&self.opts.channel),
+        };
+        hold::force_unlock(&self.client, &self.key, Some(notice))
     }
 }
 

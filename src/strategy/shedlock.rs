@@ -16,8 +16,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::client::LockClient;
-use crate::keys;
-use crate::strategy::token::{Dialect, KIND};
+use crate::strategy::token::Dialect;
 
 /// The key ShedLock's Redis providers lock for the job `name` in environment `env` (ShedLock's
 /// default environment is `default`) with the default prefix: `job-lock:<env>:<name>`.
@@ -34,11 +33,9 @@ pub(crate) fn recognizes(value: &[u8]) -> bool {
 /// neither publishes nor listens).
 pub(crate) fn dialect(channel: &str) -> Dialect {
     Dialect {
-        kind: KIND,
         new_value: |_: &LockClient| value(SystemTime::now()).into_bytes(),
-        message: keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
-        channels: vec![channel.to_owned()],
         shedlock: true,
+        ..Dialect::token(channel)
     }
 }
 

@@ -25,13 +25,9 @@
 //!   refused attempt);
 //! - renewal and extend: compare-and-`PEXPIRE`, as the registry's renew script.
 
-use std::time::Duration;
-
 use crate::client::{access, LockClient};
 use crate::error::{LockError, Result};
-use crate::lease::Lease;
-use crate::lock::{DistributedLock, LockAdmin, LockGuard, LockState};
-use crate::retry::RetryPolicy;
+use crate::lock::{DistributedLock, LockAdmin};
 use crate::stats::Kind;
 use crate::strategy::hold::{HoldOptions, WakeUp};
 use crate::strategy::token::{self, Dialect, TokenLock};
@@ -182,6 +178,11 @@ impl SpringLock {
         self.inner.hold()
     }
 
+    /// The Token lock that does the work.
+    fn underneath(&self) -> &TokenLock {
+        &self.inner
+    }
+
     /// The registry's options it was built with.
     pub fn options(&self) -> &SpringOptions {
         &self.spring
@@ -193,57 +194,7 @@ impl SpringLock {
     }
 }
 
-impl DistributedLock for SpringLock {
-    fn key(&self) -> &str {
-        self.inner.key()
-    }
-
-    fn ttl(&self) -> Duration {
-        self.inner.ttl()
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        self.inner.retry_policy()
-    }
-
-    fn try_acquire(&self) -> Result<Lease> {
-        self.inner.try_acquire()
-    }
-
-    fn release(&self, lease: &Lease) -> Result<bool> {
-        self.inner.release(lease)
-    }
-
-    fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        self.inner.extend(lease, ttl)
-    }
-
-    fn is_held(&self, lease: &Lease) -> Result<bool> {
-        self.inner.is_held(lease)
-    }
-
-    fn try_lock(&self) -> Result<LockGuard<'_>> {
-        self.inner.try_lock()
-    }
-
-    fn lock(&self) -> Result<LockGuard<'_>> {
-        self.inner.lock()
-    }
-
-    fn try_lock_for(&self, wait: Duration) -> Result<LockGuard<'_>> {
-        self.inner.try_lock_for(wait)
-    }
-}
-
-impl LockAdmin for SpringLock {
-    fn state(&self) -> Result<LockState> {
-        self.inner.state()
-    }
-
-    fn force_unlock(&self) -> Result<bool> {
-        self.inner.force_unlock()
-    }
-}
+crate::strategy::hold::forward_lock!(SpringLock);
 
 /// The commands of a Spring lock: Token's (see [`token::access_checks`]) on the registry's
 /// newer channel (its `opts.channel`), and `PUBLISH` (and the subscriber's commands) on its

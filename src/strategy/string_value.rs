@@ -16,16 +16,7 @@ use crate::error::{LockError, Result};
 use crate::lease::Lease;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::hold;
-
-/// What a release publishes in the same step as its delete: `message` on each of `channels`,
-/// in order (Token: `0` on Redisson's channel; Spring: the key on the registry's two channels).
-/// The first channel is the one this lock's own waiters wait on.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Notice<'a> {
-    pub(crate) message: &'a [u8],
-    pub(crate) channels: &'a [String],
-}
+use crate::strategy::hold::{self, Notice};
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.
@@ -242,12 +233,7 @@ pub(crate) struct PackedRelease {
 impl PackedRelease {
     pub(crate) fn new(scripts: &Scripts, key: &str, notice: Notice<'_>, len: usize) -> Self {
         let native = Packed::new(&[len], 1 + notice.channels.len(), |value| {
-            let mut pipe = redis::pipe();
-            pipe.add_command(native::delifeq(key, value[0]));
-            for ch in notice.channels {
-                pipe.cmd("PUBLISH").arg(ch).arg(notice.message);
-            }
-            pipe.get_packed_pipeline()
+            native_pipeline(key, value[0], notice).get_packed_pipeline()
         });
         let script = Packed::new(&[len], 1, |value| {
             let args = (value[0], notice.message, notice.channels);
@@ -473,14 +459,7 @@ fn native_release(
     let Some(n) = notice else {
         return native::delifeq(key, value).query(con);
     };
-    let pipeline = || {
-        let mut pipe = redis::pipe();
-        pipe.add_command(native::delifeq(key, value));
-        for ch in n.channels {
-            pipe.cmd("PUBLISH").arg(ch).arg(n.message);
-        }
-        pipe
-    };
+    let pipeline = || native_pipeline(key, value, n);
     let replies: Vec<i64> = match packed {
         Some(p) => p.query_ints(con, value, pipeline)?,
         None => pipeline().query(con)?,
@@ -491,6 +470,16 @@ fn native_release(
     } else {
         0
     })
+}
+
+/// `DELIFEQ key value` and the `PUBLISH`es of `notice`, in one pipeline.
+fn native_pipeline(key: &str, value: &[u8], notice: Notice<'_>) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.add_command(native::delifeq(key, value));
+    for ch in notice.channels {
+        pipe.cmd("PUBLISH").arg(ch).arg(notice.message);
+    }
+    pipe
 }
 
 /// The compare-and-extend of a string value: `SET key value IFEQ value PX ttl` where the

@@ -142,8 +142,8 @@ impl Dialect {
         }
     }
 
-    fn notice(&self) -> string_value::Notice<'_> {
-        string_value::Notice {
+    fn notice(&self) -> hold::Notice<'_> {
+        hold::Notice {
             message: &self.message,
             channels: &self.channels,
         }
@@ -606,27 +606,7 @@ impl crate::lock::LockAdmin for TokenLock {
     }
 
     fn force_unlock(&self) -> Result<bool> {
-        // The dialect's message on its first channel (Token: `0` on Redisson's) in the same
-        // script; on its other channels (Spring's registry-wide one) after it.
-        let deleted = crate::client::admin::force_delete(
-            &self.client,
-            &self.key,
-            self.dialect.channels.first().map(String::as_str),
-            std::str::from_utf8(&self.dialect.message).unwrap_or(crate::keys::UNLOCK_MESSAGE),
-            None,
-            &[&self.key],
-        )?;
-        if deleted {
-            for channel in self.dialect.channels.iter().skip(1) {
-                self.client.with_conn(&self.key, |con, _| {
-                    redis::cmd("PUBLISH")
-                        .arg(channel)
-                        .arg(&self.dialect.message)
-                        .query::<i64>(con)
-                })?;
-            }
-        }
-        Ok(deleted)
+        hold::force_unlock(&self.client, &self.key, Some(self.dialect.notice()))
     }
 }
 
