@@ -493,17 +493,9 @@ impl LockClient {
                         None => p.try_get(),
                         Some(_) => None,
                     };
-                    // Without one idle, the wait for a free connection and its opening share
-                    // one connect timeout: a link another checkout failed to open comes back
-                    // to the pool unopened, and the thread that waited for it would otherwise
-                    // wait a second connect timeout to open it.
-                    let (mut con, until) = match idle {
-                        Some(con) => (con, until),
-                        None => {
-                            let wait = left(p.connection_timeout())?;
-                            let bound = Instant::now().checked_add(wait);
-                            (p.get_timeout(wait).map_err(err)?, bound)
-                        }
+                    let mut con = match idle {
+                        Some(con) => con,
+                        None => p.get_timeout(left(p.connection_timeout())?).map_err(err)?,
                     };
                     con.open_if_needed(until).map_err(|e| {
                         log_repeat!(

@@ -198,11 +198,8 @@ impl Manager {
         client: &redis::Client,
         until: Option<Instant>,
     ) -> RedisResult<redis::Connection> {
-        let con = client.get_connection_with_timeout(connect_within(
-            client,
-            self.connect_timeout,
-            until,
-        )?)?;
+        let con =
+            client.get_connection_with_timeout(connect_within(self.connect_timeout, until)?)?;
         let timeout = Some(within(
             self.command_timeout.unwrap_or(self.connect_timeout),
             until,
@@ -559,7 +556,7 @@ impl Manager {
     /// waiting past `until` for nothing (a watchdog renewal's cap, see [`Link::cap`]).
     fn open(self: &Arc<Self>, until: Option<Instant>) -> RedisResult<Link> {
         let link = match &self.target {
-            Target::Single(client) => connect_within(client, self.connect_timeout, until)
+            Target::Single(client) => connect_within(self.connect_timeout, until)
                 .and_then(|t| client.get_connection_with_timeout(t))
                 .and_then(|con| Link::opened(Node::Single(con), self.command_timeout)),
             #[cfg(feature = "cluster")]
@@ -1094,23 +1091,11 @@ pub(crate) fn within(timeout: Duration, until: Option<Instant>) -> RedisResult<D
 /// every reply of its set-up pipeline, even after one timed out).
 pub(crate) const SETUP_REPLIES: u32 = 4;
 
-/// The connect timeout to give redis-rs for `client`'s connections, so that the whole opening,
-/// set-up included, fits in `timeout` and ends by `until`: redis-rs waits up to the time it is
-/// given for the connect, and then again for each reply of its set-up pipeline (see
-/// [`SETUP_REPLIES`]; a server that accepts connections and answers nothing costs them all),
-/// so it gets that time divided by the number of those replies: two `CLIENT SETINFO`, `HELLO`
-/// or `AUTH` when the URL asks for RESP3 or gives a password, `SELECT` for a database other
-/// than 0. An I/O timeout error when no time is left.
-fn connect_within(
-    client: &redis::Client,
-    timeout: Duration,
-    until: Option<Instant>,
-) -> RedisResult<Duration> {
-    let r = client.get_connection_info().redis_settings();
-    let replies = 2 * u32::from(!r.skip_set_lib_name())
-        + u32::from(r.password().is_some() || r.protocol().supports_resp3())
-        + u32::from(r.db() != 0);
-    Ok(within(timeout, until)? / replies.max(1))
+/// The connect timeout to give redis-rs for a connection that must be open, set-up included,
+/// by `until` (`None`: `timeout` as it is): a fourth of the time left at most (see
+/// [`SETUP_REPLIES`]); an I/O timeout error when that has passed.
+fn connect_within(timeout: Duration, until: Option<Instant>) -> RedisResult<Duration> {
+    Ok(left_until(until)?.map_or(timeout, |left| timeout.min(left / SETUP_REPLIES)))
 }
 
 #[cfg(test)]
