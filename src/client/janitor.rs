@@ -66,16 +66,9 @@ const BACKGROUND: &str = "in the background";
 /// by the drain of a dropped client.
 const DRAIN: &str = "as the client was dropped";
 
-/// The end of a clean-up's try on the caller's thread (an undo or a release retried in-line,
-/// or the drain of a dropped client), from `now`: one command timeout of the client (its
-/// connect timeout without one), which bounds the checkout, a connection's opening and the
-/// command alike.
-pub(crate) fn in_line_bound(client: &LockClient, now: Instant) -> Instant {
-    crate::time::saturating_add(now, client.command_timeout())
-}
 impl Janitor {
     /// Runs `cleanup` (of `value` at `key`) now, on the caller's thread, within
-    /// [`in_line_bound`] (the client's command timeout, and never past `until`), unless `why`
+    /// the client's command timeout (and never past `until`), unless `why`
     /// says the server did not answer in time; if that try fails (or is not made), in the
     /// background, trying until it is answered or until `until`, when the hold
     /// expires anyway. A counted clean-up still pending must be settled by the owner's next
@@ -136,7 +129,9 @@ impl Janitor {
             }
             seq
         };
-        let bound = in_line_bound(client, now).min(until);
+        // One command timeout of the client (its connect timeout without one), which bounds
+        // the checkout, a connection's opening and the command alike; as for the drain.
+        let bound = crate::time::saturating_add(now, client.command_timeout()).min(until);
         let failed = match self.run_own(client, key, value, Some(seq), Some(bound)) {
             Ok(true) => return true,
             Ok(false) if self.shared.lock().shutdown => "the client is closing".to_owned(),
@@ -155,7 +150,7 @@ impl Janitor {
             failed,
             until.saturating_duration_since(Instant::now()).as_millis()
         );
-        self.ensure_thread_if_pending(client, key);
+        self.ensure_thread(client, key);
         false
     }
 
@@ -226,7 +221,7 @@ impl Janitor {
         }
     }
 
-    /// Tries every pending job once more, on the caller's thread, within [`in_line_bound`] for
+    /// Tries every pending job once more, on the caller's thread, within one command timeout for
     /// them all (and waits as long for the tries in flight on the thread): called when the
     /// last handle of the client is dropped, before its threads stop. What is not done by then
     /// is logged: those locks expire with their leases.
@@ -235,7 +230,7 @@ impl Janitor {
             return;
         }
         let start = Instant::now();
-        let bound = in_line_bound(client, start);
+        let bound = crate::time::saturating_add(start, client.command_timeout());
         let mut tried: HashSet<u64> = HashSet::new();
         let mut done = 0usize;
         loop {
@@ -397,15 +392,14 @@ impl Janitor {
         }
         self.run_own(client, key, owner, None, None)
             .map(drop)
-            .inspect_err(|_| self.ensure_thread_if_pending(client, key))
+            .inspect_err(|_| self.ensure_thread(client, key))
     }
 
     /// Queues a job for the janitor thread, started if it is not running.
     fn push(&self, client: &LockClient, job: Redo, cause: Cause) {
         let key = job.key.clone();
-        let mut jobs = self.shared.lock();
-        self.push_locked(&mut jobs, job, cause);
-        self.ensure_thread(&mut jobs, client, &key);
+        self.push_locked(&mut self.shared.lock(), job, cause);
+        self.ensure_thread(client, &key);
     }
 
     /// Queues a job (the thread not woken): its `seq`. At most [`MAX_JOBS`] are kept.
@@ -452,18 +446,15 @@ impl Janitor {
         seq
     }
 
-    /// Starts the janitor thread for the jobs left by a try on the caller's thread that
-    /// failed, unless none is left: the thread may have ended while they were out of the list
-    /// (in flight here), and a job queued again needs one as much as a new one.
-    fn ensure_thread_if_pending(&self, client: &LockClient, key: &str) {
+    /// Wakes the janitor thread for the jobs queued, or starts it if it is not running, unless
+    /// none is left. Also after a try on the caller's thread that failed: the thread may have
+    /// ended while its job was out of the list (in flight here), and a job queued again needs
+    /// one as much as a new one.
+    fn ensure_thread(&self, client: &LockClient, key: &str) {
         let mut jobs = self.shared.lock();
-        if !jobs.list.is_empty() {
-            self.ensure_thread(&mut jobs, client, key);
+        if jobs.list.is_empty() {
+            return;
         }
-    }
-
-    /// Wakes the janitor thread for a job just queued, or starts it if it is not running.
-    fn ensure_thread(&self, jobs: &mut Jobs, client: &LockClient, key: &str) {
         if jobs.running {
             self.shared.wake.notify_one();
             return;
@@ -528,7 +519,8 @@ const ATTEMPT_WAIT: Duration = Duration::from_secs(5);
 /// true if the owner holds the lock again: its count on the new master may then be that live
 /// hold's, which the release must not give back.
 fn holds_again(client: &LockClient, key: &str, owner: &[u8], until: Option<Instant>) -> bool {
-    let end = attempt_wait_end(Instant::now(), until);
+    let end = crate::time::saturating_add(Instant::now(), ATTEMPT_WAIT);
+    let end = until.map_or(end, |u| end.min(u));
     while client.live().contains(live::attempting(key, owner)) && Instant::now() < end {
         thread::sleep(Duration::from_millis(1));
     }
@@ -537,12 +529,6 @@ fn holds_again(client: &LockClient, key: &str, owner: &[u8], until: Option<Insta
         log::debug!("lock {key:?}: the owner holds the lock again; its release is not done again");
     }
     holds
-}
-
-/// The end of [`holds_again`]'s wait from `now`: [`ATTEMPT_WAIT`], cut to `until`.
-fn attempt_wait_end(now: Instant, until: Option<Instant>) -> Instant {
-    let end = crate::time::saturating_add(now, ATTEMPT_WAIT);
-    until.map_or(end, |u| end.min(u))
 }
 
 /// Tries one job taken off the list (`when`, for the log), nothing waiting past `until` (if
@@ -768,9 +754,5 @@ mod tests {
         assert!(!holds_again(&client, key, owner, Some(bound)));
         let took = start.elapsed();
         assert!(took < Duration::from_millis(2_500), "waited {took:?}");
-        let now = Instant::now();
-        assert_eq!(attempt_wait_end(now, None), now + ATTEMPT_WAIT);
-        let soon = now + Duration::from_millis(10);
-        assert_eq!(attempt_wait_end(now, Some(soon)), soon);
     }
 }

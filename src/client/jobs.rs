@@ -102,16 +102,6 @@ impl Jobs {
             .push((job.key.clone(), job.value.clone(), job.until));
         job
     }
-
-    pub(crate) fn finished(&mut self, key: &str, value: &[u8]) {
-        if let Some(i) = self
-            .in_flight
-            .iter()
-            .position(|(k, v, _)| k == key && v == value)
-        {
-            self.in_flight.swap_remove(i);
-        }
-    }
 }
 
 #[derive(Debug, Default)]
@@ -135,7 +125,13 @@ impl Shared {
     /// wakes the thread (it may wait for this key's try to end) and the owners waiting.
     pub(crate) fn finish(&self, key: &str, value: &[u8], again: Option<Job>) {
         let mut jobs = self.lock();
-        jobs.finished(key, value);
+        if let Some(i) = jobs
+            .in_flight
+            .iter()
+            .position(|(k, v, _)| k == key && v == value)
+        {
+            jobs.in_flight.swap_remove(i);
+        }
         if let Some(job) = again {
             jobs.insert(job);
         }
@@ -234,7 +230,7 @@ mod tests {
             Some(3)
         );
         assert_eq!(jobs.pick(|j| j.key == "k" && j.value == b"o"), None);
-        jobs.finished("k", b"o");
+        jobs.in_flight.clear();
         assert_eq!(
             jobs.pick(|j| j.next <= later).map(|i| jobs.list[i].seq),
             Some(2)
@@ -267,7 +263,7 @@ mod tests {
         // A try in flight of ("x", "o") blocks its jobs; nothing else is left.
         jobs.in_flight.push(("x".to_owned(), b"o".to_vec(), later));
         assert_eq!(jobs.pick(|j| !tried.contains(&j.seq)), None);
-        jobs.finished("x", b"o");
+        jobs.in_flight.clear();
         tried.insert(3);
         assert_eq!(jobs.pick(|j| !tried.contains(&j.seq)), None);
     }
