@@ -310,7 +310,7 @@ impl Janitor {
                 for (k, v, _) in &counted {
                     shared.finish(k, v, None);
                 }
-                shared.gone(counted.len());
+                shared.counted.fetch_sub(counted.len(), Ordering::AcqRel);
             });
             batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value, None)));
             let Some(first) = batch.first().map(|j| j.key.clone()) else {
@@ -411,7 +411,7 @@ impl Janitor {
             let shared = &self.shared;
             jobs.list.retain(|j| {
                 if j.until <= now && j.cleanup.counted {
-                    shared.gone(1);
+                    shared.counted.fetch_sub(1, Ordering::AcqRel);
                 }
                 j.until > now
             });
@@ -419,7 +419,7 @@ impl Janitor {
                 let at = jobs.to_drop_at_cap();
                 let dropped = jobs.list.remove(at);
                 if dropped.cleanup.counted {
-                    shared.gone(1);
+                    shared.counted.fetch_sub(1, Ordering::AcqRel);
                 }
                 log::warn!(
                     "lock {:?}: too many pending clean-ups, this one is dropped (the lock \
@@ -562,7 +562,7 @@ fn attempt(client: &LockClient, mut job: Job, until: Option<Instant>, when: &str
     };
     let shared = &client.janitor().shared;
     if counted && again.is_none() {
-        shared.gone(1);
+        shared.counted.fetch_sub(1, Ordering::AcqRel);
     }
     shared.finish(&key, &value, again);
     result

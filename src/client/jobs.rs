@@ -3,7 +3,7 @@
 //! clean-ups it runs, is in `janitor.rs` (which needs the client to send commands).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -138,11 +138,6 @@ impl Shared {
         drop(jobs);
         self.wake.notify_one();
         self.done.notify_all();
-    }
-
-    /// `n` counted jobs are done or given up.
-    pub(crate) fn gone(&self, n: usize) {
-        self.counted.fetch_sub(n, Ordering::AcqRel);
     }
 }
 
