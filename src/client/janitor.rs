@@ -619,7 +619,8 @@ fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Optio
     let key = job.key.as_str();
     if !e.worth_retrying() {
         log::warn!(
-            "lock {key:?}: gave up {} of {} after {} ({} tries): the server refused it in a way              retrying does not change: {}; the lock expires with its lease",
+            "lock {key:?}: gave up {} of {} after {} ({} tries): the server refused it in a way \
+             retrying does not change: {}; the lock expires with its lease",
             job.cleanup.what,
             printable(&job.value),
             job.cause.describe(),
@@ -628,8 +629,7 @@ fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Optio
         );
         return None;
     }
-    let now = Instant::now();
-    let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
+    let next = crate::time::after(RETRY_DELAY);
     if next >= job.until {
         log_repeat!(
             client.repeats(),

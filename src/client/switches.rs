@@ -36,17 +36,6 @@ pub(crate) struct Released {
 }
 
 impl Released {
-    /// The entry this release replaces: one per key, or per key and owner for counted holds,
-    /// whose owners hold the lock side by side.
-    pub(crate) fn slot(&self) -> (String, Vec<u8>) {
-        let owner = if self.cleanup.counted {
-            self.value.clone()
-        } else {
-            Vec::new()
-        };
-        (self.key.clone(), owner)
-    }
-
     /// The release again, of `value`.
     pub(crate) fn redo(&self, value: Vec<u8>) -> Redo {
         Redo {
@@ -120,7 +109,10 @@ impl Switches {
             recent.since_prune = 0;
             recent.map.retain(|_, e| e.until > now);
         }
-        let slot = r.slot();
+        // The entry this release replaces: one per key, or per key and owner for counted
+        // holds, whose owners hold the lock side by side.
+        let owner = r.cleanup.counted.then(|| r.value.clone());
+        let slot = (r.key.clone(), owner.unwrap_or_default());
         if recent.map.len() >= MAX_RECENT && !recent.map.contains_key(&slot) {
             if let Some(first) = recent
                 .map
