@@ -40,7 +40,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
-use crate::client::jobs::{wait, Janitor, Job, Jobs, Shared, MAX_JOBS};
+use crate::client::jobs::{wait, Janitor, Job, Shared, MAX_JOBS};
 use crate::client::live;
 use crate::client::repeats::log_repeat;
 use crate::client::{LockClient, OnExit, WeakClient};
@@ -121,14 +121,10 @@ impl Janitor {
             what,
             printable(value),
         );
-        let seq = {
-            let mut jobs = self.shared.lock();
-            let seq = self.push_locked(&mut jobs, job, cause);
-            if jobs.held_back {
-                return false;
-            }
-            seq
-        };
+        let (seq, held_back) = self.queue(job, cause);
+        if held_back {
+            return false;
+        }
         // One command timeout of the client (its connect timeout without one), which bounds
         // the checkout, a connection's opening and the command alike; as for the drain.
         let bound = crate::time::saturating_add(now, client.command_timeout()).min(until);
@@ -398,12 +394,14 @@ impl Janitor {
     /// Queues a job for the janitor thread, started if it is not running.
     fn push(&self, client: &LockClient, job: Redo, cause: Cause) {
         let key = job.key.clone();
-        self.push_locked(&mut self.shared.lock(), job, cause);
+        self.queue(job, cause);
         self.ensure_thread(client, &key);
     }
 
-    /// Queues a job (the thread not woken): its `seq`. At most [`MAX_JOBS`] are kept.
-    fn push_locked(&self, jobs: &mut Jobs, job: Redo, cause: Cause) -> u64 {
+    /// Queues a job (the thread not woken): its `seq`, and whether the crate's tests hold new
+    /// jobs back (`LockClient::hold_cleanups_back`). At most [`MAX_JOBS`] are kept.
+    fn queue(&self, job: Redo, cause: Cause) -> (u64, bool) {
+        let mut jobs = self.shared.lock();
         let now = Instant::now();
         if jobs.list.len() >= MAX_JOBS {
             // Past their holds' expiry first, then the oldest job of a key that has a newer
@@ -443,7 +441,7 @@ impl Janitor {
             tries: 0,
             seq,
         });
-        seq
+        (seq, jobs.held_back)
     }
 
     /// Wakes the janitor thread for the jobs queued, or starts it if it is not running, unless
