@@ -40,7 +40,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
-use crate::client::jobs::{wait, Janitor, Job, Jobs, Shared, MAX_JOBS};
+use crate::client::jobs::{wait, Janitor, Job, Shared, MAX_JOBS};
 use crate::client::live;
 use crate::client::repeats::log_repeat;
 use crate::client::{LockClient, OnExit, WeakClient};
@@ -66,16 +66,9 @@ const BACKGROUND: &str = "in the background";
 /// by the drain of a dropped client.
 const DRAIN: &str = "as the client was dropped";
 
-/// The end of a clean-up's try on the caller's thread (an undo or a release retried in-line,
-/// or the drain of a dropped client), from `now`: one command timeout of the client (its
-/// connect timeout without one), which bounds the checkout, a connection's opening and the
-/// command alike.
-pub(crate) fn in_line_bound(client: &LockClient, now: Instant) -> Instant {
-    crate::time::saturating_add(now, client.command_timeout())
-}
 impl Janitor {
     /// Runs `cleanup` (of `value` at `key`) now, on the caller's thread, within
-    /// [`in_line_bound`] (the client's command timeout, and never past `until`), unless `why`
+    /// the client's command timeout (and never past `until`), unless `why`
     /// says the server did not answer in time; if that try fails (or is not made), in the
     /// background, trying until it is answered or until `until`, when the hold
     /// expires anyway. A counted clean-up still pending must be settled by the owner's next
@@ -128,15 +121,13 @@ impl Janitor {
             what,
             printable(value),
         );
-        let seq = {
-            let mut jobs = self.shared.lock();
-            let seq = self.push_locked(&mut jobs, job, cause);
-            if jobs.held_back {
-                return false;
-            }
-            seq
-        };
-        let bound = in_line_bound(client, now).min(until);
+        let (seq, held_back) = self.queue(job, cause);
+        if held_back {
+            return false;
+        }
+        // One command timeout of the client (its connect timeout without one), which bounds
+        // the checkout, a connection's opening and the command alike; as for the drain.
+        let bound = crate::time::saturating_add(now, client.command_timeout()).min(until);
         let failed = match self.run_own(client, key, value, Some(seq), Some(bound)) {
             Ok(true) => return true,
             Ok(false) if self.shared.lock().shutdown => "the client is closing".to_owned(),
@@ -155,7 +146,7 @@ impl Janitor {
             failed,
             until.saturating_duration_since(Instant::now()).as_millis()
         );
-        self.ensure_thread_if_pending(client, key);
+        self.ensure_thread(client, key);
         false
     }
 
@@ -226,7 +217,7 @@ impl Janitor {
         }
     }
 
-    /// Tries every pending job once more, on the caller's thread, within [`in_line_bound`] for
+    /// Tries every pending job once more, on the caller's thread, within one command timeout for
     /// them all (and waits as long for the tries in flight on the thread): called when the
     /// last handle of the client is dropped, before its threads stop. What is not done by then
     /// is logged: those locks expire with their leases.
@@ -235,7 +226,7 @@ impl Janitor {
             return;
         }
         let start = Instant::now();
-        let bound = in_line_bound(client, start);
+        let bound = crate::time::saturating_add(start, client.command_timeout());
         let mut tried: HashSet<u64> = HashSet::new();
         let mut done = 0usize;
         loop {
@@ -315,7 +306,7 @@ impl Janitor {
                 for (k, v, _) in &counted {
                     shared.finish(k, v, None);
                 }
-                shared.gone(counted.len());
+                shared.counted.fetch_sub(counted.len(), Ordering::AcqRel);
             });
             batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value, None)));
             let Some(first) = batch.first().map(|j| j.key.clone()) else {
@@ -397,19 +388,20 @@ impl Janitor {
         }
         self.run_own(client, key, owner, None, None)
             .map(drop)
-            .inspect_err(|_| self.ensure_thread_if_pending(client, key))
+            .inspect_err(|_| self.ensure_thread(client, key))
     }
 
     /// Queues a job for the janitor thread, started if it is not running.
     fn push(&self, client: &LockClient, job: Redo, cause: Cause) {
         let key = job.key.clone();
-        let mut jobs = self.shared.lock();
-        self.push_locked(&mut jobs, job, cause);
-        self.ensure_thread(&mut jobs, client, &key);
+        self.queue(job, cause);
+        self.ensure_thread(client, &key);
     }
 
-    /// Queues a job (the thread not woken): its `seq`. At most [`MAX_JOBS`] are kept.
-    fn push_locked(&self, jobs: &mut Jobs, job: Redo, cause: Cause) -> u64 {
+    /// Queues a job (the thread not woken): its `seq`, and whether the crate's tests hold new
+    /// jobs back (`LockClient::hold_cleanups_back`). At most [`MAX_JOBS`] are kept.
+    fn queue(&self, job: Redo, cause: Cause) -> (u64, bool) {
+        let mut jobs = self.shared.lock();
         let now = Instant::now();
         if jobs.list.len() >= MAX_JOBS {
             // Past their holds' expiry first, then the oldest job of a key that has a newer
@@ -417,7 +409,7 @@ impl Janitor {
             let shared = &self.shared;
             jobs.list.retain(|j| {
                 if j.until <= now && j.cleanup.counted {
-                    shared.gone(1);
+                    shared.counted.fetch_sub(1, Ordering::AcqRel);
                 }
                 j.until > now
             });
@@ -425,7 +417,7 @@ impl Janitor {
                 let at = jobs.to_drop_at_cap();
                 let dropped = jobs.list.remove(at);
                 if dropped.cleanup.counted {
-                    shared.gone(1);
+                    shared.counted.fetch_sub(1, Ordering::AcqRel);
                 }
                 log::warn!(
                     "lock {:?}: too many pending clean-ups, this one is dropped (the lock \
@@ -449,21 +441,18 @@ impl Janitor {
             tries: 0,
             seq,
         });
-        seq
+        (seq, jobs.held_back)
     }
 
-    /// Starts the janitor thread for the jobs left by a try on the caller's thread that
-    /// failed, unless none is left: the thread may have ended while they were out of the list
-    /// (in flight here), and a job queued again needs one as much as a new one.
-    fn ensure_thread_if_pending(&self, client: &LockClient, key: &str) {
+    /// Wakes the janitor thread for the jobs queued, or starts it if it is not running, unless
+    /// none is left. Also after a try on the caller's thread that failed: the thread may have
+    /// ended while its job was out of the list (in flight here), and a job queued again needs
+    /// one as much as a new one.
+    fn ensure_thread(&self, client: &LockClient, key: &str) {
         let mut jobs = self.shared.lock();
-        if !jobs.list.is_empty() {
-            self.ensure_thread(&mut jobs, client, key);
+        if jobs.list.is_empty() {
+            return;
         }
-    }
-
-    /// Wakes the janitor thread for a job just queued, or starts it if it is not running.
-    fn ensure_thread(&self, jobs: &mut Jobs, client: &LockClient, key: &str) {
         if jobs.running {
             self.shared.wake.notify_one();
             return;
@@ -528,7 +517,8 @@ const ATTEMPT_WAIT: Duration = Duration::from_secs(5);
 /// true if the owner holds the lock again: its count on the new master may then be that live
 /// hold's, which the release must not give back.
 fn holds_again(client: &LockClient, key: &str, owner: &[u8], until: Option<Instant>) -> bool {
-    let end = attempt_wait_end(Instant::now(), until);
+    let end = crate::time::saturating_add(Instant::now(), ATTEMPT_WAIT);
+    let end = until.map_or(end, |u| end.min(u));
     while client.live().contains(live::attempting(key, owner)) && Instant::now() < end {
         thread::sleep(Duration::from_millis(1));
     }
@@ -537,12 +527,6 @@ fn holds_again(client: &LockClient, key: &str, owner: &[u8], until: Option<Insta
         log::debug!("lock {key:?}: the owner holds the lock again; its release is not done again");
     }
     holds
-}
-
-/// The end of [`holds_again`]'s wait from `now`: [`ATTEMPT_WAIT`], cut to `until`.
-fn attempt_wait_end(now: Instant, until: Option<Instant>) -> Instant {
-    let end = crate::time::saturating_add(now, ATTEMPT_WAIT);
-    until.map_or(end, |u| end.min(u))
 }
 
 /// Tries one job taken off the list (`when`, for the log), nothing waiting past `until` (if
@@ -576,7 +560,7 @@ fn attempt(client: &LockClient, mut job: Job, until: Option<Instant>, when: &str
     };
     let shared = &client.janitor().shared;
     if counted && again.is_none() {
-        shared.gone(1);
+        shared.counted.fetch_sub(1, Ordering::AcqRel);
     }
     shared.finish(&key, &value, again);
     result
@@ -633,7 +617,8 @@ fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Optio
     let key = job.key.as_str();
     if !e.worth_retrying() {
         log::warn!(
-            "lock {key:?}: gave up {} of {} after {} ({} tries): the server refused it in a way              retrying does not change: {}; the lock expires with its lease",
+            "lock {key:?}: gave up {} of {} after {} ({} tries): the server refused it in a way \
+             retrying does not change: {}; the lock expires with its lease",
             job.cleanup.what,
             printable(&job.value),
             job.cause.describe(),
@@ -642,8 +627,7 @@ fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Optio
         );
         return None;
     }
-    let now = Instant::now();
-    let next = now.checked_add(RETRY_DELAY).unwrap_or(now);
+    let next = crate::time::after(RETRY_DELAY);
     if next >= job.until {
         log_repeat!(
             client.repeats(),
@@ -768,9 +752,5 @@ mod tests {
         assert!(!holds_again(&client, key, owner, Some(bound)));
         let took = start.elapsed();
         assert!(took < Duration::from_millis(2_500), "waited {took:?}");
-        let now = Instant::now();
-        assert_eq!(attempt_wait_end(now, None), now + ATTEMPT_WAIT);
-        let soon = now + Duration::from_millis(10);
-        assert_eq!(attempt_wait_end(now, Some(soon)), soon);
     }
 }

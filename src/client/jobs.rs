@@ -3,7 +3,7 @@
 //! clean-ups it runs, is in `janitor.rs` (which needs the client to send commands).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -102,16 +102,6 @@ impl Jobs {
             .push((job.key.clone(), job.value.clone(), job.until));
         job
     }
-
-    pub(crate) fn finished(&mut self, key: &str, value: &[u8]) {
-        if let Some(i) = self
-            .in_flight
-            .iter()
-            .position(|(k, v, _)| k == key && v == value)
-        {
-            self.in_flight.swap_remove(i);
-        }
-    }
 }
 
 #[derive(Debug, Default)]
@@ -135,18 +125,19 @@ impl Shared {
     /// wakes the thread (it may wait for this key's try to end) and the owners waiting.
     pub(crate) fn finish(&self, key: &str, value: &[u8], again: Option<Job>) {
         let mut jobs = self.lock();
-        jobs.finished(key, value);
+        if let Some(i) = jobs
+            .in_flight
+            .iter()
+            .position(|(k, v, _)| k == key && v == value)
+        {
+            jobs.in_flight.swap_remove(i);
+        }
         if let Some(job) = again {
             jobs.insert(job);
         }
         drop(jobs);
         self.wake.notify_one();
         self.done.notify_all();
-    }
-
-    /// `n` counted jobs are done or given up.
-    pub(crate) fn gone(&self, n: usize) {
-        self.counted.fetch_sub(n, Ordering::AcqRel);
     }
 }
 
@@ -234,7 +225,7 @@ mod tests {
             Some(3)
         );
         assert_eq!(jobs.pick(|j| j.key == "k" && j.value == b"o"), None);
-        jobs.finished("k", b"o");
+        jobs.in_flight.clear();
         assert_eq!(
             jobs.pick(|j| j.next <= later).map(|i| jobs.list[i].seq),
             Some(2)
@@ -267,7 +258,7 @@ mod tests {
         // A try in flight of ("x", "o") blocks its jobs; nothing else is left.
         jobs.in_flight.push(("x".to_owned(), b"o".to_vec(), later));
         assert_eq!(jobs.pick(|j| !tried.contains(&j.seq)), None);
-        jobs.finished("x", b"o");
+        jobs.in_flight.clear();
         tried.insert(3);
         assert_eq!(jobs.pick(|j| !tried.contains(&j.seq)), None);
     }

@@ -647,7 +647,17 @@ impl LockClient {
         // on other deployments).
         #[cfg(feature = "cluster")]
         let reply = reply.inspect_err(|_| acks.forget_slots());
-        confirmed(key, reply?, short)
+        let reply = reply?;
+        // Fewer replicas than required confirmed the write: `(confirmed, required)`.
+        if let Some((confirmed, required)) = short {
+            log::debug!("lock {key:?}: a write confirmed by {confirmed} of {required} replicas");
+            return Err(LockError::NotReplicated {
+                key: key.to_owned(),
+                confirmed,
+                required,
+            });
+        }
+        Ok(reply)
     }
 
     /// Runs `f` on a pooled connection, mapping Redis errors to [`LockError`] for `key`.
@@ -734,20 +744,4 @@ const MOVED_RESENDS: u32 = 2;
 /// after which the command may still run.
 fn is_dropped(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() && !e.is_timeout()
-}
-
-/// `reply`, or [`LockError::NotReplicated`] when `short` says that fewer replicas than
-/// required confirmed the write: `(confirmed, required)`.
-fn confirmed<T>(key: &str, reply: T, short: Option<(u32, u32)>) -> Result<T> {
-    match short {
-        Some((confirmed, required)) => {
-            log::debug!("lock {key:?}: a write confirmed by {confirmed} of {required} replicas");
-            Err(LockError::NotReplicated {
-                key: key.to_owned(),
-                confirmed,
-                required,
-            })
-        }
-        None => Ok(reply),
-    }
 }

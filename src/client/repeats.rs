@@ -8,6 +8,7 @@
 //! One [`Repeats`] per client, shared by its background threads (watchdog, subscriber,
 //! janitor) and its pool: an outage seen by every thread of a client is told once.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -18,14 +19,7 @@ pub(crate) const EVERY: Duration = Duration::from_secs(5);
 /// out since.
 #[derive(Debug, Default)]
 pub(crate) struct Repeats {
-    slots: Mutex<Vec<Slot>>,
-}
-
-#[derive(Debug)]
-struct Slot {
-    cause: &'static str,
-    written: Instant,
-    left_out: u64,
+    slots: Mutex<HashMap<&'static str, (Instant, u64)>>,
 }
 
 /// A line may be written: how many of its cause were left out before it (written after the
@@ -51,28 +45,17 @@ impl Repeats {
     /// out before it), `None` when it is left out (and counted).
     pub(crate) fn admit_at(&self, cause: &'static str, now: Instant) -> Option<LeftOut> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        match slots.iter_mut().find(|s| s.cause == cause) {
-            None => {
-                slots.push(Slot {
-                    cause,
-                    written: now,
-                    left_out: 0,
-                });
-                Some(LeftOut(0, Duration::ZERO))
-            }
-            Some(slot) => {
-                let since = now.saturating_duration_since(slot.written);
-                if since < EVERY {
-                    slot.left_out = slot.left_out.saturating_add(1);
-                    None
-                } else {
-                    let left = LeftOut(slot.left_out, since);
-                    slot.written = now;
-                    slot.left_out = 0;
-                    Some(left)
-                }
-            }
+        let Some((written, left_out)) = slots.get_mut(cause) else {
+            slots.insert(cause, (now, 0));
+            return Some(LeftOut(0, Duration::ZERO));
+        };
+        let since = now.saturating_duration_since(*written);
+        if since < EVERY {
+            *left_out = left_out.saturating_add(1);
+            return None;
         }
+        *written = now;
+        Some(LeftOut(std::mem::take(left_out), since))
     }
 }
 

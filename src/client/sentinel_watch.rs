@@ -96,7 +96,6 @@ pub(crate) fn remember(
         return;
     };
     let r = Released {
-        at: Instant::now(),
         key: key.to_owned(),
         value: value.to_vec(),
         cleanup,
@@ -254,29 +253,25 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
     pubsub.subscribe(SWITCH_CHANNEL)?;
     pubsub.set_read_timeout(Some(POLL))?;
     // Subscribed: a switch from now on is heard. One that happened before is found by asking
-    // the same Sentinel, on a connection of its own, which is kept for the periodic check.
+    // the same Sentinel at once, on a connection of its own, which is kept for the periodic
+    // check.
     let mut query = sentinel.get_connection_with_timeout(watch.connect_timeout)?;
     query.set_write_timeout(Some(watch.timeout))?;
     query.set_read_timeout(Some(watch.timeout))?;
-    let (named, epoch) = current_master(&mut query, &watch.service)?;
-    if !learn(client, named, Some(epoch), "named by a Sentinel") {
-        return Ok(());
-    }
-    let mut checked = Instant::now();
+    let mut checked: Option<Instant> = None;
     loop {
         // Beside the announcements, ask every CHECK_EVERY: an announcement this connection
         // did not deliver (seen in tests under load: the Sentinels named the new master while
         // no client heard `+switch-master` for seconds) is not waited for until the old
         // master's first READONLY.
-        if checked.elapsed() >= CHECK_EVERY {
-            checked = Instant::now();
+        if checked.is_none_or(|at| at.elapsed() >= CHECK_EVERY) {
+            let why = match checked {
+                None => "named by a Sentinel",
+                Some(_) => "named by a Sentinel, periodic check",
+            };
+            checked = Some(Instant::now());
             let (named, epoch) = current_master(&mut query, &watch.service)?;
-            if !learn(
-                client,
-                named,
-                Some(epoch),
-                "named by a Sentinel, periodic check",
-            ) {
+            if !learn(client, named, Some(epoch), why) {
                 return Ok(());
             }
         }
@@ -297,11 +292,8 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
             log::debug!("Sentinel: unexpected +switch-master message {payload:?}");
             continue;
         };
-        if *name != watch.service {
-            continue;
-        }
-        let Ok(port) = port.parse::<u16>() else {
-            log::debug!("Sentinel: unexpected +switch-master message {payload:?}");
+        // Another service's switch, or a port that is not one.
+        let Some(port) = port.parse::<u16>().ok().filter(|_| *name == watch.service) else {
             continue;
         };
         if !learn(client, ((*ip).to_owned(), port), None, "+switch-master") {

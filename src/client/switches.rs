@@ -18,7 +18,6 @@ pub(crate) const MAX_RECENT: usize = 65_536;
 /// A successful release, remembered until `until`: what to do again on a new master.
 #[derive(Debug)]
 pub(crate) struct Released {
-    pub(crate) at: Instant,
     pub(crate) key: String,
     /// The value deleted, or the owner id of a counted hold.
     pub(crate) value: Vec<u8>,
@@ -37,17 +36,6 @@ pub(crate) struct Released {
 }
 
 impl Released {
-    /// The entry this release replaces: one per key, or per key and owner for counted holds,
-    /// whose owners hold the lock side by side.
-    pub(crate) fn slot(&self) -> (String, Vec<u8>) {
-        let owner = if self.cleanup.counted {
-            self.value.clone()
-        } else {
-            Vec::new()
-        };
-        (self.key.clone(), owner)
-    }
-
     /// The release again, of `value`.
     pub(crate) fn redo(&self, value: Vec<u8>) -> Redo {
         Redo {
@@ -113,7 +101,7 @@ impl Switches {
             return Some(r);
         }
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = r.at;
+        let now = Instant::now();
         recent.since_prune += 1;
         // Expired entries are dropped in passes, each after as many releases as there are
         // entries: amortised O(1) per release.
@@ -121,7 +109,10 @@ impl Switches {
             recent.since_prune = 0;
             recent.map.retain(|_, e| e.until > now);
         }
-        let slot = r.slot();
+        // The entry this release replaces: one per key, or per key and owner for counted
+        // holds, whose owners hold the lock side by side.
+        let owner = r.cleanup.counted.then(|| r.value.clone());
+        let slot = (r.key.clone(), owner.unwrap_or_default());
         if recent.map.len() >= MAX_RECENT && !recent.map.contains_key(&slot) {
             if let Some(first) = recent
                 .map
@@ -250,9 +241,8 @@ mod tests {
         assert_eq!(s.generation(), 2);
     }
 
-    fn released(at: Instant, until: Instant, key: &str, value: &[u8]) -> Released {
+    fn released(until: Instant, key: &str, value: &[u8]) -> Released {
         Released {
-            at,
             key: key.to_owned(),
             value: value.to_vec(),
             cleanup: Cleanup::delete_for_test(key, value),
@@ -273,14 +263,9 @@ mod tests {
             return;
         };
         let later = now + Duration::from_secs(15);
-        s.remember(released(
-            long_ago,
-            long_ago + Duration::from_secs(1),
-            "expired",
-            b"v",
-        ));
-        s.remember(released(long_ago, later, "lives", b"v"));
-        s.remember(released(now, later, "recent", b"v"));
+        s.remember(released(long_ago + Duration::from_secs(1), "expired", b"v"));
+        s.remember(released(later, "lives", b"v"));
+        s.remember(released(later, "recent", b"v"));
         let mut keys: Vec<String> = s.take_recent().into_iter().map(|r| r.key).collect();
         keys.sort();
         assert_eq!(keys, ["lives", "recent"]);
@@ -298,13 +283,13 @@ mod tests {
         for i in 0..100_000u32 {
             let key = format!("k{}", i % 64);
             assert!(s
-                .remember(released(now, later, &key, &i.to_be_bytes()))
+                .remember(released(later, &key, &i.to_be_bytes()))
                 .is_none());
         }
         assert_eq!(s.remembered(), 64);
         for owner in [b"o1", b"o2"] {
             for _ in 0..10 {
-                let mut r = released(now, later, "hash", owner);
+                let mut r = released(later, "hash", owner);
                 r.sweep = None;
                 r.cleanup.counted = true;
                 assert!(s.remember(r).is_none());
@@ -332,9 +317,9 @@ mod tests {
         assert!(!s.learn(addr(1), Some(0), "start"));
         assert!(s.learn(addr(2), None, "+switch-master"));
         let now = Instant::now();
-        let r = released(now, now + Duration::from_secs(5), "k", b"v");
+        let r = released(now + Duration::from_secs(5), "k", b"v");
         assert!(s.remember(r).is_some(), "generation 0 < 1");
-        let mut r = released(now, now + Duration::from_secs(5), "k", b"v");
+        let mut r = released(now + Duration::from_secs(5), "k", b"v");
         r.generation = s.generation();
         assert!(s.remember(r).is_none());
     }

@@ -71,22 +71,12 @@ impl TestHooks {
     /// most `timeout`: true if it has.
     #[cfg(feature = "test-hooks")]
     pub fn wait_for(&self, event: Event, n: u64, timeout: Duration) -> bool {
-        let deadline = crate::time::saturating_add(std::time::Instant::now(), timeout);
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if counts[event as usize] >= n {
-                return true;
-            }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            counts = self
-                .changed
-                .wait_timeout(counts, left)
-                .map(|(c, _)| c)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
+        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let (counts, _) = self
+            .changed
+            .wait_timeout_while(counts, timeout, |c| c[event as usize] < n)
+            .unwrap_or_else(|p| p.into_inner());
+        counts[event as usize] >= n
     }
 
     /// Waits until `event` happens once more after this call, at most `timeout`: true if it

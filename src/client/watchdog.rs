@@ -101,8 +101,7 @@ impl Watchdog {
         // Holds taken and released at a high rate would pile up until the thread's next round
         // (up to lease/3 away): clean up between rounds once the list has doubled.
         if !list.in_round && list.entries.len() >= 2 * list.cleaned_len.max(64) {
-            list.entries
-                .retain(|e| !e.gone && e.state.upgrade().is_some_and(|s| !s.is_stopped()));
+            list.entries.retain(|e| e.live().is_some());
             list.cleaned_len = list.entries.len();
         }
         list.entries.push(Entry {
@@ -222,12 +221,7 @@ fn take_due(
 ) -> (Vec<(usize, Arc<WatchState>)>, Vec<Arc<WatchState>>) {
     let (mut due, mut expired) = (Vec::new(), Vec::new());
     let mut list = shared.lock();
-    list.entries.retain(|e| {
-        !e.gone
-            && e.state
-                .upgrade()
-                .is_some_and(|s| !s.is_stopped() && !s.marked_lost())
-    });
+    list.entries.retain(|e| e.live().is_some());
     list.in_round = true;
     for (i, entry) in list.entries.iter_mut().enumerate() {
         let Some(state) = entry.state.upgrade() else {
@@ -256,13 +250,7 @@ fn sweep(shared: &Shared, stats: &Counters) -> Option<Instant> {
         let now = Instant::now();
         let mut passed = Vec::new();
         let mut earliest: Option<Instant> = None;
-        for entry in shared.lock().entries.iter().filter(|e| !e.gone) {
-            let Some(state) = entry.state.upgrade() else {
-                continue;
-            };
-            if state.is_stopped() || state.marked_lost() {
-                continue;
-            }
+        for state in shared.lock().entries.iter().filter_map(Entry::live) {
             let deadline = state.loss_deadline();
             if deadline <= now {
                 passed.push(state);

@@ -51,6 +51,14 @@ pub(crate) struct Entry {
     pub(crate) gone: bool,
 }
 
+impl Entry {
+    /// Its hold, unless it is gone: released, dropped by its holder, or lost.
+    pub(crate) fn live(&self) -> Option<Arc<WatchState>> {
+        let state = self.state.upgrade()?;
+        (!self.gone && !state.is_stopped() && !state.marked_lost()).then_some(state)
+    }
+}
+
 /// What the thread is doing, for `watch` to decide whether to wake it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) enum ThreadState {
@@ -74,12 +82,8 @@ impl Shared {
 impl Watchdog {
     /// Holds currently watched: neither released, dropped by their holder, nor lost.
     pub(crate) fn watched(&self) -> usize {
-        self.shared
-            .lock()
-            .entries
-            .iter()
-            .filter(|e| !e.gone && e.state.upgrade().is_some_and(|s| !s.is_stopped()))
-            .count()
+        let list = self.shared.lock();
+        list.entries.iter().filter(|e| e.live().is_some()).count()
     }
 }
 
