@@ -68,7 +68,7 @@ fn token_and_reentrant_report_the_servers_pttl_and_force_unlock_publishes() {
         assert!(other.is_locked().unwrap(), "{key}");
         let ttl = ms(other.remaining_ttl().unwrap());
         let pttl = raw::pttl(&mut conn, &key) as u128;
-        assert!((9_000..=9_750).contains(&ttl), "{key}: {ttl} ms");
+        assert!((6_000..=9_750).contains(&ttl), "{key}: {ttl} ms");
         assert!(ttl.abs_diff(pttl) < 200, "{key}: {ttl} vs PTTL {pttl}");
         assert!(lock.is_locked().unwrap(), "the holder sees it too");
 
@@ -146,7 +146,7 @@ fn classic_state_follows_the_stored_expiry() {
         // No Redis TTL (the legacy layout): the time left is the stored expiry's.
         assert_eq!(raw::pttl(&mut conn, &key), -1);
         let ttl = ms(lock.remaining_ttl().unwrap());
-        assert!((4_500..=5_100).contains(&ttl), "{key}: {ttl} ms");
+        assert!((2_500..=5_100).contains(&ttl), "{key}: {ttl} ms");
         assert!(lock.force_unlock().unwrap());
         assert!(!guard.unlock().unwrap());
 
@@ -161,7 +161,7 @@ fn classic_state_follows_the_stored_expiry() {
         // A value of a live foreign holder 3 s ahead.
         raw::set(&mut conn, &key, &encode(encoding, epoch_ms() + 3_000));
         let ttl = ms(lock.remaining_ttl().unwrap());
-        assert!((2_500..=3_000).contains(&ttl), "{key}: {ttl} ms");
+        assert!((1_000..=3_000).contains(&ttl), "{key}: {ttl} ms");
         raw::del(&mut conn, &key);
 
         // Not an expiry: reported, never guessed.
@@ -187,7 +187,7 @@ fn classic_state_follows_the_stored_expiry() {
     let _guard = lock.try_lock().unwrap();
     let ttl = ms(lock.remaining_ttl().unwrap());
     assert!(
-        (1_500..=2_000).contains(&ttl),
+        (500..=2_000).contains(&ttl),
         "{ttl} ms: the PTTL, not expiry + 60 s skew"
     );
 }
@@ -241,7 +241,7 @@ fn read_write_handles_answer_for_their_own_mode_as_redisson() {
     assert!(read.is_locked().unwrap());
     assert!(!write.is_locked().unwrap(), "held for reading, not writing");
     let ttl = ms(read.remaining_ttl().unwrap());
-    assert!((9_000..=10_000).contains(&ttl), "{ttl} ms");
+    assert!((6_000..=10_000).contains(&ttl), "{ttl} ms");
     assert_eq!(write.remaining_ttl().unwrap(), None);
     // The write side's force_unlock leaves a read-mode hash alone, as Redisson's.
     assert!(!write.force_unlock().unwrap());
@@ -284,7 +284,7 @@ fn redlock_answers_by_majority() {
     assert_eq!(lock.state().unwrap(), LockState::Unlocked);
     let guard = lock.lock().unwrap();
     let ttl = ms(lock.remaining_ttl().unwrap());
-    assert!((9_000..=10_000).contains(&ttl), "{ttl} ms");
+    assert!((6_000..=10_000).contains(&ttl), "{ttl} ms");
 
     // One node paused: the two others still make a majority.
     servers[0].pause();
@@ -324,7 +324,7 @@ fn redlock_answers_by_majority() {
     assert_eq!(lock.state().unwrap(), LockState::Unlocked);
     set_px(&mut conns[2], 20_000);
     let ttl = ms(lock.remaining_ttl().unwrap());
-    assert!((19_000..=20_000).contains(&ttl), "{ttl} ms");
+    assert!((16_000..=20_000).contains(&ttl), "{ttl} ms");
     // Different values on two nodes: no majority holds one value.
     raw::set(&mut conns[2], "admin:redlock", b"third");
     assert!(!lock.is_locked().unwrap());
@@ -389,7 +389,7 @@ fn fair_lock_answers_and_force_unlock_lets_the_queue_in() {
     assert_eq!(lock.state().unwrap(), LockState::Unlocked);
     let guard = lock.lock().unwrap();
     let ttl = ms(lock.remaining_ttl().unwrap());
-    assert!((29_000..=30_000).contains(&ttl), "{ttl} ms");
+    assert!((26_000..=30_000).contains(&ttl), "{ttl} ms");
     let listener = waiter.clone();
     let queued = thread::spawn(move || {
         let lock = build(&waiter);

@@ -466,8 +466,10 @@ fn deleted_or_taken_key_marks_the_hold_gone_once() {
         raw::get(&mut conn, "wd:gone:taken").as_deref(),
         Some(&b"someone-else"[..])
     );
+    // A renewal by us would have cut its PTTL to our 600 ms lease; the other owner's 10 s stand
+    // (how much of them is left depends on how fast the rounds above went).
     let pttl = raw::pttl(&mut conn, "wd:gone:taken");
-    assert!((5_000..=9_500).contains(&pttl), "PTTL {pttl}: touched");
+    assert!((2_000..=10_000).contains(&pttl), "PTTL {pttl}: touched");
     assert!(!g_taken.unlock().unwrap());
     assert!(!g_deleted.unlock().unwrap());
     assert_eq!(
@@ -546,9 +548,9 @@ fn renew_batch_script_renews_only_the_owners_keys() {
     // The last two: a hash read as a string and a string read as a hash are not the owner's.
     assert_eq!(result, [1, 0, 0, 1, 0, 0, 0]);
     let pttl = |conn: &mut redis::Connection, k| raw::pttl(conn, k);
-    assert!((4000..=5000).contains(&pttl(&mut conn, "s:ours")));
+    assert!((2000..=5000).contains(&pttl(&mut conn, "s:ours")));
     assert_eq!(pttl(&mut conn, "s:theirs"), -1);
     assert_eq!(pttl(&mut conn, "s:absent"), -2);
-    assert!((5000..=6000).contains(&pttl(&mut conn, "h:ours")));
+    assert!((3000..=6000).contains(&pttl(&mut conn, "h:ours")));
     assert_eq!(pttl(&mut conn, "h:theirs"), -1);
 }
