@@ -272,6 +272,15 @@ impl LockError {
         matches!(self, LockError::Config { fault, .. } if !fault.is_transient())
     }
 
+    /// True when Redis refused the client's credentials or permissions: a wrong password, an
+    /// unknown ACL user, no `AUTH` where one is required (`WRONGPASS`, `NOAUTH`), or a command
+    /// the ACL user may not run (`NOPERM`). Read from the reply's kind, like the other
+    /// predicates. Such an error is also [`is_config`](Self::is_config) when the client is
+    /// built; a command refused later is a [`Redis`](Self::Redis) error.
+    pub fn is_access_denied(&self) -> bool {
+        self.fault() == Some(Fault(Kind::Denied))
+    }
+
     /// The error and its chain of causes on one line (`error: cause: cause`), for logs: the
     /// `Display` of this type describes this error only. A cause whose text is already on the
     /// line is left out: some causes (redis-rs's errors) print their own source in their

@@ -931,6 +931,24 @@ fn unreachable_or_unauthenticated_redis_exits_69() {
             );
         }
     }
+    // A user the ACL does not let run scripts: told apart by the reply's code (NOPERM).
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "u", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha",
+        ])
+        .query(
+            &mut redis::Client::open(format!("redis://:{secret}@127.0.0.1:{port}/"))
+                .and_then(|c| c.get_connection())
+                .expect("admin connection"),
+        )
+        .expect("ACL SETUSER");
+    let denied = format!("redis://u:pw@127.0.0.1:{port}/");
+    let ended = dlock(Some(&denied), &["run", "--key", "k", "--", "true"]);
+    assert_eq!(ended.code(), UNAVAILABLE, "{ended:?}");
+    assert!(
+        ended.stderr.contains("the ACL user may not run") && ended.stderr.contains("NOPERM"),
+        "{ended:?}"
+    );
     let right = format!("redis://:{secret}@127.0.0.1:{port}/");
     let ok = dlock(Some(&right), &["run", "--key", "k", "--", "true"]);
     assert_eq!(ok.code(), 0, "{ok:?}");

@@ -80,9 +80,11 @@ fn noperm_and_a_wrong_password_are_not_transient() {
     let err = lock.try_lock().expect_err("SET is denied");
     assert_eq!(code(&err).as_deref(), Some("NOPERM"), "{err:?}");
     assert_eq!(predicates(&err), NONE, "{err:?}");
+    assert!(err.is_access_denied(), "{err:?}");
 
     let err =
         LockClient::open(format!("redis://u:nope@127.0.0.1:{port}/")).expect_err("wrong password");
+    assert!(err.is_access_denied(), "{err:?}");
     assert!(
         matches!(err, LockError::Config { key: None, .. }),
         "{err:?}"
@@ -101,6 +103,7 @@ fn noperm_and_a_wrong_password_are_not_transient() {
         "{err:?}"
     );
     assert_eq!(predicates(&err), CONFIG, "{err:?}");
+    assert!(err.is_access_denied(), "{err:?}");
 }
 
 #[test]
@@ -111,6 +114,7 @@ fn a_database_the_server_lacks_is_config() {
         .expect_err("no database 99");
     assert_eq!(predicates(&err), CONFIG, "{err:?}");
     assert!(err.to_string().contains("no database 99"), "{err}");
+    assert!(!err.is_access_denied(), "{err:?}");
     assert!(std::error::Error::source(&err).is_some(), "{err:?}");
 }
 
@@ -170,6 +174,7 @@ fn a_refused_connection_is_transient() {
     let err = LockClient::open(format!("redis://127.0.0.1:{}/", closed_port())).unwrap_err();
     assert!(matches!(err, LockError::Config { .. }), "{err:?}");
     assert_eq!(predicates(&err), TRANSIENT, "{err:?}");
+    assert!(!err.is_access_denied(), "{err:?}");
     assert!(err.to_string().contains("refused"), "{err}");
 }
 

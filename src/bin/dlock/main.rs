@@ -55,27 +55,30 @@ impl Failure {
         }
     }
 
-    /// A library error met while talking to the Redis at `url` about `key`.
+    /// A library error met while talking to the Redis at `url` about `key`. The exit code
+    /// follows the error's classification (its predicates and its cause's kind), never its text.
     pub fn from_lock_error(e: &LockError, url: &str) -> Self {
         let url = redact(url);
+        let unavailable = |what: &str, detail: String| {
+            Failure::new(code::UNAVAILABLE, format!("{what} {url}: {detail}"))
+        };
         match e {
-            LockError::Connection { source, .. } => {
-                let detail = chain(source.as_ref());
-                let what = if is_auth_failure(&detail) {
+            _ if e.is_access_denied() => {
+                let what = if causes(e).any(|r| {
+                    r.kind() == redis::ErrorKind::AuthenticationFailed
+                        || matches!(r.code(), Some("NOAUTH" | "WRONGPASS"))
+                }) {
                     "authentication failed at"
                 } else {
-                    "cannot reach Redis at"
+                    "the ACL user may not run a command the lock needs at"
                 };
-                Failure::new(code::UNAVAILABLE, format!("{what} {url}: {detail}"))
+                unavailable(what, e.report())
+            }
+            LockError::Connection { source, .. } => {
+                unavailable("cannot reach Redis at", chain(source.as_ref()))
             }
             LockError::Redis { source, .. } => {
-                let detail = chain(source);
-                let what = if is_auth_failure(&detail) {
-                    "authentication failed at"
-                } else {
-                    "the command was refused by Redis at"
-                };
-                Failure::new(code::UNAVAILABLE, format!("{what} {url}: {detail}"))
+                unavailable("the command was refused by Redis at", chain(source))
             }
             LockError::WrongType { key } => Failure::new(
                 code::DATA,
@@ -92,30 +95,12 @@ impl Failure {
                     None => reason.clone(),
                 };
                 // The client checks its connection when it is built: a server that is down,
-                // or refuses our credentials, is "unavailable", not a usage error.
-                let reached = [
-                    "refused",
-                    "no answer",
-                    "cannot connect",
-                    "cannot open a connection",
-                    "authentication",
-                    "NOAUTH",
-                    "NOPERM",
-                    "no such database",
-                    "EVAL",
-                ]
-                .iter()
-                .any(|m| detail.contains(m));
-                if is_auth_failure(&detail) || detail.contains("authentication") {
-                    Failure::new(
-                        code::UNAVAILABLE,
-                        format!("authentication failed at {url}: {detail}"),
-                    )
-                } else if reached {
-                    Failure::new(
-                        code::UNAVAILABLE,
-                        format!("cannot reach Redis at {url}: {detail}"),
-                    )
+                // or that answered the check with an error (no such database, scripts not
+                // allowed), is "unavailable", not a usage error.
+                if e.is_transient() || e.is_timeout() {
+                    unavailable("cannot reach Redis at", detail)
+                } else if server_answered(e) {
+                    unavailable("the set-up was refused by Redis at", detail)
                 } else if e.key().is_some() {
                     // A lock option or key.
                     Failure::new(code::USAGE, reason.clone())
@@ -142,16 +127,16 @@ impl Failure {
     }
 }
 
-/// True when an error's text says Redis refused our credentials (or wanted some).
-fn is_auth_failure(detail: &str) -> bool {
-    [
-        "AuthenticationFailed",
-        "WRONGPASS",
-        "NOAUTH",
-        "invalid password",
-    ]
-    .iter()
-    .any(|m| detail.contains(m))
+/// True when a cause of `e` is an error reply of the server (it has an error code), as opposed
+/// to a URL or an option redis-rs or the library refused before sending anything.
+fn server_answered(e: &LockError) -> bool {
+    causes(e).any(|r| r.code().is_some())
+}
+
+/// The redis-rs errors among the causes of `e`.
+fn causes(e: &LockError) -> impl Iterator<Item = &redis::RedisError> {
+    std::iter::successors(std::error::Error::source(e), |c| c.source())
+        .filter_map(|c| c.downcast_ref::<redis::RedisError>())
 }
 
 /// An error and its sources, `: `-separated, without repeats (r2d2 and redis often repeat the
