@@ -125,9 +125,6 @@ impl Lane {
     /// After a successful command: resends the deletes that failed while the node was
     /// unreachable (stops at the first failure; drops those whose token has expired).
     fn redo(&mut self) {
-        if self.redo.is_empty() {
-            return;
-        }
         let now = Instant::now();
         let pending = std::mem::take(&mut self.redo).into_iter();
         let mut rest = pending.filter(|(_, _, until)| *until > now);
@@ -287,7 +284,7 @@ impl RedLockClient {
 #[derive(Clone)]
 #[must_use]
 pub struct RedLockClientBuilder {
-    nodes: NodeSpec,
+    pub(crate) nodes: NodeSpec,
     node_timeout: Duration,
     workers: u32,
 }
@@ -346,11 +343,6 @@ impl RedLockClientBuilder {
             node_timeout: RedLockClientBuilder::DEFAULT_NODE_TIMEOUT,
             workers: RedLockClientBuilder::DEFAULT_WORKERS,
         }
-    }
-
-    /// The nodes, for the facade's [`node_options`](Self::node_options).
-    pub(crate) fn nodes_mut(&mut self) -> &mut NodeSpec {
-        &mut self.nodes
     }
 
     /// How long an operation waits for each node's answer before counting it as a failed vote
@@ -457,22 +449,15 @@ fn spawn_worker(node: usize, lane: u32, client: LockClient) -> std::io::Result<S
     Ok(tx)
 }
 
-/// One node's answer.
-enum Vote {
-    /// The command took effect (acquired, deleted, extended, or our token is there).
-    Yes,
-    /// The node answered: not ours / held by another owner.
-    No,
-    /// The node returned an error or could not be reached.
-    Failed(LockError),
-    /// The job had not started when the caller stopped waiting; nothing was sent.
-    Skipped,
-}
+/// One node's answer: `Ok(true)` when the command took effect (acquired, deleted, extended,
+/// or our token is there), `Ok(false)` when it answered no (not ours / held by another owner),
+/// an error when it failed or could not be reached. A job that had not started when the caller
+/// stopped waiting sends nothing.
+type Vote = Result<bool>;
 
 /// The votes of one operation.
 #[derive(Debug, Default)]
 struct Tally {
-    nodes: usize,
     yes: usize,
     no: usize,
     failed: usize,
@@ -489,13 +474,12 @@ impl Tally {
 
     fn add(&mut self, vote: Vote) {
         match vote {
-            Vote::Yes => self.yes += 1,
-            Vote::No => self.no += 1,
-            Vote::Failed(e) => {
+            Ok(true) => self.yes += 1,
+            Ok(false) => self.no += 1,
+            Err(e) => {
                 self.failed += 1;
                 self.first_error.get_or_insert(e);
             }
-            Vote::Skipped => self.unanswered += 1,
         }
     }
 
@@ -507,10 +491,11 @@ impl Tally {
 
 impl fmt::Display for Tally {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes = self.answered() + self.unanswered;
         write!(
             f,
-            "{} yes, {} no, {} failed, {} not answered of {} nodes",
-            self.yes, self.no, self.failed, self.unanswered, self.nodes
+            "{} yes, {} no, {} failed, {} not answered of {nodes} nodes",
+            self.yes, self.no, self.failed, self.unanswered
         )?;
         if let Some(e) = &self.first_error {
             write!(f, " (first error: {})", e.report())?;
@@ -523,20 +508,14 @@ impl fmt::Display for Tally {
 /// few nodes left to reach it), every node answered, or `deadline` passed. Nodes still out
 /// count as unanswered.
 fn count(rx: &Receiver<Vote>, deadline: Instant, nodes: usize, quorum: usize) -> Tally {
-    let mut tally = Tally {
-        nodes,
-        ..Tally::default()
-    };
+    let mut tally = Tally::default();
     loop {
-        let settled = tally.answered() + tally.unanswered;
+        let settled = tally.answered();
         if tally.yes >= quorum || settled == nodes || tally.yes + (nodes - settled) < quorum {
             break;
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        match rx.recv_timeout(left) {
+        // Past the deadline, only the votes already in.
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(vote) => tally.add(vote),
             Err(_) => break,
         }
@@ -779,10 +758,10 @@ impl RedLock {
         let (start, inner) = (Instant::now(), self.inner());
         let deadline = crate::time::saturating_add(start, inner.node_timeout);
         let token: Arc<[u8]> = Arc::from(token);
-        let rx = inner.dispatch(&self.key, self.lane, Vote::Failed, move |lane, key| {
+        let rx = inner.dispatch(&self.key, self.lane, Err, move |lane, key| {
             let must_send = matches!(effect, Effect::Delete) && lane.may_hold(&token);
             if Instant::now() >= deadline && !must_send {
-                return Some((Vote::Skipped, false));
+                return None;
             }
             let result = op(lane, key, &token);
             if let Effect::Write(ttl) = effect {
@@ -791,11 +770,8 @@ impl RedLock {
                     Ok(false) => drop(lane.written.remove(&token[..])),
                 }
             }
-            Some(match result {
-                Ok(true) => (Vote::Yes, true),
-                Ok(false) => (Vote::No, true),
-                Err(e) => (Vote::Failed(e), false),
-            })
+            let answered = result.is_ok();
+            Some((result, answered))
         });
         (count(&rx, deadline, inner.nodes.len(), inner.quorum), start)
     }
@@ -1147,12 +1123,12 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(30);
         // 3 of 5 no: the outcome is decided without waiting for the other two.
         for _ in 0..3 {
-            tx.send(Vote::No).unwrap();
+            tx.send(Ok(false)).unwrap();
         }
         let t = count(&rx, deadline, 5, 3);
         assert_eq!((t.yes, t.no, t.unanswered), (0, 3, 2));
         for _ in 0..3 {
-            tx.send(Vote::Yes).unwrap();
+            tx.send(Ok(true)).unwrap();
         }
         let t = count(&rx, deadline, 5, 3);
         assert_eq!((t.yes, t.unanswered), (3, 2));

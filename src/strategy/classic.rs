@@ -167,10 +167,8 @@ pub struct ClassicLock {
 
 /// What one acquire attempt found.
 enum Attempt {
+    /// Set, or taken over from a stale hold.
     Won,
-    TookOver {
-        expired_ms_ago: i64,
-    },
     Held,
     /// The value at the key is not an expiry in our encoding; it is left alone.
     Corrupt(Vec<u8>, &'static str),
@@ -192,15 +190,10 @@ fn encode(encoding: Encoding, owner: &str, expiry_ns: i128) -> Vec<u8> {
         Encoding::UuidMs => format!("{owner}:{ms}").into_bytes(),
         Encoding::Nanos => (expiry_ns as i64).to_string().into_bytes(),
         Encoding::FloatSeconds => {
-            let us = expiry_ns.div_euclid(NS_PER_US);
-            let secs = us as f64 / 1e6;
-            // Rust's `{}` for f64 is the shortest round-trip digits, never an exponent, and no
-            // decimal point for a whole number: Python's repr adds `.0`.
-            if secs.fract() == 0.0 {
-                format!("{secs}.0").into_bytes()
-            } else {
-                secs.to_string().into_bytes()
-            }
+            let secs = expiry_ns.div_euclid(NS_PER_US) as f64 / 1e6;
+            // Rust's `{:?}` for f64 is the shortest round-trip digits with `.0` for a whole
+            // number, as Python's repr (no exponent below 1e16 s).
+            format!("{secs:?}").into_bytes()
         }
     }
 }
@@ -403,16 +396,15 @@ impl ClassicLock {
             };
             // Held while the expiry has not passed, whoever wrote it (a live `<uuid>:<ms>` value
             // with our own UUID is another thread's hold: Classic does not re-enter).
-            if expiry >= now_ns {
+            if expiry >= now_ns || !self.take_over(con, scripts, &seen, value)? {
                 return Ok(Attempt::Held);
             }
-            return Ok(if self.take_over(con, scripts, &seen, value)? {
-                Attempt::TookOver {
-                    expired_ms_ago: ((now_ns - expiry) / NS_PER_MS) as i64,
-                }
-            } else {
-                Attempt::Held
-            });
+            log::info!(
+                "lock {:?}: took over a stale lock that expired {} ms ago",
+                self.key,
+                (now_ns - expiry) / NS_PER_MS
+            );
+            return Ok(Attempt::Won);
         }
         Ok(Attempt::Held)
     }
@@ -509,7 +501,7 @@ impl ClassicLock {
             &self.key,
             |con, s| {
                 let attempt = self.attempt(con, s, value, now_ns)?;
-                wrote.set(matches!(attempt, Attempt::Won | Attempt::TookOver { .. }));
+                wrote.set(matches!(attempt, Attempt::Won));
                 Ok(attempt)
             },
             |why| {
@@ -544,13 +536,6 @@ impl ClassicLock {
             |lease| crate::lease::checked_win(&self.key, lease, self.ttl, |l| self.release(l));
         let result = match outcome {
             Attempt::Won => won(Lease::new(value, start, self.ttl)).map(Some),
-            Attempt::TookOver { expired_ms_ago } => {
-                log::info!(
-                    "lock {:?}: took over a stale lock that expired {expired_ms_ago} ms ago",
-                    self.key
-                );
-                won(Lease::new(value, start, self.ttl)).map(Some)
-            }
             Attempt::Held => Ok(None),
             Attempt::Corrupt(seen, reason) => Err(LockError::Corrupt {
                 key: self.key.clone(),

@@ -338,7 +338,16 @@ impl LockBuilder {
         let lock = match self.strategy {
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
             strategy => {
-                let opts = self.hold_options()?;
+                let opts = HoldOptions::checked(
+                    &self.key,
+                    self.ttl,
+                    self.watchdog_lease,
+                    self.on_lost.clone(),
+                    self.retry.clone(),
+                    self.wake_up,
+                    self.fencing,
+                    self.at_least,
+                )?;
                 // Reentrant and Fair always run scripts, Token's protocol only for fencing.
                 let fenced = opts.fence_key.is_some();
                 let scripted = match strategy {
@@ -414,20 +423,6 @@ impl LockBuilder {
             return Ok(());
         };
         Err(LockError::config(&self.key, refused))
-    }
-
-    /// The checked options of a Token, Reentrant or Fair lock.
-    fn hold_options(&self) -> Result<HoldOptions> {
-        HoldOptions::checked(
-            &self.key,
-            self.ttl,
-            self.watchdog_lease,
-            self.on_lost.clone(),
-            self.retry.clone(),
-            self.wake_up,
-            self.fencing,
-            self.at_least,
-        )
     }
 
     fn build_classic(&self, opts: ClassicOptions) -> Result<ClassicLock> {
@@ -627,7 +622,7 @@ impl RedLockClientBuilder {
         mut self,
         options: impl Fn(ClientBuilder) -> ClientBuilder + Send + Sync + 'static,
     ) -> Self {
-        if let NodeSpec::Targets(_, node_client) = self.nodes_mut() {
+        if let NodeSpec::Targets(_, node_client) = &mut self.nodes {
             *node_client = redlock_node(options);
         }
         self

@@ -74,10 +74,8 @@ pub struct TokenLock {
 /// dialects') are sent the usual way.
 #[derive(Default)]
 struct Wire {
-    /// `SET key <value> NX PX <ttl ms> GET`.
-    set_nx_px_get: Lazy<string_value::Packed>,
-    /// `SET key <value> NX PX <ttl ms>` (servers before Redis 7.0).
-    set_nx_px: Lazy<string_value::Packed>,
+    /// `SET key <value> NX PX <ttl ms>` (servers before Redis 7.0), then the same with `GET`.
+    set_nx_px: [Lazy<string_value::Packed>; 2],
     /// The release, published as the dialect says.
     release: Lazy<string_value::PackedRelease>,
 }
@@ -86,16 +84,10 @@ impl TokenLock {
     /// Sends `SET key <token> NX PX <lease ms>`, with `GET` if `get`: packed from the second
     /// send on (see [`Wire`]).
     fn send_set(&self, con: &mut Conn, token: &[u8], get: bool) -> redis::RedisResult<Value> {
-        let (ttl, key) = (self.opts.lease_ms(), self.key.as_str());
-        if get {
-            let cmd = |v: &[u8]| string_value::set_nx_px_get(key, v, ttl);
-            self.wire
-                .set_nx_px_get
-                .query(con, TOKEN_VALUE_LEN, token, cmd)
-        } else {
-            let cmd = |v: &[u8]| string_value::set_nx_px(key, v, ttl);
-            self.wire.set_nx_px.query(con, TOKEN_VALUE_LEN, token, cmd)
-        }
+        let (ttl, key, i) = (self.opts.lease_ms(), self.key.as_str(), usize::from(get));
+        let make = [string_value::set_nx_px, string_value::set_nx_px_get][i];
+        let cmd = |v: &[u8]| make(key, v, ttl);
+        self.wire.set_nx_px[i].query(con, TOKEN_VALUE_LEN, token, cmd)
     }
 
     fn packed_release(&self) -> Option<&string_value::PackedRelease> {
@@ -315,14 +307,7 @@ impl TokenLock {
                 // Ours already: renewed only if it still is.
                 let renewed: Option<Value> =
                     native::set_ifeq_px(&self.key, token, ttl).query(con)?;
-                return Ok((
-                    if renewed.is_some() {
-                        Value::Nil
-                    } else {
-                        Value::Okay
-                    },
-                    -2,
-                ));
+                return Ok((renewed.map_or(Value::Okay, |_| Value::Nil), -2));
             }
             Ok((set, pttl))
         })?;
