@@ -307,15 +307,6 @@ impl Wait {
             .then(|| (u32::try_from(least.max(0)).unwrap_or(0), self.required))
     }
 
-    /// Sends `cmd` then the `WAIT` in one round trip; returns `cmd`'s reply.
-    pub(crate) fn command(
-        &mut self,
-        con: &mut (impl ConnectionLike + ?Sized),
-        cmd: &[u8],
-    ) -> RedisResult<Value> {
-        Ok(self.commands(con, cmd, 0, 1)?.pop().unwrap_or(Value::Nil))
-    }
-
     /// Sends the pipeline `cmd` then the `WAIT` in one round trip; returns the pipeline's
     /// replies as `req_packed_commands` would.
     pub(crate) fn commands(
