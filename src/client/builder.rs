@@ -483,18 +483,11 @@ impl ClientBuilder {
                         "at least one Sentinel address is required",
                     ));
                 }
-                // The master is reached as the Sentinels are: over TLS, with the same
-                // certificates, when their URLs are `rediss://`.
-                let master_tls = clients
-                    .first()
-                    .map(|s| s.get_connection_info().addr().clone())
-                    .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
                 Target::Sentinel(Sentinels {
                     clients,
                     service: service.clone(),
                     first: AtomicUsize::new(0),
                     switches: Arc::default(),
-                    master_tls,
                 })
             }
         };

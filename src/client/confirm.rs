@@ -50,7 +50,7 @@ pub enum ReplicaAcks {
 }
 
 /// A client's confirmation settings, and what it learnt of its primary.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Acks {
     mode: ReplicaAcks,
     timeout_ms: u64,
@@ -116,12 +116,7 @@ impl Acks {
                 .unwrap_or(u64::MAX)
                 .max(1),
             required: AtomicU32::new(required),
-            #[cfg(feature = "sentinel")]
-            learnt: Mutex::new(None),
-            #[cfg(feature = "cluster")]
-            primaries: Mutex::new(HashMap::new()),
-            #[cfg(feature = "cluster")]
-            slots: Mutex::new(HashMap::new()),
+            ..Acks::default()
         }
     }
 

@@ -82,27 +82,37 @@ fn per_try(t: Duration) -> Duration {
     (t / CLUSTER_TRIES).max(Duration::from_micros(1))
 }
 
-#[cfg(feature = "sentinel")]
-/// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
-/// `rediss://` address, whose certificates and `insecure` flag are reused), or in plain TCP.
-fn master_info(
-    tls: Option<&ConnectionAddr>,
-    (host, port): (String, u16),
-) -> RedisResult<ConnectionInfo> {
-    let addr = match tls {
-        Some(ConnectionAddr::TcpTls {
-            insecure,
-            tls_params,
-            ..
-        }) => ConnectionAddr::TcpTls {
-            host,
-            port,
-            insecure: *insecure,
-            tls_params: tls_params.clone(),
-        },
-        _ => ConnectionAddr::Tcp(host, port),
-    };
-    addr.into_connection_info()
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+/// Asks `ask(i)` of each of `n` servers (Sentinels, Cluster seeds) in turn, starting with the
+/// one that answered last, until one answers (`None`: passed over). The next call starts with
+/// the one that answered, or after the first one asked if it failed (unless another thread's
+/// call moved it meanwhile), so that a dead or frozen one costs one timeout, not one per
+/// connection. `last_err`: the error if none answers and none fails.
+fn in_turn<T>(
+    n: usize,
+    first: &AtomicUsize,
+    mut last_err: Option<RedisError>,
+    mut ask: impl FnMut(usize) -> Option<RedisResult<T>>,
+) -> RedisResult<T> {
+    let start = first.load(Ordering::Relaxed);
+    for i in (0..n).map(|k| (start + k) % n) {
+        match ask(i) {
+            Some(Ok(t)) => {
+                first.store(i, Ordering::Relaxed);
+                return Ok(t);
+            }
+            Some(Err(e)) => {
+                if i == start {
+                    let next = (i + 1) % n;
+                    let _ = first.compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+                }
+                last_err = Some(e);
+            }
+            None => {}
+        }
+    }
+    Err(last_err
+        .unwrap_or_else(|| RedisError::from((redis::ErrorKind::Client, "no server to ask"))))
 }
 
 /// Where connections go.
@@ -133,8 +143,30 @@ pub(super) struct Sentinels {
     pub(super) first: AtomicUsize,
     /// The master switches announced by the Sentinels (`+switch-master`).
     pub(super) switches: Arc<Switches>,
-    /// A Sentinel's TLS address when they are reached over TLS: the master is too.
-    pub(super) master_tls: Option<ConnectionAddr>,
+}
+
+#[cfg(feature = "sentinel")]
+impl Sentinels {
+    /// How to reach the master at `addr` that a Sentinel named: as the Sentinels are reached,
+    /// over TLS when their URLs are `rediss://` (with their certificates and `insecure` flag),
+    /// or in plain TCP.
+    fn master_info(&self, (host, port): (String, u16)) -> RedisResult<ConnectionInfo> {
+        let sentinel = self.clients.first().map(|c| c.get_connection_info().addr());
+        let addr = match sentinel.cloned() {
+            Some(ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            }) => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                tls_params,
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        addr.into_connection_info()
+    }
 }
 
 impl Target {
@@ -193,11 +225,10 @@ impl Manager {
         &self,
         s: &Sentinels,
         until: Option<Instant>,
-        mut last_err: Option<RedisError>,
+        last_err: Option<RedisError>,
         mut take: impl FnMut((String, u16)) -> Option<RedisResult<T>>,
     ) -> RedisResult<T> {
-        let (n, start) = (s.clients.len(), s.first.load(Ordering::Relaxed));
-        for i in (0..n).map(|k| (start + k) % n) {
+        in_turn(s.clients.len(), &s.first, last_err, |i| {
             let named: RedisResult<Option<(String, u16)>> =
                 self.discovery(&s.clients[i], until).and_then(|mut con| {
                     redis::cmd("SENTINEL")
@@ -205,7 +236,7 @@ impl Manager {
                         .arg(&s.service)
                         .query(&mut con)
                 });
-            let taken = match named {
+            match named {
                 Ok(Some(addr)) => take(addr),
                 Ok(None) => Some(Err(RedisError::from((
                     redis::ErrorKind::MasterNameNotFoundBySentinel,
@@ -213,19 +244,8 @@ impl Manager {
                     s.service.clone(),
                 )))),
                 Err(e) => Some(Err(e)),
-            };
-            match taken {
-                Some(Ok(t)) => {
-                    s.first.store(i, Ordering::Relaxed);
-                    return Ok(t);
-                }
-                Some(Err(e)) => last_err = Some(e),
-                None => {}
             }
-        }
-        Err(last_err.unwrap_or_else(|| {
-            RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel to ask"))
-        }))
+        })
     }
 
     #[cfg(feature = "sentinel")]
@@ -236,7 +256,7 @@ impl Manager {
         let Target::Sentinel(s) = &self.target else {
             return Err(RedisError::from((redis::ErrorKind::Client, "no Sentinel")));
         };
-        let info = |addr| Some(master_info(s.master_tls.as_ref(), addr));
+        let info = |addr| Some(s.master_info(addr));
         self.ask_sentinels(s, None, None, info)
     }
 
@@ -450,8 +470,7 @@ impl Manager {
         generation: u64,
         until: Option<Instant>,
     ) -> RedisResult<Link> {
-        let client =
-            master_info(s.master_tls.as_ref(), addr.clone()).and_then(redis::Client::open)?;
+        let client = s.master_info(addr.clone()).and_then(redis::Client::open)?;
         let mut con = self.discovery(&client, until)?;
         let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
         let redis::Role::Primary { replicas, .. } = role else {
@@ -496,40 +515,17 @@ impl Manager {
         first: &AtomicUsize,
         until: Option<Instant>,
     ) -> RedisResult<Link> {
-        let (n, start) = (clients.len(), first.load(Ordering::Relaxed));
-        let mut last_err = None;
         let by = Instant::now().checked_add(self.connect_timeout);
         let until = until.into_iter().chain(by).min();
-        for i in (0..n).map(|k| (start + k) % n) {
-            if let Err(e) = left_until(until) {
-                last_err.get_or_insert(e);
-                break;
-            }
-            match clients[i].get_connection() {
-                Ok(con) => {
-                    first.store(i, Ordering::Relaxed);
-                    let per_try = self.command_timeout.map(per_try);
-                    return Link::opened(self, Node::Cluster(Box::new(con)), per_try);
-                }
-                Err(e) => {
-                    log::debug!("cluster: seed {i} did not give the slot map: {e}");
-                    // The next connection starts after the seed that failed first (unless
-                    // another thread's connection moved it meanwhile).
-                    if i == start {
-                        let _ = first.compare_exchange(
-                            i,
-                            (i + 1) % n,
-                            Ordering::Relaxed,
-                            Ordering::Relaxed,
-                        );
-                    }
-                    last_err = Some(e);
-                }
-            }
-        }
-        Err(last_err.unwrap_or_else(|| {
-            redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
-        }))
+        // Once the time is up no seed is tried: the error is the last seed's, if any.
+        in_turn(clients.len(), first, left_until(until).err(), |i| {
+            left_until(until).ok()?;
+            let con = clients[i].get_connection().inspect_err(|e| {
+                log::debug!("cluster: seed {i} did not give the slot map: {e}");
+            });
+            let per_try = self.command_timeout.map(per_try);
+            Some(con.and_then(|con| Link::opened(self, Node::Cluster(Box::new(con)), per_try)))
+        })
     }
 
     /// Opens a connection to the target (the Sentinels' master, for a Sentinel client),
@@ -565,7 +561,7 @@ impl r2d2::ManageConnection for Lazy {
     type Error = redis::RedisError;
 
     fn connect(&self) -> RedisResult<Link> {
-        Ok(Link::new(Arc::clone(&self.0), Node::Unopened, None))
+        Link::opened(&self.0, Node::Unopened, None)
     }
 
     fn is_valid(&self, con: &mut Link) -> RedisResult<()> {
@@ -675,10 +671,12 @@ impl Node {
 }
 
 impl Link {
-    fn new(manager: Arc<Manager>, node: Node, timeout: Option<Duration>) -> Self {
-        Link {
+    /// A link on a connection just opened (or to open, see [`Lazy`]), with `timeout` as its
+    /// command timeout.
+    fn opened(manager: &Arc<Manager>, node: Node, timeout: Option<Duration>) -> RedisResult<Self> {
+        let mut link = Link {
             node,
-            manager,
+            manager: Arc::clone(manager),
             broken: false,
             used: false,
             opened: Instant::now(),
@@ -687,12 +685,7 @@ impl Link {
             read_timeout: timeout,
             until: None,
             wait: None,
-        }
-    }
-
-    /// A link on a connection just opened, with `timeout` as its command timeout.
-    fn opened(manager: &Arc<Manager>, node: Node, timeout: Option<Duration>) -> RedisResult<Self> {
-        let mut link = Link::new(Arc::clone(manager), node, timeout);
+        };
         link.set_timeouts(timeout, timeout)?;
         Ok(link)
     }
