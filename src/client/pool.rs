@@ -542,10 +542,7 @@ impl Manager {
             #[cfg(feature = "sentinel")]
             Target::Sentinel(s) => self.sentinel_master(s, until),
         };
-        match link {
-            Err(e) if self.tls => Err(tls_context(e)),
-            other => other,
-        }
+        link.map_err(|e| if self.tls { tls_context(e) } else { e })
     }
 }
 
