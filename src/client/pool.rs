@@ -398,10 +398,7 @@ impl Manager {
         let replies: Vec<Value> = pipe.query(&mut con).map_err(|e| scripting(e, "EVAL", ""))?;
         let reply = |i: usize| replies.get(i).cloned().unwrap_or(Value::Nil);
         let script = |i: usize| -> RedisResult<i64> {
-            match reply(i) {
-                Value::ServerError(e) => Err(e.into()),
-                other => redis::from_redis_value(other).map_err(redis::RedisError::from),
-            }
+            Ok(redis::from_redis_value(reply(i).extract_error()?)?)
         };
         let mut detected = Detected::from_replies(&reply(0), &reply(1));
         match script(2) {
