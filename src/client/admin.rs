@@ -29,30 +29,14 @@ impl KeyState {
 
     /// Decodes the script's `{type, pttl, detail}`.
     pub(crate) fn decode(key: &str, reply: Value) -> Result<KeyState> {
-        let unexpected =
-            |reply: &Value| LockError::unexpected_reply(key, "the lock state script", reply);
-        let Value::Array(items) = &reply else {
-            return Err(unexpected(&reply));
-        };
-        let text = |v: &Value| match v {
-            Value::BulkString(b) => Some(b.clone()),
-            Value::SimpleString(s) => Some(s.clone().into_bytes()),
-            Value::Okay => Some(b"OK".to_vec()),
-            _ => None,
-        };
-        match items.as_slice() {
-            [kind, Value::Int(pttl), detail] => {
-                let Some(kind) = text(kind).and_then(|k| String::from_utf8(k).ok()) else {
-                    return Err(unexpected(&reply));
-                };
-                Ok(KeyState {
-                    kind,
-                    pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
-                    detail: text(detail),
-                })
-            }
-            _ => Err(unexpected(&reply)),
-        }
+        let (kind, pttl, detail): (String, i64, Option<Vec<u8>>) =
+            redis::from_redis_value_ref(&reply)
+                .map_err(|_| LockError::unexpected_reply(key, "the lock state script", &reply))?;
+        Ok(KeyState {
+            kind,
+            pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+            detail,
+        })
     }
 
     /// The state of a lock whose key must be of type `want` (`string` or `hash`): absent is

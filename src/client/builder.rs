@@ -96,7 +96,7 @@ impl LockClient {
             false,
             ClientBuilder::DEFAULT_COMMAND_TIMEOUT,
             ClientBuilder::DEFAULT_HANDOFF_COURTESY,
-            ("the application's pool".to_owned(), Arc::default()),
+            "the application's pool".to_owned(),
             None,
             Arc::default(),
             Detected::scripts_only(),
@@ -483,18 +483,11 @@ impl ClientBuilder {
                         "at least one Sentinel address is required",
                     ));
                 }
-                // The master is reached as the Sentinels are: over TLS, with the same
-                // certificates, when their URLs are `rediss://`.
-                let master_tls = clients
-                    .first()
-                    .map(|s| s.get_connection_info().addr().clone())
-                    .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
                 Target::Sentinel(Sentinels {
                     clients,
                     service: service.clone(),
                     first: AtomicUsize::new(0),
                     switches: Arc::default(),
-                    master_tls,
                 })
             }
         };
@@ -555,7 +548,7 @@ impl ClientBuilder {
             cluster,
             timeout,
             self.courtesy,
-            (addr, Arc::default()),
+            addr,
             switches,
             counters,
             detected,

@@ -50,7 +50,7 @@ pub enum ReplicaAcks {
 }
 
 /// A client's confirmation settings, and what it learnt of its primary.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Acks {
     mode: ReplicaAcks,
     timeout_ms: u64,
@@ -116,12 +116,7 @@ impl Acks {
                 .unwrap_or(u64::MAX)
                 .max(1),
             required: AtomicU32::new(required),
-            #[cfg(feature = "sentinel")]
-            learnt: Mutex::new(None),
-            #[cfg(feature = "cluster")]
-            primaries: Mutex::new(HashMap::new()),
-            #[cfg(feature = "cluster")]
-            slots: Mutex::new(HashMap::new()),
+            ..Acks::default()
         }
     }
 
@@ -305,15 +300,6 @@ impl Wait {
         let least = self.least?;
         (least < i64::from(self.required))
             .then(|| (u32::try_from(least.max(0)).unwrap_or(0), self.required))
-    }
-
-    /// Sends `cmd` then the `WAIT` in one round trip; returns `cmd`'s reply.
-    pub(crate) fn command(
-        &mut self,
-        con: &mut (impl ConnectionLike + ?Sized),
-        cmd: &[u8],
-    ) -> RedisResult<Value> {
-        Ok(self.commands(con, cmd, 0, 1)?.pop().unwrap_or(Value::Nil))
     }
 
     /// Sends the pipeline `cmd` then the `WAIT` in one round trip; returns the pipeline's

@@ -31,7 +31,7 @@ pub(crate) mod watched;
 pub(crate) use pool::*;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use redis::RedisResult;
@@ -139,15 +139,17 @@ struct Inner {
     set_get: AtomicBool,
     /// The native commands the server has (learned at `build()`), until a server refuses one.
     native: Native,
-    /// What `build()` learned (kept for the benchmarks' switch between native and scripts).
-    #[cfg_attr(not(feature = "bench-hooks"), allow(dead_code))]
-    detected: Detected,
     /// Where the client connects, for error messages ("127.0.0.1:6379", ...).
     addr: String,
     /// The command timeout (or the connect timeout without one), for error messages.
     timeout: Duration,
-    /// The pool's latest failure to open a connection (for errors at checkout).
-    connect_errors: Arc<ConnectErrors>,
+    /// The pool's latest failure to open a connection, for errors at checkout: r2d2 reports
+    /// only "timed out waiting for connection". (r2d2's own error handler is never called:
+    /// [`Lazy`] adds connections unopened, and no checkout is tested.)
+    connect_error: Mutex<Option<redis::RedisError>>,
+    /// The client's log lines that repeat while something stays wrong (shared with its
+    /// subscriber).
+    repeats: Arc<repeats::Repeats>,
     /// Sentinel clients: the master switches seen, to discard connections to an old master.
     switches: Option<Arc<Switches>>,
     /// What happened since the client was built ([`LockClient::stats`]); shared with the
@@ -202,7 +204,7 @@ impl LockClient {
         cluster: bool,
         timeout: Duration,
         courtesy: Duration,
-        (addr, connect_errors): (String, Arc<ConnectErrors>),
+        addr: String,
         switches: Option<Arc<Switches>>,
         counters: Arc<Counters>,
         detected: Detected,
@@ -210,6 +212,7 @@ impl LockClient {
     ) -> Self {
         let waiters = Arc::new(WaitQueues::default());
         let instance = crate::ids::new_uuid();
+        let repeats = Arc::<repeats::Repeats>::default();
         LockClient {
             counted: true,
             inner: Arc::new(Inner {
@@ -222,7 +225,7 @@ impl LockClient {
                     Arc::clone(&waiters),
                     timeout,
                     Arc::clone(&counters),
-                    Arc::clone(&connect_errors.repeats),
+                    Arc::clone(&repeats),
                 ),
                 waiters,
                 instance,
@@ -237,11 +240,11 @@ impl LockClient {
                         .as_ref()
                         .is_none_or(crate::server::Version::has_set_nx_get),
                 ),
-                native: Native::new(&detected),
-                detected,
+                native: Native::new(detected),
                 addr,
                 timeout,
-                connect_errors,
+                connect_error: Mutex::default(),
+                repeats,
                 switches,
                 counters,
                 acks,
@@ -252,7 +255,7 @@ impl LockClient {
     /// The client's log lines that repeat while something stays wrong (see
     /// [`repeats`](self::repeats)).
     pub(crate) fn repeats(&self) -> &repeats::Repeats {
-        &self.inner.connect_errors.repeats
+        &self.inner.repeats
     }
 
     /// What this client counted since it was built: acquires, refusals, timeouts, lost holds,
@@ -368,7 +371,7 @@ impl LockClient {
     /// the server has (`true`).
     #[cfg(feature = "bench-hooks")]
     pub(crate) fn force_native(&self, native: bool) {
-        self.inner.native.force(&self.inner.detected, native);
+        self.inner.native.force(native);
     }
 
     /// Sentinel clients: the master switches seen, and the recent releases to do again after
@@ -469,71 +472,45 @@ impl LockClient {
 
     /// A pooled connection; failures are reported against `key`.
     ///
-    /// A Sentinel client discards connections opened before the last master switch it heard
-    /// of (see [`crate::client::sentinel_watch`]): they may lead to the old master, which goes on
-    /// answering as a master until Sentinel reconfigures it. At most one per pooled connection
-    /// is discarded, then a new one is opened (to the new master, `ROLE` checked).
-    ///
     /// A connection the pool added unopened is opened here, on the caller's thread (see
-    /// [`Lazy`](crate::client::pool::Lazy)).
+    /// [`Lazy`](crate::client::pool::Lazy)), and so is again a Sentinel client's connection
+    /// opened before the last master switch it heard of (see [`Link::open_if_needed`]).
     ///
     /// Neither the checkout nor the opening waits past `until` (a watchdog renewal's cap):
     /// their timeouts are cut to the time left.
     fn conn(&self, key: &str, until: Option<Instant>) -> Result<Conn> {
         let err = |e: r2d2::Error| self.checkout_error(key, e);
         let left = |t: Duration| within(t, until).map_err(|e| self.command_error(key, e));
-        match &self.inner.pool {
-            Pool::Managed(p) => {
-                let get = || {
-                    // An idle connection first: r2d2's `try_get` reads the clock once where
-                    // `get_timeout` reads it three times (its deadline and checkout event), a
-                    // cost of every lock operation. The same connection either way; without
-                    // one idle, `get_timeout` opens or waits as before.
-                    let idle = match until {
-                        None => p.try_get(),
-                        Some(_) => None,
-                    };
-                    let mut con = match idle {
-                        Some(con) => con,
-                        None => p.get_timeout(left(p.connection_timeout())?).map_err(err)?,
-                    };
-                    con.open_if_needed(until).map_err(|e| {
-                        log_repeat!(
-                            self.repeats(),
-                            "pool: opening a connection failed",
-                            log::Level::Debug,
-                            "pool: opening a connection failed: {e}"
-                        );
-                        self.inner.connect_errors.note(e.clone());
-                        self.checkout_error(key, e)
-                    })?;
-                    Ok(con)
-                };
-                let Some(switches) = &self.inner.switches else {
-                    return get().map(Conn::managed);
-                };
-                let mut stale_left = p.max_size();
-                loop {
-                    let mut con = get()?;
-                    let now = switches.generation();
-                    if con.generation >= now || stale_left == 0 {
-                        return Ok(Conn::managed(con));
-                    }
-                    log::debug!(
-                        "lock {key:?}: dropping a connection opened before the master switch \
-                         (generation {} < {now})",
-                        con.generation
-                    );
-                    // Not returned to the pool (see `has_broken`).
-                    con.broken = true;
-                    stale_left -= 1;
-                }
+        let p = match &self.inner.pool {
+            Pool::Managed(p) => p,
+            Pool::External(p) => {
+                let con = p.get_timeout(left(p.connection_timeout())?);
+                return con.map(Conn::External).map_err(err);
             }
-            Pool::External(p) => p
-                .get_timeout(left(p.connection_timeout())?)
-                .map(Conn::external)
-                .map_err(err),
+        };
+        // An idle connection first: r2d2's `try_get` reads the clock once where `get_timeout`
+        // reads it three times (its deadline and checkout event), a cost of every lock
+        // operation. The same connection either way; without one idle, `get_timeout` opens or
+        // waits as before.
+        let mut con = match until.is_none().then(|| p.try_get()).flatten() {
+            Some(con) => con,
+            None => p.get_timeout(left(p.connection_timeout())?).map_err(err)?,
+        };
+        if let Err(e) = con.open_if_needed(until) {
+            log_repeat!(
+                self.repeats(),
+                "pool: opening a connection failed",
+                log::Level::Debug,
+                "pool: opening a connection failed: {e}"
+            );
+            *self
+                .inner
+                .connect_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(e.clone());
+            return Err(self.checkout_error(key, e));
         }
+        Ok(Conn::Managed(con))
     }
 
     /// A failed checkout, with what the pool's latest connection attempt said: access denied
@@ -545,7 +522,8 @@ impl LockClient {
         e: impl std::error::Error + Send + Sync + 'static,
     ) -> LockError {
         let addr = &self.inner.addr;
-        match self.inner.connect_errors.last() {
+        let last = self.inner.connect_error.lock();
+        match last.unwrap_or_else(PoisonError::into_inner).clone() {
             // A wrong password, unknown user or missing permission: not an outage.
             Some(last) if error::is_access_denied(&last) => LockError::Config {
                 key: Some(key.to_owned()),

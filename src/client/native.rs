@@ -118,15 +118,13 @@ fn server_lacks(con: &mut dyn ConnectionLike, command: Command) -> bool {
 pub(crate) struct Native {
     delifeq: AtomicBool,
     set_ifeq: AtomicBool,
-    /// Whether the client's user may run scripts (false only when a server with both native
-    /// commands refused `EVAL` at `build()`).
-    pub(crate) scripting: bool,
-    /// `valkey 9.1.2`, `redis 7.0.15`, or empty when not known.
-    server: String,
+    /// What `build()` learned: whether the client's user may run scripts (false only when a
+    /// server with both native commands refused `EVAL`), the server's name and version.
+    pub(crate) detected: Detected,
 }
 
 impl Native {
-    pub(crate) fn new(d: &Detected) -> Self {
+    pub(crate) fn new(d: Detected) -> Self {
         if d.delifeq || d.set_ifeq {
             log::debug!(
                 "{}: DELIFEQ {}, SET ... IFEQ {}: Token locks use them instead of scripts",
@@ -138,8 +136,7 @@ impl Native {
         Native {
             delifeq: AtomicBool::new(d.delifeq),
             set_ifeq: AtomicBool::new(d.set_ifeq),
-            scripting: d.scripting,
-            server: d.server.clone(),
+            detected: d,
         }
     }
 
@@ -183,7 +180,8 @@ impl Native {
     /// For the benchmarks: use the scripts (`false`) or what the server offers (`true`, as
     /// detected).
     #[cfg(feature = "bench-hooks")]
-    pub(crate) fn force(&self, d: &Detected, native: bool) {
+    pub(crate) fn force(&self, native: bool) {
+        let d = &self.detected;
         self.delifeq.store(native && d.delifeq, Ordering::Relaxed);
         self.set_ifeq.store(native && d.set_ifeq, Ordering::Relaxed);
     }
@@ -218,7 +216,7 @@ pub(crate) fn set_ifeq_px(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
 /// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
 /// (see [`crate::client::native`]): only a Token lock without fencing goes without.
 pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()> {
-    if native.scripting {
+    if native.detected.scripting {
         return Ok(());
     }
     Err(LockError::config(
@@ -226,7 +224,7 @@ pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()
         format!(
             "{what} runs Lua scripts, which this client's user may not (NOPERM on EVAL when \
              the client was built); on {} only a Token lock without fencing needs none",
-            native.server
+            native.detected.server
         ),
     ))
 }
@@ -288,7 +286,7 @@ mod tests {
         );
         let syntax = server_error("ERR", "syntax error");
         // Valkey 9.1 says it has both: the error is the caller's, the commands stay on.
-        let native = Native::new(&detected);
+        let native = Native::new(detected.clone());
         let mut has_both = Canned::new(vec![
             info("valkey_version:9.1.2\r\n"),
             Value::Array(vec![Value::Array(vec![])]),
@@ -307,7 +305,7 @@ mod tests {
         assert!(native.lacks(&mut older, Command::SetIfEq, "k", &syntax));
         assert!(!native.has(Command::DelIfEq) && !native.has(Command::SetIfEq));
         // NOPERM: by its code, nothing asked.
-        let native = Native::new(&detected);
+        let native = Native::new(detected);
         let mut nothing = Canned::new(vec![]);
         let denied = server_error(
             "NOPERM",

@@ -21,7 +21,6 @@ use super::confirm::Wait;
 use super::native::Detected;
 #[cfg(feature = "sentinel")]
 use super::switches::Switches;
-use crate::client::repeats::Repeats;
 use crate::error::{self, LockError, Result, Rounded};
 use crate::server::{self, Version};
 
@@ -51,29 +50,6 @@ pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
         .thread_pool(Arc::clone(scheduler))
         .idle_timeout(None)
         .max_lifetime(None)
-}
-
-/// The latest failure of the pool to open a connection: r2d2 reports only "timed out waiting
-/// for connection", so the checkout that failed to open one keeps what actually went wrong.
-/// (r2d2's own error handler is never called: [`Lazy`] adds connections unopened, and no
-/// checkout is tested.)
-#[derive(Debug, Default)]
-pub(crate) struct ConnectErrors {
-    last: std::sync::Mutex<Option<redis::RedisError>>,
-    /// The client's log lines that repeat while something stays wrong (shared with the
-    /// client and its subscriber).
-    pub(super) repeats: Arc<Repeats>,
-}
-
-impl ConnectErrors {
-    pub(super) fn note(&self, e: redis::RedisError) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-    }
-
-    /// The latest failure.
-    pub(super) fn last(&self) -> Option<redis::RedisError> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
 }
 
 #[cfg(feature = "cluster")]
@@ -106,27 +82,37 @@ fn per_try(t: Duration) -> Duration {
     (t / CLUSTER_TRIES).max(Duration::from_micros(1))
 }
 
-#[cfg(feature = "sentinel")]
-/// How to reach the master at `addr` that a Sentinel named: over TLS like `tls` (a Sentinel's
-/// `rediss://` address, whose certificates and `insecure` flag are reused), or in plain TCP.
-fn master_info(
-    tls: Option<&ConnectionAddr>,
-    (host, port): (String, u16),
-) -> RedisResult<ConnectionInfo> {
-    let addr = match tls {
-        Some(ConnectionAddr::TcpTls {
-            insecure,
-            tls_params,
-            ..
-        }) => ConnectionAddr::TcpTls {
-            host,
-            port,
-            insecure: *insecure,
-            tls_params: tls_params.clone(),
-        },
-        _ => ConnectionAddr::Tcp(host, port),
-    };
-    addr.into_connection_info()
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+/// Asks `ask(i)` of each of `n` servers (Sentinels, Cluster seeds) in turn, starting with the
+/// one that answered last, until one answers (`None`: passed over). The next call starts with
+/// the one that answered, or after the first one asked if it failed (unless another thread's
+/// call moved it meanwhile), so that a dead or frozen one costs one timeout, not one per
+/// connection. `last_err`: the error if none answers and none fails.
+fn in_turn<T>(
+    n: usize,
+    first: &AtomicUsize,
+    mut last_err: Option<RedisError>,
+    mut ask: impl FnMut(usize) -> Option<RedisResult<T>>,
+) -> RedisResult<T> {
+    let start = first.load(Ordering::Relaxed);
+    for i in (0..n).map(|k| (start + k) % n) {
+        match ask(i) {
+            Some(Ok(t)) => {
+                first.store(i, Ordering::Relaxed);
+                return Ok(t);
+            }
+            Some(Err(e)) => {
+                if i == start {
+                    let next = (i + 1) % n;
+                    let _ = first.compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+                }
+                last_err = Some(e);
+            }
+            None => {}
+        }
+    }
+    Err(last_err
+        .unwrap_or_else(|| RedisError::from((redis::ErrorKind::Client, "no server to ask"))))
 }
 
 /// Where connections go.
@@ -157,8 +143,30 @@ pub(super) struct Sentinels {
     pub(super) first: AtomicUsize,
     /// The master switches announced by the Sentinels (`+switch-master`).
     pub(super) switches: Arc<Switches>,
-    /// A Sentinel's TLS address when they are reached over TLS: the master is too.
-    pub(super) master_tls: Option<ConnectionAddr>,
+}
+
+#[cfg(feature = "sentinel")]
+impl Sentinels {
+    /// How to reach the master at `addr` that a Sentinel named: as the Sentinels are reached,
+    /// over TLS when their URLs are `rediss://` (with their certificates and `insecure` flag),
+    /// or in plain TCP.
+    fn master_info(&self, (host, port): (String, u16)) -> RedisResult<ConnectionInfo> {
+        let sentinel = self.clients.first().map(|c| c.get_connection_info().addr());
+        let addr = match sentinel.cloned() {
+            Some(ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            }) => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                tls_params,
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        addr.into_connection_info()
+    }
 }
 
 impl Target {
@@ -217,11 +225,10 @@ impl Manager {
         &self,
         s: &Sentinels,
         until: Option<Instant>,
-        mut last_err: Option<RedisError>,
+        last_err: Option<RedisError>,
         mut take: impl FnMut((String, u16)) -> Option<RedisResult<T>>,
     ) -> RedisResult<T> {
-        let (n, start) = (s.clients.len(), s.first.load(Ordering::Relaxed));
-        for i in (0..n).map(|k| (start + k) % n) {
+        in_turn(s.clients.len(), &s.first, last_err, |i| {
             let named: RedisResult<Option<(String, u16)>> =
                 self.discovery(&s.clients[i], until).and_then(|mut con| {
                     redis::cmd("SENTINEL")
@@ -229,7 +236,7 @@ impl Manager {
                         .arg(&s.service)
                         .query(&mut con)
                 });
-            let taken = match named {
+            match named {
                 Ok(Some(addr)) => take(addr),
                 Ok(None) => Some(Err(RedisError::from((
                     redis::ErrorKind::MasterNameNotFoundBySentinel,
@@ -237,19 +244,8 @@ impl Manager {
                     s.service.clone(),
                 )))),
                 Err(e) => Some(Err(e)),
-            };
-            match taken {
-                Some(Ok(t)) => {
-                    s.first.store(i, Ordering::Relaxed);
-                    return Ok(t);
-                }
-                Some(Err(e)) => last_err = Some(e),
-                None => {}
             }
-        }
-        Err(last_err.unwrap_or_else(|| {
-            RedisError::from((redis::ErrorKind::EmptySentinelList, "no Sentinel to ask"))
-        }))
+        })
     }
 
     #[cfg(feature = "sentinel")]
@@ -260,7 +256,7 @@ impl Manager {
         let Target::Sentinel(s) = &self.target else {
             return Err(RedisError::from((redis::ErrorKind::Client, "no Sentinel")));
         };
-        let info = |addr| Some(master_info(s.master_tls.as_ref(), addr));
+        let info = |addr| Some(s.master_info(addr));
         self.ask_sentinels(s, None, None, info)
     }
 
@@ -274,7 +270,11 @@ impl Manager {
     /// a master until Sentinel reconfigures it.
     ///
     /// No step waits past `until`.
-    fn sentinel_master(&self, s: &Sentinels, until: Option<Instant>) -> RedisResult<Link> {
+    fn sentinel_master(
+        self: &Arc<Self>,
+        s: &Sentinels,
+        until: Option<Instant>,
+    ) -> RedisResult<Link> {
         // Read before asking: a switch during this connect makes the link stale at once.
         let generation = s.switches.generation();
         let mut tried: Vec<(String, u16)> = Vec::new();
@@ -398,10 +398,7 @@ impl Manager {
         let replies: Vec<Value> = pipe.query(&mut con).map_err(|e| scripting(e, "EVAL", ""))?;
         let reply = |i: usize| replies.get(i).cloned().unwrap_or(Value::Nil);
         let script = |i: usize| -> RedisResult<i64> {
-            match reply(i) {
-                Value::ServerError(e) => Err(e.into()),
-                other => redis::from_redis_value(other).map_err(redis::RedisError::from),
-            }
+            Ok(redis::from_redis_value(reply(i).extract_error()?)?)
         };
         let mut detected = Detected::from_replies(&reply(0), &reply(1));
         match script(2) {
@@ -464,14 +461,13 @@ impl Manager {
     /// `generation`; the master's replicas are learnt (see [`Acks::learn`]). No step waits past
     /// `until`.
     fn checked_master(
-        &self,
+        self: &Arc<Self>,
         s: &Sentinels,
         addr: (String, u16),
         generation: u64,
         until: Option<Instant>,
     ) -> RedisResult<Link> {
-        let client =
-            master_info(s.master_tls.as_ref(), addr.clone()).and_then(redis::Client::open)?;
+        let client = s.master_info(addr.clone()).and_then(redis::Client::open)?;
         let mut con = self.discovery(&client, until)?;
         let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
         let redis::Role::Primary { replicas, .. } = role else {
@@ -481,7 +477,7 @@ impl Manager {
                 format!("{}:{}", addr.0, addr.1),
             )));
         };
-        let mut link = Link::opened(Node::Single(con), self.command_timeout)?;
+        let mut link = Link::opened(self, Node::Single(con), self.command_timeout)?;
         link.generation = generation;
         self.acks.learn(&addr, replicas.len());
         Ok(link)
@@ -516,40 +512,17 @@ impl Manager {
         first: &AtomicUsize,
         until: Option<Instant>,
     ) -> RedisResult<Link> {
-        let (n, start) = (clients.len(), first.load(Ordering::Relaxed));
-        let mut last_err = None;
         let by = Instant::now().checked_add(self.connect_timeout);
         let until = until.into_iter().chain(by).min();
-        for i in (0..n).map(|k| (start + k) % n) {
-            if let Err(e) = left_until(until) {
-                last_err.get_or_insert(e);
-                break;
-            }
-            match clients[i].get_connection() {
-                Ok(con) => {
-                    first.store(i, Ordering::Relaxed);
-                    let per_try = self.command_timeout.map(per_try);
-                    return Link::opened(Node::Cluster(Box::new(con), Arc::clone(self)), per_try);
-                }
-                Err(e) => {
-                    log::debug!("cluster: seed {i} did not give the slot map: {e}");
-                    // The next connection starts after the seed that failed first (unless
-                    // another thread's connection moved it meanwhile).
-                    if i == start {
-                        let _ = first.compare_exchange(
-                            i,
-                            (i + 1) % n,
-                            Ordering::Relaxed,
-                            Ordering::Relaxed,
-                        );
-                    }
-                    last_err = Some(e);
-                }
-            }
-        }
-        Err(last_err.unwrap_or_else(|| {
-            redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
-        }))
+        // Once the time is up no seed is tried: the error is the last seed's, if any.
+        in_turn(clients.len(), first, left_until(until).err(), |i| {
+            left_until(until).ok()?;
+            let con = clients[i].get_connection().inspect_err(|e| {
+                log::debug!("cluster: seed {i} did not give the slot map: {e}");
+            });
+            let per_try = self.command_timeout.map(per_try);
+            Some(con.and_then(|con| Link::opened(self, Node::Cluster(Box::new(con)), per_try)))
+        })
     }
 
     /// Opens a connection to the target (the Sentinels' master, for a Sentinel client),
@@ -558,7 +531,7 @@ impl Manager {
         let link = match &self.target {
             Target::Single(client) => connect_within(self.connect_timeout, until)
                 .and_then(|t| client.get_connection_with_timeout(t))
-                .and_then(|con| Link::opened(Node::Single(con), self.command_timeout)),
+                .and_then(|con| Link::opened(self, Node::Single(con), self.command_timeout)),
             #[cfg(feature = "cluster")]
             Target::Cluster { clients, first } => self.cluster(clients, first, until),
             // Ask the Sentinels for the current master each time: after a failover the next
@@ -566,10 +539,7 @@ impl Manager {
             #[cfg(feature = "sentinel")]
             Target::Sentinel(s) => self.sentinel_master(s, until),
         };
-        match link {
-            Err(e) if self.tls => Err(tls_context(e)),
-            other => other,
-        }
+        link.map_err(|e| if self.tls { tls_context(e) } else { e })
     }
 }
 
@@ -585,7 +555,7 @@ impl r2d2::ManageConnection for Lazy {
     type Error = redis::RedisError;
 
     fn connect(&self) -> RedisResult<Link> {
-        Ok(Link::new(Node::Unopened(Arc::clone(&self.0)), None))
+        Link::opened(&self.0, Node::Unopened, None)
     }
 
     fn is_valid(&self, con: &mut Link) -> RedisResult<()> {
@@ -594,7 +564,7 @@ impl r2d2::ManageConnection for Lazy {
     }
 
     fn has_broken(&self, con: &mut Link) -> bool {
-        if matches!(con.node, Node::Unopened(_)) {
+        if matches!(con.node, Node::Unopened) {
             return false;
         }
         let broken = con.broken || !con.node.is_open() || con.generation < self.0.generation();
@@ -636,13 +606,15 @@ const IDLE_STALE: Duration = Duration::from_millis(10);
 /// A connection of the managed pool: one server's or a cluster's.
 pub(crate) struct Link {
     node: Node,
-    pub(super) broken: bool,
+    /// The pool's manager: opens the link, and again in place when it went stale or broke.
+    manager: Arc<Manager>,
+    broken: bool,
     /// Has carried a command: such a connection may have gone stale while idle in the pool.
     used: bool,
     /// When it was opened: one the pool opened ahead of need may have gone stale too.
     opened: Instant,
     /// Sentinel clients: the master-switch generation the link was opened in (0 otherwise).
-    pub(super) generation: u64,
+    generation: u64,
     /// The command timeout: the socket's write timeout (each try's of a cluster command).
     timeout: Option<Duration>,
     /// The read timeout: the command timeout, lengthened by a replica confirmation's bound
@@ -651,34 +623,54 @@ pub(crate) struct Link {
     /// The instant no command may wait past (a watchdog renewal's cap, see [`Link::cap`]);
     /// the socket's timeouts may have been cut for it, to restore once it is lifted.
     until: Option<Instant>,
+    /// The replica confirmation every command sent waits for, if any (see
+    /// [`confirm`](super::confirm)).
+    wait: Option<Wait>,
 }
 
 enum Node {
-    /// Not opened yet: the checkout that takes it opens it with this manager.
-    Unopened(Arc<Manager>),
+    /// Not opened yet: the checkout that takes it opens it.
+    Unopened,
     Single(redis::Connection),
     #[cfg(feature = "cluster")]
     /// Boxed: a cluster connection is four times the size of a single one. Its timeouts are
-    /// each try's (see [`per_try`]). With its manager, to replace it in place once broken (see
+    /// each try's (see [`per_try`]); it is replaced in place once broken (see
     /// [`Link::renew_if_broken`]).
-    Cluster(Box<redis::cluster::ClusterConnection>, Arc<Manager>),
+    Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
 impl Node {
     fn is_open(&self) -> bool {
         match self {
-            Node::Unopened(_) => true,
+            Node::Unopened => true,
             Node::Single(c) => c.is_open(),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c, _) => c.is_open(),
+            Node::Cluster(c) => c.is_open(),
+        }
+    }
+
+    /// The opened connection; an error for an unopened one (none is sent a command, as
+    /// `LockClient::conn` opens it first).
+    fn con(&mut self) -> RedisResult<&mut dyn ConnectionLike> {
+        match self {
+            Node::Unopened => Err(RedisError::from((
+                redis::ErrorKind::Io,
+                "connection not opened",
+            ))),
+            Node::Single(c) => Ok(c),
+            #[cfg(feature = "cluster")]
+            Node::Cluster(c) => Ok(&mut **c),
         }
     }
 }
 
 impl Link {
-    fn new(node: Node, timeout: Option<Duration>) -> Self {
-        Link {
+    /// A link on a connection just opened (or to open, see [`Lazy`]), with `timeout` as its
+    /// command timeout.
+    fn opened(manager: &Arc<Manager>, node: Node, timeout: Option<Duration>) -> RedisResult<Self> {
+        let mut link = Link {
             node,
+            manager: Arc::clone(manager),
             broken: false,
             used: false,
             opened: Instant::now(),
@@ -686,12 +678,8 @@ impl Link {
             timeout,
             read_timeout: timeout,
             until: None,
-        }
-    }
-
-    /// A link on a connection just opened, with `timeout` as its command timeout.
-    fn opened(node: Node, timeout: Option<Duration>) -> RedisResult<Self> {
-        let mut link = Link::new(node, timeout);
+            wait: None,
+        };
         link.set_timeouts(timeout, timeout)?;
         Ok(link)
     }
@@ -700,12 +688,12 @@ impl Link {
     /// cluster command. A failure marks the link broken.
     fn set_timeouts(&mut self, read: Option<Duration>, write: Option<Duration>) -> RedisResult<()> {
         let set = match &self.node {
-            Node::Unopened(_) => Ok(()),
+            Node::Unopened => Ok(()),
             Node::Single(c) => c
                 .set_read_timeout(read)
                 .and_then(|()| c.set_write_timeout(write)),
             #[cfg(feature = "cluster")]
-            Node::Cluster(c, _) => c
+            Node::Cluster(c) => c
                 .set_read_timeout(read)
                 .and_then(|()| c.set_write_timeout(write)),
         };
@@ -753,10 +741,22 @@ impl Link {
     }
 
     /// Opens the link if the pool added it unopened (see [`Lazy`]), waiting past `until` for
-    /// nothing.
+    /// nothing. A Sentinel client's link opened before the last master switch it heard of
+    /// (see [`crate::client::sentinel_watch`]) may lead to the old master, which goes on
+    /// answering as a master until Sentinel reconfigures it: it is closed and opened again (to
+    /// the new master, `ROLE` checked). A failed open leaves it unopened.
     pub(super) fn open_if_needed(&mut self, until: Option<Instant>) -> RedisResult<()> {
-        if let Node::Unopened(manager) = &self.node {
-            *self = Arc::clone(manager).open(until)?;
+        let now = self.manager.generation();
+        if !matches!(self.node, Node::Unopened) && self.generation < now {
+            log::debug!(
+                "dropping a connection opened before the master switch (generation {} < {now})",
+                self.generation
+            );
+            self.manager.counters.reconnect();
+            self.node = Node::Unopened;
+        }
+        if let Node::Unopened = self.node {
+            *self = self.manager.open(until)?;
         }
         Ok(())
     }
@@ -769,11 +769,10 @@ impl Link {
     /// broken: the pool drops it.
     #[cfg(feature = "cluster")]
     fn renew_if_broken(&mut self) {
-        if let (true, Node::Cluster(_, manager)) = (self.broken, &self.node) {
-            let manager = Arc::clone(manager);
-            let until = Instant::now().checked_add(manager.connect_timeout / 2);
-            if let Ok(new) = manager.open(until) {
-                manager.counters.reconnect();
+        if self.broken && matches!(self.node, Node::Cluster(_)) {
+            let until = Instant::now().checked_add(self.manager.connect_timeout / 2);
+            if let Ok(new) = self.manager.open(until) {
+                self.manager.counters.reconnect();
                 *self = new;
             }
         }
@@ -805,13 +804,15 @@ impl Link {
 
 impl ConnectionLike for Link {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        if self.wait.is_some() {
+            // With the `WAIT`, as a pipeline of one.
+            return Ok(self
+                .req_packed_commands(cmd, 0, 1)?
+                .pop()
+                .unwrap_or(Value::Nil));
+        }
         self.arm()?;
-        let r = match &mut self.node {
-            Node::Unopened(_) => Err(unopened()),
-            Node::Single(c) => c.req_packed_command(cmd),
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c, _) => c.req_packed_command(cmd),
-        };
+        let r = self.node.con().and_then(|c| c.req_packed_command(cmd));
         self.note(r)
     }
 
@@ -821,37 +822,33 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        if let Some(mut wait) = self.wait.take() {
+            let replies = wait.commands(self, cmd, offset, count);
+            self.wait = Some(wait);
+            return replies;
+        }
         self.arm()?;
-        let r = match &mut self.node {
-            Node::Unopened(_) => Err(unopened()),
-            Node::Single(c) => match self.until {
-                Some(until) if offset == 0 => {
-                    capped_commands(c, self.read_timeout, until, cmd, count)
-                }
-                _ => c.req_packed_commands(cmd, offset, count),
-            },
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c, _) => c.req_packed_commands(cmd, offset, count),
+        let r = match (&mut self.node, self.until) {
+            (Node::Single(c), Some(until)) if offset == 0 => {
+                capped_commands(c, self.read_timeout, until, cmd, count)
+            }
+            (node, _) => node
+                .con()
+                .and_then(|c| c.req_packed_commands(cmd, offset, count)),
         };
         self.note(r)
     }
 
     fn get_db(&self) -> i64 {
         match &self.node {
-            Node::Unopened(_) => 0,
             Node::Single(c) => c.get_db(),
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c, _) => c.get_db(),
+            // A cluster has database 0 only.
+            _ => 0,
         }
     }
 
     fn check_connection(&mut self) -> bool {
-        match &mut self.node {
-            Node::Unopened(_) => false,
-            Node::Single(c) => c.check_connection(),
-            #[cfg(feature = "cluster")]
-            Node::Cluster(c, _) => c.check_connection(),
-        }
+        self.node.con().is_ok_and(|c| c.check_connection())
     }
 
     fn is_open(&self) -> bool {
@@ -892,62 +889,37 @@ fn capped_commands(
     Ok(replies)
 }
 
-/// A command sent on a link nobody opened: none is, as `LockClient::conn` opens it first.
-fn unopened() -> redis::RedisError {
-    redis::RedisError::from((redis::ErrorKind::Io, "connection not opened"))
-}
-
 pub(crate) enum Pool {
     Managed(r2d2::Pool<Lazy>),
     External(r2d2::Pool<redis::Client>),
 }
 
-/// A pooled connection from either kind of pool, and the replica confirmation its commands
-/// wait for, if any (see [`confirm`](super::confirm)).
-pub(crate) struct Conn {
-    link: Pooled,
-    wait: Option<Wait>,
-}
-
-enum Pooled {
+/// A pooled connection from either kind of pool.
+pub(crate) enum Conn {
     Managed(r2d2::PooledConnection<Lazy>),
     External(r2d2::PooledConnection<redis::Client>),
 }
 
 impl Conn {
-    pub(super) fn managed(c: r2d2::PooledConnection<Lazy>) -> Conn {
-        Conn {
-            link: Pooled::Managed(c),
-            wait: None,
-        }
-    }
-
-    pub(super) fn external(c: r2d2::PooledConnection<redis::Client>) -> Conn {
-        Conn {
-            link: Pooled::External(c),
-            wait: None,
-        }
-    }
-
     /// The managed pool's link; `None` for a connection of an application's own pool.
     fn own_link(&mut self) -> Option<&mut Link> {
-        match &mut self.link {
-            Pooled::Managed(c) => Some(c),
-            Pooled::External(_) => None,
+        match self {
+            Conn::Managed(c) => Some(c),
+            Conn::External(_) => None,
         }
     }
 
     fn link(&self) -> &dyn ConnectionLike {
-        match &self.link {
-            Pooled::Managed(c) => &**c,
-            Pooled::External(c) => &**c,
+        match self {
+            Conn::Managed(c) => &**c,
+            Conn::External(c) => &**c,
         }
     }
 
     fn link_mut(&mut self) -> &mut dyn ConnectionLike {
-        match &mut self.link {
-            Pooled::Managed(c) => &mut **c,
-            Pooled::External(c) => &mut **c,
+        match self {
+            Conn::Managed(c) => &mut **c,
+            Conn::External(c) => &mut **c,
         }
     }
 
@@ -963,19 +935,23 @@ impl Conn {
 
     /// Every command sent from now on is followed by `wait`'s `WAIT`, in the same round trip;
     /// the read timeout grows by the `WAIT`'s bound meanwhile, so that a confirmation that
-    /// takes its time is not taken for a server that does not answer.
+    /// takes its time is not taken for a server that does not answer. (A client on an
+    /// application's own pool confirms nothing: it never sets one.)
     pub(super) fn set_wait(&mut self, wait: Option<Wait>) {
-        if let (Some(w), Some(c)) = (&wait, self.own_link()) {
-            c.extend_read_timeout(Some(w.timeout()));
+        if let Some(c) = self.own_link() {
+            if let Some(w) = &wait {
+                c.extend_read_timeout(Some(w.timeout()));
+            }
+            c.wait = wait;
         }
-        self.wait = wait;
     }
 
     /// The confirmation of the commands sent since [`set_wait`](Self::set_wait); the read
     /// timeout is back to the command timeout.
     pub(super) fn take_wait(&mut self) -> Option<Wait> {
-        let wait = self.wait.take();
-        if let (Some(_), Some(c)) = (&wait, self.own_link()) {
+        let c = self.own_link()?;
+        let wait = c.wait.take();
+        if wait.is_some() {
             c.extend_read_timeout(None);
         }
         wait
@@ -998,7 +974,7 @@ impl Conn {
         let Some(link) = self.own_link() else {
             return Ok(None);
         };
-        let Node::Cluster(c, _) = &mut link.node else {
+        let Node::Cluster(c) = &mut link.node else {
             return Ok(None);
         };
         let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
@@ -1024,14 +1000,7 @@ impl Drop for Conn {
 
 impl ConnectionLike for Conn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        match self.wait.take() {
-            Some(mut wait) => {
-                let reply = wait.command(self.link_mut(), cmd);
-                self.wait = Some(wait);
-                reply
-            }
-            None => self.link_mut().req_packed_command(cmd),
-        }
+        self.link_mut().req_packed_command(cmd)
     }
 
     fn req_packed_commands(
@@ -1040,14 +1009,7 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        match self.wait.take() {
-            Some(mut wait) => {
-                let reply = wait.commands(self.link_mut(), cmd, offset, count);
-                self.wait = Some(wait);
-                reply
-            }
-            None => self.link_mut().req_packed_commands(cmd, offset, count),
-        }
+        self.link_mut().req_packed_commands(cmd, offset, count)
     }
 
     fn get_db(&self) -> i64 {
