@@ -11,13 +11,11 @@ use crate::lock::{DistributedLock, LockGuard};
 use crate::retry::Attempts;
 
 /// The blocking acquire of a lock that waits in the in-process line named by its key, FIFO,
-/// with `try_acquire` as the attempt. `on_give_up` may turn the final [`LockError::Timeout`]
-/// into a more precise error (e.g. a wrong-type key).
+/// with `try_acquire` as the attempt.
 pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
     lock: &'a L,
     queues: &WaitQueues,
     attempts: Attempts<'_>,
-    on_give_up: impl FnOnce() -> Result<()>,
 ) -> Result<LockGuard<'a>> {
     let line = Line {
         queues,
@@ -31,7 +29,7 @@ pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
         line,
         attempts,
         || Attempt::from_try(lock.try_acquire()),
-        |_| on_give_up(),
+        |_| Ok(()),
     )
 }
 
