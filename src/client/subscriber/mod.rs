@@ -128,18 +128,17 @@ impl Wakeups {
         if st.shutdown || st.link == Link::Unavailable {
             return None;
         }
-        if !st.thread {
+        if st.link == Link::Stopped {
             if let Err(e) = start_thread(shared) {
                 log::warn!("pub/sub: cannot start the subscriber thread ({e}); waiters poll");
                 return None;
             }
-            st.thread = true;
             st.link = Link::Connecting;
         }
         let up = st.link == Link::Up;
         let ch = st.channels.entry(channel.to_owned()).or_default();
         *ch.lines.entry(line.to_owned()).or_default() += 1;
-        ch.idle_since = None;
+        ch.idle_until = None;
         ch.hand_off = delivery == Delivery::HandOff;
         // While connecting, the reader subscribes every waited-on channel once it is up.
         if up && !ch.sent {
@@ -203,13 +202,12 @@ impl Wakeups {
             return false;
         };
         lock(&shared.state).borrowers += 1;
-        let _leave = Borrowing(shared);
         let mut l = lock(&shared.lend);
         let link = l.link_events;
         loop {
             let now = Instant::now();
             if grants.is_granted(token) || l.link_events != link || now >= until {
-                return true;
+                break;
             }
             let recalled = shared.recall.load(Ordering::SeqCst);
             if let Some(mut reader) = l.reader.take_if(|_| !recalled) {
@@ -239,6 +237,9 @@ impl Wakeups {
             l = wait_for(&shared.lend_cv, l, until - now);
             l.sleeping -= 1;
         }
+        drop(l);
+        lock(&shared.state).borrowers -= 1;
+        true
     }
 
     /// A grant was delivered to a thread of this client by other means than the subscriber
@@ -296,16 +297,6 @@ impl Wakeups {
     }
 }
 
-/// A thread inside [`Wakeups::await_grant`]; counted out when it leaves.
-struct Borrowing<'a>(&'a Shared);
-
-impl Drop for Borrowing<'_> {
-    fn drop(&mut self) {
-        let mut st = lock(&self.0.state);
-        st.borrowers = st.borrowers.saturating_sub(1);
-    }
-}
-
 impl Drop for Wakeups {
     /// Tells the reader to exit (it notices within [`TICK`], or at once if it is idle); never
     /// joins it (it may be connecting, bounded by the timeout).
@@ -346,6 +337,7 @@ impl Drop for Subscription<'_> {
             return;
         };
         let mut st = lock(&shared.state);
+        let now = Instant::now();
         if let Some(ch) = st.channels.get_mut(&self.channel) {
             if let Some(n) = ch.lines.get_mut(&self.line) {
                 *n = n.saturating_sub(1);
@@ -354,11 +346,11 @@ impl Drop for Subscription<'_> {
                 }
             }
             if ch.lines.is_empty() {
-                ch.idle_since = Some(Instant::now());
+                ch.idle_until = Some(crate::time::saturating_add(now, registry::linger(ch)));
             }
         }
         // A channel past its linger is queued for UNSUBSCRIBE by the reader's own sweep.
-        st.sweep(Instant::now());
+        st.sweep(now);
     }
 }
 

@@ -146,7 +146,7 @@ fn run(shared: &Shared) {
                     );
                 }
                 let started = Instant::now();
-                let end = read_loop(shared, con);
+                let Err(end) = serve(shared, con);
                 if matches!(end, End::Lost { .. } | End::Switched) {
                     shared.was_lost.store(true, Ordering::Relaxed);
                 }
@@ -163,13 +163,13 @@ fn run(shared: &Shared) {
         // A switch needs no pause: the old connection was healthy.
         let mut backoff_now = backoff;
         match end {
+            _ if st.shutdown => {}
             End::Shutdown => {}
             End::Switched => {
                 log::info!("pub/sub: the master switched; subscribing again on the new one");
                 st.link = Link::Backoff;
                 backoff_now = Duration::ZERO;
             }
-            _ if st.shutdown => {}
             End::Unavailable(why) => {
                 log::error!("pub/sub: {why}; waiters of this client poll instead");
                 st.link = Link::Unavailable;
@@ -202,7 +202,6 @@ fn run(shared: &Shared) {
         }
         shared.cv.notify_all();
         if st.shutdown || st.link == Link::Unavailable {
-            st.thread = false;
             return;
         }
         st = wait_while(&shared.cv, st, backoff_now, |st| !st.shutdown);
@@ -210,7 +209,6 @@ fn run(shared: &Shared) {
             st.channels.clear();
             st.queue.clear();
             st.link = Link::Stopped;
-            st.thread = false;
             return;
         }
         st.link = Link::Connecting;
@@ -335,18 +333,18 @@ impl Shared {
         }
     }
 
-    /// The server confirmed `SUBSCRIBE channel` on the current connection.
-    fn confirmed(&self, channel: &str) {
+    /// The server confirmed `SUBSCRIBE channels` on the current connection.
+    fn confirmed(&self, channels: &[String]) {
         let mut st = lock(&self.state);
         let mut lines = Vec::new();
-        if let Some(c) = st.channels.get_mut(channel) {
-            if c.sent {
+        for name in channels {
+            if let Some(c) = st.channels.get_mut(name).filter(|c| c.sent) {
                 c.confirmed = true;
                 self.waiters
                     .hooks
                     .note(crate::client::test_hooks::Event::Subscribed);
                 if std::mem::take(&mut c.rewake) {
-                    lines = c.lines.keys().cloned().collect();
+                    lines.extend(c.lines.keys().cloned());
                 }
             }
         }
@@ -358,23 +356,6 @@ impl Shared {
             self.waiters.notify_release(&line);
         }
     }
-}
-
-/// A reply that is not a message, as its kind (lower case) and its first item (the channel of a
-/// confirmation): `[kind, channel, count]` or `PONG` in RESP2, a push of that kind in RESP3.
-fn kind_and_channel(value: Value) -> (String, String) {
-    let items = match value {
-        Value::Push { kind, data } => std::iter::once(Value::SimpleString(kind.to_string()))
-            .chain(data)
-            .collect(),
-        Value::Array(items) => items,
-        other => vec![other],
-    };
-    let text = |i: usize| {
-        let text = items.get(i).map(redis::from_redis_value_ref::<String>);
-        text.and_then(Result::ok).unwrap_or_default()
-    };
-    (text(0).to_ascii_lowercase(), text(1))
 }
 
 /// The reader's side of one connection.
@@ -396,21 +377,16 @@ impl Reader {
     }
 
     /// Sends the command `what` with `names` and reads until its replies came back (one per
-    /// name, or one `pong`), dispatching any message read meanwhile, each within the client's
+    /// name, or one to a `PING`: every value but a message is a reply to it, the only command
+    /// on the wire), dispatching any message read meanwhile, each within the client's
     /// timeout. A timeout ends the connection: redis-rs then expects a late reply, and the
     /// server may be frozen anyway.
     fn request(&mut self, shared: &Shared, what: &str, names: &[String]) -> Result<(), End> {
-        let mut replies = names.len().max(1);
-        // The kind of the replies counted: a confirmation of `what`, or `pong`.
-        let reply = if what == "PING" {
-            "pong"
-        } else {
-            &what.to_ascii_lowercase()
-        };
         self.set_read_timeout(shared.timeout)?;
         self.con
             .send_packed_command(&redis::cmd(what).arg(names).get_packed_command())
             .map_err(|e| End::lost(format!("{what}: {e}")))?;
+        let mut replies = names.len().max(1);
         while replies > 0 {
             let value = self.con.recv_response().map_err(|e| {
                 End::lost(if e.is_timeout() {
@@ -433,17 +409,13 @@ impl Reader {
                     _ => End::Unavailable(why),
                 });
             }
-            if let Some(msg) = redis::Msg::from_value(&value) {
-                shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
-                continue;
+            match redis::Msg::from_owned_value(value) {
+                Some(msg) => shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes()),
+                None => replies -= 1,
             }
-            let (kind, channel) = kind_and_channel(value);
-            if kind == reply {
-                replies -= 1;
-                if kind == "subscribe" {
-                    shared.confirmed(&channel);
-                }
-            }
+        }
+        if what == "SUBSCRIBE" {
+            shared.confirmed(names);
         }
         Ok(())
     }
@@ -495,31 +467,16 @@ impl Reader {
 
 /// True if `e` is a read that a signal interrupted before any byte arrived (`EINTR`).
 fn interrupted(e: &redis::RedisError) -> bool {
-    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
     // redis-rs keeps the io::Error behind an `Arc<dyn Error>`, which `source()` returns.
-    let Some(source) = std::error::Error::source(e) else {
-        return false;
-    };
-    let io = match source.downcast_ref::<Shared>() {
-        Some(inner) => inner.downcast_ref::<std::io::Error>(),
-        None => source.downcast_ref::<std::io::Error>(),
-    };
-    io.is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>())
+        .and_then(|s| s.downcast_ref::<io::Error>())
+        .is_some_and(|io| io.kind() == io::ErrorKind::Interrupted)
 }
 
-/// Runs one connection: sends the queued commands, reads pushes while channels are
-/// subscribed (sleeps while none are: nothing can arrive), and checks a silent server with
+/// Runs one connection until it ends: sends the queued commands, reads pushes while channels
+/// are subscribed (sleeps while none are: nothing can arrive), and checks a silent server with
 /// `PING`.
-fn read_loop(shared: &Shared, con: redis::Connection) -> End {
-    let Err(end) = serve(shared, con);
-    if lock(&shared.state).shutdown {
-        End::Shutdown
-    } else {
-        end
-    }
-}
-
-/// [`read_loop`]'s loop, until the connection ends.
 fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infallible, End> {
     let mut reader = Reader {
         con,
@@ -749,26 +706,23 @@ mod tests {
         );
     }
 
-    /// The replies the reader matches, in RESP2 (arrays) and RESP3 (pushes).
+    /// The values the reader reads, in RESP2 (arrays) and RESP3 (pushes): a message is
+    /// dispatched, anything else counts as a reply to the command on the wire.
     #[test]
     fn reads_resp2_and_resp3_replies() {
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let subscribed = ("subscribe".to_owned(), "ch".to_owned());
-        let resp2 = Value::Array(vec![bulk("subscribe"), bulk("ch"), Value::Int(2)]);
-        assert_eq!(kind_and_channel(resp2), subscribed);
-        let resp3 = Value::Push {
-            kind: PushKind::Subscribe,
-            data: vec![bulk("ch"), Value::Int(2)],
-        };
-        assert_eq!(kind_and_channel(resp3), subscribed);
-        let unsubscribed = Value::Array(vec![bulk("unsubscribe"), bulk("ch"), Value::Int(0)]);
-        assert_eq!(kind_and_channel(unsubscribed).0, "unsubscribe");
-        let pong = Value::Array(vec![bulk("pong"), bulk("")]);
-        assert_eq!(kind_and_channel(pong).0, "pong");
-        assert_eq!(
-            kind_and_channel(Value::SimpleString("PONG".into())).0,
-            "pong"
-        );
+        for reply in [
+            Value::Array(vec![bulk("subscribe"), bulk("ch"), Value::Int(2)]),
+            Value::Push {
+                kind: PushKind::Subscribe,
+                data: vec![bulk("ch"), Value::Int(2)],
+            },
+            Value::Array(vec![bulk("unsubscribe"), bulk("ch"), Value::Int(0)]),
+            Value::Array(vec![bulk("pong"), bulk("")]),
+            Value::SimpleString("PONG".into()),
+        ] {
+            assert!(redis::Msg::from_value(&reply).is_none(), "{reply:?}");
+        }
         for message in [
             Value::Array(vec![bulk("message"), bulk("ch"), bulk("0")]),
             Value::Push {

@@ -13,7 +13,7 @@ pub(super) const LINGER: Duration = Duration::from_millis(1500);
 
 /// How long `ch` stays subscribed once idle: [`LINGER`] (or a benchmark's override of it) for
 /// a hand-off channel, none for a release channel.
-fn linger(ch: &Channel) -> Duration {
+pub(super) fn linger(ch: &Channel) -> Duration {
     if ch.hand_off {
         crate::client::tuning::linger(LINGER)
     } else {
@@ -32,8 +32,6 @@ pub(super) struct State {
     /// [`Wakeups::confirmed_on`]: super::Wakeups::confirmed_on
     pub(super) generation: u64,
     pub(super) link: Link,
-    /// A reader thread is running (it clears this, under the lock, as it exits).
-    pub(super) thread: bool,
     /// The client is gone: the reader exits.
     pub(super) shutdown: bool,
     /// The master switched (Sentinel): the reader drops its connection, which leads to the
@@ -56,7 +54,8 @@ pub(super) type Op = (&'static str, Vec<String>);
 /// The subscriber connection's state.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Link {
-    /// No reader thread.
+    /// No reader thread (it sets this, under the lock, as it exits while nobody waits; it
+    /// exits leaving [`Link::Unavailable`], or at shutdown, for good).
     #[default]
     Stopped,
     /// The reader is connecting.
@@ -84,8 +83,8 @@ pub(super) struct Channel {
     ///
     /// [`Delivery::HandOff`]: super::Delivery::HandOff
     pub(super) hand_off: bool,
-    /// Since when nobody has waited on the channel.
-    pub(super) idle_since: Option<Instant>,
+    /// Nobody waits on the channel: when its linger ends.
+    pub(super) idle_until: Option<Instant>,
     /// The connection was lost while threads waited: wake them once confirmed again.
     pub(super) rewake: bool,
 }
@@ -115,13 +114,13 @@ impl State {
         let up = self.link == Link::Up;
         let mut unsubscribe: Vec<String> = Vec::new();
         self.channels.retain(|name, ch| {
-            let Some(idle) = ch.idle_since.filter(|_| ch.lines.is_empty()) else {
+            let Some(until) = ch.idle_until else {
                 return true;
             };
             if !up || !ch.sent {
                 return false;
             }
-            if !ch.confirmed || now.saturating_duration_since(idle) < linger(ch) {
+            if !ch.confirmed || now < until {
                 return true;
             }
             unsubscribe.push(name.clone());
@@ -134,13 +133,6 @@ impl State {
 
     /// The soonest a lingering channel is due for `UNSUBSCRIBE`, if any.
     pub(super) fn next_linger_end(&self) -> Option<Instant> {
-        self.channels
-            .values()
-            .filter(|c| c.lines.is_empty())
-            .filter_map(|c| {
-                let idle = c.idle_since?;
-                Some(idle.checked_add(linger(c)).unwrap_or(idle))
-            })
-            .min()
+        self.channels.values().filter_map(|c| c.idle_until).min()
     }
 }
