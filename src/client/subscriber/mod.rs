@@ -41,7 +41,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::client::repeats::Repeats;
-use crate::client::subscriber::reader::{start_thread, Lend, Shared};
+use crate::client::subscriber::reader::{start_thread, Shared};
 use crate::client::subscriber::registry::{Link, State};
 use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::stats::Counters;
@@ -95,10 +95,8 @@ impl Wakeups {
                     counters,
                     repeats,
                     was_lost: AtomicBool::new(false),
-                    lend: Mutex::new(Lend::default()),
                     lend_cv: Condvar::new(),
                     reader_cv: Condvar::new(),
-                    lent: AtomicBool::new(false),
                     recall: AtomicBool::new(false),
                     heard: Mutex::new(Instant::now()),
                 })
@@ -173,10 +171,10 @@ impl Wakeups {
         // A lent connection is taken back for this (a command to send, or a channel whose
         // messages the reader thread dispatches); otherwise the reader thread is not woken
         // (one system call and two thread switches fewer per waiting hand-off `lock()`).
-        let take_back = !Shared::may_keep_lent(&st);
+        let take_back = st.lending && !Shared::may_keep_lent(&st);
         drop(st);
         if take_back {
-            shared.wake_reader();
+            shared.reader_cv.notify_all();
         }
         Some(Subscription {
             wakeups: self,
@@ -201,44 +199,43 @@ impl Wakeups {
         let Some(shared) = self.shared.as_ref() else {
             return false;
         };
-        lock(&shared.state).borrowers += 1;
-        let mut l = lock(&shared.lend);
-        let link = l.link_events;
+        let mut st = lock(&shared.state);
+        st.borrowers += 1;
+        let link = st.link_events;
         loop {
             let now = Instant::now();
-            if grants.is_granted(token) || l.link_events != link || now >= until {
+            if grants.is_granted(token) || st.link_events != link || now >= until {
                 break;
             }
             let recalled = shared.recall.load(Ordering::SeqCst);
-            if let Some(mut reader) = l.reader.take_if(|_| !recalled) {
-                drop(l);
+            if let Some(mut reader) = st.lent.take_if(|_| !recalled) {
+                drop(st);
                 let read = reader.read_for(shared, grants, token, until);
-                l = lock(&shared.lend);
+                st = lock(&shared.state);
                 // Wake the reader thread if it waits for the connection back, or it broke.
                 let wanted = match read {
                     Ok(()) => {
-                        l.reader = Some(reader);
+                        st.lent = Some(reader);
                         shared.recall.load(Ordering::SeqCst)
                     }
                     Err(end) => {
-                        l.broken = Some(end);
+                        st.broken = Some(end);
                         true
                     }
                 };
                 if wanted {
                     shared.reader_cv.notify_all();
                 }
-                if l.sleeping > 0 {
+                if st.sleeping > 0 {
                     shared.lend_cv.notify_all();
                 }
                 continue;
             }
-            l.sleeping += 1;
-            l = wait_for(&shared.lend_cv, l, until - now);
-            l.sleeping -= 1;
+            st.sleeping += 1;
+            st = wait_for(&shared.lend_cv, st, until - now);
+            st.sleeping -= 1;
         }
-        drop(l);
-        lock(&shared.state).borrowers -= 1;
+        st.borrowers -= 1;
         true
     }
 
@@ -265,10 +262,10 @@ impl Wakeups {
             return;
         }
         st.reconnect = true;
+        shared.link_event(&mut st);
         drop(st);
         shared.cv.notify_all();
-        shared.wake_reader();
-        shared.link_event();
+        shared.reader_cv.notify_all();
     }
 
     /// True if this client's subscriber connection is subscribed (or subscribing) to
@@ -306,8 +303,8 @@ impl Drop for Wakeups {
         if let Some(shared) = &self.shared {
             lock(&shared.state).shutdown = true;
             shared.cv.notify_all();
-            shared.nudge();
-            shared.wake_reader();
+            shared.lend_cv.notify_all();
+            shared.reader_cv.notify_all();
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionInfo, RedisResult, Value};
 
 use crate::client::repeats::{log_repeat, Repeats};
-use crate::client::subscriber::registry::{Link, State};
+use crate::client::subscriber::registry::{End, Link, Reader, State};
 use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::error::Rounded;
 use crate::stats::Counters;
@@ -57,12 +57,7 @@ pub(super) struct Shared {
     pub(super) repeats: Arc<Repeats>,
     /// A connection that was up has been lost: the next one is a reconnect.
     pub(super) was_lost: AtomicBool,
-    /// The connection while the reader thread lends it to hand-off waiters
-    /// ([`Wakeups::await_grant`]).
-    ///
-    /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
-    pub(super) lend: Mutex<Lend>,
-    /// Borrowers wait here: signalled when the connection is put back while another borrower
+    /// Borrowers ([`Wakeups::await_grant`]) wait here, with `state`: signalled when the connection is put back while another borrower
     /// waits for it, a grant was delivered, the link changed, or at shutdown.
     pub(super) lend_cv: Condvar,
     /// The reader thread waits here while the connection is lent: signalled when it is
@@ -70,28 +65,11 @@ pub(super) struct Shared {
     /// while recalled, and when a borrower's read failed. Not on every grant: waking the
     /// reader thread for nothing would cost the thread switch that lending saves.
     pub(super) reader_cv: Condvar,
-    /// The connection is lent (the reader thread is in `lend`).
-    pub(super) lent: AtomicBool,
     /// The reader thread wants the lent connection back: a borrower returns it after its
     /// current read (at most [`TICK`]).
     pub(super) recall: AtomicBool,
     /// When the server was last heard (by the reader thread, or a borrower).
     pub(super) heard: Mutex<Instant>,
-}
-
-/// The connection lent by the reader thread to the hand-off waiters of its client: while one
-/// of them waits for a grant, that waiting thread reads the connection itself, so the grant
-/// message wakes it directly rather than the reader thread, which would then have to wake it.
-#[derive(Default)]
-pub(super) struct Lend {
-    /// The connection, while lent and not being read by a borrower.
-    pub(super) reader: Option<Reader>,
-    /// A borrower's read failed: the reader thread ends the connection with this.
-    pub(super) broken: Option<End>,
-    /// Bumped when the link changes (lost, or a subscription confirmed): a borrower returns.
-    pub(super) link_events: u64,
-    /// Borrowers blocked on `lend_cv` (another one is reading).
-    pub(super) sleeping: usize,
 }
 
 pub(super) fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
@@ -100,21 +78,6 @@ pub(super) fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
         .name(THREAD_NAME.into())
         .spawn(move || run(&shared))
         .map(|_| ())
-}
-
-/// Why a connection ended.
-#[derive(Debug)]
-pub(super) enum End {
-    /// I/O error, EOF, or a silent peer: reconnect. `warn` when the cause is unlikely to go
-    /// away by itself (a TLS handshake or authentication failure), so that it is logged as a
-    /// warning rather than as routine.
-    Lost { why: String, warn: bool },
-    /// Pub/sub cannot work with this server: stop.
-    Unavailable(String),
-    /// The master switched: connect again at once, to the new one.
-    Switched,
-    /// The client is gone.
-    Shutdown,
 }
 
 impl End {
@@ -224,26 +187,17 @@ impl Shared {
     /// asleep (the usual case: the borrower that read a grant is its recipient) no system call
     /// is made.
     pub(super) fn nudge(&self) {
-        let l = lock(&self.lend);
-        if l.sleeping > 0 {
-            drop(l);
+        if lock(&self.state).sleeping > 0 {
             self.lend_cv.notify_all();
         }
     }
 
-    /// Wakes the reader thread if it is lending the connection, to see whether it wants it
-    /// back.
-    pub(super) fn wake_reader(&self) {
-        if self.lent.load(Ordering::SeqCst) {
-            drop(lock(&self.lend));
-            self.reader_cv.notify_all();
-        }
-    }
-
     /// The link changed: borrowers return to their caller, which looks at the subscription.
-    pub(super) fn link_event(&self) {
-        lock(&self.lend).link_events += 1;
-        self.nudge();
+    pub(super) fn link_event(&self, st: &mut State) {
+        st.link_events += 1;
+        if st.sleeping > 0 {
+            self.lend_cv.notify_all();
+        }
     }
 
     /// True if the connection may be lent (to waiters for grants), or stay lent: nothing is to
@@ -300,9 +254,9 @@ impl Shared {
             lines.extend(c.lines.keys().cloned());
         }
         let shutdown = st.shutdown;
+        self.link_event(&mut st);
         drop(st);
         self.cv.notify_all();
-        self.link_event();
         if !shutdown {
             for line in lines {
                 self.waiters.notify_release(&line);
@@ -348,21 +302,14 @@ impl Shared {
                 }
             }
         }
+        self.link_event(&mut st);
         drop(st);
         self.cv.notify_all();
-        self.link_event();
         // Heard again after an outage: a release in between may have been missed.
         for line in lines {
             self.waiters.notify_release(&line);
         }
     }
-}
-
-/// The reader's side of one connection.
-pub(super) struct Reader {
-    con: redis::Connection,
-    /// The read timeout currently set on the connection.
-    read_timeout: Duration,
 }
 
 impl Reader {
@@ -555,38 +502,30 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
 ///
 /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
 fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
-    lock(&shared.state).reading = true;
     shared.recall.store(false, Ordering::SeqCst);
-    let mut l = lock(&shared.lend);
-    l.reader = Some(reader);
-    shared.lent.store(true, Ordering::SeqCst);
-    if l.sleeping > 0 {
+    let mut st = lock(&shared.state);
+    st.reading = true;
+    st.lending = true;
+    st.lent = Some(reader);
+    if st.sleeping > 0 {
         shared.lend_cv.notify_all();
     }
     let outcome = loop {
-        if let Some(end) = l.broken.take() {
+        if let Some(end) = st.broken.take() {
             break Err(end);
         }
         if shared.recall.load(Ordering::SeqCst) {
-            if let Some(reader) = l.reader.take() {
+            if let Some(reader) = st.lent.take() {
                 break Ok(reader);
             }
-        } else {
-            drop(l);
-            let want_back = !Shared::may_keep_lent(&lock(&shared.state))
-                || lock(&shared.heard).elapsed() >= shared.timeout;
-            l = lock(&shared.lend);
-            if want_back {
-                shared.recall.store(true, Ordering::SeqCst);
-                continue;
-            }
+        } else if !Shared::may_keep_lent(&st) || lock(&shared.heard).elapsed() >= shared.timeout {
+            shared.recall.store(true, Ordering::SeqCst);
+            continue;
         }
-        l = wait_for(&shared.reader_cv, l, tick());
+        st = wait_for(&shared.reader_cv, st, tick());
     };
-    shared.lent.store(false, Ordering::SeqCst);
-    drop(l);
+    (st.lending, st.reading) = (false, false);
     shared.recall.store(false, Ordering::SeqCst);
-    lock(&shared.state).reading = false;
     outcome
 }
 

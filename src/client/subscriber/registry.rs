@@ -1,5 +1,6 @@
 //! The registry of subscriptions: which channels are waited on, by which lines, what is
-//! queued for the reader to send, and the state of the link.
+//! queued for the reader to send, the state of the link, and the connection while it is lent
+//! (its types are here, so that the reader's module depends on this one and not the reverse).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -46,6 +47,18 @@ pub(super) struct State {
     ///
     /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
     pub(super) borrowers: usize,
+    /// The reader thread lends the connection to the borrowers (it waits in `lend`): while
+    /// one of them waits for a grant, that waiting thread reads the connection itself, so the
+    /// grant message wakes it directly rather than through the reader thread.
+    pub(super) lending: bool,
+    /// The connection, while lent and not being read by a borrower.
+    pub(super) lent: Option<Reader>,
+    /// A borrower's read failed: the reader thread ends the connection with this.
+    pub(super) broken: Option<End>,
+    /// Bumped when the link changes (lost, or a subscription confirmed): a borrower returns.
+    pub(super) link_events: u64,
+    /// Borrowers blocked on `lend_cv` (another one is reading).
+    pub(super) sleeping: usize,
 }
 
 /// A command queued for the reader: `SUBSCRIBE` or `UNSUBSCRIBE`, and its channels.
@@ -67,6 +80,28 @@ pub(super) enum Link {
     /// Pub/sub cannot be used (the server refuses `SUBSCRIBE`, or the connection info cannot
     /// be used in this build): waiters poll.
     Unavailable,
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub(super) enum End {
+    /// I/O error, EOF, or a silent peer: reconnect. `warn` when the cause is unlikely to go
+    /// away by itself (a TLS handshake or authentication failure), so that it is logged as a
+    /// warning rather than as routine.
+    Lost { why: String, warn: bool },
+    /// Pub/sub cannot work with this server: stop.
+    Unavailable(String),
+    /// The master switched: connect again at once, to the new one.
+    Switched,
+    /// The client is gone.
+    Shutdown,
+}
+
+/// The reader's side of one connection.
+pub(super) struct Reader {
+    pub(super) con: redis::Connection,
+    /// The read timeout currently set on the connection.
+    pub(super) read_timeout: Duration,
 }
 
 #[derive(Debug, Default)]
