@@ -172,7 +172,7 @@ pub(crate) fn wait_for<'a, T>(
 impl WaitQueues {
     /// True if a thread of this client is waiting for `key`.
     pub(crate) fn has_waiters(&self, key: &str) -> bool {
-        self.waiting.load(Ordering::SeqCst) > 0 && lock(&self.map).contains_key(key)
+        self.line(key).is_some()
     }
 
     /// Joins the line for `key`. The ticket leaves the line when dropped.
@@ -533,27 +533,19 @@ impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         // Lock order everywhere: map, then queue.
         let mut map = lock(&self.queues.map);
-        // Read with the change, under the line's mutex: a thread that sleeps after it sees
-        // the change first, and one asleep before it is counted.
-        let (empty, asleep) = {
-            let mut st = lock(&self.queue.state);
-            st.order.retain(|&t| t != self.id);
-            if st.in_flight.is_some_and(|(id, _)| id == self.id) {
-                // Unwound mid-attempt: nobody must wait for its outcome.
-                st.in_flight = None;
-            }
-            (st.order.is_empty(), st.sleepers > 0)
-        };
-        if empty {
+        let mut st = lock(&self.queue.state);
+        st.order.retain(|&t| t != self.id);
+        if st.in_flight.is_some_and(|(id, _)| id == self.id) {
+            // Unwound mid-attempt: nobody must wait for its outcome.
+            st.in_flight = None;
+        }
+        if st.order.is_empty() {
             map.remove(self.key);
         }
         drop(map);
         self.queues.waiting.fetch_sub(1, Ordering::SeqCst);
-        // The next ticket may be the head now: wake the line's sleepers, if any (a notify
-        // costs a system call even with nobody to wake).
-        if asleep {
-            self.queue.cv.notify_all();
-        }
+        // The next ticket may be the head now.
+        self.queue.wake(st);
     }
 }
 
