@@ -138,6 +138,9 @@ impl Wakeups {
         *ch.lines.entry(line.to_owned()).or_default() += 1;
         ch.idle_until = None;
         ch.hand_off = delivery == Delivery::HandOff;
+        // Its `SUBSCRIBE` is (or is about to be) queued: while the reader reads, every one it
+        // sent is confirmed.
+        let queued = if ch.sent { !ch.confirmed } else { up };
         // While connecting, the reader subscribes every waited-on channel once it is up.
         if up && !ch.sent {
             ch.sent = true;
@@ -150,7 +153,7 @@ impl Wakeups {
         // rather than wait; the confirmation wakes this waiter (`rewake`). So also when
         // another thread queued the channel's `SUBSCRIBE` and it still waits behind that read
         // (a thread at the head of its line would otherwise hold the line until the tick).
-        let behind_a_read = st.reading && st.subscribe_queued(channel);
+        let behind_a_read = st.reading && queued;
         // Connecting (or waiting for the reply) is worth waiting for; a reader that failed to
         // connect is not (it pauses before retrying): poll meanwhile.
         let mut waiting = |st: &mut State| {

@@ -212,8 +212,8 @@ impl Shared {
             && st.link == Link::Up
             && st
                 .channels
-                .iter()
-                .all(|(_, c)| c.lines.is_empty() || c.hand_off)
+                .values()
+                .all(|c| c.lines.is_empty() || c.hand_off)
     }
 
     /// A new connection is ready: bump the generation, queue a `SUBSCRIBE` of every channel
@@ -225,7 +225,6 @@ impl Shared {
         }
         st.generation += 1;
         st.channels.retain(|_, c| !c.lines.is_empty());
-        st.queue.clear();
         let names: Vec<String> = st.channels.keys().cloned().collect();
         for c in st.channels.values_mut() {
             c.sent = true;
@@ -443,16 +442,12 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
             // Sleep until a command is queued, a linger ends, the keepalive is due or the
             // client is dropped.
             let ping_in = KEEPALIVE.saturating_sub(lock(&shared.heard).elapsed());
-            let linger_end = st.next_linger_end();
-            let left = linger_end.map_or(ping_in, |t| {
+            let left = st.next_linger_end().map_or(ping_in, |t| {
                 ping_in.min(t.saturating_duration_since(Instant::now()))
             });
             if !left.is_zero() {
-                st = wait_for(&shared.cv, st, left);
-                if st.shutdown {
-                    return Err(End::Shutdown);
-                }
-                st.sweep(Instant::now());
+                drop(wait_for(&shared.cv, st, left));
+                continue;
             }
         }
         let ops = std::mem::take(&mut st.queue);
@@ -550,9 +545,8 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
             // warning (TLS handshake, authentication, anything else).
             let e = crate::client::pool::tls_context(e);
             let routine = e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped();
-            let why = format!("{addr}: {e}");
             End::Lost {
-                why,
+                why: format!("{addr}: {e}"),
                 warn: !routine,
             }
         })?;

@@ -125,13 +125,6 @@ pub(super) struct Channel {
 }
 
 impl State {
-    /// True if a `SUBSCRIBE` of `channel` is queued for the reader and not sent yet.
-    pub(super) fn subscribe_queued(&self, channel: &str) -> bool {
-        self.queue
-            .iter()
-            .any(|(what, chs)| *what == "SUBSCRIBE" && chs.iter().any(|c| c == channel))
-    }
-
     /// True if a channel is subscribed (or its `SUBSCRIBE` queued) on the current connection:
     /// pushes may arrive.
     pub(super) fn subscribed(&self) -> bool {
