@@ -66,8 +66,6 @@ struct State {
     next_ticket: u64,
     /// Bumped by every local release of the key.
     releases: u64,
-    /// When the latest attempt made from the line got an answer from Redis (taken or held).
-    answered_at: Option<Instant>,
     /// The latest attempt made from the line that failed (no answer: connection error,
     /// command timeout), and when; cleared by an answered attempt.
     failed: Option<(Instant, String)>,
@@ -179,19 +177,18 @@ impl WaitQueues {
     pub(crate) fn enqueue<'a>(&'a self, key: &'a str) -> Ticket<'a> {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let queue = Arc::clone(lock(&self.map).entry(key.to_owned()).or_default());
-        let (id, releases) = {
-            let mut st = lock(&queue.state);
-            let id = st.next_ticket;
-            st.next_ticket += 1;
-            st.order.push_back(id);
-            (id, st.releases)
-        };
+        let mut st = lock(&queue.state);
+        let id = st.next_ticket;
+        st.next_ticket += 1;
+        st.order.push_back(id);
+        let seen_releases = st.releases;
+        drop(st);
         Ticket {
             queues: self,
             key,
             queue,
             id,
-            seen_releases: releases,
+            seen_releases,
         }
     }
 
@@ -230,9 +227,7 @@ impl WaitQueues {
         let now = Instant::now();
         let silent = {
             let mut marks = lock(&self.silent);
-            if !marks.is_empty() {
-                marks.retain(|_, until| *until > now);
-            }
+            marks.retain(|_, until| *until > now);
             marks.contains_key(line)
         };
         let (base, spread) = if silent {
@@ -248,13 +243,8 @@ impl WaitQueues {
     /// release was heard: its holders free it without publishing. Poll it fast for
     /// [`SILENT_MEMORY`].
     pub(crate) fn mark_silent(&self, line: &str) {
-        let until = Instant::now()
-            .checked_add(SILENT_MEMORY)
-            .unwrap_or_else(Instant::now);
-        let mut marks = lock(&self.silent);
-        let fresh = marks.insert(line.to_owned(), until).is_none();
-        drop(marks);
-        if fresh {
+        let until = crate::time::saturating_add(Instant::now(), SILENT_MEMORY);
+        if lock(&self.silent).insert(line.to_owned(), until).is_none() {
             log::debug!(
                 "lock {line:?}: freed without a published release; waiters poll it every \
                  {POLL_SILENT:?} or so for {SILENT_MEMORY:?}"
@@ -265,10 +255,7 @@ impl WaitQueues {
     /// A release of `line` was heard (published, or by a holder of this client): its holders
     /// publish, so the line is polled slowly again.
     pub(crate) fn heard_release(&self, line: &str) {
-        let mut marks = lock(&self.silent);
-        if !marks.is_empty() {
-            marks.remove(line);
-        }
+        lock(&self.silent).remove(line);
     }
 
     /// True if `line` is marked silent.
@@ -467,14 +454,7 @@ impl Ticket<'_> {
         if st.in_flight.is_some_and(|(id, _)| id == self.id) {
             st.in_flight = None;
         }
-        let now = Instant::now();
-        match failure {
-            None => {
-                st.answered_at = Some(now);
-                st.failed = None;
-            }
-            Some(err) => st.failed = Some((now, err)),
-        }
+        st.failed = failure.map(|err| (Instant::now(), err));
         // Threads that gave up wait for this outcome (see `outage`).
         self.queue.wake(st);
     }
@@ -499,9 +479,6 @@ impl Ticket<'_> {
             ));
         }
         let (at, err) = st.failed.as_ref()?;
-        if st.answered_at.is_some_and(|answered| answered > *at) {
-            return None;
-        }
         Some(format!(
             "the latest attempt of another thread of this client waiting for the lock failed \
              {:?} ago: {err}",
