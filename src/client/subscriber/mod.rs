@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::client::grants::Token;
 use crate::client::repeats::Repeats;
 use crate::client::subscriber::reader::{start_thread, Shared};
 use crate::client::subscriber::registry::{Link, State};
@@ -186,22 +187,18 @@ impl Wakeups {
         })
     }
 
-    /// Waits until a grant to `token` is in `grants`, until `until`, or until the subscriber's
-    /// link changes (lost, or a subscription confirmed): the caller then looks again. While it
-    /// waits, this thread reads the subscriber connection itself whenever the reader thread
-    /// lends it (it does while only hand-off waiters need it): a grant message then wakes this
-    /// thread directly, one thread switch fewer than through the reader thread. Messages for
-    /// other threads are dispatched as the reader thread would. `false` when this client has
-    /// no subscriber (the caller sleeps as it would otherwise).
-    pub(crate) fn await_grant(
-        &self,
-        grants: &crate::client::grants::Grants,
-        token: &crate::client::grants::Token,
-        until: Instant,
-    ) -> bool {
+    /// Waits until a grant to `token` is in the client's grants, until `until`, or until the
+    /// subscriber's link changes (lost, or a subscription confirmed): the caller then looks
+    /// again. While it waits, this thread reads the subscriber connection itself whenever the
+    /// reader thread lends it (it does while only hand-off waiters need it): a grant message
+    /// then wakes this thread directly, one thread switch fewer than through the reader
+    /// thread. Messages for other threads are dispatched as the reader thread would. `false`
+    /// when this client has no subscriber (the caller sleeps as it would otherwise).
+    pub(crate) fn await_grant(&self, token: &Token, until: Instant) -> bool {
         let Some(shared) = self.shared.as_ref() else {
             return false;
         };
+        let grants = &shared.waiters.grants;
         let mut st = lock(&shared.state);
         st.borrowers += 1;
         let link = st.link_events;
@@ -213,7 +210,7 @@ impl Wakeups {
             let recalled = shared.recall.load(Ordering::SeqCst);
             if let Some(mut reader) = st.lent.take_if(|_| !recalled) {
                 drop(st);
-                let read = reader.read_for(shared, grants, token, until);
+                let read = reader.read_for(shared, token, until);
                 st = lock(&shared.state);
                 // Wake the reader thread if it waits for the connection back, or it broke.
                 let wanted = match read {

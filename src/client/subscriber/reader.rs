@@ -373,10 +373,10 @@ impl Reader {
     pub(super) fn read_for(
         &mut self,
         shared: &Shared,
-        grants: &crate::client::grants::Grants,
         token: &crate::client::grants::Token,
         until: Instant,
     ) -> Result<(), End> {
+        let grants = &shared.waiters.grants;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() || grants.is_granted(token) || shared.recall.load(Ordering::SeqCst) {
