@@ -95,7 +95,6 @@ impl Wakeups {
                     cv: Condvar::new(),
                     counters,
                     repeats,
-                    was_lost: AtomicBool::new(false),
                     lend_cv: Condvar::new(),
                     reader_cv: Condvar::new(),
                     recall: AtomicBool::new(false),
@@ -181,7 +180,7 @@ impl Wakeups {
             shared.reader_cv.notify_all();
         }
         Some(Subscription {
-            wakeups: self,
+            shared,
             channel: channel.to_owned(),
             line: line.to_owned(),
         })
@@ -310,9 +309,8 @@ impl Drop for Wakeups {
 }
 
 /// A thread's interest in a channel; unsubscribes (after a linger) when the last one drops.
-#[derive(Debug)]
 pub(crate) struct Subscription<'a> {
-    wakeups: &'a Wakeups,
+    shared: &'a Shared,
     channel: String,
     line: String,
 }
@@ -321,19 +319,13 @@ impl Subscription<'_> {
     /// True while the server has confirmed the subscription on the current connection: a
     /// release will be heard. False after the connection dropped, until it is re-established.
     pub(crate) fn is_confirmed(&self) -> bool {
-        self.wakeups
-            .shared
-            .as_ref()
-            .is_some_and(|s| lock(&s.state).is_confirmed(&self.channel))
+        lock(&self.shared.state).is_confirmed(&self.channel)
     }
 }
 
 impl Drop for Subscription<'_> {
     fn drop(&mut self) {
-        let Some(shared) = &self.wakeups.shared else {
-            return;
-        };
-        let mut st = lock(&shared.state);
+        let mut st = lock(&self.shared.state);
         let now = Instant::now();
         if let Some(ch) = st.channels.get_mut(&self.channel) {
             if let Some(n) = ch.lines.get_mut(&self.line) {

@@ -55,8 +55,6 @@ pub(super) struct Shared {
     pub(super) counters: Arc<Counters>,
     /// The client's log lines that repeat while the server is away.
     pub(super) repeats: Arc<Repeats>,
-    /// A connection that was up has been lost: the next one is a reconnect.
-    pub(super) was_lost: AtomicBool,
     /// Borrowers ([`Wakeups::await_grant`]) wait here, with `state`: signalled when the connection is put back while another borrower
     /// waits for it, a grant was delivered, the link changed, or at shutdown.
     pub(super) lend_cv: Condvar,
@@ -99,20 +97,8 @@ fn run(shared: &Shared) {
         let end = match connect(shared) {
             Ok(_) if !shared.go_up() => End::Shutdown,
             Ok(con) => {
-                if shared.was_lost.swap(false, Ordering::Relaxed) {
-                    shared.counters.reconnect();
-                    log_repeat!(
-                        shared.repeats,
-                        "pub/sub: connected again",
-                        log::Level::Info,
-                        "pub/sub: connected again; waiters are woken by releases again"
-                    );
-                }
                 let started = Instant::now();
                 let Err(end) = serve(shared, con);
-                if matches!(end, End::Lost { .. } | End::Switched) {
-                    shared.was_lost.store(true, Ordering::Relaxed);
-                }
                 shared.go_down();
                 // A connection that lived a while was healthy: reconnect promptly.
                 if started.elapsed() > BACKOFF_MAX {
@@ -233,8 +219,18 @@ impl Shared {
             st.queue.push(("SUBSCRIBE", names));
         }
         st.link = Link::Up;
+        let again = std::mem::take(&mut st.was_lost);
         drop(st);
         self.cv.notify_all();
+        if again {
+            self.counters.reconnect();
+            log_repeat!(
+                self.repeats,
+                "pub/sub: connected again",
+                log::Level::Info,
+                "pub/sub: connected again; waiters are woken by releases again"
+            );
+        }
         true
     }
 
@@ -244,6 +240,7 @@ impl Shared {
     fn go_down(&self) {
         let mut st = lock(&self.state);
         st.link = Link::Connecting;
+        st.was_lost = true;
         st.queue.clear();
         let mut lines = Vec::new();
         for c in st.channels.values_mut() {

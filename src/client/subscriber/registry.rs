@@ -33,6 +33,9 @@ pub(super) struct State {
     /// [`Wakeups::confirmed_on`]: super::Wakeups::confirmed_on
     pub(super) generation: u64,
     pub(super) link: Link,
+    /// A connection that was up has been lost: the next one is a reconnect (logged, counted;
+    /// a connection that ends otherwise ends the reader for good).
+    pub(super) was_lost: bool,
     /// The client is gone: the reader exits.
     pub(super) shutdown: bool,
     /// The master switched (Sentinel): the reader drops its connection, which leads to the
