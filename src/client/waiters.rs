@@ -354,18 +354,16 @@ impl WaitQueues {
     /// Hand-off locks: the head that offered `token` polls Redis itself. An offer no release took
     /// is withdrawn, and the hold it waited for is forgotten (it ended without a release by
     /// this client, or lasts longer than a poll): the next heads queue themselves until a
-    /// thread of this client takes the lock again. True if the offer was open.
-    pub(crate) fn reclaim_offer(&self, key: &str, token: &Token) -> bool {
+    /// thread of this client takes the lock again.
+    pub(crate) fn reclaim_offer(&self, key: &str, token: &Token) {
         let Some(q) = self.line(key) else {
-            return false;
+            return;
         };
         let mut st = lock(&q.state);
         if st.offer == Some(Offer::Open(*token)) {
             st.offer = None;
             st.held_here = false;
-            return true;
         }
-        false
     }
 
     /// Hand-off locks: the head that offered `token` stops waiting. With `patience`, a release
@@ -721,10 +719,8 @@ mod tests {
         };
         assert!(token == t2 && sent >= before);
         assert_eq!(q.take_offer("k"), None, "taken once");
-        assert!(
-            !q.reclaim_offer("k", &t2),
-            "a taken offer stays with its release"
-        );
+        // A taken offer stays with its release.
+        q.reclaim_offer("k", &t2);
         q.offer_settled("k", &t1, Some(7));
         assert!(matches!(q.offer_state("k", &t2), Some(Offer::Taken { .. })));
         q.offer_settled("k", &t2, Some(7));
@@ -750,7 +746,7 @@ mod tests {
         let _head = q.enqueue("k");
         q.note_local_hold("k");
         assert!(q.offer("k", &t));
-        assert!(q.reclaim_offer("k", &t));
+        q.reclaim_offer("k", &t);
         assert_eq!(q.offer_state("k", &t), None);
         assert_eq!(q.take_offer("k"), None);
         assert!(!q.offer("k", &t), "the hold was forgotten");
