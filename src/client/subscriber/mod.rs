@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use crate::client::grants::Token;
 use crate::client::repeats::Repeats;
 use crate::client::subscriber::reader::{start_thread, Shared};
-use crate::client::subscriber::registry::{Link, State};
+use crate::client::subscriber::registry::{Link, State, LINGER};
 use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::stats::Counters;
 
@@ -164,12 +164,11 @@ impl Wakeups {
         if waiting(&mut st) {
             log::debug!("pub/sub: {channel:?} not confirmed in time; polling meanwhile");
         }
-        if !st.is_confirmed(channel) {
-            // The waiter polls meanwhile: wake it once the channel is confirmed, since a
-            // release published before that went unheard.
-            if let Some(ch) = st.channels.get_mut(channel) {
-                ch.rewake = true;
-            }
+        // Unconfirmed, the waiter polls meanwhile: wake it once the channel is confirmed,
+        // since a release published before that went unheard.
+        let confirmed = st.is_confirmed(channel);
+        if let Some(ch) = st.channels.get_mut(channel) {
+            ch.rewake |= !confirmed;
         }
         // A lent connection is taken back for this (a command to send, or a channel whose
         // messages the reader thread dispatches); otherwise the reader thread is not woken
@@ -335,7 +334,10 @@ impl Drop for Subscription<'_> {
                 }
             }
             if ch.lines.is_empty() {
-                ch.idle_until = Some(crate::time::saturating_add(now, registry::linger(ch)));
+                // [`LINGER`] (or a benchmark's override of it) for a hand-off channel, none for
+                // a release channel.
+                let linger = ch.hand_off.then(|| crate::client::tuning::linger(LINGER));
+                ch.idle_until = Some(crate::time::saturating_add(now, linger.unwrap_or_default()));
             }
         }
         // A channel past its linger is queued for UNSUBSCRIBE by the reader's own sweep.

@@ -4,7 +4,7 @@
 use std::io;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionInfo, RedisResult, Value};
@@ -122,8 +122,6 @@ fn run(shared: &Shared) {
             End::Unavailable(why) => {
                 log::error!("pub/sub: {why}; waiters of this client poll instead");
                 st.link = Link::Unavailable;
-                st.channels.clear();
-                st.queue.clear();
             }
             End::Lost { why, warn } => {
                 let (cause, level, meanwhile) = if warn {
@@ -155,8 +153,6 @@ fn run(shared: &Shared) {
         }
         st = wait_while(&shared.cv, st, backoff_now, |st| !st.shutdown);
         if st.shutdown || st.channels.values().all(|c| c.lines.is_empty()) {
-            st.channels.clear();
-            st.queue.clear();
             st.link = Link::Stopped;
             return;
         }
@@ -468,8 +464,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         let mut st = lock(&shared.state);
         // Hand-off waiters wait for grants, and the connection may stay lent to them.
         if crate::client::tuning::lend() && st.borrowers > 0 && Shared::may_keep_lent(&st) {
-            drop(st);
-            reader = lend(shared, reader)?;
+            reader = lend(shared, st, reader)?;
             continue;
         }
         // Waits up to TICK for a push, not at all if a command was queued meanwhile.
@@ -493,9 +488,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
 /// connection.
 ///
 /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
-fn lend(shared: &Shared, reader: Reader) -> Result<Reader, End> {
-    shared.recall.store(false, Ordering::SeqCst);
-    let mut st = lock(&shared.state);
+fn lend(shared: &Shared, mut st: MutexGuard<'_, State>, reader: Reader) -> Result<Reader, End> {
     st.reading = true;
     st.lending = true;
     st.lent = Some(reader);

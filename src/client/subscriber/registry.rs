@@ -12,16 +12,6 @@ use std::time::{Duration, Instant};
 /// wait (0.8× sections/s and 1.2–1.3× the wait p99 without it).
 pub(super) const LINGER: Duration = Duration::from_millis(1500);
 
-/// How long `ch` stays subscribed once idle: [`LINGER`] (or a benchmark's override of it) for
-/// a hand-off channel, none for a release channel.
-pub(super) fn linger(ch: &Channel) -> Duration {
-    if ch.hand_off {
-        crate::client::tuning::linger(LINGER)
-    } else {
-        Duration::ZERO
-    }
-}
-
 #[derive(Default)]
 pub(super) struct State {
     pub(super) channels: HashMap<String, Channel>,
