@@ -996,7 +996,7 @@ impl DistributedLock for RedLock {
 
     lock::guard_methods!(|this, attempts| {
         let waiters = &this.inner().waiters;
-        let result = crate::client::acquire::acquire_blocking(this, waiters, attempts, || Ok(()));
+        let result = crate::client::acquire::acquire_blocking(this, waiters, attempts);
         this.inner().counters.blocking(KIND, &result);
         result
     });

@@ -11,13 +11,11 @@ use crate::lock::{DistributedLock, LockGuard};
 use crate::retry::Attempts;
 
 /// The blocking acquire of a lock that waits in the in-process line named by its key, FIFO,
-/// with `try_acquire` as the attempt. `on_give_up` may turn the final [`LockError::Timeout`]
-/// into a more precise error (e.g. a wrong-type key).
+/// with `try_acquire` as the attempt.
 pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
     lock: &'a L,
     queues: &WaitQueues,
     attempts: Attempts<'_>,
-    on_give_up: impl FnOnce() -> Result<()>,
 ) -> Result<LockGuard<'a>> {
     let line = Line {
         queues,
@@ -31,7 +29,7 @@ pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
         line,
         attempts,
         || Attempt::from_try(lock.try_acquire()),
-        |_| on_give_up(),
+        |_| Ok(()),
     )
 }
 
@@ -127,30 +125,24 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     );
     let mut subscription = None;
     let mut also = None;
-    let mut stalled = None;
     let mut polled = false;
-    loop {
+    let stalled = loop {
         if attempts.made() > 0 {
             let Some(backoff) = attempts.next_sleep() else {
-                break;
+                break None;
             };
             let mut fresh = false;
-            if subscription.is_none() {
-                if let Some(wake) = &line.wake {
-                    subscription = wake.wakeups.subscribe(
-                        wake.channel,
-                        line.name,
-                        Delivery::Release,
-                        deadline,
-                    );
-                    // Confirmed just now: a release since the refused attempt may have been
-                    // missed, so try again at once.
-                    fresh = subscription.as_ref().is_some_and(|s| s.is_confirmed());
-                    also = wake.also.and_then(|ch| {
-                        wake.wakeups
-                            .subscribe(ch, line.name, Delivery::Release, deadline)
-                    });
-                }
+            if let (None, Some(wake)) = (&subscription, &line.wake) {
+                subscription =
+                    wake.wakeups
+                        .subscribe(wake.channel, line.name, Delivery::Release, deadline);
+                // Confirmed just now: a release since the refused attempt may have been
+                // missed, so try again at once.
+                fresh = subscription.as_ref().is_some_and(|s| s.is_confirmed());
+                also = wake.also.and_then(|ch| {
+                    wake.wakeups
+                        .subscribe(ch, line.name, Delivery::Release, deadline)
+                });
             }
             let listening = subscription.as_ref().is_some_and(|s| s.is_confirmed());
             // Beside the subscription, a poll: a holder that frees the lock without
@@ -192,8 +184,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             // ahead could not reach Redis (an outage is not contention).
             // The attempt ahead normally ends within the client's timeouts; without a
             // command timeout, give it at most as long as this thread waited (1 s or more).
-            stalled = ticket.outage(attempts.waited().max(Duration::from_secs(1)));
-            break;
+            break ticket.outage(attempts.waited().max(Duration::from_secs(1)));
         }
         ticket.mark();
         attempts.record();
@@ -218,10 +209,8 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             }
             Attempt::Held { pttl: p } => pttl = p,
         }
-    }
-    drop(also);
-    drop(subscription);
-    drop(ticket);
+    };
+    drop((also, subscription, ticket));
     if let Some(why) = stalled {
         // Returned to the caller, who decides what it means: not also a warning.
         log::debug!(
@@ -254,14 +243,11 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             .map(|err| format!(", the last failed: {}", err.report()))
             .unwrap_or_default()
     );
-    if let Some(err) = late {
-        return Err(err);
-    }
-    Err(LockError::Timeout {
+    Err(late.unwrap_or_else(|| LockError::Timeout {
         key: key.to_owned(),
         attempts: attempts.made(),
         waited: attempts.waited(),
-    })
+    }))
 }
 
 /// An attempt that met a transient failure ([`LockError::is_transient`]: a failover, a

@@ -6,7 +6,6 @@
 //! wakes the thread's line. The waiting thread then returns a guard without another command.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// A hand-off waiter's token: the waiting client's id (16 hex characters, the first of its
@@ -26,8 +25,6 @@ pub(crate) const GRANT_PREFIX: &[u8] = b"dlock-grant:";
 #[derive(Debug, Default)]
 pub(crate) struct Grants {
     map: Mutex<HashMap<Token, Expected>>,
-    /// Entries in `map`: a message for another client's waiter costs no lock when zero.
-    len: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -78,22 +75,18 @@ impl Grant {
 impl Grants {
     /// Expects a grant to `token` for the waiters of `line`; forgotten when `forget` is called.
     pub(crate) fn register(&self, token: &Token, line: &str) {
-        let mut map = lock(&self.map);
-        map.insert(
+        lock(&self.map).insert(
             *token,
             Expected {
                 line: line.to_owned(),
                 grant: None,
             },
         );
-        self.len.store(map.len(), Ordering::SeqCst);
     }
 
     /// No longer expected (the thread got the lock or gave up).
     pub(crate) fn forget(&self, token: &Token) {
-        let mut map = lock(&self.map);
-        map.remove(token);
-        self.len.store(map.len(), Ordering::SeqCst);
+        lock(&self.map).remove(token);
     }
 
     /// The grant to `token`, if one arrived since the last call (it is taken out).
@@ -111,9 +104,6 @@ impl Grants {
     /// A grant to `token` was published (or returned by this client's own release): records
     /// it and returns the line to wake, if a thread of this client expects it.
     pub(crate) fn deliver(&self, token: &[u8], grant: Grant) -> Option<String> {
-        if self.len.load(Ordering::SeqCst) == 0 {
-            return None;
-        }
         let token: Token = token.try_into().ok()?;
         let mut map = lock(&self.map);
         let entry = map.get_mut(&token)?;
@@ -124,7 +114,7 @@ impl Grants {
     /// Grants expected now.
     #[cfg(test)]
     pub(crate) fn expected(&self) -> usize {
-        self.len.load(Ordering::SeqCst)
+        lock(&self.map).len()
     }
 }
 

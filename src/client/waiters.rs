@@ -66,8 +66,6 @@ struct State {
     next_ticket: u64,
     /// Bumped by every local release of the key.
     releases: u64,
-    /// When the latest attempt made from the line got an answer from Redis (taken or held).
-    answered_at: Option<Instant>,
     /// The latest attempt made from the line that failed (no answer: connection error,
     /// command timeout), and when; cleared by an answered attempt.
     failed: Option<(Instant, String)>,
@@ -172,26 +170,25 @@ pub(crate) fn wait_for<'a, T>(
 impl WaitQueues {
     /// True if a thread of this client is waiting for `key`.
     pub(crate) fn has_waiters(&self, key: &str) -> bool {
-        self.waiting.load(Ordering::SeqCst) > 0 && lock(&self.map).contains_key(key)
+        self.line(key).is_some()
     }
 
     /// Joins the line for `key`. The ticket leaves the line when dropped.
     pub(crate) fn enqueue<'a>(&'a self, key: &'a str) -> Ticket<'a> {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let queue = Arc::clone(lock(&self.map).entry(key.to_owned()).or_default());
-        let (id, releases) = {
-            let mut st = lock(&queue.state);
-            let id = st.next_ticket;
-            st.next_ticket += 1;
-            st.order.push_back(id);
-            (id, st.releases)
-        };
+        let mut st = lock(&queue.state);
+        let id = st.next_ticket;
+        st.next_ticket += 1;
+        st.order.push_back(id);
+        let seen_releases = st.releases;
+        drop(st);
         Ticket {
             queues: self,
             key,
             queue,
             id,
-            seen_releases: releases,
+            seen_releases,
         }
     }
 
@@ -230,9 +227,7 @@ impl WaitQueues {
         let now = Instant::now();
         let silent = {
             let mut marks = lock(&self.silent);
-            if !marks.is_empty() {
-                marks.retain(|_, until| *until > now);
-            }
+            marks.retain(|_, until| *until > now);
             marks.contains_key(line)
         };
         let (base, spread) = if silent {
@@ -248,13 +243,8 @@ impl WaitQueues {
     /// release was heard: its holders free it without publishing. Poll it fast for
     /// [`SILENT_MEMORY`].
     pub(crate) fn mark_silent(&self, line: &str) {
-        let until = Instant::now()
-            .checked_add(SILENT_MEMORY)
-            .unwrap_or_else(Instant::now);
-        let mut marks = lock(&self.silent);
-        let fresh = marks.insert(line.to_owned(), until).is_none();
-        drop(marks);
-        if fresh {
+        let until = crate::time::saturating_add(Instant::now(), SILENT_MEMORY);
+        if lock(&self.silent).insert(line.to_owned(), until).is_none() {
             log::debug!(
                 "lock {line:?}: freed without a published release; waiters poll it every \
                  {POLL_SILENT:?} or so for {SILENT_MEMORY:?}"
@@ -265,10 +255,7 @@ impl WaitQueues {
     /// A release of `line` was heard (published, or by a holder of this client): its holders
     /// publish, so the line is polled slowly again.
     pub(crate) fn heard_release(&self, line: &str) {
-        let mut marks = lock(&self.silent);
-        if !marks.is_empty() {
-            marks.remove(line);
-        }
+        lock(&self.silent).remove(line);
     }
 
     /// True if `line` is marked silent.
@@ -367,18 +354,16 @@ impl WaitQueues {
     /// Hand-off locks: the head that offered `token` polls Redis itself. An offer no release took
     /// is withdrawn, and the hold it waited for is forgotten (it ended without a release by
     /// this client, or lasts longer than a poll): the next heads queue themselves until a
-    /// thread of this client takes the lock again. True if the offer was open.
-    pub(crate) fn reclaim_offer(&self, key: &str, token: &Token) -> bool {
+    /// thread of this client takes the lock again.
+    pub(crate) fn reclaim_offer(&self, key: &str, token: &Token) {
         let Some(q) = self.line(key) else {
-            return false;
+            return;
         };
         let mut st = lock(&q.state);
         if st.offer == Some(Offer::Open(*token)) {
             st.offer = None;
             st.held_here = false;
-            return true;
         }
-        false
     }
 
     /// Hand-off locks: the head that offered `token` stops waiting. With `patience`, a release
@@ -467,14 +452,7 @@ impl Ticket<'_> {
         if st.in_flight.is_some_and(|(id, _)| id == self.id) {
             st.in_flight = None;
         }
-        let now = Instant::now();
-        match failure {
-            None => {
-                st.answered_at = Some(now);
-                st.failed = None;
-            }
-            Some(err) => st.failed = Some((now, err)),
-        }
+        st.failed = failure.map(|err| (Instant::now(), err));
         // Threads that gave up wait for this outcome (see `outage`).
         self.queue.wake(st);
     }
@@ -499,9 +477,6 @@ impl Ticket<'_> {
             ));
         }
         let (at, err) = st.failed.as_ref()?;
-        if st.answered_at.is_some_and(|answered| answered > *at) {
-            return None;
-        }
         Some(format!(
             "the latest attempt of another thread of this client waiting for the lock failed \
              {:?} ago: {err}",
@@ -533,27 +508,19 @@ impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         // Lock order everywhere: map, then queue.
         let mut map = lock(&self.queues.map);
-        // Read with the change, under the line's mutex: a thread that sleeps after it sees
-        // the change first, and one asleep before it is counted.
-        let (empty, asleep) = {
-            let mut st = lock(&self.queue.state);
-            st.order.retain(|&t| t != self.id);
-            if st.in_flight.is_some_and(|(id, _)| id == self.id) {
-                // Unwound mid-attempt: nobody must wait for its outcome.
-                st.in_flight = None;
-            }
-            (st.order.is_empty(), st.sleepers > 0)
-        };
-        if empty {
+        let mut st = lock(&self.queue.state);
+        st.order.retain(|&t| t != self.id);
+        if st.in_flight.is_some_and(|(id, _)| id == self.id) {
+            // Unwound mid-attempt: nobody must wait for its outcome.
+            st.in_flight = None;
+        }
+        if st.order.is_empty() {
             map.remove(self.key);
         }
         drop(map);
         self.queues.waiting.fetch_sub(1, Ordering::SeqCst);
-        // The next ticket may be the head now: wake the line's sleepers, if any (a notify
-        // costs a system call even with nobody to wake).
-        if asleep {
-            self.queue.cv.notify_all();
-        }
+        // The next ticket may be the head now.
+        self.queue.wake(st);
     }
 }
 
@@ -752,10 +719,8 @@ mod tests {
         };
         assert!(token == t2 && sent >= before);
         assert_eq!(q.take_offer("k"), None, "taken once");
-        assert!(
-            !q.reclaim_offer("k", &t2),
-            "a taken offer stays with its release"
-        );
+        // A taken offer stays with its release.
+        q.reclaim_offer("k", &t2);
         q.offer_settled("k", &t1, Some(7));
         assert!(matches!(q.offer_state("k", &t2), Some(Offer::Taken { .. })));
         q.offer_settled("k", &t2, Some(7));
@@ -781,7 +746,7 @@ mod tests {
         let _head = q.enqueue("k");
         q.note_local_hold("k");
         assert!(q.offer("k", &t));
-        assert!(q.reclaim_offer("k", &t));
+        q.reclaim_offer("k", &t);
         assert_eq!(q.offer_state("k", &t), None);
         assert_eq!(q.take_offer("k"), None);
         assert!(!q.offer("k", &t), "the hold was forgotten");

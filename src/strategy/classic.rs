@@ -587,7 +587,7 @@ impl DistributedLock for ClassicLock {
 
     lock::guard_methods!(|this, attempts| {
         let waiters = this.client.waiters();
-        let result = crate::client::acquire::acquire_blocking(this, waiters, attempts, || Ok(()));
+        let result = crate::client::acquire::acquire_blocking(this, waiters, attempts);
         this.client.counters().blocking(KIND, &result);
         result
     });

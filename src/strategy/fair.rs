@@ -797,8 +797,7 @@ impl FairLock {
                     // listening, this thread reads the subscriber connection itself when it
                     // can, so that its grant wakes it directly.
                     let until = crate::time::saturating_add(Instant::now(), nap);
-                    if !(listening.is_some() && wakeups.await_grant(&queues.grants, &token, until))
-                    {
+                    if !(listening.is_some() && wakeups.await_grant(&token, until)) {
                         ticket.sleep(nap);
                     }
                     if queues.grants.is_granted(&token) {

@@ -40,9 +40,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::client::grants::Token;
 use crate::client::repeats::Repeats;
-use crate::client::subscriber::reader::{start_thread, Lend, Shared};
-use crate::client::subscriber::registry::{Link, State};
+use crate::client::subscriber::reader::{start_thread, Shared};
+use crate::client::subscriber::registry::{Link, State, LINGER};
 use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::stats::Counters;
 
@@ -94,11 +95,8 @@ impl Wakeups {
                     cv: Condvar::new(),
                     counters,
                     repeats,
-                    was_lost: AtomicBool::new(false),
-                    lend: Mutex::new(Lend::default()),
                     lend_cv: Condvar::new(),
                     reader_cv: Condvar::new(),
-                    lent: AtomicBool::new(false),
                     recall: AtomicBool::new(false),
                     heard: Mutex::new(Instant::now()),
                 })
@@ -128,19 +126,21 @@ impl Wakeups {
         if st.shutdown || st.link == Link::Unavailable {
             return None;
         }
-        if !st.thread {
+        if st.link == Link::Stopped {
             if let Err(e) = start_thread(shared) {
                 log::warn!("pub/sub: cannot start the subscriber thread ({e}); waiters poll");
                 return None;
             }
-            st.thread = true;
             st.link = Link::Connecting;
         }
         let up = st.link == Link::Up;
         let ch = st.channels.entry(channel.to_owned()).or_default();
         *ch.lines.entry(line.to_owned()).or_default() += 1;
-        ch.idle_since = None;
+        ch.idle_until = None;
         ch.hand_off = delivery == Delivery::HandOff;
+        // Its `SUBSCRIBE` is (or is about to be) queued: while the reader reads, every one it
+        // sent is confirmed.
+        let queued = if ch.sent { !ch.confirmed } else { up };
         // While connecting, the reader subscribes every waited-on channel once it is up.
         if up && !ch.sent {
             ch.sent = true;
@@ -153,7 +153,7 @@ impl Wakeups {
         // rather than wait; the confirmation wakes this waiter (`rewake`). So also when
         // another thread queued the channel's `SUBSCRIBE` and it still waits behind that read
         // (a thread at the head of its line would otherwise hold the line until the tick).
-        let behind_a_read = st.reading && st.subscribe_queued(channel);
+        let behind_a_read = st.reading && queued;
         // Connecting (or waiting for the reply) is worth waiting for; a reader that failed to
         // connect is not (it pauses before retrying): poll meanwhile.
         let mut waiting = |st: &mut State| {
@@ -164,81 +164,77 @@ impl Wakeups {
         if waiting(&mut st) {
             log::debug!("pub/sub: {channel:?} not confirmed in time; polling meanwhile");
         }
-        if !st.is_confirmed(channel) {
-            // The waiter polls meanwhile: wake it once the channel is confirmed, since a
-            // release published before that went unheard.
-            if let Some(ch) = st.channels.get_mut(channel) {
-                ch.rewake = true;
-            }
+        // Unconfirmed, the waiter polls meanwhile: wake it once the channel is confirmed,
+        // since a release published before that went unheard.
+        let confirmed = st.is_confirmed(channel);
+        if let Some(ch) = st.channels.get_mut(channel) {
+            ch.rewake |= !confirmed;
         }
         // A lent connection is taken back for this (a command to send, or a channel whose
         // messages the reader thread dispatches); otherwise the reader thread is not woken
         // (one system call and two thread switches fewer per waiting hand-off `lock()`).
-        let take_back = !Shared::may_keep_lent(&st);
+        let take_back = st.lending && !Shared::may_keep_lent(&st);
         drop(st);
         if take_back {
-            shared.wake_reader();
+            shared.reader_cv.notify_all();
         }
         Some(Subscription {
-            wakeups: self,
+            shared,
             channel: channel.to_owned(),
             line: line.to_owned(),
         })
     }
 
-    /// Waits until a grant to `token` is in `grants`, until `until`, or until the subscriber's
-    /// link changes (lost, or a subscription confirmed): the caller then looks again. While it
-    /// waits, this thread reads the subscriber connection itself whenever the reader thread
-    /// lends it (it does while only hand-off waiters need it): a grant message then wakes this
-    /// thread directly, one thread switch fewer than through the reader thread. Messages for
-    /// other threads are dispatched as the reader thread would. `false` when this client has
-    /// no subscriber (the caller sleeps as it would otherwise).
-    pub(crate) fn await_grant(
-        &self,
-        grants: &crate::client::grants::Grants,
-        token: &crate::client::grants::Token,
-        until: Instant,
-    ) -> bool {
+    /// Waits until a grant to `token` is in the client's grants, until `until`, or until the
+    /// subscriber's link changes (lost, or a subscription confirmed): the caller then looks
+    /// again. While it waits, this thread reads the subscriber connection itself whenever the
+    /// reader thread lends it (it does while only hand-off waiters need it): a grant message
+    /// then wakes this thread directly, one thread switch fewer than through the reader
+    /// thread. Messages for other threads are dispatched as the reader thread would. `false`
+    /// when this client has no subscriber (the caller sleeps as it would otherwise).
+    pub(crate) fn await_grant(&self, token: &Token, until: Instant) -> bool {
         let Some(shared) = self.shared.as_ref() else {
             return false;
         };
-        lock(&shared.state).borrowers += 1;
-        let _leave = Borrowing(shared);
-        let mut l = lock(&shared.lend);
-        let link = l.link_events;
+        let grants = &shared.waiters.grants;
+        let mut st = lock(&shared.state);
+        st.borrowers += 1;
+        let link = st.link_events;
         loop {
             let now = Instant::now();
-            if grants.is_granted(token) || l.link_events != link || now >= until {
-                return true;
+            if grants.is_granted(token) || st.link_events != link || now >= until {
+                break;
             }
             let recalled = shared.recall.load(Ordering::SeqCst);
-            if let Some(mut reader) = l.reader.take_if(|_| !recalled) {
-                drop(l);
-                let read = reader.read_for(shared, grants, token, until);
-                l = lock(&shared.lend);
+            if let Some(mut reader) = st.lent.take_if(|_| !recalled) {
+                drop(st);
+                let read = reader.read_for(shared, token, until);
+                st = lock(&shared.state);
                 // Wake the reader thread if it waits for the connection back, or it broke.
                 let wanted = match read {
                     Ok(()) => {
-                        l.reader = Some(reader);
+                        st.lent = Some(reader);
                         shared.recall.load(Ordering::SeqCst)
                     }
                     Err(end) => {
-                        l.broken = Some(end);
+                        st.broken = Some(end);
                         true
                     }
                 };
                 if wanted {
                     shared.reader_cv.notify_all();
                 }
-                if l.sleeping > 0 {
+                if st.sleeping > 0 {
                     shared.lend_cv.notify_all();
                 }
                 continue;
             }
-            l.sleeping += 1;
-            l = wait_for(&shared.lend_cv, l, until - now);
-            l.sleeping -= 1;
+            st.sleeping += 1;
+            st = wait_for(&shared.lend_cv, st, until - now);
+            st.sleeping -= 1;
         }
+        st.borrowers -= 1;
+        true
     }
 
     /// A grant was delivered to a thread of this client by other means than the subscriber
@@ -264,10 +260,10 @@ impl Wakeups {
             return;
         }
         st.reconnect = true;
+        shared.link_event(&mut st);
         drop(st);
         shared.cv.notify_all();
-        shared.wake_reader();
-        shared.link_event();
+        shared.reader_cv.notify_all();
     }
 
     /// True if this client's subscriber connection is subscribed (or subscribing) to
@@ -296,16 +292,6 @@ impl Wakeups {
     }
 }
 
-/// A thread inside [`Wakeups::await_grant`]; counted out when it leaves.
-struct Borrowing<'a>(&'a Shared);
-
-impl Drop for Borrowing<'_> {
-    fn drop(&mut self) {
-        let mut st = lock(&self.0.state);
-        st.borrowers = st.borrowers.saturating_sub(1);
-    }
-}
-
 impl Drop for Wakeups {
     /// Tells the reader to exit (it notices within [`TICK`], or at once if it is idle); never
     /// joins it (it may be connecting, bounded by the timeout).
@@ -315,16 +301,15 @@ impl Drop for Wakeups {
         if let Some(shared) = &self.shared {
             lock(&shared.state).shutdown = true;
             shared.cv.notify_all();
-            shared.nudge();
-            shared.wake_reader();
+            shared.lend_cv.notify_all();
+            shared.reader_cv.notify_all();
         }
     }
 }
 
 /// A thread's interest in a channel; unsubscribes (after a linger) when the last one drops.
-#[derive(Debug)]
 pub(crate) struct Subscription<'a> {
-    wakeups: &'a Wakeups,
+    shared: &'a Shared,
     channel: String,
     line: String,
 }
@@ -333,19 +318,14 @@ impl Subscription<'_> {
     /// True while the server has confirmed the subscription on the current connection: a
     /// release will be heard. False after the connection dropped, until it is re-established.
     pub(crate) fn is_confirmed(&self) -> bool {
-        self.wakeups
-            .shared
-            .as_ref()
-            .is_some_and(|s| lock(&s.state).is_confirmed(&self.channel))
+        lock(&self.shared.state).is_confirmed(&self.channel)
     }
 }
 
 impl Drop for Subscription<'_> {
     fn drop(&mut self) {
-        let Some(shared) = &self.wakeups.shared else {
-            return;
-        };
-        let mut st = lock(&shared.state);
+        let mut st = lock(&self.shared.state);
+        let now = Instant::now();
         if let Some(ch) = st.channels.get_mut(&self.channel) {
             if let Some(n) = ch.lines.get_mut(&self.line) {
                 *n = n.saturating_sub(1);
@@ -354,11 +334,14 @@ impl Drop for Subscription<'_> {
                 }
             }
             if ch.lines.is_empty() {
-                ch.idle_since = Some(Instant::now());
+                // [`LINGER`] (or a benchmark's override of it) for a hand-off channel, none for
+                // a release channel.
+                let linger = ch.hand_off.then(|| crate::client::tuning::linger(LINGER));
+                ch.idle_until = Some(crate::time::saturating_add(now, linger.unwrap_or_default()));
             }
         }
         // A channel past its linger is queued for UNSUBSCRIBE by the reader's own sweep.
-        st.sweep(Instant::now());
+        st.sweep(now);
     }
 }
 

@@ -1,5 +1,6 @@
 //! The registry of subscriptions: which channels are waited on, by which lines, what is
-//! queued for the reader to send, and the state of the link.
+//! queued for the reader to send, the state of the link, and the connection while it is lent
+//! (its types are here, so that the reader's module depends on this one and not the reverse).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -10,16 +11,6 @@ use std::time::{Duration, Instant};
 /// bursty contention), where the grant channel's saves Fair waiters a re-subscription per
 /// wait (0.8× sections/s and 1.2–1.3× the wait p99 without it).
 pub(super) const LINGER: Duration = Duration::from_millis(1500);
-
-/// How long `ch` stays subscribed once idle: [`LINGER`] (or a benchmark's override of it) for
-/// a hand-off channel, none for a release channel.
-fn linger(ch: &Channel) -> Duration {
-    if ch.hand_off {
-        crate::client::tuning::linger(LINGER)
-    } else {
-        Duration::ZERO
-    }
-}
 
 #[derive(Default)]
 pub(super) struct State {
@@ -32,8 +23,9 @@ pub(super) struct State {
     /// [`Wakeups::confirmed_on`]: super::Wakeups::confirmed_on
     pub(super) generation: u64,
     pub(super) link: Link,
-    /// A reader thread is running (it clears this, under the lock, as it exits).
-    pub(super) thread: bool,
+    /// A connection that was up has been lost: the next one is a reconnect (logged, counted;
+    /// a connection that ends otherwise ends the reader for good).
+    pub(super) was_lost: bool,
     /// The client is gone: the reader exits.
     pub(super) shutdown: bool,
     /// The master switched (Sentinel): the reader drops its connection, which leads to the
@@ -48,6 +40,18 @@ pub(super) struct State {
     ///
     /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
     pub(super) borrowers: usize,
+    /// The reader thread lends the connection to the borrowers (it waits in `lend`): while
+    /// one of them waits for a grant, that waiting thread reads the connection itself, so the
+    /// grant message wakes it directly rather than through the reader thread.
+    pub(super) lending: bool,
+    /// The connection, while lent and not being read by a borrower.
+    pub(super) lent: Option<Reader>,
+    /// A borrower's read failed: the reader thread ends the connection with this.
+    pub(super) broken: Option<End>,
+    /// Bumped when the link changes (lost, or a subscription confirmed): a borrower returns.
+    pub(super) link_events: u64,
+    /// Borrowers blocked on `lend_cv` (another one is reading).
+    pub(super) sleeping: usize,
 }
 
 /// A command queued for the reader: `SUBSCRIBE` or `UNSUBSCRIBE`, and its channels.
@@ -56,7 +60,8 @@ pub(super) type Op = (&'static str, Vec<String>);
 /// The subscriber connection's state.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Link {
-    /// No reader thread.
+    /// No reader thread (it sets this, under the lock, as it exits while nobody waits; it
+    /// exits leaving [`Link::Unavailable`], or at shutdown, for good).
     #[default]
     Stopped,
     /// The reader is connecting.
@@ -68,6 +73,28 @@ pub(super) enum Link {
     /// Pub/sub cannot be used (the server refuses `SUBSCRIBE`, or the connection info cannot
     /// be used in this build): waiters poll.
     Unavailable,
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub(super) enum End {
+    /// I/O error, EOF, or a silent peer: reconnect. `warn` when the cause is unlikely to go
+    /// away by itself (a TLS handshake or authentication failure), so that it is logged as a
+    /// warning rather than as routine.
+    Lost { why: String, warn: bool },
+    /// Pub/sub cannot work with this server: stop.
+    Unavailable(String),
+    /// The master switched: connect again at once, to the new one.
+    Switched,
+    /// The client is gone.
+    Shutdown,
+}
+
+/// The reader's side of one connection.
+pub(super) struct Reader {
+    pub(super) con: redis::Connection,
+    /// The read timeout currently set on the connection.
+    pub(super) read_timeout: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -84,20 +111,13 @@ pub(super) struct Channel {
     ///
     /// [`Delivery::HandOff`]: super::Delivery::HandOff
     pub(super) hand_off: bool,
-    /// Since when nobody has waited on the channel.
-    pub(super) idle_since: Option<Instant>,
+    /// Nobody waits on the channel: when its linger ends.
+    pub(super) idle_until: Option<Instant>,
     /// The connection was lost while threads waited: wake them once confirmed again.
     pub(super) rewake: bool,
 }
 
 impl State {
-    /// True if a `SUBSCRIBE` of `channel` is queued for the reader and not sent yet.
-    pub(super) fn subscribe_queued(&self, channel: &str) -> bool {
-        self.queue
-            .iter()
-            .any(|(what, chs)| *what == "SUBSCRIBE" && chs.iter().any(|c| c == channel))
-    }
-
     /// True if a channel is subscribed (or its `SUBSCRIBE` queued) on the current connection:
     /// pushes may arrive.
     pub(super) fn subscribed(&self) -> bool {
@@ -115,13 +135,13 @@ impl State {
         let up = self.link == Link::Up;
         let mut unsubscribe: Vec<String> = Vec::new();
         self.channels.retain(|name, ch| {
-            let Some(idle) = ch.idle_since.filter(|_| ch.lines.is_empty()) else {
+            let Some(until) = ch.idle_until else {
                 return true;
             };
             if !up || !ch.sent {
                 return false;
             }
-            if !ch.confirmed || now.saturating_duration_since(idle) < linger(ch) {
+            if !ch.confirmed || now < until {
                 return true;
             }
             unsubscribe.push(name.clone());
@@ -134,13 +154,6 @@ impl State {
 
     /// The soonest a lingering channel is due for `UNSUBSCRIBE`, if any.
     pub(super) fn next_linger_end(&self) -> Option<Instant> {
-        self.channels
-            .values()
-            .filter(|c| c.lines.is_empty())
-            .filter_map(|c| {
-                let idle = c.idle_since?;
-                Some(idle.checked_add(linger(c)).unwrap_or(idle))
-            })
-            .min()
+        self.channels.values().filter_map(|c| c.idle_until).min()
     }
 }
