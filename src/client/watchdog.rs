@@ -60,7 +60,6 @@ use crate::client::repeats::log_repeat;
 use crate::client::waiters::wait_for;
 use crate::client::watched::{Entry, Shared, ThreadState, Watchdog};
 use crate::client::{OnExit, WeakClient};
-use crate::error::LockError;
 use crate::keys;
 use crate::lease::{LossReason, RenewKind, WatchState};
 use crate::stats::Counters;
@@ -381,23 +380,23 @@ fn renew_replies(
     until: Option<Instant>,
 ) -> crate::error::Result<Vec<i64>> {
     let mut results = vec![0i64; batch.len()];
-    let mut scripted: Vec<usize> = (0..batch.len()).collect();
-    if client.native().has(Command::SetIfEq) {
-        let values: Vec<usize> = scripted
+    let (values, mut scripted): (Vec<usize>, Vec<usize>) =
+        (0..batch.len()).partition(|&i| batch[i].1.kind().is_value());
+    // In a cluster one command at most: redis-rs does not follow a slot's redirection (a
+    // migration's ASK or MOVED) inside a pipeline.
+    let renewed = match client.native().has(Command::SetIfEq)
+        && !values.is_empty()
+        && (values.len() == 1 || !client.is_cluster())
+    {
+        true => renew_natively(client, batch, &values, until)?,
+        false => None,
+    };
+    match renewed {
+        Some(renewed) => values
             .iter()
-            .copied()
-            .filter(|&i| batch[i].1.kind().is_value())
-            .collect();
-        // In a cluster one command at most: redis-rs does not follow a slot's redirection
-        // (a migration's ASK or MOVED) inside a pipeline.
-        if !values.is_empty() && (values.len() == 1 || !client.is_cluster()) {
-            if let Some(renewed) = renew_natively(client, batch, &values, until)? {
-                for (&i, r) in values.iter().zip(renewed) {
-                    results[i] = r;
-                }
-                scripted.retain(|i| !batch[*i].1.kind().is_value());
-            }
-        }
+            .zip(renewed)
+            .for_each(|(&i, r)| results[i] = r),
+        None => scripted.extend(values),
     }
     if scripted.is_empty() {
         return Ok(results);
@@ -427,11 +426,11 @@ fn renew_replies(
     Ok(results)
 }
 
-/// The pipelined `SET … IFEQ … PX` renewal of the holds `which` of `batch`: their answers, or
-/// `None` when the server refused the command (then the script renews them: from now on when
-/// the server, asked, says it lacks the command or the user may not run it; for this call on a
-/// full server's `OOM`). A key of another
-/// type counts as not the owner's, as in the script.
+/// The pipelined `SET … IFEQ … PX` renewal of the holds `which` of `batch` (one alone is sent
+/// as a command, which redis-rs redirects in a cluster): their answers, or `None` when the
+/// server refused the command (then the script renews them: from now on when the server, asked
+/// on this connection, says it lacks the command or the user may not run it; for this call on
+/// a full server's `OOM`). A key of another type counts as not the owner's, as in the script.
 fn renew_natively(
     client: &crate::client::LockClient,
     batch: &[(usize, Arc<WatchState>)],
@@ -439,28 +438,6 @@ fn renew_natively(
     until: Option<Instant>,
 ) -> crate::error::Result<Option<Vec<i64>>> {
     let key = batch[which[0]].1.key();
-    if let [i] = which {
-        let state = &batch[*i].1;
-        // `None`: the server lacks the command (asked on this connection).
-        let reply =
-            client.with_conn_confirmed_until(key, until, |con, _| {
-                match native::set_ifeq_px(state.key(), state.value(), lease_ms(state))
-                    .query::<redis::Value>(con)
-                {
-                    Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => Ok(None),
-                    other => other.map(Some),
-                }
-            });
-        return match reply {
-            Ok(None) => Ok(None),
-            Ok(Some(redis::Value::Nil)) => Ok(Some(vec![0])),
-            Ok(Some(_)) => Ok(Some(vec![1])),
-            // A key of another type counts as not the owner's, as in the script.
-            Err(LockError::WrongType { .. }) => Ok(Some(vec![0])),
-            Err(LockError::Redis { source, .. }) if native::is_oom(&source) => Ok(None),
-            Err(e) => Err(e),
-        };
-    }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for &i in which {
@@ -471,45 +448,33 @@ fn renew_natively(
             lease_ms(state),
         ));
     }
-    let replies: Vec<redis::Value> =
-        client.with_conn_confirmed_until(key, until, |con, _| pipe.query(con))?;
-    let mut out = Vec::with_capacity(which.len());
-    for reply in replies {
-        match reply {
-            redis::Value::Okay | redis::Value::SimpleString(_) => out.push(1),
-            redis::Value::Nil => out.push(0),
-            redis::Value::ServerError(e) => {
-                let e = redis::RedisError::from(e);
-                if native::is_oom(&e) {
-                    return Ok(None);
-                }
-                if e.code() == Some("WRONGTYPE") {
-                    out.push(0);
-                    continue;
-                }
-                // Asked on a connection of its own (the pipeline's is back in the pool); a
-                // question that fails leaves the refusal as it is.
-                let lacks = client.with_conn_until(key, until, |con, _| {
-                    Ok(client.native().lacks(con, Command::SetIfEq, key, &e))
-                });
-                if lacks.unwrap_or(false) {
-                    return Ok(None);
-                }
-                return Err(crate::error::LockError::from_redis(key, e));
-            }
-            other => {
-                return Err(crate::error::LockError::from_redis(
-                    key,
-                    redis::RedisError::from((
+    client.with_conn_confirmed_until(key, until, |con, _| {
+        let replies: Vec<redis::RedisResult<redis::Value>> = match which {
+            [_] => pipe.cmd_iter().map(|cmd| cmd.query(con)).collect(),
+            _ => (pipe.query::<Vec<redis::Value>>(con)?.into_iter())
+                .map(redis::Value::extract_error)
+                .collect(),
+        };
+        let mut out = Vec::with_capacity(which.len());
+        for reply in replies {
+            match reply {
+                Ok(redis::Value::Okay | redis::Value::SimpleString(_)) => out.push(1),
+                Ok(redis::Value::Nil) => out.push(0),
+                Err(e) if e.code() == Some("WRONGTYPE") => out.push(0),
+                Err(e) if native::is_oom(&e) => return Ok(None),
+                Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => return Ok(None),
+                Err(e) => return Err(e),
+                Ok(other) => {
+                    return Err(redis::RedisError::from((
                         redis::ErrorKind::Client,
                         "unexpected reply to SET ... IFEQ",
                         format!("{other:?}"),
-                    )),
-                ))
+                    )))
+                }
             }
         }
-    }
-    Ok(Some(out))
+        Ok(Some(out))
+    })
 }
 
 /// After a failed call: each hold is tried again soon (at its loss deadline at the latest, to
