@@ -299,29 +299,18 @@ fn renew(
         return;
     };
     let results = match renew_replies(client, batch, until) {
-        Ok(results) if results.len() == batch.len() => results,
-        failed => {
-            match failed {
-                Ok(results) => log_repeat!(
-                    client.repeats(),
-                    "watchdog: renewal answered too few results",
-                    log::Level::Warn,
-                    "watchdog: renewal of {} holds ({:?}, ...) answered {} results; retrying",
-                    batch.len(),
-                    first.key(),
-                    results.len()
-                ),
-                Err(e) => log_repeat!(
-                    client.repeats(),
-                    "watchdog: renewal failed",
-                    log::Level::Warn,
-                    "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their \
-                     leases run out: {}",
-                    batch.len(),
-                    first.key(),
-                    e.report()
-                ),
-            }
+        Ok(results) => results,
+        Err(e) => {
+            log_repeat!(
+                client.repeats(),
+                "watchdog: renewal failed",
+                log::Level::Warn,
+                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
+                 run out: {}",
+                batch.len(),
+                first.key(),
+                e.report()
+            );
             client.counters().renewals_failed(batch.len());
             return retry_later(client, batch, outcomes);
         }
@@ -371,9 +360,10 @@ fn renew(
     );
 }
 
-/// The renewal answers for `batch`, one per hold (1 renewed, 0 not the owner's): Token holds
-/// by a pipeline of `SET key token IFEQ token PX lease` where the server has it (one round
-/// trip), the others (and all of them elsewhere) by one `lua/renew_batch.lua` call.
+/// The renewal answers for `batch`, one per hold (1 renewed, 0 not the owner's; too few is an
+/// error): Token holds by a pipeline of `SET key token IFEQ token PX lease` where the server
+/// has it (one round trip), the others (and all of them elsewhere) by one
+/// `lua/renew_batch.lua` call.
 fn renew_replies(
     client: &crate::client::LockClient,
     batch: &[(usize, Arc<WatchState>)],
@@ -414,12 +404,16 @@ fn renew_replies(
         args.push(ms.as_bytes());
     }
     let replies: Vec<i64> = client.with_conn_confirmed_until(keys[0], until, |con, scripts| {
-        scripts.renew_batch.eval_keys(con, &keys, &args)
+        let replies: Vec<i64> = scripts.renew_batch.eval_keys(con, &keys, &args)?;
+        match replies.len() == keys.len() {
+            true => Ok(replies),
+            false => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "renewal answered too few results",
+                format!("{} for {} holds", replies.len(), keys.len()),
+            ))),
+        }
     })?;
-    if replies.len() != scripted.len() {
-        // Reported by the caller as a malformed answer.
-        return Ok(replies);
-    }
     for (&i, r) in scripted.iter().zip(replies) {
         results[i] = r;
     }
