@@ -220,13 +220,10 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
         }
         let msg = match pubsub.get_message() {
             Ok(msg) => msg,
-            Err(e) if e.is_timeout() => {
-                if client.upgrade().is_none() {
-                    return Ok(());
-                }
-                continue;
-            }
-            Err(e) => return Err(e),
+            Err(e) if !e.is_timeout() => return Err(e),
+            // A silent Sentinel: the client is looked at every `POLL`.
+            Err(_) if client.upgrade().is_none() => return Ok(()),
+            Err(_) => continue,
         };
         let payload: String = msg.get_payload()?;
         // "<master name> <old ip> <old port> <new ip> <new port>"

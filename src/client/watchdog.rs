@@ -73,14 +73,9 @@ const THREAD_NAME: &str = "dlock-watchdog";
 /// the time to return from a call cut short and report the hold at its deadline.
 const CAP_ALLOWANCE: Duration = Duration::from_millis(1);
 
-/// How one watched hold came out of a round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    /// Renew it again at this instant.
-    Due(Instant),
-    /// Lost or released: stop watching it.
-    Drop,
-}
+/// How one watched hold came out of a round: when to renew it again, or `None` to stop
+/// watching it (lost or released).
+type Outcome = Option<Instant>;
 
 impl Watchdog {
     /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease() / 3`.
@@ -191,7 +186,7 @@ fn round(shared: &Shared, client: &crate::client::LockClient) {
             .iter()
             .cloned()
             .partition(|(_, s)| !s.is_stopped() && !s.marked_lost());
-        outcomes.extend(gone.into_iter().map(|(i, _)| (i, Outcome::Drop)));
+        outcomes.extend(gone.into_iter().map(|(i, _)| (i, None)));
         renew(client, start, &kept, until, &mut outcomes);
     }
     let mut list = shared.lock();
@@ -199,8 +194,8 @@ fn round(shared: &Shared, client: &crate::client::LockClient) {
         // Indices are stable: nothing was removed since `take_due`, only appended.
         if let Some(entry) = list.entries.get_mut(i) {
             match outcome {
-                Outcome::Due(at) => entry.due = at,
-                Outcome::Drop => entry.gone = true,
+                Some(at) => entry.due = at,
+                None => entry.gone = true,
             }
         }
     }
@@ -320,15 +315,15 @@ fn renew(
     for ((i, state), result) in batch.iter().zip(results) {
         let outcome = if state.is_stopped() {
             // Released (or being released) meanwhile: the holder's release decides.
-            Outcome::Drop
+            None
         } else if result != 1 {
             lost(client.counters(), state, LossReason::Gone);
-            Outcome::Drop
+            None
         } else if now >= state.loss_deadline() {
             // Renewed, but only after its loss deadline by the local clock: the holder may
             // already have seen it lost, and a lost hold stays lost.
             lost(client.counters(), state, LossReason::Expired);
-            Outcome::Drop
+            None
         } else {
             state.renewed(start, state.lease());
             // It stays in the client's live set for its new lifetime.
@@ -341,11 +336,7 @@ fn renew(
             client.live().renew(entry, state.lease());
             log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
             renewed += 1;
-            if state.renews_once() {
-                Outcome::Drop
-            } else {
-                Outcome::Due(crate::time::saturating_add(start, state.lease() / 3))
-            }
+            (!state.renews_once()).then(|| crate::time::saturating_add(start, state.lease() / 3))
         };
         outcomes.push((*i, outcome));
     }
@@ -483,12 +474,12 @@ fn retry_later(
     for (i, state) in batch {
         let deadline = state.loss_deadline();
         let outcome = if state.is_stopped() {
-            Outcome::Drop
+            None
         } else if now >= deadline {
             lost(client.counters(), state, LossReason::Expired);
-            Outcome::Drop
+            None
         } else {
-            Outcome::Due(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
+            Some(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
         };
         outcomes.push((*i, outcome));
     }
