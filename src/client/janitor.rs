@@ -38,11 +38,12 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
-use crate::client::jobs::{wait, Janitor, Job, Shared, MAX_JOBS};
+use crate::client::cleanup::{Cause, Cleanup, Done, Why};
+use crate::client::jobs::{Janitor, Job, Shared, MAX_JOBS};
 use crate::client::live;
 use crate::client::repeats::log_repeat;
 use crate::client::switches::Released;
+use crate::client::waiters::wait_for;
 use crate::client::{LockClient, OnExit, WeakClient};
 use crate::error::Result;
 use crate::lease::printable;
@@ -96,11 +97,15 @@ impl Janitor {
         }
         let cause = why.cause;
         let what = cleanup.what;
-        let job = Redo {
+        let job = Job {
             key: key.to_owned(),
             value: value.to_vec(),
             cleanup,
+            cause,
             until,
+            next: now,
+            tries: 0,
+            seq: 0,
         };
         if let Some(not_in_line) = why.not_in_line {
             log::info!(
@@ -112,7 +117,7 @@ impl Janitor {
                 printable(value),
                 until.saturating_duration_since(now).as_millis()
             );
-            self.push(client, job, cause);
+            self.push(client, job);
             return false;
         }
         log::debug!(
@@ -121,7 +126,7 @@ impl Janitor {
             what,
             printable(value),
         );
-        if self.queue(job, cause) {
+        if self.queue(job) {
             return false;
         }
         // One command timeout of the client (its connect timeout without one), which bounds
@@ -182,10 +187,11 @@ impl Janitor {
                         // flight may be a replay that waits for this owner's attempts (see
                         // `holds_again`).
                         (None, Some(until)) => {
-                            let end = bound.unwrap_or(until);
-                            jobs = client
-                                .live()
-                                .paused(owner, || wait(&self.shared.done, jobs, end));
+                            let left = bound
+                                .unwrap_or(until)
+                                .saturating_duration_since(Instant::now());
+                            let done = &self.shared.done;
+                            jobs = client.live().paused(owner, || wait_for(done, jobs, left));
                         }
                     }
                 }
@@ -320,7 +326,7 @@ impl Janitor {
                         );
                     }
                     for j in batch {
-                        self.push(client, j, Cause::ReleasedBeforeSwitch);
+                        self.push(client, j);
                     }
                     continue;
                 }
@@ -332,7 +338,7 @@ impl Janitor {
                         "lock {:?}: replay answered {v:?}; retried in the background",
                         j.key
                     );
-                    self.push(client, j, Cause::ReleasedBeforeSwitch);
+                    self.push(client, j);
                 } else if read_reply(client, &j.key, &j.cleanup, &v) != Done::Nothing {
                     done += 1;
                     // A clean-up that worked: not a warning.
@@ -367,15 +373,15 @@ impl Janitor {
     }
 
     /// Queues a job for the janitor thread, started if it is not running.
-    fn push(&self, client: &LockClient, job: Redo, cause: Cause) {
+    fn push(&self, client: &LockClient, job: Job) {
         let key = job.key.clone();
-        self.queue(job, cause);
+        self.queue(job);
         self.ensure_thread(client, &key);
     }
 
     /// Queues a job (the thread not woken): whether the crate's tests hold new jobs back
     /// (`LockClient::hold_cleanups_back`). At most [`MAX_JOBS`] are kept.
-    fn queue(&self, job: Redo, cause: Cause) -> bool {
+    fn queue(&self, mut job: Job) -> bool {
         let mut jobs = self.shared.lock();
         let now = Instant::now();
         if jobs.list.len() >= MAX_JOBS {
@@ -395,18 +401,9 @@ impl Janitor {
         if job.cleanup.counted {
             self.shared.counted.fetch_add(1, Ordering::AcqRel);
         }
-        let seq = jobs.next_seq;
-        jobs.next_seq = seq.wrapping_add(1);
-        jobs.list.push(Job {
-            key: job.key,
-            value: job.value,
-            cleanup: job.cleanup,
-            cause,
-            until: job.until,
-            next: now,
-            tries: 0,
-            seq,
-        });
+        job.seq = jobs.next_seq;
+        jobs.next_seq = job.seq.wrapping_add(1);
+        jobs.list.push(job);
         jobs.held_back
     }
 
@@ -462,8 +459,8 @@ fn run(shared: &Shared, client: &WeakClient) {
                 };
                 // A due job whose key is being cleaned up by its owner's acquire waits for it
                 // (woken by `finish`), or for the next due time.
-                let poll = crate::time::saturating_add(now, BLOCKED_POLL);
-                jobs = wait(&shared.wake, jobs, next.max(poll));
+                let left = next.saturating_duration_since(now).max(BLOCKED_POLL);
+                jobs = wait_for(&shared.wake, jobs, left);
             }
         };
         let Some(client) = client.upgrade() else {
@@ -476,10 +473,10 @@ fn run(shared: &Shared, client: &WeakClient) {
 /// What to send again for `releases`: a sweep entry reads its key (one pipeline for them all)
 /// and releases the value found if this client wrote it and does not hold it; any other entry
 /// is sent again as itself.
-fn redos(client: &LockClient, releases: &[Released]) -> Vec<Redo> {
+fn redos(client: &LockClient, releases: &[Released]) -> Vec<Job> {
     let (sweeps, exact): (Vec<&Released>, Vec<&Released>) =
         releases.iter().partition(|r| r.sweep.is_some());
-    let mut jobs: Vec<Redo> = exact.iter().map(|r| r.redo(r.value.clone())).collect();
+    let mut jobs: Vec<Job> = exact.iter().map(|r| redo(r, r.value.clone())).collect();
     let Some(first) = sweeps.first() else {
         return jobs;
     };
@@ -498,7 +495,7 @@ fn redos(client: &LockClient, releases: &[Released]) -> Vec<Redo> {
                 // Read after the value was found: a hold whose write the read saw was
                 // registered before it was sent.
                 if ours && !client.live().contains(live::value(&value)) {
-                    jobs.push(r.redo(value));
+                    jobs.push(redo(r, value));
                 }
             }
         }
@@ -514,10 +511,24 @@ fn redos(client: &LockClient, releases: &[Released]) -> Vec<Redo> {
                 sweeps.len(),
                 e.report()
             );
-            jobs.extend(sweeps.iter().map(|r| r.redo(r.value.clone())));
+            jobs.extend(sweeps.iter().map(|r| redo(r, r.value.clone())));
         }
     }
     jobs
+}
+
+/// The release `r` again, of `value`.
+fn redo(r: &Released, value: Vec<u8>) -> Job {
+    Job {
+        key: r.key.clone(),
+        cleanup: r.cleanup.with_value(&value),
+        value,
+        cause: Cause::ReleasedBeforeSwitch,
+        until: r.until,
+        next: Instant::now(),
+        tries: 0,
+        seq: 0,
+    }
 }
 
 /// Longest wait of a counted replay for the owner's acquire under way.
@@ -676,14 +687,18 @@ mod tests {
             .expect("client")
     }
 
-    fn counted_replay(key: &str, owner: &[u8]) -> Redo {
+    fn counted_replay(key: &str, owner: &[u8]) -> Job {
         let mut cleanup = Cleanup::delete_for_test(key, owner);
         cleanup.counted = true;
-        Redo {
+        Job {
             key: key.to_owned(),
             value: owner.to_vec(),
             cleanup,
+            cause: Cause::ReleasedBeforeSwitch,
             until: crate::time::after(Duration::from_secs(60)),
+            next: Instant::now(),
+            tries: 0,
+            seq: 0,
         }
     }
 
@@ -691,11 +706,7 @@ mod tests {
     fn an_owners_acquire_settling_a_replayed_release_does_not_wait_for_itself() {
         let client = refused_client();
         let (key, owner) = ("k", b"owner".as_slice());
-        client.janitor().push(
-            &client,
-            counted_replay(key, owner),
-            Cause::ReleasedBeforeSwitch,
-        );
+        client.janitor().push(&client, counted_replay(key, owner));
         // The owner's acquire registers itself, then settles its pending clean-ups first (as
         // the reentrant and read-write acquires do).
         let attempt = client.live().attempt(key, owner);

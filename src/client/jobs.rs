@@ -26,8 +26,8 @@ pub(crate) struct Job {
     /// When to try next.
     pub(crate) next: Instant,
     pub(crate) tries: u32,
-    /// Creation order: jobs of one key and value run one at a time, oldest first (a counted
-    /// job's count check depends on the ones before it).
+    /// Creation order, set when it is queued: jobs of one key and value run one at a time,
+    /// oldest first (a counted job's count check depends on the ones before it).
     pub(crate) seq: u64,
 }
 
@@ -141,15 +141,6 @@ impl Shared {
         self.wake.notify_one();
         self.done.notify_all();
     }
-}
-
-/// Waits on `cv` until woken or until `until`.
-pub(crate) fn wait<'a>(
-    cv: &Condvar,
-    jobs: MutexGuard<'a, Jobs>,
-    until: Instant,
-) -> MutexGuard<'a, Jobs> {
-    crate::client::waiters::wait_for(cv, jobs, until.saturating_duration_since(Instant::now()))
 }
 
 /// The clean-up queue of one client (see the module docs).
