@@ -2,8 +2,6 @@
 //! the registry, its keys and arguments exactly as first sent, how to read its reply), and why
 //! it exists. Nothing here sends a command.
 
-use std::time::Instant;
-
 use crate::client::grants::Grant;
 use crate::scripts::{LuaScript, Scripts};
 
@@ -131,6 +129,31 @@ impl Cleanup {
 }
 
 #[cfg(test)]
+impl Cleanup {
+    /// The owner-checked delete of `value` at `key` (`lua/unlock.lua`), for unit tests.
+    pub(crate) fn delete_for_test(key: &str, value: &[u8]) -> Cleanup {
+        Cleanup {
+            script: |s| &s.unlock,
+            keys: vec![key.to_owned()],
+            args: vec![value.to_vec()],
+            value_arg: 0,
+            read: read_delete,
+            counted: false,
+            what: "the owner-checked delete",
+        }
+    }
+}
+
+/// The reply of a script that deletes the lock and answers 1 or more when it did
+/// (`lua/unlock.lua`: 1 + the subscribers reached).
+pub(crate) fn read_delete(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
+    match v {
+        redis::Value::Int(n) if *n >= 1 => (Done::Freed, None),
+        _ => (Done::Nothing, None),
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::Fault;
@@ -161,40 +184,4 @@ mod tests {
             .not_in_line
             .is_some());
     }
-}
-
-#[cfg(test)]
-impl Cleanup {
-    /// The owner-checked delete of `value` at `key` (`lua/unlock.lua`), for unit tests.
-    pub(crate) fn delete_for_test(key: &str, value: &[u8]) -> Cleanup {
-        Cleanup {
-            script: |s| &s.unlock,
-            keys: vec![key.to_owned()],
-            args: vec![value.to_vec()],
-            value_arg: 0,
-            read: read_delete,
-            counted: false,
-            what: "the owner-checked delete",
-        }
-    }
-}
-
-/// The reply of a script that deletes the lock and answers 1 or more when it did
-/// (`lua/unlock.lua`: 1 + the subscribers reached).
-pub(crate) fn read_delete(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
-    match v {
-        redis::Value::Int(n) if *n >= 1 => (Done::Freed, None),
-        _ => (Done::Nothing, None),
-    }
-}
-
-/// A clean-up to queue, as a failed call leaves it or as a release to do again on a new master
-/// (see `sentinel_watch`): the key, the value (or owner) it checks, the clean-up, and until
-/// when its hold could live.
-#[derive(Debug)]
-pub(crate) struct Redo {
-    pub(crate) key: String,
-    pub(crate) value: Vec<u8>,
-    pub(crate) cleanup: Cleanup,
-    pub(crate) until: Instant,
 }

@@ -33,22 +33,23 @@
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::client::cleanup::{Cause, Cleanup, Done, Redo, Why};
-use crate::client::jobs::{wait, Janitor, Job, Shared, MAX_JOBS};
+use crate::client::cleanup::{Cause, Cleanup, Done, Why};
+use crate::client::jobs::{Janitor, Job, Shared, MAX_JOBS};
 use crate::client::live;
 use crate::client::repeats::log_repeat;
+use crate::client::switches::Released;
+use crate::client::waiters::wait_for;
 use crate::client::{LockClient, OnExit, WeakClient};
 use crate::error::Result;
 use crate::lease::printable;
 
-/// Most commands in one pipeline of a replay (its reads, in `sentinel_watch`, too).
-pub(crate) const REPLAY_BATCH: usize = 512;
+/// Most commands in one pipeline of a replay (its reads too).
+const REPLAY_BATCH: usize = 512;
 /// Pause between two tries of a clean-up that failed.
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(100);
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
@@ -96,11 +97,15 @@ impl Janitor {
         }
         let cause = why.cause;
         let what = cleanup.what;
-        let job = Redo {
+        let job = Job {
             key: key.to_owned(),
             value: value.to_vec(),
             cleanup,
+            cause,
             until,
+            next: now,
+            tries: 0,
+            seq: 0,
         };
         if let Some(not_in_line) = why.not_in_line {
             log::info!(
@@ -112,7 +117,7 @@ impl Janitor {
                 printable(value),
                 until.saturating_duration_since(now).as_millis()
             );
-            self.push(client, job, cause);
+            self.push(client, job);
             return false;
         }
         log::debug!(
@@ -121,14 +126,13 @@ impl Janitor {
             what,
             printable(value),
         );
-        let (seq, held_back) = self.queue(job, cause);
-        if held_back {
+        if self.queue(job) {
             return false;
         }
         // One command timeout of the client (its connect timeout without one), which bounds
         // the checkout, a connection's opening and the command alike; as for the drain.
         let bound = crate::time::saturating_add(now, client.command_timeout()).min(until);
-        let failed = match self.run_own(client, key, value, Some(seq), Some(bound)) {
+        let failed = match self.run_own(client, key, value, None, Some(bound), IN_LINE) {
             Ok(true) => return true,
             Ok(false) if self.shared.lock().shutdown => "the client is closing".to_owned(),
             Ok(false) => "no time left".to_owned(),
@@ -151,55 +155,48 @@ impl Janitor {
     }
 
     /// Runs, on the caller's thread, the pending jobs of `value` at `key`, oldest first (one
-    /// at a time, as the thread does), waiting for a try of theirs in flight: until the job
-    /// `upto` is done (by this thread or by another try), or all of them without it (an
-    /// owner's acquire, see [`settle`](Self::settle)). Nothing past `bound`; without it, a try
-    /// in flight is waited for until its hold would expire. Stops at the first try that fails
-    /// (its job is back in the queue) with its error; `Ok(false)` when it stopped for want of
-    /// time, or as the client closes.
+    /// at a time, as the thread does), waiting for a try of theirs in flight (`when`, for the
+    /// log). Nothing past `bound`; without it, a try in flight is waited for until its hold
+    /// would expire. `owner`: the entry of an owner's acquire (see [`settle`](Self::settle)),
+    /// paused while it waits and tries. Stops at the first try that fails (its job is back in
+    /// the queue) with its error; `Ok(false)` when it stopped for want of time, or as the
+    /// client closes; `Ok(true)` once none is left.
     fn run_own(
         &self,
         client: &LockClient,
         key: &str,
         value: &[u8],
-        upto: Option<u64>,
+        owner: Option<u64>,
         bound: Option<Instant>,
+        when: &str,
     ) -> Result<bool> {
-        // The entry of an owner's acquire, paused while it waits and tries (see below).
-        let owner = upto.is_none().then(|| live::attempting(key, value));
         loop {
             let job = {
                 let mut jobs = self.shared.lock();
                 loop {
                     let in_flight = jobs.is_in_flight(key, value);
-                    if in_flight.is_none()
-                        && upto.is_some_and(|seq| !jobs.list.iter().any(|j| j.seq == seq))
-                    {
-                        // Done (or given up) by another try.
-                        return Ok(true);
-                    }
+                    let next = jobs.pick(|j| j.key == key && j.value == value);
                     let end = bound.or(in_flight);
-                    if jobs.shutdown || end.is_some_and(|end| end <= Instant::now()) {
-                        return Ok(false);
+                    match (next, in_flight) {
+                        (None, None) => return Ok(true),
+                        _ if jobs.shutdown || end.is_some_and(|end| end <= Instant::now()) => {
+                            return Ok(false)
+                        }
+                        (Some(i), _) => break jobs.take(i),
+                        // An owner's acquire is not under way while it waits: the try in
+                        // flight may be a replay that waits for this owner's attempts (see
+                        // `holds_again`).
+                        (None, Some(until)) => {
+                            let left = bound
+                                .unwrap_or(until)
+                                .saturating_duration_since(Instant::now());
+                            let done = &self.shared.done;
+                            jobs = client.live().paused(owner, || wait_for(done, jobs, left));
+                        }
                     }
-                    let Some(until) = in_flight else {
-                        let Some(i) = jobs.pick(|j| j.key == key && j.value == value) else {
-                            return Ok(true);
-                        };
-                        break jobs.take(i);
-                    };
-                    // An owner's acquire is not under way while it waits: the try in flight
-                    // may be a replay that waits for this owner's attempts (see
-                    // `holds_again`).
-                    let end = bound.unwrap_or(until);
-                    jobs = client
-                        .live()
-                        .paused(owner, || wait(&self.shared.done, jobs, end));
                 }
             };
-            let ours = upto == Some(job.seq);
-            let when = if upto.is_some() { IN_LINE } else { BACKGROUND };
-            if upto.is_none() {
+            if owner.is_some() {
                 log::debug!(
                     "lock {key:?}: the owner's acquire finishes its pending clean-up first"
                 );
@@ -211,9 +208,6 @@ impl Janitor {
             client
                 .live()
                 .paused(owner, || attempt(client, job, bound, when))?;
-            if ours {
-                return Ok(true);
-            }
         }
     }
 
@@ -222,43 +216,32 @@ impl Janitor {
     /// last handle of the client is dropped, before its threads stop. What is not done by then
     /// is logged: those locks expire with their leases.
     pub(crate) fn drain(&self, client: &LockClient) {
-        if self.pending() == 0 {
+        // Each key and value once, those with a try in flight last: the wait for it may take
+        // the time left.
+        let mut pairs: Vec<(bool, String, Vec<u8>)> = {
+            let jobs = self.shared.lock();
+            let list = jobs.list.iter().map(|j| (&j.key, &j.value));
+            let in_flight = jobs.in_flight.iter().map(|(k, v, _)| (k, v));
+            list.chain(in_flight)
+                .map(|(k, v)| (jobs.is_in_flight(k, v).is_some(), k.clone(), v.clone()))
+                .collect()
+        };
+        if pairs.is_empty() {
             return;
         }
+        pairs.sort();
+        pairs.dedup();
         let start = Instant::now();
         let bound = crate::time::saturating_add(start, client.command_timeout());
-        let mut tried: HashSet<u64> = HashSet::new();
-        let mut done = 0usize;
-        loop {
-            let job = {
-                let mut jobs = self.shared.lock();
-                loop {
-                    if Instant::now() >= bound {
-                        break None;
-                    }
-                    if let Some(i) = jobs.pick(|j| !tried.contains(&j.seq)) {
-                        break Some(jobs.take(i));
-                    }
-                    if jobs.in_flight.is_empty() {
-                        break None;
-                    }
-                    // A try in flight on the thread (or in an owner's call): wait for it, and
-                    // for the jobs of its key and value behind it.
-                    jobs = wait(&self.shared.done, jobs, bound);
-                }
-            };
-            let Some(job) = job else {
+        for (_, key, value) in &pairs {
+            if let Ok(false) = self.run_own(client, key, value, None, Some(bound), DRAIN) {
                 break;
-            };
-            tried.insert(job.seq);
-            if attempt(client, job, Some(bound), DRAIN).is_ok() {
-                done += 1;
             }
         }
         let jobs = self.shared.lock();
         let left = jobs.list.len() + jobs.in_flight.len();
         if left == 0 {
-            log::debug!("the client is dropped: its {done} pending clean-ups are done");
+            log::debug!("the client is dropped: its pending clean-ups are done");
             return;
         }
         let keys: Vec<&str> = jobs
@@ -276,14 +259,15 @@ impl Janitor {
         );
     }
 
-    /// Does `jobs` (releases done on an old master) on the current master now, pipelined on
-    /// one connection, [`REPLAY_BATCH`] commands per round trip; a job that fails, or whose
-    /// reply says nothing, is queued for the janitor thread, which retries it until `until`.
-    pub(crate) fn replay(&self, client: &LockClient, jobs: Vec<Redo>) {
+    /// Does `releases` (done on an old master) again on the current master now, pipelined on
+    /// one connection, [`REPLAY_BATCH`] commands per round trip (see [`redos`] for what is
+    /// sent); a job that fails, or whose reply says nothing, is queued for the janitor thread,
+    /// which retries it until `until`.
+    pub(crate) fn replay(&self, client: &LockClient, releases: Vec<Released>) {
         let now = Instant::now();
-        let mut iter = jobs.into_iter().filter(|j| j.until > now).peekable();
-        while iter.peek().is_some() {
-            let mut batch: Vec<Redo> = iter.by_ref().take(REPLAY_BATCH).collect();
+        let releases: Vec<Released> = releases.into_iter().filter(|r| r.until > now).collect();
+        for batch in releases.chunks(REPLAY_BATCH) {
+            let mut batch = redos(client, batch);
             // Counted holds: the owner's next acquire of the key waits for this try (see
             // `settle`), so that it cannot add a hold the job would take for the old one.
             // Marked first, then an owner that acquires or holds the lock already (entered
@@ -293,16 +277,12 @@ impl Janitor {
                 .filter(|j| j.cleanup.counted)
                 .map(|j| (j.key.clone(), j.value.clone(), j.until))
                 .collect();
-            if !counted.is_empty() {
-                self.shared.lock().in_flight.extend(counted.iter().cloned());
-                self.shared
-                    .counted
-                    .fetch_add(counted.len(), Ordering::AcqRel);
-            }
+            self.shared.lock().in_flight.extend(counted.iter().cloned());
+            let shared = &self.shared;
+            shared.counted.fetch_add(counted.len(), Ordering::AcqRel);
             // Ends their tries (whatever their outcome: a failed one is queued again before
             // this is dropped) and wakes the owners waiting for them.
-            let shared = &self.shared;
-            let settled = OnExit(move || {
+            let settled = OnExit(|| {
                 for (k, v, _) in &counted {
                     shared.finish(k, v, None);
                 }
@@ -346,7 +326,7 @@ impl Janitor {
                         );
                     }
                     for j in batch {
-                        self.push(client, j, Cause::ReleasedBeforeSwitch);
+                        self.push(client, j);
                     }
                     continue;
                 }
@@ -358,7 +338,7 @@ impl Janitor {
                         "lock {:?}: replay answered {v:?}; retried in the background",
                         j.key
                     );
-                    self.push(client, j, Cause::ReleasedBeforeSwitch);
+                    self.push(client, j);
                 } else if read_reply(client, &j.key, &j.cleanup, &v) != Done::Nothing {
                     done += 1;
                     // A clean-up that worked: not a warning.
@@ -386,39 +366,31 @@ impl Janitor {
         if self.shared.counted.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        self.run_own(client, key, owner, None, None)
+        let attempting = Some(live::attempting(key, owner));
+        self.run_own(client, key, owner, attempting, None, BACKGROUND)
             .map(drop)
             .inspect_err(|_| self.ensure_thread(client, key))
     }
 
     /// Queues a job for the janitor thread, started if it is not running.
-    fn push(&self, client: &LockClient, job: Redo, cause: Cause) {
+    fn push(&self, client: &LockClient, job: Job) {
         let key = job.key.clone();
-        self.queue(job, cause);
+        self.queue(job);
         self.ensure_thread(client, &key);
     }
 
-    /// Queues a job (the thread not woken): its `seq`, and whether the crate's tests hold new
-    /// jobs back (`LockClient::hold_cleanups_back`). At most [`MAX_JOBS`] are kept.
-    fn queue(&self, job: Redo, cause: Cause) -> (u64, bool) {
+    /// Queues a job (the thread not woken): whether the crate's tests hold new jobs back
+    /// (`LockClient::hold_cleanups_back`). At most [`MAX_JOBS`] are kept.
+    fn queue(&self, mut job: Job) -> bool {
         let mut jobs = self.shared.lock();
         let now = Instant::now();
         if jobs.list.len() >= MAX_JOBS {
-            // Past their holds' expiry first, then the oldest job of a key that has a newer
-            // one (the newest per key is kept), then the oldest of all.
-            let shared = &self.shared;
-            jobs.list.retain(|j| {
-                if j.until <= now && j.cleanup.counted {
-                    shared.counted.fetch_sub(1, Ordering::AcqRel);
-                }
-                j.until > now
-            });
-            if jobs.list.len() >= MAX_JOBS {
-                let at = jobs.to_drop_at_cap();
-                let dropped = jobs.list.remove(at);
-                if dropped.cleanup.counted {
-                    shared.counted.fetch_sub(1, Ordering::AcqRel);
-                }
+            let at = jobs.to_drop_at_cap(now);
+            let dropped = jobs.list.remove(at);
+            if dropped.cleanup.counted {
+                self.shared.counted.fetch_sub(1, Ordering::AcqRel);
+            }
+            if dropped.until > now {
                 log::warn!(
                     "lock {:?}: too many pending clean-ups, this one is dropped (the lock \
                      expires with its lease)",
@@ -429,19 +401,10 @@ impl Janitor {
         if job.cleanup.counted {
             self.shared.counted.fetch_add(1, Ordering::AcqRel);
         }
-        let seq = jobs.next_seq;
-        jobs.next_seq = seq.wrapping_add(1);
-        jobs.list.push(Job {
-            key: job.key,
-            value: job.value,
-            cleanup: job.cleanup,
-            cause,
-            until: job.until,
-            next: now,
-            tries: 0,
-            seq,
-        });
-        (seq, jobs.held_back)
+        job.seq = jobs.next_seq;
+        jobs.next_seq = job.seq.wrapping_add(1);
+        jobs.list.push(job);
+        jobs.held_back
     }
 
     /// Wakes the janitor thread for the jobs queued, or starts it if it is not running, unless
@@ -496,14 +459,75 @@ fn run(shared: &Shared, client: &WeakClient) {
                 };
                 // A due job whose key is being cleaned up by its owner's acquire waits for it
                 // (woken by `finish`), or for the next due time.
-                let poll = crate::time::saturating_add(now, BLOCKED_POLL);
-                jobs = wait(&shared.wake, jobs, next.max(poll));
+                let left = next.saturating_duration_since(now).max(BLOCKED_POLL);
+                jobs = wait_for(&shared.wake, jobs, left);
             }
         };
         let Some(client) = client.upgrade() else {
             return;
         };
         let _ = attempt(&client, due, None, BACKGROUND);
+    }
+}
+
+/// What to send again for `releases`: a sweep entry reads its key (one pipeline for them all)
+/// and releases the value found if this client wrote it and does not hold it; any other entry
+/// is sent again as itself.
+fn redos(client: &LockClient, releases: &[Released]) -> Vec<Job> {
+    let (sweeps, exact): (Vec<&Released>, Vec<&Released>) =
+        releases.iter().partition(|r| r.sweep.is_some());
+    let mut jobs: Vec<Job> = exact.iter().map(|r| redo(r, r.value.clone())).collect();
+    let Some(first) = sweeps.first() else {
+        return jobs;
+    };
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for r in &sweeps {
+        pipe.cmd("GET").arg(&r.key);
+    }
+    match client.with_conn(&first.key, |con, _| pipe.query::<Vec<redis::Value>>(con)) {
+        Ok(found) => {
+            for (r, v) in sweeps.iter().zip(found) {
+                let redis::Value::BulkString(value) = v else {
+                    continue;
+                };
+                let ours = r.sweep.as_deref().is_some_and(|p| value.starts_with(p));
+                // Read after the value was found: a hold whose write the read saw was
+                // registered before it was sent.
+                if ours && !client.live().contains(live::value(&value)) {
+                    jobs.push(redo(r, value));
+                }
+            }
+        }
+        Err(e) => {
+            // Nothing read: the value last released at each key is the best guess (the
+            // janitor retries it; a sweep cannot be, as it must read first).
+            log_repeat!(
+                client.repeats(),
+                "Sentinel: keys not read on the new master",
+                log::Level::Warn,
+                "Sentinel: could not read {} keys on the new master ({}); releasing the last \
+                 value released at each, owner-checked, in the background",
+                sweeps.len(),
+                e.report()
+            );
+            jobs.extend(sweeps.iter().map(|r| redo(r, r.value.clone())));
+        }
+    }
+    jobs
+}
+
+/// The release `r` again, of `value`.
+fn redo(r: &Released, value: Vec<u8>) -> Job {
+    Job {
+        key: r.key.clone(),
+        cleanup: r.cleanup.with_value(&value),
+        value,
+        cause: Cause::ReleasedBeforeSwitch,
+        until: r.until,
+        next: Instant::now(),
+        tries: 0,
+        seq: 0,
     }
 }
 
@@ -539,25 +563,22 @@ fn attempt(client: &LockClient, mut job: Job, until: Option<Instant>, when: &str
     // A counted release remembered across a Sentinel switch may have reached the new master
     // already, and the owner may hold the lock again since: its count then matches a live
     // hold. Such a job is dropped (the owner's next acquire cannot race it: see `settle`).
-    let (again, result) = if counted
+    let result = if counted
         && job.cause == Cause::ReleasedBeforeSwitch
         && holds_again(client, &key, &value, until)
     {
-        (None, Ok(()))
+        Ok(())
     } else {
         let reply = client.with_conn_until(&key, until, |con, s| {
             let keys: Vec<&str> = job.cleanup.keys.iter().map(String::as_str).collect();
             (job.cleanup.script)(s).eval_keys(con, &keys, &job.cleanup.args)
         });
-        match reply {
-            Ok(v) => {
-                let did = read_reply(client, &key, &job.cleanup, &v);
-                log_done(&job, did, when);
-                (None, Ok(()))
-            }
-            Err(e) => (retry_later(client, job, &e), Err(e)),
-        }
+        reply.map(|v| log_done(&job, read_reply(client, &key, &job.cleanup, &v), when))
     };
+    let again = result
+        .as_ref()
+        .err()
+        .and_then(|e| retry_later(client, job, e));
     let shared = &client.janitor().shared;
     if counted && again.is_none() {
         shared.counted.fetch_sub(1, Ordering::AcqRel);
@@ -666,14 +687,18 @@ mod tests {
             .expect("client")
     }
 
-    fn counted_replay(key: &str, owner: &[u8]) -> Redo {
+    fn counted_replay(key: &str, owner: &[u8]) -> Job {
         let mut cleanup = Cleanup::delete_for_test(key, owner);
         cleanup.counted = true;
-        Redo {
+        Job {
             key: key.to_owned(),
             value: owner.to_vec(),
             cleanup,
+            cause: Cause::ReleasedBeforeSwitch,
             until: crate::time::after(Duration::from_secs(60)),
+            next: Instant::now(),
+            tries: 0,
+            seq: 0,
         }
     }
 
@@ -681,11 +706,7 @@ mod tests {
     fn an_owners_acquire_settling_a_replayed_release_does_not_wait_for_itself() {
         let client = refused_client();
         let (key, owner) = ("k", b"owner".as_slice());
-        client.janitor().push(
-            &client,
-            counted_replay(key, owner),
-            Cause::ReleasedBeforeSwitch,
-        );
+        client.janitor().push(&client, counted_replay(key, owner));
         // The owner's acquire registers itself, then settles its pending clean-ups first (as
         // the reentrant and read-write acquires do).
         let attempt = client.live().attempt(key, owner);

@@ -2,7 +2,7 @@
 //! acquires share. State only: the client owns it, and the thread that works it, with the
 //! clean-ups it runs, is in `janitor.rs` (which needs the client to send commands).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -26,8 +26,8 @@ pub(crate) struct Job {
     /// When to try next.
     pub(crate) next: Instant,
     pub(crate) tries: u32,
-    /// Creation order: jobs of one key and value run one at a time, oldest first (a counted
-    /// job's count check depends on the ones before it).
+    /// Creation order, set when it is queued: jobs of one key and value run one at a time,
+    /// oldest first (a counted job's count check depends on the ones before it).
     pub(crate) seq: u64,
 }
 
@@ -48,19 +48,21 @@ pub(crate) struct Jobs {
 }
 
 impl Jobs {
-    /// The job to drop when the queue is full (its index): the oldest job of a key that has a
-    /// newer one (the newest per key is kept), else the oldest of all. One pass over the list
-    /// and one over its keys (it runs under the queue's lock, on every push past the cap).
-    pub(crate) fn to_drop_at_cap(&self) -> usize {
-        let mut newest: HashMap<&str, u64> = HashMap::with_capacity(self.list.len());
-        for j in &self.list {
-            let n = newest.entry(j.key.as_str()).or_insert(j.seq);
-            *n = (*n).max(j.seq);
+    /// The job to drop when the queue is full (its index): the first whose hold has expired by
+    /// `now`, else the oldest job of a key that has a newer one (the newest per key is kept),
+    /// else the oldest of all. It runs under the queue's lock, on every push past the cap.
+    pub(crate) fn to_drop_at_cap(&self, now: Instant) -> usize {
+        if let Some(at) = self.list.iter().position(|j| j.until <= now) {
+            return at;
         }
-        self.list
-            .iter()
-            .position(|j| newest.get(j.key.as_str()).is_some_and(|&n| n > j.seq))
-            .unwrap_or(0)
+        let mut newer: HashSet<&str> = HashSet::with_capacity(self.list.len());
+        let mut at = 0;
+        for (i, j) in self.list.iter().enumerate().rev() {
+            if !newer.insert(j.key.as_str()) {
+                at = i;
+            }
+        }
+        at
     }
 
     pub(crate) fn is_in_flight(&self, key: &str, value: &[u8]) -> Option<Instant> {
@@ -139,15 +141,6 @@ impl Shared {
         self.wake.notify_one();
         self.done.notify_all();
     }
-}
-
-/// Waits on `cv` until woken or until `until`.
-pub(crate) fn wait<'a>(
-    cv: &Condvar,
-    jobs: MutexGuard<'a, Jobs>,
-    until: Instant,
-) -> MutexGuard<'a, Jobs> {
-    crate::client::waiters::wait_for(cv, jobs, until.saturating_duration_since(Instant::now()))
 }
 
 /// The clean-up queue of one client (see the module docs).
@@ -267,21 +260,24 @@ mod tests {
     fn at_the_cap_the_oldest_job_of_a_key_with_a_newer_one_is_dropped() {
         let now = Instant::now();
         let mut jobs = Jobs::default();
-        assert_eq!(jobs.to_drop_at_cap(), 0);
+        assert_eq!(jobs.to_drop_at_cap(now), 0);
         jobs.insert(job("a", b"o", 1, now));
         jobs.insert(job("b", b"o", 2, now));
         jobs.insert(job("c", b"o", 3, now));
         // Every key has one job: the oldest of all.
-        assert_eq!(jobs.list[jobs.to_drop_at_cap()].seq, 1);
+        assert_eq!(jobs.list[jobs.to_drop_at_cap(now)].seq, 1);
         jobs.insert(job("b", b"p", 4, now));
         // "b" has a newer job: its older one goes, "a" (older, but the newest of its key) stays.
-        assert_eq!(jobs.list[jobs.to_drop_at_cap()].seq, 2);
+        assert_eq!(jobs.list[jobs.to_drop_at_cap(now)].seq, 2);
         // Many keys: still the first such job in order.
         let mut many = Jobs::default();
         for i in 0..4_096u64 {
             many.insert(job(&format!("k{i}"), b"o", i, now));
         }
         many.insert(job("k4000", b"o", 5_000, now));
-        assert_eq!(many.list[many.to_drop_at_cap()].seq, 4_000);
+        assert_eq!(many.list[many.to_drop_at_cap(now)].seq, 4_000);
+        // A job whose hold has expired goes first.
+        many.list[4_090].until = now;
+        assert_eq!(many.list[many.to_drop_at_cap(now)].seq, 4_090);
     }
 }

@@ -73,10 +73,7 @@ impl Shard {
     /// Drops the holds whose deadline is `now` or earlier (and their entries, unless a write
     /// of the value is under way).
     fn purge(&mut self, now: Instant) {
-        while let Some(&(until, f)) = self.by_deadline.first() {
-            if until > now {
-                break;
-            }
+        while let Some(&(_, f)) = self.by_deadline.first().filter(|(until, _)| *until <= now) {
             self.by_deadline.pop_first();
             if let Some(e) = self.entries.get_mut(&f) {
                 e.holds = 0;
@@ -90,12 +87,10 @@ impl Shard {
 
     /// Moves `f`'s deadline to `until` if that is later.
     fn push_deadline(&mut self, f: u64, until: Instant) {
-        let Some(e) = self.entries.get_mut(&f) else {
+        let later = |e: &&mut Entry| e.until.is_none_or(|old| old < until);
+        let Some(e) = self.entries.get_mut(&f).filter(later) else {
             return;
         };
-        if e.until.is_some_and(|old| old >= until) {
-            return;
-        }
         if let Some(old) = e.until.replace(until) {
             self.by_deadline.remove(&(old, f));
         }
@@ -104,15 +99,14 @@ impl Shard {
 
     /// Removes `f`'s entry if nothing keeps it.
     fn settle(&mut self, f: u64) {
-        if let Some(e) = self.entries.get_mut(&f) {
-            if e.holds == 0 {
-                if let Some(old) = e.until.take() {
-                    self.by_deadline.remove(&(old, f));
-                }
-                if e.writing == 0 {
-                    self.entries.remove(&f);
-                }
-            }
+        let Some(e) = self.entries.get_mut(&f).filter(|e| e.holds == 0) else {
+            return;
+        };
+        if let Some(old) = e.until.take() {
+            self.by_deadline.remove(&(old, f));
+        }
+        if e.writing == 0 {
+            self.entries.remove(&f);
         }
     }
 }

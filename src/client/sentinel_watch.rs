@@ -34,8 +34,8 @@
 //! the old master's stream was cut, so at most one hold per key (per owner for the hash
 //! layouts) can be left, but not necessarily the one released last: clients go on locking on
 //! the old master for seconds after the promotion. So a Sentinel client remembers its latest
-//! release per key (and owner) while its hold could live, and on a switch [`replay`]s them on
-//! the new master. Each is the release's own owner-checked clean-up (see
+//! release per key (and owner) while its hold could live, and on a switch replays them on the
+//! new master (`Janitor::replay`). Each is the release's own owner-checked clean-up (see
 //! [`Cleanup`]), as its strategy describes it; a release whose values carry the client's id
 //! (a sweep prefix) is done on whatever value of the client's the key holds on the new master,
 //! unless a thread of the client holds it (see `client/live.rs`), not only on the value it
@@ -51,10 +51,7 @@ use std::time::Instant;
 #[cfg(feature = "sentinel")]
 use redis::RedisResult;
 
-use crate::client::cleanup::{Cleanup, Redo};
-use crate::client::janitor::REPLAY_BATCH;
-use crate::client::live;
-use crate::client::repeats::log_repeat;
+use crate::client::cleanup::Cleanup;
 use crate::client::switches::Released;
 use crate::client::LockClient;
 #[cfg(feature = "sentinel")]
@@ -109,7 +106,7 @@ pub(crate) fn remember(
              on the new master",
             late.key
         );
-        replay(client, vec![late]);
+        client.janitor().replay(client, vec![late]);
     }
 }
 
@@ -136,61 +133,9 @@ fn learn(client: &WeakClient, master: (String, u16), epoch: Option<u64>, why: &s
             recent.len()
         );
     }
-    replay(&client, recent);
+    client.janitor().replay(&client, recent);
     client.note(crate::client::test_hooks::Event::Switched);
     true
-}
-
-/// Does `releases` again on the current master: a sweep entry reads its key and releases the
-/// value found if this client wrote it and does not hold it; any other entry is sent again
-/// as itself. Pipelined (a round trip for the reads, one for the releases); what fails is
-/// left to the janitor, which retries it until its hold would have expired.
-fn replay(client: &LockClient, releases: Vec<Released>) {
-    let (sweeps, exact): (Vec<Released>, Vec<Released>) =
-        releases.into_iter().partition(|r| r.sweep.is_some());
-    let mut jobs: Vec<Redo> = exact.iter().map(|r| r.redo(r.value.clone())).collect();
-    for batch in sweeps.chunks(REPLAY_BATCH) {
-        let Some(first) = batch.first() else {
-            continue;
-        };
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for r in batch {
-            pipe.cmd("GET").arg(&r.key);
-        }
-        let found: crate::Result<Vec<redis::Value>> =
-            client.with_conn(&first.key, |con, _| pipe.query(con));
-        let found = match found {
-            Ok(found) => found,
-            Err(e) => {
-                // Nothing read: the value last released at each key is the best guess (the
-                // janitor retries it; a sweep cannot be, as it must read first).
-                log_repeat!(
-                    client.repeats(),
-                    "Sentinel: keys not read on the new master",
-                    log::Level::Warn,
-                    "Sentinel: could not read {} keys on the new master ({}); releasing the \
-                     last value released at each, owner-checked, in the background",
-                    batch.len(),
-                    e.report()
-                );
-                jobs.extend(batch.iter().map(|r| r.redo(r.value.clone())));
-                continue;
-            }
-        };
-        for (r, v) in batch.iter().zip(found) {
-            let redis::Value::BulkString(value) = v else {
-                continue;
-            };
-            let ours = r.sweep.as_deref().is_some_and(|p| value.starts_with(p));
-            // Read after the value was found: a hold whose write the read saw was registered
-            // before it was sent.
-            if ours && !client.live().contains(live::value(&value)) {
-                jobs.push(r.redo(value));
-            }
-        }
-    }
-    client.janitor().replay(client, jobs);
 }
 
 #[cfg(feature = "sentinel")]
@@ -220,10 +165,9 @@ pub(crate) fn start(watch: Watch, client: &LockClient) {
 
 #[cfg(feature = "sentinel")]
 fn run(watch: &Watch, client: &WeakClient) {
-    let n = watch.sentinels.len();
-    let mut i = 0usize;
+    let mut sentinels = watch.sentinels.iter().cycle();
     while client.upgrade().is_some() {
-        let Some(sentinel) = watch.sentinels.get(i % n.max(1)) else {
+        let Some(sentinel) = sentinels.next() else {
             return;
         };
         match follow(watch, sentinel, client) {
@@ -234,7 +178,6 @@ fn run(watch: &Watch, client: &WeakClient) {
                      Sentinel",
                     sentinel.get_connection_info().addr()
                 );
-                i = i.wrapping_add(1);
                 thread::sleep(RECONNECT_DELAY);
             }
         }
@@ -277,13 +220,10 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
         }
         let msg = match pubsub.get_message() {
             Ok(msg) => msg,
-            Err(e) if e.is_timeout() => {
-                if client.upgrade().is_none() {
-                    return Ok(());
-                }
-                continue;
-            }
-            Err(e) => return Err(e),
+            Err(e) if !e.is_timeout() => return Err(e),
+            // A silent Sentinel: the client is looked at every `POLL`.
+            Err(_) if client.upgrade().is_none() => return Ok(()),
+            Err(_) => continue,
         };
         let payload: String = msg.get_payload()?;
         // "<master name> <old ip> <old port> <new ip> <new port>"
@@ -310,20 +250,20 @@ fn current_master(con: &mut redis::Connection, service: &str) -> RedisResult<((S
         .arg("MASTER")
         .arg(service)
         .query(con)?;
-    let field = |name: &str| {
-        fields.get(name).cloned().ok_or_else(|| {
-            redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "SENTINEL MASTER reply without a field",
-                name.to_owned(),
-            ))
-        })
-    };
-    let port = field("port")?.parse::<u16>().map_err(|_| {
-        redis::RedisError::from((redis::ErrorKind::Client, "SENTINEL MASTER: bad port"))
-    })?;
-    let epoch = field("config-epoch")?.parse::<u64>().unwrap_or(0);
-    Ok(((field("ip")?, port), epoch))
+    let field = |name: &str| fields.get(name).map(String::as_str);
+    match (
+        field("ip"),
+        field("port").and_then(|p| p.parse::<u16>().ok()),
+    ) {
+        (Some(ip), Some(port)) => {
+            let epoch = field("config-epoch").and_then(|e| e.parse().ok());
+            Ok(((ip.to_owned(), port), epoch.unwrap_or(0)))
+        }
+        _ => Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "SENTINEL MASTER reply without an ip and a port",
+        ))),
+    }
 }
 
 // The tests of the Sentinel feature: `#[cfg(test)]` outside, as the layer check expects.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
-use crate::client::cleanup::{Cleanup, Redo};
+use crate::client::cleanup::Cleanup;
 
 /// Most releases remembered, a backstop: there is one entry per key (per owner, for the hash
 /// layouts) whose hold could still live, so a client that locks fewer keys never reaches it.
@@ -33,18 +33,6 @@ pub(crate) struct Released {
     pub(crate) generation: u64,
     /// When the hold would have expired by itself.
     pub(crate) until: Instant,
-}
-
-impl Released {
-    /// The release again, of `value`.
-    pub(crate) fn redo(&self, value: Vec<u8>) -> Redo {
-        Redo {
-            key: self.key.clone(),
-            cleanup: self.cleanup.with_value(&value),
-            value,
-            until: self.until,
-        }
-    }
 }
 
 /// The switches seen for one client's service.

@@ -60,7 +60,6 @@ use crate::client::repeats::log_repeat;
 use crate::client::waiters::wait_for;
 use crate::client::watched::{Entry, Shared, ThreadState, Watchdog};
 use crate::client::{OnExit, WeakClient};
-use crate::error::LockError;
 use crate::keys;
 use crate::lease::{LossReason, RenewKind, WatchState};
 use crate::stats::Counters;
@@ -74,14 +73,9 @@ const THREAD_NAME: &str = "dlock-watchdog";
 /// the time to return from a call cut short and report the hold at its deadline.
 const CAP_ALLOWANCE: Duration = Duration::from_millis(1);
 
-/// How one watched hold came out of a round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    /// Renew it again at this instant.
-    Due(Instant),
-    /// Lost or released: stop watching it.
-    Drop,
-}
+/// How one watched hold came out of a round: when to renew it again, or `None` to stop
+/// watching it (lost or released).
+type Outcome = Option<Instant>;
 
 impl Watchdog {
     /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease() / 3`.
@@ -192,7 +186,7 @@ fn round(shared: &Shared, client: &crate::client::LockClient) {
             .iter()
             .cloned()
             .partition(|(_, s)| !s.is_stopped() && !s.marked_lost());
-        outcomes.extend(gone.into_iter().map(|(i, _)| (i, Outcome::Drop)));
+        outcomes.extend(gone.into_iter().map(|(i, _)| (i, None)));
         renew(client, start, &kept, until, &mut outcomes);
     }
     let mut list = shared.lock();
@@ -200,8 +194,8 @@ fn round(shared: &Shared, client: &crate::client::LockClient) {
         // Indices are stable: nothing was removed since `take_due`, only appended.
         if let Some(entry) = list.entries.get_mut(i) {
             match outcome {
-                Outcome::Due(at) => entry.due = at,
-                Outcome::Drop => entry.gone = true,
+                Some(at) => entry.due = at,
+                None => entry.gone = true,
             }
         }
     }
@@ -300,29 +294,18 @@ fn renew(
         return;
     };
     let results = match renew_replies(client, batch, until) {
-        Ok(results) if results.len() == batch.len() => results,
-        failed => {
-            match failed {
-                Ok(results) => log_repeat!(
-                    client.repeats(),
-                    "watchdog: renewal answered too few results",
-                    log::Level::Warn,
-                    "watchdog: renewal of {} holds ({:?}, ...) answered {} results; retrying",
-                    batch.len(),
-                    first.key(),
-                    results.len()
-                ),
-                Err(e) => log_repeat!(
-                    client.repeats(),
-                    "watchdog: renewal failed",
-                    log::Level::Warn,
-                    "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their \
-                     leases run out: {}",
-                    batch.len(),
-                    first.key(),
-                    e.report()
-                ),
-            }
+        Ok(results) => results,
+        Err(e) => {
+            log_repeat!(
+                client.repeats(),
+                "watchdog: renewal failed",
+                log::Level::Warn,
+                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
+                 run out: {}",
+                batch.len(),
+                first.key(),
+                e.report()
+            );
             client.counters().renewals_failed(batch.len());
             return retry_later(client, batch, outcomes);
         }
@@ -332,15 +315,15 @@ fn renew(
     for ((i, state), result) in batch.iter().zip(results) {
         let outcome = if state.is_stopped() {
             // Released (or being released) meanwhile: the holder's release decides.
-            Outcome::Drop
+            None
         } else if result != 1 {
             lost(client.counters(), state, LossReason::Gone);
-            Outcome::Drop
+            None
         } else if now >= state.loss_deadline() {
             // Renewed, but only after its loss deadline by the local clock: the holder may
             // already have seen it lost, and a lost hold stays lost.
             lost(client.counters(), state, LossReason::Expired);
-            Outcome::Drop
+            None
         } else {
             state.renewed(start, state.lease());
             // It stays in the client's live set for its new lifetime.
@@ -353,11 +336,7 @@ fn renew(
             client.live().renew(entry, state.lease());
             log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
             renewed += 1;
-            if state.renews_once() {
-                Outcome::Drop
-            } else {
-                Outcome::Due(crate::time::saturating_add(start, state.lease() / 3))
-            }
+            (!state.renews_once()).then(|| crate::time::saturating_add(start, state.lease() / 3))
         };
         outcomes.push((*i, outcome));
     }
@@ -372,32 +351,33 @@ fn renew(
     );
 }
 
-/// The renewal answers for `batch`, one per hold (1 renewed, 0 not the owner's): Token holds
-/// by a pipeline of `SET key token IFEQ token PX lease` where the server has it (one round
-/// trip), the others (and all of them elsewhere) by one `lua/renew_batch.lua` call.
+/// The renewal answers for `batch`, one per hold (1 renewed, 0 not the owner's; too few is an
+/// error): Token holds by a pipeline of `SET key token IFEQ token PX lease` where the server
+/// has it (one round trip), the others (and all of them elsewhere) by one
+/// `lua/renew_batch.lua` call.
 fn renew_replies(
     client: &crate::client::LockClient,
     batch: &[(usize, Arc<WatchState>)],
     until: Option<Instant>,
 ) -> crate::error::Result<Vec<i64>> {
     let mut results = vec![0i64; batch.len()];
-    let mut scripted: Vec<usize> = (0..batch.len()).collect();
-    if client.native().has(Command::SetIfEq) {
-        let values: Vec<usize> = scripted
+    let (values, mut scripted): (Vec<usize>, Vec<usize>) =
+        (0..batch.len()).partition(|&i| batch[i].1.kind().is_value());
+    // In a cluster one command at most: redis-rs does not follow a slot's redirection (a
+    // migration's ASK or MOVED) inside a pipeline.
+    let renewed = match client.native().has(Command::SetIfEq)
+        && !values.is_empty()
+        && (values.len() == 1 || !client.is_cluster())
+    {
+        true => renew_natively(client, batch, &values, until)?,
+        false => None,
+    };
+    match renewed {
+        Some(renewed) => values
             .iter()
-            .copied()
-            .filter(|&i| batch[i].1.kind().is_value())
-            .collect();
-        // In a cluster one command at most: redis-rs does not follow a slot's redirection
-        // (a migration's ASK or MOVED) inside a pipeline.
-        if !values.is_empty() && (values.len() == 1 || !client.is_cluster()) {
-            if let Some(renewed) = renew_natively(client, batch, &values, until)? {
-                for (&i, r) in values.iter().zip(renewed) {
-                    results[i] = r;
-                }
-                scripted.retain(|i| !batch[*i].1.kind().is_value());
-            }
-        }
+            .zip(renewed)
+            .for_each(|(&i, r)| results[i] = r),
+        None => scripted.extend(values),
     }
     if scripted.is_empty() {
         return Ok(results);
@@ -415,23 +395,27 @@ fn renew_replies(
         args.push(ms.as_bytes());
     }
     let replies: Vec<i64> = client.with_conn_confirmed_until(keys[0], until, |con, scripts| {
-        scripts.renew_batch.eval_keys(con, &keys, &args)
+        let replies: Vec<i64> = scripts.renew_batch.eval_keys(con, &keys, &args)?;
+        match replies.len() == keys.len() {
+            true => Ok(replies),
+            false => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "renewal answered too few results",
+                format!("{} for {} holds", replies.len(), keys.len()),
+            ))),
+        }
     })?;
-    if replies.len() != scripted.len() {
-        // Reported by the caller as a malformed answer.
-        return Ok(replies);
-    }
     for (&i, r) in scripted.iter().zip(replies) {
         results[i] = r;
     }
     Ok(results)
 }
 
-/// The pipelined `SET … IFEQ … PX` renewal of the holds `which` of `batch`: their answers, or
-/// `None` when the server refused the command (then the script renews them: from now on when
-/// the server, asked, says it lacks the command or the user may not run it; for this call on a
-/// full server's `OOM`). A key of another
-/// type counts as not the owner's, as in the script.
+/// The pipelined `SET … IFEQ … PX` renewal of the holds `which` of `batch` (one alone is sent
+/// as a command, which redis-rs redirects in a cluster): their answers, or `None` when the
+/// server refused the command (then the script renews them: from now on when the server, asked
+/// on this connection, says it lacks the command or the user may not run it; for this call on
+/// a full server's `OOM`). A key of another type counts as not the owner's, as in the script.
 fn renew_natively(
     client: &crate::client::LockClient,
     batch: &[(usize, Arc<WatchState>)],
@@ -439,28 +423,6 @@ fn renew_natively(
     until: Option<Instant>,
 ) -> crate::error::Result<Option<Vec<i64>>> {
     let key = batch[which[0]].1.key();
-    if let [i] = which {
-        let state = &batch[*i].1;
-        // `None`: the server lacks the command (asked on this connection).
-        let reply =
-            client.with_conn_confirmed_until(key, until, |con, _| {
-                match native::set_ifeq_px(state.key(), state.value(), lease_ms(state))
-                    .query::<redis::Value>(con)
-                {
-                    Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => Ok(None),
-                    other => other.map(Some),
-                }
-            });
-        return match reply {
-            Ok(None) => Ok(None),
-            Ok(Some(redis::Value::Nil)) => Ok(Some(vec![0])),
-            Ok(Some(_)) => Ok(Some(vec![1])),
-            // A key of another type counts as not the owner's, as in the script.
-            Err(LockError::WrongType { .. }) => Ok(Some(vec![0])),
-            Err(LockError::Redis { source, .. }) if native::is_oom(&source) => Ok(None),
-            Err(e) => Err(e),
-        };
-    }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for &i in which {
@@ -471,45 +433,33 @@ fn renew_natively(
             lease_ms(state),
         ));
     }
-    let replies: Vec<redis::Value> =
-        client.with_conn_confirmed_until(key, until, |con, _| pipe.query(con))?;
-    let mut out = Vec::with_capacity(which.len());
-    for reply in replies {
-        match reply {
-            redis::Value::Okay | redis::Value::SimpleString(_) => out.push(1),
-            redis::Value::Nil => out.push(0),
-            redis::Value::ServerError(e) => {
-                let e = redis::RedisError::from(e);
-                if native::is_oom(&e) {
-                    return Ok(None);
-                }
-                if e.code() == Some("WRONGTYPE") {
-                    out.push(0);
-                    continue;
-                }
-                // Asked on a connection of its own (the pipeline's is back in the pool); a
-                // question that fails leaves the refusal as it is.
-                let lacks = client.with_conn_until(key, until, |con, _| {
-                    Ok(client.native().lacks(con, Command::SetIfEq, key, &e))
-                });
-                if lacks.unwrap_or(false) {
-                    return Ok(None);
-                }
-                return Err(crate::error::LockError::from_redis(key, e));
-            }
-            other => {
-                return Err(crate::error::LockError::from_redis(
-                    key,
-                    redis::RedisError::from((
+    client.with_conn_confirmed_until(key, until, |con, _| {
+        let replies: Vec<redis::RedisResult<redis::Value>> = match which {
+            [_] => pipe.cmd_iter().map(|cmd| cmd.query(con)).collect(),
+            _ => (pipe.query::<Vec<redis::Value>>(con)?.into_iter())
+                .map(redis::Value::extract_error)
+                .collect(),
+        };
+        let mut out = Vec::with_capacity(which.len());
+        for reply in replies {
+            match reply {
+                Ok(redis::Value::Okay | redis::Value::SimpleString(_)) => out.push(1),
+                Ok(redis::Value::Nil) => out.push(0),
+                Err(e) if e.code() == Some("WRONGTYPE") => out.push(0),
+                Err(e) if native::is_oom(&e) => return Ok(None),
+                Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => return Ok(None),
+                Err(e) => return Err(e),
+                Ok(other) => {
+                    return Err(redis::RedisError::from((
                         redis::ErrorKind::Client,
                         "unexpected reply to SET ... IFEQ",
                         format!("{other:?}"),
-                    )),
-                ))
+                    )))
+                }
             }
         }
-    }
-    Ok(Some(out))
+        Ok(Some(out))
+    })
 }
 
 /// After a failed call: each hold is tried again soon (at its loss deadline at the latest, to
@@ -524,12 +474,12 @@ fn retry_later(
     for (i, state) in batch {
         let deadline = state.loss_deadline();
         let outcome = if state.is_stopped() {
-            Outcome::Drop
+            None
         } else if now >= deadline {
             lost(client.counters(), state, LossReason::Expired);
-            Outcome::Drop
+            None
         } else {
-            Outcome::Due(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
+            Some(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
         };
         outcomes.push((*i, outcome));
     }
