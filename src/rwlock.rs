@@ -20,7 +20,6 @@
 //! - extend: `lua/rw_extend.lua key read|write <owner> <ttl ms>`;
 //! - check: `lua/rw_held.lua key read|write <owner>`.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -34,15 +33,17 @@ use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::live;
 use crate::client::sentinel_watch;
-use crate::client::LockClient;
+use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
 use crate::keys;
 use crate::lease::{printable, Attempt, Lease, LostCallback, LostLock, RenewKind};
 use crate::lock::{self, DistributedLock, LockGuard, LockState};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, HoldOptions, WakeUp};
+use crate::strategy::string_value;
 use crate::time::check_duration;
 
 /// How many retry sleeps (at the policy's longest) a writer intent outlives by default.
@@ -534,42 +535,34 @@ impl Shared {
     }
 
     /// Runs one script on `keys` and decodes its `{code, holds[, wait]}` reply, recording the
-    /// holds of `owner`. With `confirm`, a hold write: confirmed by the replicas the client
-    /// requires ([`LockError::NotReplicated`] otherwise), and the cell set once the script was
-    /// handed to a connection (an error after that may come with the script run).
+    /// holds of `owner`. `confirmed`: a hold write, confirmed by the replicas the client
+    /// requires ([`LockError::NotReplicated`] otherwise).
     fn run(
         &self,
-        script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
+        script: fn(&Scripts) -> &crate::scripts::LuaScript,
         keys: &[&str],
         owner: &[u8],
         args: impl redis::ToRedisArgs,
-        confirm: Option<&Cell<bool>>,
+        confirmed: bool,
     ) -> Result<(i64, i64, Option<i64>)> {
-        let call = |con: &mut crate::client::Conn, s: &crate::scripts::Scripts| {
-            if let Some(sent) = confirm {
-                sent.set(true);
-            }
-            script(s).eval_keys(con, keys, &args)
+        let call = |con: &mut Conn, s: &Scripts| script(s).eval_keys(con, keys, &args);
+        let reply: Value = match confirmed {
+            true => self.client.with_conn_confirmed(&self.key, call)?,
+            false => self.client.with_conn(&self.key, call)?,
         };
-        let reply: Value = match confirm {
-            Some(_) => self.client.with_conn_confirmed(&self.key, call)?,
-            None => self.client.with_conn(&self.key, call)?,
-        };
-        let (code, holds, wait) = self.decode(reply)?;
-        // The owner's hold count as the script reported it.
-        self.holds(owner, |h| h.reported = holds.max(0));
-        Ok((code, holds, wait))
+        self.decode(owner, reply)
     }
 
     /// Sends `lua/rw_release.lua` with the keys and arguments of `release` (see
     /// [`release_cleanup`](Self::release_cleanup)), recording the holds of `owner`.
     fn send(&self, release: &Cleanup, owner: &[u8]) -> Result<(i64, i64, Option<i64>)> {
         let keys: Vec<&str> = release.keys.iter().map(String::as_str).collect();
-        self.run(release.script, &keys, owner, &release.args, None)
+        self.run(release.script, &keys, owner, &release.args, false)
     }
 
-    /// `{code, holds}` or (acquire) `{code, holds, wait ms}`.
-    fn decode(&self, reply: Value) -> Result<(i64, i64, Option<i64>)> {
+    /// `{code, holds}` or (acquire) `{code, holds, wait ms}`, recording the holds of `owner`
+    /// as the script reported them.
+    fn decode(&self, owner: &[u8], reply: Value) -> Result<(i64, i64, Option<i64>)> {
         if let Value::BulkString(entry) = &reply {
             return Err(LockError::Corrupt {
                 key: self.key.clone(),
@@ -578,11 +571,13 @@ impl Shared {
                          damaged hash); it is left alone",
             });
         }
-        match redis::from_redis_value_ref::<Vec<i64>>(&reply).as_deref() {
-            Ok([code, holds]) => Ok((*code, *holds, None)),
-            Ok([code, holds, wait]) => Ok((*code, *holds, Some(*wait))),
-            _ => Err(self.unexpected(&reply)),
-        }
+        let (code, holds, wait) = match redis::from_redis_value_ref::<Vec<i64>>(&reply).as_deref() {
+            Ok([code, holds]) => (*code, *holds, None),
+            Ok([code, holds, wait]) => (*code, *holds, Some(*wait)),
+            _ => return Err(self.unexpected(&reply)),
+        };
+        self.holds(owner, |h| h.reported = holds.max(0));
+        Ok((code, holds, wait))
     }
 
     fn unexpected(&self, reply: &Value) -> LockError {
@@ -603,29 +598,18 @@ impl Shared {
         // so that a later try cannot take the new hold for the old one.
         self.client.janitor().settle(&self.client, &self.key, id)?;
         let start = Instant::now();
-        let sent = Cell::new(false);
         // What this thread holds: more on the server is a stale hold of its own (a release lost
         // in a failover), which the script sets back first.
         let known = self.holds(id, |h| *h);
-        let reply = self.run(
-            |s| &s.rw_acquire,
-            &[self.key.as_str(), self.writers.as_str()],
-            id,
-            (
-                mode.as_str(),
-                owner,
-                self.opts.lease_ms(),
-                intent_ms,
-                known.read,
-                known.write,
-            ),
-            Some(&sent),
-        );
+        let acquire = |con: &mut Conn, s: &Scripts| {
+            let keys = [self.key.as_str(), self.writers.as_str()];
+            let (lease_ms, side) = (self.opts.lease_ms(), mode.as_str());
+            let args = (side, owner, lease_ms, intent_ms, known.read, known.write);
+            s.rw_acquire.eval_keys(con, &keys, args)
+        };
         // Sent and unanswered, or answered but not confirmed by the replicas: it may have
         // counted a hold that a failover would lose, or that nobody releases.
-        if let (Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })), true) =
-            (&reply, sent.get())
-        {
+        let reply = string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
             // The janitor gives one hold back in the background if the owner's holds add up to
             // what the acquire would have left (as this lock last saw them, plus one); if the
             // acquire never ran, they are fewer and nothing changes.
@@ -634,12 +618,11 @@ impl Shared {
                 self.release_cleanup(mode.as_str(), id, true, Some(before.saturating_add(1)));
             let until = start.checked_add(self.opts.lease).unwrap_or(start);
             let client = &self.client;
-            let why = Why::acquire(e);
             client
                 .janitor()
                 .forget(client, &self.key, id, undo, why, until);
-        }
-        let (code, holds, wait) = reply?;
+        });
+        let (code, holds, wait) = self.decode(id, reply?)?;
         match code {
             1 => {
                 // Counted before `checked_win`, whose release of a late hold counts it off.
@@ -736,13 +719,6 @@ impl Shared {
         }
     }
 
-    fn try_acquire(&self, mode: Mode) -> Result<Option<Lease>> {
-        Ok(match self.attempt(mode, &self.owner(), 0)? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
-    }
-
     /// Gives back one hold. The unlock latch (a fresh request id, the same for the resend of
     /// [`LockClient::with_conn`] after a dropped connection) makes a resent release answer
     /// from the first one's outcome instead of giving back a second hold.
@@ -818,7 +794,7 @@ impl Shared {
             &[self.key.as_str()],
             lease.value(),
             (mode.as_str(), lease.value(), ext.ttl_ms()),
-            Some(&Cell::new(false)),
+            true,
         )?;
         if code == 1 {
             self.client
@@ -855,7 +831,7 @@ impl Shared {
             &[self.key.as_str()],
             lease.value(),
             (mode.as_str(), lease.value()),
-            None,
+            false,
         )?;
         Ok(code == 1 && !lease.is_expired())
     }
@@ -941,20 +917,11 @@ macro_rules! side {
         }
 
         impl DistributedLock for $handle {
-            fn key(&self) -> &str {
-                &self.shared.key
-            }
-
-            fn ttl(&self) -> Duration {
-                self.shared.opts.lease
-            }
-
-            fn retry_policy(&self) -> &RetryPolicy {
-                &self.shared.opts.retry
-            }
+            hold::hold_accessors!(shared);
 
             fn try_acquire(&self) -> Result<Lease> {
-                lock::taken_or_held(&self.shared.key, self.shared.try_acquire($mode))
+                let shared = &self.shared;
+                hold::taken(&shared.key, shared.attempt($mode, &shared.owner(), 0))
             }
 
             fn release(&self, lease: &Lease) -> Result<bool> {

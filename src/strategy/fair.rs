@@ -60,7 +60,7 @@ use crate::ids::new_token;
 use crate::keys;
 use crate::lease::{Lease, RenewKind, WatchState};
 use crate::lock::{self, DistributedLock, LockGuard, LockState};
-use crate::retry::{Attempts, RetryPolicy};
+use crate::retry::Attempts;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, HoldOptions};
@@ -367,8 +367,9 @@ impl FairLock {
             return Ok(None);
         }
         attempts.record();
-        let lease = self.take(|token| self.attempt_plain(token))?;
-        Ok(lease.map(|lease| LockGuard::new(self, lease)))
+        Ok(self
+            .try_take(true)?
+            .map(|lease| LockGuard::new(self, lease)))
     }
 
     /// One `lua/fair_acquire.lua` call; `wait`: join (or refresh) the queue when refused.
@@ -857,22 +858,19 @@ impl FairLock {
 }
 
 impl FairLock {
-    /// One attempt: `Ok(None)` when another owner holds the lock.
-    fn try_take(&self) -> Result<Option<Lease>> {
-        self.take(|token| match self.quiet() {
-            true => self.attempt_plain(token),
-            false => match self.attempt(token, false, Instant::now())? {
-                Outcome::Taken(lease) => Ok(Some(lease)),
-                Outcome::Refused { .. } => Ok(None),
-            },
-        })
-    }
-
-    /// One attempt with a fresh token, kept live for the lease if it took the lock.
-    fn take(&self, attempt: impl FnOnce(&Token) -> Result<Option<Lease>>) -> Result<Option<Lease>> {
+    /// One attempt with a fresh token, kept live for the lease if it took the lock: a plain
+    /// `SET NX PX` when `quiet`, else the script (without queueing). `Ok(None)` when another
+    /// owner holds the lock.
+    fn try_take(&self, quiet: bool) -> Result<Option<Lease>> {
         let token = self.new_token();
         let mut live = self.client.live().write(&token, Instant::now());
-        let lease = attempt(&token)?;
+        let lease = match quiet {
+            true => self.attempt_plain(&token)?,
+            false => match self.attempt(&token, false, Instant::now())? {
+                Outcome::Taken(lease) => Some(lease),
+                Outcome::Refused { .. } => None,
+            },
+        };
         if lease.is_some() {
             live.keep(self.opts.lease);
         }
@@ -881,20 +879,10 @@ impl FairLock {
 }
 
 impl DistributedLock for FairLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.opts.lease
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.opts.retry
-    }
+    hold::hold_accessors!();
 
     fn try_acquire(&self) -> Result<Lease> {
-        crate::lock::taken_or_held(&self.key, self.try_take())
+        crate::lock::taken_or_held(&self.key, self.try_take(self.quiet()))
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {

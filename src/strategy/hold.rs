@@ -372,6 +372,26 @@ macro_rules! forward_lock {
 }
 pub(crate) use forward_lock;
 
+/// `key`, `ttl` and `retry_policy` of a lock whose `key` and `opts` ([`HoldOptions`]) are
+/// fields of `self` (or of the field path given, e.g. `shared`), written inside its
+/// `impl DistributedLock`.
+macro_rules! hold_accessors {
+    ($($field:ident),*) => {
+        fn key(&self) -> &str {
+            &self$(.$field)*.key
+        }
+
+        fn ttl(&self) -> ::std::time::Duration {
+            self$(.$field)*.opts.lease
+        }
+
+        fn retry_policy(&self) -> &$crate::retry::RetryPolicy {
+            &self$(.$field)*.opts.retry
+        }
+    };
+}
+pub(crate) use hold_accessors;
+
 /// Decodes the reply of an acquire script: `{1, fence}` (taken; fence 0 = no fencing) or
 /// `{0, pttl}` (held; pttl as Redis's `PTTL`: -1 no expiry, -2 gone).
 pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {

@@ -42,7 +42,7 @@ use crate::lease::RenewKind;
 use crate::lease::{printable, Attempt, Lease};
 use crate::lock::LockState;
 use crate::lock::{self, DistributedLock, LockGuard};
-use crate::retry::{Attempts, RetryPolicy};
+use crate::retry::Attempts;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
@@ -470,17 +470,7 @@ impl ReentrantLock {
 }
 
 impl DistributedLock for ReentrantLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.opts.lease
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.opts.retry
-    }
+    hold::hold_accessors!();
 
     fn try_acquire(&self) -> Result<Lease> {
         hold::taken(&self.key, self.attempt())
