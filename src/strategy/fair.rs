@@ -669,6 +669,10 @@ impl FairLock {
         let token = self.new_token();
         // Live until taken or given up: a grant to it may be written by any release.
         let mut live = self.client.live().write(&token, Instant::now());
+        let mut hold = |lease| {
+            live.keep(self.opts.lease);
+            Ok(LockGuard::new(self, lease))
+        };
         queues.grants.register(&token, &self.key);
         // The subscriber generation confirmed when the latest attempt was sent: a grant
         // published later, while it stays confirmed, is heard.
@@ -686,10 +690,7 @@ impl FairLock {
         if !offered {
             attempts.record();
             (last_us, rank) = match self.attempt(&token, true, sent)? {
-                Outcome::Taken(lease) => {
-                    live.keep(self.opts.lease);
-                    return Ok(LockGuard::new(self, lease));
-                }
+                Outcome::Taken(lease) => return hold(lease),
                 Outcome::Refused { at_us, rank } => (at_us, rank),
             };
         }
@@ -698,53 +699,52 @@ impl FairLock {
         let subscription = wakeups.subscribe(&self.channel, &self.key, Delivery::HandOff, deadline);
         let mut late = None;
         let mut noted_listening = false;
-        loop {
-            let mut ask = false;
-            if let Some(grant) = queues.grants.take(&token) {
-                self.client.note(crate::client::test_hooks::Event::Granted);
-                // What the grant's lease is counted from: our latest attempt, or, while we
-                // have made none, the release that queued us.
-                let basis = if offered {
-                    match queues.offer_state(&self.key, &token) {
-                        Some(Offer::Taken { sent, .. }) => Some((sent, 0)),
-                        Some(Offer::Settled { sent, at_us, .. }) => {
-                            Some((sent, at_us.unwrap_or(0)))
-                        }
-                        _ => None,
-                    }
-                } else {
-                    Some((sent, last_us))
-                };
-                if grant.at_us < last_us {
-                    // Made before our latest attempt, which did not find the lock ours: that
-                    // grant lapsed (or was released) already. A late message; ignored.
-                    log::debug!("lock {:?}: ignored a grant heard late", self.key);
-                } else {
-                    let confirmed = self.client.confirms_writes();
-                    let lease = if confirmed {
-                        // The grant is a write of another client's release, which no `WAIT`
-                        // of ours covers: our own write on it is confirmed before it is a hold.
-                        match self.confirm_grant(&token, grant) {
-                            // None: the grant was gone before our raise.
-                            Ok(lease) => lease,
-                            // Too late to be used: released again.
-                            Err(e @ LockError::LateReply { .. }) => {
-                                late = Some(e);
-                                None
+        'wait: loop {
+            'ask: {
+                if let Some(grant) = queues.grants.take(&token) {
+                    self.client.note(crate::client::test_hooks::Event::Granted);
+                    // What the grant's lease is counted from: our latest attempt, or, while we
+                    // have made none, the release that queued us.
+                    let basis = if offered {
+                        match queues.offer_state(&self.key, &token) {
+                            Some(Offer::Taken { sent, .. }) => Some((sent, 0)),
+                            Some(Offer::Settled { sent, at_us, .. }) => {
+                                Some((sent, at_us.unwrap_or(0)))
                             }
-                            Err(e) => {
-                                drop(subscription);
-                                return Err(self.give_up_after(&token, did_offer, e));
-                            }
+                            _ => None,
                         }
                     } else {
-                        basis.and_then(|(sent, attempt_us)| {
-                            self.granted_lease(&token, sent, attempt_us, grant)
-                        })
+                        Some((sent, last_us))
                     };
-                    // No hold from the grant: Redis is asked.
-                    ask = lease.is_none();
-                    if let Some(lease) = lease {
+                    if grant.at_us < last_us {
+                        // Made before our latest attempt, which did not find the lock ours:
+                        // that grant lapsed (or was released) already. A late message; ignored.
+                        log::debug!("lock {:?}: ignored a grant heard late", self.key);
+                    } else {
+                        let confirmed = self.client.confirms_writes();
+                        let lease = if confirmed {
+                            // The grant is a write of another client's release, which no
+                            // `WAIT` of ours covers: our own write on it is confirmed before it
+                            // is a hold.
+                            match self.confirm_grant(&token, grant) {
+                                // Too late to be used (released again): Redis is asked.
+                                Err(LockError::LateReply { .. }) => None,
+                                // None: the grant was gone before our raise.
+                                Ok(lease) => lease,
+                                Err(e) => {
+                                    drop(subscription);
+                                    return Err(self.give_up_after(&token, did_offer, e));
+                                }
+                            }
+                        } else {
+                            basis.and_then(|(sent, attempt_us)| {
+                                self.granted_lease(&token, sent, attempt_us, grant)
+                            })
+                        };
+                        // No hold from the grant: Redis is asked.
+                        let Some(lease) = lease else {
+                            break 'ask;
+                        };
                         self.client.counters().attempt(KIND, true);
                         log::debug!(
                             "lock {:?}: granted{} after {} attempts in {:?}",
@@ -753,12 +753,9 @@ impl FairLock {
                             attempts.made(),
                             attempts.waited()
                         );
-                        live.keep(self.opts.lease);
-                        return Ok(LockGuard::new(self, lease));
+                        return hold(lease);
                     }
                 }
-            }
-            if !ask {
                 // A grant is heard only while the subscription that was confirmed at our
                 // latest attempt stays confirmed; otherwise ask Redis at once.
                 let listening = wakeups.confirmed_on(&self.channel);
@@ -774,48 +771,47 @@ impl FairLock {
                 if standing {
                     heard = listening;
                 }
-                ask = listening.is_some() && listening != heard;
-                if !ask {
-                    if listening.is_some() && !noted_listening {
-                        noted_listening = true;
-                        self.client
-                            .note(crate::client::test_hooks::Event::Listening);
+                if listening.is_some() && listening != heard {
+                    break 'ask;
+                }
+                if listening.is_some() && !noted_listening {
+                    noted_listening = true;
+                    self.client
+                        .note(crate::client::test_hooks::Event::Listening);
+                }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    break 'wait;
+                }
+                let nap = if listening.is_some() || standing {
+                    self.poll_interval(rank)
+                } else {
+                    match attempts.next_sleep() {
+                        Some(d) => d,
+                        None => break 'wait,
                     }
-                    let now = Instant::now();
-                    if deadline.is_some_and(|d| now >= d) {
-                        break;
-                    }
-                    let nap = if listening.is_some() || standing {
-                        self.poll_interval(rank)
-                    } else {
-                        match attempts.next_sleep() {
-                            Some(d) => d,
-                            None => break,
-                        }
-                    };
-                    let nap = deadline.map_or(nap, |d| nap.min(d.saturating_duration_since(now)));
-                    // Woken early by a grant, or by the subscriber after a reconnection. While
-                    // listening, this thread reads the subscriber connection itself when it
-                    // can, so that its grant wakes it directly.
-                    let until = crate::time::saturating_add(Instant::now(), nap);
-                    if !(listening.is_some() && wakeups.await_grant(&queues.grants, &token, until))
-                    {
-                        ticket.sleep(nap);
-                    }
-                    if queues.grants.is_granted(&token) {
-                        continue;
-                    }
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        break;
-                    }
-                    if (listening.is_some() || standing) && Instant::now() < until {
-                        // Woken early, not by a grant: the subscriber's link changed (a
-                        // subscription confirmed, or lost). Look at the subscription again (a
-                        // lost or renewed one is asked about at once); while it stays as it
-                        // was, a grant is heard and there is nothing to poll for yet.
-                        ticket.mark();
-                        continue;
-                    }
+                };
+                let nap = deadline.map_or(nap, |d| nap.min(d.saturating_duration_since(now)));
+                // Woken early by a grant, or by the subscriber after a reconnection. While
+                // listening, this thread reads the subscriber connection itself when it
+                // can, so that its grant wakes it directly.
+                let until = crate::time::saturating_add(Instant::now(), nap);
+                if !(listening.is_some() && wakeups.await_grant(&queues.grants, &token, until)) {
+                    ticket.sleep(nap);
+                }
+                if queues.grants.is_granted(&token) {
+                    continue 'wait;
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    break 'wait;
+                }
+                if (listening.is_some() || standing) && Instant::now() < until {
+                    // Woken early, not by a grant: the subscriber's link changed (a
+                    // subscription confirmed, or lost). Look at the subscription again (a
+                    // lost or renewed one is asked about at once); while it stays as it
+                    // was, a grant is heard and there is nothing to poll for yet.
+                    ticket.mark();
+                    continue 'wait;
                 }
             }
             if offered {
@@ -829,10 +825,7 @@ impl FairLock {
             let at = Instant::now();
             attempts.record();
             match self.attempt(&token, true, at) {
-                Ok(Outcome::Taken(lease)) => {
-                    live.keep(self.opts.lease);
-                    return Ok(LockGuard::new(self, lease));
-                }
+                Ok(Outcome::Taken(lease)) => return hold(lease),
                 // `sent` and `last_us`: the pair a grant's lease is counted from (see
                 // `granted_lease`).
                 Ok(Outcome::Refused { at_us, rank: r }) => {
@@ -850,10 +843,7 @@ impl FairLock {
         drop(ticket);
         // Withdraw: our entry goes, or a grant that reached us meanwhile is passed on.
         self.leave(&token, log::Level::Warn);
-        if let Some(e) = late {
-            return Err(e);
-        }
-        Err(self.timeout(attempts))
+        Err(late.unwrap_or_else(|| self.timeout(attempts)))
     }
 }
 

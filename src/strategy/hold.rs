@@ -395,18 +395,14 @@ pub(crate) use hold_accessors;
 /// Decodes the reply of an acquire script: `{1, fence}` (taken; fence 0 = no fencing) or
 /// `{0, pttl}` (held; pttl as Redis's `PTTL`: -1 no expiry, -2 gone).
 pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {
-    let fields = match reply {
-        Value::Array(items) if items.len() == 2 => (&items[0], &items[1]),
-        _ => return Err(unexpected(key, reply)),
-    };
-    match fields {
-        (Value::Int(1), Value::Int(fence)) => Ok(AcquireReply::Taken {
-            fence: u64::try_from(*fence).ok().filter(|&f| f > 0),
+    match redis::from_redis_value_ref::<(i64, i64)>(reply) {
+        Ok((1, fence)) => Ok(AcquireReply::Taken {
+            fence: u64::try_from(fence).ok().filter(|&f| f > 0),
         }),
-        (Value::Int(0), Value::Int(pttl)) => Ok(AcquireReply::Held {
-            pttl: pttl_of(*pttl),
+        Ok((0, pttl)) => Ok(AcquireReply::Held {
+            pttl: pttl_of(pttl),
         }),
-        _ => Err(unexpected(key, reply)),
+        _ => Err(LockError::unexpected_reply(key, "an acquire script", reply)),
     }
 }
 
@@ -435,8 +431,4 @@ pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
 pub(crate) enum AcquireReply {
     Taken { fence: Option<u64> },
     Held { pttl: Option<Duration> },
-}
-
-fn unexpected(key: &str, reply: &Value) -> LockError {
-    LockError::unexpected_reply(key, "an acquire script", reply)
 }

@@ -234,13 +234,13 @@ impl ReentrantLock {
     }
 
     /// True when `lease` names another thread of this client than the calling one.
-    fn of_another_thread(&self, lease: &Lease) -> bool {
+    fn of_another_thread(&self, lease: &Lease, owner: &OwnerId) -> bool {
         let value = lease.value();
         let instance = self.client.instance_id().as_bytes();
         value.len() > instance.len()
             && value.starts_with(instance)
             && value.get(instance.len()) == Some(&b':')
-            && value != self.owner().as_bytes()
+            && value != owner.as_bytes()
     }
 
     /// One attempt by `lua/reentrant_acquire.lua`: take, re-enter, or learn the holder's PTTL.
@@ -375,19 +375,9 @@ impl ReentrantLock {
     /// The replay skips the release if the owner acquires or holds the lock again by then
     /// (the client's live set, entered before an acquire settles: see `Janitor::replay`).
     ///
-    /// `generation`: the switch generation when the release was sent.
-    fn remember_release(&self, lease: &Lease, generation: u64) {
-        if self.client.switches().is_none() {
-            return;
-        }
-        let owner = self.owner();
-        if lease.value() != owner.as_bytes() {
-            return;
-        }
-        // The count before this release: the local record is updated after this call.
-        let Some(count) = local_count(&owner, &self.key) else {
-            return;
-        };
+    /// `count`: the owner's count before the release; `generation`: the switch generation when
+    /// the release was sent.
+    fn remember_release(&self, lease: &Lease, count: u32, generation: u64) {
         crate::client::sentinel_watch::remember(
             &self.client,
             &self.key,
@@ -406,12 +396,15 @@ impl ReentrantLock {
     /// holds are known well enough (their count); another client's lease (another thread's
     /// is refused before this) expires with its lease.
     ///
-    /// `true` when the hold was given back in-line, before this returned.
-    fn forget_failed_release(&self, lease: &Lease, why: Why) -> bool {
-        let owner = self.owner();
-        let count = (lease.value() == owner.as_bytes())
-            .then(|| local_count(&owner, &self.key))
-            .flatten();
+    /// `count`: the calling thread's count before the release, if `lease` is its own (as
+    /// `owner`). `true` when the hold was given back in-line, before this returned.
+    fn forget_failed_release(
+        &self,
+        lease: &Lease,
+        owner: &OwnerId,
+        count: Option<u32>,
+        why: Why,
+    ) -> bool {
         let Some(count) = count else {
             log::warn!(
                 "lock {:?}: a release by owner {} failed on a connection error and is not \
@@ -429,7 +422,7 @@ impl ReentrantLock {
         } else {
             Seen::Nothing
         };
-        note_local(&owner, self.opts.key_arc(), seen);
+        note_local(owner, self.opts.key_arc(), seen);
         done
     }
 
@@ -486,7 +479,8 @@ impl DistributedLock for ReentrantLock {
     /// that thread's record of its holds, which its later acquires and failed releases rely
     /// on, is kept there.
     fn release(&self, lease: &Lease) -> Result<bool> {
-        if self.of_another_thread(lease) {
+        let owner = self.owner();
+        if self.of_another_thread(lease, &owner) {
             return Err(LockError::unsupported(
                 &self.key,
                 format!(
@@ -502,6 +496,10 @@ impl DistributedLock for ReentrantLock {
         // Only this hold stops being renewed: every other hold of the owner has its own
         // renewal, and any of them keeps the shared key alive.
         lease.stop_renewal();
+        // Only the calling thread's own holds are recorded (a lease of another client may be
+        // released here): their count before this release, as its record last saw it.
+        let own = lease.value() == owner.as_bytes();
+        let count = || own.then(|| local_count(&owner, &self.key)).flatten();
         // One id per call: a copy of the command sent again after a dropped connection
         // carries the same id, and the script does not give back a second hold for it.
         let request = crate::ids::new_token();
@@ -530,7 +528,7 @@ impl DistributedLock for ReentrantLock {
             Some(self.opts.lease),
         );
         if let Some(why) = hold::failed_release(&reply) {
-            if self.forget_failed_release(lease, why) {
+            if self.forget_failed_release(lease, &owner, count(), why) {
                 // The in-line retry gave the hold back (owner-checked by the count, so at most
                 // once): released. Sending this release again would give back a second hold.
                 return Ok(string_value::redone_release(
@@ -543,8 +541,10 @@ impl DistributedLock for ReentrantLock {
             }
         }
         let reply = reply?;
-        if matches!(reply, Some(n) if n >= 0) {
-            self.remember_release(lease, generation);
+        if matches!(reply, Some(n) if n >= 0) && self.client.switches().is_some() {
+            if let Some(count) = count() {
+                self.remember_release(lease, count, generation);
+            }
         }
         let (seen, ours) = match reply {
             // The owner keeps other holds: the lock stays taken, so waiters keep waiting.
@@ -577,9 +577,7 @@ impl DistributedLock for ReentrantLock {
         if !ours || overran {
             self.client.counters().lost_on_release(KIND, lease);
         }
-        // Only the caller's own holds are recorded (a lease may be released by another thread).
-        let owner = self.owner();
-        if lease.value() == owner.as_bytes() {
+        if own {
             note_local(&owner, self.opts.key_arc(), seen);
         }
         Ok(ours && !overran)
