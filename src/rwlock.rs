@@ -29,7 +29,7 @@ use redis::Value;
 
 use crate::client::acquire::Line;
 use crate::client::admin;
-use crate::client::cleanup::{Cleanup, Done, Why};
+use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::Grant;
 use crate::client::live;
 use crate::client::sentinel_watch;
@@ -748,10 +748,7 @@ impl Shared {
         // back, or found gone) or the janitor took the release over (it gives it back, or gives
         // up and leaves a hold that no lease has). After another error the caller may still
         // release this lease again: it stays counted.
-        if reply
-            .as_ref()
-            .map_or_else(LockError::worth_retrying, |_| true)
-        {
+        if reply.as_ref().err().is_none_or(LockError::worth_retrying) {
             self.note_known(owner, mode, false);
         }
         // Resent only while the latch is sure to live (it starts when the release first runs,
@@ -759,24 +756,24 @@ impl Shared {
         let until = lease
             .valid_until()
             .min(sent.checked_add(LATCH_RESEND).unwrap_or(sent));
-        let mut redone = false;
-        if let Some(e) = reply.as_ref().err().filter(|e| e.worth_retrying()) {
+        let redone = hold::failed_release(&reply).is_some_and(|why| {
             // Done in-line: the hold is given back (at most once: the latch), released.
-            let why = Why::release(e);
-            redone = client
-                .janitor()
-                .forget(client, &self.key, owner, release.clone(), why, until);
+            let janitor = client.janitor();
+            let done = janitor.forget(client, &self.key, owner, release.clone(), why, until);
             // The janitor makes it happen (or the hold expires): count it given back.
             self.holds(owner, |h| h.reported = (h.reported - 1).max(0));
-        }
+            done
+        });
         let ours = redone || reply?.0 == 1;
         if !ours || overran {
             self.client.counters().lost_on_release(mode.kind(), lease);
         }
-        if ours && self.client.switches().is_some() {
-            sentinel_watch::remember(client, &self.key, owner, release, None, generation, until);
-        }
         if ours {
+            if self.client.switches().is_some() {
+                sentinel_watch::remember(
+                    client, &self.key, owner, release, None, generation, until,
+                );
+            }
             // Any release may let the other side in: a write release (or a downgrade) frees
             // readers, a read release may free a writer.
             let waiters = self.client.waiters();

@@ -703,19 +703,6 @@ impl FairLock {
             'ask: {
                 if let Some(grant) = queues.grants.take(&token) {
                     self.client.note(crate::client::test_hooks::Event::Granted);
-                    // What the grant's lease is counted from: our latest attempt, or, while we
-                    // have made none, the release that queued us.
-                    let basis = if offered {
-                        match queues.offer_state(&self.key, &token) {
-                            Some(Offer::Taken { sent, .. }) => Some((sent, 0)),
-                            Some(Offer::Settled { sent, at_us, .. }) => {
-                                Some((sent, at_us.unwrap_or(0)))
-                            }
-                            _ => None,
-                        }
-                    } else {
-                        Some((sent, last_us))
-                    };
                     if grant.at_us < last_us {
                         // Made before our latest attempt, which did not find the lock ours:
                         // that grant lapsed (or was released) already. A late message; ignored.
@@ -737,6 +724,17 @@ impl FairLock {
                                 }
                             }
                         } else {
+                            // What the grant's lease is counted from: our latest attempt, or,
+                            // while we have made none, the release that queued us.
+                            let basis = match offered.then(|| queues.offer_state(&self.key, &token))
+                            {
+                                None => Some((sent, last_us)),
+                                Some(Some(Offer::Taken { sent, .. })) => Some((sent, 0)),
+                                Some(Some(Offer::Settled { sent, at_us, .. })) => {
+                                    Some((sent, at_us.unwrap_or(0)))
+                                }
+                                Some(_) => None,
+                            };
                             basis.and_then(|(sent, attempt_us)| {
                                 self.granted_lease(&token, sent, attempt_us, grant)
                             })
@@ -783,13 +781,10 @@ impl FairLock {
                 if deadline.is_some_and(|d| now >= d) {
                     break 'wait;
                 }
-                let nap = if listening.is_some() || standing {
-                    self.poll_interval(rank)
-                } else {
-                    match attempts.next_sleep() {
-                        Some(d) => d,
-                        None => break 'wait,
-                    }
+                let polling = listening.is_some() || standing;
+                let nap = polling.then(|| self.poll_interval(rank));
+                let Some(nap) = nap.or_else(|| attempts.next_sleep()) else {
+                    break 'wait;
                 };
                 let nap = deadline.map_or(nap, |d| nap.min(d.saturating_duration_since(now)));
                 // Woken early by a grant, or by the subscriber after a reconnection. While
@@ -805,7 +800,7 @@ impl FairLock {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     break 'wait;
                 }
-                if (listening.is_some() || standing) && Instant::now() < until {
+                if polling && Instant::now() < until {
                     // Woken early, not by a grant: the subscriber's link changed (a
                     // subscription confirmed, or lost). Look at the subscription again (a
                     // lost or renewed one is asked about at once); while it stays as it
