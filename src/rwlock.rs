@@ -849,15 +849,20 @@ impl Shared {
     ) -> Result<LockGuard<'a>> {
         let owner = self.owner();
         // Writers wait in turn and leave an intent; readers do neither.
-        let (fifo, intent) = (mode == Mode::Write, self.intent.as_millis() as u64);
-        let intent_ms = if fifo { intent } else { 0 };
+        let fifo = mode == Mode::Write;
+        let intent_ms = if fifo {
+            self.intent.as_millis() as u64
+        } else {
+            0
+        };
+        let name = if fifo {
+            &self.write_line
+        } else {
+            &self.read_line
+        };
         let line = Line {
             queues: self.client.waiters(),
-            name: if fifo {
-                &self.write_line
-            } else {
-                &self.read_line
-            },
+            name,
             fifo,
             barge: !fifo || self.holds(owner.as_bytes(), |h| h.reported > 0),
             wake: self.opts.wake(&self.client),

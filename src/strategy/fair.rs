@@ -470,7 +470,7 @@ impl FairLock {
         self.client.waiters().note_local_hold(&self.key);
         let lease = Lease::new(token, start, self.grant).with_fence(self.fence(grant.fence));
         let state = WatchState::new(
-            std::sync::Arc::clone(self.opts.key_arc()),
+            std::sync::Arc::clone(&self.opts.key),
             RenewKind::ScriptedValue(KIND),
             token,
             self.opts.lease,

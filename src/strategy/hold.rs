@@ -45,7 +45,7 @@ pub enum WakeUp {
 #[derive(Clone)]
 pub(crate) struct HoldOptions {
     /// The lock key, shared with the watchdog's records of its holds.
-    key: Arc<str>,
+    pub(crate) key: Arc<str>,
     /// The lifetime written with each acquire: the explicit ttl, or the watchdog lease.
     pub(crate) lease: Duration,
     /// Renewed by the client's watchdog (built without an explicit ttl).
@@ -127,17 +127,9 @@ impl HoldOptions {
             wake_up: wake_up.unwrap_or_default(),
             // The channel and fencing key names of `key` (both in its hash slot).
             channel: keys::channel(key),
-            fence_key: if fencing {
-                Some(keys::fence_key(key)?)
-            } else {
-                None
-            },
+            fence_key: fencing.then(|| keys::fence_key(key)).transpose()?,
             at_least: at_least.map(|d| Duration::from_millis(d.as_millis() as u64)),
         })
-    }
-
-    pub(crate) fn key_arc(&self) -> &Arc<str> {
-        &self.key
     }
 
     /// The lease's lifetime in milliseconds, as sent.

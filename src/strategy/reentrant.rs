@@ -276,9 +276,15 @@ impl ReentrantLock {
                 },
             }
         };
+        // An acquire sent whose reply was lost (a failover, a timeout) may have counted a hold
+        // that nobody will release, which would keep every other owner out for the whole
+        // lease. The janitor gives that hold back in the background if the owner's count is
+        // the one the acquire would have left (`known` plus one); if the acquire never ran,
+        // the count is lower and nothing changes.
         let reply: Value =
             string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
-                self.forget_lost_acquire(&owner, start, why)
+                let until = start.checked_add(self.opts.lease).unwrap_or(start);
+                self.forget(owner.as_bytes(), known.saturating_add(1), why, until);
             })?;
         let result = match hold::decode_acquire(&self.key, &reply)? {
             AcquireReply::Taken { fence } => {
@@ -287,7 +293,7 @@ impl ReentrantLock {
                 // first renewal and the late-reply check.
                 let now = Instant::now();
                 attempt_live.took_at(self.opts.lease, now);
-                note_local(&owner, self.opts.key_arc(), Seen::Taken);
+                note_local(&owner, &self.opts.key, Seen::Taken);
                 let (kind, value) = (RenewKind::HashField(KIND), owner.as_bytes());
                 let lease = (self.opts).lease(&self.client, kind, value, start, fence, Some(now));
                 let release = |l: &Lease| self.release(l);
@@ -297,7 +303,7 @@ impl ReentrantLock {
             }
             AcquireReply::Held { pttl } => {
                 // Refused, so this owner holds nothing (else the script had let it re-enter).
-                note_local(&owner, self.opts.key_arc(), Seen::Nothing);
+                note_local(&owner, &self.opts.key, Seen::Nothing);
                 Ok(Attempt::Held { pttl })
             }
         };
@@ -347,17 +353,6 @@ impl ReentrantLock {
             counted: true,
             what: "giving back one hold if the owner's count is unchanged",
         }
-    }
-
-    /// An acquire by the calling thread was sent but its reply was lost (a failover, a timeout):
-    /// it may have counted a hold that nobody will release, which would keep every other owner
-    /// out for the whole lease. The janitor gives that hold back in the background if the
-    /// owner's count is the one the acquire would have left (its count before, as this thread
-    /// last saw it, plus one); if the acquire never ran, the count is lower and nothing changes.
-    fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant, why: Why) {
-        let before = local_count(owner, &self.key).unwrap_or(0);
-        let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        self.forget(owner.as_bytes(), before.saturating_add(1), why, until);
     }
 
     /// Hands the janitor the give-back of one hold of `owner` if its count is still `count`
@@ -422,7 +417,7 @@ impl ReentrantLock {
         } else {
             Seen::Nothing
         };
-        note_local(owner, self.opts.key_arc(), seen);
+        note_local(owner, &self.opts.key, seen);
         done
     }
 
@@ -578,7 +573,7 @@ impl DistributedLock for ReentrantLock {
             self.client.counters().lost_on_release(KIND, lease);
         }
         if own {
-            note_local(&owner, self.opts.key_arc(), seen);
+            note_local(&owner, &self.opts.key, seen);
         }
         Ok(ours && !overran)
     }
