@@ -354,17 +354,13 @@ impl ReadWriteLockBuilder {
             false,
             None,
         )?;
-        let intent = self.intent.unwrap_or_else(|| {
-            opts.retry
-                .max_delay
-                .saturating_mul(INTENT_SLEEPS)
-                .max(ReadWriteLock::MIN_WRITER_INTENT)
-        });
-        let what = match self.intent {
-            Some(_) => "writer_intent",
-            None => {
-                "the default writer_intent (4 × the retry policy's max_delay; set one explicitly)"
-            }
+        let (intent, what) = match self.intent {
+            Some(intent) => (intent, "writer_intent"),
+            None => (
+                (opts.retry.max_delay.saturating_mul(INTENT_SLEEPS))
+                    .max(ReadWriteLock::MIN_WRITER_INTENT),
+                "the default writer_intent (4 × the retry policy's max_delay; set one explicitly)",
+            ),
         };
         let intent = check_duration(&self.key, what, intent, true)?;
         // Releases are published on Redisson's channel `redisson_rwlock:{key}`.
@@ -850,15 +846,9 @@ impl Shared {
         let owner = self.owner();
         // Writers wait in turn and leave an intent; readers do neither.
         let fifo = mode == Mode::Write;
-        let intent_ms = if fifo {
-            self.intent.as_millis() as u64
-        } else {
-            0
-        };
-        let name = if fifo {
-            &self.write_line
-        } else {
-            &self.read_line
+        let (name, intent_ms) = match mode {
+            Mode::Write => (&self.write_line, self.intent.as_millis() as u64),
+            Mode::Read => (&self.read_line, 0),
         };
         let line = Line {
             queues: self.client.waiters(),

@@ -33,6 +33,7 @@ use crate::client::acquire::Line;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::live;
+use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -363,27 +364,6 @@ impl ReentrantLock {
         (self.client.janitor()).forget(&self.client, &self.key, owner, cleanup, why, until)
     }
 
-    /// A Sentinel client remembers a release of the calling thread's own hold for a while: if a
-    /// master switch is announced meanwhile, the release may have been done on the old master
-    /// only, and is done again on the new one (see [`crate::client::sentinel_watch`]).
-    ///
-    /// The replay skips the release if the owner acquires or holds the lock again by then
-    /// (the client's live set, entered before an acquire settles: see `Janitor::replay`).
-    ///
-    /// `count`: the owner's count before the release; `generation`: the switch generation when
-    /// the release was sent.
-    fn remember_release(&self, lease: &Lease, count: u32, generation: u64) {
-        crate::client::sentinel_watch::remember(
-            &self.client,
-            &self.key,
-            lease.value(),
-            self.forget_cleanup(lease.value(), count),
-            None,
-            generation,
-            lease.valid_until(),
-        );
-    }
-
     /// A release of `lease` failed on a connection error (a failover, a restart): it may or may
     /// not have run. The janitor gives the hold back in the background if the owner's count is
     /// still the one it had before (`lua/reentrant_forget.lua`), so the lock is not left for the
@@ -536,9 +516,17 @@ impl DistributedLock for ReentrantLock {
             }
         }
         let reply = reply?;
+        // A Sentinel client remembers a release of the calling thread's own hold for a while: if
+        // a master switch is announced meanwhile, the release may have been done on the old
+        // master only, and is done again on the new one (see `crate::client::sentinel_watch`),
+        // unless the owner acquires or holds the lock again by then (the client's live set,
+        // entered before an acquire settles: see `Janitor::replay`).
         if matches!(reply, Some(n) if n >= 0) && self.client.switches().is_some() {
             if let Some(count) = count() {
-                self.remember_release(lease, count, generation);
+                let (value, until) = (lease.value(), lease.valid_until());
+                let undo = self.forget_cleanup(value, count);
+                let client = &self.client;
+                sentinel_watch::remember(client, &self.key, value, undo, None, generation, until);
             }
         }
         let (seen, ours) = match reply {
