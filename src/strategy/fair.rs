@@ -390,12 +390,9 @@ impl FairLock {
         })?;
         match reply.as_slice() {
             [1, fence] => {
-                let fence = u64::try_from(*fence).unwrap_or(0);
-                let result = self.won(token, start, fence).map(Outcome::Taken);
-                if result.is_ok() {
-                    self.client.counters().attempt(KIND, true);
-                }
-                result
+                let lease = self.won(token, start, u64::try_from(*fence).unwrap_or(0))?;
+                self.client.counters().attempt(KIND, true);
+                Ok(Outcome::Taken(lease))
             }
             [0, rank, secs, micros] => {
                 self.contended();
