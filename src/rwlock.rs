@@ -20,7 +20,6 @@
 //! - extend: `lua/rw_extend.lua key read|write <owner> <ttl ms>`;
 //! - check: `lua/rw_held.lua key read|write <owner>`.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -30,19 +29,21 @@ use redis::Value;
 
 use crate::client::acquire::Line;
 use crate::client::admin;
-use crate::client::cleanup::{Cleanup, Done, Why};
+use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::Grant;
 use crate::client::live;
 use crate::client::sentinel_watch;
-use crate::client::LockClient;
+use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
 use crate::keys;
 use crate::lease::{printable, Attempt, Lease, LostCallback, LostLock, RenewKind};
 use crate::lock::{self, DistributedLock, LockGuard, LockState};
 use crate::retry::{Attempts, RetryPolicy};
+use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, HoldOptions, WakeUp};
+use crate::strategy::string_value;
 use crate::time::check_duration;
 
 /// How many retry sleeps (at the policy's longest) a writer intent outlives by default.
@@ -353,17 +354,13 @@ impl ReadWriteLockBuilder {
             false,
             None,
         )?;
-        let intent = self.intent.unwrap_or_else(|| {
-            opts.retry
-                .max_delay
-                .saturating_mul(INTENT_SLEEPS)
-                .max(ReadWriteLock::MIN_WRITER_INTENT)
-        });
-        let what = match self.intent {
-            Some(_) => "writer_intent",
-            None => {
-                "the default writer_intent (4 × the retry policy's max_delay; set one explicitly)"
-            }
+        let (intent, what) = match self.intent {
+            Some(intent) => (intent, "writer_intent"),
+            None => (
+                (opts.retry.max_delay.saturating_mul(INTENT_SLEEPS))
+                    .max(ReadWriteLock::MIN_WRITER_INTENT),
+                "the default writer_intent (4 × the retry policy's max_delay; set one explicitly)",
+            ),
         };
         let intent = check_duration(&self.key, what, intent, true)?;
         // Releases are published on Redisson's channel `redisson_rwlock:{key}`.
@@ -534,42 +531,34 @@ impl Shared {
     }
 
     /// Runs one script on `keys` and decodes its `{code, holds[, wait]}` reply, recording the
-    /// holds of `owner`. With `confirm`, a hold write: confirmed by the replicas the client
-    /// requires ([`LockError::NotReplicated`] otherwise), and the cell set once the script was
-    /// handed to a connection (an error after that may come with the script run).
+    /// holds of `owner`. `confirmed`: a hold write, confirmed by the replicas the client
+    /// requires ([`LockError::NotReplicated`] otherwise).
     fn run(
         &self,
-        script: fn(&crate::scripts::Scripts) -> &crate::scripts::LuaScript,
+        script: fn(&Scripts) -> &crate::scripts::LuaScript,
         keys: &[&str],
         owner: &[u8],
         args: impl redis::ToRedisArgs,
-        confirm: Option<&Cell<bool>>,
+        confirmed: bool,
     ) -> Result<(i64, i64, Option<i64>)> {
-        let call = |con: &mut crate::client::Conn, s: &crate::scripts::Scripts| {
-            if let Some(sent) = confirm {
-                sent.set(true);
-            }
-            script(s).eval_keys(con, keys, &args)
+        let call = |con: &mut Conn, s: &Scripts| script(s).eval_keys(con, keys, &args);
+        let reply: Value = match confirmed {
+            true => self.client.with_conn_confirmed(&self.key, call)?,
+            false => self.client.with_conn(&self.key, call)?,
         };
-        let reply: Value = match confirm {
-            Some(_) => self.client.with_conn_confirmed(&self.key, call)?,
-            None => self.client.with_conn(&self.key, call)?,
-        };
-        let (code, holds, wait) = self.decode(reply)?;
-        // The owner's hold count as the script reported it.
-        self.holds(owner, |h| h.reported = holds.max(0));
-        Ok((code, holds, wait))
+        self.decode(owner, reply)
     }
 
     /// Sends `lua/rw_release.lua` with the keys and arguments of `release` (see
     /// [`release_cleanup`](Self::release_cleanup)), recording the holds of `owner`.
     fn send(&self, release: &Cleanup, owner: &[u8]) -> Result<(i64, i64, Option<i64>)> {
         let keys: Vec<&str> = release.keys.iter().map(String::as_str).collect();
-        self.run(release.script, &keys, owner, &release.args, None)
+        self.run(release.script, &keys, owner, &release.args, false)
     }
 
-    /// `{code, holds}` or (acquire) `{code, holds, wait ms}`.
-    fn decode(&self, reply: Value) -> Result<(i64, i64, Option<i64>)> {
+    /// `{code, holds}` or (acquire) `{code, holds, wait ms}`, recording the holds of `owner`
+    /// as the script reported them.
+    fn decode(&self, owner: &[u8], reply: Value) -> Result<(i64, i64, Option<i64>)> {
         if let Value::BulkString(entry) = &reply {
             return Err(LockError::Corrupt {
                 key: self.key.clone(),
@@ -578,11 +567,13 @@ impl Shared {
                          damaged hash); it is left alone",
             });
         }
-        match redis::from_redis_value_ref::<Vec<i64>>(&reply).as_deref() {
-            Ok([code, holds]) => Ok((*code, *holds, None)),
-            Ok([code, holds, wait]) => Ok((*code, *holds, Some(*wait))),
-            _ => Err(self.unexpected(&reply)),
-        }
+        let (code, holds, wait) = match redis::from_redis_value_ref::<Vec<i64>>(&reply).as_deref() {
+            Ok([code, holds]) => (*code, *holds, None),
+            Ok([code, holds, wait]) => (*code, *holds, Some(*wait)),
+            _ => return Err(self.unexpected(&reply)),
+        };
+        self.holds(owner, |h| h.reported = holds.max(0));
+        Ok((code, holds, wait))
     }
 
     fn unexpected(&self, reply: &Value) -> LockError {
@@ -603,29 +594,18 @@ impl Shared {
         // so that a later try cannot take the new hold for the old one.
         self.client.janitor().settle(&self.client, &self.key, id)?;
         let start = Instant::now();
-        let sent = Cell::new(false);
         // What this thread holds: more on the server is a stale hold of its own (a release lost
         // in a failover), which the script sets back first.
         let known = self.holds(id, |h| *h);
-        let reply = self.run(
-            |s| &s.rw_acquire,
-            &[self.key.as_str(), self.writers.as_str()],
-            id,
-            (
-                mode.as_str(),
-                owner,
-                self.opts.lease_ms(),
-                intent_ms,
-                known.read,
-                known.write,
-            ),
-            Some(&sent),
-        );
+        let acquire = |con: &mut Conn, s: &Scripts| {
+            let keys = [self.key.as_str(), self.writers.as_str()];
+            let (lease_ms, side) = (self.opts.lease_ms(), mode.as_str());
+            let args = (side, owner, lease_ms, intent_ms, known.read, known.write);
+            s.rw_acquire.eval_keys(con, &keys, args)
+        };
         // Sent and unanswered, or answered but not confirmed by the replicas: it may have
         // counted a hold that a failover would lose, or that nobody releases.
-        if let (Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })), true) =
-            (&reply, sent.get())
-        {
+        let reply = string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
             // The janitor gives one hold back in the background if the owner's holds add up to
             // what the acquire would have left (as this lock last saw them, plus one); if the
             // acquire never ran, they are fewer and nothing changes.
@@ -634,12 +614,11 @@ impl Shared {
                 self.release_cleanup(mode.as_str(), id, true, Some(before.saturating_add(1)));
             let until = start.checked_add(self.opts.lease).unwrap_or(start);
             let client = &self.client;
-            let why = Why::acquire(e);
             client
                 .janitor()
                 .forget(client, &self.key, id, undo, why, until);
-        }
-        let (code, holds, wait) = reply?;
+        });
+        let (code, holds, wait) = self.decode(id, reply?)?;
         match code {
             1 => {
                 // Counted before `checked_win`, whose release of a late hold counts it off.
@@ -736,13 +715,6 @@ impl Shared {
         }
     }
 
-    fn try_acquire(&self, mode: Mode) -> Result<Option<Lease>> {
-        Ok(match self.attempt(mode, &self.owner(), 0)? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
-    }
-
     /// Gives back one hold. The unlock latch (a fresh request id, the same for the resend of
     /// [`LockClient::with_conn`] after a dropped connection) makes a resent release answer
     /// from the first one's outcome instead of giving back a second hold.
@@ -772,10 +744,7 @@ impl Shared {
         // back, or found gone) or the janitor took the release over (it gives it back, or gives
         // up and leaves a hold that no lease has). After another error the caller may still
         // release this lease again: it stays counted.
-        if reply
-            .as_ref()
-            .map_or_else(LockError::worth_retrying, |_| true)
-        {
+        if reply.as_ref().err().is_none_or(LockError::worth_retrying) {
             self.note_known(owner, mode, false);
         }
         // Resent only while the latch is sure to live (it starts when the release first runs,
@@ -783,24 +752,24 @@ impl Shared {
         let until = lease
             .valid_until()
             .min(sent.checked_add(LATCH_RESEND).unwrap_or(sent));
-        let mut redone = false;
-        if let Some(e) = reply.as_ref().err().filter(|e| e.worth_retrying()) {
+        let redone = hold::failed_release(&reply).is_some_and(|why| {
             // Done in-line: the hold is given back (at most once: the latch), released.
-            let why = Why::release(e);
-            redone = client
-                .janitor()
-                .forget(client, &self.key, owner, release.clone(), why, until);
+            let janitor = client.janitor();
+            let done = janitor.forget(client, &self.key, owner, release.clone(), why, until);
             // The janitor makes it happen (or the hold expires): count it given back.
             self.holds(owner, |h| h.reported = (h.reported - 1).max(0));
-        }
+            done
+        });
         let ours = redone || reply?.0 == 1;
         if !ours || overran {
             self.client.counters().lost_on_release(mode.kind(), lease);
         }
-        if ours && self.client.switches().is_some() {
-            sentinel_watch::remember(client, &self.key, owner, release, None, generation, until);
-        }
         if ours {
+            if self.client.switches().is_some() {
+                sentinel_watch::remember(
+                    client, &self.key, owner, release, None, generation, until,
+                );
+            }
             // Any release may let the other side in: a write release (or a downgrade) frees
             // readers, a read release may free a writer.
             let waiters = self.client.waiters();
@@ -818,7 +787,7 @@ impl Shared {
             &[self.key.as_str()],
             lease.value(),
             (mode.as_str(), lease.value(), ext.ttl_ms()),
-            Some(&Cell::new(false)),
+            true,
         )?;
         if code == 1 {
             self.client
@@ -855,7 +824,7 @@ impl Shared {
             &[self.key.as_str()],
             lease.value(),
             (mode.as_str(), lease.value()),
-            None,
+            false,
         )?;
         Ok(code == 1 && !lease.is_expired())
     }
@@ -876,15 +845,14 @@ impl Shared {
     ) -> Result<LockGuard<'a>> {
         let owner = self.owner();
         // Writers wait in turn and leave an intent; readers do neither.
-        let (fifo, intent) = (mode == Mode::Write, self.intent.as_millis() as u64);
-        let intent_ms = if fifo { intent } else { 0 };
+        let fifo = mode == Mode::Write;
+        let (name, intent_ms) = match mode {
+            Mode::Write => (&self.write_line, self.intent.as_millis() as u64),
+            Mode::Read => (&self.read_line, 0),
+        };
         let line = Line {
             queues: self.client.waiters(),
-            name: if fifo {
-                &self.write_line
-            } else {
-                &self.read_line
-            },
+            name,
             fifo,
             barge: !fifo || self.holds(owner.as_bytes(), |h| h.reported > 0),
             wake: self.opts.wake(&self.client),
@@ -941,20 +909,11 @@ macro_rules! side {
         }
 
         impl DistributedLock for $handle {
-            fn key(&self) -> &str {
-                &self.shared.key
-            }
-
-            fn ttl(&self) -> Duration {
-                self.shared.opts.lease
-            }
-
-            fn retry_policy(&self) -> &RetryPolicy {
-                &self.shared.opts.retry
-            }
+            hold::hold_accessors!(shared);
 
             fn try_acquire(&self) -> Result<Lease> {
-                lock::taken_or_held(&self.shared.key, self.shared.try_acquire($mode))
+                let shared = &self.shared;
+                hold::taken(&shared.key, shared.attempt($mode, &shared.owner(), 0))
             }
 
             fn release(&self, lease: &Lease) -> Result<bool> {

@@ -60,7 +60,7 @@ use crate::ids::new_token;
 use crate::keys;
 use crate::lease::{Lease, RenewKind, WatchState};
 use crate::lock::{self, DistributedLock, LockGuard, LockState};
-use crate::retry::{Attempts, RetryPolicy};
+use crate::retry::Attempts;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, HoldOptions};
@@ -367,8 +367,9 @@ impl FairLock {
             return Ok(None);
         }
         attempts.record();
-        let lease = self.take(|token| self.attempt_plain(token))?;
-        Ok(lease.map(|lease| LockGuard::new(self, lease)))
+        Ok(self
+            .try_take(true)?
+            .map(|lease| LockGuard::new(self, lease)))
     }
 
     /// One `lua/fair_acquire.lua` call; `wait`: join (or refresh) the queue when refused.
@@ -389,12 +390,9 @@ impl FairLock {
         })?;
         match reply.as_slice() {
             [1, fence] => {
-                let fence = u64::try_from(*fence).unwrap_or(0);
-                let result = self.won(token, start, fence).map(Outcome::Taken);
-                if result.is_ok() {
-                    self.client.counters().attempt(KIND, true);
-                }
-                result
+                let lease = self.won(token, start, u64::try_from(*fence).unwrap_or(0))?;
+                self.client.counters().attempt(KIND, true);
+                Ok(Outcome::Taken(lease))
             }
             [0, rank, secs, micros] => {
                 self.contended();
@@ -469,7 +467,7 @@ impl FairLock {
         self.client.waiters().note_local_hold(&self.key);
         let lease = Lease::new(token, start, self.grant).with_fence(self.fence(grant.fence));
         let state = WatchState::new(
-            std::sync::Arc::clone(self.opts.key_arc()),
+            std::sync::Arc::clone(&self.opts.key),
             RenewKind::ScriptedValue(KIND),
             token,
             self.opts.lease,
@@ -668,6 +666,10 @@ impl FairLock {
         let token = self.new_token();
         // Live until taken or given up: a grant to it may be written by any release.
         let mut live = self.client.live().write(&token, Instant::now());
+        let mut hold = |lease| {
+            live.keep(self.opts.lease);
+            Ok(LockGuard::new(self, lease))
+        };
         queues.grants.register(&token, &self.key);
         // The subscriber generation confirmed when the latest attempt was sent: a grant
         // published later, while it stays confirmed, is heard.
@@ -685,10 +687,7 @@ impl FairLock {
         if !offered {
             attempts.record();
             (last_us, rank) = match self.attempt(&token, true, sent)? {
-                Outcome::Taken(lease) => {
-                    live.keep(self.opts.lease);
-                    return Ok(LockGuard::new(self, lease));
-                }
+                Outcome::Taken(lease) => return hold(lease),
                 Outcome::Refused { at_us, rank } => (at_us, rank),
             };
         }
@@ -697,53 +696,50 @@ impl FairLock {
         let subscription = wakeups.subscribe(&self.channel, &self.key, Delivery::HandOff, deadline);
         let mut late = None;
         let mut noted_listening = false;
-        loop {
-            let mut ask = false;
-            if let Some(grant) = queues.grants.take(&token) {
-                self.client.note(crate::client::test_hooks::Event::Granted);
-                // What the grant's lease is counted from: our latest attempt, or, while we
-                // have made none, the release that queued us.
-                let basis = if offered {
-                    match queues.offer_state(&self.key, &token) {
-                        Some(Offer::Taken { sent, .. }) => Some((sent, 0)),
-                        Some(Offer::Settled { sent, at_us, .. }) => {
-                            Some((sent, at_us.unwrap_or(0)))
-                        }
-                        _ => None,
-                    }
-                } else {
-                    Some((sent, last_us))
-                };
-                if grant.at_us < last_us {
-                    // Made before our latest attempt, which did not find the lock ours: that
-                    // grant lapsed (or was released) already. A late message; ignored.
-                    log::debug!("lock {:?}: ignored a grant heard late", self.key);
-                } else {
-                    let confirmed = self.client.confirms_writes();
-                    let lease = if confirmed {
-                        // The grant is a write of another client's release, which no `WAIT`
-                        // of ours covers: our own write on it is confirmed before it is a hold.
-                        match self.confirm_grant(&token, grant) {
-                            // None: the grant was gone before our raise.
-                            Ok(lease) => lease,
-                            // Too late to be used: released again.
-                            Err(e @ LockError::LateReply { .. }) => {
-                                late = Some(e);
-                                None
-                            }
-                            Err(e) => {
-                                drop(subscription);
-                                return Err(self.give_up_after(&token, did_offer, e));
-                            }
-                        }
+        'wait: loop {
+            'ask: {
+                if let Some(grant) = queues.grants.take(&token) {
+                    self.client.note(crate::client::test_hooks::Event::Granted);
+                    if grant.at_us < last_us {
+                        // Made before our latest attempt, which did not find the lock ours:
+                        // that grant lapsed (or was released) already. A late message; ignored.
+                        log::debug!("lock {:?}: ignored a grant heard late", self.key);
                     } else {
-                        basis.and_then(|(sent, attempt_us)| {
-                            self.granted_lease(&token, sent, attempt_us, grant)
-                        })
-                    };
-                    // No hold from the grant: Redis is asked.
-                    ask = lease.is_none();
-                    if let Some(lease) = lease {
+                        let confirmed = self.client.confirms_writes();
+                        let lease = if confirmed {
+                            // The grant is a write of another client's release, which no
+                            // `WAIT` of ours covers: our own write on it is confirmed before it
+                            // is a hold.
+                            match self.confirm_grant(&token, grant) {
+                                // Too late to be used (released again): Redis is asked.
+                                Err(LockError::LateReply { .. }) => None,
+                                // None: the grant was gone before our raise.
+                                Ok(lease) => lease,
+                                Err(e) => {
+                                    drop(subscription);
+                                    return Err(self.give_up_after(&token, did_offer, e));
+                                }
+                            }
+                        } else {
+                            // What the grant's lease is counted from: our latest attempt, or,
+                            // while we have made none, the release that queued us.
+                            let basis = match offered.then(|| queues.offer_state(&self.key, &token))
+                            {
+                                None => Some((sent, last_us)),
+                                Some(Some(Offer::Taken { sent, .. })) => Some((sent, 0)),
+                                Some(Some(Offer::Settled { sent, at_us, .. })) => {
+                                    Some((sent, at_us.unwrap_or(0)))
+                                }
+                                Some(_) => None,
+                            };
+                            basis.and_then(|(sent, attempt_us)| {
+                                self.granted_lease(&token, sent, attempt_us, grant)
+                            })
+                        };
+                        // No hold from the grant: Redis is asked.
+                        let Some(lease) = lease else {
+                            break 'ask;
+                        };
                         self.client.counters().attempt(KIND, true);
                         log::debug!(
                             "lock {:?}: granted{} after {} attempts in {:?}",
@@ -752,12 +748,9 @@ impl FairLock {
                             attempts.made(),
                             attempts.waited()
                         );
-                        live.keep(self.opts.lease);
-                        return Ok(LockGuard::new(self, lease));
+                        return hold(lease);
                     }
                 }
-            }
-            if !ask {
                 // A grant is heard only while the subscription that was confirmed at our
                 // latest attempt stays confirmed; otherwise ask Redis at once.
                 let listening = wakeups.confirmed_on(&self.channel);
@@ -773,47 +766,44 @@ impl FairLock {
                 if standing {
                     heard = listening;
                 }
-                ask = listening.is_some() && listening != heard;
-                if !ask {
-                    if listening.is_some() && !noted_listening {
-                        noted_listening = true;
-                        self.client
-                            .note(crate::client::test_hooks::Event::Listening);
-                    }
-                    let now = Instant::now();
-                    if deadline.is_some_and(|d| now >= d) {
-                        break;
-                    }
-                    let nap = if listening.is_some() || standing {
-                        self.poll_interval(rank)
-                    } else {
-                        match attempts.next_sleep() {
-                            Some(d) => d,
-                            None => break,
-                        }
-                    };
-                    let nap = deadline.map_or(nap, |d| nap.min(d.saturating_duration_since(now)));
-                    // Woken early by a grant, or by the subscriber after a reconnection. While
-                    // listening, this thread reads the subscriber connection itself when it
-                    // can, so that its grant wakes it directly.
-                    let until = crate::time::saturating_add(Instant::now(), nap);
-                    if !(listening.is_some() && wakeups.await_grant(&token, until)) {
-                        ticket.sleep(nap);
-                    }
-                    if queues.grants.is_granted(&token) {
-                        continue;
-                    }
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        break;
-                    }
-                    if (listening.is_some() || standing) && Instant::now() < until {
-                        // Woken early, not by a grant: the subscriber's link changed (a
-                        // subscription confirmed, or lost). Look at the subscription again (a
-                        // lost or renewed one is asked about at once); while it stays as it
-                        // was, a grant is heard and there is nothing to poll for yet.
-                        ticket.mark();
-                        continue;
-                    }
+                if listening.is_some() && listening != heard {
+                    break 'ask;
+                }
+                if listening.is_some() && !noted_listening {
+                    noted_listening = true;
+                    self.client
+                        .note(crate::client::test_hooks::Event::Listening);
+                }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    break 'wait;
+                }
+                let polling = listening.is_some() || standing;
+                let nap = polling.then(|| self.poll_interval(rank));
+                let Some(nap) = nap.or_else(|| attempts.next_sleep()) else {
+                    break 'wait;
+                };
+                let nap = deadline.map_or(nap, |d| nap.min(d.saturating_duration_since(now)));
+                // Woken early by a grant, or by the subscriber after a reconnection. While
+                // listening, this thread reads the subscriber connection itself when it
+                // can, so that its grant wakes it directly.
+                let until = crate::time::saturating_add(Instant::now(), nap);
+                if !(listening.is_some() && wakeups.await_grant(&token, until)) {
+                    ticket.sleep(nap);
+                }
+                if queues.grants.is_granted(&token) {
+                    continue 'wait;
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    break 'wait;
+                }
+                if polling && Instant::now() < until {
+                    // Woken early, not by a grant: the subscriber's link changed (a
+                    // subscription confirmed, or lost). Look at the subscription again (a
+                    // lost or renewed one is asked about at once); while it stays as it
+                    // was, a grant is heard and there is nothing to poll for yet.
+                    ticket.mark();
+                    continue 'wait;
                 }
             }
             if offered {
@@ -827,10 +817,7 @@ impl FairLock {
             let at = Instant::now();
             attempts.record();
             match self.attempt(&token, true, at) {
-                Ok(Outcome::Taken(lease)) => {
-                    live.keep(self.opts.lease);
-                    return Ok(LockGuard::new(self, lease));
-                }
+                Ok(Outcome::Taken(lease)) => return hold(lease),
                 // `sent` and `last_us`: the pair a grant's lease is counted from (see
                 // `granted_lease`).
                 Ok(Outcome::Refused { at_us, rank: r }) => {
@@ -848,30 +835,24 @@ impl FairLock {
         drop(ticket);
         // Withdraw: our entry goes, or a grant that reached us meanwhile is passed on.
         self.leave(&token, log::Level::Warn);
-        if let Some(e) = late {
-            return Err(e);
-        }
-        Err(self.timeout(attempts))
+        Err(late.unwrap_or_else(|| self.timeout(attempts)))
     }
 }
 
 impl FairLock {
-    /// One attempt: `Ok(None)` when another owner holds the lock.
-    fn try_take(&self) -> Result<Option<Lease>> {
-        self.take(|token| match self.quiet() {
-            true => self.attempt_plain(token),
-            false => match self.attempt(token, false, Instant::now())? {
-                Outcome::Taken(lease) => Ok(Some(lease)),
-                Outcome::Refused { .. } => Ok(None),
-            },
-        })
-    }
-
-    /// One attempt with a fresh token, kept live for the lease if it took the lock.
-    fn take(&self, attempt: impl FnOnce(&Token) -> Result<Option<Lease>>) -> Result<Option<Lease>> {
+    /// One attempt with a fresh token, kept live for the lease if it took the lock: a plain
+    /// `SET NX PX` when `quiet`, else the script (without queueing). `Ok(None)` when another
+    /// owner holds the lock.
+    fn try_take(&self, quiet: bool) -> Result<Option<Lease>> {
         let token = self.new_token();
         let mut live = self.client.live().write(&token, Instant::now());
-        let lease = attempt(&token)?;
+        let lease = match quiet {
+            true => self.attempt_plain(&token)?,
+            false => match self.attempt(&token, false, Instant::now())? {
+                Outcome::Taken(lease) => Some(lease),
+                Outcome::Refused { .. } => None,
+            },
+        };
         if lease.is_some() {
             live.keep(self.opts.lease);
         }
@@ -880,20 +861,10 @@ impl FairLock {
 }
 
 impl DistributedLock for FairLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.opts.lease
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.opts.retry
-    }
+    hold::hold_accessors!();
 
     fn try_acquire(&self) -> Result<Lease> {
-        crate::lock::taken_or_held(&self.key, self.try_take())
+        crate::lock::taken_or_held(&self.key, self.try_take(self.quiet()))
     }
 
     fn release(&self, lease: &Lease) -> Result<bool> {

@@ -45,7 +45,7 @@ pub enum WakeUp {
 #[derive(Clone)]
 pub(crate) struct HoldOptions {
     /// The lock key, shared with the watchdog's records of its holds.
-    key: Arc<str>,
+    pub(crate) key: Arc<str>,
     /// The lifetime written with each acquire: the explicit ttl, or the watchdog lease.
     pub(crate) lease: Duration,
     /// Renewed by the client's watchdog (built without an explicit ttl).
@@ -127,17 +127,9 @@ impl HoldOptions {
             wake_up: wake_up.unwrap_or_default(),
             // The channel and fencing key names of `key` (both in its hash slot).
             channel: keys::channel(key),
-            fence_key: if fencing {
-                Some(keys::fence_key(key)?)
-            } else {
-                None
-            },
+            fence_key: fencing.then(|| keys::fence_key(key)).transpose()?,
             at_least: at_least.map(|d| Duration::from_millis(d.as_millis() as u64)),
         })
-    }
-
-    pub(crate) fn key_arc(&self) -> &Arc<str> {
-        &self.key
     }
 
     /// The lease's lifetime in milliseconds, as sent.
@@ -372,21 +364,37 @@ macro_rules! forward_lock {
 }
 pub(crate) use forward_lock;
 
+/// `key`, `ttl` and `retry_policy` of a lock whose `key` and `opts` ([`HoldOptions`]) are
+/// fields of `self` (or of the field path given, e.g. `shared`), written inside its
+/// `impl DistributedLock`.
+macro_rules! hold_accessors {
+    ($($field:ident),*) => {
+        fn key(&self) -> &str {
+            &self$(.$field)*.key
+        }
+
+        fn ttl(&self) -> ::std::time::Duration {
+            self$(.$field)*.opts.lease
+        }
+
+        fn retry_policy(&self) -> &$crate::retry::RetryPolicy {
+            &self$(.$field)*.opts.retry
+        }
+    };
+}
+pub(crate) use hold_accessors;
+
 /// Decodes the reply of an acquire script: `{1, fence}` (taken; fence 0 = no fencing) or
 /// `{0, pttl}` (held; pttl as Redis's `PTTL`: -1 no expiry, -2 gone).
 pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {
-    let fields = match reply {
-        Value::Array(items) if items.len() == 2 => (&items[0], &items[1]),
-        _ => return Err(unexpected(key, reply)),
-    };
-    match fields {
-        (Value::Int(1), Value::Int(fence)) => Ok(AcquireReply::Taken {
-            fence: u64::try_from(*fence).ok().filter(|&f| f > 0),
+    match redis::from_redis_value_ref::<(i64, i64)>(reply) {
+        Ok((1, fence)) => Ok(AcquireReply::Taken {
+            fence: u64::try_from(fence).ok().filter(|&f| f > 0),
         }),
-        (Value::Int(0), Value::Int(pttl)) => Ok(AcquireReply::Held {
-            pttl: pttl_of(*pttl),
+        Ok((0, pttl)) => Ok(AcquireReply::Held {
+            pttl: pttl_of(pttl),
         }),
-        _ => Err(unexpected(key, reply)),
+        _ => Err(LockError::unexpected_reply(key, "an acquire script", reply)),
     }
 }
 
@@ -415,8 +423,4 @@ pub(crate) fn pttl_of(pttl: i64) -> Option<Duration> {
 pub(crate) enum AcquireReply {
     Taken { fence: Option<u64> },
     Held { pttl: Option<Duration> },
-}
-
-fn unexpected(key: &str, reply: &Value) -> LockError {
-    LockError::unexpected_reply(key, "an acquire script", reply)
 }

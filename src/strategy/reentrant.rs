@@ -33,6 +33,7 @@ use crate::client::acquire::Line;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::live;
+use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -42,7 +43,7 @@ use crate::lease::RenewKind;
 use crate::lease::{printable, Attempt, Lease};
 use crate::lock::LockState;
 use crate::lock::{self, DistributedLock, LockGuard};
-use crate::retry::{Attempts, RetryPolicy};
+use crate::retry::Attempts;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions};
@@ -234,13 +235,13 @@ impl ReentrantLock {
     }
 
     /// True when `lease` names another thread of this client than the calling one.
-    fn of_another_thread(&self, lease: &Lease) -> bool {
+    fn of_another_thread(&self, lease: &Lease, owner: &OwnerId) -> bool {
         let value = lease.value();
         let instance = self.client.instance_id().as_bytes();
         value.len() > instance.len()
             && value.starts_with(instance)
             && value.get(instance.len()) == Some(&b':')
-            && value != self.owner().as_bytes()
+            && value != owner.as_bytes()
     }
 
     /// One attempt by `lua/reentrant_acquire.lua`: take, re-enter, or learn the holder's PTTL.
@@ -276,9 +277,15 @@ impl ReentrantLock {
                 },
             }
         };
+        // An acquire sent whose reply was lost (a failover, a timeout) may have counted a hold
+        // that nobody will release, which would keep every other owner out for the whole
+        // lease. The janitor gives that hold back in the background if the owner's count is
+        // the one the acquire would have left (`known` plus one); if the acquire never ran,
+        // the count is lower and nothing changes.
         let reply: Value =
             string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
-                self.forget_lost_acquire(&owner, start, why)
+                let until = start.checked_add(self.opts.lease).unwrap_or(start);
+                self.forget(owner.as_bytes(), known.saturating_add(1), why, until);
             })?;
         let result = match hold::decode_acquire(&self.key, &reply)? {
             AcquireReply::Taken { fence } => {
@@ -287,7 +294,7 @@ impl ReentrantLock {
                 // first renewal and the late-reply check.
                 let now = Instant::now();
                 attempt_live.took_at(self.opts.lease, now);
-                note_local(&owner, self.opts.key_arc(), Seen::Taken);
+                note_local(&owner, &self.opts.key, Seen::Taken);
                 let (kind, value) = (RenewKind::HashField(KIND), owner.as_bytes());
                 let lease = (self.opts).lease(&self.client, kind, value, start, fence, Some(now));
                 let release = |l: &Lease| self.release(l);
@@ -297,7 +304,7 @@ impl ReentrantLock {
             }
             AcquireReply::Held { pttl } => {
                 // Refused, so this owner holds nothing (else the script had let it re-enter).
-                note_local(&owner, self.opts.key_arc(), Seen::Nothing);
+                note_local(&owner, &self.opts.key, Seen::Nothing);
                 Ok(Attempt::Held { pttl })
             }
         };
@@ -349,54 +356,12 @@ impl ReentrantLock {
         }
     }
 
-    /// An acquire by the calling thread was sent but its reply was lost (a failover, a timeout):
-    /// it may have counted a hold that nobody will release, which would keep every other owner
-    /// out for the whole lease. The janitor gives that hold back in the background if the
-    /// owner's count is the one the acquire would have left (its count before, as this thread
-    /// last saw it, plus one); if the acquire never ran, the count is lower and nothing changes.
-    fn forget_lost_acquire(&self, owner: &OwnerId, start: Instant, why: Why) {
-        let before = local_count(owner, &self.key).unwrap_or(0);
-        let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        self.forget(owner.as_bytes(), before.saturating_add(1), why, until);
-    }
-
     /// Hands the janitor the give-back of one hold of `owner` if its count is still `count`
     /// ([`forget_cleanup`](Self::forget_cleanup)), while a hold may live (`until`). True when it
     /// was done in-line, before this returned.
     fn forget(&self, owner: &[u8], count: u32, why: Why, until: Instant) -> bool {
         let cleanup = self.forget_cleanup(owner, count);
         (self.client.janitor()).forget(&self.client, &self.key, owner, cleanup, why, until)
-    }
-
-    /// A Sentinel client remembers a release of the calling thread's own hold for a while: if a
-    /// master switch is announced meanwhile, the release may have been done on the old master
-    /// only, and is done again on the new one (see [`crate::client::sentinel_watch`]).
-    ///
-    /// The replay skips the release if the owner acquires or holds the lock again by then
-    /// (the client's live set, entered before an acquire settles: see `Janitor::replay`).
-    ///
-    /// `generation`: the switch generation when the release was sent.
-    fn remember_release(&self, lease: &Lease, generation: u64) {
-        if self.client.switches().is_none() {
-            return;
-        }
-        let owner = self.owner();
-        if lease.value() != owner.as_bytes() {
-            return;
-        }
-        // The count before this release: the local record is updated after this call.
-        let Some(count) = local_count(&owner, &self.key) else {
-            return;
-        };
-        crate::client::sentinel_watch::remember(
-            &self.client,
-            &self.key,
-            lease.value(),
-            self.forget_cleanup(lease.value(), count),
-            None,
-            generation,
-            lease.valid_until(),
-        );
     }
 
     /// A release of `lease` failed on a connection error (a failover, a restart): it may or may
@@ -406,12 +371,15 @@ impl ReentrantLock {
     /// holds are known well enough (their count); another client's lease (another thread's
     /// is refused before this) expires with its lease.
     ///
-    /// `true` when the hold was given back in-line, before this returned.
-    fn forget_failed_release(&self, lease: &Lease, why: Why) -> bool {
-        let owner = self.owner();
-        let count = (lease.value() == owner.as_bytes())
-            .then(|| local_count(&owner, &self.key))
-            .flatten();
+    /// `count`: the calling thread's count before the release, if `lease` is its own (as
+    /// `owner`). `true` when the hold was given back in-line, before this returned.
+    fn forget_failed_release(
+        &self,
+        lease: &Lease,
+        owner: &OwnerId,
+        count: Option<u32>,
+        why: Why,
+    ) -> bool {
         let Some(count) = count else {
             log::warn!(
                 "lock {:?}: a release by owner {} failed on a connection error and is not \
@@ -429,7 +397,7 @@ impl ReentrantLock {
         } else {
             Seen::Nothing
         };
-        note_local(&owner, self.opts.key_arc(), seen);
+        note_local(owner, &self.opts.key, seen);
         done
     }
 
@@ -470,17 +438,7 @@ impl ReentrantLock {
 }
 
 impl DistributedLock for ReentrantLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.opts.lease
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.opts.retry
-    }
+    hold::hold_accessors!();
 
     fn try_acquire(&self) -> Result<Lease> {
         hold::taken(&self.key, self.attempt())
@@ -496,7 +454,8 @@ impl DistributedLock for ReentrantLock {
     /// that thread's record of its holds, which its later acquires and failed releases rely
     /// on, is kept there.
     fn release(&self, lease: &Lease) -> Result<bool> {
-        if self.of_another_thread(lease) {
+        let owner = self.owner();
+        if self.of_another_thread(lease, &owner) {
             return Err(LockError::unsupported(
                 &self.key,
                 format!(
@@ -512,6 +471,10 @@ impl DistributedLock for ReentrantLock {
         // Only this hold stops being renewed: every other hold of the owner has its own
         // renewal, and any of them keeps the shared key alive.
         lease.stop_renewal();
+        // Only the calling thread's own holds are recorded (a lease of another client may be
+        // released here): their count before this release, as its record last saw it.
+        let own = lease.value() == owner.as_bytes();
+        let count = || own.then(|| local_count(&owner, &self.key)).flatten();
         // One id per call: a copy of the command sent again after a dropped connection
         // carries the same id, and the script does not give back a second hold for it.
         let request = crate::ids::new_token();
@@ -540,7 +503,7 @@ impl DistributedLock for ReentrantLock {
             Some(self.opts.lease),
         );
         if let Some(why) = hold::failed_release(&reply) {
-            if self.forget_failed_release(lease, why) {
+            if self.forget_failed_release(lease, &owner, count(), why) {
                 // The in-line retry gave the hold back (owner-checked by the count, so at most
                 // once): released. Sending this release again would give back a second hold.
                 return Ok(string_value::redone_release(
@@ -553,8 +516,18 @@ impl DistributedLock for ReentrantLock {
             }
         }
         let reply = reply?;
-        if matches!(reply, Some(n) if n >= 0) {
-            self.remember_release(lease, generation);
+        // A Sentinel client remembers a release of the calling thread's own hold for a while: if
+        // a master switch is announced meanwhile, the release may have been done on the old
+        // master only, and is done again on the new one (see `crate::client::sentinel_watch`),
+        // unless the owner acquires or holds the lock again by then (the client's live set,
+        // entered before an acquire settles: see `Janitor::replay`).
+        if matches!(reply, Some(n) if n >= 0) && self.client.switches().is_some() {
+            if let Some(count) = count() {
+                let (value, until) = (lease.value(), lease.valid_until());
+                let undo = self.forget_cleanup(value, count);
+                let client = &self.client;
+                sentinel_watch::remember(client, &self.key, value, undo, None, generation, until);
+            }
         }
         let (seen, ours) = match reply {
             // The owner keeps other holds: the lock stays taken, so waiters keep waiting.
@@ -587,10 +560,8 @@ impl DistributedLock for ReentrantLock {
         if !ours || overran {
             self.client.counters().lost_on_release(KIND, lease);
         }
-        // Only the caller's own holds are recorded (a lease may be released by another thread).
-        let owner = self.owner();
-        if lease.value() == owner.as_bytes() {
-            note_local(&owner, self.opts.key_arc(), seen);
+        if own {
+            note_local(&owner, &self.opts.key, seen);
         }
         Ok(ours && !overran)
     }
