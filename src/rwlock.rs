@@ -522,11 +522,7 @@ impl Shared {
                 Mode::Read => &mut h.read,
                 Mode::Write => &mut h.write,
             };
-            *n = if taken {
-                n.saturating_add(1)
-            } else {
-                n.saturating_sub(1)
-            };
+            *n = n.saturating_add_signed(if taken { 1 } else { -1 });
         });
     }
 
