@@ -45,7 +45,7 @@ use crate::lease::RenewKind;
 use crate::lease::{Attempt, Lease};
 use crate::lock::LockState;
 use crate::lock::{self, DistributedLock, LockGuard};
-use crate::retry::{Attempts, RetryPolicy};
+use crate::retry::Attempts;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
 use crate::strategy::hold::{self, AcquireReply, HoldOptions, WakeUp};
@@ -527,17 +527,7 @@ impl TokenLock {
 }
 
 impl DistributedLock for TokenLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.opts.lease
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.opts.retry
-    }
+    super::hold::hold_accessors!();
 
     fn try_acquire(&self) -> Result<Lease> {
         let acq = self.acquiring();
