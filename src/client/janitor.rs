@@ -27,8 +27,9 @@
 //! owner's next hold: the owner's next acquire of that key first finishes the job itself (or
 //! waits for the janitor's try in flight): see [`Janitor::settle`].
 //!
-//! The Sentinel replay hands [`Janitor::replay`] the releases to do again on a new master: they
-//! are pipelined on one connection, and only the ones that fail are queued here.
+//! The Sentinel watcher hands [`Janitor::replay`] the releases to do again on a new master: the
+//! keys of the sweeps are read and the releases sent, pipelined on one connection, and only the
+//! ones that fail are queued here.
 //!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.

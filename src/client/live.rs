@@ -34,10 +34,8 @@ impl Hasher for Fingerprint {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // Only `u64`s are hashed here; anything else is folded in, FNV-1a style.
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
+        // Only `u64`s are hashed here; anything else is folded in as [`fingerprint_of`] does.
+        self.0 ^= fingerprint_of(&[bytes]);
     }
 
     fn write_u64(&mut self, n: u64) {
@@ -244,13 +242,9 @@ impl LiveValues {
 
     /// Runs `run` with the write (or owner's acquire) of entry `f`, if any, not under way.
     pub(crate) fn paused<T>(&self, f: Option<u64>, run: impl FnOnce() -> T) -> T {
-        if let Some(f) = f {
-            self.end(f, Instant::now());
-        }
+        f.inspect(|&f| self.end(f, Instant::now()));
         let out = run();
-        if let Some(f) = f {
-            self.begin(f, Instant::now());
-        }
+        f.inspect(|&f| self.begin(f, Instant::now()));
         out
     }
 
