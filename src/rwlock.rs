@@ -624,7 +624,7 @@ impl Shared {
                     self.key,
                     mode.as_str()
                 );
-                attempt_live.took(self.opts.lease);
+                attempt_live.took_at(self.opts.lease, Instant::now());
                 let kind = match mode {
                     Mode::Read => RenewKind::ReadEntry(mode.kind()),
                     Mode::Write => RenewKind::WriteEntry(mode.kind()),

@@ -101,6 +101,11 @@ impl NodeRole {
 impl Acks {
     /// `auto`: the client follows a Sentinel-managed primary or a Cluster (where `Auto` is
     /// on).
+    // The learnt state (`..Acks::default()`) exists only with `cluster` or `sentinel`.
+    #[cfg_attr(
+        not(any(feature = "cluster", feature = "sentinel")),
+        allow(clippy::needless_update)
+    )]
     pub(crate) fn new(mode: ReplicaAcks, timeout: Duration, auto: bool) -> Acks {
         let required = match mode {
             ReplicaAcks::Require(n) => n,

@@ -322,14 +322,9 @@ impl LiveValue<'_> {
         self.value
     }
 
-    /// The acquire took the lock with lifetime `ttl`: the write is over, and the value stays
-    /// live until its release, or until that lifetime (or a later one written by an extend or
-    /// renewal) has run out.
-    pub(crate) fn keep(&mut self, ttl: Duration) {
-        self.keep_at(ttl, Instant::now());
-    }
-
-    /// [`keep`](Self::keep), the reply having been read at `now`.
+    /// The acquire took the lock with lifetime `ttl`, its reply read at `now`: the write is
+    /// over, and the value stays live until its release, or until that lifetime (or a later
+    /// one written by an extend or renewal) has run out.
     pub(crate) fn keep_at(&mut self, ttl: Duration, now: Instant) {
         if !std::mem::replace(&mut self.kept, true) {
             self.live.hold(self.f, ttl, true, now);
@@ -357,13 +352,8 @@ pub(crate) struct OwnerAttempt<'a> {
 }
 
 impl OwnerAttempt<'_> {
-    /// The server counted a hold for the owner, with lifetime `ttl`: counted until its
-    /// release or the end of its lifetime.
-    pub(crate) fn took(&self, ttl: Duration) {
-        self.took_at(ttl, Instant::now());
-    }
-
-    /// [`took`](Self::took), the reply having been read at `now`.
+    /// The server counted a hold for the owner, with lifetime `ttl`, its reply read at `now`:
+    /// counted until its release or the end of its lifetime.
     pub(crate) fn took_at(&self, ttl: Duration, now: Instant) {
         let f = holding(self.key, self.owner);
         self.live.hold(f, ttl, false, now);

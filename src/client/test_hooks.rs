@@ -78,12 +78,4 @@ impl TestHooks {
             .unwrap_or_else(|p| p.into_inner());
         counts[event as usize] >= n
     }
-
-    /// Waits until `event` happens once more after this call, at most `timeout`: true if it
-    /// did (`wait_for(event, count(event) + 1, timeout)`).
-    #[cfg(feature = "test-hooks")]
-    pub fn wait_next(&self, event: Event, timeout: Duration) -> bool {
-        let n = self.count(event) + 1;
-        self.wait_for(event, n, timeout)
-    }
 }

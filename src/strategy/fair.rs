@@ -667,7 +667,7 @@ impl FairLock {
         // Live until taken or given up: a grant to it may be written by any release.
         let mut live = self.client.live().write(&token, Instant::now());
         let mut hold = |lease| {
-            live.keep(self.opts.lease);
+            live.keep_at(self.opts.lease, Instant::now());
             Ok(LockGuard::new(self, lease))
         };
         queues.grants.register(&token, &self.key);
@@ -854,7 +854,7 @@ impl FairLock {
             },
         };
         if lease.is_some() {
-            live.keep(self.opts.lease);
+            live.keep_at(self.opts.lease, Instant::now());
         }
         Ok(lease)
     }
