@@ -210,18 +210,12 @@ impl Wakeups {
                 drop(st);
                 let read = reader.read_for(shared, token, until);
                 st = lock(&shared.state);
+                match read {
+                    Ok(()) => st.lent = Some(reader),
+                    Err(end) => st.broken = Some(end),
+                }
                 // Wake the reader thread if it waits for the connection back, or it broke.
-                let wanted = match read {
-                    Ok(()) => {
-                        st.lent = Some(reader);
-                        shared.recall.load(Ordering::SeqCst)
-                    }
-                    Err(end) => {
-                        st.broken = Some(end);
-                        true
-                    }
-                };
-                if wanted {
+                if st.broken.is_some() || shared.recall.load(Ordering::SeqCst) {
                     shared.reader_cv.notify_all();
                 }
                 if st.sleeping > 0 {

@@ -540,12 +540,9 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
                 warn: !routine,
             }
         })?;
-    let timeouts = con
-        .set_read_timeout(Some(shared.timeout))
-        .and_then(|()| con.set_write_timeout(Some(shared.timeout)));
-    if let Err(e) = timeouts {
-        return Err(End::lost(format!("socket options: {e}")));
-    }
+    con.set_read_timeout(Some(shared.timeout))
+        .and_then(|()| con.set_write_timeout(Some(shared.timeout)))
+        .map_err(|e| End::lost(format!("socket options: {e}")))?;
     let named: RedisResult<Value> = redis::cmd("CLIENT")
         .arg("SETNAME")
         .arg(THREAD_NAME)

@@ -134,18 +134,14 @@ impl State {
     pub(super) fn sweep(&mut self, now: Instant) {
         let up = self.link == Link::Up;
         let mut unsubscribe: Vec<String> = Vec::new();
-        self.channels.retain(|name, ch| {
-            let Some(until) = ch.idle_until else {
-                return true;
-            };
-            if !up || !ch.sent {
-                return false;
+        self.channels.retain(|name, ch| match ch.idle_until {
+            None => true,
+            Some(_) if !up || !ch.sent => false,
+            Some(until) if !ch.confirmed || now < until => true,
+            Some(_) => {
+                unsubscribe.push(name.clone());
+                false
             }
-            if !ch.confirmed || now < until {
-                return true;
-            }
-            unsubscribe.push(name.clone());
-            false
         });
         if !unsubscribe.is_empty() {
             self.queue.push(("UNSUBSCRIBE", unsubscribe));
