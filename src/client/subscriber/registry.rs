@@ -44,6 +44,11 @@ pub(super) struct State {
     /// one of them waits for a grant, that waiting thread reads the connection itself, so the
     /// grant message wakes it directly rather than through the reader thread.
     pub(super) lending: bool,
+    /// The reader thread wants the lent connection back: a borrower returns it after its
+    /// current read (at most [`TICK`]).
+    ///
+    /// [`TICK`]: super::reader::TICK
+    pub(super) recall: bool,
     /// The connection, while lent and not being read by a borrower.
     pub(super) lent: Option<Reader>,
     /// A borrower's read failed: the reader thread ends the connection with this.
