@@ -330,16 +330,10 @@ impl WaitQueues {
             return;
         };
         let mut st = lock(&q.state);
-        if let Some(Offer::Taken { token: t, sent }) = st.offer {
-            if t == *token {
-                st.offer = Some(Offer::Settled {
-                    token: t,
-                    sent,
-                    at_us,
-                });
-                if std::mem::take(&mut st.withdrawing) {
-                    q.wake(st);
-                }
+        if let Some(Offer::Taken { token, sent }) = st.offer.filter(|o| o.token() == token) {
+            st.offer = Some(Offer::Settled { token, sent, at_us });
+            if std::mem::take(&mut st.withdrawing) {
+                q.wake(st);
             }
         }
     }
@@ -375,12 +369,12 @@ impl WaitQueues {
         };
         let mut st = lock(&q.state);
         if let Some(patience) = patience {
-            let taken = |st: &mut State| match st.offer {
-                Some(Offer::Taken { token: t, .. }) => t == *token,
-                _ => false,
-            };
             st.withdrawing = true;
-            st = q.wait_while(st, patience, taken);
+            st = q.wait_while(
+                st,
+                patience,
+                |st| matches!(st.offer, Some(Offer::Taken { token: t, .. }) if t == *token),
+            );
         }
         st.withdrawing = false;
         if st.offer.is_some_and(|o| o.token() == token) {

@@ -36,7 +36,6 @@
 mod reader;
 mod registry;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -97,7 +96,6 @@ impl Wakeups {
                     repeats,
                     lend_cv: Condvar::new(),
                     reader_cv: Condvar::new(),
-                    recall: AtomicBool::new(false),
                     heard: Mutex::new(Instant::now()),
                 })
             }),
@@ -205,23 +203,17 @@ impl Wakeups {
             if grants.is_granted(token) || st.link_events != link || now >= until {
                 break;
             }
-            let recalled = shared.recall.load(Ordering::SeqCst);
+            let recalled = st.recall;
             if let Some(mut reader) = st.lent.take_if(|_| !recalled) {
                 drop(st);
                 let read = reader.read_for(shared, token, until);
                 st = lock(&shared.state);
+                match read {
+                    Ok(()) => st.lent = Some(reader),
+                    Err(end) => st.broken = Some(end),
+                }
                 // Wake the reader thread if it waits for the connection back, or it broke.
-                let wanted = match read {
-                    Ok(()) => {
-                        st.lent = Some(reader);
-                        shared.recall.load(Ordering::SeqCst)
-                    }
-                    Err(end) => {
-                        st.broken = Some(end);
-                        true
-                    }
-                };
-                if wanted {
+                if st.broken.is_some() || st.recall {
                     shared.reader_cv.notify_all();
                 }
                 if st.sleeping > 0 {

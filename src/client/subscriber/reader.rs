@@ -3,7 +3,6 @@
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -63,9 +62,6 @@ pub(super) struct Shared {
     /// while recalled, and when a borrower's read failed. Not on every grant: waking the
     /// reader thread for nothing would cost the thread switch that lending saves.
     pub(super) reader_cv: Condvar,
-    /// The reader thread wants the lent connection back: a borrower returns it after its
-    /// current read (at most [`TICK`]).
-    pub(super) recall: AtomicBool,
     /// When the server was last heard (by the reader thread, or a borrower).
     pub(super) heard: Mutex<Instant>,
 }
@@ -372,7 +368,7 @@ impl Reader {
         let grants = &shared.waiters.grants;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() || grants.is_granted(token) || shared.recall.load(Ordering::SeqCst) {
+            if left.is_zero() || grants.is_granted(token) || lock(&shared.state).recall {
                 return Ok(());
             }
             // Whole milliseconds, so that a borrower reading again and again does not set the
@@ -499,18 +495,17 @@ fn lend(shared: &Shared, mut st: MutexGuard<'_, State>, reader: Reader) -> Resul
         if let Some(end) = st.broken.take() {
             break Err(end);
         }
-        if shared.recall.load(Ordering::SeqCst) {
+        if st.recall {
             if let Some(reader) = st.lent.take() {
                 break Ok(reader);
             }
         } else if !Shared::may_keep_lent(&st) || lock(&shared.heard).elapsed() >= shared.timeout {
-            shared.recall.store(true, Ordering::SeqCst);
+            st.recall = true;
             continue;
         }
         st = wait_for(&shared.reader_cv, st, tick());
     };
-    (st.lending, st.reading) = (false, false);
-    shared.recall.store(false, Ordering::SeqCst);
+    (st.lending, st.reading, st.recall) = (false, false, false);
     outcome
 }
 
@@ -540,12 +535,9 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
                 warn: !routine,
             }
         })?;
-    let timeouts = con
-        .set_read_timeout(Some(shared.timeout))
-        .and_then(|()| con.set_write_timeout(Some(shared.timeout)));
-    if let Err(e) = timeouts {
-        return Err(End::lost(format!("socket options: {e}")));
-    }
+    con.set_read_timeout(Some(shared.timeout))
+        .and_then(|()| con.set_write_timeout(Some(shared.timeout)))
+        .map_err(|e| End::lost(format!("socket options: {e}")))?;
     let named: RedisResult<Value> = redis::cmd("CLIENT")
         .arg("SETNAME")
         .arg(THREAD_NAME)

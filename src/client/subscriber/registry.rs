@@ -44,6 +44,11 @@ pub(super) struct State {
     /// one of them waits for a grant, that waiting thread reads the connection itself, so the
     /// grant message wakes it directly rather than through the reader thread.
     pub(super) lending: bool,
+    /// The reader thread wants the lent connection back: a borrower returns it after its
+    /// current read (at most [`TICK`]).
+    ///
+    /// [`TICK`]: super::reader::TICK
+    pub(super) recall: bool,
     /// The connection, while lent and not being read by a borrower.
     pub(super) lent: Option<Reader>,
     /// A borrower's read failed: the reader thread ends the connection with this.
@@ -134,18 +139,14 @@ impl State {
     pub(super) fn sweep(&mut self, now: Instant) {
         let up = self.link == Link::Up;
         let mut unsubscribe: Vec<String> = Vec::new();
-        self.channels.retain(|name, ch| {
-            let Some(until) = ch.idle_until else {
-                return true;
-            };
-            if !up || !ch.sent {
-                return false;
+        self.channels.retain(|name, ch| match ch.idle_until {
+            None => true,
+            Some(_) if !up || !ch.sent => false,
+            Some(until) if !ch.confirmed || now < until => true,
+            Some(_) => {
+                unsubscribe.push(name.clone());
+                false
             }
-            if !ch.confirmed || now < until {
-                return true;
-            }
-            unsubscribe.push(name.clone());
-            false
         });
         if !unsubscribe.is_empty() {
             self.queue.push(("UNSUBSCRIBE", unsubscribe));
