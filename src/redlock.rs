@@ -125,6 +125,9 @@ impl Lane {
     /// After a successful command: resends the deletes that failed while the node was
     /// unreachable (stops at the first failure; drops those whose token has expired).
     fn redo(&mut self) {
+        if self.redo.is_empty() {
+            return;
+        }
         let now = Instant::now();
         let pending = std::mem::take(&mut self.redo).into_iter();
         let mut rest = pending.filter(|(_, _, until)| *until > now);
@@ -514,8 +517,12 @@ fn count(rx: &Receiver<Vote>, deadline: Instant, nodes: usize, quorum: usize) ->
         if tally.yes >= quorum || settled == nodes || tally.yes + (nodes - settled) < quorum {
             break;
         }
-        // Past the deadline, only the votes already in.
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        // A vote that comes after the deadline is an unanswered node's (docs/redlock.md).
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match rx.recv_timeout(left) {
             Ok(vote) => tally.add(vote),
             Err(_) => break,
         }

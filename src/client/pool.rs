@@ -990,6 +990,8 @@ impl Conn {
 impl Drop for Conn {
     /// Back to the pool without a cap (see [`Conn::cap`]), a broken cluster link replaced.
     fn drop(&mut self) {
+        // A confirmation never outlives its checkout, whatever way the caller left.
+        self.take_wait();
         if let Some(c) = self.own_link() {
             c.cap(None);
             #[cfg(feature = "cluster")]
