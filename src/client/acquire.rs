@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::client::subscriber::{Delivery, Wakeups};
+use crate::client::test_hooks::Event;
 use crate::client::waiters::WaitQueues;
 use crate::error::{LockError, Result};
 use crate::lease::Attempt;
@@ -116,9 +117,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         }
     }
     let mut ticket = line.queues.enqueue(line.name);
-    line.queues
-        .hooks
-        .note(crate::client::test_hooks::Event::Queued);
+    line.queues.hooks.note(Event::Queued);
     log::trace!(
         "lock {key:?}: waiting behind {} threads of this process",
         ticket.ahead()

@@ -354,8 +354,7 @@ impl WaitQueues {
             return;
         };
         let mut st = lock(&q.state);
-        if st.offer == Some(Offer::Open(*token)) {
-            st.offer = None;
+        if st.offer.take_if(|o| *o == Offer::Open(*token)).is_some() {
             st.held_here = false;
         }
     }
@@ -377,24 +376,20 @@ impl WaitQueues {
             );
         }
         st.withdrawing = false;
-        if st.offer.is_some_and(|o| o.token() == token) {
-            st.offer = None;
-        }
+        st.offer.take_if(|o| o.token() == token);
     }
 
     /// A holder of this process released `key`: wake its waiters.
     pub(crate) fn notify_release(&self, key: &str) {
-        let Some(queue) = self.line(key) else {
-            return;
-        };
-        let mut st = lock(&queue.state);
-        st.releases += 1;
-        queue.wake(st);
+        if let Some(queue) = self.line(key) {
+            let mut st = lock(&queue.state);
+            st.releases += 1;
+            queue.wake(st);
+        }
     }
 }
 
 /// One thread's place in the line for a key.
-#[derive(Debug)]
 pub(crate) struct Ticket<'a> {
     queues: &'a WaitQueues,
     key: &'a str,
@@ -443,9 +438,7 @@ impl Ticket<'_> {
     /// could not be reached or did not reply in time.
     pub(crate) fn attempt_finished(&self, failure: Option<String>) {
         let mut st = lock(&self.queue.state);
-        if st.in_flight.is_some_and(|(id, _)| id == self.id) {
-            st.in_flight = None;
-        }
+        st.in_flight.take_if(|(id, _)| *id == self.id);
         st.failed = failure.map(|err| (Instant::now(), err));
         // Threads that gave up wait for this outcome (see `outage`).
         self.queue.wake(st);
@@ -504,10 +497,8 @@ impl Drop for Ticket<'_> {
         let mut map = lock(&self.queues.map);
         let mut st = lock(&self.queue.state);
         st.order.retain(|&t| t != self.id);
-        if st.in_flight.is_some_and(|(id, _)| id == self.id) {
-            // Unwound mid-attempt: nobody must wait for its outcome.
-            st.in_flight = None;
-        }
+        // Unwound mid-attempt: nobody must wait for its outcome.
+        st.in_flight.take_if(|(id, _)| *id == self.id);
         if st.order.is_empty() {
             map.remove(self.key);
         }

@@ -247,15 +247,14 @@ impl Wakeups {
             return;
         };
         let mut st = lock(&shared.state);
-        if st.link != Link::Up {
-            // Not connected: the next connection resolves the new master anyway.
-            return;
+        // Not connected: the next connection resolves the new master anyway.
+        if st.link == Link::Up {
+            st.reconnect = true;
+            shared.link_event(&mut st);
+            drop(st);
+            shared.cv.notify_all();
+            shared.reader_cv.notify_all();
         }
-        st.reconnect = true;
-        shared.link_event(&mut st);
-        drop(st);
-        shared.cv.notify_all();
-        shared.reader_cv.notify_all();
     }
 
     /// True if this client's subscriber connection is subscribed (or subscribing) to

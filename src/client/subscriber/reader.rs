@@ -10,6 +10,8 @@ use redis::{ConnectionInfo, RedisResult, Value};
 
 use crate::client::repeats::{log_repeat, Repeats};
 use crate::client::subscriber::registry::{End, Link, Reader, State};
+use crate::client::test_hooks::Event;
+use crate::client::tuning;
 use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::error::Rounded;
 use crate::stats::Counters;
@@ -27,13 +29,10 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// behind such a read does not wait for it: it polls until the confirmation wakes it.
 ///
 /// A bound, not a tuning: 5 ms instead made no difference of 5 % in throughput or wait p99
-/// with 8 clients contending for one key (`benches/knobs.rs`, docs/benchmarks.md).
+/// with 8 clients contending for one key (`benches/knobs.rs`, docs/benchmarks.md). Read
+/// through `tuning::tick`, which a benchmark may override.
 pub(super) const TICK: Duration = Duration::from_millis(200);
 
-/// [`TICK`], or a benchmark's override of it.
-fn tick() -> Duration {
-    crate::client::tuning::tick(TICK)
-}
 /// First and longest pause between reconnection attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -107,12 +106,13 @@ fn run(shared: &Shared) {
         let mut st = lock(&shared.state);
         // A switch needs no pause: the old connection was healthy.
         let mut backoff_now = backoff;
+        // Unless pub/sub turns out unavailable (or the client is gone: the thread exits).
+        st.link = Link::Backoff;
         match end {
             _ if st.shutdown => {}
             End::Shutdown => {}
             End::Switched => {
                 log::info!("pub/sub: the master switched; subscribing again on the new one");
-                st.link = Link::Backoff;
                 backoff_now = Duration::ZERO;
             }
             End::Unavailable(why) => {
@@ -140,7 +140,6 @@ fn run(shared: &Shared) {
                     "{cause} ({why}); waiters poll {meanwhile}, retrying in {}",
                     Rounded(backoff)
                 );
-                st.link = Link::Backoff;
             }
         }
         shared.cv.notify_all();
@@ -253,13 +252,12 @@ impl Shared {
     }
 
     /// A message on a subscribed channel: a grant goes to the one thread that
-    /// expects it (if it is one of this client's); anything else is a release.
+    /// expects it (if it is one of this client's); anything else (a malformed grant too) is a
+    /// release.
     fn dispatch(&self, channel: &str, payload: &[u8]) {
-        if payload.starts_with(crate::client::grants::GRANT_PREFIX) {
-            if let Some((token, grant)) = crate::client::grants::parse(payload) {
-                if self.waiters.deliver_grant(&token, grant) {
-                    self.nudge();
-                }
+        if let Some((token, grant)) = crate::client::grants::parse(payload) {
+            if self.waiters.deliver_grant(&token, grant) {
+                self.nudge();
             }
             return;
         }
@@ -282,9 +280,7 @@ impl Shared {
         for name in channels {
             if let Some(c) = st.channels.get_mut(name).filter(|c| c.sent) {
                 c.confirmed = true;
-                self.waiters
-                    .hooks
-                    .note(crate::client::test_hooks::Event::Subscribed);
+                self.waiters.hooks.note(Event::Subscribed);
                 if std::mem::take(&mut c.rewake) {
                     lines.extend(c.lines.keys().cloned());
                 }
@@ -373,7 +369,7 @@ impl Reader {
             }
             // Whole milliseconds, so that a borrower reading again and again does not set the
             // socket's timeout for every read.
-            let ms = left.min(tick()).as_millis().max(1) as u64;
+            let ms = left.min(tuning::tick(TICK)).as_millis().max(1) as u64;
             self.set_read_timeout(Duration::from_millis(ms))?;
             self.read_one(shared)?;
         }
@@ -459,7 +455,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         }
         let mut st = lock(&shared.state);
         // Hand-off waiters wait for grants, and the connection may stay lent to them.
-        if crate::client::tuning::lend() && st.borrowers > 0 && Shared::may_keep_lent(&st) {
+        if tuning::lend() && st.borrowers > 0 && Shared::may_keep_lent(&st) {
             reader = lend(shared, st, reader)?;
             continue;
         }
@@ -470,7 +466,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         st.reading = true;
         drop(st);
         let read = reader
-            .set_read_timeout(tick())
+            .set_read_timeout(tuning::tick(TICK))
             .and_then(|()| reader.read_one(shared));
         lock(&shared.state).reading = false;
         read?;
@@ -503,7 +499,7 @@ fn lend(shared: &Shared, mut st: MutexGuard<'_, State>, reader: Reader) -> Resul
             st.recall = true;
             continue;
         }
-        st = wait_for(&shared.reader_cv, st, tick());
+        st = wait_for(&shared.reader_cv, st, tuning::tick(TICK));
     };
     (st.lending, st.reading, st.recall) = (false, false, false);
     outcome

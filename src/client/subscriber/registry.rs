@@ -15,8 +15,9 @@ pub(super) const LINGER: Duration = Duration::from_millis(1500);
 #[derive(Default)]
 pub(super) struct State {
     pub(super) channels: HashMap<String, Channel>,
-    /// Commands for the reader to send on the current connection, in order.
-    pub(super) queue: Vec<Op>,
+    /// Commands for the reader to send on the current connection, in order: `SUBSCRIBE` or
+    /// `UNSUBSCRIBE`, and its channels.
+    pub(super) queue: Vec<(&'static str, Vec<String>)>,
     /// Bumped at every connection: a grant waiter that saw the same generation confirmed
     /// before and after a wait heard every message of it ([`Wakeups::confirmed_on`]).
     ///
@@ -58,9 +59,6 @@ pub(super) struct State {
     /// Borrowers blocked on `lend_cv` (another one is reading).
     pub(super) sleeping: usize,
 }
-
-/// A command queued for the reader: `SUBSCRIBE` or `UNSUBSCRIBE`, and its channels.
-pub(super) type Op = (&'static str, Vec<String>);
 
 /// The subscriber connection's state.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
