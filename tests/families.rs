@@ -195,6 +195,8 @@ struct Peer {
     /// how often that `GETSET` found a value after all (another client's `SETNX` got in
     /// between), which it then replaced with its own.
     blind_overwrites: usize,
+    /// The values those `GETSET`s replaced, and when (epoch ns, after the reply).
+    overwritten: Vec<(Vec<u8>, i64)>,
 }
 
 impl Peer {
@@ -207,6 +209,7 @@ impl Peer {
             uuid: random_uuid(),
             until: 0.0,
             blind_overwrites: 0,
+            overwritten: Vec::new(),
         }
     }
 
@@ -244,7 +247,7 @@ impl Peer {
         let missing = current.is_none();
         if or_one(current) < unixtime {
             let old: Option<Vec<u8>> = self.cmd("GETSET", &[&value]);
-            self.note_blind_getset(missing, old.is_some());
+            self.note_blind_getset(missing, old.as_deref());
             if or_one(old) < unixtime {
                 self.until = timeout_at;
                 return Attempt::Won(value);
@@ -299,7 +302,7 @@ impl Peer {
         let mine = java_uuid(&self.uuid) == Some(uuid);
         if time < now_ms() || mine {
             let old: Option<String> = self.cmd("GETSET", &[&value]);
-            self.note_blind_getset(current.is_none(), old.is_some());
+            self.note_blind_getset(current.is_none(), old.as_ref().map(|o| o.as_bytes()));
             if old.is_some() && old == current {
                 return Attempt::Won(value);
             }
@@ -346,9 +349,10 @@ impl Peer {
     }
 
     /// Counts a `GETSET` sent after `GET` found no key that found a value after all.
-    fn note_blind_getset(&mut self, key_was_missing: bool, found: bool) {
-        if key_was_missing && found {
+    fn note_blind_getset(&mut self, key_was_missing: bool, found: Option<&[u8]>) {
+        if let (true, Some(old)) = (key_was_missing, found) {
             self.blind_overwrites += 1;
+            self.overwritten.push((old.to_vec(), now_ns()));
         }
     }
 
@@ -476,6 +480,8 @@ struct Contenders {
     handoffs: AtomicUsize,
     classic_lost: AtomicUsize,
     blind: AtomicUsize,
+    /// Every value the peers' blind `GETSET`s replaced, and when ([`Peer::overwritten`]).
+    overwritten: Mutex<Vec<(Vec<u8>, i64)>>,
     sections: Mutex<Vec<Section>>,
 }
 
@@ -493,6 +499,7 @@ impl Contenders {
             handoffs: AtomicUsize::new(0),
             classic_lost: AtomicUsize::new(0),
             blind: AtomicUsize::new(0),
+            overwritten: Mutex::new(Vec::new()),
             sections: Mutex::new(Vec::new()),
         }
     }
@@ -543,6 +550,10 @@ impl Contenders {
                 }
                 self.blind
                     .fetch_add(peer.blind_overwrites, Ordering::SeqCst);
+                self.overwritten
+                    .lock()
+                    .unwrap()
+                    .append(&mut peer.overwritten);
             });
         }
         for t in 0..CLASSIC_THREADS {
@@ -747,6 +758,7 @@ fn families_holder_process() {
                 uuid: random_uuid(),
                 until: 0.0,
                 blind_overwrites: 0,
+                overwritten: Vec::new(),
             };
             if contended {
                 peer.lock_polling(Duration::from_millis(1), Duration::from_secs(20))
@@ -932,9 +944,10 @@ fn killed_mid_contention(family: Family, ignore: bool) -> KilledRun {
             threads.report(&mut server.conn())
         );
     };
-    let dead = thread::scope(|s| {
+    let (mut dead, values) = thread::scope(|s| {
         threads.spawn(s, &server, &lock, usize::MAX);
         let mut dead = Vec::new();
+        let mut values = Vec::new();
         for spec in [
             format!("classic:{}", family.name()),
             family.name().to_owned(),
@@ -961,6 +974,7 @@ fn killed_mid_contention(family: Family, ignore: bool) -> KilledRun {
                 free_from = free_from.min(before_ttl + pttl * 1_000_000);
             }
             let held_from = now_ns() - reported.elapsed().as_nanos() as i64;
+            values.push(value);
             dead.push(DeadHold {
                 name: spec,
                 held_from,
@@ -969,8 +983,21 @@ fn killed_mid_contention(family: Family, ignore: bool) -> KilledRun {
         }
         both_from(dead.last().map_or(0, |d| d.free_from));
         threads.stop.store(true, Ordering::SeqCst);
-        dead
+        (dead, values)
     });
+    // A peer's blind `GETSET` (jedis-lock, redis-py: sent after reading the key as missing)
+    // that replaced a dead hold's value ended that hold then: the key held the peer's value
+    // from that moment, by the peer's own algorithm, not by a takeover of ours or theirs.
+    for (d, value) in dead.iter_mut().zip(&values) {
+        let overwritten = threads.overwritten.lock().unwrap();
+        if let Some(&(_, at)) = overwritten.iter().find(|(old, _)| old == value) {
+            eprintln!(
+                "{}: its value was replaced by a peer's blind GETSET",
+                d.name
+            );
+            d.free_from = d.free_from.min(at);
+        }
+    }
     let report = threads.report(&mut conn);
     let sections: Vec<_> = threads
         .sections
