@@ -526,30 +526,14 @@ impl Shared {
         });
     }
 
-    /// Runs one script on `keys` and decodes its `{code, holds[, wait]}` reply, recording the
-    /// holds of `owner`. `confirmed`: a hold write, confirmed by the replicas the client
-    /// requires ([`LockError::NotReplicated`] otherwise).
-    fn run(
-        &self,
-        script: fn(&Scripts) -> &crate::scripts::LuaScript,
-        keys: &[&str],
-        owner: &[u8],
-        args: impl redis::ToRedisArgs,
-        confirmed: bool,
-    ) -> Result<(i64, i64, Option<i64>)> {
-        let call = |con: &mut Conn, s: &Scripts| script(s).eval_keys(con, keys, &args);
-        let reply: Value = match confirmed {
-            true => self.client.with_conn_confirmed(&self.key, call)?,
-            false => self.client.with_conn(&self.key, call)?,
-        };
-        self.decode(owner, reply)
-    }
-
     /// Sends `lua/rw_release.lua` with the keys and arguments of `release` (see
     /// [`release_cleanup`](Self::release_cleanup)), recording the holds of `owner`.
     fn send(&self, release: &Cleanup, owner: &[u8]) -> Result<(i64, i64, Option<i64>)> {
         let keys: Vec<&str> = release.keys.iter().map(String::as_str).collect();
-        self.run(release.script, &keys, owner, &release.args, false)
+        let reply = self.client.with_conn(&self.key, |con, s| {
+            (release.script)(s).eval_keys(con, &keys, &release.args)
+        })?;
+        self.decode(owner, reply)
     }
 
     /// `{code, holds}` or (acquire) `{code, holds, wait ms}`, recording the holds of `owner`
@@ -778,13 +762,12 @@ impl Shared {
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ext = hold::Extending::start(&self.key, ttl)?;
-        let (code, ..) = self.run(
-            |s| &s.rw_extend,
-            &[self.key.as_str()],
-            lease.value(),
-            (mode.as_str(), lease.value(), ext.ttl_ms()),
-            true,
-        )?;
+        // A hold write, confirmed by the replicas the client requires.
+        let reply = self.client.with_conn_confirmed(&self.key, |con, s| {
+            s.rw_extend
+                .eval(con, &self.key, (mode.as_str(), lease.value(), ext.ttl_ms()))
+        })?;
+        let (code, ..) = self.decode(lease.value(), reply)?;
         if code == 1 {
             self.client
                 .live()
@@ -815,13 +798,11 @@ impl Shared {
     }
 
     fn is_held(&self, mode: Mode, lease: &Lease) -> Result<bool> {
-        let (code, ..) = self.run(
-            |s| &s.rw_held,
-            &[self.key.as_str()],
-            lease.value(),
-            (mode.as_str(), lease.value()),
-            false,
-        )?;
+        let reply = self.client.with_conn(&self.key, |con, s| {
+            s.rw_held
+                .eval(con, &self.key, (mode.as_str(), lease.value()))
+        })?;
+        let (code, ..) = self.decode(lease.value(), reply)?;
         Ok(code == 1 && !lease.is_expired())
     }
 
