@@ -255,15 +255,6 @@ impl FairLock {
         &self.channel
     }
 
-    /// Asks the server whether this client's ACL user may send every command the lock sends
-    /// ([`LockBuilder::check_access`](crate::LockBuilder::check_access)). Its publish of a
-    /// grant is checked on this client's channel and on a representative other client's
-    /// (`dlock_fair_ch:` and an id that is not ours): a release grants to whoever heads the
-    /// queue, so the user needs the pattern `dlock_fair_ch:*`, not only its own channel.
-    pub(crate) fn check_access(&self) -> Result<()> {
-        access::verify(&self.client, &self.key, "fair", &self.access_checks())
-    }
-
     /// A fresh owner token: this client's id, then 128 random bits in hex.
     fn new_token(&self) -> Token {
         let mut t = [0u8; TOKEN_LEN];
@@ -483,28 +474,6 @@ impl FairLock {
         Some(lease.with_watch(state))
     }
 
-    /// Leaves the queue (a waiter giving up): removes our entry, or releases (and passes on) a
-    /// grant that reached us meanwhile. A failure to leave is logged at `level` (the entry
-    /// lapses by itself).
-    fn leave(&self, token: &Token, level: log::Level) {
-        match self.release_script(token, None) {
-            Ok(reply) if reply.ours => log::info!(
-                "lock {:?}: granted to us as we gave up; released and passed on",
-                self.key
-            ),
-            Ok(_) => {}
-            Err(e) => log::log!(
-                level,
-                "lock {:?}: giving up, could not leave the queue ({}); the entry lapses within \
-                 {:?}, a grant to it within {:?}",
-                self.key,
-                e.report(),
-                self.entry_ttl,
-                self.grant
-            ),
-        }
-    }
-
     /// One `lua/fair_release.lua` call; `successor`: the token of this client's thread that
     /// heads the line, to be queued (or granted the lock) by this release.
     fn release_script(&self, value: &[u8], successor: Option<&Token>) -> Result<ReleaseReply> {
@@ -545,16 +514,6 @@ impl FairLock {
             attempts: attempts.made(),
             waited: attempts.waited(),
         }
-    }
-
-    /// A waiter that failed with `e` (an attempt, or the confirmation of a grant) leaves:
-    /// its offer settled, then its entry removed, or a grant that reached it released and
-    /// passed on to the next waiter (owner-checked by the token). Returns `e`.
-    fn give_up_after(&self, token: &Token, did_offer: bool, e: LockError) -> LockError {
-        self.settle_offer(token, did_offer);
-        // The failure itself is returned: leaving is logged for debugging only.
-        self.leave(token, log::Level::Debug);
-        e
     }
 
     /// A grant heard by a client that requires replicas to confirm its hold writes: the grant
@@ -603,17 +562,6 @@ impl FairLock {
         crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
     }
 
-    /// Before a waiter that offered `token` (`did_offer`) leaves the queue: a release that carries
-    /// the token and has no reply yet is waited for (at most the grant lease), so that the
-    /// withdrawal reaches Redis after it and removes what it queued or granted.
-    fn settle_offer(&self, token: &Token, did_offer: bool) {
-        if did_offer {
-            self.client
-                .waiters()
-                .withdraw_offer(&self.key, token, Some(self.grant));
-        }
-    }
-
     /// The blocking acquire: wait for our turn among this client's threads, then take the lock
     /// or join the queue in Redis in one script call (or, while another thread of this client
     /// holds the lock, offer our token to be queued by its release, and send nothing), and
@@ -656,9 +604,9 @@ impl FairLock {
         let mut ticket = queues.enqueue(&self.key);
         if ticket.ahead() > 0 {
             self.client.note(crate::client::test_hooks::Event::Queued);
-        }
-        if ticket.ahead() > 0 && !ticket.wait_turn(deadline) {
-            return Err(self.timeout(attempts));
+            if !ticket.wait_turn(deadline) {
+                return Err(self.timeout(attempts));
+            }
         }
         if let Some(guard) = self.plain_if_quiet(attempts)? {
             return Ok(guard);
@@ -677,8 +625,7 @@ impl FairLock {
         // While another thread of this client holds the lock, its release queues us (or
         // grants us the lock) in the same script: we offer our token and send nothing now.
         let mut offered = queues.offer(&self.key, &token);
-        let did_offer = offered;
-        let _expecting = Expecting {
+        let expecting = Expecting {
             lock: self,
             token,
             offered,
@@ -696,7 +643,8 @@ impl FairLock {
         let subscription = wakeups.subscribe(&self.channel, &self.key, Delivery::HandOff, deadline);
         let mut late = None;
         let mut noted_listening = false;
-        'wait: loop {
+        // Ends with a failure that gives up at once, or `None` at the deadline.
+        let failed = 'wait: loop {
             'ask: {
                 if let Some(grant) = queues.grants.take(&token) {
                     self.client.note(crate::client::test_hooks::Event::Granted);
@@ -715,10 +663,7 @@ impl FairLock {
                                 Err(LockError::LateReply { .. }) => None,
                                 // None: the grant was gone before our raise.
                                 Ok(lease) => lease,
-                                Err(e) => {
-                                    drop(subscription);
-                                    return Err(self.give_up_after(&token, did_offer, e));
-                                }
+                                Err(e) => break 'wait Some(e),
                             }
                         } else {
                             // What the grant's lease is counted from: our latest attempt, or,
@@ -776,12 +721,12 @@ impl FairLock {
                 }
                 let now = Instant::now();
                 if deadline.is_some_and(|d| now >= d) {
-                    break 'wait;
+                    break 'wait None;
                 }
                 let polling = listening.is_some() || standing;
                 let nap = polling.then(|| self.poll_interval(rank));
                 let Some(nap) = nap.or_else(|| attempts.next_sleep()) else {
-                    break 'wait;
+                    break 'wait None;
                 };
                 let nap = deadline.map_or(nap, |d| nap.min(d.saturating_duration_since(now)));
                 // Woken early by a grant, or by the subscriber after a reconnection. While
@@ -795,7 +740,7 @@ impl FairLock {
                     continue 'wait;
                 }
                 if deadline.is_some_and(|d| Instant::now() >= d) {
-                    break 'wait;
+                    break 'wait None;
                 }
                 if polling && Instant::now() < until {
                     // Woken early, not by a grant: the subscriber's link changed (a
@@ -824,18 +769,43 @@ impl FairLock {
                     (sent, last_us, rank, late) = (at, at_us, r, None);
                 }
                 Err(e @ LockError::LateReply { .. }) => late = Some(e),
-                Err(e) => {
-                    drop(subscription);
-                    return Err(self.give_up_after(&token, did_offer, e));
-                }
+                Err(e) => break 'wait Some(e),
+            }
+        };
+        drop((subscription, ticket));
+        // A release that carries our offered token and has no reply yet is waited for (at most
+        // the grant lease), so that our withdrawal reaches Redis after it and removes what it
+        // queued or granted.
+        if expecting.offered {
+            queues.withdraw_offer(&self.key, &token, Some(self.grant));
+        }
+        // Withdraw: our entry goes, or a grant that reached us meanwhile is released and passed
+        // on (owner-checked by the token).
+        match self.release_script(&token, None) {
+            Ok(reply) if reply.ours => log::info!(
+                "lock {:?}: granted to us as we gave up; released and passed on",
+                self.key
+            ),
+            Ok(_) => {}
+            // The entry lapses by itself. A failure (an attempt's, or a grant's confirmation)
+            // is returned itself: leaving is logged for debugging only then.
+            Err(e) => {
+                let level = match failed {
+                    Some(_) => log::Level::Debug,
+                    None => log::Level::Warn,
+                };
+                log::log!(
+                    level,
+                    "lock {:?}: giving up, could not leave the queue ({}); the entry lapses \
+                     within {:?}, a grant to it within {:?}",
+                    self.key,
+                    e.report(),
+                    self.entry_ttl,
+                    self.grant
+                );
             }
         }
-        drop(subscription);
-        self.settle_offer(&token, did_offer);
-        drop(ticket);
-        // Withdraw: our entry goes, or a grant that reached us meanwhile is passed on.
-        self.leave(&token, log::Level::Warn);
-        Err(late.unwrap_or_else(|| self.timeout(attempts)))
+        Err(failed.or(late).unwrap_or_else(|| self.timeout(attempts)))
     }
 }
 
@@ -905,11 +875,8 @@ impl DistributedLock for FairLock {
                 client, KIND, &self.key, lease, overran,
             ));
         }
-        let ReleaseReply {
-            ours,
-            granted,
-            grant,
-        } = reply?;
+        let reply = reply?;
+        let ours = reply.ours;
         if ours && self.client.switches().is_some() {
             // Done again on the new master if a Sentinel switch is announced soon: the same
             // script with the token of this client that the new master holds, if any, so it
@@ -924,7 +891,7 @@ impl DistributedLock for FairLock {
                 lease.valid_until(),
             );
         }
-        if !granted.is_empty() && waiters.deliver_grant(&granted, grant) {
+        if !reply.granted.is_empty() && waiters.deliver_grant(&reply.granted, reply.grant) {
             self.client.wakeups().nudge();
             log::trace!("lock {:?}: granted to a thread of this client", self.key);
         }
@@ -990,7 +957,11 @@ impl FairLock {
     /// (`dlock_fair_ch:<some other id>`): a release publishes its grant on the grantee's
     /// channel, whoever that is, so the user needs the whole pattern `dlock_fair_ch:*`. One
     /// representative name is checked.
-    fn access_checks(&self) -> Vec<access::Check> {
+    ///
+    /// For [`LockBuilder::check_access`](crate::LockBuilder::check_access): a release grants
+    /// to whoever heads the queue, so the user needs the pattern `dlock_fair_ch:*`, not only
+    /// its own channel.
+    pub(crate) fn access_checks(&self) -> Vec<access::Check> {
         // Every digit of our id turned into another hex digit: surely another client's id.
         let other: String = self
             .id

@@ -390,7 +390,7 @@ impl LockBuilder {
             Lock::Token(l) => ("Token", token::access_checks(client, key, l.hold())),
             Lock::Classic(_) => ("Classic", classic::access_checks(client, key)),
             Lock::Reentrant(l) => ("reentrant", reentrant::access_checks(key, l.hold())),
-            Lock::Fair(l) => return l.check_access(),
+            Lock::Fair(l) => ("fair", l.access_checks()),
             Lock::Spring(l) => {
                 let checks = spring::access_checks(client, key, l.hold(), l.options());
                 ("Spring", checks)
