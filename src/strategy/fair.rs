@@ -571,18 +571,20 @@ impl FairLock {
     /// A transient failure ([`LockError::is_transient`]: a failover, a restart) is retried with
     /// the policy's backoff until the deadline, the last one returned then.
     fn acquire_blocking(&self, mut attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
-        loop {
+        let result = loop {
             match self.acquire_blocking_once(&mut attempts) {
                 Err(e) if e.is_transient() => {
                     let Some(sleep) = attempts.next_sleep() else {
-                        return Err(e);
+                        break Err(e);
                     };
                     log::debug!("{}; retried in {sleep:?}", e.report());
                     std::thread::sleep(sleep);
                 }
-                other => return other,
+                other => break other,
             }
-        }
+        };
+        self.client.counters().blocking(KIND, &result);
+        result
     }
 
     /// One blocking acquire, until the deadline or the first failure.
@@ -923,11 +925,7 @@ impl DistributedLock for FairLock {
         string_value::is_held(&self.client, &self.key, lease)
     }
 
-    lock::guard_methods!(|this, attempts| {
-        let result = this.acquire_blocking(attempts);
-        this.client.counters().blocking(KIND, &result);
-        result
-    });
+    lock::guard_methods!(|this, attempts| this.acquire_blocking(attempts));
 }
 
 impl crate::lock::LockAdmin for FairLock {
