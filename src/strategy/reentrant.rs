@@ -364,43 +364,6 @@ impl ReentrantLock {
         (self.client.janitor()).forget(&self.client, &self.key, owner, cleanup, why, until)
     }
 
-    /// A release of `lease` failed on a connection error (a failover, a restart): it may or may
-    /// not have run. The janitor gives the hold back in the background if the owner's count is
-    /// still the one it had before (`lua/reentrant_forget.lua`), so the lock is not left for the
-    /// rest of its lease and a hold is never given back twice. Only the calling thread's own
-    /// holds are known well enough (their count); another client's lease (another thread's
-    /// is refused before this) expires with its lease.
-    ///
-    /// `count`: the calling thread's count before the release, if `lease` is its own (as
-    /// `owner`). `true` when the hold was given back in-line, before this returned.
-    fn forget_failed_release(
-        &self,
-        lease: &Lease,
-        owner: &OwnerId,
-        count: Option<u32>,
-        why: Why,
-    ) -> bool {
-        let Some(count) = count else {
-            log::warn!(
-                "lock {:?}: a release by owner {} failed on a connection error and is not \
-                 retried (its hold count is not known on this thread); the hold expires with \
-                 its lease",
-                self.key,
-                printable(lease.value())
-            );
-            return false;
-        };
-        let done = self.forget(lease.value(), count, why, lease.valid_until());
-        // The janitor makes it happen (or the hold expires): count it given back.
-        let seen = if count > 1 {
-            Seen::Decremented
-        } else {
-            Seen::Nothing
-        };
-        note_local(owner, &self.opts.key, seen);
-        done
-    }
-
     /// The acquire's bytes for `owner` with `known` (see [`Wire`]), if packed.
     fn packed_acquire(&self, s: &Scripts, owner: &[u8], known: u32) -> Option<Vec<u8>> {
         // One digit: the packed count's length.
@@ -479,9 +442,7 @@ impl DistributedLock for ReentrantLock {
         // carries the same id, and the script does not give back a second hold for it.
         let request = crate::ids::new_token();
         let generation = self.client.switch_generation();
-        let mut sent = 0u32;
         let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
-            sent += 1;
             let args = (
                 keys::UNLOCK_MESSAGE,
                 self.opts.lease_ms(),
@@ -502,17 +463,40 @@ impl DistributedLock for ReentrantLock {
             live::holding(&self.key, lease.value()),
             Some(self.opts.lease),
         );
+        // A release that failed on a connection error (a failover, a restart) may or may not
+        // have run. The janitor gives the hold back in the background if the owner's count is
+        // still the one it had before (`lua/reentrant_forget.lua`), so the lock is not left for
+        // the rest of its lease and a hold is never given back twice. Only the calling thread's
+        // own holds are known well enough (their count); another client's lease (another
+        // thread's is refused above) expires with its lease.
         if let Some(why) = hold::failed_release(&reply) {
-            if self.forget_failed_release(lease, &owner, count(), why) {
-                // The in-line retry gave the hold back (owner-checked by the count, so at most
-                // once): released. Sending this release again would give back a second hold.
-                return Ok(string_value::redone_release(
-                    &self.client,
-                    KIND,
-                    &self.key,
-                    lease,
-                    overran,
-                ));
+            match count() {
+                None => log::warn!(
+                    "lock {:?}: a release by owner {} failed on a connection error and is not \
+                     retried (its hold count is not known on this thread); the hold expires \
+                     with its lease",
+                    self.key,
+                    printable(lease.value())
+                ),
+                Some(count) => {
+                    let done = self.forget(lease.value(), count, why, lease.valid_until());
+                    // The janitor makes it happen (or the hold expires): count it given back.
+                    let seen = if count > 1 {
+                        Seen::Decremented
+                    } else {
+                        Seen::Nothing
+                    };
+                    note_local(&owner, &self.opts.key, seen);
+                    if done {
+                        // The in-line retry gave the hold back (owner-checked by the count, so at
+                        // most once): released. Sending this release again would give back a
+                        // second hold.
+                        let client = &self.client;
+                        return Ok(string_value::redone_release(
+                            client, KIND, &self.key, lease, overran,
+                        ));
+                    }
+                }
             }
         }
         let reply = reply?;
@@ -540,16 +524,13 @@ impl DistributedLock for ReentrantLock {
             }
             // Returned as `Ok(false)`; a guard dropped without `unlock` warns.
             None => {
-                let found = if sent > 1 {
-                    "sent again after a dropped connection found no hold: the first copy may \
-                     have freed it (its reply was lost), or the hold had expired; nothing was \
-                     changed by the second copy"
-                } else {
-                    "found no hold of it (it expired, or the owner never held the lock); nothing \
-                     was changed"
-                };
                 let owner = printable(lease.value());
-                log::debug!("lock {:?}: release by owner {owner} {found}", self.key);
+                log::debug!(
+                    "lock {:?}: release by owner {owner} found no hold of it (it expired, the \
+                     owner never held the lock, or a copy sent before a dropped connection freed \
+                     it and its reply was lost); nothing was changed",
+                    self.key
+                );
                 (Seen::Nothing, false)
             }
             Some(other) => {
