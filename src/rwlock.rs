@@ -456,15 +456,12 @@ struct PruneOnExit(u64);
 impl Drop for PruneOnExit {
     fn drop(&mut self) {
         let digits = format!(":{}", self.0);
-        OWNERS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|slot, _| {
-                !slot
-                    .split('\0')
-                    .next()
-                    .is_some_and(|o| o.ends_with(&digits))
-            });
+        let mut owners = OWNERS.lock().unwrap_or_else(|p| p.into_inner());
+        owners.retain(|slot, _| {
+            !slot
+                .split_once('\0')
+                .is_some_and(|(o, _)| o.ends_with(&digits))
+        });
     }
 }
 

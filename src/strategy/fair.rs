@@ -153,17 +153,13 @@ fn read_release(v: &Value) -> (Done, Option<(Vec<u8>, Grant)>) {
 /// to) or `{1, receivers, token, fence, seconds, microseconds}` (granted). `None` for anything
 /// else.
 fn parse_release(reply: &Value) -> Option<ReleaseReply> {
-    let (ours, granted, fence, secs, micros) = match reply {
-        Value::Int(ok @ (0 | 1)) => (*ok == 1, Vec::new(), 0, 0, 0),
-        Value::Array(_) => {
-            let (ok, _, granted, fence, secs, micros): (i64, i64, Vec<u8>, u64, u64, u64) =
-                redis::from_redis_value_ref(reply).ok()?;
-            (ok == 1, granted, fence, secs, micros)
-        }
+    let (ok, _, granted, fence, secs, micros): (i64, i64, Vec<u8>, u64, u64, u64) = match reply {
+        Value::Int(ok @ (0 | 1)) => (*ok, 0, Vec::new(), 0, 0, 0),
+        Value::Array(_) => redis::from_redis_value_ref(reply).ok()?,
         _ => return None,
     };
     Some(ReleaseReply {
-        ours,
+        ours: ok == 1,
         granted,
         grant: Grant::new(fence, secs, micros),
     })
@@ -265,9 +261,7 @@ impl FairLock {
 
     fn script_keys(&self) -> Vec<&str> {
         let mut k = vec![self.key.as_str(), &self.queue, &self.deadlines];
-        if let Some(f) = &self.opts.fence_key {
-            k.push(f);
-        }
+        k.extend(self.opts.fence_key.as_deref());
         k
     }
 
