@@ -803,9 +803,7 @@ impl FairLock {
         }
         Err(failed.or(late).unwrap_or_else(|| self.timeout(attempts)))
     }
-}
 
-impl FairLock {
     /// One attempt with a fresh token, kept live for the lease if it took the lock: a plain
     /// `SET NX PX` when `quiet`, else the script (without queueing). `Ok(None)` when another
     /// owner holds the lock.
@@ -823,6 +821,75 @@ impl FairLock {
             live.keep_at(self.opts.lease, Instant::now());
         }
         Ok(lease)
+    }
+
+    /// The commands of a fair lock (see `fair.rs`, `lua/fair_acquire.lua`, `lua/fair_release.lua`,
+    /// `lua/fair_live_head.lua`): the plain acquire (`SET … NX PX`), the scripts themselves
+    /// (`EVALSHA`, and `EVAL` after a `NOSCRIPT`) on their keys, and what the scripts run: `GET`,
+    /// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZPOPMIN`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
+    /// `PTTL`, `PEXPIRE`, `DEL`, `PUBLISH` of grants (on another client's channel and on ours),
+    /// `INCR` and `GET` of the fencing counter; extend and renewal (`GET`, `PEXPIRE`); the
+    /// clean-up of a lost reply or failed release (`GET`, `DEL`); and the subscriber's commands on
+    /// this client's own grant channel.
+    ///
+    /// Grants are published on this client's channel (`dlock_fair_ch:<our client id>`) when a
+    /// release grants the lock to another thread of this client, and on another client's
+    /// (`dlock_fair_ch:<some other id>`): a release publishes its grant on the grantee's
+    /// channel, whoever that is, so the user needs the whole pattern `dlock_fair_ch:*`. One
+    /// representative name is checked.
+    ///
+    /// For [`LockBuilder::check_access`](crate::LockBuilder::check_access): a release grants
+    /// to whoever heads the queue, so the user needs the pattern `dlock_fair_ch:*`, not only
+    /// its own channel.
+    pub(crate) fn access_checks(&self) -> Vec<access::Check> {
+        // Every digit of our id turned into another hex digit: surely another client's id.
+        let other: String = self
+            .id
+            .iter()
+            .map(|&b| if b == b'0' { '1' } else { '0' })
+            .collect();
+        let other_channel = &format!("{CHANNEL_PREFIX}{other}");
+        let (key, q, d) = (&self.key[..], &self.queue[..], &self.deadlines[..]);
+        let script_keys = self.script_keys();
+        let numkeys = script_keys.len().to_string();
+        let script = |name: &'static str, body: &str| {
+            let mut args = vec![body, numkeys.as_str()];
+            args.extend_from_slice(&script_keys);
+            args.push("v");
+            access::check(name, &args)
+        };
+        let grant = "dlock-grant:v:0:0:0";
+        let mut c = vec![
+            access::check("set", &[key, "v", "NX", "PX", "1000"]),
+            script("evalsha", "0000000000000000000000000000000000000000"),
+            script("eval", "return 0"),
+            access::check("get", &[key]),
+            access::check("exists", &[q]),
+            access::check("set", &[key, "v", "px", "1000"]),
+            access::check("time", &[]),
+            access::check("zadd", &[q, "NX", "1", "v"]),
+            access::check("zadd", &[d, "1", "v"]),
+            access::check("zrem", &[q, "v"]),
+            access::check("zrem", &[d, "v"]),
+            access::check("zpopmin", &[q]),
+            access::check("zrangebyscore", &[d, "-inf", "1", "limit", "0", "100"]),
+            access::check("zscore", &[d, "v"]),
+            access::check("zrank", &[q, "v"]),
+            access::check("pttl", &[key]),
+            access::check("pttl", &[q]),
+            access::check("pexpire", &[key, "1000"]),
+            access::check("pexpire", &[q, "1000"]),
+            access::check("pexpire", &[d, "1000"]),
+            access::check("del", &[key]),
+            access::check("publish", &[other_channel, grant]),
+            access::check("publish", &[&self.channel, grant]),
+        ];
+        if let Some(f) = &self.opts.fence_key {
+            c.push(access::check("incr", &[f]));
+            c.push(access::check("get", &[f]));
+        }
+        c.extend(access::subscriber(&self.channel));
+        c
     }
 }
 
@@ -931,77 +998,6 @@ impl crate::lock::LockAdmin for FairLock {
     /// next poll (fair waiters listen for grants, not releases: nothing is published).
     fn force_unlock(&self) -> Result<bool> {
         hold::force_unlock(&self.client, &self.key, None)
-    }
-}
-
-impl FairLock {
-    /// The commands of a fair lock (see `fair.rs`, `lua/fair_acquire.lua`, `lua/fair_release.lua`,
-    /// `lua/fair_live_head.lua`): the plain acquire (`SET … NX PX`), the scripts themselves
-    /// (`EVALSHA`, and `EVAL` after a `NOSCRIPT`) on their keys, and what the scripts run: `GET`,
-    /// `EXISTS`, `SET … PX`, `TIME`, `ZADD`, `ZREM`, `ZPOPMIN`, `ZRANGEBYSCORE`, `ZSCORE`, `ZRANK`,
-    /// `PTTL`, `PEXPIRE`, `DEL`, `PUBLISH` of grants (on another client's channel and on ours),
-    /// `INCR` and `GET` of the fencing counter; extend and renewal (`GET`, `PEXPIRE`); the
-    /// clean-up of a lost reply or failed release (`GET`, `DEL`); and the subscriber's commands on
-    /// this client's own grant channel.
-    ///
-    /// Grants are published on this client's channel (`dlock_fair_ch:<our client id>`) when a
-    /// release grants the lock to another thread of this client, and on another client's
-    /// (`dlock_fair_ch:<some other id>`): a release publishes its grant on the grantee's
-    /// channel, whoever that is, so the user needs the whole pattern `dlock_fair_ch:*`. One
-    /// representative name is checked.
-    ///
-    /// For [`LockBuilder::check_access`](crate::LockBuilder::check_access): a release grants
-    /// to whoever heads the queue, so the user needs the pattern `dlock_fair_ch:*`, not only
-    /// its own channel.
-    pub(crate) fn access_checks(&self) -> Vec<access::Check> {
-        // Every digit of our id turned into another hex digit: surely another client's id.
-        let other: String = self
-            .id
-            .iter()
-            .map(|&b| if b == b'0' { '1' } else { '0' })
-            .collect();
-        let other_channel = &format!("{CHANNEL_PREFIX}{other}");
-        let (key, q, d) = (&self.key[..], &self.queue[..], &self.deadlines[..]);
-        let script_keys = self.script_keys();
-        let numkeys = script_keys.len().to_string();
-        let script = |name: &'static str, body: &str| {
-            let mut args = vec![body, numkeys.as_str()];
-            args.extend_from_slice(&script_keys);
-            args.push("v");
-            access::check(name, &args)
-        };
-        let grant = "dlock-grant:v:0:0:0";
-        let mut c = vec![
-            access::check("set", &[key, "v", "NX", "PX", "1000"]),
-            script("evalsha", "0000000000000000000000000000000000000000"),
-            script("eval", "return 0"),
-            access::check("get", &[key]),
-            access::check("exists", &[q]),
-            access::check("set", &[key, "v", "px", "1000"]),
-            access::check("time", &[]),
-            access::check("zadd", &[q, "NX", "1", "v"]),
-            access::check("zadd", &[d, "1", "v"]),
-            access::check("zrem", &[q, "v"]),
-            access::check("zrem", &[d, "v"]),
-            access::check("zpopmin", &[q]),
-            access::check("zrangebyscore", &[d, "-inf", "1", "limit", "0", "100"]),
-            access::check("zscore", &[d, "v"]),
-            access::check("zrank", &[q, "v"]),
-            access::check("pttl", &[key]),
-            access::check("pttl", &[q]),
-            access::check("pexpire", &[key, "1000"]),
-            access::check("pexpire", &[q, "1000"]),
-            access::check("pexpire", &[d, "1000"]),
-            access::check("del", &[key]),
-            access::check("publish", &[other_channel, grant]),
-            access::check("publish", &[&self.channel, grant]),
-        ];
-        if let Some(f) = &self.opts.fence_key {
-            c.push(access::check("incr", &[f]));
-            c.push(access::check("get", &[f]));
-        }
-        c.extend(access::subscriber(&self.channel));
-        c
     }
 }
 

@@ -74,12 +74,6 @@ struct LocalHold {
     count: u32,
 }
 
-impl LocalHold {
-    fn is(&self, owner: &OwnerId, key: &str) -> bool {
-        &*self.key == key && self.owner == *owner
-    }
-}
-
 /// What an operation of the calling thread learnt about its own holds of a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Seen {
@@ -95,7 +89,9 @@ enum Seen {
 fn note_local(owner: &OwnerId, key: &Arc<str>, seen: Seen) {
     LOCAL_HOLDS.with(|holds| {
         let mut holds = holds.borrow_mut();
-        let at = holds.iter().position(|h| h.is(owner, key));
+        let at = holds
+            .iter()
+            .position(|h| *h.key == **key && h.owner == *owner);
         match (seen, at) {
             (Seen::Taken, Some(i)) => holds[i].count = holds[i].count.saturating_add(1),
             (Seen::Taken, None) => holds.push(LocalHold {
@@ -123,7 +119,7 @@ fn local_count(owner: &OwnerId, key: &str) -> Option<u32> {
         holds
             .borrow()
             .iter()
-            .find(|h| h.is(owner, key))
+            .find(|h| &*h.key == key && h.owner == *owner)
             .map(|h| h.count)
     })
 }
@@ -681,7 +677,7 @@ mod tests {
             LOCAL_HOLDS.with(|h| {
                 h.borrow()
                     .iter()
-                    .find(|h| h.is(&a, "count"))
+                    .find(|h| &*h.key == "count" && h.owner == a)
                     .map(|h| h.count)
             })
         };
