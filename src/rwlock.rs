@@ -25,7 +25,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::Value;
+use redis::{ToRedisArgs, Value};
 
 use crate::client::acquire::Line;
 use crate::client::admin;
@@ -672,15 +672,9 @@ impl Shared {
     ) -> Cleanup {
         let mut keys = vec![self.key.clone(), self.writers.clone()];
         keys.extend(latched.then(|| format!("{}:{}", self.latch_base, request_id())));
-        let mut args = vec![
-            side.as_bytes().to_vec(),
-            owner.to_vec(),
-            self.opts.channel.as_bytes().to_vec(),
-            self.opts.lease_ms().to_string().into_bytes(),
-            LATCH_MS.to_string().into_bytes(),
-        ];
-        // A nil ARGV is not sent at all (as by the release's own call).
-        args.extend(expect.map(|e| e.to_string().into_bytes()));
+        // A nil ARGV (no `expect`) is not sent at all (as by the release's own call).
+        let (lease_ms, channel) = (self.opts.lease_ms(), &self.opts.channel);
+        let args = (side, owner, channel, lease_ms, LATCH_MS, expect).to_redis_args();
         Cleanup {
             script: |s| &s.rw_release,
             keys,

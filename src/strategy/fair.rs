@@ -46,7 +46,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::Value;
+use redis::{ToRedisArgs, Value};
 
 use crate::client::access;
 use crate::client::cleanup::{Cleanup, Done};
@@ -329,11 +329,7 @@ impl FairLock {
         Cleanup {
             script: |s| &s.fair_release,
             keys: self.script_keys().into_iter().map(str::to_owned).collect(),
-            args: vec![
-                token.to_vec(),
-                self.grant_ms().to_string().into_bytes(),
-                CHANNEL_PREFIX.as_bytes().to_vec(),
-            ],
+            args: (token, self.grant_ms(), CHANNEL_PREFIX).to_redis_args(),
             value_arg: 0,
             read: read_release,
             counted: false,

@@ -26,7 +26,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::Value;
+use redis::{ToRedisArgs, Value};
 
 use crate::client::access;
 use crate::client::acquire::Line;
@@ -335,16 +335,11 @@ impl ReentrantLock {
     /// Gives back one hold of `owner` if its count is still `count` (`lua/reentrant_forget.lua`):
     /// the clean-up of a release that failed or was lost, or of an acquire whose reply was lost.
     fn forget_cleanup(&self, owner: &[u8], count: u32) -> Cleanup {
+        let (lease_ms, channel) = (self.opts.lease_ms(), &self.opts.channel);
         Cleanup {
             script: |s| &s.reentrant_forget,
             keys: vec![self.key.clone()],
-            args: vec![
-                owner.to_vec(),
-                count.to_string().into_bytes(),
-                self.opts.lease_ms().to_string().into_bytes(),
-                self.opts.channel.as_bytes().to_vec(),
-                keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
-            ],
+            args: (owner, count, lease_ms, channel, keys::UNLOCK_MESSAGE).to_redis_args(),
             value_arg: 0,
             read: read_forget,
             counted: true,
