@@ -596,7 +596,7 @@ impl Shared {
                 .forget(client, &self.key, id, undo, why, until);
         });
         let (code, holds, wait) = self.decode(id, reply?)?;
-        match code {
+        let result = match code {
             1 => {
                 // Counted before `checked_win`, whose release of a late hold counts it off.
                 self.note_known(id, mode, true);
@@ -614,12 +614,10 @@ impl Shared {
                     .opts
                     .lease(&self.client, kind, id, start, None, None)
                     .owned_by_thread();
-                let result = crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
+                crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
                     self.release(mode, l)
                 })
-                .map(Attempt::Acquired);
-                self.client.counters().outcome(mode.kind(), &result);
-                result
+                .map(Attempt::Acquired)
             }
             0 | -1 => {
                 if holds == 0 {
@@ -635,7 +633,6 @@ impl Shared {
                     let half = Duration::from_millis(intent_ms / 2);
                     wait = Some(wait.map_or(half, |w| w.min(half)));
                 }
-                self.client.counters().attempt(mode.kind(), false);
                 Ok(Attempt::Held { pttl: wait })
             }
             -2 => Err(LockError::unsupported(
@@ -653,7 +650,10 @@ impl Shared {
                 ),
             )),
             other => Err(self.unexpected(&Value::Int(other))),
-        }
+        };
+        // A win or a refusal is counted, an error is not.
+        self.client.counters().outcome(mode.kind(), &result);
+        result
     }
 
     /// The release of `owner` on `side` (`lua/rw_release.lua`), as sent and as sent again,
