@@ -389,7 +389,7 @@ impl LockBuilder {
         let (what, checks) = match lock {
             Lock::Token(l) => ("Token", token::access_checks(client, key, l.hold())),
             Lock::Classic(_) => ("Classic", classic::access_checks(client, key)),
-            Lock::Reentrant(l) => ("reentrant", reentrant::access_checks(key, l.hold())),
+            Lock::Reentrant(l) => ("reentrant", l.access_checks()),
             Lock::Fair(l) => ("fair", l.access_checks()),
             Lock::Spring(l) => {
                 let checks = spring::access_checks(client, key, l.hold(), l.options());

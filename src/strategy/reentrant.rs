@@ -195,9 +195,31 @@ impl ReentrantLock {
         }
     }
 
-    /// The checked options of its holds.
-    pub(crate) fn hold(&self) -> &HoldOptions {
-        &self.opts
+    /// The commands of a reentrant lock (Redisson's `RLock` scripts and the library's own).
+    pub(crate) fn access_checks(&self) -> Vec<access::Check> {
+        let (key, opts) = (self.key.as_str(), &self.opts);
+        let channel = opts.channel.as_str();
+        let mut c = vec![
+            access::check("exists", &[key]),
+            access::check("hexists", &[key, "owner"]),
+            access::check("hincrby", &[key, "owner", "1"]),
+            access::check("hget", &[key, "owner"]),
+            access::check("hdel", &[key, "owner"]),
+            access::check("hlen", &[key]),
+            access::check("pexpire", &[key, "1000"]),
+            access::check("pttl", &[key]),
+            access::check("del", &[key]),
+            access::check("publish", &[channel, "0"]),
+        ];
+        if let Some(f) = &opts.fence_key {
+            c.push(access::check("incr", &[f]));
+            // A re-entry reads the counter's current value.
+            c.push(access::check("get", &[f]));
+        }
+        if opts.wake_up == hold::WakeUp::PubSub {
+            c.extend(access::subscriber(channel));
+        }
+        c
     }
 
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
@@ -587,32 +609,6 @@ fn read_forget(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
         redis::Value::Int(0) => (Done::GaveBack, None),
         _ => (Done::Nothing, None),
     }
-}
-
-/// The commands of a reentrant lock (Redisson's `RLock` scripts and the library's own).
-pub(crate) fn access_checks(key: &str, opts: &HoldOptions) -> Vec<access::Check> {
-    let channel = opts.channel.as_str();
-    let mut c = vec![
-        access::check("exists", &[key]),
-        access::check("hexists", &[key, "owner"]),
-        access::check("hincrby", &[key, "owner", "1"]),
-        access::check("hget", &[key, "owner"]),
-        access::check("hdel", &[key, "owner"]),
-        access::check("hlen", &[key]),
-        access::check("pexpire", &[key, "1000"]),
-        access::check("pttl", &[key]),
-        access::check("del", &[key]),
-        access::check("publish", &[channel, "0"]),
-    ];
-    if let Some(f) = &opts.fence_key {
-        c.push(access::check("incr", &[f]));
-        // A re-entry reads the counter's current value.
-        c.push(access::check("get", &[f]));
-    }
-    if opts.wake_up == hold::WakeUp::PubSub {
-        c.extend(access::subscriber(channel));
-    }
-    c
 }
 
 #[cfg(test)]
