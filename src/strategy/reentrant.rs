@@ -159,21 +159,15 @@ pub struct ReentrantLock {
     client: LockClient,
     key: String,
     opts: HoldOptions,
-    /// Its acquire and release, packed once but for the owner and one argument.
-    wire: Wire,
-}
-
-/// The commands of every acquire and release of a reentrant lock, packed by redis-rs once but
-/// for the owner and the argument that changes (see
-/// [`Packed`](string_value::Packed)), at their second use: the same bytes as built
-/// afresh, without the building. Owners of other lengths, counts of more than one digit and
-/// fenced acquires are sent the usual way.
-#[derive(Default)]
-struct Wire {
-    /// `EVALSHA <reentrant_acquire.lua> 1 key <lease ms> <owner> <count>`.
-    acquire: Lazy<string_value::Packed>,
-    /// `EVALSHA <reentrant_release.lua> 1 key 0 <lease ms> <owner> <channel> <request id>`.
-    release: Lazy<string_value::Packed>,
+    // The commands of every acquire and release, packed by redis-rs once but for the owner and
+    // the argument that changes (see `string_value::Packed`), at their second use:
+    // the same bytes as built afresh, without the building. Owners of other lengths, counts of
+    // more than one digit and fenced acquires are sent the usual way.
+    /// `EVALSHA <reentrant_acquire.lua> 1 key <lease ms> <owner> <count>`, packed.
+    wire_acquire: Lazy<string_value::Packed>,
+    /// `EVALSHA <reentrant_release.lua> 1 key 0 <lease ms> <owner> <channel> <request id>`,
+    /// packed.
+    wire_release: Lazy<string_value::Packed>,
 }
 
 impl std::fmt::Debug for ReentrantLock {
@@ -191,7 +185,8 @@ impl ReentrantLock {
             client,
             key,
             opts,
-            wire: Wire::default(),
+            wire_acquire: Lazy::default(),
+            wire_release: Lazy::default(),
         }
     }
 
@@ -377,13 +372,12 @@ impl ReentrantLock {
         (self.client.janitor()).forget(&self.client, &self.key, owner, cleanup, why, until)
     }
 
-    /// The acquire's bytes for `owner` with `known` (see [`Wire`]), if packed.
+    /// The acquire's bytes for `owner` with `known` (see `wire_acquire`), if packed.
     fn packed_acquire(&self, s: &Scripts, owner: &[u8], known: u32) -> Option<Vec<u8>> {
         // One digit: the packed count's length.
         let digit = u8::try_from(known).ok().filter(|k| *k < 10)?;
         let lease_ms = self.opts.lease_ms();
-        self.wire
-            .acquire
+        self.wire_acquire
             .get(|| {
                 string_value::Packed::new(&[owner.len(), 1], 1, |v| {
                     s.reentrant_acquire
@@ -394,11 +388,10 @@ impl ReentrantLock {
             .with(&[owner, &[b'0' + digit]])
     }
 
-    /// The release's bytes for `owner` with `request` (see [`Wire`]), if packed.
+    /// The release's bytes for `owner` with `request` (see `wire_release`), if packed.
     fn packed_release(&self, s: &Scripts, owner: &[u8], request: &[u8]) -> Option<Vec<u8>> {
         let (lease_ms, channel) = (self.opts.lease_ms(), self.opts.channel.as_str());
-        self.wire
-            .release
+        self.wire_release
             .get(|| {
                 string_value::Packed::new(&[owner.len(), request.len()], 1, |v| {
                     s.reentrant_release
