@@ -468,13 +468,9 @@ impl FairLock {
     /// heads the line, to be queued (or granted the lock) by this release.
     fn release_script(&self, value: &[u8], successor: Option<&Token>) -> Result<ReleaseReply> {
         let keys = self.script_keys();
-        let args = (
-            value,
-            self.grant_ms(),
-            CHANNEL_PREFIX,
-            successor.map(|t| &t[..]),
-            successor.map(|_| self.entry_ttl.as_millis() as u64),
-        );
+        // The successor and its entry's lifetime, or no ARGV at all.
+        let successor = successor.map(|t| (&t[..], self.entry_ttl.as_millis() as u64));
+        let args = (value, self.grant_ms(), CHANNEL_PREFIX, successor);
         // Grant first. Redis writes what an event-loop turn produced client by client, the
         // client that got its first output last going first (Redis 7's pending-write list),
         // so the reply to a bare EVALSHA would leave before the grant it published. A PING in
