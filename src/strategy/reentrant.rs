@@ -234,10 +234,7 @@ impl ReentrantLock {
     pub fn hold_count(&self) -> Result<u32> {
         let owner = self.owner();
         let count: Option<i64> = self.client.with_conn(&self.key, |con, _| {
-            redis::cmd("HGET")
-                .arg(&self.key)
-                .arg(owner.as_bytes())
-                .query(con)
+            redis::Commands::hget(con, &self.key, owner.as_bytes())
         })?;
         Ok(count.map_or(0, |n| u32::try_from(n).unwrap_or(0)))
     }
@@ -569,10 +566,7 @@ impl DistributedLock for ReentrantLock {
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
         let held: bool = self.client.with_conn(&self.key, |con, _| {
-            redis::cmd("HEXISTS")
-                .arg(&self.key)
-                .arg(lease.value())
-                .query(con)
+            redis::Commands::hexists(con, &self.key, lease.value())
         })?;
         Ok(held && !lease.is_expired())
     }
