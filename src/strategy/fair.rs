@@ -760,13 +760,14 @@ impl FairLock {
                 Err(e) => break 'wait Some(e),
             }
         };
-        drop((subscription, ticket));
+        drop(subscription);
         // A release that carries our offered token and has no reply yet is waited for (at most
         // the grant lease), so that our withdrawal reaches Redis after it and removes what it
-        // queued or granted.
+        // queued or granted. While our ticket holds the line, which the offer lives in.
         if expecting.offered {
             queues.withdraw_offer(&self.key, &token, Some(self.grant));
         }
+        drop(ticket);
         // Withdraw: our entry goes, or a grant that reached us meanwhile is released and passed
         // on (owner-checked by the token).
         match self.release_script(&token, None) {
