@@ -41,6 +41,19 @@ pub enum WakeUp {
     Polling,
 }
 
+/// The lease options a builder collected for a lock held at its key, not checked yet: see
+/// [`HoldOptions::checked`].
+#[derive(Clone, Default)]
+pub(crate) struct HoldSettings {
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) watchdog_lease: Option<Duration>,
+    pub(crate) on_lost: Option<LostCallback>,
+    pub(crate) retry: Option<RetryPolicy>,
+    pub(crate) wake_up: Option<WakeUp>,
+    pub(crate) fencing: bool,
+    pub(crate) at_least: Option<Duration>,
+}
+
 /// The options of a Token or reentrant lock that the builder checked.
 #[derive(Clone)]
 pub(crate) struct HoldOptions {
@@ -88,30 +101,20 @@ impl HoldOptions {
     /// Checks a builder's lease options: an explicit `ttl` turns the watchdog off (and then
     /// `watchdog_lease` and `on_lost` make no sense); without one the hold is watched with
     /// `watchdog_lease` (default [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE)).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn checked(
-        key: &str,
-        ttl: Option<Duration>,
-        watchdog_lease: Option<Duration>,
-        on_lost: Option<LostCallback>,
-        retry: Option<RetryPolicy>,
-        wake_up: Option<WakeUp>,
-        fencing: bool,
-        at_least: Option<Duration>,
-    ) -> Result<Self> {
-        if let Some(d) = at_least {
+    pub(crate) fn checked(key: &str, s: HoldSettings) -> Result<Self> {
+        if let Some(d) = s.at_least {
             check_duration(key, "lock_at_least", d, false)?;
         }
-        let watched = ttl.is_none();
-        if !watched && (watchdog_lease.is_some() || on_lost.is_some()) {
+        let watched = s.ttl.is_none();
+        if !watched && (s.watchdog_lease.is_some() || s.on_lost.is_some()) {
             return Err(LockError::config(
                 key,
                 "watchdog_lease and on_lost apply to watched locks, built without ttl",
             ));
         }
-        let lease = ttl.or(watchdog_lease).unwrap_or(WATCHDOG_DEFAULT_LEASE);
+        let lease = s.ttl.or(s.watchdog_lease).unwrap_or(WATCHDOG_DEFAULT_LEASE);
         let (lease, retry) =
-            check_lock_options(key, lease, retry.unwrap_or_else(RetryPolicy::standard))?;
+            check_lock_options(key, lease, s.retry.unwrap_or_else(RetryPolicy::standard))?;
         if watched && lease < Duration::from_millis(3) {
             return Err(LockError::config(
                 key,
@@ -122,13 +125,15 @@ impl HoldOptions {
             key: Arc::from(key),
             lease,
             watched,
-            on_lost,
+            on_lost: s.on_lost,
             retry,
-            wake_up: wake_up.unwrap_or_default(),
+            wake_up: s.wake_up.unwrap_or_default(),
             // The channel and fencing key names of `key` (both in its hash slot).
             channel: keys::channel(key),
-            fence_key: fencing.then(|| keys::fence_key(key)).transpose()?,
-            at_least: at_least.map(|d| Duration::from_millis(d.as_millis() as u64)),
+            fence_key: s.fencing.then(|| keys::fence_key(key)).transpose()?,
+            at_least: s
+                .at_least
+                .map(|d| Duration::from_millis(d.as_millis() as u64)),
         })
     }
 

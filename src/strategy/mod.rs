@@ -27,11 +27,11 @@ use crate::client::native::needs_scripts;
 use crate::client::target::ConnectionTarget;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lease::{LostCallback, LostLock};
+use crate::lease::LostLock;
 use crate::lock::{check_lock_options, DistributedLock, LockAdmin};
 use crate::redlock::{NodeClient, NodeSpec, RedLockClient, RedLockClientBuilder};
 use crate::retry::RetryPolicy;
-use crate::strategy::hold::HoldOptions;
+use crate::strategy::hold::{HoldOptions, HoldSettings};
 use crate::time::check_duration;
 
 /// The locking algorithm, with the options that only it has.
@@ -187,13 +187,8 @@ pub struct LockBuilder {
     client: LockClient,
     key: String,
     strategy: Strategy,
-    ttl: Option<Duration>,
-    retry: Option<RetryPolicy>,
-    watchdog_lease: Option<Duration>,
-    on_lost: Option<LostCallback>,
-    fencing: bool,
-    wake_up: Option<WakeUp>,
-    at_least: Option<Duration>,
+    /// Every option but the strategy's own and `check_access`.
+    hold: HoldSettings,
     check_access: bool,
 }
 
@@ -202,12 +197,12 @@ impl std::fmt::Debug for LockBuilder {
         f.debug_struct("LockBuilder")
             .field("key", &self.key)
             .field("strategy", &self.strategy)
-            .field("ttl", &self.ttl)
-            .field("retry", &self.retry)
-            .field("watchdog_lease", &self.watchdog_lease)
-            .field("on_lost", &self.on_lost.is_some())
-            .field("fencing", &self.fencing)
-            .field("wake_up", &self.wake_up)
+            .field("ttl", &self.hold.ttl)
+            .field("retry", &self.hold.retry)
+            .field("watchdog_lease", &self.hold.watchdog_lease)
+            .field("on_lost", &self.hold.on_lost.is_some())
+            .field("fencing", &self.hold.fencing)
+            .field("wake_up", &self.hold.wake_up)
             .finish_non_exhaustive()
     }
 }
@@ -223,13 +218,7 @@ impl LockClient {
             client: self.clone(),
             key: key.into(),
             strategy: Strategy::default(),
-            ttl: None,
-            retry: None,
-            watchdog_lease: None,
-            on_lost: None,
-            fencing: false,
-            wake_up: None,
-            at_least: None,
+            hold: HoldSettings::default(),
             check_access: false,
         }
     }
@@ -250,13 +239,13 @@ impl LockBuilder {
     /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off: the hold
     /// expires after `ttl` unless the holder extends it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
+        self.hold.ttl = Some(ttl);
         self
     }
 
     /// How [`DistributedLock::lock`] waits.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Some(policy);
+        self.hold.retry = Some(policy);
         self
     }
 
@@ -265,7 +254,7 @@ impl LockBuilder {
     /// [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE). A holder that dies stops
     /// renewing, so its lock frees within one lease.
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
-        self.watchdog_lease = Some(lease);
+        self.hold.watchdog_lease = Some(lease);
         self
     }
 
@@ -275,7 +264,7 @@ impl LockBuilder {
     /// server), when it is called at the latest. The holder's guard reports it too
     /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost)). Keep it short; it must not block.
     pub fn on_lost(mut self, callback: impl Fn(&LostLock) + Send + Sync + 'static) -> Self {
-        self.on_lost = Some(Arc::new(callback));
+        self.hold.on_lost = Some(Arc::new(callback));
         self
     }
 
@@ -284,14 +273,14 @@ impl LockBuilder {
     /// of the counter `dlock_fence:{key}` in the acquire script. See `docs/fencing.md` for how
     /// the protected resource must check it.
     pub fn fencing(mut self) -> Self {
-        self.fencing = true;
+        self.hold.fencing = true;
         self
     }
 
     /// Token and Reentrant: how waiters learn of a release (default [`WakeUp::PubSub`]). Fair
     /// waiters are always woken by the grant message.
     pub fn wake_up(mut self, wake_up: WakeUp) -> Self {
-        self.wake_up = Some(wake_up);
+        self.hold.wake_up = Some(wake_up);
         self
     }
 
@@ -326,7 +315,7 @@ impl LockBuilder {
     /// client's waiters woken) only when it frees the lock. At least 1 ms, at most
     /// [`MAX_TTL`](crate::MAX_TTL).
     pub fn lock_at_least(mut self, at_least: Duration) -> Self {
-        self.at_least = Some(at_least);
+        self.hold.at_least = Some(at_least);
         self
     }
 
@@ -338,16 +327,7 @@ impl LockBuilder {
         let lock = match self.strategy {
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
             strategy => {
-                let opts = HoldOptions::checked(
-                    &self.key,
-                    self.ttl,
-                    self.watchdog_lease,
-                    self.on_lost.clone(),
-                    self.retry.clone(),
-                    self.wake_up,
-                    self.fencing,
-                    self.at_least,
-                )?;
+                let opts = HoldOptions::checked(&self.key, self.hold.clone())?;
                 // Reentrant and Fair always run scripts, Token's protocol only for fencing.
                 let fenced = opts.fence_key.is_some();
                 let scripted = match strategy {
@@ -402,25 +382,22 @@ impl LockBuilder {
     /// Refuses the options that do not apply to the strategy: those of Token (Spring,
     /// ShedLock) alone, `wake_up` for Fair, those of the watched locks for Classic.
     fn check_applies(&self) -> Result<()> {
-        let strategy = match self.strategy {
-            Strategy::Reentrant => "Reentrant",
-            Strategy::Fair => "Fair",
-            Strategy::Classic(_) => "Classic",
+        let h = &self.hold;
+        let watched = h.watchdog_lease.is_some() || h.on_lost.is_some() || h.fencing;
+        let refused = match self.strategy {
+            Strategy::Reentrant | Strategy::Fair | Strategy::Classic(_) if h.at_least.is_some() => {
+                "lock_at_least applies to Strategy::Token, Spring and ShedLock, not Reentrant, \
+                 Fair or Classic"
+            }
+            Strategy::Fair if h.wake_up.is_some() => {
+                "wake_up does not apply to Strategy::Fair (its waiters are always woken by the \
+                 grant message)"
+            }
+            Strategy::Classic(_) if watched || h.wake_up.is_some() => {
+                "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic \
+                 (its legacy peers neither renew, count nor publish)"
+            }
             _ => return Ok(()),
-        };
-        let watched = self.watchdog_lease.is_some() || self.on_lost.is_some() || self.fencing;
-        let refused = if self.at_least.is_some() {
-            format!("lock_at_least applies to Strategy::Token, Spring and ShedLock, not {strategy}")
-        } else if strategy == "Fair" && self.wake_up.is_some() {
-            "wake_up does not apply to Strategy::Fair (its waiters are always woken by the grant \
-             message)"
-                .into()
-        } else if strategy == "Classic" && (watched || self.wake_up.is_some()) {
-            "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic (its \
-             legacy peers neither renew, count nor publish)"
-                .into()
-        } else {
-            return Ok(());
         };
         Err(LockError::config(&self.key, refused))
     }
@@ -428,8 +405,8 @@ impl LockBuilder {
     fn build_classic(&self, opts: ClassicOptions) -> Result<ClassicLock> {
         let (ttl, retry) = check_lock_options(
             &self.key,
-            self.ttl.unwrap_or(ClassicLock::DEFAULT_TTL),
-            self.retry.clone().unwrap_or_else(RetryPolicy::legacy),
+            self.hold.ttl.unwrap_or(ClassicLock::DEFAULT_TTL),
+            self.hold.retry.clone().unwrap_or_else(RetryPolicy::legacy),
         )?;
         check_duration(&self.key, "clock_skew", opts.clock_skew, true)?;
         needs_scripts(self.client.native(), &self.key, "a Classic lock")?;
