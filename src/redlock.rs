@@ -755,17 +755,17 @@ impl RedLock {
     fn ask<T, F>(&self, op: F) -> (Vec<T>, Option<LockError>)
     where
         T: Send + 'static,
-        F: Fn(&mut Lane, &str) -> Result<T> + Send + Sync + 'static,
+        F: Fn(&mut Lane, &str, &[u8]) -> Result<T> + Send + Sync + 'static,
     {
         let deadline = crate::time::after(self.inner().node_timeout);
-        let rx = self.run(&[], Some(deadline), false, move |lane, key, _| {
-            op(lane, key)
-        });
+        let rx = self.run(&[], Some(deadline), false, op);
         let (mut answers, mut first_error) = (Vec::new(), None);
-        while let Ok(answer) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            match answer {
-                Ok(answer) => answers.push(answer),
-                Err(e) => first_error = first_error.or(Some(e)),
+        // Not until the receiver disconnects: a lane resends its failed deletes after answering.
+        for _ in 0..self.inner().nodes.len() {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(Ok(answer)) => answers.push(answer),
+                Ok(Err(e)) => first_error = first_error.or(Some(e)),
+                Err(_) => break,
             }
         }
         (answers, first_error)
@@ -971,7 +971,7 @@ impl crate::lock::LockAdmin for RedLock {
     /// Locked when a majority of the nodes hold one same value: see
     /// [`LockAdmin::state`](crate::LockAdmin::state).
     fn state(&self) -> Result<LockState> {
-        let (answers, first_error) = self.ask(|lane, key| {
+        let (answers, first_error) = self.ask(|lane, key, _| {
             let reply: Value = lane
                 .client
                 .with_conn(key, |con, s| s.lock_state.eval(con, key, "value"))?;
@@ -1010,7 +1010,7 @@ impl crate::lock::LockAdmin for RedLock {
     /// [`LockAdmin::force_unlock`](crate::LockAdmin::force_unlock). RedLock publishes nothing (its waiters poll); this
     /// client's waiters are woken.
     fn force_unlock(&self) -> Result<bool> {
-        let (answers, first_error) = self.ask(|lane, key| {
+        let (answers, first_error) = self.ask(|lane, key, _| {
             lane.client.with_conn(key, |con, s| {
                 s.force_unlock.eval::<i64>(con, key, ("", "", ""))
             })
