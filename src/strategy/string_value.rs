@@ -29,7 +29,7 @@ const CMD_OVERHEAD: usize = 48;
 /// of the lengths, once more for each value with another placeholder there, and the bytes
 /// where two packings differ are that value's place (no RESP is written here). Values of
 /// other lengths are sent the usual way.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Packed {
     /// The bytes around the values: one part more than values.
     parts: Vec<Vec<u8>>,
@@ -138,19 +138,10 @@ fn differing_span(base: &[u8], other: &[u8], len: usize) -> Option<(usize, usize
 /// What a lock packs (a [`Packed`], a [`PackedRelease`]) made at its second send of the
 /// command, not when the lock is built: a lock built for one acquire and release, as many
 /// callers build them, packs nothing more than before.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Lazy<T> {
     sent: std::sync::atomic::AtomicBool,
     packed: std::sync::OnceLock<Option<T>>,
-}
-
-impl<T> Default for Lazy<T> {
-    fn default() -> Self {
-        Lazy {
-            sent: std::sync::atomic::AtomicBool::new(false),
-            packed: std::sync::OnceLock::new(),
-        }
-    }
 }
 
 impl<T> Lazy<T> {
@@ -224,7 +215,7 @@ fn unanswered() -> redis::RedisError {
 /// The owner-checked, published release of one lock ([`release`]) for values of one length,
 /// packed by redis-rs but for the value (see [`Packed`]): `DELIFEQ key value` with the
 /// `PUBLISH`es of its notice, and the `EVALSHA` of `lua/unlock.lua` with the same notice.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct PackedRelease {
     native: Option<Packed>,
     script: Option<Packed>,
