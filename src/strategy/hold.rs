@@ -307,63 +307,31 @@ pub(crate) fn force_unlock(
 /// `SpringLock`): each method is the one of its `underneath()`.
 macro_rules! forward_lock {
     ($ty:ty) => {
-        impl DistributedLock for $ty {
-            fn key(&self) -> &str {
-                self.underneath().key()
-            }
-
-            fn ttl(&self) -> ::std::time::Duration {
-                self.underneath().ttl()
-            }
-
-            fn retry_policy(&self) -> &$crate::retry::RetryPolicy {
-                self.underneath().retry_policy()
-            }
-
-            fn try_acquire(&self) -> $crate::error::Result<$crate::lease::Lease> {
-                self.underneath().try_acquire()
-            }
-
-            fn release(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
-                self.underneath().release(lease)
-            }
-
-            fn extend(
-                &self,
-                lease: &mut $crate::lease::Lease,
-                ttl: ::std::time::Duration,
-            ) -> $crate::error::Result<()> {
-                self.underneath().extend(lease, ttl)
-            }
-
-            fn is_held(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
-                self.underneath().is_held(lease)
-            }
-
-            fn try_lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-                self.underneath().try_lock()
-            }
-
-            fn lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-                self.underneath().lock()
-            }
-
-            fn try_lock_for(
-                &self,
-                wait: ::std::time::Duration,
-            ) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-                self.underneath().try_lock_for(wait)
-            }
-        }
-
-        impl LockAdmin for $ty {
-            fn state(&self) -> $crate::error::Result<$crate::lock::LockState> {
-                self.underneath().state()
-            }
-
-            fn force_unlock(&self) -> $crate::error::Result<bool> {
-                self.underneath().force_unlock()
-            }
+        $crate::strategy::hold::forward_lock!(DistributedLock for $ty {
+            key() -> &str;
+            ttl() -> ::std::time::Duration;
+            retry_policy() -> &$crate::retry::RetryPolicy;
+            try_acquire() -> $crate::error::Result<$crate::lease::Lease>;
+            release(lease: &$crate::lease::Lease) -> $crate::error::Result<bool>;
+            extend(lease: &mut $crate::lease::Lease, ttl: ::std::time::Duration)
+                -> $crate::error::Result<()>;
+            is_held(lease: &$crate::lease::Lease) -> $crate::error::Result<bool>;
+            try_lock() -> $crate::error::Result<$crate::lock::LockGuard<'_>>;
+            lock() -> $crate::error::Result<$crate::lock::LockGuard<'_>>;
+            try_lock_for(wait: ::std::time::Duration)
+                -> $crate::error::Result<$crate::lock::LockGuard<'_>>;
+        });
+        $crate::strategy::hold::forward_lock!(LockAdmin for $ty {
+            state() -> $crate::error::Result<$crate::lock::LockState>;
+            force_unlock() -> $crate::error::Result<bool>;
+        });
+    };
+    // One trait's methods, each given as `name(args) -> type;`.
+    ($trait:ident for $ty:ty { $($name:ident($($arg:ident: $arg_ty:ty),*) -> $ret:ty;)* }) => {
+        impl $trait for $ty {
+            $(fn $name(&self, $($arg: $arg_ty),*) -> $ret {
+                self.underneath().$name($($arg),*)
+            })*
         }
     };
 }
