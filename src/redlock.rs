@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::client::admin::KeyState;
+use crate::client::admin;
 use crate::client::repeats::{log_repeat, Repeats};
 use crate::client::waiters::WaitQueues;
 use crate::client::LockClient;
@@ -971,12 +971,8 @@ impl crate::lock::LockAdmin for RedLock {
     /// Locked when a majority of the nodes hold one same value: see
     /// [`LockAdmin::state`](crate::LockAdmin::state).
     fn state(&self) -> Result<LockState> {
-        let (answers, first_error) = self.ask(|lane, key, _| {
-            let reply: Value = lane
-                .client
-                .with_conn(key, |con, s| s.lock_state.eval(con, key, "value"))?;
-            KeyState::decode(key, reply)
-        });
+        let (answers, first_error) =
+            self.ask(|lane, key, _| admin::read(&lane.client, key, "value"));
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
         let unanswered = nodes - answers.len();
         // Each value found, with the PTTL of every node that holds it.
