@@ -127,7 +127,14 @@ impl Dialect {
     pub(crate) fn token(channel: &str) -> Self {
         Dialect {
             kind: KIND,
-            new_value: |client| token_value(client).to_vec(),
+            // The client's id (16 hex digits, see `LockClient::token_prefix`), then 64 random
+            // bits in hex; 32 characters, as `new_token`'s.
+            new_value: |client| {
+                let mut t = new_token();
+                let prefix = client.token_prefix();
+                t[..prefix.len()].copy_from_slice(&prefix);
+                t.to_vec()
+            },
             message: crate::keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
             channels: vec![channel.to_owned()],
             shedlock: false,
@@ -140,15 +147,6 @@ impl Dialect {
             channels: &self.channels,
         }
     }
-}
-
-/// A fresh Token value: the client's id (16 hex digits, see `LockClient::token_prefix`), then
-/// 64 random bits in hex; 32 characters, as [`new_token`]'s.
-fn token_value(client: &LockClient) -> [u8; TOKEN_VALUE_LEN] {
-    let mut t = new_token();
-    let prefix = client.token_prefix();
-    t[..prefix.len()].copy_from_slice(&prefix);
-    t
 }
 
 /// The length of a Token value.
@@ -364,14 +362,8 @@ impl TokenLock {
         if !self.client.is_stale_own(holder) {
             return false;
         }
-        let reply = string_value::compare_and_delete(
-            &self.client,
-            &self.key,
-            holder,
-            Some(self.dialect.notice()),
-            self.packed_release(),
-        );
-        match reply {
+        let (notice, packed) = (Some(self.dialect.notice()), self.packed_release());
+        match string_value::compare_and_delete(&self.client, &self.key, holder, notice, packed) {
             Ok(n) if n >= 1 => {
                 self.client.counters().orphan_cleaned();
                 log::warn!(
@@ -380,18 +372,16 @@ impl TokenLock {
                     self.key,
                     crate::lease::printable(holder)
                 );
-                true
+                return true;
             }
-            Ok(_) => false,
-            Err(e) => {
-                log::debug!(
-                    "lock {:?}: could not delete a stale hold of this client: {}",
-                    self.key,
-                    e.report()
-                );
-                false
-            }
+            Ok(_) => {}
+            Err(e) => log::debug!(
+                "lock {:?}: could not delete a stale hold of this client: {}",
+                self.key,
+                e.report()
+            ),
         }
+        false
     }
 
     /// Sends an acquire of `acq`'s token. One whose reply is lost may still run (or have run)
@@ -618,7 +608,7 @@ pub(crate) fn access_checks(
 }
 
 /// True if `value`, read at a lock key, has the shape of a Token lock's value: 32 hex digits,
-/// as `token_value` builds them (the client's id, then random bits; lowercase as this
+/// as `Dialect::token` builds them (the client's id, then random bits; lowercase as this
 /// crate writes them, though either case is accepted). A guess from the shape alone: any other
 /// value of 32 hex digits passes too.
 pub(crate) fn recognizes(value: &[u8]) -> bool {
