@@ -883,17 +883,7 @@ impl RedLock {
 }
 
 impl DistributedLock for RedLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.retry
-    }
+    crate::strategy::hold::hold_accessors!(key: key, ttl: ttl, retry: retry);
 
     fn try_acquire(&self) -> Result<Lease> {
         crate::lock::taken_or_held(&self.key, self.try_take())

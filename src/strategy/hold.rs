@@ -337,22 +337,27 @@ macro_rules! forward_lock {
 }
 pub(crate) use forward_lock;
 
-/// `key`, `ttl` and `retry_policy` of a lock whose `key` and `opts` ([`HoldOptions`]) are
-/// fields of `self` (or of the field path given, e.g. `shared`), written inside its
-/// `impl DistributedLock`.
+/// `key`, `ttl` and `retry_policy` of a lock, written inside its `impl DistributedLock`: read
+/// from the fields of `self` given (`key: key, ttl: ttl, retry: retry`), or of a lock whose `key`
+/// and `opts` ([`HoldOptions`]) are fields of `self` (or of the field path given, e.g. `shared`).
 macro_rules! hold_accessors {
-    ($($field:ident),*) => {
+    (key: $($key:ident).+, ttl: $($ttl:ident).+, retry: $($retry:ident).+) => {
         fn key(&self) -> &str {
-            &self$(.$field)*.key
+            &self.$($key).+
         }
 
         fn ttl(&self) -> ::std::time::Duration {
-            self$(.$field)*.opts.lease
+            self.$($ttl).+
         }
 
         fn retry_policy(&self) -> &$crate::retry::RetryPolicy {
-            &self$(.$field)*.opts.retry
+            &self.$($retry).+
         }
+    };
+    ($($field:ident),*) => {
+        $crate::strategy::hold::hold_accessors!(
+            key: $($field.)* key, ttl: $($field.)* opts.lease, retry: $($field.)* opts.retry
+        );
     };
 }
 pub(crate) use hold_accessors;
