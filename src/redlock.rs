@@ -341,24 +341,19 @@ impl RedLockClientBuilder {
         }
     }
 
-    /// How long an operation waits for each node's answer before counting it as a failed vote
-    /// (default [`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT)). For nodes given as URLs it is also each
-    /// connection's command timeout (a later reply is a lost vote anyway); their connect
-    /// timeout is [`ClientBuilder`](crate::ClientBuilder)'s, so that a TLS handshake is not cut short: a node that
-    /// is slow to connect holds its worker, never the operation. Keep it far below the lock's lifetime: every
-    /// millisecond an acquire waits is taken off the validity. More than zero and at most
-    /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
-    pub fn node_timeout(mut self, d: Duration) -> Self {
-        self.node_timeout = d;
-        self
-    }
-
-    /// Worker threads per node (default [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS)); for nodes given as URLs
-    /// also the connection pool size. Each key is served by one worker per node, so this bounds
-    /// how many different keys are worked on at once, not how many threads may wait.
-    pub fn workers_per_node(mut self, n: u32) -> Self {
-        self.workers = n;
-        self
+    crate::strategy::hold::setters! {
+        /// How long an operation waits for each node's answer before counting it as a failed vote
+        /// (default [`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT)). For nodes given as URLs it is also each
+        /// connection's command timeout (a later reply is a lost vote anyway); their connect
+        /// timeout is [`ClientBuilder`](crate::ClientBuilder)'s, so that a TLS handshake is not cut short: a node that
+        /// is slow to connect holds its worker, never the operation. Keep it far below the lock's lifetime: every
+        /// millisecond an acquire waits is taken off the validity. More than zero and at most
+        /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
+        node_timeout(d: Duration) => node_timeout = d;
+        /// Worker threads per node (default [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS)); for nodes given as URLs
+        /// also the connection pool size. Each key is served by one worker per node, so this bounds
+        /// how many different keys are worked on at once, not how many threads may wait.
+        workers_per_node(n: u32) => workers = n;
     }
 
     /// Creates the node clients (they connect lazily: a node that is down now just votes no
@@ -540,18 +535,13 @@ pub struct RedLockBuilder {
 }
 
 impl RedLockBuilder {
-    /// The lifetime of a hold: the `PX` sent to every node. Whole milliseconds count; it must
-    /// exceed the clock-drift allowance ([`RedLock::clock_drift`], at least 3 ms in all) and
-    /// should be far longer than the node timeout.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-
-    /// How [`DistributedLock::lock`] waits between attempts.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Some(policy);
-        self
+    crate::strategy::hold::setters! {
+        /// The lifetime of a hold: the `PX` sent to every node. Whole milliseconds count; it must
+        /// exceed the clock-drift allowance ([`RedLock::clock_drift`], at least 3 ms in all) and
+        /// should be far longer than the node timeout.
+        ttl(ttl: Duration) => ttl = Some(ttl);
+        /// How [`DistributedLock::lock`] waits between attempts.
+        retry(policy: RetryPolicy) => retry = Some(policy);
     }
 
     /// Checks the options and builds the lock. Sends nothing to Redis.

@@ -362,6 +362,19 @@ macro_rules! hold_accessors {
 }
 pub(crate) use hold_accessors;
 
+/// Builder methods that each set one field and return the builder, given as
+/// `name(arg: Type) => field = value;` (or `name() => field = value;`) after their docs.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty)?) => $($field:ident).+ = $value:expr;)*) => {
+        $($(#[$doc])*
+        pub fn $name(mut self, $($arg: $ty)?) -> Self {
+            self.$($field).+ = $value;
+            self
+        })*
+    };
+}
+pub(crate) use setters;
+
 /// Decodes the reply of an acquire script: `{1, fence}` (taken; fence 0 = no fencing) or
 /// `{0, pttl}` (held; pttl as Redis's `PTTL`: -1 no expiry, -2 gone).
 pub(crate) fn decode_acquire(key: &str, reply: &Value) -> Result<AcquireReply> {

@@ -229,33 +229,20 @@ impl LockBuilder {
     /// Redisson's `lockWatchdogTimeout`.
     pub const DEFAULT_WATCHDOG_LEASE: Duration = crate::lease::WATCHDOG_DEFAULT_LEASE;
 
-    /// The algorithm, with its own options ([`Strategy::Classic`] carries [`ClassicOptions`]).
-    pub fn strategy(mut self, strategy: Strategy) -> Self {
-        self.strategy = strategy;
-        self
-    }
-
-    /// The lifetime of a hold (Classic calls it "timeout"). At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);
-    /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off: the hold
-    /// expires after `ttl` unless the holder extends it.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.hold.ttl = Some(ttl);
-        self
-    }
-
-    /// How [`DistributedLock::lock`] waits.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.hold.retry = Some(policy);
-        self
-    }
-
-    /// Watched locks (Token, Reentrant, Fair built without [`ttl`](Self::ttl)): the lease,
-    /// renewed by the client's watchdog every third of it while the hold lives. Default
-    /// [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE). A holder that dies stops
-    /// renewing, so its lock frees within one lease.
-    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
-        self.hold.watchdog_lease = Some(lease);
-        self
+    crate::strategy::hold::setters! {
+        /// The algorithm, with its own options ([`Strategy::Classic`] carries [`ClassicOptions`]).
+        strategy(strategy: Strategy) => strategy = strategy;
+        /// The lifetime of a hold (Classic calls it "timeout"). At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);
+        /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off: the hold
+        /// expires after `ttl` unless the holder extends it.
+        ttl(ttl: Duration) => hold.ttl = Some(ttl);
+        /// How [`DistributedLock::lock`] waits.
+        retry(policy: RetryPolicy) => hold.retry = Some(policy);
+        /// Watched locks (Token, Reentrant, Fair built without [`ttl`](Self::ttl)): the lease,
+        /// renewed by the client's watchdog every third of it while the hold lives. Default
+        /// [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE). A holder that dies stops
+        /// renewing, so its lock frees within one lease.
+        watchdog_lease(lease: Duration) => hold.watchdog_lease = Some(lease);
     }
 
     /// Watched locks: called (on the watchdog's thread) when a hold is lost: a renewal found it
@@ -268,55 +255,42 @@ impl LockBuilder {
         self
     }
 
-    /// Token, Reentrant and Fair: each new hold gets a fencing token, a `u64` strictly greater
-    /// than every earlier hold's ([`LockGuard::fence`](crate::LockGuard::fence)), from an `INCR`
-    /// of the counter `dlock_fence:{key}` in the acquire script. See `docs/fencing.md` for how
-    /// the protected resource must check it.
-    pub fn fencing(mut self) -> Self {
-        self.hold.fencing = true;
-        self
-    }
-
-    /// Token and Reentrant: how waiters learn of a release (default [`WakeUp::PubSub`]). Fair
-    /// waiters are always woken by the grant message.
-    pub fn wake_up(mut self, wake_up: WakeUp) -> Self {
-        self.hold.wake_up = Some(wake_up);
-        self
-    }
-
-    /// [`build`](Self::build) also asks the server (one round trip, nothing run) whether the
-    /// client's ACL user may send every command this lock will send, on its key, companion
-    /// keys and channel (Redis 7.0+, `redis.acl_check_cmd`). A denied command is a
-    /// [`LockError::Config`] naming the command, its key or channel, and NOPERM, before the
-    /// first acquire: without the check, a user who may `SET` but not run the release script or
-    /// `PUBLISH` on the channel acquires and then cannot release. Worth calling once at start-up
-    /// with a representative key; docs/production.md lists the rules.
-    ///
-    /// For [`Strategy::Fair`] the check covers the fair lock's key, its queue's two sorted
-    /// sets, the fencing counter, and the grant channels: this client's own
-    /// `dlock_fair_ch:<client id>`, and a representative other client's, since a release
-    /// publishes its grant on the grantee's channel (the ACL needs `&dlock_fair_ch:*`).
-    ///
-    /// Where the client uses native commands (Valkey: `DELIFEQ`, `SET … IFEQ`), they are
-    /// checked too. A client whose user may not run scripts (possible on Valkey 9.0 and later)
-    /// cannot ask by script: it sends each of the lock's commands once, in one pipeline, in a
-    /// form that changes nothing (the release's `PUBLISH` wakes the lock's waiters, who find it
-    /// as it was), and reports each `NOPERM`; the subscriber's `SUBSCRIBE` is not checked then.
-    pub fn check_access(mut self) -> Self {
-        self.check_access = true;
-        self
-    }
-
-    /// Token and Spring: a release within `at_least` of the acquire does not free the lock: it
-    /// keeps the hold until `at_least` after the acquire (an owner-checked `PEXPIRE` to the
-    /// rest of it, one round trip) and lets it expire then, as ShedLock's `lockAtLeastFor`
-    /// does, so that a job that finished early is not run again by another node meanwhile. A
-    /// release after `at_least` frees the lock at once. The release is published (and this
-    /// client's waiters woken) only when it frees the lock. At least 1 ms, at most
-    /// [`MAX_TTL`](crate::MAX_TTL).
-    pub fn lock_at_least(mut self, at_least: Duration) -> Self {
-        self.hold.at_least = Some(at_least);
-        self
+    crate::strategy::hold::setters! {
+        /// Token, Reentrant and Fair: each new hold gets a fencing token, a `u64` strictly greater
+        /// than every earlier hold's ([`LockGuard::fence`](crate::LockGuard::fence)), from an `INCR`
+        /// of the counter `dlock_fence:{key}` in the acquire script. See `docs/fencing.md` for how
+        /// the protected resource must check it.
+        fencing() => hold.fencing = true;
+        /// Token and Reentrant: how waiters learn of a release (default [`WakeUp::PubSub`]). Fair
+        /// waiters are always woken by the grant message.
+        wake_up(wake_up: WakeUp) => hold.wake_up = Some(wake_up);
+        /// [`build`](Self::build) also asks the server (one round trip, nothing run) whether the
+        /// client's ACL user may send every command this lock will send, on its key, companion
+        /// keys and channel (Redis 7.0+, `redis.acl_check_cmd`). A denied command is a
+        /// [`LockError::Config`] naming the command, its key or channel, and NOPERM, before the
+        /// first acquire: without the check, a user who may `SET` but not run the release script or
+        /// `PUBLISH` on the channel acquires and then cannot release. Worth calling once at start-up
+        /// with a representative key; docs/production.md lists the rules.
+        ///
+        /// For [`Strategy::Fair`] the check covers the fair lock's key, its queue's two sorted
+        /// sets, the fencing counter, and the grant channels: this client's own
+        /// `dlock_fair_ch:<client id>`, and a representative other client's, since a release
+        /// publishes its grant on the grantee's channel (the ACL needs `&dlock_fair_ch:*`).
+        ///
+        /// Where the client uses native commands (Valkey: `DELIFEQ`, `SET … IFEQ`), they are
+        /// checked too. A client whose user may not run scripts (possible on Valkey 9.0 and later)
+        /// cannot ask by script: it sends each of the lock's commands once, in one pipeline, in a
+        /// form that changes nothing (the release's `PUBLISH` wakes the lock's waiters, who find it
+        /// as it was), and reports each `NOPERM`; the subscriber's `SUBSCRIBE` is not checked then.
+        check_access() => check_access = true;
+        /// Token and Spring: a release within `at_least` of the acquire does not free the lock: it
+        /// keeps the hold until `at_least` after the acquire (an owner-checked `PEXPIRE` to the
+        /// rest of it, one round trip) and lets it expire then, as ShedLock's `lockAtLeastFor`
+        /// does, so that a job that finished early is not run again by another node meanwhile. A
+        /// release after `at_least` frees the lock at once. The release is published (and this
+        /// client's waiters woken) only when it frees the lock. At least 1 ms, at most
+        /// [`MAX_TTL`](crate::MAX_TTL).
+        lock_at_least(at_least: Duration) => hold.at_least = Some(at_least);
     }
 
     /// Checks the options and builds the lock. Sends nothing to Redis, unless
