@@ -329,22 +329,19 @@ pub(crate) fn release(
     let overran = lease.is_expired();
     lease.stop_renewal();
     let generation = client.switch_generation();
-    let reply = compare_and_delete(client, key, lease.value(), notice, packed);
+    let value = lease.value();
+    let reply = compare_and_delete(client, key, value, notice, packed);
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
+    let cleanup = || delete_cleanup(key, value, notice);
     let redone = hold::failed_release(&reply).is_some_and(|why| {
-        client.janitor().forget(
-            client,
-            key,
-            lease.value(),
-            delete_cleanup(key, lease.value(), notice),
-            why,
-            lease.valid_until(),
-        )
+        client
+            .janitor()
+            .forget(client, key, value, cleanup(), why, lease.valid_until())
     });
     // Held no longer, whatever the answer: a failed release is the janitor's now.
-    client.live().release(live::value(lease.value()), None);
+    client.live().release(live::value(value), None);
     if redone {
         // The in-line retry deleted the key if it was still ours: released.
         return Ok(redone_release(client, kind, key, lease, overran));
@@ -352,15 +349,8 @@ pub(crate) fn release(
     let reply = reply?;
     if reply >= 1 && client.switches().is_some() {
         // Done again on the new master if a Sentinel switch is announced soon.
-        sentinel_watch::remember(
-            client,
-            key,
-            lease.value(),
-            delete_cleanup(key, lease.value(), notice),
-            sweep,
-            generation,
-            lease.valid_until(),
-        );
+        let until = lease.valid_until();
+        sentinel_watch::remember(client, key, value, cleanup(), sweep, generation, until);
     }
     if let Some(ch) = notice.and_then(|n| n.channels.first()) {
         hold::after_publish(client, key, ch, reply - 1);
