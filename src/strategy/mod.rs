@@ -243,19 +243,13 @@ impl LockBuilder {
         /// [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE). A holder that dies stops
         /// renewing, so its lock frees within one lease.
         watchdog_lease(lease: Duration) => hold.watchdog_lease = Some(lease);
-    }
-
-    /// Watched locks: called (on the watchdog's thread) when a hold is lost: a renewal found it
-    /// gone, or renewals failed until its loss deadline
-    /// ([`Lease::loss_deadline`](crate::Lease::loss_deadline): before the lease can end on the
-    /// server), when it is called at the latest. The holder's guard reports it too
-    /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost)). Keep it short; it must not block.
-    pub fn on_lost(mut self, callback: impl Fn(&LostLock) + Send + Sync + 'static) -> Self {
-        self.hold.on_lost = Some(Arc::new(callback));
-        self
-    }
-
-    crate::strategy::hold::setters! {
+        /// Watched locks: called (on the watchdog's thread) when a hold is lost: a renewal found it
+        /// gone, or renewals failed until its loss deadline
+        /// ([`Lease::loss_deadline`](crate::Lease::loss_deadline): before the lease can end on the
+        /// server), when it is called at the latest. The holder's guard reports it too
+        /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost)). Keep it short; it must not block.
+        on_lost(callback: impl Fn(&LostLock) + Send + Sync + 'static)
+            => hold.on_lost = Some(Arc::new(callback));
         /// Token, Reentrant and Fair: each new hold gets a fencing token, a `u64` strictly greater
         /// than every earlier hold's ([`LockGuard::fence`](crate::LockGuard::fence)), from an `INCR`
         /// of the counter `dlock_fence:{key}` in the acquire script. See `docs/fencing.md` for how
