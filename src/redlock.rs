@@ -138,13 +138,12 @@ impl Lane {
         let mut rest = pending.filter(|(_, _, until)| *until > now);
         // A delete that fails again is kept by `delete` (its token is still in `written`).
         for (key, token, _) in rest.by_ref() {
-            match self.delete(&key, &token) {
-                Ok(deleted) => log::debug!(
-                    "lock {key:?}: RedLock resent a delete that had failed ({})",
-                    if deleted { "deleted" } else { "already gone" }
-                ),
-                Err(_) => break,
-            }
+            let Ok(deleted) = self.delete(&key, &token) else {
+                break;
+            };
+            log::debug!(
+                "lock {key:?}: RedLock resent a failed delete (token was there: {deleted})"
+            );
         }
         self.redo.extend(rest);
     }

@@ -117,18 +117,10 @@ impl std::fmt::Debug for SpringOptions {
 
 /// A lock of [`Strategy::Spring`](crate::Strategy::Spring). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
+#[derive(Debug)]
 pub struct SpringLock {
-    inner: TokenLock,
     spring: SpringOptions,
-}
-
-impl std::fmt::Debug for SpringLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpringLock")
-            .field("registry", &self.spring.registry())
-            .field("inner", &self.inner)
-            .finish()
-    }
+    inner: TokenLock,
 }
 
 impl SpringLock {
@@ -168,8 +160,8 @@ impl SpringLock {
             shedlock: false,
         };
         Ok(SpringLock {
-            inner: TokenLock::with_dialect(client, key, opts, dialect),
             spring,
+            inner: TokenLock::with_dialect(client, key, opts, dialect),
         })
     }
 
