@@ -499,19 +499,13 @@ impl fmt::Display for Tally {
 /// count as unanswered.
 fn count(rx: &Receiver<Vote>, deadline: Instant, nodes: usize, quorum: usize) -> Tally {
     let mut tally = Tally::default();
-    loop {
-        let settled = tally.answered();
-        if tally.yes >= quorum || settled == nodes || tally.yes + (nodes - settled) < quorum {
-            break;
-        }
+    // Until decided: a majority yes, or too few nodes left to reach one (all answered included).
+    while tally.yes < quorum && tally.yes + (nodes - tally.answered()) >= quorum {
         // A vote that comes after the deadline is an unanswered node's (docs/redlock.md).
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
         match rx.recv_timeout(left) {
-            Ok(vote) => tally.add(vote),
-            Err(_) => break,
+            Ok(vote) if !left.is_zero() => tally.add(vote),
+            _ => break,
         }
     }
     tally.unanswered = nodes - tally.answered();

@@ -335,14 +335,11 @@ impl LockBuilder {
     fn verify(&self, lock: &Lock) -> Result<()> {
         let (client, key) = (&self.client, self.key.as_str());
         let (what, checks) = match lock {
-            Lock::Token(l) => ("Token", token::access_checks(client, key, l.hold())),
+            Lock::Token(l) => ("Token", token::access_checks(client, key, l)),
             Lock::Classic(_) => ("Classic", classic::access_checks(client, key)),
             Lock::Reentrant(l) => ("reentrant", reentrant::access_checks(key, l.hold())),
             Lock::Fair(l) => return l.check_access(),
-            Lock::Spring(l) => {
-                let checks = spring::access_checks(client, key, l.hold(), l.options());
-                ("Spring", checks)
-            }
+            Lock::Spring(l) => ("Spring", spring::access_checks(client, key, l)),
         };
         access::verify(client, key, what, &checks)
     }

@@ -165,11 +165,6 @@ impl SpringLock {
         })
     }
 
-    /// The checked options of its holds.
-    pub(crate) fn hold(&self) -> &HoldOptions {
-        self.inner.hold()
-    }
-
     /// The Token lock that does the work.
     fn underneath(&self) -> &TokenLock {
         &self.inner
@@ -194,13 +189,12 @@ crate::strategy::hold::forward_lock!(SpringLock);
 pub(crate) fn access_checks(
     client: &LockClient,
     key: &str,
-    opts: &HoldOptions,
-    spring: &SpringOptions,
+    lock: &SpringLock,
 ) -> Vec<access::Check> {
-    let shared = spring.registry_channel();
-    let mut c = token::access_checks(client, key, opts);
+    let shared = lock.spring.registry_channel();
+    let mut c = token::access_checks(client, key, &lock.inner);
     c.push(access::check("publish", &[&shared, key]));
-    if opts.wake_up == WakeUp::PubSub {
+    if lock.inner.hold().wake_up == WakeUp::PubSub {
         c.extend(access::subscriber(&shared));
     }
     c

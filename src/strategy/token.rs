@@ -585,8 +585,9 @@ impl crate::lock::LockAdmin for TokenLock {
 pub(crate) fn access_checks(
     client: &LockClient,
     key: &str,
-    opts: &HoldOptions,
+    lock: &TokenLock,
 ) -> Vec<access::Check> {
+    let opts = &lock.opts;
     let channel = opts.channel.as_str();
     let mut c = access::native(client, key);
     c.extend([
