@@ -437,7 +437,7 @@ impl Lock {
     /// The strategy the lock was built with, with its options.
     pub fn strategy(&self) -> Strategy {
         match self {
-            Lock::Token(l) if l.is_shedlock() => Strategy::ShedLock,
+            Lock::Token(l) if l.dialect.shedlock => Strategy::ShedLock,
             Lock::Token(_) => Strategy::Token,
             Lock::Classic(l) => Strategy::Classic(*l.options()),
             Lock::Reentrant(_) => Strategy::Reentrant,

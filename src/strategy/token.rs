@@ -58,8 +58,9 @@ pub struct TokenLock {
     client: LockClient,
     key: String,
     opts: HoldOptions,
-    /// The values it writes and what its releases publish: Token's, or another fleet's.
-    dialect: Dialect,
+    /// The values it writes and what its releases publish: Token's, or another fleet's
+    /// (ShedLock's, for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock)).
+    pub(crate) dialect: Dialect,
     /// A value without TTL was reported (see `note_no_ttl`).
     warned_no_ttl: AtomicBool,
     /// Its acquire and release, packed once but for the value.
@@ -172,12 +173,6 @@ impl std::fmt::Debug for TokenLock {
 }
 
 impl TokenLock {
-    /// True for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock): Token's protocol
-    /// with ShedLock's values.
-    pub(crate) fn is_shedlock(&self) -> bool {
-        self.dialect.shedlock
-    }
-
     /// A lock of Token's protocol in another fleet's `dialect`.
     pub(crate) fn with_dialect(
         client: LockClient,
