@@ -31,15 +31,11 @@ pub fn classic_value(encoding: Encoding, ttl: Duration) -> Result<([u8; 20], usi
     let opts = ClassicOptions::new().encoding(encoding);
     let encoded = crate::strategy::classic::expiry_value("bench", opts, owner, ttl)?;
     let mut buf = [0u8; 20];
-    let bytes = encoded.as_slice();
-    if bytes.len() > buf.len() {
-        return Err(crate::LockError::config(
-            "bench",
-            "this encoding's values do not fit 20 bytes",
-        ));
-    }
-    buf[..bytes.len()].copy_from_slice(bytes);
-    Ok((buf, bytes.len()))
+    let fits = buf.get_mut(..encoded.len()).ok_or_else(|| {
+        crate::LockError::config("bench", "this encoding's values do not fit 20 bytes")
+    })?;
+    fits.copy_from_slice(&encoded);
+    Ok((buf, encoded.len()))
 }
 
 /// The Token acquire command (also Classic's with `key_ttl`): `SET key value NX PX ttl_ms`.

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::client::admin::KeyState;
+use crate::client::admin;
 use crate::client::repeats::{log_repeat, Repeats};
 use crate::client::waiters::WaitQueues;
 use crate::client::LockClient;
@@ -108,6 +108,11 @@ impl Lane {
                 Ok(deleted == 1)
             }
             Err(e) => {
+                log::debug!(
+                    "lock {key:?}: RedLock delete failed (resent once the node answers again if \
+                     this lane may have written the token; else it expires by its TTL there): {}",
+                    e.report()
+                );
                 let now = Instant::now();
                 if let Some(&until) = self.written.get(token).filter(|u| **u > now) {
                     if self.redo.len() >= MAX_REDO {
@@ -133,28 +138,15 @@ impl Lane {
         let mut rest = pending.filter(|(_, _, until)| *until > now);
         // A delete that fails again is kept by `delete` (its token is still in `written`).
         for (key, token, _) in rest.by_ref() {
-            match self.delete(&key, &token) {
-                Ok(deleted) => log::debug!(
-                    "lock {key:?}: RedLock resent a delete that had failed ({})",
-                    if deleted { "deleted" } else { "already gone" }
-                ),
-                Err(_) => break,
-            }
+            let Ok(deleted) = self.delete(&key, &token) else {
+                break;
+            };
+            log::debug!(
+                "lock {key:?}: RedLock resent a failed delete (token was there: {deleted})"
+            );
         }
         self.redo.extend(rest);
     }
-}
-
-/// What a broadcast operation does to our token on a node, for [`Lane::written`].
-enum Effect {
-    /// Reads only.
-    Read,
-    /// `SET NX PX` / extend: a yes vote, or no definite answer, may leave the token for this
-    /// long; a definite no means it is not (or no longer) there.
-    Write(Duration),
-    /// Compare-and-delete of the token: sent even after the deadline where the lane may have
-    /// written it.
-    Delete,
 }
 
 /// A handle to N independent Redis masters for [`RedLock`]s: one [`LockClient`] per node, the
@@ -348,24 +340,19 @@ impl RedLockClientBuilder {
         }
     }
 
-    /// How long an operation waits for each node's answer before counting it as a failed vote
-    /// (default [`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT)). For nodes given as URLs it is also each
-    /// connection's command timeout (a later reply is a lost vote anyway); their connect
-    /// timeout is [`ClientBuilder`](crate::ClientBuilder)'s, so that a TLS handshake is not cut short: a node that
-    /// is slow to connect holds its worker, never the operation. Keep it far below the lock's lifetime: every
-    /// millisecond an acquire waits is taken off the validity. More than zero and at most
-    /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
-    pub fn node_timeout(mut self, d: Duration) -> Self {
-        self.node_timeout = d;
-        self
-    }
-
-    /// Worker threads per node (default [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS)); for nodes given as URLs
-    /// also the connection pool size. Each key is served by one worker per node, so this bounds
-    /// how many different keys are worked on at once, not how many threads may wait.
-    pub fn workers_per_node(mut self, n: u32) -> Self {
-        self.workers = n;
-        self
+    crate::strategy::hold::setters! {
+        /// How long an operation waits for each node's answer before counting it as a failed vote
+        /// (default [`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT)). For nodes given as URLs it is also each
+        /// connection's command timeout (a later reply is a lost vote anyway); their connect
+        /// timeout is [`ClientBuilder`](crate::ClientBuilder)'s, so that a TLS handshake is not cut short: a node that
+        /// is slow to connect holds its worker, never the operation. Keep it far below the lock's lifetime: every
+        /// millisecond an acquire waits is taken off the validity. More than zero and at most
+        /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
+        node_timeout(d: Duration) => node_timeout = d;
+        /// Worker threads per node (default [`RedLockClientBuilder::DEFAULT_WORKERS`](crate::RedLockClientBuilder::DEFAULT_WORKERS)); for nodes given as URLs
+        /// also the connection pool size. Each key is served by one worker per node, so this bounds
+        /// how many different keys are worked on at once, not how many threads may wait.
+        workers_per_node(n: u32) => workers = n;
     }
 
     /// Creates the node clients (they connect lazily: a node that is down now just votes no
@@ -512,96 +499,17 @@ impl fmt::Display for Tally {
 /// count as unanswered.
 fn count(rx: &Receiver<Vote>, deadline: Instant, nodes: usize, quorum: usize) -> Tally {
     let mut tally = Tally::default();
-    loop {
-        let settled = tally.answered();
-        if tally.yes >= quorum || settled == nodes || tally.yes + (nodes - settled) < quorum {
-            break;
-        }
+    // Until decided: a majority yes, or too few nodes left to reach one (all answered included).
+    while tally.yes < quorum && tally.yes + (nodes - tally.answered()) >= quorum {
         // A vote that comes after the deadline is an unanswered node's (docs/redlock.md).
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
         match rx.recv_timeout(left) {
-            Ok(vote) => tally.add(vote),
-            Err(_) => break,
+            Ok(vote) if !left.is_zero() => tally.add(vote),
+            _ => break,
         }
     }
     tally.unanswered = nodes - tally.answered();
     tally
-}
-
-impl Inner {
-    /// Runs `op` (given the lane and the key) on every node, on the key's lane, and returns
-    /// the receiver of their answers (`gone` makes the answer of a node whose
-    /// worker is gone). `op` returns the answer and whether the node answered (then the lane
-    /// resends its failed deletes, after the answer is sent), or `None` to send no answer.
-    fn dispatch<T, F>(
-        &self,
-        key: &str,
-        lane: usize,
-        gone: impl Fn(LockError) -> T,
-        op: F,
-    ) -> Receiver<T>
-    where
-        T: Send + 'static,
-        F: Fn(&mut Lane, &str) -> Option<(T, bool)> + Send + Sync + 'static,
-    {
-        let (tx, rx) = mpsc::channel();
-        let op = Arc::new(op);
-        let key_owned: Arc<str> = Arc::from(key);
-        for (i, node) in self.nodes.iter().enumerate() {
-            let (reply, op, k) = (tx.clone(), Arc::clone(&op), Arc::clone(&key_owned));
-            let job: Job = Box::new(move |lane| {
-                if let Some((answer, answered)) = op(lane, &k) {
-                    // The caller may have stopped waiting; then nobody needs the answer.
-                    let _ = reply.send(answer);
-                    if answered {
-                        lane.redo();
-                    }
-                }
-            });
-            if node.lanes[lane].send(job).is_err() {
-                let e = LockError::connection(
-                    key,
-                    Fault::UNREACHABLE,
-                    format!("the RedLock worker thread of node {i} is gone").into(),
-                );
-                let _ = tx.send(gone(e));
-            }
-        }
-        rx
-    }
-
-    /// Compare-and-delete `token` on every node whose lane may have written it, and on the
-    /// others only until `deadline` (never, if `None`). Runs in the key's lane, so after any
-    /// earlier command of this key on that node. Each node's job, once done (or skipped),
-    /// sends its index on the receiver returned: a caller that must not return before the
-    /// deletes waits on it; others drop it (fire and forget).
-    fn release_everywhere(
-        &self,
-        key: &str,
-        lane: usize,
-        token: &[u8],
-        deadline: Option<Instant>,
-    ) -> Receiver<()> {
-        let token = Arc::<[u8]>::from(token);
-        let gone = |e: LockError| log::error!("lock {key:?}: {}", e.report());
-        self.dispatch(key, lane, gone, move |lane, key| {
-            let in_time = deadline.is_some_and(|d| Instant::now() < d);
-            if in_time || lane.may_hold(&token) {
-                match lane.delete(key, &token) {
-                    Ok(_) => lane.redo(),
-                    Err(e) => log::debug!(
-                        "lock {key:?}: RedLock cleanup failed (resent once the node answers \
-                         again; else the key expires by its TTL there): {}",
-                        e.report()
-                    ),
-                }
-            }
-            Some(((), false))
-        })
-    }
 }
 
 /// Settings of one [`RedLock`]. Start from [`RedLockClient::lock`].
@@ -620,18 +528,13 @@ pub struct RedLockBuilder {
 }
 
 impl RedLockBuilder {
-    /// The lifetime of a hold: the `PX` sent to every node. Whole milliseconds count; it must
-    /// exceed the clock-drift allowance ([`RedLock::clock_drift`], at least 3 ms in all) and
-    /// should be far longer than the node timeout.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-
-    /// How [`DistributedLock::lock`] waits between attempts.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Some(policy);
-        self
+    crate::strategy::hold::setters! {
+        /// The lifetime of a hold: the `PX` sent to every node. Whole milliseconds count; it must
+        /// exceed the clock-drift allowance ([`RedLock::clock_drift`], at least 3 ms in all) and
+        /// should be far longer than the node timeout.
+        ttl(ttl: Duration) => ttl = Some(ttl);
+        /// How [`DistributedLock::lock`] waits between attempts.
+        retry(policy: RetryPolicy) => retry = Some(policy);
     }
 
     /// Checks the options and builds the lock. Sends nothing to Redis.
@@ -753,34 +656,80 @@ impl RedLock {
         &self.client.inner
     }
 
-    /// Sends `op` to every node, on this lock's lane, and counts the votes; a node's job that
-    /// has not started within the node timeout is skipped (except deletes of a token the lane
-    /// may have written, see [`Effect`]). `op` returns the node's vote: `Ok(true)` yes,
-    /// `Ok(false)` no, given the lane, the key and `token`, our value that the operation is
-    /// about. Returns the votes and the instant before anything was sent.
-    fn broadcast<F>(&self, token: &[u8], effect: Effect, op: F) -> (Tally, Instant)
+    /// Runs `op` (given the lane, the key and `token`) on every node, on this lock's lane, and
+    /// returns the receiver of the answers. A job that has not started by `deadline` (never, if
+    /// `None`) is skipped and answers nothing, except a delete (`deletes`) of a token the lane
+    /// may have written, which is always sent. After an answer, the lane resends its failed
+    /// deletes. The receiver disconnects once every node's job is done or skipped.
+    fn run<T, F>(
+        &self,
+        token: &[u8],
+        deadline: Option<Instant>,
+        deletes: bool,
+        op: F,
+    ) -> Receiver<Result<T>>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Lane, &str, &[u8]) -> Result<T> + Send + Sync + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        // One copy of the operation, key and token, shared by the N jobs.
+        let shared = Arc::new((op, self.key.clone(), token.to_vec()));
+        for (i, node) in self.inner().nodes.iter().enumerate() {
+            let (reply, shared) = (tx.clone(), Arc::clone(&shared));
+            let job: Job = Box::new(move |lane| {
+                let (op, key, token) = &*shared;
+                let in_time = deadline.is_some_and(|d| Instant::now() < d);
+                if in_time || (deletes && lane.may_hold(token)) {
+                    let answer = op(lane, key, token);
+                    let answered = answer.is_ok();
+                    // The caller may have stopped waiting; then nobody needs the answer.
+                    let _ = reply.send(answer);
+                    if answered {
+                        lane.redo();
+                    }
+                }
+            });
+            if node.lanes[self.lane].send(job).is_err() {
+                let e = LockError::connection(
+                    &self.key,
+                    Fault::UNREACHABLE,
+                    format!("the RedLock worker thread of node {i} is gone").into(),
+                );
+                log::error!("lock {:?}: {}", self.key, e.report());
+                let _ = tx.send(Err(e));
+            }
+        }
+        rx
+    }
+
+    /// Sends `op` to every node (see [`run`](Self::run)) within a node timeout, and counts the
+    /// votes. `op` returns the node's vote: `Ok(true)` yes, `Ok(false)` no. `writes`: the
+    /// lifetime a yes vote, or no definite answer, may leave `token` on the node for (`SET NX
+    /// PX`, extend); a definite no means it is not (or no longer) there. Returns the votes and
+    /// the instant before anything was sent.
+    fn broadcast<F>(&self, token: &[u8], writes: Option<Duration>, op: F) -> (Tally, Instant)
     where
         F: Fn(&mut Lane, &str, &[u8]) -> Result<bool> + Send + Sync + 'static,
     {
         let (start, inner) = (Instant::now(), self.inner());
         let deadline = crate::time::saturating_add(start, inner.node_timeout);
-        let token: Arc<[u8]> = Arc::from(token);
-        let rx = inner.dispatch(&self.key, self.lane, Err, move |lane, key| {
-            let must_send = matches!(effect, Effect::Delete) && lane.may_hold(&token);
-            if Instant::now() >= deadline && !must_send {
-                return None;
+        let rx = self.run(token, Some(deadline), false, move |lane, key, v| {
+            let vote = op(lane, key, v);
+            match (writes, &vote) {
+                (Some(ttl), Ok(true) | Err(_)) => lane.wrote(v, ttl),
+                (Some(_), Ok(false)) => drop(lane.written.remove(v)),
+                (None, _) => {}
             }
-            let result = op(lane, key, &token);
-            if let Effect::Write(ttl) = effect {
-                match result {
-                    Ok(true) | Err(_) => lane.wrote(&token, ttl),
-                    Ok(false) => drop(lane.written.remove(&token[..])),
-                }
-            }
-            let answered = result.is_ok();
-            Some((result, answered))
+            vote
         });
         (count(&rx, deadline, inner.nodes.len(), inner.quorum), start)
+    }
+
+    /// Compare-and-delete of `token` on every node (see [`run`](Self::run)): `Ok(true)` where
+    /// it was ours.
+    fn delete(&self, token: &[u8], deadline: Option<Instant>) -> Receiver<Vote> {
+        self.run(token, deadline, true, |lane, key, v| lane.delete(key, v))
     }
 
     /// Runs `op` on every node, on this lock's lane, and collects the answers until a node
@@ -789,17 +738,13 @@ impl RedLock {
     fn ask<T, F>(&self, op: F) -> (Vec<T>, Option<LockError>)
     where
         T: Send + 'static,
-        F: Fn(&mut Lane, &str) -> Result<T> + Send + Sync + 'static,
+        F: Fn(&mut Lane, &str, &[u8]) -> Result<T> + Send + Sync + 'static,
     {
-        let inner = self.inner();
-        let deadline = crate::time::after(inner.node_timeout);
-        let rx = inner.dispatch(&self.key, self.lane, Err, move |lane, key| {
-            let result = (Instant::now() < deadline).then(|| op(lane, key))?;
-            let answered = result.is_ok();
-            Some((result, answered))
-        });
+        let deadline = crate::time::after(self.inner().node_timeout);
+        let rx = self.run(&[], Some(deadline), false, op);
         let (mut answers, mut first_error) = (Vec::new(), None);
-        for _ in 0..inner.nodes.len() {
+        // Not until the receiver disconnects: a lane resends its failed deletes after answering.
+        for _ in 0..self.inner().nodes.len() {
             match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(Ok(answer)) => answers.push(answer),
                 Ok(Err(e)) => first_error = first_error.or(Some(e)),
@@ -851,13 +796,12 @@ impl RedLock {
     fn try_take(&self) -> Result<Option<Lease>> {
         let (token, inner) = (new_token(), self.inner());
         let ttl_ms = self.ttl.as_millis() as u64;
-        let (tally, start) =
-            self.broadcast(&token, Effect::Write(self.ttl), move |lane, key, v| {
-                let reply: Value = lane.client.with_conn(key, |con, _| {
-                    crate::strategy::string_value::set_nx_px(key, v, ttl_ms).query(con)
-                })?;
-                Ok(matches!(reply, Value::Okay))
-            });
+        let (tally, start) = self.broadcast(&token, Some(self.ttl), move |lane, key, v| {
+            let reply: Value = lane.client.with_conn(key, |con, _| {
+                crate::strategy::string_value::set_nx_px(key, v, ttl_ms).query(con)
+            })?;
+            Ok(matches!(reply, Value::Okay))
+        });
         // validity = ttl − elapsed − drift > 0  ⇔  now < start + ttl − drift
         let lifetime = self.ttl - self.drift();
         let valid = Instant::now() < crate::time::saturating_add(start, lifetime);
@@ -883,17 +827,14 @@ impl RedLock {
         // next (a CLI, a cron job) leaves nothing behind where a node answers; a node that
         // does not gets the delete when it answers again (see `Lane::redo`), if the process
         // still runs.
-        let undone = inner.release_everywhere(&self.key, self.lane, &token, None);
+        let undone = self.delete(&token, None);
         let deadline = crate::time::after(inner.node_timeout);
         let left = || deadline.saturating_duration_since(Instant::now());
-        let nodes_left = inner.nodes.len()
-            - (0..inner.nodes.len())
-                .take_while(|_| undone.recv_timeout(left()).is_ok())
-                .count();
-        if nodes_left > 0 {
+        while undone.recv_timeout(left()).is_ok() {}
+        if left().is_zero() {
             log::debug!(
-                "lock {:?}: RedLock's undo of a failed acquire not done on {nodes_left} nodes \
-                 within the node timeout: sent when they answer again",
+                "lock {:?}: RedLock's undo of a failed acquire not done on every node within the \
+                 node timeout: sent when they answer again",
                 self.key
             );
         }
@@ -925,17 +866,7 @@ impl RedLock {
 }
 
 impl DistributedLock for RedLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.retry
-    }
+    crate::strategy::hold::hold_accessors!(key: key, ttl: ttl, retry: retry);
 
     fn try_acquire(&self) -> Result<Lease> {
         crate::lock::taken_or_held(&self.key, self.try_take())
@@ -944,10 +875,11 @@ impl DistributedLock for RedLock {
     fn release(&self, lease: &Lease) -> Result<bool> {
         // A hold whose validity passed is reported lost even if a majority still had it.
         let overran = lease.is_expired();
-        let (tally, _) = self.broadcast(lease.value(), Effect::Delete, |lane, key, v| {
-            lane.delete(key, v)
-        });
-        let ours = tally.yes >= self.inner().quorum;
+        let deadline = crate::time::after(self.inner().node_timeout);
+        let deleted = self.delete(lease.value(), Some(deadline));
+        let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
+        let tally = count(&deleted, deadline, nodes, quorum);
+        let ours = tally.yes >= quorum;
         if !ours {
             self.note_unreachable("release", &tally);
         }
@@ -962,8 +894,7 @@ impl DistributedLock for RedLock {
         let (ttl, inner) = (checked_ttl(&self.key, ttl)?, self.inner());
         let lifetime = ttl - RedLock::clock_drift(ttl);
         let ttl_ms = ttl.as_millis() as u64;
-        let effect = Effect::Write(ttl);
-        let (tally, start) = self.broadcast(lease.value(), effect, move |lane, key, v| {
+        let (tally, start) = self.broadcast(lease.value(), Some(ttl), move |lane, key, v| {
             let extended: i64 = lane
                 .client
                 .with_conn(key, |con, s| s.extend.eval(con, key, (v, ttl_ms)))?;
@@ -984,7 +915,7 @@ impl DistributedLock for RedLock {
         inner.counters.lost_on_extend(KIND, lease);
         // Fire and forget: the caller is told its hold is lost at once.
         let deadline = Some(crate::time::after(inner.node_timeout));
-        drop(inner.release_everywhere(&self.key, self.lane, lease.value(), deadline));
+        drop(self.delete(lease.value(), deadline));
         Err(LockError::lost(&self.key))
     }
 
@@ -992,7 +923,7 @@ impl DistributedLock for RedLock {
         if lease.is_expired() {
             return Ok(false);
         }
-        let (tally, _) = self.broadcast(lease.value(), Effect::Read, |lane, key, v| {
+        let (tally, _) = self.broadcast(lease.value(), None, |lane, key, v| {
             let current: Option<Vec<u8>> = lane
                 .client
                 .with_conn(key, |con, _| redis::cmd("GET").arg(key).query(con))?;
@@ -1013,12 +944,8 @@ impl crate::lock::LockAdmin for RedLock {
     /// Locked when a majority of the nodes hold one same value: see
     /// [`LockAdmin::state`](crate::LockAdmin::state).
     fn state(&self) -> Result<LockState> {
-        let (answers, first_error) = self.ask(|lane, key| {
-            let reply: Value = lane
-                .client
-                .with_conn(key, |con, s| s.lock_state.eval(con, key, "value"))?;
-            KeyState::decode(key, reply)
-        });
+        let (answers, first_error) =
+            self.ask(|lane, key, _| admin::read(&lane.client, key, "value"));
         let (nodes, quorum) = (self.inner().nodes.len(), self.inner().quorum);
         let unanswered = nodes - answers.len();
         // Each value found, with the PTTL of every node that holds it.
@@ -1052,7 +979,7 @@ impl crate::lock::LockAdmin for RedLock {
     /// [`LockAdmin::force_unlock`](crate::LockAdmin::force_unlock). RedLock publishes nothing (its waiters poll); this
     /// client's waiters are woken.
     fn force_unlock(&self) -> Result<bool> {
-        let (answers, first_error) = self.ask(|lane, key| {
+        let (answers, first_error) = self.ask(|lane, key, _| {
             lane.client.with_conn(key, |con, s| {
                 s.force_unlock.eval::<i64>(con, key, ("", "", ""))
             })

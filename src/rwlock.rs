@@ -42,7 +42,7 @@ use crate::lock::{self, DistributedLock, LockGuard, LockState};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::hold::{self, HoldOptions, WakeUp};
+use crate::strategy::hold::{self, HoldOptions, HoldSettings, WakeUp};
 use crate::strategy::string_value;
 use crate::time::check_duration;
 
@@ -346,13 +346,14 @@ impl ReadWriteLockBuilder {
         crate::client::native::needs_scripts(self.client.native(), &self.key, "a read-write lock")?;
         let mut opts = HoldOptions::checked(
             &self.key,
-            self.ttl,
-            self.watchdog_lease,
-            self.on_lost.clone(),
-            self.retry.clone(),
-            self.wake_up,
-            false,
-            None,
+            HoldSettings {
+                ttl: self.ttl,
+                watchdog_lease: self.watchdog_lease,
+                on_lost: self.on_lost.clone(),
+                retry: self.retry.clone(),
+                wake_up: self.wake_up,
+                ..HoldSettings::default()
+            },
         )?;
         let (intent, what) = match self.intent {
             Some(intent) => (intent, "writer_intent"),

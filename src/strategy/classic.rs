@@ -25,8 +25,7 @@ use crate::client::cleanup::Cause;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lease::{printable, Lease};
-use crate::lock::LockState;
-use crate::lock::{self, DistributedLock};
+use crate::lock::{self, DistributedLock, LockState};
 use crate::retry::RetryPolicy;
 use crate::stats::Kind;
 use crate::strategy::hold;
@@ -210,7 +209,7 @@ const OLDEST_PLAUSIBLE_EXPIRY_NS: i128 = OLDEST_PLAUSIBLE_EXPIRY_MS as i128 * NS
 /// the value has if it is another family's or strategy's ([`found_format`]), else what this
 /// encoding expected.
 fn decode(encoding: Encoding, value: &[u8]) -> std::result::Result<i128, &'static str> {
-    let expiry = decode_raw(encoding, value)
+    decode_raw(encoding, value)
         .and_then(|ns| {
             if ns < OLDEST_PLAUSIBLE_EXPIRY_NS {
                 Err("a timestamp before the year 2000, so not a legacy expiry")
@@ -222,8 +221,7 @@ fn decode(encoding: Encoding, value: &[u8]) -> std::result::Result<i128, &'stati
                 Ok(ns)
             }
         })
-        .map_err(|reason| found_format(encoding, value).unwrap_or(reason))?;
-    Ok(expiry)
+        .map_err(|reason| found_format(encoding, value).unwrap_or(reason))
 }
 
 /// The oldest plausible nanosecond expiry read as milliseconds, in nanoseconds: a decimal
@@ -239,31 +237,22 @@ fn found_format(encoding: Encoding, value: &[u8]) -> Option<&'static str> {
     if crate::strategy::fair::recognizes(value) {
         return Some("it is a Fair lock's value (48 hex digits), not an expiry timestamp");
     }
-    let (_, found) = recognize(value)?;
-    if found == encoding {
-        return None;
+    let (_, found) = recognize(value).filter(|(_, found)| *found != encoding)?;
+    macro_rules! other {
+        ($format:literal) => {
+            concat!(
+                "it is another family's format: ",
+                $format,
+                ", not this lock's encoding"
+            )
+        };
     }
     Some(match found {
-        Encoding::Decimal => {
-            "it is another family's format: decimal epoch milliseconds (Encoding::Decimal), not \
-             this lock's encoding"
-        }
-        Encoding::BigEndian => {
-            "it is another family's format: 8-byte big-endian epoch milliseconds \
-             (Encoding::BigEndian), not this lock's encoding"
-        }
-        Encoding::FloatSeconds => {
-            "it is another family's format: float epoch seconds (Encoding::FloatSeconds), not \
-             this lock's encoding"
-        }
-        Encoding::UuidMs => {
-            "it is another family's format: <uuid>:<epoch ms> (Encoding::UuidMs), not this \
-             lock's encoding"
-        }
-        Encoding::Nanos => {
-            "it is another family's format: decimal epoch nanoseconds (Encoding::Nanos), not \
-             this lock's encoding"
-        }
+        Encoding::Decimal => other!("decimal epoch milliseconds (Encoding::Decimal)"),
+        Encoding::BigEndian => other!("8-byte big-endian epoch milliseconds (Encoding::BigEndian)"),
+        Encoding::FloatSeconds => other!("float epoch seconds (Encoding::FloatSeconds)"),
+        Encoding::UuidMs => other!("<uuid>:<epoch ms> (Encoding::UuidMs)"),
+        Encoding::Nanos => other!("decimal epoch nanoseconds (Encoding::Nanos)"),
     })
 }
 
@@ -339,18 +328,14 @@ pub(crate) fn expiry_value(
     ttl: Duration,
 ) -> Result<Vec<u8>> {
     let now = now_epoch_ns(key)?;
-    let (ttl, skew) = (ttl.as_nanos() as i128, opts.clock_skew.as_nanos() as i128);
-    let expiry = match opts.encoding {
-        Encoding::Decimal | Encoding::BigEndian | Encoding::UuidMs => {
-            let per = |ns: i128| ns.div_euclid(NS_PER_MS);
-            (per(now) + per(ttl) + 1 + per(skew)) * NS_PER_MS
-        }
-        Encoding::FloatSeconds => {
-            let per = |ns: i128| ns.div_euclid(NS_PER_US);
-            (per(now) + per(ttl) + per(skew)) * NS_PER_US
-        }
-        Encoding::Nanos => now + ttl + skew,
+    // The unit of the encoding, and what it adds (the millisecond ones 1 ms).
+    let (unit, plus) = match opts.encoding {
+        Encoding::Decimal | Encoding::BigEndian | Encoding::UuidMs => (NS_PER_MS, 1),
+        Encoding::FloatSeconds => (NS_PER_US, 0),
+        Encoding::Nanos => (1, 0),
     };
+    let per = |d: Duration| (d.as_nanos() as i128).div_euclid(unit);
+    let expiry = (now.div_euclid(unit) + per(ttl) + plus + per(opts.clock_skew)) * unit;
     Ok(encode(opts.encoding, owner, expiry))
 }
 
@@ -383,7 +368,15 @@ impl ClassicLock {
         now_ns: i128,
     ) -> redis::RedisResult<Attempt> {
         for _ in 0..VANISHED_RETRIES {
-            if self.set_if_absent(con, value)? {
+            // SETNX, or with `key_ttl` an atomic `SET NX PX` (the legacy SETNX then EXPIRE left
+            // a key without TTL forever if the client died in between).
+            let set = if self.opts.key_ttl {
+                let set = string_value::set_nx_px(&self.key, value, self.ttl_ms());
+                set.query::<Value>(con)? == Value::Okay
+            } else {
+                string_value::setnx(&self.key, value).query::<i64>(con)? == 1
+            };
+            if set {
                 return Ok(Attempt::Won);
             }
             let seen: Option<Vec<u8>> = redis::cmd("GET").arg(&self.key).query(con)?;
@@ -413,23 +406,6 @@ impl ClassicLock {
         self.ttl.as_millis() as u64
     }
 
-    /// The first step: SETNX, or with `key_ttl` an atomic `SET NX PX` (the legacy SETNX then
-    /// EXPIRE left a key without TTL forever if the client died in between).
-    fn set_if_absent(
-        &self,
-        con: &mut dyn redis::ConnectionLike,
-        value: &[u8],
-    ) -> redis::RedisResult<bool> {
-        if self.opts.key_ttl {
-            let reply: Value =
-                string_value::set_nx_px(&self.key, value, self.ttl_ms()).query(con)?;
-            Ok(reply == Value::Okay)
-        } else {
-            let set: i64 = string_value::setnx(&self.key, value).query(con)?;
-            Ok(set == 1)
-        }
-    }
-
     /// Takes over a stale lock whose value we read as `seen`. True if we won.
     fn take_over(
         &self,
@@ -438,48 +414,43 @@ impl ClassicLock {
         seen: &[u8],
         value: &[u8],
     ) -> redis::RedisResult<bool> {
-        match self.opts.takeover {
-            Takeover::CompareAndSet => {
-                let ttl = if self.opts.key_ttl { self.ttl_ms() } else { 0 };
-                let won: i64 = scripts
-                    .compare_and_set
-                    .eval(con, &self.key, (seen, value, ttl))?;
-                if won == 1 {
-                    self.client.counters().cas_takeover();
-                } else {
-                    log::debug!(
-                        "lock {:?}: lost a compare-and-set takeover race to another contender \
-                         (nothing written)",
-                        self.key
-                    );
-                }
-                Ok(won == 1)
+        let counters = self.client.counters();
+        if self.opts.takeover == Takeover::CompareAndSet {
+            let ttl = if self.opts.key_ttl { self.ttl_ms() } else { 0 };
+            let won: i64 = scripts
+                .compare_and_set
+                .eval(con, &self.key, (seen, value, ttl))?;
+            if won == 1 {
+                counters.cas_takeover();
+            } else {
+                log::debug!(
+                    "lock {:?}: lost a compare-and-set takeover race to another contender \
+                     (nothing written)",
+                    self.key
+                );
             }
-            Takeover::GetSet => {
-                let old: Option<Vec<u8>> =
-                    redis::cmd("GETSET").arg(&self.key).arg(value).query(con)?;
-                // `None`: the key vanished just before our GETSET, which then created it: as
-                // good as a SETNX win. A different value: another contender won first, and we
-                // have just overwritten its expiry (the legacy GETSET flaw, see Takeover).
-                let won = old.as_deref().is_none_or(|old| old == seen);
-                if won {
-                    self.client.counters().getset_takeover();
-                } else {
-                    self.client.counters().getset_overwrite();
-                    log::debug!(
-                        "lock {:?}: lost a GETSET takeover race and overwrote the winner's expiry",
-                        self.key
-                    );
-                }
-                if won && self.opts.key_ttl {
-                    let _: i64 = redis::cmd("PEXPIRE")
-                        .arg(&self.key)
-                        .arg(self.ttl_ms())
-                        .query(con)?;
-                }
-                Ok(won)
-            }
+            return Ok(won == 1);
         }
+        let old: Option<Vec<u8>> = redis::cmd("GETSET").arg(&self.key).arg(value).query(con)?;
+        // `None`: the key vanished just before our GETSET, which then created it: as good as a
+        // SETNX win. A different value: another contender won first, and we have just
+        // overwritten its expiry (the legacy GETSET flaw, see Takeover).
+        if old.as_deref().is_some_and(|old| old != seen) {
+            counters.getset_overwrite();
+            log::debug!(
+                "lock {:?}: lost a GETSET takeover race and overwrote the winner's expiry",
+                self.key
+            );
+            return Ok(false);
+        }
+        counters.getset_takeover();
+        if self.opts.key_ttl {
+            let _: i64 = redis::cmd("PEXPIRE")
+                .arg(&self.key)
+                .arg(self.ttl_ms())
+                .query(con)?;
+        }
+        Ok(true)
     }
 }
 
@@ -549,17 +520,7 @@ impl ClassicLock {
 }
 
 impl DistributedLock for ClassicLock {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    fn retry_policy(&self) -> &RetryPolicy {
-        &self.retry
-    }
+    crate::strategy::hold::hold_accessors!(key: key, ttl: ttl, retry: retry);
 
     fn try_acquire(&self) -> Result<Lease> {
         crate::lock::taken_or_held(&self.key, self.try_take())

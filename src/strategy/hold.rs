@@ -15,8 +15,7 @@ use crate::client::live;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::keys;
-use crate::lease::{Attempt, Lease};
-use crate::lease::{LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
+use crate::lease::{Attempt, Lease, LostCallback, RenewKind, WatchState, WATCHDOG_DEFAULT_LEASE};
 use crate::lock::{check_lock_options, LockState};
 use crate::retry::RetryPolicy;
 use crate::stats::Kind;
@@ -39,6 +38,19 @@ pub enum WakeUp {
     /// Poll by the retry policy only (the only way of
     /// [`Strategy::Classic`](crate::Strategy::Classic), whose legacy peers do not publish).
     Polling,
+}
+
+/// The lease options a builder collected for a lock held at its key, not checked yet: see
+/// [`HoldOptions::checked`].
+#[derive(Clone, Default)]
+pub(crate) struct HoldSettings {
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) watchdog_lease: Option<Duration>,
+    pub(crate) on_lost: Option<LostCallback>,
+    pub(crate) retry: Option<RetryPolicy>,
+    pub(crate) wake_up: Option<WakeUp>,
+    pub(crate) fencing: bool,
+    pub(crate) at_least: Option<Duration>,
 }
 
 /// The options of a Token or reentrant lock that the builder checked.
@@ -88,30 +100,20 @@ impl HoldOptions {
     /// Checks a builder's lease options: an explicit `ttl` turns the watchdog off (and then
     /// `watchdog_lease` and `on_lost` make no sense); without one the hold is watched with
     /// `watchdog_lease` (default [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE)).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn checked(
-        key: &str,
-        ttl: Option<Duration>,
-        watchdog_lease: Option<Duration>,
-        on_lost: Option<LostCallback>,
-        retry: Option<RetryPolicy>,
-        wake_up: Option<WakeUp>,
-        fencing: bool,
-        at_least: Option<Duration>,
-    ) -> Result<Self> {
-        if let Some(d) = at_least {
+    pub(crate) fn checked(key: &str, s: HoldSettings) -> Result<Self> {
+        if let Some(d) = s.at_least {
             check_duration(key, "lock_at_least", d, false)?;
         }
-        let watched = ttl.is_none();
-        if !watched && (watchdog_lease.is_some() || on_lost.is_some()) {
+        let watched = s.ttl.is_none();
+        if !watched && (s.watchdog_lease.is_some() || s.on_lost.is_some()) {
             return Err(LockError::config(
                 key,
                 "watchdog_lease and on_lost apply to watched locks, built without ttl",
             ));
         }
-        let lease = ttl.or(watchdog_lease).unwrap_or(WATCHDOG_DEFAULT_LEASE);
+        let lease = s.ttl.or(s.watchdog_lease).unwrap_or(WATCHDOG_DEFAULT_LEASE);
         let (lease, retry) =
-            check_lock_options(key, lease, retry.unwrap_or_else(RetryPolicy::standard))?;
+            check_lock_options(key, lease, s.retry.unwrap_or_else(RetryPolicy::standard))?;
         if watched && lease < Duration::from_millis(3) {
             return Err(LockError::config(
                 key,
@@ -122,13 +124,15 @@ impl HoldOptions {
             key: Arc::from(key),
             lease,
             watched,
-            on_lost,
+            on_lost: s.on_lost,
             retry,
-            wake_up: wake_up.unwrap_or_default(),
+            wake_up: s.wake_up.unwrap_or_default(),
             // The channel and fencing key names of `key` (both in its hash slot).
             channel: keys::channel(key),
-            fence_key: fencing.then(|| keys::fence_key(key)).transpose()?,
-            at_least: at_least.map(|d| Duration::from_millis(d.as_millis() as u64)),
+            fence_key: s.fencing.then(|| keys::fence_key(key)).transpose()?,
+            at_least: s
+                .at_least
+                .map(|d| Duration::from_millis(d.as_millis() as u64)),
         })
     }
 
@@ -302,87 +306,73 @@ pub(crate) fn force_unlock(
 /// `SpringLock`): each method is the one of its `underneath()`.
 macro_rules! forward_lock {
     ($ty:ty) => {
-        impl DistributedLock for $ty {
-            fn key(&self) -> &str {
-                self.underneath().key()
-            }
-
-            fn ttl(&self) -> ::std::time::Duration {
-                self.underneath().ttl()
-            }
-
-            fn retry_policy(&self) -> &$crate::retry::RetryPolicy {
-                self.underneath().retry_policy()
-            }
-
-            fn try_acquire(&self) -> $crate::error::Result<$crate::lease::Lease> {
-                self.underneath().try_acquire()
-            }
-
-            fn release(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
-                self.underneath().release(lease)
-            }
-
-            fn extend(
-                &self,
-                lease: &mut $crate::lease::Lease,
-                ttl: ::std::time::Duration,
-            ) -> $crate::error::Result<()> {
-                self.underneath().extend(lease, ttl)
-            }
-
-            fn is_held(&self, lease: &$crate::lease::Lease) -> $crate::error::Result<bool> {
-                self.underneath().is_held(lease)
-            }
-
-            fn try_lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-                self.underneath().try_lock()
-            }
-
-            fn lock(&self) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-                self.underneath().lock()
-            }
-
-            fn try_lock_for(
-                &self,
-                wait: ::std::time::Duration,
-            ) -> $crate::error::Result<$crate::lock::LockGuard<'_>> {
-                self.underneath().try_lock_for(wait)
-            }
-        }
-
-        impl LockAdmin for $ty {
-            fn state(&self) -> $crate::error::Result<$crate::lock::LockState> {
-                self.underneath().state()
-            }
-
-            fn force_unlock(&self) -> $crate::error::Result<bool> {
-                self.underneath().force_unlock()
-            }
+        $crate::strategy::hold::forward_lock!(DistributedLock for $ty {
+            key() -> &str;
+            ttl() -> ::std::time::Duration;
+            retry_policy() -> &$crate::retry::RetryPolicy;
+            try_acquire() -> $crate::error::Result<$crate::lease::Lease>;
+            release(lease: &$crate::lease::Lease) -> $crate::error::Result<bool>;
+            extend(lease: &mut $crate::lease::Lease, ttl: ::std::time::Duration)
+                -> $crate::error::Result<()>;
+            is_held(lease: &$crate::lease::Lease) -> $crate::error::Result<bool>;
+            try_lock() -> $crate::error::Result<$crate::lock::LockGuard<'_>>;
+            lock() -> $crate::error::Result<$crate::lock::LockGuard<'_>>;
+            try_lock_for(wait: ::std::time::Duration)
+                -> $crate::error::Result<$crate::lock::LockGuard<'_>>;
+        });
+        $crate::strategy::hold::forward_lock!(LockAdmin for $ty {
+            state() -> $crate::error::Result<$crate::lock::LockState>;
+            force_unlock() -> $crate::error::Result<bool>;
+        });
+    };
+    // One trait's methods, each given as `name(args) -> type;`.
+    ($trait:ident for $ty:ty { $($name:ident($($arg:ident: $arg_ty:ty),*) -> $ret:ty;)* }) => {
+        impl $trait for $ty {
+            $(fn $name(&self, $($arg: $arg_ty),*) -> $ret {
+                self.underneath().$name($($arg),*)
+            })*
         }
     };
 }
 pub(crate) use forward_lock;
 
-/// `key`, `ttl` and `retry_policy` of a lock whose `key` and `opts` ([`HoldOptions`]) are
-/// fields of `self` (or of the field path given, e.g. `shared`), written inside its
-/// `impl DistributedLock`.
+/// `key`, `ttl` and `retry_policy` of a lock, written inside its `impl DistributedLock`: read
+/// from the fields of `self` given (`key: key, ttl: ttl, retry: retry`), or of a lock whose `key`
+/// and `opts` ([`HoldOptions`]) are fields of `self` (or of the field path given, e.g. `shared`).
 macro_rules! hold_accessors {
-    ($($field:ident),*) => {
+    (key: $($key:ident).+, ttl: $($ttl:ident).+, retry: $($retry:ident).+) => {
         fn key(&self) -> &str {
-            &self$(.$field)*.key
+            &self.$($key).+
         }
 
         fn ttl(&self) -> ::std::time::Duration {
-            self$(.$field)*.opts.lease
+            self.$($ttl).+
         }
 
         fn retry_policy(&self) -> &$crate::retry::RetryPolicy {
-            &self$(.$field)*.opts.retry
+            &self.$($retry).+
         }
+    };
+    ($($field:ident),*) => {
+        $crate::strategy::hold::hold_accessors!(
+            key: $($field.)* key, ttl: $($field.)* opts.lease, retry: $($field.)* opts.retry
+        );
     };
 }
 pub(crate) use hold_accessors;
+
+/// Builder methods that each set one field and return the builder, given as
+/// `name(arg: Type) => field = value;` (or `name() => field = value;`) after their docs.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty)?) => $($field:ident).+ = $value:expr;)*) => {
+        $($(#[$doc])*
+        pub fn $name(mut self, $($arg: $ty)?) -> Self {
+            self.$($field).+ = $value;
+            self
+        })*
+    };
+}
+pub(crate) use setters;
 
 /// Decodes the reply of an acquire script: `{1, fence}` (taken; fence 0 = no fencing) or
 /// `{0, pttl}` (held; pttl as Redis's `PTTL`: -1 no expiry, -2 gone).

@@ -27,11 +27,11 @@ use crate::client::native::needs_scripts;
 use crate::client::target::ConnectionTarget;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
-use crate::lease::{LostCallback, LostLock};
+use crate::lease::LostLock;
 use crate::lock::{check_lock_options, DistributedLock, LockAdmin};
 use crate::redlock::{NodeClient, NodeSpec, RedLockClient, RedLockClientBuilder};
 use crate::retry::RetryPolicy;
-use crate::strategy::hold::HoldOptions;
+use crate::strategy::hold::{HoldOptions, HoldSettings};
 use crate::time::check_duration;
 
 /// The locking algorithm, with the options that only it has.
@@ -187,13 +187,8 @@ pub struct LockBuilder {
     client: LockClient,
     key: String,
     strategy: Strategy,
-    ttl: Option<Duration>,
-    retry: Option<RetryPolicy>,
-    watchdog_lease: Option<Duration>,
-    on_lost: Option<LostCallback>,
-    fencing: bool,
-    wake_up: Option<WakeUp>,
-    at_least: Option<Duration>,
+    /// Every option but the strategy's own and `check_access`.
+    hold: HoldSettings,
     check_access: bool,
 }
 
@@ -202,12 +197,12 @@ impl std::fmt::Debug for LockBuilder {
         f.debug_struct("LockBuilder")
             .field("key", &self.key)
             .field("strategy", &self.strategy)
-            .field("ttl", &self.ttl)
-            .field("retry", &self.retry)
-            .field("watchdog_lease", &self.watchdog_lease)
-            .field("on_lost", &self.on_lost.is_some())
-            .field("fencing", &self.fencing)
-            .field("wake_up", &self.wake_up)
+            .field("ttl", &self.hold.ttl)
+            .field("retry", &self.hold.retry)
+            .field("watchdog_lease", &self.hold.watchdog_lease)
+            .field("on_lost", &self.hold.on_lost.is_some())
+            .field("fencing", &self.hold.fencing)
+            .field("wake_up", &self.hold.wake_up)
             .finish_non_exhaustive()
     }
 }
@@ -223,13 +218,7 @@ impl LockClient {
             client: self.clone(),
             key: key.into(),
             strategy: Strategy::default(),
-            ttl: None,
-            retry: None,
-            watchdog_lease: None,
-            on_lost: None,
-            fencing: false,
-            wake_up: None,
-            at_least: None,
+            hold: HoldSettings::default(),
             check_access: false,
         }
     }
@@ -240,94 +229,62 @@ impl LockBuilder {
     /// Redisson's `lockWatchdogTimeout`.
     pub const DEFAULT_WATCHDOG_LEASE: Duration = crate::lease::WATCHDOG_DEFAULT_LEASE;
 
-    /// The algorithm, with its own options ([`Strategy::Classic`] carries [`ClassicOptions`]).
-    pub fn strategy(mut self, strategy: Strategy) -> Self {
-        self.strategy = strategy;
-        self
-    }
-
-    /// The lifetime of a hold (Classic calls it "timeout"). At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);
-    /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off: the hold
-    /// expires after `ttl` unless the holder extends it.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-
-    /// How [`DistributedLock::lock`] waits.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Some(policy);
-        self
-    }
-
-    /// Watched locks (Token, Reentrant, Fair built without [`ttl`](Self::ttl)): the lease,
-    /// renewed by the client's watchdog every third of it while the hold lives. Default
-    /// [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE). A holder that dies stops
-    /// renewing, so its lock frees within one lease.
-    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
-        self.watchdog_lease = Some(lease);
-        self
-    }
-
-    /// Watched locks: called (on the watchdog's thread) when a hold is lost: a renewal found it
-    /// gone, or renewals failed until its loss deadline
-    /// ([`Lease::loss_deadline`](crate::Lease::loss_deadline): before the lease can end on the
-    /// server), when it is called at the latest. The holder's guard reports it too
-    /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost)). Keep it short; it must not block.
-    pub fn on_lost(mut self, callback: impl Fn(&LostLock) + Send + Sync + 'static) -> Self {
-        self.on_lost = Some(Arc::new(callback));
-        self
-    }
-
-    /// Token, Reentrant and Fair: each new hold gets a fencing token, a `u64` strictly greater
-    /// than every earlier hold's ([`LockGuard::fence`](crate::LockGuard::fence)), from an `INCR`
-    /// of the counter `dlock_fence:{key}` in the acquire script. See `docs/fencing.md` for how
-    /// the protected resource must check it.
-    pub fn fencing(mut self) -> Self {
-        self.fencing = true;
-        self
-    }
-
-    /// Token and Reentrant: how waiters learn of a release (default [`WakeUp::PubSub`]). Fair
-    /// waiters are always woken by the grant message.
-    pub fn wake_up(mut self, wake_up: WakeUp) -> Self {
-        self.wake_up = Some(wake_up);
-        self
-    }
-
-    /// [`build`](Self::build) also asks the server (one round trip, nothing run) whether the
-    /// client's ACL user may send every command this lock will send, on its key, companion
-    /// keys and channel (Redis 7.0+, `redis.acl_check_cmd`). A denied command is a
-    /// [`LockError::Config`] naming the command, its key or channel, and NOPERM, before the
-    /// first acquire: without the check, a user who may `SET` but not run the release script or
-    /// `PUBLISH` on the channel acquires and then cannot release. Worth calling once at start-up
-    /// with a representative key; docs/production.md lists the rules.
-    ///
-    /// For [`Strategy::Fair`] the check covers the fair lock's key, its queue's two sorted
-    /// sets, the fencing counter, and the grant channels: this client's own
-    /// `dlock_fair_ch:<client id>`, and a representative other client's, since a release
-    /// publishes its grant on the grantee's channel (the ACL needs `&dlock_fair_ch:*`).
-    ///
-    /// Where the client uses native commands (Valkey: `DELIFEQ`, `SET … IFEQ`), they are
-    /// checked too. A client whose user may not run scripts (possible on Valkey 9.0 and later)
-    /// cannot ask by script: it sends each of the lock's commands once, in one pipeline, in a
-    /// form that changes nothing (the release's `PUBLISH` wakes the lock's waiters, who find it
-    /// as it was), and reports each `NOPERM`; the subscriber's `SUBSCRIBE` is not checked then.
-    pub fn check_access(mut self) -> Self {
-        self.check_access = true;
-        self
-    }
-
-    /// Token and Spring: a release within `at_least` of the acquire does not free the lock: it
-    /// keeps the hold until `at_least` after the acquire (an owner-checked `PEXPIRE` to the
-    /// rest of it, one round trip) and lets it expire then, as ShedLock's `lockAtLeastFor`
-    /// does, so that a job that finished early is not run again by another node meanwhile. A
-    /// release after `at_least` frees the lock at once. The release is published (and this
-    /// client's waiters woken) only when it frees the lock. At least 1 ms, at most
-    /// [`MAX_TTL`](crate::MAX_TTL).
-    pub fn lock_at_least(mut self, at_least: Duration) -> Self {
-        self.at_least = Some(at_least);
-        self
+    crate::strategy::hold::setters! {
+        /// The algorithm, with its own options ([`Strategy::Classic`] carries [`ClassicOptions`]).
+        strategy(strategy: Strategy) => strategy = strategy;
+        /// The lifetime of a hold (Classic calls it "timeout"). At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);
+        /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off: the hold
+        /// expires after `ttl` unless the holder extends it.
+        ttl(ttl: Duration) => hold.ttl = Some(ttl);
+        /// How [`DistributedLock::lock`] waits.
+        retry(policy: RetryPolicy) => hold.retry = Some(policy);
+        /// Watched locks (Token, Reentrant, Fair built without [`ttl`](Self::ttl)): the lease,
+        /// renewed by the client's watchdog every third of it while the hold lives. Default
+        /// [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE). A holder that dies stops
+        /// renewing, so its lock frees within one lease.
+        watchdog_lease(lease: Duration) => hold.watchdog_lease = Some(lease);
+        /// Watched locks: called (on the watchdog's thread) when a hold is lost: a renewal found it
+        /// gone, or renewals failed until its loss deadline
+        /// ([`Lease::loss_deadline`](crate::Lease::loss_deadline): before the lease can end on the
+        /// server), when it is called at the latest. The holder's guard reports it too
+        /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost)). Keep it short; it must not block.
+        on_lost(callback: impl Fn(&LostLock) + Send + Sync + 'static)
+            => hold.on_lost = Some(Arc::new(callback));
+        /// Token, Reentrant and Fair: each new hold gets a fencing token, a `u64` strictly greater
+        /// than every earlier hold's ([`LockGuard::fence`](crate::LockGuard::fence)), from an `INCR`
+        /// of the counter `dlock_fence:{key}` in the acquire script. See `docs/fencing.md` for how
+        /// the protected resource must check it.
+        fencing() => hold.fencing = true;
+        /// Token and Reentrant: how waiters learn of a release (default [`WakeUp::PubSub`]). Fair
+        /// waiters are always woken by the grant message.
+        wake_up(wake_up: WakeUp) => hold.wake_up = Some(wake_up);
+        /// [`build`](Self::build) also asks the server (one round trip, nothing run) whether the
+        /// client's ACL user may send every command this lock will send, on its key, companion
+        /// keys and channel (Redis 7.0+, `redis.acl_check_cmd`). A denied command is a
+        /// [`LockError::Config`] naming the command, its key or channel, and NOPERM, before the
+        /// first acquire: without the check, a user who may `SET` but not run the release script or
+        /// `PUBLISH` on the channel acquires and then cannot release. Worth calling once at start-up
+        /// with a representative key; docs/production.md lists the rules.
+        ///
+        /// For [`Strategy::Fair`] the check covers the fair lock's key, its queue's two sorted
+        /// sets, the fencing counter, and the grant channels: this client's own
+        /// `dlock_fair_ch:<client id>`, and a representative other client's, since a release
+        /// publishes its grant on the grantee's channel (the ACL needs `&dlock_fair_ch:*`).
+        ///
+        /// Where the client uses native commands (Valkey: `DELIFEQ`, `SET … IFEQ`), they are
+        /// checked too. A client whose user may not run scripts (possible on Valkey 9.0 and later)
+        /// cannot ask by script: it sends each of the lock's commands once, in one pipeline, in a
+        /// form that changes nothing (the release's `PUBLISH` wakes the lock's waiters, who find it
+        /// as it was), and reports each `NOPERM`; the subscriber's `SUBSCRIBE` is not checked then.
+        check_access() => check_access = true;
+        /// Token and Spring: a release within `at_least` of the acquire does not free the lock: it
+        /// keeps the hold until `at_least` after the acquire (an owner-checked `PEXPIRE` to the
+        /// rest of it, one round trip) and lets it expire then, as ShedLock's `lockAtLeastFor`
+        /// does, so that a job that finished early is not run again by another node meanwhile. A
+        /// release after `at_least` frees the lock at once. The release is published (and this
+        /// client's waiters woken) only when it frees the lock. At least 1 ms, at most
+        /// [`MAX_TTL`](crate::MAX_TTL).
+        lock_at_least(at_least: Duration) => hold.at_least = Some(at_least);
     }
 
     /// Checks the options and builds the lock. Sends nothing to Redis, unless
@@ -338,16 +295,7 @@ impl LockBuilder {
         let lock = match self.strategy {
             Strategy::Classic(opts) => Lock::Classic(self.build_classic(opts)?),
             strategy => {
-                let opts = HoldOptions::checked(
-                    &self.key,
-                    self.ttl,
-                    self.watchdog_lease,
-                    self.on_lost.clone(),
-                    self.retry.clone(),
-                    self.wake_up,
-                    self.fencing,
-                    self.at_least,
-                )?;
+                let opts = HoldOptions::checked(&self.key, self.hold.clone())?;
                 // Reentrant and Fair always run scripts, Token's protocol only for fencing.
                 let fenced = opts.fence_key.is_some();
                 let scripted = match strategy {
@@ -387,14 +335,11 @@ impl LockBuilder {
     fn verify(&self, lock: &Lock) -> Result<()> {
         let (client, key) = (&self.client, self.key.as_str());
         let (what, checks) = match lock {
-            Lock::Token(l) => ("Token", token::access_checks(client, key, l.hold())),
+            Lock::Token(l) => ("Token", token::access_checks(client, key, l)),
             Lock::Classic(_) => ("Classic", classic::access_checks(client, key)),
             Lock::Reentrant(l) => ("reentrant", l.access_checks()),
             Lock::Fair(l) => ("fair", l.access_checks()),
-            Lock::Spring(l) => {
-                let checks = spring::access_checks(client, key, l.hold(), l.options());
-                ("Spring", checks)
-            }
+            Lock::Spring(l) => ("Spring", spring::access_checks(client, key, l)),
         };
         access::verify(client, key, what, &checks)
     }
@@ -402,25 +347,22 @@ impl LockBuilder {
     /// Refuses the options that do not apply to the strategy: those of Token (Spring,
     /// ShedLock) alone, `wake_up` for Fair, those of the watched locks for Classic.
     fn check_applies(&self) -> Result<()> {
-        let strategy = match self.strategy {
-            Strategy::Reentrant => "Reentrant",
-            Strategy::Fair => "Fair",
-            Strategy::Classic(_) => "Classic",
+        let h = &self.hold;
+        let watched = h.watchdog_lease.is_some() || h.on_lost.is_some() || h.fencing;
+        let refused = match self.strategy {
+            Strategy::Reentrant | Strategy::Fair | Strategy::Classic(_) if h.at_least.is_some() => {
+                "lock_at_least applies to Strategy::Token, Spring and ShedLock, not Reentrant, \
+                 Fair or Classic"
+            }
+            Strategy::Fair if h.wake_up.is_some() => {
+                "wake_up does not apply to Strategy::Fair (its waiters are always woken by the \
+                 grant message)"
+            }
+            Strategy::Classic(_) if watched || h.wake_up.is_some() => {
+                "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic \
+                 (its legacy peers neither renew, count nor publish)"
+            }
             _ => return Ok(()),
-        };
-        let watched = self.watchdog_lease.is_some() || self.on_lost.is_some() || self.fencing;
-        let refused = if self.at_least.is_some() {
-            format!("lock_at_least applies to Strategy::Token, Spring and ShedLock, not {strategy}")
-        } else if strategy == "Fair" && self.wake_up.is_some() {
-            "wake_up does not apply to Strategy::Fair (its waiters are always woken by the grant \
-             message)"
-                .into()
-        } else if strategy == "Classic" && (watched || self.wake_up.is_some()) {
-            "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic (its \
-             legacy peers neither renew, count nor publish)"
-                .into()
-        } else {
-            return Ok(());
         };
         Err(LockError::config(&self.key, refused))
     }
@@ -428,8 +370,8 @@ impl LockBuilder {
     fn build_classic(&self, opts: ClassicOptions) -> Result<ClassicLock> {
         let (ttl, retry) = check_lock_options(
             &self.key,
-            self.ttl.unwrap_or(ClassicLock::DEFAULT_TTL),
-            self.retry.clone().unwrap_or_else(RetryPolicy::legacy),
+            self.hold.ttl.unwrap_or(ClassicLock::DEFAULT_TTL),
+            self.hold.retry.clone().unwrap_or_else(RetryPolicy::legacy),
         )?;
         check_duration(&self.key, "clock_skew", opts.clock_skew, true)?;
         needs_scripts(self.client.native(), &self.key, "a Classic lock")?;
@@ -495,7 +437,7 @@ impl Lock {
     /// The strategy the lock was built with, with its options.
     pub fn strategy(&self) -> Strategy {
         match self {
-            Lock::Token(l) if l.is_shedlock() => Strategy::ShedLock,
+            Lock::Token(l) if l.dialect.shedlock => Strategy::ShedLock,
             Lock::Token(_) => Strategy::Token,
             Lock::Classic(l) => Strategy::Classic(*l.options()),
             Lock::Reentrant(_) => Strategy::Reentrant,

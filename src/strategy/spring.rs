@@ -117,18 +117,10 @@ impl std::fmt::Debug for SpringOptions {
 
 /// A lock of [`Strategy::Spring`](crate::Strategy::Spring). Build it with
 /// [`LockBuilder`](crate::LockBuilder).
+#[derive(Debug)]
 pub struct SpringLock {
-    inner: TokenLock,
     spring: SpringOptions,
-}
-
-impl std::fmt::Debug for SpringLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpringLock")
-            .field("registry", &self.spring.registry())
-            .field("inner", &self.inner)
-            .finish()
-    }
+    inner: TokenLock,
 }
 
 impl SpringLock {
@@ -168,14 +160,9 @@ impl SpringLock {
             shedlock: false,
         };
         Ok(SpringLock {
-            inner: TokenLock::with_dialect(client, key, opts, dialect),
             spring,
+            inner: TokenLock::with_dialect(client, key, opts, dialect),
         })
-    }
-
-    /// The checked options of its holds.
-    pub(crate) fn hold(&self) -> &HoldOptions {
-        self.inner.hold()
     }
 
     /// The Token lock that does the work.
@@ -202,13 +189,12 @@ crate::strategy::hold::forward_lock!(SpringLock);
 pub(crate) fn access_checks(
     client: &LockClient,
     key: &str,
-    opts: &HoldOptions,
-    spring: &SpringOptions,
+    lock: &SpringLock,
 ) -> Vec<access::Check> {
-    let shared = spring.registry_channel();
-    let mut c = token::access_checks(client, key, opts);
+    let shared = lock.spring.registry_channel();
+    let mut c = token::access_checks(client, key, &lock.inner);
     c.push(access::check("publish", &[&shared, key]));
-    if opts.wake_up == WakeUp::PubSub {
+    if lock.inner.hold().wake_up == WakeUp::PubSub {
         c.extend(access::subscriber(&shared));
     }
     c

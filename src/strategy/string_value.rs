@@ -29,7 +29,7 @@ const CMD_OVERHEAD: usize = 48;
 /// of the lengths, once more for each value with another placeholder there, and the bytes
 /// where two packings differ are that value's place (no RESP is written here). Values of
 /// other lengths are sent the usual way.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Packed {
     /// The bytes around the values: one part more than values.
     parts: Vec<Vec<u8>>,
@@ -138,19 +138,10 @@ fn differing_span(base: &[u8], other: &[u8], len: usize) -> Option<(usize, usize
 /// What a lock packs (a [`Packed`], a [`PackedRelease`]) made at its second send of the
 /// command, not when the lock is built: a lock built for one acquire and release, as many
 /// callers build them, packs nothing more than before.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Lazy<T> {
     sent: std::sync::atomic::AtomicBool,
     packed: std::sync::OnceLock<Option<T>>,
-}
-
-impl<T> Default for Lazy<T> {
-    fn default() -> Self {
-        Lazy {
-            sent: std::sync::atomic::AtomicBool::new(false),
-            packed: std::sync::OnceLock::new(),
-        }
-    }
 }
 
 impl<T> Lazy<T> {
@@ -224,7 +215,7 @@ fn unanswered() -> redis::RedisError {
 /// The owner-checked, published release of one lock ([`release`]) for values of one length,
 /// packed by redis-rs but for the value (see [`Packed`]): `DELIFEQ key value` with the
 /// `PUBLISH`es of its notice, and the `EVALSHA` of `lua/unlock.lua` with the same notice.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct PackedRelease {
     native: Option<Packed>,
     script: Option<Packed>,
@@ -338,22 +329,19 @@ pub(crate) fn release(
     let overran = lease.is_expired();
     lease.stop_renewal();
     let generation = client.switch_generation();
-    let reply = compare_and_delete(client, key, lease.value(), notice, packed);
+    let value = lease.value();
+    let reply = compare_and_delete(client, key, value, notice, packed);
     // A release that failed on a connection error or a transient refusal (a failover, a
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
+    let cleanup = || delete_cleanup(key, value, notice);
     let redone = hold::failed_release(&reply).is_some_and(|why| {
-        client.janitor().forget(
-            client,
-            key,
-            lease.value(),
-            delete_cleanup(key, lease.value(), notice),
-            why,
-            lease.valid_until(),
-        )
+        client
+            .janitor()
+            .forget(client, key, value, cleanup(), why, lease.valid_until())
     });
     // Held no longer, whatever the answer: a failed release is the janitor's now.
-    client.live().release(live::value(lease.value()), None);
+    client.live().release(live::value(value), None);
     if redone {
         // The in-line retry deleted the key if it was still ours: released.
         return Ok(redone_release(client, kind, key, lease, overran));
@@ -361,15 +349,8 @@ pub(crate) fn release(
     let reply = reply?;
     if reply >= 1 && client.switches().is_some() {
         // Done again on the new master if a Sentinel switch is announced soon.
-        sentinel_watch::remember(
-            client,
-            key,
-            lease.value(),
-            delete_cleanup(key, lease.value(), notice),
-            sweep,
-            generation,
-            lease.valid_until(),
-        );
+        let until = lease.valid_until();
+        sentinel_watch::remember(client, key, value, cleanup(), sweep, generation, until);
     }
     if let Some(ch) = notice.and_then(|n| n.channels.first()) {
         hold::after_publish(client, key, ch, reply - 1);

@@ -41,10 +41,8 @@ use crate::client::native::{self, Command};
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids::new_token;
-use crate::lease::RenewKind;
-use crate::lease::{Attempt, Lease};
-use crate::lock::LockState;
-use crate::lock::{self, DistributedLock, LockGuard};
+use crate::lease::{Attempt, Lease, RenewKind};
+use crate::lock::{self, DistributedLock, LockGuard, LockState};
 use crate::retry::Attempts;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
@@ -60,8 +58,9 @@ pub struct TokenLock {
     client: LockClient,
     key: String,
     opts: HoldOptions,
-    /// The values it writes and what its releases publish: Token's, or another fleet's.
-    dialect: Dialect,
+    /// The values it writes and what its releases publish: Token's, or another fleet's
+    /// (ShedLock's, for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock)).
+    pub(crate) dialect: Dialect,
     /// A value without TTL was reported (see `note_no_ttl`).
     warned_no_ttl: AtomicBool,
     /// Its acquire and release, packed once but for the value.
@@ -127,7 +126,14 @@ impl Dialect {
     pub(crate) fn token(channel: &str) -> Self {
         Dialect {
             kind: KIND,
-            new_value: |client| token_value(client).to_vec(),
+            // The client's id (16 hex digits, see `LockClient::token_prefix`), then 64 random
+            // bits in hex; 32 characters, as `new_token`'s.
+            new_value: |client| {
+                let mut t = new_token();
+                let prefix = client.token_prefix();
+                t[..prefix.len()].copy_from_slice(&prefix);
+                t.to_vec()
+            },
             message: crate::keys::UNLOCK_MESSAGE.as_bytes().to_vec(),
             channels: vec![channel.to_owned()],
             shedlock: false,
@@ -140,15 +146,6 @@ impl Dialect {
             channels: &self.channels,
         }
     }
-}
-
-/// A fresh Token value: the client's id (16 hex digits, see `LockClient::token_prefix`), then
-/// 64 random bits in hex; 32 characters, as [`new_token`]'s.
-fn token_value(client: &LockClient) -> [u8; TOKEN_VALUE_LEN] {
-    let mut t = new_token();
-    let prefix = client.token_prefix();
-    t[..prefix.len()].copy_from_slice(&prefix);
-    t
 }
 
 /// The length of a Token value.
@@ -176,12 +173,6 @@ impl std::fmt::Debug for TokenLock {
 }
 
 impl TokenLock {
-    /// True for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock): Token's protocol
-    /// with ShedLock's values.
-    pub(crate) fn is_shedlock(&self) -> bool {
-        self.dialect.shedlock
-    }
-
     /// A lock of Token's protocol in another fleet's `dialect`.
     pub(crate) fn with_dialect(
         client: LockClient,
@@ -364,14 +355,8 @@ impl TokenLock {
         if !self.client.is_stale_own(holder) {
             return false;
         }
-        let reply = string_value::compare_and_delete(
-            &self.client,
-            &self.key,
-            holder,
-            Some(self.dialect.notice()),
-            self.packed_release(),
-        );
-        match reply {
+        let (notice, packed) = (Some(self.dialect.notice()), self.packed_release());
+        match string_value::compare_and_delete(&self.client, &self.key, holder, notice, packed) {
             Ok(n) if n >= 1 => {
                 self.client.counters().orphan_cleaned();
                 log::warn!(
@@ -380,18 +365,16 @@ impl TokenLock {
                     self.key,
                     crate::lease::printable(holder)
                 );
-                true
+                return true;
             }
-            Ok(_) => false,
-            Err(e) => {
-                log::debug!(
-                    "lock {:?}: could not delete a stale hold of this client: {}",
-                    self.key,
-                    e.report()
-                );
-                false
-            }
+            Ok(_) => {}
+            Err(e) => log::debug!(
+                "lock {:?}: could not delete a stale hold of this client: {}",
+                self.key,
+                e.report()
+            ),
         }
+        false
     }
 
     /// Sends an acquire of `acq`'s token. One whose reply is lost may still run (or have run)
@@ -595,8 +578,9 @@ impl crate::lock::LockAdmin for TokenLock {
 pub(crate) fn access_checks(
     client: &LockClient,
     key: &str,
-    opts: &HoldOptions,
+    lock: &TokenLock,
 ) -> Vec<access::Check> {
+    let opts = &lock.opts;
     let channel = opts.channel.as_str();
     let mut c = access::native(client, key);
     c.extend([
@@ -618,7 +602,7 @@ pub(crate) fn access_checks(
 }
 
 /// True if `value`, read at a lock key, has the shape of a Token lock's value: 32 hex digits,
-/// as `token_value` builds them (the client's id, then random bits; lowercase as this
+/// as `Dialect::token` builds them (the client's id, then random bits; lowercase as this
 /// crate writes them, though either case is accepted). A guess from the shape alone: any other
 /// value of 32 hex digits passes too.
 pub(crate) fn recognizes(value: &[u8]) -> bool {
