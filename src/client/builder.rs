@@ -11,9 +11,9 @@ use super::confirm::{Acks, ReplicaAcks};
 use super::native::Detected;
 #[cfg(feature = "sentinel")]
 use super::pool::Sentinels;
-#[cfg(feature = "cluster")]
-use super::pool::{cluster_retries, CLUSTER_TRIES, SETUP_REPLIES};
 use super::pool::{unreaped, Lazy, Manager, Pool, Target};
+#[cfg(feature = "cluster")]
+use super::pool::{CLUSTER_TRIES, SETUP_REPLIES};
 #[cfg(feature = "sentinel")]
 use super::sentinel_watch;
 use super::subscriber::Resolve;
@@ -432,6 +432,8 @@ impl ClientBuilder {
                 redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
             })
         }));
+        #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
+        let mut switches = None;
         let target = match &self.target {
             TargetSpec::Single => Target::Single(clients.pop().ok_or_else(|| {
                 bad_url(redis::RedisError::from((
@@ -441,7 +443,10 @@ impl ClientBuilder {
             })?),
             #[cfg(feature = "cluster")]
             TargetSpec::Cluster => {
-                let (retries, min_wait, max_wait) = cluster_retries(timeout);
+                // Retry sleeps of a fortieth to a tenth of the command timeout, at least 1 and
+                // 2 ms (see `CLUSTER_TRIES`).
+                let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                let min_wait = (ms / 40).max(1);
                 // One client per seed, that seed first (see `Manager::cluster`).
                 let mut clients = Vec::with_capacity(infos.len());
                 for first in 0..infos.len().max(1) {
@@ -451,9 +456,9 @@ impl ClientBuilder {
                     // with the whole connection timeout: a fourth of the connect timeout.
                     let mut b = redis::cluster::ClusterClientBuilder::new(seeds)
                         .connection_timeout(self.connect_timeout / SETUP_REPLIES)
-                        .retries(retries)
+                        .retries(CLUSTER_TRIES - 1)
                         .min_retry_wait(min_wait)
-                        .max_retry_wait(max_wait)
+                        .max_retry_wait((ms / 10).max(min_wait + 1))
                         .retry_wait_formula(min_wait, 2);
                     #[cfg(feature = "tls-rustls")]
                     if let Some(certs) = &self.tls {
@@ -471,10 +476,7 @@ impl ClientBuilder {
                     }
                     clients.push(b.build().map_err(bad_url)?);
                 }
-                Target::Cluster {
-                    clients,
-                    first: AtomicUsize::new(0),
-                }
+                Target::Cluster(clients)
             }
             #[cfg(feature = "sentinel")]
             TargetSpec::Sentinel(service) => {
@@ -483,11 +485,10 @@ impl ClientBuilder {
                         "at least one Sentinel address is required",
                     ));
                 }
+                switches = Some(Arc::default());
                 Target::Sentinel(Sentinels {
                     clients,
                     service: service.clone(),
-                    first: AtomicUsize::new(0),
-                    switches: Arc::default(),
                 })
             }
         };
@@ -511,9 +512,10 @@ impl ClientBuilder {
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
             tls: tls_target.is_some(),
+            #[cfg(any(feature = "cluster", feature = "sentinel"))]
+            first: AtomicUsize::new(0),
+            switches: switches.clone(),
         });
-        #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
-        let mut switches = None;
         #[cfg(feature = "sentinel")]
         let mut watch = None;
         #[cfg(feature = "sentinel")]
@@ -521,7 +523,6 @@ impl ClientBuilder {
             // The subscriber follows the current master too (see `Manager::named_master`).
             let m = Arc::clone(&manager);
             resolve = Some(Box::new(move || m.named_master()));
-            switches = Some(Arc::clone(&s.switches));
             watch = Some(sentinel_watch::Watch {
                 sentinels: s.clients.clone(),
                 service: s.service.clone(),

@@ -613,7 +613,7 @@ impl LockClient {
             let wait = acks.wait();
             con.set_wait(wait);
             let reply = f(con, s);
-            short = con.take_wait().and_then(|w| w.shortfall());
+            short = con.set_wait(None).and_then(|w| w.shortfall());
             #[cfg(feature = "cluster")]
             if let Some(missed) = short.filter(|_| self.inner.cluster) {
                 short = acks.cluster_recheck(key, || con.primary_role(key), missed);
