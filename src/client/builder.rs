@@ -90,18 +90,13 @@ impl LockClient {
     /// Such a client has no address to open its subscriber connection to, so its waiters poll
     /// (by their retry policy) instead of being woken by pub/sub.
     pub fn from_pool(pool: r2d2::Pool<redis::Client>) -> Self {
+        let courtesy = ClientBuilder::DEFAULT_HANDOFF_COURTESY;
         Self::with_pool(
             Pool::External(pool),
             None,
-            false,
-            ClientBuilder::DEFAULT_COMMAND_TIMEOUT,
-            ClientBuilder::DEFAULT_HANDOFF_COURTESY,
-            "the application's pool".to_owned(),
             None,
-            Arc::default(),
+            courtesy,
             Detected::scripts_only(),
-            // No confirmation, so no `WAIT` bound.
-            Arc::new(Acks::new(ReplicaAcks::Off, Duration::ZERO, false)),
         )
     }
 
@@ -390,6 +385,7 @@ impl ClientBuilder {
                 Self::MAX_HANDOFF_COURTESY
             )));
         }
+        #[cfg(any(feature = "cluster", feature = "sentinel"))]
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
         let infos = self.nodes.as_ref().map_err(|e| bad_url(e.clone()))?;
         let tls_target = infos
@@ -497,18 +493,15 @@ impl ClientBuilder {
                 "replica_ack_timeout is zero (WAIT would block until every replica confirms)",
             ));
         }
-        let acks = Arc::new(Acks::new(
-            self.replica_acks,
-            self.replica_ack_timeout,
-            !matches!(self.target, TargetSpec::Single),
-        ));
-        let counters = Arc::new(crate::stats::Counters::default());
-        let cluster = target.is_cluster();
         let manager = Arc::new(Manager {
-            #[cfg(feature = "sentinel")]
-            acks: Arc::clone(&acks),
-            counters: Arc::clone(&counters),
+            acks: Arc::new(Acks::new(
+                self.replica_acks,
+                self.replica_ack_timeout,
+                !matches!(self.target, TargetSpec::Single),
+            )),
+            counters: Arc::default(),
             target,
+            addr,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
             tls: tls_target.is_some(),
@@ -533,7 +526,7 @@ impl ClientBuilder {
         let detected = if self.lazy {
             Detected::scripts_only()
         } else {
-            manager.check(&addr)?
+            manager.check()?
         };
         let pool = unreaped()
             .max_size(self.pool_size)
@@ -542,18 +535,13 @@ impl ClientBuilder {
             // themselves (see `Conn`) and are replaced instead.
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
-            .build_unchecked(Lazy(manager));
+            .build_unchecked(Lazy(Arc::clone(&manager)));
         let client = LockClient::with_pool(
             Pool::Managed(pool),
+            Some(&manager),
             resolve,
-            cluster,
-            timeout,
             self.courtesy,
-            addr,
-            switches,
-            counters,
             detected,
-            acks,
         );
         #[cfg(feature = "sentinel")]
         if let Some(watch) = watch {

@@ -78,23 +78,17 @@ pub(crate) struct NodeRole {
 
 #[cfg(feature = "cluster")]
 impl NodeRole {
-    /// Parses `INFO replication`'s text (Redis and Valkey alike).
+    /// Parses `INFO replication`'s text (Redis and Valkey alike: each field by either name).
     pub(crate) fn parse(info: &str) -> NodeRole {
-        let mut role = NodeRole::default();
-        for line in info.lines() {
-            let Some((k, v)) = line.trim().split_once(':') else {
-                continue;
-            };
-            match k {
-                "role" => role.primary = v == "master" || v == "primary",
-                "connected_slaves" | "connected_replicas" => {
-                    role.replicas = v.parse().unwrap_or(0);
-                }
-                "master_replid" | "primary_replid" => v.clone_into(&mut role.replid),
-                _ => {}
-            }
+        let info = redis::InfoDict::new(info);
+        let get = |names: &[&str]| names.iter().find_map(|n| info.get::<String>(n));
+        NodeRole {
+            primary: matches!(get(&["role"]).as_deref(), Some("master" | "primary")),
+            replicas: get(&["connected_slaves", "connected_replicas"])
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
+            replid: get(&["master_replid", "primary_replid"]).unwrap_or_default(),
         }
-        role
     }
 }
 

@@ -197,19 +197,19 @@ impl std::fmt::Debug for LockClient {
 }
 
 impl LockClient {
-    #[allow(clippy::too_many_arguments)]
+    /// A client on `pool`, whose connections `manager` opens (`None`: an application's own
+    /// pool, which is no cluster, follows no master switch and confirms no write).
     fn with_pool(
         pool: Pool,
+        manager: Option<&Manager>,
         resolve: Option<Resolve>,
-        cluster: bool,
-        timeout: Duration,
         courtesy: Duration,
-        addr: String,
-        switches: Option<Arc<Switches>>,
-        counters: Arc<Counters>,
         detected: Detected,
-        acks: Arc<Acks>,
     ) -> Self {
+        let timeout = manager.map_or(crate::ClientBuilder::DEFAULT_COMMAND_TIMEOUT, |m| {
+            m.command_timeout.unwrap_or(m.connect_timeout)
+        });
+        let counters = manager.map_or_else(Arc::default, |m| Arc::clone(&m.counters));
         let waiters = Arc::new(WaitQueues::default());
         let instance = crate::ids::new_uuid();
         let repeats = Arc::<repeats::Repeats>::default();
@@ -230,7 +230,7 @@ impl LockClient {
                 waiters,
                 instance,
                 watchdog: Watchdog::default(),
-                cluster,
+                cluster: manager.is_some_and(|m| m.target.is_cluster()),
                 courtesy,
                 janitor: Janitor::default(),
                 live: LiveValues::default(),
@@ -241,13 +241,14 @@ impl LockClient {
                         .is_none_or(crate::server::Version::has_set_nx_get),
                 ),
                 native: Native::new(detected),
-                addr,
+                addr: manager
+                    .map_or_else(|| "the application's pool".to_owned(), |m| m.addr.clone()),
                 timeout,
                 connect_error: Mutex::default(),
                 repeats,
-                switches,
+                switches: manager.and_then(|m| m.switches.clone()),
                 counters,
-                acks,
+                acks: manager.map_or_else(Arc::default, |m| Arc::clone(&m.acks)),
             }),
         }
     }

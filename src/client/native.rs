@@ -27,7 +27,7 @@ use redis::{ConnectionLike, Value};
 use crate::error::{LockError, Result};
 use crate::server::{self, Version};
 
-/// One native command of [`Native`].
+/// One native command of [`Native`] (its index in [`Native`]'s flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Command {
     /// `DELIFEQ key value`: the release.
@@ -36,14 +36,8 @@ pub(crate) enum Command {
     SetIfEq,
 }
 
-impl Command {
-    fn name(self) -> &'static str {
-        match self {
-            Command::DelIfEq => "DELIFEQ",
-            Command::SetIfEq => "SET ... IFEQ",
-        }
-    }
-}
+/// The names of the [`Command`]s, for the log.
+const NAMES: [&str; 2] = ["DELIFEQ", "SET ... IFEQ"];
 
 /// What a server said about itself at `build()`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -116,8 +110,8 @@ fn server_lacks(con: &mut dyn ConnectionLike, command: Command) -> bool {
 /// The native commands a client uses, each until a server refuses it.
 #[derive(Debug)]
 pub(crate) struct Native {
-    delifeq: AtomicBool,
-    set_ifeq: AtomicBool,
+    /// Whether each [`Command`] is used.
+    flags: [AtomicBool; 2],
     /// What `build()` learned: whether the client's user may run scripts (false only when a
     /// server with both native commands refused `EVAL`), the server's name and version.
     pub(crate) detected: Detected,
@@ -134,22 +128,14 @@ impl Native {
             );
         }
         Native {
-            delifeq: AtomicBool::new(d.delifeq),
-            set_ifeq: AtomicBool::new(d.set_ifeq),
+            flags: [d.delifeq, d.set_ifeq].map(AtomicBool::new),
             detected: d,
         }
     }
 
     /// Whether `command` is used (not refused so far).
     pub(crate) fn has(&self, command: Command) -> bool {
-        self.flag(command).load(Ordering::Relaxed)
-    }
-
-    fn flag(&self, command: Command) -> &AtomicBool {
-        match command {
-            Command::DelIfEq => &self.delifeq,
-            Command::SetIfEq => &self.set_ifeq,
-        }
+        self.flags[command as usize].load(Ordering::Relaxed)
     }
 
     /// After `command` was answered with `e` on `con`: true if the client is to use the script
@@ -167,11 +153,11 @@ impl Native {
         let lacks = crate::error::is_access_denied(e)
             || (server::may_lack_capability(e) && server_lacks(con, command));
         // Stops using `command` (the scripts take over), said once.
-        if lacks && self.flag(command).swap(false, Ordering::Relaxed) {
+        if lacks && self.flags[command as usize].swap(false, Ordering::Relaxed) {
             log::warn!(
                 "lock {key:?}: a server refused {} ({e}); this client uses the script instead \
                  from now on",
-                command.name()
+                NAMES[command as usize]
             );
         }
         lacks
@@ -182,8 +168,9 @@ impl Native {
     #[cfg(feature = "bench-hooks")]
     pub(crate) fn force(&self, native: bool) {
         let d = &self.detected;
-        self.delifeq.store(native && d.delifeq, Ordering::Relaxed);
-        self.set_ifeq.store(native && d.set_ifeq, Ordering::Relaxed);
+        for (flag, has) in self.flags.iter().zip([d.delifeq, d.set_ifeq]) {
+            flag.store(native && has, Ordering::Relaxed);
+        }
     }
 }
 

@@ -13,11 +13,9 @@ use scheduled_thread_pool::ScheduledThreadPool;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 use redis::{ConnectionLike, RedisError, RedisResult, Value};
 
-#[cfg(feature = "sentinel")]
-use super::confirm::Acks;
 #[cfg(feature = "cluster")]
 use super::confirm::NodeRole;
-use super::confirm::Wait;
+use super::confirm::{Acks, Wait};
 use super::native::Detected;
 use super::switches::Switches;
 use crate::error::{self, LockError, Result, Rounded};
@@ -175,14 +173,15 @@ pub(crate) struct Manager {
     pub(super) command_timeout: Option<Duration>,
     /// Connects with TLS (`rediss://`): connection errors may be the handshake's.
     pub(super) tls: bool,
+    /// Where the client connects, for messages ("127.0.0.1:6379", ...).
+    pub(super) addr: String,
     #[cfg(any(feature = "cluster", feature = "sentinel"))]
     /// The Sentinel or Cluster seed that answered last, asked first next time (the Sentinel
     /// clients guideline), so a dead or frozen one costs one timeout, not one per connection.
     pub(super) first: AtomicUsize,
     /// Sentinel clients: the master switches announced by the Sentinels (`+switch-master`).
     pub(super) switches: Option<Arc<Switches>>,
-    #[cfg(feature = "sentinel")]
-    /// Replica confirmation: learns the primary's replicas from its `ROLE`.
+    /// Replica confirmation: a Sentinel client learns the primary's replicas from its `ROLE`.
     pub(super) acks: Arc<Acks>,
 }
 
@@ -322,7 +321,8 @@ impl Manager {
     /// server has (see [`native`](super::native)). Any failure is a [`LockError::Config`] that
     /// names the step and the server; a user denied scripts is no failure on a server with
     /// both native commands (Token locks without fencing need no script there).
-    pub(super) fn check(self: &Arc<Self>, addr: &str) -> Result<Detected> {
+    pub(super) fn check(self: &Arc<Self>) -> Result<Detected> {
+        let addr = &self.addr;
         // The database the URL names: refused by `SELECT` during the connection's set-up, which
         // redis-rs reports as a plain `ERR` reply.
         let db = match &self.target {
@@ -530,10 +530,9 @@ impl r2d2::ManageConnection for Lazy {
     }
 
     fn has_broken(&self, con: &mut Link) -> bool {
-        if matches!(con.node, Node::Unopened) {
-            return false;
-        }
-        let broken = con.broken || !con.node.is_open() || con.generation < self.0.generation();
+        // An unopened link is opened by the checkout that takes it.
+        let broken = !matches!(con.node, Node::Unopened)
+            && (con.broken || !con.node.is_open() || con.generation < self.0.generation());
         if broken {
             // Replaced by a new connection when next needed.
             self.0.counters.reconnect();
