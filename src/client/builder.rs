@@ -388,18 +388,17 @@ impl ClientBuilder {
         #[cfg(any(feature = "cluster", feature = "sentinel"))]
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
         let infos = self.nodes.as_ref().map_err(|e| bad_url(e.clone()))?;
-        let tls_target = infos
+        let tls = infos
             .iter()
             .map(redis::ConnectionInfo::addr)
-            .find(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
-            .map(ToString::to_string);
-        if let Some(url) = &tls_target {
-            if !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")) {
-                return Err(LockError::client_config(format!(
-                    "{url}: a rediss:// (TLS) URL needs one of redis-dlock's cargo features \
-                         `tls-rustls`, `tls-rustls-webpki-roots` or `tls-native-tls`"
-                )));
-            }
+            .find(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
+        if let Some(url) =
+            tls.filter(|_| !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")))
+        {
+            return Err(LockError::client_config(format!(
+                "{url}: a rediss:// (TLS) URL needs one of redis-dlock's cargo features \
+                 `tls-rustls`, `tls-rustls-webpki-roots` or `tls-native-tls`"
+            )));
         }
         let addr = self.describe();
         // A `redis::Client` for each node, with the custom certificates if any.
@@ -504,10 +503,10 @@ impl ClientBuilder {
             addr,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
-            tls: tls_target.is_some(),
+            tls: tls.is_some(),
             #[cfg(any(feature = "cluster", feature = "sentinel"))]
             first: AtomicUsize::new(0),
-            switches: switches.clone(),
+            switches,
         });
         #[cfg(feature = "sentinel")]
         let mut watch = None;

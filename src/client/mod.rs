@@ -477,8 +477,8 @@ impl LockClient {
     /// [`Lazy`](crate::client::pool::Lazy)), and so is again a Sentinel client's connection
     /// opened before the last master switch it heard of (see [`Link::open_if_needed`]).
     ///
-    /// Neither the checkout nor the opening waits past `until` (a watchdog renewal's cap):
-    /// their timeouts are cut to the time left.
+    /// Neither the checkout, the opening nor any command sent on it waits past `until` (a
+    /// watchdog renewal's cap, see [`Link::cap`]): their timeouts are cut to the time left.
     fn conn(&self, key: &str, until: Option<Instant>) -> Result<Conn> {
         let err = |e: r2d2::Error| self.checkout_error(key, e);
         let left = |t: Duration| within(t, until).map_err(|e| self.command_error(key, e));
@@ -511,6 +511,10 @@ impl LockClient {
                 .unwrap_or_else(PoisonError::into_inner) = Some(e.clone());
             return Err(self.checkout_error(key, e));
         }
+        // Lifted when the connection goes back to the pool (`Conn`'s drop). A connection of an
+        // application's own pool keeps its read timeouts (they are the application's, and
+        // could not be restored).
+        con.cap(until);
         Ok(Conn::Managed(con))
     }
 
@@ -677,8 +681,6 @@ impl LockClient {
         let mut redirects_left = MOVED_RESENDS;
         loop {
             let mut conn = self.conn(key, until)?;
-            // Lifted when the connection goes back to the pool (`Conn`'s drop).
-            conn.cap(until);
             let reused = conn.was_used();
             match f(&mut conn, &self.inner.scripts) {
                 Err(e) if reused && is_dropped(&e) && stale_left != Some(0) => {

@@ -352,7 +352,19 @@ impl Manager {
             } else {
                 format!("cannot connect to {addr}")
             };
-            let down = self.unreachable(&e);
+            // No server answered (refused, reset, no answer in time, no Sentinel or Cluster node
+            // reachable): an outage that building the client again later outlives. A failed
+            // TLS handshake (with TLS, any other I/O failure of the set-up is the handshake's,
+            // see `tls_context`), a wrong password, a master name no Sentinel knows are
+            // mistakes instead.
+            let down = e.is_timeout()
+                || e.is_connection_refusal()
+                || (e.kind() == redis::ErrorKind::Io && !self.tls)
+                || matches!(
+                    e.kind(),
+                    redis::ErrorKind::ClusterConnectionNotFound
+                        | redis::ErrorKind::NoValidReplicasFoundBySentinel
+                );
             fail(what, e, down)
         })?;
         let scripting = |e: redis::RedisError, cmd: &str, server: &str| {
@@ -434,24 +446,6 @@ impl Manager {
                 Err(scripting(e, "EVALSHA", &detected.server))
             }
             _ => Ok(detected),
-        }
-    }
-
-    /// True when the set-up's connection failed because no server answered (refused, reset,
-    /// no answer within the connect timeout, no Sentinel or Cluster node reachable): an outage
-    /// that building the client again later outlives. A TLS handshake that failed, a wrong
-    /// password, a master name no Sentinel knows are mistakes instead.
-    fn unreachable(&self, e: &redis::RedisError) -> bool {
-        if e.is_timeout() || e.is_connection_refusal() {
-            return true;
-        }
-        match e.kind() {
-            // With TLS, any other I/O failure of the set-up is the handshake's (see
-            // `tls_context`).
-            redis::ErrorKind::Io => !self.tls,
-            redis::ErrorKind::ClusterConnectionNotFound
-            | redis::ErrorKind::NoValidReplicasFoundBySentinel => true,
-            _ => false,
         }
     }
 
@@ -905,15 +899,6 @@ impl Conn {
         std::mem::replace(&mut c.wait, wait)
     }
 
-    /// No command sent from now on waits past `until` (`None`: the timeouts are restored); see
-    /// [`Link::cap`]. A connection of an application's own pool keeps its read timeouts (they
-    /// are the application's, and could not be restored).
-    pub(super) fn cap(&mut self, until: Option<Instant>) {
-        if let Some(c) = self.own_link() {
-            c.cap(until);
-        }
-    }
-
     #[cfg(feature = "cluster")]
     /// Cluster: what `INFO replication` says of the primary that serves `key`'s slot (routed
     /// there by redis-rs); `None` on another kind of connection.
@@ -936,7 +921,7 @@ impl Conn {
 }
 
 impl Drop for Conn {
-    /// Back to the pool without a cap (see [`Conn::cap`]), a broken cluster link replaced.
+    /// Back to the pool without a cap (see [`Link::cap`]), a broken cluster link replaced.
     fn drop(&mut self) {
         // A confirmation never outlives its checkout, whatever way the caller left.
         self.set_wait(None);
