@@ -21,6 +21,17 @@ use super::target::ConnectionTarget;
 use super::{LockClient, MAX_CLIENT_TIMEOUT};
 use crate::error::{LockError, Result};
 
+/// Builder methods that set the field of their name to their argument.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $t:ty;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, value: $t) -> Self {
+            self.$name = value;
+            self
+        }
+    )*};
+}
+
 /// Settings for [`LockClient`], with documented defaults.
 #[derive(Clone)]
 #[must_use]
@@ -31,7 +42,7 @@ pub struct ClientBuilder {
     pool_size: u32,
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
-    courtesy: Duration,
+    handoff_courtesy: Duration,
     lazy: bool,
     replica_acks: ReplicaAcks,
     replica_ack_timeout: Duration,
@@ -48,7 +59,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
-            .field("handoff_courtesy", &self.courtesy)
+            .field("handoff_courtesy", &self.handoff_courtesy)
             .field("lazy_connect", &self.lazy)
             .finish_non_exhaustive()
     }
@@ -195,7 +206,7 @@ impl ClientBuilder {
             pool_size: Self::DEFAULT_POOL_SIZE,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             command_timeout: Some(Self::DEFAULT_COMMAND_TIMEOUT),
-            courtesy: Self::DEFAULT_HANDOFF_COURTESY,
+            handoff_courtesy: Self::DEFAULT_HANDOFF_COURTESY,
             lazy: false,
             replica_acks: ReplicaAcks::Auto,
             replica_ack_timeout: Self::DEFAULT_REPLICA_ACK_TIMEOUT,
@@ -258,79 +269,63 @@ impl ClientBuilder {
         }
     }
 
-    /// Most connections the pool opens (default [`ClientBuilder::DEFAULT_POOL_SIZE`](crate::ClientBuilder::DEFAULT_POOL_SIZE)). A thread waiting on a
-    /// lock holds no connection while it sleeps, so this bounds concurrent commands, not waiters.
-    pub fn pool_size(mut self, n: u32) -> Self {
-        self.pool_size = n;
-        self
-    }
+    setters! {
+        /// Most connections the pool opens (default [`ClientBuilder::DEFAULT_POOL_SIZE`](crate::ClientBuilder::DEFAULT_POOL_SIZE)). A thread waiting on a
+        /// lock holds no connection while it sleeps, so this bounds concurrent commands, not waiters.
+        pool_size: u32;
 
-    /// Time allowed to connect, and to wait for a free connection when all are in use
-    /// (default [`ClientBuilder::DEFAULT_CONNECT_TIMEOUT`](crate::ClientBuilder::DEFAULT_CONNECT_TIMEOUT)). More than zero and at most
-    /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
-    pub fn connect_timeout(mut self, d: Duration) -> Self {
-        self.connect_timeout = d;
-        self
-    }
+        /// Time allowed to connect, and to wait for a free connection when all are in use
+        /// (default [`ClientBuilder::DEFAULT_CONNECT_TIMEOUT`](crate::ClientBuilder::DEFAULT_CONNECT_TIMEOUT)). More than zero and at most
+        /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
+        connect_timeout: Duration;
 
-    /// Time allowed for one reply from Redis (default [`ClientBuilder::DEFAULT_COMMAND_TIMEOUT`](crate::ClientBuilder::DEFAULT_COMMAND_TIMEOUT)); `None` waits
-    /// without limit. A connection that timed out is dropped from the pool, never reused.
-    /// More than zero and at most [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
-    pub fn command_timeout(mut self, d: Option<Duration>) -> Self {
-        self.command_timeout = d;
-        self
-    }
+        /// Time allowed for one reply from Redis (default [`ClientBuilder::DEFAULT_COMMAND_TIMEOUT`](crate::ClientBuilder::DEFAULT_COMMAND_TIMEOUT)); `None` waits
+        /// without limit. A connection that timed out is dropped from the pool, never reused.
+        /// More than zero and at most [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
+        command_timeout: Option<Duration>;
 
-    /// How long a thread of this client that just released a Token or reentrant lock waits
-    /// before taking the same lock again with a blocking call (`lock()`, `try_lock_for()`),
-    /// when the release's `PUBLISH` reached another client's subscriber (default
-    /// [`ClientBuilder::DEFAULT_HANDOFF_COURTESY`](crate::ClientBuilder::DEFAULT_HANDOFF_COURTESY); zero turns it off; `try_lock()` never waits).
-    ///
-    /// Why: a waiter woken by pub/sub needs a round trip and two thread wake-ups (its
-    /// subscriber's, then its own) before its attempt reaches Redis, while a thread that asks
-    /// again right after its release gets there in half a round trip. Without a head start the
-    /// releasing client wins nearly every time. Measured on 2 loaded cores with 8 clients in a
-    /// tight loop on one key, the share of the least served client relative to the most
-    /// served one was 0.01–0.07 without it, 0.15 with 1 ms, 0.3–0.6 with 2–2.5 ms and 0.98 with
-    /// 3 ms. The cost: a client that re-locks at once while another client waits on the
-    /// channel waits this long once.
-    ///
-    /// At most [`ClientBuilder::MAX_HANDOFF_COURTESY`](crate::ClientBuilder::MAX_HANDOFF_COURTESY), or [`build`](Self::build) fails. The wait never runs
-    /// past the blocking call's deadline (`try_lock_for`'s duration, the policy's `max_wait`,
-    /// or for a count-limited policy the longest its retries could take).
-    pub fn handoff_courtesy(mut self, d: Duration) -> Self {
-        self.courtesy = d;
-        self
-    }
+        /// How long a thread of this client that just released a Token or reentrant lock waits
+        /// before taking the same lock again with a blocking call (`lock()`, `try_lock_for()`),
+        /// when the release's `PUBLISH` reached another client's subscriber (default
+        /// [`ClientBuilder::DEFAULT_HANDOFF_COURTESY`](crate::ClientBuilder::DEFAULT_HANDOFF_COURTESY); zero turns it off; `try_lock()` never waits).
+        ///
+        /// Why: a waiter woken by pub/sub needs a round trip and two thread wake-ups (its
+        /// subscriber's, then its own) before its attempt reaches Redis, while a thread that asks
+        /// again right after its release gets there in half a round trip. Without a head start the
+        /// releasing client wins nearly every time. Measured on 2 loaded cores with 8 clients in a
+        /// tight loop on one key, the share of the least served client relative to the most
+        /// served one was 0.01–0.07 without it, 0.15 with 1 ms, 0.3–0.6 with 2–2.5 ms and 0.98 with
+        /// 3 ms. The cost: a client that re-locks at once while another client waits on the
+        /// channel waits this long once.
+        ///
+        /// At most [`ClientBuilder::MAX_HANDOFF_COURTESY`](crate::ClientBuilder::MAX_HANDOFF_COURTESY), or [`build`](Self::build) fails. The wait never runs
+        /// past the blocking call's deadline (`try_lock_for`'s duration, the policy's `max_wait`,
+        /// or for a count-limited policy the longest its retries could take).
+        handoff_courtesy: Duration;
 
-    /// Whether each write of a hold (an acquire, an extend, a watchdog renewal) waits until
-    /// replicas of the primary confirm it, with `WAIT` sent in the same round trip. A write
-    /// that too few replicas confirm within [`replica_ack_timeout`](Self::replica_ack_timeout)
-    /// is not taken for a hold: the acquire fails with [`LockError::NotReplicated`], a
-    /// transient error that a blocking acquire retries, and what it wrote is deleted again,
-    /// owner-checked. Without it a failover to a replica that had not copied the key, or a
-    /// Sentinel split brain, can grant a lock twice (docs/deployments.md). A Fair lock's
-    /// hand-off (written by the releasing client) is confirmed by the grantee's own write
-    /// before its `lock()` returns, and given up if too few replicas confirm it.
-    ///
-    /// [`ReplicaAcks::Auto`] (the default) requires one replica on a Sentinel client whose
-    /// primary had replicas when the client learnt it (at its first connection and after
-    /// every master switch; a replica lost in between does not turn it off), on a Cluster
-    /// client for each shard whose primary had replicas when the client first wrote a hold
-    /// there (learnt again after a failover), and none on single-server clients. On a
-    /// Cluster the `WAIT` goes to the primary that ran the write, after a redirection too.
-    pub fn replica_acks(mut self, acks: ReplicaAcks) -> Self {
-        self.replica_acks = acks;
-        self
-    }
+        /// Whether each write of a hold (an acquire, an extend, a watchdog renewal) waits until
+        /// replicas of the primary confirm it, with `WAIT` sent in the same round trip. A write
+        /// that too few replicas confirm within [`replica_ack_timeout`](Self::replica_ack_timeout)
+        /// is not taken for a hold: the acquire fails with [`LockError::NotReplicated`], a
+        /// transient error that a blocking acquire retries, and what it wrote is deleted again,
+        /// owner-checked. Without it a failover to a replica that had not copied the key, or a
+        /// Sentinel split brain, can grant a lock twice (docs/deployments.md). A Fair lock's
+        /// hand-off (written by the releasing client) is confirmed by the grantee's own write
+        /// before its `lock()` returns, and given up if too few replicas confirm it.
+        ///
+        /// [`ReplicaAcks::Auto`] (the default) requires one replica on a Sentinel client whose
+        /// primary had replicas when the client learnt it (at its first connection and after
+        /// every master switch; a replica lost in between does not turn it off), on a Cluster
+        /// client for each shard whose primary had replicas when the client first wrote a hold
+        /// there (learnt again after a failover), and none on single-server clients. On a
+        /// Cluster the `WAIT` goes to the primary that ran the write, after a redirection too.
+        replica_acks: ReplicaAcks;
 
-    /// How long each write waits for its replicas at most (`WAIT`'s timeout; default
-    /// [`ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT`](crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT), 1 s, as Redisson's `slavesSyncTimeout`). Only the
-    /// writes of a client that requires confirmation wait (see
-    /// [`replica_acks`](Self::replica_acks)), and only as long as the replicas take.
-    pub fn replica_ack_timeout(mut self, timeout: Duration) -> Self {
-        self.replica_ack_timeout = timeout;
-        self
+        /// How long each write waits for its replicas at most (`WAIT`'s timeout; default
+        /// [`ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT`](crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT), 1 s, as Redisson's `slavesSyncTimeout`). Only the
+        /// writes of a client that requires confirmation wait (see
+        /// [`replica_acks`](Self::replica_acks)), and only as long as the replicas take.
+        replica_ack_timeout: Duration;
     }
 
     /// Creates the pool and checks the deployment, so that set-up faults fail here, fast, and
@@ -378,10 +373,10 @@ impl ClientBuilder {
                      command_timeout(None) waits without limit"
             )));
         }
-        if self.courtesy > Self::MAX_HANDOFF_COURTESY {
+        if self.handoff_courtesy > Self::MAX_HANDOFF_COURTESY {
             return Err(LockError::client_config(format!(
                 "handoff courtesy {:?} is longer than MAX_HANDOFF_COURTESY ({:?})",
-                self.courtesy,
+                self.handoff_courtesy,
                 Self::MAX_HANDOFF_COURTESY
             )));
         }
@@ -539,7 +534,7 @@ impl ClientBuilder {
             Pool::Managed(pool),
             Some(&manager),
             resolve,
-            self.courtesy,
+            self.handoff_courtesy,
             detected,
         );
         #[cfg(feature = "sentinel")]

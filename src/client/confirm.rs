@@ -206,11 +206,8 @@ impl Acks {
         role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
         missed: (u32, u32),
     ) -> Option<(u32, u32)> {
-        if self.node_fixed().is_some() {
-            return Some(missed);
-        }
-        match role() {
-            Ok(Some(role)) => {
+        match self.node_fixed().is_none().then(role) {
+            Some(Ok(Some(role))) => {
                 let required = self.learn_node(Route::with_key(key, SlotAddr::Master), &role);
                 (missed.0 < required).then_some((missed.0, required))
             }
