@@ -42,7 +42,7 @@ pub(crate) fn native(client: &LockClient, key: &str) -> Vec<Check> {
 /// allowed, else [`LockError::Config`] naming the lock, each denied command with its key or
 /// channel, and NOPERM.
 pub(crate) fn verify(client: &LockClient, key: &str, what: &str, checks: &[Check]) -> Result<()> {
-    if !client.native().detected.scripting {
+    if client.native().detected.scripts_denied {
         return verify_by_probes(client, key, what, checks);
     }
     let mut args: Vec<String> = Vec::new();

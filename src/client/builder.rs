@@ -107,7 +107,7 @@ impl LockClient {
             None,
             None,
             courtesy,
-            Detected::scripts_only(),
+            Detected::default(),
         )
     }
 
@@ -518,7 +518,7 @@ impl ClientBuilder {
             });
         }
         let detected = if self.lazy {
-            Detected::scripts_only()
+            Detected::default()
         } else {
             manager.check()?
         };

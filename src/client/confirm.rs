@@ -106,10 +106,9 @@ impl Acks {
             ReplicaAcks::Auto | ReplicaAcks::Off => 0,
         };
         Acks {
-            mode: if auto || mode != ReplicaAcks::Auto {
-                mode
-            } else {
-                ReplicaAcks::Off
+            mode: match mode {
+                ReplicaAcks::Auto if !auto => ReplicaAcks::Off,
+                mode => mode,
             },
             timeout_ms: u64::try_from(timeout.as_millis())
                 .unwrap_or(u64::MAX)

@@ -39,7 +39,8 @@ pub(crate) enum Command {
 /// The names of the [`Command`]s, for the log.
 const NAMES: [&str; 2] = ["DELIFEQ", "SET ... IFEQ"];
 
-/// What a server said about itself at `build()`.
+/// What a server said about itself at `build()`; by default, what a client that asked
+/// nothing assumes: scripts only.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Detected {
     /// `valkey 9.1.2`, `redis 7.0.15`, or empty when `INFO server` was not answered.
@@ -50,19 +51,11 @@ pub(crate) struct Detected {
     pub(crate) delifeq: bool,
     /// `SET … IFEQ` is known (Valkey 8.1 and later, by `valkey_version`).
     pub(crate) set_ifeq: bool,
-    /// The user may run scripts (`EVAL` and `EVALSHA`).
-    pub(crate) scripting: bool,
+    /// The user may not run scripts (`EVAL` and `EVALSHA`).
+    pub(crate) scripts_denied: bool,
 }
 
 impl Detected {
-    /// What a client that asked nothing assumes: scripts only.
-    pub(crate) fn scripts_only() -> Self {
-        Detected {
-            scripting: true,
-            ..Detected::default()
-        }
-    }
-
     /// Reads the replies of `INFO server` and `COMMAND INFO DELIFEQ` (either may be an error,
     /// e.g. for a user without `@slow`: then nothing native is assumed).
     pub(crate) fn from_replies(info: &Value, command_info: &Value) -> Self {
@@ -73,7 +66,7 @@ impl Detected {
             // `SET … IFEQ` cannot be asked about (COMMAND INFO lists no options): by version.
             set_ifeq: version.as_ref().is_some_and(Version::has_set_ifeq),
             version,
-            scripting: true,
+            scripts_denied: false,
         }
     }
 }
@@ -112,7 +105,7 @@ fn server_lacks(con: &mut dyn ConnectionLike, command: Command) -> bool {
 pub(crate) struct Native {
     /// Whether each [`Command`] is used.
     flags: [AtomicBool; 2],
-    /// What `build()` learned: whether the client's user may run scripts (false only when a
+    /// What `build()` learned: whether the client's user may not run scripts (only when a
     /// server with both native commands refused `EVAL`), the server's name and version.
     pub(crate) detected: Detected,
 }
@@ -203,7 +196,7 @@ pub(crate) fn set_ifeq_px(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
 /// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
 /// (see [`crate::client::native`]): only a Token lock without fencing goes without.
 pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()> {
-    if native.detected.scripting {
+    if !native.detected.scripts_denied {
         return Ok(());
     }
     Err(LockError::config(
@@ -235,7 +228,7 @@ mod tests {
             )])]),
         );
         assert_eq!(d.server, "valkey 9.1.2");
-        assert!(d.delifeq && d.set_ifeq && d.scripting);
+        assert!(d.delifeq && d.set_ifeq && !d.scripts_denied);
     }
 
     #[test]

@@ -436,7 +436,7 @@ impl Manager {
                      fencing need none on this server, every other lock does",
                     detected.server
                 );
-                detected.scripting = false;
+                detected.scripts_denied = true;
                 return Ok(detected);
             }
             Err(e) => return Err(scripting(e, "EVAL", &detected.server)),
