@@ -22,9 +22,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 #[cfg(any(feature = "cluster", feature = "sentinel"))]
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+use super::locked;
 #[cfg(feature = "cluster")]
 use redis::cluster_routing::{Route, SlotAddr};
 use redis::{ConnectionLike, RedisResult, Value};
@@ -142,27 +144,22 @@ impl Acks {
     /// that is no primary needs none.
     pub(crate) fn learn_node(&self, slot: Route, role: &NodeRole) -> u32 {
         let required = if role.primary {
-            let mut primaries = self
-                .primaries
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            *primaries.entry(role.replid.clone()).or_insert_with(|| {
-                let required = u32::from(role.replicas > 0);
-                log::info!(
-                    "replica confirmation {} on the Cluster primary {}: it has {} replicas",
-                    if required > 0 { "on" } else { "off" },
-                    role.replid,
-                    role.replicas
-                );
-                required
-            })
+            *locked(&self.primaries)
+                .entry(role.replid.clone())
+                .or_insert_with(|| {
+                    let required = u32::from(role.replicas > 0);
+                    log::info!(
+                        "replica confirmation {} on the Cluster primary {}: it has {} replicas",
+                        if required > 0 { "on" } else { "off" },
+                        role.replid,
+                        role.replicas
+                    );
+                    required
+                })
         } else {
             0
         };
-        self.slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(slot, required);
+        locked(&self.slots).insert(slot, required);
         required
     }
 
@@ -176,8 +173,8 @@ impl Acks {
         role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
     ) -> RedisResult<Option<Wait>> {
         let slot = Route::with_key(key, SlotAddr::Master);
-        let slots = || self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let required = match self.node_fixed().or_else(|| slots().get(&slot).copied()) {
+        let known = || locked(&self.slots).get(&slot).copied();
+        let required = match self.node_fixed().or_else(known) {
             Some(n) => n,
             None => role()?.map_or(0, |role| self.learn_node(slot, &role)),
         };
@@ -189,10 +186,7 @@ impl Acks {
     /// by their replication IDs.
     #[cfg(feature = "cluster")]
     pub(crate) fn forget_slots(&self) {
-        self.slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        locked(&self.slots).clear();
     }
 
     #[cfg(feature = "cluster")]
@@ -221,12 +215,9 @@ impl Acks {
         if self.mode != ReplicaAcks::Auto {
             return;
         }
-        {
-            let mut learnt = self.learnt.lock().unwrap_or_else(PoisonError::into_inner);
-            if learnt.as_ref() == Some(addr) {
-                return;
-            }
-            *learnt = Some(addr.clone());
+        let mut learnt = locked(&self.learnt);
+        if learnt.replace(addr.clone()).as_ref() == Some(addr) {
+            return;
         }
         let required = u32::from(replicas > 0);
         let before = self.required.swap(required, Ordering::AcqRel);
