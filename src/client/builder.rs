@@ -360,17 +360,11 @@ impl ClientBuilder {
         if self.pool_size == 0 {
             return Err(LockError::client_config("pool size must be at least 1"));
         }
-        if self.connect_timeout.is_zero() || self.command_timeout.is_some_and(|d| d.is_zero()) {
-            return Err(LockError::client_config(
-                "timeouts must be greater than zero",
-            ));
-        }
-        if self.connect_timeout > MAX_CLIENT_TIMEOUT
-            || self.command_timeout.is_some_and(|d| d > MAX_CLIENT_TIMEOUT)
-        {
+        let out_of_range = |d: Duration| d.is_zero() || d > MAX_CLIENT_TIMEOUT;
+        if out_of_range(self.connect_timeout) || self.command_timeout.is_some_and(out_of_range) {
             return Err(LockError::client_config(format!(
-                "timeouts must be at most MAX_CLIENT_TIMEOUT ({MAX_CLIENT_TIMEOUT:?}); \
-                     command_timeout(None) waits without limit"
+                "timeouts must be greater than zero and at most MAX_CLIENT_TIMEOUT \
+                 ({MAX_CLIENT_TIMEOUT:?}); command_timeout(None) waits without limit"
             )));
         }
         if self.handoff_courtesy > Self::MAX_HANDOFF_COURTESY {

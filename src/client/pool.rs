@@ -858,20 +858,6 @@ impl Conn {
         }
     }
 
-    fn link(&self) -> &dyn ConnectionLike {
-        match self {
-            Conn::Managed(c) => &**c,
-            Conn::External(c) => &**c,
-        }
-    }
-
-    fn link_mut(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Conn::Managed(c) => &mut **c,
-            Conn::External(c) => &mut **c,
-        }
-    }
-
     /// True if the connection carried commands before this checkout, or waited in the pool
     /// since it was opened ([`IDLE_STALE`] or more): either may have gone stale meanwhile (a
     /// restart, an idle timeout), so a dropped-connection error on it may be sent again on a
@@ -933,9 +919,19 @@ impl Drop for Conn {
     }
 }
 
+/// `$e` with `$c` bound to the pooled connection of either kind of pool.
+macro_rules! either {
+    ($conn:expr, $c:ident => $e:expr) => {
+        match $conn {
+            Conn::Managed($c) => $e,
+            Conn::External($c) => $e,
+        }
+    };
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        self.link_mut().req_packed_command(cmd)
+        either!(self, c => c.req_packed_command(cmd))
     }
 
     fn req_packed_commands(
@@ -944,19 +940,19 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        self.link_mut().req_packed_commands(cmd, offset, count)
+        either!(self, c => c.req_packed_commands(cmd, offset, count))
     }
 
     fn get_db(&self) -> i64 {
-        self.link().get_db()
+        either!(self, c => c.get_db())
     }
 
     fn check_connection(&mut self) -> bool {
-        self.link_mut().check_connection()
+        either!(self, c => c.check_connection())
     }
 
     fn is_open(&self) -> bool {
-        self.link().is_open()
+        either!(self, c => c.is_open())
     }
 }
 
