@@ -737,16 +737,13 @@ impl Link {
     /// [`Manager::cluster`]).
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         self.used = true;
-        if let Err(e) = &result {
-            if e.is_io_error()
+        self.broken |= result.as_ref().is_err_and(|e| {
+            e.is_io_error()
                 || e.is_timeout()
                 || e.is_connection_dropped()
                 || e.is_unrecoverable_error()
                 || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-            {
-                self.broken = true;
-            }
-        }
+        });
         result
     }
 }
