@@ -222,11 +222,9 @@ impl Acks {
         let required = u32::from(replicas > 0);
         let before = self.required.swap(required, Ordering::AcqRel);
         if before != required {
+            let ((host, port), on) = (addr, if required > 0 { "on" } else { "off" });
             log::info!(
-                "replica confirmation {}: the primary {}:{} has {replicas} replicas",
-                if required > 0 { "on" } else { "off" },
-                addr.0,
-                addr.1
+                "replica confirmation {on}: the primary {host}:{port} has {replicas} replicas"
             );
         }
     }

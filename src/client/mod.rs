@@ -551,11 +551,8 @@ impl LockClient {
     /// Maps a Redis error of a command for `key`, saying which server did not answer in time.
     fn command_error(&self, key: &str, e: redis::RedisError) -> LockError {
         if e.is_timeout() {
-            let what = format!(
-                "no reply from {} within {}",
-                self.inner.addr,
-                Rounded(self.inner.timeout)
-            );
+            let (addr, timeout) = (&self.inner.addr, Rounded(self.inner.timeout));
+            let what = format!("no reply from {addr} within {timeout}");
             return LockError::connection(
                 key,
                 Fault::TIMEOUT,

@@ -196,10 +196,8 @@ impl Manager {
     ) -> RedisResult<redis::Connection> {
         let con =
             client.get_connection_with_timeout(connect_within(self.connect_timeout, until)?)?;
-        let timeout = Some(within(
-            self.command_timeout.unwrap_or(self.connect_timeout),
-            until,
-        )?);
+        let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
+        let timeout = Some(within(timeout, until)?);
         con.set_read_timeout(timeout)?;
         con.set_write_timeout(timeout)?;
         Ok(con)
@@ -229,10 +227,7 @@ impl Manager {
             return Err(RedisError::from((redis::ErrorKind::Client, "no Sentinel")));
         };
         in_turn(s.clients.len(), &self.first, None, |i| {
-            Some(
-                self.named_by(s, i, None)
-                    .and_then(|addr| s.master_info(addr)),
-            )
+            Some(self.named_by(s, i, None).and_then(|a| s.master_info(a)))
         })
     }
 
@@ -270,14 +265,11 @@ impl Manager {
                 }
                 tried.push(addr.clone());
                 let link = self.checked_master(s, addr.clone(), generation, until)?;
-                if let (Some(why), Some(followed)) = (&passed_over, &followed) {
+                if let (Some(why), Some((was, was_port))) = (&passed_over, &followed) {
+                    let (host, port) = &addr;
                     log::info!(
-                        "Sentinel: a new connection goes to {}:{}, which a Sentinel names, not \
-                         to {}:{}, the master this client follows ({why})",
-                        addr.0,
-                        addr.1,
-                        followed.0,
-                        followed.1
+                        "Sentinel: a new connection goes to {host}:{port}, which a Sentinel \
+                         names, not to {was}:{was_port}, the master this client follows ({why})"
                     );
                 }
                 Ok(Some(link))
