@@ -367,11 +367,10 @@ impl ClientBuilder {
                  ({MAX_CLIENT_TIMEOUT:?}); command_timeout(None) waits without limit"
             )));
         }
-        if self.handoff_courtesy > Self::MAX_HANDOFF_COURTESY {
+        let (courtesy, max) = (self.handoff_courtesy, Self::MAX_HANDOFF_COURTESY);
+        if courtesy > max {
             return Err(LockError::client_config(format!(
-                "handoff courtesy {:?} is longer than MAX_HANDOFF_COURTESY ({:?})",
-                self.handoff_courtesy,
-                Self::MAX_HANDOFF_COURTESY
+                "handoff courtesy {courtesy:?} is longer than MAX_HANDOFF_COURTESY ({max:?})"
             )));
         }
         #[cfg(any(feature = "cluster", feature = "sentinel"))]

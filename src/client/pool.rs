@@ -335,10 +335,8 @@ impl Manager {
             {
                 format!("{addr} has no database {db} (the URL's /db number)")
             } else if e.is_timeout() {
-                format!(
-                    "no answer from {addr} within {} (connect timeout)",
-                    Rounded(self.connect_timeout)
-                )
+                let connect = Rounded(self.connect_timeout);
+                format!("no answer from {addr} within {connect} (connect timeout)")
             } else if e.is_connection_refusal() {
                 format!("connection to {addr} refused (is Redis running there?)")
             } else {
