@@ -42,7 +42,7 @@ pub(crate) fn native(client: &LockClient, key: &str) -> Vec<Check> {
 /// allowed, else [`LockError::Config`] naming the lock, each denied command with its key or
 /// channel, and NOPERM.
 pub(crate) fn verify(client: &LockClient, key: &str, what: &str, checks: &[Check]) -> Result<()> {
-    if !client.native().detected.scripting {
+    if client.native().detected.scripts_denied {
         return verify_by_probes(client, key, what, checks);
     }
     let mut args: Vec<String> = Vec::new();
@@ -74,23 +74,16 @@ fn verify_by_probes(client: &LockClient, key: &str, what: &str, checks: &[Check]
         if matches!(*name, "subscribe" | "unsubscribe" | "ping") {
             continue;
         }
-        let cmd = pipe.cmd(name);
-        match *name {
-            "set" if args.iter().any(|a| a == "NX") => {
-                // SET key v NX XX PX 1000 [GET]: checked, then refused by its syntax.
-                cmd.arg(&args[0]).arg(&probe_value).arg("NX").arg("XX");
-                cmd.arg(&args[2..]);
-            }
-            "set" | "delifeq" => {
-                let args: Vec<&str> = args
-                    .iter()
-                    .map(|a| if a == "v" { probe_value.as_str() } else { a })
-                    .collect();
-                cmd.arg(&args);
-            }
-            _ => {
-                cmd.arg(args);
-            }
+        // The value `SET` and `DELIFEQ` compare or write: one no lock writes.
+        let probe = matches!(*name, "set" | "delifeq");
+        let probed: Vec<&String> = args
+            .iter()
+            .map(|a| if probe && a == "v" { &probe_value } else { a })
+            .collect();
+        let cmd = pipe.cmd(name).arg(&probed);
+        // An acquire, `SET … NX`, with `XX` too: checked, then refused by its syntax.
+        if *name == "set" && args.iter().any(|a| a == "NX") {
+            cmd.arg("XX");
         }
         sent.push(format!("{} {}", name.to_ascii_uppercase(), args.join(" ")));
     }

@@ -11,15 +11,26 @@ use super::confirm::{Acks, ReplicaAcks};
 use super::native::Detected;
 #[cfg(feature = "sentinel")]
 use super::pool::Sentinels;
-#[cfg(feature = "cluster")]
-use super::pool::{cluster_retries, CLUSTER_TRIES, SETUP_REPLIES};
 use super::pool::{unreaped, Lazy, Manager, Pool, Target};
+#[cfg(feature = "cluster")]
+use super::pool::{CLUSTER_TRIES, SETUP_REPLIES};
 #[cfg(feature = "sentinel")]
 use super::sentinel_watch;
 use super::subscriber::Resolve;
 use super::target::ConnectionTarget;
 use super::{LockClient, MAX_CLIENT_TIMEOUT};
 use crate::error::{LockError, Result};
+
+/// Builder methods that set the field of their name to their argument.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $t:ty;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, value: $t) -> Self {
+            self.$name = value;
+            self
+        }
+    )*};
+}
 
 /// Settings for [`LockClient`], with documented defaults.
 #[derive(Clone)]
@@ -31,7 +42,7 @@ pub struct ClientBuilder {
     pool_size: u32,
     connect_timeout: Duration,
     command_timeout: Option<Duration>,
-    courtesy: Duration,
+    handoff_courtesy: Duration,
     lazy: bool,
     replica_acks: ReplicaAcks,
     replica_ack_timeout: Duration,
@@ -48,7 +59,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
-            .field("handoff_courtesy", &self.courtesy)
+            .field("handoff_courtesy", &self.handoff_courtesy)
             .field("lazy_connect", &self.lazy)
             .finish_non_exhaustive()
     }
@@ -90,18 +101,13 @@ impl LockClient {
     /// Such a client has no address to open its subscriber connection to, so its waiters poll
     /// (by their retry policy) instead of being woken by pub/sub.
     pub fn from_pool(pool: r2d2::Pool<redis::Client>) -> Self {
+        let courtesy = ClientBuilder::DEFAULT_HANDOFF_COURTESY;
         Self::with_pool(
             Pool::External(pool),
             None,
-            false,
-            ClientBuilder::DEFAULT_COMMAND_TIMEOUT,
-            ClientBuilder::DEFAULT_HANDOFF_COURTESY,
-            "the application's pool".to_owned(),
             None,
-            Arc::default(),
-            Detected::scripts_only(),
-            // No confirmation, so no `WAIT` bound.
-            Arc::new(Acks::new(ReplicaAcks::Off, Duration::ZERO, false)),
+            courtesy,
+            Detected::default(),
         )
     }
 
@@ -200,7 +206,7 @@ impl ClientBuilder {
             pool_size: Self::DEFAULT_POOL_SIZE,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             command_timeout: Some(Self::DEFAULT_COMMAND_TIMEOUT),
-            courtesy: Self::DEFAULT_HANDOFF_COURTESY,
+            handoff_courtesy: Self::DEFAULT_HANDOFF_COURTESY,
             lazy: false,
             replica_acks: ReplicaAcks::Auto,
             replica_ack_timeout: Self::DEFAULT_REPLICA_ACK_TIMEOUT,
@@ -263,79 +269,63 @@ impl ClientBuilder {
         }
     }
 
-    /// Most connections the pool opens (default [`ClientBuilder::DEFAULT_POOL_SIZE`](crate::ClientBuilder::DEFAULT_POOL_SIZE)). A thread waiting on a
-    /// lock holds no connection while it sleeps, so this bounds concurrent commands, not waiters.
-    pub fn pool_size(mut self, n: u32) -> Self {
-        self.pool_size = n;
-        self
-    }
+    setters! {
+        /// Most connections the pool opens (default [`ClientBuilder::DEFAULT_POOL_SIZE`](crate::ClientBuilder::DEFAULT_POOL_SIZE)). A thread waiting on a
+        /// lock holds no connection while it sleeps, so this bounds concurrent commands, not waiters.
+        pool_size: u32;
 
-    /// Time allowed to connect, and to wait for a free connection when all are in use
-    /// (default [`ClientBuilder::DEFAULT_CONNECT_TIMEOUT`](crate::ClientBuilder::DEFAULT_CONNECT_TIMEOUT)). More than zero and at most
-    /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
-    pub fn connect_timeout(mut self, d: Duration) -> Self {
-        self.connect_timeout = d;
-        self
-    }
+        /// Time allowed to connect, and to wait for a free connection when all are in use
+        /// (default [`ClientBuilder::DEFAULT_CONNECT_TIMEOUT`](crate::ClientBuilder::DEFAULT_CONNECT_TIMEOUT)). More than zero and at most
+        /// [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
+        connect_timeout: Duration;
 
-    /// Time allowed for one reply from Redis (default [`ClientBuilder::DEFAULT_COMMAND_TIMEOUT`](crate::ClientBuilder::DEFAULT_COMMAND_TIMEOUT)); `None` waits
-    /// without limit. A connection that timed out is dropped from the pool, never reused.
-    /// More than zero and at most [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
-    pub fn command_timeout(mut self, d: Option<Duration>) -> Self {
-        self.command_timeout = d;
-        self
-    }
+        /// Time allowed for one reply from Redis (default [`ClientBuilder::DEFAULT_COMMAND_TIMEOUT`](crate::ClientBuilder::DEFAULT_COMMAND_TIMEOUT)); `None` waits
+        /// without limit. A connection that timed out is dropped from the pool, never reused.
+        /// More than zero and at most [`ClientBuilder::MAX_TIMEOUT`](crate::ClientBuilder::MAX_TIMEOUT), or [`build`](Self::build) fails.
+        command_timeout: Option<Duration>;
 
-    /// How long a thread of this client that just released a Token or reentrant lock waits
-    /// before taking the same lock again with a blocking call (`lock()`, `try_lock_for()`),
-    /// when the release's `PUBLISH` reached another client's subscriber (default
-    /// [`ClientBuilder::DEFAULT_HANDOFF_COURTESY`](crate::ClientBuilder::DEFAULT_HANDOFF_COURTESY); zero turns it off; `try_lock()` never waits).
-    ///
-    /// Why: a waiter woken by pub/sub needs a round trip and two thread wake-ups (its
-    /// subscriber's, then its own) before its attempt reaches Redis, while a thread that asks
-    /// again right after its release gets there in half a round trip. Without a head start the
-    /// releasing client wins nearly every time. Measured on 2 loaded cores with 8 clients in a
-    /// tight loop on one key, the share of the least served client relative to the most
-    /// served one was 0.01–0.07 without it, 0.15 with 1 ms, 0.3–0.6 with 2–2.5 ms and 0.98 with
-    /// 3 ms. The cost: a client that re-locks at once while another client waits on the
-    /// channel waits this long once.
-    ///
-    /// At most [`ClientBuilder::MAX_HANDOFF_COURTESY`](crate::ClientBuilder::MAX_HANDOFF_COURTESY), or [`build`](Self::build) fails. The wait never runs
-    /// past the blocking call's deadline (`try_lock_for`'s duration, the policy's `max_wait`,
-    /// or for a count-limited policy the longest its retries could take).
-    pub fn handoff_courtesy(mut self, d: Duration) -> Self {
-        self.courtesy = d;
-        self
-    }
+        /// How long a thread of this client that just released a Token or reentrant lock waits
+        /// before taking the same lock again with a blocking call (`lock()`, `try_lock_for()`),
+        /// when the release's `PUBLISH` reached another client's subscriber (default
+        /// [`ClientBuilder::DEFAULT_HANDOFF_COURTESY`](crate::ClientBuilder::DEFAULT_HANDOFF_COURTESY); zero turns it off; `try_lock()` never waits).
+        ///
+        /// Why: a waiter woken by pub/sub needs a round trip and two thread wake-ups (its
+        /// subscriber's, then its own) before its attempt reaches Redis, while a thread that asks
+        /// again right after its release gets there in half a round trip. Without a head start the
+        /// releasing client wins nearly every time. Measured on 2 loaded cores with 8 clients in a
+        /// tight loop on one key, the share of the least served client relative to the most
+        /// served one was 0.01–0.07 without it, 0.15 with 1 ms, 0.3–0.6 with 2–2.5 ms and 0.98 with
+        /// 3 ms. The cost: a client that re-locks at once while another client waits on the
+        /// channel waits this long once.
+        ///
+        /// At most [`ClientBuilder::MAX_HANDOFF_COURTESY`](crate::ClientBuilder::MAX_HANDOFF_COURTESY), or [`build`](Self::build) fails. The wait never runs
+        /// past the blocking call's deadline (`try_lock_for`'s duration, the policy's `max_wait`,
+        /// or for a count-limited policy the longest its retries could take).
+        handoff_courtesy: Duration;
 
-    /// Whether each write of a hold (an acquire, an extend, a watchdog renewal) waits until
-    /// replicas of the primary confirm it, with `WAIT` sent in the same round trip. A write
-    /// that too few replicas confirm within [`replica_ack_timeout`](Self::replica_ack_timeout)
-    /// is not taken for a hold: the acquire fails with [`LockError::NotReplicated`], a
-    /// transient error that a blocking acquire retries, and what it wrote is deleted again,
-    /// owner-checked. Without it a failover to a replica that had not copied the key, or a
-    /// Sentinel split brain, can grant a lock twice (docs/deployments.md). A Fair lock's
-    /// hand-off (written by the releasing client) is confirmed by the grantee's own write
-    /// before its `lock()` returns, and given up if too few replicas confirm it.
-    ///
-    /// [`ReplicaAcks::Auto`] (the default) requires one replica on a Sentinel client whose
-    /// primary had replicas when the client learnt it (at its first connection and after
-    /// every master switch; a replica lost in between does not turn it off), on a Cluster
-    /// client for each shard whose primary had replicas when the client first wrote a hold
-    /// there (learnt again after a failover), and none on single-server clients. On a
-    /// Cluster the `WAIT` goes to the primary that ran the write, after a redirection too.
-    pub fn replica_acks(mut self, acks: ReplicaAcks) -> Self {
-        self.replica_acks = acks;
-        self
-    }
+        /// Whether each write of a hold (an acquire, an extend, a watchdog renewal) waits until
+        /// replicas of the primary confirm it, with `WAIT` sent in the same round trip. A write
+        /// that too few replicas confirm within [`replica_ack_timeout`](Self::replica_ack_timeout)
+        /// is not taken for a hold: the acquire fails with [`LockError::NotReplicated`], a
+        /// transient error that a blocking acquire retries, and what it wrote is deleted again,
+        /// owner-checked. Without it a failover to a replica that had not copied the key, or a
+        /// Sentinel split brain, can grant a lock twice (docs/deployments.md). A Fair lock's
+        /// hand-off (written by the releasing client) is confirmed by the grantee's own write
+        /// before its `lock()` returns, and given up if too few replicas confirm it.
+        ///
+        /// [`ReplicaAcks::Auto`] (the default) requires one replica on a Sentinel client whose
+        /// primary had replicas when the client learnt it (at its first connection and after
+        /// every master switch; a replica lost in between does not turn it off), on a Cluster
+        /// client for each shard whose primary had replicas when the client first wrote a hold
+        /// there (learnt again after a failover), and none on single-server clients. On a
+        /// Cluster the `WAIT` goes to the primary that ran the write, after a redirection too.
+        replica_acks: ReplicaAcks;
 
-    /// How long each write waits for its replicas at most (`WAIT`'s timeout; default
-    /// [`ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT`](crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT), 1 s, as Redisson's `slavesSyncTimeout`). Only the
-    /// writes of a client that requires confirmation wait (see
-    /// [`replica_acks`](Self::replica_acks)), and only as long as the replicas take.
-    pub fn replica_ack_timeout(mut self, timeout: Duration) -> Self {
-        self.replica_ack_timeout = timeout;
-        self
+        /// How long each write waits for its replicas at most (`WAIT`'s timeout; default
+        /// [`ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT`](crate::ClientBuilder::DEFAULT_REPLICA_ACK_TIMEOUT), 1 s, as Redisson's `slavesSyncTimeout`). Only the
+        /// writes of a client that requires confirmation wait (see
+        /// [`replica_acks`](Self::replica_acks)), and only as long as the replicas take.
+        replica_ack_timeout: Duration;
     }
 
     /// Creates the pool and checks the deployment, so that set-up faults fail here, fast, and
@@ -370,40 +360,33 @@ impl ClientBuilder {
         if self.pool_size == 0 {
             return Err(LockError::client_config("pool size must be at least 1"));
         }
-        if self.connect_timeout.is_zero() || self.command_timeout.is_some_and(|d| d.is_zero()) {
-            return Err(LockError::client_config(
-                "timeouts must be greater than zero",
-            ));
-        }
-        if self.connect_timeout > MAX_CLIENT_TIMEOUT
-            || self.command_timeout.is_some_and(|d| d > MAX_CLIENT_TIMEOUT)
-        {
+        let out_of_range = |d: Duration| d.is_zero() || d > MAX_CLIENT_TIMEOUT;
+        if out_of_range(self.connect_timeout) || self.command_timeout.is_some_and(out_of_range) {
             return Err(LockError::client_config(format!(
-                "timeouts must be at most MAX_CLIENT_TIMEOUT ({MAX_CLIENT_TIMEOUT:?}); \
-                     command_timeout(None) waits without limit"
+                "timeouts must be greater than zero and at most MAX_CLIENT_TIMEOUT \
+                 ({MAX_CLIENT_TIMEOUT:?}); command_timeout(None) waits without limit"
             )));
         }
-        if self.courtesy > Self::MAX_HANDOFF_COURTESY {
+        let (courtesy, max) = (self.handoff_courtesy, Self::MAX_HANDOFF_COURTESY);
+        if courtesy > max {
             return Err(LockError::client_config(format!(
-                "handoff courtesy {:?} is longer than MAX_HANDOFF_COURTESY ({:?})",
-                self.courtesy,
-                Self::MAX_HANDOFF_COURTESY
+                "handoff courtesy {courtesy:?} is longer than MAX_HANDOFF_COURTESY ({max:?})"
             )));
         }
+        #[cfg(any(feature = "cluster", feature = "sentinel"))]
         let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
         let infos = self.nodes.as_ref().map_err(|e| bad_url(e.clone()))?;
-        let tls_target = infos
+        let tls = infos
             .iter()
             .map(redis::ConnectionInfo::addr)
-            .find(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
-            .map(ToString::to_string);
-        if let Some(url) = &tls_target {
-            if !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")) {
-                return Err(LockError::client_config(format!(
-                    "{url}: a rediss:// (TLS) URL needs one of redis-dlock's cargo features \
-                         `tls-rustls`, `tls-rustls-webpki-roots` or `tls-native-tls`"
-                )));
-            }
+            .find(|a| matches!(a, ConnectionAddr::TcpTls { .. }));
+        if let Some(url) =
+            tls.filter(|_| !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")))
+        {
+            return Err(LockError::client_config(format!(
+                "{url}: a rediss:// (TLS) URL needs one of redis-dlock's cargo features \
+                 `tls-rustls`, `tls-rustls-webpki-roots` or `tls-native-tls`"
+            )));
         }
         let addr = self.describe();
         // A `redis::Client` for each node, with the custom certificates if any.
@@ -432,6 +415,8 @@ impl ClientBuilder {
                 redis::RedisError::from((redis::ErrorKind::Client, "no cluster node"))
             })
         }));
+        #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
+        let mut switches = None;
         let target = match &self.target {
             TargetSpec::Single => Target::Single(clients.pop().ok_or_else(|| {
                 bad_url(redis::RedisError::from((
@@ -441,7 +426,10 @@ impl ClientBuilder {
             })?),
             #[cfg(feature = "cluster")]
             TargetSpec::Cluster => {
-                let (retries, min_wait, max_wait) = cluster_retries(timeout);
+                // Retry sleeps of a fortieth to a tenth of the command timeout, at least 1 and
+                // 2 ms (see `CLUSTER_TRIES`).
+                let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                let min_wait = (ms / 40).max(1);
                 // One client per seed, that seed first (see `Manager::cluster`).
                 let mut clients = Vec::with_capacity(infos.len());
                 for first in 0..infos.len().max(1) {
@@ -451,9 +439,9 @@ impl ClientBuilder {
                     // with the whole connection timeout: a fourth of the connect timeout.
                     let mut b = redis::cluster::ClusterClientBuilder::new(seeds)
                         .connection_timeout(self.connect_timeout / SETUP_REPLIES)
-                        .retries(retries)
+                        .retries(CLUSTER_TRIES - 1)
                         .min_retry_wait(min_wait)
-                        .max_retry_wait(max_wait)
+                        .max_retry_wait((ms / 10).max(min_wait + 1))
                         .retry_wait_formula(min_wait, 2);
                     #[cfg(feature = "tls-rustls")]
                     if let Some(certs) = &self.tls {
@@ -471,10 +459,7 @@ impl ClientBuilder {
                     }
                     clients.push(b.build().map_err(bad_url)?);
                 }
-                Target::Cluster {
-                    clients,
-                    first: AtomicUsize::new(0),
-                }
+                Target::Cluster(clients)
             }
             #[cfg(feature = "sentinel")]
             TargetSpec::Sentinel(service) => {
@@ -483,11 +468,10 @@ impl ClientBuilder {
                         "at least one Sentinel address is required",
                     ));
                 }
+                switches = Some(Arc::default());
                 Target::Sentinel(Sentinels {
                     clients,
                     service: service.clone(),
-                    first: AtomicUsize::new(0),
-                    switches: Arc::default(),
                 })
             }
         };
@@ -496,24 +480,22 @@ impl ClientBuilder {
                 "replica_ack_timeout is zero (WAIT would block until every replica confirms)",
             ));
         }
-        let acks = Arc::new(Acks::new(
-            self.replica_acks,
-            self.replica_ack_timeout,
-            !matches!(self.target, TargetSpec::Single),
-        ));
-        let counters = Arc::new(crate::stats::Counters::default());
-        let cluster = target.is_cluster();
         let manager = Arc::new(Manager {
-            #[cfg(feature = "sentinel")]
-            acks: Arc::clone(&acks),
-            counters: Arc::clone(&counters),
+            acks: Arc::new(Acks::new(
+                self.replica_acks,
+                self.replica_ack_timeout,
+                !matches!(self.target, TargetSpec::Single),
+            )),
+            counters: Arc::default(),
             target,
+            addr,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
-            tls: tls_target.is_some(),
+            tls: tls.is_some(),
+            #[cfg(any(feature = "cluster", feature = "sentinel"))]
+            first: AtomicUsize::new(0),
+            switches,
         });
-        #[cfg_attr(not(feature = "sentinel"), allow(unused_mut))]
-        let mut switches = None;
         #[cfg(feature = "sentinel")]
         let mut watch = None;
         #[cfg(feature = "sentinel")]
@@ -521,7 +503,6 @@ impl ClientBuilder {
             // The subscriber follows the current master too (see `Manager::named_master`).
             let m = Arc::clone(&manager);
             resolve = Some(Box::new(move || m.named_master()));
-            switches = Some(Arc::clone(&s.switches));
             watch = Some(sentinel_watch::Watch {
                 sentinels: s.clients.clone(),
                 service: s.service.clone(),
@@ -530,9 +511,9 @@ impl ClientBuilder {
             });
         }
         let detected = if self.lazy {
-            Detected::scripts_only()
+            Detected::default()
         } else {
-            manager.check(&addr)?
+            manager.check()?
         };
         let pool = unreaped()
             .max_size(self.pool_size)
@@ -541,18 +522,13 @@ impl ClientBuilder {
             // themselves (see `Conn`) and are replaced instead.
             .test_on_check_out(false)
             .connection_timeout(self.connect_timeout)
-            .build_unchecked(Lazy(manager));
+            .build_unchecked(Lazy(Arc::clone(&manager)));
         let client = LockClient::with_pool(
             Pool::Managed(pool),
+            Some(&manager),
             resolve,
-            cluster,
-            timeout,
-            self.courtesy,
-            addr,
-            switches,
-            counters,
+            self.handoff_courtesy,
             detected,
-            acks,
         );
         #[cfg(feature = "sentinel")]
         if let Some(watch) = watch {

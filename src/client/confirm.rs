@@ -22,9 +22,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 #[cfg(any(feature = "cluster", feature = "sentinel"))]
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+use super::locked;
 #[cfg(feature = "cluster")]
 use redis::cluster_routing::{Route, SlotAddr};
 use redis::{ConnectionLike, RedisResult, Value};
@@ -78,23 +80,17 @@ pub(crate) struct NodeRole {
 
 #[cfg(feature = "cluster")]
 impl NodeRole {
-    /// Parses `INFO replication`'s text (Redis and Valkey alike).
+    /// Parses `INFO replication`'s text (Redis and Valkey alike: each field by either name).
     pub(crate) fn parse(info: &str) -> NodeRole {
-        let mut role = NodeRole::default();
-        for line in info.lines() {
-            let Some((k, v)) = line.trim().split_once(':') else {
-                continue;
-            };
-            match k {
-                "role" => role.primary = v == "master" || v == "primary",
-                "connected_slaves" | "connected_replicas" => {
-                    role.replicas = v.parse().unwrap_or(0);
-                }
-                "master_replid" | "primary_replid" => v.clone_into(&mut role.replid),
-                _ => {}
-            }
+        let info = redis::InfoDict::new(info);
+        let get = |names: &[&str]| names.iter().find_map(|n| info.get::<String>(n));
+        NodeRole {
+            primary: matches!(get(&["role"]).as_deref(), Some("master" | "primary")),
+            replicas: get(&["connected_slaves", "connected_replicas"])
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
+            replid: get(&["master_replid", "primary_replid"]).unwrap_or_default(),
         }
-        role
     }
 }
 
@@ -112,10 +108,9 @@ impl Acks {
             ReplicaAcks::Auto | ReplicaAcks::Off => 0,
         };
         Acks {
-            mode: if auto || mode != ReplicaAcks::Auto {
-                mode
-            } else {
-                ReplicaAcks::Off
+            mode: match mode {
+                ReplicaAcks::Auto if !auto => ReplicaAcks::Off,
+                mode => mode,
             },
             timeout_ms: u64::try_from(timeout.as_millis())
                 .unwrap_or(u64::MAX)
@@ -149,27 +144,22 @@ impl Acks {
     /// that is no primary needs none.
     pub(crate) fn learn_node(&self, slot: Route, role: &NodeRole) -> u32 {
         let required = if role.primary {
-            let mut primaries = self
-                .primaries
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            *primaries.entry(role.replid.clone()).or_insert_with(|| {
-                let required = u32::from(role.replicas > 0);
-                log::info!(
-                    "replica confirmation {} on the Cluster primary {}: it has {} replicas",
-                    if required > 0 { "on" } else { "off" },
-                    role.replid,
-                    role.replicas
-                );
-                required
-            })
+            *locked(&self.primaries)
+                .entry(role.replid.clone())
+                .or_insert_with(|| {
+                    let required = u32::from(role.replicas > 0);
+                    log::info!(
+                        "replica confirmation {} on the Cluster primary {}: it has {} replicas",
+                        if required > 0 { "on" } else { "off" },
+                        role.replid,
+                        role.replicas
+                    );
+                    required
+                })
         } else {
             0
         };
-        self.slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(slot, required);
+        locked(&self.slots).insert(slot, required);
         required
     }
 
@@ -183,8 +173,8 @@ impl Acks {
         role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
     ) -> RedisResult<Option<Wait>> {
         let slot = Route::with_key(key, SlotAddr::Master);
-        let slots = || self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let required = match self.node_fixed().or_else(|| slots().get(&slot).copied()) {
+        let known = || locked(&self.slots).get(&slot).copied();
+        let required = match self.node_fixed().or_else(known) {
             Some(n) => n,
             None => role()?.map_or(0, |role| self.learn_node(slot, &role)),
         };
@@ -196,10 +186,7 @@ impl Acks {
     /// by their replication IDs.
     #[cfg(feature = "cluster")]
     pub(crate) fn forget_slots(&self) {
-        self.slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        locked(&self.slots).clear();
     }
 
     #[cfg(feature = "cluster")]
@@ -212,11 +199,8 @@ impl Acks {
         role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
         missed: (u32, u32),
     ) -> Option<(u32, u32)> {
-        if self.node_fixed().is_some() {
-            return Some(missed);
-        }
-        match role() {
-            Ok(Some(role)) => {
+        match self.node_fixed().is_none().then(role) {
+            Some(Ok(Some(role))) => {
                 let required = self.learn_node(Route::with_key(key, SlotAddr::Master), &role);
                 (missed.0 < required).then_some((missed.0, required))
             }
@@ -231,21 +215,16 @@ impl Acks {
         if self.mode != ReplicaAcks::Auto {
             return;
         }
-        {
-            let mut learnt = self.learnt.lock().unwrap_or_else(PoisonError::into_inner);
-            if learnt.as_ref() == Some(addr) {
-                return;
-            }
-            *learnt = Some(addr.clone());
+        let mut learnt = locked(&self.learnt);
+        if learnt.replace(addr.clone()).as_ref() == Some(addr) {
+            return;
         }
         let required = u32::from(replicas > 0);
         let before = self.required.swap(required, Ordering::AcqRel);
         if before != required {
+            let ((host, port), on) = (addr, if required > 0 { "on" } else { "off" });
             log::info!(
-                "replica confirmation {}: the primary {}:{} has {replicas} replicas",
-                if required > 0 { "on" } else { "off" },
-                addr.0,
-                addr.1
+                "replica confirmation {on}: the primary {host}:{port} has {replicas} replicas"
             );
         }
     }

@@ -31,7 +31,7 @@ pub(crate) mod watched;
 pub(crate) use pool::*;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use redis::RedisResult;
@@ -197,19 +197,19 @@ impl std::fmt::Debug for LockClient {
 }
 
 impl LockClient {
-    #[allow(clippy::too_many_arguments)]
+    /// A client on `pool`, whose connections `manager` opens (`None`: an application's own
+    /// pool, which is no cluster, follows no master switch and confirms no write).
     fn with_pool(
         pool: Pool,
+        manager: Option<&Manager>,
         resolve: Option<Resolve>,
-        cluster: bool,
-        timeout: Duration,
         courtesy: Duration,
-        addr: String,
-        switches: Option<Arc<Switches>>,
-        counters: Arc<Counters>,
         detected: Detected,
-        acks: Arc<Acks>,
     ) -> Self {
+        let timeout = manager.map_or(crate::ClientBuilder::DEFAULT_COMMAND_TIMEOUT, |m| {
+            m.command_timeout.unwrap_or(m.connect_timeout)
+        });
+        let counters = manager.map_or_else(Arc::default, |m| Arc::clone(&m.counters));
         let waiters = Arc::new(WaitQueues::default());
         let instance = crate::ids::new_uuid();
         let repeats = Arc::<repeats::Repeats>::default();
@@ -230,7 +230,7 @@ impl LockClient {
                 waiters,
                 instance,
                 watchdog: Watchdog::default(),
-                cluster,
+                cluster: manager.is_some_and(|m| m.target.is_cluster()),
                 courtesy,
                 janitor: Janitor::default(),
                 live: LiveValues::default(),
@@ -241,13 +241,14 @@ impl LockClient {
                         .is_none_or(crate::server::Version::has_set_nx_get),
                 ),
                 native: Native::new(detected),
-                addr,
+                addr: manager
+                    .map_or_else(|| "the application's pool".to_owned(), |m| m.addr.clone()),
                 timeout,
                 connect_error: Mutex::default(),
                 repeats,
-                switches,
+                switches: manager.and_then(|m| m.switches.clone()),
                 counters,
-                acks,
+                acks: manager.map_or_else(Arc::default, |m| Arc::clone(&m.acks)),
             }),
         }
     }
@@ -476,8 +477,8 @@ impl LockClient {
     /// [`Lazy`](crate::client::pool::Lazy)), and so is again a Sentinel client's connection
     /// opened before the last master switch it heard of (see [`Link::open_if_needed`]).
     ///
-    /// Neither the checkout nor the opening waits past `until` (a watchdog renewal's cap):
-    /// their timeouts are cut to the time left.
+    /// Neither the checkout, the opening nor any command sent on it waits past `until` (a
+    /// watchdog renewal's cap, see [`Link::cap`]): their timeouts are cut to the time left.
     fn conn(&self, key: &str, until: Option<Instant>) -> Result<Conn> {
         let err = |e: r2d2::Error| self.checkout_error(key, e);
         let left = |t: Duration| within(t, until).map_err(|e| self.command_error(key, e));
@@ -503,13 +504,13 @@ impl LockClient {
                 log::Level::Debug,
                 "pool: opening a connection failed: {e}"
             );
-            *self
-                .inner
-                .connect_error
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(e.clone());
+            *locked(&self.inner.connect_error) = Some(e.clone());
             return Err(self.checkout_error(key, e));
         }
+        // Lifted when the connection goes back to the pool (`Conn`'s drop). A connection of an
+        // application's own pool keeps its read timeouts (they are the application's, and
+        // could not be restored).
+        con.cap(until);
         Ok(Conn::Managed(con))
     }
 
@@ -522,8 +523,8 @@ impl LockClient {
         e: impl std::error::Error + Send + Sync + 'static,
     ) -> LockError {
         let addr = &self.inner.addr;
-        let last = self.inner.connect_error.lock();
-        match last.unwrap_or_else(PoisonError::into_inner).clone() {
+        let last = locked(&self.inner.connect_error).clone();
+        match last {
             // A wrong password, unknown user or missing permission: not an outage.
             Some(last) if error::is_access_denied(&last) => LockError::Config {
                 key: Some(key.to_owned()),
@@ -550,11 +551,8 @@ impl LockClient {
     /// Maps a Redis error of a command for `key`, saying which server did not answer in time.
     fn command_error(&self, key: &str, e: redis::RedisError) -> LockError {
         if e.is_timeout() {
-            let what = format!(
-                "no reply from {} within {}",
-                self.inner.addr,
-                Rounded(self.inner.timeout)
-            );
+            let (addr, timeout) = (&self.inner.addr, Rounded(self.inner.timeout));
+            let what = format!("no reply from {addr} within {timeout}");
             return LockError::connection(
                 key,
                 Fault::TIMEOUT,
@@ -613,7 +611,7 @@ impl LockClient {
             let wait = acks.wait();
             con.set_wait(wait);
             let reply = f(con, s);
-            short = con.take_wait().and_then(|w| w.shortfall());
+            short = con.set_wait(None).and_then(|w| w.shortfall());
             #[cfg(feature = "cluster")]
             if let Some(missed) = short.filter(|_| self.inner.cluster) {
                 short = acks.cluster_recheck(key, || con.primary_role(key), missed);
@@ -676,8 +674,6 @@ impl LockClient {
         let mut redirects_left = MOVED_RESENDS;
         loop {
             let mut conn = self.conn(key, until)?;
-            // Lifted when the connection goes back to the pool (`Conn`'s drop).
-            conn.cap(until);
             let reused = conn.was_used();
             match f(&mut conn, &self.inner.scripts) {
                 Err(e) if reused && is_dropped(&e) && stale_left != Some(0) => {
@@ -702,6 +698,12 @@ impl LockClient {
             }
         }
     }
+}
+
+/// `mutex`'s guard, also after a thread panicked while it held it (as if it had not: the
+/// runtime's locks guard values that each update leaves whole).
+pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The first [`TOKEN_PREFIX_LEN`] hex digits of a client's instance id, lowercase (see

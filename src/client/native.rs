@@ -27,7 +27,7 @@ use redis::{ConnectionLike, Value};
 use crate::error::{LockError, Result};
 use crate::server::{self, Version};
 
-/// One native command of [`Native`].
+/// One native command of [`Native`] (its index in [`Native`]'s flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Command {
     /// `DELIFEQ key value`: the release.
@@ -36,16 +36,11 @@ pub(crate) enum Command {
     SetIfEq,
 }
 
-impl Command {
-    fn name(self) -> &'static str {
-        match self {
-            Command::DelIfEq => "DELIFEQ",
-            Command::SetIfEq => "SET ... IFEQ",
-        }
-    }
-}
+/// The names of the [`Command`]s, for the log.
+const NAMES: [&str; 2] = ["DELIFEQ", "SET ... IFEQ"];
 
-/// What a server said about itself at `build()`.
+/// What a server said about itself at `build()`; by default, what a client that asked
+/// nothing assumes: scripts only.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Detected {
     /// `valkey 9.1.2`, `redis 7.0.15`, or empty when `INFO server` was not answered.
@@ -56,19 +51,11 @@ pub(crate) struct Detected {
     pub(crate) delifeq: bool,
     /// `SET … IFEQ` is known (Valkey 8.1 and later, by `valkey_version`).
     pub(crate) set_ifeq: bool,
-    /// The user may run scripts (`EVAL` and `EVALSHA`).
-    pub(crate) scripting: bool,
+    /// The user may not run scripts (`EVAL` and `EVALSHA`).
+    pub(crate) scripts_denied: bool,
 }
 
 impl Detected {
-    /// What a client that asked nothing assumes: scripts only.
-    pub(crate) fn scripts_only() -> Self {
-        Detected {
-            scripting: true,
-            ..Detected::default()
-        }
-    }
-
     /// Reads the replies of `INFO server` and `COMMAND INFO DELIFEQ` (either may be an error,
     /// e.g. for a user without `@slow`: then nothing native is assumed).
     pub(crate) fn from_replies(info: &Value, command_info: &Value) -> Self {
@@ -79,7 +66,7 @@ impl Detected {
             // `SET … IFEQ` cannot be asked about (COMMAND INFO lists no options): by version.
             set_ifeq: version.as_ref().is_some_and(Version::has_set_ifeq),
             version,
-            scripting: true,
+            scripts_denied: false,
         }
     }
 }
@@ -116,9 +103,9 @@ fn server_lacks(con: &mut dyn ConnectionLike, command: Command) -> bool {
 /// The native commands a client uses, each until a server refuses it.
 #[derive(Debug)]
 pub(crate) struct Native {
-    delifeq: AtomicBool,
-    set_ifeq: AtomicBool,
-    /// What `build()` learned: whether the client's user may run scripts (false only when a
+    /// Whether each [`Command`] is used.
+    flags: [AtomicBool; 2],
+    /// What `build()` learned: whether the client's user may not run scripts (only when a
     /// server with both native commands refused `EVAL`), the server's name and version.
     pub(crate) detected: Detected,
 }
@@ -134,22 +121,14 @@ impl Native {
             );
         }
         Native {
-            delifeq: AtomicBool::new(d.delifeq),
-            set_ifeq: AtomicBool::new(d.set_ifeq),
+            flags: [d.delifeq, d.set_ifeq].map(AtomicBool::new),
             detected: d,
         }
     }
 
     /// Whether `command` is used (not refused so far).
     pub(crate) fn has(&self, command: Command) -> bool {
-        self.flag(command).load(Ordering::Relaxed)
-    }
-
-    fn flag(&self, command: Command) -> &AtomicBool {
-        match command {
-            Command::DelIfEq => &self.delifeq,
-            Command::SetIfEq => &self.set_ifeq,
-        }
+        self.flags[command as usize].load(Ordering::Relaxed)
     }
 
     /// After `command` was answered with `e` on `con`: true if the client is to use the script
@@ -167,11 +146,11 @@ impl Native {
         let lacks = crate::error::is_access_denied(e)
             || (server::may_lack_capability(e) && server_lacks(con, command));
         // Stops using `command` (the scripts take over), said once.
-        if lacks && self.flag(command).swap(false, Ordering::Relaxed) {
+        if lacks && self.flags[command as usize].swap(false, Ordering::Relaxed) {
             log::warn!(
                 "lock {key:?}: a server refused {} ({e}); this client uses the script instead \
                  from now on",
-                command.name()
+                NAMES[command as usize]
             );
         }
         lacks
@@ -182,8 +161,9 @@ impl Native {
     #[cfg(feature = "bench-hooks")]
     pub(crate) fn force(&self, native: bool) {
         let d = &self.detected;
-        self.delifeq.store(native && d.delifeq, Ordering::Relaxed);
-        self.set_ifeq.store(native && d.set_ifeq, Ordering::Relaxed);
+        for (flag, has) in self.flags.iter().zip([d.delifeq, d.set_ifeq]) {
+            flag.store(native && has, Ordering::Relaxed);
+        }
     }
 }
 
@@ -216,7 +196,7 @@ pub(crate) fn set_ifeq_px(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
 /// Refuses to build a lock that runs scripts (`what`) on a client whose user may not run them
 /// (see [`crate::client::native`]): only a Token lock without fencing goes without.
 pub(crate) fn needs_scripts(native: &Native, key: &str, what: &str) -> Result<()> {
-    if native.detected.scripting {
+    if !native.detected.scripts_denied {
         return Ok(());
     }
     Err(LockError::config(
@@ -248,7 +228,7 @@ mod tests {
             )])]),
         );
         assert_eq!(d.server, "valkey 9.1.2");
-        assert!(d.delifeq && d.set_ifeq && d.scripting);
+        assert!(d.delifeq && d.set_ifeq && !d.scripts_denied);
     }
 
     #[test]

@@ -13,13 +13,10 @@ use scheduled_thread_pool::ScheduledThreadPool;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 use redis::{ConnectionLike, RedisError, RedisResult, Value};
 
-#[cfg(feature = "sentinel")]
-use super::confirm::Acks;
 #[cfg(feature = "cluster")]
 use super::confirm::NodeRole;
-use super::confirm::Wait;
+use super::confirm::{Acks, Wait};
 use super::native::Detected;
-#[cfg(feature = "sentinel")]
 use super::switches::Switches;
 use crate::error::{self, LockError, Result, Rounded};
 use crate::server::{self, Version};
@@ -53,31 +50,20 @@ pub(crate) fn unreaped<M: r2d2::ManageConnection>() -> r2d2::Builder<M> {
 }
 
 #[cfg(feature = "cluster")]
-/// Retries of redis-rs's cluster connection for a command timeout `t`: the number of retries
-/// and the bounds of the sleep before a retry after `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
-/// `LOADING` or `READONLY` (in ms).
+/// The tries of one Cluster command: each waits for at most this fraction of the command's
+/// time `t`.
 ///
 /// Two retries: a `MOVED` and an `ASK` of a slot in migration, or one timeout and one
-/// redirection. Each of the three tries waits at most a third of the command timeout (see
-/// [`CLUSTER_TRIES`]), so that the whole command returns within it plus the retry sleeps.
+/// redirection, so that the whole command returns within `t` plus the retry sleeps.
 /// redis-rs sleeps a random time in `[min, min(max, min · 2^retry))` before retry number
-/// `retry`; with `min = t/40` and `max = t/10` (at least 1 and 2 ms) the two sleeps add up to
-/// less than `0.15 t`, where redis-rs's defaults (16 retries, 1.28 s to 655 s each) add up to
-/// minutes.
-pub(crate) fn cluster_retries(t: Duration) -> (u32, u64, u64) {
-    let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
-    let min = (ms / 40).max(1);
-    let max = (ms / 10).max(min + 1);
-    (CLUSTER_TRIES - 1, min, max)
-}
-
-#[cfg(feature = "cluster")]
-/// The tries of one Cluster command (see [`cluster_retries`]): each waits for at most this
-/// fraction of the command's time.
+/// `retry` (after `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` or `READONLY`);
+/// `ClientBuilder::build` gives it `min = t/40` and `max = t/10` (at least 1 and 2 ms), so
+/// that the two sleeps add up to less than `0.15 t`, where redis-rs's defaults (16 retries,
+/// 1.28 s to 655 s each) add up to minutes.
 pub(crate) const CLUSTER_TRIES: u32 = 3;
 
 #[cfg(feature = "cluster")]
-/// Each try's timeout of a Cluster command whose whole time is `t` (see [`cluster_retries`]).
+/// Each try's timeout of a Cluster command whose whole time is `t` (see [`CLUSTER_TRIES`]).
 fn per_try(t: Duration) -> Duration {
     (t / CLUSTER_TRIES).max(Duration::from_micros(1))
 }
@@ -121,11 +107,7 @@ pub(super) enum Target {
     #[cfg(feature = "cluster")]
     /// One client per seed, each with the seeds in turn from that one: see
     /// [`Manager::cluster`].
-    Cluster {
-        clients: Vec<redis::cluster::ClusterClient>,
-        /// The seed that answered last, tried first next time.
-        first: AtomicUsize,
-    },
+    Cluster(Vec<redis::cluster::ClusterClient>),
     #[cfg(feature = "sentinel")]
     Sentinel(Sentinels),
 }
@@ -138,19 +120,18 @@ pub(super) enum Target {
 pub(super) struct Sentinels {
     pub(super) clients: Vec<redis::Client>,
     pub(super) service: String,
-    /// The Sentinel that answered last, asked first next time (the Sentinel clients
-    /// guideline), so a dead or frozen one costs one timeout, not one per connection.
-    pub(super) first: AtomicUsize,
-    /// The master switches announced by the Sentinels (`+switch-master`).
-    pub(super) switches: Arc<Switches>,
 }
+
+#[cfg(feature = "sentinel")]
+/// A server's address as a Sentinel names it.
+type Addr = (String, u16);
 
 #[cfg(feature = "sentinel")]
 impl Sentinels {
     /// How to reach the master at `addr` that a Sentinel named: as the Sentinels are reached,
     /// over TLS when their URLs are `rediss://` (with their certificates and `insecure` flag),
     /// or in plain TCP.
-    fn master_info(&self, (host, port): (String, u16)) -> RedisResult<ConnectionInfo> {
+    fn master_info(&self, (host, port): Addr) -> RedisResult<ConnectionInfo> {
         let sentinel = self.clients.first().map(|c| c.get_connection_info().addr());
         let addr = match sentinel.cloned() {
             Some(ConnectionAddr::TcpTls {
@@ -172,7 +153,7 @@ impl Sentinels {
 impl Target {
     pub(super) fn is_cluster(&self) -> bool {
         #[cfg(feature = "cluster")]
-        if let Target::Cluster { .. } = self {
+        if let Target::Cluster(_) = self {
             return true;
         }
         false
@@ -192,13 +173,20 @@ pub(crate) struct Manager {
     pub(super) command_timeout: Option<Duration>,
     /// Connects with TLS (`rediss://`): connection errors may be the handshake's.
     pub(super) tls: bool,
-    #[cfg(feature = "sentinel")]
-    /// Replica confirmation: learns the primary's replicas from its `ROLE`.
+    /// Where the client connects, for messages ("127.0.0.1:6379", ...).
+    pub(super) addr: String,
+    #[cfg(any(feature = "cluster", feature = "sentinel"))]
+    /// The Sentinel or Cluster seed that answered last, asked first next time (the Sentinel
+    /// clients guideline), so a dead or frozen one costs one timeout, not one per connection.
+    pub(super) first: AtomicUsize,
+    /// Sentinel clients: the master switches announced by the Sentinels (`+switch-master`).
+    pub(super) switches: Option<Arc<Switches>>,
+    /// Replica confirmation: a Sentinel client learns the primary's replicas from its `ROLE`.
     pub(super) acks: Arc<Acks>,
 }
 
+#[cfg(feature = "sentinel")]
 impl Manager {
-    #[cfg(feature = "sentinel")]
     /// A connection for the discovery steps of [`Target::Sentinel`]: never without a timeout,
     /// none past `until`.
     fn discovery(
@@ -208,62 +196,45 @@ impl Manager {
     ) -> RedisResult<redis::Connection> {
         let con =
             client.get_connection_with_timeout(connect_within(self.connect_timeout, until)?)?;
-        let timeout = Some(within(
-            self.command_timeout.unwrap_or(self.connect_timeout),
-            until,
-        )?);
+        let timeout = self.command_timeout.unwrap_or(self.connect_timeout);
+        let timeout = Some(within(timeout, until)?);
         con.set_read_timeout(timeout)?;
         con.set_write_timeout(timeout)?;
         Ok(con)
     }
 
-    #[cfg(feature = "sentinel")]
-    /// Asks each Sentinel in turn, the one that answered last first, for the service's master
-    /// until `take` accepts an address one names (`None`: passed over); `last_err` is the
-    /// error to return if none does and no Sentinel fails. No step waits past `until`.
-    fn ask_sentinels<T>(
-        &self,
-        s: &Sentinels,
-        until: Option<Instant>,
-        last_err: Option<RedisError>,
-        mut take: impl FnMut((String, u16)) -> Option<RedisResult<T>>,
-    ) -> RedisResult<T> {
-        in_turn(s.clients.len(), &s.first, last_err, |i| {
-            let named: RedisResult<Option<(String, u16)>> =
-                self.discovery(&s.clients[i], until).and_then(|mut con| {
-                    redis::cmd("SENTINEL")
-                        .arg("GET-MASTER-ADDR-BY-NAME")
-                        .arg(&s.service)
-                        .query(&mut con)
-                });
-            match named {
-                Ok(Some(addr)) => take(addr),
-                Ok(None) => Some(Err(RedisError::from((
-                    redis::ErrorKind::MasterNameNotFoundBySentinel,
-                    "the Sentinel does not know the service",
-                    s.service.clone(),
-                )))),
-                Err(e) => Some(Err(e)),
-            }
+    /// Where Sentinel `i` says the service's master is; no step waits past `until`.
+    fn named_by(&self, s: &Sentinels, i: usize, until: Option<Instant>) -> RedisResult<Addr> {
+        let mut con = self.discovery(&s.clients[i], until)?;
+        let named: Option<Addr> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&s.service)
+            .query(&mut con)?;
+        named.ok_or_else(|| {
+            RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "the Sentinel does not know the service",
+                s.service.clone(),
+            ))
         })
     }
 
-    #[cfg(feature = "sentinel")]
-    /// Where the Sentinels say the master is, for the subscriber: not checked with `ROLE`
-    /// (`PUBLISH` on a master reaches its replicas' subscribers as well, so a stale answer
-    /// still hears releases).
+    /// Where the Sentinels say the master is, for the subscriber: asked in turn (the one that
+    /// answered last first), not checked with `ROLE` (`PUBLISH` on a master reaches its
+    /// replicas' subscribers as well, so a stale answer still hears releases).
     pub(super) fn named_master(&self) -> RedisResult<ConnectionInfo> {
         let Target::Sentinel(s) = &self.target else {
             return Err(RedisError::from((redis::ErrorKind::Client, "no Sentinel")));
         };
-        let info = |addr| Some(s.master_info(addr));
-        self.ask_sentinels(s, None, None, info)
+        in_turn(s.clients.len(), &self.first, None, |i| {
+            Some(self.named_by(s, i, None).and_then(|a| s.master_info(a)))
+        })
     }
 
-    #[cfg(feature = "sentinel")]
-    /// Connects to the first master the Sentinels name that answers `ROLE` as a master. An
-    /// address is tried once per call even if several Sentinels name it, so a frozen old
-    /// master costs one timeout, not one per Sentinel.
+    /// Connects to the first master the Sentinels name that answers `ROLE` as a master,
+    /// asking each Sentinel in turn, the one that answered last first. An address is tried
+    /// once per call even if several Sentinels name it, so a frozen old master costs one
+    /// timeout, not one per Sentinel.
     ///
     /// The master the last `+switch-master` announced, if any, is tried first: a Sentinel that
     /// has not heard of the switch yet would still name the old master, which answers `ROLE` as
@@ -276,41 +247,65 @@ impl Manager {
         until: Option<Instant>,
     ) -> RedisResult<Link> {
         // Read before asking: a switch during this connect makes the link stale at once.
-        let generation = s.switches.generation();
-        let mut tried: Vec<(String, u16)> = Vec::new();
-        let mut check = |addr: (String, u16)| {
-            if tried.contains(&addr) {
-                return None;
-            }
-            tried.push(addr.clone());
-            Some(self.checked_master(s, addr, generation, until))
-        };
+        let generation = self.generation();
         // The master this client follows, and why its check failed, if it did.
+        let followed = self.switches.as_ref().and_then(|s| s.announced());
         let mut passed_over = None;
-        if let Some(addr) = s.switches.announced() {
-            match check(addr.clone()) {
-                Some(Ok(link)) => return Ok(link),
-                Some(Err(e)) => passed_over = Some((addr, e)),
-                None => {}
+        if let Some(addr) = &followed {
+            match self.checked_master(s, addr.clone(), generation, until) {
+                Ok(link) => return Ok(link),
+                Err(e) => passed_over = Some(e),
             }
         }
-        let last_err = passed_over.as_ref().map(|(_, e)| e.clone());
-        self.ask_sentinels(s, until, last_err, |addr| {
-            let link = check(addr.clone())?;
-            if let (Ok(_), Some((followed, why))) = (&link, &passed_over) {
-                log::info!(
-                    "Sentinel: a new connection goes to {}:{}, which a Sentinel names, not to \
-                     {}:{}, the master this client follows ({why})",
-                    addr.0,
-                    addr.1,
-                    followed.0,
-                    followed.1
-                );
-            }
-            Some(link)
+        let mut tried: Vec<Addr> = followed.iter().cloned().collect();
+        in_turn(s.clients.len(), &self.first, passed_over.clone(), |i| {
+            let mut check = |addr: Addr| {
+                if tried.contains(&addr) {
+                    return Ok(None);
+                }
+                tried.push(addr.clone());
+                let link = self.checked_master(s, addr.clone(), generation, until)?;
+                if let (Some(why), Some((was, was_port))) = (&passed_over, &followed) {
+                    let (host, port) = &addr;
+                    log::info!(
+                        "Sentinel: a new connection goes to {host}:{port}, which a Sentinel \
+                         names, not to {was}:{was_port}, the master this client follows ({why})"
+                    );
+                }
+                Ok(Some(link))
+            };
+            self.named_by(s, i, until).and_then(&mut check).transpose()
         })
     }
 
+    /// A connection to `addr` once `ROLE` says it is a master, of the master-switch
+    /// `generation`; the master's replicas are learnt (see [`Acks::learn`]). No step waits past
+    /// `until`.
+    fn checked_master(
+        self: &Arc<Self>,
+        s: &Sentinels,
+        addr: Addr,
+        generation: u64,
+        until: Option<Instant>,
+    ) -> RedisResult<Link> {
+        let client = s.master_info(addr.clone()).and_then(redis::Client::open)?;
+        let mut con = self.discovery(&client, until)?;
+        let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
+        let redis::Role::Primary { replicas, .. } = role else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "the server the Sentinel named is not a master (failover under way?)",
+                format!("{}:{}", addr.0, addr.1),
+            )));
+        };
+        let mut link = Link::opened(self, Node::Single(con), self.command_timeout)?;
+        link.generation = generation;
+        self.acks.learn(&addr, replicas.len());
+        Ok(link)
+    }
+}
+
+impl Manager {
     /// The check of [`ClientBuilder::build`](crate::ClientBuilder::build): opens one connection (which sends AUTH, SELECT
     /// and the TLS handshake as the URL asks) and runs a one-line script by `EVAL` and by
     /// `EVALSHA`, the two ways the library runs its scripts. The `EVAL` and `EVALSHA` go in one round trip
@@ -318,13 +313,19 @@ impl Manager {
     /// server has (see [`native`](super::native)). Any failure is a [`LockError::Config`] that
     /// names the step and the server; a user denied scripts is no failure on a server with
     /// both native commands (Token locks without fencing need no script there).
-    pub(super) fn check(self: &Arc<Self>, addr: &str) -> Result<Detected> {
+    pub(super) fn check(self: &Arc<Self>) -> Result<Detected> {
+        let addr = &self.addr;
         // The database the URL names: refused by `SELECT` during the connection's set-up, which
         // redis-rs reports as a plain `ERR` reply.
         let db = match &self.target {
             Target::Single(client) => client.get_connection_info().redis_settings().db(),
             #[allow(unreachable_patterns)]
             _ => 0,
+        };
+        // An outage (`down`: building the client again later may work), or a mistake.
+        let fail = |what: String, e, down: bool| match down {
+            true => LockError::setup_unreachable(what, e),
+            false => LockError::setup_failed(what, e),
         };
         let mut con = self.open(None).map_err(|e| {
             let what = if error::is_access_denied(&e) {
@@ -334,20 +335,27 @@ impl Manager {
             {
                 format!("{addr} has no database {db} (the URL's /db number)")
             } else if e.is_timeout() {
-                format!(
-                    "no answer from {addr} within {} (connect timeout)",
-                    Rounded(self.connect_timeout)
-                )
+                let connect = Rounded(self.connect_timeout);
+                format!("no answer from {addr} within {connect} (connect timeout)")
             } else if e.is_connection_refusal() {
                 format!("connection to {addr} refused (is Redis running there?)")
             } else {
                 format!("cannot connect to {addr}")
             };
-            if self.unreachable(&e) {
-                LockError::setup_unreachable(what, e)
-            } else {
-                LockError::setup_failed(what, e)
-            }
+            // No server answered (refused, reset, no answer in time, no Sentinel or Cluster node
+            // reachable): an outage that building the client again later outlives. A failed
+            // TLS handshake (with TLS, any other I/O failure of the set-up is the handshake's,
+            // see `tls_context`), a wrong password, a master name no Sentinel knows are
+            // mistakes instead.
+            let down = e.is_timeout()
+                || e.is_connection_refusal()
+                || (e.kind() == redis::ErrorKind::Io && !self.tls)
+                || matches!(
+                    e.kind(),
+                    redis::ErrorKind::ClusterConnectionNotFound
+                        | redis::ErrorKind::NoValidReplicasFoundBySentinel
+                );
+            fail(what, e, down)
         })?;
         let scripting = |e: redis::RedisError, cmd: &str, server: &str| {
             let transient = e.is_timeout() || e.is_io_error();
@@ -361,11 +369,9 @@ impl Manager {
                      and EVALSHA (ACL category @scripting) on {}, which lacks DELIFEQ and \
                      SET ... IFEQ (Valkey 9.0 and later have both: there a Token lock without \
                      fencing needs no script)",
-                    if server.is_empty() {
-                        "this server"
-                    } else {
-                        server
-                    }
+                    Some(server)
+                        .filter(|s| !s.is_empty())
+                        .unwrap_or("this server")
                 )
             } else if transient {
                 "no reply in time (a paused, overloaded or unreachable server?)".to_owned()
@@ -374,12 +380,7 @@ impl Manager {
                  extend need EVAL and EVALSHA"
                     .to_owned()
             };
-            let what = format!("{cmd} on {addr}: {why}");
-            if transient {
-                LockError::setup_unreachable(what, e)
-            } else {
-                LockError::setup_failed(what, e)
-            }
+            fail(format!("{cmd} on {addr}: {why}"), e, transient)
         };
         // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
         // WRITE`, as during a `FAILOVER`) answers at once instead of holding the new connection
@@ -425,7 +426,7 @@ impl Manager {
                      fencing need none on this server, every other lock does",
                     detected.server
                 );
-                detected.scripting = false;
+                detected.scripts_denied = true;
                 return Ok(detected);
             }
             Err(e) => return Err(scripting(e, "EVAL", &detected.server)),
@@ -438,59 +439,9 @@ impl Manager {
         }
     }
 
-    /// True when the set-up's connection failed because no server answered (refused, reset,
-    /// no answer within the connect timeout, no Sentinel or Cluster node reachable): an outage
-    /// that building the client again later outlives. A TLS handshake that failed, a wrong
-    /// password, a master name no Sentinel knows are mistakes instead.
-    fn unreachable(&self, e: &redis::RedisError) -> bool {
-        if e.is_timeout() || e.is_connection_refusal() {
-            return true;
-        }
-        match e.kind() {
-            // With TLS, any other I/O failure of the set-up is the handshake's (see
-            // `tls_context`).
-            redis::ErrorKind::Io => !self.tls,
-            redis::ErrorKind::ClusterConnectionNotFound
-            | redis::ErrorKind::NoValidReplicasFoundBySentinel => true,
-            _ => false,
-        }
-    }
-
-    #[cfg(feature = "sentinel")]
-    /// A connection to `addr` once `ROLE` says it is a master, of the master-switch
-    /// `generation`; the master's replicas are learnt (see [`Acks::learn`]). No step waits past
-    /// `until`.
-    fn checked_master(
-        self: &Arc<Self>,
-        s: &Sentinels,
-        addr: (String, u16),
-        generation: u64,
-        until: Option<Instant>,
-    ) -> RedisResult<Link> {
-        let client = s.master_info(addr.clone()).and_then(redis::Client::open)?;
-        let mut con = self.discovery(&client, until)?;
-        let role: redis::Role = redis::cmd("ROLE").query(&mut con)?;
-        let redis::Role::Primary { replicas, .. } = role else {
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "the server the Sentinel named is not a master (failover under way?)",
-                format!("{}:{}", addr.0, addr.1),
-            )));
-        };
-        let mut link = Link::opened(self, Node::Single(con), self.command_timeout)?;
-        link.generation = generation;
-        self.acks.learn(&addr, replicas.len());
-        Ok(link)
-    }
-
     /// The generation a link must have to be used: that of the last master switch heard of.
     fn generation(&self) -> u64 {
-        match &self.target {
-            #[cfg(feature = "sentinel")]
-            Target::Sentinel(s) => s.switches.generation(),
-            #[allow(unreachable_patterns)]
-            _ => 0,
-        }
+        self.switches.as_deref().map_or(0, Switches::generation)
     }
 
     #[cfg(feature = "cluster")]
@@ -509,13 +460,12 @@ impl Manager {
     fn cluster(
         self: &Arc<Self>,
         clients: &[redis::cluster::ClusterClient],
-        first: &AtomicUsize,
         until: Option<Instant>,
     ) -> RedisResult<Link> {
         let by = Instant::now().checked_add(self.connect_timeout);
         let until = until.into_iter().chain(by).min();
         // Once the time is up no seed is tried: the error is the last seed's, if any.
-        in_turn(clients.len(), first, left_until(until).err(), |i| {
+        in_turn(clients.len(), &self.first, left_until(until).err(), |i| {
             left_until(until).ok()?;
             let con = clients[i].get_connection().inspect_err(|e| {
                 log::debug!("cluster: seed {i} did not give the slot map: {e}");
@@ -533,7 +483,7 @@ impl Manager {
                 .and_then(|t| client.get_connection_with_timeout(t))
                 .and_then(|con| Link::opened(self, Node::Single(con), self.command_timeout)),
             #[cfg(feature = "cluster")]
-            Target::Cluster { clients, first } => self.cluster(clients, first, until),
+            Target::Cluster(clients) => self.cluster(clients, until),
             // Ask the Sentinels for the current master each time: after a failover the next
             // connection goes to the new one.
             #[cfg(feature = "sentinel")]
@@ -564,10 +514,9 @@ impl r2d2::ManageConnection for Lazy {
     }
 
     fn has_broken(&self, con: &mut Link) -> bool {
-        if matches!(con.node, Node::Unopened) {
-            return false;
-        }
-        let broken = con.broken || !con.node.is_open() || con.generation < self.0.generation();
+        // An unopened link is opened by the checkout that takes it.
+        let broken = !matches!(con.node, Node::Unopened)
+            && (con.broken || !con.node.is_open() || con.generation < self.0.generation());
         if broken {
             // Replaced by a new connection when next needed.
             self.0.counters.reconnect();
@@ -701,21 +650,11 @@ impl Link {
         set
     }
 
-    /// Lengthens the read timeout by `extra` (a replica confirmation's bound), or restores it
-    /// (`None`). A failure to set it marks the link broken.
-    fn extend_read_timeout(&mut self, extra: Option<Duration>) {
-        self.read_timeout = match (self.timeout, extra) {
-            (Some(t), Some(e)) => Some(t.saturating_add(e)),
-            (t, _) => t,
-        };
-        let _ = self.set_timeouts(self.read_timeout, self.timeout);
-    }
-
-    /// The symmetric of [`extend_read_timeout`](Self::extend_read_timeout): no command sent
+    /// The symmetric of [`Conn::set_wait`]'s longer read timeout: no command sent
     /// from now on waits past `until` (a watchdog renewal's cap: the earliest loss deadline of
     /// the holds it carries), or no cap (`None`: the timeouts are restored). A single server's
     /// socket timeouts are cut to the time left before each command, a cluster command's
-    /// tries to a third of it each (see [`cluster_retries`]); a command with no time left fails
+    /// tries to a third of it each (see [`CLUSTER_TRIES`]); a command with no time left fails
     /// at once with a timeout, sending nothing. A failure to restore marks the link broken.
     pub(super) fn cap(&mut self, until: Option<Instant>) {
         let lifted = std::mem::replace(&mut self.until, until).is_some() && until.is_none();
@@ -788,16 +727,13 @@ impl Link {
     /// [`Manager::cluster`]).
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         self.used = true;
-        if let Err(e) = &result {
-            if e.is_io_error()
+        self.broken |= result.as_ref().is_err_and(|e| {
+            e.is_io_error()
                 || e.is_timeout()
                 || e.is_connection_dropped()
                 || e.is_unrecoverable_error()
                 || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-            {
-                self.broken = true;
-            }
-        }
+        });
         result
     }
 }
@@ -909,20 +845,6 @@ impl Conn {
         }
     }
 
-    fn link(&self) -> &dyn ConnectionLike {
-        match self {
-            Conn::Managed(c) => &**c,
-            Conn::External(c) => &**c,
-        }
-    }
-
-    fn link_mut(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Conn::Managed(c) => &mut **c,
-            Conn::External(c) => &mut **c,
-        }
-    }
-
     /// True if the connection carried commands before this checkout, or waited in the pool
     /// since it was opened ([`IDLE_STALE`] or more): either may have gone stale meanwhile (a
     /// restart, an idle timeout), so a dropped-connection error on it may be sent again on a
@@ -933,37 +855,21 @@ impl Conn {
             .is_some_and(|c| c.used || c.opened.elapsed() >= IDLE_STALE)
     }
 
-    /// Every command sent from now on is followed by `wait`'s `WAIT`, in the same round trip;
-    /// the read timeout grows by the `WAIT`'s bound meanwhile, so that a confirmation that
-    /// takes its time is not taken for a server that does not answer. (A client on an
-    /// application's own pool confirms nothing: it never sets one.)
-    pub(super) fn set_wait(&mut self, wait: Option<Wait>) {
-        if let Some(c) = self.own_link() {
-            if let Some(w) = &wait {
-                c.extend_read_timeout(Some(w.timeout()));
-            }
-            c.wait = wait;
-        }
-    }
-
-    /// The confirmation of the commands sent since [`set_wait`](Self::set_wait); the read
-    /// timeout is back to the command timeout.
-    pub(super) fn take_wait(&mut self) -> Option<Wait> {
+    /// Every command sent from now on is followed by `wait`'s `WAIT` (`None`: by none), in the
+    /// same round trip; returns the confirmation of the commands sent since the last call. The
+    /// read timeout grows by the `WAIT`'s bound meanwhile, so that a confirmation that takes
+    /// its time is not taken for a server that does not answer; a failure to set it marks the
+    /// link broken. (A client on an application's own pool confirms nothing: it never sets one.)
+    pub(super) fn set_wait(&mut self, wait: Option<Wait>) -> Option<Wait> {
         let c = self.own_link()?;
-        let wait = c.wait.take();
-        if wait.is_some() {
-            c.extend_read_timeout(None);
+        if c.wait.is_some() || wait.is_some() {
+            c.read_timeout = match (c.timeout, &wait) {
+                (Some(t), Some(w)) => Some(t.saturating_add(w.timeout())),
+                (t, _) => t,
+            };
+            let _ = c.set_timeouts(c.read_timeout, c.timeout);
         }
-        wait
-    }
-
-    /// No command sent from now on waits past `until` (`None`: the timeouts are restored); see
-    /// [`Link::cap`]. A connection of an application's own pool keeps its read timeouts (they
-    /// are the application's, and could not be restored).
-    pub(super) fn cap(&mut self, until: Option<Instant>) {
-        if let Some(c) = self.own_link() {
-            c.cap(until);
-        }
+        std::mem::replace(&mut c.wait, wait)
     }
 
     #[cfg(feature = "cluster")]
@@ -988,10 +894,10 @@ impl Conn {
 }
 
 impl Drop for Conn {
-    /// Back to the pool without a cap (see [`Conn::cap`]), a broken cluster link replaced.
+    /// Back to the pool without a cap (see [`Link::cap`]), a broken cluster link replaced.
     fn drop(&mut self) {
         // A confirmation never outlives its checkout, whatever way the caller left.
-        self.take_wait();
+        self.set_wait(None);
         if let Some(c) = self.own_link() {
             c.cap(None);
             #[cfg(feature = "cluster")]
@@ -1000,9 +906,19 @@ impl Drop for Conn {
     }
 }
 
+/// `$e` with `$c` bound to the pooled connection of either kind of pool.
+macro_rules! either {
+    ($conn:expr, $c:ident => $e:expr) => {
+        match $conn {
+            Conn::Managed($c) => $e,
+            Conn::External($c) => $e,
+        }
+    };
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        self.link_mut().req_packed_command(cmd)
+        either!(self, c => c.req_packed_command(cmd))
     }
 
     fn req_packed_commands(
@@ -1011,19 +927,19 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        self.link_mut().req_packed_commands(cmd, offset, count)
+        either!(self, c => c.req_packed_commands(cmd, offset, count))
     }
 
     fn get_db(&self) -> i64 {
-        self.link().get_db()
+        either!(self, c => c.get_db())
     }
 
     fn check_connection(&mut self) -> bool {
-        self.link_mut().check_connection()
+        either!(self, c => c.check_connection())
     }
 
     fn is_open(&self) -> bool {
-        self.link().is_open()
+        either!(self, c => c.is_open())
     }
 }
 
