@@ -345,22 +345,17 @@ impl LockError {
         {
             LockError::connection(&key, Fault::of(&err), Box::new(err))
         } else {
-            LockError::redis(&key, err)
-        }
-    }
-
-    /// Redis's answer `err` about `key`, as it is ([`Redis`](Self::Redis)).
-    pub(crate) fn redis(key: &str, err: redis::RedisError) -> Self {
-        LockError::Redis {
-            key: key.to_owned(),
-            fault: Fault::of(&err),
-            source: err,
+            LockError::Redis {
+                key,
+                fault: Fault::of(&err),
+                source: err,
+            }
         }
     }
 
     /// A reply of a lock's script or command (`what`) that none of its outcomes matches.
     pub(crate) fn unexpected_reply(key: &str, what: &str, reply: &dyn std::fmt::Debug) -> Self {
-        LockError::redis(
+        LockError::from_redis(
             key,
             redis::RedisError::from((
                 redis::ErrorKind::Client,
@@ -371,11 +366,7 @@ impl LockError {
     }
 
     /// A failure to reach Redis about `key`, classified as `fault`.
-    pub(crate) fn connection(
-        key: &str,
-        fault: Fault,
-        source: Box<dyn std::error::Error + Send + Sync>,
-    ) -> Self {
+    pub(crate) fn connection(key: &str, fault: Fault, source: Cause) -> Self {
         LockError::Connection {
             key: key.to_owned(),
             source,
@@ -413,12 +404,7 @@ impl LockError {
     }
 
     /// A [`Config`](Self::Config) error.
-    fn setup(
-        key: Option<&str>,
-        reason: String,
-        fault: Fault,
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
+    fn setup(key: Option<&str>, reason: String, fault: Fault, source: Option<Cause>) -> Self {
         LockError::Config {
             key: key.map(str::to_owned),
             reason,
@@ -429,7 +415,7 @@ impl LockError {
 
     /// The same error with `cause` as its source, for a [`Config`](Self::Config) error that
     /// has none (other variants are returned unchanged).
-    pub(crate) fn caused_by(mut self, cause: Box<dyn std::error::Error + Send + Sync>) -> Self {
+    pub(crate) fn caused_by(mut self, cause: Cause) -> Self {
         if let LockError::Config {
             source: s @ None, ..
         } = &mut self
@@ -568,6 +554,9 @@ impl std::fmt::Display for Rounded {
         }
     }
 }
+
+/// The cause of an error that is not a Redis error of its own (a pool's, a connection's).
+pub(crate) type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = LockError> = std::result::Result<T, E>;

@@ -4,65 +4,125 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What a client has counted since it was built: a snapshot from
-/// [`LockClient::stats`](crate::LockClient::stats) (or
-/// [`RedLockClient::stats`](crate::RedLockClient::stats)).
-///
-/// Every counter only grows; take the difference of two snapshots for a rate. Counting costs
-/// one relaxed atomic add on the path where the event happens: no lock and no round trip.
-/// With the cargo feature `metrics`, the same events are reported as `metrics` counters named
-/// `dlock_<field>_total` (e.g. `dlock_acquires_total`), with a `strategy` label (`token`,
-/// `classic`, `reentrant`, `fair`, `read`, `write`, `redlock`) on acquires, refusals, timeouts and
-/// lost holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Holds handed out: acquire attempts that won (re-entries of a reentrant or read-write
-    /// lock included), whether by `try_acquire`, `try_lock`, `lock` or `try_lock_for`. A win
-    /// released again because its reply came too late ([`LockError::LateReply`]) is not
-    /// counted.
+/// Adds `n` to a counter, and reports it through `metrics` when that feature is on (with the
+/// `strategy` label of the kind, if given).
+macro_rules! count {
+    ($self:ident . $field:ident, $n:expr $(, $kind:expr)?) => {{
+        let n: u64 = $n;
+        $self.$field.fetch_add(n, Ordering::Relaxed);
+        $(
+            #[cfg(not(feature = "metrics"))]
+            let _: Kind = $kind;
+        )?
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            concat!("dlock_", stringify!($field), "_total")
+            $(, "strategy" => $kind.0)?
+        )
+        .increment(n);
+    }};
+}
+
+/// Declares [`Stats`] as written, [`Counters`] with an atomic per field of it, their
+/// snapshot, and for a field marked `=> fn name` a method `name()` that counts one event of
+/// it (with no `strategy` label).
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        pub struct Stats {
+            $($(#[$doc:meta])* pub $field:ident: u64 $(=> fn $adder:ident)?,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub struct Stats {
+            $($(#[$doc])* pub $field: u64,)*
+        }
+
+        /// The live counters of one client.
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $($field: AtomicU64,)*
+        }
+
+        impl Counters {
+            /// A snapshot.
+            pub(crate) fn snapshot(&self) -> Stats {
+                Stats {
+                    $($field: self.$field.load(Ordering::Relaxed),)*
+                }
+            }
+
+            $($(
+                /// Counts one event of its field.
+                pub(crate) fn $adder(&self) {
+                    count!(self.$field, 1);
+                }
+            )?)*
+        }
+    };
+}
+
+counters! {
+    /// What a client has counted since it was built: a snapshot from
+    /// [`LockClient::stats`](crate::LockClient::stats) (or
+    /// [`RedLockClient::stats`](crate::RedLockClient::stats)).
     ///
-    /// [`LockError::LateReply`]: crate::LockError::LateReply
-    pub acquires: u64,
-    /// Acquire attempts refused because another owner held the lock (contention). A blocking
-    /// acquire counts one per attempt it made.
-    pub refusals: u64,
-    /// Blocking acquires (`lock`, `try_lock_for`, `try_lock_until`) that gave up with
-    /// [`LockError::Timeout`](crate::LockError::Timeout).
-    pub timeouts: u64,
-    /// Holds found lost, each hold at most once: the watchdog found a watched hold gone or could
-    /// not renew it before its lease ran out, an `extend` found the hold gone
-    /// ([`LockError::Lost`](crate::LockError::Lost)), or a release found it gone (`unlock()`
-    /// returned `Ok(false)`).
-    pub lost_holds: u64,
-    /// Watched holds the watchdog renewed (one per hold per renewal).
-    pub renewals: u64,
-    /// Renewals of watched holds that failed (Redis unreachable, erroring or too slow), one per
-    /// hold per failed call; they are retried until the lease runs out.
-    pub failed_renewals: u64,
-    /// Release messages heard on the pub/sub subscriber that woke waiters of this client.
-    pub wakeups: u64,
-    /// Classic takeovers of a stale lock won by `GETSET` ([`Takeover::GetSet`]).
-    ///
-    /// [`Takeover::GetSet`]: crate::Takeover::GetSet
-    pub getset_takeovers: u64,
-    /// Classic `GETSET` takeovers lost to another contender, whose value the losing `GETSET`
-    /// overwrote anyway (the legacy flaw that [`Takeover::CompareAndSet`] avoids).
-    ///
-    /// [`Takeover::CompareAndSet`]: crate::Takeover::CompareAndSet
-    pub getset_overwrites: u64,
-    /// Classic takeovers of a stale lock won by compare-and-set
-    /// ([`Takeover::CompareAndSet`](crate::Takeover::CompareAndSet)).
-    pub cas_takeovers: u64,
-    /// Orphans the client's clean-up thread removed: locks left by an acquire whose reply was
-    /// lost, or by a release that failed on a connection error (see
-    /// [`LockClient::pending_cleanups`](crate::LockClient::pending_cleanups)).
-    pub orphan_cleanups: u64,
-    /// Connections re-established after one was lost: pooled connections discarded as broken
-    /// (an I/O error, a timeout, `READONLY` after a failover, or opened before a Sentinel master
-    /// switch; the pool opens a new one when next needed), and reconnections of the pub/sub
-    /// subscriber.
-    pub reconnects: u64,
+    /// Every counter only grows; take the difference of two snapshots for a rate. Counting costs
+    /// one relaxed atomic add on the path where the event happens: no lock and no round trip.
+    /// With the cargo feature `metrics`, the same events are reported as `metrics` counters named
+    /// `dlock_<field>_total` (e.g. `dlock_acquires_total`), with a `strategy` label (`token`,
+    /// `classic`, `reentrant`, `fair`, `read`, `write`, `redlock`) on acquires, refusals, timeouts
+    /// and lost holds.
+    pub struct Stats {
+        /// Holds handed out: acquire attempts that won (re-entries of a reentrant or read-write
+        /// lock included), whether by `try_acquire`, `try_lock`, `lock` or `try_lock_for`. A win
+        /// released again because its reply came too late ([`LockError::LateReply`]) is not
+        /// counted.
+        ///
+        /// [`LockError::LateReply`]: crate::LockError::LateReply
+        pub acquires: u64,
+        /// Acquire attempts refused because another owner held the lock (contention). A blocking
+        /// acquire counts one per attempt it made.
+        pub refusals: u64,
+        /// Blocking acquires (`lock`, `try_lock_for`, `try_lock_until`) that gave up with
+        /// [`LockError::Timeout`](crate::LockError::Timeout).
+        pub timeouts: u64,
+        /// Holds found lost, each hold at most once: the watchdog found a watched hold gone or
+        /// could not renew it before its lease ran out, an `extend` found the hold gone
+        /// ([`LockError::Lost`](crate::LockError::Lost)), or a release found it gone (`unlock()`
+        /// returned `Ok(false)`).
+        pub lost_holds: u64,
+        /// Watched holds the watchdog renewed (one per hold per renewal).
+        pub renewals: u64,
+        /// Renewals of watched holds that failed (Redis unreachable, erroring or too slow), one per
+        /// hold per failed call; they are retried until the lease runs out.
+        pub failed_renewals: u64,
+        /// Release messages heard on the pub/sub subscriber that woke waiters of this client.
+        pub wakeups: u64 => fn woken,
+        /// Classic takeovers of a stale lock won by `GETSET` ([`Takeover::GetSet`]).
+        ///
+        /// [`Takeover::GetSet`]: crate::Takeover::GetSet
+        pub getset_takeovers: u64 => fn getset_takeover,
+        /// Classic `GETSET` takeovers lost to another contender, whose value the losing `GETSET`
+        /// overwrote anyway (the legacy flaw that [`Takeover::CompareAndSet`] avoids).
+        ///
+        /// [`Takeover::CompareAndSet`]: crate::Takeover::CompareAndSet
+        pub getset_overwrites: u64 => fn getset_overwrite,
+        /// Classic takeovers of a stale lock won by compare-and-set
+        /// ([`Takeover::CompareAndSet`](crate::Takeover::CompareAndSet)).
+        pub cas_takeovers: u64 => fn cas_takeover,
+        /// Orphans the client's clean-up thread removed: locks left by an acquire whose reply was
+        /// lost, or by a release that failed on a connection error (see
+        /// [`LockClient::pending_cleanups`](crate::LockClient::pending_cleanups)).
+        pub orphan_cleanups: u64 => fn orphan_cleaned,
+        /// Connections re-established after one was lost: pooled connections discarded as broken
+        /// (an I/O error, a timeout, `READONLY` after a failover, or opened before a Sentinel
+        /// master switch; the pool opens a new one when next needed), and reconnections of the
+        /// pub/sub subscriber.
+        pub reconnects: u64 => fn reconnect,
+    }
 }
 
 /// Which kind of lock an event is about: the `strategy` label of the `metrics` counters. Each
@@ -94,62 +154,7 @@ pub(crate) trait LossNote {
     fn loss_noted(&self) -> bool;
 }
 
-/// The live counters of one client.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    acquires: AtomicU64,
-    refusals: AtomicU64,
-    timeouts: AtomicU64,
-    lost_holds: AtomicU64,
-    renewals: AtomicU64,
-    failed_renewals: AtomicU64,
-    wakeups: AtomicU64,
-    getset_takeovers: AtomicU64,
-    getset_overwrites: AtomicU64,
-    cas_takeovers: AtomicU64,
-    orphan_cleanups: AtomicU64,
-    reconnects: AtomicU64,
-}
-
-/// Adds `n` to a counter, and reports it through `metrics` when that feature is on (with the
-/// `strategy` label of the kind, if given).
-macro_rules! count {
-    ($self:ident . $field:ident, $n:expr $(, $kind:expr)?) => {{
-        let n: u64 = $n;
-        $self.$field.fetch_add(n, Ordering::Relaxed);
-        $(
-            #[cfg(not(feature = "metrics"))]
-            let _: Kind = $kind;
-        )?
-        #[cfg(feature = "metrics")]
-        metrics::counter!(
-            concat!("dlock_", stringify!($field), "_total")
-            $(, "strategy" => $kind.0)?
-        )
-        .increment(n);
-    }};
-}
-
 impl Counters {
-    /// A snapshot.
-    pub(crate) fn snapshot(&self) -> Stats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        Stats {
-            acquires: get(&self.acquires),
-            refusals: get(&self.refusals),
-            timeouts: get(&self.timeouts),
-            lost_holds: get(&self.lost_holds),
-            renewals: get(&self.renewals),
-            failed_renewals: get(&self.failed_renewals),
-            wakeups: get(&self.wakeups),
-            getset_takeovers: get(&self.getset_takeovers),
-            getset_overwrites: get(&self.getset_overwrites),
-            cas_takeovers: get(&self.cas_takeovers),
-            orphan_cleanups: get(&self.orphan_cleanups),
-            reconnects: get(&self.reconnects),
-        }
-    }
-
     /// One acquire attempt's outcome: won, or refused by another owner.
     pub(crate) fn attempt(&self, kind: Kind, won: bool) {
         if won {
@@ -223,36 +228,6 @@ impl Counters {
     /// A renewal call for `n` holds failed.
     pub(crate) fn renewals_failed(&self, n: usize) {
         count!(self.failed_renewals, n as u64);
-    }
-
-    /// A release message woke waiters.
-    pub(crate) fn woken(&self) {
-        count!(self.wakeups, 1);
-    }
-
-    /// A Classic GETSET takeover won.
-    pub(crate) fn getset_takeover(&self) {
-        count!(self.getset_takeovers, 1);
-    }
-
-    /// A Classic GETSET takeover lost, overwriting the winner's value.
-    pub(crate) fn getset_overwrite(&self) {
-        count!(self.getset_overwrites, 1);
-    }
-
-    /// A Classic compare-and-set takeover won.
-    pub(crate) fn cas_takeover(&self) {
-        count!(self.cas_takeovers, 1);
-    }
-
-    /// The janitor removed an orphan.
-    pub(crate) fn orphan_cleaned(&self) {
-        count!(self.orphan_cleanups, 1);
-    }
-
-    /// A connection was lost and is (being) replaced.
-    pub(crate) fn reconnect(&self) {
-        count!(self.reconnects, 1);
     }
 }
 
