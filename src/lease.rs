@@ -143,10 +143,9 @@ impl Lease {
     /// The monotonic instant until which the hold is valid, measured from before the acquire
     /// (or the latest extend or watchdog renewal) was sent.
     pub fn valid_until(&self) -> Instant {
-        match &self.watch {
-            Some(w) => w.valid_until(),
-            None => self.valid_until,
-        }
+        self.watch
+            .as_ref()
+            .map_or(self.valid_until, |w| w.valid_until())
     }
 
     /// Time left before the hold expires (zero once expired).
@@ -165,10 +164,8 @@ impl Lease {
     /// have deleted the key); [`DistributedLock::is_held`](crate::DistributedLock::is_held)
     /// asks Redis.
     pub fn is_lost(&self) -> bool {
-        match &self.watch {
-            Some(w) => w.is_lost(),
-            None => Instant::now() >= self.loss_deadline(),
-        }
+        self.watch.as_ref().is_some_and(|w| w.marked_lost())
+            || Instant::now() >= self.loss_deadline()
     }
 
     /// The monotonic instant from which the hold counts as lost by the local clock alone
@@ -400,25 +397,25 @@ pub(crate) enum RenewKind {
 }
 
 impl RenewKind {
+    /// The kind's tag in `lua/renew_batch.lua`'s arguments, and the stats label of the hold's
+    /// lock type.
+    fn parts(self) -> (&'static str, Kind) {
+        match self {
+            RenewKind::Value(k) | RenewKind::ScriptedValue(k) => ("v", k),
+            RenewKind::HashField(k) => ("h", k),
+            RenewKind::ReadEntry(k) => ("r", k),
+            RenewKind::WriteEntry(k) => ("w", k),
+        }
+    }
+
     /// The kind's tag in `lua/renew_batch.lua`'s arguments.
     pub(crate) fn tag(self) -> &'static str {
-        match self {
-            RenewKind::Value(_) | RenewKind::ScriptedValue(_) => "v",
-            RenewKind::HashField(_) => "h",
-            RenewKind::ReadEntry(_) => "r",
-            RenewKind::WriteEntry(_) => "w",
-        }
+        self.parts().0
     }
 
     /// The stats label of the hold's lock type.
     pub(crate) fn label(self) -> Kind {
-        match self {
-            RenewKind::Value(k)
-            | RenewKind::ScriptedValue(k)
-            | RenewKind::HashField(k)
-            | RenewKind::ReadEntry(k)
-            | RenewKind::WriteEntry(k) => k,
-        }
+        self.parts().1
     }
 
     /// A string value (renewed natively where the server can).
@@ -539,11 +536,6 @@ impl WatchState {
         let margin = Duration::from_nanos(self.margin_ns.load(Ordering::Acquire));
         let end = self.valid_until();
         end.checked_sub(margin).unwrap_or(end)
-    }
-
-    /// Lost: marked so by the watchdog, or past its loss deadline by the local clock.
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire) || Instant::now() >= self.loss_deadline()
     }
 
     /// Marks the hold lost without telling anyone (the holder learnt it from an error): the

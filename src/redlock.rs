@@ -564,7 +564,7 @@ impl Inner {
             if node.lanes[lane].send(job).is_err() {
                 let e = LockError::connection(
                     key,
-                    Fault::UNREACHABLE,
+                    Fault::Unreachable,
                     format!("the RedLock worker thread of node {i} is gone").into(),
                 );
                 let _ = tx.send(gone(e));
@@ -815,7 +815,7 @@ impl RedLock {
         // No answer from a majority goes away as nodes come back, like a refused connection.
         LockError::connection(
             &self.key,
-            Fault::UNREACHABLE,
+            Fault::Unreachable,
             format!(
                 "RedLock {what}: {answered} of {nodes} nodes answered, too few to decide (a \
                  majority is {quorum}){}",

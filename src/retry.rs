@@ -56,14 +56,11 @@ impl RetryPolicy {
     /// jitter; about one second of waiting in all. The default for
     /// [`Strategy::Classic`](crate::Strategy::Classic).
     pub fn legacy() -> Self {
-        RetryPolicy {
-            max_retries: Some(5),
-            max_wait: None,
-            delay: Duration::from_millis(200),
-            max_delay: Duration::from_millis(200),
-            backoff: 1,
-            jitter: false,
-        }
+        Self::standard()
+            .max_retries(Some(5))
+            .max_wait(None)
+            .fixed_delay(Duration::from_millis(200))
+            .jitter(false)
     }
 
     /// Waits up to 10 s, sleeping 4 ms at first, doubling to at most 32 ms, with jitter. The
@@ -82,10 +79,7 @@ impl RetryPolicy {
 
     /// Only ever one attempt: `lock()` behaves like `try_lock()`.
     pub fn no_wait() -> Self {
-        RetryPolicy {
-            max_retries: Some(0),
-            ..Self::standard()
-        }
+        Self::standard().max_retries(Some(0))
     }
 
     /// Sets the retry count limit (`None` for none).
