@@ -329,12 +329,6 @@ impl Scripts {
         }
         scripts
     }
-
-    /// The scripts for a server of unknown version.
-    #[cfg(any(test, feature = "bench-hooks"))]
-    pub(crate) fn new() -> Self {
-        Scripts::for_server(None)
-    }
 }
 
 #[cfg(test)]
@@ -343,7 +337,7 @@ mod tests {
 
     #[test]
     fn shas_are_distinct_hex() {
-        let s = Scripts::new();
+        let s = Scripts::for_server(None);
         let shas = [&s.unlock, &s.extend, &s.compare_and_set].map(|l| l.script.get_hash());
         for sha in shas {
             assert_eq!(sha.len(), 40);
@@ -355,7 +349,7 @@ mod tests {
 
     #[test]
     fn compare_and_set_allows_oom_with_a_plain_fallback() {
-        let s = Scripts::new();
+        let s = Scripts::for_server(None);
         let cas = &s.compare_and_set;
         assert!(cas.code().starts_with("#!lua flags=allow-oom\n"));
         let plain = cas.plain.as_ref().expect("a fallback");

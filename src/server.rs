@@ -55,15 +55,10 @@ impl Version {
         })
     }
 
-    /// True if the version is at least `major.minor`.
-    fn at_least(&self, major: u32, minor: u32) -> bool {
-        self.number >= (major, minor)
-    }
-
     /// Script shebangs and their flags (`#!lua flags=allow-oom`): Redis 7.0 and later, and
     /// every Valkey (forked from Redis 7.2).
     pub(crate) fn has_shebang(&self) -> bool {
-        self.valkey || self.at_least(7, 0)
+        self.valkey || self.number >= (7, 0)
     }
 
     /// `SET … NX … GET` (NX with GET): Redis 7.0 and later, like [`has_shebang`](Self::has_shebang).
@@ -74,12 +69,12 @@ impl Version {
     /// `DELIFEQ`: Valkey 9.0 and later (by version; `COMMAND INFO DELIFEQ` also says whether a
     /// server has it under that name).
     pub(crate) fn has_delifeq(&self) -> bool {
-        self.valkey && self.at_least(9, 0)
+        self.valkey && self.number >= (9, 0)
     }
 
     /// `SET … IFEQ`: Valkey 8.1 and later (`COMMAND INFO` lists no options to ask about).
     pub(crate) fn has_set_ifeq(&self) -> bool {
-        self.valkey && self.at_least(8, 1)
+        self.valkey && self.number >= (8, 1)
     }
 }
 
