@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use crate::error::{LockError, Result};
 use crate::ids::Inline;
-use crate::stats::Kind;
 
 /// One successful acquire: the owner value written to Redis, how long the hold is valid and,
 /// when asked for, its fencing token.
@@ -199,13 +198,11 @@ impl Lease {
     pub fn fence(&self) -> Option<u64> {
         self.fence
     }
-}
 
-impl crate::stats::LossNote for Lease {
     /// Notes that the hold was found lost; true the first time (for the stats). A watched
     /// hold is also marked lost for the watchdog, quietly (the caller is told by an error), so
     /// that the watchdog neither counts nor reports it again.
-    fn note_lost(&mut self) -> bool {
+    pub(crate) fn note_lost(&mut self) -> bool {
         if self.loss_noted {
             return false;
         }
@@ -215,7 +212,7 @@ impl crate::stats::LossNote for Lease {
 
     /// True once the hold's loss was noted (by this lease, or for a watched hold by the
     /// watchdog).
-    fn loss_noted(&self) -> bool {
+    pub(crate) fn loss_noted(&self) -> bool {
         self.loss_noted || self.watch.as_ref().is_some_and(|w| w.marked_lost())
     }
 }
@@ -233,12 +230,6 @@ pub(crate) enum Attempt {
     /// Held by another owner; `pttl` is the hold's remaining lifetime when the attempt's reply
     /// carried it (a waiter woken by pub/sub sleeps at most that long).
     Held { pttl: Option<Duration> },
-}
-
-impl crate::stats::Outcome for Attempt {
-    fn won(&self) -> bool {
-        matches!(self, Attempt::Acquired(_))
-    }
 }
 
 impl Attempt {
@@ -375,6 +366,19 @@ pub enum LossReason {
     /// by the local clock ([`Lease::loss_deadline`]): the lock may expire on the server any
     /// moment, so it must be assumed lost.
     Expired,
+}
+
+/// Which kind of lock an event is about: the `strategy` label of the `metrics` counters. Each
+/// lock type defines its own (`token`, `classic`, `reentrant`, `fair`, `read`, `write`,
+/// `redlock`); the runtime passes it through without knowing the algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Kind(pub(crate) &'static str);
+
+impl Kind {
+    /// The kind labelled `label`.
+    pub(crate) const fn new(label: &'static str) -> Kind {
+        Kind(label)
+    }
 }
 
 /// How a hold is renewed: which owner check runs before the `PEXPIRE` (the layout of the

@@ -25,17 +25,15 @@ impl Version {
     /// not run `INFO`). A Cluster connection sends `INFO` to every primary and answers with a
     /// map of their replies: the oldest server is the one read (what every node has).
     pub(crate) fn from_info(info: &Value) -> Option<Version> {
-        let text = match info {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            Value::VerbatimString { text, .. } => text.clone(),
-            Value::SimpleString(s) => s.clone(),
+        let text: String = match info {
             Value::Map(nodes) => {
                 let versions = nodes.iter().map(|(_, reply)| Version::from_info(reply));
                 // Any node that does not say leaves the answer unknown.
                 let versions: Option<Vec<Version>> = versions.collect();
                 return versions?.into_iter().min_by_key(|v| (v.valkey, v.number));
             }
-            _ => return None,
+            // A bulk, verbatim or simple string, read by redis-rs.
+            other => redis::from_redis_value_ref(other).ok()?,
         };
         let field = |name: &str| {
             text.lines()

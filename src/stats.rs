@@ -4,6 +4,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::error::{LockError, Result};
+use crate::lease::{Attempt, Lease};
+// The label each strategy gives its events, defined with the holds it labels (`RenewKind`).
+pub(crate) use crate::lease::Kind;
+
 /// Adds `n` to a counter, and reports it through `metrics` when that feature is on (with the
 /// `strategy` label of the kind, if given).
 macro_rules! count {
@@ -81,17 +86,17 @@ counters! {
         /// released again because its reply came too late ([`LockError::LateReply`]) is not
         /// counted.
         ///
-        /// [`LockError::LateReply`]: crate::LockError::LateReply
+        /// [`LockError::LateReply`]: LockError::LateReply
         pub acquires: u64,
         /// Acquire attempts refused because another owner held the lock (contention). A blocking
         /// acquire counts one per attempt it made.
         pub refusals: u64,
         /// Blocking acquires (`lock`, `try_lock_for`, `try_lock_until`) that gave up with
-        /// [`LockError::Timeout`](crate::LockError::Timeout).
+        /// [`LockError::Timeout`](LockError::Timeout).
         pub timeouts: u64,
         /// Holds found lost, each hold at most once: the watchdog found a watched hold gone or
         /// could not renew it before its lease ran out, an `extend` found the hold gone
-        /// ([`LockError::Lost`](crate::LockError::Lost)), or a release found it gone (`unlock()`
+        /// ([`LockError::Lost`]), or a release found it gone (`unlock()`
         /// returned `Ok(false)`).
         pub lost_holds: u64,
         /// Watched holds the watchdog renewed (one per hold per renewal).
@@ -125,35 +130,6 @@ counters! {
     }
 }
 
-/// Which kind of lock an event is about: the `strategy` label of the `metrics` counters. Each
-/// lock type defines its own (`token`, `classic`, `reentrant`, `fair`, `read`, `write`,
-/// `redlock`); the runtime passes it through without knowing the algorithms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Kind(&'static str);
-
-impl Kind {
-    /// The kind labelled `label`.
-    pub(crate) const fn new(label: &'static str) -> Kind {
-        Kind(label)
-    }
-}
-
-/// An attempt's outcome as the counters see it (the lease layer's attempt type): won or
-/// refused. A trait, so that the counters sit below the types they count.
-pub(crate) trait Outcome {
-    /// True if the attempt took the lock.
-    fn won(&self) -> bool;
-}
-
-/// A hold whose loss is counted once, whoever notices it first (an extend, a release, the
-/// watchdog): the lease remembers that it was counted.
-pub(crate) trait LossNote {
-    /// Records the loss; true if it was not recorded before.
-    fn note_lost(&mut self) -> bool;
-    /// True once the loss was recorded.
-    fn loss_noted(&self) -> bool;
-}
-
 impl Counters {
     /// One acquire attempt's outcome: won, or refused by another owner.
     pub(crate) fn attempt(&self, kind: Kind, won: bool) {
@@ -166,50 +142,45 @@ impl Counters {
 
     /// The outcome of one attempt (after the late-reply check): a win or a refusal is counted,
     /// an error is not.
-    pub(crate) fn outcome(&self, kind: Kind, result: &crate::Result<impl Outcome>) {
+    pub(crate) fn outcome(&self, kind: Kind, result: &Result<Attempt>) {
         if let Ok(attempt) = result {
-            self.attempt(kind, attempt.won());
+            self.attempt(kind, matches!(attempt, Attempt::Acquired(_)));
         }
     }
 
     /// [`outcome`](Self::outcome) for a `try_acquire` result.
-    pub(crate) fn outcome_lease<T>(&self, kind: Kind, result: &crate::Result<Option<T>>) {
+    pub(crate) fn outcome_lease<T>(&self, kind: Kind, result: &Result<Option<T>>) {
         if let Ok(lease) = result {
             self.attempt(kind, lease.is_some());
         }
     }
 
-    /// An extend ended with `result`: a [`LockError::Lost`](crate::LockError::Lost) is
+    /// An extend ended with `result`: a [`LockError::Lost`] is
     /// counted (see [`lost_on_extend`](Self::lost_on_extend)). Passes `result` on.
-    pub(crate) fn extended(
-        &self,
-        kind: Kind,
-        lease: &mut impl LossNote,
-        result: crate::Result<()>,
-    ) -> crate::Result<()> {
-        if let Err(crate::LockError::Lost { .. }) = &result {
+    pub(crate) fn extended(&self, kind: Kind, lease: &mut Lease, result: Result<()>) -> Result<()> {
+        if let Err(LockError::Lost { .. }) = &result {
             self.lost_on_extend(kind, lease);
         }
         result
     }
 
     /// A blocking acquire ended with `result`: counted if it timed out.
-    pub(crate) fn blocking<T>(&self, kind: Kind, result: &crate::Result<T>) {
-        if let Err(crate::LockError::Timeout { .. }) = result {
+    pub(crate) fn blocking<T>(&self, kind: Kind, result: &Result<T>) {
+        if let Err(LockError::Timeout { .. }) = result {
             count!(self.timeouts, 1, kind);
         }
     }
 
     /// A hold found lost by an `extend`: counted unless this lease (or the watchdog) already
     /// counted it; the lease remembers it.
-    pub(crate) fn lost_on_extend(&self, kind: Kind, lease: &mut impl LossNote) {
+    pub(crate) fn lost_on_extend(&self, kind: Kind, lease: &mut Lease) {
         if lease.note_lost() {
             count!(self.lost_holds, 1, kind);
         }
     }
 
     /// A release found the hold lost: counted unless the lease (or the watchdog) already did.
-    pub(crate) fn lost_on_release(&self, kind: Kind, lease: &impl LossNote) {
+    pub(crate) fn lost_on_release(&self, kind: Kind, lease: &Lease) {
         if !lease.loss_noted() {
             count!(self.lost_holds, 1, kind);
         }
