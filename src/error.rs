@@ -355,14 +355,9 @@ impl LockError {
 
     /// A reply of a lock's script or command (`what`) that none of its outcomes matches.
     pub(crate) fn unexpected_reply(key: &str, what: &str, reply: &dyn std::fmt::Debug) -> Self {
-        LockError::from_redis(
-            key,
-            redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected reply",
-                format!("{what}: {reply:?}"),
-            )),
-        )
+        let detail = format!("{what}: {reply:?}");
+        let err = redis::RedisError::from((redis::ErrorKind::Client, "unexpected reply", detail));
+        LockError::from_redis(key, err)
     }
 
     /// A failure to reach Redis about `key`, classified as `fault`.
@@ -416,11 +411,8 @@ impl LockError {
     /// The same error with `cause` as its source, for a [`Config`](Self::Config) error that
     /// has none (other variants are returned unchanged).
     pub(crate) fn caused_by(mut self, cause: Cause) -> Self {
-        if let LockError::Config {
-            source: s @ None, ..
-        } = &mut self
-        {
-            *s = Some(cause);
+        if let LockError::Config { source, .. } = &mut self {
+            source.get_or_insert(cause);
         }
         self
     }

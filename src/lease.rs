@@ -236,9 +236,8 @@ impl Attempt {
     /// The attempt of a lock's public `try_acquire`: [`LockError::Held`] is a refusal.
     pub(crate) fn from_try(attempt: Result<Lease>) -> Result<Self> {
         match attempt {
-            Ok(lease) => Ok(Attempt::Acquired(lease)),
             Err(LockError::Held { .. }) => Ok(Attempt::Held { pttl: None }),
-            Err(e) => Err(e),
+            other => other.map(Attempt::Acquired),
         }
     }
 }
@@ -296,7 +295,7 @@ pub(crate) fn checked_win(
 /// [`checked_win`], the reply having been read at `now`.
 pub(crate) fn checked_win_at(
     key: &str,
-    lease: Lease,
+    mut lease: Lease,
     ttl: Duration,
     now: Instant,
     release: impl FnOnce(&Lease) -> Result<bool>,
@@ -308,7 +307,6 @@ pub(crate) fn checked_win_at(
     }
     lease.stop_renewal();
     // Never handed out: a release that finds it gone is no lost hold (see `Stats`).
-    let mut lease = lease;
     lease.loss_noted = true;
     let released = release(&lease);
     log::warn!(
@@ -515,19 +513,14 @@ impl WatchState {
 
     /// Until when the hold is valid by the local clock, after the latest renewal.
     pub(crate) fn valid_until(&self) -> Instant {
-        crate::time::saturating_add(
-            self.base,
-            Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire)),
-        )
+        let since_base = Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire));
+        crate::time::saturating_add(self.base, since_base)
     }
 
     /// A renewal (or an extend) sent at `start` gave the hold `ttl` more.
     pub(crate) fn renewed(&self, start: Instant, ttl: Duration) {
-        let until = nanos(
-            start
-                .saturating_duration_since(self.base)
-                .saturating_add(ttl),
-        );
+        let since_base = start.saturating_duration_since(self.base);
+        let until = nanos(since_base.saturating_add(ttl));
         // The margin first: a reader that sees the new validity sees its margin.
         self.margin_ns
             .store(nanos(loss_margin(ttl)), Ordering::Release);

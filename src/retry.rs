@@ -190,11 +190,8 @@ impl<'a> Attempts<'a> {
     /// deadline, or for a count-limited policy the longest its retries could take.
     pub(crate) fn queue_deadline(&self) -> Option<Instant> {
         self.deadline.or_else(|| {
-            let retries = self.max_retries?;
-            let longest = self
-                .policy
-                .max_delay
-                .saturating_mul(retries.saturating_add(1));
+            let attempts = self.max_retries?.saturating_add(1);
+            let longest = self.policy.max_delay.saturating_mul(attempts);
             self.started.checked_add(longest)
         })
     }
@@ -211,10 +208,8 @@ impl<'a> Attempts<'a> {
             sleep = half.saturating_add(rand::rng().random_range(Duration::ZERO..=sleep - half));
         }
         sleep = sleep.max(RetryPolicy::MIN_DELAY);
-        self.next_delay = self
-            .next_delay
-            .saturating_mul(self.policy.backoff)
-            .min(self.policy.max_delay);
+        let grown = self.next_delay.saturating_mul(self.policy.backoff);
+        self.next_delay = grown.min(self.policy.max_delay);
         if let Some(deadline) = self.deadline {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -52,26 +52,26 @@ impl LuaScript {
     /// queue walk both fair scripts share (Redis scripts cannot load one another).
     fn new(name: &'static str, code: &str) -> Self {
         let code =
-            &code
-                .replacen(RW_INCLUDE, RW_PRELUDE, 1)
+            code.replacen(RW_INCLUDE, RW_PRELUDE, 1)
                 .replacen(FAIR_INCLUDE, FAIR_LIVE_HEAD, 1);
         LuaScript {
             name,
-            code: code.to_owned(),
-            script: redis::Script::new(code),
+            script: redis::Script::new(&code),
+            code,
             plain: None,
         }
     }
 
-    /// The script with the `allow-oom` flag on Redis 7 and later (plain before).
-    fn allowing_oom(name: &'static str, code: &str) -> Self {
-        let flagged = format!("{ALLOW_OOM}{code}");
+    /// The script with the `allow-oom` flag on Redis 7 and later, and itself (plain) before.
+    fn allowing_oom(self) -> Self {
+        let flagged = Self::new(self.name, &format!("{ALLOW_OOM}{}", self.code));
+        let plain = Plain {
+            script: self,
+            shebang_rejected: AtomicBool::new(false),
+        };
         LuaScript {
-            plain: Some(Arc::new(Plain {
-                script: Self::new(name, code),
-                shebang_rejected: AtomicBool::new(false),
-            })),
-            ..Self::new(name, &flagged)
+            plain: Some(Arc::new(plain)),
+            ..flagged
         }
     }
 
@@ -322,10 +322,7 @@ impl Scripts {
         let mut scripts = Scripts::plain();
         // Classic extend must rewrite the value (it is the expiry) even on a full server.
         if version.is_none_or(Version::has_shebang) {
-            scripts.compare_and_set = LuaScript::allowing_oom(
-                "compare_and_set",
-                include_str!("../lua/compare_and_set.lua"),
-            );
+            scripts.compare_and_set = scripts.compare_and_set.allowing_oom();
         }
         scripts
     }
