@@ -121,9 +121,8 @@ impl Lease {
             self.value = Inline::new(&[value]);
         }
         self.valid_until = crate::time::saturating_add(start, ttl);
-        if let Some(margin) = &mut self.margin {
-            *margin = loss_margin(ttl);
-        }
+        // No margin stays none (a validity with the drift taken off).
+        self.margin = self.margin.map(|_| loss_margin(ttl));
         if let Some(w) = &self.watch {
             w.renewed(start, ttl);
         }
@@ -492,21 +491,18 @@ impl WatchState {
     }
 
     /// A fair lock's grant: the hold is valid for only `valid` from its start until the first
-    /// renewal (which gives it the full lease). Call before the state is watched.
-    pub(crate) fn granted_for(&self, valid: Duration) {
+    /// renewal (which gives it the full lease). With `once`, that renewal (raising the grant's
+    /// short lease to the lock's ttl) is the only one: the hold is watched no more after it.
+    /// Call before the state is watched.
+    pub(crate) fn granted_for(&self, valid: Duration, once: bool) {
         let valid = valid.min(self.lease);
         self.margin_ns
             .store(nanos(loss_margin(valid)), Ordering::Release);
         self.valid_until_ns.store(nanos(valid), Ordering::Release);
+        self.once.store(once, Ordering::Release);
     }
 
-    /// Renew the hold once (raising a grant's short lease to the lock's ttl), then stop
-    /// watching it. Call before the state is watched.
-    pub(crate) fn renew_once(&self) {
-        self.once.store(true, Ordering::Release);
-    }
-
-    /// True if [`renew_once`](Self::renew_once) was asked for.
+    /// True if the hold is renewed once only (see [`granted_for`](Self::granted_for)).
     pub(crate) fn renews_once(&self) -> bool {
         self.once.load(Ordering::Acquire)
     }
@@ -554,14 +550,11 @@ impl WatchState {
         if self.is_stopped() || self.lost.swap(true, Ordering::AcqRel) {
             return false;
         }
-        log::warn!(
-            "lock {:?}: watched hold lost ({})",
-            self.key,
-            match reason {
-                LossReason::Gone => "the renewal found it gone or held by another owner",
-                LossReason::Expired => "renewals failed until its loss deadline",
-            }
-        );
+        let why = match reason {
+            LossReason::Gone => "the renewal found it gone or held by another owner",
+            LossReason::Expired => "renewals failed until its loss deadline",
+        };
+        log::warn!("lock {:?}: watched hold lost ({why})", self.key);
         if let Some(cb) = &self.on_lost {
             cb(&LostLock {
                 key: self.key.to_string(),
@@ -632,7 +625,7 @@ mod tests {
             None,
         );
         assert_eq!(w.loss_deadline(), start + ms(2_968));
-        w.granted_for(ms(100));
+        w.granted_for(ms(100), false);
         assert_eq!(w.loss_deadline(), start + ms(97));
         w.renewed(start + ms(50), ms(3_000));
         assert_eq!(w.loss_deadline(), start + ms(3_018));

@@ -455,26 +455,20 @@ impl<R: Deref<Target: DistributedLock>, M> Drop for Guard<R, M> {
         if !self.armed {
             return;
         }
-        let (lock, lease) = (&*self.lock, &self.lease);
+        let (key, lease) = (self.lock.key(), &self.lease);
         lease.stop_renewal();
-        match lock.release(lease) {
+        match self.lock.release(lease) {
             Ok(true) => {}
             Ok(false) => log::warn!(
-                "lock {:?}: guard dropped after the lock was lost (it expired, or another owner \
-                 took it over); no other owner's lock was deleted",
-                lock.key()
+                "lock {key:?}: guard dropped after the lock was lost (it expired, or another \
+                 owner took it over); no other owner's lock was deleted"
             ),
             // Queued for the client's janitor: not lost yet.
             Err(e) if e.worth_retrying() => log::warn!(
-                "lock {:?}: release on drop failed: {}; retried in the background",
-                lock.key(),
+                "lock {key:?}: release on drop failed: {}; retried in the background",
                 e.report()
             ),
-            Err(e) => log::error!(
-                "lock {:?}: release on drop failed: {}",
-                lock.key(),
-                e.report()
-            ),
+            Err(e) => log::error!("lock {key:?}: release on drop failed: {}", e.report()),
         }
     }
 }
