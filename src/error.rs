@@ -483,10 +483,8 @@ impl Fault {
     /// of its I/O error.
     pub(crate) fn of(e: &redis::RedisError) -> Fault {
         use redis::{ErrorKind as E, ServerErrorKind as S};
-        if e.is_timeout() {
-            return Fault::Timeout;
-        }
         match e.kind() {
+            _ if e.is_timeout() => Fault::Timeout,
             E::Server(
                 S::ClusterDown | S::TryAgain | S::MasterDown | S::BusyLoading | S::ReadOnly,
             ) => Fault::Failover,
