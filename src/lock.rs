@@ -214,16 +214,16 @@ pub trait ArcLockExt<L: DistributedLock + ?Sized> {
 
 impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
     fn lock_arc(&self) -> Result<OwnedLockGuard<L>> {
-        Ok(Guard::new(Arc::clone(self), self.lock()?.into_lease()))
+        Ok(Guard::wrap(Arc::clone(self), self.lock()?.into_lease()))
     }
 
     fn try_lock_arc(&self) -> Result<OwnedLockGuard<L>> {
-        Ok(Guard::new(Arc::clone(self), self.try_lock()?.into_lease()))
+        Ok(Guard::wrap(Arc::clone(self), self.try_lock()?.into_lease()))
     }
 
     fn try_lock_arc_for(&self, wait: Duration) -> Result<OwnedLockGuard<L>> {
         let lease = self.try_lock_for(wait)?.into_lease();
-        Ok(Guard::new(Arc::clone(self), lease))
+        Ok(Guard::wrap(Arc::clone(self), lease))
     }
 }
 
@@ -292,6 +292,24 @@ impl<R: Deref<Target: DistributedLock>, M> fmt::Debug for Guard<R, M> {
     }
 }
 
+impl<'a> LockGuard<'a> {
+    /// Wraps a fresh lease of `lock`. The guard stays on the calling thread: see
+    /// [`into_send`](Guard::into_send). Build the guard of a thread-owned lease
+    /// ([`Lease::is_thread_owned`]: Reentrant, read-write) on the thread that took it: a
+    /// Reentrant release elsewhere is refused, and a guard of a thread's hold on another
+    /// thread breaks the thread's exclusion; a guard built elsewhere logs a warning.
+    pub fn new(lock: &'a dyn DistributedLock, lease: Lease) -> Self {
+        Guard::wrap(lock, lease)
+    }
+}
+
+impl<L: DistributedLock + ?Sized> OwnedLockGuard<L> {
+    /// Wraps a fresh lease of `lock`, as [`LockGuard::new`].
+    pub fn new(lock: Arc<L>, lease: Lease) -> Self {
+        Guard::wrap(lock, lease)
+    }
+}
+
 impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
     /// The lock this guard holds.
     pub fn lock(&self) -> &Arc<L> {
@@ -300,16 +318,6 @@ impl<L: DistributedLock + ?Sized, M> OwnedLockGuard<L, M> {
 }
 
 impl<R: Deref<Target: DistributedLock>> Guard<R> {
-    /// Wraps a fresh lease of `lock` (a reference for a [`LockGuard`], an `Arc` for an
-    /// [`OwnedLockGuard`]). The guard stays on the calling thread: see
-    /// [`into_send`](Guard::into_send). Build the guard of a thread-owned lease
-    /// ([`Lease::is_thread_owned`]: Reentrant, read-write) on the thread that took it: a
-    /// Reentrant release elsewhere is refused, and a guard of a thread's hold on another
-    /// thread breaks the thread's exclusion; a guard built elsewhere logs a warning.
-    pub fn new(lock: R, lease: Lease) -> Self {
-        Guard::wrap(lock, lease)
-    }
-
     /// The same guard in a form that may be sent to another thread (`Send`), if the hold is
     /// not the thread's ([`Lease::is_thread_owned`]: Token, Classic, Fair, Spring, ShedLock,
     /// RedLock); otherwise (Reentrant, read-write lock) the guard back, unchanged, still

@@ -32,7 +32,9 @@ impl Version {
                 let versions: Option<Vec<Version>> = versions.collect();
                 return versions?.into_iter().min_by_key(|v| (v.valkey, v.number));
             }
-            // A bulk, verbatim or simple string, read by redis-rs.
+            // A path in `INFO` (`executable:`, `config_file:`) may not be UTF-8.
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            // A verbatim or simple string, read by redis-rs.
             other => redis::from_redis_value_ref(other).ok()?,
         };
         let field = |name: &str| {
