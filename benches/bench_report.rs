@@ -1611,9 +1611,8 @@ impl Report<'_> {
              cycle. Beyond those, a **watched** hold (Token and Reentrant without `ttl`) \
              allocates the watchdog's record of the hold (`WatchState::new`, one `Arc`, 160 B) at \
              acquire: the watched Token cycle {:.2} allocations against {:.2} with an explicit \
-             ttl. The **Reentrant** cycle ({:.2} allocations, {:.2} reallocations) also formats \
-             its owner id `<uuid>:<thread>` at acquire and at release (`owner::owner_id`, a \
-             `format!` that grows once), records the hold in its thread-local table \
+             ttl. The **Reentrant** cycle ({:.2} allocations, {:.2} reallocations) also records \
+             the hold in its thread-local table \
              (`reentrant::note_local`, 3 allocations) and parses the acquire script's array reply \
              (224 B). The rest of the library's own code (token, value, lease, guard, pool \
              checkout, script SHA) allocates nothing per cycle. Writing the RESP bytes into a \

@@ -56,7 +56,7 @@ impl Scripts {
     /// Builds the scripts, as `LockClient` does once.
     #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
-        Scripts(crate::scripts::Scripts::new())
+        Scripts(crate::scripts::Scripts::for_server(None))
     }
 
     /// The release command: `EVALSHA <unlock.lua> 1 key value` (Classic's).

@@ -231,10 +231,10 @@ impl LockError {
     /// a connection in time sent no command: that is [`is_transient`](Self::is_transient)
     /// instead.
     pub fn is_timeout(&self) -> bool {
-        match self {
-            LockError::Timeout { .. } | LockError::LateReply { .. } => true,
-            _ => self.fault() == Some(Fault::TIMEOUT),
-        }
+        matches!(
+            self,
+            LockError::Timeout { .. } | LockError::LateReply { .. }
+        ) || self.fault() == Some(Fault::Timeout)
     }
 
     /// True for a failure that a failover or a restart causes and that goes away by itself,
@@ -278,7 +278,7 @@ impl LockError {
     /// predicates. Such an error is also [`is_config`](Self::is_config) when the client is
     /// built; a command refused later is a [`Redis`](Self::Redis) error.
     pub fn is_access_denied(&self) -> bool {
-        self.fault() == Some(Fault(Kind::Denied))
+        self.fault() == Some(Fault::Denied)
     }
 
     /// The error and its chain of causes on one line (`error: cause: cause`), for logs: the
@@ -318,7 +318,7 @@ impl LockError {
     /// connect timeout (a checkout or connect that timed out). An outage
     /// ([`is_transient`](Self::is_transient)), not a command timeout.
     pub(crate) fn nothing_sent(&self) -> bool {
-        self.fault() == Some(Fault::NOT_CONNECTED)
+        self.fault() == Some(Fault::NotConnected)
     }
 
     /// The classification of an error that has one.
@@ -345,37 +345,23 @@ impl LockError {
         {
             LockError::connection(&key, Fault::of(&err), Box::new(err))
         } else {
-            LockError::redis(&key, err)
-        }
-    }
-
-    /// Redis's answer `err` about `key`, as it is ([`Redis`](Self::Redis)).
-    pub(crate) fn redis(key: &str, err: redis::RedisError) -> Self {
-        LockError::Redis {
-            key: key.to_owned(),
-            fault: Fault::of(&err),
-            source: err,
+            LockError::Redis {
+                key,
+                fault: Fault::of(&err),
+                source: err,
+            }
         }
     }
 
     /// A reply of a lock's script or command (`what`) that none of its outcomes matches.
     pub(crate) fn unexpected_reply(key: &str, what: &str, reply: &dyn std::fmt::Debug) -> Self {
-        LockError::redis(
-            key,
-            redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected reply",
-                format!("{what}: {reply:?}"),
-            )),
-        )
+        let detail = format!("{what}: {reply:?}");
+        let err = redis::RedisError::from((redis::ErrorKind::Client, "unexpected reply", detail));
+        LockError::from_redis(key, err)
     }
 
     /// A failure to reach Redis about `key`, classified as `fault`.
-    pub(crate) fn connection(
-        key: &str,
-        fault: Fault,
-        source: Box<dyn std::error::Error + Send + Sync>,
-    ) -> Self {
+    pub(crate) fn connection(key: &str, fault: Fault, source: Cause) -> Self {
         LockError::Connection {
             key: key.to_owned(),
             source,
@@ -385,13 +371,13 @@ impl LockError {
 
     /// A lock option or key that cannot be (a [`Config`](Self::Config) error about `key`).
     pub(crate) fn config(key: &str, reason: impl Into<String>) -> Self {
-        LockError::setup(Some(key), reason.into(), Fault::OTHER, None)
+        LockError::setup(Some(key), reason.into(), Fault::Other, None)
     }
 
     /// A mistake in the client's configuration (a [`Config`](Self::Config) error about no
     /// lock).
     pub(crate) fn client_config(reason: impl Into<String>) -> Self {
-        LockError::setup(None, reason.into(), Fault::OTHER, None)
+        LockError::setup(None, reason.into(), Fault::Other, None)
     }
 
     /// A set-up step of the client that Redis refused: a [`Config`](Self::Config) error whose
@@ -399,7 +385,7 @@ impl LockError {
     /// for a server that is down).
     pub(crate) fn setup_failed(reason: impl Into<String>, err: redis::RedisError) -> Self {
         let fault = match Fault::of(&err) {
-            f if f.is_transient() || f == Fault::TIMEOUT => Fault::OTHER,
+            f if f.is_transient() || f == Fault::Timeout => Fault::Other,
             f => f,
         };
         LockError::setup(None, reason.into(), fault, Some(Box::new(err)))
@@ -409,16 +395,11 @@ impl LockError {
     /// in time): a [`Config`](Self::Config) error that is [`is_transient`](Self::is_transient),
     /// not [`is_config`](Self::is_config).
     pub(crate) fn setup_unreachable(reason: impl Into<String>, err: redis::RedisError) -> Self {
-        LockError::setup(None, reason.into(), Fault::UNREACHABLE, Some(Box::new(err)))
+        LockError::setup(None, reason.into(), Fault::Unreachable, Some(Box::new(err)))
     }
 
     /// A [`Config`](Self::Config) error.
-    fn setup(
-        key: Option<&str>,
-        reason: String,
-        fault: Fault,
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
+    fn setup(key: Option<&str>, reason: String, fault: Fault, source: Option<Cause>) -> Self {
         LockError::Config {
             key: key.map(str::to_owned),
             reason,
@@ -429,12 +410,9 @@ impl LockError {
 
     /// The same error with `cause` as its source, for a [`Config`](Self::Config) error that
     /// has none (other variants are returned unchanged).
-    pub(crate) fn caused_by(mut self, cause: Box<dyn std::error::Error + Send + Sync>) -> Self {
-        if let LockError::Config {
-            source: s @ None, ..
-        } = &mut self
-        {
-            *s = Some(cause);
+    pub(crate) fn caused_by(mut self, cause: Cause) -> Self {
+        if let LockError::Config { source, .. } = &mut self {
+            source.get_or_insert(cause);
         }
         self
     }
@@ -482,10 +460,7 @@ impl Context {
 /// redis-rs gives the reply or the I/O failure (never from its text); the predicates of
 /// [`LockError`] read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fault(Kind);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub enum Fault {
     /// No reply, or no connection, within the time allowed.
     Timeout,
     /// The connection was refused, reset, dropped or garbled, or there is no server to connect
@@ -504,38 +479,31 @@ enum Kind {
 }
 
 impl Fault {
-    pub(crate) const TIMEOUT: Fault = Fault(Kind::Timeout);
-    pub(crate) const UNREACHABLE: Fault = Fault(Kind::Unreachable);
-    pub(crate) const NOT_CONNECTED: Fault = Fault(Kind::NotConnected);
-    pub(crate) const OTHER: Fault = Fault(Kind::Other);
-
     /// The classification of a Redis error, from its kind, its server error codes and the kind
     /// of its I/O error.
     pub(crate) fn of(e: &redis::RedisError) -> Fault {
         use redis::{ErrorKind as E, ServerErrorKind as S};
-        if e.is_timeout() {
-            return Fault::TIMEOUT;
-        }
-        Fault(match e.kind() {
+        match e.kind() {
+            _ if e.is_timeout() => Fault::Timeout,
             E::Server(
                 S::ClusterDown | S::TryAgain | S::MasterDown | S::BusyLoading | S::ReadOnly,
-            ) => Kind::Failover,
-            E::Server(S::NoPerm) | E::AuthenticationFailed => Kind::Denied,
+            ) => Fault::Failover,
+            E::Server(S::NoPerm) | E::AuthenticationFailed => Fault::Denied,
             E::Io
             | E::Parse
             | E::ClusterConnectionNotFound
             | E::MasterNameNotFoundBySentinel
-            | E::NoValidReplicasFoundBySentinel => Kind::Unreachable,
-            _ if has_code(e, &["NOAUTH", "WRONGPASS", "NOPERM"]) => Kind::Denied,
-            _ => Kind::Other,
-        })
+            | E::NoValidReplicasFoundBySentinel => Fault::Unreachable,
+            _ if has_code(e, &["NOAUTH", "WRONGPASS", "NOPERM"]) => Fault::Denied,
+            _ => Fault::Other,
+        }
     }
 
     /// Goes away by itself: see [`LockError::is_transient`].
     fn is_transient(self) -> bool {
         matches!(
-            self.0,
-            Kind::Unreachable | Kind::NotConnected | Kind::Failover
+            self,
+            Fault::Unreachable | Fault::NotConnected | Fault::Failover
         )
     }
 }
@@ -552,7 +520,7 @@ fn has_code(e: &redis::RedisError, codes: &[&str]) -> bool {
 /// True for a Redis error that says the credentials or the user's permissions are wrong:
 /// retrying will not help.
 pub(crate) fn is_access_denied(e: &redis::RedisError) -> bool {
-    Fault::of(e).0 == Kind::Denied
+    Fault::of(e) == Fault::Denied
 }
 
 /// A duration as people read it: `850 ms`, `1.5 s`, `12 s`.
@@ -568,6 +536,9 @@ impl std::fmt::Display for Rounded {
         }
     }
 }
+
+/// The cause of an error that is not a Redis error of its own (a pool's, a connection's).
+pub(crate) type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = LockError> = std::result::Result<T, E>;

@@ -54,11 +54,6 @@ pub(crate) fn new_uuid() -> String {
     [&h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..]].join("-")
 }
 
-/// The owner id of the calling thread for the client with instance id `instance`.
-pub(crate) fn owner_id(instance: &str) -> String {
-    OwnerId::new(instance).as_str().to_owned()
-}
-
 /// Bytes held inline, without touching the heap (an owner value of a lease, an owner id): at
 /// most [`VALUE_CAPACITY`], which every value and id the crate writes fits (a longer one
 /// would be cut).
@@ -91,8 +86,8 @@ impl Inline {
 }
 
 /// The owner id of the calling thread, `<instance>:<thread number>`, built without touching the
-/// heap (it is built on every acquire and release of a reentrant lock). Same text as
-/// [`owner_id`]. Instance ids are UUIDs: the id always fits [`Inline`].
+/// heap (it is built on every acquire and release of a reentrant lock); its text (`to_string`)
+/// for an owner id as a `String`. Instance ids are UUIDs: the id always fits [`Inline`].
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct OwnerId(Inline);
 
@@ -146,9 +141,9 @@ mod tests {
         assert_eq!(u.len(), UUID_LEN);
         assert_eq!(u.as_bytes()[14], b'4');
         assert_ne!(u, new_uuid());
-        let here = owner_id(&u);
-        assert_eq!(here, owner_id(&u));
-        let there = std::thread::spawn(move || owner_id(&u))
+        let here = OwnerId::new(&u).to_string();
+        assert_eq!(here, OwnerId::new(&u).to_string());
+        let there = std::thread::spawn(move || OwnerId::new(&u).to_string())
             .join()
             .expect("thread");
         assert_ne!(here, there);
@@ -161,7 +156,7 @@ mod tests {
         assert_eq!(id.as_str(), format!("{u}:{}", thread_num()));
         assert_eq!(id.as_bytes(), id.as_str().as_bytes());
         assert_eq!(id, OwnerId::new(&u));
-        assert_eq!(id.to_string(), owner_id(&u));
+        assert_eq!(id.to_string(), format!("{u}:{}", thread_num()));
         // Cut, never a panic, for an instance id no client has.
         let long = "x".repeat(VALUE_CAPACITY);
         assert_eq!(OwnerId::new(&long).as_str(), long);

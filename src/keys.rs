@@ -70,13 +70,11 @@ pub(crate) fn aux_key(prefix: &str, key: &str) -> Result<String> {
         log::debug!("key {key:?}: companion {name:?} (its braces form no hash tag)");
         return Ok(name);
     }
-    Err(LockError::config(
-        key,
-        format!(
-            "no name for its companion {prefix:?} lands in the key's cluster slot; use a key \
-             with a non-empty {{tag}} or no braces"
-        ),
-    ))
+    let reason = format!(
+        "no name for its companion {prefix:?} lands in the key's cluster slot; use a key with a \
+         non-empty {{tag}} or no braces"
+    );
+    Err(LockError::config(key, reason))
 }
 
 /// The smallest hexadecimal number whose text hashes to `slot` (as a hash tag): one exists

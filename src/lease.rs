@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use crate::error::{LockError, Result};
 use crate::ids::Inline;
-use crate::stats::Kind;
 
 /// One successful acquire: the owner value written to Redis, how long the hold is valid and,
 /// when asked for, its fencing token.
@@ -122,9 +121,8 @@ impl Lease {
             self.value = Inline::new(&[value]);
         }
         self.valid_until = crate::time::saturating_add(start, ttl);
-        if let Some(margin) = &mut self.margin {
-            *margin = loss_margin(ttl);
-        }
+        // No margin stays none (a validity with the drift taken off).
+        self.margin = self.margin.map(|_| loss_margin(ttl));
         if let Some(w) = &self.watch {
             w.renewed(start, ttl);
         }
@@ -143,10 +141,9 @@ impl Lease {
     /// The monotonic instant until which the hold is valid, measured from before the acquire
     /// (or the latest extend or watchdog renewal) was sent.
     pub fn valid_until(&self) -> Instant {
-        match &self.watch {
-            Some(w) => w.valid_until(),
-            None => self.valid_until,
-        }
+        self.watch
+            .as_ref()
+            .map_or(self.valid_until, |w| w.valid_until())
     }
 
     /// Time left before the hold expires (zero once expired).
@@ -165,10 +162,8 @@ impl Lease {
     /// have deleted the key); [`DistributedLock::is_held`](crate::DistributedLock::is_held)
     /// asks Redis.
     pub fn is_lost(&self) -> bool {
-        match &self.watch {
-            Some(w) => w.is_lost(),
-            None => Instant::now() >= self.loss_deadline(),
-        }
+        self.watch.as_ref().is_some_and(|w| w.marked_lost())
+            || Instant::now() >= self.loss_deadline()
     }
 
     /// The monotonic instant from which the hold counts as lost by the local clock alone
@@ -202,13 +197,11 @@ impl Lease {
     pub fn fence(&self) -> Option<u64> {
         self.fence
     }
-}
 
-impl crate::stats::LossNote for Lease {
     /// Notes that the hold was found lost; true the first time (for the stats). A watched
     /// hold is also marked lost for the watchdog, quietly (the caller is told by an error), so
     /// that the watchdog neither counts nor reports it again.
-    fn note_lost(&mut self) -> bool {
+    pub(crate) fn note_lost(&mut self) -> bool {
         if self.loss_noted {
             return false;
         }
@@ -218,7 +211,7 @@ impl crate::stats::LossNote for Lease {
 
     /// True once the hold's loss was noted (by this lease, or for a watched hold by the
     /// watchdog).
-    fn loss_noted(&self) -> bool {
+    pub(crate) fn loss_noted(&self) -> bool {
         self.loss_noted || self.watch.as_ref().is_some_and(|w| w.marked_lost())
     }
 }
@@ -238,19 +231,12 @@ pub(crate) enum Attempt {
     Held { pttl: Option<Duration> },
 }
 
-impl crate::stats::Outcome for Attempt {
-    fn won(&self) -> bool {
-        matches!(self, Attempt::Acquired(_))
-    }
-}
-
 impl Attempt {
     /// The attempt of a lock's public `try_acquire`: [`LockError::Held`] is a refusal.
     pub(crate) fn from_try(attempt: Result<Lease>) -> Result<Self> {
         match attempt {
-            Ok(lease) => Ok(Attempt::Acquired(lease)),
             Err(LockError::Held { .. }) => Ok(Attempt::Held { pttl: None }),
-            Err(e) => Err(e),
+            other => other.map(Attempt::Acquired),
         }
     }
 }
@@ -308,7 +294,7 @@ pub(crate) fn checked_win(
 /// [`checked_win`], the reply having been read at `now`.
 pub(crate) fn checked_win_at(
     key: &str,
-    lease: Lease,
+    mut lease: Lease,
     ttl: Duration,
     now: Instant,
     release: impl FnOnce(&Lease) -> Result<bool>,
@@ -320,7 +306,6 @@ pub(crate) fn checked_win_at(
     }
     lease.stop_renewal();
     // Never handed out: a release that finds it gone is no lost hold (see `Stats`).
-    let mut lease = lease;
     lease.loss_noted = true;
     let released = release(&lease);
     log::warn!(
@@ -380,6 +365,19 @@ pub enum LossReason {
     Expired,
 }
 
+/// Which kind of lock an event is about: the `strategy` label of the `metrics` counters. Each
+/// lock type defines its own (`token`, `classic`, `reentrant`, `fair`, `read`, `write`,
+/// `redlock`); the runtime passes it through without knowing the algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Kind(pub(crate) &'static str);
+
+impl Kind {
+    /// The kind labelled `label`.
+    pub(crate) const fn new(label: &'static str) -> Kind {
+        Kind(label)
+    }
+}
+
 /// How a hold is renewed: which owner check runs before the `PEXPIRE` (the layout of the
 /// hold), and the stats label its loss is counted under (the lock type's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,25 +398,25 @@ pub(crate) enum RenewKind {
 }
 
 impl RenewKind {
+    /// The kind's tag in `lua/renew_batch.lua`'s arguments, and the stats label of the hold's
+    /// lock type.
+    fn parts(self) -> (&'static str, Kind) {
+        match self {
+            RenewKind::Value(k) | RenewKind::ScriptedValue(k) => ("v", k),
+            RenewKind::HashField(k) => ("h", k),
+            RenewKind::ReadEntry(k) => ("r", k),
+            RenewKind::WriteEntry(k) => ("w", k),
+        }
+    }
+
     /// The kind's tag in `lua/renew_batch.lua`'s arguments.
     pub(crate) fn tag(self) -> &'static str {
-        match self {
-            RenewKind::Value(_) | RenewKind::ScriptedValue(_) => "v",
-            RenewKind::HashField(_) => "h",
-            RenewKind::ReadEntry(_) => "r",
-            RenewKind::WriteEntry(_) => "w",
-        }
+        self.parts().0
     }
 
     /// The stats label of the hold's lock type.
     pub(crate) fn label(self) -> Kind {
-        match self {
-            RenewKind::Value(k)
-            | RenewKind::ScriptedValue(k)
-            | RenewKind::HashField(k)
-            | RenewKind::ReadEntry(k)
-            | RenewKind::WriteEntry(k) => k,
-        }
+        self.parts().1
     }
 
     /// A string value (renewed natively where the server can).
@@ -493,40 +491,32 @@ impl WatchState {
     }
 
     /// A fair lock's grant: the hold is valid for only `valid` from its start until the first
-    /// renewal (which gives it the full lease). Call before the state is watched.
-    pub(crate) fn granted_for(&self, valid: Duration) {
+    /// renewal (which gives it the full lease). With `once`, that renewal (raising the grant's
+    /// short lease to the lock's ttl) is the only one: the hold is watched no more after it.
+    /// Call before the state is watched.
+    pub(crate) fn granted_for(&self, valid: Duration, once: bool) {
         let valid = valid.min(self.lease);
         self.margin_ns
             .store(nanos(loss_margin(valid)), Ordering::Release);
         self.valid_until_ns.store(nanos(valid), Ordering::Release);
+        self.once.store(once, Ordering::Release);
     }
 
-    /// Renew the hold once (raising a grant's short lease to the lock's ttl), then stop
-    /// watching it. Call before the state is watched.
-    pub(crate) fn renew_once(&self) {
-        self.once.store(true, Ordering::Release);
-    }
-
-    /// True if [`renew_once`](Self::renew_once) was asked for.
+    /// True if the hold is renewed once only (see [`granted_for`](Self::granted_for)).
     pub(crate) fn renews_once(&self) -> bool {
         self.once.load(Ordering::Acquire)
     }
 
     /// Until when the hold is valid by the local clock, after the latest renewal.
     pub(crate) fn valid_until(&self) -> Instant {
-        crate::time::saturating_add(
-            self.base,
-            Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire)),
-        )
+        let since_base = Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire));
+        crate::time::saturating_add(self.base, since_base)
     }
 
     /// A renewal (or an extend) sent at `start` gave the hold `ttl` more.
     pub(crate) fn renewed(&self, start: Instant, ttl: Duration) {
-        let until = nanos(
-            start
-                .saturating_duration_since(self.base)
-                .saturating_add(ttl),
-        );
+        let since_base = start.saturating_duration_since(self.base);
+        let until = nanos(since_base.saturating_add(ttl));
         // The margin first: a reader that sees the new validity sees its margin.
         self.margin_ns
             .store(nanos(loss_margin(ttl)), Ordering::Release);
@@ -539,11 +529,6 @@ impl WatchState {
         let margin = Duration::from_nanos(self.margin_ns.load(Ordering::Acquire));
         let end = self.valid_until();
         end.checked_sub(margin).unwrap_or(end)
-    }
-
-    /// Lost: marked so by the watchdog, or past its loss deadline by the local clock.
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire) || Instant::now() >= self.loss_deadline()
     }
 
     /// Marks the hold lost without telling anyone (the holder learnt it from an error): the
@@ -565,14 +550,11 @@ impl WatchState {
         if self.is_stopped() || self.lost.swap(true, Ordering::AcqRel) {
             return false;
         }
-        log::warn!(
-            "lock {:?}: watched hold lost ({})",
-            self.key,
-            match reason {
-                LossReason::Gone => "the renewal found it gone or held by another owner",
-                LossReason::Expired => "renewals failed until its loss deadline",
-            }
-        );
+        let why = match reason {
+            LossReason::Gone => "the renewal found it gone or held by another owner",
+            LossReason::Expired => "renewals failed until its loss deadline",
+        };
+        log::warn!("lock {:?}: watched hold lost ({why})", self.key);
         if let Some(cb) = &self.on_lost {
             cb(&LostLock {
                 key: self.key.to_string(),
@@ -643,7 +625,7 @@ mod tests {
             None,
         );
         assert_eq!(w.loss_deadline(), start + ms(2_968));
-        w.granted_for(ms(100));
+        w.granted_for(ms(100), false);
         assert_eq!(w.loss_deadline(), start + ms(97));
         w.renewed(start + ms(50), ms(3_000));
         assert_eq!(w.loss_deadline(), start + ms(3_018));

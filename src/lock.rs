@@ -214,18 +214,16 @@ pub trait ArcLockExt<L: DistributedLock + ?Sized> {
 
 impl<L: DistributedLock + ?Sized> ArcLockExt<L> for Arc<L> {
     fn lock_arc(&self) -> Result<OwnedLockGuard<L>> {
-        let lease = self.lock()?.into_lease();
-        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
+        Ok(Guard::wrap(Arc::clone(self), self.lock()?.into_lease()))
     }
 
     fn try_lock_arc(&self) -> Result<OwnedLockGuard<L>> {
-        let lease = self.try_lock()?.into_lease();
-        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
+        Ok(Guard::wrap(Arc::clone(self), self.try_lock()?.into_lease()))
     }
 
     fn try_lock_arc_for(&self, wait: Duration) -> Result<OwnedLockGuard<L>> {
         let lease = self.try_lock_for(wait)?.into_lease();
-        Ok(OwnedLockGuard::new(Arc::clone(self), lease))
+        Ok(Guard::wrap(Arc::clone(self), lease))
     }
 }
 
@@ -465,26 +463,20 @@ impl<R: Deref<Target: DistributedLock>, M> Drop for Guard<R, M> {
         if !self.armed {
             return;
         }
-        let (lock, lease) = (&*self.lock, &self.lease);
+        let (key, lease) = (self.lock.key(), &self.lease);
         lease.stop_renewal();
-        match lock.release(lease) {
+        match self.lock.release(lease) {
             Ok(true) => {}
             Ok(false) => log::warn!(
-                "lock {:?}: guard dropped after the lock was lost (it expired, or another owner \
-                 took it over); no other owner's lock was deleted",
-                lock.key()
+                "lock {key:?}: guard dropped after the lock was lost (it expired, or another \
+                 owner took it over); no other owner's lock was deleted"
             ),
             // Queued for the client's janitor: not lost yet.
             Err(e) if e.worth_retrying() => log::warn!(
-                "lock {:?}: release on drop failed: {}; retried in the background",
-                lock.key(),
+                "lock {key:?}: release on drop failed: {}; retried in the background",
                 e.report()
             ),
-            Err(e) => log::error!(
-                "lock {:?}: release on drop failed: {}",
-                lock.key(),
-                e.report()
-            ),
+            Err(e) => log::error!("lock {key:?}: release on drop failed: {}", e.report()),
         }
     }
 }

@@ -693,7 +693,7 @@ impl RedLock {
             if node.lanes[self.lane].send(job).is_err() {
                 let e = LockError::connection(
                     &self.key,
-                    Fault::UNREACHABLE,
+                    Fault::Unreachable,
                     format!("the RedLock worker thread of node {i} is gone").into(),
                 );
                 log::error!("lock {:?}: {}", self.key, e.report());
@@ -760,7 +760,7 @@ impl RedLock {
         // No answer from a majority goes away as nodes come back, like a refused connection.
         LockError::connection(
             &self.key,
-            Fault::UNREACHABLE,
+            Fault::Unreachable,
             format!(
                 "RedLock {what}: {answered} of {nodes} nodes answered, too few to decide (a \
                  majority is {quorum}){}",

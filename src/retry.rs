@@ -56,14 +56,11 @@ impl RetryPolicy {
     /// jitter; about one second of waiting in all. The default for
     /// [`Strategy::Classic`](crate::Strategy::Classic).
     pub fn legacy() -> Self {
-        RetryPolicy {
-            max_retries: Some(5),
-            max_wait: None,
-            delay: Duration::from_millis(200),
-            max_delay: Duration::from_millis(200),
-            backoff: 1,
-            jitter: false,
-        }
+        Self::standard()
+            .max_retries(Some(5))
+            .max_wait(None)
+            .fixed_delay(Duration::from_millis(200))
+            .jitter(false)
     }
 
     /// Waits up to 10 s, sleeping 4 ms at first, doubling to at most 32 ms, with jitter. The
@@ -82,10 +79,7 @@ impl RetryPolicy {
 
     /// Only ever one attempt: `lock()` behaves like `try_lock()`.
     pub fn no_wait() -> Self {
-        RetryPolicy {
-            max_retries: Some(0),
-            ..Self::standard()
-        }
+        Self::standard().max_retries(Some(0))
     }
 
     /// Sets the retry count limit (`None` for none).
@@ -196,11 +190,8 @@ impl<'a> Attempts<'a> {
     /// deadline, or for a count-limited policy the longest its retries could take.
     pub(crate) fn queue_deadline(&self) -> Option<Instant> {
         self.deadline.or_else(|| {
-            let retries = self.max_retries?;
-            let longest = self
-                .policy
-                .max_delay
-                .saturating_mul(retries.saturating_add(1));
+            let attempts = self.max_retries?.saturating_add(1);
+            let longest = self.policy.max_delay.saturating_mul(attempts);
             self.started.checked_add(longest)
         })
     }
@@ -217,10 +208,8 @@ impl<'a> Attempts<'a> {
             sleep = half.saturating_add(rand::rng().random_range(Duration::ZERO..=sleep - half));
         }
         sleep = sleep.max(RetryPolicy::MIN_DELAY);
-        self.next_delay = self
-            .next_delay
-            .saturating_mul(self.policy.backoff)
-            .min(self.policy.max_delay);
+        let grown = self.next_delay.saturating_mul(self.policy.backoff);
+        self.next_delay = grown.min(self.policy.max_delay);
         if let Some(deadline) = self.deadline {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

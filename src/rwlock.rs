@@ -954,7 +954,7 @@ mod tests {
                 "{name}.lua must set owner before the prelude"
             );
         }
-        let built = crate::scripts::Scripts::new();
+        let built = crate::scripts::Scripts::for_server(None);
         for s in [
             &built.rw_acquire,
             &built.rw_release,

@@ -52,26 +52,26 @@ impl LuaScript {
     /// queue walk both fair scripts share (Redis scripts cannot load one another).
     fn new(name: &'static str, code: &str) -> Self {
         let code =
-            &code
-                .replacen(RW_INCLUDE, RW_PRELUDE, 1)
+            code.replacen(RW_INCLUDE, RW_PRELUDE, 1)
                 .replacen(FAIR_INCLUDE, FAIR_LIVE_HEAD, 1);
         LuaScript {
             name,
-            code: code.to_owned(),
-            script: redis::Script::new(code),
+            script: redis::Script::new(&code),
+            code,
             plain: None,
         }
     }
 
-    /// The script with the `allow-oom` flag on Redis 7 and later (plain before).
-    fn allowing_oom(name: &'static str, code: &str) -> Self {
-        let flagged = format!("{ALLOW_OOM}{code}");
+    /// The script with the `allow-oom` flag on Redis 7 and later, and itself (plain) before.
+    fn allowing_oom(self) -> Self {
+        let flagged = Self::new(self.name, &format!("{ALLOW_OOM}{}", self.code));
+        let plain = Plain {
+            script: self,
+            shebang_rejected: AtomicBool::new(false),
+        };
         LuaScript {
-            plain: Some(Arc::new(Plain {
-                script: Self::new(name, code),
-                shebang_rejected: AtomicBool::new(false),
-            })),
-            ..Self::new(name, &flagged)
+            plain: Some(Arc::new(plain)),
+            ..flagged
         }
     }
 
@@ -249,94 +249,82 @@ const FAIR_INCLUDE: &str = "-- #include fair_live_head.lua\n";
 /// The queue walk shared by the fair lock scripts.
 const FAIR_LIVE_HEAD: &str = include_str!("../lua/fair_live_head.lua");
 
-/// All scripts of the crate, built once per client.
-#[derive(Debug, Clone)]
-pub(crate) struct Scripts {
-    /// `lua/unlock.lua`: compare-and-delete.
-    pub(crate) unlock: LuaScript,
-    /// `lua/extend.lua`: compare-and-pexpire.
-    pub(crate) extend: LuaScript,
-    /// `lua/token_acquire.lua`: Token acquire reporting the fence or the holder's PTTL.
-    pub(crate) token_acquire: LuaScript,
-    /// `lua/compare_and_set.lua`: Classic takeover and extend, allowed to write when the
-    /// server is out of memory (Redis 7+).
-    pub(crate) compare_and_set: LuaScript,
-    /// `lua/rw_acquire.lua`: read-write lock, take a read or write hold.
-    pub(crate) rw_acquire: LuaScript,
-    /// `lua/rw_release.lua`: read-write lock, give back a hold or withdraw a writer intent.
-    pub(crate) rw_release: LuaScript,
-    /// `lua/rw_extend.lua`: read-write lock, renew the owner's own entry.
-    pub(crate) rw_extend: LuaScript,
-    /// `lua/rw_held.lua`: read-write lock, does the owner hold it.
-    pub(crate) rw_held: LuaScript,
-    /// `lua/renew_batch.lua`: the watchdog's renewal of many holds in one call.
-    pub(crate) renew_batch: LuaScript,
-    /// `lua/reentrant_acquire.lua`: reentrant lock (Redisson layout), take or re-enter a hold.
-    pub(crate) reentrant_acquire: LuaScript,
-    /// `lua/reentrant_release.lua`: reentrant lock, give back one hold (publish on the last).
-    pub(crate) reentrant_release: LuaScript,
-    /// `lua/reentrant_extend.lua`: reentrant lock, renew the key while the owner holds it.
-    pub(crate) reentrant_extend: LuaScript,
-    /// `lua/acl_check.lua`: may the user send these commands (`LockBuilder::check_access`)?
-    pub(crate) acl_check: LuaScript,
-    /// `lua/reentrant_forget.lua`: the janitor's retry of a reentrant release that failed on a
-    /// connection error (gives back one hold only if the owner's count is unchanged).
-    pub(crate) reentrant_forget: LuaScript,
-    /// `lua/lock_state.lua`: the admin queries' read of a key (type, PTTL, value or mode).
-    pub(crate) lock_state: LuaScript,
-    /// `lua/force_unlock.lua`: the admin's delete-whoever-holds-it, published.
-    pub(crate) force_unlock: LuaScript,
-    /// `lua/fair_acquire.lua`: fair lock, take it or join (refresh) the queue.
-    pub(crate) fair_acquire: LuaScript,
-    /// `lua/fair_release.lua`: fair lock, release and grant to the next waiter, or leave the
-    /// queue.
-    pub(crate) fair_release: LuaScript,
+/// Declares [`Scripts`], one field per script `lua/<field>.lua`, and builds every one of them
+/// as its file has it.
+macro_rules! scripts {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// All scripts of the crate, built once per client.
+        #[derive(Debug, Clone)]
+        pub(crate) struct Scripts {
+            $($(#[$doc])* pub(crate) $name: LuaScript,)*
+        }
+
+        impl Scripts {
+            /// Every script as its file has it (no shebang).
+            fn plain() -> Self {
+                Scripts {
+                    $($name: LuaScript::new(
+                        stringify!($name),
+                        include_str!(concat!("../lua/", stringify!($name), ".lua")),
+                    ),)*
+                }
+            }
+        }
+    };
 }
 
-/// The script `lua/<name>.lua`, named `name`.
-macro_rules! lua {
-    ($name:literal) => {
-        LuaScript::new($name, include_str!(concat!("../lua/", $name, ".lua")))
-    };
+scripts! {
+    /// `lua/unlock.lua`: compare-and-delete.
+    unlock,
+    /// `lua/extend.lua`: compare-and-pexpire.
+    extend,
+    /// `lua/token_acquire.lua`: Token acquire reporting the fence or the holder's PTTL.
+    token_acquire,
+    /// `lua/compare_and_set.lua`: Classic takeover and extend, allowed to write when the
+    /// server is out of memory (Redis 7+).
+    compare_and_set,
+    /// `lua/rw_acquire.lua`: read-write lock, take a read or write hold.
+    rw_acquire,
+    /// `lua/rw_release.lua`: read-write lock, give back a hold or withdraw a writer intent.
+    rw_release,
+    /// `lua/rw_extend.lua`: read-write lock, renew the owner's own entry.
+    rw_extend,
+    /// `lua/rw_held.lua`: read-write lock, does the owner hold it.
+    rw_held,
+    /// `lua/renew_batch.lua`: the watchdog's renewal of many holds in one call.
+    renew_batch,
+    /// `lua/reentrant_acquire.lua`: reentrant lock (Redisson layout), take or re-enter a hold.
+    reentrant_acquire,
+    /// `lua/reentrant_release.lua`: reentrant lock, give back one hold (publish on the last).
+    reentrant_release,
+    /// `lua/reentrant_extend.lua`: reentrant lock, renew the key while the owner holds it.
+    reentrant_extend,
+    /// `lua/acl_check.lua`: may the user send these commands (`LockBuilder::check_access`)?
+    acl_check,
+    /// `lua/reentrant_forget.lua`: the janitor's retry of a reentrant release that failed on a
+    /// connection error (gives back one hold only if the owner's count is unchanged).
+    reentrant_forget,
+    /// `lua/lock_state.lua`: the admin queries' read of a key (type, PTTL, value or mode).
+    lock_state,
+    /// `lua/force_unlock.lua`: the admin's delete-whoever-holds-it, published.
+    force_unlock,
+    /// `lua/fair_acquire.lua`: fair lock, take it or join (refresh) the queue.
+    fair_acquire,
+    /// `lua/fair_release.lua`: fair lock, release and grant to the next waiter, or leave the
+    /// queue.
+    fair_release,
 }
 
 impl Scripts {
     /// The scripts for a server of `version`: without the shebangs before Redis 7 (`None`:
     /// not known; with them, see the module notes).
     pub(crate) fn for_server(version: Option<&Version>) -> Self {
+        let mut scripts = Scripts::plain();
         // Classic extend must rewrite the value (it is the expiry) even on a full server.
-        let compare_and_set = if version.is_some_and(|v| !v.has_shebang()) {
-            lua!("compare_and_set")
-        } else {
-            let code = include_str!("../lua/compare_and_set.lua");
-            LuaScript::allowing_oom("compare_and_set", code)
-        };
-        Scripts {
-            unlock: lua!("unlock"),
-            extend: lua!("extend"),
-            token_acquire: lua!("token_acquire"),
-            compare_and_set,
-            rw_acquire: lua!("rw_acquire"),
-            rw_release: lua!("rw_release"),
-            rw_extend: lua!("rw_extend"),
-            rw_held: lua!("rw_held"),
-            renew_batch: lua!("renew_batch"),
-            reentrant_acquire: lua!("reentrant_acquire"),
-            acl_check: lua!("acl_check"),
-            reentrant_release: lua!("reentrant_release"),
-            reentrant_extend: lua!("reentrant_extend"),
-            reentrant_forget: lua!("reentrant_forget"),
-            lock_state: lua!("lock_state"),
-            force_unlock: lua!("force_unlock"),
-            fair_acquire: lua!("fair_acquire"),
-            fair_release: lua!("fair_release"),
+        if version.is_none_or(Version::has_shebang) {
+            scripts.compare_and_set = scripts.compare_and_set.allowing_oom();
         }
-    }
-
-    /// The scripts for a server of unknown version.
-    #[cfg(any(test, feature = "bench-hooks"))]
-    pub(crate) fn new() -> Self {
-        Scripts::for_server(None)
+        scripts
     }
 }
 
@@ -346,7 +334,7 @@ mod tests {
 
     #[test]
     fn shas_are_distinct_hex() {
-        let s = Scripts::new();
+        let s = Scripts::for_server(None);
         let shas = [&s.unlock, &s.extend, &s.compare_and_set].map(|l| l.script.get_hash());
         for sha in shas {
             assert_eq!(sha.len(), 40);
@@ -358,7 +346,7 @@ mod tests {
 
     #[test]
     fn compare_and_set_allows_oom_with_a_plain_fallback() {
-        let s = Scripts::new();
+        let s = Scripts::for_server(None);
         let cas = &s.compare_and_set;
         assert!(cas.code().starts_with("#!lua flags=allow-oom\n"));
         let plain = cas.plain.as_ref().expect("a fallback");

@@ -8,18 +8,12 @@ use std::fmt;
 
 use redis::{ConnectionLike, Value};
 
-/// Which server: Valkey says both `redis_version` (the Redis it forked from, 7.2) and
-/// `valkey_version`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Family {
-    Redis,
-    Valkey,
-}
-
 /// A server's family and version, from `INFO server`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Version {
-    family: Family,
+    /// Valkey, or else Redis. Valkey says both `redis_version` (the Redis it forked from, 7.2)
+    /// and `valkey_version`.
+    valkey: bool,
     /// `(major, minor)`, for the comparisons.
     number: (u32, u32),
     /// As the server wrote it (`9.1.2`), for messages.
@@ -31,48 +25,40 @@ impl Version {
     /// not run `INFO`). A Cluster connection sends `INFO` to every primary and answers with a
     /// map of their replies: the oldest server is the one read (what every node has).
     pub(crate) fn from_info(info: &Value) -> Option<Version> {
-        let text = match info {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            Value::VerbatimString { text, .. } => text.clone(),
-            Value::SimpleString(s) => s.clone(),
+        let text: String = match info {
             Value::Map(nodes) => {
                 let versions = nodes.iter().map(|(_, reply)| Version::from_info(reply));
                 // Any node that does not say leaves the answer unknown.
                 let versions: Option<Vec<Version>> = versions.collect();
-                return versions?
-                    .into_iter()
-                    .min_by_key(|v| (v.family == Family::Valkey, v.number));
+                return versions?.into_iter().min_by_key(|v| (v.valkey, v.number));
             }
-            _ => return None,
+            // A path in `INFO` (`executable:`, `config_file:`) may not be UTF-8.
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            // A verbatim or simple string, read by redis-rs.
+            other => redis::from_redis_value_ref(other).ok()?,
         };
         let field = |name: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(name))
                 .map(|v| v.trim().to_owned())
         };
-        let (family, text) = match (field("valkey_version:"), field("redis_version:")) {
-            (Some(v), _) => (Family::Valkey, v),
-            (None, Some(v)) => (Family::Redis, v),
-            (None, None) => return None,
+        let (valkey, text) = match (field("valkey_version:"), field("redis_version:")) {
+            (Some(v), _) => (true, v),
+            (None, v) => (false, v?),
         };
         let mut parts = text.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
         let number = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
         Some(Version {
-            family,
+            valkey,
             number,
             text,
         })
     }
 
-    /// True if the version is at least `major.minor`.
-    fn at_least(&self, major: u32, minor: u32) -> bool {
-        self.number >= (major, minor)
-    }
-
     /// Script shebangs and their flags (`#!lua flags=allow-oom`): Redis 7.0 and later, and
     /// every Valkey (forked from Redis 7.2).
     pub(crate) fn has_shebang(&self) -> bool {
-        self.family == Family::Valkey || self.at_least(7, 0)
+        self.valkey || self.number >= (7, 0)
     }
 
     /// `SET … NX … GET` (NX with GET): Redis 7.0 and later, like [`has_shebang`](Self::has_shebang).
@@ -83,21 +69,18 @@ impl Version {
     /// `DELIFEQ`: Valkey 9.0 and later (by version; `COMMAND INFO DELIFEQ` also says whether a
     /// server has it under that name).
     pub(crate) fn has_delifeq(&self) -> bool {
-        self.family == Family::Valkey && self.at_least(9, 0)
+        self.valkey && self.number >= (9, 0)
     }
 
     /// `SET … IFEQ`: Valkey 8.1 and later (`COMMAND INFO` lists no options to ask about).
     pub(crate) fn has_set_ifeq(&self) -> bool {
-        self.family == Family::Valkey && self.at_least(8, 1)
+        self.valkey && self.number >= (8, 1)
     }
 }
 
 impl fmt::Display for Version {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let family = match self.family {
-            Family::Redis => "redis",
-            Family::Valkey => "valkey",
-        };
+        let family = if self.valkey { "valkey" } else { "redis" };
         write!(f, "{family} {}", self.text)
     }
 }

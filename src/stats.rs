@@ -4,112 +4,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What a client has counted since it was built: a snapshot from
-/// [`LockClient::stats`](crate::LockClient::stats) (or
-/// [`RedLockClient::stats`](crate::RedLockClient::stats)).
-///
-/// Every counter only grows; take the difference of two snapshots for a rate. Counting costs
-/// one relaxed atomic add on the path where the event happens: no lock and no round trip.
-/// With the cargo feature `metrics`, the same events are reported as `metrics` counters named
-/// `dlock_<field>_total` (e.g. `dlock_acquires_total`), with a `strategy` label (`token`,
-/// `classic`, `reentrant`, `fair`, `read`, `write`, `redlock`) on acquires, refusals, timeouts and
-/// lost holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Holds handed out: acquire attempts that won (re-entries of a reentrant or read-write
-    /// lock included), whether by `try_acquire`, `try_lock`, `lock` or `try_lock_for`. A win
-    /// released again because its reply came too late ([`LockError::LateReply`]) is not
-    /// counted.
-    ///
-    /// [`LockError::LateReply`]: crate::LockError::LateReply
-    pub acquires: u64,
-    /// Acquire attempts refused because another owner held the lock (contention). A blocking
-    /// acquire counts one per attempt it made.
-    pub refusals: u64,
-    /// Blocking acquires (`lock`, `try_lock_for`, `try_lock_until`) that gave up with
-    /// [`LockError::Timeout`](crate::LockError::Timeout).
-    pub timeouts: u64,
-    /// Holds found lost, each hold at most once: the watchdog found a watched hold gone or could
-    /// not renew it before its lease ran out, an `extend` found the hold gone
-    /// ([`LockError::Lost`](crate::LockError::Lost)), or a release found it gone (`unlock()`
-    /// returned `Ok(false)`).
-    pub lost_holds: u64,
-    /// Watched holds the watchdog renewed (one per hold per renewal).
-    pub renewals: u64,
-    /// Renewals of watched holds that failed (Redis unreachable, erroring or too slow), one per
-    /// hold per failed call; they are retried until the lease runs out.
-    pub failed_renewals: u64,
-    /// Release messages heard on the pub/sub subscriber that woke waiters of this client.
-    pub wakeups: u64,
-    /// Classic takeovers of a stale lock won by `GETSET` ([`Takeover::GetSet`]).
-    ///
-    /// [`Takeover::GetSet`]: crate::Takeover::GetSet
-    pub getset_takeovers: u64,
-    /// Classic `GETSET` takeovers lost to another contender, whose value the losing `GETSET`
-    /// overwrote anyway (the legacy flaw that [`Takeover::CompareAndSet`] avoids).
-    ///
-    /// [`Takeover::CompareAndSet`]: crate::Takeover::CompareAndSet
-    pub getset_overwrites: u64,
-    /// Classic takeovers of a stale lock won by compare-and-set
-    /// ([`Takeover::CompareAndSet`](crate::Takeover::CompareAndSet)).
-    pub cas_takeovers: u64,
-    /// Orphans the client's clean-up thread removed: locks left by an acquire whose reply was
-    /// lost, or by a release that failed on a connection error (see
-    /// [`LockClient::pending_cleanups`](crate::LockClient::pending_cleanups)).
-    pub orphan_cleanups: u64,
-    /// Connections re-established after one was lost: pooled connections discarded as broken
-    /// (an I/O error, a timeout, `READONLY` after a failover, or opened before a Sentinel master
-    /// switch; the pool opens a new one when next needed), and reconnections of the pub/sub
-    /// subscriber.
-    pub reconnects: u64,
-}
-
-/// Which kind of lock an event is about: the `strategy` label of the `metrics` counters. Each
-/// lock type defines its own (`token`, `classic`, `reentrant`, `fair`, `read`, `write`,
-/// `redlock`); the runtime passes it through without knowing the algorithms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Kind(&'static str);
-
-impl Kind {
-    /// The kind labelled `label`.
-    pub(crate) const fn new(label: &'static str) -> Kind {
-        Kind(label)
-    }
-}
-
-/// An attempt's outcome as the counters see it (the lease layer's attempt type): won or
-/// refused. A trait, so that the counters sit below the types they count.
-pub(crate) trait Outcome {
-    /// True if the attempt took the lock.
-    fn won(&self) -> bool;
-}
-
-/// A hold whose loss is counted once, whoever notices it first (an extend, a release, the
-/// watchdog): the lease remembers that it was counted.
-pub(crate) trait LossNote {
-    /// Records the loss; true if it was not recorded before.
-    fn note_lost(&mut self) -> bool;
-    /// True once the loss was recorded.
-    fn loss_noted(&self) -> bool;
-}
-
-/// The live counters of one client.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    acquires: AtomicU64,
-    refusals: AtomicU64,
-    timeouts: AtomicU64,
-    lost_holds: AtomicU64,
-    renewals: AtomicU64,
-    failed_renewals: AtomicU64,
-    wakeups: AtomicU64,
-    getset_takeovers: AtomicU64,
-    getset_overwrites: AtomicU64,
-    cas_takeovers: AtomicU64,
-    orphan_cleanups: AtomicU64,
-    reconnects: AtomicU64,
-}
+use crate::error::{LockError, Result};
+use crate::lease::{Attempt, Lease};
+// The label each strategy gives its events, defined with the holds it labels (`RenewKind`).
+pub(crate) use crate::lease::Kind;
 
 /// Adds `n` to a counter, and reports it through `metrics` when that feature is on (with the
 /// `strategy` label of the kind, if given).
@@ -130,26 +28,109 @@ macro_rules! count {
     }};
 }
 
-impl Counters {
-    /// A snapshot.
-    pub(crate) fn snapshot(&self) -> Stats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        Stats {
-            acquires: get(&self.acquires),
-            refusals: get(&self.refusals),
-            timeouts: get(&self.timeouts),
-            lost_holds: get(&self.lost_holds),
-            renewals: get(&self.renewals),
-            failed_renewals: get(&self.failed_renewals),
-            wakeups: get(&self.wakeups),
-            getset_takeovers: get(&self.getset_takeovers),
-            getset_overwrites: get(&self.getset_overwrites),
-            cas_takeovers: get(&self.cas_takeovers),
-            orphan_cleanups: get(&self.orphan_cleanups),
-            reconnects: get(&self.reconnects),
+/// Declares [`Stats`] as written, [`Counters`] with an atomic per field of it, their
+/// snapshot, and for a field marked `=> fn name` a method `name()` that counts one event of
+/// it (with no `strategy` label).
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        pub struct Stats {
+            $($(#[$doc:meta])* pub $field:ident: u64 $(=> fn $adder:ident)?,)*
         }
-    }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub struct Stats {
+            $($(#[$doc])* pub $field: u64,)*
+        }
 
+        /// The live counters of one client.
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $($field: AtomicU64,)*
+        }
+
+        impl Counters {
+            /// A snapshot.
+            pub(crate) fn snapshot(&self) -> Stats {
+                Stats {
+                    $($field: self.$field.load(Ordering::Relaxed),)*
+                }
+            }
+
+            $($(
+                /// Counts one event of its field.
+                pub(crate) fn $adder(&self) {
+                    count!(self.$field, 1);
+                }
+            )?)*
+        }
+    };
+}
+
+counters! {
+    /// What a client has counted since it was built: a snapshot from
+    /// [`LockClient::stats`](crate::LockClient::stats) (or
+    /// [`RedLockClient::stats`](crate::RedLockClient::stats)).
+    ///
+    /// Every counter only grows; take the difference of two snapshots for a rate. Counting costs
+    /// one relaxed atomic add on the path where the event happens: no lock and no round trip.
+    /// With the cargo feature `metrics`, the same events are reported as `metrics` counters named
+    /// `dlock_<field>_total` (e.g. `dlock_acquires_total`), with a `strategy` label (`token`,
+    /// `classic`, `reentrant`, `fair`, `read`, `write`, `redlock`) on acquires, refusals, timeouts
+    /// and lost holds.
+    pub struct Stats {
+        /// Holds handed out: acquire attempts that won (re-entries of a reentrant or read-write
+        /// lock included), whether by `try_acquire`, `try_lock`, `lock` or `try_lock_for`. A win
+        /// released again because its reply came too late ([`LockError::LateReply`]) is not
+        /// counted.
+        ///
+        /// [`LockError::LateReply`]: LockError::LateReply
+        pub acquires: u64,
+        /// Acquire attempts refused because another owner held the lock (contention). A blocking
+        /// acquire counts one per attempt it made.
+        pub refusals: u64,
+        /// Blocking acquires (`lock`, `try_lock_for`, `try_lock_until`) that gave up with
+        /// [`LockError::Timeout`](LockError::Timeout).
+        pub timeouts: u64,
+        /// Holds found lost, each hold at most once: the watchdog found a watched hold gone or
+        /// could not renew it before its lease ran out, an `extend` found the hold gone
+        /// ([`LockError::Lost`]), or a release found it gone (`unlock()`
+        /// returned `Ok(false)`).
+        pub lost_holds: u64,
+        /// Watched holds the watchdog renewed (one per hold per renewal).
+        pub renewals: u64,
+        /// Renewals of watched holds that failed (Redis unreachable, erroring or too slow), one per
+        /// hold per failed call; they are retried until the lease runs out.
+        pub failed_renewals: u64,
+        /// Release messages heard on the pub/sub subscriber that woke waiters of this client.
+        pub wakeups: u64 => fn woken,
+        /// Classic takeovers of a stale lock won by `GETSET` ([`Takeover::GetSet`]).
+        ///
+        /// [`Takeover::GetSet`]: crate::Takeover::GetSet
+        pub getset_takeovers: u64 => fn getset_takeover,
+        /// Classic `GETSET` takeovers lost to another contender, whose value the losing `GETSET`
+        /// overwrote anyway (the legacy flaw that [`Takeover::CompareAndSet`] avoids).
+        ///
+        /// [`Takeover::CompareAndSet`]: crate::Takeover::CompareAndSet
+        pub getset_overwrites: u64 => fn getset_overwrite,
+        /// Classic takeovers of a stale lock won by compare-and-set
+        /// ([`Takeover::CompareAndSet`](crate::Takeover::CompareAndSet)).
+        pub cas_takeovers: u64 => fn cas_takeover,
+        /// Orphans the client's clean-up thread removed: locks left by an acquire whose reply was
+        /// lost, or by a release that failed on a connection error (see
+        /// [`LockClient::pending_cleanups`](crate::LockClient::pending_cleanups)).
+        pub orphan_cleanups: u64 => fn orphan_cleaned,
+        /// Connections re-established after one was lost: pooled connections discarded as broken
+        /// (an I/O error, a timeout, `READONLY` after a failover, or opened before a Sentinel
+        /// master switch; the pool opens a new one when next needed), and reconnections of the
+        /// pub/sub subscriber.
+        pub reconnects: u64 => fn reconnect,
+    }
+}
+
+impl Counters {
     /// One acquire attempt's outcome: won, or refused by another owner.
     pub(crate) fn attempt(&self, kind: Kind, won: bool) {
         if won {
@@ -161,50 +142,45 @@ impl Counters {
 
     /// The outcome of one attempt (after the late-reply check): a win or a refusal is counted,
     /// an error is not.
-    pub(crate) fn outcome(&self, kind: Kind, result: &crate::Result<impl Outcome>) {
+    pub(crate) fn outcome(&self, kind: Kind, result: &Result<Attempt>) {
         if let Ok(attempt) = result {
-            self.attempt(kind, attempt.won());
+            self.attempt(kind, matches!(attempt, Attempt::Acquired(_)));
         }
     }
 
     /// [`outcome`](Self::outcome) for a `try_acquire` result.
-    pub(crate) fn outcome_lease<T>(&self, kind: Kind, result: &crate::Result<Option<T>>) {
+    pub(crate) fn outcome_lease<T>(&self, kind: Kind, result: &Result<Option<T>>) {
         if let Ok(lease) = result {
             self.attempt(kind, lease.is_some());
         }
     }
 
-    /// An extend ended with `result`: a [`LockError::Lost`](crate::LockError::Lost) is
+    /// An extend ended with `result`: a [`LockError::Lost`] is
     /// counted (see [`lost_on_extend`](Self::lost_on_extend)). Passes `result` on.
-    pub(crate) fn extended(
-        &self,
-        kind: Kind,
-        lease: &mut impl LossNote,
-        result: crate::Result<()>,
-    ) -> crate::Result<()> {
-        if let Err(crate::LockError::Lost { .. }) = &result {
+    pub(crate) fn extended(&self, kind: Kind, lease: &mut Lease, result: Result<()>) -> Result<()> {
+        if let Err(LockError::Lost { .. }) = &result {
             self.lost_on_extend(kind, lease);
         }
         result
     }
 
     /// A blocking acquire ended with `result`: counted if it timed out.
-    pub(crate) fn blocking<T>(&self, kind: Kind, result: &crate::Result<T>) {
-        if let Err(crate::LockError::Timeout { .. }) = result {
+    pub(crate) fn blocking<T>(&self, kind: Kind, result: &Result<T>) {
+        if let Err(LockError::Timeout { .. }) = result {
             count!(self.timeouts, 1, kind);
         }
     }
 
     /// A hold found lost by an `extend`: counted unless this lease (or the watchdog) already
     /// counted it; the lease remembers it.
-    pub(crate) fn lost_on_extend(&self, kind: Kind, lease: &mut impl LossNote) {
+    pub(crate) fn lost_on_extend(&self, kind: Kind, lease: &mut Lease) {
         if lease.note_lost() {
             count!(self.lost_holds, 1, kind);
         }
     }
 
     /// A release found the hold lost: counted unless the lease (or the watchdog) already did.
-    pub(crate) fn lost_on_release(&self, kind: Kind, lease: &impl LossNote) {
+    pub(crate) fn lost_on_release(&self, kind: Kind, lease: &Lease) {
         if !lease.loss_noted() {
             count!(self.lost_holds, 1, kind);
         }
@@ -223,36 +199,6 @@ impl Counters {
     /// A renewal call for `n` holds failed.
     pub(crate) fn renewals_failed(&self, n: usize) {
         count!(self.failed_renewals, n as u64);
-    }
-
-    /// A release message woke waiters.
-    pub(crate) fn woken(&self) {
-        count!(self.wakeups, 1);
-    }
-
-    /// A Classic GETSET takeover won.
-    pub(crate) fn getset_takeover(&self) {
-        count!(self.getset_takeovers, 1);
-    }
-
-    /// A Classic GETSET takeover lost, overwriting the winner's value.
-    pub(crate) fn getset_overwrite(&self) {
-        count!(self.getset_overwrites, 1);
-    }
-
-    /// A Classic compare-and-set takeover won.
-    pub(crate) fn cas_takeover(&self) {
-        count!(self.cas_takeovers, 1);
-    }
-
-    /// The janitor removed an orphan.
-    pub(crate) fn orphan_cleaned(&self) {
-        count!(self.orphan_cleanups, 1);
-    }
-
-    /// A connection was lost and is (being) replaced.
-    pub(crate) fn reconnect(&self) {
-        count!(self.reconnects, 1);
     }
 }
 

@@ -42,10 +42,8 @@ pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
 /// its whole milliseconds.
 pub(crate) fn check_duration(key: &str, what: &str, d: Duration, zero: bool) -> Result<Duration> {
     if !zero && d.as_millis() == 0 {
-        return Err(LockError::config(
-            key,
-            format!("{what} must be at least 1 ms, got {d:?}"),
-        ));
+        let reason = format!("{what} must be at least 1 ms, got {d:?}");
+        return Err(LockError::config(key, reason));
     }
     if d > MAX_TTL {
         return Err(LockError::config(

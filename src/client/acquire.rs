@@ -220,7 +220,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         // An outage seen by the attempts ahead, as they would have reported it.
         return Err(LockError::connection(
             key,
-            crate::error::Fault::UNREACHABLE,
+            crate::error::Fault::Unreachable,
             format!(
                 "gave up after {} and {} own attempt{}, waiting in line behind other threads \
                  of this client: {why}",

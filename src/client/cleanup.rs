@@ -165,22 +165,22 @@ mod tests {
 
     #[test]
     fn only_a_sent_command_that_did_not_time_out_is_cleaned_up_in_line() {
-        let refused = Why::release(&failed(Fault::UNREACHABLE));
+        let refused = Why::release(&failed(Fault::Unreachable));
         assert_eq!(refused.not_in_line, None);
-        let timed_out = Why::release(&failed(Fault::TIMEOUT));
+        let timed_out = Why::release(&failed(Fault::Timeout));
         assert_eq!(
             timed_out.not_in_line,
             Some("no reply within the command timeout")
         );
         // A checkout or connect that timed out sent nothing, and took its bound.
-        let no_conn = Why::release(&failed(Fault::NOT_CONNECTED));
+        let no_conn = Why::release(&failed(Fault::NotConnected));
         assert_eq!(
             no_conn.not_in_line,
             Some("no connection to the server within the connect timeout")
         );
-        assert!(failed(Fault::NOT_CONNECTED).is_transient());
-        assert!(!failed(Fault::NOT_CONNECTED).is_timeout());
-        assert!(Why::acquire(&failed(Fault::NOT_CONNECTED))
+        assert!(failed(Fault::NotConnected).is_transient());
+        assert!(!failed(Fault::NotConnected).is_timeout());
+        assert!(Why::acquire(&failed(Fault::NotConnected))
             .not_in_line
             .is_some());
     }

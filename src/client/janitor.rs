@@ -752,13 +752,13 @@ mod tests {
         assert!(retry_later(&client, job(2), &denied).is_none());
         let reset = crate::LockError::connection(
             "k",
-            crate::error::Fault::UNREACHABLE,
+            crate::error::Fault::Unreachable,
             "connection reset".into(),
         );
         assert!(retry_later(&client, job(3), &reset).is_some());
         let transient = crate::LockError::connection(
             "k",
-            crate::error::Fault::NOT_CONNECTED,
+            crate::error::Fault::NotConnected,
             "no connection".into(),
         );
         assert!(retry_later(&client, job(4), &transient).is_some());

@@ -538,13 +538,13 @@ impl LockClient {
             Some(last) => LockError::connection(
                 key,
                 if last.is_timeout() {
-                    Fault::NOT_CONNECTED
+                    Fault::NotConnected
                 } else {
-                    Fault::UNREACHABLE
+                    Fault::Unreachable
                 },
                 Box::new(Context::new(format!("no connection to {addr}"), Some(last))),
             ),
-            None => LockError::connection(key, Fault::NOT_CONNECTED, Box::new(e)),
+            None => LockError::connection(key, Fault::NotConnected, Box::new(e)),
         }
     }
 
@@ -555,7 +555,7 @@ impl LockClient {
             let what = format!("no reply from {addr} within {timeout}");
             return LockError::connection(
                 key,
-                Fault::TIMEOUT,
+                Fault::Timeout,
                 Box::new(Context::new(what, Some(e))),
             );
         }

@@ -455,10 +455,7 @@ impl FairLock {
             start,
             self.opts.on_lost.clone().filter(|_| self.opts.watched),
         );
-        state.granted_for(self.grant);
-        if !self.opts.watched {
-            state.renew_once();
-        }
+        state.granted_for(self.grant, !self.opts.watched);
         let due = crate::time::saturating_add(start, self.grant / 3);
         self.client.watchdog().watch_from(&self.client, &state, due);
         Some(lease.with_watch(state))

@@ -36,7 +36,6 @@ use crate::client::live;
 use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
-use crate::ids as owner;
 use crate::ids::OwnerId;
 use crate::keys;
 use crate::lease::RenewKind;
@@ -226,7 +225,7 @@ impl ReentrantLock {
     /// are counted in, and the value of the leases it gets. The thread number is
     /// process-unique and never reused (not the OS thread id).
     pub fn owner_id(&self) -> String {
-        owner::owner_id(self.client.instance_id())
+        self.owner().to_string()
     }
 
     /// How many holds the calling thread has on the lock, as Redis counts them (`HGET`; 0 when
@@ -601,6 +600,7 @@ fn read_forget(v: &redis::Value) -> (Done, Option<(Vec<u8>, Grant)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids as owner;
 
     /// True if the calling thread, as `owner`, last saw itself holding `key`.
     fn holds_local(owner: &OwnerId, key: &str) -> bool {
@@ -668,7 +668,7 @@ mod tests {
 
     #[test]
     fn owner_ids_fit_a_lease() {
-        let id = owner::owner_id(&owner::new_uuid());
+        let id = OwnerId::new(&owner::new_uuid()).to_string();
         let longest = format!("{}:{}", owner::new_uuid(), u64::MAX);
         assert!(longest.len() <= 64, "{longest}");
         let lease = Lease::new(longest.as_bytes(), Instant::now(), Duration::from_secs(1));
@@ -678,7 +678,7 @@ mod tests {
 
     #[test]
     fn scripts_are_registered() {
-        let s = crate::scripts::Scripts::new();
+        let s = crate::scripts::Scripts::for_server(None);
         assert!(s.reentrant_acquire.code().contains("hincrby"));
         assert!(s.reentrant_release.code().contains("publish"));
         assert!(s.reentrant_extend.code().contains("pexpire"));

@@ -596,7 +596,7 @@ mod tests {
             message: b"0",
             channels: &channels,
         };
-        let scripts = Scripts::new();
+        let scripts = Scripts::for_server(None);
         let release = PackedRelease::new(&scripts, key, notice, 32);
         let value = b"0123456789abcdef0123456789abcdef";
         let mut pipe = redis::pipe();
