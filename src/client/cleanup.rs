@@ -118,13 +118,11 @@ pub(crate) struct Cleanup {
 }
 
 impl Cleanup {
-    /// The same clean-up of another value (a sweep's: the value found at the key).
-    pub(crate) fn with_value(&self, value: &[u8]) -> Cleanup {
-        let mut c = self.clone();
-        if let Some(slot) = c.args.get_mut(c.value_arg) {
-            *slot = value.to_vec();
+    /// Makes it the same clean-up of another value (a sweep's: the value found at the key).
+    pub(crate) fn set_value(&mut self, value: Vec<u8>) {
+        if let Some(slot) = self.args.get_mut(self.value_arg) {
+            *slot = value;
         }
-        c
     }
 }
 

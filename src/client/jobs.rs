@@ -3,7 +3,7 @@
 //! clean-ups it runs, is in `janitor.rs` (which needs the client to send commands).
 
 use std::collections::HashSet;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -13,12 +13,11 @@ use crate::client::cleanup::{Cause, Cleanup};
 /// the oldest job is dropped (its lock expires with its lease).
 pub(crate) const MAX_JOBS: usize = 4_096;
 
-/// One pending owner-checked clean-up.
-#[derive(Debug)]
+/// One pending owner-checked clean-up, of the value (or the owner id of a counted hold) its
+/// [`Cleanup`] checks at its key; also a release a Sentinel client would do again on a new
+/// master (see `switches.rs`).
+#[derive(Debug, Clone)]
 pub(crate) struct Job {
-    pub(crate) key: String,
-    /// The value written, or the owner id of a counted hold.
-    pub(crate) value: Vec<u8>,
     pub(crate) cleanup: Cleanup,
     pub(crate) cause: Cause,
     /// After this the hold has expired by itself (or can be taken over): no need to go on.
@@ -29,6 +28,41 @@ pub(crate) struct Job {
     /// Creation order, set when it is queued: jobs of one key and value run one at a time,
     /// oldest first (a counted job's count check depends on the ones before it).
     pub(crate) seq: u64,
+    /// A release to do again after a Sentinel switch whose values at the key start with this
+    /// prefix (the client's id): the replay is a sweep that releases whatever value of this
+    /// client the new master holds there and no thread of it holds, not only this one.
+    pub(crate) sweep: Option<Vec<u8>>,
+}
+
+impl Job {
+    /// A job to try at once.
+    pub(crate) fn new(cleanup: Cleanup, cause: Cause, until: Instant) -> Job {
+        Job {
+            cleanup,
+            cause,
+            until,
+            next: Instant::now(),
+            tries: 0,
+            seq: 0,
+            sweep: None,
+        }
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        self.cleanup.keys.first().map_or("", String::as_str)
+    }
+
+    /// The value written, or the owner id of a counted hold.
+    pub(crate) fn value(&self) -> &[u8] {
+        self.cleanup
+            .args
+            .get(self.cleanup.value_arg)
+            .map_or(&[], Vec::as_slice)
+    }
+
+    pub(crate) fn is(&self, key: &str, value: &[u8]) -> bool {
+        self.key() == key && self.value() == value
+    }
 }
 
 #[derive(Debug, Default)]
@@ -58,7 +92,7 @@ impl Jobs {
         let mut newer: HashSet<&str> = HashSet::with_capacity(self.list.len());
         let mut at = 0;
         for (i, j) in self.list.iter().enumerate().rev() {
-            if !newer.insert(j.key.as_str()) {
+            if !newer.insert(j.key()) {
                 at = i;
             }
         }
@@ -85,7 +119,7 @@ impl Jobs {
     pub(crate) fn pick(&self, ready: impl Fn(&Job) -> bool) -> Option<usize> {
         let mut blocked: HashSet<(&str, &[u8])> = HashSet::new();
         for (i, j) in self.list.iter().enumerate() {
-            let pair = (j.key.as_str(), j.value.as_slice());
+            let pair = (j.key(), j.value());
             if blocked.contains(&pair) {
                 continue;
             }
@@ -100,9 +134,19 @@ impl Jobs {
     /// Takes the job at `i` off the list, marked in flight.
     pub(crate) fn take(&mut self, i: usize) -> Job {
         let job = self.list.remove(i);
-        self.in_flight
-            .push((job.key.clone(), job.value.clone(), job.until));
+        self.fly(&job);
         job
+    }
+
+    fn fly(&mut self, job: &Job) {
+        let entry = (job.key().to_owned(), job.value().to_vec(), job.until);
+        self.in_flight.push(entry);
+    }
+
+    /// Gives `job` its place in creation order.
+    fn number(&mut self, job: &mut Job) {
+        job.seq = self.next_seq;
+        self.next_seq = job.seq.wrapping_add(1);
     }
 }
 
@@ -123,10 +167,56 @@ impl Shared {
         self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Marks the try of the job on `key`/`value` ended, `again` queued for another try, and
-    /// wakes the thread (it may wait for this key's try to end) and the owners waiting.
-    pub(crate) fn finish(&self, key: &str, value: &[u8], again: Option<Job>) {
+    /// Queues a job (the thread not woken): whether the crate's tests hold new jobs back
+    /// (`LockClient::hold_cleanups_back`). At most [`MAX_JOBS`] are kept.
+    pub(crate) fn queue(&self, mut job: Job) -> bool {
         let mut jobs = self.lock();
+        let now = Instant::now();
+        if jobs.list.len() >= MAX_JOBS {
+            let at = jobs.to_drop_at_cap(now);
+            let dropped = jobs.list.remove(at);
+            self.uncount(&dropped);
+            if dropped.until > now {
+                log::warn!(
+                    "lock {:?}: too many pending clean-ups, this one is dropped (the lock \
+                     expires with its lease)",
+                    dropped.key()
+                );
+            }
+        }
+        self.count(&job);
+        jobs.number(&mut job);
+        jobs.list.push(job);
+        jobs.held_back
+    }
+
+    /// Marks a new job in flight, to be tried at once (a Sentinel replay's): as if queued and
+    /// taken.
+    pub(crate) fn start(&self, job: &mut Job) {
+        let mut jobs = self.lock();
+        self.count(job);
+        jobs.number(job);
+        jobs.fly(job);
+    }
+
+    fn count(&self, job: &Job) {
+        if job.cleanup.counted {
+            self.counted.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    fn uncount(&self, job: &Job) {
+        if job.cleanup.counted {
+            self.counted.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Marks the try of `job` ended, the job queued again for another try if `again` (else
+    /// done), and wakes the thread (it may wait for this key's try to end) and the owners
+    /// waiting.
+    pub(crate) fn finish(&self, job: Job, again: bool) {
+        let mut jobs = self.lock();
+        let (key, value) = (job.key(), job.value());
         if let Some(i) = jobs
             .in_flight
             .iter()
@@ -134,8 +224,10 @@ impl Shared {
         {
             jobs.in_flight.swap_remove(i);
         }
-        if let Some(job) = again {
+        if again {
             jobs.insert(job);
+        } else {
+            self.uncount(&job);
         }
         drop(jobs);
         self.wake.notify_one();
@@ -171,16 +263,14 @@ mod tests {
     use std::time::Duration;
 
     fn job(key: &str, value: &[u8], seq: u64, next: Instant) -> Job {
-        Job {
-            key: key.to_owned(),
-            value: value.to_vec(),
-            cleanup: Cleanup::delete_for_test(key, value),
-            cause: Cause::FailedRelease,
-            until: next + Duration::from_secs(30),
-            next,
-            tries: 0,
-            seq,
-        }
+        let cleanup = Cleanup::delete_for_test(key, value);
+        let mut job = Job::new(
+            cleanup,
+            Cause::FailedRelease,
+            next + Duration::from_secs(30),
+        );
+        (job.next, job.seq) = (next, seq);
+        job
     }
 
     #[test]
@@ -206,18 +296,16 @@ mod tests {
         );
         // An owner's acquire takes its own jobs, due or not, oldest first.
         assert_eq!(
-            jobs.pick(|j| j.key == "k" && j.value == b"o")
-                .map(|i| jobs.list[i].seq),
+            jobs.pick(|j| j.is("k", b"o")).map(|i| jobs.list[i].seq),
             Some(1)
         );
         // While one of ("k", "o") is in flight, none of its others is picked.
-        let first = jobs.list.remove(0);
-        jobs.in_flight.push((first.key, first.value, first.until));
+        jobs.take(0);
         assert_eq!(
             jobs.pick(|j| j.next <= later).map(|i| jobs.list[i].seq),
             Some(3)
         );
-        assert_eq!(jobs.pick(|j| j.key == "k" && j.value == b"o"), None);
+        assert_eq!(jobs.pick(|j| j.is("k", b"o")), None);
         jobs.in_flight.clear();
         assert_eq!(
             jobs.pick(|j| j.next <= later).map(|i| jobs.list[i].seq),

@@ -51,8 +51,8 @@ use std::time::Instant;
 #[cfg(feature = "sentinel")]
 use redis::RedisResult;
 
-use crate::client::cleanup::Cleanup;
-use crate::client::switches::Released;
+use crate::client::cleanup::{Cause, Cleanup};
+use crate::client::jobs::Job;
 use crate::client::LockClient;
 #[cfg(feature = "sentinel")]
 use crate::client::WeakClient;
@@ -75,15 +75,12 @@ const SWITCH_CHANNEL: &str = "+switch-master";
 #[cfg(feature = "sentinel")]
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-sentinel";
-/// Remembers a successful release of `value` at `key` by `client` (see the module docs), to
-/// be done again by `cleanup` (by a sweep with the client's token prefix `sweep`, if its
-/// values carry one) until `until`; one sent in switch `generation`, before the last switch
-/// the client followed, is replayed at once (it may have reached the old master after the
-/// replay).
+/// Remembers a successful release by `client` (see the module docs), to be done again by
+/// `cleanup` (by a sweep with the client's token prefix `sweep`, if its values carry one) until
+/// `until`; one sent in switch `generation`, before the last switch the client followed, is
+/// replayed at once (it may have reached the old master after the replay).
 pub(crate) fn remember(
     client: &LockClient,
-    key: &str,
-    value: &[u8],
     cleanup: Cleanup,
     sweep: Option<&[u8]>,
     generation: u64,
@@ -92,19 +89,13 @@ pub(crate) fn remember(
     let Some(switches) = client.switches() else {
         return;
     };
-    let r = Released {
-        key: key.to_owned(),
-        value: value.to_vec(),
-        cleanup,
-        sweep: sweep.map(<[u8]>::to_vec),
-        generation,
-        until,
-    };
-    if let Some(late) = switches.remember(r) {
+    let mut r = Job::new(cleanup, Cause::ReleasedBeforeSwitch, until);
+    r.sweep = sweep.map(<[u8]>::to_vec);
+    if let Some(late) = switches.remember(r, generation) {
         log::debug!(
             "lock {:?}: released on a connection of the master before the switch; done again \
              on the new master",
-            late.key
+            late.key()
         );
         client.janitor().replay(client, vec![late]);
     }

@@ -507,14 +507,8 @@ impl ClassicLock {
             |why| {
                 if wrote.get() {
                     let until = start.checked_add(self.ttl).unwrap_or(start);
-                    self.client.janitor().forget(
-                        &self.client,
-                        &self.key,
-                        value,
-                        string_value::delete_cleanup(&self.key, value, None),
-                        why,
-                        until,
-                    );
+                    let undo = string_value::delete_cleanup(&self.key, value, None);
+                    self.client.janitor().forget(&self.client, undo, why, until);
                 } else if why.cause == Cause::NotReplicated {
                     // Answered, and it wrote nothing (refused): nothing to undo.
                     log::debug!(

@@ -330,9 +330,7 @@ impl FairLock {
         string_value::acquire_undone_by(&self.client, &self.key, send, |why| {
             let (client, undo) = (&self.client, self.fair_release(token));
             let until = crate::time::saturating_add(start, self.opts.lease);
-            client
-                .janitor()
-                .forget(client, &self.key, token, undo, why, until);
+            client.janitor().forget(client, undo, why, until);
         })
     }
 
@@ -889,14 +887,8 @@ impl DistributedLock for FairLock {
         // The same release, retried (in-line first): owner-checked by the token, and granting
         // the lock to the head of the queue as this one would have.
         let redone = hold::failed_release(&reply).is_some_and(|why| {
-            self.client.janitor().forget(
-                &self.client,
-                &self.key,
-                lease.value(),
-                self.fair_release(lease.value()),
-                why,
-                lease.valid_until(),
-            )
+            let undo = self.fair_release(lease.value());
+            (self.client.janitor()).forget(&self.client, undo, why, lease.valid_until())
         });
         if redone {
             // Done before the call returned: released.
@@ -916,8 +908,6 @@ impl DistributedLock for FairLock {
             // deletes (and grants) only what this client wrote and no longer holds.
             crate::client::sentinel_watch::remember(
                 &self.client,
-                &self.key,
-                lease.value(),
                 self.fair_release(lease.value()),
                 Some(&self.id),
                 generation,

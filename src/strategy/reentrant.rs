@@ -361,7 +361,7 @@ impl ReentrantLock {
     /// was done in-line, before this returned.
     fn forget(&self, owner: &[u8], count: u32, why: Why, until: Instant) -> bool {
         let cleanup = self.forget_cleanup(owner, count);
-        (self.client.janitor()).forget(&self.client, &self.key, owner, cleanup, why, until)
+        (self.client.janitor()).forget(&self.client, cleanup, why, until)
     }
 
     /// A release of `lease` failed on a connection error (a failover, a restart): it may or may
@@ -526,7 +526,7 @@ impl DistributedLock for ReentrantLock {
                 let (value, until) = (lease.value(), lease.valid_until());
                 let undo = self.forget_cleanup(value, count);
                 let client = &self.client;
-                sentinel_watch::remember(client, &self.key, value, undo, None, generation, until);
+                sentinel_watch::remember(client, undo, None, generation, until);
             }
         }
         let (seen, ours) = match reply {

@@ -343,14 +343,10 @@ pub(crate) fn release(
     // restart) would leave the lock for the rest of its lease: the janitor retries it in the
     // background, owner-checked.
     let redone = hold::failed_release(&reply).is_some_and(|why| {
-        client.janitor().forget(
-            client,
-            key,
-            lease.value(),
-            delete_cleanup(key, lease.value(), notice),
-            why,
-            lease.valid_until(),
-        )
+        let cleanup = delete_cleanup(key, lease.value(), notice);
+        client
+            .janitor()
+            .forget(client, cleanup, why, lease.valid_until())
     });
     // Held no longer, whatever the answer: a failed release is the janitor's now.
     client.live().release(live::value(lease.value()), None);
@@ -361,15 +357,8 @@ pub(crate) fn release(
     let reply = reply?;
     if reply >= 1 && client.switches().is_some() {
         // Done again on the new master if a Sentinel switch is announced soon.
-        sentinel_watch::remember(
-            client,
-            key,
-            lease.value(),
-            delete_cleanup(key, lease.value(), notice),
-            sweep,
-            generation,
-            lease.valid_until(),
-        );
+        let cleanup = delete_cleanup(key, lease.value(), notice);
+        sentinel_watch::remember(client, cleanup, sweep, generation, lease.valid_until());
     }
     if let Some(ch) = notice.and_then(|n| n.channels.first()) {
         hold::after_publish(client, key, ch, reply - 1);
