@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::client::cleanup::{Cause, Cleanup, Done, Why};
+use crate::client::cleanup::{Cleanup, Done, Why, RELEASED_BEFORE_SWITCH};
 use crate::client::jobs::{Janitor, Job, Shared};
 use crate::client::live;
 use crate::client::repeats::log_repeat;
@@ -97,37 +97,33 @@ impl Janitor {
         }
         let job = Job::new(cleanup, why.cause, until);
         let (key, value, what) = (job.key().to_owned(), job.value().to_vec(), job.cleanup.what);
-        let cause = why.cause.describe();
-        if let Some(not_in_line) = why.not_in_line {
-            log::info!(
-                "lock {key:?}: {cause} ({not_in_line}); {what} of {} in the background (until it \
-                 would expire, in {} ms)",
-                printable(&value),
-                until.saturating_duration_since(now).as_millis()
-            );
-            self.push(client, job);
-            return false;
-        }
-        log::debug!("lock {key:?}: {cause}; {what} of {} now", printable(&value));
+        let cause = why.cause;
         if self.shared.queue(job) {
             return false;
         }
-        // One command timeout of the client (its connect timeout without one), which bounds
-        // the checkout, a connection's opening and the command alike; as for the drain.
-        let bound = crate::time::saturating_add(now, client.command_timeout()).min(until);
-        let failed = match self.run_own(client, &key, &value, None, Some(bound), IN_LINE) {
-            Ok(true) => return true,
-            Ok(false) if self.shared.lock().shutdown => "the client is closing".to_owned(),
-            Ok(false) => "no time left".to_owned(),
-            Err(e) => e.report().to_string(),
+        let reason = match why.not_in_line {
+            Some(reason) => reason.to_owned(),
+            None => {
+                log::debug!("lock {key:?}: {cause}; {what} of {} now", printable(&value));
+                // One command timeout of the client (its connect timeout without one), which
+                // bounds the checkout, a connection's opening and the command alike; as for
+                // the drain.
+                let bound = crate::time::saturating_add(now, client.command_timeout()).min(until);
+                let within = bound.saturating_duration_since(now).as_millis();
+                match self.run_own(client, &key, &value, None, Some(bound), IN_LINE) {
+                    Ok(true) => return true,
+                    Ok(false) if self.shared.lock().shutdown => "the client is closing".to_owned(),
+                    Ok(false) => format!("not done within {within} ms"),
+                    Err(e) => format!("not done within {within} ms: {}", e.report()),
+                }
+            }
         };
-        // Not a warning yet: the background tries usually succeed (a failover, a restart);
-        // one that gives up, or a client dropped with it undone, warns.
+        // Not a warning: the background tries usually succeed (a failover, a restart); one
+        // that gives up, or a client dropped with it undone, warns.
         log::info!(
-            "lock {key:?}: {cause}: {what} of {} could not be done within {} ms ({failed}); \
-             retried in the background until it would expire (in {} ms)",
+            "lock {key:?}: {cause} ({reason}); {what} of {} in the background (until it would \
+             expire, in {} ms)",
             printable(&value),
-            bound.saturating_duration_since(now).as_millis(),
             until.saturating_duration_since(Instant::now()).as_millis()
         );
         self.ensure_thread(client);
@@ -200,14 +196,9 @@ impl Janitor {
         // the time left.
         let mut pairs: Vec<(bool, String, Vec<u8>)> = {
             let jobs = self.shared.lock();
-            let list = jobs.list.iter().map(|j| (j.key(), j.value()));
-            let in_flight = jobs
-                .in_flight
-                .iter()
-                .map(|(k, v, _)| (k.as_str(), v.as_slice()));
-            list.chain(in_flight)
-                .map(|(k, v)| (jobs.is_in_flight(k, v).is_some(), k.to_owned(), v.to_vec()))
-                .collect()
+            let in_flight = |j: &Job| jobs.is_in_flight(j.key(), j.value()).is_some();
+            let pair = |j: &Job| (in_flight(j), j.key().to_owned(), j.value().to_vec());
+            jobs.list.iter().map(pair).collect()
         };
         if pairs.is_empty() {
             return;
@@ -222,7 +213,7 @@ impl Janitor {
             }
         }
         let jobs = self.shared.lock();
-        let left = jobs.list.len() + jobs.in_flight.len();
+        let left = jobs.list.len();
         if left == 0 {
             log::debug!("the client is dropped: its pending clean-ups are done");
             return;
@@ -231,7 +222,6 @@ impl Janitor {
             .list
             .iter()
             .map(Job::key)
-            .chain(jobs.in_flight.iter().map(|(k, _, _)| k.as_str()))
             .take(DRAIN_KEYS_LOGGED)
             .collect();
         log::warn!(
@@ -255,8 +245,10 @@ impl Janitor {
             // hold the job would take for the old one. Marked first, then an owner that
             // acquires or holds the lock already (entered before its acquire settles) is left
             // alone: its count may be its live hold's.
-            let mut batch = redos(client, batch);
-            batch.iter_mut().for_each(|j| self.shared.start(j));
+            let batch: Vec<Job> = redos(client, batch)
+                .into_iter()
+                .map(|j| self.shared.start(j))
+                .collect();
             let (alone, batch): (Vec<Job>, Vec<Job>) = batch
                 .into_iter()
                 .partition(|j| holds_again(client, j, None));
@@ -332,21 +324,20 @@ impl Janitor {
             .inspect_err(|_| self.ensure_thread(client))
     }
 
-    /// Queues a job for the janitor thread, started if it is not running.
-    fn push(&self, client: &LockClient, job: Job) {
-        self.shared.queue(job);
-        self.ensure_thread(client);
-    }
-
     /// Wakes the janitor thread for the jobs queued, or starts it if it is not running, unless
     /// none is left. Also after a try on the caller's thread that failed: the thread may have
     /// ended while its job was out of the list (in flight here), and a job queued again needs
     /// one as much as a new one.
     fn ensure_thread(&self, client: &LockClient) {
         let mut jobs = self.shared.lock();
-        if jobs.list.is_empty() {
+        let Some(key) = jobs
+            .list
+            .iter()
+            .find(|j| !j.flying)
+            .map(|j| j.key().to_owned())
+        else {
             return;
-        }
+        };
         if jobs.running {
             self.shared.wake.notify_one();
             return;
@@ -359,9 +350,8 @@ impl Janitor {
         {
             Ok(_) => jobs.running = true,
             Err(e) => log::error!(
-                "lock {:?}: cannot start the clean-up thread ({e}); the lock expires with its \
-                 lease",
-                jobs.list.first().map_or("", Job::key)
+                "lock {key:?}: cannot start the clean-up thread ({e}); the lock expires with its \
+                 lease"
             ),
         }
     }
@@ -383,7 +373,8 @@ fn run(shared: &Shared, client: &WeakClient) {
                 if let Some(i) = jobs.pick(|j| j.next <= now) {
                     break jobs.take(i);
                 }
-                let Some(next) = jobs.list.iter().map(|j| j.next).min() else {
+                let idle = jobs.list.iter().filter(|j| !j.flying);
+                let Some(next) = idle.map(|j| j.next).min() else {
                     // Nothing left: the thread ends (the next job starts a new one). Marked
                     // under the lock, so a job pushed meanwhile sees it and starts one.
                     jobs.running = false;
@@ -460,7 +451,7 @@ const ATTEMPT_WAIT: Duration = Duration::from_secs(5);
 /// true if the owner holds the lock again: its count on the new master may then be that live
 /// hold's, which the release must not give back. False for any other job.
 fn holds_again(client: &LockClient, job: &Job, until: Option<Instant>) -> bool {
-    if !job.cleanup.counted || job.cause != Cause::ReleasedBeforeSwitch {
+    if !job.cleanup.counted || job.cause != RELEASED_BEFORE_SWITCH {
         return false;
     }
     let (key, owner) = (job.key(), job.value());
@@ -550,7 +541,7 @@ fn log_done(job: &Job, did: Done, when: &str) {
         ),
         Done::Freed | Done::GaveBack => log::info!(
             "lock {key:?}: after {}, {} (value {}) {} {when} (try {})",
-            job.cause.describe(),
+            job.cause,
             job.cleanup.what,
             printable(job.value()),
             if did == Done::Freed {
@@ -563,7 +554,7 @@ fn log_done(job: &Job, did: Done, when: &str) {
         Done::Nothing => log::info!(
             "lock {key:?}: after {}, nothing left to clean up {when} (it had run, was never \
              written, expired, or was taken over)",
-            job.cause.describe()
+            job.cause
         ),
     }
 }
@@ -579,7 +570,7 @@ fn retry_later(client: &LockClient, job: &mut Job, e: &LockError) -> bool {
              retrying does not change: {}; the lock expires with its lease",
             job.cleanup.what,
             printable(job.value()),
-            job.cause.describe(),
+            job.cause,
             job.tries,
             e.report()
         );
@@ -593,7 +584,7 @@ fn retry_later(client: &LockClient, job: &mut Job, e: &LockError) -> bool {
             log::Level::Warn,
             "lock {key:?}: gave up cleaning up after {} ({} tries, last error: {}); the lock \
              expires with its lease",
-            job.cause.describe(),
+            job.cause,
             job.tries,
             e.report()
         );
@@ -615,6 +606,7 @@ fn retry_later(client: &LockClient, job: &mut Job, e: &LockError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::cleanup::FAILED_RELEASE;
 
     /// A client that sends nothing until asked, to a port nothing listens on (refused at once).
     fn refused_client() -> LockClient {
@@ -628,14 +620,14 @@ mod tests {
         let mut cleanup = Cleanup::delete_for_test(key, owner);
         cleanup.counted = true;
         let until = crate::time::after(Duration::from_secs(60));
-        Job::new(cleanup, Cause::ReleasedBeforeSwitch, until)
+        Job::new(cleanup, RELEASED_BEFORE_SWITCH, until)
     }
 
     #[test]
     fn an_owners_acquire_settling_a_replayed_release_does_not_wait_for_itself() {
         let client = refused_client();
         let (key, owner) = ("k", b"owner".as_slice());
-        client.janitor().push(&client, counted_replay(key, owner));
+        client.janitor().shared.queue(counted_replay(key, owner));
         // The owner's acquire registers itself, then settles its pending clean-ups first (as
         // the reentrant and read-write acquires do).
         let attempt = client.live().attempt(key, owner);
@@ -658,11 +650,7 @@ mod tests {
         let client = refused_client();
         let job = || {
             let until = crate::time::after(Duration::from_secs(60));
-            let mut job = Job::new(
-                Cleanup::delete_for_test("k", b"v"),
-                Cause::FailedRelease,
-                until,
-            );
+            let mut job = Job::new(Cleanup::delete_for_test("k", b"v"), FAILED_RELEASE, until);
             job.tries = 1;
             job
         };

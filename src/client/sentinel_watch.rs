@@ -51,7 +51,7 @@ use std::time::Instant;
 #[cfg(feature = "sentinel")]
 use redis::RedisResult;
 
-use crate::client::cleanup::{Cause, Cleanup};
+use crate::client::cleanup::{Cleanup, RELEASED_BEFORE_SWITCH};
 use crate::client::jobs::Job;
 use crate::client::LockClient;
 #[cfg(feature = "sentinel")]
@@ -89,7 +89,7 @@ pub(crate) fn remember(
     let Some(switches) = client.switches() else {
         return;
     };
-    let mut r = Job::new(cleanup, Cause::ReleasedBeforeSwitch, until);
+    let mut r = Job::new(cleanup, RELEASED_BEFORE_SWITCH, until);
     r.sweep = sweep.map(<[u8]>::to_vec);
     if let Some(late) = switches.remember(r, generation) {
         log::debug!(

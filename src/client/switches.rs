@@ -175,7 +175,7 @@ mod tests {
     #![cfg(feature = "sentinel")]
 
     use super::*;
-    use crate::client::cleanup::Cause;
+    use crate::client::cleanup::RELEASED_BEFORE_SWITCH;
     use std::time::Duration;
 
     fn addr(port: u16) -> (String, u16) {
@@ -213,7 +213,7 @@ mod tests {
 
     fn released(until: Instant, key: &str, value: &[u8]) -> Job {
         let cleanup = crate::client::cleanup::Cleanup::delete_for_test(key, value);
-        let mut job = Job::new(cleanup, Cause::ReleasedBeforeSwitch, until);
+        let mut job = Job::new(cleanup, RELEASED_BEFORE_SWITCH, until);
         job.sweep = Some(b"ab".to_vec());
         job
     }
