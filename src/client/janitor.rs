@@ -112,7 +112,6 @@ impl Janitor {
                 let within = bound.saturating_duration_since(now).as_millis();
                 match self.run_own(client, &key, &value, None, Some(bound), IN_LINE) {
                     Ok(true) => return true,
-                    Ok(false) if self.shared.lock().shutdown => "the client is closing".to_owned(),
                     Ok(false) => format!("not done within {within} ms"),
                     Err(e) => format!("not done within {within} ms: {}", e.report()),
                 }
@@ -135,8 +134,8 @@ impl Janitor {
     /// log). Nothing past `bound`; without it, a try in flight is waited for until its hold
     /// would expire. `owner`: the entry of an owner's acquire (see [`settle`](Self::settle)),
     /// paused while it waits and tries. Stops at the first try that fails (its job is back in
-    /// the queue) with its error; `Ok(false)` when it stopped for want of time, or as the
-    /// client closes; `Ok(true)` once none is left.
+    /// the queue) with its error; `Ok(false)` when it stopped for want of time; `Ok(true)` once
+    /// none is left.
     fn run_own(
         &self,
         client: &LockClient,
@@ -155,9 +154,7 @@ impl Janitor {
                     let end = bound.or(in_flight);
                     match (next, in_flight) {
                         (None, None) => return Ok(true),
-                        _ if jobs.shutdown || end.is_some_and(|end| end <= Instant::now()) => {
-                            return Ok(false)
-                        }
+                        _ if end.is_some_and(|end| end <= Instant::now()) => return Ok(false),
                         (Some(i), _) => break jobs.take(i),
                         // An owner's acquire is not under way while it waits: the try in
                         // flight may be a replay that waits for this owner's attempts (see
@@ -240,8 +237,8 @@ impl Janitor {
         let now = Instant::now();
         let releases: Vec<Job> = releases.into_iter().filter(|r| r.until > now).collect();
         for batch in releases.chunks(REPLAY_BATCH) {
-            // Marked in flight, as the thread's tries are: the owner's next acquire of a
-            // counted hold's key waits for this try (see `settle`), so that it cannot add a
+            // Counted holds are marked in flight, as the thread's tries are: the owner's next
+            // acquire of the key waits for this try (see `settle`), so that it cannot add a
             // hold the job would take for the old one. Marked first, then an owner that
             // acquires or holds the lock already (entered before its acquire settles) is left
             // alone: its count may be its live hold's.

@@ -159,14 +159,20 @@ impl Shared {
         self.enter(job).0
     }
 
-    /// Queues a new job marked in flight, to be tried at once (a Sentinel replay's): the copy
-    /// to try.
+    /// A new job of a Sentinel replay, to be tried at once: a counted one (which the owner's
+    /// next acquire waits for) is queued marked in flight, and the copy to try returned; any
+    /// other is returned as it is.
     pub(crate) fn start(&self, job: Job) -> Job {
-        self.enter(Job {
-            flying: true,
-            ..job
-        })
-        .1
+        match job.cleanup.counted {
+            true => {
+                self.enter(Job {
+                    flying: true,
+                    ..job
+                })
+                .1
+            }
+            false => job,
+        }
     }
 
     fn enter(&self, mut job: Job) -> (bool, Job) {
@@ -204,9 +210,16 @@ impl Shared {
     }
 
     /// Marks the try of `job` ended, the job queued again for another try if `again` (else
-    /// done), and wakes the thread (it may wait for this key's try to end) and the owners
+    /// done: also a job that was not queued), and wakes the thread (it may wait for this key's try to end) and the owners
     /// waiting.
     pub(crate) fn finish(&self, mut job: Job, again: bool) {
+        if !job.flying {
+            // Never queued (a replay's that no acquire waits for): queued only to try again.
+            if again {
+                self.queue(job);
+            }
+            return;
+        }
         let mut jobs = self.lock();
         if let Some(at) = jobs.list.iter().position(|j| j.flying && j.seq == job.seq) {
             if again {
