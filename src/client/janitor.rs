@@ -494,7 +494,22 @@ fn conclude(
     job.tries = job.tries.saturating_add(1);
     let (again, did) = match reply {
         Ok(v) => {
-            let did = read_reply(client, &job.cleanup, v);
+            // A grant the script made (and published) is also handed directly to a waiter of
+            // this client; a clean-up that worked is counted, and one that freed the lock
+            // wakes this client's waiters.
+            let (did, granted) = (job.cleanup.read)(v);
+            if let Some((token, grant)) = granted {
+                if client.waiters().deliver_grant(&token, grant) {
+                    client.wakeups().nudge();
+                    log::trace!("lock {:?}: granted to a thread of this client", job.key());
+                }
+            }
+            if did != Done::Nothing {
+                client.counters().orphan_cleaned();
+            }
+            if did == Done::Freed {
+                client.waiters().notify_release(job.key());
+            }
             log_done(&job, did, when);
             (false, did)
         }
@@ -502,27 +517,6 @@ fn conclude(
     };
     client.janitor().shared.finish(job, again);
     did != Done::Nothing
-}
-
-/// Reads the reply of a clean-up: a grant the script made (and published) is also handed
-/// directly to a waiter of this client; a clean-up that worked is counted, and one that freed
-/// the lock wakes this client's waiters.
-fn read_reply(client: &LockClient, cleanup: &Cleanup, v: &redis::Value) -> Done {
-    let key = cleanup.keys.first().map_or("", String::as_str);
-    let (did, granted) = (cleanup.read)(v);
-    if let Some((token, grant)) = granted {
-        if client.waiters().deliver_grant(&token, grant) {
-            client.wakeups().nudge();
-            log::trace!("lock {key:?}: granted to a thread of this client");
-        }
-    }
-    if did != Done::Nothing {
-        client.counters().orphan_cleaned();
-    }
-    if did == Done::Freed {
-        client.waiters().notify_release(key);
-    }
-    did
 }
 
 /// Logs what a job's script did: info, since the clean-up worked (what is left behind is

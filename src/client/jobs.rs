@@ -181,7 +181,8 @@ impl Shared {
         let full = jobs.list.len() >= MAX_JOBS;
         if let Some(dropped) = full.then(|| jobs.to_drop_at_cap(now)).flatten() {
             let dropped = jobs.list.remove(dropped);
-            self.uncount(&dropped);
+            self.counted
+                .fetch_sub(usize::from(dropped.cleanup.counted), Ordering::AcqRel);
             if dropped.until > now {
                 log::warn!(
                     "lock {:?}: too many pending clean-ups, this one is dropped (the lock \
@@ -190,23 +191,12 @@ impl Shared {
                 );
             }
         }
-        self.count(&job);
+        self.counted
+            .fetch_add(usize::from(job.cleanup.counted), Ordering::AcqRel);
         job.seq = jobs.next_seq;
         jobs.next_seq = job.seq.wrapping_add(1);
         jobs.list.push(job.clone());
         (jobs.held_back, job)
-    }
-
-    fn count(&self, job: &Job) {
-        if job.cleanup.counted {
-            self.counted.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-
-    fn uncount(&self, job: &Job) {
-        if job.cleanup.counted {
-            self.counted.fetch_sub(1, Ordering::AcqRel);
-        }
     }
 
     /// Marks the try of `job` ended, the job queued again for another try if `again` (else
@@ -227,7 +217,8 @@ impl Shared {
                 jobs.list[at] = job;
             } else {
                 let done = jobs.list.remove(at);
-                self.uncount(&done);
+                self.counted
+                    .fetch_sub(usize::from(done.cleanup.counted), Ordering::AcqRel);
             }
         }
         drop(jobs);
