@@ -31,8 +31,8 @@ use crate::client::acquire::Line;
 use crate::client::admin;
 use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::Grant;
+use crate::client::janitor;
 use crate::client::live;
-use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -760,7 +760,7 @@ impl Shared {
         }
         if ours {
             if self.client.switches().is_some() {
-                sentinel_watch::remember(client, release, None, generation, until);
+                janitor::remember(client, release, None, generation, until);
             }
             // Any release may let the other side in: a write release (or a downgrade) frees
             // readers, a read release may free a writer.

@@ -27,9 +27,10 @@
 //! owner's next hold: the owner's next acquire of that key first finishes the job itself (or
 //! waits for the janitor's try in flight): see [`Janitor::settle`].
 //!
-//! The Sentinel watcher hands [`Janitor::replay`] the releases to do again on a new master: the
-//! keys of the sweeps are read and the releases sent, pipelined on one connection, and only the
-//! ones that fail are queued here.
+//! A Sentinel client remembers its latest release of each key ([`remember`]), and its watcher
+//! hands [`Janitor::replay`] those to do again on a new master: the keys of the sweeps are read
+//! and the releases sent, pipelined on one connection, and only the ones that fail are queued
+//! here.
 //!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
@@ -351,6 +352,32 @@ impl Janitor {
                  lease"
             ),
         }
+    }
+}
+
+/// Remembers a successful release by `client` (see the module docs), to be done again by
+/// `cleanup` (by a sweep with the client's token prefix `sweep`, if its values carry one) until
+/// `until`; one sent in switch `generation`, before the last switch the client followed, is
+/// replayed at once (it may have reached the old master after the replay).
+pub(crate) fn remember(
+    client: &LockClient,
+    cleanup: Cleanup,
+    sweep: Option<&[u8]>,
+    generation: u64,
+    until: Instant,
+) {
+    let Some(switches) = client.switches() else {
+        return;
+    };
+    let mut r = Job::new(cleanup, RELEASED_BEFORE_SWITCH, until);
+    r.sweep = sweep.map(<[u8]>::to_vec);
+    if let Some(late) = switches.remember(r, generation) {
+        log::debug!(
+            "lock {:?}: released on a connection of the master before the switch; done again \
+             on the new master",
+            late.key()
+        );
+        client.janitor().replay(client, vec![late]);
     }
 }
 

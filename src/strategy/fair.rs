@@ -906,7 +906,7 @@ impl DistributedLock for FairLock {
             // Done again on the new master if a Sentinel switch is announced soon: the same
             // script with the token of this client that the new master holds, if any, so it
             // deletes (and grants) only what this client wrote and no longer holds.
-            crate::client::sentinel_watch::remember(
+            crate::client::janitor::remember(
                 &self.client,
                 self.fair_release(lease.value()),
                 Some(&self.id),

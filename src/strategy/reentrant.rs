@@ -32,8 +32,8 @@ use crate::client::access;
 use crate::client::acquire::Line;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
+use crate::client::janitor;
 use crate::client::live;
-use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -526,7 +526,7 @@ impl DistributedLock for ReentrantLock {
                 let (value, until) = (lease.value(), lease.valid_until());
                 let undo = self.forget_cleanup(value, count);
                 let client = &self.client;
-                sentinel_watch::remember(client, undo, None, generation, until);
+                janitor::remember(client, undo, None, generation, until);
             }
         }
         let (seen, ours) = match reply {

@@ -8,9 +8,9 @@ use std::cell::Cell;
 use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::client::cleanup::{Cleanup, Why};
+use crate::client::janitor;
 use crate::client::live;
 use crate::client::native::{self, Command};
-use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::lease::Lease;
@@ -358,7 +358,7 @@ pub(crate) fn release(
     if reply >= 1 && client.switches().is_some() {
         // Done again on the new master if a Sentinel switch is announced soon.
         let cleanup = delete_cleanup(key, lease.value(), notice);
-        sentinel_watch::remember(client, cleanup, sweep, generation, lease.valid_until());
+        janitor::remember(client, cleanup, sweep, generation, lease.valid_until());
     }
     if let Some(ch) = notice.and_then(|n| n.channels.first()) {
         hold::after_publish(client, key, ch, reply - 1);
