@@ -62,6 +62,7 @@ pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
 const SWITCH_CHANNEL: &str = "+switch-master";
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-sentinel";
+
 /// `client` learnt that the master is `master`: after a switch, its recent releases are done
 /// again on the new master, owner-checked. False once the client is dropped.
 fn learn(client: &WeakClient, master: (String, u16), epoch: Option<u64>, why: &str) -> bool {
