@@ -36,7 +36,7 @@
 //! the old master for seconds after the promotion. So a Sentinel client remembers its latest
 //! release per key (and owner) while its hold could live, and on a switch replays them on the
 //! new master (`Janitor::replay`). Each is the release's own owner-checked clean-up (see
-//! [`Cleanup`]), as its strategy describes it; a release whose values carry the client's id
+//! [`Cleanup`](crate::client::cleanup::Cleanup)), as its strategy describes it; a release whose values carry the client's id
 //! (a sweep prefix) is done on whatever value of the client's the key holds on the new master,
 //! unless a thread of the client holds it (see `client/live.rs`), not only on the value it
 //! released (the releases are remembered by `janitor::remember`). Pipelined; what fails goes
