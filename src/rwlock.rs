@@ -31,8 +31,8 @@ use crate::client::acquire::Line;
 use crate::client::admin;
 use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::Grant;
+use crate::client::janitor;
 use crate::client::live;
-use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
@@ -592,9 +592,7 @@ impl Shared {
                 self.release_cleanup(mode.as_str(), id, true, Some(before.saturating_add(1)));
             let until = start.checked_add(self.opts.lease).unwrap_or(start);
             let client = &self.client;
-            client
-                .janitor()
-                .forget(client, &self.key, id, undo, why, until);
+            client.janitor().forget(client, undo, why, until);
         });
         let (code, holds, wait) = self.decode(id, reply?)?;
         let result = match code {
@@ -727,7 +725,7 @@ impl Shared {
         let redone = hold::failed_release(&reply).is_some_and(|why| {
             // Done in-line: the hold is given back (at most once: the latch), released.
             let janitor = client.janitor();
-            let done = janitor.forget(client, &self.key, owner, release.clone(), why, until);
+            let done = janitor.forget(client, release.clone(), why, until);
             // The janitor makes it happen (or the hold expires): count it given back.
             self.holds(owner, |h| h.reported = (h.reported - 1).max(0));
             done
@@ -738,9 +736,7 @@ impl Shared {
         }
         if ours {
             if self.client.switches().is_some() {
-                sentinel_watch::remember(
-                    client, &self.key, owner, release, None, generation, until,
-                );
+                janitor::remember(client, release, None, generation, until);
             }
             // Any release may let the other side in: a write release (or a downgrade) frees
             // readers, a read release may free a writer.

@@ -26,8 +26,8 @@ impl Why {
     /// replicas confirmed (the server answered: undone in-line), or a reply that was lost.
     pub(crate) fn acquire(e: &crate::LockError) -> Why {
         let cause = match e {
-            crate::LockError::NotReplicated { .. } => Cause::NotReplicated,
-            _ => Cause::LostAcquireReply,
+            crate::LockError::NotReplicated { .. } => NOT_REPLICATED,
+            _ => LOST_ACQUIRE_REPLY,
         };
         // Not a timeout for a write the replicas did not confirm: the server answered.
         Why::after(cause, e)
@@ -35,7 +35,7 @@ impl Why {
 
     /// The retry of a release that failed with `e`.
     pub(crate) fn release(e: &crate::LockError) -> Why {
-        Why::after(Cause::FailedRelease, e)
+        Why::after(FAILED_RELEASE, e)
     }
 
     /// A clean-up for `cause` after a call that failed with `e`: in-line unless the command
@@ -52,31 +52,19 @@ impl Why {
     }
 }
 
-/// Why a clean-up job exists (for the log).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cause {
-    /// An acquire whose reply was lost: the value may or may not have been written.
-    LostAcquireReply,
-    /// An acquire answered, but confirmed by fewer replicas than the client requires: the
-    /// write stands on the primary and is undone (no reply was lost).
-    NotReplicated,
-    /// A release that failed on a connection error.
-    FailedRelease,
-    /// A release done on a Sentinel master shortly before a switch was announced: the new
-    /// master may still hold the lock (it was replicated before the promotion).
-    ReleasedBeforeSwitch,
-}
-
-impl Cause {
-    pub(crate) fn describe(self) -> &'static str {
-        match self {
-            Cause::LostAcquireReply => "an acquire whose reply was lost",
-            Cause::NotReplicated => "an acquire the replicas did not confirm",
-            Cause::FailedRelease => "a release that failed",
-            Cause::ReleasedBeforeSwitch => "a release done on the old master before the switch",
-        }
-    }
-}
+/// Why a clean-up job exists, as the log tells it.
+pub(crate) type Cause = &'static str;
+/// An acquire whose reply was lost: the value may or may not have been written.
+pub(crate) const LOST_ACQUIRE_REPLY: Cause = "an acquire whose reply was lost";
+/// An acquire answered, but confirmed by fewer replicas than the client requires: the write
+/// stands on the primary and is undone (no reply was lost).
+pub(crate) const NOT_REPLICATED: Cause = "an acquire the replicas did not confirm";
+/// A release that failed on a connection error.
+pub(crate) const FAILED_RELEASE: Cause = "a release that failed";
+/// A release done on a Sentinel master shortly before a switch was announced: the new master
+/// may still hold the lock (it was replicated before the promotion).
+pub(crate) const RELEASED_BEFORE_SWITCH: Cause =
+    "a release done on the old master before the switch";
 
 /// What a clean-up's script did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,13 +106,11 @@ pub(crate) struct Cleanup {
 }
 
 impl Cleanup {
-    /// The same clean-up of another value (a sweep's: the value found at the key).
-    pub(crate) fn with_value(&self, value: &[u8]) -> Cleanup {
-        let mut c = self.clone();
-        if let Some(slot) = c.args.get_mut(c.value_arg) {
-            *slot = value.to_vec();
+    /// Makes it the same clean-up of another value (a sweep's: the value found at the key).
+    pub(crate) fn set_value(&mut self, value: Vec<u8>) {
+        if let Some(slot) = self.args.get_mut(self.value_arg) {
+            *slot = value;
         }
-        c
     }
 }
 

@@ -27,9 +27,10 @@
 //! owner's next hold: the owner's next acquire of that key first finishes the job itself (or
 //! waits for the janitor's try in flight): see [`Janitor::settle`].
 //!
-//! The Sentinel watcher hands [`Janitor::replay`] the releases to do again on a new master: the
-//! keys of the sweeps are read and the releases sent, pipelined on one connection, and only the
-//! ones that fail are queued here.
+//! A Sentinel client remembers its latest release of each key ([`remember`]), and its watcher
+//! hands [`Janitor::replay`] those to do again on a new master: the keys of the sweeps are read
+//! and the releases sent, pipelined on one connection, and only the ones that fail are queued
+//! here.
 //!
 //! ONE thread per client at most, `dlock-janitor`, started by the first job and ended when no
 //! job is left (or the client is dropped), so an idle client has none.
@@ -39,15 +40,15 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::client::cleanup::{Cause, Cleanup, Done, Why};
-use crate::client::jobs::{Janitor, Job, Shared, MAX_JOBS};
+use crate::client::cleanup::{Cleanup, Done, Why, RELEASED_BEFORE_SWITCH};
+use crate::client::jobs::{Janitor, Job, Shared};
 use crate::client::live;
 use crate::client::repeats::log_repeat;
-use crate::client::switches::Released;
 use crate::client::waiters::wait_for;
 use crate::client::{LockClient, OnExit, WeakClient};
 use crate::error::Result;
 use crate::lease::printable;
+use crate::LockError;
 
 /// Most commands in one pipeline of a replay (its reads too).
 const REPLAY_BATCH: usize = 512;
@@ -65,16 +66,17 @@ const DRAIN_KEYS_LOGGED: usize = 8;
 const IN_LINE: &str = "before the call returned";
 /// on the janitor thread, or by the owner's next acquire;
 const BACKGROUND: &str = "in the background";
-/// by the drain of a dropped client.
+/// by the drain of a dropped client;
 const DRAIN: &str = "as the client was dropped";
+/// by the replay of a Sentinel switch.
+const REPLAY: &str = "on the new master";
 
 impl Janitor {
-    /// Runs `cleanup` (of `value` at `key`) now, on the caller's thread, within
-    /// the client's command timeout (and never past `until`), unless `why`
-    /// says the server did not answer in time; if that try fails (or is not made), in the
-    /// background, trying until it is answered or until `until`, when the hold
-    /// expires anyway. A counted clean-up still pending must be settled by the owner's next
-    /// acquire of the key ([`settle`](Self::settle)).
+    /// Runs `cleanup` now, on the caller's thread, within the client's command timeout (and
+    /// never past `until`), unless `why` says the server did not answer in time; if that try
+    /// fails (or is not made), in the background, trying until it is answered or until
+    /// `until`, when the hold expires anyway. A counted clean-up still pending must be settled
+    /// by the owner's next acquire of the key ([`settle`](Self::settle)).
     ///
     /// The try in-line is what lets a short-lived caller (a CLI, a cron job) exit with nothing
     /// left behind: a write undone only in the background would be left for its whole lease
@@ -86,8 +88,6 @@ impl Janitor {
     pub(crate) fn forget(
         &self,
         client: &LockClient,
-        key: &str,
-        value: &[u8],
         cleanup: Cleanup,
         why: Why,
         until: Instant,
@@ -96,62 +96,37 @@ impl Janitor {
         if until <= now {
             return false;
         }
+        let job = Job::new(cleanup, why.cause, until);
+        let (key, value, what) = (job.key().to_owned(), job.value().to_vec(), job.cleanup.what);
         let cause = why.cause;
-        let what = cleanup.what;
-        let job = Job {
-            key: key.to_owned(),
-            value: value.to_vec(),
-            cleanup,
-            cause,
-            until,
-            next: now,
-            tries: 0,
-            seq: 0,
-        };
-        if let Some(not_in_line) = why.not_in_line {
-            log::info!(
-                "lock {key:?}: {} ({}); {} of {} in the background (until it would expire, \
-                 in {} ms)",
-                cause.describe(),
-                not_in_line,
-                what,
-                printable(value),
-                until.saturating_duration_since(now).as_millis()
-            );
-            self.push(client, job);
+        if self.shared.queue(job) {
             return false;
         }
-        log::debug!(
-            "lock {key:?}: {}; {} of {} now",
-            cause.describe(),
-            what,
-            printable(value),
-        );
-        if self.queue(job) {
-            return false;
-        }
-        // One command timeout of the client (its connect timeout without one), which bounds
-        // the checkout, a connection's opening and the command alike; as for the drain.
-        let bound = crate::time::saturating_add(now, client.command_timeout()).min(until);
-        let failed = match self.run_own(client, key, value, None, Some(bound), IN_LINE) {
-            Ok(true) => return true,
-            Ok(false) if self.shared.lock().shutdown => "the client is closing".to_owned(),
-            Ok(false) => "no time left".to_owned(),
-            Err(e) => e.report().to_string(),
+        let reason = match why.not_in_line {
+            Some(reason) => reason.to_owned(),
+            None => {
+                log::debug!("lock {key:?}: {cause}; {what} of {} now", printable(&value));
+                // One command timeout of the client (its connect timeout without one), which
+                // bounds the checkout, a connection's opening and the command alike; as for
+                // the drain.
+                let bound = crate::time::saturating_add(now, client.command_timeout()).min(until);
+                let within = bound.saturating_duration_since(now).as_millis();
+                match self.run_own(client, &key, &value, None, Some(bound), IN_LINE) {
+                    Ok(true) => return true,
+                    Ok(false) => format!("not done within {within} ms"),
+                    Err(e) => format!("not done within {within} ms: {}", e.report()),
+                }
+            }
         };
-        // Not a warning yet: the background tries usually succeed (a failover, a restart);
-        // one that gives up, or a client dropped with it undone, warns.
+        // Not a warning: the background tries usually succeed (a failover, a restart); one
+        // that gives up, or a client dropped with it undone, warns.
         log::info!(
-            "lock {key:?}: {}: {} of {} could not be done within {} ms ({}); retried in the \
-             background until it would expire (in {} ms)",
-            cause.describe(),
-            what,
-            printable(value),
-            bound.saturating_duration_since(now).as_millis(),
-            failed,
+            "lock {key:?}: {cause} ({reason}); {what} of {} in the background (until it would \
+             expire, in {} ms)",
+            printable(&value),
             until.saturating_duration_since(Instant::now()).as_millis()
         );
-        self.ensure_thread(client, key);
+        self.ensure_thread(client);
         false
     }
 
@@ -160,8 +135,8 @@ impl Janitor {
     /// log). Nothing past `bound`; without it, a try in flight is waited for until its hold
     /// would expire. `owner`: the entry of an owner's acquire (see [`settle`](Self::settle)),
     /// paused while it waits and tries. Stops at the first try that fails (its job is back in
-    /// the queue) with its error; `Ok(false)` when it stopped for want of time, or as the
-    /// client closes; `Ok(true)` once none is left.
+    /// the queue) with its error; `Ok(false)` when it stopped for want of time; `Ok(true)` once
+    /// none is left.
     fn run_own(
         &self,
         client: &LockClient,
@@ -176,13 +151,11 @@ impl Janitor {
                 let mut jobs = self.shared.lock();
                 loop {
                     let in_flight = jobs.is_in_flight(key, value);
-                    let next = jobs.pick(|j| j.key == key && j.value == value);
+                    let next = jobs.pick(|j| j.is(key, value));
                     let end = bound.or(in_flight);
                     match (next, in_flight) {
                         (None, None) => return Ok(true),
-                        _ if jobs.shutdown || end.is_some_and(|end| end <= Instant::now()) => {
-                            return Ok(false)
-                        }
+                        _ if end.is_some_and(|end| end <= Instant::now()) => return Ok(false),
                         (Some(i), _) => break jobs.take(i),
                         // An owner's acquire is not under way while it waits: the try in
                         // flight may be a replay that waits for this owner's attempts (see
@@ -221,11 +194,9 @@ impl Janitor {
         // the time left.
         let mut pairs: Vec<(bool, String, Vec<u8>)> = {
             let jobs = self.shared.lock();
-            let list = jobs.list.iter().map(|j| (&j.key, &j.value));
-            let in_flight = jobs.in_flight.iter().map(|(k, v, _)| (k, v));
-            list.chain(in_flight)
-                .map(|(k, v)| (jobs.is_in_flight(k, v).is_some(), k.clone(), v.clone()))
-                .collect()
+            let in_flight = |j: &Job| jobs.is_in_flight(j.key(), j.value()).is_some();
+            let pair = |j: &Job| (in_flight(j), j.key().to_owned(), j.value().to_vec());
+            jobs.list.iter().map(pair).collect()
         };
         if pairs.is_empty() {
             return;
@@ -240,7 +211,7 @@ impl Janitor {
             }
         }
         let jobs = self.shared.lock();
-        let left = jobs.list.len() + jobs.in_flight.len();
+        let left = jobs.list.len();
         if left == 0 {
             log::debug!("the client is dropped: its pending clean-ups are done");
             return;
@@ -248,8 +219,7 @@ impl Janitor {
         let keys: Vec<&str> = jobs
             .list
             .iter()
-            .map(|j| j.key.as_str())
-            .chain(jobs.in_flight.iter().map(|(k, _, _)| k.as_str()))
+            .map(Job::key)
             .take(DRAIN_KEYS_LOGGED)
             .collect();
         log::warn!(
@@ -262,35 +232,26 @@ impl Janitor {
 
     /// Does `releases` (done on an old master) again on the current master now, pipelined on
     /// one connection, [`REPLAY_BATCH`] commands per round trip (see [`redos`] for what is
-    /// sent); a job that fails, or whose reply says nothing, is queued for the janitor thread,
-    /// which retries it until `until`.
-    pub(crate) fn replay(&self, client: &LockClient, releases: Vec<Released>) {
+    /// sent); a job that fails is queued for the janitor thread, which retries it until its
+    /// deadline.
+    pub(crate) fn replay(&self, client: &LockClient, releases: Vec<Job>) {
         let now = Instant::now();
-        let releases: Vec<Released> = releases.into_iter().filter(|r| r.until > now).collect();
+        let releases: Vec<Job> = releases.into_iter().filter(|r| r.until > now).collect();
         for batch in releases.chunks(REPLAY_BATCH) {
-            let mut batch = redos(client, batch);
-            // Counted holds: the owner's next acquire of the key waits for this try (see
-            // `settle`), so that it cannot add a hold the job would take for the old one.
-            // Marked first, then an owner that acquires or holds the lock already (entered
-            // before its acquire settles) is left alone: its count may be its live hold's.
-            let counted: Vec<(String, Vec<u8>, Instant)> = batch
-                .iter()
-                .filter(|j| j.cleanup.counted)
-                .map(|j| (j.key.clone(), j.value.clone(), j.until))
+            // Counted holds are marked in flight, as the thread's tries are: the owner's next
+            // acquire of the key waits for this try (see `settle`), so that it cannot add a
+            // hold the job would take for the old one. Marked first, then an owner that
+            // acquires or holds the lock already (entered before its acquire settles) is left
+            // alone: its count may be its live hold's.
+            let batch: Vec<Job> = redos(client, batch)
+                .into_iter()
+                .map(|j| self.shared.start(j))
                 .collect();
-            self.shared.lock().in_flight.extend(counted.iter().cloned());
-            let shared = &self.shared;
-            shared.counted.fetch_add(counted.len(), Ordering::AcqRel);
-            // Ends their tries (whatever their outcome: a failed one is queued again before
-            // this is dropped) and wakes the owners waiting for them.
-            let settled = OnExit(|| {
-                for (k, v, _) in &counted {
-                    shared.finish(k, v, None);
-                }
-                shared.counted.fetch_sub(counted.len(), Ordering::AcqRel);
-            });
-            batch.retain(|j| !(j.cleanup.counted && holds_again(client, &j.key, &j.value, None)));
-            let Some(first) = batch.first().map(|j| j.key.clone()) else {
+            let (alone, batch): (Vec<Job>, Vec<Job>) = batch
+                .into_iter()
+                .partition(|j| holds_again(client, j, None));
+            alone.into_iter().for_each(|j| self.shared.finish(j, false));
+            let Some(first) = batch.first().map(|j| j.key().to_owned()) else {
                 continue;
             };
             let replies: Result<Vec<redis::Value>> = client.with_conn(&first, |con, s| {
@@ -314,8 +275,8 @@ impl Janitor {
             });
             let replies = match replies {
                 Ok(r) if r.len() == batch.len() => r,
-                Ok(_) | Err(_) => {
-                    if let Err(e) = &replies {
+                failed => {
+                    if let Err(e) = &failed {
                         log_repeat!(
                             client.repeats(),
                             "Sentinel: releases not done again on the new master",
@@ -326,32 +287,20 @@ impl Janitor {
                             e.report()
                         );
                     }
-                    for j in batch {
-                        self.push(client, j);
-                    }
+                    batch.into_iter().for_each(|j| self.shared.finish(j, true));
+                    self.ensure_thread(client);
                     continue;
                 }
             };
             let mut done = 0usize;
             for (j, v) in batch.into_iter().zip(replies) {
-                if matches!(v, redis::Value::ServerError(_)) {
-                    log::debug!(
-                        "lock {:?}: replay answered {v:?}; retried in the background",
-                        j.key
-                    );
-                    self.push(client, j);
-                } else if read_reply(client, &j.key, &j.cleanup, &v) != Done::Nothing {
-                    done += 1;
-                    // A clean-up that worked: not a warning.
-                    log::info!(
-                        "lock {:?}: released on the new master the hold released on the old one \
-                         only (value {})",
-                        j.key,
-                        printable(&j.value)
-                    );
-                }
+                let reply = match v {
+                    redis::Value::ServerError(e) => Err(LockError::from_redis(j.key(), e.into())),
+                    v => Ok(v),
+                };
+                done += usize::from(conclude(client, j, reply.as_ref(), REPLAY));
             }
-            drop(settled);
+            self.ensure_thread(client);
             log::info!("Sentinel: replay batch done, {done} holds released on the new master");
         }
     }
@@ -370,53 +319,23 @@ impl Janitor {
         let attempting = Some(live::attempting(key, owner));
         self.run_own(client, key, owner, attempting, None, BACKGROUND)
             .map(drop)
-            .inspect_err(|_| self.ensure_thread(client, key))
-    }
-
-    /// Queues a job for the janitor thread, started if it is not running.
-    fn push(&self, client: &LockClient, job: Job) {
-        let key = job.key.clone();
-        self.queue(job);
-        self.ensure_thread(client, &key);
-    }
-
-    /// Queues a job (the thread not woken): whether the crate's tests hold new jobs back
-    /// (`LockClient::hold_cleanups_back`). At most [`MAX_JOBS`] are kept.
-    fn queue(&self, mut job: Job) -> bool {
-        let mut jobs = self.shared.lock();
-        let now = Instant::now();
-        if jobs.list.len() >= MAX_JOBS {
-            let at = jobs.to_drop_at_cap(now);
-            let dropped = jobs.list.remove(at);
-            if dropped.cleanup.counted {
-                self.shared.counted.fetch_sub(1, Ordering::AcqRel);
-            }
-            if dropped.until > now {
-                log::warn!(
-                    "lock {:?}: too many pending clean-ups, this one is dropped (the lock \
-                     expires with its lease)",
-                    dropped.key
-                );
-            }
-        }
-        if job.cleanup.counted {
-            self.shared.counted.fetch_add(1, Ordering::AcqRel);
-        }
-        job.seq = jobs.next_seq;
-        jobs.next_seq = job.seq.wrapping_add(1);
-        jobs.list.push(job);
-        jobs.held_back
+            .inspect_err(|_| self.ensure_thread(client))
     }
 
     /// Wakes the janitor thread for the jobs queued, or starts it if it is not running, unless
     /// none is left. Also after a try on the caller's thread that failed: the thread may have
     /// ended while its job was out of the list (in flight here), and a job queued again needs
     /// one as much as a new one.
-    fn ensure_thread(&self, client: &LockClient, key: &str) {
+    fn ensure_thread(&self, client: &LockClient) {
         let mut jobs = self.shared.lock();
-        if jobs.list.is_empty() {
+        let Some(key) = jobs
+            .list
+            .iter()
+            .find(|j| !j.flying)
+            .map(|j| j.key().to_owned())
+        else {
             return;
-        }
+        };
         if jobs.running {
             self.shared.wake.notify_one();
             return;
@@ -429,10 +348,36 @@ impl Janitor {
         {
             Ok(_) => jobs.running = true,
             Err(e) => log::error!(
-                "lock {key:?}: cannot start the clean-up thread ({e}); the lock expires with \
-                 its lease"
+                "lock {key:?}: cannot start the clean-up thread ({e}); the lock expires with its \
+                 lease"
             ),
         }
+    }
+}
+
+/// Remembers a successful release by `client` (see the module docs), to be done again by
+/// `cleanup` (by a sweep with the client's token prefix `sweep`, if its values carry one) until
+/// `until`; one sent in switch `generation`, before the last switch the client followed, is
+/// replayed at once (it may have reached the old master after the replay).
+pub(crate) fn remember(
+    client: &LockClient,
+    cleanup: Cleanup,
+    sweep: Option<&[u8]>,
+    generation: u64,
+    until: Instant,
+) {
+    let Some(switches) = client.switches() else {
+        return;
+    };
+    let mut r = Job::new(cleanup, RELEASED_BEFORE_SWITCH, until);
+    r.sweep = sweep.map(<[u8]>::to_vec);
+    if let Some(late) = switches.remember(r, generation) {
+        log::debug!(
+            "lock {:?}: released on a connection of the master before the switch; done again \
+             on the new master",
+            late.key()
+        );
+        client.janitor().replay(client, vec![late]);
     }
 }
 
@@ -452,7 +397,8 @@ fn run(shared: &Shared, client: &WeakClient) {
                 if let Some(i) = jobs.pick(|j| j.next <= now) {
                     break jobs.take(i);
                 }
-                let Some(next) = jobs.list.iter().map(|j| j.next).min() else {
+                let idle = jobs.list.iter().filter(|j| !j.flying);
+                let Some(next) = idle.map(|j| j.next).min() else {
                     // Nothing left: the thread ends (the next job starts a new one). Marked
                     // under the lock, so a job pushed meanwhile sees it and starts one.
                     jobs.running = false;
@@ -474,19 +420,18 @@ fn run(shared: &Shared, client: &WeakClient) {
 /// What to send again for `releases`: a sweep entry reads its key (one pipeline for them all)
 /// and releases the value found if this client wrote it and does not hold it; any other entry
 /// is sent again as itself.
-fn redos(client: &LockClient, releases: &[Released]) -> Vec<Job> {
-    let (sweeps, exact): (Vec<&Released>, Vec<&Released>) =
-        releases.iter().partition(|r| r.sweep.is_some());
-    let mut jobs: Vec<Job> = exact.iter().map(|r| redo(r, r.value.clone())).collect();
+fn redos(client: &LockClient, releases: &[Job]) -> Vec<Job> {
+    let (sweeps, exact): (Vec<&Job>, Vec<&Job>) = releases.iter().partition(|r| r.sweep.is_some());
+    let mut jobs: Vec<Job> = exact.into_iter().cloned().collect();
     let Some(first) = sweeps.first() else {
         return jobs;
     };
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for r in &sweeps {
-        pipe.cmd("GET").arg(&r.key);
+        pipe.cmd("GET").arg(r.key());
     }
-    match client.with_conn(&first.key, |con, _| pipe.query::<Vec<redis::Value>>(con)) {
+    match client.with_conn(first.key(), |con, _| pipe.query::<Vec<redis::Value>>(con)) {
         Ok(found) => {
             for (r, v) in sweeps.iter().zip(found) {
                 let redis::Value::BulkString(value) = v else {
@@ -496,7 +441,9 @@ fn redos(client: &LockClient, releases: &[Released]) -> Vec<Job> {
                 // Read after the value was found: a hold whose write the read saw was
                 // registered before it was sent.
                 if ours && !client.live().contains(live::value(&value)) {
-                    jobs.push(redo(r, value));
+                    let mut job = (*r).clone();
+                    job.cleanup.set_value(value);
+                    jobs.push(job);
                 }
             }
         }
@@ -512,24 +459,10 @@ fn redos(client: &LockClient, releases: &[Released]) -> Vec<Job> {
                 sweeps.len(),
                 e.report()
             );
-            jobs.extend(sweeps.iter().map(|r| redo(r, r.value.clone())));
+            jobs.extend(sweeps.into_iter().cloned());
         }
     }
     jobs
-}
-
-/// The release `r` again, of `value`.
-fn redo(r: &Released, value: Vec<u8>) -> Job {
-    Job {
-        key: r.key.clone(),
-        cleanup: r.cleanup.with_value(&value),
-        value,
-        cause: Cause::ReleasedBeforeSwitch,
-        until: r.until,
-        next: Instant::now(),
-        tries: 0,
-        seq: 0,
-    }
 }
 
 /// Longest wait of a counted replay for the owner's acquire under way.
@@ -540,8 +473,12 @@ const ATTEMPT_WAIT: Duration = Duration::from_secs(5);
 /// acquire under way, if any (it may have passed `settle` before the mark; at most
 /// [`ATTEMPT_WAIT`], and never past `until`: the bound of a try on a caller's thread), then
 /// true if the owner holds the lock again: its count on the new master may then be that live
-/// hold's, which the release must not give back.
-fn holds_again(client: &LockClient, key: &str, owner: &[u8], until: Option<Instant>) -> bool {
+/// hold's, which the release must not give back. False for any other job.
+fn holds_again(client: &LockClient, job: &Job, until: Option<Instant>) -> bool {
+    if !job.cleanup.counted || job.cause != RELEASED_BEFORE_SWITCH {
+        return false;
+    }
+    let (key, owner) = (job.key(), job.value());
     let end = crate::time::saturating_add(Instant::now(), ATTEMPT_WAIT);
     let end = until.map_or(end, |u| end.min(u));
     while client.live().contains(live::attempting(key, owner)) && Instant::now() < end {
@@ -555,69 +492,76 @@ fn holds_again(client: &LockClient, key: &str, owner: &[u8], until: Option<Insta
 }
 
 /// Tries one job taken off the list (`when`, for the log), nothing waiting past `until` (if
-/// given), then marks its try ended, the job queued again if it failed and may be tried
-/// again later (see [`retry_later`]). The try's error, if any.
-fn attempt(client: &LockClient, mut job: Job, until: Option<Instant>, when: &str) -> Result<()> {
-    job.tries = job.tries.saturating_add(1);
-    let (key, value) = (job.key.clone(), job.value.clone());
-    let counted = job.cleanup.counted;
+/// given), then marks its try ended (see [`conclude`]). The try's error, if any.
+fn attempt(client: &LockClient, job: Job, until: Option<Instant>, when: &str) -> Result<()> {
     // A counted release remembered across a Sentinel switch may have reached the new master
     // already, and the owner may hold the lock again since: its count then matches a live
     // hold. Such a job is dropped (the owner's next acquire cannot race it: see `settle`).
-    let result = if counted
-        && job.cause == Cause::ReleasedBeforeSwitch
-        && holds_again(client, &key, &value, until)
-    {
-        Ok(())
-    } else {
-        let reply = client.with_conn_until(&key, until, |con, s| {
-            let keys: Vec<&str> = job.cleanup.keys.iter().map(String::as_str).collect();
-            (job.cleanup.script)(s).eval_keys(con, &keys, &job.cleanup.args)
-        });
-        reply.map(|v| log_done(&job, read_reply(client, &key, &job.cleanup, &v), when))
-    };
-    let again = result
-        .as_ref()
-        .err()
-        .and_then(|e| retry_later(client, job, e));
-    let shared = &client.janitor().shared;
-    if counted && again.is_none() {
-        shared.counted.fetch_sub(1, Ordering::AcqRel);
+    if holds_again(client, &job, until) {
+        client.janitor().shared.finish(job, false);
+        return Ok(());
     }
-    shared.finish(&key, &value, again);
-    result
+    let reply = client.with_conn_until(job.key(), until, |con, s| {
+        let keys: Vec<&str> = job.cleanup.keys.iter().map(String::as_str).collect();
+        (job.cleanup.script)(s).eval_keys(con, &keys, &job.cleanup.args)
+    });
+    conclude(client, job, reply.as_ref(), when);
+    reply.map(drop)
 }
 
-/// Reads the reply of a clean-up of `key`: a grant the script made (and published) is also
-/// handed directly to a waiter of this client; a clean-up that worked is counted, and one
-/// that freed the lock wakes this client's waiters.
-fn read_reply(client: &LockClient, key: &str, cleanup: &Cleanup, v: &redis::Value) -> Done {
-    let (did, granted) = (cleanup.read)(v);
-    if let Some((token, grant)) = granted {
-        if client.waiters().deliver_grant(&token, grant) {
-            client.wakeups().nudge();
-            log::trace!("lock {key:?}: granted to a thread of this client");
+/// Ends a try of `job` (`when`, for the log) that got `reply`: what it did is logged, or the
+/// job is queued again if it failed and may be tried again later (see [`retry_later`]). True
+/// if it did something.
+fn conclude(
+    client: &LockClient,
+    mut job: Job,
+    reply: std::result::Result<&redis::Value, &LockError>,
+    when: &str,
+) -> bool {
+    job.tries = job.tries.saturating_add(1);
+    let (again, did) = match reply {
+        Ok(v) => {
+            // A grant the script made (and published) is also handed directly to a waiter of
+            // this client; a clean-up that worked is counted, and one that freed the lock
+            // wakes this client's waiters.
+            let (did, granted) = (job.cleanup.read)(v);
+            if let Some((token, grant)) = granted {
+                if client.waiters().deliver_grant(&token, grant) {
+                    client.wakeups().nudge();
+                    log::trace!("lock {:?}: granted to a thread of this client", job.key());
+                }
+            }
+            if did != Done::Nothing {
+                client.counters().orphan_cleaned();
+            }
+            if did == Done::Freed {
+                client.waiters().notify_release(job.key());
+            }
+            log_done(&job, did, when);
+            (false, did)
         }
-    }
-    if did != Done::Nothing {
-        client.counters().orphan_cleaned();
-    }
-    if did == Done::Freed {
-        client.waiters().notify_release(key);
-    }
-    did
+        Err(e) => (retry_later(client, &mut job, e), Done::Nothing),
+    };
+    client.janitor().shared.finish(job, again);
+    did != Done::Nothing
 }
 
 /// Logs what a job's script did: info, since the clean-up worked (what is left behind is
-/// what the warnings are for).
+/// what the warnings are for). A replay's is logged when it found something.
 fn log_done(job: &Job, did: Done, when: &str) {
-    let key = job.key.as_str();
+    let key = job.key();
     match did {
+        Done::Nothing if when == REPLAY => {}
+        _ if when == REPLAY => log::info!(
+            "lock {key:?}: released on the new master the hold released on the old one only \
+             (value {})",
+            printable(job.value())
+        ),
         Done::Freed | Done::GaveBack => log::info!(
             "lock {key:?}: after {}, {} (value {}) {} {when} (try {})",
-            job.cause.describe(),
+            job.cause,
             job.cleanup.what,
-            printable(&job.value),
+            printable(job.value()),
             if did == Done::Freed {
                 "freed the lock"
             } else {
@@ -628,26 +572,27 @@ fn log_done(job: &Job, did: Done, when: &str) {
         Done::Nothing => log::info!(
             "lock {key:?}: after {}, nothing left to clean up {when} (it had run, was never \
              written, expired, or was taken over)",
-            job.cause.describe()
+            job.cause
         ),
     }
 }
-/// A job whose try failed with `e`: `Some(job)` to try again after [`RETRY_DELAY`], `None` when
-/// the hold expires before that, or when `e` is not worth retrying (a refusal that retrying
-/// does not change: no permission, a wrong-type key, a reply that makes no sense).
-fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Option<Job> {
-    let key = job.key.as_str();
+
+/// A job whose try failed with `e`: true to try again after [`RETRY_DELAY`] (its next try set),
+/// false when the hold expires before that, or when `e` is not worth retrying (a refusal that
+/// retrying does not change: no permission, a wrong-type key, a reply that makes no sense).
+fn retry_later(client: &LockClient, job: &mut Job, e: &LockError) -> bool {
+    let key = job.key();
     if !e.worth_retrying() {
         log::warn!(
             "lock {key:?}: gave up {} of {} after {} ({} tries): the server refused it in a way \
              retrying does not change: {}; the lock expires with its lease",
             job.cleanup.what,
-            printable(&job.value),
-            job.cause.describe(),
+            printable(job.value()),
+            job.cause,
             job.tries,
             e.report()
         );
-        return None;
+        return false;
     }
     let next = crate::time::after(RETRY_DELAY);
     if next >= job.until {
@@ -657,11 +602,11 @@ fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Optio
             log::Level::Warn,
             "lock {key:?}: gave up cleaning up after {} ({} tries, last error: {}); the lock \
              expires with its lease",
-            job.cause.describe(),
+            job.cause,
             job.tries,
             e.report()
         );
-        return None;
+        return false;
     }
     log_repeat!(
         client.repeats(),
@@ -673,12 +618,13 @@ fn retry_later(client: &LockClient, mut job: Job, e: &crate::LockError) -> Optio
         e.report()
     );
     job.next = next;
-    Some(job)
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::cleanup::FAILED_RELEASE;
 
     /// A client that sends nothing until asked, to a port nothing listens on (refused at once).
     fn refused_client() -> LockClient {
@@ -691,23 +637,15 @@ mod tests {
     fn counted_replay(key: &str, owner: &[u8]) -> Job {
         let mut cleanup = Cleanup::delete_for_test(key, owner);
         cleanup.counted = true;
-        Job {
-            key: key.to_owned(),
-            value: owner.to_vec(),
-            cleanup,
-            cause: Cause::ReleasedBeforeSwitch,
-            until: crate::time::after(Duration::from_secs(60)),
-            next: Instant::now(),
-            tries: 0,
-            seq: 0,
-        }
+        let until = crate::time::after(Duration::from_secs(60));
+        Job::new(cleanup, RELEASED_BEFORE_SWITCH, until)
     }
 
     #[test]
     fn an_owners_acquire_settling_a_replayed_release_does_not_wait_for_itself() {
         let client = refused_client();
         let (key, owner) = ("k", b"owner".as_slice());
-        client.janitor().push(&client, counted_replay(key, owner));
+        client.janitor().shared.queue(counted_replay(key, owner));
         // The owner's acquire registers itself, then settles its pending clean-ups first (as
         // the reentrant and read-write acquires do).
         let attempt = client.live().attempt(key, owner);
@@ -728,20 +666,16 @@ mod tests {
     #[test]
     fn a_clean_up_refused_for_good_is_not_retried() {
         let client = refused_client();
-        let job = |seq| Job {
-            key: "k".to_owned(),
-            value: b"v".to_vec(),
-            cleanup: Cleanup::delete_for_test("k", b"v"),
-            cause: Cause::FailedRelease,
-            until: crate::time::after(Duration::from_secs(60)),
-            next: Instant::now(),
-            tries: 1,
-            seq,
+        let job = || {
+            let until = crate::time::after(Duration::from_secs(60));
+            let mut job = Job::new(Cleanup::delete_for_test("k", b"v"), FAILED_RELEASE, until);
+            job.tries = 1;
+            job
         };
         let wrong_type = crate::LockError::WrongType {
             key: "k".to_owned(),
         };
-        assert!(retry_later(&client, job(1), &wrong_type).is_none());
+        assert!(!retry_later(&client, &mut job(), &wrong_type));
         let denied = crate::LockError::from_redis(
             "k",
             redis::RedisError::from((
@@ -749,19 +683,19 @@ mod tests {
                 "no permission",
             )),
         );
-        assert!(retry_later(&client, job(2), &denied).is_none());
+        assert!(!retry_later(&client, &mut job(), &denied));
         let reset = crate::LockError::connection(
             "k",
             crate::error::Fault::Unreachable,
             "connection reset".into(),
         );
-        assert!(retry_later(&client, job(3), &reset).is_some());
+        assert!(retry_later(&client, &mut job(), &reset));
         let transient = crate::LockError::connection(
             "k",
             crate::error::Fault::NotConnected,
             "no connection".into(),
         );
-        assert!(retry_later(&client, job(4), &transient).is_some());
+        assert!(retry_later(&client, &mut job(), &transient));
     }
 
     #[test]
@@ -771,7 +705,11 @@ mod tests {
         let _attempt = client.live().attempt(key, owner);
         let start = Instant::now();
         let bound = crate::time::after(Duration::from_millis(100));
-        assert!(!holds_again(&client, key, owner, Some(bound)));
+        assert!(!holds_again(
+            &client,
+            &counted_replay(key, owner),
+            Some(bound)
+        ));
         let took = start.elapsed();
         assert!(took < Duration::from_millis(2_500), "waited {took:?}");
     }

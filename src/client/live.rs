@@ -250,7 +250,7 @@ impl LiveValues {
 
     /// `value` (a token) is about to be written, the clock read by the caller at `now`: nothing
     /// may delete it as a stale hold of this client's until the returned guard is dropped,
-    /// unless the write took a hold, recorded by [`LiveValue::keep`].
+    /// unless the write took a hold, recorded by [`LiveValue::keep_at`].
     pub(crate) fn write<'a>(&'a self, value: &'a [u8], now: Instant) -> LiveValue<'a> {
         let f = self::value(value);
         self.begin(f, now);
@@ -263,7 +263,7 @@ impl LiveValues {
     }
 
     /// An acquire of a counted hold of `owner` at `key` begins: until the returned guard is
-    /// dropped, its [`attempting`] entry is live; [`OwnerAttempt::took`] counts the hold it
+    /// dropped, its [`attempting`] entry is live; [`OwnerAttempt::took_at`] counts the hold it
     /// took (its [`holding`] entry) until its release or the end of its lifetime. A Sentinel
     /// replay of a counted release waits for the owner's attempts under way and then leaves an
     /// owner that holds the lock alone (see `Janitor::replay`).

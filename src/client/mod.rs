@@ -18,6 +18,7 @@ pub(crate) mod live;
 pub(crate) mod native;
 pub(crate) mod pool;
 pub(crate) mod repeats;
+#[cfg(feature = "sentinel")]
 pub(crate) mod sentinel_watch;
 pub(crate) mod subscriber;
 pub(crate) mod switches;
@@ -382,7 +383,7 @@ impl LockClient {
     }
 
     /// The switch generation of a Sentinel client (0 for others): taken before a release is
-    /// sent, so that one answered after a switch is replayed (see `sentinel_watch::remember`).
+    /// sent, so that one answered after a switch is replayed (see `janitor::remember`).
     pub(crate) fn switch_generation(&self) -> u64 {
         self.switches().map_or(0, Switches::generation)
     }

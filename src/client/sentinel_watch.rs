@@ -36,81 +36,33 @@
 //! the old master for seconds after the promotion. So a Sentinel client remembers its latest
 //! release per key (and owner) while its hold could live, and on a switch replays them on the
 //! new master (`Janitor::replay`). Each is the release's own owner-checked clean-up (see
-//! [`Cleanup`]), as its strategy describes it; a release whose values carry the client's id
+//! [`Cleanup`](crate::client::cleanup::Cleanup)), as its strategy describes it; a release whose values carry the client's id
 //! (a sweep prefix) is done on whatever value of the client's the key holds on the new master,
 //! unless a thread of the client holds it (see `client/live.rs`), not only on the value it
-//! released. Pipelined; what fails goes to the janitor. See docs/deployments.md, "the replay
-//! rule".
+//! released (the releases are remembered by `janitor::remember`). Pipelined; what fails goes
+//! to the janitor. See docs/deployments.md, "the replay rule".
 
-#[cfg(feature = "sentinel")]
 use std::thread;
-#[cfg(feature = "sentinel")]
-use std::time::Duration;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-#[cfg(feature = "sentinel")]
 use redis::RedisResult;
 
-use crate::client::cleanup::Cleanup;
-use crate::client::switches::Released;
-use crate::client::LockClient;
-#[cfg(feature = "sentinel")]
-use crate::client::WeakClient;
+use crate::client::{LockClient, WeakClient};
 
-#[cfg(feature = "sentinel")]
 /// Read timeout of the subscribed connection: how often the thread checks that its client is
 /// still alive.
 pub(crate) const POLL: Duration = Duration::from_millis(500);
-#[cfg(feature = "sentinel")]
 /// Pause before subscribing again (to the next Sentinel) after an error.
 pub(crate) const RECONNECT_DELAY: Duration = Duration::from_millis(200);
-#[cfg(feature = "sentinel")]
 /// How often the thread also asks its Sentinel for the current master, beside the
 /// announcements: a switch whose `+switch-master` this connection did not deliver is followed
 /// within about this long (Redisson's Sentinel scan runs every second too).
 pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
-#[cfg(feature = "sentinel")]
 /// The Sentinel channel that announces a completed failover.
 const SWITCH_CHANNEL: &str = "+switch-master";
-#[cfg(feature = "sentinel")]
 /// The thread's name (at most 15 bytes: Linux truncates thread names).
 const THREAD_NAME: &str = "dlock-sentinel";
-/// Remembers a successful release of `value` at `key` by `client` (see the module docs), to
-/// be done again by `cleanup` (by a sweep with the client's token prefix `sweep`, if its
-/// values carry one) until `until`; one sent in switch `generation`, before the last switch
-/// the client followed, is replayed at once (it may have reached the old master after the
-/// replay).
-pub(crate) fn remember(
-    client: &LockClient,
-    key: &str,
-    value: &[u8],
-    cleanup: Cleanup,
-    sweep: Option<&[u8]>,
-    generation: u64,
-    until: Instant,
-) {
-    let Some(switches) = client.switches() else {
-        return;
-    };
-    let r = Released {
-        key: key.to_owned(),
-        value: value.to_vec(),
-        cleanup,
-        sweep: sweep.map(<[u8]>::to_vec),
-        generation,
-        until,
-    };
-    if let Some(late) = switches.remember(r) {
-        log::debug!(
-            "lock {:?}: released on a connection of the master before the switch; done again \
-             on the new master",
-            late.key
-        );
-        client.janitor().replay(client, vec![late]);
-    }
-}
 
-#[cfg(feature = "sentinel")]
 /// `client` learnt that the master is `master`: after a switch, its recent releases are done
 /// again on the new master, owner-checked. False once the client is dropped.
 fn learn(client: &WeakClient, master: (String, u16), epoch: Option<u64>, why: &str) -> bool {
@@ -138,7 +90,6 @@ fn learn(client: &WeakClient, master: (String, u16), epoch: Option<u64>, why: &s
     true
 }
 
-#[cfg(feature = "sentinel")]
 /// Settings of the watcher thread.
 pub(crate) struct Watch {
     pub(crate) sentinels: Vec<redis::Client>,
@@ -148,7 +99,6 @@ pub(crate) struct Watch {
     pub(crate) timeout: Duration,
 }
 
-#[cfg(feature = "sentinel")]
 /// Starts the watcher thread of `client` (held weakly).
 pub(crate) fn start(watch: Watch, client: &LockClient) {
     let weak = client.downgrade();
@@ -163,7 +113,6 @@ pub(crate) fn start(watch: Watch, client: &LockClient) {
     }
 }
 
-#[cfg(feature = "sentinel")]
 fn run(watch: &Watch, client: &WeakClient) {
     let mut sentinels = watch.sentinels.iter().cycle();
     while client.upgrade().is_some() {
@@ -185,7 +134,6 @@ fn run(watch: &Watch, client: &WeakClient) {
     log::trace!("Sentinel: client dropped, watcher thread ends");
 }
 
-#[cfg(feature = "sentinel")]
 /// Subscribes on `sentinel` and follows its announcements until an error (`Err`) or until the
 /// client is dropped (`Ok`).
 fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> RedisResult<()> {
@@ -242,7 +190,6 @@ fn follow(watch: &Watch, sentinel: &redis::Client, client: &WeakClient) -> Redis
     }
 }
 
-#[cfg(feature = "sentinel")]
 /// The master the Sentinel on `con` names for `service`, with its configuration epoch
 /// (`SENTINEL MASTER`).
 fn current_master(con: &mut redis::Connection, service: &str) -> RedisResult<((String, u16), u64)> {
@@ -266,12 +213,8 @@ fn current_master(con: &mut redis::Connection, service: &str) -> RedisResult<((S
     }
 }
 
-// The tests of the Sentinel feature: `#[cfg(test)]` outside, as the layer check expects.
-#[allow(clippy::mixed_attributes_style)]
 #[cfg(test)]
 mod tests {
-    #![cfg(feature = "sentinel")]
-
     use std::time::{Duration, Instant};
 
     /// Threads of this process named like the watcher (Linux only: `None` elsewhere).

@@ -8,32 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
-use crate::client::cleanup::Cleanup;
+use crate::client::jobs::Job;
 
 /// Most releases remembered, a backstop: there is one entry per key (per owner, for the hash
 /// layouts) whose hold could still live, so a client that locks fewer keys never reaches it.
 /// Past it, the entries closest to their expiry are forgotten first.
 pub(crate) const MAX_RECENT: usize = 65_536;
-
-/// A successful release, remembered until `until`: what to do again on a new master.
-#[derive(Debug)]
-pub(crate) struct Released {
-    pub(crate) key: String,
-    /// The value deleted, or the owner id of a counted hold.
-    pub(crate) value: Vec<u8>,
-    /// The release again, owner-checked, as the strategy describes it.
-    pub(crate) cleanup: Cleanup,
-    /// The values this client writes at the key start with this prefix (its id): the replay
-    /// is a sweep that releases whatever value of this client the new master holds there and
-    /// no thread of it holds (`cleanup` with that value), not only `value`.
-    pub(crate) sweep: Option<Vec<u8>>,
-    /// The switch generation when the release was sent (see [`Switches::generation`]): a
-    /// release sent before a switch and answered after it was followed may have gone to the
-    /// old master, after the replay took the remembered releases.
-    pub(crate) generation: u64,
-    /// When the hold would have expired by itself.
-    pub(crate) until: Instant,
-}
 
 /// The switches seen for one client's service.
 #[derive(Debug, Default)]
@@ -50,7 +30,7 @@ pub(crate) struct Switches {
 
 #[derive(Debug, Default)]
 struct Recent {
-    map: HashMap<(String, Vec<u8>), Released>,
+    map: HashMap<(String, Vec<u8>), Job>,
     /// Releases recorded since the last pass over `map` that drops expired entries.
     since_prune: usize,
 }
@@ -81,11 +61,12 @@ impl Switches {
             .clone()
     }
 
-    /// Remembers a successful release (see the module docs): it replaces the one before of
-    /// its key (and owner). A release sent before the last switch is handed back: it may have
-    /// gone to the old master after the replay, and is to be replayed at once.
-    pub(crate) fn remember(&self, r: Released) -> Option<Released> {
-        if r.generation < self.generation() {
+    /// Remembers a successful release, until its hold would have expired by itself (see the
+    /// module docs): it replaces the one before of its key (and owner). A release sent in an
+    /// older `generation` than the current one is handed back: it may have gone to the old
+    /// master after the replay, and is to be replayed at once.
+    pub(crate) fn remember(&self, r: Job, generation: u64) -> Option<Job> {
+        if generation < self.generation() {
             return Some(r);
         }
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
@@ -99,8 +80,8 @@ impl Switches {
         }
         // The entry this release replaces: one per key, or per key and owner for counted
         // holds, whose owners hold the lock side by side.
-        let owner = r.cleanup.counted.then(|| r.value.clone());
-        let slot = (r.key.clone(), owner.unwrap_or_default());
+        let owner = r.cleanup.counted.then(|| r.value().to_vec());
+        let slot = (r.key().to_owned(), owner.unwrap_or_default());
         if recent.map.len() >= MAX_RECENT && !recent.map.contains_key(&slot) {
             if let Some(first) = recent
                 .map
@@ -117,7 +98,7 @@ impl Switches {
 
     #[cfg(feature = "sentinel")]
     /// The releases remembered whose holds would not have expired yet.
-    pub(crate) fn take_recent(&self) -> Vec<Released> {
+    pub(crate) fn take_recent(&self) -> Vec<Job> {
         let now = Instant::now();
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         recent.since_prune = 0;
@@ -194,6 +175,7 @@ mod tests {
     #![cfg(feature = "sentinel")]
 
     use super::*;
+    use crate::client::cleanup::RELEASED_BEFORE_SWITCH;
     use std::time::Duration;
 
     fn addr(port: u16) -> (String, u16) {
@@ -229,15 +211,11 @@ mod tests {
         assert_eq!(s.generation(), 2);
     }
 
-    fn released(until: Instant, key: &str, value: &[u8]) -> Released {
-        Released {
-            key: key.to_owned(),
-            value: value.to_vec(),
-            cleanup: Cleanup::delete_for_test(key, value),
-            sweep: Some(b"ab".to_vec()),
-            generation: 0,
-            until,
-        }
+    fn released(until: Instant, key: &str, value: &[u8]) -> Job {
+        let cleanup = crate::client::cleanup::Cleanup::delete_for_test(key, value);
+        let mut job = Job::new(cleanup, RELEASED_BEFORE_SWITCH, until);
+        job.sweep = Some(b"ab".to_vec());
+        job
     }
 
     /// A release is remembered until its hold would have expired by itself, however long ago
@@ -251,10 +229,13 @@ mod tests {
             return;
         };
         let later = now + Duration::from_secs(15);
-        s.remember(released(long_ago + Duration::from_secs(1), "expired", b"v"));
-        s.remember(released(later, "lives", b"v"));
-        s.remember(released(later, "recent", b"v"));
-        let mut keys: Vec<String> = s.take_recent().into_iter().map(|r| r.key).collect();
+        s.remember(
+            released(long_ago + Duration::from_secs(1), "expired", b"v"),
+            0,
+        );
+        s.remember(released(later, "lives", b"v"), 0);
+        s.remember(released(later, "recent", b"v"), 0);
+        let mut keys: Vec<String> = s.take_recent().iter().map(|r| r.key().to_owned()).collect();
         keys.sort();
         assert_eq!(keys, ["lives", "recent"]);
         assert!(s.take_recent().is_empty(), "taken once");
@@ -271,7 +252,7 @@ mod tests {
         for i in 0..100_000u32 {
             let key = format!("k{}", i % 64);
             assert!(s
-                .remember(released(later, &key, &i.to_be_bytes()))
+                .remember(released(later, &key, &i.to_be_bytes()), 0)
                 .is_none());
         }
         assert_eq!(s.remembered(), 64);
@@ -280,15 +261,15 @@ mod tests {
                 let mut r = released(later, "hash", owner);
                 r.sweep = None;
                 r.cleanup.counted = true;
-                assert!(s.remember(r).is_none());
+                assert!(s.remember(r, 0).is_none());
             }
         }
         assert_eq!(s.remembered(), 66);
         let last = s
             .take_recent()
             .into_iter()
-            .find(|r| r.key == "k31")
-            .map(|r| r.value);
+            .find(|r| r.key() == "k31")
+            .map(|r| r.value().to_vec());
         assert_eq!(
             last,
             Some(99_999u32.to_be_bytes().to_vec()),
@@ -306,9 +287,8 @@ mod tests {
         assert!(s.learn(addr(2), None, "+switch-master"));
         let now = Instant::now();
         let r = released(now + Duration::from_secs(5), "k", b"v");
-        assert!(s.remember(r).is_some(), "generation 0 < 1");
-        let mut r = released(now + Duration::from_secs(5), "k", b"v");
-        r.generation = s.generation();
-        assert!(s.remember(r).is_none());
+        assert!(s.remember(r, 0).is_some(), "generation 0 < 1");
+        let r = released(now + Duration::from_secs(5), "k", b"v");
+        assert!(s.remember(r, s.generation()).is_none());
     }
 }

@@ -21,7 +21,7 @@ use redis::Value;
 
 use crate::client::access;
 use crate::client::admin;
-use crate::client::cleanup::Cause;
+use crate::client::cleanup::NOT_REPLICATED;
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lease::{printable, Lease};
@@ -478,15 +478,9 @@ impl ClassicLock {
             |why| {
                 if wrote.get() {
                     let until = start.checked_add(self.ttl).unwrap_or(start);
-                    self.client.janitor().forget(
-                        &self.client,
-                        &self.key,
-                        value,
-                        string_value::delete_cleanup(&self.key, value, None),
-                        why,
-                        until,
-                    );
-                } else if why.cause == Cause::NotReplicated {
+                    let undo = string_value::delete_cleanup(&self.key, value, None);
+                    self.client.janitor().forget(&self.client, undo, why, until);
+                } else if why.cause == NOT_REPLICATED {
                     // Answered, and it wrote nothing (refused): nothing to undo.
                     log::debug!(
                         "lock {:?}: a refused acquire not confirmed by the replicas wrote \

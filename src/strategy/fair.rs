@@ -315,9 +315,7 @@ impl FairLock {
         string_value::acquire_undone_by(&self.client, &self.key, send, |why| {
             let (client, undo) = (&self.client, self.fair_release(token));
             let until = crate::time::saturating_add(start, self.opts.lease);
-            client
-                .janitor()
-                .forget(client, &self.key, token, undo, why, until);
+            client.janitor().forget(client, undo, why, until);
         })
     }
 
@@ -912,14 +910,8 @@ impl DistributedLock for FairLock {
         // The same release, retried (in-line first): owner-checked by the token, and granting
         // the lock to the head of the queue as this one would have.
         let redone = hold::failed_release(&reply).is_some_and(|why| {
-            self.client.janitor().forget(
-                &self.client,
-                &self.key,
-                lease.value(),
-                self.fair_release(lease.value()),
-                why,
-                lease.valid_until(),
-            )
+            let undo = self.fair_release(lease.value());
+            (self.client.janitor()).forget(&self.client, undo, why, lease.valid_until())
         });
         if redone {
             // Done before the call returned: released.
@@ -934,10 +926,8 @@ impl DistributedLock for FairLock {
             // Done again on the new master if a Sentinel switch is announced soon: the same
             // script with the token of this client that the new master holds, if any, so it
             // deletes (and grants) only what this client wrote and no longer holds.
-            crate::client::sentinel_watch::remember(
+            crate::client::janitor::remember(
                 &self.client,
-                &self.key,
-                lease.value(),
                 self.fair_release(lease.value()),
                 Some(&self.id),
                 generation,

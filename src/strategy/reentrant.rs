@@ -32,8 +32,8 @@ use crate::client::access;
 use crate::client::acquire::Line;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
+use crate::client::janitor;
 use crate::client::live;
-use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids::OwnerId;
@@ -365,7 +365,7 @@ impl ReentrantLock {
     /// was done in-line, before this returned.
     fn forget(&self, owner: &[u8], count: u32, why: Why, until: Instant) -> bool {
         let cleanup = self.forget_cleanup(owner, count);
-        (self.client.janitor()).forget(&self.client, &self.key, owner, cleanup, why, until)
+        (self.client.janitor()).forget(&self.client, cleanup, why, until)
     }
 
     /// The acquire's bytes for `owner` with `known` (see `wire_acquire`), if packed.
@@ -512,7 +512,7 @@ impl DistributedLock for ReentrantLock {
                 let (value, until) = (lease.value(), lease.valid_until());
                 let undo = self.forget_cleanup(value, count);
                 let client = &self.client;
-                sentinel_watch::remember(client, &self.key, value, undo, None, generation, until);
+                janitor::remember(client, undo, None, generation, until);
             }
         }
         let (seen, ours) = match reply {

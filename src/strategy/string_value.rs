@@ -8,9 +8,9 @@ use std::cell::Cell;
 use redis::{ConnectionLike, RedisResult, Value};
 
 use crate::client::cleanup::{Cleanup, Why};
+use crate::client::janitor;
 use crate::client::live;
 use crate::client::native::{self, Command};
-use crate::client::sentinel_watch;
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::lease::Lease;
@@ -338,7 +338,7 @@ pub(crate) fn release(
     let redone = hold::failed_release(&reply).is_some_and(|why| {
         client
             .janitor()
-            .forget(client, key, value, cleanup(), why, lease.valid_until())
+            .forget(client, cleanup(), why, lease.valid_until())
     });
     // Held no longer, whatever the answer: a failed release is the janitor's now.
     client.live().release(live::value(value), None);
@@ -350,7 +350,7 @@ pub(crate) fn release(
     if reply >= 1 && client.switches().is_some() {
         // Done again on the new master if a Sentinel switch is announced soon.
         let until = lease.valid_until();
-        sentinel_watch::remember(client, key, value, cleanup(), sweep, generation, until);
+        janitor::remember(client, cleanup(), sweep, generation, until);
     }
     if let Some(ch) = notice.and_then(|n| n.channels.first()) {
         hold::after_publish(client, key, ch, reply - 1);

@@ -400,7 +400,7 @@ impl TokenLock {
             let token = &acq.token[..];
             let notice = Some(self.dialect.notice());
             let cleanup = string_value::delete_cleanup(&self.key, token, notice);
-            (self.client.janitor()).forget(&self.client, &self.key, token, cleanup, why, until);
+            (self.client.janitor()).forget(&self.client, cleanup, why, until);
         }
     }
 
