@@ -174,12 +174,10 @@ fn sleep_until_due(shared: &Shared) -> bool {
 /// such a deadline) are reported lost, and are not renewed.
 fn round(shared: &Shared, client: &crate::client::LockClient) {
     let start = Instant::now();
-    let (mut due, expired) = take_due(shared, start);
-    for state in &expired {
-        lost(client.counters(), state, LossReason::Expired);
-    }
+    let mut due = take_due(shared, start);
     let mut outcomes = Vec::with_capacity(due.len());
     for batch in batches(&mut due, client.is_cluster()) {
+        // Reports the holds past their loss deadline (at the round's start too): not renewed.
         let until = sweep(shared, client.counters());
         // Released or reported lost since the round's start: not renewed.
         let (kept, gone): (Vec<_>, Vec<_>) = batch
@@ -206,32 +204,18 @@ fn round(shared: &Shared, client: &crate::client::LockClient) {
 
 /// Removes released and dropped holds, and picks those due by `start` or within a sixth of
 /// their lease (holds acquired around the same time then renew together, in one call). Holds
-/// already past their validity (the thread was starved, or Redis slow) are returned apart, to
-/// be reported lost rather than renewed.
-#[allow(clippy::type_complexity)]
-fn take_due(
-    shared: &Shared,
-    start: Instant,
-) -> (Vec<(usize, Arc<WatchState>)>, Vec<Arc<WatchState>>) {
-    let (mut due, mut expired) = (Vec::new(), Vec::new());
+/// already past their loss deadline (the thread was starved, or Redis slow) are among them:
+/// the sweep before the first call reports them lost rather than renewed.
+fn take_due(shared: &Shared, start: Instant) -> Vec<(usize, Arc<WatchState>)> {
     let mut list = shared.lock();
     list.entries.retain(|e| e.live().is_some());
     list.in_round = true;
-    for (i, entry) in list.entries.iter_mut().enumerate() {
-        let Some(state) = entry.state.upgrade() else {
-            continue;
-        };
-        if entry.due > crate::time::saturating_add(start, state.lease() / 6) {
-            continue;
-        }
-        if start >= state.loss_deadline() {
-            entry.gone = true;
-            expired.push(state);
-        } else {
-            due.push((i, state));
-        }
-    }
-    (due, expired)
+    let due = list.entries.iter().enumerate().filter_map(|(i, entry)| {
+        let state = entry.state.upgrade()?;
+        let slack = crate::time::saturating_add(start, state.lease() / 6);
+        (entry.due <= slack).then_some((i, state))
+    });
+    due.collect()
 }
 
 /// Before each call of a round: reports lost every watched hold whose loss deadline has
@@ -281,8 +265,10 @@ fn batches<T: AsRef<WatchState>>(items: &mut [(usize, T)], cluster: bool) -> Vec
         .collect()
 }
 
-/// One `lua/renew_batch.lua` call for `batch` (sent at `start`), waiting past `until` for
-/// nothing (a call cut short fails); one outcome per hold.
+/// One renewal call for `batch` (sent at `start`), waiting past `until` for nothing (a call
+/// cut short fails); one outcome per hold. After a failed call each hold is tried again soon
+/// (at its loss deadline at the latest, to report it then), unless its loss deadline has
+/// passed by the local clock (then it is lost: Redis may expire it any moment).
 fn renew(
     client: &crate::client::LockClient,
     start: Instant,
@@ -293,37 +279,39 @@ fn renew(
     let Some((_, first)) = batch.first() else {
         return;
     };
-    let results = match renew_replies(client, batch, until) {
-        Ok(results) => results,
-        Err(e) => {
-            log_repeat!(
-                client.repeats(),
-                "watchdog: renewal failed",
-                log::Level::Warn,
-                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
-                 run out: {}",
-                batch.len(),
-                first.key(),
-                e.report()
-            );
-            client.counters().renewals_failed(batch.len());
-            return retry_later(client, batch, outcomes);
-        }
-    };
+    let results = renew_replies(client, batch, until);
+    if let Err(e) = &results {
+        log_repeat!(
+            client.repeats(),
+            "watchdog: renewal failed",
+            log::Level::Warn,
+            "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
+             run out: {}",
+            batch.len(),
+            first.key(),
+            e.report()
+        );
+        client.counters().renewals_failed(batch.len());
+    }
     let now = Instant::now();
     let mut renewed = 0usize;
-    for ((i, state), result) in batch.iter().zip(results) {
+    for (n, (i, state)) in batch.iter().enumerate() {
+        let deadline = state.loss_deadline();
+        // `None`: the call failed.
+        let answer = results.as_ref().ok().map(|r| r.get(n) == Some(&1));
         let outcome = if state.is_stopped() {
             // Released (or being released) meanwhile: the holder's release decides.
             None
-        } else if result != 1 {
+        } else if answer == Some(false) {
             lost(client.counters(), state, LossReason::Gone);
             None
-        } else if now >= state.loss_deadline() {
-            // Renewed, but only after its loss deadline by the local clock: the holder may
-            // already have seen it lost, and a lost hold stays lost.
+        } else if now >= deadline {
+            // Renewed only after its loss deadline by the local clock (the holder may already
+            // have seen it lost, and a lost hold stays lost), or not renewed by then.
             lost(client.counters(), state, LossReason::Expired);
             None
+        } else if answer.is_none() {
+            Some(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
         } else {
             state.renewed(start, state.lease());
             // It stays in the client's live set for its new lifetime.
@@ -339,6 +327,9 @@ fn renew(
             (!state.renews_once()).then(|| crate::time::saturating_add(start, state.lease() / 3))
         };
         outcomes.push((*i, outcome));
+    }
+    if results.is_err() {
+        return;
     }
     client.counters().renewed(renewed);
     if renewed > 0 {
@@ -460,29 +451,6 @@ fn renew_natively(
         }
         Ok(Some(out))
     })
-}
-
-/// After a failed call: each hold is tried again soon (at its loss deadline at the latest, to
-/// report it then), unless its loss deadline has passed by the local clock (then it is lost:
-/// Redis may expire it any moment).
-fn retry_later(
-    client: &crate::client::LockClient,
-    batch: &[(usize, Arc<WatchState>)],
-    outcomes: &mut Vec<(usize, Outcome)>,
-) {
-    let now = Instant::now();
-    for (i, state) in batch {
-        let deadline = state.loss_deadline();
-        let outcome = if state.is_stopped() {
-            None
-        } else if now >= deadline {
-            lost(client.counters(), state, LossReason::Expired);
-            None
-        } else {
-            Some(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
-        };
-        outcomes.push((*i, outcome));
-    }
 }
 
 /// The wait before retrying a failed renewal: a tenth of the lease, within 10 ms ..= 1 s.
@@ -691,14 +659,16 @@ mod tests {
             }
         }
         drop(dropped);
-        let (due, expired) = take_due(&shared, now);
+        let due = take_due(&shared, now);
         let due: Vec<&str> = due.iter().map(|(_, s)| s.key()).collect();
-        assert_eq!(due, ["soon"]);
-        assert_eq!(expired.len(), 1);
-        assert_eq!(expired[0].key(), "stale");
-        // The stopped and dropped entries are removed, the stale one flagged.
-        let list = shared.lock();
-        assert_eq!(list.entries.len(), 3);
-        assert_eq!(list.entries.iter().filter(|e| e.gone).count(), 1);
+        assert_eq!(due, ["soon", "stale"]);
+        // The stopped and dropped entries are removed.
+        assert_eq!(shared.lock().entries.len(), 3);
+        // The stale one is reported lost by the sweep before the round's first call, not
+        // renewed (a round renews only the holds not marked lost).
+        let stats = Counters::default();
+        sweep(&shared, &stats);
+        assert!(stale.marked_lost() && !soon.marked_lost());
+        assert_eq!(stats.snapshot().lost_holds, 1);
     }
 }
