@@ -226,21 +226,14 @@ fn take_due(shared: &Shared, start: Instant) -> Vec<(usize, Arc<WatchState>)> {
 fn sweep(shared: &Shared, stats: &Counters) -> Option<Instant> {
     loop {
         let now = Instant::now();
-        let mut passed = Vec::new();
-        let mut earliest: Option<Instant> = None;
-        for state in shared.lock().entries.iter().filter_map(Entry::live) {
-            let deadline = state.loss_deadline();
-            if deadline <= now {
-                passed.push(state);
-            } else {
-                earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
-            }
-        }
+        let (passed, ahead): (Vec<_>, Vec<_>) = (shared.lock().entries.iter())
+            .filter_map(Entry::live)
+            .partition(|state| state.loss_deadline() <= now);
         // Outside the list's lock: a callback may watch another hold.
         for state in &passed {
             lost(stats, state, LossReason::Expired);
         }
-        match earliest {
+        match ahead.iter().map(|state| state.loss_deadline()).min() {
             Some(at) if at.saturating_duration_since(now) <= CAP_ALLOWANCE => {
                 // Less than the allowance away: report it at its deadline, then go on.
                 thread::sleep(at.saturating_duration_since(now));
@@ -356,14 +349,11 @@ fn renew_replies(
         (0..batch.len()).partition(|&i| batch[i].1.kind().is_value());
     // In a cluster one command at most: redis-rs does not follow a slot's redirection (a
     // migration's ASK or MOVED) inside a pipeline.
-    let renewed = match client.native().has(Command::SetIfEq)
+    let native = client.native().has(Command::SetIfEq)
         && !values.is_empty()
-        && (values.len() == 1 || !client.is_cluster())
-    {
-        true => renew_natively(client, batch, &values, until)?,
-        false => None,
-    };
-    match renewed {
+        && (values.len() == 1 || !client.is_cluster());
+    let renewed = native.then(|| renew_natively(client, batch, &values, until));
+    match renewed.transpose()?.flatten() {
         Some(renewed) => values
             .iter()
             .zip(renewed)
@@ -374,17 +364,10 @@ fn renew_replies(
         return Ok(results);
     }
     let keys: Vec<&str> = scripted.iter().map(|&i| batch[i].1.key()).collect();
-    let leases: Vec<String> = scripted
-        .iter()
-        .map(|&i| lease_ms(&batch[i].1).to_string())
+    // Per hold: its layout's tag, its value, its lease in milliseconds.
+    let args: Vec<_> = (scripted.iter().map(|&i| &batch[i].1))
+        .map(|state| (state.kind().tag(), state.value(), lease_ms(state)))
         .collect();
-    let mut args: Vec<&[u8]> = Vec::with_capacity(3 * scripted.len());
-    for (&i, ms) in scripted.iter().zip(&leases) {
-        let state = &batch[i].1;
-        args.push(state.kind().tag().as_bytes());
-        args.push(state.value());
-        args.push(ms.as_bytes());
-    }
     let replies: Vec<i64> = client.with_conn_confirmed_until(keys[0], until, |con, scripts| {
         let replies: Vec<i64> = scripts.renew_batch.eval_keys(con, &keys, &args)?;
         match replies.len() == keys.len() {
@@ -431,25 +414,21 @@ fn renew_natively(
                 .map(redis::Value::extract_error)
                 .collect(),
         };
-        let mut out = Vec::with_capacity(which.len());
-        for reply in replies {
-            match reply {
-                Ok(redis::Value::Okay | redis::Value::SimpleString(_)) => out.push(1),
-                Ok(redis::Value::Nil) => out.push(0),
-                Err(e) if e.code() == Some("WRONGTYPE") => out.push(0),
-                Err(e) if native::is_oom(&e) => return Ok(None),
-                Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => return Ok(None),
-                Err(e) => return Err(e),
-                Ok(other) => {
-                    return Err(redis::RedisError::from((
-                        redis::ErrorKind::Client,
-                        "unexpected reply to SET ... IFEQ",
-                        format!("{other:?}"),
-                    )))
-                }
-            }
-        }
-        Ok(Some(out))
+        // The first refusal that sends the holds to the script (`None`) or error ends it.
+        let answers = replies.into_iter().map(|reply| match reply {
+            Ok(redis::Value::Okay | redis::Value::SimpleString(_)) => Ok(Some(1)),
+            Ok(redis::Value::Nil) => Ok(Some(0)),
+            Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(0)),
+            Err(e) if native::is_oom(&e) => Ok(None),
+            Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => Ok(None),
+            Err(e) => Err(e),
+            Ok(other) => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "unexpected reply to SET ... IFEQ",
+                format!("{other:?}"),
+            ))),
+        });
+        answers.collect()
     })
 }
 

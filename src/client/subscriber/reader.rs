@@ -200,6 +200,8 @@ impl Shared {
         if st.shutdown {
             return false;
         }
+        // A connection was up before: this one is a reconnect (logged, counted).
+        let again = st.generation > 0;
         st.generation += 1;
         st.channels.retain(|_, c| !c.lines.is_empty());
         let names: Vec<String> = st.channels.keys().cloned().collect();
@@ -210,7 +212,6 @@ impl Shared {
             st.queue.push(("SUBSCRIBE", names));
         }
         st.link = Link::Up;
-        let again = std::mem::take(&mut st.was_lost);
         drop(st);
         self.cv.notify_all();
         if again {
@@ -231,7 +232,6 @@ impl Shared {
     fn go_down(&self) {
         let mut st = lock(&self.state);
         st.link = Link::Connecting;
-        st.was_lost = true;
         st.queue.clear();
         let mut lines = Vec::new();
         for c in st.channels.values_mut() {

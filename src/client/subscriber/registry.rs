@@ -18,15 +18,13 @@ pub(super) struct State {
     /// Commands for the reader to send on the current connection, in order: `SUBSCRIBE` or
     /// `UNSUBSCRIBE`, and its channels.
     pub(super) queue: Vec<(&'static str, Vec<String>)>,
-    /// Bumped at every connection: a grant waiter that saw the same generation confirmed
-    /// before and after a wait heard every message of it ([`Wakeups::confirmed_on`]).
+    /// Bumped at every connection (each one after the first is a reconnect): a grant waiter
+    /// that saw the same generation confirmed before and after a wait heard every message of it
+    /// ([`Wakeups::confirmed_on`]).
     ///
     /// [`Wakeups::confirmed_on`]: super::Wakeups::confirmed_on
     pub(super) generation: u64,
     pub(super) link: Link,
-    /// A connection that was up has been lost: the next one is a reconnect (logged, counted;
-    /// a connection that ends otherwise ends the reader for good).
-    pub(super) was_lost: bool,
     /// The client is gone: the reader exits.
     pub(super) shutdown: bool,
     /// The master switched (Sentinel): the reader drops its connection, which leads to the
