@@ -310,9 +310,8 @@ fn renew(
             // It stays in the client's live set for its new lifetime.
             let entry = match state.kind() {
                 RenewKind::Value(_) | RenewKind::ScriptedValue(_) => live::value(state.value()),
-                RenewKind::HashField(_) | RenewKind::ReadEntry(_) | RenewKind::WriteEntry(_) => {
-                    live::holding(state.key(), state.value())
-                }
+                // A hash field, the read or write holds of a read-write lock.
+                _ => live::holding(state.key(), state.value()),
             };
             client.live().renew(entry, state.lease());
             log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
