@@ -336,8 +336,12 @@ fn renew(
 
 /// The renewal answers for `batch`, one per hold (1 renewed, 0 not the owner's; too few is an
 /// error): Token holds by a pipeline of `SET key token IFEQ token PX lease` where the server
-/// has it (one round trip), the others (and all of them elsewhere) by one
-/// `lua/renew_batch.lua` call.
+/// has it (one round trip; one alone is sent as a command, which redis-rs redirects in a
+/// cluster), the others (and all of them elsewhere) by one `lua/renew_batch.lua` call.
+///
+/// A `SET … IFEQ` refused sends its holds to the script: from now on when the server, asked on
+/// this connection, says it lacks the command or the user may not run it; for this call on a
+/// full server's `OOM`. A key of another type counts as not the owner's, as in the script.
 fn renew_replies(
     client: &crate::client::LockClient,
     batch: &[(usize, Arc<WatchState>)],
@@ -351,7 +355,42 @@ fn renew_replies(
     let native = client.native().has(Command::SetIfEq)
         && !values.is_empty()
         && (values.len() == 1 || !client.is_cluster());
-    let renewed = native.then(|| renew_natively(client, batch, &values, until));
+    let renewed = native.then(|| {
+        let key = batch[values[0]].1.key();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for &i in &values {
+            let state = &batch[i].1;
+            pipe.add_command(native::set_ifeq_px(
+                state.key(),
+                state.value(),
+                lease_ms(state),
+            ));
+        }
+        client.with_conn_confirmed_until(key, until, |con, _| {
+            let replies: Vec<redis::RedisResult<redis::Value>> = match values.as_slice() {
+                [_] => pipe.cmd_iter().map(|cmd| cmd.query(con)).collect(),
+                _ => (pipe.query::<Vec<redis::Value>>(con)?.into_iter())
+                    .map(redis::Value::extract_error)
+                    .collect(),
+            };
+            // The first refusal that sends the holds to the script (`None`) or error ends it.
+            let answers = replies.into_iter().map(|reply| match reply {
+                Ok(redis::Value::Okay | redis::Value::SimpleString(_)) => Ok(Some(1)),
+                Ok(redis::Value::Nil) => Ok(Some(0)),
+                Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(0)),
+                Err(e) if native::is_oom(&e) => Ok(None),
+                Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => Ok(None),
+                Err(e) => Err(e),
+                Ok(other) => Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "unexpected reply to SET ... IFEQ",
+                    format!("{other:?}"),
+                ))),
+            });
+            answers.collect::<redis::RedisResult<Option<Vec<i64>>>>()
+        })
+    });
     match renewed.transpose()?.flatten() {
         Some(renewed) => values
             .iter()
@@ -382,53 +421,6 @@ fn renew_replies(
         results[i] = r;
     }
     Ok(results)
-}
-
-/// The pipelined `SET … IFEQ … PX` renewal of the holds `which` of `batch` (one alone is sent
-/// as a command, which redis-rs redirects in a cluster): their answers, or `None` when the
-/// server refused the command (then the script renews them: from now on when the server, asked
-/// on this connection, says it lacks the command or the user may not run it; for this call on
-/// a full server's `OOM`). A key of another type counts as not the owner's, as in the script.
-fn renew_natively(
-    client: &crate::client::LockClient,
-    batch: &[(usize, Arc<WatchState>)],
-    which: &[usize],
-    until: Option<Instant>,
-) -> crate::error::Result<Option<Vec<i64>>> {
-    let key = batch[which[0]].1.key();
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for &i in which {
-        let state = &batch[i].1;
-        pipe.add_command(native::set_ifeq_px(
-            state.key(),
-            state.value(),
-            lease_ms(state),
-        ));
-    }
-    client.with_conn_confirmed_until(key, until, |con, _| {
-        let replies: Vec<redis::RedisResult<redis::Value>> = match which {
-            [_] => pipe.cmd_iter().map(|cmd| cmd.query(con)).collect(),
-            _ => (pipe.query::<Vec<redis::Value>>(con)?.into_iter())
-                .map(redis::Value::extract_error)
-                .collect(),
-        };
-        // The first refusal that sends the holds to the script (`None`) or error ends it.
-        let answers = replies.into_iter().map(|reply| match reply {
-            Ok(redis::Value::Okay | redis::Value::SimpleString(_)) => Ok(Some(1)),
-            Ok(redis::Value::Nil) => Ok(Some(0)),
-            Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(0)),
-            Err(e) if native::is_oom(&e) => Ok(None),
-            Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => Ok(None),
-            Err(e) => Err(e),
-            Ok(other) => Err(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected reply to SET ... IFEQ",
-                format!("{other:?}"),
-            ))),
-        });
-        answers.collect()
-    })
 }
 
 /// The wait before retrying a failed renewal: a tenth of the lease, within 10 ms ..= 1 s.
