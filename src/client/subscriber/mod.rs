@@ -94,9 +94,7 @@ impl Wakeups {
                     cv: Condvar::new(),
                     counters,
                     repeats,
-                    lend_cv: Condvar::new(),
                     reader_cv: Condvar::new(),
-                    heard: Mutex::new(Instant::now()),
                 })
             }),
         }
@@ -203,26 +201,30 @@ impl Wakeups {
             if grants.is_granted(token) || st.link_events != link || now >= until {
                 break;
             }
-            let recalled = st.recall;
-            if let Some(mut reader) = st.lent.take_if(|_| !recalled) {
+            let lend = st
+                .lent
+                .as_ref()
+                .is_some_and(|r| !shared.wanted_back(&st, r));
+            if let Some(mut reader) = st.lent.take_if(|_| lend) {
                 drop(st);
                 let read = reader.read_for(shared, token, until);
                 st = lock(&shared.state);
+                // Wake the reader thread if it waits for the connection back, or it broke.
+                let wake = read.is_err() || shared.wanted_back(&st, &reader);
                 match read {
                     Ok(()) => st.lent = Some(reader),
                     Err(end) => st.broken = Some(end),
                 }
-                // Wake the reader thread if it waits for the connection back, or it broke.
-                if st.broken.is_some() || st.recall {
+                if wake {
                     shared.reader_cv.notify_all();
                 }
                 if st.sleeping > 0 {
-                    shared.lend_cv.notify_all();
+                    shared.cv.notify_all();
                 }
                 continue;
             }
             st.sleeping += 1;
-            st = wait_for(&shared.lend_cv, st, until - now);
+            st = wait_for(&shared.cv, st, until - now);
             st.sleeping -= 1;
         }
         st.borrowers -= 1;
@@ -250,7 +252,7 @@ impl Wakeups {
         // Not connected: the next connection resolves the new master anyway.
         if st.link == Link::Up {
             st.reconnect = true;
-            shared.link_event(&mut st);
+            st.link_events += 1;
             drop(st);
             shared.cv.notify_all();
             shared.reader_cv.notify_all();
@@ -292,7 +294,6 @@ impl Drop for Wakeups {
         if let Some(shared) = &self.shared {
             lock(&shared.state).shutdown = true;
             shared.cv.notify_all();
-            shared.lend_cv.notify_all();
             shared.reader_cv.notify_all();
         }
     }

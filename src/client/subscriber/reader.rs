@@ -47,22 +47,20 @@ pub(super) struct Shared {
     pub(super) timeout: Duration,
     pub(super) state: Mutex<State>,
     /// Signalled on every confirmation, every change of [`Link`], every queued command and at
-    /// shutdown.
+    /// shutdown; and, while borrowers ([`Wakeups::await_grant`]) wait on it (another one is
+    /// reading the lent connection), when the connection is put back or a grant was delivered.
+    ///
+    /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
     pub(super) cv: Condvar,
     /// The client's counters (wake-ups, reconnects).
     pub(super) counters: Arc<Counters>,
     /// The client's log lines that repeat while the server is away.
     pub(super) repeats: Arc<Repeats>,
-    /// Borrowers ([`Wakeups::await_grant`]) wait here, with `state`: signalled when the connection is put back while another borrower
-    /// waits for it, a grant was delivered, the link changed, or at shutdown.
-    pub(super) lend_cv: Condvar,
     /// The reader thread waits here while the connection is lent: signalled when it is
     /// wanted back (a command queued, another kind of waiter, shutdown), when it is put back
-    /// while recalled, and when a borrower's read failed. Not on every grant: waking the
+    /// while wanted back, and when a borrower's read failed. Not on every grant: waking the
     /// reader thread for nothing would cost the thread switch that lending saves.
     pub(super) reader_cv: Condvar,
-    /// When the server was last heard (by the reader thread, or a borrower).
-    pub(super) heard: Mutex<Instant>,
 }
 
 pub(super) fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
@@ -71,15 +69,6 @@ pub(super) fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
         .name(THREAD_NAME.into())
         .spawn(move || run(&shared))
         .map(|_| ())
-}
-
-impl End {
-    fn lost(why: impl Into<String>) -> End {
-        End::Lost {
-            why: why.into(),
-            warn: false,
-        }
-    }
 }
 
 /// The reader thread: connect, subscribe what is waited on, dispatch pushes; reconnect with
@@ -119,28 +108,20 @@ fn run(shared: &Shared) {
                 log::error!("pub/sub: {why}; waiters of this client poll instead");
                 st.link = Link::Unavailable;
             }
-            End::Lost { why, warn } => {
-                let (cause, level, meanwhile) = if warn {
-                    (
-                        "pub/sub: cannot connect",
-                        log::Level::Warn,
-                        "until it works",
-                    )
-                } else {
-                    (
-                        "pub/sub: connection lost or refused",
-                        log::Level::Info,
-                        "meanwhile",
-                    )
-                };
-                log_repeat!(
-                    shared.repeats,
-                    cause,
-                    level,
-                    "{cause} ({why}); waiters poll {meanwhile}, retrying in {}",
-                    Rounded(backoff)
-                );
-            }
+            End::Lost(why) => log_repeat!(
+                shared.repeats,
+                "pub/sub: connection lost or refused",
+                log::Level::Info,
+                "pub/sub: connection lost or refused ({why}); waiters poll meanwhile, retrying in {}",
+                Rounded(backoff)
+            ),
+            End::CannotConnect(why) => log_repeat!(
+                shared.repeats,
+                "pub/sub: cannot connect",
+                log::Level::Warn,
+                "pub/sub: cannot connect ({why}); waiters poll until it works, retrying in {}",
+                Rounded(backoff)
+            ),
         }
         shared.cv.notify_all();
         if st.shutdown || st.link == Link::Unavailable {
@@ -165,15 +146,7 @@ impl Shared {
     /// is made.
     pub(super) fn nudge(&self) {
         if lock(&self.state).sleeping > 0 {
-            self.lend_cv.notify_all();
-        }
-    }
-
-    /// The link changed: borrowers return to their caller, which looks at the subscription.
-    pub(super) fn link_event(&self, st: &mut State) {
-        st.link_events += 1;
-        if st.sleeping > 0 {
-            self.lend_cv.notify_all();
+            self.cv.notify_all();
         }
     }
 
@@ -191,6 +164,12 @@ impl Shared {
                 .channels
                 .values()
                 .all(|c| c.lines.is_empty() || c.hand_off)
+    }
+
+    /// True if the reader thread wants the lent connection back: it may not stay lent, or the
+    /// keepalive is due. A borrower returns it after its current read (at most [`TICK`]).
+    pub(super) fn wanted_back(&self, st: &State, reader: &Reader) -> bool {
+        !Self::may_keep_lent(st) || reader.heard.elapsed() >= self.timeout
     }
 
     /// A new connection is ready: bump the generation, queue a `SUBSCRIBE` of every channel
@@ -241,7 +220,7 @@ impl Shared {
             lines.extend(c.lines.keys().cloned());
         }
         let shutdown = st.shutdown;
-        self.link_event(&mut st);
+        st.link_events += 1;
         drop(st);
         self.cv.notify_all();
         if !shutdown {
@@ -286,7 +265,7 @@ impl Shared {
                 }
             }
         }
-        self.link_event(&mut st);
+        st.link_events += 1;
         drop(st);
         self.cv.notify_all();
         // Heard again after an outage: a release in between may have been missed.
@@ -301,7 +280,7 @@ impl Reader {
         if self.read_timeout != d {
             self.con
                 .set_read_timeout(Some(d))
-                .map_err(|e| End::lost(format!("socket options: {e}")))?;
+                .map_err(|e| End::Lost(format!("socket options: {e}")))?;
             self.read_timeout = d;
         }
         Ok(())
@@ -316,17 +295,17 @@ impl Reader {
         self.set_read_timeout(shared.timeout)?;
         self.con
             .send_packed_command(&redis::cmd(what).arg(names).get_packed_command())
-            .map_err(|e| End::lost(format!("{what}: {e}")))?;
+            .map_err(|e| End::Lost(format!("{what}: {e}")))?;
         let mut replies = names.len().max(1);
         while replies > 0 {
             let value = self.con.recv_response().map_err(|e| {
-                End::lost(if e.is_timeout() {
+                End::Lost(if e.is_timeout() {
                     format!("no reply to {what} within {:?}", shared.timeout)
                 } else {
                     format!("{what}: {e}")
                 })
             })?;
-            *lock(&shared.heard) = Instant::now();
+            self.heard = Instant::now();
             if let Value::ServerError(e) = &value {
                 // Only our SUBSCRIBE, UNSUBSCRIBE or PING can be refused. A server that is
                 // loading or busy may accept them later; any other refusal (an ACL, pub/sub
@@ -335,7 +314,7 @@ impl Reader {
                 let why = format!("the server refused {what}: {code} {detail}");
                 return Err(match code {
                     "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" => {
-                        End::lost(why)
+                        End::Lost(why)
                     }
                     _ => End::Unavailable(why),
                 });
@@ -352,7 +331,7 @@ impl Reader {
     }
 
     /// A borrower's reads ([`Wakeups::await_grant`]): until a grant to `token` arrived,
-    /// `until`, or the reader thread wants the connection back.
+    /// `until`, or the reader thread wants the connection back ([`Shared::wanted_back`]).
     ///
     /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
     pub(super) fn read_for(
@@ -364,7 +343,10 @@ impl Reader {
         let grants = &shared.waiters.grants;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() || grants.is_granted(token) || lock(&shared.state).recall {
+            if left.is_zero()
+                || grants.is_granted(token)
+                || shared.wanted_back(&lock(&shared.state), self)
+            {
                 return Ok(());
             }
             // Whole milliseconds, so that a borrower reading again and again does not set the
@@ -384,14 +366,14 @@ impl Reader {
         let mut pubsub = ManuallyDrop::new(self.con.as_pubsub());
         match pubsub.get_message() {
             Ok(msg) => {
-                *lock(&shared.heard) = Instant::now();
+                self.heard = Instant::now();
                 shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
                 Ok(())
             }
             // EINTR: a read with a timeout that the process's SIGSTOP / SIGCONT interrupted
             // (Linux does not restart it; signal(7)). Nothing was read, as on a timeout.
             Err(e) if e.is_timeout() || interrupted(&e) => Ok(()),
-            Err(e) => Err(End::lost(e.to_string())),
+            Err(e) => Err(End::Lost(e.to_string())),
         }
     }
 }
@@ -412,8 +394,8 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
     let mut reader = Reader {
         con,
         read_timeout: shared.timeout,
+        heard: Instant::now(),
     };
-    *lock(&shared.heard) = Instant::now();
     loop {
         let mut st = lock(&shared.state);
         if st.shutdown {
@@ -426,7 +408,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         if st.queue.is_empty() && !st.subscribed() {
             // Sleep until a command is queued, a linger ends, the keepalive is due or the
             // client is dropped.
-            let ping_in = KEEPALIVE.saturating_sub(lock(&shared.heard).elapsed());
+            let ping_in = KEEPALIVE.saturating_sub(reader.heard.elapsed());
             let left = st.next_linger_end().map_or(ping_in, |t| {
                 ping_in.min(t.saturating_duration_since(Instant::now()))
             });
@@ -447,7 +429,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         } else {
             KEEPALIVE
         };
-        if lock(&shared.heard).elapsed() >= keepalive {
+        if reader.heard.elapsed() >= keepalive {
             reader.request(shared, "PING", &[])?;
         }
         if !subscribed {
@@ -475,8 +457,8 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
 
 /// Lends the connection to the hand-off waiters ([`Wakeups::await_grant`]) until it is
 /// needed back: a command to send, a channel of another kind waited on, the keepalive due, or
-/// shutdown. Checked when woken and every [`TICK`]; a borrower returns the
-/// connection after its current read (at most [`TICK`]). A borrower's failed read ends the
+/// shutdown ([`Shared::wanted_back`]). Checked when woken and every [`TICK`]; a borrower returns
+/// the connection after its current read (at most [`TICK`]). A borrower's failed read ends the
 /// connection.
 ///
 /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
@@ -485,23 +467,19 @@ fn lend(shared: &Shared, mut st: MutexGuard<'_, State>, reader: Reader) -> Resul
     st.lending = true;
     st.lent = Some(reader);
     if st.sleeping > 0 {
-        shared.lend_cv.notify_all();
+        shared.cv.notify_all();
     }
     let outcome = loop {
         if let Some(end) = st.broken.take() {
             break Err(end);
         }
-        if st.recall {
-            if let Some(reader) = st.lent.take() {
-                break Ok(reader);
-            }
-        } else if !Shared::may_keep_lent(&st) || lock(&shared.heard).elapsed() >= shared.timeout {
-            st.recall = true;
-            continue;
+        let back = st.lent.as_ref().is_some_and(|r| shared.wanted_back(&st, r));
+        if let Some(reader) = st.lent.take_if(|_| back) {
+            break Ok(reader);
         }
         st = wait_for(&shared.reader_cv, st, tuning::tick(TICK));
     };
-    (st.lending, st.reading, st.recall) = (false, false, false);
+    (st.lending, st.reading) = (false, false);
     outcome
 }
 
@@ -509,7 +487,7 @@ fn lend(shared: &Shared, mut st: MutexGuard<'_, State>, reader: Reader) -> Resul
 /// the database as the connection info says), and names it (`CLIENT SETNAME`, for operators
 /// reading `CLIENT LIST`; a refusal is ignored).
 fn connect(shared: &Shared) -> Result<redis::Connection, End> {
-    let info = (shared.resolve)().map_err(|e| End::lost(format!("finding the server: {e}")))?;
+    let info = (shared.resolve)().map_err(|e| End::Lost(format!("finding the server: {e}")))?;
     if !info.addr().is_supported() {
         return Err(End::Unavailable(format!(
             "the subscriber cannot connect to {}: this build lacks the feature it needs \
@@ -518,22 +496,23 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
         )));
     }
     let addr = info.addr().to_string();
-    let client = redis::Client::open(info).map_err(|e| End::lost(format!("{addr}: {e}")))?;
+    let client = redis::Client::open(info).map_err(|e| End::Lost(format!("{addr}: {e}")))?;
     let mut con = client
         .get_connection_with_timeout(shared.timeout)
         .map_err(|e| {
             // Routine (refused, timed out: the server is down or restarting) or worth a
             // warning (TLS handshake, authentication, anything else).
             let e = crate::client::pool::tls_context(e);
-            let routine = e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped();
-            End::Lost {
-                why: format!("{addr}: {e}"),
-                warn: !routine,
+            let why = format!("{addr}: {e}");
+            if e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped() {
+                End::Lost(why)
+            } else {
+                End::CannotConnect(why)
             }
         })?;
     con.set_read_timeout(Some(shared.timeout))
         .and_then(|()| con.set_write_timeout(Some(shared.timeout)))
-        .map_err(|e| End::lost(format!("socket options: {e}")))?;
+        .map_err(|e| End::Lost(format!("socket options: {e}")))?;
     let named: RedisResult<Value> = redis::cmd("CLIENT")
         .arg("SETNAME")
         .arg(THREAD_NAME)
@@ -541,7 +520,7 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
     match named {
         Ok(_) => Ok(con),
         Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-            Err(End::lost(format!("{addr}: CLIENT SETNAME: {e}")))
+            Err(End::Lost(format!("{addr}: CLIENT SETNAME: {e}")))
         }
         // Refused (an ACL without CLIENT, or renamed away): the name is only a courtesy.
         Err(_) => Ok(con),

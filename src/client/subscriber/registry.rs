@@ -43,18 +43,13 @@ pub(super) struct State {
     /// one of them waits for a grant, that waiting thread reads the connection itself, so the
     /// grant message wakes it directly rather than through the reader thread.
     pub(super) lending: bool,
-    /// The reader thread wants the lent connection back: a borrower returns it after its
-    /// current read (at most [`TICK`]).
-    ///
-    /// [`TICK`]: super::reader::TICK
-    pub(super) recall: bool,
     /// The connection, while lent and not being read by a borrower.
     pub(super) lent: Option<Reader>,
     /// A borrower's read failed: the reader thread ends the connection with this.
     pub(super) broken: Option<End>,
     /// Bumped when the link changes (lost, or a subscription confirmed): a borrower returns.
     pub(super) link_events: u64,
-    /// Borrowers blocked on `lend_cv` (another one is reading).
+    /// Borrowers blocked on `cv` (another one is reading).
     pub(super) sleeping: usize,
 }
 
@@ -79,10 +74,11 @@ pub(super) enum Link {
 /// Why a connection ended.
 #[derive(Debug)]
 pub(super) enum End {
-    /// I/O error, EOF, or a silent peer: reconnect. `warn` when the cause is unlikely to go
-    /// away by itself (a TLS handshake or authentication failure), so that it is logged as a
-    /// warning rather than as routine.
-    Lost { why: String, warn: bool },
+    /// I/O error, EOF, or a silent peer: reconnect.
+    Lost(String),
+    /// Connecting failed for a cause unlikely to go away by itself (a TLS handshake or
+    /// authentication failure): reconnect, logged as a warning rather than as routine.
+    CannotConnect(String),
     /// Pub/sub cannot work with this server: stop.
     Unavailable(String),
     /// The master switched: connect again at once, to the new one.
@@ -96,6 +92,8 @@ pub(super) struct Reader {
     pub(super) con: redis::Connection,
     /// The read timeout currently set on the connection.
     pub(super) read_timeout: Duration,
+    /// When the server was last heard (by the reader thread, or a borrower).
+    pub(super) heard: Instant,
 }
 
 #[derive(Debug, Default)]
