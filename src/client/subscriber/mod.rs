@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::grants::Token;
 use crate::client::repeats::Repeats;
-use crate::client::subscriber::reader::{start_thread, Shared};
+use crate::client::subscriber::reader::{run, Shared, THREAD_NAME};
 use crate::client::subscriber::registry::{Link, State, LINGER};
 use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::stats::Counters;
@@ -123,7 +123,9 @@ impl Wakeups {
             return None;
         }
         if st.link == Link::Stopped {
-            if let Err(e) = start_thread(shared) {
+            let reader = Arc::clone(shared);
+            let thread = std::thread::Builder::new().name(THREAD_NAME.into());
+            if let Err(e) = thread.spawn(move || run(&reader)) {
                 log::warn!("pub/sub: cannot start the subscriber thread ({e}); waiters poll");
                 return None;
             }

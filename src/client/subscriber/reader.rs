@@ -37,7 +37,7 @@ pub(super) const TICK: Duration = Duration::from_millis(200);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The name of the background thread, and of its connection (`CLIENT LIST`).
-const THREAD_NAME: &str = "dlock-subscriber";
+pub(super) const THREAD_NAME: &str = "dlock-subscriber";
 
 /// What the waiting threads and the reader thread share.
 pub(super) struct Shared {
@@ -63,24 +63,16 @@ pub(super) struct Shared {
     pub(super) reader_cv: Condvar,
 }
 
-pub(super) fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
-    let shared = Arc::clone(shared);
-    std::thread::Builder::new()
-        .name(THREAD_NAME.into())
-        .spawn(move || run(&shared))
-        .map(|_| ())
-}
-
 /// The reader thread: connect, subscribe what is waited on, dispatch pushes; reconnect with
 /// backoff when the connection is lost. Exits on shutdown, when pub/sub turns out unavailable,
 /// or when a connection attempt fails while nobody waits (the next `subscribe` starts a new
 /// reader), so a client whose Redis is down does not retry forever in the background.
-fn run(shared: &Shared) {
+pub(super) fn run(shared: &Shared) {
     let mut backoff = BACKOFF_MIN;
     loop {
         let end = match connect(shared) {
-            Ok(_) if !shared.go_up() => End::Shutdown,
             Ok(con) => {
+                shared.go_up();
                 let started = Instant::now();
                 let Err(end) = serve(shared, con);
                 shared.go_down();
@@ -173,11 +165,11 @@ impl Shared {
     }
 
     /// A new connection is ready: bump the generation, queue a `SUBSCRIBE` of every channel
-    /// waited on. False if the client is gone meanwhile.
-    fn go_up(&self) -> bool {
+    /// waited on. Nothing if the client is gone meanwhile (the connection ends at once).
+    fn go_up(&self) {
         let mut st = lock(&self.state);
         if st.shutdown {
-            return false;
+            return;
         }
         // A connection was up before: this one is a reconnect (logged, counted).
         let again = st.generation > 0;
@@ -202,7 +194,6 @@ impl Shared {
                 "pub/sub: connected again; waiters are woken by releases again"
             );
         }
-        true
     }
 
     /// The connection is gone: nothing is confirmed any more. The waiters are woken: they
@@ -349,15 +340,17 @@ impl Reader {
             {
                 return Ok(());
             }
-            // Whole milliseconds, so that a borrower reading again and again does not set the
-            // socket's timeout for every read.
-            let ms = left.min(tuning::tick(TICK)).as_millis().max(1) as u64;
-            self.set_read_timeout(Duration::from_millis(ms))?;
-            self.read_one(shared)?;
+            self.read_one(shared, left)?;
         }
     }
 
-    fn read_one(&mut self, shared: &Shared) -> Result<(), End> {
+    /// Reads one push within `left` (at most [`TICK`]) and dispatches it: the reader thread's
+    /// read and a borrower's.
+    fn read_one(&mut self, shared: &Shared, left: Duration) -> Result<(), End> {
+        // Whole milliseconds, so that a borrower reading again and again does not set the
+        // socket's timeout for every read.
+        let ms = left.min(tuning::tick(TICK)).as_millis().max(1) as u64;
+        self.set_read_timeout(Duration::from_millis(ms))?;
         // `PubSub::get_message` reads without expecting a reply, so a read timeout leaves the
         // connection as it was (the parser keeps a value it was in the middle of).
         // `recv_response` would count a timed-out read as a reply still owed and skip the next
@@ -409,7 +402,8 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
             // Sleep until a command is queued, a linger ends, the keepalive is due or the
             // client is dropped.
             let ping_in = KEEPALIVE.saturating_sub(reader.heard.elapsed());
-            let left = st.next_linger_end().map_or(ping_in, |t| {
+            let linger_end = st.channels.values().filter_map(|c| c.idle_until).min();
+            let left = linger_end.map_or(ping_in, |t| {
                 ping_in.min(t.saturating_duration_since(Instant::now()))
             });
             if !left.is_zero() {
@@ -447,9 +441,7 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         }
         st.reading = true;
         drop(st);
-        let read = reader
-            .set_read_timeout(tuning::tick(TICK))
-            .and_then(|()| reader.read_one(shared));
+        let read = reader.read_one(shared, Duration::MAX);
         lock(&shared.state).reading = false;
         read?;
     }

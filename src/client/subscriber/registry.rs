@@ -146,9 +146,4 @@ impl State {
             self.queue.push(("UNSUBSCRIBE", unsubscribe));
         }
     }
-
-    /// The soonest a lingering channel is due for `UNSUBSCRIBE`, if any.
-    pub(super) fn next_linger_end(&self) -> Option<Instant> {
-        self.channels.values().filter_map(|c| c.idle_until).min()
-    }
 }
