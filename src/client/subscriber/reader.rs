@@ -397,15 +397,14 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         if std::mem::take(&mut st.reconnect) {
             return Err(End::Switched);
         }
-        st.sweep(Instant::now());
+        let now = Instant::now();
+        st.sweep(now);
         if st.queue.is_empty() && !st.subscribed() {
             // Sleep until a command is queued, a linger ends, the keepalive is due or the
             // client is dropped.
             let ping_in = KEEPALIVE.saturating_sub(reader.heard.elapsed());
-            let linger_end = st.channels.values().filter_map(|c| c.idle_until).min();
-            let left = linger_end.map_or(ping_in, |t| {
-                ping_in.min(t.saturating_duration_since(Instant::now()))
-            });
+            let lingers = st.channels.values().filter_map(|c| c.idle_until);
+            let left = lingers.fold(ping_in, |d, t| d.min(t.saturating_duration_since(now)));
             if !left.is_zero() {
                 drop(wait_for(&shared.cv, st, left));
                 continue;
@@ -505,17 +504,16 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
     con.set_read_timeout(Some(shared.timeout))
         .and_then(|()| con.set_write_timeout(Some(shared.timeout)))
         .map_err(|e| End::Lost(format!("socket options: {e}")))?;
-    let named: RedisResult<Value> = redis::cmd("CLIENT")
+    match redis::cmd("CLIENT")
         .arg("SETNAME")
         .arg(THREAD_NAME)
-        .query(&mut con);
-    match named {
-        Ok(_) => Ok(con),
+        .exec(&mut con)
+    {
         Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
             Err(End::Lost(format!("{addr}: CLIENT SETNAME: {e}")))
         }
         // Refused (an ACL without CLIENT, or renamed away): the name is only a courtesy.
-        Err(_) => Ok(con),
+        _ => Ok(con),
     }
 }
 
