@@ -203,33 +203,33 @@ impl Wakeups {
             if grants.is_granted(token) || st.link_events != link || now >= until {
                 break;
             }
-            let lend = st
-                .lent
-                .as_ref()
-                .is_some_and(|r| !shared.wanted_back(&st, r));
-            if let Some(mut reader) = st.lent.take_if(|_| lend) {
-                drop(st);
-                let read = reader.read_for(shared, token, until);
-                st = lock(&shared.state);
-                // Wake the reader thread if it waits for the connection back, or it broke.
-                let wake = read.is_err() || shared.wanted_back(&st, &reader);
-                match read {
-                    Ok(()) => st.lent = Some(reader),
-                    Err(end) => st.broken = Some(end),
-                }
-                if wake {
-                    shared.reader_cv.notify_all();
-                }
-                if st.sleeping > 0 {
-                    shared.cv.notify_all();
-                }
+            // Not if the reader thread wants it back.
+            let lend = !matches!(&st.lent, Some(r) if shared.wanted_back(&st, r));
+            let Some(mut reader) = st.lent.take_if(|_| lend) else {
+                st.sleeping += 1;
+                st = wait_for(&shared.cv, st, until - now);
+                st.sleeping -= 1;
                 continue;
+            };
+            drop(st);
+            let read = reader.read_one(shared, until - now);
+            // Put back; this thread takes it again at once if it still waits (it keeps the lock).
+            st = lock(&shared.state);
+            // Wake the reader thread if it waits for the connection back, or it broke.
+            let wake = read.is_err() || shared.wanted_back(&st, &reader);
+            match read {
+                Ok(()) => st.lent = Some(reader),
+                Err(end) => st.broken = Some(end),
             }
-            st.sleeping += 1;
-            st = wait_for(&shared.cv, st, until - now);
-            st.sleeping -= 1;
+            if wake {
+                shared.reader_cv.notify_all();
+            }
         }
         st.borrowers -= 1;
+        // Another borrower may read the connection now.
+        if st.sleeping > 0 {
+            shared.cv.notify_all();
+        }
         true
     }
 

@@ -321,32 +321,9 @@ impl Reader {
         Ok(())
     }
 
-    /// A borrower's reads ([`Wakeups::await_grant`]): until a grant to `token` arrived,
-    /// `until`, or the reader thread wants the connection back ([`Shared::wanted_back`]).
-    ///
-    /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
-    pub(super) fn read_for(
-        &mut self,
-        shared: &Shared,
-        token: &crate::client::grants::Token,
-        until: Instant,
-    ) -> Result<(), End> {
-        let grants = &shared.waiters.grants;
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero()
-                || grants.is_granted(token)
-                || shared.wanted_back(&lock(&shared.state), self)
-            {
-                return Ok(());
-            }
-            self.read_one(shared, left)?;
-        }
-    }
-
     /// Reads one push within `left` (at most [`TICK`]) and dispatches it: the reader thread's
     /// read and a borrower's.
-    fn read_one(&mut self, shared: &Shared, left: Duration) -> Result<(), End> {
+    pub(super) fn read_one(&mut self, shared: &Shared, left: Duration) -> Result<(), End> {
         // Whole milliseconds, so that a borrower reading again and again does not set the
         // socket's timeout for every read.
         let ms = left.min(tuning::tick(TICK)).as_millis().max(1) as u64;
@@ -464,7 +441,7 @@ fn lend(shared: &Shared, mut st: MutexGuard<'_, State>, reader: Reader) -> Resul
         if let Some(end) = st.broken.take() {
             break Err(end);
         }
-        let back = st.lent.as_ref().is_some_and(|r| shared.wanted_back(&st, r));
+        let back = matches!(&st.lent, Some(r) if shared.wanted_back(&st, r));
         if let Some(reader) = st.lent.take_if(|_| back) {
             break Ok(reader);
         }
