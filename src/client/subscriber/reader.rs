@@ -210,14 +210,12 @@ impl Shared {
             c.rewake = !c.lines.is_empty();
             lines.extend(c.lines.keys().cloned());
         }
-        let shutdown = st.shutdown;
         st.link_events += 1;
         drop(st);
         self.cv.notify_all();
-        if !shutdown {
-            for line in lines {
-                self.waiters.notify_release(&line);
-            }
+        // None at shutdown: a `Subscription` borrows the `Wakeups` whose drop shuts down.
+        for line in lines {
+            self.waiters.notify_release(&line);
         }
     }
 
@@ -238,28 +236,6 @@ impl Shared {
         if !lines.is_empty() {
             self.counters.woken();
         }
-        for line in lines {
-            self.waiters.notify_release(&line);
-        }
-    }
-
-    /// The server confirmed `SUBSCRIBE channels` on the current connection.
-    fn confirmed(&self, channels: &[String]) {
-        let mut st = lock(&self.state);
-        let mut lines = Vec::new();
-        for name in channels {
-            if let Some(c) = st.channels.get_mut(name).filter(|c| c.sent) {
-                c.confirmed = true;
-                self.waiters.hooks.note(Event::Subscribed);
-                if std::mem::take(&mut c.rewake) {
-                    lines.extend(c.lines.keys().cloned());
-                }
-            }
-        }
-        st.link_events += 1;
-        drop(st);
-        self.cv.notify_all();
-        // Heard again after an outage: a release in between may have been missed.
         for line in lines {
             self.waiters.notify_release(&line);
         }
@@ -315,8 +291,27 @@ impl Reader {
                 None => replies -= 1,
             }
         }
-        if what == "SUBSCRIBE" {
-            shared.confirmed(names);
+        if what != "SUBSCRIBE" {
+            return Ok(());
+        }
+        // The server confirmed `SUBSCRIBE names` on the current connection.
+        let mut st = lock(&shared.state);
+        let mut lines = Vec::new();
+        for name in names {
+            if let Some(c) = st.channels.get_mut(name).filter(|c| c.sent) {
+                c.confirmed = true;
+                shared.waiters.hooks.note(Event::Subscribed);
+                if std::mem::take(&mut c.rewake) {
+                    lines.extend(c.lines.keys().cloned());
+                }
+            }
+        }
+        st.link_events += 1;
+        drop(st);
+        shared.cv.notify_all();
+        // Heard again after an outage: a release in between may have been missed.
+        for line in lines {
+            shared.waiters.notify_release(&line);
         }
         Ok(())
     }
