@@ -91,8 +91,8 @@ pub(super) fn run(shared: &Shared) {
         st.link = Link::Backoff;
         match end {
             _ if st.shutdown => {}
-            End::Shutdown => {}
-            End::Switched => {
+            // Not the client gone (above): the master switched.
+            End::Requested => {
                 log::info!("pub/sub: the master switched; subscribing again on the new one");
                 backoff_now = Duration::ZERO;
             }
@@ -363,11 +363,8 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
     };
     loop {
         let mut st = lock(&shared.state);
-        if st.shutdown {
-            return Err(End::Shutdown);
-        }
-        if std::mem::take(&mut st.reconnect) {
-            return Err(End::Switched);
+        if st.shutdown || std::mem::take(&mut st.reconnect) {
+            return Err(End::Requested);
         }
         let now = Instant::now();
         st.sweep(now);
@@ -459,9 +456,9 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
         )));
     }
     let addr = info.addr().to_string();
-    let client = redis::Client::open(info).map_err(|e| End::Lost(format!("{addr}: {e}")))?;
-    let mut con = client
-        .get_connection_with_timeout(shared.timeout)
+    // `open` cannot fail for connection info.
+    let mut con = redis::Client::open(info)
+        .and_then(|client| client.get_connection_with_timeout(shared.timeout))
         .map_err(|e| {
             // Routine (refused, timed out: the server is down or restarting) or worth a
             // warning (TLS handshake, authentication, anything else).

@@ -81,10 +81,9 @@ pub(super) enum End {
     CannotConnect(String),
     /// Pub/sub cannot work with this server: stop.
     Unavailable(String),
-    /// The master switched: connect again at once, to the new one.
-    Switched,
-    /// The client is gone.
-    Shutdown,
+    /// Ended on request: the client is gone (the reader exits), or the master switched
+    /// (connect again at once, to the new one).
+    Requested,
 }
 
 /// The reader's side of one connection.
