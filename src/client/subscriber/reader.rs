@@ -3,7 +3,7 @@
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionInfo, RedisResult, Value};
@@ -196,12 +196,12 @@ impl Shared {
         }
     }
 
-    /// The connection is gone: nothing is confirmed any more. The waiters are woken: they
+    /// The connection is gone: nothing is confirmed any more, nor read or lent. The waiters are woken: they
     /// make an attempt (which reports the outage, as polling would have) and then poll until
     /// their channel is confirmed again, when they are woken once more.
     fn go_down(&self) {
         let mut st = lock(&self.state);
-        st.link = Link::Connecting;
+        (st.link, st.reading, st.lending) = (Link::Connecting, false, false);
         st.queue.clear();
         let mut lines = Vec::new();
         for c in st.channels.values_mut() {
@@ -353,8 +353,10 @@ fn interrupted(e: &redis::RedisError) -> bool {
 }
 
 /// Runs one connection until it ends: sends the queued commands, reads pushes while channels
-/// are subscribed (sleeps while none are: nothing can arrive), and checks a silent server with
-/// `PING`.
+/// are subscribed (sleeps while none are: nothing can arrive) or lends the connection to
+/// hand-off waiters ([`Wakeups::await_grant`]), and checks a silent server with `PING`.
+///
+/// [`Wakeups::await_grant`]: super::Wakeups::await_grant
 fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infallible, End> {
     let mut reader = Reader {
         con,
@@ -398,9 +400,26 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
             continue;
         }
         let mut st = lock(&shared.state);
-        // Hand-off waiters wait for grants, and the connection may stay lent to them.
+        // Hand-off waiters wait for grants, and the connection may stay lent to them until it
+        // is wanted back (`Shared::wanted_back`): checked when woken and every TICK; a borrower
+        // returns it after its current read (at most TICK). A borrower's failed read ends the
+        // connection (`go_down` clears the flags).
         if tuning::lend() && st.borrowers > 0 && Shared::may_keep_lent(&st) {
-            reader = lend(shared, st, reader)?;
+            (st.reading, st.lending, st.lent) = (true, true, Some(reader));
+            if st.sleeping > 0 {
+                shared.cv.notify_all();
+            }
+            reader = loop {
+                if let Some(end) = st.broken.take() {
+                    return Err(end);
+                }
+                let back = matches!(&st.lent, Some(r) if shared.wanted_back(&st, r));
+                if let Some(reader) = st.lent.take_if(|_| back) {
+                    break reader;
+                }
+                st = wait_for(&shared.reader_cv, st, tuning::tick(TICK));
+            };
+            (st.reading, st.lending) = (false, false);
             continue;
         }
         // Waits up to TICK for a push, not at all if a command was queued meanwhile.
@@ -409,38 +428,9 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         }
         st.reading = true;
         drop(st);
-        let read = reader.read_one(shared, Duration::MAX);
+        reader.read_one(shared, Duration::MAX)?;
         lock(&shared.state).reading = false;
-        read?;
     }
-}
-
-/// Lends the connection to the hand-off waiters ([`Wakeups::await_grant`]) until it is
-/// needed back: a command to send, a channel of another kind waited on, the keepalive due, or
-/// shutdown ([`Shared::wanted_back`]). Checked when woken and every [`TICK`]; a borrower returns
-/// the connection after its current read (at most [`TICK`]). A borrower's failed read ends the
-/// connection.
-///
-/// [`Wakeups::await_grant`]: super::Wakeups::await_grant
-fn lend(shared: &Shared, mut st: MutexGuard<'_, State>, reader: Reader) -> Result<Reader, End> {
-    st.reading = true;
-    st.lending = true;
-    st.lent = Some(reader);
-    if st.sleeping > 0 {
-        shared.cv.notify_all();
-    }
-    let outcome = loop {
-        if let Some(end) = st.broken.take() {
-            break Err(end);
-        }
-        let back = matches!(&st.lent, Some(r) if shared.wanted_back(&st, r));
-        if let Some(reader) = st.lent.take_if(|_| back) {
-            break Ok(reader);
-        }
-        st = wait_for(&shared.reader_cv, st, tuning::tick(TICK));
-    };
-    (st.lending, st.reading) = (false, false);
-    outcome
 }
 
 /// Opens a connection to the server the resolver names, with redis-rs (TLS, AUTH, RESP3 and

@@ -39,7 +39,7 @@ pub(super) struct State {
     ///
     /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
     pub(super) borrowers: usize,
-    /// The reader thread lends the connection to the borrowers (it waits in `lend`): while
+    /// The reader thread lends the connection to the borrowers (it waits in `serve`): while
     /// one of them waits for a grant, that waiting thread reads the connection itself, so the
     /// grant message wakes it directly rather than through the reader thread.
     pub(super) lending: bool,
