@@ -194,13 +194,12 @@ impl Wakeups {
         let Some(shared) = self.shared.as_ref() else {
             return false;
         };
-        let grants = &shared.waiters.grants;
         let mut st = lock(&shared.state);
         st.borrowers += 1;
         let link = st.link_events;
         loop {
             let now = Instant::now();
-            if grants.is_granted(token) || st.link_events != link || now >= until {
+            if shared.waiters.grants.is_granted(token) || st.link_events != link || now >= until {
                 break;
             }
             // Not if the reader thread wants it back.

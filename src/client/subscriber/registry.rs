@@ -72,7 +72,6 @@ pub(super) enum Link {
 }
 
 /// Why a connection ended.
-#[derive(Debug)]
 pub(super) enum End {
     /// I/O error, EOF, or a silent peer: reconnect.
     Lost(String),
@@ -95,7 +94,7 @@ pub(super) struct Reader {
     pub(super) heard: Instant,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct Channel {
     /// Lines woken by a message, with how many live subscriptions named each (none: nobody
     /// waits on the channel).
