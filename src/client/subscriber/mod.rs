@@ -322,10 +322,8 @@ impl Drop for Subscription<'_> {
         if let Some(ch) = st.channels.get_mut(&self.channel) {
             if let Some(n) = ch.lines.get_mut(&self.line) {
                 *n = n.saturating_sub(1);
-                if *n == 0 {
-                    ch.lines.remove(&self.line);
-                }
             }
+            ch.lines.retain(|_, n| *n > 0);
             if ch.lines.is_empty() {
                 // [`LINGER`] (or a benchmark's override of it) for a hand-off channel, none for
                 // a release channel.
