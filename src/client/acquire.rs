@@ -210,15 +210,9 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
         }
     };
     drop((also, subscription, ticket));
-    if let Some(why) = stalled {
-        // Returned to the caller, who decides what it means: not also a warning.
-        log::debug!(
-            "lock {key:?}: gave up after {:?} in line behind other threads of this client \
-             without a reply from Redis: {why}",
-            attempts.waited()
-        );
+    let err = match stalled {
         // An outage seen by the attempts ahead, as they would have reported it.
-        return Err(LockError::connection(
+        Some(why) => LockError::connection(
             key,
             crate::error::Fault::Unreachable,
             format!(
@@ -229,24 +223,26 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
                 if attempts.made() == 1 { "" } else { "s" }
             )
             .into(),
-        ));
-    }
-    on_give_up(attempts.made())?;
-    // Returned to the caller: logged for debugging only (an outage is logged by the paths that
-    // meet it, a few lines per cause, not by every caller's acquire).
+        ),
+        None => {
+            on_give_up(attempts.made())?;
+            late.unwrap_or_else(|| LockError::Timeout {
+                key: key.to_owned(),
+                attempts: attempts.made(),
+                waited: attempts.waited(),
+            })
+        }
+    };
+    // Returned to the caller, who decides what it means: logged for debugging only (an outage
+    // is logged by the paths that meet it, a few lines per cause, not by every caller's
+    // acquire).
     log::debug!(
-        "lock {key:?}: gave up after {} attempts in {:?}{}",
+        "lock {key:?}: gave up after {} attempts in {:?}: {}",
         attempts.made(),
         attempts.waited(),
-        late.as_ref()
-            .map(|err| format!(", the last failed: {}", err.report()))
-            .unwrap_or_default()
+        err.report()
     );
-    Err(late.unwrap_or_else(|| LockError::Timeout {
-        key: key.to_owned(),
-        attempts: attempts.made(),
-        waited: attempts.waited(),
-    }))
+    Err(err)
 }
 
 /// An attempt that met a transient failure ([`LockError::is_transient`]: a failover, a

@@ -21,19 +21,14 @@ pub(crate) const CLIENT_ID_LEN: usize = 16;
 /// server's `TIME` when it granted).
 pub(crate) const GRANT_PREFIX: &[u8] = b"dlock-grant:";
 
-/// The grants this client's waiting threads expect, by token.
+/// The grants this client's waiting threads expect, by token: the line (lock key) to wake, and
+/// the grant once it arrived.
 #[derive(Debug, Default)]
 pub(crate) struct Grants {
     map: Mutex<HashMap<Token, Expected>>,
 }
 
-#[derive(Debug)]
-struct Expected {
-    /// The line (lock key) to wake.
-    line: String,
-    /// Set once a grant arrived.
-    grant: Option<Grant>,
-}
+type Expected = (String, Option<Grant>);
 
 /// A grant as published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,13 +70,7 @@ impl Grant {
 impl Grants {
     /// Expects a grant to `token` for the waiters of `line`; forgotten when `forget` is called.
     pub(crate) fn register(&self, token: &Token, line: &str) {
-        lock(&self.map).insert(
-            *token,
-            Expected {
-                line: line.to_owned(),
-                grant: None,
-            },
-        );
+        lock(&self.map).insert(*token, (line.to_owned(), None));
     }
 
     /// No longer expected (the thread got the lock or gave up).
@@ -91,14 +80,14 @@ impl Grants {
 
     /// The grant to `token`, if one arrived since the last call (it is taken out).
     pub(crate) fn take(&self, token: &Token) -> Option<Grant> {
-        lock(&self.map).get_mut(token).and_then(|e| e.grant.take())
+        lock(&self.map).get_mut(token)?.1.take()
     }
 
     /// True if a grant to `token` arrived and was not taken yet.
     pub(crate) fn is_granted(&self, token: &Token) -> bool {
         lock(&self.map)
             .get(token)
-            .is_some_and(|e| e.grant.is_some())
+            .is_some_and(|(_, grant)| grant.is_some())
     }
 
     /// A grant to `token` was published (or returned by this client's own release): records
@@ -106,9 +95,9 @@ impl Grants {
     pub(crate) fn deliver(&self, token: &[u8], grant: Grant) -> Option<String> {
         let token: Token = token.try_into().ok()?;
         let mut map = lock(&self.map);
-        let entry = map.get_mut(&token)?;
-        entry.grant = Some(grant);
-        Some(entry.line.clone())
+        let (line, slot) = map.get_mut(&token)?;
+        *slot = Some(grant);
+        Some(line.clone())
     }
 
     /// Grants expected now.

@@ -174,12 +174,10 @@ fn sleep_until_due(shared: &Shared) -> bool {
 /// such a deadline) are reported lost, and are not renewed.
 fn round(shared: &Shared, client: &crate::client::LockClient) {
     let start = Instant::now();
-    let (mut due, expired) = take_due(shared, start);
-    for state in &expired {
-        lost(client.counters(), state, LossReason::Expired);
-    }
+    let mut due = take_due(shared, start);
     let mut outcomes = Vec::with_capacity(due.len());
     for batch in batches(&mut due, client.is_cluster()) {
+        // Reports the holds past their loss deadline (at the round's start too): not renewed.
         let until = sweep(shared, client.counters());
         // Released or reported lost since the round's start: not renewed.
         let (kept, gone): (Vec<_>, Vec<_>) = batch
@@ -206,32 +204,18 @@ fn round(shared: &Shared, client: &crate::client::LockClient) {
 
 /// Removes released and dropped holds, and picks those due by `start` or within a sixth of
 /// their lease (holds acquired around the same time then renew together, in one call). Holds
-/// already past their validity (the thread was starved, or Redis slow) are returned apart, to
-/// be reported lost rather than renewed.
-#[allow(clippy::type_complexity)]
-fn take_due(
-    shared: &Shared,
-    start: Instant,
-) -> (Vec<(usize, Arc<WatchState>)>, Vec<Arc<WatchState>>) {
-    let (mut due, mut expired) = (Vec::new(), Vec::new());
+/// already past their loss deadline (the thread was starved, or Redis slow) are among them:
+/// the sweep before the first call reports them lost rather than renewed.
+fn take_due(shared: &Shared, start: Instant) -> Vec<(usize, Arc<WatchState>)> {
     let mut list = shared.lock();
     list.entries.retain(|e| e.live().is_some());
     list.in_round = true;
-    for (i, entry) in list.entries.iter_mut().enumerate() {
-        let Some(state) = entry.state.upgrade() else {
-            continue;
-        };
-        if entry.due > crate::time::saturating_add(start, state.lease() / 6) {
-            continue;
-        }
-        if start >= state.loss_deadline() {
-            entry.gone = true;
-            expired.push(state);
-        } else {
-            due.push((i, state));
-        }
-    }
-    (due, expired)
+    let due = list.entries.iter().enumerate().filter_map(|(i, entry)| {
+        let state = entry.state.upgrade()?;
+        let slack = crate::time::saturating_add(start, state.lease() / 6);
+        (entry.due <= slack).then_some((i, state))
+    });
+    due.collect()
 }
 
 /// Before each call of a round: reports lost every watched hold whose loss deadline has
@@ -242,21 +226,14 @@ fn take_due(
 fn sweep(shared: &Shared, stats: &Counters) -> Option<Instant> {
     loop {
         let now = Instant::now();
-        let mut passed = Vec::new();
-        let mut earliest: Option<Instant> = None;
-        for state in shared.lock().entries.iter().filter_map(Entry::live) {
-            let deadline = state.loss_deadline();
-            if deadline <= now {
-                passed.push(state);
-            } else {
-                earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
-            }
-        }
+        let (passed, ahead): (Vec<_>, Vec<_>) = (shared.lock().entries.iter())
+            .filter_map(Entry::live)
+            .partition(|state| state.loss_deadline() <= now);
         // Outside the list's lock: a callback may watch another hold.
         for state in &passed {
             lost(stats, state, LossReason::Expired);
         }
-        match earliest {
+        match ahead.iter().map(|state| state.loss_deadline()).min() {
             Some(at) if at.saturating_duration_since(now) <= CAP_ALLOWANCE => {
                 // Less than the allowance away: report it at its deadline, then go on.
                 thread::sleep(at.saturating_duration_since(now));
@@ -281,8 +258,10 @@ fn batches<T: AsRef<WatchState>>(items: &mut [(usize, T)], cluster: bool) -> Vec
         .collect()
 }
 
-/// One `lua/renew_batch.lua` call for `batch` (sent at `start`), waiting past `until` for
-/// nothing (a call cut short fails); one outcome per hold.
+/// One renewal call for `batch` (sent at `start`), waiting past `until` for nothing (a call
+/// cut short fails); one outcome per hold. After a failed call each hold is tried again soon
+/// (at its loss deadline at the latest, to report it then), unless its loss deadline has
+/// passed by the local clock (then it is lost: Redis may expire it any moment).
 fn renew(
     client: &crate::client::LockClient,
     start: Instant,
@@ -293,45 +272,46 @@ fn renew(
     let Some((_, first)) = batch.first() else {
         return;
     };
-    let results = match renew_replies(client, batch, until) {
-        Ok(results) => results,
-        Err(e) => {
-            log_repeat!(
-                client.repeats(),
-                "watchdog: renewal failed",
-                log::Level::Warn,
-                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
-                 run out: {}",
-                batch.len(),
-                first.key(),
-                e.report()
-            );
-            client.counters().renewals_failed(batch.len());
-            return retry_later(client, batch, outcomes);
-        }
-    };
+    let results = renew_replies(client, batch, until);
+    if let Err(e) = &results {
+        log_repeat!(
+            client.repeats(),
+            "watchdog: renewal failed",
+            log::Level::Warn,
+            "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
+             run out: {}",
+            batch.len(),
+            first.key(),
+            e.report()
+        );
+        client.counters().renewals_failed(batch.len());
+    }
     let now = Instant::now();
     let mut renewed = 0usize;
-    for ((i, state), result) in batch.iter().zip(results) {
+    for (n, (i, state)) in batch.iter().enumerate() {
+        let deadline = state.loss_deadline();
+        // `None`: the call failed.
+        let answer = results.as_ref().ok().map(|r| r.get(n) == Some(&1));
         let outcome = if state.is_stopped() {
             // Released (or being released) meanwhile: the holder's release decides.
             None
-        } else if result != 1 {
+        } else if answer == Some(false) {
             lost(client.counters(), state, LossReason::Gone);
             None
-        } else if now >= state.loss_deadline() {
-            // Renewed, but only after its loss deadline by the local clock: the holder may
-            // already have seen it lost, and a lost hold stays lost.
+        } else if now >= deadline {
+            // Renewed only after its loss deadline by the local clock (the holder may already
+            // have seen it lost, and a lost hold stays lost), or not renewed by then.
             lost(client.counters(), state, LossReason::Expired);
             None
+        } else if answer.is_none() {
+            Some(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
         } else {
             state.renewed(start, state.lease());
             // It stays in the client's live set for its new lifetime.
             let entry = match state.kind() {
                 RenewKind::Value(_) | RenewKind::ScriptedValue(_) => live::value(state.value()),
-                RenewKind::HashField(_) | RenewKind::ReadEntry(_) | RenewKind::WriteEntry(_) => {
-                    live::holding(state.key(), state.value())
-                }
+                // A hash field, the read or write holds of a read-write lock.
+                _ => live::holding(state.key(), state.value()),
             };
             client.live().renew(entry, state.lease());
             log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
@@ -339,6 +319,9 @@ fn renew(
             (!state.renews_once()).then(|| crate::time::saturating_add(start, state.lease() / 3))
         };
         outcomes.push((*i, outcome));
+    }
+    if results.is_err() {
+        return;
     }
     client.counters().renewed(renewed);
     if renewed > 0 {
@@ -353,8 +336,12 @@ fn renew(
 
 /// The renewal answers for `batch`, one per hold (1 renewed, 0 not the owner's; too few is an
 /// error): Token holds by a pipeline of `SET key token IFEQ token PX lease` where the server
-/// has it (one round trip), the others (and all of them elsewhere) by one
-/// `lua/renew_batch.lua` call.
+/// has it (one round trip; one alone is sent as a command, which redis-rs redirects in a
+/// cluster), the others (and all of them elsewhere) by one `lua/renew_batch.lua` call.
+///
+/// A `SET … IFEQ` refused sends its holds to the script: from now on when the server, asked on
+/// this connection, says it lacks the command or the user may not run it; for this call on a
+/// full server's `OOM`. A key of another type counts as not the owner's, as in the script.
 fn renew_replies(
     client: &crate::client::LockClient,
     batch: &[(usize, Arc<WatchState>)],
@@ -365,14 +352,46 @@ fn renew_replies(
         (0..batch.len()).partition(|&i| batch[i].1.kind().is_value());
     // In a cluster one command at most: redis-rs does not follow a slot's redirection (a
     // migration's ASK or MOVED) inside a pipeline.
-    let renewed = match client.native().has(Command::SetIfEq)
+    let native = client.native().has(Command::SetIfEq)
         && !values.is_empty()
-        && (values.len() == 1 || !client.is_cluster())
-    {
-        true => renew_natively(client, batch, &values, until)?,
-        false => None,
-    };
-    match renewed {
+        && (values.len() == 1 || !client.is_cluster());
+    let renewed = native.then(|| {
+        let key = batch[values[0]].1.key();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for &i in &values {
+            let state = &batch[i].1;
+            pipe.add_command(native::set_ifeq_px(
+                state.key(),
+                state.value(),
+                lease_ms(state),
+            ));
+        }
+        client.with_conn_confirmed_until(key, until, |con, _| {
+            let replies: Vec<redis::RedisResult<redis::Value>> = match values.as_slice() {
+                [_] => pipe.cmd_iter().map(|cmd| cmd.query(con)).collect(),
+                _ => (pipe.query::<Vec<redis::Value>>(con)?.into_iter())
+                    .map(redis::Value::extract_error)
+                    .collect(),
+            };
+            // The first refusal that sends the holds to the script (`None`) or error ends it.
+            let answers = replies.into_iter().map(|reply| match reply {
+                Ok(redis::Value::Okay | redis::Value::SimpleString(_)) => Ok(Some(1)),
+                Ok(redis::Value::Nil) => Ok(Some(0)),
+                Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(0)),
+                Err(e) if native::is_oom(&e) => Ok(None),
+                Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => Ok(None),
+                Err(e) => Err(e),
+                Ok(other) => Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "unexpected reply to SET ... IFEQ",
+                    format!("{other:?}"),
+                ))),
+            });
+            answers.collect::<redis::RedisResult<Option<Vec<i64>>>>()
+        })
+    });
+    match renewed.transpose()?.flatten() {
         Some(renewed) => values
             .iter()
             .zip(renewed)
@@ -383,17 +402,10 @@ fn renew_replies(
         return Ok(results);
     }
     let keys: Vec<&str> = scripted.iter().map(|&i| batch[i].1.key()).collect();
-    let leases: Vec<String> = scripted
-        .iter()
-        .map(|&i| lease_ms(&batch[i].1).to_string())
+    // Per hold: its layout's tag, its value, its lease in milliseconds.
+    let args: Vec<_> = (scripted.iter().map(|&i| &batch[i].1))
+        .map(|state| (state.kind().tag(), state.value(), lease_ms(state)))
         .collect();
-    let mut args: Vec<&[u8]> = Vec::with_capacity(3 * scripted.len());
-    for (&i, ms) in scripted.iter().zip(&leases) {
-        let state = &batch[i].1;
-        args.push(state.kind().tag().as_bytes());
-        args.push(state.value());
-        args.push(ms.as_bytes());
-    }
     let replies: Vec<i64> = client.with_conn_confirmed_until(keys[0], until, |con, scripts| {
         let replies: Vec<i64> = scripts.renew_batch.eval_keys(con, &keys, &args)?;
         match replies.len() == keys.len() {
@@ -409,80 +421,6 @@ fn renew_replies(
         results[i] = r;
     }
     Ok(results)
-}
-
-/// The pipelined `SET … IFEQ … PX` renewal of the holds `which` of `batch` (one alone is sent
-/// as a command, which redis-rs redirects in a cluster): their answers, or `None` when the
-/// server refused the command (then the script renews them: from now on when the server, asked
-/// on this connection, says it lacks the command or the user may not run it; for this call on
-/// a full server's `OOM`). A key of another type counts as not the owner's, as in the script.
-fn renew_natively(
-    client: &crate::client::LockClient,
-    batch: &[(usize, Arc<WatchState>)],
-    which: &[usize],
-    until: Option<Instant>,
-) -> crate::error::Result<Option<Vec<i64>>> {
-    let key = batch[which[0]].1.key();
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for &i in which {
-        let state = &batch[i].1;
-        pipe.add_command(native::set_ifeq_px(
-            state.key(),
-            state.value(),
-            lease_ms(state),
-        ));
-    }
-    client.with_conn_confirmed_until(key, until, |con, _| {
-        let replies: Vec<redis::RedisResult<redis::Value>> = match which {
-            [_] => pipe.cmd_iter().map(|cmd| cmd.query(con)).collect(),
-            _ => (pipe.query::<Vec<redis::Value>>(con)?.into_iter())
-                .map(redis::Value::extract_error)
-                .collect(),
-        };
-        let mut out = Vec::with_capacity(which.len());
-        for reply in replies {
-            match reply {
-                Ok(redis::Value::Okay | redis::Value::SimpleString(_)) => out.push(1),
-                Ok(redis::Value::Nil) => out.push(0),
-                Err(e) if e.code() == Some("WRONGTYPE") => out.push(0),
-                Err(e) if native::is_oom(&e) => return Ok(None),
-                Err(e) if client.native().lacks(con, Command::SetIfEq, key, &e) => return Ok(None),
-                Err(e) => return Err(e),
-                Ok(other) => {
-                    return Err(redis::RedisError::from((
-                        redis::ErrorKind::Client,
-                        "unexpected reply to SET ... IFEQ",
-                        format!("{other:?}"),
-                    )))
-                }
-            }
-        }
-        Ok(Some(out))
-    })
-}
-
-/// After a failed call: each hold is tried again soon (at its loss deadline at the latest, to
-/// report it then), unless its loss deadline has passed by the local clock (then it is lost:
-/// Redis may expire it any moment).
-fn retry_later(
-    client: &crate::client::LockClient,
-    batch: &[(usize, Arc<WatchState>)],
-    outcomes: &mut Vec<(usize, Outcome)>,
-) {
-    let now = Instant::now();
-    for (i, state) in batch {
-        let deadline = state.loss_deadline();
-        let outcome = if state.is_stopped() {
-            None
-        } else if now >= deadline {
-            lost(client.counters(), state, LossReason::Expired);
-            None
-        } else {
-            Some(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
-        };
-        outcomes.push((*i, outcome));
-    }
 }
 
 /// The wait before retrying a failed renewal: a tenth of the lease, within 10 ms ..= 1 s.
@@ -691,14 +629,16 @@ mod tests {
             }
         }
         drop(dropped);
-        let (due, expired) = take_due(&shared, now);
+        let due = take_due(&shared, now);
         let due: Vec<&str> = due.iter().map(|(_, s)| s.key()).collect();
-        assert_eq!(due, ["soon"]);
-        assert_eq!(expired.len(), 1);
-        assert_eq!(expired[0].key(), "stale");
-        // The stopped and dropped entries are removed, the stale one flagged.
-        let list = shared.lock();
-        assert_eq!(list.entries.len(), 3);
-        assert_eq!(list.entries.iter().filter(|e| e.gone).count(), 1);
+        assert_eq!(due, ["soon", "stale"]);
+        // The stopped and dropped entries are removed.
+        assert_eq!(shared.lock().entries.len(), 3);
+        // The stale one is reported lost by the sweep before the round's first call, not
+        // renewed (a round renews only the holds not marked lost).
+        let stats = Counters::default();
+        sweep(&shared, &stats);
+        assert!(stale.marked_lost() && !soon.marked_lost());
+        assert_eq!(stats.snapshot().lost_holds, 1);
     }
 }

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::grants::Token;
 use crate::client::repeats::Repeats;
-use crate::client::subscriber::reader::{start_thread, Shared};
+use crate::client::subscriber::reader::{run, Shared, THREAD_NAME};
 use crate::client::subscriber::registry::{Link, State, LINGER};
 use crate::client::waiters::{lock, wait_for, wait_while, WaitQueues};
 use crate::stats::Counters;
@@ -94,9 +94,7 @@ impl Wakeups {
                     cv: Condvar::new(),
                     counters,
                     repeats,
-                    lend_cv: Condvar::new(),
                     reader_cv: Condvar::new(),
-                    heard: Mutex::new(Instant::now()),
                 })
             }),
         }
@@ -125,7 +123,9 @@ impl Wakeups {
             return None;
         }
         if st.link == Link::Stopped {
-            if let Err(e) = start_thread(shared) {
+            let reader = Arc::clone(shared);
+            let thread = std::thread::Builder::new().name(THREAD_NAME.into());
+            if let Err(e) = thread.spawn(move || run(&reader)) {
                 log::warn!("pub/sub: cannot start the subscriber thread ({e}); waiters poll");
                 return None;
             }
@@ -194,38 +194,41 @@ impl Wakeups {
         let Some(shared) = self.shared.as_ref() else {
             return false;
         };
-        let grants = &shared.waiters.grants;
         let mut st = lock(&shared.state);
         st.borrowers += 1;
         let link = st.link_events;
         loop {
             let now = Instant::now();
-            if grants.is_granted(token) || st.link_events != link || now >= until {
+            if shared.waiters.grants.is_granted(token) || st.link_events != link || now >= until {
                 break;
             }
-            let recalled = st.recall;
-            if let Some(mut reader) = st.lent.take_if(|_| !recalled) {
-                drop(st);
-                let read = reader.read_for(shared, token, until);
-                st = lock(&shared.state);
-                match read {
-                    Ok(()) => st.lent = Some(reader),
-                    Err(end) => st.broken = Some(end),
-                }
-                // Wake the reader thread if it waits for the connection back, or it broke.
-                if st.broken.is_some() || st.recall {
-                    shared.reader_cv.notify_all();
-                }
-                if st.sleeping > 0 {
-                    shared.lend_cv.notify_all();
-                }
+            // Not if the reader thread wants it back.
+            let lend = !matches!(&st.lent, Some(r) if shared.wanted_back(&st, r));
+            let Some(mut reader) = st.lent.take_if(|_| lend) else {
+                st.sleeping += 1;
+                st = wait_for(&shared.cv, st, until - now);
+                st.sleeping -= 1;
                 continue;
+            };
+            drop(st);
+            let read = reader.read_one(shared, until - now);
+            // Put back; this thread takes it again at once if it still waits (it keeps the lock).
+            st = lock(&shared.state);
+            // Wake the reader thread if it waits for the connection back, or it broke.
+            let wake = read.is_err() || shared.wanted_back(&st, &reader);
+            match read {
+                Ok(()) => st.lent = Some(reader),
+                Err(end) => st.broken = Some(end),
             }
-            st.sleeping += 1;
-            st = wait_for(&shared.lend_cv, st, until - now);
-            st.sleeping -= 1;
+            if wake {
+                shared.reader_cv.notify_all();
+            }
         }
         st.borrowers -= 1;
+        // Another borrower may read the connection now.
+        if st.sleeping > 0 {
+            shared.cv.notify_all();
+        }
         true
     }
 
@@ -250,7 +253,7 @@ impl Wakeups {
         // Not connected: the next connection resolves the new master anyway.
         if st.link == Link::Up {
             st.reconnect = true;
-            shared.link_event(&mut st);
+            st.link_events += 1;
             drop(st);
             shared.cv.notify_all();
             shared.reader_cv.notify_all();
@@ -292,7 +295,6 @@ impl Drop for Wakeups {
         if let Some(shared) = &self.shared {
             lock(&shared.state).shutdown = true;
             shared.cv.notify_all();
-            shared.lend_cv.notify_all();
             shared.reader_cv.notify_all();
         }
     }
@@ -320,10 +322,8 @@ impl Drop for Subscription<'_> {
         if let Some(ch) = st.channels.get_mut(&self.channel) {
             if let Some(n) = ch.lines.get_mut(&self.line) {
                 *n = n.saturating_sub(1);
-                if *n == 0 {
-                    ch.lines.remove(&self.line);
-                }
             }
+            ch.lines.retain(|_, n| *n > 0);
             if ch.lines.is_empty() {
                 // [`LINGER`] (or a benchmark's override of it) for a hand-off channel, none for
                 // a release channel.

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionInfo, RedisResult, Value};
@@ -37,7 +37,7 @@ pub(super) const TICK: Duration = Duration::from_millis(200);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The name of the background thread, and of its connection (`CLIENT LIST`).
-const THREAD_NAME: &str = "dlock-subscriber";
+pub(super) const THREAD_NAME: &str = "dlock-subscriber";
 
 /// What the waiting threads and the reader thread share.
 pub(super) struct Shared {
@@ -47,51 +47,32 @@ pub(super) struct Shared {
     pub(super) timeout: Duration,
     pub(super) state: Mutex<State>,
     /// Signalled on every confirmation, every change of [`Link`], every queued command and at
-    /// shutdown.
+    /// shutdown; and, while borrowers ([`Wakeups::await_grant`]) wait on it (another one is
+    /// reading the lent connection), when the connection is put back or a grant was delivered.
+    ///
+    /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
     pub(super) cv: Condvar,
     /// The client's counters (wake-ups, reconnects).
     pub(super) counters: Arc<Counters>,
     /// The client's log lines that repeat while the server is away.
     pub(super) repeats: Arc<Repeats>,
-    /// Borrowers ([`Wakeups::await_grant`]) wait here, with `state`: signalled when the connection is put back while another borrower
-    /// waits for it, a grant was delivered, the link changed, or at shutdown.
-    pub(super) lend_cv: Condvar,
     /// The reader thread waits here while the connection is lent: signalled when it is
     /// wanted back (a command queued, another kind of waiter, shutdown), when it is put back
-    /// while recalled, and when a borrower's read failed. Not on every grant: waking the
+    /// while wanted back, and when a borrower's read failed. Not on every grant: waking the
     /// reader thread for nothing would cost the thread switch that lending saves.
     pub(super) reader_cv: Condvar,
-    /// When the server was last heard (by the reader thread, or a borrower).
-    pub(super) heard: Mutex<Instant>,
-}
-
-pub(super) fn start_thread(shared: &Arc<Shared>) -> io::Result<()> {
-    let shared = Arc::clone(shared);
-    std::thread::Builder::new()
-        .name(THREAD_NAME.into())
-        .spawn(move || run(&shared))
-        .map(|_| ())
-}
-
-impl End {
-    fn lost(why: impl Into<String>) -> End {
-        End::Lost {
-            why: why.into(),
-            warn: false,
-        }
-    }
 }
 
 /// The reader thread: connect, subscribe what is waited on, dispatch pushes; reconnect with
 /// backoff when the connection is lost. Exits on shutdown, when pub/sub turns out unavailable,
 /// or when a connection attempt fails while nobody waits (the next `subscribe` starts a new
 /// reader), so a client whose Redis is down does not retry forever in the background.
-fn run(shared: &Shared) {
+pub(super) fn run(shared: &Shared) {
     let mut backoff = BACKOFF_MIN;
     loop {
         let end = match connect(shared) {
-            Ok(_) if !shared.go_up() => End::Shutdown,
             Ok(con) => {
+                shared.go_up();
                 let started = Instant::now();
                 let Err(end) = serve(shared, con);
                 shared.go_down();
@@ -110,8 +91,8 @@ fn run(shared: &Shared) {
         st.link = Link::Backoff;
         match end {
             _ if st.shutdown => {}
-            End::Shutdown => {}
-            End::Switched => {
+            // Not the client gone (above): the master switched.
+            End::Requested => {
                 log::info!("pub/sub: the master switched; subscribing again on the new one");
                 backoff_now = Duration::ZERO;
             }
@@ -119,28 +100,20 @@ fn run(shared: &Shared) {
                 log::error!("pub/sub: {why}; waiters of this client poll instead");
                 st.link = Link::Unavailable;
             }
-            End::Lost { why, warn } => {
-                let (cause, level, meanwhile) = if warn {
-                    (
-                        "pub/sub: cannot connect",
-                        log::Level::Warn,
-                        "until it works",
-                    )
-                } else {
-                    (
-                        "pub/sub: connection lost or refused",
-                        log::Level::Info,
-                        "meanwhile",
-                    )
-                };
-                log_repeat!(
-                    shared.repeats,
-                    cause,
-                    level,
-                    "{cause} ({why}); waiters poll {meanwhile}, retrying in {}",
-                    Rounded(backoff)
-                );
-            }
+            End::Lost(why) => log_repeat!(
+                shared.repeats,
+                "pub/sub: connection lost or refused",
+                log::Level::Info,
+                "pub/sub: connection lost or refused ({why}); waiters poll meanwhile, retrying in {}",
+                Rounded(backoff)
+            ),
+            End::CannotConnect(why) => log_repeat!(
+                shared.repeats,
+                "pub/sub: cannot connect",
+                log::Level::Warn,
+                "pub/sub: cannot connect ({why}); waiters poll until it works, retrying in {}",
+                Rounded(backoff)
+            ),
         }
         shared.cv.notify_all();
         if st.shutdown || st.link == Link::Unavailable {
@@ -165,15 +138,7 @@ impl Shared {
     /// is made.
     pub(super) fn nudge(&self) {
         if lock(&self.state).sleeping > 0 {
-            self.lend_cv.notify_all();
-        }
-    }
-
-    /// The link changed: borrowers return to their caller, which looks at the subscription.
-    pub(super) fn link_event(&self, st: &mut State) {
-        st.link_events += 1;
-        if st.sleeping > 0 {
-            self.lend_cv.notify_all();
+            self.cv.notify_all();
         }
     }
 
@@ -193,13 +158,21 @@ impl Shared {
                 .all(|c| c.lines.is_empty() || c.hand_off)
     }
 
+    /// True if the reader thread wants the lent connection back: it may not stay lent, or the
+    /// keepalive is due. A borrower returns it after its current read (at most [`TICK`]).
+    pub(super) fn wanted_back(&self, st: &State, reader: &Reader) -> bool {
+        !Self::may_keep_lent(st) || reader.heard.elapsed() >= self.timeout
+    }
+
     /// A new connection is ready: bump the generation, queue a `SUBSCRIBE` of every channel
-    /// waited on. False if the client is gone meanwhile.
-    fn go_up(&self) -> bool {
+    /// waited on. Nothing if the client is gone meanwhile (the connection ends at once).
+    fn go_up(&self) {
         let mut st = lock(&self.state);
         if st.shutdown {
-            return false;
+            return;
         }
+        // A connection was up before: this one is a reconnect (logged, counted).
+        let again = st.generation > 0;
         st.generation += 1;
         st.channels.retain(|_, c| !c.lines.is_empty());
         let names: Vec<String> = st.channels.keys().cloned().collect();
@@ -210,7 +183,6 @@ impl Shared {
             st.queue.push(("SUBSCRIBE", names));
         }
         st.link = Link::Up;
-        let again = std::mem::take(&mut st.was_lost);
         drop(st);
         self.cv.notify_all();
         if again {
@@ -222,16 +194,14 @@ impl Shared {
                 "pub/sub: connected again; waiters are woken by releases again"
             );
         }
-        true
     }
 
-    /// The connection is gone: nothing is confirmed any more. The waiters are woken: they
+    /// The connection is gone: nothing is confirmed any more, nor read or lent. The waiters are woken: they
     /// make an attempt (which reports the outage, as polling would have) and then poll until
     /// their channel is confirmed again, when they are woken once more.
     fn go_down(&self) {
         let mut st = lock(&self.state);
-        st.link = Link::Connecting;
-        st.was_lost = true;
+        (st.link, st.reading, st.lending) = (Link::Connecting, false, false);
         st.queue.clear();
         let mut lines = Vec::new();
         for c in st.channels.values_mut() {
@@ -240,14 +210,12 @@ impl Shared {
             c.rewake = !c.lines.is_empty();
             lines.extend(c.lines.keys().cloned());
         }
-        let shutdown = st.shutdown;
-        self.link_event(&mut st);
+        st.link_events += 1;
         drop(st);
         self.cv.notify_all();
-        if !shutdown {
-            for line in lines {
-                self.waiters.notify_release(&line);
-            }
+        // None at shutdown: a `Subscription` borrows the `Wakeups` whose drop shuts down.
+        for line in lines {
+            self.waiters.notify_release(&line);
         }
     }
 
@@ -272,28 +240,6 @@ impl Shared {
             self.waiters.notify_release(&line);
         }
     }
-
-    /// The server confirmed `SUBSCRIBE channels` on the current connection.
-    fn confirmed(&self, channels: &[String]) {
-        let mut st = lock(&self.state);
-        let mut lines = Vec::new();
-        for name in channels {
-            if let Some(c) = st.channels.get_mut(name).filter(|c| c.sent) {
-                c.confirmed = true;
-                self.waiters.hooks.note(Event::Subscribed);
-                if std::mem::take(&mut c.rewake) {
-                    lines.extend(c.lines.keys().cloned());
-                }
-            }
-        }
-        self.link_event(&mut st);
-        drop(st);
-        self.cv.notify_all();
-        // Heard again after an outage: a release in between may have been missed.
-        for line in lines {
-            self.waiters.notify_release(&line);
-        }
-    }
 }
 
 impl Reader {
@@ -301,7 +247,7 @@ impl Reader {
         if self.read_timeout != d {
             self.con
                 .set_read_timeout(Some(d))
-                .map_err(|e| End::lost(format!("socket options: {e}")))?;
+                .map_err(|e| End::Lost(format!("socket options: {e}")))?;
             self.read_timeout = d;
         }
         Ok(())
@@ -316,17 +262,17 @@ impl Reader {
         self.set_read_timeout(shared.timeout)?;
         self.con
             .send_packed_command(&redis::cmd(what).arg(names).get_packed_command())
-            .map_err(|e| End::lost(format!("{what}: {e}")))?;
+            .map_err(|e| End::Lost(format!("{what}: {e}")))?;
         let mut replies = names.len().max(1);
         while replies > 0 {
             let value = self.con.recv_response().map_err(|e| {
-                End::lost(if e.is_timeout() {
+                End::Lost(if e.is_timeout() {
                     format!("no reply to {what} within {:?}", shared.timeout)
                 } else {
                     format!("{what}: {e}")
                 })
             })?;
-            *lock(&shared.heard) = Instant::now();
+            self.heard = Instant::now();
             if let Value::ServerError(e) = &value {
                 // Only our SUBSCRIBE, UNSUBSCRIBE or PING can be refused. A server that is
                 // loading or busy may accept them later; any other refusal (an ACL, pub/sub
@@ -335,7 +281,7 @@ impl Reader {
                 let why = format!("the server refused {what}: {code} {detail}");
                 return Err(match code {
                     "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" => {
-                        End::lost(why)
+                        End::Lost(why)
                     }
                     _ => End::Unavailable(why),
                 });
@@ -345,37 +291,38 @@ impl Reader {
                 None => replies -= 1,
             }
         }
-        if what == "SUBSCRIBE" {
-            shared.confirmed(names);
+        if what != "SUBSCRIBE" {
+            return Ok(());
+        }
+        // The server confirmed `SUBSCRIBE names` on the current connection.
+        let mut st = lock(&shared.state);
+        let mut lines = Vec::new();
+        for name in names {
+            if let Some(c) = st.channels.get_mut(name).filter(|c| c.sent) {
+                c.confirmed = true;
+                shared.waiters.hooks.note(Event::Subscribed);
+                if std::mem::take(&mut c.rewake) {
+                    lines.extend(c.lines.keys().cloned());
+                }
+            }
+        }
+        st.link_events += 1;
+        drop(st);
+        shared.cv.notify_all();
+        // Heard again after an outage: a release in between may have been missed.
+        for line in lines {
+            shared.waiters.notify_release(&line);
         }
         Ok(())
     }
 
-    /// A borrower's reads ([`Wakeups::await_grant`]): until a grant to `token` arrived,
-    /// `until`, or the reader thread wants the connection back.
-    ///
-    /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
-    pub(super) fn read_for(
-        &mut self,
-        shared: &Shared,
-        token: &crate::client::grants::Token,
-        until: Instant,
-    ) -> Result<(), End> {
-        let grants = &shared.waiters.grants;
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() || grants.is_granted(token) || lock(&shared.state).recall {
-                return Ok(());
-            }
-            // Whole milliseconds, so that a borrower reading again and again does not set the
-            // socket's timeout for every read.
-            let ms = left.min(tuning::tick(TICK)).as_millis().max(1) as u64;
-            self.set_read_timeout(Duration::from_millis(ms))?;
-            self.read_one(shared)?;
-        }
-    }
-
-    fn read_one(&mut self, shared: &Shared) -> Result<(), End> {
+    /// Reads one push within `left` (at most [`TICK`]) and dispatches it: the reader thread's
+    /// read and a borrower's.
+    pub(super) fn read_one(&mut self, shared: &Shared, left: Duration) -> Result<(), End> {
+        // Whole milliseconds, so that a borrower reading again and again does not set the
+        // socket's timeout for every read.
+        let ms = left.min(tuning::tick(TICK)).as_millis().max(1) as u64;
+        self.set_read_timeout(Duration::from_millis(ms))?;
         // `PubSub::get_message` reads without expecting a reply, so a read timeout leaves the
         // connection as it was (the parser keeps a value it was in the middle of).
         // `recv_response` would count a timed-out read as a reply still owed and skip the next
@@ -384,14 +331,14 @@ impl Reader {
         let mut pubsub = ManuallyDrop::new(self.con.as_pubsub());
         match pubsub.get_message() {
             Ok(msg) => {
-                *lock(&shared.heard) = Instant::now();
+                self.heard = Instant::now();
                 shared.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
                 Ok(())
             }
             // EINTR: a read with a timeout that the process's SIGSTOP / SIGCONT interrupted
             // (Linux does not restart it; signal(7)). Nothing was read, as on a timeout.
             Err(e) if e.is_timeout() || interrupted(&e) => Ok(()),
-            Err(e) => Err(End::lost(e.to_string())),
+            Err(e) => Err(End::Lost(e.to_string())),
         }
     }
 }
@@ -406,30 +353,29 @@ fn interrupted(e: &redis::RedisError) -> bool {
 }
 
 /// Runs one connection until it ends: sends the queued commands, reads pushes while channels
-/// are subscribed (sleeps while none are: nothing can arrive), and checks a silent server with
-/// `PING`.
+/// are subscribed (sleeps while none are: nothing can arrive) or lends the connection to
+/// hand-off waiters ([`Wakeups::await_grant`]), and checks a silent server with `PING`.
+///
+/// [`Wakeups::await_grant`]: super::Wakeups::await_grant
 fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infallible, End> {
     let mut reader = Reader {
         con,
         read_timeout: shared.timeout,
+        heard: Instant::now(),
     };
-    *lock(&shared.heard) = Instant::now();
     loop {
         let mut st = lock(&shared.state);
-        if st.shutdown {
-            return Err(End::Shutdown);
+        if st.shutdown || std::mem::take(&mut st.reconnect) {
+            return Err(End::Requested);
         }
-        if std::mem::take(&mut st.reconnect) {
-            return Err(End::Switched);
-        }
-        st.sweep(Instant::now());
+        let now = Instant::now();
+        st.sweep(now);
         if st.queue.is_empty() && !st.subscribed() {
             // Sleep until a command is queued, a linger ends, the keepalive is due or the
             // client is dropped.
-            let ping_in = KEEPALIVE.saturating_sub(lock(&shared.heard).elapsed());
-            let left = st.next_linger_end().map_or(ping_in, |t| {
-                ping_in.min(t.saturating_duration_since(Instant::now()))
-            });
+            let ping_in = KEEPALIVE.saturating_sub(reader.heard.elapsed());
+            let lingers = st.channels.values().filter_map(|c| c.idle_until);
+            let left = lingers.fold(ping_in, |d, t| d.min(t.saturating_duration_since(now)));
             if !left.is_zero() {
                 drop(wait_for(&shared.cv, st, left));
                 continue;
@@ -447,16 +393,33 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         } else {
             KEEPALIVE
         };
-        if lock(&shared.heard).elapsed() >= keepalive {
+        if reader.heard.elapsed() >= keepalive {
             reader.request(shared, "PING", &[])?;
         }
         if !subscribed {
             continue;
         }
         let mut st = lock(&shared.state);
-        // Hand-off waiters wait for grants, and the connection may stay lent to them.
+        // Hand-off waiters wait for grants, and the connection may stay lent to them until it
+        // is wanted back (`Shared::wanted_back`): checked when woken and every TICK; a borrower
+        // returns it after its current read (at most TICK). A borrower's failed read ends the
+        // connection (`go_down` clears the flags).
         if tuning::lend() && st.borrowers > 0 && Shared::may_keep_lent(&st) {
-            reader = lend(shared, st, reader)?;
+            (st.reading, st.lending, st.lent) = (true, true, Some(reader));
+            if st.sleeping > 0 {
+                shared.cv.notify_all();
+            }
+            reader = loop {
+                if let Some(end) = st.broken.take() {
+                    return Err(end);
+                }
+                let back = matches!(&st.lent, Some(r) if shared.wanted_back(&st, r));
+                if let Some(reader) = st.lent.take_if(|_| back) {
+                    break reader;
+                }
+                st = wait_for(&shared.reader_cv, st, tuning::tick(TICK));
+            };
+            (st.reading, st.lending) = (false, false);
             continue;
         }
         // Waits up to TICK for a push, not at all if a command was queued meanwhile.
@@ -465,51 +428,16 @@ fn serve(shared: &Shared, con: redis::Connection) -> Result<std::convert::Infall
         }
         st.reading = true;
         drop(st);
-        let read = reader
-            .set_read_timeout(tuning::tick(TICK))
-            .and_then(|()| reader.read_one(shared));
+        reader.read_one(shared, Duration::MAX)?;
         lock(&shared.state).reading = false;
-        read?;
     }
-}
-
-/// Lends the connection to the hand-off waiters ([`Wakeups::await_grant`]) until it is
-/// needed back: a command to send, a channel of another kind waited on, the keepalive due, or
-/// shutdown. Checked when woken and every [`TICK`]; a borrower returns the
-/// connection after its current read (at most [`TICK`]). A borrower's failed read ends the
-/// connection.
-///
-/// [`Wakeups::await_grant`]: super::Wakeups::await_grant
-fn lend(shared: &Shared, mut st: MutexGuard<'_, State>, reader: Reader) -> Result<Reader, End> {
-    st.reading = true;
-    st.lending = true;
-    st.lent = Some(reader);
-    if st.sleeping > 0 {
-        shared.lend_cv.notify_all();
-    }
-    let outcome = loop {
-        if let Some(end) = st.broken.take() {
-            break Err(end);
-        }
-        if st.recall {
-            if let Some(reader) = st.lent.take() {
-                break Ok(reader);
-            }
-        } else if !Shared::may_keep_lent(&st) || lock(&shared.heard).elapsed() >= shared.timeout {
-            st.recall = true;
-            continue;
-        }
-        st = wait_for(&shared.reader_cv, st, tuning::tick(TICK));
-    };
-    (st.lending, st.reading, st.recall) = (false, false, false);
-    outcome
 }
 
 /// Opens a connection to the server the resolver names, with redis-rs (TLS, AUTH, RESP3 and
 /// the database as the connection info says), and names it (`CLIENT SETNAME`, for operators
 /// reading `CLIENT LIST`; a refusal is ignored).
 fn connect(shared: &Shared) -> Result<redis::Connection, End> {
-    let info = (shared.resolve)().map_err(|e| End::lost(format!("finding the server: {e}")))?;
+    let info = (shared.resolve)().map_err(|e| End::Lost(format!("finding the server: {e}")))?;
     if !info.addr().is_supported() {
         return Err(End::Unavailable(format!(
             "the subscriber cannot connect to {}: this build lacks the feature it needs \
@@ -518,33 +446,33 @@ fn connect(shared: &Shared) -> Result<redis::Connection, End> {
         )));
     }
     let addr = info.addr().to_string();
-    let client = redis::Client::open(info).map_err(|e| End::lost(format!("{addr}: {e}")))?;
-    let mut con = client
-        .get_connection_with_timeout(shared.timeout)
+    // `open` cannot fail for connection info.
+    let mut con = redis::Client::open(info)
+        .and_then(|client| client.get_connection_with_timeout(shared.timeout))
         .map_err(|e| {
             // Routine (refused, timed out: the server is down or restarting) or worth a
             // warning (TLS handshake, authentication, anything else).
             let e = crate::client::pool::tls_context(e);
-            let routine = e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped();
-            End::Lost {
-                why: format!("{addr}: {e}"),
-                warn: !routine,
+            let why = format!("{addr}: {e}");
+            if e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped() {
+                End::Lost(why)
+            } else {
+                End::CannotConnect(why)
             }
         })?;
     con.set_read_timeout(Some(shared.timeout))
         .and_then(|()| con.set_write_timeout(Some(shared.timeout)))
-        .map_err(|e| End::lost(format!("socket options: {e}")))?;
-    let named: RedisResult<Value> = redis::cmd("CLIENT")
+        .map_err(|e| End::Lost(format!("socket options: {e}")))?;
+    match redis::cmd("CLIENT")
         .arg("SETNAME")
         .arg(THREAD_NAME)
-        .query(&mut con);
-    match named {
-        Ok(_) => Ok(con),
+        .exec(&mut con)
+    {
         Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-            Err(End::lost(format!("{addr}: CLIENT SETNAME: {e}")))
+            Err(End::Lost(format!("{addr}: CLIENT SETNAME: {e}")))
         }
         // Refused (an ACL without CLIENT, or renamed away): the name is only a courtesy.
-        Err(_) => Ok(con),
+        _ => Ok(con),
     }
 }
 

@@ -18,15 +18,13 @@ pub(super) struct State {
     /// Commands for the reader to send on the current connection, in order: `SUBSCRIBE` or
     /// `UNSUBSCRIBE`, and its channels.
     pub(super) queue: Vec<(&'static str, Vec<String>)>,
-    /// Bumped at every connection: a grant waiter that saw the same generation confirmed
-    /// before and after a wait heard every message of it ([`Wakeups::confirmed_on`]).
+    /// Bumped at every connection (each one after the first is a reconnect): a grant waiter
+    /// that saw the same generation confirmed before and after a wait heard every message of it
+    /// ([`Wakeups::confirmed_on`]).
     ///
     /// [`Wakeups::confirmed_on`]: super::Wakeups::confirmed_on
     pub(super) generation: u64,
     pub(super) link: Link,
-    /// A connection that was up has been lost: the next one is a reconnect (logged, counted;
-    /// a connection that ends otherwise ends the reader for good).
-    pub(super) was_lost: bool,
     /// The client is gone: the reader exits.
     pub(super) shutdown: bool,
     /// The master switched (Sentinel): the reader drops its connection, which leads to the
@@ -41,22 +39,17 @@ pub(super) struct State {
     ///
     /// [`Wakeups::await_grant`]: super::Wakeups::await_grant
     pub(super) borrowers: usize,
-    /// The reader thread lends the connection to the borrowers (it waits in `lend`): while
+    /// The reader thread lends the connection to the borrowers (it waits in `serve`): while
     /// one of them waits for a grant, that waiting thread reads the connection itself, so the
     /// grant message wakes it directly rather than through the reader thread.
     pub(super) lending: bool,
-    /// The reader thread wants the lent connection back: a borrower returns it after its
-    /// current read (at most [`TICK`]).
-    ///
-    /// [`TICK`]: super::reader::TICK
-    pub(super) recall: bool,
     /// The connection, while lent and not being read by a borrower.
     pub(super) lent: Option<Reader>,
     /// A borrower's read failed: the reader thread ends the connection with this.
     pub(super) broken: Option<End>,
     /// Bumped when the link changes (lost, or a subscription confirmed): a borrower returns.
     pub(super) link_events: u64,
-    /// Borrowers blocked on `lend_cv` (another one is reading).
+    /// Borrowers blocked on `cv` (another one is reading).
     pub(super) sleeping: usize,
 }
 
@@ -79,18 +72,17 @@ pub(super) enum Link {
 }
 
 /// Why a connection ended.
-#[derive(Debug)]
 pub(super) enum End {
-    /// I/O error, EOF, or a silent peer: reconnect. `warn` when the cause is unlikely to go
-    /// away by itself (a TLS handshake or authentication failure), so that it is logged as a
-    /// warning rather than as routine.
-    Lost { why: String, warn: bool },
+    /// I/O error, EOF, or a silent peer: reconnect.
+    Lost(String),
+    /// Connecting failed for a cause unlikely to go away by itself (a TLS handshake or
+    /// authentication failure): reconnect, logged as a warning rather than as routine.
+    CannotConnect(String),
     /// Pub/sub cannot work with this server: stop.
     Unavailable(String),
-    /// The master switched: connect again at once, to the new one.
-    Switched,
-    /// The client is gone.
-    Shutdown,
+    /// Ended on request: the client is gone (the reader exits), or the master switched
+    /// (connect again at once, to the new one).
+    Requested,
 }
 
 /// The reader's side of one connection.
@@ -98,9 +90,11 @@ pub(super) struct Reader {
     pub(super) con: redis::Connection,
     /// The read timeout currently set on the connection.
     pub(super) read_timeout: Duration,
+    /// When the server was last heard (by the reader thread, or a borrower).
+    pub(super) heard: Instant,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct Channel {
     /// Lines woken by a message, with how many live subscriptions named each (none: nobody
     /// waits on the channel).
@@ -149,10 +143,5 @@ impl State {
         if !unsubscribe.is_empty() {
             self.queue.push(("UNSUBSCRIBE", unsubscribe));
         }
-    }
-
-    /// The soonest a lingering channel is due for `UNSUBSCRIBE`, if any.
-    pub(super) fn next_linger_end(&self) -> Option<Instant> {
-        self.channels.values().filter_map(|c| c.idle_until).min()
     }
 }
