@@ -762,7 +762,10 @@ impl FairLock {
         if expecting.offered {
             queues.withdraw_offer(&self.key, &token, Some(self.grant));
         }
-        drop(ticket);
+        // At the deadline the line goes to the next thread at once; after a failure it goes
+        // after the withdrawal, so that the next thread's attempt does not find our entry
+        // still heading the queue and grant the lock to us as we leave.
+        let ticket = failed.is_some().then_some(ticket);
         // Withdraw: our entry goes, or a grant that reached us meanwhile is released and passed
         // on (owner-checked by the token).
         match self.release_script(&token, None) {
@@ -789,6 +792,7 @@ impl FairLock {
                 );
             }
         }
+        drop(ticket);
         Err(failed.or(late).unwrap_or_else(|| self.timeout(attempts)))
     }
 
