@@ -418,21 +418,17 @@ impl RenewKind {
     pub(crate) fn label(self) -> Kind {
         self.parts().1
     }
-
-    /// A string value (renewed natively where the server can).
-    pub(crate) fn is_value(self) -> bool {
-        matches!(self, RenewKind::Value(_))
-    }
 }
 
 /// One watched hold, shared by the holder's lease (strong) and the watchdog (weak).
 pub(crate) struct WatchState {
     /// Shared with the lock (no copy per hold).
     key: Arc<str>,
-    kind: RenewKind,
+    pub(crate) kind: RenewKind,
     /// The owner value, inline (no allocation per hold beyond the state itself).
     value: Inline,
-    lease: Duration,
+    /// The lease each renewal grants.
+    pub(crate) lease: Duration,
     /// Base of `valid_until_ns`.
     base: Instant,
     /// End of validity, in nanoseconds after `base`: renewed by the watchdog.
@@ -477,17 +473,8 @@ impl WatchState {
         &self.key
     }
 
-    pub(crate) fn kind(&self) -> RenewKind {
-        self.kind
-    }
-
     pub(crate) fn value(&self) -> &[u8] {
         self.value.as_bytes()
-    }
-
-    /// The lease each renewal grants.
-    pub(crate) fn lease(&self) -> Duration {
-        self.lease
     }
 
     /// A fair lock's grant: the hold is valid for only `valid` from its start until the first

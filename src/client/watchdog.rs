@@ -78,9 +78,9 @@ const CAP_ALLOWANCE: Duration = Duration::from_millis(1);
 type Outcome = Option<Instant>;
 
 impl Watchdog {
-    /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease() / 3`.
+    /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease / 3`.
     pub(crate) fn watch(&self, client: &crate::client::LockClient, state: &Arc<WatchState>) {
-        self.watch_from(client, state, crate::time::after(state.lease() / 3));
+        self.watch_from(client, state, crate::time::after(state.lease / 3));
     }
 
     /// [`watch`](Self::watch), with the first renewal at `due` (a hand-off grant, whose
@@ -221,7 +221,7 @@ fn take_due(
         let Some(state) = entry.state.upgrade() else {
             continue;
         };
-        if entry.due > crate::time::saturating_add(start, state.lease() / 6) {
+        if entry.due > crate::time::saturating_add(start, state.lease / 6) {
             continue;
         }
         if start >= state.loss_deadline() {
@@ -281,8 +281,10 @@ fn batches<T: AsRef<WatchState>>(items: &mut [(usize, T)], cluster: bool) -> Vec
         .collect()
 }
 
-/// One `lua/renew_batch.lua` call for `batch` (sent at `start`), waiting past `until` for
-/// nothing (a call cut short fails); one outcome per hold.
+/// One renewal call for `batch` (sent at `start`), waiting past `until` for nothing (a call
+/// cut short fails); one outcome per hold. After a failed call each hold is tried again soon
+/// (at its loss deadline at the latest, to report it then), unless its loss deadline has
+/// passed by the local clock (then it is lost: Redis may expire it any moment).
 fn renew(
     client: &crate::client::LockClient,
     start: Instant,
@@ -293,52 +295,60 @@ fn renew(
     let Some((_, first)) = batch.first() else {
         return;
     };
-    let results = match renew_replies(client, batch, until) {
-        Ok(results) => results,
-        Err(e) => {
-            log_repeat!(
-                client.repeats(),
-                "watchdog: renewal failed",
-                log::Level::Warn,
-                "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
-                 run out: {}",
-                batch.len(),
-                first.key(),
-                e.report()
-            );
-            client.counters().renewals_failed(batch.len());
-            return retry_later(client, batch, outcomes);
-        }
+    let replies = renew_replies(client, batch, until);
+    if let Err(e) = &replies {
+        log_repeat!(
+            client.repeats(),
+            "watchdog: renewal failed",
+            log::Level::Warn,
+            "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases run \
+             out: {}",
+            batch.len(),
+            first.key(),
+            e.report()
+        );
+        client.counters().renewals_failed(batch.len());
+    }
+    // One answer per hold: `Some(1)` renewed, `Some(0)` not the owner's, `None` the call failed.
+    let results: Vec<Option<i64>> = match &replies {
+        Ok(results) => results.iter().copied().map(Some).collect(),
+        Err(_) => vec![None; batch.len()],
     };
     let now = Instant::now();
     let mut renewed = 0usize;
     for ((i, state), result) in batch.iter().zip(results) {
+        let deadline = state.loss_deadline();
         let outcome = if state.is_stopped() {
             // Released (or being released) meanwhile: the holder's release decides.
             None
-        } else if result != 1 {
+        } else if result.is_some_and(|r| r != 1) {
             lost(client.counters(), state, LossReason::Gone);
             None
-        } else if now >= state.loss_deadline() {
-            // Renewed, but only after its loss deadline by the local clock: the holder may
-            // already have seen it lost, and a lost hold stays lost.
+        } else if now >= deadline {
+            // Renewed only after its loss deadline by the local clock, or not renewed by then:
+            // the holder may already have seen it lost, and a lost hold stays lost.
             lost(client.counters(), state, LossReason::Expired);
             None
+        } else if result.is_none() {
+            Some(crate::time::saturating_add(now, retry_delay(state.lease)).min(deadline))
         } else {
-            state.renewed(start, state.lease());
+            state.renewed(start, state.lease);
             // It stays in the client's live set for its new lifetime.
-            let entry = match state.kind() {
+            let entry = match state.kind {
                 RenewKind::Value(_) | RenewKind::ScriptedValue(_) => live::value(state.value()),
                 RenewKind::HashField(_) | RenewKind::ReadEntry(_) | RenewKind::WriteEntry(_) => {
                     live::holding(state.key(), state.value())
                 }
             };
-            client.live().renew(entry, state.lease());
-            log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
+            client.live().renew(entry, state.lease);
+            log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease);
             renewed += 1;
-            (!state.renews_once()).then(|| crate::time::saturating_add(start, state.lease() / 3))
+            (!state.renews_once()).then(|| crate::time::saturating_add(start, state.lease / 3))
         };
         outcomes.push((*i, outcome));
+    }
+    if replies.is_err() {
+        return;
     }
     client.counters().renewed(renewed);
     if renewed > 0 {
@@ -362,7 +372,7 @@ fn renew_replies(
 ) -> crate::error::Result<Vec<i64>> {
     let mut results = vec![0i64; batch.len()];
     let (values, mut scripted): (Vec<usize>, Vec<usize>) =
-        (0..batch.len()).partition(|&i| batch[i].1.kind().is_value());
+        (0..batch.len()).partition(|&i| matches!(batch[i].1.kind, RenewKind::Value(_)));
     // In a cluster one command at most: redis-rs does not follow a slot's redirection (a
     // migration's ASK or MOVED) inside a pipeline.
     let renewed = match client.native().has(Command::SetIfEq)
@@ -390,7 +400,7 @@ fn renew_replies(
     let mut args: Vec<&[u8]> = Vec::with_capacity(3 * scripted.len());
     for (&i, ms) in scripted.iter().zip(&leases) {
         let state = &batch[i].1;
-        args.push(state.kind().tag().as_bytes());
+        args.push(state.kind.tag().as_bytes());
         args.push(state.value());
         args.push(ms.as_bytes());
     }
@@ -462,29 +472,6 @@ fn renew_natively(
     })
 }
 
-/// After a failed call: each hold is tried again soon (at its loss deadline at the latest, to
-/// report it then), unless its loss deadline has passed by the local clock (then it is lost:
-/// Redis may expire it any moment).
-fn retry_later(
-    client: &crate::client::LockClient,
-    batch: &[(usize, Arc<WatchState>)],
-    outcomes: &mut Vec<(usize, Outcome)>,
-) {
-    let now = Instant::now();
-    for (i, state) in batch {
-        let deadline = state.loss_deadline();
-        let outcome = if state.is_stopped() {
-            None
-        } else if now >= deadline {
-            lost(client.counters(), state, LossReason::Expired);
-            None
-        } else {
-            Some(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
-        };
-        outcomes.push((*i, outcome));
-    }
-}
-
 /// The wait before retrying a failed renewal: a tenth of the lease, within 10 ms ..= 1 s.
 fn retry_delay(lease: Duration) -> Duration {
     (lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
@@ -492,7 +479,7 @@ fn retry_delay(lease: Duration) -> Duration {
 
 /// The lease in whole milliseconds as sent (at least 1: `PEXPIRE 0` would delete the key).
 fn lease_ms(state: &WatchState) -> u64 {
-    u64::try_from(state.lease().as_millis())
+    u64::try_from(state.lease.as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
 }
@@ -500,7 +487,7 @@ fn lease_ms(state: &WatchState) -> u64 {
 /// Marks `state` lost (ignored if stopped), keeping the thread alive if the callback panics;
 /// counts it in `stats` when this marked it.
 fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
-    let kind = state.kind().label();
+    let kind = state.kind.label();
     // The flag is set before the callback runs: a panicking callback still counts.
     let marked = panic::catch_unwind(AssertUnwindSafe(|| state.mark_lost(reason)));
     match marked {
