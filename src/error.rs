@@ -380,22 +380,21 @@ impl LockError {
         LockError::setup(None, reason.into(), Fault::Other, None)
     }
 
-    /// A set-up step of the client that Redis refused: a [`Config`](Self::Config) error whose
-    /// cause is `err`, a mistake whatever its kind (see [`setup_unreachable`](Self::setup_unreachable)
-    /// for a server that is down).
-    pub(crate) fn setup_failed(reason: impl Into<String>, err: redis::RedisError) -> Self {
+    /// A set-up step of the client that failed: a [`Config`](Self::Config) error whose cause
+    /// is `err`. With `down` no server was found to talk to (refused, reset, no answer in
+    /// time): an error that is [`is_transient`](Self::is_transient), not
+    /// [`is_config`](Self::is_config); otherwise a mistake, whatever the error's kind.
+    pub(crate) fn setup_failed(
+        reason: impl Into<String>,
+        err: redis::RedisError,
+        down: bool,
+    ) -> Self {
         let fault = match Fault::of(&err) {
+            _ if down => Fault::Unreachable,
             f if f.is_transient() || f == Fault::Timeout => Fault::Other,
             f => f,
         };
         LockError::setup(None, reason.into(), fault, Some(Box::new(err)))
-    }
-
-    /// A set-up step of the client that found no server to talk to (refused, reset, no answer
-    /// in time): a [`Config`](Self::Config) error that is [`is_transient`](Self::is_transient),
-    /// not [`is_config`](Self::is_config).
-    pub(crate) fn setup_unreachable(reason: impl Into<String>, err: redis::RedisError) -> Self {
-        LockError::setup(None, reason.into(), Fault::Unreachable, Some(Box::new(err)))
     }
 
     /// A [`Config`](Self::Config) error.

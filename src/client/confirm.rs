@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 #[cfg(any(feature = "cluster", feature = "sentinel"))]
-use super::locked;
+use super::waiters::lock;
 #[cfg(feature = "cluster")]
 use redis::cluster_routing::{Route, SlotAddr};
 use redis::{ConnectionLike, RedisResult, Value};
@@ -144,7 +144,7 @@ impl Acks {
     /// that is no primary needs none.
     pub(crate) fn learn_node(&self, slot: Route, role: &NodeRole) -> u32 {
         let required = if role.primary {
-            *locked(&self.primaries)
+            *lock(&self.primaries)
                 .entry(role.replid.clone())
                 .or_insert_with(|| {
                     let required = u32::from(role.replicas > 0);
@@ -159,7 +159,7 @@ impl Acks {
         } else {
             0
         };
-        locked(&self.slots).insert(slot, required);
+        lock(&self.slots).insert(slot, required);
         required
     }
 
@@ -173,7 +173,7 @@ impl Acks {
         role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
     ) -> RedisResult<Option<Wait>> {
         let slot = Route::with_key(key, SlotAddr::Master);
-        let known = || locked(&self.slots).get(&slot).copied();
+        let known = || lock(&self.slots).get(&slot).copied();
         let required = match self.node_fixed().or_else(known) {
             Some(n) => n,
             None => role()?.map_or(0, |role| self.learn_node(slot, &role)),
@@ -186,7 +186,7 @@ impl Acks {
     /// by their replication IDs.
     #[cfg(feature = "cluster")]
     pub(crate) fn forget_slots(&self) {
-        locked(&self.slots).clear();
+        lock(&self.slots).clear();
     }
 
     #[cfg(feature = "cluster")]
@@ -215,7 +215,7 @@ impl Acks {
         if self.mode != ReplicaAcks::Auto {
             return;
         }
-        let mut learnt = locked(&self.learnt);
+        let mut learnt = lock(&self.learnt);
         if learnt.replace(addr.clone()).as_ref() == Some(addr) {
             return;
         }

@@ -31,7 +31,7 @@ pub(crate) mod watched;
 pub(crate) use pool::*;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use redis::RedisResult;
@@ -44,7 +44,7 @@ use crate::client::pool::within;
 use crate::client::repeats::log_repeat;
 use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::switches::Switches;
-use crate::client::waiters::WaitQueues;
+use crate::client::waiters::{lock, WaitQueues};
 use crate::client::watched::Watchdog;
 use crate::error::{self, Context, Fault, LockError, Result, Rounded};
 use crate::scripts::Scripts;
@@ -504,7 +504,7 @@ impl LockClient {
                 log::Level::Debug,
                 "pool: opening a connection failed: {e}"
             );
-            *locked(&self.inner.connect_error) = Some(e.clone());
+            *lock(&self.inner.connect_error) = Some(e.clone());
             return Err(self.checkout_error(key, e));
         }
         // Lifted when the connection goes back to the pool (`Conn`'s drop). A connection of an
@@ -523,7 +523,7 @@ impl LockClient {
         e: impl std::error::Error + Send + Sync + 'static,
     ) -> LockError {
         let addr = &self.inner.addr;
-        let last = locked(&self.inner.connect_error).clone();
+        let last = lock(&self.inner.connect_error).clone();
         match last {
             // A wrong password, unknown user or missing permission: not an outage.
             Some(last) if error::is_access_denied(&last) => LockError::Config {
@@ -698,12 +698,6 @@ impl LockClient {
             }
         }
     }
-}
-
-/// `mutex`'s guard, also after a thread panicked while it held it (as if it had not: the
-/// runtime's locks guard values that each update leaves whole).
-pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The first [`TOKEN_PREFIX_LEN`] hex digits of a client's instance id, lowercase (see

@@ -137,9 +137,10 @@ impl Queue {
     }
 }
 
-/// Mutex poisoning only means another thread panicked while holding it; the states these
-/// mutexes guard (a queue of numbers, the subscriber's registry: each change a few field
-/// updates) are still consistent, so carry on rather than panic too.
+/// `m`'s guard, also after a thread panicked while it held it: poisoning only means that, and
+/// the states the runtime's mutexes guard (a queue of numbers, the subscriber's registry, the
+/// replica confirmation's learnt primaries and slots, the pool's latest connect error: each
+/// change a few field updates) are still consistent, so carry on rather than panic too.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
