@@ -282,12 +282,21 @@ impl WaitQueues {
         lock(&self.map).get(key).map(Arc::clone)
     }
 
+    /// `f` on the line of `key` and its state, locked, if a thread of this client waits for it.
+    fn in_line<R>(
+        &self,
+        key: &str,
+        f: impl for<'q> FnOnce(&'q Queue, MutexGuard<'q, State>) -> R,
+    ) -> Option<R> {
+        let q = self.line(key)?;
+        let st = lock(&q.state);
+        Some(f(&q, st))
+    }
+
     /// Hand-off locks: a thread of this client took `key`'s lock. Noted only while other threads
     /// of this client wait for it.
     pub(crate) fn note_local_hold(&self, key: &str) {
-        if let Some(q) = self.line(key) {
-            lock(&q.state).held_here = true;
-        }
+        self.in_line(key, |_, mut st| st.held_here = true);
     }
 
     /// Hand-off locks: the head of `key`'s line offers `token` to be queued by the release of the
@@ -296,54 +305,47 @@ impl WaitQueues {
     /// (lost, or its guard leaked) leaves the offer open; the head's next poll queues it
     /// (see [`reclaim_offer`](Self::reclaim_offer)).
     pub(crate) fn offer(&self, key: &str, token: &Token) -> bool {
-        let Some(q) = self.line(key) else {
-            return false;
-        };
-        let mut st = lock(&q.state);
-        if !st.held_here || st.offer.is_some() {
-            return false;
-        }
-        st.offer = Some(Offer::Open(*token));
-        true
+        self.in_line(key, |_, mut st| {
+            let free = st.held_here && st.offer.is_none();
+            if free {
+                st.offer = Some(Offer::Open(*token));
+            }
+            free
+        })
+        .unwrap_or(false)
     }
 
     /// Hand-off locks: a release of `key` by this client is about to be sent. Takes the open offer,
     /// if any (its token goes with the release), and forgets the hold.
     pub(crate) fn take_offer(&self, key: &str) -> Option<Token> {
-        let q = self.line(key)?;
-        let mut st = lock(&q.state);
-        st.held_here = false;
-        match st.offer {
-            Some(Offer::Open(token)) => {
-                st.offer = Some(Offer::Taken {
-                    token,
-                    sent: Instant::now(),
-                });
-                Some(token)
-            }
-            _ => None,
-        }
+        self.in_line(key, |_, mut st| {
+            st.held_here = false;
+            let Some(Offer::Open(token)) = st.offer else {
+                return None;
+            };
+            let sent = Instant::now();
+            st.offer = Some(Offer::Taken { token, sent });
+            Some(token)
+        })
+        .flatten()
     }
 
     /// Hand-off locks: the release that took the offer of `token` came back (see [`Offer`]).
     pub(crate) fn offer_settled(&self, key: &str, token: &Token, at_us: Option<u64>) {
-        let Some(q) = self.line(key) else {
-            return;
-        };
-        let mut st = lock(&q.state);
-        if let Some(Offer::Taken { token, sent }) = st.offer.filter(|o| o.token() == token) {
-            st.offer = Some(Offer::Settled { token, sent, at_us });
-            if std::mem::take(&mut st.withdrawing) {
-                q.wake(st);
+        self.in_line(key, |q, mut st| {
+            if let Some(Offer::Taken { token, sent }) = st.offer.filter(|o| o.token() == token) {
+                st.offer = Some(Offer::Settled { token, sent, at_us });
+                if std::mem::take(&mut st.withdrawing) {
+                    q.wake(st);
+                }
             }
-        }
+        });
     }
 
     /// Hand-off locks: the offer of `token`, as it stands.
     pub(crate) fn offer_state(&self, key: &str, token: &Token) -> Option<Offer> {
-        let q = self.line(key)?;
-        let st = lock(&q.state);
-        st.offer.filter(|o| o.token() == token)
+        self.in_line(key, |_, st| st.offer.filter(|o| o.token() == token))
+            .flatten()
     }
 
     /// Hand-off locks: the head that offered `token` polls Redis itself. An offer no release took
@@ -351,42 +353,37 @@ impl WaitQueues {
     /// this client, or lasts longer than a poll): the next heads queue themselves until a
     /// thread of this client takes the lock again.
     pub(crate) fn reclaim_offer(&self, key: &str, token: &Token) {
-        let Some(q) = self.line(key) else {
-            return;
-        };
-        let mut st = lock(&q.state);
-        if st.offer.take_if(|o| *o == Offer::Open(*token)).is_some() {
-            st.held_here = false;
-        }
+        self.in_line(key, |_, mut st| {
+            if st.offer.take_if(|o| *o == Offer::Open(*token)).is_some() {
+                st.held_here = false;
+            }
+        });
     }
 
     /// Hand-off locks: the head that offered `token` stops waiting. With `patience`, a release
     /// that carries the token and has no reply yet is waited for (at most that long), so that
     /// the head's withdrawal from the queue reaches Redis after it.
     pub(crate) fn withdraw_offer(&self, key: &str, token: &Token, patience: Option<Duration>) {
-        let Some(q) = self.line(key) else {
-            return;
-        };
-        let mut st = lock(&q.state);
-        if let Some(patience) = patience {
-            st.withdrawing = true;
-            st = q.wait_while(
-                st,
-                patience,
-                |st| matches!(st.offer, Some(Offer::Taken { token: t, .. }) if t == *token),
-            );
-        }
-        st.withdrawing = false;
-        st.offer.take_if(|o| o.token() == token);
+        self.in_line(key, |q, mut st| {
+            if let Some(patience) = patience {
+                st.withdrawing = true;
+                st = q.wait_while(
+                    st,
+                    patience,
+                    |st| matches!(st.offer, Some(Offer::Taken { token: t, .. }) if t == *token),
+                );
+            }
+            st.withdrawing = false;
+            st.offer.take_if(|o| o.token() == token);
+        });
     }
 
     /// A holder of this process released `key`: wake its waiters.
     pub(crate) fn notify_release(&self, key: &str) {
-        if let Some(queue) = self.line(key) {
-            let mut st = lock(&queue.state);
+        self.in_line(key, |q, mut st| {
             st.releases += 1;
-            queue.wake(st);
-        }
+            q.wake(st);
+        });
     }
 }
 
