@@ -576,18 +576,11 @@ impl LockClient {
     /// the same round trip, and a write that fewer replicas confirmed is
     /// [`LockError::NotReplicated`]. The write may stand on the primary then: the caller undoes
     /// it as it undoes an acquire whose reply was lost.
+    ///
+    /// Nothing (checkout, connecting, any command) waits past `until`, if given: a call cut
+    /// short fails with a timeout. The watchdog's renewals, bounded by the earliest loss
+    /// deadline of the holds they carry.
     pub(crate) fn with_conn_confirmed<T>(
-        &self,
-        key: &str,
-        f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
-    ) -> Result<T> {
-        self.with_conn_confirmed_until(key, None, f)
-    }
-
-    /// [`with_conn_confirmed`](Self::with_conn_confirmed) with nothing (checkout, connecting,
-    /// any command) waiting past `until`, if given: a call cut short fails with a timeout.
-    /// The watchdog's renewals, bounded by the earliest loss deadline of the holds they carry.
-    pub(crate) fn with_conn_confirmed_until<T>(
         &self,
         key: &str,
         until: Option<Instant>,
@@ -662,7 +655,7 @@ impl LockClient {
     }
 
     /// [`with_conn`](Self::with_conn), waiting past `until` (if given) for nothing: see
-    /// [`with_conn_confirmed_until`](Self::with_conn_confirmed_until).
+    /// [`with_conn_confirmed`](Self::with_conn_confirmed).
     pub(crate) fn with_conn_until<T>(
         &self,
         key: &str,

@@ -404,7 +404,7 @@ fn renew_replies(
         args.push(state.value());
         args.push(ms.as_bytes());
     }
-    let replies: Vec<i64> = client.with_conn_confirmed_until(keys[0], until, |con, scripts| {
+    let replies: Vec<i64> = client.with_conn_confirmed(keys[0], until, |con, scripts| {
         let replies: Vec<i64> = scripts.renew_batch.eval_keys(con, &keys, &args)?;
         match replies.len() == keys.len() {
             true => Ok(replies),
@@ -443,7 +443,7 @@ fn renew_natively(
             lease_ms(state),
         ));
     }
-    client.with_conn_confirmed_until(key, until, |con, _| {
+    client.with_conn_confirmed(key, until, |con, _| {
         let replies: Vec<redis::RedisResult<redis::Value>> = match which {
             [_] => pipe.cmd_iter().map(|cmd| cmd.query(con)).collect(),
             _ => (pipe.query::<Vec<redis::Value>>(con)?.into_iter())

@@ -966,7 +966,7 @@ impl DistributedLock for FairLock {
         let ext = hold::Extending::start(&self.key, ttl)?;
         // Confirmed by the replicas the client requires, as Token's: an extend too few
         // confirmed is `NotReplicated` and leaves the lease as it was.
-        let extended: i64 = self.client.with_conn_confirmed(&self.key, |con, s| {
+        let extended: i64 = self.client.with_conn_confirmed(&self.key, None, |con, s| {
             s.extend.eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;
         ext.finish(&self.client, KIND, &self.key, extended == 1, lease, None)

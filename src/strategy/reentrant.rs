@@ -551,7 +551,7 @@ impl DistributedLock for ReentrantLock {
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ext = hold::Extending::start(&self.key, ttl)?;
-        let renewed: i64 = self.client.with_conn_confirmed(&self.key, |con, s| {
+        let renewed: i64 = self.client.with_conn_confirmed(&self.key, None, |con, s| {
             s.reentrant_extend
                 .eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;
