@@ -78,14 +78,10 @@ const CAP_ALLOWANCE: Duration = Duration::from_millis(1);
 type Outcome = Option<Instant>;
 
 impl Watchdog {
-    /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease / 3`.
-    pub(crate) fn watch(&self, client: &crate::client::LockClient, state: &Arc<WatchState>) {
-        self.watch_from(client, state, crate::time::after(state.lease / 3));
-    }
-
-    /// [`watch`](Self::watch), with the first renewal at `due` (a hand-off grant, whose
-    /// short lease must be raised soon).
-    pub(crate) fn watch_from(
+    /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease / 3`, the
+    /// first renewal at `due` (a third of the lease after the acquire; sooner for a hand-off
+    /// grant, whose short lease must be raised soon).
+    pub(crate) fn watch(
         &self,
         client: &crate::client::LockClient,
         state: &Arc<WatchState>,
@@ -564,7 +560,7 @@ mod tests {
         let mut live = Vec::new();
         for i in 0..1000 {
             let s = state(&format!("k{i}"));
-            dog.watch(&client, &s);
+            dog.watch(&client, &s, crate::time::after(s.lease / 3));
             if i % 100 == 0 {
                 live.push(s);
             } else {

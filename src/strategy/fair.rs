@@ -457,7 +457,7 @@ impl FairLock {
         );
         state.granted_for(self.grant, !self.opts.watched);
         let due = crate::time::saturating_add(start, self.grant / 3);
-        self.client.watchdog().watch_from(&self.client, &state, due);
+        self.client.watchdog().watch(&self.client, &state, due);
         Some(lease.with_watch(state))
     }
 
