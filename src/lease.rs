@@ -278,21 +278,11 @@ pub(crate) fn arrival_margin(ttl: Duration, elapsed: Duration) -> Duration {
     elapsed.max(clock_drift(ttl))
 }
 
-/// Checks a win against the time its command was sent (`lease.acquired_at()`): a hold whose
-/// lifetime `ttl` leaves less than [`arrival_margin`] by the local clock is handed back with
-/// `release` (owner-checked) and reported as [`LockError::LateReply`]; otherwise the lease is
-/// returned as it is.
+/// Checks a win read at `now` against the time its command was sent (`lease.acquired_at()`):
+/// a hold whose lifetime `ttl` leaves less than [`arrival_margin`] by the local clock is
+/// handed back with `release` (owner-checked) and reported as [`LockError::LateReply`];
+/// otherwise the lease is returned as it is.
 pub(crate) fn checked_win(
-    key: &str,
-    lease: Lease,
-    ttl: Duration,
-    release: impl FnOnce(&Lease) -> Result<bool>,
-) -> Result<Lease> {
-    checked_win_at(key, lease, ttl, Instant::now(), release)
-}
-
-/// [`checked_win`], the reply having been read at `now`.
-pub(crate) fn checked_win_at(
     key: &str,
     mut lease: Lease,
     ttl: Duration,
@@ -637,14 +627,16 @@ mod tests {
         let ms = Duration::from_millis;
         let ttl = ms(1_000);
         let fresh = Lease::new(b"a", Instant::now(), ttl);
-        let kept = checked_win("k", fresh, ttl, |_| panic!("a timely win is not released"));
+        let kept = checked_win("k", fresh, ttl, Instant::now(), |_| {
+            panic!("a timely win is not released")
+        });
         assert!(kept.is_ok());
         // Sent 600 ms ago: 400 ms left < 600 ms margin.
         let Some(sent) = Instant::now().checked_sub(ms(600)) else {
             return; // a monotonic clock this young cannot date the lease back
         };
         let mut released = false;
-        let late = checked_win("k", Lease::new(b"a", sent, ttl), ttl, |l| {
+        let late = checked_win("k", Lease::new(b"a", sent, ttl), ttl, Instant::now(), |l| {
             released = l.value() == b"a";
             Ok(true)
         });
@@ -661,9 +653,13 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // A release that fails still refuses the win.
-        let failed = checked_win("k", Lease::new(b"a", sent, ttl), ttl, |_| {
-            Err(LockError::Lost { key: "k".into() })
-        });
+        let failed = checked_win(
+            "k",
+            Lease::new(b"a", sent, ttl),
+            ttl,
+            Instant::now(),
+            |_| Err(LockError::Lost { key: "k".into() }),
+        );
         assert!(matches!(failed, Err(LockError::LateReply { .. })));
     }
 

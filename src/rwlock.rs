@@ -615,7 +615,7 @@ impl Shared {
                     .opts
                     .lease(&self.client, kind, id, start, None, None)
                     .owned_by_thread();
-                crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
+                crate::lease::checked_win(&self.key, lease, self.opts.lease, Instant::now(), |l| {
                     self.release(mode, l)
                 })
                 .map(Attempt::Acquired)

@@ -542,7 +542,9 @@ impl FairLock {
         let lease = self
             .opts
             .lease(&self.client, kind, token, start, fence, None);
-        crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
+        crate::lease::checked_win(&self.key, lease, self.opts.lease, Instant::now(), |l| {
+            self.release(l)
+        })
     }
 
     /// The blocking acquire: wait for our turn among this client's threads, then take the lock

@@ -308,7 +308,7 @@ impl ReentrantLock {
                 let lease = (self.opts).lease(&self.client, kind, value, start, fence, Some(now));
                 let release = |l: &Lease| self.release(l);
                 let ttl = self.opts.lease;
-                crate::lease::checked_win_at(&self.key, lease.owned_by_thread(), ttl, now, release)
+                crate::lease::checked_win(&self.key, lease.owned_by_thread(), ttl, now, release)
                     .map(Attempt::Acquired)
             }
             AcquireReply::Held { pttl } => {
