@@ -231,16 +231,6 @@ pub(crate) enum Attempt {
     Held { pttl: Option<Duration> },
 }
 
-impl Attempt {
-    /// The attempt of a lock's public `try_acquire`: [`LockError::Held`] is a refusal.
-    pub(crate) fn from_try(attempt: Result<Lease>) -> Result<Self> {
-        match attempt {
-            Err(LockError::Held { .. }) => Ok(Attempt::Held { pttl: None }),
-            other => other.map(Attempt::Acquired),
-        }
-    }
-}
-
 /// The clock-drift allowance of a lifetime `ttl`: 1% of it plus 2 ms (RedLock's; see
 /// [`RedLock::clock_drift`](crate::RedLock::clock_drift)).
 pub(crate) fn clock_drift(ttl: Duration) -> Duration {

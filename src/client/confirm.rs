@@ -258,17 +258,13 @@ impl Acks {
 #[derive(Debug)]
 pub(crate) struct Wait {
     required: u32,
-    timeout: Duration,
+    /// `WAIT`'s bound.
+    pub(super) timeout: Duration,
     packed: Vec<u8>,
     least: Option<i64>,
 }
 
 impl Wait {
-    /// `WAIT`'s bound.
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// `WAIT`'s reply: the replicas that confirmed (an error counts as none).
     fn note(&mut self, reply: Option<Value>) {
         let n = match reply {

@@ -860,7 +860,7 @@ impl Conn {
         let c = self.own_link()?;
         if c.wait.is_some() || wait.is_some() {
             c.read_timeout = match (c.timeout, &wait) {
-                (Some(t), Some(w)) => Some(t.saturating_add(w.timeout())),
+                (Some(t), Some(w)) => Some(t.saturating_add(w.timeout)),
                 (t, _) => t,
             };
             let _ = c.set_timeouts(c.read_timeout, c.timeout);
