@@ -338,11 +338,7 @@ impl LockError {
         let key = key.to_owned();
         if has_code(&err, &["WRONGTYPE"]) {
             LockError::WrongType { key }
-        } else if err.is_io_error()
-            || err.is_timeout()
-            || err.is_connection_dropped()
-            || err.is_unrecoverable_error()
-        {
+        } else if is_connection_failure(&err) {
             LockError::connection(&key, Fault::of(&err), Box::new(err))
         } else {
             LockError::Redis {
@@ -514,6 +510,12 @@ fn has_code(e: &redis::RedisError, codes: &[&str]) -> bool {
         || e.clone()
             .into_server_errors()
             .is_some_and(|errs| errs.iter().any(|(_, s)| codes.contains(&s.code())))
+}
+
+/// True for a failure of the connection rather than an answer: I/O, a timeout (a late reply
+/// could still arrive), or a connection redis-rs says must be replaced.
+pub(crate) fn is_connection_failure(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error()
 }
 
 /// True for a Redis error that says the credentials or the user's permissions are wrong:

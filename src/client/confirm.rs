@@ -103,11 +103,7 @@ impl Acks {
         allow(clippy::needless_update)
     )]
     pub(crate) fn new(mode: ReplicaAcks, timeout: Duration, auto: bool) -> Acks {
-        let required = match mode {
-            ReplicaAcks::Require(n) => n,
-            ReplicaAcks::Auto | ReplicaAcks::Off => 0,
-        };
-        Acks {
+        let acks = Acks {
             mode: match mode {
                 ReplicaAcks::Auto if !auto => ReplicaAcks::Off,
                 mode => mode,
@@ -115,9 +111,12 @@ impl Acks {
             timeout_ms: u64::try_from(timeout.as_millis())
                 .unwrap_or(u64::MAX)
                 .max(1),
-            required: AtomicU32::new(required),
             ..Acks::default()
-        }
+        };
+        // `Require(n)`'s `n`; under `Auto` none until a primary is learnt.
+        let required = acks.node_fixed().unwrap_or(0);
+        acks.required.store(required, Ordering::Relaxed);
+        acks
     }
 
     /// True if some writes may need confirming: `Require(n > 0)`, or `Auto` where it is on.

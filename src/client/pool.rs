@@ -724,10 +724,7 @@ impl Link {
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         self.used = true;
         self.broken |= result.as_ref().is_err_and(|e| {
-            e.is_io_error()
-                || e.is_timeout()
-                || e.is_connection_dropped()
-                || e.is_unrecoverable_error()
+            error::is_connection_failure(e)
                 || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
         });
         result
@@ -859,10 +856,8 @@ impl Conn {
     pub(super) fn set_wait(&mut self, wait: Option<Wait>) -> Option<Wait> {
         let c = self.own_link()?;
         if c.wait.is_some() || wait.is_some() {
-            c.read_timeout = match (c.timeout, &wait) {
-                (Some(t), Some(w)) => Some(t.saturating_add(w.timeout)),
-                (t, _) => t,
-            };
+            let grow = |t: Duration| wait.as_ref().map_or(t, |w| t.saturating_add(w.timeout));
+            c.read_timeout = c.timeout.map(grow);
             let _ = c.set_timeouts(c.read_timeout, c.timeout);
         }
         std::mem::replace(&mut c.wait, wait)
