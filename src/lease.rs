@@ -403,7 +403,7 @@ impl RenewKind {
 /// One watched hold, shared by the holder's lease (strong) and the watchdog (weak).
 pub(crate) struct WatchState {
     /// Shared with the lock (no copy per hold).
-    key: Arc<str>,
+    pub(crate) key: Arc<str>,
     pub(crate) kind: RenewKind,
     /// The owner value, inline (no allocation per hold beyond the state itself).
     value: Inline,
@@ -447,10 +447,6 @@ impl WatchState {
             once: AtomicBool::new(false),
             on_lost,
         })
-    }
-
-    pub(crate) fn key(&self) -> &str {
-        &self.key
     }
 
     pub(crate) fn value(&self) -> &[u8] {

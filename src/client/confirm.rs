@@ -219,8 +219,7 @@ impl Acks {
             return;
         }
         let required = u32::from(replicas > 0);
-        let before = self.required.swap(required, Ordering::AcqRel);
-        if before != required {
+        if self.required.swap(required, Ordering::AcqRel) != required {
             let ((host, port), on) = (addr, if required > 0 { "on" } else { "off" });
             log::info!(
                 "replica confirmation {on}: the primary {host}:{port} has {replicas} replicas"

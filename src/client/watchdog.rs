@@ -113,7 +113,7 @@ impl Watchdog {
                     // lease reports it lost by the local clock when it runs out.
                     Err(e) => log::error!(
                         "lock {:?}: cannot start the watchdog thread, the hold is not renewed: {e}",
-                        state.key()
+                        state.key
                     ),
                 }
             }
@@ -269,7 +269,7 @@ fn batches<T: AsRef<WatchState>>(items: &mut [(usize, T)], cluster: bool) -> Vec
     if !cluster {
         return items.chunks(BATCH_MAX).collect();
     }
-    let slot = |item: &(usize, T)| keys::hash_slot(item.1.as_ref().key().as_bytes());
+    let slot = |item: &(usize, T)| keys::hash_slot(item.1.as_ref().key.as_bytes());
     items.sort_by_key(slot);
     items
         .chunk_by(|a, b| slot(a) == slot(b))
@@ -300,19 +300,16 @@ fn renew(
             "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases run \
              out: {}",
             batch.len(),
-            first.key(),
+            first.key,
             e.report()
         );
         client.counters().renewals_failed(batch.len());
     }
-    // One answer per hold: `Some(1)` renewed, `Some(0)` not the owner's, `None` the call failed.
-    let results: Vec<Option<i64>> = match &replies {
-        Ok(results) => results.iter().copied().map(Some).collect(),
-        Err(_) => vec![None; batch.len()],
-    };
     let now = Instant::now();
     let mut renewed = 0usize;
-    for ((i, state), result) in batch.iter().zip(results) {
+    for (k, (i, state)) in batch.iter().enumerate() {
+        // `Some(1)` renewed, `Some(0)` not the owner's, `None` the call failed.
+        let result = replies.as_ref().ok().and_then(|r| r.get(k).copied());
         let deadline = state.loss_deadline();
         let outcome = if state.is_stopped() {
             // Released (or being released) meanwhile: the holder's release decides.
@@ -333,11 +330,11 @@ fn renew(
             let entry = match state.kind {
                 RenewKind::Value(_) | RenewKind::ScriptedValue(_) => live::value(state.value()),
                 RenewKind::HashField(_) | RenewKind::ReadEntry(_) | RenewKind::WriteEntry(_) => {
-                    live::holding(state.key(), state.value())
+                    live::holding(&state.key, state.value())
                 }
             };
             client.live().renew(entry, state.lease);
-            log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease);
+            log::trace!("lock {:?}: renewed for {:?}", state.key, state.lease);
             renewed += 1;
             (!state.renews_once()).then(|| crate::time::saturating_add(start, state.lease / 3))
         };
@@ -353,7 +350,7 @@ fn renew(
     log::debug!(
         "watchdog: renewed {renewed} of {} holds in one call ({:?}, ...)",
         batch.len(),
-        first.key()
+        first.key
     );
 }
 
@@ -388,7 +385,7 @@ fn renew_replies(
     if scripted.is_empty() {
         return Ok(results);
     }
-    let keys: Vec<&str> = scripted.iter().map(|&i| batch[i].1.key()).collect();
+    let keys: Vec<&str> = scripted.iter().map(|&i| &*batch[i].1.key).collect();
     let leases: Vec<String> = scripted
         .iter()
         .map(|&i| lease_ms(&batch[i].1).to_string())
@@ -428,13 +425,13 @@ fn renew_natively(
     which: &[usize],
     until: Option<Instant>,
 ) -> crate::error::Result<Option<Vec<i64>>> {
-    let key = batch[which[0]].1.key();
+    let key = &*batch[which[0]].1.key;
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for &i in which {
         let state = &batch[i].1;
         pipe.add_command(native::set_ifeq_px(
-            state.key(),
+            &state.key,
             state.value(),
             lease_ms(state),
         ));
@@ -491,7 +488,7 @@ fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
         Ok(false) => {}
         Err(_) => {
             stats.lost_watched(kind);
-            log::error!("lock {:?}: the on_lost callback panicked", state.key());
+            log::error!("lock {:?}: the on_lost callback panicked", state.key);
         }
     }
 }
@@ -537,10 +534,10 @@ mod tests {
         assert_eq!(cluster.iter().map(|b| b.len()).sum::<usize>(), 1300);
         for batch in &cluster {
             assert!(batch.len() <= BATCH_MAX);
-            let slot = keys::hash_slot(batch[0].1.key().as_bytes());
+            let slot = keys::hash_slot(batch[0].1.key.as_bytes());
             assert!(batch
                 .iter()
-                .all(|(_, s)| keys::hash_slot(s.key().as_bytes()) == slot));
+                .all(|(_, s)| keys::hash_slot(s.key.as_bytes()) == slot));
         }
         // Three tags, 434 / 433 / 433 keys: one full batch and one rest each.
         assert_eq!(cluster.len(), 3);
@@ -675,10 +672,10 @@ mod tests {
         }
         drop(dropped);
         let (due, expired) = take_due(&shared, now);
-        let due: Vec<&str> = due.iter().map(|(_, s)| s.key()).collect();
+        let due: Vec<&str> = due.iter().map(|(_, s)| &*s.key).collect();
         assert_eq!(due, ["soon"]);
         assert_eq!(expired.len(), 1);
-        assert_eq!(expired[0].key(), "stale");
+        assert_eq!(&*expired[0].key, "stale");
         // The stopped and dropped entries are removed, the stale one flagged.
         let list = shared.lock();
         assert_eq!(list.entries.len(), 3);
