@@ -338,11 +338,7 @@ impl LockError {
         let key = key.to_owned();
         if has_code(&err, &["WRONGTYPE"]) {
             LockError::WrongType { key }
-        } else if err.is_io_error()
-            || err.is_timeout()
-            || err.is_connection_dropped()
-            || err.is_unrecoverable_error()
-        {
+        } else if is_connection_failure(&err) {
             LockError::connection(&key, Fault::of(&err), Box::new(err))
         } else {
             LockError::Redis {
@@ -380,22 +376,21 @@ impl LockError {
         LockError::setup(None, reason.into(), Fault::Other, None)
     }
 
-    /// A set-up step of the client that Redis refused: a [`Config`](Self::Config) error whose
-    /// cause is `err`, a mistake whatever its kind (see [`setup_unreachable`](Self::setup_unreachable)
-    /// for a server that is down).
-    pub(crate) fn setup_failed(reason: impl Into<String>, err: redis::RedisError) -> Self {
+    /// A set-up step of the client that failed: a [`Config`](Self::Config) error whose cause
+    /// is `err`. With `down` no server was found to talk to (refused, reset, no answer in
+    /// time): an error that is [`is_transient`](Self::is_transient), not
+    /// [`is_config`](Self::is_config); otherwise a mistake, whatever the error's kind.
+    pub(crate) fn setup_failed(
+        reason: impl Into<String>,
+        err: redis::RedisError,
+        down: bool,
+    ) -> Self {
         let fault = match Fault::of(&err) {
+            _ if down => Fault::Unreachable,
             f if f.is_transient() || f == Fault::Timeout => Fault::Other,
             f => f,
         };
         LockError::setup(None, reason.into(), fault, Some(Box::new(err)))
-    }
-
-    /// A set-up step of the client that found no server to talk to (refused, reset, no answer
-    /// in time): a [`Config`](Self::Config) error that is [`is_transient`](Self::is_transient),
-    /// not [`is_config`](Self::is_config).
-    pub(crate) fn setup_unreachable(reason: impl Into<String>, err: redis::RedisError) -> Self {
-        LockError::setup(None, reason.into(), Fault::Unreachable, Some(Box::new(err)))
     }
 
     /// A [`Config`](Self::Config) error.
@@ -515,6 +510,12 @@ fn has_code(e: &redis::RedisError, codes: &[&str]) -> bool {
         || e.clone()
             .into_server_errors()
             .is_some_and(|errs| errs.iter().any(|(_, s)| codes.contains(&s.code())))
+}
+
+/// True for a failure of the connection rather than an answer: I/O, a timeout (a late reply
+/// could still arrive), or a connection redis-rs says must be replaced.
+pub(crate) fn is_connection_failure(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error()
 }
 
 /// True for a Redis error that says the credentials or the user's permissions are wrong:

@@ -231,16 +231,6 @@ pub(crate) enum Attempt {
     Held { pttl: Option<Duration> },
 }
 
-impl Attempt {
-    /// The attempt of a lock's public `try_acquire`: [`LockError::Held`] is a refusal.
-    pub(crate) fn from_try(attempt: Result<Lease>) -> Result<Self> {
-        match attempt {
-            Err(LockError::Held { .. }) => Ok(Attempt::Held { pttl: None }),
-            other => other.map(Attempt::Acquired),
-        }
-    }
-}
-
 /// The clock-drift allowance of a lifetime `ttl`: 1% of it plus 2 ms (RedLock's; see
 /// [`RedLock::clock_drift`](crate::RedLock::clock_drift)).
 pub(crate) fn clock_drift(ttl: Duration) -> Duration {
@@ -278,21 +268,11 @@ pub(crate) fn arrival_margin(ttl: Duration, elapsed: Duration) -> Duration {
     elapsed.max(clock_drift(ttl))
 }
 
-/// Checks a win against the time its command was sent (`lease.acquired_at()`): a hold whose
-/// lifetime `ttl` leaves less than [`arrival_margin`] by the local clock is handed back with
-/// `release` (owner-checked) and reported as [`LockError::LateReply`]; otherwise the lease is
-/// returned as it is.
+/// Checks a win read at `now` against the time its command was sent (`lease.acquired_at()`):
+/// a hold whose lifetime `ttl` leaves less than [`arrival_margin`] by the local clock is
+/// handed back with `release` (owner-checked) and reported as [`LockError::LateReply`];
+/// otherwise the lease is returned as it is.
 pub(crate) fn checked_win(
-    key: &str,
-    lease: Lease,
-    ttl: Duration,
-    release: impl FnOnce(&Lease) -> Result<bool>,
-) -> Result<Lease> {
-    checked_win_at(key, lease, ttl, Instant::now(), release)
-}
-
-/// [`checked_win`], the reply having been read at `now`.
-pub(crate) fn checked_win_at(
     key: &str,
     mut lease: Lease,
     ttl: Duration,
@@ -418,21 +398,17 @@ impl RenewKind {
     pub(crate) fn label(self) -> Kind {
         self.parts().1
     }
-
-    /// A string value (renewed natively where the server can).
-    pub(crate) fn is_value(self) -> bool {
-        matches!(self, RenewKind::Value(_))
-    }
 }
 
 /// One watched hold, shared by the holder's lease (strong) and the watchdog (weak).
 pub(crate) struct WatchState {
     /// Shared with the lock (no copy per hold).
-    key: Arc<str>,
-    kind: RenewKind,
+    pub(crate) key: Arc<str>,
+    pub(crate) kind: RenewKind,
     /// The owner value, inline (no allocation per hold beyond the state itself).
     value: Inline,
-    lease: Duration,
+    /// The lease each renewal grants.
+    pub(crate) lease: Duration,
     /// Base of `valid_until_ns`.
     base: Instant,
     /// End of validity, in nanoseconds after `base`: renewed by the watchdog.
@@ -473,21 +449,8 @@ impl WatchState {
         })
     }
 
-    pub(crate) fn key(&self) -> &str {
-        &self.key
-    }
-
-    pub(crate) fn kind(&self) -> RenewKind {
-        self.kind
-    }
-
     pub(crate) fn value(&self) -> &[u8] {
         self.value.as_bytes()
-    }
-
-    /// The lease each renewal grants.
-    pub(crate) fn lease(&self) -> Duration {
-        self.lease
     }
 
     /// A fair lock's grant: the hold is valid for only `valid` from its start until the first
@@ -650,14 +613,16 @@ mod tests {
         let ms = Duration::from_millis;
         let ttl = ms(1_000);
         let fresh = Lease::new(b"a", Instant::now(), ttl);
-        let kept = checked_win("k", fresh, ttl, |_| panic!("a timely win is not released"));
+        let kept = checked_win("k", fresh, ttl, Instant::now(), |_| {
+            panic!("a timely win is not released")
+        });
         assert!(kept.is_ok());
         // Sent 600 ms ago: 400 ms left < 600 ms margin.
         let Some(sent) = Instant::now().checked_sub(ms(600)) else {
             return; // a monotonic clock this young cannot date the lease back
         };
         let mut released = false;
-        let late = checked_win("k", Lease::new(b"a", sent, ttl), ttl, |l| {
+        let late = checked_win("k", Lease::new(b"a", sent, ttl), ttl, Instant::now(), |l| {
             released = l.value() == b"a";
             Ok(true)
         });
@@ -674,9 +639,13 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // A release that fails still refuses the win.
-        let failed = checked_win("k", Lease::new(b"a", sent, ttl), ttl, |_| {
-            Err(LockError::Lost { key: "k".into() })
-        });
+        let failed = checked_win(
+            "k",
+            Lease::new(b"a", sent, ttl),
+            ttl,
+            Instant::now(),
+            |_| Err(LockError::Lost { key: "k".into() }),
+        );
         assert!(matches!(failed, Err(LockError::LateReply { .. })));
     }
 

@@ -613,7 +613,7 @@ impl Shared {
                     .opts
                     .lease(&self.client, kind, id, start, None, None)
                     .owned_by_thread();
-                crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| {
+                crate::lease::checked_win(&self.key, lease, self.opts.lease, Instant::now(), |l| {
                     self.release(mode, l)
                 })
                 .map(Attempt::Acquired)
@@ -751,7 +751,7 @@ impl Shared {
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ext = hold::Extending::start(&self.key, ttl)?;
         // A hold write, confirmed by the replicas the client requires.
-        let reply = self.client.with_conn_confirmed(&self.key, |con, s| {
+        let reply = self.client.with_conn_confirmed(&self.key, None, |con, s| {
             s.rw_extend
                 .eval(con, &self.key, (mode.as_str(), lease.value(), ext.ttl_ms()))
         })?;

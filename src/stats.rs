@@ -155,15 +155,6 @@ impl Counters {
         }
     }
 
-    /// An extend ended with `result`: a [`LockError::Lost`] is
-    /// counted (see [`lost_on_extend`](Self::lost_on_extend)). Passes `result` on.
-    pub(crate) fn extended(&self, kind: Kind, lease: &mut Lease, result: Result<()>) -> Result<()> {
-        if let Err(LockError::Lost { .. }) = &result {
-            self.lost_on_extend(kind, lease);
-        }
-        result
-    }
-
     /// A blocking acquire ended with `result`: counted if it timed out.
     pub(crate) fn blocking<T>(&self, kind: Kind, result: &Result<T>) {
         if let Err(LockError::Timeout { .. }) = result {

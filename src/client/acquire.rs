@@ -29,7 +29,11 @@ pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
         lock,
         line,
         attempts,
-        || Attempt::from_try(lock.try_acquire()),
+        // A lock's public `try_acquire`: `LockError::Held` is a refusal.
+        || match lock.try_acquire() {
+            Err(LockError::Held { .. }) => Ok(Attempt::Held { pttl: None }),
+            other => other.map(Attempt::Acquired),
+        },
         |_| Ok(()),
     )
 }

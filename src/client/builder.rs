@@ -356,7 +356,8 @@ impl ClientBuilder {
     /// a timeout), and a command without a reply as [`LockError::Connection`] whose cause reads
     /// "no reply from host:port within 2 s".
     pub fn build(self) -> Result<LockClient> {
-        let bad_url = |e| LockError::setup_failed("invalid Redis URL or connection settings", e);
+        let bad_url =
+            |e| LockError::setup_failed("invalid Redis URL or connection settings", e, false);
         if self.pool_size == 0 {
             return Err(LockError::client_config("pool size must be at least 1"));
         }

@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 #[cfg(any(feature = "cluster", feature = "sentinel"))]
-use super::locked;
+use super::waiters::lock;
 #[cfg(feature = "cluster")]
 use redis::cluster_routing::{Route, SlotAddr};
 use redis::{ConnectionLike, RedisResult, Value};
@@ -103,11 +103,7 @@ impl Acks {
         allow(clippy::needless_update)
     )]
     pub(crate) fn new(mode: ReplicaAcks, timeout: Duration, auto: bool) -> Acks {
-        let required = match mode {
-            ReplicaAcks::Require(n) => n,
-            ReplicaAcks::Auto | ReplicaAcks::Off => 0,
-        };
-        Acks {
+        let acks = Acks {
             mode: match mode {
                 ReplicaAcks::Auto if !auto => ReplicaAcks::Off,
                 mode => mode,
@@ -115,9 +111,12 @@ impl Acks {
             timeout_ms: u64::try_from(timeout.as_millis())
                 .unwrap_or(u64::MAX)
                 .max(1),
-            required: AtomicU32::new(required),
             ..Acks::default()
-        }
+        };
+        // `Require(n)`'s `n`; under `Auto` none until a primary is learnt.
+        let required = acks.node_fixed().unwrap_or(0);
+        acks.required.store(required, Ordering::Relaxed);
+        acks
     }
 
     /// True if some writes may need confirming: `Require(n > 0)`, or `Auto` where it is on.
@@ -144,7 +143,7 @@ impl Acks {
     /// that is no primary needs none.
     pub(crate) fn learn_node(&self, slot: Route, role: &NodeRole) -> u32 {
         let required = if role.primary {
-            *locked(&self.primaries)
+            *lock(&self.primaries)
                 .entry(role.replid.clone())
                 .or_insert_with(|| {
                     let required = u32::from(role.replicas > 0);
@@ -159,7 +158,7 @@ impl Acks {
         } else {
             0
         };
-        locked(&self.slots).insert(slot, required);
+        lock(&self.slots).insert(slot, required);
         required
     }
 
@@ -173,7 +172,7 @@ impl Acks {
         role: impl FnOnce() -> RedisResult<Option<NodeRole>>,
     ) -> RedisResult<Option<Wait>> {
         let slot = Route::with_key(key, SlotAddr::Master);
-        let known = || locked(&self.slots).get(&slot).copied();
+        let known = || lock(&self.slots).get(&slot).copied();
         let required = match self.node_fixed().or_else(known) {
             Some(n) => n,
             None => role()?.map_or(0, |role| self.learn_node(slot, &role)),
@@ -186,7 +185,7 @@ impl Acks {
     /// by their replication IDs.
     #[cfg(feature = "cluster")]
     pub(crate) fn forget_slots(&self) {
-        locked(&self.slots).clear();
+        lock(&self.slots).clear();
     }
 
     #[cfg(feature = "cluster")]
@@ -215,13 +214,12 @@ impl Acks {
         if self.mode != ReplicaAcks::Auto {
             return;
         }
-        let mut learnt = locked(&self.learnt);
+        let mut learnt = lock(&self.learnt);
         if learnt.replace(addr.clone()).as_ref() == Some(addr) {
             return;
         }
         let required = u32::from(replicas > 0);
-        let before = self.required.swap(required, Ordering::AcqRel);
-        if before != required {
+        if self.required.swap(required, Ordering::AcqRel) != required {
             let ((host, port), on) = (addr, if required > 0 { "on" } else { "off" });
             log::info!(
                 "replica confirmation {on}: the primary {host}:{port} has {replicas} replicas"
@@ -258,17 +256,13 @@ impl Acks {
 #[derive(Debug)]
 pub(crate) struct Wait {
     required: u32,
-    timeout: Duration,
+    /// `WAIT`'s bound.
+    pub(super) timeout: Duration,
     packed: Vec<u8>,
     least: Option<i64>,
 }
 
 impl Wait {
-    /// `WAIT`'s bound.
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// `WAIT`'s reply: the replicas that confirmed (an error counts as none).
     fn note(&mut self, reply: Option<Value>) {
         let n = match reply {

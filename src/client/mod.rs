@@ -32,7 +32,7 @@ pub(crate) mod watched;
 pub(crate) use pool::*;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use redis::RedisResult;
@@ -45,7 +45,7 @@ use crate::client::pool::within;
 use crate::client::repeats::log_repeat;
 use crate::client::subscriber::{Resolve, Wakeups};
 use crate::client::switches::Switches;
-use crate::client::waiters::WaitQueues;
+use crate::client::waiters::{lock, WaitQueues};
 use crate::client::watched::Watchdog;
 use crate::error::{self, Context, Fault, LockError, Result, Rounded};
 use crate::scripts::Scripts;
@@ -505,7 +505,7 @@ impl LockClient {
                 log::Level::Debug,
                 "pool: opening a connection failed: {e}"
             );
-            *locked(&self.inner.connect_error) = Some(e.clone());
+            *lock(&self.inner.connect_error) = Some(e.clone());
             return Err(self.checkout_error(key, e));
         }
         // Lifted when the connection goes back to the pool (`Conn`'s drop). A connection of an
@@ -524,7 +524,7 @@ impl LockClient {
         e: impl std::error::Error + Send + Sync + 'static,
     ) -> LockError {
         let addr = &self.inner.addr;
-        let last = locked(&self.inner.connect_error).clone();
+        let last = lock(&self.inner.connect_error).clone();
         match last {
             // A wrong password, unknown user or missing permission: not an outage.
             Some(last) if error::is_access_denied(&last) => LockError::Config {
@@ -577,18 +577,11 @@ impl LockClient {
     /// the same round trip, and a write that fewer replicas confirmed is
     /// [`LockError::NotReplicated`]. The write may stand on the primary then: the caller undoes
     /// it as it undoes an acquire whose reply was lost.
+    ///
+    /// Nothing (checkout, connecting, any command) waits past `until`, if given: a call cut
+    /// short fails with a timeout. The watchdog's renewals, bounded by the earliest loss
+    /// deadline of the holds they carry.
     pub(crate) fn with_conn_confirmed<T>(
-        &self,
-        key: &str,
-        f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
-    ) -> Result<T> {
-        self.with_conn_confirmed_until(key, None, f)
-    }
-
-    /// [`with_conn_confirmed`](Self::with_conn_confirmed) with nothing (checkout, connecting,
-    /// any command) waiting past `until`, if given: a call cut short fails with a timeout.
-    /// The watchdog's renewals, bounded by the earliest loss deadline of the holds they carry.
-    pub(crate) fn with_conn_confirmed_until<T>(
         &self,
         key: &str,
         until: Option<Instant>,
@@ -663,7 +656,7 @@ impl LockClient {
     }
 
     /// [`with_conn`](Self::with_conn), waiting past `until` (if given) for nothing: see
-    /// [`with_conn_confirmed_until`](Self::with_conn_confirmed_until).
+    /// [`with_conn_confirmed`](Self::with_conn_confirmed).
     pub(crate) fn with_conn_until<T>(
         &self,
         key: &str,
@@ -699,12 +692,6 @@ impl LockClient {
             }
         }
     }
-}
-
-/// `mutex`'s guard, also after a thread panicked while it held it (as if it had not: the
-/// runtime's locks guard values that each update leaves whole).
-pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The first [`TOKEN_PREFIX_LEN`] hex digits of a client's instance id, lowercase (see

@@ -322,11 +322,6 @@ impl Manager {
             #[allow(unreachable_patterns)]
             _ => 0,
         };
-        // An outage (`down`: building the client again later may work), or a mistake.
-        let fail = |what: String, e, down: bool| match down {
-            true => LockError::setup_unreachable(what, e),
-            false => LockError::setup_failed(what, e),
-        };
         let mut con = self.open(None).map_err(|e| {
             let what = if error::is_access_denied(&e) {
                 format!("authentication to {addr} failed (check the user name and password)")
@@ -355,7 +350,8 @@ impl Manager {
                     redis::ErrorKind::ClusterConnectionNotFound
                         | redis::ErrorKind::NoValidReplicasFoundBySentinel
                 );
-            fail(what, e, down)
+            // An outage (`down`: building the client again later may work), or a mistake.
+            LockError::setup_failed(what, e, down)
         })?;
         let scripting = |e: redis::RedisError, cmd: &str, server: &str| {
             let transient = e.is_timeout() || e.is_io_error();
@@ -380,7 +376,7 @@ impl Manager {
                  extend need EVAL and EVALSHA"
                     .to_owned()
             };
-            fail(format!("{cmd} on {addr}: {why}"), e, transient)
+            LockError::setup_failed(format!("{cmd} on {addr}: {why}"), e, transient)
         };
         // Flagged `no-writes` (Redis 7), so that a server paused for writes (`CLIENT PAUSE …
         // WRITE`, as during a `FAILOVER`) answers at once instead of holding the new connection
@@ -728,10 +724,7 @@ impl Link {
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         self.used = true;
         self.broken |= result.as_ref().is_err_and(|e| {
-            e.is_io_error()
-                || e.is_timeout()
-                || e.is_connection_dropped()
-                || e.is_unrecoverable_error()
+            error::is_connection_failure(e)
                 || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
         });
         result
@@ -863,10 +856,8 @@ impl Conn {
     pub(super) fn set_wait(&mut self, wait: Option<Wait>) -> Option<Wait> {
         let c = self.own_link()?;
         if c.wait.is_some() || wait.is_some() {
-            c.read_timeout = match (c.timeout, &wait) {
-                (Some(t), Some(w)) => Some(t.saturating_add(w.timeout())),
-                (t, _) => t,
-            };
+            let grow = |t: Duration| wait.as_ref().map_or(t, |w| t.saturating_add(w.timeout));
+            c.read_timeout = c.timeout.map(grow);
             let _ = c.set_timeouts(c.read_timeout, c.timeout);
         }
         std::mem::replace(&mut c.wait, wait)

@@ -78,14 +78,10 @@ const CAP_ALLOWANCE: Duration = Duration::from_millis(1);
 type Outcome = Option<Instant>;
 
 impl Watchdog {
-    /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease() / 3`.
-    pub(crate) fn watch(&self, client: &crate::client::LockClient, state: &Arc<WatchState>) {
-        self.watch_from(client, state, crate::time::after(state.lease() / 3));
-    }
-
-    /// [`watch`](Self::watch), with the first renewal at `due` (a hand-off grant, whose
-    /// short lease must be raised soon).
-    pub(crate) fn watch_from(
+    /// Starts renewing `state`, a hold of a lock of `client`, every `state.lease / 3`, the
+    /// first renewal at `due` (a third of the lease after the acquire; sooner for a hand-off
+    /// grant, whose short lease must be raised soon).
+    pub(crate) fn watch(
         &self,
         client: &crate::client::LockClient,
         state: &Arc<WatchState>,
@@ -117,7 +113,7 @@ impl Watchdog {
                     // lease reports it lost by the local clock when it runs out.
                     Err(e) => log::error!(
                         "lock {:?}: cannot start the watchdog thread, the hold is not renewed: {e}",
-                        state.key()
+                        state.key
                     ),
                 }
             }
@@ -212,7 +208,7 @@ fn take_due(shared: &Shared, start: Instant) -> Vec<(usize, Arc<WatchState>)> {
     list.in_round = true;
     let due = list.entries.iter().enumerate().filter_map(|(i, entry)| {
         let state = entry.state.upgrade()?;
-        let slack = crate::time::saturating_add(start, state.lease() / 6);
+        let slack = crate::time::saturating_add(start, state.lease / 6);
         (entry.due <= slack).then_some((i, state))
     });
     due.collect()
@@ -250,7 +246,7 @@ fn batches<T: AsRef<WatchState>>(items: &mut [(usize, T)], cluster: bool) -> Vec
     if !cluster {
         return items.chunks(BATCH_MAX).collect();
     }
-    let slot = |item: &(usize, T)| keys::hash_slot(item.1.as_ref().key().as_bytes());
+    let slot = |item: &(usize, T)| keys::hash_slot(item.1.as_ref().key.as_bytes());
     items.sort_by_key(slot);
     items
         .chunk_by(|a, b| slot(a) == slot(b))
@@ -281,7 +277,7 @@ fn renew(
             "watchdog: renewal of {} holds ({:?}, ...) failed, retrying until their leases \
              run out: {}",
             batch.len(),
-            first.key(),
+            first.key,
             e.report()
         );
         client.counters().renewals_failed(batch.len());
@@ -304,19 +300,19 @@ fn renew(
             lost(client.counters(), state, LossReason::Expired);
             None
         } else if answer.is_none() {
-            Some(crate::time::saturating_add(now, retry_delay(state.lease())).min(deadline))
+            Some(crate::time::saturating_add(now, retry_delay(state.lease)).min(deadline))
         } else {
-            state.renewed(start, state.lease());
+            state.renewed(start, state.lease);
             // It stays in the client's live set for its new lifetime.
-            let entry = match state.kind() {
+            let entry = match state.kind {
                 RenewKind::Value(_) | RenewKind::ScriptedValue(_) => live::value(state.value()),
                 // A hash field, the read or write holds of a read-write lock.
-                _ => live::holding(state.key(), state.value()),
+                _ => live::holding(&state.key, state.value()),
             };
-            client.live().renew(entry, state.lease());
-            log::trace!("lock {:?}: renewed for {:?}", state.key(), state.lease());
+            client.live().renew(entry, state.lease);
+            log::trace!("lock {:?}: renewed for {:?}", state.key, state.lease);
             renewed += 1;
-            (!state.renews_once()).then(|| crate::time::saturating_add(start, state.lease() / 3))
+            (!state.renews_once()).then(|| crate::time::saturating_add(start, state.lease / 3))
         };
         outcomes.push((*i, outcome));
     }
@@ -330,7 +326,7 @@ fn renew(
     log::debug!(
         "watchdog: renewed {renewed} of {} holds in one call ({:?}, ...)",
         batch.len(),
-        first.key()
+        first.key
     );
 }
 
@@ -349,25 +345,25 @@ fn renew_replies(
 ) -> crate::error::Result<Vec<i64>> {
     let mut results = vec![0i64; batch.len()];
     let (values, mut scripted): (Vec<usize>, Vec<usize>) =
-        (0..batch.len()).partition(|&i| batch[i].1.kind().is_value());
+        (0..batch.len()).partition(|&i| matches!(batch[i].1.kind, RenewKind::Value(_)));
     // In a cluster one command at most: redis-rs does not follow a slot's redirection (a
     // migration's ASK or MOVED) inside a pipeline.
     let native = client.native().has(Command::SetIfEq)
         && !values.is_empty()
         && (values.len() == 1 || !client.is_cluster());
     let renewed = native.then(|| {
-        let key = batch[values[0]].1.key();
+        let key = &*batch[values[0]].1.key;
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for &i in &values {
             let state = &batch[i].1;
             pipe.add_command(native::set_ifeq_px(
-                state.key(),
+                &state.key,
                 state.value(),
                 lease_ms(state),
             ));
         }
-        client.with_conn_confirmed_until(key, until, |con, _| {
+        client.with_conn_confirmed(key, until, |con, _| {
             let replies: Vec<redis::RedisResult<redis::Value>> = match values.as_slice() {
                 [_] => pipe.cmd_iter().map(|cmd| cmd.query(con)).collect(),
                 _ => (pipe.query::<Vec<redis::Value>>(con)?.into_iter())
@@ -401,12 +397,12 @@ fn renew_replies(
     if scripted.is_empty() {
         return Ok(results);
     }
-    let keys: Vec<&str> = scripted.iter().map(|&i| batch[i].1.key()).collect();
+    let keys: Vec<&str> = scripted.iter().map(|&i| &*batch[i].1.key).collect();
     // Per hold: its layout's tag, its value, its lease in milliseconds.
     let args: Vec<_> = (scripted.iter().map(|&i| &batch[i].1))
-        .map(|state| (state.kind().tag(), state.value(), lease_ms(state)))
+        .map(|state| (state.kind.tag(), state.value(), lease_ms(state)))
         .collect();
-    let replies: Vec<i64> = client.with_conn_confirmed_until(keys[0], until, |con, scripts| {
+    let replies: Vec<i64> = client.with_conn_confirmed(keys[0], until, |con, scripts| {
         let replies: Vec<i64> = scripts.renew_batch.eval_keys(con, &keys, &args)?;
         match replies.len() == keys.len() {
             true => Ok(replies),
@@ -430,7 +426,7 @@ fn retry_delay(lease: Duration) -> Duration {
 
 /// The lease in whole milliseconds as sent (at least 1: `PEXPIRE 0` would delete the key).
 fn lease_ms(state: &WatchState) -> u64 {
-    u64::try_from(state.lease().as_millis())
+    u64::try_from(state.lease.as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
 }
@@ -438,7 +434,7 @@ fn lease_ms(state: &WatchState) -> u64 {
 /// Marks `state` lost (ignored if stopped), keeping the thread alive if the callback panics;
 /// counts it in `stats` when this marked it.
 fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
-    let kind = state.kind().label();
+    let kind = state.kind.label();
     // The flag is set before the callback runs: a panicking callback still counts.
     let marked = panic::catch_unwind(AssertUnwindSafe(|| state.mark_lost(reason)));
     match marked {
@@ -446,7 +442,7 @@ fn lost(stats: &Counters, state: &WatchState, reason: LossReason) {
         Ok(false) => {}
         Err(_) => {
             stats.lost_watched(kind);
-            log::error!("lock {:?}: the on_lost callback panicked", state.key());
+            log::error!("lock {:?}: the on_lost callback panicked", state.key);
         }
     }
 }
@@ -492,10 +488,10 @@ mod tests {
         assert_eq!(cluster.iter().map(|b| b.len()).sum::<usize>(), 1300);
         for batch in &cluster {
             assert!(batch.len() <= BATCH_MAX);
-            let slot = keys::hash_slot(batch[0].1.key().as_bytes());
+            let slot = keys::hash_slot(batch[0].1.key.as_bytes());
             assert!(batch
                 .iter()
-                .all(|(_, s)| keys::hash_slot(s.key().as_bytes()) == slot));
+                .all(|(_, s)| keys::hash_slot(s.key.as_bytes()) == slot));
         }
         // Three tags, 434 / 433 / 433 keys: one full batch and one rest each.
         assert_eq!(cluster.len(), 3);
@@ -515,7 +511,7 @@ mod tests {
         let mut live = Vec::new();
         for i in 0..1000 {
             let s = state(&format!("k{i}"));
-            dog.watch(&client, &s);
+            dog.watch(&client, &s, crate::time::after(s.lease / 3));
             if i % 100 == 0 {
                 live.push(s);
             } else {
@@ -630,7 +626,7 @@ mod tests {
         }
         drop(dropped);
         let due = take_due(&shared, now);
-        let due: Vec<&str> = due.iter().map(|(_, s)| s.key()).collect();
+        let due: Vec<&str> = due.iter().map(|(_, s)| &*s.key).collect();
         assert_eq!(due, ["soon", "stale"]);
         // The stopped and dropped entries are removed.
         assert_eq!(shared.lock().entries.len(), 3);

@@ -497,8 +497,11 @@ impl ClassicLock {
                 }
             },
         )?;
-        let won =
-            |lease| crate::lease::checked_win(&self.key, lease, self.ttl, |l| self.release(l));
+        let won = |lease| {
+            crate::lease::checked_win(&self.key, lease, self.ttl, Instant::now(), |l| {
+                self.release(l)
+            })
+        };
         let result = match outcome {
             Attempt::Won => won(Lease::new(value, start, self.ttl)).map(Some),
             Attempt::Held => Ok(None),

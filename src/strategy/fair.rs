@@ -455,7 +455,7 @@ impl FairLock {
         );
         state.granted_for(self.grant, !self.opts.watched);
         let due = crate::time::saturating_add(start, self.grant / 3);
-        self.client.watchdog().watch_from(&self.client, &state, due);
+        self.client.watchdog().watch(&self.client, &state, due);
         Some(lease.with_watch(state))
     }
 
@@ -540,7 +540,9 @@ impl FairLock {
         let lease = self
             .opts
             .lease(&self.client, kind, token, start, fence, None);
-        crate::lease::checked_win(&self.key, lease, self.opts.lease, |l| self.release(l))
+        crate::lease::checked_win(&self.key, lease, self.opts.lease, Instant::now(), |l| {
+            self.release(l)
+        })
     }
 
     /// The blocking acquire: wait for our turn among this client's threads, then take the lock
@@ -960,7 +962,7 @@ impl DistributedLock for FairLock {
         let ext = hold::Extending::start(&self.key, ttl)?;
         // Confirmed by the replicas the client requires, as Token's: an extend too few
         // confirmed is `NotReplicated` and leaves the lease as it was.
-        let extended: i64 = self.client.with_conn_confirmed(&self.key, |con, s| {
+        let extended: i64 = self.client.with_conn_confirmed(&self.key, None, |con, s| {
             s.extend.eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;
         ext.finish(&self.client, KIND, &self.key, extended == 1, lease, None)

@@ -174,14 +174,8 @@ impl HoldOptions {
             start,
             self.on_lost.clone(),
         );
-        match seen {
-            Some(now) => client.watchdog().watch_from(
-                client,
-                &state,
-                crate::time::saturating_add(now, self.lease / 3),
-            ),
-            None => client.watchdog().watch(client, &state),
-        }
+        let due = crate::time::saturating_add(seen.unwrap_or_else(Instant::now), self.lease / 3);
+        client.watchdog().watch(client, &state, due);
         lease.with_watch(Arc::clone(&state))
     }
 }
@@ -256,20 +250,17 @@ impl Extending {
         lease: &mut Lease,
         new_value: Option<&[u8]>,
     ) -> Result<()> {
-        let result = if done {
+        if done {
             lease.renew(new_value, self.start, self.ttl);
             log::debug!("lock {key:?}: extended by {:?}", self.ttl);
             // A value of the client's live set stays live for the new lifetime.
             client.live().renew(live::value(lease.value()), self.ttl);
-            Ok(())
-        } else {
-            // Returned as `LockError::Lost`: not also a warning.
-            log::debug!("lock {key:?}: lost, extend found another owner or none");
-            Err(LockError::Lost {
-                key: key.to_owned(),
-            })
-        };
-        client.counters().extended(kind, lease, result)
+            return Ok(());
+        }
+        // Returned as `LockError::Lost`: not also a warning.
+        log::debug!("lock {key:?}: lost, extend found another owner or none");
+        client.counters().lost_on_extend(kind, lease);
+        Err(LockError::lost(key))
     }
 }
 

@@ -308,7 +308,7 @@ impl ReentrantLock {
                 let lease = (self.opts).lease(&self.client, kind, value, start, fence, Some(now));
                 let release = |l: &Lease| self.release(l);
                 let ttl = self.opts.lease;
-                crate::lease::checked_win_at(&self.key, lease.owned_by_thread(), ttl, now, release)
+                crate::lease::checked_win(&self.key, lease.owned_by_thread(), ttl, now, release)
                     .map(Attempt::Acquired)
             }
             AcquireReply::Held { pttl } => {
@@ -551,7 +551,7 @@ impl DistributedLock for ReentrantLock {
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let ext = hold::Extending::start(&self.key, ttl)?;
-        let renewed: i64 = self.client.with_conn_confirmed(&self.key, |con, s| {
+        let renewed: i64 = self.client.with_conn_confirmed(&self.key, None, |con, s| {
             s.reentrant_extend
                 .eval(con, &self.key, (lease.value(), ext.ttl_ms()))
         })?;

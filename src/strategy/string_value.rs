@@ -295,7 +295,7 @@ pub(crate) fn acquire_undone_by<T>(
     undo: impl FnOnce(Why),
 ) -> Result<T> {
     let sent = Cell::new(false);
-    let reply = client.with_conn_confirmed(key, |con, s| {
+    let reply = client.with_conn_confirmed(key, None, |con, s| {
         sent.set(true);
         f(con, s)
     });
@@ -467,7 +467,7 @@ fn native_pipeline(key: &str, value: &[u8], notice: Notice<'_>) -> redis::Pipeli
 /// server has it, else `lua/extend.lua` (compare-and-pexpire). True if extended. A full server
 /// (`maxmemory` reached) refuses the `SET`, so that call is sent as the script, which it takes.
 pub(crate) fn extend(client: &LockClient, key: &str, value: &[u8], ttl_ms: u64) -> Result<bool> {
-    client.with_conn_confirmed(key, |con, s| {
+    client.with_conn_confirmed(key, None, |con, s| {
         if client.native().has(Command::SetIfEq) {
             match native::set_ifeq_px(key, value, ttl_ms).query::<Option<redis::Value>>(con) {
                 Err(e) if native::is_oom(&e) => {}

@@ -332,10 +332,9 @@ impl TokenLock {
                 let kind = RenewKind::Value(self.dialect.kind);
                 let lease =
                     (self.opts).lease(&self.client, kind, live.value(), start, fence, Some(now));
-                let won =
-                    crate::lease::checked_win_at(&self.key, lease, self.opts.lease, now, |l| {
-                        self.release(l)
-                    });
+                let won = crate::lease::checked_win(&self.key, lease, self.opts.lease, now, |l| {
+                    self.release(l)
+                });
                 if won.is_ok() {
                     live.keep_at(self.opts.lease, now);
                 }
