@@ -716,19 +716,22 @@ impl Shared {
     }
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        // A hold write, confirmed by the replicas the client requires.
-        let reply = self.client.with_conn_confirmed(&self.key, |con, s| {
-            s.rw_extend
-                .eval(con, &self.key, (mode.as_str(), lease.value(), ext.ttl_ms()))
-        })?;
-        let (code, ..) = self.decode(lease.value(), reply)?;
-        if code == 1 {
-            self.client
-                .live()
-                .renew(live::holding(&self.key, lease.value()), ext.ttl);
-        }
-        ext.finish(&self.client, mode.kind(), &self.key, code == 1, lease, None)
+        let (client, key) = (&self.client, self.key.as_str());
+        hold::extend(
+            client,
+            mode.kind(),
+            key,
+            lease,
+            ttl,
+            true,
+            |owner, ttl_ms| {
+                // A hold write, confirmed by the replicas the client requires.
+                let reply = client.with_conn_confirmed(key, |con, s| {
+                    s.rw_extend.eval(con, key, (mode.as_str(), owner, ttl_ms))
+                })?;
+                Ok((self.decode(owner, reply)?.0 == 1, None))
+            },
+        )
     }
 
     /// Locked in `mode`, as Redisson's `isLocked` of that side: the hash's field `mode`.

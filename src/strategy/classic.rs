@@ -531,15 +531,17 @@ impl DistributedLock for ClassicLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        let value = expiry_value(&self.key, self.opts, self.client.instance_id(), ext.ttl)?;
-        let redis_ttl = if self.opts.key_ttl { ext.ttl_ms() } else { 0 };
-        let swapped: i64 = self.client.with_conn(&self.key, |con, s| {
-            s.compare_and_set
-                .eval(con, &self.key, (lease.value(), value.as_slice(), redis_ttl))
-        })?;
-        let value = Some(value.as_slice());
-        ext.finish(&self.client, KIND, &self.key, swapped == 1, lease, value)
+        let (client, key) = (&self.client, self.key.as_str());
+        hold::extend(client, KIND, key, lease, ttl, false, |seen, ttl_ms| {
+            let ttl = Duration::from_millis(ttl_ms);
+            let value = expiry_value(key, self.opts, client.instance_id(), ttl)?;
+            let redis_ttl = if self.opts.key_ttl { ttl_ms } else { 0 };
+            let swapped: i64 = client.with_conn(key, |con, s| {
+                s.compare_and_set
+                    .eval(con, key, (seen, &value[..], redis_ttl))
+            })?;
+            Ok((swapped == 1, Some(value)))
+        })
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {

@@ -963,13 +963,14 @@ impl DistributedLock for FairLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        // Confirmed by the replicas the client requires, as Token's: an extend too few
-        // confirmed is `NotReplicated` and leaves the lease as it was.
-        let extended: i64 = self.client.with_conn_confirmed(&self.key, |con, s| {
-            s.extend.eval(con, &self.key, (lease.value(), ext.ttl_ms()))
-        })?;
-        ext.finish(&self.client, KIND, &self.key, extended == 1, lease, None)
+        let (client, key) = (&self.client, self.key.as_str());
+        hold::extend(client, KIND, key, lease, ttl, false, |token, ttl_ms| {
+            // Confirmed by the replicas the client requires, as Token's: an extend too few
+            // confirmed is `NotReplicated` and leaves the lease as it was.
+            let extended: i64 = client
+                .with_conn_confirmed(key, |con, s| s.extend.eval(con, key, (token, ttl_ms)))?;
+            Ok((extended == 1, None))
+        })
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {

@@ -221,56 +221,41 @@ pub(crate) fn failed_release<T>(reply: &Result<T>) -> Option<crate::client::clea
         .then(|| crate::client::cleanup::Why::release(e))
 }
 
-/// An `extend` under way, of a lock whose hold is its key alone: the checks before the
-/// strategy's owner-checked extend and what follows its answer are the same for all of them.
-pub(crate) struct Extending {
-    /// The new lifetime, in whole milliseconds as sent.
-    pub(crate) ttl: Duration,
-    /// When the extend was sent: the renewed lifetime counts from here.
-    start: Instant,
-}
-
-impl Extending {
-    /// Checks `ttl` and drops its sub-millisecond part, as sent; the extend's clock starts.
-    pub(crate) fn start(key: &str, ttl: Duration) -> Result<Self> {
-        check_duration(key, "ttl", ttl, false)?;
-        Ok(Extending {
-            ttl: Duration::from_millis(ttl.as_millis() as u64),
-            start: Instant::now(),
-        })
-    }
-
-    /// The new lifetime in milliseconds, as sent.
-    pub(crate) fn ttl_ms(&self) -> u64 {
-        self.ttl.as_millis() as u64
-    }
-
-    /// Applies the answer: renews `lease` (with `new_value` if the strategy wrote one) when
-    /// `done`, else [`LockError::Lost`], counted as a loss.
-    pub(crate) fn finish(
-        self,
-        client: &LockClient,
-        kind: Kind,
-        key: &str,
-        done: bool,
-        lease: &mut Lease,
-        new_value: Option<&[u8]>,
-    ) -> Result<()> {
-        let result = if done {
-            lease.renew(new_value, self.start, self.ttl);
-            log::debug!("lock {key:?}: extended by {:?}", self.ttl);
-            // A value of the client's live set stays live for the new lifetime.
-            client.live().renew(live::value(lease.value()), self.ttl);
-            Ok(())
-        } else {
-            // Returned as `LockError::Lost`: not also a warning.
-            log::debug!("lock {key:?}: lost, extend found another owner or none");
-            Err(LockError::Lost {
-                key: key.to_owned(),
-            })
+/// The `extend` of a lock whose hold is its key alone, or (`holding`) an owner's field of it:
+/// checks `ttl` and drops its sub-millisecond part; `send(value, ttl_ms)` is the strategy's
+/// owner-checked extend of the lease's value, as sent: whether it extended, and the value it
+/// wrote instead, if any. The lease is renewed from when it was sent, else [`LockError::Lost`],
+/// counted as a loss.
+pub(crate) fn extend(
+    client: &LockClient,
+    kind: Kind,
+    key: &str,
+    lease: &mut Lease,
+    ttl: Duration,
+    holding: bool,
+    send: impl FnOnce(&[u8], u64) -> Result<(bool, Option<Vec<u8>>)>,
+) -> Result<()> {
+    check_duration(key, "ttl", ttl, false)?;
+    let (ttl_ms, start) = (ttl.as_millis() as u64, Instant::now());
+    let ttl = Duration::from_millis(ttl_ms);
+    let (done, new_value) = send(lease.value(), ttl_ms)?;
+    let result = if done {
+        lease.renew(new_value.as_deref(), start, ttl);
+        log::debug!("lock {key:?}: extended by {ttl:?}");
+        // A value of the client's live set (an owner's hold, `holding`) stays live for the new
+        // lifetime.
+        let live = match holding {
+            true => live::holding(key, lease.value()),
+            false => live::value(lease.value()),
         };
-        client.counters().extended(kind, lease, result)
-    }
+        client.live().renew(live, ttl);
+        Ok(())
+    } else {
+        // Returned as `LockError::Lost`: not also a warning.
+        log::debug!("lock {key:?}: lost, extend found another owner or none");
+        Err(LockError::lost(key))
+    };
+    client.counters().extended(kind, lease, result)
 }
 
 /// The `state` of a lock whose hold is its key alone, of Redis type `kind` (`string`, or

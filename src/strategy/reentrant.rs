@@ -550,17 +550,13 @@ impl DistributedLock for ReentrantLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        let renewed: i64 = self.client.with_conn_confirmed(&self.key, |con, s| {
-            s.reentrant_extend
-                .eval(con, &self.key, (lease.value(), ext.ttl_ms()))
-        })?;
-        if renewed == 1 {
-            self.client
-                .live()
-                .renew(live::holding(&self.key, lease.value()), ext.ttl);
-        }
-        ext.finish(&self.client, KIND, &self.key, renewed == 1, lease, None)
+        let (client, key) = (&self.client, self.key.as_str());
+        hold::extend(client, KIND, key, lease, ttl, true, |owner, ttl_ms| {
+            let renewed: i64 = client.with_conn_confirmed(key, |con, s| {
+                s.reentrant_extend.eval(con, key, (owner, ttl_ms))
+            })?;
+            Ok((renewed == 1, None))
+        })
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {

@@ -539,15 +539,15 @@ impl DistributedLock for TokenLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        let extended = string_value::extend(&self.client, &self.key, lease.value(), ext.ttl_ms())?;
-        ext.finish(
-            &self.client,
+        let (client, key) = (&self.client, self.key.as_str());
+        hold::extend(
+            client,
             self.dialect.kind,
-            &self.key,
-            extended,
+            key,
             lease,
-            None,
+            ttl,
+            false,
+            |token, ttl_ms| Ok((string_value::extend(client, key, token, ttl_ms)?, None)),
         )
     }
 
