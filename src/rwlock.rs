@@ -546,19 +546,16 @@ impl Shared {
         };
         // Sent and unanswered, or answered but not confirmed by the replicas: it may have
         // counted a hold that a failover would lose, or that nobody releases.
-        let reply = string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
-            // The janitor gives one hold back in the background if the owner's holds add up to
-            // what the acquire would have left (as this lock last saw them, plus one); if the
-            // acquire never ran, they are fewer and nothing changes.
-            let before = self.holds(id, |h| h.reported);
-            let undo =
-                self.release_cleanup(mode.as_str(), id, true, Some(before.saturating_add(1)));
-            let until = start.checked_add(self.opts.lease).unwrap_or(start);
-            let client = &self.client;
-            client
-                .janitor()
-                .forget(client, &self.key, id, undo, why, until);
-        });
+        let until = start.checked_add(self.opts.lease).unwrap_or(start);
+        let reply =
+            string_value::acquire_undone_by(&self.client, &self.key, until, acquire, |_| {
+                // The janitor gives one hold back in the background if the owner's holds add up to
+                // what the acquire would have left (as this lock last saw them, plus one); if the
+                // acquire never ran, they are fewer and nothing changes.
+                let before = self.holds(id, |h| h.reported);
+                let expect = Some(before.saturating_add(1));
+                Some((id, self.release_cleanup(mode.as_str(), id, true, expect)))
+            });
         let (code, holds, wait) = self.decode(id, reply?)?;
         let result = match code {
             1 => {

@@ -467,9 +467,11 @@ impl ClassicLock {
         // lost reply deleting "our" value could free its lock. Unknown writes go stale after
         // their lifetime. (Known writes: a win whose replicas did not confirm it.)
         let wrote = Cell::new(false);
+        let until = start.checked_add(self.ttl).unwrap_or(start);
         let outcome = string_value::acquire_undone_by(
             &self.client,
             &self.key,
+            until,
             |con, s| {
                 let attempt = self.attempt(con, s, value, now_ns)?;
                 wrote.set(matches!(attempt, Attempt::Won));
@@ -477,15 +479,7 @@ impl ClassicLock {
             },
             |why| {
                 if wrote.get() {
-                    let until = start.checked_add(self.ttl).unwrap_or(start);
-                    self.client.janitor().forget(
-                        &self.client,
-                        &self.key,
-                        value,
-                        string_value::delete_cleanup(&self.key, value, None),
-                        why,
-                        until,
-                    );
+                    return Some((value, string_value::delete_cleanup(&self.key, value, None)));
                 } else if why.cause == Cause::NotReplicated {
                     // Answered, and it wrote nothing (refused): nothing to undo.
                     log::debug!(
@@ -501,6 +495,7 @@ impl ClassicLock {
                         self.key
                     )
                 }
+                None
             },
         )?;
         let won =

@@ -312,12 +312,9 @@ impl FairLock {
         start: Instant,
         send: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        string_value::acquire_undone_by(&self.client, &self.key, send, |why| {
-            let (client, undo) = (&self.client, self.fair_release(token));
-            let until = crate::time::saturating_add(start, self.opts.lease);
-            client
-                .janitor()
-                .forget(client, &self.key, token, undo, why, until);
+        let until = crate::time::saturating_add(start, self.opts.lease);
+        string_value::acquire_undone_by(&self.client, &self.key, until, send, |_| {
+            Some((token, self.fair_release(token)))
         })
     }
 

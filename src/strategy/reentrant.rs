@@ -291,10 +291,11 @@ impl ReentrantLock {
         // lease. The janitor gives that hold back in the background if the owner's count is
         // the one the acquire would have left (`known` plus one); if the acquire never ran,
         // the count is lower and nothing changes.
+        let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let reply: Value =
-            string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
-                let until = start.checked_add(self.opts.lease).unwrap_or(start);
-                self.forget(owner.as_bytes(), known.saturating_add(1), why, until);
+            string_value::acquire_undone_by(&self.client, &self.key, until, acquire, |_| {
+                let owner = owner.as_bytes();
+                Some((owner, self.forget_cleanup(owner, known.saturating_add(1))))
             })?;
         let result = match hold::decode_acquire(&self.key, &reply)? {
             AcquireReply::Taken { fence } => {

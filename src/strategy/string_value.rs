@@ -4,6 +4,7 @@
 //! the lock lost.
 
 use std::cell::Cell;
+use std::time::Instant;
 
 use redis::{ConnectionLike, RedisResult, Value};
 
@@ -286,13 +287,15 @@ pub(crate) fn delete_cleanup(key: &str, value: &[u8], notice: Option<Notice<'_>>
 
 /// Runs an acquire `f` on a pooled connection; if it was sent but not answered (a connection
 /// error), or answered but not confirmed by the replicas the client requires, calls `undo`
-/// with that cause, which hands the janitor what undoes, owner-checked, whatever the acquire
-/// may have written (now, before the call returns, or when it runs late).
-pub(crate) fn acquire_undone_by<T>(
+/// with that cause. What it gives, the value written and what undoes it, owner-checked, is
+/// handed to the janitor, to run now, before the call returns, or later until `until` (when
+/// the acquire's lifetime would end).
+pub(crate) fn acquire_undone_by<'v, T>(
     client: &LockClient,
     key: &str,
+    until: Instant,
     mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
-    undo: impl FnOnce(Why),
+    undo: impl FnOnce(Why) -> Option<(&'v [u8], Cleanup)>,
 ) -> Result<T> {
     let sent = Cell::new(false);
     let reply = client.with_conn_confirmed(key, |con, s| {
@@ -300,8 +303,9 @@ pub(crate) fn acquire_undone_by<T>(
         f(con, s)
     });
     if let Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })) = &reply {
-        if sent.get() {
-            undo(Why::acquire(e));
+        let why = Why::acquire(e);
+        if let Some((value, cleanup)) = sent.get().then(|| undo(why)).flatten() {
+            (client.janitor()).forget(client, key, value, cleanup, why, until);
         }
     }
     reply

@@ -389,8 +389,10 @@ impl TokenLock {
         f: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        string_value::acquire_undone_by(&self.client, &self.key, f, |why| {
-            acq.lost_until.set(Some((until, why)))
+        string_value::acquire_undone_by(&self.client, &self.key, until, f, |why| {
+            // Left to the janitor only if the acquire gives up (see `forget_lost`).
+            acq.lost_until.set(Some((until, why)));
+            None
         })
     }
 
