@@ -91,8 +91,6 @@ pub struct FairLock {
     queue: String,
     deadlines: String,
     channel: String,
-    /// This client's id, the first part of its waiters' tokens.
-    id: [u8; CLIENT_ID_LEN],
     grant: Duration,
     /// How long this lock's queue entries live without a refresh (see
     /// [`FairLock::QUEUE_ENTRY_TTL`](crate::FairLock::QUEUE_ENTRY_TTL)).
@@ -211,7 +209,6 @@ impl FairLock {
             queue: Self::queue_key_for(&key)?,
             deadlines: keys::aux_key(DEADLINES_PREFIX, &key)?,
             channel: format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id)),
-            id,
             grant: FairLock::GRANT_LEASE.min(opts.lease),
             entry_ttl: entry_ttl(opts.retry.max_delay),
             base: Instant::now(),
@@ -254,7 +251,7 @@ impl FairLock {
     /// A fresh owner token: this client's id, then 128 random bits in hex.
     fn new_token(&self) -> Token {
         let mut t = [0u8; TOKEN_LEN];
-        t[..CLIENT_ID_LEN].copy_from_slice(&self.id);
+        t[..CLIENT_ID_LEN].copy_from_slice(&self.client.token_prefix());
         t[CLIENT_ID_LEN..].copy_from_slice(&new_token());
         t
     }
@@ -830,8 +827,7 @@ impl FairLock {
     /// its own channel.
     pub(crate) fn access_checks(&self) -> Vec<access::Check> {
         // Every digit of our id turned into another hex digit: surely another client's id.
-        let other: String = self
-            .id
+        let other: String = (self.client.token_prefix())
             .iter()
             .map(|&b| if b == b'0' { '1' } else { '0' })
             .collect();
@@ -936,7 +932,7 @@ impl DistributedLock for FairLock {
                 &self.key,
                 lease.value(),
                 self.fair_release(lease.value()),
-                Some(&self.id),
+                Some(&self.client.token_prefix()),
                 generation,
                 lease.valid_until(),
             );

@@ -373,33 +373,21 @@ impl ReentrantLock {
     fn packed_acquire(&self, s: &Scripts, owner: &[u8], known: u32) -> Option<Vec<u8>> {
         // One digit: the packed count's length.
         let digit = u8::try_from(known).ok().filter(|k| *k < 10)?;
-        let lease_ms = self.opts.lease_ms();
+        let (lease_ms, lens) = (self.opts.lease_ms(), [owner.len(), 1]);
         self.wire_acquire
-            .get(|| {
-                string_value::Packed::new(&[owner.len(), 1], 1, |v| {
-                    s.reentrant_acquire
-                        .evalsha(&self.key, &(lease_ms, v[0], v[1]))
-                        .get_packed_command()
-                })
-            })?
-            .with(&[owner, &[b'0' + digit]])
+            .bytes(&lens, &[owner, &[b'0' + digit]], |v| {
+                (s.reentrant_acquire).evalsha(&self.key, &(lease_ms, v[0], v[1]))
+            })
     }
 
     /// The release's bytes for `owner` with `request` (see `wire_release`), if packed.
     fn packed_release(&self, s: &Scripts, owner: &[u8], request: &[u8]) -> Option<Vec<u8>> {
         let (lease_ms, channel) = (self.opts.lease_ms(), self.opts.channel.as_str());
-        self.wire_release
-            .get(|| {
-                string_value::Packed::new(&[owner.len(), request.len()], 1, |v| {
-                    s.reentrant_release
-                        .evalsha(
-                            &self.key,
-                            &(keys::UNLOCK_MESSAGE, lease_ms, v[0], channel, v[1]),
-                        )
-                        .get_packed_command()
-                })
-            })?
-            .with(&[owner, request])
+        let lens = [owner.len(), request.len()];
+        self.wire_release.bytes(&lens, &[owner, request], |v| {
+            let args = (keys::UNLOCK_MESSAGE, lease_ms, v[0], channel, v[1]);
+            s.reentrant_release.evalsha(&self.key, &args)
+        })
     }
 }
 

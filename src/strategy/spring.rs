@@ -194,7 +194,7 @@ pub(crate) fn access_checks(
     let shared = lock.spring.registry_channel();
     let mut c = token::access_checks(client, key, &lock.inner);
     c.push(access::check("publish", &[&shared, key]));
-    if lock.inner.hold().wake_up == WakeUp::PubSub {
+    if lock.inner.opts.wake_up == WakeUp::PubSub {
         c.extend(access::subscriber(&shared));
     }
     c

@@ -160,6 +160,17 @@ impl<T> Lazy<T> {
 }
 
 impl Lazy<Packed> {
+    /// The bytes of the single command `cmd(values)`, packed for values of `lens` bytes from
+    /// the second send on; None on the first, or for values of other lengths.
+    pub(crate) fn bytes(
+        &self,
+        lens: &[usize],
+        values: &[&[u8]],
+        cmd: impl Fn(&[&[u8]]) -> redis::Cmd,
+    ) -> Option<Vec<u8>> {
+        (self.get(|| Packed::new(lens, 1, |v| cmd(v).get_packed_command()))?).with(values)
+    }
+
     /// Sends the single command `cmd(value)`, packed for values of `len` bytes from the second
     /// send on: the reply as `Cmd::query::<Value>` gives it.
     pub(crate) fn query(
@@ -169,8 +180,7 @@ impl Lazy<Packed> {
         value: &[u8],
         cmd: impl Fn(&[u8]) -> redis::Cmd,
     ) -> RedisResult<Value> {
-        let packed = self.get(|| Packed::new(&[len], 1, |v| cmd(v[0]).get_packed_command()));
-        match packed.and_then(|p| p.with(&[value])) {
+        match self.bytes(&[len], &[value], |v| cmd(v[0])) {
             Some(bytes) => con
                 .req_packed_command(&bytes)
                 .and_then(Value::extract_error),

@@ -57,7 +57,8 @@ pub(crate) const KIND: Kind = Kind::new("token");
 pub struct TokenLock {
     client: LockClient,
     key: String,
-    opts: HoldOptions,
+    /// The checked options of its holds.
+    pub(crate) opts: HoldOptions,
     /// The values it writes and what its releases publish: Token's, or another fleet's
     /// (ShedLock's, for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock)).
     pub(crate) dialect: Dialect,
@@ -188,11 +189,6 @@ impl TokenLock {
             warned_no_ttl: AtomicBool::new(false),
             wire: Wire::default(),
         }
-    }
-
-    /// The checked options of its holds.
-    pub(crate) fn hold(&self) -> &HoldOptions {
-        &self.opts
     }
 
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
