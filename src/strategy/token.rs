@@ -569,7 +569,9 @@ impl crate::lock::LockAdmin for TokenLock {
 /// The commands of a Token lock (see `token.rs`): acquire (`SET … NX PX … GET`, or by script
 /// `SET` + `PTTL` and `INCR` of the fencing counter), release (`GET`, `DEL`, `PUBLISH`),
 /// extend and renewal (`GET`, `PEXPIRE`), the check (`GET`), the type check of a wait that
-/// gives up (`TYPE`), and the subscriber's commands when waiters are woken by pub/sub.
+/// gives up (`TYPE`), and the subscriber's commands when waiters are woken by pub/sub. The same
+/// on the dialect's other release channels (Spring's registry-wide one, on which the release
+/// publishes the key).
 ///
 /// Where the client uses the native commands (see [`crate::client::native`]), `DELIFEQ` and
 /// `SET … IFEQ … PX` are checked too.
@@ -593,8 +595,15 @@ pub(crate) fn access_checks(
     if let Some(f) = &opts.fence_key {
         c.push(access::check("incr", &[f]));
     }
-    if opts.wake_up == WakeUp::PubSub {
+    let pubsub = opts.wake_up == WakeUp::PubSub;
+    if pubsub {
         c.extend(access::subscriber(channel));
+    }
+    for other in lock.dialect.channels.iter().skip(1) {
+        c.push(access::check("publish", &[other, key]));
+        if pubsub {
+            c.extend(access::subscriber(other));
+        }
     }
     c
 }
