@@ -713,22 +713,14 @@ impl Shared {
     }
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let (client, key) = (&self.client, self.key.as_str());
-        hold::extend(
-            client,
-            mode.kind(),
-            key,
-            lease,
-            ttl,
-            true,
-            |owner, ttl_ms| {
-                // A hold write, confirmed by the replicas the client requires.
-                let reply = client.with_conn_confirmed(key, |con, s| {
-                    s.rw_extend.eval(con, key, (mode.as_str(), owner, ttl_ms))
-                })?;
-                Ok((self.decode(owner, reply)?.0 == 1, None))
-            },
-        )
+        let (client, key, kind) = (&self.client, self.key.as_str(), mode.kind());
+        hold::extend(client, kind, key, lease, ttl, true, |owner, ttl_ms| {
+            // A hold write, confirmed by the replicas the client requires.
+            let reply = client.with_conn_confirmed(key, |con, s| {
+                s.rw_extend.eval(con, key, (mode.as_str(), owner, ttl_ms))
+            })?;
+            Ok((self.decode(owner, reply)?.0 == 1, None))
+        })
     }
 
     /// Locked in `mode`, as Redisson's `isLocked` of that side: the hash's field `mode`.

@@ -531,10 +531,9 @@ impl DistributedLock for ClassicLock {
             let ttl = Duration::from_millis(ttl_ms);
             let value = expiry_value(key, self.opts, client.instance_id(), ttl)?;
             let redis_ttl = if self.opts.key_ttl { ttl_ms } else { 0 };
-            let swapped: i64 = client.with_conn(key, |con, s| {
-                s.compare_and_set
-                    .eval(con, key, (seen, &value[..], redis_ttl))
-            })?;
+            let args = (seen, &value[..], redis_ttl);
+            let swapped: i64 =
+                client.with_conn(key, |con, s| s.compare_and_set.eval(con, key, args))?;
             Ok((swapped == 1, Some(value)))
         })
     }

@@ -537,16 +537,10 @@ impl DistributedLock for TokenLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let (client, key) = (&self.client, self.key.as_str());
-        hold::extend(
-            client,
-            self.dialect.kind,
-            key,
-            lease,
-            ttl,
-            false,
-            |token, ttl_ms| Ok((string_value::extend(client, key, token, ttl_ms)?, None)),
-        )
+        let (client, key, kind) = (&self.client, self.key.as_str(), self.dialect.kind);
+        hold::extend(client, kind, key, lease, ttl, false, |token, ttl_ms| {
+            Ok((string_value::extend(client, key, token, ttl_ms)?, None))
+        })
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
