@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use redis::{ToRedisArgs, Value};
 
-use crate::client::acquire::Line;
 use crate::client::admin;
 use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::Grant;
@@ -774,13 +773,8 @@ impl Shared {
             Mode::Write => (&self.write_line, self.intent.as_millis() as u64),
             Mode::Read => (&self.read_line, 0),
         };
-        let line = Line {
-            queues: self.client.waiters(),
-            name,
-            fifo,
-            barge: !fifo || self.holds(owner.as_bytes(), |h| h.reported > 0),
-            wake: self.opts.wake(&self.client),
-        };
+        let barge = !fifo || self.holds(owner.as_bytes(), |h| h.reported > 0);
+        let line = self.opts.line(&self.client, name, fifo, barge, None);
         let attempt = || self.attempt(mode, &owner, intent_ms);
         let result =
             crate::client::acquire::acquire_in_line(handle, line, attempts, attempt, |made| {

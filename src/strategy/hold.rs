@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::client::acquire::Wake;
+use crate::client::acquire::{Line, Wake};
 use crate::client::admin;
 use crate::client::live;
 use crate::client::LockClient;
@@ -141,13 +141,30 @@ impl HoldOptions {
         self.lease.as_millis() as u64
     }
 
-    /// The pub/sub wake-up of this lock's waiters, if enabled.
-    pub(crate) fn wake<'a>(&'a self, client: &'a LockClient) -> Option<Wake<'a>> {
-        (self.wake_up == WakeUp::PubSub).then(|| Wake {
+    /// The line `name` (the key, or a mode's line) of `client` in which a blocking acquire of
+    /// this lock waits, `fifo` and `barge` as [`Line`] says, woken by pub/sub if enabled: on the
+    /// lock's channel, and on `also` if given.
+    pub(crate) fn line<'a>(
+        &'a self,
+        client: &'a LockClient,
+        name: &'a str,
+        fifo: bool,
+        barge: bool,
+        also: Option<&'a str>,
+    ) -> Line<'a> {
+        let wake = (self.wake_up == WakeUp::PubSub).then(|| Wake {
             wakeups: client.wakeups(),
             channel: &self.channel,
-            also: None,
-        })
+            also,
+        });
+        let queues = client.waiters();
+        Line {
+            queues,
+            name,
+            fifo,
+            barge,
+            wake,
+        }
     }
 
     /// A fresh hold: with its fencing token, and handed to the watchdog if the lock is watched.

@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 use redis::{ToRedisArgs, Value};
 
 use crate::client::access;
-use crate::client::acquire::Line;
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::live;
@@ -326,13 +325,8 @@ impl ReentrantLock {
     /// channel, except that a thread already holding the lock makes its attempt at once (its
     /// re-entry succeeds; queueing would make it wait for the threads that wait for it).
     fn acquire_blocking(&self, attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
-        let line = Line {
-            queues: self.client.waiters(),
-            name: &self.key,
-            fifo: true,
-            barge: local_count(&self.owner(), &self.key).is_some(),
-            wake: self.opts.wake(&self.client),
-        };
+        let barge = local_count(&self.owner(), &self.key).is_some();
+        let line = self.opts.line(&self.client, &self.key, true, barge, None);
         // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
         // extra check.
         let result = crate::client::acquire::acquire_in_line(

@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::access;
-use crate::client::acquire::{Line, Wake};
 use crate::client::cleanup::Why;
 use crate::client::live::{self, LiveValue};
 use crate::client::native::{self, Command};
@@ -419,16 +418,9 @@ impl TokenLock {
     /// Every attempt sends the same token, so one whose reply was lost (a failover) and that
     /// landed is taken by the next: the acquire leaves nothing behind unless it gives up.
     fn acquire_blocking(&self, attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
-        let line = Line {
-            queues: self.client.waiters(),
-            name: &self.key,
-            fifo: true,
-            barge: false,
-            wake: self.opts.wake(&self.client).map(|w| Wake {
-                also: self.dialect.channels.get(1).map(String::as_str),
-                ..w
-            }),
-        };
+        // FIFO, no barging; also woken on the dialect's second channel (Spring's registry-wide).
+        let also = self.dialect.channels.get(1).map(String::as_str);
+        let line = self.opts.line(&self.client, &self.key, true, false, also);
         let acq = self.acquiring();
         let mut set = self.opts.fence_key.is_none();
         let attempt = || self.attempt(&acq, std::mem::take(&mut set));
