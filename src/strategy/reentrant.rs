@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use redis::{ToRedisArgs, Value};
 
 use crate::client::access;
-use crate::client::cleanup::{Cleanup, Done, Why};
+use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::Grant;
 use crate::client::live;
 use crate::client::sentinel_watch;
@@ -355,14 +355,6 @@ impl ReentrantLock {
         }
     }
 
-    /// Hands the janitor the give-back of one hold of `owner` if its count is still `count`
-    /// ([`forget_cleanup`](Self::forget_cleanup)), while a hold may live (`until`). True when it
-    /// was done in-line, before this returned.
-    fn forget(&self, owner: &[u8], count: u32, why: Why, until: Instant) -> bool {
-        let cleanup = self.forget_cleanup(owner, count);
-        (self.client.janitor()).forget(&self.client, &self.key, owner, cleanup, why, until)
-    }
-
     /// The acquire's bytes for `owner` with `known` (see `wire_acquire`), if packed.
     fn packed_acquire(&self, s: &Scripts, owner: &[u8], known: u32) -> Option<Vec<u8>> {
         // One digit: the packed count's length.
@@ -464,7 +456,11 @@ impl DistributedLock for ReentrantLock {
                     printable(lease.value())
                 ),
                 Some(count) => {
-                    let done = self.forget(lease.value(), count, why, lease.valid_until());
+                    // Given back if the owner's count is still `count`, while a hold may live.
+                    let (value, until) = (lease.value(), lease.valid_until());
+                    let undo = self.forget_cleanup(value, count);
+                    let janitor = self.client.janitor();
+                    let done = janitor.forget(&self.client, &self.key, value, undo, why, until);
                     // The janitor makes it happen (or the hold expires): count it given back.
                     let seen = if count > 1 {
                         Seen::Decremented
