@@ -52,6 +52,7 @@ use crate::client::access;
 use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::{Grant, Token, CLIENT_ID_LEN, TOKEN_LEN};
 use crate::client::live;
+use crate::client::sentinel_watch;
 use crate::client::subscriber::Delivery;
 use crate::client::waiters::Offer;
 use crate::client::{Conn, LockClient};
@@ -887,12 +888,14 @@ impl DistributedLock for FairLock {
         // A hold whose lifetime passed is reported lost even if the key was still ours.
         let overran = lease.is_expired();
         lease.stop_renewal();
-        let waiters = self.client.waiters();
-        let successor = waiters.take_offer(&self.key);
-        let generation = self.client.switch_generation();
-        let reply = self.release_script(lease.value(), successor.as_ref());
+        let (client, key, value, until) =
+            (&self.client, &self.key, lease.value(), lease.valid_until());
+        let waiters = client.waiters();
+        let successor = waiters.take_offer(key);
+        let generation = client.switch_generation();
+        let reply = self.release_script(value, successor.as_ref());
         // Held no longer, whatever the answer: a failed release is the janitor's now.
-        self.client.live().release(live::value(lease.value()), None);
+        client.live().release(live::value(value), None);
         if let Some(token) = &successor {
             // The server's time of the release, which the successor's grant is counted from;
             // none when the lock was not ours (the successor was not queued) or no reply came.
@@ -900,45 +903,30 @@ impl DistributedLock for FairLock {
                 Ok(r) if r.ours && r.grant.at_us > 0 => Some(r.grant.at_us),
                 _ => None,
             };
-            waiters.offer_settled(&self.key, token, at_us);
+            waiters.offer_settled(key, token, at_us);
         }
         // The same release, retried (in-line first): owner-checked by the token, and granting
         // the lock to the head of the queue as this one would have.
         let redone = hold::failed_release(&reply).is_some_and(|why| {
-            self.client.janitor().forget(
-                &self.client,
-                &self.key,
-                lease.value(),
-                self.fair_release(lease.value()),
-                why,
-                lease.valid_until(),
-            )
+            (client.janitor()).forget(client, key, value, self.fair_release(value), why, until)
         });
         if redone {
             // Done before the call returned: released.
-            let client = &self.client;
             return Ok(string_value::redone_release(
-                client, KIND, &self.key, lease, overran,
+                client, KIND, key, lease, overran,
             ));
         }
         let reply = reply?;
         let ours = reply.ours;
-        if ours && self.client.switches().is_some() {
+        if ours && client.switches().is_some() {
             // Done again on the new master if a Sentinel switch is announced soon: the same
             // script with the token of this client that the new master holds, if any, so it
             // deletes (and grants) only what this client wrote and no longer holds.
-            crate::client::sentinel_watch::remember(
-                &self.client,
-                &self.key,
-                lease.value(),
-                self.fair_release(lease.value()),
-                Some(&self.client.token_prefix()),
-                generation,
-                lease.valid_until(),
-            );
+            let (undo, sweep) = (self.fair_release(value), client.token_prefix());
+            sentinel_watch::remember(client, key, value, undo, Some(&sweep), generation, until);
         }
         if !reply.granted.is_empty() && waiters.deliver_grant(&reply.granted, reply.grant) {
-            self.client.wakeups().nudge();
+            client.wakeups().nudge();
             log::trace!("lock {:?}: granted to a thread of this client", self.key);
         }
         if !ours {
@@ -950,7 +938,7 @@ impl DistributedLock for FairLock {
             );
         }
         if !ours || overran {
-            self.client.counters().lost_on_release(KIND, lease);
+            client.counters().lost_on_release(KIND, lease);
         }
         Ok(ours && !overran)
     }
