@@ -411,35 +411,31 @@ impl DistributedLock for ReentrantLock {
         // Only this hold stops being renewed: every other hold of the owner has its own
         // renewal, and any of them keeps the shared key alive.
         lease.stop_renewal();
+        let (client, key, value) = (&self.client, self.key.as_str(), lease.value());
         // Only the calling thread's own holds are recorded (a lease of another client may be
         // released here): their count before this release, as its record last saw it.
-        let own = lease.value() == owner.as_bytes();
-        let count = || own.then(|| local_count(&owner, &self.key)).flatten();
+        let own = value == owner.as_bytes();
+        let count = || own.then(|| local_count(&owner, key)).flatten();
         // One id per call: a copy of the command sent again after a dropped connection
         // carries the same id, and the script does not give back a second hold for it.
         let request = crate::ids::new_token();
-        let generation = self.client.switch_generation();
-        let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
+        let generation = client.switch_generation();
+        let reply: Result<Option<i64>> = client.with_conn(key, |con, s| {
             let args = (
                 keys::UNLOCK_MESSAGE,
                 self.opts.lease_ms(),
-                lease.value(),
+                value,
                 self.opts.channel.as_str(),
                 &request[..],
             );
-            match self.packed_release(s, lease.value(), &request) {
-                Some(bytes) => s
-                    .reentrant_release
-                    .eval_packed(con, &bytes, &self.key, &args),
-                None => s.reentrant_release.eval(con, &self.key, args),
+            match self.packed_release(s, value, &request) {
+                Some(bytes) => s.reentrant_release.eval_packed(con, &bytes, key, &args),
+                None => s.reentrant_release.eval(con, key, args),
             }
         });
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
-        self.client.live().release(
-            live::holding(&self.key, lease.value()),
-            Some(self.opts.lease),
-        );
+        (client.live()).release(live::holding(key, value), Some(self.opts.lease));
         // A release that failed on a connection error (a failover, a restart) may or may not
         // have run. The janitor gives the hold back in the background if the owner's count is
         // still the one it had before (`lua/reentrant_forget.lua`), so the lock is not left for
@@ -457,10 +453,8 @@ impl DistributedLock for ReentrantLock {
                 ),
                 Some(count) => {
                     // Given back if the owner's count is still `count`, while a hold may live.
-                    let (value, until) = (lease.value(), lease.valid_until());
-                    let undo = self.forget_cleanup(value, count);
-                    let janitor = self.client.janitor();
-                    let done = janitor.forget(&self.client, &self.key, value, undo, why, until);
+                    let (undo, until) = (self.forget_cleanup(value, count), lease.valid_until());
+                    let done = (client.janitor()).forget(client, key, value, undo, why, until);
                     // The janitor makes it happen (or the hold expires): count it given back.
                     let seen = if count > 1 {
                         Seen::Decremented
@@ -472,9 +466,8 @@ impl DistributedLock for ReentrantLock {
                         // The in-line retry gave the hold back (owner-checked by the count, so at
                         // most once): released. Sending this release again would give back a
                         // second hold.
-                        let client = &self.client;
                         return Ok(string_value::redone_release(
-                            client, KIND, &self.key, lease, overran,
+                            client, KIND, key, lease, overran,
                         ));
                     }
                 }
@@ -486,12 +479,10 @@ impl DistributedLock for ReentrantLock {
         // master only, and is done again on the new one (see `crate::client::sentinel_watch`),
         // unless the owner acquires or holds the lock again by then (the client's live set,
         // entered before an acquire settles: see `Janitor::replay`).
-        if matches!(reply, Some(n) if n >= 0) && self.client.switches().is_some() {
+        if matches!(reply, Some(n) if n >= 0) && client.switches().is_some() {
             if let Some(count) = count() {
-                let (value, until) = (lease.value(), lease.valid_until());
-                let undo = self.forget_cleanup(value, count);
-                let client = &self.client;
-                sentinel_watch::remember(client, &self.key, value, undo, None, generation, until);
+                let (undo, until) = (self.forget_cleanup(value, count), lease.valid_until());
+                sentinel_watch::remember(client, key, value, undo, None, generation, until);
             }
         }
         let (seen, ours) = match reply {
@@ -499,8 +490,8 @@ impl DistributedLock for ReentrantLock {
             Some(0) => (Seen::Decremented, true),
             // The last hold: 1 + the subscriber connections the release was published to.
             Some(freed) if freed >= 1 => {
-                hold::after_publish(&self.client, &self.key, &self.opts.channel, freed - 1);
-                crate::client::acquire::note_release(self.client.waiters(), &self.key, true);
+                hold::after_publish(client, key, &self.opts.channel, freed - 1);
+                crate::client::acquire::note_release(client.waiters(), key, true);
                 (Seen::Nothing, true)
             }
             // Returned as `Ok(false)`; a guard dropped without `unlock` warns.
