@@ -157,9 +157,8 @@ impl HoldOptions {
             channel: &self.channel,
             also,
         });
-        let queues = client.waiters();
         Line {
-            queues,
+            queues: client.waiters(),
             name,
             fifo,
             barge,
