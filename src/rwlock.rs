@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use redis::{ToRedisArgs, Value};
 
-use crate::client::acquire::Line;
 use crate::client::admin;
 use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::Grant;
@@ -37,7 +36,7 @@ use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::ids as owner;
 use crate::keys;
-use crate::lease::{printable, Attempt, Lease, LostCallback, LostLock, RenewKind};
+use crate::lease::{printable, Attempt, Lease, LostLock, RenewKind};
 use crate::lock::{self, DistributedLock, LockGuard, LockState};
 use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
@@ -176,12 +175,8 @@ impl LockClient {
         ReadWriteLockBuilder {
             client: self.clone(),
             key: key.into(),
-            ttl: None,
-            retry: None,
+            hold: HoldSettings::default(),
             intent: None,
-            watchdog_lease: None,
-            on_lost: None,
-            wake_up: None,
         }
     }
 }
@@ -262,79 +257,56 @@ impl ReadWriteLock {
 pub struct ReadWriteLockBuilder {
     client: LockClient,
     key: String,
-    ttl: Option<Duration>,
-    retry: Option<RetryPolicy>,
+    /// The lease options, as a [`LockBuilder`](crate::LockBuilder) collects them.
+    hold: HoldSettings,
     intent: Option<Duration>,
-    watchdog_lease: Option<Duration>,
-    on_lost: Option<LostCallback>,
-    wake_up: Option<WakeUp>,
 }
 
 impl fmt::Debug for ReadWriteLockBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadWriteLockBuilder")
             .field("key", &self.key)
-            .field("ttl", &self.ttl)
-            .field("retry", &self.retry)
+            .field("ttl", &self.hold.ttl)
+            .field("retry", &self.hold.retry)
             .field("intent", &self.intent)
-            .field("watchdog_lease", &self.watchdog_lease)
-            .field("on_lost", &self.on_lost.is_some())
-            .field("wake_up", &self.wake_up)
+            .field("watchdog_lease", &self.hold.watchdog_lease)
+            .field("on_lost", &self.hold.on_lost.is_some())
+            .field("wake_up", &self.hold.wake_up)
             .finish_non_exhaustive()
     }
 }
 
 impl ReadWriteLockBuilder {
-    /// The lifetime of each hold. At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);
-    /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-
-    /// The lease of watched holds (built without [`ttl`](Self::ttl)), renewed by the client's
-    /// watchdog every third of it. Default [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE).
-    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
-        self.watchdog_lease = Some(lease);
-        self
-    }
-
-    /// Watched holds: called on the watchdog's thread when a hold is lost (see
-    /// [`LockBuilder::on_lost`](crate::LockBuilder::on_lost)).
-    pub fn on_lost(mut self, callback: impl Fn(&LostLock) + Send + Sync + 'static) -> Self {
-        self.on_lost = Some(Arc::new(callback));
-        self
-    }
-
-    /// How waiters learn of a release (default [`WakeUp::PubSub`]: they subscribe to
-    /// Redisson's `redisson_rwlock:{key}`, on which this library and Redisson publish
-    /// releases).
-    pub fn wake_up(mut self, wake_up: WakeUp) -> Self {
-        self.wake_up = Some(wake_up);
-        self
-    }
-
-    /// How `lock()` and `try_lock_for()` wait, for both modes.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Some(policy);
-        self
-    }
-
-    /// How long a "writer waiting" intent lives after the waiting writer's latest attempt.
-    ///
-    /// While one lives, this library's owners that hold nothing are refused read holds (Java
-    /// Redisson readers do not look at intents). It must outlast the writer's sleep between
-    /// attempts plus a round trip, or readers slip in between; the longer it is, the longer a
-    /// writer that dies while waiting keeps readers out. Zero turns writer preference off
-    /// (readers then may starve writers, as in Redisson). Default: 4 × the retry policy's
-    /// longest sleep, at least [`ReadWriteLock::MIN_WRITER_INTENT`](crate::ReadWriteLock::MIN_WRITER_INTENT). Intents are kept in the sorted set
-    /// `dlock_rwlock_writers:{key}`, never in the lock's hash.
-    /// At most [`MAX_TTL`](crate::MAX_TTL), or [`build`](Self::build) fails with
-    /// [`LockError::Config`] (also when the default is beyond it: a policy whose
-    /// `max_delay` exceeds a quarter of `MAX_TTL` needs an explicit intent).
-    pub fn writer_intent(mut self, intent: Duration) -> Self {
-        self.intent = Some(intent);
-        self
+    crate::strategy::hold::setters! {
+        /// The lifetime of each hold. At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);
+        /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off.
+        ttl(ttl: Duration) => hold.ttl = Some(ttl);
+        /// The lease of watched holds (built without [`ttl`](Self::ttl)), renewed by the client's
+        /// watchdog every third of it. Default [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE).
+        watchdog_lease(lease: Duration) => hold.watchdog_lease = Some(lease);
+        /// Watched holds: called on the watchdog's thread when a hold is lost (see
+        /// [`LockBuilder::on_lost`](crate::LockBuilder::on_lost)).
+        on_lost(callback: impl Fn(&LostLock) + Send + Sync + 'static)
+            => hold.on_lost = Some(Arc::new(callback));
+        /// How waiters learn of a release (default [`WakeUp::PubSub`]: they subscribe to
+        /// Redisson's `redisson_rwlock:{key}`, on which this library and Redisson publish
+        /// releases).
+        wake_up(wake_up: WakeUp) => hold.wake_up = Some(wake_up);
+        /// How `lock()` and `try_lock_for()` wait, for both modes.
+        retry(policy: RetryPolicy) => hold.retry = Some(policy);
+        /// How long a "writer waiting" intent lives after the waiting writer's latest attempt.
+        ///
+        /// While one lives, this library's owners that hold nothing are refused read holds (Java
+        /// Redisson readers do not look at intents). It must outlast the writer's sleep between
+        /// attempts plus a round trip, or readers slip in between; the longer it is, the longer a
+        /// writer that dies while waiting keeps readers out. Zero turns writer preference off
+        /// (readers then may starve writers, as in Redisson). Default: 4 × the retry policy's
+        /// longest sleep, at least [`ReadWriteLock::MIN_WRITER_INTENT`](crate::ReadWriteLock::MIN_WRITER_INTENT). Intents are kept in the sorted set
+        /// `dlock_rwlock_writers:{key}`, never in the lock's hash.
+        /// At most [`MAX_TTL`](crate::MAX_TTL), or [`build`](Self::build) fails with
+        /// [`LockError::Config`] (also when the default is beyond it: a policy whose
+        /// `max_delay` exceeds a quarter of `MAX_TTL` needs an explicit intent).
+        writer_intent(intent: Duration) => intent = Some(intent);
     }
 
     /// Checks the options and builds the lock. Sends nothing to Redis.
@@ -344,17 +316,7 @@ impl ReadWriteLockBuilder {
     /// in other slots.
     pub fn build(self) -> Result<ReadWriteLock> {
         crate::client::native::needs_scripts(self.client.native(), &self.key, "a read-write lock")?;
-        let mut opts = HoldOptions::checked(
-            &self.key,
-            HoldSettings {
-                ttl: self.ttl,
-                watchdog_lease: self.watchdog_lease,
-                on_lost: self.on_lost.clone(),
-                retry: self.retry.clone(),
-                wake_up: self.wake_up,
-                ..HoldSettings::default()
-            },
-        )?;
+        let mut opts = HoldOptions::checked(&self.key, self.hold)?;
         let (intent, what) = match self.intent {
             Some(intent) => (intent, "writer_intent"),
             None => (
@@ -583,17 +545,16 @@ impl Shared {
         };
         // Sent and unanswered, or answered but not confirmed by the replicas: it may have
         // counted a hold that a failover would lose, or that nobody releases.
-        let reply = string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
-            // The janitor gives one hold back in the background if the owner's holds add up to
-            // what the acquire would have left (as this lock last saw them, plus one); if the
-            // acquire never ran, they are fewer and nothing changes.
-            let before = self.holds(id, |h| h.reported);
-            let undo =
-                self.release_cleanup(mode.as_str(), id, true, Some(before.saturating_add(1)));
-            let until = start.checked_add(self.opts.lease).unwrap_or(start);
-            let client = &self.client;
-            client.janitor().forget(client, undo, why, until);
-        });
+        let until = start.checked_add(self.opts.lease).unwrap_or(start);
+        let reply =
+            string_value::acquire_undone_by(&self.client, &self.key, until, acquire, |_| {
+                // The janitor gives one hold back in the background if the owner's holds add up to
+                // what the acquire would have left (as this lock last saw them, plus one); if the
+                // acquire never ran, they are fewer and nothing changes.
+                let before = self.holds(id, |h| h.reported);
+                let expect = Some(before.saturating_add(1));
+                Some(self.release_cleanup(mode.as_str(), id, true, expect))
+            });
         let (code, holds, wait) = self.decode(id, reply?)?;
         let result = match code {
             1 => {
@@ -749,19 +710,14 @@ impl Shared {
     }
 
     fn extend(&self, mode: Mode, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        // A hold write, confirmed by the replicas the client requires.
-        let reply = self.client.with_conn_confirmed(&self.key, None, |con, s| {
-            s.rw_extend
-                .eval(con, &self.key, (mode.as_str(), lease.value(), ext.ttl_ms()))
-        })?;
-        let (code, ..) = self.decode(lease.value(), reply)?;
-        if code == 1 {
-            self.client
-                .live()
-                .renew(live::holding(&self.key, lease.value()), ext.ttl);
-        }
-        ext.finish(&self.client, mode.kind(), &self.key, code == 1, lease, None)
+        let (client, key, kind) = (&self.client, self.key.as_str(), mode.kind());
+        hold::extend(client, kind, key, lease, ttl, true, |owner, ttl_ms| {
+            // A hold write, confirmed by the replicas the client requires.
+            let reply = client.with_conn_confirmed(key, None, |con, s| {
+                s.rw_extend.eval(con, key, (mode.as_str(), owner, ttl_ms))
+            })?;
+            Ok((self.decode(owner, reply)?.0 == 1, None))
+        })
     }
 
     /// Locked in `mode`, as Redisson's `isLocked` of that side: the hash's field `mode`.
@@ -815,13 +771,8 @@ impl Shared {
             Mode::Write => (&self.write_line, self.intent.as_millis() as u64),
             Mode::Read => (&self.read_line, 0),
         };
-        let line = Line {
-            queues: self.client.waiters(),
-            name,
-            fifo,
-            barge: !fifo || self.holds(owner.as_bytes(), |h| h.reported > 0),
-            wake: self.opts.wake(&self.client),
-        };
+        let barge = !fifo || self.holds(owner.as_bytes(), |h| h.reported > 0);
+        let line = self.opts.line(&self.client, name, fifo, barge, None);
         let attempt = || self.attempt(mode, &owner, intent_ms);
         let result =
             crate::client::acquire::acquire_in_line(handle, line, attempts, attempt, |made| {

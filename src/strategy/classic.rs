@@ -467,9 +467,11 @@ impl ClassicLock {
         // lost reply deleting "our" value could free its lock. Unknown writes go stale after
         // their lifetime. (Known writes: a win whose replicas did not confirm it.)
         let wrote = Cell::new(false);
+        let until = start.checked_add(self.ttl).unwrap_or(start);
         let outcome = string_value::acquire_undone_by(
             &self.client,
             &self.key,
+            until,
             |con, s| {
                 let attempt = self.attempt(con, s, value, now_ns)?;
                 wrote.set(matches!(attempt, Attempt::Won));
@@ -477,9 +479,7 @@ impl ClassicLock {
             },
             |why| {
                 if wrote.get() {
-                    let until = start.checked_add(self.ttl).unwrap_or(start);
-                    let undo = string_value::delete_cleanup(&self.key, value, None);
-                    self.client.janitor().forget(&self.client, undo, why, until);
+                    return Some(string_value::delete_cleanup(&self.key, value, None));
                 } else if why.cause == NOT_REPLICATED {
                     // Answered, and it wrote nothing (refused): nothing to undo.
                     log::debug!(
@@ -495,6 +495,7 @@ impl ClassicLock {
                         self.key
                     )
                 }
+                None
             },
         )?;
         let won = |lease| {
@@ -528,15 +529,16 @@ impl DistributedLock for ClassicLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        let value = expiry_value(&self.key, self.opts, self.client.instance_id(), ext.ttl)?;
-        let redis_ttl = if self.opts.key_ttl { ext.ttl_ms() } else { 0 };
-        let swapped: i64 = self.client.with_conn(&self.key, |con, s| {
-            s.compare_and_set
-                .eval(con, &self.key, (lease.value(), value.as_slice(), redis_ttl))
-        })?;
-        let value = Some(value.as_slice());
-        ext.finish(&self.client, KIND, &self.key, swapped == 1, lease, value)
+        let (client, key) = (&self.client, self.key.as_str());
+        hold::extend(client, KIND, key, lease, ttl, false, |seen, ttl_ms| {
+            let ttl = Duration::from_millis(ttl_ms);
+            let value = expiry_value(key, self.opts, client.instance_id(), ttl)?;
+            let redis_ttl = if self.opts.key_ttl { ttl_ms } else { 0 };
+            let args = (seen, &value[..], redis_ttl);
+            let swapped: i64 =
+                client.with_conn(key, |con, s| s.compare_and_set.eval(con, key, args))?;
+            Ok((swapped == 1, Some(value)))
+        })
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {

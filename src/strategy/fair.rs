@@ -91,8 +91,6 @@ pub struct FairLock {
     queue: String,
     deadlines: String,
     channel: String,
-    /// This client's id, the first part of its waiters' tokens.
-    id: [u8; CLIENT_ID_LEN],
     grant: Duration,
     /// How long this lock's queue entries live without a refresh (see
     /// [`FairLock::QUEUE_ENTRY_TTL`](crate::FairLock::QUEUE_ENTRY_TTL)).
@@ -211,7 +209,6 @@ impl FairLock {
             queue: Self::queue_key_for(&key)?,
             deadlines: keys::aux_key(DEADLINES_PREFIX, &key)?,
             channel: format!("{CHANNEL_PREFIX}{}", String::from_utf8_lossy(&id)),
-            id,
             grant: FairLock::GRANT_LEASE.min(opts.lease),
             entry_ttl: entry_ttl(opts.retry.max_delay),
             base: Instant::now(),
@@ -254,7 +251,7 @@ impl FairLock {
     /// A fresh owner token: this client's id, then 128 random bits in hex.
     fn new_token(&self) -> Token {
         let mut t = [0u8; TOKEN_LEN];
-        t[..CLIENT_ID_LEN].copy_from_slice(&self.id);
+        t[..CLIENT_ID_LEN].copy_from_slice(&self.client.token_prefix());
         t[CLIENT_ID_LEN..].copy_from_slice(&new_token());
         t
     }
@@ -312,10 +309,9 @@ impl FairLock {
         start: Instant,
         send: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        string_value::acquire_undone_by(&self.client, &self.key, send, |why| {
-            let (client, undo) = (&self.client, self.fair_release(token));
-            let until = crate::time::saturating_add(start, self.opts.lease);
-            client.janitor().forget(client, undo, why, until);
+        let until = crate::time::saturating_add(start, self.opts.lease);
+        string_value::acquire_undone_by(&self.client, &self.key, until, send, |_| {
+            Some(self.fair_release(token))
         })
     }
 
@@ -837,8 +833,7 @@ impl FairLock {
     /// its own channel.
     pub(crate) fn access_checks(&self) -> Vec<access::Check> {
         // Every digit of our id turned into another hex digit: surely another client's id.
-        let other: String = self
-            .id
+        let other: String = (self.client.token_prefix())
             .iter()
             .map(|&b| if b == b'0' { '1' } else { '0' })
             .collect();
@@ -898,12 +893,14 @@ impl DistributedLock for FairLock {
         // A hold whose lifetime passed is reported lost even if the key was still ours.
         let overran = lease.is_expired();
         lease.stop_renewal();
-        let waiters = self.client.waiters();
-        let successor = waiters.take_offer(&self.key);
-        let generation = self.client.switch_generation();
-        let reply = self.release_script(lease.value(), successor.as_ref());
+        let (client, key, value, until) =
+            (&self.client, &self.key, lease.value(), lease.valid_until());
+        let waiters = client.waiters();
+        let successor = waiters.take_offer(key);
+        let generation = client.switch_generation();
+        let reply = self.release_script(value, successor.as_ref());
         // Held no longer, whatever the answer: a failed release is the janitor's now.
-        self.client.live().release(live::value(lease.value()), None);
+        client.live().release(live::value(value), None);
         if let Some(token) = &successor {
             // The server's time of the release, which the successor's grant is counted from;
             // none when the lock was not ours (the successor was not queued) or no reply came.
@@ -911,37 +908,30 @@ impl DistributedLock for FairLock {
                 Ok(r) if r.ours && r.grant.at_us > 0 => Some(r.grant.at_us),
                 _ => None,
             };
-            waiters.offer_settled(&self.key, token, at_us);
+            waiters.offer_settled(key, token, at_us);
         }
         // The same release, retried (in-line first): owner-checked by the token, and granting
         // the lock to the head of the queue as this one would have.
         let redone = hold::failed_release(&reply).is_some_and(|why| {
-            let undo = self.fair_release(lease.value());
-            (self.client.janitor()).forget(&self.client, undo, why, lease.valid_until())
+            (client.janitor()).forget(client, self.fair_release(value), why, until)
         });
         if redone {
             // Done before the call returned: released.
-            let client = &self.client;
             return Ok(string_value::redone_release(
-                client, KIND, &self.key, lease, overran,
+                client, KIND, key, lease, overran,
             ));
         }
         let reply = reply?;
         let ours = reply.ours;
-        if ours && self.client.switches().is_some() {
+        if ours && client.switches().is_some() {
             // Done again on the new master if a Sentinel switch is announced soon: the same
             // script with the token of this client that the new master holds, if any, so it
             // deletes (and grants) only what this client wrote and no longer holds.
-            crate::client::janitor::remember(
-                &self.client,
-                self.fair_release(lease.value()),
-                Some(&self.id),
-                generation,
-                lease.valid_until(),
-            );
+            let (undo, sweep) = (self.fair_release(value), client.token_prefix());
+            crate::client::janitor::remember(client, undo, Some(&sweep), generation, until);
         }
         if !reply.granted.is_empty() && waiters.deliver_grant(&reply.granted, reply.grant) {
-            self.client.wakeups().nudge();
+            client.wakeups().nudge();
             log::trace!("lock {:?}: granted to a thread of this client", self.key);
         }
         if !ours {
@@ -953,19 +943,21 @@ impl DistributedLock for FairLock {
             );
         }
         if !ours || overran {
-            self.client.counters().lost_on_release(KIND, lease);
+            client.counters().lost_on_release(KIND, lease);
         }
         Ok(ours && !overran)
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        // Confirmed by the replicas the client requires, as Token's: an extend too few
-        // confirmed is `NotReplicated` and leaves the lease as it was.
-        let extended: i64 = self.client.with_conn_confirmed(&self.key, None, |con, s| {
-            s.extend.eval(con, &self.key, (lease.value(), ext.ttl_ms()))
-        })?;
-        ext.finish(&self.client, KIND, &self.key, extended == 1, lease, None)
+        let (client, key) = (&self.client, self.key.as_str());
+        hold::extend(client, KIND, key, lease, ttl, false, |token, ttl_ms| {
+            // Confirmed by the replicas the client requires, as Token's: an extend too few
+            // confirmed is `NotReplicated` and leaves the lease as it was.
+            let extended: i64 = client.with_conn_confirmed(key, None, |con, s| {
+                s.extend.eval(con, key, (token, ttl_ms))
+            })?;
+            Ok((extended == 1, None))
+        })
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::client::acquire::Wake;
+use crate::client::acquire::{Line, Wake};
 use crate::client::admin;
 use crate::client::live;
 use crate::client::LockClient;
@@ -141,13 +141,29 @@ impl HoldOptions {
         self.lease.as_millis() as u64
     }
 
-    /// The pub/sub wake-up of this lock's waiters, if enabled.
-    pub(crate) fn wake<'a>(&'a self, client: &'a LockClient) -> Option<Wake<'a>> {
-        (self.wake_up == WakeUp::PubSub).then(|| Wake {
+    /// The line `name` (the key, or a mode's line) of `client` in which a blocking acquire of
+    /// this lock waits, `fifo` and `barge` as [`Line`] says, woken by pub/sub if enabled: on the
+    /// lock's channel, and on `also` if given.
+    pub(crate) fn line<'a>(
+        &'a self,
+        client: &'a LockClient,
+        name: &'a str,
+        fifo: bool,
+        barge: bool,
+        also: Option<&'a str>,
+    ) -> Line<'a> {
+        let wake = (self.wake_up == WakeUp::PubSub).then(|| Wake {
             wakeups: client.wakeups(),
             channel: &self.channel,
-            also: None,
-        })
+            also,
+        });
+        Line {
+            queues: client.waiters(),
+            name,
+            fifo,
+            barge,
+            wake,
+        }
     }
 
     /// A fresh hold: with its fencing token, and handed to the watchdog if the lock is watched.
@@ -215,53 +231,40 @@ pub(crate) fn failed_release<T>(reply: &Result<T>) -> Option<crate::client::clea
         .then(|| crate::client::cleanup::Why::release(e))
 }
 
-/// An `extend` under way, of a lock whose hold is its key alone: the checks before the
-/// strategy's owner-checked extend and what follows its answer are the same for all of them.
-pub(crate) struct Extending {
-    /// The new lifetime, in whole milliseconds as sent.
-    pub(crate) ttl: Duration,
-    /// When the extend was sent: the renewed lifetime counts from here.
-    start: Instant,
-}
-
-impl Extending {
-    /// Checks `ttl` and drops its sub-millisecond part, as sent; the extend's clock starts.
-    pub(crate) fn start(key: &str, ttl: Duration) -> Result<Self> {
-        check_duration(key, "ttl", ttl, false)?;
-        Ok(Extending {
-            ttl: Duration::from_millis(ttl.as_millis() as u64),
-            start: Instant::now(),
-        })
+/// The `extend` of a lock whose hold is its key alone, or (`holding`) an owner's field of it:
+/// checks `ttl` and drops its sub-millisecond part; `send(value, ttl_ms)` is the strategy's
+/// owner-checked extend of the lease's value, as sent: whether it extended, and the value it
+/// wrote instead, if any. The lease is renewed from when it was sent, else [`LockError::Lost`],
+/// counted as a loss.
+pub(crate) fn extend(
+    client: &LockClient,
+    kind: Kind,
+    key: &str,
+    lease: &mut Lease,
+    ttl: Duration,
+    holding: bool,
+    send: impl FnOnce(&[u8], u64) -> Result<(bool, Option<Vec<u8>>)>,
+) -> Result<()> {
+    check_duration(key, "ttl", ttl, false)?;
+    let (ttl_ms, start) = (ttl.as_millis() as u64, Instant::now());
+    let ttl = Duration::from_millis(ttl_ms);
+    let (done, new_value) = send(lease.value(), ttl_ms)?;
+    if done {
+        lease.renew(new_value.as_deref(), start, ttl);
+        log::debug!("lock {key:?}: extended by {ttl:?}");
+        // A value of the client's live set (an owner's hold, `holding`) stays live for the new
+        // lifetime.
+        let live = match holding {
+            true => live::holding(key, lease.value()),
+            false => live::value(lease.value()),
+        };
+        client.live().renew(live, ttl);
+        return Ok(());
     }
-
-    /// The new lifetime in milliseconds, as sent.
-    pub(crate) fn ttl_ms(&self) -> u64 {
-        self.ttl.as_millis() as u64
-    }
-
-    /// Applies the answer: renews `lease` (with `new_value` if the strategy wrote one) when
-    /// `done`, else [`LockError::Lost`], counted as a loss.
-    pub(crate) fn finish(
-        self,
-        client: &LockClient,
-        kind: Kind,
-        key: &str,
-        done: bool,
-        lease: &mut Lease,
-        new_value: Option<&[u8]>,
-    ) -> Result<()> {
-        if done {
-            lease.renew(new_value, self.start, self.ttl);
-            log::debug!("lock {key:?}: extended by {:?}", self.ttl);
-            // A value of the client's live set stays live for the new lifetime.
-            client.live().renew(live::value(lease.value()), self.ttl);
-            return Ok(());
-        }
-        // Returned as `LockError::Lost`: not also a warning.
-        log::debug!("lock {key:?}: lost, extend found another owner or none");
-        client.counters().lost_on_extend(kind, lease);
-        Err(LockError::lost(key))
-    }
+    // Returned as `LockError::Lost`: not also a warning.
+    log::debug!("lock {key:?}: lost, extend found another owner or none");
+    client.counters().lost_on_extend(kind, lease);
+    Err(LockError::lost(key))
 }
 
 /// The `state` of a lock whose hold is its key alone, of Redis type `kind` (`string`, or

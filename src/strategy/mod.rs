@@ -339,7 +339,7 @@ impl LockBuilder {
             Lock::Classic(_) => ("Classic", classic::access_checks(client, key)),
             Lock::Reentrant(l) => ("reentrant", l.access_checks()),
             Lock::Fair(l) => ("fair", l.access_checks()),
-            Lock::Spring(l) => ("Spring", spring::access_checks(client, key, l)),
+            Lock::Spring(l) => ("Spring", token::access_checks(client, key, l.underneath())),
         };
         access::verify(client, key, what, &checks)
     }

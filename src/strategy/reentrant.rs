@@ -29,8 +29,7 @@ use std::time::{Duration, Instant};
 use redis::{ToRedisArgs, Value};
 
 use crate::client::access;
-use crate::client::acquire::Line;
-use crate::client::cleanup::{Cleanup, Done, Why};
+use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::Grant;
 use crate::client::janitor;
 use crate::client::live;
@@ -291,10 +290,10 @@ impl ReentrantLock {
         // lease. The janitor gives that hold back in the background if the owner's count is
         // the one the acquire would have left (`known` plus one); if the acquire never ran,
         // the count is lower and nothing changes.
+        let until = start.checked_add(self.opts.lease).unwrap_or(start);
         let reply: Value =
-            string_value::acquire_undone_by(&self.client, &self.key, acquire, |why| {
-                let until = start.checked_add(self.opts.lease).unwrap_or(start);
-                self.forget(owner.as_bytes(), known.saturating_add(1), why, until);
+            string_value::acquire_undone_by(&self.client, &self.key, until, acquire, |_| {
+                Some(self.forget_cleanup(owner.as_bytes(), known.saturating_add(1)))
             })?;
         let result = match hold::decode_acquire(&self.key, &reply)? {
             AcquireReply::Taken { fence } => {
@@ -325,13 +324,8 @@ impl ReentrantLock {
     /// channel, except that a thread already holding the lock makes its attempt at once (its
     /// re-entry succeeds; queueing would make it wait for the threads that wait for it).
     fn acquire_blocking(&self, attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
-        let line = Line {
-            queues: self.client.waiters(),
-            name: &self.key,
-            fifo: true,
-            barge: local_count(&self.owner(), &self.key).is_some(),
-            wake: self.opts.wake(&self.client),
-        };
+        let barge = local_count(&self.owner(), &self.key).is_some();
+        let line = self.opts.line(&self.client, &self.key, true, barge, None);
         // A key of another type fails the attempt itself (WRONGTYPE), so giving up needs no
         // extra check.
         let result = crate::client::acquire::acquire_in_line(
@@ -360,45 +354,25 @@ impl ReentrantLock {
         }
     }
 
-    /// Hands the janitor the give-back of one hold of `owner` if its count is still `count`
-    /// ([`forget_cleanup`](Self::forget_cleanup)), while a hold may live (`until`). True when it
-    /// was done in-line, before this returned.
-    fn forget(&self, owner: &[u8], count: u32, why: Why, until: Instant) -> bool {
-        let cleanup = self.forget_cleanup(owner, count);
-        (self.client.janitor()).forget(&self.client, cleanup, why, until)
-    }
-
     /// The acquire's bytes for `owner` with `known` (see `wire_acquire`), if packed.
     fn packed_acquire(&self, s: &Scripts, owner: &[u8], known: u32) -> Option<Vec<u8>> {
         // One digit: the packed count's length.
         let digit = u8::try_from(known).ok().filter(|k| *k < 10)?;
-        let lease_ms = self.opts.lease_ms();
+        let (lease_ms, lens) = (self.opts.lease_ms(), [owner.len(), 1]);
         self.wire_acquire
-            .get(|| {
-                string_value::Packed::new(&[owner.len(), 1], 1, |v| {
-                    s.reentrant_acquire
-                        .evalsha(&self.key, &(lease_ms, v[0], v[1]))
-                        .get_packed_command()
-                })
-            })?
-            .with(&[owner, &[b'0' + digit]])
+            .bytes(&lens, &[owner, &[b'0' + digit]], |v| {
+                (s.reentrant_acquire).evalsha(&self.key, &(lease_ms, v[0], v[1]))
+            })
     }
 
     /// The release's bytes for `owner` with `request` (see `wire_release`), if packed.
     fn packed_release(&self, s: &Scripts, owner: &[u8], request: &[u8]) -> Option<Vec<u8>> {
         let (lease_ms, channel) = (self.opts.lease_ms(), self.opts.channel.as_str());
-        self.wire_release
-            .get(|| {
-                string_value::Packed::new(&[owner.len(), request.len()], 1, |v| {
-                    s.reentrant_release
-                        .evalsha(
-                            &self.key,
-                            &(keys::UNLOCK_MESSAGE, lease_ms, v[0], channel, v[1]),
-                        )
-                        .get_packed_command()
-                })
-            })?
-            .with(&[owner, request])
+        let lens = [owner.len(), request.len()];
+        self.wire_release.bytes(&lens, &[owner, request], |v| {
+            let args = (keys::UNLOCK_MESSAGE, lease_ms, v[0], channel, v[1]);
+            s.reentrant_release.evalsha(&self.key, &args)
+        })
     }
 }
 
@@ -436,35 +410,31 @@ impl DistributedLock for ReentrantLock {
         // Only this hold stops being renewed: every other hold of the owner has its own
         // renewal, and any of them keeps the shared key alive.
         lease.stop_renewal();
+        let (client, key, value) = (&self.client, self.key.as_str(), lease.value());
         // Only the calling thread's own holds are recorded (a lease of another client may be
         // released here): their count before this release, as its record last saw it.
-        let own = lease.value() == owner.as_bytes();
-        let count = || own.then(|| local_count(&owner, &self.key)).flatten();
+        let own = value == owner.as_bytes();
+        let count = || own.then(|| local_count(&owner, key)).flatten();
         // One id per call: a copy of the command sent again after a dropped connection
         // carries the same id, and the script does not give back a second hold for it.
         let request = crate::ids::new_token();
-        let generation = self.client.switch_generation();
-        let reply: Result<Option<i64>> = self.client.with_conn(&self.key, |con, s| {
+        let generation = client.switch_generation();
+        let reply: Result<Option<i64>> = client.with_conn(key, |con, s| {
             let args = (
                 keys::UNLOCK_MESSAGE,
                 self.opts.lease_ms(),
-                lease.value(),
+                value,
                 self.opts.channel.as_str(),
                 &request[..],
             );
-            match self.packed_release(s, lease.value(), &request) {
-                Some(bytes) => s
-                    .reentrant_release
-                    .eval_packed(con, &bytes, &self.key, &args),
-                None => s.reentrant_release.eval(con, &self.key, args),
+            match self.packed_release(s, value, &request) {
+                Some(bytes) => s.reentrant_release.eval_packed(con, &bytes, key, &args),
+                None => s.reentrant_release.eval(con, key, args),
             }
         });
         // One hold of the owner fewer, whatever the answer (a failed release is the
         // janitor's now).
-        self.client.live().release(
-            live::holding(&self.key, lease.value()),
-            Some(self.opts.lease),
-        );
+        (client.live()).release(live::holding(key, value), Some(self.opts.lease));
         // A release that failed on a connection error (a failover, a restart) may or may not
         // have run. The janitor gives the hold back in the background if the owner's count is
         // still the one it had before (`lua/reentrant_forget.lua`), so the lock is not left for
@@ -481,7 +451,9 @@ impl DistributedLock for ReentrantLock {
                     printable(lease.value())
                 ),
                 Some(count) => {
-                    let done = self.forget(lease.value(), count, why, lease.valid_until());
+                    // Given back if the owner's count is still `count`, while a hold may live.
+                    let (undo, until) = (self.forget_cleanup(value, count), lease.valid_until());
+                    let done = (client.janitor()).forget(client, undo, why, until);
                     // The janitor makes it happen (or the hold expires): count it given back.
                     let seen = if count > 1 {
                         Seen::Decremented
@@ -493,9 +465,8 @@ impl DistributedLock for ReentrantLock {
                         // The in-line retry gave the hold back (owner-checked by the count, so at
                         // most once): released. Sending this release again would give back a
                         // second hold.
-                        let client = &self.client;
                         return Ok(string_value::redone_release(
-                            client, KIND, &self.key, lease, overran,
+                            client, KIND, key, lease, overran,
                         ));
                     }
                 }
@@ -507,11 +478,9 @@ impl DistributedLock for ReentrantLock {
         // master only, and is done again on the new one (see `crate::client::sentinel_watch`),
         // unless the owner acquires or holds the lock again by then (the client's live set,
         // entered before an acquire settles: see `Janitor::replay`).
-        if matches!(reply, Some(n) if n >= 0) && self.client.switches().is_some() {
+        if matches!(reply, Some(n) if n >= 0) && client.switches().is_some() {
             if let Some(count) = count() {
-                let (value, until) = (lease.value(), lease.valid_until());
-                let undo = self.forget_cleanup(value, count);
-                let client = &self.client;
+                let (undo, until) = (self.forget_cleanup(value, count), lease.valid_until());
                 janitor::remember(client, undo, None, generation, until);
             }
         }
@@ -520,8 +489,8 @@ impl DistributedLock for ReentrantLock {
             Some(0) => (Seen::Decremented, true),
             // The last hold: 1 + the subscriber connections the release was published to.
             Some(freed) if freed >= 1 => {
-                hold::after_publish(&self.client, &self.key, &self.opts.channel, freed - 1);
-                crate::client::acquire::note_release(self.client.waiters(), &self.key, true);
+                hold::after_publish(client, key, &self.opts.channel, freed - 1);
+                crate::client::acquire::note_release(client.waiters(), key, true);
                 (Seen::Nothing, true)
             }
             // Returned as `Ok(false)`; a guard dropped without `unlock` warns.
@@ -550,17 +519,13 @@ impl DistributedLock for ReentrantLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        let renewed: i64 = self.client.with_conn_confirmed(&self.key, None, |con, s| {
-            s.reentrant_extend
-                .eval(con, &self.key, (lease.value(), ext.ttl_ms()))
-        })?;
-        if renewed == 1 {
-            self.client
-                .live()
-                .renew(live::holding(&self.key, lease.value()), ext.ttl);
-        }
-        ext.finish(&self.client, KIND, &self.key, renewed == 1, lease, None)
+        let (client, key) = (&self.client, self.key.as_str());
+        hold::extend(client, KIND, key, lease, ttl, true, |owner, ttl_ms| {
+            let renewed: i64 = client.with_conn_confirmed(key, None, |con, s| {
+                s.reentrant_extend.eval(con, key, (owner, ttl_ms))
+            })?;
+            Ok((renewed == 1, None))
+        })
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {

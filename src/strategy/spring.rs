@@ -25,12 +25,12 @@
 //!   refused attempt);
 //! - renewal and extend: compare-and-`PEXPIRE`, as the registry's renew script.
 
-use crate::client::{access, LockClient};
+use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{DistributedLock, LockAdmin};
 use crate::stats::Kind;
-use crate::strategy::hold::{HoldOptions, WakeUp};
-use crate::strategy::token::{self, Dialect, TokenLock};
+use crate::strategy::hold::HoldOptions;
+use crate::strategy::token::{Dialect, TokenLock};
 
 /// The stats label of Spring locks.
 pub(crate) const KIND: Kind = Kind::new("spring");
@@ -166,7 +166,7 @@ impl SpringLock {
     }
 
     /// The Token lock that does the work.
-    fn underneath(&self) -> &TokenLock {
+    pub(crate) fn underneath(&self) -> &TokenLock {
         &self.inner
     }
 
@@ -182,23 +182,6 @@ impl SpringLock {
 }
 
 crate::strategy::hold::forward_lock!(SpringLock);
-
-/// The commands of a Spring lock: Token's (see [`token::access_checks`]) on the registry's
-/// newer channel (its `opts.channel`), and `PUBLISH` (and the subscriber's commands) on its
-/// registry-wide one.
-pub(crate) fn access_checks(
-    client: &LockClient,
-    key: &str,
-    lock: &SpringLock,
-) -> Vec<access::Check> {
-    let shared = lock.spring.registry_channel();
-    let mut c = token::access_checks(client, key, &lock.inner);
-    c.push(access::check("publish", &[&shared, key]));
-    if lock.inner.hold().wake_up == WakeUp::PubSub {
-        c.extend(access::subscriber(&shared));
-    }
-    c
-}
 
 /// True if `value` has the shape of a registry's id: a UUID in its 36-character text form
 /// (`8-4-4-4-12` hex digits), as Java's `UUID.toString()` writes it. (Also Classic's test of

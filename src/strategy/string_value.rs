@@ -4,6 +4,7 @@
 //! the lock lost.
 
 use std::cell::Cell;
+use std::time::Instant;
 
 use redis::{ConnectionLike, RedisResult, Value};
 
@@ -159,6 +160,17 @@ impl<T> Lazy<T> {
 }
 
 impl Lazy<Packed> {
+    /// The bytes of the single command `cmd(values)`, packed for values of `lens` bytes from
+    /// the second send on; None on the first, or for values of other lengths.
+    pub(crate) fn bytes(
+        &self,
+        lens: &[usize],
+        values: &[&[u8]],
+        cmd: impl Fn(&[&[u8]]) -> redis::Cmd,
+    ) -> Option<Vec<u8>> {
+        (self.get(|| Packed::new(lens, 1, |v| cmd(v).get_packed_command()))?).with(values)
+    }
+
     /// Sends the single command `cmd(value)`, packed for values of `len` bytes from the second
     /// send on: the reply as `Cmd::query::<Value>` gives it.
     pub(crate) fn query(
@@ -168,8 +180,7 @@ impl Lazy<Packed> {
         value: &[u8],
         cmd: impl Fn(&[u8]) -> redis::Cmd,
     ) -> RedisResult<Value> {
-        let packed = self.get(|| Packed::new(&[len], 1, |v| cmd(v[0]).get_packed_command()));
-        match packed.and_then(|p| p.with(&[value])) {
+        match self.bytes(&[len], &[value], |v| cmd(v[0])) {
             Some(bytes) => con
                 .req_packed_command(&bytes)
                 .and_then(Value::extract_error),
@@ -286,13 +297,15 @@ pub(crate) fn delete_cleanup(key: &str, value: &[u8], notice: Option<Notice<'_>>
 
 /// Runs an acquire `f` on a pooled connection; if it was sent but not answered (a connection
 /// error), or answered but not confirmed by the replicas the client requires, calls `undo`
-/// with that cause, which hands the janitor what undoes, owner-checked, whatever the acquire
-/// may have written (now, before the call returns, or when it runs late).
+/// with that cause. What it gives, the clean-up that undoes the write, owner-checked, is
+/// handed to the janitor, to run now, before the call returns, or later until `until` (when
+/// the acquire's lifetime would end).
 pub(crate) fn acquire_undone_by<T>(
     client: &LockClient,
     key: &str,
+    until: Instant,
     mut f: impl FnMut(&mut Conn, &Scripts) -> RedisResult<T>,
-    undo: impl FnOnce(Why),
+    undo: impl FnOnce(Why) -> Option<Cleanup>,
 ) -> Result<T> {
     let sent = Cell::new(false);
     let reply = client.with_conn_confirmed(key, None, |con, s| {
@@ -300,8 +313,9 @@ pub(crate) fn acquire_undone_by<T>(
         f(con, s)
     });
     if let Err(e @ (LockError::Connection { .. } | LockError::NotReplicated { .. })) = &reply {
-        if sent.get() {
-            undo(Why::acquire(e));
+        let why = Why::acquire(e);
+        if let Some(cleanup) = sent.get().then(|| undo(why)).flatten() {
+            (client.janitor()).forget(client, cleanup, why, until);
         }
     }
     reply

@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::client::access;
-use crate::client::acquire::{Line, Wake};
 use crate::client::cleanup::Why;
 use crate::client::live::{self, LiveValue};
 use crate::client::native::{self, Command};
@@ -57,7 +56,8 @@ pub(crate) const KIND: Kind = Kind::new("token");
 pub struct TokenLock {
     client: LockClient,
     key: String,
-    opts: HoldOptions,
+    /// The checked options of its holds.
+    pub(crate) opts: HoldOptions,
     /// The values it writes and what its releases publish: Token's, or another fleet's
     /// (ShedLock's, for a lock of [`Strategy::ShedLock`](crate::Strategy::ShedLock)).
     pub(crate) dialect: Dialect,
@@ -188,11 +188,6 @@ impl TokenLock {
             warned_no_ttl: AtomicBool::new(false),
             wire: Wire::default(),
         }
-    }
-
-    /// The checked options of its holds.
-    pub(crate) fn hold(&self) -> &HoldOptions {
-        &self.opts
     }
 
     /// True if the watchdog renews this lock's holds (built without an explicit ttl).
@@ -388,8 +383,10 @@ impl TokenLock {
         f: impl FnMut(&mut Conn, &Scripts) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let until = start.checked_add(self.opts.lease).unwrap_or(start);
-        string_value::acquire_undone_by(&self.client, &self.key, f, |why| {
-            acq.lost_until.set(Some((until, why)))
+        string_value::acquire_undone_by(&self.client, &self.key, until, f, |why| {
+            // Left to the janitor only if the acquire gives up (see `forget_lost`).
+            acq.lost_until.set(Some((until, why)));
+            None
         })
     }
 
@@ -420,16 +417,9 @@ impl TokenLock {
     /// Every attempt sends the same token, so one whose reply was lost (a failover) and that
     /// landed is taken by the next: the acquire leaves nothing behind unless it gives up.
     fn acquire_blocking(&self, attempts: Attempts<'_>) -> Result<LockGuard<'_>> {
-        let line = Line {
-            queues: self.client.waiters(),
-            name: &self.key,
-            fifo: true,
-            barge: false,
-            wake: self.opts.wake(&self.client).map(|w| Wake {
-                also: self.dialect.channels.get(1).map(String::as_str),
-                ..w
-            }),
-        };
+        // FIFO, no barging; also woken on the dialect's second channel (Spring's registry-wide).
+        let also = self.dialect.channels.get(1).map(String::as_str);
+        let line = self.opts.line(&self.client, &self.key, true, false, also);
         let acq = self.acquiring();
         let mut set = self.opts.fence_key.is_none();
         let attempt = || self.attempt(&acq, std::mem::take(&mut set));
@@ -538,16 +528,10 @@ impl DistributedLock for TokenLock {
     }
 
     fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
-        let ext = hold::Extending::start(&self.key, ttl)?;
-        let extended = string_value::extend(&self.client, &self.key, lease.value(), ext.ttl_ms())?;
-        ext.finish(
-            &self.client,
-            self.dialect.kind,
-            &self.key,
-            extended,
-            lease,
-            None,
-        )
+        let (client, key, kind) = (&self.client, self.key.as_str(), self.dialect.kind);
+        hold::extend(client, kind, key, lease, ttl, false, |token, ttl_ms| {
+            Ok((string_value::extend(client, key, token, ttl_ms)?, None))
+        })
     }
 
     fn is_held(&self, lease: &Lease) -> Result<bool> {
@@ -570,7 +554,9 @@ impl crate::lock::LockAdmin for TokenLock {
 /// The commands of a Token lock (see `token.rs`): acquire (`SET … NX PX … GET`, or by script
 /// `SET` + `PTTL` and `INCR` of the fencing counter), release (`GET`, `DEL`, `PUBLISH`),
 /// extend and renewal (`GET`, `PEXPIRE`), the check (`GET`), the type check of a wait that
-/// gives up (`TYPE`), and the subscriber's commands when waiters are woken by pub/sub.
+/// gives up (`TYPE`), and the subscriber's commands when waiters are woken by pub/sub. The same
+/// on the dialect's other release channels (Spring's registry-wide one, on which the release
+/// publishes the key).
 ///
 /// Where the client uses the native commands (see [`crate::client::native`]), `DELIFEQ` and
 /// `SET … IFEQ … PX` are checked too.
@@ -594,8 +580,15 @@ pub(crate) fn access_checks(
     if let Some(f) = &opts.fence_key {
         c.push(access::check("incr", &[f]));
     }
-    if opts.wake_up == WakeUp::PubSub {
+    let pubsub = opts.wake_up == WakeUp::PubSub;
+    if pubsub {
         c.extend(access::subscriber(channel));
+    }
+    for other in lock.dialect.channels.iter().skip(1) {
+        c.push(access::check("publish", &[other, key]));
+        if pubsub {
+            c.extend(access::subscriber(other));
+        }
     }
     c
 }
