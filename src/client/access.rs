@@ -60,7 +60,7 @@ pub(crate) fn verify(client: &LockClient, key: &str, what: &str, checks: &[Check
 /// for it), on a server where a Token lock without fencing needs none: each command the lock
 /// sends on its connections is sent once, in one pipeline, in a form that changes nothing,
 /// and a `NOPERM` answer marks it denied. The server checks the ACL before it looks at the
-/// options, so an acquire is sent as `SET key v NX XX …` (refused as a syntax error when
+/// options, so an acquire is sent as `SET key v NX … XX` (refused as a syntax error when
 /// allowed); `DELIFEQ` and `SET … IFEQ` compare with a random value no lock writes; the
 /// `PUBLISH` of a release is sent as it is (its waiters wake, find the lock as it was, and
 /// wait on). The subscriber's `SUBSCRIBE` cannot be sent on a pooled connection: it is not
@@ -74,11 +74,17 @@ fn verify_by_probes(client: &LockClient, key: &str, what: &str, checks: &[Check]
         if matches!(*name, "subscribe" | "unsubscribe" | "ping") {
             continue;
         }
-        // The value `SET` and `DELIFEQ` compare or write: one no lock writes.
+        // The value `SET` and `DELIFEQ` compare or write (never the key, which may be `v` too):
+        // one no lock writes.
         let probe = matches!(*name, "set" | "delifeq");
-        let probed: Vec<&String> = args
-            .iter()
-            .map(|a| if probe && a == "v" { &probe_value } else { a })
+        let probed: Vec<&String> = (args.iter().enumerate())
+            .map(|(i, a)| {
+                if probe && i > 0 && a == "v" {
+                    &probe_value
+                } else {
+                    a
+                }
+            })
             .collect();
         let cmd = pipe.cmd(name).arg(&probed);
         // An acquire, `SET … NX`, with `XX` too: checked, then refused by its syntax.

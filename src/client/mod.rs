@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::client::confirm::Acks;
+use crate::client::confirm::{Acks, ReplicaAcks};
 use crate::client::jobs::Janitor;
 use crate::client::live::LiveValues;
 use crate::client::native::{Detected, Native};
@@ -249,7 +249,11 @@ impl LockClient {
                 repeats,
                 switches: manager.and_then(|m| m.switches.clone()),
                 counters,
-                acks: manager.map_or_else(Arc::default, |m| Arc::clone(&m.acks)),
+                // The application's pool: no confirmation, so no `WAIT` bound.
+                acks: manager.map_or_else(
+                    || Arc::new(Acks::new(ReplicaAcks::Off, Duration::ZERO, false)),
+                    |m| Arc::clone(&m.acks),
+                ),
             }),
         }
     }

@@ -8,8 +8,8 @@ use super::LockClient;
 /// What [`LockClient::open`] and [`LockClient::builder`] connect to: everything redis-rs's
 /// [`IntoConnectionInfo`](redis::IntoConnectionInfo) takes — a URL as `&str`, `String` or
 /// [`url::Url`], a [`redis::ConnectionInfo`] (e.g. with a password set in code, or a unix
-/// socket), a [`redis::ConnectionAddr`], a `(host, port)` pair — and a reference to any of
-/// these (a `&String`, a `&ConnectionInfo`), which redis-rs does not take.
+/// socket), a [`redis::ConnectionAddr`], a `(host, port)` pair — and a reference to a `String`
+/// or a `ConnectionInfo`, which redis-rs does not take.
 ///
 /// Not a blanket implementation over `IntoConnectionInfo`: with one, the two references could
 /// not be added (redis-rs may implement the trait for them some day).
@@ -42,9 +42,14 @@ impl<T: Into<String>> ConnectionTarget for (T, u16) {
     }
 }
 
-/// A reference to any of them (a `&String`, a `&ConnectionInfo`, ...), cloned.
-impl<T: ConnectionTarget + Clone> ConnectionTarget for &T {
+impl ConnectionTarget for &String {
     fn into_target_info(self) -> RedisResult<redis::ConnectionInfo> {
-        self.clone().into_target_info()
+        redis::IntoConnectionInfo::into_connection_info(self.as_str())
+    }
+}
+
+impl ConnectionTarget for &redis::ConnectionInfo {
+    fn into_target_info(self) -> RedisResult<redis::ConnectionInfo> {
+        Ok(self.clone())
     }
 }

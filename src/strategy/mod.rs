@@ -349,18 +349,20 @@ impl LockBuilder {
     fn check_applies(&self) -> Result<()> {
         let h = &self.hold;
         let watched = h.watchdog_lease.is_some() || h.on_lost.is_some() || h.fencing;
+        let at_least = |name| {
+            format!("lock_at_least applies to Strategy::Token, Spring and ShedLock, not {name}")
+        };
         let refused = match self.strategy {
-            Strategy::Reentrant | Strategy::Fair | Strategy::Classic(_) if h.at_least.is_some() => {
-                "lock_at_least applies to Strategy::Token, Spring and ShedLock, not Reentrant, \
-                 Fair or Classic"
-            }
-            Strategy::Fair if h.wake_up.is_some() => {
-                "wake_up does not apply to Strategy::Fair (its waiters are always woken by the \
-                 grant message)"
-            }
+            Strategy::Reentrant if h.at_least.is_some() => at_least("Reentrant"),
+            Strategy::Fair if h.at_least.is_some() => at_least("Fair"),
+            Strategy::Classic(_) if h.at_least.is_some() => at_least("Classic"),
+            Strategy::Fair if h.wake_up.is_some() => "wake_up does not apply to Strategy::Fair \
+                (its waiters are always woken by the grant message)"
+                .into(),
             Strategy::Classic(_) if watched || h.wake_up.is_some() => {
                 "watchdog_lease, on_lost, fencing and wake_up do not apply to Strategy::Classic \
                  (its legacy peers neither renew, count nor publish)"
+                    .into()
             }
             _ => return Ok(()),
         };
