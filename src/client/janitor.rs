@@ -294,11 +294,13 @@ impl Janitor {
             };
             let mut done = 0usize;
             for (j, v) in batch.into_iter().zip(replies) {
-                let reply = match v {
-                    redis::Value::ServerError(e) => Err(LockError::from_redis(j.key(), e.into())),
-                    v => Ok(v),
-                };
-                done += usize::from(conclude(client, j, reply.as_ref(), REPLAY));
+                // A server's error (a `NOSCRIPT` when the `SCRIPT LOAD` in front was refused, a
+                // `BUSY` script) is retried in the background, whose tries fall back to `EVAL`.
+                if let redis::Value::ServerError(_) = v {
+                    self.shared.finish(j, true);
+                    continue;
+                }
+                done += usize::from(conclude(client, j, Ok(&v), REPLAY));
             }
             self.ensure_thread(client);
             log::info!("Sentinel: replay batch done, {done} holds released on the new master");
@@ -324,7 +326,7 @@ impl Janitor {
 
     /// Wakes the janitor thread for the jobs queued, or starts it if it is not running, unless
     /// none is left. Also after a try on the caller's thread that failed: the thread may have
-    /// ended while its job was out of the list (in flight here), and a job queued again needs
+    /// ended while its job was in flight here (marked so in the list), and a job queued again needs
     /// one as much as a new one.
     fn ensure_thread(&self, client: &LockClient) {
         let mut jobs = self.shared.lock();
@@ -491,8 +493,9 @@ fn holds_again(client: &LockClient, job: &Job, until: Option<Instant>) -> bool {
     holds
 }
 
-/// Tries one job taken off the list (`when`, for the log), nothing waiting past `until` (if
-/// given), then marks its try ended (see [`conclude`]). The try's error, if any.
+/// Tries one job, marked flying in the list meanwhile (`when`, for the log), nothing waiting
+/// past `until` (if given), then marks its try ended (see [`conclude`]). The try's error, if
+/// any.
 fn attempt(client: &LockClient, job: Job, until: Option<Instant>, when: &str) -> Result<()> {
     // A counted release remembered across a Sentinel switch may have reached the new master
     // already, and the owner may hold the lock again since: its count then matches a live

@@ -178,7 +178,8 @@ impl Shared {
     fn enter(&self, mut job: Job) -> (bool, Job) {
         let mut jobs = self.lock();
         let now = Instant::now();
-        let full = jobs.list.len() >= MAX_JOBS;
+        // A replay's job in flight drops none (a replay batch is bounded: REPLAY_BATCH).
+        let full = !job.flying && jobs.list.len() >= MAX_JOBS;
         if let Some(dropped) = full.then(|| jobs.to_drop_at_cap(now)).flatten() {
             let dropped = jobs.list.remove(dropped);
             self.counted
