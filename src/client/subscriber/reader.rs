@@ -3,7 +3,7 @@
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionInfo, RedisResult, Value};
@@ -210,10 +210,16 @@ impl Shared {
             c.rewake = !c.lines.is_empty();
             lines.extend(c.lines.keys().cloned());
         }
+        // None at shutdown: a `Subscription` borrows the `Wakeups` whose drop shuts down.
+        self.link_event(st, lines);
+    }
+
+    /// The link changed (lost, or channels confirmed): the threads waiting on the state look
+    /// again, and `lines` are woken as by a release.
+    fn link_event(&self, mut st: MutexGuard<'_, State>, lines: Vec<String>) {
         st.link_events += 1;
         drop(st);
         self.cv.notify_all();
-        // None at shutdown: a `Subscription` borrows the `Wakeups` whose drop shuts down.
         for line in lines {
             self.waiters.notify_release(&line);
         }
@@ -306,13 +312,8 @@ impl Reader {
                 }
             }
         }
-        st.link_events += 1;
-        drop(st);
-        shared.cv.notify_all();
         // Heard again after an outage: a release in between may have been missed.
-        for line in lines {
-            shared.waiters.notify_release(&line);
-        }
+        shared.link_event(st, lines);
         Ok(())
     }
 
