@@ -191,10 +191,11 @@ struct Peer {
     uuid: String,
     /// redis-py: `acquired_until`; retools: its deadline (epoch seconds).
     until: f64,
-    /// redis-py and jedis-lock read a missing key as an expired lock and send `GETSET` on it:
-    /// how often that `GETSET` found a value after all (another client's `SETNX` got in
-    /// between), which it then replaced with its own.
-    blind_overwrites: usize,
+    /// How often this peer's `GETSET` replaced a value other than the one it had read
+    /// ([`note_getset`](Self::note_getset)): redis-py and jedis-lock read a missing key as an
+    /// expired lock and send `GETSET` on it, and every family's takeover of a stale value can
+    /// lose the race to another client's.
+    stray_overwrites: usize,
     /// The values those `GETSET`s replaced, and when (epoch ns, after the reply).
     overwritten: Vec<(Vec<u8>, i64)>,
 }
@@ -208,7 +209,7 @@ impl Peer {
             timeout,
             uuid: random_uuid(),
             until: 0.0,
-            blind_overwrites: 0,
+            stray_overwrites: 0,
             overwritten: Vec::new(),
         }
     }
@@ -244,10 +245,9 @@ impl Peer {
         // float(self.redis.get(self.name) or 1)
         let or_one = |v: Option<Vec<u8>>| v.filter(|v| !v.is_empty()).map_or(1.0, |v| py_float(&v));
         let current: Option<Vec<u8>> = self.cmd("GET", &[]);
-        let missing = current.is_none();
-        if or_one(current) < unixtime {
+        if or_one(current.clone()) < unixtime {
             let old: Option<Vec<u8>> = self.cmd("GETSET", &[&value]);
-            self.note_blind_getset(missing, old.as_deref());
+            self.note_getset(current.as_deref(), old.as_deref());
             if or_one(old) < unixtime {
                 self.until = timeout_at;
                 return Attempt::Won(value);
@@ -271,6 +271,7 @@ impl Peer {
         if let Some(current) = current.filter(|c| !c.is_empty()) {
             if py_float(&current) < now_secs() {
                 let old: Option<Vec<u8>> = self.cmd("GETSET", &[&value]);
+                self.note_getset(Some(&current), old.as_deref());
                 if old.as_deref() == Some(&current[..]) {
                     won(self);
                     return Attempt::Won(value);
@@ -302,7 +303,10 @@ impl Peer {
         let mine = java_uuid(&self.uuid) == Some(uuid);
         if time < now_ms() || mine {
             let old: Option<String> = self.cmd("GETSET", &[&value]);
-            self.note_blind_getset(current.is_none(), old.as_ref().map(|o| o.as_bytes()));
+            self.note_getset(
+                current.as_ref().map(|c| c.as_bytes()),
+                old.as_ref().map(|o| o.as_bytes()),
+            );
             if old.is_some() && old == current {
                 return Attempt::Won(value);
             }
@@ -331,13 +335,16 @@ impl Peer {
                 .map_err(|_| format!("strconv.ParseInt: {text:?}"))
         };
         if set.is_none() {
-            let expires = match int64(self.cmd("GET", &[])) {
+            let current: Option<Vec<u8>> = self.cmd("GET", &[]);
+            let expires = match int64(current.clone()) {
                 Ok(n) => n,
                 Err(e) => return Attempt::Error(e),
             };
             if expires < now_ns() {
                 let fresh = (now_ns() + timeout.as_nanos() as i64).to_string();
-                match int64(self.cmd("GETSET", &[fresh.as_bytes()])) {
+                let old: Option<Vec<u8>> = self.cmd("GETSET", &[fresh.as_bytes()]);
+                self.note_getset(current.as_deref(), old.as_deref());
+                match int64(old) {
                     Ok(old) if old == expires => return self.gorlock_won(fresh.into_bytes()),
                     Ok(_) => {}
                     Err(e) => return Attempt::Error(e),
@@ -348,10 +355,13 @@ impl Peer {
         self.gorlock_won(value)
     }
 
-    /// Counts a `GETSET` sent after `GET` found no key that found a value after all.
-    fn note_blind_getset(&mut self, key_was_missing: bool, found: Option<&[u8]>) {
-        if let (true, Some(old)) = (key_was_missing, found) {
-            self.blind_overwrites += 1;
+    /// Counts a `GETSET` that replaced a value other than the one its `GET` read (`read`): the
+    /// key was read as missing and another client's `SETNX` got in between (a blind `GETSET`),
+    /// or another client's takeover of the same stale value got in first (a lost race). Either
+    /// way the peer overwrote a live holder's value, by its own algorithm.
+    fn note_getset(&mut self, read: Option<&[u8]>, found: Option<&[u8]>) {
+        if let Some(old) = found.filter(|&old| Some(old) != read) {
+            self.stray_overwrites += 1;
             self.overwritten.push((old.to_vec(), now_ns()));
         }
     }
@@ -429,7 +439,7 @@ const CLASSIC_THREADS: usize = 3;
 const SECTIONS_PER_THREAD: usize = 100;
 /// The peers' lifetime in these runs: no hold expires during a section (each takes well under
 /// a millisecond), and a redis-py value left at the key by its `GETSET` on a missing key (see
-/// [`Peer::blind_overwrites`]), which nobody holds and nobody releases, keeps everyone out for
+/// [`Peer::stray_overwrites`]), which nobody holds and nobody releases, keeps everyone out for
 /// this long (a few times per run).
 const PEER_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -444,9 +454,9 @@ struct Report {
     handoffs: usize,
     /// Classic unlocks that returned `Ok(false)`.
     classic_lost: usize,
-    /// The peers' `GETSET`s on a key they had read as missing that replaced a value
-    /// ([`Peer::blind_overwrites`]).
-    blind_overwrites: usize,
+    /// The peers' `GETSET`s that replaced a value other than the one they had read: a blind
+    /// one on a key read as missing, or a takeover race lost ([`Peer::stray_overwrites`]).
+    stray_overwrites: usize,
     /// Our own Classic threads' `GETSET` takeovers of one stale value that lost the race and
     /// overwrote the winner's value (the legacy flaw, counted by the client's stats): the
     /// winner's unlock then finds its hold lost, as it should.
@@ -484,7 +494,7 @@ struct Contenders {
     handoffs: AtomicUsize,
     classic_lost: AtomicUsize,
     blind: AtomicUsize,
-    /// Every value the peers' blind `GETSET`s replaced, and when ([`Peer::overwritten`]).
+    /// Every value the peers' stray `GETSET`s replaced, and when ([`Peer::overwritten`]).
     overwritten: Mutex<Vec<(Vec<u8>, i64)>>,
     sections: Mutex<Vec<Section>>,
 }
@@ -553,7 +563,7 @@ impl Contenders {
                     i += 1;
                 }
                 self.blind
-                    .fetch_add(peer.blind_overwrites, Ordering::SeqCst);
+                    .fetch_add(peer.stray_overwrites, Ordering::SeqCst);
                 self.overwritten
                     .lock()
                     .unwrap()
@@ -598,7 +608,7 @@ impl Contenders {
             overlaps: self.overlaps.load(Ordering::SeqCst),
             handoffs: self.handoffs.load(Ordering::SeqCst),
             classic_lost: self.classic_lost.load(Ordering::SeqCst),
-            blind_overwrites: self.blind.load(Ordering::SeqCst),
+            stray_overwrites: self.blind.load(Ordering::SeqCst),
             // Set by the caller, which has the client.
             classic_overwrites: 0,
         }
@@ -620,7 +630,7 @@ fn contention(family: Family) -> Report {
     eprintln!(
         "families/contention/{}: {} sections in {:.2?}, {} hand-offs between the two kinds, \
          {} lost updates, {} overlaps, {} Classic holds lost, \
-         {} blind GETSET overwrites",
+         {} stray GETSET overwrites by the peers",
         family.name(),
         report.sections,
         started.elapsed(),
@@ -628,7 +638,7 @@ fn contention(family: Family) -> Report {
         report.lost_updates,
         report.overlaps,
         report.classic_lost,
-        report.blind_overwrites,
+        report.stray_overwrites,
     );
     if family != Family::Ignores {
         assert_eq!(
@@ -642,12 +652,12 @@ fn contention(family: Family) -> Report {
 
 /// Checks a run: no lost update, no two inside at once (nor, `early`, inside a dead hold), every
 /// Classic unlock `Ok(true)`; except what the peers' own flaw explains (docs/compatibility.md):
-/// a `GETSET` on a key read as missing replaces a holder's value (that holder's unlock then
-/// returns `Ok(false)`), and jedis-lock, whose next attempt re-enters that value of its own
-/// UUID, may then enter beside the holder. Each such failure must come with one of those
-/// overwrites. The failures left, described.
+/// a `GETSET` on a key read as missing, or a takeover that lost the race to another client's,
+/// replaces a holder's value (that holder's unlock then returns `Ok(false)`), and jedis-lock,
+/// whose next attempt re-enters that value of its own UUID, may then enter beside the holder.
+/// Each such failure must come with one of those overwrites. The failures left, described.
 fn exclusion_failures(family: Family, r: &Report, early: usize) -> Vec<String> {
-    let blind = r.blind_overwrites;
+    let blind = r.stray_overwrites;
     let (inside_another, lost_updates) = match family {
         Family::JedisLock => (
             (r.overlaps + early).saturating_sub(blind),
@@ -764,7 +774,7 @@ fn families_holder_process() {
                 timeout: DEAD_TTL,
                 uuid: random_uuid(),
                 until: 0.0,
-                blind_overwrites: 0,
+                stray_overwrites: 0,
                 overwritten: Vec::new(),
             };
             if contended {
@@ -992,14 +1002,14 @@ fn killed_mid_contention(family: Family, ignore: bool) -> KilledRun {
         threads.stop.store(true, Ordering::SeqCst);
         (dead, values)
     });
-    // A peer's blind `GETSET` (jedis-lock, redis-py: sent after reading the key as missing)
+    // A peer's stray `GETSET` (jedis-lock, redis-py: sent after reading the key as missing)
     // that replaced a dead hold's value ended that hold then: the key held the peer's value
     // from that moment, by the peer's own algorithm, not by a takeover of ours or theirs.
     for (d, value) in dead.iter_mut().zip(&values) {
         let overwritten = threads.overwritten.lock().unwrap();
         if let Some(&(_, at)) = overwritten.iter().find(|(old, _)| old == value) {
             eprintln!(
-                "{}: its value was replaced by a peer's blind GETSET",
+                "{}: its value was replaced by a peer's stray GETSET",
                 d.name
             );
             d.free_from = d.free_from.min(at);
