@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::strategy::{ClassicOptions, Encoding};
+use crate::primitives::{ClassicOptions, Encoding};
 
 /// Makes `client`'s Token (and Classic) locks use their scripts even where the server has the
 /// native commands (`DELIFEQ`, `SET … IFEQ`), to measure one against the other in one run.
@@ -29,7 +29,7 @@ pub fn token() -> [u8; 32] {
 pub fn classic_value(encoding: Encoding, ttl: Duration) -> Result<([u8; 20], usize)> {
     let owner = "00000000-0000-4000-8000-000000000000";
     let opts = ClassicOptions::new().encoding(encoding);
-    let encoded = crate::strategy::classic::expiry_value("bench", opts, owner, ttl)?;
+    let encoded = crate::primitives::classic::expiry_value("bench", opts, owner, ttl)?;
     let mut buf = [0u8; 20];
     let fits = buf.get_mut(..encoded.len()).ok_or_else(|| {
         crate::LockError::config("bench", "this encoding's values do not fit 20 bytes")
@@ -40,12 +40,12 @@ pub fn classic_value(encoding: Encoding, ttl: Duration) -> Result<([u8; 20], usi
 
 /// The Token acquire command (also Classic's with `key_ttl`): `SET key value NX PX ttl_ms`.
 pub fn set_nx_px_cmd(key: &str, value: &[u8], ttl_ms: u64) -> redis::Cmd {
-    crate::strategy::string_value::set_nx_px(key, value, ttl_ms)
+    crate::primitives::string_value::set_nx_px(key, value, ttl_ms)
 }
 
 /// Classic's acquire command: `SETNX key value`.
 pub fn setnx_cmd(key: &str, value: &[u8]) -> redis::Cmd {
-    crate::strategy::string_value::setnx(key, value)
+    crate::primitives::string_value::setnx(key, value)
 }
 
 /// The scripts as a client holds them (SHAs computed once).

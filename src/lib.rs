@@ -76,15 +76,14 @@ mod server;
 mod stats;
 mod time;
 
-// One algorithm each, and the builder that picks one.
-mod strategy;
-
 // The per-client runtime: connections, subscriber, watchdog, waiter lines, janitor.
 mod client;
 
-// Locks composed from the above.
-mod redlock;
-mod rwlock;
+// Every primitive, one module each, in one home.
+mod primitives;
+
+// The builder that picks a lock's algorithm.
+mod strategy;
 
 /// Internals for the crate's own benchmarks; cargo feature `bench-hooks`. Unstable: not part
 /// of the API, no semver promise.
@@ -99,7 +98,7 @@ pub mod bench_hooks;
 pub mod test_hooks {
     pub use crate::client::test_hooks::{Event, TestHooks};
     pub use crate::lease::set_zero_loss_margin;
-    pub use crate::rwlock::owner_entries as rw_owner_entries;
+    pub use crate::primitives::rwlock::owner_entries as rw_owner_entries;
 }
 
 pub use client::builder::ClientBuilder;
@@ -123,12 +122,12 @@ pub use r2d2;
 /// The `redis` crate this one is built on, whose types appear in its API
 /// ([`LockClient::from_pool`], `ClientBuilder::tls_certificates`).
 pub use redis;
-pub use redlock::{RedLock, RedLockBuilder, RedLockClient, RedLockClientBuilder};
 pub use retry::RetryPolicy;
-pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock};
 pub use stats::Stats;
-// Strategy, LockBuilder and every lock type they build: strategy/mod.rs lists them.
-pub use strategy::*;
+// Every primitive's public names: primitives/mod.rs lists them.
+pub use primitives::*;
+// Strategy and LockBuilder, which pick a lock's algorithm.
+pub use strategy::{Lock, LockBuilder, Recognized, Strategy};
 pub use time::MAX_TTL;
 
 // Every Rust block of README.md and docs/*.md, compiled by `cargo test --doc`.

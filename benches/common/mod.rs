@@ -364,7 +364,7 @@ pub fn ping_prepacked(con: &mut redis::Connection) {
     debug_assert!(matches!(v, redis::Value::SimpleString(_)));
 }
 
-/// A 32-hex-character random token, generated exactly as `src/strategy/token.rs` does.
+/// A 32-hex-character random token, generated exactly as `src/primitives/token.rs` does.
 pub fn token() -> [u8; 32] {
     redis_dlock::bench_hooks::token()
 }

@@ -26,11 +26,11 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lease::{printable, Lease};
 use crate::lock::{self, DistributedLock, LockState};
+use crate::primitives::hold;
+use crate::primitives::spring::recognizes as is_uuid;
+use crate::primitives::string_value;
 use crate::retry::RetryPolicy;
 use crate::stats::Kind;
-use crate::strategy::hold;
-use crate::strategy::spring::recognizes as is_uuid;
-use crate::strategy::string_value;
 
 /// How a Classic lock encodes its expiry timestamp in the value: the format of the legacy
 /// family that shares its keys. Every client of one key must use one encoding (a value in
@@ -231,10 +231,10 @@ const NANOS_AS_MS_NS: i128 = OLDEST_PLAUSIBLE_EXPIRY_NS * NS_PER_MS;
 /// What a value that `encoding` rejects is, if it has the shape of another encoding's expiry or
 /// of another strategy's value: the reason of its [`LockError::Corrupt`].
 fn found_format(encoding: Encoding, value: &[u8]) -> Option<&'static str> {
-    if crate::strategy::token::recognizes(value) {
+    if crate::primitives::token::recognizes(value) {
         return Some("it is a Token lock's value (32 hex digits), not an expiry timestamp");
     }
-    if crate::strategy::fair::recognizes(value) {
+    if crate::primitives::fair::recognizes(value) {
         return Some("it is a Fair lock's value (48 hex digits), not an expiry timestamp");
     }
     let (_, found) = recognize(value).filter(|(_, found)| *found != encoding)?;
@@ -518,7 +518,7 @@ impl ClassicLock {
 }
 
 impl DistributedLock for ClassicLock {
-    crate::strategy::hold::hold_accessors!(key: key, ttl: ttl, retry: retry);
+    crate::primitives::hold::hold_accessors!(key: key, ttl: ttl, retry: retry);
 
     fn try_acquire(&self) -> Result<Lease> {
         crate::lock::taken_or_held(&self.key, self.try_take())

@@ -41,11 +41,11 @@ use crate::lease::RenewKind;
 use crate::lease::{printable, Attempt, Lease};
 use crate::lock::LockState;
 use crate::lock::{self, DistributedLock, LockGuard};
+use crate::primitives::hold::{self, AcquireReply, HoldOptions};
+use crate::primitives::string_value::{self, Lazy};
 use crate::retry::Attempts;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::hold::{self, AcquireReply, HoldOptions};
-use crate::strategy::string_value::{self, Lazy};
 
 thread_local! {
     /// The calling thread's holds of reentrant locks as its own acquires and releases last

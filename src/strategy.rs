@@ -1,21 +1,10 @@
 //! [`Strategy`] picks the algorithm; [`LockBuilder`] holds every option with its default.
 
-// The algorithms, and the public names of each (passed on by lib.rs as they are).
-pub(crate) mod classic;
-pub use classic::{ClassicLock, ClassicOptions, Encoding, Takeover};
-pub(crate) mod fair;
-pub use fair::FairLock;
-pub(crate) mod hold;
-pub use hold::WakeUp;
-pub(crate) mod reentrant;
-pub use reentrant::ReentrantLock;
-pub(crate) mod shedlock;
-pub use shedlock::shedlock_key;
-pub(crate) mod spring;
-pub use spring::{SpringLock, SpringOptions};
-pub(crate) mod string_value;
-pub(crate) mod token;
-pub use token::TokenLock;
+use crate::primitives::{classic, fair, hold, shedlock, spring, token};
+use crate::primitives::{
+    ClassicLock, ClassicOptions, Encoding, FairLock, ReentrantLock, SpringLock, SpringOptions,
+    TokenLock, WakeUp,
+};
 
 use std::time::Duration;
 
@@ -29,9 +18,9 @@ use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lease::LostLock;
 use crate::lock::{check_lock_options, DistributedLock, LockAdmin};
-use crate::redlock::{NodeClient, NodeSpec, RedLockClient, RedLockClientBuilder};
+use crate::primitives::hold::{HoldOptions, HoldSettings};
+use crate::primitives::redlock::{NodeClient, NodeSpec, RedLockClient, RedLockClientBuilder};
 use crate::retry::RetryPolicy;
-use crate::strategy::hold::{HoldOptions, HoldSettings};
 use crate::time::check_duration;
 
 /// The locking algorithm, with the options that only it has.
@@ -82,7 +71,7 @@ pub enum Strategy {
     /// release publishes another message on other channels. See `docs/compatibility.md`.
     Spring(SpringOptions),
     /// For scheduled jobs beside Java services on ShedLock (`@SchedulerLock`, its Redis
-    /// providers), on the job's key ([`shedlock_key`]: `job-lock:<env>:<name>`): Token's
+    /// providers), on the job's key ([`shedlock_key`](crate::shedlock_key): `job-lock:<env>:<name>`): Token's
     /// protocol (`SET NX PX`, owner-checked release and extend), with ShedLock's values,
     /// `ADDED:<ISO-8601 UTC with ms>@<hostname>:<uuid>`, so that a Rust job and a Java job of
     /// the same name never both run. The lock's lifetime is ShedLock's `lockAtMostFor`, and
@@ -229,7 +218,7 @@ impl LockBuilder {
     /// Redisson's `lockWatchdogTimeout`.
     pub const DEFAULT_WATCHDOG_LEASE: Duration = crate::lease::WATCHDOG_DEFAULT_LEASE;
 
-    crate::strategy::hold::setters! {
+    crate::primitives::hold::setters! {
         /// The algorithm, with its own options ([`Strategy::Classic`] carries [`ClassicOptions`]).
         strategy(strategy: Strategy) => strategy = strategy;
         /// The lifetime of a hold (Classic calls it "timeout"). At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);

@@ -38,11 +38,11 @@ use crate::ids as owner;
 use crate::keys;
 use crate::lease::{printable, Attempt, Lease, LostLock, RenewKind};
 use crate::lock::{self, DistributedLock, LockGuard, LockState};
+use crate::primitives::hold::{self, HoldOptions, HoldSettings, WakeUp};
+use crate::primitives::string_value;
 use crate::retry::{Attempts, RetryPolicy};
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::hold::{self, HoldOptions, HoldSettings, WakeUp};
-use crate::strategy::string_value;
 use crate::time::check_duration;
 
 /// How many retry sleeps (at the policy's longest) a writer intent outlives by default.
@@ -277,7 +277,7 @@ impl fmt::Debug for ReadWriteLockBuilder {
 }
 
 impl ReadWriteLockBuilder {
-    crate::strategy::hold::setters! {
+    crate::primitives::hold::setters! {
         /// The lifetime of each hold. At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL);
         /// sub-millisecond parts are dropped. An explicit lifetime turns the watchdog off.
         ttl(ttl: Duration) => hold.ttl = Some(ttl);
@@ -880,15 +880,15 @@ mod tests {
     use crate::keys::redisson_name as prefix_name;
 
     const SCRIPTS: [(&str, &str); 4] = [
-        ("rw_acquire", include_str!("../lua/rw_acquire.lua")),
-        ("rw_release", include_str!("../lua/rw_release.lua")),
-        ("rw_extend", include_str!("../lua/rw_extend.lua")),
-        ("rw_held", include_str!("../lua/rw_held.lua")),
+        ("rw_acquire", include_str!("../../lua/rw_acquire.lua")),
+        ("rw_release", include_str!("../../lua/rw_release.lua")),
+        ("rw_extend", include_str!("../../lua/rw_extend.lua")),
+        ("rw_held", include_str!("../../lua/rw_held.lua")),
     ];
 
     #[test]
     fn scripts_include_the_shared_prelude_once() {
-        let prelude = include_str!("../lua/rw_prelude.lua");
+        let prelude = include_str!("../../lua/rw_prelude.lua");
         assert!(prelude.contains("KEYS[1]"));
         for (name, code) in SCRIPTS {
             assert_eq!(
@@ -918,7 +918,7 @@ mod tests {
         // Every `for` over a count read from Redis is bounded by MAX_COUNT or the budget.
         for (name, code) in SCRIPTS
             .into_iter()
-            .chain([("rw_prelude", include_str!("../lua/rw_prelude.lua"))])
+            .chain([("rw_prelude", include_str!("../../lua/rw_prelude.lua"))])
         {
             assert!(!code.contains("tonumber(redis.call('hget'"), "{name}");
         }

@@ -300,7 +300,7 @@ pub(crate) fn force_unlock(
 /// `SpringLock`): each method is the one of its `underneath()`.
 macro_rules! forward_lock {
     ($ty:ty) => {
-        $crate::strategy::hold::forward_lock!(DistributedLock for $ty {
+        $crate::primitives::hold::forward_lock!(DistributedLock for $ty {
             key() -> &str;
             ttl() -> ::std::time::Duration;
             retry_policy() -> &$crate::retry::RetryPolicy;
@@ -314,7 +314,7 @@ macro_rules! forward_lock {
             try_lock_for(wait: ::std::time::Duration)
                 -> $crate::error::Result<$crate::lock::LockGuard<'_>>;
         });
-        $crate::strategy::hold::forward_lock!(LockAdmin for $ty {
+        $crate::primitives::hold::forward_lock!(LockAdmin for $ty {
             state() -> $crate::error::Result<$crate::lock::LockState>;
             force_unlock() -> $crate::error::Result<bool>;
         });
@@ -348,7 +348,7 @@ macro_rules! hold_accessors {
         }
     };
     ($($field:ident),*) => {
-        $crate::strategy::hold::hold_accessors!(
+        $crate::primitives::hold::hold_accessors!(
             key: $($field.)* key, ttl: $($field.)* opts.lease, retry: $($field.)* opts.retry
         );
     };

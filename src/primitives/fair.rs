@@ -60,11 +60,11 @@ use crate::ids::new_token;
 use crate::keys;
 use crate::lease::{Lease, RenewKind, WatchState};
 use crate::lock::{self, DistributedLock, LockGuard, LockState};
+use crate::primitives::hold::{self, HoldOptions};
+use crate::primitives::string_value;
 use crate::retry::Attempts;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::hold::{self, HoldOptions};
-use crate::strategy::string_value;
 
 /// The stats label of fair locks.
 pub(crate) const KIND: Kind = Kind::new("fair");

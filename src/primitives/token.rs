@@ -42,11 +42,11 @@ use crate::error::{LockError, Result};
 use crate::ids::new_token;
 use crate::lease::{Attempt, Lease, RenewKind};
 use crate::lock::{self, DistributedLock, LockGuard, LockState};
+use crate::primitives::hold::{self, AcquireReply, HoldOptions, WakeUp};
+use crate::primitives::string_value::{self, Lazy};
 use crate::retry::Attempts;
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::hold::{self, AcquireReply, HoldOptions, WakeUp};
-use crate::strategy::string_value::{self, Lazy};
 
 /// The stats label of Token locks.
 pub(crate) const KIND: Kind = Kind::new("token");
@@ -105,7 +105,7 @@ impl TokenLock {
 /// `SET NX PX` (or the acquire script, which also takes a key that holds the acquire's own
 /// value), compare-and-delete, compare-and-pexpire. Token's own dialect ([`Dialect::token`])
 /// writes 32 hex digits and publishes Redisson's `0`; another fleet's (Spring Integration's
-/// registry, `strategy/spring.rs`; ShedLock's value format) writes its values and publishes
+/// registry, `primitives/spring.rs`; ShedLock's value format) writes its values and publishes
 /// where its waiters listen.
 pub(crate) struct Dialect {
     /// The stats label of its holds.

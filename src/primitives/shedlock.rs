@@ -16,7 +16,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::client::LockClient;
-use crate::strategy::token::Dialect;
+use crate::primitives::token::Dialect;
 
 /// The key ShedLock's Redis providers lock for the job `name` in environment `env` (ShedLock's
 /// default environment is `default`) with the default prefix: `job-lock:<env>:<name>`.

@@ -15,9 +15,9 @@ use crate::client::native::{self, Command};
 use crate::client::{Conn, LockClient};
 use crate::error::{LockError, Result};
 use crate::lease::Lease;
+use crate::primitives::hold::{self, Notice};
 use crate::scripts::Scripts;
 use crate::stats::Kind;
-use crate::strategy::hold::{self, Notice};
 
 /// Bytes a command needs beyond its key and value: the command name, short arguments and
 /// decimal numbers. Sizing the buffer once avoids the growth steps of an empty `Cmd`.

@@ -28,9 +28,9 @@
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::lock::{DistributedLock, LockAdmin};
+use crate::primitives::hold::HoldOptions;
+use crate::primitives::token::{Dialect, TokenLock};
 use crate::stats::Kind;
-use crate::strategy::hold::HoldOptions;
-use crate::strategy::token::{Dialect, TokenLock};
 
 /// The stats label of Spring locks.
 pub(crate) const KIND: Kind = Kind::new("spring");
@@ -181,7 +181,7 @@ impl SpringLock {
     }
 }
 
-crate::strategy::hold::forward_lock!(SpringLock);
+crate::primitives::hold::forward_lock!(SpringLock);
 
 /// True if `value` has the shape of a registry's id: a UUID in its 36-character text form
 /// (`8-4-4-4-12` hex digits), as Java's `UUID.toString()` writes it. (Also Classic's test of

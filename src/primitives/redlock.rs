@@ -340,7 +340,7 @@ impl RedLockClientBuilder {
         }
     }
 
-    crate::strategy::hold::setters! {
+    crate::primitives::hold::setters! {
         /// How long an operation waits for each node's answer before counting it as a failed vote
         /// (default [`RedLockClientBuilder::DEFAULT_NODE_TIMEOUT`](crate::RedLockClientBuilder::DEFAULT_NODE_TIMEOUT)). For nodes given as URLs it is also each
         /// connection's command timeout (a later reply is a lost vote anyway); their connect
@@ -528,7 +528,7 @@ pub struct RedLockBuilder {
 }
 
 impl RedLockBuilder {
-    crate::strategy::hold::setters! {
+    crate::primitives::hold::setters! {
         /// The lifetime of a hold: the `PX` sent to every node. Whole milliseconds count; it must
         /// exceed the clock-drift allowance ([`RedLock::clock_drift`], at least 3 ms in all) and
         /// should be far longer than the node timeout.
@@ -798,7 +798,7 @@ impl RedLock {
         let ttl_ms = self.ttl.as_millis() as u64;
         let (tally, start) = self.broadcast(&token, Some(self.ttl), move |lane, key, v| {
             let reply: Value = lane.client.with_conn(key, |con, _| {
-                crate::strategy::string_value::set_nx_px(key, v, ttl_ms).query(con)
+                crate::primitives::string_value::set_nx_px(key, v, ttl_ms).query(con)
             })?;
             Ok(matches!(reply, Value::Okay))
         });
@@ -866,7 +866,7 @@ impl RedLock {
 }
 
 impl DistributedLock for RedLock {
-    crate::strategy::hold::hold_accessors!(key: key, ttl: ttl, retry: retry);
+    crate::primitives::hold::hold_accessors!(key: key, ttl: ttl, retry: retry);
 
     fn try_acquire(&self) -> Result<Lease> {
         crate::lock::taken_or_held(&self.key, self.try_take())
