@@ -11,6 +11,8 @@ pub(crate) mod fair;
 pub use fair::FairLock;
 pub(crate) mod hold;
 pub use hold::WakeUp;
+pub(crate) mod multilock;
+pub use multilock::{MultiGuard, MultiLock, MultiLockBuilder};
 pub(crate) mod redlock;
 pub use redlock::{RedLock, RedLockBuilder, RedLockClient, RedLockClientBuilder};
 pub(crate) mod reentrant;
