@@ -353,6 +353,18 @@ fn token_locks_and_multi_locks_interlock_and_wake_each_other() {
         .build()
         .unwrap();
 
+    // Uncontended, on one server: one script to acquire, one to release (after a first use
+    // that loaded the scripts).
+    assert!(ab.lock().unwrap().unlock().unwrap());
+    let calls = |conn: &mut redis::Connection| {
+        let mut c = |name| raw::command_calls(conn, name);
+        (c("evalsha"), c("eval"))
+    };
+    let before = calls(&mut conn);
+    assert!(ab.lock().unwrap().unlock().unwrap());
+    let after = calls(&mut conn);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (2, 0));
+
     // A multi-lock's hold: the same Token value at every key; a Token lock on one is refused.
     let guard = ab.try_lock().unwrap();
     assert_eq!(guard.value().len(), 32);
