@@ -486,6 +486,55 @@ fn a_watched_hold_is_renewed_past_its_lease_and_lost_with_one_key() {
     assert!(!guard.unlock().unwrap());
 }
 
+#[test]
+fn a_failed_release_and_a_lost_acquire_reply_are_left_to_the_janitor() {
+    use support::proxy::{Mode, Proxy};
+    init_logging();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let mut conn = server.conn();
+    let client = LockClient::builder(proxy.url())
+        .connect_timeout(Duration::from_millis(500))
+        .command_timeout(Some(Duration::from_millis(500)))
+        .build()
+        .unwrap();
+    let keys = ["jan:a", "jan:b", "jan:c"];
+    let lock = client
+        .multi_lock(&keys)
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut held = || keys.iter().filter(|k| raw::exists(&mut conn, k)).count();
+
+    // A release that never reaches the server: an error, the keys still held, then deleted
+    // by the janitor once the network is back (well before their 60 s lifetime).
+    let guard = lock.try_lock().unwrap();
+    proxy.set(Mode::Blackhole);
+    assert!(guard.unlock().is_err(), "the release failed");
+    assert_eq!(held(), 3, "the release did not land");
+    assert!(client.pending_cleanups() >= 1, "left to the janitor");
+    proxy.set(Mode::Pass);
+    assert!(
+        wait_until(BUDGET, || held() == 0),
+        "the janitor released the keys"
+    );
+
+    // An acquire whose reply is lost: the script ran and took the keys, the caller got an
+    // error; nothing is left held once the network is back.
+    proxy.set(Mode::DropReplies);
+    assert!(lock.try_lock().is_err(), "no reply, no hold");
+    proxy.set(Mode::Pass);
+    assert!(
+        wait_until(BUDGET, || held() == 0),
+        "the lost acquire was undone"
+    );
+    assert!(wait_until(BUDGET, || client.pending_cleanups() == 0));
+
+    // Negative control: a hold nobody releases stays held, and the check above sees it.
+    std::mem::forget(lock.try_lock().unwrap());
+    assert!(!wait_until(Duration::from_secs(2), || held() == 0));
+}
+
 const WORKER_ENV: &str = "DLOCK_MULTI_WORKER";
 const WORKER_TEST: &str = "multi_holder_process";
 const LOCKED: &str = "DLOCK-MULTI-LOCKED";
@@ -601,8 +650,42 @@ fn cross_slot_sets_on_a_cluster() {
     let free = |key: &str| !raw::exists(&mut cluster.conn_for_key(key), key);
     assert!(keys.iter().all(|k| free(k)), "every key free at the end");
 
-    // One slot on a Cluster (a hash tag): one script, all or none.
+    // A watched set over three slots (two keys each) is renewed by one call per slot and
+    // round: fewer calls than holds renewed. (Where the watchdog renews Token holds with
+    // `SET … IFEQ` instead of the script, only the renewals are checked.)
     let client = connect();
+    let tagged: Vec<String> = [&x, &y, &z]
+        .iter()
+        .flat_map(|k| [format!("{{{k}}}:1"), format!("{{{k}}}:2")])
+        .collect();
+    let watched = (client
+        .multi_lock(&tagged)
+        .watchdog_lease(Duration::from_millis(600)))
+    .build()
+    .unwrap();
+    let evalsha = || -> i64 {
+        (0..3)
+            .map(|i| raw::command_calls(&mut cluster.node(i).conn(), "evalsha"))
+            .sum()
+    };
+    let guard = watched.lock().unwrap();
+    let (calls, renewals) = (evalsha(), client.stats().renewals);
+    wait_renewals(&client, renewals, 6, 5);
+    let renewals = client.stats().renewals - renewals;
+    let calls = evalsha() - calls;
+    let rounds = renewals / 6;
+    if !support::server_kind().has_set_ifeq() {
+        // One call per slot per round, and a round may straddle each reading.
+        assert!(
+            calls as u64 <= 3 * (rounds + 2),
+            "{calls} calls for {rounds} rounds"
+        );
+        assert!(calls > 0);
+    }
+    assert!(!guard.is_lost());
+    assert!(guard.unlock().unwrap());
+
+    // One slot on a Cluster (a hash tag): one script, all or none.
     let tagged = [format!("{{{x}}}:tagged"), x.clone()];
     let one_slot = client
         .multi_lock(&tagged)
