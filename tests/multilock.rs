@@ -399,6 +399,9 @@ fn token_locks_and_multi_locks_interlock_and_wake_each_other() {
     // A multi-lock waiter is woken by a Token release (of a key it waits for), and takes
     // every key then; nothing of its set was held meanwhile.
     let token_guard = token_b.lock().unwrap();
+    // The Token waiter's subscription gone first, so that the count below is the new waiter's.
+    let channel = "redisson_lock__channel:{il:b}";
+    assert!(wait_until(BUDGET, || raw::numsub(&mut conn, channel) == 0));
     let woken_before = multi_client.stats().wakeups;
     thread::scope(|s| {
         let waiter = s.spawn(|| ab.lock().map(|g| g.unlock()));

@@ -726,6 +726,40 @@ mod tests {
         assert_send::<MultiLockBuilder>();
     }
 
+    /// The first key found lost tells the user once and stops the other keys' renewals.
+    #[test]
+    fn one_key_lost_loses_the_hold_once() {
+        use crate::lease::LossReason;
+        let told = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let user: LostCallback = {
+            let told = Arc::clone(&told);
+            Arc::new(move |_: &LostLock| {
+                told.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        let loss = Arc::new(Loss::default());
+        let report: LostCallback = {
+            let loss = Arc::clone(&loss);
+            Arc::new(move |l: &LostLock| loss.report(l, Some(&user)))
+        };
+        let lease = Duration::from_secs(1);
+        let states: Vec<_> = ["a", "b", "c"]
+            .into_iter()
+            .map(|k| {
+                let kind = RenewKind::Value(KIND);
+                let cb = Some(Arc::clone(&report));
+                WatchState::new(k, kind, b"v", lease, Instant::now(), cb)
+            })
+            .collect();
+        let _ = loss.states.set(states.iter().map(Arc::downgrade).collect());
+        assert!(states[1].mark_lost(LossReason::Gone));
+        assert!(loss.lost.load(Ordering::SeqCst));
+        assert!(states[0].is_stopped() && states[2].is_stopped());
+        // The others, stopped, report nothing more.
+        assert!(!states[0].mark_lost(LossReason::Expired));
+        assert_eq!(told.load(Ordering::SeqCst), 1);
+    }
+
     #[test]
     fn the_release_reply_reads_as_freed_only_when_a_key_was_deleted() {
         let reply = |d| Value::Array(vec![Value::Int(d), Value::Int(0)]);
