@@ -1,6 +1,7 @@
 //! Every primitive, one module each: the locks held at one key (Token, Classic, Spring,
-//! ShedLock, Reentrant, Fair), the read-write lock, RedLock, and what they share (`hold`,
-//! `string_value`). Each gives the runtime its leases as data (docs/architecture.md).
+//! ShedLock, Reentrant, Fair), the read-write lock, RedLock, the multi-lock, and what they
+//! share (`hold`, `string_value`). Each gives the runtime its leases as data
+//! (docs/architecture.md).
 //!
 //! A primitive's module and its public names are declared here, and only here: lib.rs passes
 //! them on as they are.

@@ -1,5 +1,6 @@
 //! [`MultiLock`]: an all-or-nothing lock over many keys, each holding the same Token value
-//! (`SET NX PX`'s 32 hex digits), so that a Token lock on any one of the keys interlocks with it.
+//! (`SET NX PX`'s 32 hex digits), so that a Token lock on any one of the keys interlocks with
+//! it.
 //!
 //! Wire, per operation:
 //! - acquire: one `EVALSHA <multilock_acquire.lua> n key… <token> <ttl ms>` per group of keys
