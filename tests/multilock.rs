@@ -425,6 +425,23 @@ fn token_locks_and_multi_locks_interlock_and_wake_each_other() {
     );
     assert!(!raw::exists(&mut conn, "il:a") && !raw::exists(&mut conn, "il:b"));
 
+    // A key of another type counts as held; it is never touched.
+    raw::make_hash(&mut conn, "il:hash");
+    let with_hash = multi_client
+        .multi_lock(&["il:a", "il:hash"])
+        .build()
+        .unwrap();
+    assert!(with_hash.try_lock().unwrap_err().is_contention());
+    let waited = with_hash
+        .try_lock_for(Duration::from_millis(100))
+        .unwrap_err();
+    assert!(
+        matches!(waited, redis_dlock::LockError::Timeout { .. }),
+        "{waited:?}"
+    );
+    assert!(!raw::exists(&mut conn, "il:a"));
+    assert!(raw::hash_field(&mut conn, "il:hash").is_some());
+
     // Options refused with a configuration error.
     let refused = |r: redis_dlock::Result<MultiLock>| r.unwrap_err().is_config();
     assert!(refused(multi_client.multi_lock::<&str>(&[]).build()));

@@ -413,7 +413,8 @@ impl MultiLock {
         match items.as_slice() {
             [Value::Int(1)] => Ok(GroupReply::Taken),
             [Value::Int(0), Value::Int(i), Value::Int(pttl), ..] => {
-                let i = usize::try_from(*i - 1).unwrap_or(0).min(keys.len() - 1);
+                let i = usize::try_from(i.saturating_sub(1)).unwrap_or(0);
+                let i = i.min(keys.len().saturating_sub(1));
                 Ok(GroupReply::Held(i, hold::pttl_of(*pttl)))
             }
             _ => Err(LockError::unexpected_reply(
@@ -428,7 +429,7 @@ impl MultiLock {
     /// owner-checked. One whose undo fails stays unsure.
     fn undo(&self, acq: &Acquiring, taken: &[Instant]) {
         for (g, cell) in acq.unsure.iter().enumerate() {
-            let start = match (taken.get(g), cell.get()) {
+            let until = match (taken.get(g), cell.get()) {
                 (Some(&start), _) => crate::time::saturating_add(start, self.opts.lease),
                 (None, Some((until, _))) => until,
                 (None, None) => continue,
@@ -441,7 +442,7 @@ impl MultiLock {
                         self.keys[self.groups[g].start],
                         e.report()
                     );
-                    cell.set(Some((start, Why::release(&e))));
+                    cell.set(Some((until, Why::release(&e))));
                 }
             }
         }
