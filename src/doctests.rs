@@ -22,6 +22,7 @@ guides! {
     Deployments = "deployments.md";
     Fair = "fair.md";
     Fencing = "fencing.md";
+    Multilock = "multilock.md";
     Production = "production.md";
     Redlock = "redlock.md";
     Reentrant = "reentrant.md";

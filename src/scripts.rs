@@ -313,6 +313,11 @@ scripts! {
     /// `lua/fair_release.lua`: fair lock, release and grant to the next waiter, or leave the
     /// queue.
     fair_release,
+    /// `lua/multilock_acquire.lua`: MultiLock, take every key of one group, all or none.
+    multilock_acquire,
+    /// `lua/multilock_release.lua`: MultiLock, owner-checked delete of a group's keys,
+    /// published on each key's Token channel.
+    multilock_release,
 }
 
 impl Scripts {

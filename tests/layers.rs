@@ -55,6 +55,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("primitives::classic", ALGORITHMS),
     ("primitives::fair", ALGORITHMS),
     ("primitives::hold", ALGORITHMS),
+    ("primitives::multilock", ALGORITHMS),
     ("primitives::reentrant", ALGORITHMS),
     ("primitives::string_value", ALGORITHMS),
     ("primitives::spring", ALGORITHMS),

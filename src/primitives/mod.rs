@@ -1,6 +1,7 @@
 //! Every primitive, one module each: the locks held at one key (Token, Classic, Spring,
-//! ShedLock, Reentrant, Fair), the read-write lock, RedLock, and what they share (`hold`,
-//! `string_value`). Each gives the runtime its leases as data (docs/architecture.md).
+//! ShedLock, Reentrant, Fair), the read-write lock, RedLock, the multi-lock, and what they
+//! share (`hold`, `string_value`). Each gives the runtime its leases as data
+//! (docs/architecture.md).
 //!
 //! A primitive's module and its public names are declared here, and only here: lib.rs passes
 //! them on as they are.
@@ -11,6 +12,8 @@ pub(crate) mod fair;
 pub use fair::FairLock;
 pub(crate) mod hold;
 pub use hold::WakeUp;
+pub(crate) mod multilock;
+pub use multilock::{MultiGuard, MultiLock, MultiLockBuilder};
 pub(crate) mod redlock;
 pub use redlock::{RedLock, RedLockBuilder, RedLockClient, RedLockClientBuilder};
 pub(crate) mod reentrant;
