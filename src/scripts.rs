@@ -313,6 +313,13 @@ scripts! {
     /// `lua/fair_release.lua`: fair lock, release and grant to the next waiter, or leave the
     /// queue.
     fair_release,
+    /// `lua/semaphore_acquire.lua`: semaphore, take permits (all or none).
+    semaphore_acquire,
+    /// `lua/semaphore_release.lua`: semaphore, give permits back.
+    semaphore_release,
+    /// `lua/semaphore_count.lua`: semaphore, read (reclaiming expired permits), set or add to
+    /// the count.
+    semaphore_count,
 }
 
 impl Scripts {
