@@ -523,13 +523,13 @@ fn at_most_the_count_hold_under_load_and_the_count_comes_back() {
     let mut conn = server.conn();
     assert!(permits_in(&mut conn, LOAD_NAME).is_empty());
 
-    // Negative control: permits whose lease (30 ms) ends long before the section (120 ms)
+    // Negative control: permits whose lease (60 ms) ends long before the section (200 ms)
     // does. They are reclaimed and taken by others mid-section: the same checker must see
     // more than 2 inside, and the releases report the loss.
     let (max, seen) = load(
         &server,
-        Duration::from_millis(30),
-        Duration::from_millis(120),
+        Duration::from_millis(60),
+        Duration::from_millis(200),
         0,
     );
     eprintln!("negative control: {max} holders at once, {seen:?}");
@@ -877,7 +877,7 @@ fn watched_permits_are_renewed_and_a_lost_one_is_reported() {
     let server = RedisServer::start();
     let client = client(&server);
     let mut conn = server.conn();
-    let lease = Duration::from_millis(600);
+    let lease = Duration::from_secs(1);
     let lost = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&lost);
     let keys = Arc::new(Mutex::new(Vec::new()));
@@ -893,7 +893,7 @@ fn watched_permits_are_renewed_and_a_lost_one_is_reported() {
         .unwrap();
     assert!(sem.try_set_permits(3).unwrap());
     let p = sem.acquire().unwrap();
-    thread::sleep(lease * 3);
+    thread::sleep(lease * 5 / 2);
     assert!(!p.is_lost());
     assert!(p.valid_until() > Instant::now());
     let (_, score) = permits_in(&mut conn, "watched")[0].clone();
@@ -953,21 +953,40 @@ fn a_semaphore_on_a_cluster() {
         .command_timeout(Some(Duration::from_secs(2)))
         .build()
         .expect("cluster client");
-    // Names served by different masters.
-    for name in ["jobs", "orders:sem", "{user7}:sem"] {
-        let sem = client
-            .semaphore(name)
-            .watchdog_lease(Duration::from_millis(600))
-            .build()
-            .unwrap();
+    // One name in each third of the slots: one per master (the slots are split evenly).
+    let mut names: Vec<String> = Vec::new();
+    for i in 0.. {
+        let name = format!("sem:{i}");
+        let third = usize::from(cluster.keyslot(&name)) * 3 / support::CLUSTER_SLOTS;
+        if names.len() == third {
+            names.push(name);
+        }
+        if names.len() == 3 {
+            break;
+        }
+    }
+    names.push("{user7}:sem".to_owned());
+    let lease = Duration::from_secs(1);
+    let sems: Vec<Semaphore> = names
+        .iter()
+        .map(|name| {
+            client
+                .semaphore(name)
+                .watchdog_lease(lease)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut held = Vec::new();
+    for sem in &sems {
         assert!(sem.try_set_permits(2).unwrap());
-        let p = sem.acquire_many(2).unwrap();
+        held.push(sem.acquire_many(2).unwrap());
         assert!(sem.try_acquire().unwrap_err().is_contention());
-        thread::sleep(Duration::from_millis(1_500));
-        assert!(
-            !p.is_lost(),
-            "{name}: the watchdog did not renew on the cluster"
-        );
+    }
+    // Held past the lease: renewed by the watchdog, slot by slot.
+    thread::sleep(lease * 2);
+    for (sem, p) in sems.iter().zip(held) {
+        assert!(!p.is_lost(), "{}: not renewed on the cluster", sem.name());
         assert!(p.release().unwrap());
         assert_eq!(sem.available().unwrap(), 2);
     }
