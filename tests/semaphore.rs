@@ -321,6 +321,13 @@ fn api_counts_errors_and_layout() {
     assert!(released);
     drop(one);
     assert_eq!(sem.available().unwrap(), 3);
+    // Counted as locks are: attempts won and refused, blocking acquires that gave up.
+    let stats = client.stats();
+    assert_eq!(
+        (stats.acquires, stats.timeouts, stats.lost_holds),
+        (2, 2, 0)
+    );
+    assert!(stats.refusals >= 4, "{stats:?}");
     assert!(permits_in(&mut conn, "api").is_empty());
 
     // Redisson's addPermits, negative too.

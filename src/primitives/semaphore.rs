@@ -308,8 +308,9 @@ impl Semaphore {
         let line = s.opts.line(&s.client, &s.line, true, false, None);
         let floor = s.opts.retry.max_delay;
         let attempt = || s.attempt(permits);
-        let leases = wait_in_line(&s.name, floor, line, attempts, attempt, |_| Ok(()))?;
-        Ok(self.permit(leases))
+        let leases = wait_in_line(&s.name, floor, line, attempts, attempt, |_| Ok(()));
+        s.client.counters().blocking(KIND, &leases);
+        Ok(self.permit(leases?))
     }
 }
 
@@ -405,12 +406,14 @@ impl Shared {
                 if let Some(first) = leases.first().cloned() {
                     checked_win(&self.name, first, lease, seen, |_| self.release(&leases))?;
                 }
+                self.client.counters().attempt(KIND, true);
                 Ok(Attempt::Acquired(leases))
             }
             Ok([0, _, wait]) => {
                 let pttl = u64::try_from(*wait)
                     .map(|ms| Duration::from_millis(ms.saturating_add(1)))
                     .unwrap_or(IDLE_WAIT);
+                self.client.counters().attempt(KIND, false);
                 Ok(Attempt::Held { pttl: Some(pttl) })
             }
             _ => Err(LockError::unexpected_reply(
@@ -447,6 +450,13 @@ impl Shared {
         // Permits are free now (ours, or reclaimed): our own waiters try at once.
         client.waiters().notify_release(&self.line);
         if !ours || overran {
+            // Once per guard, unless the watchdog counted a loss of its permits already.
+            if let Some(first) = leases
+                .first()
+                .filter(|_| !leases.iter().any(Lease::loss_noted))
+            {
+                client.counters().lost_on_release(KIND, first);
+            }
             log::debug!(
                 "semaphore {:?}: a permit was lost before its release (it expired and was \
                  reclaimed, or was removed)",
@@ -562,6 +572,15 @@ mod tests {
             keys::hash_slot(suffix_name("jobs", TIMEOUT_SUFFIX).as_bytes()),
             keys::hash_slot(b"jobs")
         );
+    }
+
+    #[test]
+    fn handles_and_permits_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Semaphore>();
+        send_sync::<SemaphoreBuilder>();
+        send::<Permit<'static>>();
     }
 
     #[test]
