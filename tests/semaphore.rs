@@ -12,6 +12,8 @@
 //! - a holder process SIGKILLed with its (watched) permits: they come back at the end of the
 //!   lease; negative control: a dead Redisson holder without a lease never gives them back;
 //! - a server restart under load (no persistence: the count is gone until set again);
+//! - lost replies (a proxy drops them): an acquire undone, a release sent again, the count
+//!   exact;
 //! - watched permits renewed past their lease; lost ones reported by `is_lost`, `on_lost` and
 //!   `release`;
 //! - a Redis Cluster (with the `cluster` feature).
@@ -873,6 +875,66 @@ fn a_server_restart_under_load_loses_the_count_until_it_is_set_again() {
     assert_eq!(build().available().unwrap(), 2);
     let mut conn = server.conn();
     assert!(permits_in(&mut conn, "restart:sem").is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lost replies.
+
+/// An acquire whose reply is lost is undone (its ids given back), and a release whose reply is
+/// lost is sent again: either way the count is exactly what it was, never one more (giving an
+/// id back twice gives it back once).
+#[test]
+fn lost_replies_leave_the_count_exact() {
+    init_logging();
+    let server = RedisServer::start();
+    let proxy = support::proxy::Proxy::start(server.port());
+    let client = LockClient::builder(proxy.url())
+        .command_timeout(Some(Duration::from_millis(300)))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let sem = client
+        .semaphore("replies")
+        .ttl(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    assert!(sem.try_set_permits(2).unwrap());
+    let mut conn = server.conn();
+    let settled = |conn: &mut redis::Connection| {
+        wait_until(Duration::from_secs(15), || {
+            client.pending_cleanups() == 0 && permits_in(conn, "replies").is_empty()
+        })
+    };
+
+    // The scripts loaded on the server: with replies dropped, a NOSCRIPT would go unseen.
+    assert!(sem.acquire_many(2).unwrap().release().unwrap());
+
+    let evalshas = |conn: &mut redis::Connection| support::raw::command_calls(conn, "evalsha");
+    let count = |conn: &mut redis::Connection| support::raw::get_i64(conn, "replies");
+
+    // The acquire runs, its reply is lost: the janitor gives its permit back (its tries
+    // cannot reach the server while replies are lost, not even a new connection's greeting),
+    // and the count is 2 again.
+    let before = evalshas(&mut conn);
+    proxy.set(support::proxy::Mode::DropReplies);
+    assert!(sem.try_acquire().is_err());
+    assert!(evalshas(&mut conn) > before, "the acquire did not run");
+    assert_eq!(client.pending_cleanups(), 1);
+    proxy.set(support::proxy::Mode::Pass);
+    assert!(settled(&mut conn), "the lost acquire was not settled");
+    assert_eq!(count(&mut conn), 2);
+
+    // The release runs, its reply is lost: the janitor sends it again, which is answered (the
+    // job is done) and gives back nothing more.
+    let p = sem.acquire_many(2).unwrap();
+    proxy.set(support::proxy::Mode::DropReplies);
+    assert!(p.release().is_err());
+    assert_eq!(count(&mut conn), 2, "the release did not run");
+    assert_eq!(client.pending_cleanups(), 1);
+    proxy.set(support::proxy::Mode::Pass);
+    assert!(settled(&mut conn), "the release was not settled");
+    assert_eq!(count(&mut conn), 2);
+    assert_eq!(sem.available().unwrap(), 2);
 }
 
 // ---------------------------------------------------------------------------------------------
