@@ -568,6 +568,7 @@ fn redisson_and_this_crate_share_one_semaphore() {
     // The count: set by Java, seen and kept by us, and the other way round.
     assert!(java.try_set_permits(2));
     assert!(!sem.try_set_permits(5).unwrap());
+    assert!(!java.try_set_permits(5));
     assert_eq!(sem.available().unwrap(), 2);
     let theirs = java.try_acquire(1, Some(Duration::from_secs(10))).unwrap();
     let ours = sem.try_acquire().unwrap();
