@@ -8,7 +8,8 @@
 //!   by the same checker;
 //! - beside Java services on Redisson's `RPermitExpirableSemaphore`: Redisson's exact scripts
 //!   ([`redisson`]) and ours on one name keep the count, the bound and the wake-ups, and each
-//!   side reclaims the other's expired permits;
+//!   side reclaims the other's expired permits; a Java clock ahead reclaims a permit with an
+//!   explicit lease early, not a watched one;
 //! - a holder process SIGKILLed with its (watched) permits: they come back at the end of the
 //!   lease; negative control: a dead Redisson holder without a lease never gives them back;
 //! - a server restart under load (no persistence: the count is gone until set again);
@@ -134,6 +135,8 @@ struct Java {
     name: String,
     timeout: String,
     channel: String,
+    /// How far this Java host's clock is ahead of the server's (ms).
+    skew: i64,
 }
 
 fn epoch_ms() -> i64 {
@@ -150,7 +153,13 @@ impl Java {
             name: name.to_owned(),
             timeout: format!("{{{name}}}:timeout"),
             channel: format!("redisson_sc:{{{name}}}"),
+            skew: 0,
         }
+    }
+
+    /// `System.currentTimeMillis()` on this Java host.
+    fn now(&self) -> i64 {
+        epoch_ms() + self.skew
     }
 
     /// `tryAcquire(permits, leaseTime)` once (no wait): the ids taken, or none. `lease` None:
@@ -158,7 +167,7 @@ impl Java {
     fn try_acquire(&mut self, permits: usize, lease: Option<Duration>) -> Option<Vec<String>> {
         let ids: Vec<[u8; 16]> = (0..permits).map(|_| rand_id()).collect();
         let timeout_date = lease.map_or(redisson::NON_EXPIRABLE, |l| {
-            epoch_ms() + l.as_millis() as i64
+            self.now() + l.as_millis() as i64
         });
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(redisson::TRY_ACQUIRE)
@@ -168,7 +177,7 @@ impl Java {
             .arg(&self.channel)
             .arg(permits)
             .arg(timeout_date)
-            .arg(epoch_ms())
+            .arg(self.now())
             .arg(redisson::NON_EXPIRABLE)
             .arg("publish");
         for id in &ids {
@@ -188,7 +197,7 @@ impl Java {
             .arg(&self.timeout)
             .arg(hex::decode(id).unwrap())
             .arg(1)
-            .arg(epoch_ms())
+            .arg(self.now())
             .arg("publish")
             .query(&mut self.conn)
             .unwrap();
@@ -202,7 +211,7 @@ impl Java {
             .arg(&self.name)
             .arg(&self.timeout)
             .arg(&self.channel)
-            .arg(epoch_ms())
+            .arg(self.now())
             .arg("publish")
             .query(&mut self.conn)
             .unwrap()
@@ -729,6 +738,50 @@ fn redisson_and_rust_holders_never_exceed_the_count() {
     assert_eq!(setup.available(), 2);
     let sem = client.semaphore(name).build().unwrap();
     assert_eq!(sem.available().unwrap(), 2);
+}
+
+/// Java hosts whose clock runs ahead of the server's by d reclaim our permits d early (they
+/// score and reclaim on their own clock, we on the server's): a permit with an explicit lease
+/// is lost; a watched permit survives a skew below two thirds of its lease (the negative
+/// control of the same check: the one with the explicit lease is reported lost).
+#[test]
+fn a_java_clock_ahead_reclaims_early_what_the_watchdog_does_not_renew() {
+    init_logging();
+    let server = RedisServer::start();
+    let client = client(&server);
+    let name = "skew";
+    let mut java = Java::new(&server, name);
+    java.skew = 1_000;
+    assert!(java.try_set_permits(2));
+    let fixed = client
+        .semaphore(name)
+        .ttl(Duration::from_millis(1_500))
+        .build()
+        .unwrap();
+    let watched = client
+        .semaphore(name)
+        .watchdog_lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let (f, w) = (fixed.try_acquire().unwrap(), watched.try_acquire().unwrap());
+    // 1 s ahead: Java reclaims the fixed permit 1 s early, 0.5 s after it was taken.
+    let start = Instant::now();
+    assert!(wait_until(Duration::from_secs(5), || java.available() >= 1));
+    let early = start.elapsed();
+    assert!(early < Duration::from_millis(1_400), "{early:?}");
+    assert!(
+        !f.release().unwrap(),
+        "a permit reclaimed early is reported lost"
+    );
+    // The watched one, renewed every second to 3 s ahead, is never within Java's 1 s, past
+    // the 2 s at which Java would have reclaimed it unrenewed.
+    while start.elapsed() < Duration::from_millis(3_500) {
+        assert_eq!(java.available(), 1, "the watched permit was reclaimed");
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!w.is_lost());
+    assert!(w.release().unwrap());
+    assert_eq!(java.available(), 2);
 }
 
 // ---------------------------------------------------------------------------------------------
