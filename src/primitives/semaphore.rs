@@ -5,8 +5,8 @@
 //! when the name contains `{`), raw 16-byte ids scored by their expiry in epoch milliseconds.
 //! Releases, reclaims and count changes are published on Redisson's `redisson_sc:{name}`
 //! (`prefixName`). So Java services on `redisson.getPermitExpirableSemaphore(name)` and this
-//! crate share one semaphore. Every script first reclaims the expired permits (removes them,
-//! adds them back to the count), as Redisson's do. Our scripts score permits on the server's
+//! crate share one semaphore. The acquire, release and `available` scripts first reclaim the
+//! expired permits (remove them, add them back to the count), as Redisson's do. Our scripts score permits on the server's
 //! clock (`TIME`); Redisson's on the Java client's. `docs/semaphore.md` has the layout, the
 //! clock, the guarantees and the limits.
 //!
