@@ -11,11 +11,18 @@
 --              'w' the owner's write holds ('<owner>:write' in a hash in mode 'write'): the
 --              hash lives at least lease more
 --              ('r' and 'w' never shorten anything: other owners' holds may live longer)
--- ARGV[3i-1]   the owner: the stored value, the hash field, or the read-write owner id
+--              'z' a member of a sorted set scored by its expiry in epoch ms (Redisson's
+--              permit layout): ZSCORE key owner, then its score becomes the server's time
+--              (TIME) plus lease; the key's own expiry is left alone
+-- ARGV[3i-1]   the owner: the stored value, the hash field, the read-write owner id, or the
+--              sorted set's member
 -- ARGV[3i]     the lease in milliseconds (>= 1)
 -- Returns an array, one entry per key in KEYS order: 1 renewed, 0 absent or not this owner's.
 -- A key of the wrong type counts as not the owner's (0) instead of failing the whole batch.
 -- Every loop is bounded (a read count is at most 10000, as the read-write lock enforces).
+-- TIME ('z') before a write: effects replication (the default from Redis 5).
+if redis.replicate_commands then redis.replicate_commands() end
+local now = nil
 local out = {}
 for i = 1, #KEYS do
     local kind, owner, ms = ARGV[3 * i - 2], ARGV[3 * i - 1], tonumber(ARGV[3 * i])
@@ -30,6 +37,15 @@ for i = 1, #KEYS do
         end
         if ours then
             redis.call('pexpire', key, ms)
+            out[i] = 1
+        end
+    elseif kind == 'z' then
+        if type(redis.pcall('zscore', key, owner)) == 'string' then
+            if not now then
+                local t = redis.call('time')
+                now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+            end
+            redis.call('zadd', key, now + ms, owner)
             out[i] = 1
         end
     elseif kind == 'r' or kind == 'w' then

@@ -28,6 +28,7 @@ guides! {
     Reentrant = "reentrant.md";
     Reliability = "reliability.md";
     Rwlock = "rwlock.md";
+    Semaphore = "semaphore.md";
     Wakeup = "wakeup.md";
     Watchdog = "watchdog.md";
 }

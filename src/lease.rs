@@ -221,11 +221,12 @@ pub(crate) fn printable(value: &[u8]) -> String {
     value.escape_ascii().to_string()
 }
 
-/// The outcome of one acquire attempt.
+/// The outcome of one acquire attempt: a [`Lease`], or what a primitive that hands out more
+/// than one lease per acquire (a semaphore's permits) takes.
 #[derive(Debug)]
-pub(crate) enum Attempt {
+pub(crate) enum Attempt<T = Lease> {
     /// Taken.
-    Acquired(Lease),
+    Acquired(T),
     /// Held by another owner; `pttl` is the hold's remaining lifetime when the attempt's reply
     /// carried it (a waiter woken by pub/sub sleeps at most that long).
     Held { pttl: Option<Duration> },
@@ -375,6 +376,10 @@ pub(crate) enum RenewKind {
     ReadEntry(Kind),
     /// The owner's write holds of a read-write lock (field `<owner>:write`).
     WriteEntry(Kind),
+    /// A member of a sorted set scored by its expiry in epoch milliseconds (Redisson's
+    /// permit layout): `ZSCORE key value`, then the score becomes the server's time plus the
+    /// lease.
+    ScoredMember(Kind),
 }
 
 impl RenewKind {
@@ -386,6 +391,7 @@ impl RenewKind {
             RenewKind::HashField(k) => ("h", k),
             RenewKind::ReadEntry(k) => ("r", k),
             RenewKind::WriteEntry(k) => ("w", k),
+            RenewKind::ScoredMember(k) => ("z", k),
         }
     }
 

@@ -318,6 +318,13 @@ scripts! {
     /// `lua/multilock_release.lua`: MultiLock, owner-checked delete of a group's keys,
     /// published on each key's Token channel.
     multilock_release,
+    /// `lua/semaphore_acquire.lua`: semaphore, take permits (all or none).
+    semaphore_acquire,
+    /// `lua/semaphore_release.lua`: semaphore, give permits back.
+    semaphore_release,
+    /// `lua/semaphore_count.lua`: semaphore, read (reclaiming expired permits), set or add to
+    /// the count.
+    semaphore_count,
 }
 
 impl Scripts {

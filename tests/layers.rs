@@ -63,6 +63,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("primitives::token", ALGORITHMS),
     ("primitives::rwlock", ALGORITHMS),
     ("primitives::redlock", ALGORITHMS),
+    ("primitives::semaphore", ALGORITHMS),
     ("strategy", FACADE),
     ("client::builder", FACADE),
     ("bench_hooks", FACADE),

@@ -94,11 +94,26 @@ pub(crate) struct Wake<'q> {
 pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     lock: &'a L,
     line: Line<'_>,
-    mut attempts: Attempts<'_>,
-    mut attempt: impl FnMut() -> Result<Attempt>,
+    attempts: Attempts<'_>,
+    attempt: impl FnMut() -> Result<Attempt>,
     on_give_up: impl FnOnce(u32) -> Result<()>,
 ) -> Result<LockGuard<'a>> {
-    let key = lock.key();
+    let floor = lock.retry_policy().max_delay;
+    wait_in_line(lock.key(), floor, line, attempts, attempt, on_give_up)
+        .map(|lease| LockGuard::new(lock, lease))
+}
+
+/// [`acquire_in_line`] for any outcome `T` an attempt takes (a lease, or the several leases of
+/// a primitive that hands out more than one per acquire), on the line of `key`, whose retry
+/// policy's longest sleep is `floor`: returns what the winning attempt took.
+pub(crate) fn wait_in_line<T>(
+    key: &str,
+    floor: Duration,
+    line: Line<'_>,
+    mut attempts: Attempts<'_>,
+    mut attempt: impl FnMut() -> Result<Attempt<T>>,
+    on_give_up: impl FnOnce(u32) -> Result<()>,
+) -> Result<T> {
     let mut pttl = None;
     // The deadline, or for a count-limited policy the longest its retries could take, so a
     // retry limit still ends every wait; `None` only for a wait without any limit.
@@ -116,7 +131,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
     if line.barge || !line.queues.has_waiters(line.name) {
         attempts.record();
         match refused_if_late(attempt(), &mut late)? {
-            Attempt::Acquired(lease) => return Ok(LockGuard::new(lock, lease)),
+            Attempt::Acquired(taken) => return Ok(taken),
             Attempt::Held { pttl: p } => pttl = p,
         }
     }
@@ -156,7 +171,6 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
                 // Bounded by the deadline, or for a count-limited policy by the longest its
                 // retries could take, so a retry limit still ends the wait.
                 Some(p) if listening => {
-                    let floor = lock.retry_policy().max_delay;
                     let interval = line.queues.poll_interval(line.name, floor);
                     poll = (interval < p).then_some(interval);
                     let p = p.min(interval);
@@ -198,7 +212,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
             _ => None,
         });
         match refused_if_late(result, &mut late)? {
-            Attempt::Acquired(lease) => {
+            Attempt::Acquired(taken) => {
                 // Unless a release was heard while the attempt was on the wire.
                 if polled && !ticket.released_since_mark() {
                     line.queues.mark_silent(line.name);
@@ -208,7 +222,7 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
                     attempts.made(),
                     attempts.waited()
                 );
-                return Ok(LockGuard::new(lock, lease));
+                return Ok(taken);
             }
             Attempt::Held { pttl: p } => pttl = p,
         }
@@ -255,7 +269,10 @@ pub(crate) fn acquire_in_line<'a, L: DistributedLock>(
 /// backoff until its deadline; the error is kept in `late` until an attempt ends otherwise,
 /// and returned instead of a timeout if it was the last. One predicate decides: what a
 /// blocking acquire retries is what `is_transient` says.
-fn refused_if_late(outcome: Result<Attempt>, late: &mut Option<LockError>) -> Result<Attempt> {
+fn refused_if_late<T>(
+    outcome: Result<Attempt<T>>,
+    late: &mut Option<LockError>,
+) -> Result<Attempt<T>> {
     match outcome {
         Err(e) if e.is_transient() => {
             log::debug!("{}; retried until the deadline", e.report());
@@ -331,7 +348,7 @@ mod tests {
             let shown = format!("{e:?}");
             let mut late = None;
             let retried = matches!(
-                refused_if_late(Err(e), &mut late),
+                refused_if_late::<crate::lease::Lease>(Err(e), &mut late),
                 Ok(Attempt::Held { pttl: None })
             );
             assert_eq!(retried, transient, "{shown}");

@@ -20,6 +20,8 @@ pub(crate) mod reentrant;
 pub use reentrant::ReentrantLock;
 pub(crate) mod rwlock;
 pub use rwlock::{ReadLock, ReadWriteLock, ReadWriteLockBuilder, WriteLock};
+pub(crate) mod semaphore;
+pub use semaphore::{Permit, Semaphore, SemaphoreBuilder};
 pub(crate) mod shedlock;
 pub use shedlock::shedlock_key;
 pub(crate) mod spring;

@@ -1,0 +1,39 @@
+-- Semaphore: give permits back (Redisson's RPermitExpirableSemaphore layout, see
+-- semaphore_acquire.lua).
+-- KEYS[1]   the semaphore's name: the count of free permits
+-- KEYS[2]   the permits taken: the sorted set '{name}:timeout'
+-- ARGV[1]   the channel releases are announced on ('redisson_sc:{name}')
+-- ARGV[2..] the permits' ids, raw 16 bytes each (at most 1000)
+-- Clock: the server's (TIME). First, expired permits are reclaimed (at most 100), as in
+-- semaphore_acquire.lua. Then each id still in the set is removed and the count raised by
+-- how many were; the new count is published (as Redisson's release does), so that waiters
+-- wake. Giving back an id twice gives it back once: the janitor may resend a release.
+-- Returns {given back, of those past their expiry}: the caller's permits were all still its
+-- own when the first equals the number of ids and the second is 0.
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expired = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 100)
+if #expired > 0 then
+    redis.call('zrem', KEYS[2], unpack(expired))
+    local value = redis.call('incrby', KEYS[1], #expired)
+    if value > 0 then
+        redis.call('publish', ARGV[1], value)
+    end
+end
+local removed, late = 0, 0
+for i = 2, #ARGV do
+    local score = redis.call('zscore', KEYS[2], ARGV[i])
+    if score then
+        redis.call('zrem', KEYS[2], ARGV[i])
+        removed = removed + 1
+        if tonumber(score) <= now then
+            late = late + 1
+        end
+    end
+end
+if removed > 0 then
+    local value = redis.call('incrby', KEYS[1], removed)
+    redis.call('publish', ARGV[1], value)
+end
+return {removed, late}
