@@ -431,6 +431,77 @@ fn a_deleted_key_is_a_lost_lock() {
     }
 }
 
+/// `--permits 2`: two runs hold a permit each while a third is refused (`--no-wait`) or waits,
+/// and runs once one of the two ends; a permit that disappears from the semaphore while its
+/// command runs is a loss, as a lock's is.
+#[test]
+fn permits_run_at_most_n_copies_and_a_vanished_permit_is_a_loss() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut conn = server.conn();
+    let permit = ["--permits", "2", "--lease", "1s"];
+    let dirs = [Scratch::new(), Scratch::new()];
+    let mut runs: Vec<_> = dirs.iter().map(|d| hold(&url, "sem", &permit, d)).collect();
+    for d in &dirs {
+        d.wait_for("started");
+    }
+    assert_eq!(raw::get_i64(&mut conn, "sem"), 0, "both permits taken");
+    let third = Scratch::new();
+    let third_dir = third.path().to_str().expect("utf-8").to_owned();
+    let touch = |name: &str| {
+        vec![
+            "--".to_owned(),
+            "sh".to_owned(),
+            "-c".to_owned(),
+            format!(r#"touch "$1/{name}""#),
+            "sh".to_owned(),
+            third_dir.clone(),
+        ]
+    };
+    let args = |wait: &[&str], name: &str| -> Vec<String> {
+        let mut a: Vec<String> = ["run", "--key", "sem", "--permits", "2"]
+            .iter()
+            .chain(wait)
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(touch(name));
+        a
+    };
+    let busy = Dlock::spawn(
+        Some(&url),
+        &args(&["--no-wait"], "nowait")
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+    .wait(EXIT_BOUND);
+    assert_eq!(busy.code(), BUSY, "{busy:?}");
+    assert!(!third.has("nowait"));
+    let mut waiting = Dlock::spawn(
+        Some(&url),
+        &args(&["--wait", "60s"], "ran")
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        waiting.is_running() && !third.has("ran"),
+        "the third did not wait"
+    );
+    dirs[0].touch("go");
+    let first = runs.remove(0).wait(EXIT_BOUND);
+    assert_eq!(first.code(), 0, "{first:?}");
+    let waited = waiting.wait(EXIT_BOUND);
+    assert_eq!(waited.code(), 0, "{waited:?}");
+    assert!(third.has("ran"));
+
+    // The second run's permit vanishes (its sorted set deleted): a loss.
+    raw::del(&mut conn, "{sem}:timeout");
+    let ended = assert_lost(runs.remove(0), &dirs[1], "a vanished permit");
+    assert!(ended.took < Duration::from_secs(15), "{ended:?}");
+}
+
 #[test]
 fn redis_paused_past_the_lease_is_a_lost_lock() {
     let server = RedisServer::start();

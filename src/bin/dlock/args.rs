@@ -10,7 +10,7 @@ use redis_dlock::{ClassicOptions, Encoding, ReplicaAcks, SpringOptions, Strategy
 #[derive(Debug)]
 pub enum Cmd {
     /// `dlock run ... -- COMMAND [ARGS...]`.
-    Run(RunOpts),
+    Run(Box<RunOpts>),
     /// `dlock status`.
     Status(Target),
     /// `dlock release --force`.
@@ -119,6 +119,9 @@ pub struct RunOpts {
     pub at_least: Option<Duration>,
     /// `--shedlock`: the key is a ShedLock job's, the value in ShedLock's format.
     pub shedlock: bool,
+    /// `--permits N`: a permit of the semaphore named by the key (N permits in all), not the
+    /// lock.
+    pub permits: Option<u64>,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
@@ -137,6 +140,8 @@ Usage:
                 [--spring-registry REGISTRY] [--at-least DUR] [--kill-after DUR]
                 [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
   dlock run     [REDIS] --shedlock NAME [--shedlock-env ENV] [options] -- COMMAND [ARGS...]
+  dlock run     [REDIS] --key NAME --permits N [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
+                [--kill-after DUR] [--quiet] -- COMMAND [ARGS...]
   dlock status  [REDIS] --key KEY
   dlock release [REDIS] --key KEY --force
   dlock --help | --version
@@ -153,6 +158,8 @@ Usage:
                 [--spring-registry REGISTRY] [--at-least DUR] [--kill-after DUR]
                 [--replica-acks auto|off|N] [--quiet] -- COMMAND [ARGS...]
   dlock run     [REDIS] --shedlock NAME [--shedlock-env ENV] [options] -- COMMAND [ARGS...]
+  dlock run     [REDIS] --key NAME --permits N [--wait DUR | --no-wait] [--ttl DUR | --lease DUR]
+                [--kill-after DUR] [--quiet] -- COMMAND [ARGS...]
   dlock status  [REDIS] --key KEY
   dlock release [REDIS] --key KEY --force
 
@@ -221,6 +228,10 @@ are forwarded to COMMAND (except those its terminal already sent it, like Ctrl-C
                        (--ttl, or --lease) is its lockAtMostFor; use --no-wait to skip a busy
                        job as ShedLock does
   --shedlock-env ENV   ShedLock's environment (default: default)
+  --permits N          at most N copies of COMMAND across hosts: take one permit of the
+                       semaphore named by --key (Redisson's RPermitExpirableSemaphore
+                       layout), set to N permits if it has never been set; the permit's
+                       lease is --lease (renewed) or --ttl (fixed), as for a lock
   --kill-after DUR     after a loss, SIGKILL this long after SIGTERM (default 10s)
   --quiet              no message when the lock is busy or the wait timed out
 
@@ -431,6 +442,14 @@ pub fn parse(args: Vec<OsString>, env_url: Option<String>) -> Result<Cmd, Usage>
                 let v = value(&name)?;
                 set(&mut o.spring_registry, &name, v)?;
             }
+            "--permits" => {
+                run_only(&name)?;
+                let v = value(&name)?;
+                match v.parse::<u64>() {
+                    Ok(n) if n > 0 => set(&mut o.permits, &name, n)?,
+                    _ => return usage(format!("--permits must be a number above 0, not {v:?}")),
+                }
+            }
             "--kill-after" => {
                 run_only(&name)?;
                 let d = duration(&name, &value(&name)?)?;
@@ -466,6 +485,7 @@ struct Raw {
     at_least: Option<Duration>,
     shedlock: Option<String>,
     shedlock_env: Option<String>,
+    permits: Option<u64>,
     kill_after: Option<Duration>,
     quiet: bool,
     command: Vec<OsString>,
@@ -571,6 +591,17 @@ impl Raw {
                         "--ttl (a fixed lease) and --lease (a renewed one) exclude each other",
                     );
                 }
+                if self.permits.is_some()
+                    && (strategy.is_some()
+                        || self.encoding.is_some()
+                        || self.at_least.is_some()
+                        || self.shedlock.is_some())
+                {
+                    return usage(
+                        "--permits takes a semaphore's permit, not a lock: drop --strategy, \
+                         --classic-encoding, --spring-registry, --shedlock and --at-least",
+                    );
+                }
                 let strategy = strategy.unwrap_or(Strategy::Token);
                 if self.encoding.is_some() && !matches!(strategy, Strategy::Classic(_)) {
                     return usage("--classic-encoding needs --strategy classic");
@@ -580,7 +611,7 @@ impl Raw {
                 {
                     return usage("--at-least applies to token locks (and --spring-registry)");
                 }
-                Ok(Cmd::Run(RunOpts {
+                Ok(Cmd::Run(Box::new(RunOpts {
                     target,
                     wait: self.wait.unwrap_or(Wait::Default),
                     ttl: self.ttl,
@@ -592,8 +623,9 @@ impl Raw {
                     replica_acks: self.replica_acks.unwrap_or_default(),
                     at_least: self.at_least,
                     shedlock: self.shedlock.is_some(),
+                    permits: self.permits,
                     command: self.command,
-                }))
+                })))
             }
         }
     }
@@ -814,6 +846,49 @@ mod tests {
             "--classic-encoding must be decimal, big-endian, float-seconds, uuid-ms or nanos, \
              not \"hex\""
         );
+    }
+
+    #[test]
+    fn permits() {
+        let run = |a: &[&str]| parse(args(a), Some("redis://env/".into()));
+        let Ok(Cmd::Run(o)) = run(&["run", "--key", "k", "--permits", "3", "--", "true"]) else {
+            panic!("valid")
+        };
+        assert_eq!(o.permits, Some(3));
+        let Ok(Cmd::Run(o)) = run(&["run", "--key", "k", "--", "true"]) else {
+            panic!("valid")
+        };
+        assert_eq!(o.permits, None);
+        for bad in [
+            &["run", "--key", "k", "--permits", "0", "--", "true"][..],
+            &["run", "--key", "k", "--permits", "two", "--", "true"],
+            &[
+                "run",
+                "--key",
+                "k",
+                "--permits",
+                "2",
+                "--strategy",
+                "fair",
+                "--",
+                "true",
+            ],
+            &[
+                "run",
+                "--key",
+                "k",
+                "--permits",
+                "2",
+                "--at-least",
+                "1s",
+                "--",
+                "true",
+            ],
+            &["run", "--shedlock", "job", "--permits", "2", "--", "true"],
+            &["status", "--key", "k", "--permits", "2"],
+        ] {
+            assert!(run(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -247,7 +247,7 @@ fn main() -> ExitCode {
             println!("dlock (redis-dlock) {}", env!("CARGO_PKG_VERSION"));
             Ok(0)
         }
-        args::Cmd::Run(opts) => run::run(opts),
+        args::Cmd::Run(opts) => run::run(*opts),
         args::Cmd::Status(target) => status::status(&target),
         args::Cmd::Release(target) => status::release(&target),
     };

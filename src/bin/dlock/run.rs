@@ -15,6 +15,9 @@
 //!   acquire was sent, so on the early side), and a thread asks Redis every third of the ttl
 //!   (at most every 10 s) whether the hold is still ours, so a deleted key is noticed too.
 //!
+//! - `--permits N`: a permit of the semaphore named by the key instead of the lock, renewed by
+//!   the library's watchdog or for a fixed `--ttl`, and judged by the local clock as a lock is.
+//!
 //! A loss is never silent: a message on stderr, SIGTERM to the command, SIGKILL `--kill-after`
 //! later if it is still running, and exit status 79 whatever the command's own. A lease that
 //! runs out without a renewal is reported at the library's loss deadline
@@ -30,7 +33,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use redis_dlock::{
-    DistributedLock, Encoding, Lease, LockClient, LockError, LossReason, RetryPolicy, Strategy,
+    DistributedLock, Encoding, Lease, LockClient, LockError, LossReason, LostLock, Permit,
+    RetryPolicy, Strategy,
 };
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::Signals;
@@ -88,6 +92,9 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
         .build()
         .map_err(|e| fail(&e))?;
     let (tx, rx) = mpsc::channel::<Event>();
+    if let Some(permits) = o.permits {
+        return run_permit(&o, &client, permits, tx, &rx);
+    }
 
     let mut builder = client.lock(key.clone()).strategy(o.strategy);
     if let Some(d) = o.at_least {
@@ -123,15 +130,7 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
             None => {
                 let tx = tx.clone();
                 builder = builder.watchdog_lease(o.lease).on_lost(move |lost| {
-                    let why = match lost.reason() {
-                        LossReason::Gone => {
-                            "a renewal found the key deleted or held by another owner"
-                        }
-                        _ => {
-                            "renewals failed until its lease ran out (Redis unreachable or paused?)"
-                        }
-                    };
-                    let _ = tx.send(Event::Lost(why.to_owned()));
+                    let _ = tx.send(Event::Lost(loss_reason(lost).to_owned()));
                 });
                 Keep::Watchdog
             }
@@ -174,7 +173,47 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
         key,
         keep,
     };
+    run_command(&o, &held, tx, &rx)
+}
 
+/// What `run` needs of a hold, a lock's or a semaphore's permit, while the command runs.
+trait Holder {
+    /// The lock key, or the semaphore's name.
+    fn key(&self) -> &str;
+    /// What the hold is, in messages: "lock" or "permit of semaphore".
+    fn what(&self) -> &'static str;
+    /// When the hold counts as lost by the local clock, and whether it is marked lost already.
+    fn look(&self) -> (Instant, bool);
+    /// Why the hold counts as lost once its local validity has passed.
+    fn expiry_reason(&self) -> String;
+    /// Releases; whether the hold was still ours.
+    fn release(&self) -> Result<bool, LockError>;
+    /// How long the hold has left by the local clock.
+    fn remaining(&self) -> Duration;
+    /// The renewal or checking thread, if the hold needs one. It stops when `stop`'s sender is
+    /// dropped.
+    fn start_monitor(&self, tx: Sender<Event>, stop: Receiver<()>) -> Option<JoinHandle<()>>;
+
+    /// Releases after a failure or a loss; the outcome is only logged.
+    fn release_quietly(&self) {
+        match self.release() {
+            Ok(ours) => log::debug!(
+                "{} {:?} released (still ours: {ours})",
+                self.what(),
+                self.key()
+            ),
+            Err(e) => log::info!("{} {:?}: release failed: {e}", self.what(), self.key()),
+        }
+    }
+}
+
+/// Runs the command under `held`, watches the hold, releases it; the exit status.
+fn run_command(
+    o: &RunOpts,
+    held: &dyn Holder,
+    tx: Sender<Event>,
+    rx: &Receiver<Event>,
+) -> Result<u8, Failure> {
     // Signals are caught from here on: before, a SIGINT or SIGTERM ends dlock as usual (no
     // command runs yet, and a lock taken just then expires within its lease).
     let mut signals =
@@ -228,7 +267,7 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
 
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let monitor = held.start_monitor(tx, stop_rx);
-    let outcome = supervise(child, &held, &rx, o.kill_after);
+    let outcome = supervise(child, held, rx, o.kill_after);
     drop(stop_tx);
     if let Some(m) = monitor {
         let _ = m.join();
@@ -244,32 +283,156 @@ pub fn run(o: RunOpts) -> Result<u8, Failure> {
     if lost {
         held.release_quietly();
         say!(
-            "exit {}: the lock was lost (the command's own status was {status})",
-            code::LOST
+            "exit {}: the {} was lost (the command's own status was {status})",
+            code::LOST,
+            held.what()
         );
         return Ok(code::LOST);
     }
-    let lease = lock(&held.lease).clone();
-    match held.dlock.release(&lease) {
+    let remaining = held.remaining();
+    match held.release() {
         Ok(true) => Ok(status),
         Ok(false) => {
             say!(
-                "lock {:?} was lost before the command finished (it expired, or another owner \
+                "{} {:?} was lost before the command finished (it expired, or another owner \
                  took it or deleted it): exit {} (the command's own status was {status})",
-                held.key,
+                held.what(),
+                held.key(),
                 code::LOST
             );
             Ok(code::LOST)
         }
         Err(e) => {
             say!(
-                "the command finished but the lock could not be released ({}); tried once more \
-                 before dlock exits, else it expires by itself within {:?}",
+                "the command finished but the {} could not be released ({}); tried once more \
+                 before dlock exits, else it expires by itself within {remaining:?}",
+                held.what(),
                 Failure::from_lock_error(&e, &o.target.url).message,
-                lease.remaining()
             );
             Ok(status)
         }
+    }
+}
+
+/// Why the watchdog reported a hold lost, in messages.
+fn loss_reason(lost: &LostLock) -> &'static str {
+    match lost.reason() {
+        LossReason::Gone => "a renewal found the key deleted or held by another owner",
+        _ => "renewals failed until its lease ran out (Redis unreachable or paused?)",
+    }
+}
+
+/// `dlock run --permits N`: the command runs under one permit of the semaphore named by the
+/// key, set to `permits` permits if it was never set.
+fn run_permit(
+    o: &RunOpts,
+    client: &LockClient,
+    permits: u64,
+    tx: Sender<Event>,
+    rx: &Receiver<Event>,
+) -> Result<u8, Failure> {
+    let key = o.target.key.clone();
+    let fail = |e: &LockError| Failure::from_lock_error(e, &o.target.url);
+    let mut builder = client.semaphore(&key);
+    builder = match o.ttl {
+        Some(ttl) => builder.ttl(ttl),
+        None => {
+            let tx = tx.clone();
+            builder.watchdog_lease(o.lease).on_lost(move |lost| {
+                let _ = tx.send(Event::Lost(loss_reason(lost).to_owned()));
+            })
+        }
+    };
+    if o.wait == Wait::Forever {
+        builder = builder.retry(RetryPolicy::standard().max_wait(None).max_retries(None));
+    }
+    let sem = builder.build().map_err(|e| fail(&e))?;
+    if sem.try_set_permits(permits).map_err(|e| fail(&e))? {
+        log::info!("semaphore {key:?} set to {permits} permits");
+    }
+    let acquired = match o.wait {
+        Wait::No => sem.try_acquire(),
+        Wait::For(d) => sem.try_acquire_for(d),
+        Wait::Default | Wait::Forever => sem.acquire(),
+    };
+    let permit = match acquired {
+        Ok(permit) => permit,
+        Err(e) if e.is_contention() => {
+            if !o.quiet {
+                say!("semaphore {key:?} has no free permit: {e}");
+            }
+            return Ok(code::BUSY);
+        }
+        Err(e) => return Err(fail(&e)),
+    };
+    log::debug!("semaphore {key:?}: permit {:?} acquired", permit.ids());
+    let lease = o.ttl.unwrap_or(o.lease);
+    let held = PermitHeld {
+        permit: Mutex::new(Some(permit)),
+        key,
+        margin: lease / 100 + Duration::from_millis(2),
+        fixed: o.ttl,
+    };
+    run_command(o, &held, tx, rx)
+}
+
+/// A semaphore's permit while the command runs: renewed by the library's watchdog, or for a
+/// fixed `--ttl`; no thread of dlock's own.
+struct PermitHeld<'a> {
+    /// Taken by the release.
+    permit: Mutex<Option<Permit<'a>>>,
+    key: String,
+    /// Counted off the permit's validity, as the library's loss deadline of a lock: 1% of the
+    /// lease plus 2 ms.
+    margin: Duration,
+    fixed: Option<Duration>,
+}
+
+impl Holder for PermitHeld<'_> {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn what(&self) -> &'static str {
+        "permit of semaphore"
+    }
+
+    fn look(&self) -> (Instant, bool) {
+        match &*lock(&self.permit) {
+            Some(p) => {
+                let until = p.valid_until();
+                (until.checked_sub(self.margin).unwrap_or(until), p.is_lost())
+            }
+            None => (Instant::now(), true),
+        }
+    }
+
+    fn expiry_reason(&self) -> String {
+        match self.fixed {
+            Some(ttl) => format!(
+                "its fixed --ttl of {ttl:?} has passed (less the clock-drift margin, 1% + 2 ms)"
+            ),
+            None => "its lease ran out (less the clock-drift margin, 1% + 2 ms) before a \
+                     renewal succeeded (Redis unreachable or paused?)"
+                .to_owned(),
+        }
+    }
+
+    fn release(&self) -> Result<bool, LockError> {
+        match lock(&self.permit).take() {
+            Some(p) => p.release(),
+            None => Ok(false),
+        }
+    }
+
+    fn remaining(&self) -> Duration {
+        lock(&self.permit).as_ref().map_or(Duration::ZERO, |p| {
+            p.valid_until().saturating_duration_since(Instant::now())
+        })
+    }
+
+    fn start_monitor(&self, _: Sender<Event>, _: Receiver<()>) -> Option<JoinHandle<()>> {
+        None
     }
 }
 
@@ -282,17 +445,29 @@ struct Held {
     keep: Keep,
 }
 
-impl Held {
-    /// Releases after a failure or a loss; the outcome is only logged.
-    fn release_quietly(&self) {
-        let lease = lock(&self.lease).clone();
-        match self.dlock.release(&lease) {
-            Ok(ours) => log::debug!("lock {:?} released (still ours: {ours})", self.key),
-            Err(e) => log::info!("lock {:?}: release failed: {e}", self.key),
-        }
+impl Holder for Held {
+    fn key(&self) -> &str {
+        &self.key
     }
 
-    /// Why the hold counts as lost once its local validity has passed.
+    fn what(&self) -> &'static str {
+        "lock"
+    }
+
+    fn look(&self) -> (Instant, bool) {
+        let lease = lock(&self.lease);
+        (lease.loss_deadline(), lease.is_lost())
+    }
+
+    fn release(&self) -> Result<bool, LockError> {
+        let lease = lock(&self.lease).clone();
+        self.dlock.release(&lease)
+    }
+
+    fn remaining(&self) -> Duration {
+        lock(&self.lease).remaining()
+    }
+
     fn expiry_reason(&self) -> String {
         match self.keep {
             Keep::Fixed(ttl) => format!(
@@ -307,7 +482,6 @@ impl Held {
     }
 
     /// The renewal thread (Classic) or the checking thread (`--ttl`); none for a watched lock.
-    /// It stops when `stop`'s sender is dropped.
     fn start_monitor(&self, tx: Sender<Event>, stop: Receiver<()>) -> Option<JoinHandle<()>> {
         let dlock = Arc::clone(&self.dlock);
         let shared = Arc::clone(&self.lease);
@@ -462,7 +636,7 @@ fn check_loop(
 /// whether the lock was lost meanwhile.
 fn supervise(
     mut child: Child,
-    held: &Held,
+    held: &dyn Holder,
     rx: &Receiver<Event>,
     kill_after: Duration,
 ) -> Result<(ExitStatus, bool), Failure> {
@@ -484,12 +658,11 @@ fn supervise(
         // The next look at the lease: at its loss deadline, or a tick from now.
         let mut tick = TICK;
         if !lost {
-            let lease = lock(&held.lease);
-            let deadline = lease.loss_deadline();
+            let (deadline, marked_lost) = held.look();
             let now = Instant::now();
             if now >= deadline {
                 loss = Some(held.expiry_reason());
-            } else if lease.is_lost() {
+            } else if marked_lost {
                 // Marked lost by the watchdog before its deadline (its `on_lost` event may
                 // still be on its way).
                 loss = Some("a renewal found the key deleted or held by another owner".into());
@@ -532,9 +705,10 @@ fn supervise(
         if let Some(why) = loss {
             lost = true;
             say!(
-                "lock {:?} LOST while the command was running: {why}. Another process may hold \
+                "{} {:?} LOST while the command was running: {why}. Another process may hold \
                  it now. Sending SIGTERM to the command (pid {pid}){}",
-                held.key,
+                held.what(),
+                held.key(),
                 if kill_after.is_zero() {
                     ", then SIGKILL at once".to_owned()
                 } else {
