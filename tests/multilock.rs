@@ -14,7 +14,10 @@
 //! - a holder process SIGKILLed: its keys stay held, then free at its lease's end;
 //! - on a Cluster (feature `cluster`): overlapping sets across slots, no deadlock within the
 //!   budget; a set refused by a key held elsewhere leaves none of its other keys held; negative
-//!   control: a lock that takes its keys one by one without undo, which that check catches.
+//!   control: a lock that takes its keys one by one without undo, which that check catches;
+//!   a waiter refused by its second slot's key is not woken by its own give-back of the first
+//!   (its attempts stay within its poll); negative control: releases of the refusing key
+//!   published in a loop, whose wake-ups the same count reports.
 
 mod support;
 
@@ -754,4 +757,92 @@ fn cross_slot_sets_on_a_cluster() {
         "the check missed a partial hold left behind"
     );
     assert!(held.unlock().unwrap());
+}
+
+/// A waiter refused across slots gives back the group it took (published on that key's
+/// channel) and must not be woken by its own give-back: it sleeps until the refusing key's
+/// release, or its poll. Counted by the waiter's refusals while the refusing key stays held;
+/// negative control: releases published on the refusing key's channel in a loop, which wake
+/// it at each and which the same count reports.
+#[cfg(feature = "cluster")]
+#[test]
+fn a_cross_slot_waiter_is_not_woken_by_its_own_give_backs() {
+    use redis_dlock::test_hooks::Event;
+    use support::Cluster;
+    init_logging();
+    let cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let connect = || {
+        LockClient::cluster_builder(&urls)
+            .connect_timeout(Duration::from_secs(2))
+            .command_timeout(Some(Duration::from_secs(2)))
+            .build()
+            .unwrap()
+    };
+    let client = connect();
+    let pair = [cluster.key_on(0, "own"), cluster.key_on(1, "own")];
+    let lock = (client.multi_lock(&pair).ttl(Duration::from_secs(20)))
+        .retry(patient())
+        .build()
+        .unwrap();
+    // `first` is taken first, then `second` refuses.
+    let (first, second) = (lock.keys()[0].clone(), lock.keys()[1].clone());
+    let other = connect();
+    let token = |k: &str| other.lock(k).ttl(Duration::from_secs(20)).build().unwrap();
+    let (token_first, token_second) = (token(&first), token(&second));
+    let held_first = token_first.try_lock().unwrap();
+    let held_second = token_second.try_lock().unwrap();
+    let channel = format!("redisson_lock__channel:{{{second}}}");
+    // The waiter's refusals over `window`, `second` held all along (with `publish`, while
+    // releases of `second` are published in a loop): more than its poll allows means it was
+    // woken by something other than a release of `second` or its poll.
+    let spins = |window: Duration, publish: bool| {
+        let stop = AtomicBool::new(false);
+        thread::scope(|s| {
+            if publish {
+                s.spawn(|| {
+                    let mut conn = cluster.node(2).conn();
+                    while !stop.load(Ordering::SeqCst) {
+                        let _: i64 = redis::cmd("PUBLISH")
+                            .arg(&channel)
+                            .arg("0")
+                            .query(&mut conn)
+                            .unwrap();
+                    }
+                });
+            }
+            let (from, start) = (client.stats().refusals, Instant::now());
+            work(window);
+            let (made, elapsed) = (client.stats().refusals - from, start.elapsed());
+            stop.store(true, Ordering::SeqCst);
+            // The poll beside pub/sub is 100 ms or more: at most one attempt per 100 ms, and
+            // twice that and some for a busy machine.
+            let allowed = 10 + elapsed.as_millis() as u64 / 50;
+            (made, allowed)
+        })
+    };
+    thread::scope(|s| {
+        let waiter = s.spawn(|| lock.lock().map(|g| g.unlock()));
+        // Refused by `first`, subscribed to its channel.
+        support::wait_event(&client, Event::Subscribed, 1);
+        assert!(held_first.unlock().unwrap());
+        // Now it takes `first`, is refused by `second` and gives `first` back (published).
+        support::wait_event(&client, Event::Subscribed, 2);
+        let (made, allowed) = spins(Duration::from_secs(2), false);
+        assert!(
+            made <= allowed,
+            "{made} attempts in the window, at most {allowed} allowed: woken by its own \
+             give-backs"
+        );
+
+        // Negative control: releases of `second` published in a loop wake it at each one.
+        let (made, allowed) = spins(Duration::from_secs(2), true);
+        assert!(
+            made > allowed,
+            "{made} attempts, at most {allowed} allowed: the count missed a spinning waiter"
+        );
+
+        assert!(held_second.unlock().unwrap());
+        assert!(waiter.join().unwrap().unwrap().unwrap());
+    });
 }

@@ -276,7 +276,10 @@ impl MultiLock {
         let deadline = attempts.queue_deadline();
         let (waiters, wakeups) = (self.client.waiters(), self.client.wakeups());
         let mut ticket: Option<crate::client::waiters::Ticket<'_>> = None;
-        let mut subs: Vec<(usize, Option<Subscription<'_>>)> = Vec::new();
+        // The subscription to the channel of the key that refused the latest attempt, and
+        // no other: the give-back of the groups an attempt took publishes on their keys'
+        // channels, which must not wake this waiter (it would retry at once, again and again).
+        let mut sub: Option<(usize, Option<Subscription<'_>>)> = None;
         let mut late: Option<LockError>;
         let mut last = 0;
         let result = loop {
@@ -307,15 +310,17 @@ impl MultiLock {
             };
             let ticket = ticket.get_or_insert_with(|| waiters.enqueue(&line));
             let mut fresh = false;
-            if let Some(k) = held.filter(|k| !subs.iter().any(|(i, _)| i == k)) {
-                let sub = wakeups.subscribe(&self.channels[k], &line, Delivery::Release, deadline);
+            if let Some(k) = held.filter(|k| sub.as_ref().is_none_or(|(i, _)| i != k)) {
+                let new = wakeups.subscribe(&self.channels[k], &line, Delivery::Release, deadline);
                 // Confirmed just now: a release since the refusal may have been missed.
-                fresh = sub.as_ref().is_some_and(Subscription::is_confirmed);
-                subs.push((k, sub));
+                fresh = new.as_ref().is_some_and(Subscription::is_confirmed);
+                // The previous key's subscription ends here, after the new one is made.
+                sub = Some((k, new));
             }
             let listening = held.is_some_and(|k| {
-                subs.iter()
-                    .any(|(i, s)| *i == k && s.as_ref().is_some_and(Subscription::is_confirmed))
+                sub.as_ref().is_some_and(|(i, s)| {
+                    *i == k && s.as_ref().is_some_and(Subscription::is_confirmed)
+                })
             });
             let sleep = match pttl {
                 _ if fresh => Duration::ZERO,
@@ -333,7 +338,7 @@ impl MultiLock {
             );
             ticket.sleep(sleep);
         };
-        drop((subs, ticket));
+        drop((sub, ticket));
         if result.is_err() {
             self.forget_unsure(&acq);
         }
