@@ -11,6 +11,8 @@
 //! - interlock with Token both ways, and wake-ups both ways by the published releases;
 //! - watched holds renewed past their lease, lost when one key is deleted; negative control:
 //!   an explicit ttl, whose keys are gone after the same wait;
+//! - a late win (a reply after the lifetime's margin) gives no guard, leaves no key held and
+//!   counts no acquire; negative control: the same delay with a longer lifetime wins;
 //! - a holder process SIGKILLed: its keys stay held, then free at its lease's end;
 //! - on a Cluster (feature `cluster`): overlapping sets across slots, no deadlock within the
 //!   budget; a set refused by a key held elsewhere leaves none of its other keys held; negative
@@ -544,18 +546,75 @@ fn a_failed_release_and_a_lost_acquire_reply_are_left_to_the_janitor() {
 
     // An acquire whose reply is lost: the script ran and took the keys, the caller got an
     // error; nothing is left held once the network is back.
+    let refusals = client.stats().refusals;
     proxy.set(Mode::DropReplies);
     assert!(lock.try_lock().is_err(), "no reply, no hold");
     proxy.set(Mode::Pass);
+    assert_eq!(client.stats().refusals, refusals, "an error is no refusal");
     assert!(
         wait_until(BUDGET, || held() == 0),
         "the lost acquire was undone"
     );
     assert!(wait_until(BUDGET, || client.pending_cleanups() == 0));
 
-    // Negative control: a hold nobody releases stays held, and the check above sees it.
+    // Negative control: a hold nobody releases stays held, and the check above sees it; a
+    // refusal is counted.
     std::mem::forget(lock.try_lock().unwrap());
     assert!(!wait_until(Duration::from_secs(2), || held() == 0));
+    assert!(lock.try_lock().unwrap_err().is_contention());
+    assert_eq!(client.stats().refusals, refusals + 1);
+}
+
+#[test]
+fn a_late_win_is_given_back_and_counted_as_no_acquire() {
+    use redis_dlock::LockError;
+    use support::proxy::{Mode, Proxy};
+    init_logging();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let mut conn = server.conn();
+    let client = LockClient::builder(proxy.url())
+        .command_timeout(Some(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    let keys = ["late:a", "late:b"];
+    let lock = |ttl| client.multi_lock(&keys).ttl(ttl).build().unwrap();
+    // The scripts loaded first, so that each attempt below is one round trip.
+    assert!(lock(Duration::from_secs(5))
+        .try_lock()
+        .unwrap()
+        .unlock()
+        .unwrap());
+    let delay = Duration::from_millis(200);
+    proxy.set(Mode::Delay {
+        min: delay,
+        max: delay,
+    });
+
+    // A 700 ms lifetime and a reply after 400 ms or more: less than the margin (the reply's
+    // time) left. No guard; the keys given back; no acquire counted.
+    let short = lock(Duration::from_millis(700));
+    let acquires = client.stats().acquires;
+    let late = short.try_lock().unwrap_err();
+    assert!(matches!(late, LockError::LateReply { .. }), "{late:?}");
+    assert!(
+        keys.iter().all(|k| !raw::exists(&mut conn, k)),
+        "given back"
+    );
+    assert_eq!(
+        client.stats().acquires,
+        acquires,
+        "a late win is no acquire"
+    );
+
+    // Negative control: the same round trip with a lifetime that leaves the margin is a win,
+    // which the checks above report.
+    let long = lock(Duration::from_secs(10));
+    let guard = long.try_lock().expect("a win in time");
+    assert_eq!(client.stats().acquires, acquires + 1);
+    assert!(keys.iter().all(|k| raw::exists(&mut conn, k)));
+    proxy.set(Mode::Pass);
+    assert!(guard.unlock().unwrap());
 }
 
 const WORKER_ENV: &str = "DLOCK_MULTI_WORKER";

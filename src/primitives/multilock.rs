@@ -359,18 +359,20 @@ impl MultiLock {
                     starts.push(start);
                     continue;
                 }
-                Ok(GroupReply::Held(i, pttl)) => Ok(Step::Refused {
-                    key: self.groups[g].start + i,
-                    pttl,
-                }),
+                Ok(GroupReply::Held(i, pttl)) => {
+                    // A refusal is counted; an error is not (as for the other locks).
+                    self.client.counters().attempt(KIND, false);
+                    Ok(Step::Refused {
+                        key: self.groups[g].start + i,
+                        pttl,
+                    })
+                }
                 Err(e) => Err(e),
             };
-            self.client.counters().attempt(KIND, false);
             self.undo(acq, &starts);
             return refused;
         }
         let now = Instant::now();
-        self.client.counters().attempt(KIND, true);
         let (first, lease) = (starts[0], self.opts.lease);
         let elapsed = now.saturating_duration_since(first);
         if lease.saturating_sub(elapsed) <= crate::lease::arrival_margin(lease, elapsed) {
@@ -388,6 +390,8 @@ impl MultiLock {
                 ttl: lease,
             });
         }
+        // Counted once handed out: a late win given back is not (see `Stats::acquires`).
+        self.client.counters().attempt(KIND, true);
         live.keep_at(lease, now);
         Ok(Step::Won(self.guard(acq.token.clone(), &starts, now)))
     }
