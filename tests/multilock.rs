@@ -490,12 +490,15 @@ fn a_watched_hold_is_renewed_past_its_lease_and_lost_with_one_key() {
     assert!(!guard.is_lost());
     assert!(guard.valid_until() > Instant::now());
 
-    // One key deleted behind its back: the whole hold is lost, reported once.
+    // One key deleted behind its back: the whole hold is lost, reported once (and counted
+    // once, by the watchdog, not again by the release).
+    let lost_before = client.stats().lost_holds;
     raw::del(&mut conn, "w:b");
     assert!(wait_until(BUDGET, || guard.is_lost()), "the loss was seen");
     assert!(wait_until(BUDGET, || losses.load(Ordering::SeqCst) >= 1));
     assert!(!guard.unlock().unwrap(), "not every key was still ours");
     assert_eq!(losses.load(Ordering::SeqCst), 1, "on_lost ran once");
+    assert_eq!(client.stats().lost_holds, lost_before + 1);
     for key in keys {
         assert!(!raw::exists(&mut conn, key), "{key} released");
     }
@@ -509,6 +512,11 @@ fn a_watched_hold_is_renewed_past_its_lease_and_lost_with_one_key() {
         .all(|k| !raw::exists(&mut conn, k))));
     assert!(guard.is_lost());
     assert!(!guard.unlock().unwrap());
+    assert_eq!(
+        client.stats().lost_holds,
+        lost_before + 2,
+        "found at the release"
+    );
 }
 
 #[test]

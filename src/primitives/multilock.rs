@@ -691,6 +691,10 @@ impl MultiGuard<'_> {
         if let Some(e) = error {
             return Err(e);
         }
+        if (!all || overran) && !lost {
+            // A loss found here; one the watchdog found was counted by it.
+            client.counters().lost_watched(KIND);
+        }
         if !all || overran || lost {
             log::debug!(
                 "multi-lock {:?}: lost before release (a key expired or was taken over); no \
