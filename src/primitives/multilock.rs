@@ -513,24 +513,27 @@ impl MultiLock {
                 let user = self.opts.on_lost.clone();
                 Arc::new(move |l: &LostLock| loss.report(l, user.as_ref()))
             };
-            let due = crate::time::saturating_add(now, self.opts.lease / 3);
             for (g, range) in self.groups.iter().enumerate() {
                 for key in &self.keys[range.clone()] {
-                    let state = WatchState::new(
+                    watches.push(WatchState::new(
                         key.as_str(),
                         RenewKind::Value(KIND),
                         &token,
                         self.opts.lease,
                         starts[g],
                         Some(Arc::clone(&report)),
-                    );
-                    self.client.watchdog().watch(&self.client, &state, due);
-                    watches.push(state);
+                    ));
                 }
             }
+            // Known to the loss before the watchdog has any of them: the first loss it
+            // reports stops the others, however soon.
             let _ = loss
                 .states
                 .set(watches.iter().map(Arc::downgrade).collect());
+            let due = crate::time::saturating_add(now, self.opts.lease / 3);
+            for state in &watches {
+                self.client.watchdog().watch(&self.client, state, due);
+            }
         }
         MultiGuard {
             lock: self,
