@@ -309,6 +309,11 @@ impl MultiLock {
                 }));
             };
             let ticket = ticket.get_or_insert_with(|| waiters.enqueue(&line));
+            if held.is_none() {
+                // Failed, not refused: nothing to listen for, and the give-back of what the
+                // attempt took, published, must not cut its backoff short.
+                sub = None;
+            }
             let mut fresh = false;
             if let Some(k) = held.filter(|k| sub.as_ref().is_none_or(|(i, _)| i != k)) {
                 let new = wakeups.subscribe(&self.channels[k], &line, Delivery::Release, deadline);
