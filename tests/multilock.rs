@@ -8,7 +8,9 @@
 //! - no partial hold visible on the one-slot path: a client polling the keys (`MGET`, one
 //!   atomic read) never sees a hold at some of its keys and not at the others; negative
 //!   control: a lock that takes its keys one by one, which the poller catches;
-//! - interlock with Token both ways, and wake-ups both ways by the published releases;
+//! - interlock with Token both ways, and wake-ups both ways by the published releases (the
+//!   waiting client's `wakeups`); negative control: a holder that frees a key without
+//!   publishing, whose waiter takes the set by its poll and moves no count;
 //! - watched holds renewed past their lease, lost when one key is deleted; negative control:
 //!   an explicit ttl, whose keys are gone after the same wait;
 //! - a late win (a reply after the lifetime's margin) gives no guard, leaves no key held and
@@ -429,6 +431,29 @@ fn token_locks_and_multi_locks_interlock_and_wake_each_other() {
         "the Token release was heard"
     );
     assert!(!raw::exists(&mut conn, "il:a") && !raw::exists(&mut conn, "il:b"));
+
+    // Negative control of the count: a holder that frees the key without publishing (a plain
+    // DEL). The waiter takes the set by its poll, and the count above does not move.
+    assert!(wait_until(BUDGET, || raw::numsub(&mut conn, channel) == 0));
+    let _: () = redis::cmd("SET")
+        .arg("il:b")
+        .arg("silent holder")
+        .arg("PX")
+        .arg(20_000)
+        .query(&mut conn)
+        .unwrap();
+    let woken_before = multi_client.stats().wakeups;
+    thread::scope(|s| {
+        let waiter = s.spawn(|| ab.lock().map(|g| g.unlock()));
+        assert!(wait_until(BUDGET, || raw::numsub(&mut conn, channel) >= 1));
+        raw::del(&mut conn, "il:b");
+        assert!(waiter.join().unwrap().unwrap().unwrap());
+    });
+    assert_eq!(
+        multi_client.stats().wakeups,
+        woken_before,
+        "no release was published"
+    );
 
     // A key of another type counts as held; it is never touched.
     raw::make_hash(&mut conn, "il:hash");
