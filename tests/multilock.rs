@@ -19,9 +19,9 @@
 //! - on a Cluster (feature `cluster`): overlapping sets across slots, no deadlock within the
 //!   budget; a set refused by a key held elsewhere leaves none of its other keys held; negative
 //!   control: a lock that takes its keys one by one without undo, which that check catches;
-//!   a waiter refused by its second slot's key is not woken by its own give-back of the first
-//!   (its attempts stay within its poll); negative control: releases of the refusing key
-//!   published in a loop, whose wake-ups the same count reports.
+//!   with `test-hooks`, a waiter refused by its second slot's key is not woken by its own
+//!   give-back of the first (its attempts stay within its poll); negative control: releases
+//!   of the refusing key published in a loop, whose wake-ups the same count reports.
 
 mod support;
 
@@ -858,7 +858,7 @@ fn cross_slot_sets_on_a_cluster() {
 /// release, or its poll. Counted by the waiter's refusals while the refusing key stays held;
 /// negative control: releases published on the refusing key's channel in a loop, which wake
 /// it at each and which the same count reports.
-#[cfg(feature = "cluster")]
+#[cfg(all(feature = "cluster", feature = "test-hooks"))]
 #[test]
 fn a_cross_slot_waiter_is_not_woken_by_its_own_give_backs() {
     use redis_dlock::test_hooks::Event;
