@@ -267,7 +267,7 @@ impl MultiLock {
 
     /// The blocking acquire: attempts until every key is taken or the budget ends. Between
     /// attempts nothing is held; the thread sleeps until a release of the key that refused it
-    /// is published (subscribed on first refusal), at most that key's remaining lifetime and
+    /// is published (subscribed to that key only), at most that key's remaining lifetime and
     /// the poll interval, or by the policy's backoff without pub/sub.
     fn acquire_blocking(&self, mut attempts: Attempts<'_>) -> Result<MultiGuard<'_>> {
         let acq = self.acquiring();
