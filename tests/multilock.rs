@@ -8,13 +8,20 @@
 //! - no partial hold visible on the one-slot path: a client polling the keys (`MGET`, one
 //!   atomic read) never sees a hold at some of its keys and not at the others; negative
 //!   control: a lock that takes its keys one by one, which the poller catches;
-//! - interlock with Token both ways, and wake-ups both ways by the published releases;
+//! - interlock with Token both ways, and wake-ups both ways by the published releases (the
+//!   waiting client's `wakeups`); negative control: a holder that frees a key without
+//!   publishing, whose waiter takes the set by its poll and moves no count;
 //! - watched holds renewed past their lease, lost when one key is deleted; negative control:
 //!   an explicit ttl, whose keys are gone after the same wait;
+//! - a late win (a reply after the lifetime's margin) gives no guard, leaves no key held and
+//!   counts no acquire; negative control: the same delay with a longer lifetime wins;
 //! - a holder process SIGKILLed: its keys stay held, then free at its lease's end;
 //! - on a Cluster (feature `cluster`): overlapping sets across slots, no deadlock within the
 //!   budget; a set refused by a key held elsewhere leaves none of its other keys held; negative
-//!   control: a lock that takes its keys one by one without undo, which that check catches.
+//!   control: a lock that takes its keys one by one without undo, which that check catches;
+//!   with `test-hooks`, a waiter refused by its second slot's key is not woken by its own
+//!   give-back of the first (its attempts stay within its poll); negative control: releases
+//!   of the refusing key published in a loop, whose wake-ups the same count reports.
 
 mod support;
 
@@ -425,6 +432,29 @@ fn token_locks_and_multi_locks_interlock_and_wake_each_other() {
     );
     assert!(!raw::exists(&mut conn, "il:a") && !raw::exists(&mut conn, "il:b"));
 
+    // Negative control of the count: a holder that frees the key without publishing (a plain
+    // DEL). The waiter takes the set by its poll, and the count above does not move.
+    assert!(wait_until(BUDGET, || raw::numsub(&mut conn, channel) == 0));
+    let _: () = redis::cmd("SET")
+        .arg("il:b")
+        .arg("silent holder")
+        .arg("PX")
+        .arg(20_000)
+        .query(&mut conn)
+        .unwrap();
+    let woken_before = multi_client.stats().wakeups;
+    thread::scope(|s| {
+        let waiter = s.spawn(|| ab.lock().map(|g| g.unlock()));
+        assert!(wait_until(BUDGET, || raw::numsub(&mut conn, channel) >= 1));
+        raw::del(&mut conn, "il:b");
+        assert!(waiter.join().unwrap().unwrap().unwrap());
+    });
+    assert_eq!(
+        multi_client.stats().wakeups,
+        woken_before,
+        "no release was published"
+    );
+
     // A key of another type counts as held; it is never touched.
     raw::make_hash(&mut conn, "il:hash");
     let with_hash = multi_client
@@ -457,7 +487,9 @@ fn a_watched_hold_is_renewed_past_its_lease_and_lost_with_one_key() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let client = LockClient::open(server.url()).unwrap();
-    let lease = Duration::from_millis(600);
+    // Renewed every 400 ms: a watchdog late by up to ~780 ms on a busy machine still renews
+    // in time.
+    let lease = Duration::from_millis(1_200);
     let losses = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&losses);
     let keys = ["w:a", "w:b", "w:c"];
@@ -485,12 +517,15 @@ fn a_watched_hold_is_renewed_past_its_lease_and_lost_with_one_key() {
     assert!(!guard.is_lost());
     assert!(guard.valid_until() > Instant::now());
 
-    // One key deleted behind its back: the whole hold is lost, reported once.
+    // One key deleted behind its back: the whole hold is lost, reported once (and counted
+    // once, by the watchdog, not again by the release).
+    let lost_before = client.stats().lost_holds;
     raw::del(&mut conn, "w:b");
     assert!(wait_until(BUDGET, || guard.is_lost()), "the loss was seen");
     assert!(wait_until(BUDGET, || losses.load(Ordering::SeqCst) >= 1));
     assert!(!guard.unlock().unwrap(), "not every key was still ours");
     assert_eq!(losses.load(Ordering::SeqCst), 1, "on_lost ran once");
+    assert_eq!(client.stats().lost_holds, lost_before + 1);
     for key in keys {
         assert!(!raw::exists(&mut conn, key), "{key} released");
     }
@@ -504,6 +539,11 @@ fn a_watched_hold_is_renewed_past_its_lease_and_lost_with_one_key() {
         .all(|k| !raw::exists(&mut conn, k))));
     assert!(guard.is_lost());
     assert!(!guard.unlock().unwrap());
+    assert_eq!(
+        client.stats().lost_holds,
+        lost_before + 2,
+        "found at the release"
+    );
 }
 
 #[test]
@@ -541,18 +581,75 @@ fn a_failed_release_and_a_lost_acquire_reply_are_left_to_the_janitor() {
 
     // An acquire whose reply is lost: the script ran and took the keys, the caller got an
     // error; nothing is left held once the network is back.
+    let refusals = client.stats().refusals;
     proxy.set(Mode::DropReplies);
     assert!(lock.try_lock().is_err(), "no reply, no hold");
     proxy.set(Mode::Pass);
+    assert_eq!(client.stats().refusals, refusals, "an error is no refusal");
     assert!(
         wait_until(BUDGET, || held() == 0),
         "the lost acquire was undone"
     );
     assert!(wait_until(BUDGET, || client.pending_cleanups() == 0));
 
-    // Negative control: a hold nobody releases stays held, and the check above sees it.
+    // Negative control: a hold nobody releases stays held, and the check above sees it; a
+    // refusal is counted.
     std::mem::forget(lock.try_lock().unwrap());
     assert!(!wait_until(Duration::from_secs(2), || held() == 0));
+    assert!(lock.try_lock().unwrap_err().is_contention());
+    assert_eq!(client.stats().refusals, refusals + 1);
+}
+
+#[test]
+fn a_late_win_is_given_back_and_counted_as_no_acquire() {
+    use redis_dlock::LockError;
+    use support::proxy::{Mode, Proxy};
+    init_logging();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let mut conn = server.conn();
+    let client = LockClient::builder(proxy.url())
+        .command_timeout(Some(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    let keys = ["late:a", "late:b"];
+    let lock = |ttl| client.multi_lock(&keys).ttl(ttl).build().unwrap();
+    // The scripts loaded first, so that each attempt below is one round trip.
+    assert!(lock(Duration::from_secs(5))
+        .try_lock()
+        .unwrap()
+        .unlock()
+        .unwrap());
+    let delay = Duration::from_millis(200);
+    proxy.set(Mode::Delay {
+        min: delay,
+        max: delay,
+    });
+
+    // A 700 ms lifetime and a reply after 400 ms or more: less than the margin (the reply's
+    // time) left. No guard; the keys given back; no acquire counted.
+    let short = lock(Duration::from_millis(700));
+    let acquires = client.stats().acquires;
+    let late = short.try_lock().unwrap_err();
+    assert!(matches!(late, LockError::LateReply { .. }), "{late:?}");
+    assert!(
+        keys.iter().all(|k| !raw::exists(&mut conn, k)),
+        "given back"
+    );
+    assert_eq!(
+        client.stats().acquires,
+        acquires,
+        "a late win is no acquire"
+    );
+
+    // Negative control: the same round trip with a lifetime that leaves the margin is a win,
+    // which the checks above report.
+    let long = lock(Duration::from_secs(10));
+    let guard = long.try_lock().expect("a win in time");
+    assert_eq!(client.stats().acquires, acquires + 1);
+    assert!(keys.iter().all(|k| raw::exists(&mut conn, k)));
+    proxy.set(Mode::Pass);
+    assert!(guard.unlock().unwrap());
 }
 
 const WORKER_ENV: &str = "DLOCK_MULTI_WORKER";
@@ -680,7 +777,7 @@ fn cross_slot_sets_on_a_cluster() {
         .collect();
     let watched = (client
         .multi_lock(&tagged)
-        .watchdog_lease(Duration::from_millis(600)))
+        .watchdog_lease(Duration::from_millis(1_200)))
     .build()
     .unwrap();
     let evalsha = || -> i64 {
@@ -754,4 +851,92 @@ fn cross_slot_sets_on_a_cluster() {
         "the check missed a partial hold left behind"
     );
     assert!(held.unlock().unwrap());
+}
+
+/// A waiter refused across slots gives back the group it took (published on that key's
+/// channel) and must not be woken by its own give-back: it sleeps until the refusing key's
+/// release, or its poll. Counted by the waiter's refusals while the refusing key stays held;
+/// negative control: releases published on the refusing key's channel in a loop, which wake
+/// it at each and which the same count reports.
+#[cfg(all(feature = "cluster", feature = "test-hooks"))]
+#[test]
+fn a_cross_slot_waiter_is_not_woken_by_its_own_give_backs() {
+    use redis_dlock::test_hooks::Event;
+    use support::Cluster;
+    init_logging();
+    let cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let connect = || {
+        LockClient::cluster_builder(&urls)
+            .connect_timeout(Duration::from_secs(2))
+            .command_timeout(Some(Duration::from_secs(2)))
+            .build()
+            .unwrap()
+    };
+    let client = connect();
+    let pair = [cluster.key_on(0, "own"), cluster.key_on(1, "own")];
+    let lock = (client.multi_lock(&pair).ttl(Duration::from_secs(20)))
+        .retry(patient())
+        .build()
+        .unwrap();
+    // `first` is taken first, then `second` refuses.
+    let (first, second) = (lock.keys()[0].clone(), lock.keys()[1].clone());
+    let other = connect();
+    let token = |k: &str| other.lock(k).ttl(Duration::from_secs(20)).build().unwrap();
+    let (token_first, token_second) = (token(&first), token(&second));
+    let held_first = token_first.try_lock().unwrap();
+    let held_second = token_second.try_lock().unwrap();
+    let channel = format!("redisson_lock__channel:{{{second}}}");
+    // The waiter's refusals over `window`, `second` held all along (with `publish`, while
+    // releases of `second` are published in a loop): more than its poll allows means it was
+    // woken by something other than a release of `second` or its poll.
+    let spins = |window: Duration, publish: bool| {
+        let stop = AtomicBool::new(false);
+        thread::scope(|s| {
+            if publish {
+                s.spawn(|| {
+                    let mut conn = cluster.node(2).conn();
+                    while !stop.load(Ordering::SeqCst) {
+                        let _: i64 = redis::cmd("PUBLISH")
+                            .arg(&channel)
+                            .arg("0")
+                            .query(&mut conn)
+                            .unwrap();
+                    }
+                });
+            }
+            let (from, start) = (client.stats().refusals, Instant::now());
+            work(window);
+            let (made, elapsed) = (client.stats().refusals - from, start.elapsed());
+            stop.store(true, Ordering::SeqCst);
+            // The poll beside pub/sub is 100 ms or more: at most one attempt per 100 ms, and
+            // twice that and some for a busy machine.
+            let allowed = 10 + elapsed.as_millis() as u64 / 50;
+            (made, allowed)
+        })
+    };
+    thread::scope(|s| {
+        let waiter = s.spawn(|| lock.lock().map(|g| g.unlock()));
+        // Refused by `first`, subscribed to its channel.
+        support::wait_event(&client, Event::Subscribed, 1);
+        assert!(held_first.unlock().unwrap());
+        // Now it takes `first`, is refused by `second` and gives `first` back (published).
+        support::wait_event(&client, Event::Subscribed, 2);
+        let (made, allowed) = spins(Duration::from_secs(2), false);
+        assert!(
+            made <= allowed,
+            "{made} attempts in the window, at most {allowed} allowed: woken by its own \
+             give-backs"
+        );
+
+        // Negative control: releases of `second` published in a loop wake it at each one.
+        let (made, allowed) = spins(Duration::from_secs(2), true);
+        assert!(
+            made > allowed,
+            "{made} attempts, at most {allowed} allowed: the count missed a spinning waiter"
+        );
+
+        assert!(held_second.unlock().unwrap());
+        assert!(waiter.join().unwrap().unwrap().unwrap());
+    });
 }

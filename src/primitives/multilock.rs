@@ -267,7 +267,7 @@ impl MultiLock {
 
     /// The blocking acquire: attempts until every key is taken or the budget ends. Between
     /// attempts nothing is held; the thread sleeps until a release of the key that refused it
-    /// is published (subscribed on first refusal), at most that key's remaining lifetime and
+    /// is published (subscribed to that key only), at most that key's remaining lifetime and
     /// the poll interval, or by the policy's backoff without pub/sub.
     fn acquire_blocking(&self, mut attempts: Attempts<'_>) -> Result<MultiGuard<'_>> {
         let acq = self.acquiring();
@@ -276,7 +276,10 @@ impl MultiLock {
         let deadline = attempts.queue_deadline();
         let (waiters, wakeups) = (self.client.waiters(), self.client.wakeups());
         let mut ticket: Option<crate::client::waiters::Ticket<'_>> = None;
-        let mut subs: Vec<(usize, Option<Subscription<'_>>)> = Vec::new();
+        // The subscription to the channel of the key that refused the latest attempt, and
+        // no other: the give-back of the groups an attempt took publishes on their keys'
+        // channels, which must not wake this waiter (it would retry at once, again and again).
+        let mut sub: Option<(usize, Option<Subscription<'_>>)> = None;
         let mut late: Option<LockError>;
         let mut last = 0;
         let result = loop {
@@ -306,16 +309,23 @@ impl MultiLock {
                 }));
             };
             let ticket = ticket.get_or_insert_with(|| waiters.enqueue(&line));
+            if held.is_none() {
+                // Failed, not refused: nothing to listen for, and the give-back of what the
+                // attempt took, published, must not cut its backoff short.
+                sub = None;
+            }
             let mut fresh = false;
-            if let Some(k) = held.filter(|k| !subs.iter().any(|(i, _)| i == k)) {
-                let sub = wakeups.subscribe(&self.channels[k], &line, Delivery::Release, deadline);
+            if let Some(k) = held.filter(|k| sub.as_ref().is_none_or(|(i, _)| i != k)) {
+                let new = wakeups.subscribe(&self.channels[k], &line, Delivery::Release, deadline);
                 // Confirmed just now: a release since the refusal may have been missed.
-                fresh = sub.as_ref().is_some_and(Subscription::is_confirmed);
-                subs.push((k, sub));
+                fresh = new.as_ref().is_some_and(Subscription::is_confirmed);
+                // The previous key's subscription ends here, after the new one is made.
+                sub = Some((k, new));
             }
             let listening = held.is_some_and(|k| {
-                subs.iter()
-                    .any(|(i, s)| *i == k && s.as_ref().is_some_and(Subscription::is_confirmed))
+                sub.as_ref().is_some_and(|(i, s)| {
+                    *i == k && s.as_ref().is_some_and(Subscription::is_confirmed)
+                })
             });
             let sleep = match pttl {
                 _ if fresh => Duration::ZERO,
@@ -333,7 +343,7 @@ impl MultiLock {
             );
             ticket.sleep(sleep);
         };
-        drop((subs, ticket));
+        drop((sub, ticket));
         if result.is_err() {
             self.forget_unsure(&acq);
         }
@@ -354,18 +364,20 @@ impl MultiLock {
                     starts.push(start);
                     continue;
                 }
-                Ok(GroupReply::Held(i, pttl)) => Ok(Step::Refused {
-                    key: self.groups[g].start + i,
-                    pttl,
-                }),
+                Ok(GroupReply::Held(i, pttl)) => {
+                    // A refusal is counted; an error is not (as for the other locks).
+                    self.client.counters().attempt(KIND, false);
+                    Ok(Step::Refused {
+                        key: self.groups[g].start + i,
+                        pttl,
+                    })
+                }
                 Err(e) => Err(e),
             };
-            self.client.counters().attempt(KIND, false);
             self.undo(acq, &starts);
             return refused;
         }
         let now = Instant::now();
-        self.client.counters().attempt(KIND, true);
         let (first, lease) = (starts[0], self.opts.lease);
         let elapsed = now.saturating_duration_since(first);
         if lease.saturating_sub(elapsed) <= crate::lease::arrival_margin(lease, elapsed) {
@@ -383,6 +395,8 @@ impl MultiLock {
                 ttl: lease,
             });
         }
+        // Counted once handed out: a late win given back is not (see `Stats::acquires`).
+        self.client.counters().attempt(KIND, true);
         live.keep_at(lease, now);
         Ok(Step::Won(self.guard(acq.token.clone(), &starts, now)))
     }
@@ -504,24 +518,27 @@ impl MultiLock {
                 let user = self.opts.on_lost.clone();
                 Arc::new(move |l: &LostLock| loss.report(l, user.as_ref()))
             };
-            let due = crate::time::saturating_add(now, self.opts.lease / 3);
             for (g, range) in self.groups.iter().enumerate() {
                 for key in &self.keys[range.clone()] {
-                    let state = WatchState::new(
+                    watches.push(WatchState::new(
                         key.as_str(),
                         RenewKind::Value(KIND),
                         &token,
                         self.opts.lease,
                         starts[g],
                         Some(Arc::clone(&report)),
-                    );
-                    self.client.watchdog().watch(&self.client, &state, due);
-                    watches.push(state);
+                    ));
                 }
             }
+            // Known to the loss before the watchdog has any of them: the first loss it
+            // reports stops the others, however soon.
             let _ = loss
                 .states
                 .set(watches.iter().map(Arc::downgrade).collect());
+            let due = crate::time::saturating_add(now, self.opts.lease / 3);
+            for state in &watches {
+                self.client.watchdog().watch(&self.client, state, due);
+            }
         }
         MultiGuard {
             lock: self,
@@ -681,6 +698,10 @@ impl MultiGuard<'_> {
         client.live().release(live::value(&self.token), None);
         if let Some(e) = error {
             return Err(e);
+        }
+        if (!all || overran) && !lost {
+            // A loss found here; one the watchdog found was counted by it.
+            client.counters().lost_watched(KIND);
         }
         if !all || overran || lost {
             log::debug!(
