@@ -1117,3 +1117,73 @@ fn a_semaphore_on_a_cluster() {
     let e = client.semaphore("a{b").build().unwrap_err();
     assert!(matches!(e, LockError::Config { .. }), "{e:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Replays and late replies.
+
+/// Runs our acquire script (`lua/semaphore_acquire.lua`) with `ids` on `name`, as the library
+/// sends it: `[taken, count, wait]`.
+fn acquire_script(conn: &mut redis::Connection, name: &str, ids: &[[u8; 16]]) -> Vec<i64> {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../lua/semaphore_acquire.lua"))
+        .arg(2)
+        .arg(name)
+        .arg(format!("{{{name}}}:timeout"))
+        .arg(ids.len())
+        .arg(10_000)
+        .arg(format!("redisson_sc:{{{name}}}"));
+    for id in ids {
+        cmd.arg(&id[..]);
+    }
+    cmd.query(conn).unwrap()
+}
+
+/// An acquire sent again with the same ids (redis-rs resends a command that timed out on a
+/// Cluster, the pool one whose connection dropped) takes its permits once: the count is not
+/// decremented twice for permits the set holds once, which no release could give back. The
+/// checker's control: new ids do take again. Released, the count is exactly what was set.
+#[test]
+fn an_acquire_sent_again_takes_its_permits_once() {
+    init_logging();
+    let server = RedisServer::start();
+    let client = client(&server);
+    let name = "resent";
+    let sem = client
+        .semaphore(name)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    assert!(sem.try_set_permits(5).unwrap());
+    let mut conn = server.conn();
+    let ids = [rand_id(), rand_id()];
+    assert_eq!(acquire_script(&mut conn, name, &ids)[0], 1);
+    assert_eq!(support::raw::get_i64(&mut conn, name), 3);
+    assert_eq!(
+        acquire_script(&mut conn, name, &ids)[0],
+        1,
+        "a resend is answered as taken"
+    );
+    assert_eq!(
+        support::raw::get_i64(&mut conn, name),
+        3,
+        "a resend took its permits again"
+    );
+    // Control: other ids are another acquire, which the same check sees take.
+    let more = [rand_id(), rand_id()];
+    assert_eq!(acquire_script(&mut conn, name, &more)[0], 1);
+    assert_eq!(support::raw::get_i64(&mut conn, name), 1);
+    assert_eq!(permits_in(&mut conn, name).len(), 4);
+    // Every permit given back: the count is 5 again, not 3.
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../lua/semaphore_release.lua"))
+        .arg(2)
+        .arg(name)
+        .arg(format!("{{{name}}}:timeout"))
+        .arg(format!("redisson_sc:{{{name}}}"));
+    for id in ids.iter().chain(&more) {
+        cmd.arg(&id[..]);
+    }
+    let (given, late): (i64, i64) = cmd.query(&mut conn).unwrap();
+    assert_eq!((given, late), (4, 0));
+    assert_eq!(sem.available().unwrap(), 5);
+}
