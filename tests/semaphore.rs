@@ -1187,3 +1187,38 @@ fn an_acquire_sent_again_takes_its_permits_once() {
     assert_eq!((given, late), (4, 0));
     assert_eq!(sem.available().unwrap(), 5);
 }
+
+/// A release that leaves the count at or below 0 (after a negative `add_permits`) publishes
+/// nothing: Redisson's waiters release their latch by the number published, and a negative
+/// one throws in its listener. The next positive change is the first message.
+#[test]
+fn a_release_publishes_no_count_below_one() {
+    init_logging();
+    let server = RedisServer::start();
+    let client = client(&server);
+    let name = "negative";
+    let sem = client
+        .semaphore(name)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    assert!(sem.try_set_permits(2).unwrap());
+    let both = sem.acquire_many(2).unwrap();
+    sem.add_permits(-3).unwrap();
+    let mut sub = server.conn();
+    let _: () = redis::cmd("SUBSCRIBE")
+        .arg(format!("redisson_sc:{{{name}}}"))
+        .query(&mut sub)
+        .unwrap();
+    sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(both.release().unwrap());
+    assert_eq!(support::raw::get_i64(&mut server.conn(), name), -1);
+    sem.add_permits(2).unwrap();
+    let first: String = sub
+        .as_pubsub()
+        .get_message()
+        .expect("add_permits publishes")
+        .get_payload()
+        .unwrap();
+    assert_eq!(first, "2", "a release published a count below 1");
+}
