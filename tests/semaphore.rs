@@ -1222,3 +1222,53 @@ fn a_release_publishes_no_count_below_one() {
         .unwrap();
     assert_eq!(first, "2", "a release published a count below 1");
 }
+
+/// A win whose reply comes back after the permit's lease (the server stopped meanwhile) hands
+/// out no permit: the acquire fails with `LateReply`, gives the permit back, and counts no
+/// lost hold (it never had one). Control: a permit handed out and released after its lease is
+/// counted lost by the same stats.
+#[test]
+fn a_late_win_hands_out_no_permit_and_counts_no_loss() {
+    init_logging();
+    let server = RedisServer::start();
+    let client = LockClient::builder(server.url())
+        .command_timeout(Some(Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    let lease = Duration::from_millis(500);
+    let sem = client.semaphore("late").ttl(lease).build().unwrap();
+    assert!(sem.try_set_permits(2).unwrap());
+    server.pause();
+    let result = thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sem = &sem;
+        let attempt = s.spawn(move || {
+            let _ = tx.send(());
+            sem.try_acquire().map(|p| p.ids())
+        });
+        rx.recv().unwrap();
+        // The attempt is on its way: its reply comes after the server is resumed.
+        thread::sleep(lease * 3);
+        server.resume();
+        attempt.join().unwrap()
+    });
+    assert!(
+        matches!(result, Err(LockError::LateReply { .. })),
+        "{result:?}"
+    );
+    assert_eq!(
+        sem.available().unwrap(),
+        2,
+        "the late permit was not given back"
+    );
+    assert_eq!(
+        client.stats().lost_holds,
+        0,
+        "a permit never handed out counted lost"
+    );
+    // Control: the same stats count a permit held past its lease.
+    let p = sem.try_acquire().unwrap();
+    thread::sleep(lease * 2);
+    assert!(!p.release().unwrap());
+    assert_eq!(client.stats().lost_holds, 1);
+}

@@ -397,14 +397,20 @@ impl Shared {
         match redis::from_redis_value_ref::<Vec<i64>>(&reply).as_deref() {
             Ok([1, _]) => {
                 let kind = RenewKind::ScoredMember(KIND);
-                let leases: Vec<Lease> = ids
+                let mut leases: Vec<Lease> = ids
                     .iter()
                     .map(|id| (self.opts).lease(&self.client, kind, id, start, None, Some(seen)))
                     .collect();
                 log::trace!("semaphore {:?}: {permits} permits taken", self.name);
-                // A reply that came too late: the permits are given back, none handed out.
+                // A reply that came too late: the permits are given back, none handed out, so
+                // none is counted lost if the release finds it gone or past its lease.
                 if let Some(first) = leases.first().cloned() {
-                    checked_win(&self.name, first, lease, seen, |_| self.release(&leases))?;
+                    checked_win(&self.name, first, lease, seen, |_| {
+                        for l in leases.iter_mut() {
+                            let _ = l.note_lost();
+                        }
+                        self.release(&leases)
+                    })?;
                 }
                 self.client.counters().attempt(KIND, true);
                 Ok(Attempt::Acquired(leases))
