@@ -1014,6 +1014,8 @@ fn lost_replies_leave_the_count_exact() {
     assert!(sem.try_acquire().is_err());
     assert!(evalshas(&mut conn) > before, "the acquire did not run");
     assert_eq!(client.pending_cleanups(), 1);
+    // The checker's control: until the undo runs, the count shows the permit taken.
+    assert_eq!(count(&mut conn), 1, "the lost acquire took no permit");
     proxy.set(support::proxy::Mode::Pass);
     assert!(settled(&mut conn), "the lost acquire was not settled");
     assert_eq!(count(&mut conn), 2);
