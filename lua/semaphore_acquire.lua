@@ -11,9 +11,12 @@
 -- Clock: the server's (TIME), so that every client of this library scores on one clock.
 -- First, as each of Redisson's scripts does, expired permits are reclaimed (removed, added back
 -- to the count) and the new count is published if positive: at most 100 + ARGV[1] per call.
--- Returns {1, free permits left} when taken, else {0, free permits (-1: never set), wait}:
--- wait = ms until the earliest permit expires by the server's clock, -1 if none does (no
--- permit taken, or only Redisson's permits without a lease).
+-- An acquire whose first id is in the set already ran: it takes nothing more (idempotent per
+-- ids, as the release is).
+-- Returns {1, free permits left} when taken (or taken by the same ids before), else
+-- {0, free permits (-1: never set), wait}: wait = ms until the earliest permit expires by the
+-- server's clock, -1 if none does (no permit taken, or only Redisson's permits without a
+-- lease).
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -27,6 +30,11 @@ if #expired > 0 then
     end
 end
 local value = redis.call('get', KEYS[1])
+-- The same acquire sent again (redis-rs resends a command after a timeout on a Cluster, the
+-- pool after a dropped connection): its ids are taken already, so nothing more is taken.
+if redis.call('zscore', KEYS[2], ARGV[4]) then
+    return {1, tonumber(value or '0')}
+end
 if value ~= false and tonumber(value) >= n then
     local left = redis.call('decrby', KEYS[1], n)
     local score = now + tonumber(ARGV[2])

@@ -6,8 +6,9 @@
 -- ARGV[2..] the permits' ids, raw 16 bytes each (at most 1000)
 -- Clock: the server's (TIME). First, expired permits are reclaimed (at most 100), as in
 -- semaphore_acquire.lua. Then each id still in the set is removed and the count raised by
--- how many were; the new count is published (as Redisson's release does), so that waiters
--- wake. Giving back an id twice gives it back once: the janitor may resend a release.
+-- how many were; the new count is published if positive (as Redisson's release does), so
+-- that waiters wake. Giving back an id twice gives it back once: the janitor may resend a
+-- release.
 -- Returns {given back, of those past their expiry}: the caller's permits were all still its
 -- own when the first equals the number of ids and the second is 0.
 if redis.replicate_commands then redis.replicate_commands() end
@@ -34,6 +35,10 @@ for i = 2, #ARGV do
 end
 if removed > 0 then
     local value = redis.call('incrby', KEYS[1], removed)
-    redis.call('publish', ARGV[1], value)
+    -- Only a positive count: Redisson's waiters release their latch by min(waiters, message),
+    -- and a negative one (a count below 0 after addPermits) throws in its listener.
+    if value > 0 then
+        redis.call('publish', ARGV[1], value)
+    end
 end
 return {removed, late}

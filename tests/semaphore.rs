@@ -648,14 +648,13 @@ fn redisson_and_this_crate_share_one_semaphore() {
     assert!(java.try_acquire(2, Some(Duration::from_secs(10))).is_some());
     drop(sub);
 
-    // Expired permits are reclaimed by either side: Java's 300 ms permits by our acquire...
+    // Expired permits are reclaimed by either side: Java's 1 s permits by our acquire (1 s, not
+    // less: the refusal right after must not be late on a busy machine)...
     let mut java = Java::new(&server, name);
     support::raw::del(&mut java.conn, name);
     support::raw::del(&mut java.conn, &java.timeout.clone());
     assert!(java.try_set_permits(1));
-    let _dead = java
-        .try_acquire(1, Some(Duration::from_millis(300)))
-        .unwrap();
+    let _dead = java.try_acquire(1, Some(Duration::from_secs(1))).unwrap();
     assert!(sem.try_acquire().unwrap_err().is_contention());
     let start = Instant::now();
     let p = sem.try_acquire_for(Duration::from_secs(10)).unwrap();
@@ -664,10 +663,10 @@ fn redisson_and_this_crate_share_one_semaphore() {
         "{:?}",
         start.elapsed()
     );
-    // ...and ours (300 ms, never released) by Java's.
+    // ...and ours (1 s, never released) by Java's.
     let short = client
         .semaphore(name)
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_secs(1))
         .build()
         .unwrap();
     drop(p);
@@ -679,65 +678,106 @@ fn redisson_and_this_crate_share_one_semaphore() {
         .is_some()));
 }
 
-/// Java and Rust holders together on a 2-permit semaphore: never more than 2 inside (an
-/// in-process counter, as every holder runs here), and the count is 2 at the end, for both.
-#[test]
-fn redisson_and_rust_holders_never_exceed_the_count() {
-    init_logging();
-    let server = RedisServer::start();
-    let name = "mixed:load";
-    let mut setup = Java::new(&server, name);
+/// 3 Rust and 3 Java threads, `rounds` sections each of `hold`, on the 2-permit semaphore
+/// `name` (set by Java), every permit with the lease `lease`: the most holders inside at once
+/// (an in-process counter, as every holder runs here) and the releases that found their permit
+/// lost.
+fn mixed(
+    server: &RedisServer,
+    name: &str,
+    lease: Duration,
+    hold: Duration,
+    rounds: u32,
+) -> (i64, usize) {
+    let mut setup = Java::new(server, name);
     assert!(setup.try_set_permits(2));
     let inside = AtomicI64::new(0);
     let max = AtomicI64::new(0);
-    let enter = || {
+    let lost = AtomicUsize::new(0);
+    let section = || {
         let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
         max.fetch_max(n, Ordering::SeqCst);
+        thread::sleep(hold);
+        inside.fetch_sub(1, Ordering::SeqCst);
     };
-    let client = client(&server);
+    let client = client(server);
     thread::scope(|s| {
         for _ in 0..3 {
             s.spawn(|| {
                 let sem = client
                     .semaphore(name)
-                    .ttl(Duration::from_secs(10))
+                    .ttl(lease)
                     .retry(RetryPolicy::standard().max_wait(Some(Duration::from_secs(30))))
                     .build()
                     .unwrap();
-                for _ in 0..15 {
+                for _ in 0..rounds {
                     let p = sem.acquire().unwrap();
-                    enter();
-                    thread::sleep(Duration::from_millis(2));
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    assert!(p.release().unwrap());
+                    section();
+                    if !p.release().unwrap() {
+                        lost.fetch_add(1, Ordering::SeqCst);
+                    }
                 }
             });
         }
         for _ in 0..3 {
             s.spawn(|| {
-                let mut java = Java::new(&server, name);
+                let mut java = Java::new(server, name);
                 let mut done = 0;
                 let deadline = Instant::now() + Duration::from_secs(30);
-                while done < 15 && Instant::now() < deadline {
-                    let Some(ids) = java.try_acquire(1, Some(Duration::from_secs(10))) else {
+                while done < rounds && Instant::now() < deadline {
+                    let Some(ids) = java.try_acquire(1, Some(lease)) else {
                         thread::sleep(Duration::from_millis(2));
                         continue;
                     };
-                    enter();
-                    thread::sleep(Duration::from_millis(2));
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    assert!(java.try_release(&ids[0]));
+                    section();
+                    if !java.try_release(&ids[0]) {
+                        lost.fetch_add(1, Ordering::SeqCst);
+                    }
                     done += 1;
                 }
-                assert_eq!(done, 15, "a Java holder starved");
+                assert_eq!(done, rounds, "a Java holder starved");
             });
         }
     });
-    let max = max.load(Ordering::SeqCst);
+    (max.load(Ordering::SeqCst), lost.load(Ordering::SeqCst))
+}
+
+/// Java and Rust holders together on a 2-permit semaphore: never more than 2 inside, and the
+/// count is 2 at the end, for both. The checker's negative control: permits whose lease (50 ms)
+/// ends long before the section (150 ms) are reclaimed by either side mid-section, and the
+/// same counter sees more than 2 inside.
+#[test]
+fn redisson_and_rust_holders_never_exceed_the_count() {
+    init_logging();
+    let server = RedisServer::start();
+    let name = "mixed:load";
+    let (max, lost) = mixed(
+        &server,
+        name,
+        Duration::from_secs(10),
+        Duration::from_millis(2),
+        15,
+    );
     assert!((1..=2).contains(&max), "{max} holders at once");
+    assert_eq!(lost, 0);
+    let mut setup = Java::new(&server, name);
     assert_eq!(setup.available(), 2);
-    let sem = client.semaphore(name).build().unwrap();
+    let sem = client(&server).semaphore(name).build().unwrap();
     assert_eq!(sem.available().unwrap(), 2);
+
+    let (max, lost) = mixed(
+        &server,
+        "mixed:control",
+        Duration::from_millis(50),
+        Duration::from_millis(150),
+        4,
+    );
+    eprintln!("negative control: {max} holders at once, {lost} releases found their permit lost");
+    assert!(
+        max > 2,
+        "the checker missed permits held past their lease: {max}"
+    );
+    assert!(lost > 0);
 }
 
 /// Java hosts whose clock runs ahead of the server's by d reclaim our permits d early (they
@@ -974,6 +1014,8 @@ fn lost_replies_leave_the_count_exact() {
     assert!(sem.try_acquire().is_err());
     assert!(evalshas(&mut conn) > before, "the acquire did not run");
     assert_eq!(client.pending_cleanups(), 1);
+    // The checker's control: until the undo runs, the count shows the permit taken.
+    assert_eq!(count(&mut conn), 1, "the lost acquire took no permit");
     proxy.set(support::proxy::Mode::Pass);
     assert!(settled(&mut conn), "the lost acquire was not settled");
     assert_eq!(count(&mut conn), 2);
@@ -1000,7 +1042,8 @@ fn watched_permits_are_renewed_and_a_lost_one_is_reported() {
     let server = RedisServer::start();
     let client = client(&server);
     let mut conn = server.conn();
-    let lease = Duration::from_secs(1);
+    // 2 s: a renewal (every 667 ms) late by a busy machine's stall still lands in time.
+    let lease = Duration::from_secs(2);
     let lost = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&lost);
     let keys = Arc::new(Mutex::new(Vec::new()));
@@ -1089,7 +1132,8 @@ fn a_semaphore_on_a_cluster() {
         }
     }
     names.push("{user7}:sem".to_owned());
-    let lease = Duration::from_secs(1);
+    // 2 s: renewals slot by slot on a busy machine still land within the lease.
+    let lease = Duration::from_secs(2);
     let sems: Vec<Semaphore> = names
         .iter()
         .map(|name| {
@@ -1116,4 +1160,159 @@ fn a_semaphore_on_a_cluster() {
     // A name whose braces form no hash tag would split Redisson's keys across slots.
     let e = client.semaphore("a{b").build().unwrap_err();
     assert!(matches!(e, LockError::Config { .. }), "{e:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replays and late replies.
+
+/// Runs our acquire script (`lua/semaphore_acquire.lua`) with `ids` on `name`, as the library
+/// sends it: `[taken, count, wait]`.
+fn acquire_script(conn: &mut redis::Connection, name: &str, ids: &[[u8; 16]]) -> Vec<i64> {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../lua/semaphore_acquire.lua"))
+        .arg(2)
+        .arg(name)
+        .arg(format!("{{{name}}}:timeout"))
+        .arg(ids.len())
+        .arg(10_000)
+        .arg(format!("redisson_sc:{{{name}}}"));
+    for id in ids {
+        cmd.arg(&id[..]);
+    }
+    cmd.query(conn).unwrap()
+}
+
+/// An acquire sent again with the same ids (redis-rs resends a command that timed out on a
+/// Cluster, the pool one whose connection dropped) takes its permits once: the count is not
+/// decremented twice for permits the set holds once, which no release could give back. The
+/// checker's control: new ids do take again. Released, the count is exactly what was set.
+#[test]
+fn an_acquire_sent_again_takes_its_permits_once() {
+    init_logging();
+    let server = RedisServer::start();
+    let client = client(&server);
+    let name = "resent";
+    let sem = client
+        .semaphore(name)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    assert!(sem.try_set_permits(5).unwrap());
+    let mut conn = server.conn();
+    let ids = [rand_id(), rand_id()];
+    assert_eq!(acquire_script(&mut conn, name, &ids)[0], 1);
+    assert_eq!(support::raw::get_i64(&mut conn, name), 3);
+    assert_eq!(
+        acquire_script(&mut conn, name, &ids)[0],
+        1,
+        "a resend is answered as taken"
+    );
+    assert_eq!(
+        support::raw::get_i64(&mut conn, name),
+        3,
+        "a resend took its permits again"
+    );
+    // Control: other ids are another acquire, which the same check sees take.
+    let more = [rand_id(), rand_id()];
+    assert_eq!(acquire_script(&mut conn, name, &more)[0], 1);
+    assert_eq!(support::raw::get_i64(&mut conn, name), 1);
+    assert_eq!(permits_in(&mut conn, name).len(), 4);
+    // Every permit given back: the count is 5 again, not 3.
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../lua/semaphore_release.lua"))
+        .arg(2)
+        .arg(name)
+        .arg(format!("{{{name}}}:timeout"))
+        .arg(format!("redisson_sc:{{{name}}}"));
+    for id in ids.iter().chain(&more) {
+        cmd.arg(&id[..]);
+    }
+    let (given, late): (i64, i64) = cmd.query(&mut conn).unwrap();
+    assert_eq!((given, late), (4, 0));
+    assert_eq!(sem.available().unwrap(), 5);
+}
+
+/// A release that leaves the count at or below 0 (after a negative `add_permits`) publishes
+/// nothing: Redisson's waiters release their latch by the number published, and a negative
+/// one throws in its listener. The next positive change is the first message.
+#[test]
+fn a_release_publishes_no_count_below_one() {
+    init_logging();
+    let server = RedisServer::start();
+    let client = client(&server);
+    let name = "negative";
+    let sem = client
+        .semaphore(name)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    assert!(sem.try_set_permits(2).unwrap());
+    let both = sem.acquire_many(2).unwrap();
+    sem.add_permits(-3).unwrap();
+    let mut sub = server.conn();
+    let _: () = redis::cmd("SUBSCRIBE")
+        .arg(format!("redisson_sc:{{{name}}}"))
+        .query(&mut sub)
+        .unwrap();
+    sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(both.release().unwrap());
+    assert_eq!(support::raw::get_i64(&mut server.conn(), name), -1);
+    sem.add_permits(2).unwrap();
+    let first: String = sub
+        .as_pubsub()
+        .get_message()
+        .expect("add_permits publishes")
+        .get_payload()
+        .unwrap();
+    assert_eq!(first, "2", "a release published a count below 1");
+}
+
+/// A win whose reply comes back after the permit's lease (the server stopped meanwhile) hands
+/// out no permit: the acquire fails with `LateReply`, gives the permit back, and counts no
+/// lost hold (it never had one). Control: a permit handed out and released after its lease is
+/// counted lost by the same stats.
+#[test]
+fn a_late_win_hands_out_no_permit_and_counts_no_loss() {
+    init_logging();
+    let server = RedisServer::start();
+    let client = LockClient::builder(server.url())
+        .command_timeout(Some(Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    let lease = Duration::from_millis(500);
+    let sem = client.semaphore("late").ttl(lease).build().unwrap();
+    assert!(sem.try_set_permits(2).unwrap());
+    server.pause();
+    let result = thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sem = &sem;
+        let attempt = s.spawn(move || {
+            let _ = tx.send(());
+            sem.try_acquire().map(|p| p.ids())
+        });
+        rx.recv().unwrap();
+        // The attempt is on its way: its reply comes after the server is resumed.
+        thread::sleep(lease * 3);
+        server.resume();
+        attempt.join().unwrap()
+    });
+    assert!(
+        matches!(result, Err(LockError::LateReply { .. })),
+        "{result:?}"
+    );
+    assert_eq!(
+        sem.available().unwrap(),
+        2,
+        "the late permit was not given back"
+    );
+    assert_eq!(
+        client.stats().lost_holds,
+        0,
+        "a permit never handed out counted lost"
+    );
+    // Control: the same stats count a permit held past its lease.
+    let p = sem.try_acquire().unwrap();
+    thread::sleep(lease * 2);
+    assert!(!p.release().unwrap());
+    assert_eq!(client.stats().lost_holds, 1);
 }

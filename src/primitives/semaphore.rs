@@ -118,10 +118,10 @@ impl fmt::Debug for SemaphoreBuilder {
 
 impl SemaphoreBuilder {
     hold::setters! {
-        /// Each permit's lease: a permit not released by then expires, and the next script
-        /// that runs on the semaphore (ours or Redisson's) gives it back. At least 1 ms, at
-        /// most [`MAX_TTL`](crate::MAX_TTL); sub-millisecond parts are dropped. An explicit
-        /// lease turns the watchdog off.
+        /// Each permit's lease: a permit not released by then expires, and the next acquire,
+        /// release or count of free permits on the semaphore (ours or Redisson's) gives it
+        /// back. At least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL); sub-millisecond parts
+        /// are dropped. An explicit lease turns the watchdog off.
         ttl(lease: Duration) => hold.ttl = Some(lease);
         /// The lease of watched permits (built without [`ttl`](Self::ttl)), renewed by the
         /// client's watchdog every third of it. Default
@@ -201,8 +201,9 @@ impl SemaphoreBuilder {
 /// Permits with an explicit [`ttl`](SemaphoreBuilder::ttl) expire at its end; without one they
 /// are watched, their expiry pushed forward by the client's watchdog while the [`Permit`]
 /// lives, so that a holder that dies gives them back at most one watchdog lease later.
-/// Expired permits are given back by the next script that runs on the semaphore (an acquire,
-/// a release, [`available`](Self::available), or a Java client's).
+/// Expired permits are given back by the next acquire, release or
+/// [`available`](Self::available) on the semaphore, ours or a Java client's (not by
+/// [`try_set_permits`](Self::try_set_permits) nor [`add_permits`](Self::add_permits)).
 #[derive(Clone)]
 pub struct Semaphore {
     shared: Arc<Shared>,
@@ -261,6 +262,10 @@ impl Semaphore {
 
     /// Takes `permits` permits at once, all or none, in one guard, waiting within the retry
     /// policy's bound. `permits` must be 1 to 1000 ([`LockError::Config`] otherwise).
+    ///
+    /// The threads of one client that wait on one name are served in arrival order: a thread
+    /// waiting for many permits holds back those behind it, even those that want fewer than
+    /// are free, until it gets its permits or gives up.
     pub fn acquire_many(&self, permits: u32) -> Result<Permit<'_>> {
         let attempts = Attempts::new(&self.shared.opts.retry);
         self.wait(permits, attempts)
@@ -397,14 +402,20 @@ impl Shared {
         match redis::from_redis_value_ref::<Vec<i64>>(&reply).as_deref() {
             Ok([1, _]) => {
                 let kind = RenewKind::ScoredMember(KIND);
-                let leases: Vec<Lease> = ids
+                let mut leases: Vec<Lease> = ids
                     .iter()
                     .map(|id| (self.opts).lease(&self.client, kind, id, start, None, Some(seen)))
                     .collect();
                 log::trace!("semaphore {:?}: {permits} permits taken", self.name);
-                // A reply that came too late: the permits are given back, none handed out.
+                // A reply that came too late: the permits are given back, none handed out, so
+                // none is counted lost if the release finds it gone or past its lease.
                 if let Some(first) = leases.first().cloned() {
-                    checked_win(&self.name, first, lease, seen, |_| self.release(&leases))?;
+                    checked_win(&self.name, first, lease, seen, |_| {
+                        for l in leases.iter_mut() {
+                            let _ = l.note_lost();
+                        }
+                        self.release(&leases)
+                    })?;
                 }
                 self.client.counters().attempt(KIND, true);
                 Ok(Attempt::Acquired(leases))
