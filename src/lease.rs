@@ -228,8 +228,13 @@ pub(crate) enum Attempt<T = Lease> {
     /// Taken.
     Acquired(T),
     /// Held by another owner; `pttl` is the hold's remaining lifetime when the attempt's reply
-    /// carried it (a waiter woken by pub/sub sleeps at most that long).
-    Held { pttl: Option<Duration> },
+    /// carried it (a waiter woken by pub/sub sleeps at most that long). `wake`: the channel a
+    /// release of that hold is published on, when it is not the line's own (a primitive over
+    /// many keys, refused by one of them); `None` for the line's channel.
+    Held {
+        pttl: Option<Duration>,
+        wake: Option<String>,
+    },
 }
 
 /// The clock-drift allowance of a lifetime `ttl`: 1% of it plus 2 ms (RedLock's; see

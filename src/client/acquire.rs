@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::client::subscriber::{Delivery, Wakeups};
+use crate::client::subscriber::{Delivery, Subscription, Wakeups};
 use crate::client::test_hooks::Event;
 use crate::client::waiters::WaitQueues;
 use crate::error::{LockError, Result};
@@ -31,7 +31,10 @@ pub(crate) fn acquire_blocking<'a, L: DistributedLock>(
         attempts,
         // A lock's public `try_acquire`: `LockError::Held` is a refusal.
         || match lock.try_acquire() {
-            Err(LockError::Held { .. }) => Ok(Attempt::Held { pttl: None }),
+            Err(LockError::Held { .. }) => Ok(Attempt::Held {
+                pttl: None,
+                wake: None,
+            }),
             other => other.map(Attempt::Acquired),
         },
         |_| Ok(()),
@@ -54,10 +57,14 @@ pub(crate) struct Line<'q> {
     pub(crate) wake: Option<Wake<'q>>,
 }
 
-/// Pub/sub wake-ups of a line: the client's subscriber and the lock's channel.
+/// Pub/sub wake-ups of a line: the client's subscriber and the channel to wait on.
 pub(crate) struct Wake<'q> {
     pub(crate) wakeups: &'q Wakeups,
-    pub(crate) channel: &'q str,
+    /// The lock's channel, waited on after a refusal that names none ([`Attempt::Held`]'s
+    /// `wake`) and after an attempt that failed. `None` for a line whose refusals name their
+    /// channel, one that may change from attempt to attempt (a primitive over many keys): it
+    /// waits on no channel after a failed attempt.
+    pub(crate) channel: Option<&'q str>,
     /// A second channel whose messages also wake the line, subscribed beside `channel` (a
     /// foreign fleet whose older releases publish elsewhere). Best effort: the wait relies on
     /// `channel`'s confirmation alone, and the poll covers a release missed on this one.
@@ -81,6 +88,14 @@ pub(crate) struct Wake<'q> {
 /// interval, whatever its lifetime. Without a confirmed subscription (pub/sub unavailable,
 /// subscriber reconnecting) or without a reported lifetime it falls back to the policy's
 /// sleeps.
+///
+/// A refusal that names its channel ([`Attempt::Held`]'s `wake`) is waited on there instead:
+/// when the channel named changes, the thread subscribes to the new one (and tries again at
+/// once if that is confirmed at once, as after the first refusal) and then drops the old one,
+/// so it is woken by releases of the hold that refused it last and by no other; on a line
+/// without a channel of its own it waits on none after a failed attempt. Such a wait neither
+/// marks the line silent nor clears the mark: the silence is the refusing hold's, not the
+/// line's.
 ///
 /// The handoff courtesy ([`WaitQueues::take_courtesy`]) is slept before the first attempt,
 /// never past the deadline. A thread that reaches its deadline still waiting for its turn
@@ -115,6 +130,8 @@ pub(crate) fn wait_in_line<T>(
     on_give_up: impl FnOnce(u32) -> Result<()>,
 ) -> Result<T> {
     let mut pttl = None;
+    // The channel the latest refusal named, if any.
+    let mut named = None;
     // The deadline, or for a count-limited policy the longest its retries could take, so a
     // retry limit still ends every wait; `None` only for a wait without any limit.
     let deadline = attempts.queue_deadline();
@@ -132,7 +149,7 @@ pub(crate) fn wait_in_line<T>(
         attempts.record();
         match refused_if_late(attempt(), &mut late)? {
             Attempt::Acquired(taken) => return Ok(taken),
-            Attempt::Held { pttl: p } => pttl = p,
+            Attempt::Held { pttl: p, wake } => (pttl, named) = (p, wake),
         }
     }
     let mut ticket = line.queues.enqueue(line.name);
@@ -141,7 +158,7 @@ pub(crate) fn wait_in_line<T>(
         "lock {key:?}: waiting behind {} threads of this process",
         ticket.ahead()
     );
-    let mut subscription = None;
+    let mut subscription: Option<Subscription<'_>> = None;
     let mut also = None;
     let mut polled = false;
     let stalled = loop {
@@ -150,17 +167,27 @@ pub(crate) fn wait_in_line<T>(
                 break None;
             };
             let mut fresh = false;
-            if let (None, Some(wake)) = (&subscription, &line.wake) {
-                subscription =
-                    wake.wakeups
-                        .subscribe(wake.channel, line.name, Delivery::Release, deadline);
-                // Confirmed just now: a release since the refused attempt may have been
-                // missed, so try again at once.
-                fresh = subscription.as_ref().is_some_and(|s| s.is_confirmed());
-                also = wake.also.and_then(|ch| {
-                    wake.wakeups
-                        .subscribe(ch, line.name, Delivery::Release, deadline)
-                });
+            // Waiting on the line's own channel, not on one the latest refusal named.
+            let own = named.is_none();
+            if let Some(wake) = &line.wake {
+                match named.as_deref().or(wake.channel) {
+                    // A failed attempt on a line without a channel of its own: none to hear.
+                    None => (subscription, also) = (None, None),
+                    Some(ch) if subscription.as_ref().is_none_or(|s| s.channel() != ch) => {
+                        // Made before the previous one (of another channel) is dropped.
+                        subscription =
+                            wake.wakeups
+                                .subscribe(ch, line.name, Delivery::Release, deadline);
+                        // Confirmed just now: a release since the refused attempt may have
+                        // been missed, so try again at once.
+                        fresh = subscription.as_ref().is_some_and(|s| s.is_confirmed());
+                        also = wake.also.and_then(|ch| {
+                            wake.wakeups
+                                .subscribe(ch, line.name, Delivery::Release, deadline)
+                        });
+                    }
+                    Some(_) => {}
+                }
             }
             let listening = subscription.as_ref().is_some_and(|s| s.is_confirmed());
             // Beside the subscription, a poll: a holder that frees the lock without
@@ -188,13 +215,13 @@ pub(crate) fn wait_in_line<T>(
                 }
             );
             let woken = ticket.sleep(sleep);
-            if woken && listening {
+            if woken && listening && own {
                 line.queues.heard_release(line.name);
             }
             // Woken by the poll, before the holder's lifetime ran out, and first in line (the
             // attempt follows at once): a win now means the holder freed the lock without
             // publishing.
-            polled = poll.is_some() && !woken && (!line.fifo || ticket.ahead() == 0);
+            polled = own && poll.is_some() && !woken && (!line.fifo || ticket.ahead() == 0);
         }
         if line.fifo && !ticket.wait_turn(deadline) {
             // Gave up before its turn: because the lock is held, or because the threads
@@ -224,7 +251,7 @@ pub(crate) fn wait_in_line<T>(
                 );
                 return Ok(taken);
             }
-            Attempt::Held { pttl: p } => pttl = p,
+            Attempt::Held { pttl: p, wake } => (pttl, named) = (p, wake),
         }
     };
     drop((also, subscription, ticket));
@@ -277,7 +304,10 @@ fn refused_if_late<T>(
         Err(e) if e.is_transient() => {
             log::debug!("{}; retried until the deadline", e.report());
             *late = Some(e);
-            Ok(Attempt::Held { pttl: None })
+            Ok(Attempt::Held {
+                pttl: None,
+                wake: None,
+            })
         }
         other => {
             *late = None;
@@ -349,7 +379,10 @@ mod tests {
             let mut late = None;
             let retried = matches!(
                 refused_if_late::<crate::lease::Lease>(Err(e), &mut late),
-                Ok(Attempt::Held { pttl: None })
+                Ok(Attempt::Held {
+                    pttl: None,
+                    wake: None
+                })
             );
             assert_eq!(retried, transient, "{shown}");
             assert_eq!(late.is_some(), transient, "{shown}");

@@ -154,7 +154,7 @@ impl HoldOptions {
     ) -> Line<'a> {
         let wake = (self.wake_up == WakeUp::PubSub).then(|| Wake {
             wakeups: client.wakeups(),
-            channel: &self.channel,
+            channel: Some(&self.channel),
             also,
         });
         Line {

@@ -17,9 +17,10 @@
 //! tries again from the first group: so no hold ever waits while holding, and two multi-locks
 //! over overlapping keys cannot deadlock.
 //!
-//! Waiters subscribe to the Token channel of the key that refused them (the client's one
-//! subscriber connection, [`Delivery::Release`]), so a Token release or a multi-lock release of
-//! that key wakes them; they also poll beside it, as Token waiters do.
+//! A blocking acquire waits in the runtime's loop, as the locks do: its refusals name the
+//! Token channel of the key that refused them, to which the waiter subscribes (the client's one
+//! subscriber connection), so a Token release or a multi-lock release of that key wakes it; it
+//! also polls beside it, as Token waiters do.
 //!
 //! Without an explicit ttl each key's hold is given to the client's watchdog as a string-value
 //! hold ([`RenewKind::Value`]): the watchdog renews the holds due together in one call per hash
@@ -33,15 +34,15 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::client::acquire::{wait_in_line, Line, Wake};
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
 use crate::client::janitor;
 use crate::client::live;
-use crate::client::subscriber::{Delivery, Subscription};
 use crate::client::LockClient;
 use crate::error::{LockError, Result};
 use crate::keys;
-use crate::lease::{LostCallback, LostLock, RenewKind, WatchState};
+use crate::lease::{Attempt, LostCallback, LostLock, RenewKind, WatchState};
 use crate::primitives::hold::{self, HoldOptions, HoldSettings};
 use crate::primitives::string_value;
 use crate::retry::{Attempts, RetryPolicy};
@@ -265,85 +266,48 @@ impl MultiLock {
         self.keys[range].iter().map(String::as_str).collect()
     }
 
-    /// The blocking acquire: attempts until every key is taken or the budget ends. Between
-    /// attempts nothing is held; the thread sleeps until a release of the key that refused it
-    /// is published (subscribed to that key only), at most that key's remaining lifetime and
-    /// the poll interval, or by the policy's backoff without pub/sub.
-    fn acquire_blocking(&self, mut attempts: Attempts<'_>) -> Result<MultiGuard<'_>> {
+    /// The blocking acquire: attempts until every key is taken or the budget ends, in the
+    /// runtime's loop ([`wait_in_line`]). Between attempts nothing is held; each refusal names
+    /// the channel of the key that refused it, so the thread waits on that key's releases
+    /// only (not on those its own give-backs publish on the other keys' channels), on none
+    /// after a failed attempt.
+    fn acquire_blocking(&self, attempts: Attempts<'_>) -> Result<MultiGuard<'_>> {
         let acq = self.acquiring();
         // A line of its own (no key is named so: a NUL starts it), woken by the subscriptions.
-        let line = format!("\0multi:{}", String::from_utf8_lossy(&acq.token));
-        let deadline = attempts.queue_deadline();
-        let (waiters, wakeups) = (self.client.waiters(), self.client.wakeups());
-        let mut ticket: Option<crate::client::waiters::Ticket<'_>> = None;
-        // The subscription to the channel of the key that refused the latest attempt, and
-        // no other: the give-back of the groups an attempt took publishes on their keys'
-        // channels, which must not wake this waiter (it would retry at once, again and again).
-        let mut sub: Option<(usize, Option<Subscription<'_>>)> = None;
-        let mut late: Option<LockError>;
-        let mut last = 0;
-        let result = loop {
-            attempts.record();
-            if let Some(t) = ticket.as_mut() {
-                t.mark();
-            }
-            let (held, pttl) = match self.attempt(&acq) {
-                Ok(Step::Won(guard)) => break Ok(guard),
-                Ok(Step::Refused { key, pttl }) => {
-                    late = None;
-                    last = key;
-                    (Some(key), pttl)
-                }
-                Err(e) if e.is_transient() => {
-                    log::debug!("{}; retried until the deadline", e.report());
-                    late = Some(e);
-                    (None, None)
-                }
-                Err(e) => break Err(e),
-            };
-            let Some(backoff) = attempts.next_sleep() else {
-                break Err(late.take().unwrap_or_else(|| LockError::Timeout {
-                    key: self.keys[last].clone(),
-                    attempts: attempts.made(),
-                    waited: attempts.waited(),
-                }));
-            };
-            let ticket = ticket.get_or_insert_with(|| waiters.enqueue(&line));
-            if held.is_none() {
-                // Failed, not refused: nothing to listen for, and the give-back of what the
-                // attempt took, published, must not cut its backoff short.
-                sub = None;
-            }
-            let mut fresh = false;
-            if let Some(k) = held.filter(|k| sub.as_ref().is_none_or(|(i, _)| i != k)) {
-                let new = wakeups.subscribe(&self.channels[k], &line, Delivery::Release, deadline);
-                // Confirmed just now: a release since the refusal may have been missed.
-                fresh = new.as_ref().is_some_and(Subscription::is_confirmed);
-                // The previous key's subscription ends here, after the new one is made.
-                sub = Some((k, new));
-            }
-            let listening = held.is_some_and(|k| {
-                sub.as_ref().is_some_and(|(i, s)| {
-                    *i == k && s.as_ref().is_some_and(Subscription::is_confirmed)
-                })
-            });
-            let sleep = match pttl {
-                _ if fresh => Duration::ZERO,
-                Some(p) if listening => {
-                    let interval = waiters.poll_interval(&line, self.opts.retry.max_delay);
-                    let p = p.min(interval);
-                    deadline.map_or(p, |d| p.min(d.saturating_duration_since(Instant::now())))
-                }
-                _ => backoff,
-            };
-            log::trace!(
-                "multi-lock {:?}: refused by {:?}, next attempt in at most {sleep:?}",
-                self.keys[0],
-                held.map(|k| &self.keys[k])
-            );
-            ticket.sleep(sleep);
+        let name = format!("\0multi:{}", String::from_utf8_lossy(&acq.token));
+        let line = Line {
+            queues: self.client.waiters(),
+            name: &name,
+            fifo: false,
+            // Alone in its line: no courtesy to wait for, no one to wait behind.
+            barge: true,
+            wake: Some(Wake {
+                wakeups: self.client.wakeups(),
+                channel: None,
+                also: None,
+            }),
         };
-        drop((sub, ticket));
+        // The key that refused the latest attempt, named by a timeout.
+        let last = Cell::new(0);
+        let attempt = || match self.attempt(&acq)? {
+            Step::Won(guard) => Ok(Attempt::Acquired(guard)),
+            Step::Refused { key, pttl } => {
+                last.set(key);
+                let wake = Some(self.channels[key].clone());
+                Ok(Attempt::Held { pttl, wake })
+            }
+        };
+        let floor = self.opts.retry.max_delay;
+        let result = match wait_in_line(&self.keys[0], floor, line, attempts, attempt, |_| Ok(())) {
+            Err(LockError::Timeout {
+                attempts, waited, ..
+            }) => Err(LockError::Timeout {
+                key: self.keys[last.get()].clone(),
+                attempts,
+                waited,
+            }),
+            other => other,
+        };
         if result.is_err() {
             self.forget_unsure(&acq);
         }

@@ -313,7 +313,7 @@ impl ReentrantLock {
             AcquireReply::Held { pttl } => {
                 // Refused, so this owner holds nothing (else the script had let it re-enter).
                 note_local(&owner, &self.opts.key, Seen::Nothing);
-                Ok(Attempt::Held { pttl })
+                Ok(Attempt::Held { pttl, wake: None })
             }
         };
         self.client.counters().outcome(KIND, &result);

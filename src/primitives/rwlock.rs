@@ -593,7 +593,10 @@ impl Shared {
                     let half = Duration::from_millis(intent_ms / 2);
                     wait = Some(wait.map_or(half, |w| w.min(half)));
                 }
-                Ok(Attempt::Held { pttl: wait })
+                Ok(Attempt::Held {
+                    pttl: wait,
+                    wake: None,
+                })
             }
             -2 => Err(LockError::unsupported(
                 &self.key,

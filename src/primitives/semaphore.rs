@@ -425,7 +425,10 @@ impl Shared {
                     .map(|ms| Duration::from_millis(ms.saturating_add(1)))
                     .unwrap_or(IDLE_WAIT);
                 self.client.counters().attempt(KIND, false);
-                Ok(Attempt::Held { pttl: Some(pttl) })
+                Ok(Attempt::Held {
+                    pttl: Some(pttl),
+                    wake: None,
+                })
             }
             _ => Err(LockError::unexpected_reply(
                 &self.name,

@@ -335,7 +335,7 @@ impl TokenLock {
                 }
                 won.map(Attempt::Acquired)
             }
-            AcquireReply::Held { pttl } => Ok(Attempt::Held { pttl }),
+            AcquireReply::Held { pttl } => Ok(Attempt::Held { pttl, wake: None }),
         };
         self.client.counters().outcome(self.dialect.kind, &result);
         result

@@ -313,6 +313,11 @@ impl Subscription<'_> {
     pub(crate) fn is_confirmed(&self) -> bool {
         lock(&self.shared.state).is_confirmed(&self.channel)
     }
+
+    /// The channel subscribed to.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
 }
 
 impl Drop for Subscription<'_> {
