@@ -17,18 +17,9 @@
 -- {0, free permits (-1: never set), wait}: wait = ms until the earliest permit expires by the
 -- server's clock, -1 if none does (no permit taken, or only Redisson's permits without a
 -- lease).
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include semaphore_reclaim.lua
 local n = tonumber(ARGV[1])
-local expired = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 100 + n)
-if #expired > 0 then
-    redis.call('zrem', KEYS[2], unpack(expired))
-    local value = redis.call('incrby', KEYS[1], #expired)
-    if value > 0 then
-        redis.call('publish', ARGV[3], value)
-    end
-end
+reclaim(100 + n, ARGV[3])
 local value = redis.call('get', KEYS[1])
 -- The same acquire sent again (redis-rs resends a command after a timeout on a Cluster, the
 -- pool after a dropped connection): its ids are taken already, so nothing more is taken.

@@ -12,21 +12,10 @@
 --                        (absent: 0), publishing ARGV[3] if positive; returns the new count
 -- ARGV[2]   the channel ('redisson_sc:{name}')
 -- ARGV[3]   the permits ('set', 'add')
+-- #include semaphore_reclaim.lua
 local op = ARGV[1]
 if op == 'available' then
-    if redis.replicate_commands then redis.replicate_commands() end
-    local t = redis.call('time')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local expired = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 1000)
-    if #expired > 0 then
-        redis.call('zrem', KEYS[2], unpack(expired))
-        local value = redis.call('incrby', KEYS[1], #expired)
-        if value > 0 then
-            redis.call('publish', ARGV[2], value)
-        end
-        return value
-    end
-    return tonumber(redis.call('get', KEYS[1]) or '0')
+    return reclaim(1000, ARGV[2]) or tonumber(redis.call('get', KEYS[1]) or '0')
 elseif op == 'set' then
     if redis.call('get', KEYS[1]) == false then
         redis.call('set', KEYS[1], ARGV[3])

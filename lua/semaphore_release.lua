@@ -11,17 +11,8 @@
 -- release.
 -- Returns {given back, of those past their expiry}: the caller's permits were all still its
 -- own when the first equals the number of ids and the second is 0.
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 100)
-if #expired > 0 then
-    redis.call('zrem', KEYS[2], unpack(expired))
-    local value = redis.call('incrby', KEYS[1], #expired)
-    if value > 0 then
-        redis.call('publish', ARGV[1], value)
-    end
-end
+-- #include semaphore_reclaim.lua
+reclaim(100, ARGV[1])
 local removed, late = 0, 0
 for i = 2, #ARGV do
     local score = redis.call('zscore', KEYS[2], ARGV[i])

@@ -47,13 +47,14 @@ struct Plain {
 }
 
 impl LuaScript {
-    /// A script; a `-- #include rw_prelude.lua` line is replaced by the read-write scripts'
-    /// shared opening (`lua/rw_prelude.lua`), a `-- #include fair_live_head.lua` line by the
-    /// queue walk both fair scripts share (Redis scripts cannot load one another).
+    /// A script, each of its [`INCLUDES`] lines replaced by the piece it names (Redis scripts
+    /// cannot load one another).
     fn new(name: &'static str, code: &str) -> Self {
-        let code =
-            code.replacen(RW_INCLUDE, RW_PRELUDE, 1)
-                .replacen(FAIR_INCLUDE, FAIR_LIVE_HEAD, 1);
+        let code = INCLUDES
+            .iter()
+            .fold(code.to_owned(), |code, (line, piece)| {
+                code.replacen(line, piece, 1)
+            });
         LuaScript {
             name,
             script: redis::Script::new(&code),
@@ -248,6 +249,17 @@ const RW_PRELUDE: &str = include_str!("../lua/rw_prelude.lua");
 const FAIR_INCLUDE: &str = "-- #include fair_live_head.lua\n";
 /// The queue walk shared by the fair lock scripts.
 const FAIR_LIVE_HEAD: &str = include_str!("../lua/fair_live_head.lua");
+/// The pieces scripts share, each by the line that stands for it: the read-write scripts'
+/// opening, the fair scripts' queue walk, and the semaphore scripts' opening (the server's
+/// time and the give-back of expired permits, `lua/semaphore_reclaim.lua`).
+const INCLUDES: [(&str, &str); 3] = [
+    (RW_INCLUDE, RW_PRELUDE),
+    (FAIR_INCLUDE, FAIR_LIVE_HEAD),
+    (
+        "-- #include semaphore_reclaim.lua\n",
+        include_str!("../lua/semaphore_reclaim.lua"),
+    ),
+];
 
 /// Declares [`Scripts`], one field per script `lua/<field>.lua`, and builds every one of them
 /// as its file has it.

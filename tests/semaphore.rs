@@ -1165,11 +1165,21 @@ fn a_semaphore_on_a_cluster() {
 // ---------------------------------------------------------------------------------------------
 // Replays and late replies.
 
+/// Our script `text` as the library sends it: its include line replaced by the semaphore
+/// scripts' opening (`lua/semaphore_reclaim.lua`).
+fn ours(text: &str) -> String {
+    text.replacen(
+        "-- #include semaphore_reclaim.lua\n",
+        include_str!("../lua/semaphore_reclaim.lua"),
+        1,
+    )
+}
+
 /// Runs our acquire script (`lua/semaphore_acquire.lua`) with `ids` on `name`, as the library
 /// sends it: `[taken, count, wait]`.
 fn acquire_script(conn: &mut redis::Connection, name: &str, ids: &[[u8; 16]]) -> Vec<i64> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(include_str!("../lua/semaphore_acquire.lua"))
+    cmd.arg(ours(include_str!("../lua/semaphore_acquire.lua")))
         .arg(2)
         .arg(name)
         .arg(format!("{{{name}}}:timeout"))
@@ -1219,7 +1229,7 @@ fn an_acquire_sent_again_takes_its_permits_once() {
     assert_eq!(permits_in(&mut conn, name).len(), 4);
     // Every permit given back: the count is 5 again, not 3.
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(include_str!("../lua/semaphore_release.lua"))
+    cmd.arg(ours(include_str!("../lua/semaphore_release.lua")))
         .arg(2)
         .arg(name)
         .arg(format!("{{{name}}}:timeout"))

@@ -614,13 +614,17 @@ mod tests {
 
     #[test]
     fn scripts_bound_their_loops() {
-        for code in [
-            include_str!("../../lua/semaphore_acquire.lua"),
-            include_str!("../../lua/semaphore_release.lua"),
-            include_str!("../../lua/semaphore_count.lua"),
+        let built = crate::scripts::Scripts::for_server(None);
+        for script in [
+            &built.semaphore_acquire,
+            &built.semaphore_release,
+            &built.semaphore_count,
         ] {
+            let code = script.code();
             assert!(code.starts_with("-- "));
             assert!(code.contains("KEYS[2]") && code.contains("ARGV[1]"));
+            // The shared opening is in, once.
+            assert_eq!(code.matches("local function reclaim(").count(), 1);
             // Every reclaim is limited.
             assert_eq!(
                 code.matches("zrangebyscore").count(),
