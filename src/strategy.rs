@@ -324,11 +324,14 @@ impl LockBuilder {
     fn verify(&self, lock: &Lock) -> Result<()> {
         let (client, key) = (&self.client, self.key.as_str());
         let (what, checks) = match lock {
-            Lock::Token(l) => ("Token", token::access_checks(client, key, l)),
-            Lock::Classic(_) => ("Classic", classic::access_checks(client, key)),
-            Lock::Reentrant(l) => ("reentrant", l.access_checks()),
-            Lock::Fair(l) => ("fair", l.access_checks()),
-            Lock::Spring(l) => ("Spring", token::access_checks(client, key, l.underneath())),
+            Lock::Token(l) => ("Token lock", token::access_checks(client, key, l)),
+            Lock::Classic(_) => ("Classic lock", classic::access_checks(client, key)),
+            Lock::Reentrant(l) => ("reentrant lock", l.access_checks()),
+            Lock::Fair(l) => ("fair lock", l.access_checks()),
+            Lock::Spring(l) => (
+                "Spring lock",
+                token::access_checks(client, key, l.underneath()),
+            ),
         };
         access::verify(client, key, what, &checks)
     }

@@ -395,3 +395,226 @@ fn on_valkey_the_native_commands_are_checked_too() {
     let guard = lock.try_lock().expect("acquire");
     assert!(guard.unlock().expect("a native release"));
 }
+
+/// The semaphore's rule for names under `locks:*`: its count at the name, Redisson's sorted
+/// set of permits `{name}:timeout`, and its channel `redisson_sc:{name}`.
+const SEMAPHORE_RULE: &[&str] = &[
+    "~locks:*",
+    "~{locks:*}:timeout",
+    "&redisson_sc:{locks:*}",
+    "+get",
+    "+set",
+    "+incrby",
+    "+decrby",
+    "+pttl",
+    "+pexpire",
+    "+time",
+    "+zadd",
+    "+zrem",
+    "+zscore",
+    "+zrange",
+    "+zrangebyscore",
+    "+publish",
+    "+subscribe",
+    "+unsubscribe",
+    "+ping",
+    "+eval",
+    "+evalsha",
+];
+
+/// The multi-lock's rule for keys under `locks:*`: the keys, and their Token channels.
+const MULTI_RULE: &[&str] = &[
+    "~locks:*",
+    "&redisson_lock__channel:{locks:*}",
+    "+get",
+    "+set",
+    "+pttl",
+    "+del",
+    "+pexpire",
+    "+publish",
+    "+subscribe",
+    "+unsubscribe",
+    "+ping",
+    "+eval",
+    "+evalsha",
+];
+
+/// A client of user `name`, whose rule is `rule` without `removed` (the client itself builds).
+fn client_without(server: &RedisServer, rule: &[&str], name: &str, removed: &str) -> LockClient {
+    assert!(rule.contains(&removed), "{removed} is in the rule");
+    let rule: Vec<&str> = rule.iter().copied().filter(|r| *r != removed).collect();
+    user(server, name, &rule);
+    client(server, name).unwrap_or_else(|e| panic!("{name}: {}", e.report()))
+}
+
+/// `err` is the configuration error of a denied command, naming each of `mentions`; its report.
+fn assert_denied(err: LockError, mentions: &[&str]) -> String {
+    assert!(err.is_config(), "{err:?}");
+    let report = err.report();
+    for m in mentions {
+        assert!(report.contains(m), "{report:?} should mention {m:?}");
+    }
+    report
+}
+
+/// A semaphore with exactly its documented rule: checked at `build()`, its watched permit
+/// renewed past its lease, released, and the waiter of another client given it.
+#[test]
+fn documented_semaphore_rule_is_enough() {
+    init_logging();
+    let server = RedisServer::start();
+    user(&server, "sem", SEMAPHORE_RULE);
+    let a = client(&server, "sem").unwrap_or_else(|e| panic!("sem: {}", e.report()));
+    let b = client(&server, "sem").unwrap();
+    let build = |c: &LockClient| {
+        c.semaphore("locks:sem")
+            .watchdog_lease(Duration::from_millis(600))
+            .check_access()
+            .build()
+            .unwrap_or_else(|e| panic!("sem: {}", e.report()))
+    };
+    let (sa, sb) = (build(&a), build(&b));
+    assert!(sa.try_set_permits(1).unwrap(), "the count is set");
+    let permit = sa
+        .acquire()
+        .unwrap_or_else(|e| panic!("sem: {}", e.report()));
+    let waiter = thread::spawn(move || {
+        let t = Instant::now();
+        let got = sb.acquire().and_then(|p| p.release());
+        (got.map_err(|e| e.report()), t.elapsed())
+    });
+    // Time under test: held past its lease.
+    thread::sleep(Duration::from_millis(1_500));
+    assert!(!permit.is_lost(), "held past its lease (renewed)");
+    assert_eq!(sa.available().unwrap(), 0);
+    assert!(permit.release().unwrap(), "released, still ours");
+    let (got, waited) = waiter.join().unwrap();
+    assert_eq!(got, Ok(true), "the waiter got it after the release");
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+}
+
+/// A multi-lock with exactly its documented rule: checked at `build()`, renewed past its
+/// lease, released, and the waiter of another client (over an overlapping set) given it.
+#[test]
+fn documented_multi_lock_rule_is_enough() {
+    init_logging();
+    let server = RedisServer::start();
+    user(&server, "multi", MULTI_RULE);
+    let a = client(&server, "multi").unwrap_or_else(|e| panic!("multi: {}", e.report()));
+    let b = client(&server, "multi").unwrap();
+    let build = |c: &LockClient, keys: &[&str]| {
+        c.multi_lock(keys)
+            .watchdog_lease(Duration::from_millis(600))
+            .check_access()
+            .build()
+            .unwrap_or_else(|e| panic!("multi: {}", e.report()))
+    };
+    // The largest multi-lock: every one of its 1,000 keys checked in the one round trip.
+    let many: Vec<String> = (0..1000).map(|i| format!("locks:many{i}")).collect();
+    (a.multi_lock(&many).check_access().build())
+        .unwrap_or_else(|e| panic!("1,000 keys: {}", e.report()));
+    let la = build(&a, &["locks:m1", "locks:m2"]);
+    let lb = build(&b, &["locks:m2", "locks:m3"]);
+    let guard = la
+        .lock()
+        .unwrap_or_else(|e| panic!("multi: {}", e.report()));
+    let waiter = thread::spawn(move || {
+        let t = Instant::now();
+        let got = lb.lock().and_then(|g| g.unlock());
+        (got.map_err(|e| e.report()), t.elapsed())
+    });
+    // Time under test: held past its lease.
+    thread::sleep(Duration::from_millis(1_500));
+    assert!(!guard.is_lost(), "held past its lease (renewed)");
+    assert!(guard.unlock().unwrap(), "unlock");
+    let (got, waited) = waiter.join().unwrap();
+    assert_eq!(got, Ok(true), "the waiter got it after the release");
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+}
+
+#[test]
+fn a_missing_semaphore_permission_is_named_before_the_first_acquire() {
+    init_logging();
+    let server = RedisServer::start();
+    let c = client_without(&server, SEMAPHORE_RULE, "nopubsem", "+publish");
+    let err =
+        (c.semaphore("locks:nopubsem").check_access().build()).expect_err("PUBLISH is missing");
+    let report = assert_denied(err, &["PUBLISH redisson_sc:{locks:nopubsem}", "NOPERM"]);
+    assert!(
+        !report.contains("EVALSHA"),
+        "only PUBLISH is denied: {report}"
+    );
+    // The control: without the check the same user builds it (and would find out at its
+    // first release).
+    assert!(c.semaphore("locks:nopubsem").build().is_ok());
+
+    let c = client_without(&server, SEMAPHORE_RULE, "nozset", "~{locks:*}:timeout");
+    let err = (c.semaphore("locks:nozset").check_access().build())
+        .expect_err("the permits' sorted set is denied");
+    assert_denied(
+        err,
+        &[
+            "EVALSHA",
+            "ZADD {locks:nozset}:timeout",
+            "ZRANGEBYSCORE {locks:nozset}:timeout",
+            "NOPERM",
+        ],
+    );
+
+    let c = client_without(&server, SEMAPHORE_RULE, "nosemch", "&redisson_sc:{locks:*}");
+    let err =
+        (c.semaphore("locks:nosemch").check_access().build()).expect_err("the channel is denied");
+    assert_denied(
+        err,
+        &[
+            "PUBLISH redisson_sc:{locks:nosemch}",
+            "SUBSCRIBE redisson_sc:{locks:nosemch}",
+            "NOPERM",
+        ],
+    );
+}
+
+#[test]
+fn a_missing_multi_lock_permission_is_named_before_the_first_acquire() {
+    init_logging();
+    let server = RedisServer::start();
+    let keys = ["locks:nochm1", "locks:nochm2"];
+    let c = client_without(
+        &server,
+        MULTI_RULE,
+        "nochm",
+        "&redisson_lock__channel:{locks:*}",
+    );
+    let err = (c.multi_lock(&keys).check_access().build()).expect_err("the channels are denied");
+    assert_denied(
+        err,
+        &[
+            "PUBLISH redisson_lock__channel:{locks:nochm1}",
+            "PUBLISH redisson_lock__channel:{locks:nochm2}",
+            "SUBSCRIBE redisson_lock__channel:{locks:nochm2}",
+            "NOPERM",
+        ],
+    );
+    // The control: without the check the same user builds it.
+    assert!(c.multi_lock(&keys).build().is_ok());
+
+    let c = client_without(&server, MULTI_RULE, "nodelm", "+del");
+    let err = (c
+        .multi_lock(&["locks:nodelm1", "locks:nodelm2"])
+        .check_access())
+    .build()
+    .expect_err("DEL is missing");
+    assert_denied(err, &["DEL locks:nodelm1", "DEL locks:nodelm2", "NOPERM"]);
+
+    // Every key is checked, not one per group: a key outside the pattern is named.
+    user(&server, "onekey", MULTI_RULE);
+    let c = client(&server, "onekey").unwrap();
+    let err = (c.multi_lock(&["locks:ok", "other:k"]).check_access())
+        .build()
+        .expect_err("other:k is outside the rule's keys");
+    let report = assert_denied(err, &["EVALSHA", "GET other:k", "DEL other:k", "NOPERM"]);
+    assert!(
+        !report.contains("GET locks:ok"),
+        "the allowed key is not named: {report}"
+    );
+}

@@ -38,9 +38,9 @@ pub(crate) fn native(client: &LockClient, key: &str) -> Vec<Check> {
     c
 }
 
-/// Sends the check for the lock on `key` (`what` names its kind): `Ok` when everything is
-/// allowed, else [`LockError::Config`] naming the lock, each denied command with its key or
-/// channel, and NOPERM.
+/// Sends the check for the lock on `key` (`what` names its kind: "Token lock", "semaphore"):
+/// `Ok` when everything is allowed, else [`LockError::Config`] naming the lock, each denied
+/// command with its key or channel, and NOPERM.
 pub(crate) fn verify(client: &LockClient, key: &str, what: &str, checks: &[Check]) -> Result<()> {
     if client.native().detected.scripts_denied {
         return verify_by_probes(client, key, what, checks);
@@ -116,7 +116,7 @@ fn denied_error(key: &str, what: &str, denied: &[String]) -> Result<()> {
     Err(LockError::config(
         key,
         format!(
-            "the {what} lock needs commands this client's user may not send (NOPERM): {}; see \
+            "the {what} needs commands this client's user may not send (NOPERM): {}; see \
              the ACL rules in docs/production.md",
             denied.join("; ")
         ),

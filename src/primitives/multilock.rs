@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::client::access;
 use crate::client::acquire::{wait_in_line, Line, Wake};
 use crate::client::cleanup::{Cleanup, Done, Why};
 use crate::client::grants::Grant;
@@ -65,6 +66,7 @@ impl LockClient {
             client: self.clone(),
             keys: keys.iter().map(|k| k.as_ref().to_owned()).collect(),
             settings: HoldSettings::default(),
+            check_access: false,
         }
     }
 }
@@ -76,6 +78,7 @@ pub struct MultiLockBuilder {
     client: LockClient,
     keys: Vec<String>,
     settings: HoldSettings,
+    check_access: bool,
 }
 
 impl std::fmt::Debug for MultiLockBuilder {
@@ -85,6 +88,7 @@ impl std::fmt::Debug for MultiLockBuilder {
             .field("ttl", &self.settings.ttl)
             .field("watchdog_lease", &self.settings.watchdog_lease)
             .field("retry", &self.settings.retry)
+            .field("check_access", &self.check_access)
             .finish_non_exhaustive()
     }
 }
@@ -118,9 +122,26 @@ impl MultiLockBuilder {
         self
     }
 
-    /// Checks the options and builds the lock. [`LockError::Config`] for an empty key list,
-    /// an empty key, a key given twice (refused, not merged: it is most likely a mistake), more
-    /// than 1,000 keys, or lease options a lock would refuse.
+    /// [`build`](Self::build) also asks the server (one round trip, nothing run) whether the
+    /// client's ACL user may send every command the multi-lock sends, as
+    /// [`LockBuilder::check_access`](crate::LockBuilder::check_access) does for a lock: per
+    /// group of keys (every key on one server, one hash slot's on a Cluster) `EVALSHA` (and
+    /// `EVAL`, sent after a `NOSCRIPT`) on the group's keys; per key (every key is checked,
+    /// not a representative one) the commands the scripts and the watchdog's renewal run on
+    /// it, the release's `PUBLISH` on its Token channel `redisson_lock__channel:{key}`, and
+    /// the `SUBSCRIBE` of a waiter it refused. A denied one is a [`LockError::Config`] naming
+    /// it with its key or channel, and NOPERM.
+    pub fn check_access(mut self) -> Self {
+        self.check_access = true;
+        self
+    }
+
+    /// Checks the options and builds the lock. Sends nothing to Redis, unless
+    /// [`check_access`](Self::check_access) was asked for. [`LockError::Config`] for an empty
+    /// key list, an empty key, a key given twice (refused, not merged: it is most likely a
+    /// mistake), more than 1,000 keys, lease options a lock would refuse, a client whose user
+    /// may not run scripts, and, with [`check_access`](Self::check_access), a command the user
+    /// may not send.
     pub fn build(self) -> Result<MultiLock> {
         let mut keys = self.keys;
         if keys.is_empty() {
@@ -141,6 +162,7 @@ impl MultiLockBuilder {
                 "a multi-lock key is given twice",
             ));
         }
+        crate::client::native::needs_scripts(self.client.native(), &keys[0], "a multi-lock")?;
         let opts = HoldOptions::checked(&keys[0], self.settings)?;
         let groups = if self.client.is_cluster() {
             let mut groups: Vec<Range<usize>> = Vec::new();
@@ -154,13 +176,18 @@ impl MultiLockBuilder {
         } else {
             std::iter::once(0..keys.len()).collect()
         };
-        Ok(MultiLock {
+        let lock = MultiLock {
             channels: keys.iter().map(|k| keys::channel(k)).collect(),
             client: self.client,
             keys,
             groups,
             opts,
-        })
+        };
+        if self.check_access {
+            let checks = lock.access_checks();
+            access::verify(&lock.client, &lock.keys[0], "multi-lock", &checks)?;
+        }
+        Ok(lock)
     }
 }
 
@@ -248,6 +275,40 @@ impl MultiLock {
     /// As [`lock`](Self::lock), waiting at most `wait` in all.
     pub fn try_lock_for(&self, wait: Duration) -> Result<MultiGuard<'_>> {
         self.acquire_blocking(Attempts::for_duration(&self.opts.retry, wait))
+    }
+
+    /// For [`MultiLockBuilder::check_access`]: each group's two scripts (one check: the same
+    /// command on the same keys), then per key what they run (`GET`, `PTTL`, `SET … PX`,
+    /// `DEL`, the `PUBLISH`), the renewal's `PEXPIRE`, and the subscription on its channel.
+    fn access_checks(&self) -> Vec<access::Check> {
+        let mut c = Vec::new();
+        for range in &self.groups {
+            let keys = &self.keys[range.clone()];
+            let n = keys.len().to_string();
+            for (cmd, body) in [
+                ("evalsha", "0000000000000000000000000000000000000000"),
+                ("eval", "return 0"),
+            ] {
+                let mut args = vec![body, n.as_str()];
+                args.extend(keys.iter().map(String::as_str));
+                args.extend(["v", "1000"]);
+                c.push(access::check(cmd, &args));
+            }
+        }
+        for (i, (key, channel)) in self.keys.iter().zip(&self.channels).enumerate() {
+            c.extend([
+                access::check("get", &[key]),
+                access::check("pttl", &[key]),
+                access::check("set", &[key, "v", "PX", "1000"]),
+                access::check("del", &[key]),
+                access::check("pexpire", &[key, "1000"]),
+                access::check("publish", &[channel, keys::UNLOCK_MESSAGE]),
+            ]);
+            // The subscriber's `PING` once, not once per key.
+            let sub = access::subscriber(channel).into_iter();
+            c.extend(sub.filter(|(cmd, _)| i == 0 || *cmd != "ping"));
+        }
+        c
     }
 
     fn acquiring(&self) -> Acquiring {

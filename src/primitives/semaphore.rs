@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use crate::client::access;
 use crate::client::acquire::wait_in_line;
 use crate::client::cleanup::{Cleanup, Done};
 use crate::client::grants::Grant;
@@ -84,6 +85,7 @@ impl LockClient {
             client: self.clone(),
             name: name.to_owned(),
             hold: HoldSettings::default(),
+            check_access: false,
         }
     }
 }
@@ -96,12 +98,14 @@ impl LockClient {
 /// | [`watchdog_lease`](Self::watchdog_lease) | [`LockBuilder::DEFAULT_WATCHDOG_LEASE`](crate::LockBuilder::DEFAULT_WATCHDOG_LEASE) (30 s), renewed every third |
 /// | [`on_lost`](Self::on_lost) | none |
 /// | [`retry`](Self::retry) | [`RetryPolicy::standard`] (up to 10 s) |
+/// | [`check_access`](Self::check_access) | off |
 #[derive(Clone)]
 #[must_use]
 pub struct SemaphoreBuilder {
     client: LockClient,
     name: String,
     hold: HoldSettings,
+    check_access: bool,
 }
 
 impl fmt::Debug for SemaphoreBuilder {
@@ -112,6 +116,7 @@ impl fmt::Debug for SemaphoreBuilder {
             .field("watchdog_lease", &self.hold.watchdog_lease)
             .field("retry", &self.hold.retry)
             .field("on_lost", &self.hold.on_lost.is_some())
+            .field("check_access", &self.check_access)
             .finish_non_exhaustive()
     }
 }
@@ -137,17 +142,27 @@ impl SemaphoreBuilder {
         /// is the permits' sorted set, `{name}:timeout`.
         on_lost(f: impl Fn(&LostLock) + Send + Sync + 'static)
             => hold.on_lost = Some(Arc::new(f));
+        /// [`build`](Self::build) also asks the server (one round trip, nothing run) whether
+        /// the client's ACL user may send every command the semaphore sends, as
+        /// [`LockBuilder::check_access`](crate::LockBuilder::check_access) does for a lock:
+        /// `EVALSHA` (and `EVAL`, sent after a `NOSCRIPT`) on `name` and `{name}:timeout`, the
+        /// commands its scripts and the watchdog's renewal run on those keys, the `PUBLISH` on
+        /// `redisson_sc:{name}`, and the waiters' `SUBSCRIBE`. A denied one is a
+        /// [`LockError::Config`] naming it with its key or channel, and NOPERM.
+        check_access() => check_access = true;
     }
 
-    /// Checks the options and builds the semaphore. Sends nothing to Redis.
+    /// Checks the options and builds the semaphore. Sends nothing to Redis, unless
+    /// [`check_access`](Self::check_access) was asked for.
     ///
     /// Fails with [`LockError::Config`] on options locks refuse too (a zero or too long lease,
     /// `watchdog_lease` or `on_lost` with an explicit `ttl`, an invalid retry policy), for a
-    /// client whose user may not run scripts, and on a Redis Cluster for a name that contains
-    /// `{` without a complete, non-empty hash tag (Redisson's `{name}:timeout` would be in
-    /// another slot).
+    /// client whose user may not run scripts, on a Redis Cluster for a name that contains `{`
+    /// without a complete, non-empty hash tag (Redisson's `{name}:timeout` would be in another
+    /// slot), and, with [`check_access`](Self::check_access), for a command the user may not
+    /// send.
     pub fn build(self) -> Result<Semaphore> {
-        let name = self.name;
+        let (name, check) = (self.name, self.check_access);
         crate::client::native::needs_scripts(self.client.native(), &name, "a semaphore")?;
         let mut opts = HoldOptions::checked(&name, self.hold)?;
         let timeout = suffix_name(&name, TIMEOUT_SUFFIX);
@@ -164,14 +179,23 @@ impl SemaphoreBuilder {
         // Watched permits are renewed in the sorted set; waiters listen on Redisson's channel.
         opts.key = Arc::from(timeout.as_str());
         opts.channel = keys::redisson_name(CHANNEL_PREFIX, &name);
+        let shared = Shared {
+            line: format!("{name}\0semaphore"),
+            client: self.client,
+            name,
+            timeout,
+            opts,
+        };
+        if check {
+            access::verify(
+                &shared.client,
+                &shared.name,
+                "semaphore",
+                &shared.access_checks(),
+            )?;
+        }
         Ok(Semaphore {
-            shared: Arc::new(Shared {
-                line: format!("{name}\0semaphore"),
-                client: self.client,
-                name,
-                timeout,
-                opts,
-            }),
+            shared: Arc::new(shared),
         })
     }
 }
@@ -332,6 +356,36 @@ impl Shared {
 
     fn keys(&self) -> [&str; 2] {
         [&self.name, &self.timeout]
+    }
+
+    /// For [`SemaphoreBuilder::check_access`]: the scripts on the two keys, the commands they
+    /// run (acquire, release, count: each opens with the reclaim; the watchdog's layout `z`
+    /// runs `ZSCORE`, `TIME`, `ZADD`), and the waiters' subscription.
+    fn access_checks(&self) -> Vec<access::Check> {
+        let (name, t) = (self.name.as_str(), self.timeout.as_str());
+        let channel = self.opts.channel.as_str();
+        let script = |cmd, body| access::check(cmd, &[body, "2", name, t, "v"]);
+        let mut c = vec![
+            script("evalsha", "0000000000000000000000000000000000000000"),
+            script("eval", "return 0"),
+            access::check("time", &[]),
+            access::check("get", &[name]),
+            access::check("set", &[name, "1"]),
+            access::check("incrby", &[name, "1"]),
+            access::check("decrby", &[name, "1"]),
+            access::check("pttl", &[name]),
+            access::check("zrangebyscore", &[t, "0", "1", "limit", "0", "100"]),
+            access::check("zrange", &[t, "0", "0", "WITHSCORES"]),
+            access::check("zscore", &[t, "v"]),
+            access::check("zadd", &[t, "1", "v"]),
+            access::check("zrem", &[t, "v"]),
+            access::check("pexpire", &[t, "1000"]),
+            access::check("publish", &[channel, "1"]),
+        ];
+        if self.opts.wake_up == hold::WakeUp::PubSub {
+            c.extend(access::subscriber(channel));
+        }
+        c
     }
 
     /// `lua/semaphore_count.lua` with `op` and `permits`.
