@@ -155,6 +155,34 @@ fn user_without_scripting() {
         .connect_timeout(CONNECT)
         .build()
         .unwrap_or_else(|e| panic!("{kind:?}: no script is needed for Token locks: {e}"));
+    // check_access() probes without scripts, on the lock's own key: a hold another client has
+    // there is left as it was (its value, its lifetime), whatever the probes send.
+    let holder = LockClient::open(server.url()).unwrap();
+    let held = holder
+        .lock("setup:noscript:held")
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let hold = held.try_lock().expect("a free key");
+    client
+        .lock("setup:noscript:held")
+        .check_access()
+        .build()
+        .expect("everything allowed");
+    assert_eq!(
+        support::raw::get(&mut admin, "setup:noscript:held").as_deref(),
+        Some(hold.value()),
+        "the probes changed another client's hold"
+    );
+    let left = support::raw::pttl(&mut admin, "setup:noscript:held");
+    assert!(
+        left > 20_000,
+        "the probes cut another client's hold to {left} ms"
+    );
+    assert!(
+        hold.unlock().unwrap(),
+        "the holder's lock was still its own"
+    );
     // Watched (no ttl): the watchdog renews it, natively. check_access() probes without
     // scripts and finds everything allowed.
     let lock = client

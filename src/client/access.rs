@@ -64,14 +64,21 @@ pub(crate) fn verify(client: &LockClient, key: &str, what: &str, checks: &[Check
 /// allowed); `DELIFEQ` and `SET … IFEQ` compare with a random value no lock writes; the
 /// `PUBLISH` of a release is sent as it is (its waiters wake, find the lock as it was, and
 /// wait on). The subscriber's `SUBSCRIBE` cannot be sent on a pooled connection: it is not
-/// checked (a waiter that cannot subscribe polls).
+/// checked (a waiter that cannot subscribe polls). `DEL` and `PEXPIRE`, which only the scripts
+/// send, are not probed: they would change a hold another client has.
 fn verify_by_probes(client: &LockClient, key: &str, what: &str, checks: &[Check]) -> Result<()> {
     let probe_value = hex::encode(crate::ids::new_token());
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     let mut sent: Vec<String> = Vec::new();
     for (name, args) in checks {
-        if matches!(*name, "subscribe" | "unsubscribe" | "ping") {
+        // `DEL` and `PEXPIRE` are what the scripts run: a client without scripts releases and
+        // renews by `DELIFEQ` and `SET … IFEQ`, probed below, and sends neither. Sent as they
+        // are, they would delete or cut a hold another client has on the key.
+        if matches!(
+            *name,
+            "subscribe" | "unsubscribe" | "ping" | "del" | "pexpire"
+        ) {
             continue;
         }
         // The value `SET` and `DELIFEQ` compare or write (never the key, which may be `v` too):
