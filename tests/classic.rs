@@ -716,6 +716,74 @@ fn getset_takeover_flaw_loser_overwrites_winner() {
     }
 }
 
+/// A Classic contender of this library that loses a GETSET takeover race puts the winner's
+/// value back (a legacy loser, above, leaves its own). Our contender reaches the server through
+/// a proxy that delays every command by 300 ms, so that the winner's GETSET lands between our
+/// `GET` (seen by the server's command count) and our `GETSET`; the winner's value is at the
+/// key afterwards, and its holder's release works. The check can fail: a contender that leaves
+/// its own value (the legacy loser above) fails it, as that test shows.
+#[test]
+fn a_lost_getset_race_puts_the_winners_value_back() {
+    init_logging();
+    let server = RedisServer::start();
+    let proxy = support::proxy::Proxy::start(server.port());
+    let delay = Duration::from_millis(300);
+    proxy.set(support::proxy::Mode::Delay {
+        min: delay,
+        max: delay,
+    });
+    let slow = LockClient::builder(proxy.url())
+        .command_timeout(Some(Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    let mut conn = server.conn();
+    let key = "cl:restore";
+    let stale = encode(Encoding::Decimal, epoch_ms() - 1_000);
+    raw::set(&mut conn, key, &stale);
+    let lock = slow
+        .lock(key)
+        .strategy(Strategy::Classic(
+            ClassicOptions::new().takeover(Takeover::GetSet),
+        ))
+        .ttl(Duration::from_secs(30))
+        .retry(RetryPolicy::no_wait())
+        .build()
+        .unwrap();
+    let gets = raw::command_calls(&mut conn, "get");
+    let winner = encode(Encoding::Decimal, epoch_ms() + 60_000);
+    thread::scope(|s| {
+        let ours = s.spawn(|| lock.try_lock().map(|g| g.value().to_vec()));
+        // Our GET has run on the server; our GETSET is at least two delays away.
+        assert!(
+            support::wait_until(Duration::from_secs(20), || {
+                raw::command_calls(&mut conn, "get") > gets
+            }),
+            "our GET never reached the server"
+        );
+        let old: Option<Vec<u8>> = redis::cmd("GETSET")
+            .arg(key)
+            .arg(&winner)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(
+            old.as_deref(),
+            Some(&stale[..]),
+            "the winner took the stale value"
+        );
+        let outcome = ours.join().unwrap();
+        assert!(
+            matches!(outcome, Err(LockError::Held { .. })),
+            "our contender lost the race: {outcome:?}"
+        );
+    });
+    assert_eq!(slow.stats().getset_overwrites, 1, "one lost race");
+    assert_eq!(
+        raw::get(&mut conn, key),
+        Some(winner),
+        "the winner's value is back at the key"
+    );
+}
+
 #[test]
 fn compare_and_set_takeover_loser_writes_nothing() {
     init_logging();

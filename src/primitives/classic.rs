@@ -67,9 +67,11 @@ pub enum Encoding {
 #[non_exhaustive]
 pub enum Takeover {
     /// The legacy way: `GETSET key new`, won if the old value equals the one read. Every loser
-    /// of a takeover race also overwrites the winner's value, so the winner's release finds a
-    /// foreign value and the key stays locked for one more lifetime. Exactly what the legacy
-    /// lockers send.
+    /// of a takeover race also overwrites the winner's value (the legacy flaw). This client,
+    /// when it loses, puts the winner's value back at once with a compare-and-set (one more
+    /// round trip, on a lost race only), unless the key changed since; a legacy locker that
+    /// loses leaves its own value, so the winner's release finds a foreign value. Otherwise
+    /// exactly what the legacy lockers send.
     #[default]
     GetSet,
     /// One Lua compare-and-set: replace the value only if it still equals the one read. Losers
@@ -435,11 +437,26 @@ impl ClassicLock {
         // `None`: the key vanished just before our GETSET, which then created it: as good as a
         // SETNX win. A different value: another contender won first, and we have just
         // overwritten its expiry (the legacy GETSET flaw, see Takeover).
-        if old.as_deref().is_some_and(|old| old != seen) {
+        if let Some(winner) = old.filter(|old| old != seen) {
             counters.getset_overwrite();
+            // Put the winner's expiry back, unless someone wrote since. Ours ends no hold of
+            // ours, and it may be older than the winner's (computed before a server pause that
+            // held our GETSET): left there, it would let a third contender take over while the
+            // winner is still inside.
+            let ttl = if self.opts.key_ttl { self.ttl_ms() } else { 0 };
+            let restored: i64 =
+                scripts
+                    .compare_and_set
+                    .eval(con, &self.key, (value, &winner[..], ttl))?;
             log::debug!(
-                "lock {:?}: lost a GETSET takeover race and overwrote the winner's expiry",
-                self.key
+                "lock {:?}: lost a GETSET takeover race and overwrote the winner's expiry \
+                 ({})",
+                self.key,
+                if restored == 1 {
+                    "put back"
+                } else {
+                    "changed since: not put back"
+                }
             );
             return Ok(false);
         }
