@@ -944,7 +944,8 @@ fn getset_race_of_8_threads_has_one_winner() {
                 assert_eq!(left, None, "round {round}");
             } else {
                 false_unlocks += 1;
-                // The flaw: a loser's GETSET replaced the winner's value, which stays.
+                // The flaw: a loser's GETSET replaced the winner's value, and the put-back
+                // did not restore it (several losers overwrote one after the other).
                 let left = left.expect("the loser's value stays");
                 assert_ne!(left, r.winner_value);
                 assert!(decode(Encoding::Decimal, &left) > epoch_ms());
